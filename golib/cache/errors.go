@@ -1,0 +1,39 @@
+package cache
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors. Callers test them with errors.Is; the bindings map them to
+// Python exception classes (ValueError, IndexError, MemoryError, ...).
+var (
+	// ErrInvalidArgument: a malformed argument (shape, dtype, negative size).
+	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrOutOfRange: an index or length outside the valid range.
+	ErrOutOfRange = errors.New("out of range")
+	// ErrCapacity: appending would exceed the cache's reserved capacity.
+	ErrCapacity = errors.New("cache capacity exceeded")
+	// ErrBudget: the arena's byte budget would be exceeded.
+	ErrBudget = errors.New("memory budget exceeded")
+	// ErrClosed: the cache or arena was already released.
+	ErrClosed = errors.New("cache is closed")
+	// ErrStaleCheckpoint: a checkpoint can no longer be restored.
+	ErrStaleCheckpoint = errors.New("stale checkpoint")
+)
+
+// BudgetError reports an allocation that the arena's budget refused, with the
+// numbers a user needs to size the budget. It matches ErrBudget.
+type BudgetError struct {
+	Requested int64 // bytes asked for
+	Committed int64 // bytes already committed in the arena
+	Budget    int64 // the arena's budget
+}
+
+func (e *BudgetError) Error() string {
+	return fmt.Sprintf("memory budget exceeded: requested %d bytes with %d of %d bytes committed (%d free)",
+		e.Requested, e.Committed, e.Budget, e.Budget-e.Committed)
+}
+
+// Unwrap makes errors.Is(err, ErrBudget) true.
+func (e *BudgetError) Unwrap() error { return ErrBudget }
