@@ -1,0 +1,34 @@
+// Package errs holds the sentinel errors shared by the runtime packages
+// (tensor, model, ops, plan, session). Every error the runtime returns wraps
+// one of them, so callers (and the Python bindings) classify failures with
+// errors.Is instead of matching message text.
+package errs
+
+import "errors"
+
+var (
+	// ErrInvalidModel: the model file or bytes are malformed, truncated,
+	// hostile or violate the ONNX specification.
+	ErrInvalidModel = errors.New("invalid model")
+	// ErrUnsupportedOp: no kernel is registered for an (op, domain, opset).
+	ErrUnsupportedOp = errors.New("unsupported operator")
+	// ErrNotImplemented: a feature of an otherwise supported op or format is
+	// not implemented yet.
+	ErrNotImplemented = errors.New("not implemented")
+	// ErrInvalidArgument: a malformed argument, attribute or input value.
+	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrShape: tensor shapes are incompatible.
+	ErrShape = errors.New("shape mismatch")
+	// ErrType: an element type is wrong or unsupported for the operation.
+	ErrType = errors.New("type mismatch")
+	// ErrLimit: a size limit was exceeded (tensor bytes, file size, depth).
+	ErrLimit = errors.New("size limit exceeded")
+	// ErrCycle: the graph is not a DAG.
+	ErrCycle = errors.New("graph has a cycle")
+	// ErrMissingInput: a required graph input or value was not provided.
+	ErrMissingInput = errors.New("missing input")
+	// ErrNotFound: a named value, output or cache does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrClosed: the session was closed.
+	ErrClosed = errors.New("session is closed")
+)

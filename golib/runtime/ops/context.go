@@ -1,0 +1,165 @@
+package ops
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+// Scope is the runtime's opaque per-run state (its value stores). Kernels
+// pass it to Subgraph.Run unchanged.
+type Scope interface{}
+
+// Subgraph is a compiled graph attribute (If branches, Loop bodies). The
+// runtime builds it once at session creation.
+type Subgraph interface {
+	// Run executes the subgraph with the given formal inputs; outer-scope
+	// values are read from parent without copies.
+	Run(parent Scope, inputs []*tensor.Tensor) ([]*tensor.Tensor, error)
+	// NumOutputs returns the number of graph outputs.
+	NumOutputs() int
+}
+
+// Context carries one node's inputs and outputs for one Compute call. The
+// runtime fills it; kernels read inputs and set outputs.
+type Context struct {
+	inputs  []*tensor.Tensor
+	outputs []*tensor.Tensor
+	wanted  []bool
+	threads int
+	scope   Scope
+	// Allocated counts the bytes of outputs allocated through NewOutput,
+	// for profiling and peak-memory accounting.
+	Allocated int64
+}
+
+// NewContext prepares a context for one Compute call. inputs may contain nil
+// for omitted optional inputs; wanted[i] tells whether output i is used.
+func NewContext(inputs []*tensor.Tensor, wanted []bool, threads int, scope Scope) *Context {
+	if threads < 1 {
+		threads = 1
+	}
+	return &Context{inputs: inputs, outputs: make([]*tensor.Tensor, len(wanted)), wanted: wanted, threads: threads, scope: scope}
+}
+
+// NumInputs returns the number of input slots (omitted ones included).
+func (c *Context) NumInputs() int { return len(c.inputs) }
+
+// Input returns input i, or nil when it is omitted or i is out of range.
+func (c *Context) Input(i int) *tensor.Tensor {
+	if i < 0 || i >= len(c.inputs) {
+		return nil
+	}
+	return c.inputs[i]
+}
+
+// RequireInput returns input i or an error naming the missing input.
+func (c *Context) RequireInput(i int) (*tensor.Tensor, error) {
+	if t := c.Input(i); t != nil {
+		return t, nil
+	}
+	return nil, fmt.Errorf("%w: required input %d is missing", errs.ErrMissingInput, i)
+}
+
+// NumOutputs returns the number of output slots.
+func (c *Context) NumOutputs() int { return len(c.outputs) }
+
+// OutputWanted reports whether output i is consumed (false for an omitted
+// optional output, which the kernel may skip computing).
+func (c *Context) OutputWanted(i int) bool { return i >= 0 && i < len(c.wanted) && c.wanted[i] }
+
+// NewOutput allocates a zero-filled output i of the given type and shape and
+// stores it in the context.
+func (c *Context) NewOutput(i int, dt tensor.DType, shape tensor.Shape) (*tensor.Tensor, error) {
+	t, err := tensor.New(dt, shape)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.SetOutput(i, t); err != nil {
+		return nil, err
+	}
+	c.Allocated += int64(t.NumBytes())
+	return t, nil
+}
+
+// SetOutput stores t as output i (for outputs that alias an input, such as
+// Identity or Reshape, or tensors built elsewhere).
+func (c *Context) SetOutput(i int, t *tensor.Tensor) error {
+	if i < 0 || i >= len(c.outputs) {
+		return fmt.Errorf("%w: output %d of %d", errs.ErrInvalidArgument, i, len(c.outputs))
+	}
+	c.outputs[i] = t
+	return nil
+}
+
+// Output returns output i as set by the kernel (nil if not set).
+func (c *Context) Output(i int) *tensor.Tensor {
+	if i < 0 || i >= len(c.outputs) {
+		return nil
+	}
+	return c.outputs[i]
+}
+
+// Threads returns how many goroutines the kernel may use (at least 1).
+func (c *Context) Threads() int { return c.threads }
+
+// Scope returns the runtime's per-run state, for Subgraph.Run.
+func (c *Context) Scope() Scope { return c.scope }
+
+// ParallelFor splits [0, n) into at most Threads() contiguous chunks of at
+// least grain items and calls fn(lo, hi) for each, concurrently; it returns
+// when all are done. fn must only write disjoint data. A panic in fn is
+// returned as an error (a panic on a worker goroutine would otherwise end
+// the process, past every recover of the bindings).
+func (c *Context) ParallelFor(n, grain int, fn func(lo, hi int)) error {
+	return ParallelFor(c.threads, n, grain, fn)
+}
+
+// ParallelFor is Context.ParallelFor with an explicit thread count.
+func ParallelFor(threads, n, grain int, fn func(lo, hi int)) (err error) {
+	if n <= 0 {
+		return nil
+	}
+	if grain < 1 {
+		grain = 1
+	}
+	chunks := (n + grain - 1) / grain
+	if chunks > threads {
+		chunks = threads
+	}
+	if chunks <= 1 {
+		defer recoverErr(&err)
+		fn(0, n)
+		return nil
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	step := (n + chunks - 1) / chunks
+	for lo := 0; lo < n; lo += step {
+		hi := min(lo+step, n)
+		wg.Add(1)
+		go func(lo, hi int) {
+			defer wg.Done()
+			var e error
+			defer func() {
+				if e != nil {
+					mu.Lock()
+					err = e
+					mu.Unlock()
+				}
+			}()
+			defer recoverErr(&e)
+			fn(lo, hi)
+		}(lo, hi)
+	}
+	wg.Wait()
+	return err
+}
+
+func recoverErr(errp *error) {
+	if r := recover(); r != nil {
+		*errp = fmt.Errorf("ops: internal error in parallel kernel: %v", r)
+	}
+}

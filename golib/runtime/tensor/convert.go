@@ -1,0 +1,181 @@
+package tensor
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+)
+
+// AsFloat32 returns t's values as float32. For a float32 tensor it is the
+// aliased view (no copy); float16/bfloat16/float64 and integer tensors are
+// converted into a new slice. Kernels compute fp16/bf16 in fp32 this way.
+func AsFloat32(t *Tensor) ([]float32, error) {
+	if t.dtype == Float32 {
+		return t.Float32(), nil
+	}
+	out := make([]float32, t.Len())
+	if err := ToFloat32(t, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ToFloat32 converts every element of t into dst (len(dst) == t.Len()).
+func ToFloat32(t *Tensor, dst []float32) error {
+	if len(dst) != t.Len() {
+		return fmt.Errorf("%w: destination of %d for %d elements", errs.ErrInvalidArgument, len(dst), t.Len())
+	}
+	switch t.dtype {
+	case Float32:
+		copy(dst, t.Float32())
+	case Float16:
+		for i, v := range t.Float16() {
+			dst[i] = codec.F16ToF32(uint16(v))
+		}
+	case BFloat16:
+		for i, v := range t.BFloat16() {
+			dst[i] = codec.BF16ToF32(uint16(v))
+		}
+	case Float64:
+		for i, v := range t.Float64() {
+			dst[i] = float32(v)
+		}
+	case Int64:
+		for i, v := range t.Int64() {
+			dst[i] = float32(v)
+		}
+	case Int32:
+		for i, v := range t.Int32() {
+			dst[i] = float32(v)
+		}
+	case Int8:
+		for i, v := range t.Int8() {
+			dst[i] = float32(v)
+		}
+	case Uint8:
+		for i, v := range t.Uint8() {
+			dst[i] = float32(v)
+		}
+	case Bool:
+		for i, v := range t.Bool() {
+			if v {
+				dst[i] = 1
+			} else {
+				dst[i] = 0
+			}
+		}
+	default:
+		return fmt.Errorf("%w: cannot convert %v to float32", errs.ErrType, t.dtype)
+	}
+	return nil
+}
+
+// FromFloat32 stores src into t (len(src) == t.Len()), converting to t's
+// element type: round-to-nearest-even for float16/bfloat16, truncation toward
+// zero (saturating at the type's range, NaN to 0) for integers, != 0 for bool.
+func FromFloat32(t *Tensor, src []float32) error {
+	if len(src) != t.Len() {
+		return fmt.Errorf("%w: source of %d for %d elements", errs.ErrInvalidArgument, len(src), t.Len())
+	}
+	switch t.dtype {
+	case Float32:
+		copy(t.Float32(), src)
+	case Float16:
+		d := t.Float16()
+		for i, v := range src {
+			d[i] = Float16Bits(codec.F32ToF16(v))
+		}
+	case BFloat16:
+		d := t.BFloat16()
+		for i, v := range src {
+			d[i] = BFloat16Bits(codec.F32ToBF16(v))
+		}
+	case Float64:
+		d := t.Float64()
+		for i, v := range src {
+			d[i] = float64(v)
+		}
+	case Int64:
+		d := t.Int64()
+		for i, v := range src {
+			d[i] = int64(SaturateInt(float64(v), math.MinInt64, math.MaxInt64))
+		}
+	case Int32:
+		d := t.Int32()
+		for i, v := range src {
+			d[i] = int32(SaturateInt(float64(v), math.MinInt32, math.MaxInt32))
+		}
+	case Int8:
+		d := t.Int8()
+		for i, v := range src {
+			d[i] = int8(SaturateInt(float64(v), math.MinInt8, math.MaxInt8))
+		}
+	case Uint8:
+		d := t.Uint8()
+		for i, v := range src {
+			d[i] = uint8(SaturateInt(float64(v), 0, math.MaxUint8))
+		}
+	case Bool:
+		d := t.Bool()
+		for i, v := range src {
+			d[i] = v != 0
+		}
+	default:
+		return fmt.Errorf("%w: cannot convert float32 to %v", errs.ErrType, t.dtype)
+	}
+	return nil
+}
+
+// SaturateInt truncates v toward zero and clamps it to [lo, hi]; NaN gives 0.
+// Go's float-to-int conversion is implementation-defined out of range, so
+// every float-to-integer cast in the runtime goes through this.
+func SaturateInt(v float64, lo, hi int64) int64 {
+	switch {
+	case v != v:
+		return 0
+	case v <= float64(lo):
+		return lo
+	case v >= float64(hi):
+		return hi
+	}
+	return int64(v)
+}
+
+// Float32Tensor allocates a float32 tensor holding a copy of src.
+func Float32Tensor(shape Shape, src []float32) (*Tensor, error) {
+	t, err := New(Float32, shape)
+	if err != nil {
+		return nil, err
+	}
+	if err := FromFloat32(t, src); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// Int64Values returns an integer tensor's values as int64 (a copy), for
+// shape-like inputs (Reshape shape, Slice starts, Gather indices...).
+func Int64Values(t *Tensor) ([]int64, error) {
+	out := make([]int64, t.Len())
+	switch t.dtype {
+	case Int64:
+		copy(out, t.Int64())
+	case Int32:
+		for i, v := range t.Int32() {
+			out[i] = int64(v)
+		}
+	case Int8:
+		for i, v := range t.Int8() {
+			out[i] = int64(v)
+		}
+	case Uint8:
+		for i, v := range t.Uint8() {
+			out[i] = int64(v)
+		}
+	default:
+		return nil, fmt.Errorf("%w: want an integer tensor, got %v", errs.ErrType, t.dtype)
+	}
+	return out, nil
+}

@@ -1,0 +1,168 @@
+package tensor
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+)
+
+// Tensor is a dense, row-major tensor. Its bytes may be owned by the Go heap
+// or borrowed (for example a numpy buffer passed through the bindings); the
+// typed views below alias those bytes and never copy.
+//
+// A Tensor is immutable by convention once it is a runtime value: kernels
+// write only into outputs they allocated.
+type Tensor struct {
+	dtype DType
+	shape Shape
+	data  []byte
+}
+
+// New allocates a zero-filled tensor. The buffer is 8-byte aligned so every
+// typed view is aligned.
+func New(dt DType, shape Shape) (*Tensor, error) {
+	n, err := check(dt, shape)
+	if err != nil {
+		return nil, err
+	}
+	nb, ok := checkedMul(n, dt.Size())
+	if !ok {
+		return nil, fmt.Errorf("%w: tensor of %v %v is too large", errs.ErrLimit, dt, shape)
+	}
+	words := make([]uint64, (nb+7)/8)
+	var data []byte
+	if len(words) > 0 {
+		data = unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), nb)
+	} else {
+		data = []byte{}
+	}
+	return &Tensor{dtype: dt, shape: shape.Clone(), data: data}, nil
+}
+
+// FromBytes wraps b as a tensor without copying. len(b) must equal the
+// shape's size times the element size, and b must be aligned to the element
+// size. The caller keeps b alive and unmodified while the tensor is in use.
+func FromBytes(dt DType, shape Shape, b []byte) (*Tensor, error) {
+	n, err := check(dt, shape)
+	if err != nil {
+		return nil, err
+	}
+	if want, ok := checkedMul(n, dt.Size()); !ok || want != len(b) {
+		return nil, fmt.Errorf("%w: %d bytes for a %v tensor of shape %v (want %d)", errs.ErrShape, len(b), dt, shape, n*dt.Size())
+	}
+	if len(b) > 0 && uintptr(unsafe.Pointer(&b[0]))%uintptr(dt.Size()) != 0 {
+		return nil, fmt.Errorf("%w: buffer for %v is not %d-byte aligned", errs.ErrInvalidArgument, dt, dt.Size())
+	}
+	if b == nil {
+		b = []byte{}
+	}
+	return &Tensor{dtype: dt, shape: shape.Clone(), data: b}, nil
+}
+
+// FromSlice wraps data as a tensor without copying.
+func FromSlice[T Elem](shape Shape, data []T) (*Tensor, error) {
+	dt := DTypeOf[T]()
+	var b []byte
+	if len(data) > 0 {
+		b = unsafe.Slice((*byte)(unsafe.Pointer(&data[0])), len(data)*dt.Size())
+	}
+	return FromBytes(dt, shape, b)
+}
+
+// Scalar returns a rank-0 tensor holding v.
+func Scalar[T Elem](v T) *Tensor {
+	t, _ := FromSlice(Shape{}, []T{v}) // cannot fail: one element, aligned
+	return t
+}
+
+func check(dt DType, shape Shape) (int, error) {
+	if !dt.Valid() {
+		return 0, fmt.Errorf("%w: unsupported element type %v", errs.ErrType, dt)
+	}
+	return shape.NumElements()
+}
+
+// DType returns the element type.
+func (t *Tensor) DType() DType { return t.dtype }
+
+// Shape returns the shape. Callers must not modify it.
+func (t *Tensor) Shape() Shape { return t.shape }
+
+// Rank returns the number of dimensions.
+func (t *Tensor) Rank() int { return len(t.shape) }
+
+// Len returns the number of elements.
+func (t *Tensor) Len() int { return len(t.data) / t.dtype.Size() }
+
+// Bytes returns the raw bytes (aliased, not copied).
+func (t *Tensor) Bytes() []byte { return t.data }
+
+// NumBytes returns the size of the data in bytes.
+func (t *Tensor) NumBytes() int { return len(t.data) }
+
+// Reshaped returns a tensor sharing t's bytes with a new shape of the same
+// element count.
+func (t *Tensor) Reshaped(shape Shape) (*Tensor, error) {
+	n, err := shape.NumElements()
+	if err != nil {
+		return nil, err
+	}
+	if n != t.Len() {
+		return nil, fmt.Errorf("%w: cannot reshape %v (%d elements) to %v", errs.ErrShape, t.shape, t.Len(), shape)
+	}
+	return &Tensor{dtype: t.dtype, shape: shape.Clone(), data: t.data}, nil
+}
+
+// Clone returns a deep copy with its own buffer.
+func (t *Tensor) Clone() *Tensor {
+	c, _ := New(t.dtype, t.shape) // t is valid, so this cannot fail
+	copy(c.data, t.data)
+	return c
+}
+
+// String describes the tensor without its data.
+func (t *Tensor) String() string {
+	return fmt.Sprintf("Tensor(%v, shape=%v)", t.dtype, t.shape)
+}
+
+// Data returns t's elements as a []T that aliases the tensor's bytes, or nil
+// when T does not match t's element type.
+func Data[T Elem](t *Tensor) []T {
+	if t == nil || DTypeOf[T]() != t.dtype {
+		return nil
+	}
+	n := t.Len()
+	if n == 0 {
+		return []T{}
+	}
+	return unsafe.Slice((*T)(unsafe.Pointer(&t.data[0])), n)
+}
+
+// Float32 returns the float32 view, or nil if t is not float32.
+func (t *Tensor) Float32() []float32 { return Data[float32](t) }
+
+// Float64 returns the float64 view, or nil if t is not float64.
+func (t *Tensor) Float64() []float64 { return Data[float64](t) }
+
+// Int64 returns the int64 view, or nil if t is not int64.
+func (t *Tensor) Int64() []int64 { return Data[int64](t) }
+
+// Int32 returns the int32 view, or nil if t is not int32.
+func (t *Tensor) Int32() []int32 { return Data[int32](t) }
+
+// Int8 returns the int8 view, or nil if t is not int8.
+func (t *Tensor) Int8() []int8 { return Data[int8](t) }
+
+// Uint8 returns the uint8 view, or nil if t is not uint8.
+func (t *Tensor) Uint8() []uint8 { return Data[uint8](t) }
+
+// Bool returns the bool view, or nil if t is not bool. Every byte of a bool
+// tensor is 0 or 1.
+func (t *Tensor) Bool() []bool { return Data[bool](t) }
+
+// Float16 returns the raw half-precision view, or nil if t is not float16.
+func (t *Tensor) Float16() []Float16Bits { return Data[Float16Bits](t) }
+
+// BFloat16 returns the raw bfloat16 view, or nil if t is not bfloat16.
+func (t *Tensor) BFloat16() []BFloat16Bits { return Data[BFloat16Bits](t) }

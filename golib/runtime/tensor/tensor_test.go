@@ -1,0 +1,168 @@
+package tensor
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+)
+
+func TestBroadcastShapes(t *testing.T) {
+	cases := []struct {
+		in   []Shape
+		want Shape
+		err  error
+	}{
+		{[]Shape{{2, 3}, {3}}, Shape{2, 3}, nil},
+		{[]Shape{{2, 1, 4}, {3, 1}}, Shape{2, 3, 4}, nil},
+		{[]Shape{{}, {5}}, Shape{5}, nil},
+		{[]Shape{{0, 3}, {1, 3}}, Shape{0, 3}, nil},
+		{[]Shape{{2, 3}, {4}}, nil, errs.ErrShape},
+		{[]Shape{{1 << 30, 1}, {1, 1 << 30}}, nil, errs.ErrLimit},
+	}
+	for _, c := range cases {
+		got, err := BroadcastShapes(c.in...)
+		if !errors.Is(err, c.err) || (c.err == nil && !got.Equal(c.want)) {
+			t.Errorf("BroadcastShapes(%v) = %v, %v; want %v, %v", c.in, got, err, c.want, c.err)
+		}
+	}
+}
+
+func TestBroadcastIndex(t *testing.T) {
+	cases := []struct {
+		src, dst Shape
+		want     []int
+	}{
+		{Shape{3}, Shape{2, 3}, []int{0, 1, 2, 0, 1, 2}},
+		{Shape{2, 1}, Shape{2, 3}, []int{0, 0, 0, 1, 1, 1}},
+		{Shape{}, Shape{2}, []int{0, 0}},
+		{Shape{2, 1, 2}, Shape{2, 2, 2}, []int{0, 1, 0, 1, 2, 3, 2, 3}},
+		{Shape{1, 2, 1}, Shape{2, 2, 2}, []int{0, 0, 1, 1, 0, 0, 1, 1}},
+	}
+	for _, c := range cases {
+		idx := make([]int, c.dst.Size())
+		if err := BroadcastIndex(c.src, c.dst, idx); err != nil {
+			t.Fatal(err)
+		}
+		for i := range idx {
+			if idx[i] != c.want[i] {
+				t.Errorf("BroadcastIndex(%v -> %v) = %v, want %v", c.src, c.dst, idx, c.want)
+				break
+			}
+		}
+	}
+	if err := BroadcastIndex(Shape{3}, Shape{2}, make([]int, 2)); !errors.Is(err, errs.ErrShape) {
+		t.Errorf("bad broadcast: %v", err)
+	}
+}
+
+func TestViewsAliasWithoutCopy(t *testing.T) {
+	src := []float32{1, 2, 3, 4, 5, 6}
+	x, err := FromSlice(Shape{2, 3}, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.Float32()[4] = 42
+	if src[4] != 42 {
+		t.Fatal("FromSlice view copied the data")
+	}
+	if x.Int64() != nil || x.Float16() != nil {
+		t.Fatal("view of the wrong type must be nil")
+	}
+	r, err := x.Reshaped(Shape{3, 2})
+	if err != nil || &r.Float32()[0] != &src[0] {
+		t.Fatalf("Reshaped must alias: %v", err)
+	}
+	if _, err := x.Reshaped(Shape{4}); !errors.Is(err, errs.ErrShape) {
+		t.Fatalf("bad reshape: %v", err)
+	}
+}
+
+func TestNewLimits(t *testing.T) {
+	cases := []struct {
+		dt    DType
+		shape Shape
+		err   error
+	}{
+		{Float32, Shape{2, 3}, nil},
+		{Float32, Shape{0}, nil},
+		{Float32, Shape{-1}, errs.ErrShape},
+		{DType(8), Shape{1}, errs.ErrType},
+		{Float32, Shape{1 << 21, 1 << 21}, errs.ErrLimit},
+	}
+	for _, c := range cases {
+		_, err := New(c.dt, c.shape)
+		if !errors.Is(err, c.err) {
+			t.Errorf("New(%v, %v) error %v, want %v", c.dt, c.shape, err, c.err)
+		}
+	}
+	if _, err := FromBytes(Float32, Shape{2}, make([]byte, 7)); !errors.Is(err, errs.ErrShape) {
+		t.Errorf("FromBytes with a short buffer: %v", err)
+	}
+}
+
+func TestFloatConversions(t *testing.T) {
+	vals := []float32{0, 1, -2.5, 65504, 1e-3, 3.14159}
+	for _, dt := range []DType{Float32, Float16, BFloat16, Float64, Int64, Int32, Int8, Uint8, Bool} {
+		x, err := New(dt, Shape{len(vals)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := FromFloat32(x, vals); err != nil {
+			t.Fatal(err)
+		}
+		back, err := AsFloat32(x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, v := range vals {
+			want := v
+			switch {
+			case dt == Bool:
+				want = map[bool]float32{true: 1, false: 0}[v != 0]
+			case dt.IsInt():
+				want = float32(SaturateInt(float64(v), -128, 127))
+				if dt == Uint8 && want < 0 {
+					want = 0
+				}
+				if v == 65504 && dt != Int8 && dt != Uint8 {
+					want = 65504
+				} else if v == 65504 && dt == Uint8 {
+					want = 255
+				}
+			}
+			tol := float32(0)
+			if dt == Float16 || dt == BFloat16 {
+				tol = 0.01 * (1 + abs(v))
+				if dt == BFloat16 && v == 65504 {
+					tol = 300
+				}
+			}
+			if abs(back[i]-want) > tol {
+				t.Errorf("%v: %v -> %v, want %v", dt, v, back[i], want)
+			}
+		}
+	}
+}
+
+func abs(x float32) float32 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+func TestSaturateInt(t *testing.T) {
+	nan := 0.0
+	nan /= nan
+	cases := []struct {
+		v      float64
+		lo, hi int64
+		want   int64
+	}{{1.9, -5, 5, 1}, {-1.9, -5, 5, -1}, {1e30, -5, 5, 5}, {-1e30, -5, 5, -5}, {nan, -5, 5, 0}}
+	for _, c := range cases {
+		if got := SaturateInt(c.v, c.lo, c.hi); got != c.want {
+			t.Errorf("SaturateInt(%v) = %d, want %d", c.v, got, c.want)
+		}
+	}
+}
