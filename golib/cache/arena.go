@@ -1,0 +1,183 @@
+package cache
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+)
+
+// Arena is the persistent, session-owned memory that caches live in. It
+// outlives single invocations, enforces a byte budget and exposes its
+// accounting. Freed buffers are kept for reuse (pooled) and given back to the
+// Go heap only when the budget needs the room or Trim is called.
+//
+// Arena is safe for concurrent use.
+type Arena struct {
+	mu        sync.Mutex
+	budget    int64 // 0: unlimited
+	allocated int64 // bytes handed out to caches and not yet freed
+	pooled    int64 // bytes of freed buffers kept for reuse
+	peak      int64 // high-water mark of allocated
+	live      int64 // bytes of valid (written, not truncated) K/V data, reported by caches
+	allocs    int64 // number of successful allocations
+	free      map[int][][]byte
+}
+
+// ArenaStats is a snapshot of an arena's accounting.
+type ArenaStats struct {
+	Budget        int64 // 0 means unlimited
+	Allocated     int64 // bytes owned by caches
+	Pooled        int64 // freed bytes kept for reuse
+	Committed     int64 // Allocated + Pooled: memory the arena holds
+	Peak          int64 // high-water mark of Allocated
+	Live          int64 // bytes of valid K/V data across all caches
+	Allocations   int64 // successful allocations so far
+	Fragmentation float64
+}
+
+// alignment of every buffer handed out (one cache line; AVX-512 friendly).
+const alignment = 64
+
+// NewArena returns an arena with the given byte budget (0 = unlimited).
+func NewArena(budget int64) (*Arena, error) {
+	if budget < 0 {
+		return nil, fmt.Errorf("%w: negative arena budget %d", ErrInvalidArgument, budget)
+	}
+	return &Arena{budget: budget, free: map[int][][]byte{}}, nil
+}
+
+// SetBudget changes the budget. Lowering it below what is allocated is
+// refused (ErrInvalidArgument): it would make existing caches invalid.
+func (a *Arena) SetBudget(budget int64) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if budget < 0 || (budget > 0 && budget < a.allocated) {
+		return fmt.Errorf("%w: budget %d is below the %d bytes already allocated", ErrInvalidArgument, budget, a.allocated)
+	}
+	a.budget = budget
+	a.trimLocked(a.budget)
+	return nil
+}
+
+// alloc returns a zeroed buffer of exactly n bytes, 64-byte aligned, or a
+// *BudgetError. Several buffers can be reserved atomically with allocMany.
+func (a *Arena) alloc(n int) ([]byte, error) {
+	bufs, err := a.allocMany(n, 1)
+	if err != nil {
+		return nil, err
+	}
+	return bufs[0], nil
+}
+
+// allocMany reserves count buffers of n bytes each, all or nothing.
+func (a *Arena) allocMany(n, count int) ([][]byte, error) {
+	if n < 0 || count < 0 {
+		return nil, fmt.Errorf("%w: negative allocation", ErrInvalidArgument)
+	}
+	total := int64(n) * int64(count)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.budget > 0 && a.allocated+total > a.budget {
+		return nil, &BudgetError{Requested: total, Committed: a.allocated, Budget: a.budget}
+	}
+	out := make([][]byte, count)
+	for i := range out {
+		if list := a.free[n]; len(list) > 0 {
+			b := list[len(list)-1]
+			a.free[n] = list[:len(list)-1]
+			a.pooled -= int64(n)
+			clear(b)
+			out[i] = b
+			continue
+		}
+		out[i] = alignedBytes(n)
+	}
+	a.allocated += total
+	a.allocs += int64(count)
+	if a.allocated > a.peak {
+		a.peak = a.allocated
+	}
+	// keep what the arena holds within the budget
+	if a.budget > 0 {
+		a.trimLocked(a.budget - a.allocated)
+	}
+	return out, nil
+}
+
+// release returns buffers to the pool.
+func (a *Arena) release(bufs ...[]byte) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, b := range bufs {
+		if b == nil {
+			continue
+		}
+		n := len(b)
+		a.allocated -= int64(n)
+		a.free[n] = append(a.free[n], b)
+		a.pooled += int64(n)
+	}
+	if a.budget > 0 {
+		a.trimLocked(a.budget - a.allocated)
+	}
+}
+
+// addLive adjusts the live-bytes figure (called by caches on append,
+// truncate, reset and close).
+func (a *Arena) addLive(n int64) {
+	a.mu.Lock()
+	a.live += n
+	a.mu.Unlock()
+}
+
+// Trim gives every pooled buffer back to the Go heap.
+func (a *Arena) Trim() {
+	a.mu.Lock()
+	a.trimLocked(0)
+	a.mu.Unlock()
+}
+
+// trimLocked drops pooled buffers until at most keep bytes are pooled.
+func (a *Arena) trimLocked(keep int64) {
+	if keep < 0 {
+		keep = 0
+	}
+	for size, list := range a.free {
+		for len(list) > 0 && a.pooled > keep {
+			list[len(list)-1] = nil
+			list = list[:len(list)-1]
+			a.pooled -= int64(size)
+		}
+		if len(list) == 0 {
+			delete(a.free, size)
+		} else {
+			a.free[size] = list
+		}
+	}
+}
+
+// Stats returns a snapshot of the accounting. Fragmentation is the share of
+// allocated bytes that hold no valid data (reserved capacity not yet used).
+func (a *Arena) Stats() ArenaStats {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := ArenaStats{
+		Budget: a.budget, Allocated: a.allocated, Pooled: a.pooled,
+		Committed: a.allocated + a.pooled, Peak: a.peak, Live: a.live, Allocations: a.allocs,
+	}
+	if a.allocated > 0 {
+		s.Fragmentation = 1 - float64(a.live)/float64(a.allocated)
+	}
+	return s
+}
+
+// alignedBytes returns a zeroed n-byte slice whose first byte is 64-byte
+// aligned (backed by a slightly larger allocation).
+func alignedBytes(n int) []byte {
+	if n == 0 {
+		return []byte{}
+	}
+	raw := make([]byte, n+alignment)
+	off := int(uintptr(alignment)-uintptr(unsafe.Pointer(&raw[0]))%alignment) % alignment
+	return raw[off : off+n : off+n]
+}

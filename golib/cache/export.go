@@ -1,0 +1,71 @@
+package cache
+
+import "fmt"
+
+// MaxLen returns the longest valid length over the sequences: the sequence
+// axis of exported present tensors.
+func (c *KVCache) MaxLen() int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	m := 0
+	for _, l := range c.lens {
+		m = max(m, l)
+	}
+	return m
+}
+
+// Export writes the cache as standard present tensors: k becomes
+// [Batch, KVHeads, L, HeadDimK] and v [Batch, KVHeads, L, HeadDimV] in
+// element type dt, where L >= MaxLen(). Positions at or past a sequence's
+// length, and positions evicted by a sliding window, are written as zeros.
+// Export is the only operation that materializes the whole cache; generation
+// loops that do not observe present tensors never call it.
+func (c *KVCache) Export(k, v []byte, dt ElemType, L int) error {
+	c.mu.Lock() // exclusive: it updates counters
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	cfg := c.cfg
+	if dt.Size() == 0 {
+		return fmt.Errorf("%w: unsupported export type %v", ErrInvalidArgument, dt)
+	}
+	for _, l := range c.lens {
+		if L < l {
+			return fmt.Errorf("%w: export length %d is shorter than a sequence of %d tokens", ErrInvalidArgument, L, l)
+		}
+	}
+	ds := dt.Size()
+	wantK := cfg.Batch * cfg.KVHeads * L * cfg.HeadDimK * ds
+	wantV := cfg.Batch * cfg.KVHeads * L * cfg.HeadDimV * ds
+	if len(k) != wantK || len(v) != wantV {
+		return fmt.Errorf("%w: export of length %d needs k of %d bytes and v of %d bytes, got %d and %d",
+			ErrInvalidArgument, L, wantK, wantV, len(k), len(v))
+	}
+	var scratch []float32
+	if dt != Float32 && dt != cfg.Elem && cfg.Elem != Float32 {
+		scratch = make([]float32, 1024)
+	}
+	rowKd, rowVd := cfg.HeadDimK*ds, cfg.HeadDimV*ds
+	var written int64
+	for b := range cfg.Batch {
+		lo, hi := c.winStart[b], c.lens[b]
+		s := c.seqs[b]
+		for h := range cfg.KVHeads {
+			unit := b*cfg.KVHeads + h
+			dk := k[unit*L*rowKd : (unit+1)*L*rowKd]
+			dv := v[unit*L*rowVd : (unit+1)*L*rowVd]
+			clear(dk[:lo*rowKd])
+			clear(dv[:lo*rowVd])
+			if hi > lo {
+				convertRows(dk[lo*rowKd:], dt, s.k[(h*cfg.Capacity+lo)*c.rowK:], cfg.Elem, (hi-lo)*cfg.HeadDimK, scratch)
+				convertRows(dv[lo*rowVd:], dt, s.v[(h*cfg.Capacity+lo)*c.rowV:], cfg.Elem, (hi-lo)*cfg.HeadDimV, scratch)
+			}
+			clear(dk[hi*rowKd:])
+			clear(dv[hi*rowVd:])
+			written += int64(len(dk) + len(dv))
+		}
+	}
+	c.exportBytes += written
+	return nil
+}

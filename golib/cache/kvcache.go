@@ -1,0 +1,264 @@
+package cache
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+)
+
+// Config describes the geometry of a cache. All sizes are in elements or
+// tokens, not bytes.
+type Config struct {
+	Batch    int      // sequences (or beams) in the request
+	KVHeads  int      // key/value heads
+	HeadDimK int      // elements per K row
+	HeadDimV int      // elements per V row (0: same as HeadDimK)
+	Capacity int      // tokens reserved per sequence
+	Elem     ElemType // storage type of K and V
+}
+
+// Counters are the work figures a cache keeps. They are logical metadata:
+// tests use them to prove that append copies only new tokens and that
+// attention reads each K/V byte once.
+type Counters struct {
+	AppendBytes    int64 // bytes written by Append
+	AppendCalls    int64
+	ExportBytes    int64 // bytes written by Export
+	CopyBytes      int64 // bytes copied by Fork and Reorder
+	AttentionBytes int64 // K/V bytes read by attention kernels
+	AttentionCalls int64
+}
+
+// seqStore holds the K and V rows of one sequence for every KV head:
+// K is [KVHeads][Capacity][HeadDimK], V is [KVHeads][Capacity][HeadDimV],
+// token-major (see Segment for why).
+type seqStore struct {
+	k, v []byte
+}
+
+// KVCache is the persistent KV cache of one attention layer of one request,
+// in the contiguous layout: every sequence reserves Capacity tokens up front,
+// so appending within capacity never moves or copies the past.
+//
+// Mutating methods take an exclusive lock and attention readers a shared one
+// (BeginRead/EndRead), so concurrent misuse from several threads cannot
+// corrupt the cache; it is still one request's state, not meant to be
+// mutated from several threads at once.
+type KVCache struct {
+	mu       sync.RWMutex
+	cfg      Config
+	arena    *Arena
+	seqs     []seqStore
+	lens     []int
+	winStart []int
+	rowK     int // bytes per K row
+	rowV     int // bytes per V row
+	closed   bool
+
+	appendBytes, appendCalls, exportBytes, copyBytes int64
+	attnBytes, attnCalls                             atomic.Int64
+
+	cks    checkpoints
+	reused []int // scratch for Reorder
+}
+
+// New creates a cache in arena a. Its whole capacity is reserved from the
+// arena at once; a *BudgetError is returned when the budget cannot hold it.
+func New(a *Arena, cfg Config) (*KVCache, error) {
+	if a == nil {
+		return nil, fmt.Errorf("%w: nil arena", ErrInvalidArgument)
+	}
+	if cfg.HeadDimV == 0 {
+		cfg.HeadDimV = cfg.HeadDimK
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	c := &KVCache{
+		cfg: cfg, arena: a,
+		rowK: cfg.HeadDimK * cfg.Elem.Size(),
+		rowV: cfg.HeadDimV * cfg.Elem.Size(),
+	}
+	kBytes := cfg.KVHeads * cfg.Capacity * c.rowK
+	vBytes := cfg.KVHeads * cfg.Capacity * c.rowV
+	c.seqs = make([]seqStore, cfg.Batch)
+	var err error
+	if kBytes == vBytes {
+		var bufs [][]byte
+		if bufs, err = a.allocMany(kBytes, 2*cfg.Batch); err == nil {
+			for b := range c.seqs {
+				c.seqs[b] = seqStore{k: bufs[2*b], v: bufs[2*b+1]}
+			}
+		}
+	} else {
+		err = c.allocSeparate(kBytes, vBytes)
+	}
+	if err != nil {
+		return nil, err
+	}
+	c.lens = make([]int, cfg.Batch)
+	c.winStart = make([]int, cfg.Batch)
+	c.reused = make([]int, cfg.Batch)
+	return c, nil
+}
+
+// allocSeparate reserves K and V buffers of different sizes, all or nothing.
+func (c *KVCache) allocSeparate(kBytes, vBytes int) error {
+	ks, err := c.arena.allocMany(kBytes, c.cfg.Batch)
+	if err != nil {
+		return err
+	}
+	vs, err := c.arena.allocMany(vBytes, c.cfg.Batch)
+	if err != nil {
+		c.arena.release(ks...)
+		return err
+	}
+	for b := range c.seqs {
+		c.seqs[b] = seqStore{k: ks[b], v: vs[b]}
+	}
+	return nil
+}
+
+// maxCacheBytes bounds one cache's reservation so that size arithmetic can
+// never overflow (1 TiB is far beyond any machine this runs on).
+const maxCacheBytes = 1 << 40
+
+func (cfg Config) validate() error {
+	switch {
+	case cfg.Batch <= 0 || cfg.KVHeads <= 0 || cfg.HeadDimK <= 0 || cfg.HeadDimV <= 0:
+		return fmt.Errorf("%w: batch, kv_heads and head dims must be positive (got batch=%d kv_heads=%d head_dim_k=%d head_dim_v=%d)",
+			ErrInvalidArgument, cfg.Batch, cfg.KVHeads, cfg.HeadDimK, cfg.HeadDimV)
+	case cfg.Capacity <= 0:
+		return fmt.Errorf("%w: capacity must be positive (got %d)", ErrInvalidArgument, cfg.Capacity)
+	case cfg.Elem.Size() == 0:
+		return fmt.Errorf("%w: unsupported element type %v", ErrInvalidArgument, cfg.Elem)
+	}
+	total := float64(cfg.Batch) * float64(cfg.KVHeads) * float64(cfg.Capacity) *
+		float64(cfg.HeadDimK+cfg.HeadDimV) * float64(cfg.Elem.Size())
+	if total > maxCacheBytes {
+		return fmt.Errorf("%w: cache of %.0f bytes is larger than the %d-byte limit", ErrInvalidArgument, total, int64(maxCacheBytes))
+	}
+	return nil
+}
+
+// Config returns the cache's geometry.
+func (c *KVCache) Config() Config { return c.cfg }
+
+// Lengths returns a copy of the per-sequence valid lengths.
+func (c *KVCache) Lengths() []int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return append([]int(nil), c.lens...)
+}
+
+// Close releases the cache's memory to its arena. Further use returns
+// ErrClosed. Closing twice is a no-op.
+func (c *KVCache) Close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	c.closed = true
+	c.arena.addLive(-c.liveBytesLocked())
+	for _, s := range c.seqs {
+		c.arena.release(s.k, s.v)
+	}
+	c.seqs = nil
+	c.cks.invalidateAll()
+}
+
+// Closed reports whether Close was called.
+func (c *KVCache) Closed() bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.closed
+}
+
+// liveBytesLocked is the number of bytes of valid K/V rows.
+func (c *KVCache) liveBytesLocked() int64 {
+	var n int64
+	for b, l := range c.lens {
+		n += int64(l-c.winStart[b]) * int64(c.cfg.KVHeads) * int64(c.rowK+c.rowV)
+	}
+	return n
+}
+
+// setLenLocked changes a sequence's length and keeps the arena's live figure
+// in step.
+func (c *KVCache) setLenLocked(b, n int) {
+	delta := int64(n-c.lens[b]) * int64(c.cfg.KVHeads) * int64(c.rowK+c.rowV)
+	c.lens[b] = n
+	if delta != 0 {
+		c.arena.addLive(delta)
+	}
+}
+
+// setWinLocked changes a sequence's window start with the same accounting.
+func (c *KVCache) setWinLocked(b, w int) {
+	delta := int64(c.winStart[b]-w) * int64(c.cfg.KVHeads) * int64(c.rowK+c.rowV)
+	c.winStart[b] = w
+	if delta != 0 {
+		c.arena.addLive(delta)
+	}
+}
+
+// Info is the logical metadata of a cache: what a user may inspect, never
+// raw pointers.
+type Info struct {
+	Config
+	Layout         string
+	Lengths        []int
+	WindowStarts   []int
+	CommittedBytes int64 // bytes reserved for this cache
+	LiveBytes      int64 // bytes of valid rows
+	PageTableBytes int64 // bookkeeping bytes (lengths, window starts)
+	Checkpoints    int   // live checkpoints
+	Counters       Counters
+	Closed         bool
+}
+
+// Info returns the cache's metadata and counters.
+func (c *KVCache) Info() Info {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	in := Info{
+		Config:       c.cfg,
+		Layout:       "contiguous",
+		Lengths:      append([]int(nil), c.lens...),
+		WindowStarts: append([]int(nil), c.winStart...),
+		Closed:       c.closed,
+		Checkpoints:  c.cks.live(),
+		Counters:     c.countersLocked(),
+	}
+	if !c.closed {
+		in.CommittedBytes = int64(c.cfg.Batch) * int64(c.cfg.KVHeads) * int64(c.cfg.Capacity) * int64(c.rowK+c.rowV)
+		in.LiveBytes = c.liveBytesLocked()
+		in.PageTableBytes = int64(2 * 8 * c.cfg.Batch)
+	}
+	return in
+}
+
+func (c *KVCache) countersLocked() Counters {
+	return Counters{
+		AppendBytes: c.appendBytes, AppendCalls: c.appendCalls,
+		ExportBytes: c.exportBytes, CopyBytes: c.copyBytes,
+		AttentionBytes: c.attnBytes.Load(), AttentionCalls: c.attnCalls.Load(),
+	}
+}
+
+// Counters returns the work counters.
+func (c *KVCache) Counters() Counters {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.countersLocked()
+}
+
+// ResetCounters zeroes the work counters (not the data).
+func (c *KVCache) ResetCounters() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.appendBytes, c.appendCalls, c.exportBytes, c.copyBytes = 0, 0, 0, 0
+	c.attnBytes.Store(0)
+	c.attnCalls.Store(0)
+}
