@@ -1,0 +1,151 @@
+package model
+
+import (
+	"fmt"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/onnxpb"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+// ValueKind is the kind of a graph value.
+type ValueKind int
+
+// Value kinds.
+const (
+	KindTensor ValueKind = iota
+	KindSequence
+	KindMap
+	KindOptional
+	KindOther
+)
+
+// Dim is one dimension of a declared shape: a fixed size (Value >= 0) or a
+// symbolic one (Value = -1, Param names it, possibly empty).
+type Dim struct {
+	Value int64
+	Param string
+}
+
+// ValueInfo is a declared graph value (input, output or intermediate).
+type ValueInfo struct {
+	Name  string
+	Kind  ValueKind
+	DType tensor.DType // tensor element type (ONNX code; may be unsupported)
+	// Shape is nil when the rank is unknown.
+	Shape []Dim
+}
+
+// Graph is a graph with its initializers decoded.
+type Graph struct {
+	Name  string
+	Nodes []*onnxpb.NodeProto
+	// Initializers maps a name to its decoded tensor.
+	Initializers map[string]*tensor.Tensor
+	Inputs       []ValueInfo
+	Outputs      []ValueInfo
+	// ValueInfos holds the declared types of intermediate values.
+	ValueInfos map[string]ValueInfo
+	// baseDir and ext let subgraphs load their initializers like the parent.
+	baseDir string
+	ext     *extBudget
+}
+
+// Subgraph decodes a graph attribute (If branch, Loop body) with the same
+// loading rules as the graph that holds it.
+func (g *Graph) Subgraph(gp *onnxpb.GraphProto) (*Graph, error) {
+	return newGraph(gp, g.baseDir, g.ext)
+}
+
+func newGraph(gp *onnxpb.GraphProto, baseDir string, ext *extBudget) (*Graph, error) {
+	g := &Graph{
+		Name:         gp.GetName(),
+		Nodes:        gp.GetNode(),
+		Initializers: map[string]*tensor.Tensor{},
+		ValueInfos:   map[string]ValueInfo{},
+		baseDir:      baseDir,
+		ext:          ext,
+	}
+	if len(gp.GetSparseInitializer()) > 0 {
+		return nil, fmt.Errorf("%w: sparse initializers", errs.ErrNotImplemented)
+	}
+	for _, tp := range gp.GetInitializer() {
+		name := tp.GetName()
+		if name == "" {
+			return nil, fmt.Errorf("%w: initializer without a name", errs.ErrInvalidModel)
+		}
+		if _, dup := g.Initializers[name]; dup {
+			return nil, fmt.Errorf("%w: initializer %q defined twice", errs.ErrInvalidModel, name)
+		}
+		t, err := tensorFromProto(tp, baseDir, ext)
+		if err != nil {
+			return nil, fmt.Errorf("initializer %q: %w", name, err)
+		}
+		// Drop the payload from the proto: the tensor owns (or aliases) it.
+		tp.RawData, tp.FloatData, tp.Int32Data, tp.Int64Data, tp.DoubleData, tp.Uint64Data = nil, nil, nil, nil, nil, nil
+		g.Initializers[name] = t
+	}
+	var err error
+	if g.Inputs, err = valueInfos(gp.GetInput()); err != nil {
+		return nil, fmt.Errorf("graph inputs: %w", err)
+	}
+	if g.Outputs, err = valueInfos(gp.GetOutput()); err != nil {
+		return nil, fmt.Errorf("graph outputs: %w", err)
+	}
+	vis, err := valueInfos(gp.GetValueInfo())
+	if err != nil {
+		return nil, fmt.Errorf("value_info: %w", err)
+	}
+	for _, vi := range vis {
+		g.ValueInfos[vi.Name] = vi
+	}
+	for i, n := range g.Nodes {
+		if n.GetOpType() == "" {
+			return nil, fmt.Errorf("%w: node %d (%q) has no op_type", errs.ErrInvalidModel, i, n.GetName())
+		}
+	}
+	return g, nil
+}
+
+func valueInfos(vps []*onnxpb.ValueInfoProto) ([]ValueInfo, error) {
+	out := make([]ValueInfo, 0, len(vps))
+	for _, vp := range vps {
+		vi := ValueInfo{Name: vp.GetName(), Kind: KindOther}
+		if vi.Name == "" {
+			return nil, fmt.Errorf("%w: value without a name", errs.ErrInvalidModel)
+		}
+		tp := vp.GetType()
+		switch {
+		case tp.GetTensorType() != nil:
+			tt := tp.GetTensorType()
+			vi.Kind = KindTensor
+			vi.DType = tensor.DType(tt.GetElemType())
+			if tt.GetShape() != nil {
+				vi.Shape = make([]Dim, 0, len(tt.GetShape().GetDim()))
+				for _, d := range tt.GetShape().GetDim() {
+					switch v := d.GetValue().(type) {
+					case *onnxpb.TensorShapeProto_Dimension_DimValue:
+						if v.DimValue < 0 {
+							return nil, fmt.Errorf("%w: %q has a negative dimension", errs.ErrInvalidModel, vi.Name)
+						}
+						vi.Shape = append(vi.Shape, Dim{Value: v.DimValue})
+					case *onnxpb.TensorShapeProto_Dimension_DimParam:
+						vi.Shape = append(vi.Shape, Dim{Value: -1, Param: v.DimParam})
+					default:
+						vi.Shape = append(vi.Shape, Dim{Value: -1})
+					}
+				}
+			}
+		case tp.GetSequenceType() != nil:
+			vi.Kind = KindSequence
+		case tp.GetMapType() != nil:
+			vi.Kind = KindMap
+		case tp.GetOptionalType() != nil:
+			vi.Kind = KindOptional
+		case tp == nil:
+			vi.Kind = KindTensor // untyped: allowed for outputs of subgraphs
+		}
+		out = append(out, vi)
+	}
+	return out, nil
+}

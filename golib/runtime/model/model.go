@@ -1,0 +1,162 @@
+// Package model loads ONNX ModelProto files into the runtime's view of a
+// model: opset imports, a Graph with decoded initializers and value infos.
+// Malformed, truncated or hostile input yields an error wrapping
+// errs.ErrInvalidModel (or errs.ErrLimit / errs.ErrNotImplemented), never a
+// panic or an allocation larger than the input justifies.
+package model
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/onnxpb"
+)
+
+// DefaultMaxModelBytes is the largest model file accepted by default: 2 GiB,
+// the protobuf format's own limit. Larger weights go in external data files.
+const DefaultMaxModelBytes = 2 << 30
+
+// DefaultMaxExternalBytes bounds the total bytes read from external data
+// files by default (64 GiB).
+const DefaultMaxExternalBytes = 64 << 30
+
+// maxRecursion bounds message nesting while decoding. Each nested subgraph
+// level costs three messages (Graph -> Node -> Attribute), so this allows
+// about 30 levels of If/Loop nesting, far beyond real models.
+const maxRecursion = 100
+
+// Options tunes loading. The zero value uses the defaults.
+type Options struct {
+	// BaseDir is the folder external data paths are relative to. Load sets
+	// it to the model file's folder; for LoadBytes it must be set explicitly
+	// or external data is refused.
+	BaseDir string
+	// MaxModelBytes bounds the serialized model (DefaultMaxModelBytes if 0).
+	MaxModelBytes int64
+	// MaxExternalBytes bounds the external data read in total
+	// (DefaultMaxExternalBytes if 0).
+	MaxExternalBytes int64
+}
+
+// Model is a loaded ONNX model.
+type Model struct {
+	IRVersion       int64
+	ProducerName    string
+	ProducerVersion string
+	// Opsets maps each imported domain ("" for ai.onnx) to its version.
+	Opsets map[string]int
+	Graph  *Graph
+	// Proto is the decoded ModelProto (initializer payloads already moved
+	// into Graph.Initializers).
+	Proto *onnxpb.ModelProto
+}
+
+// Load reads and decodes the model at path. External data files are resolved
+// relative to the model's folder and may not escape it.
+func Load(path string, opt Options) (*Model, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
+	defer f.Close()
+	limit := opt.maxModel()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("model: %w", err)
+	}
+	if st.IsDir() {
+		return nil, fmt.Errorf("%w: %s is a directory", errs.ErrInvalidModel, path)
+	}
+	if st.Size() > limit {
+		return nil, fmt.Errorf("%w: model file %s is %d bytes, limit %d", errs.ErrLimit, path, st.Size(), limit)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("model: reading %s: %w", path, err)
+	}
+	if opt.BaseDir == "" {
+		opt.BaseDir = filepath.Dir(path)
+	}
+	return LoadBytes(b, opt)
+}
+
+// LoadBytes decodes a serialized ModelProto.
+func LoadBytes(b []byte, opt Options) (*Model, error) {
+	if int64(len(b)) > opt.maxModel() {
+		return nil, fmt.Errorf("%w: model is %d bytes, limit %d", errs.ErrLimit, len(b), opt.maxModel())
+	}
+	if len(b) == 0 {
+		return nil, fmt.Errorf("%w: empty model", errs.ErrInvalidModel)
+	}
+	mp := &onnxpb.ModelProto{}
+	uo := proto.UnmarshalOptions{RecursionLimit: maxRecursion}
+	if err := uo.Unmarshal(b, mp); err != nil {
+		return nil, fmt.Errorf("%w: cannot decode ModelProto (truncated or not an ONNX file?): %v", errs.ErrInvalidModel, err)
+	}
+	return FromProto(mp, opt)
+}
+
+// FromProto builds a Model from a decoded ModelProto.
+func FromProto(mp *onnxpb.ModelProto, opt Options) (*Model, error) {
+	if mp.GetGraph() == nil {
+		return nil, fmt.Errorf("%w: model has no graph", errs.ErrInvalidModel)
+	}
+	if mp.GetIrVersion() < 3 {
+		return nil, fmt.Errorf("%w: IR version %d is not supported (need >= 3; is this an ONNX file?)", errs.ErrInvalidModel, mp.GetIrVersion())
+	}
+	m := &Model{
+		IRVersion:       mp.GetIrVersion(),
+		ProducerName:    mp.GetProducerName(),
+		ProducerVersion: mp.GetProducerVersion(),
+		Opsets:          map[string]int{},
+		Proto:           mp,
+	}
+	for _, op := range mp.GetOpsetImport() {
+		d := op.GetDomain()
+		if d == "ai.onnx" {
+			d = ""
+		}
+		v := op.GetVersion()
+		if v < 1 || v > 1000 {
+			return nil, fmt.Errorf("%w: opset version %d for domain %q", errs.ErrInvalidModel, v, d)
+		}
+		if old, dup := m.Opsets[d]; dup && old != int(v) {
+			return nil, fmt.Errorf("%w: domain %q imported twice (%d and %d)", errs.ErrInvalidModel, d, old, v)
+		}
+		m.Opsets[d] = int(v)
+	}
+	if _, ok := m.Opsets[""]; !ok {
+		return nil, fmt.Errorf("%w: model imports no ai.onnx opset", errs.ErrInvalidModel)
+	}
+	if len(mp.GetFunctions()) > 0 {
+		// Nodes that call a model-local function fail at session creation
+		// as unsupported ops; the functions themselves are not expanded.
+		m.Proto.Functions = nil
+	}
+	ext := &extBudget{left: opt.maxExternal()}
+	g, err := newGraph(mp.GetGraph(), opt.BaseDir, ext)
+	if err != nil {
+		return nil, err
+	}
+	m.Graph = g
+	return m, nil
+}
+
+func (o Options) maxModel() int64 {
+	if o.MaxModelBytes > 0 {
+		return o.MaxModelBytes
+	}
+	return DefaultMaxModelBytes
+}
+
+func (o Options) maxExternal() int64 {
+	if o.MaxExternalBytes > 0 {
+		return o.MaxExternalBytes
+	}
+	return DefaultMaxExternalBytes
+}
