@@ -1,0 +1,23 @@
+package cpu
+
+// kernelOps are the inner loops of the streaming kernel for one instruction
+// set. Every variant has identical semantics; the portable Go twin
+// (goOps) is always available and is the one the SIMD variants are tested
+// against, together with ReferenceAttention.
+type kernelOps struct {
+	name string
+	// dots sets s[t] = dot(q, k[t*d:(t+1)*d]) for t < len(s).
+	dots func(s, q, k []float32, d int)
+	// maxOf returns the largest element of s (len(s) > 0).
+	maxOf func(s []float32) float32
+	// expSub sets s[t] = exp(s[t]-m) and returns the sum of the results.
+	expSub func(s []float32, m float32) float32
+	// tanhCap sets s[t] = c*tanh(s[t]).
+	tanhCap func(s []float32, c float32)
+	// axpy sets acc = alpha*acc + sum_t p[t]*v[t*d:(t+1)*d], d = len(acc).
+	axpy func(acc, p, v []float32, alpha float32)
+	// cvtF16 and cvtBF16 widen IEEE half / bfloat16 bits to float32
+	// (len(dst) == len(src)).
+	cvtF16  func(dst []float32, src []uint16)
+	cvtBF16 func(dst []float32, src []uint16)
+}

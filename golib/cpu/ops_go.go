@@ -1,0 +1,137 @@
+package cpu
+
+import (
+	"math"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
+)
+
+// goOps is the portable pure-Go twin of the SIMD inner loops.
+var goOps = kernelOps{
+	name:    "go",
+	dots:    goDots,
+	maxOf:   goMax,
+	expSub:  goExpSub,
+	tanhCap: goTanhCap,
+	axpy:    goAxpy,
+	cvtF16:  codec.DecodeF16,
+	cvtBF16: codec.DecodeBF16,
+}
+
+func goDots(s, q, k []float32, d int) {
+	q = q[:d]
+	for t := range s {
+		kr := k[t*d : t*d+d]
+		var a0, a1, a2, a3 float32
+		i := 0
+		for ; i+4 <= d; i += 4 {
+			a0 += q[i] * kr[i]
+			a1 += q[i+1] * kr[i+1]
+			a2 += q[i+2] * kr[i+2]
+			a3 += q[i+3] * kr[i+3]
+		}
+		for ; i < d; i++ {
+			a0 += q[i] * kr[i]
+		}
+		s[t] = (a0 + a1) + (a2 + a3)
+	}
+}
+
+func goMax(s []float32) float32 {
+	m := s[0]
+	for _, x := range s[1:] {
+		if x > m {
+			m = x
+		}
+	}
+	return m
+}
+
+func goExpSub(s []float32, m float32) float32 {
+	var sum float32
+	for i, x := range s {
+		e := expf(x - m)
+		s[i] = e
+		sum += e
+	}
+	return sum
+}
+
+func goTanhCap(s []float32, c float32) {
+	for i, x := range s {
+		s[i] = c * float32(math.Tanh(float64(x)))
+	}
+}
+
+func goAxpy(acc, p, v []float32, alpha float32) {
+	d := len(acc)
+	if alpha != 1 {
+		for i := range acc {
+			acc[i] *= alpha
+		}
+	}
+	t := 0
+	for ; t+2 <= len(p); t += 2 {
+		p0, p1 := p[t], p[t+1]
+		v0 := v[t*d : t*d+d]
+		v1 := v[t*d+d : t*d+2*d]
+		for i := range acc {
+			acc[i] += p0*v0[i] + p1*v1[i]
+		}
+	}
+	for ; t < len(p); t++ {
+		p0 := p[t]
+		v0 := v[t*d : t*d+d]
+		for i := range acc {
+			acc[i] += p0 * v0[i]
+		}
+	}
+}
+
+// Constants of the float32 exp approximation shared by every variant:
+// exp(x) = 2^n * exp(r) with n = round(x*log2(e)) and r = x - n*ln2 split in
+// two parts (Cody-Waite), exp(r) by a degree-6 polynomial (Cephes expf
+// coefficients). Relative error about 2 ulp over the clamped input range.
+const (
+	expHi    = 88.0              // keeps n <= 127 so 2^n stays a normal float32
+	expLo    = -87.3365447505531 // exp(expLo) is the smallest normal float32
+	log2e    = 1.44269504088896341
+	ln2Hi    = 0.693359375
+	ln2Lo    = -2.12194440e-4
+	expP0    = 1.9875691500e-4
+	expP1    = 1.3981999507e-3
+	expP2    = 8.3334519073e-3
+	expP3    = 4.1665795894e-2
+	expP4    = 1.6666665459e-1
+	expP5    = 5.0000001201e-1
+	roundMag = 12582912.0 // 1.5*2^23: adding it rounds to an integer in the low mantissa bits
+)
+
+// expf is the scalar twin of the vector exp: same algorithm, same constants.
+func expf(x float32) float32 {
+	if x > expHi {
+		x = expHi
+	}
+	if x < expLo {
+		if x != x {
+			return x
+		}
+		x = expLo
+	}
+	t := x*log2e + roundMag
+	n := t - roundMag
+	r := x - n*ln2Hi
+	r = r - n*ln2Lo
+	p := float32(expP0)
+	p = p*r + expP1
+	p = p*r + expP2
+	p = p*r + expP3
+	p = p*r + expP4
+	p = p*r + expP5
+	p = p*r*r + r + 1
+	pow := math.Float32frombits((math.Float32bits(t) << 23) + 0x3f800000)
+	return p * pow
+}
+
+// goF16 widens one IEEE half to float32.
+func goF16(h uint16) float32 { return codec.F16ToF32(h) }

@@ -1,0 +1,227 @@
+package cpu
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
+)
+
+// Tuning of the worker pool.
+const (
+	// helperSpin is how long an idle helper polls for the next call before
+	// it parks: decode steps come back to back, and a poll hand-off costs
+	// far less than waking a parked goroutine.
+	helperSpin = 50 * time.Microsecond
+	// serialBytes: calls that read fewer K/V bytes than this run on the
+	// calling goroutine alone; waking helpers would cost more than it saves.
+	serialBytes = 96 << 10
+	// minSplitTokens is the smallest token range a split-KV task gets.
+	minSplitTokens = 128
+)
+
+// SetThreads sets the number of threads (the calling goroutine plus pool
+// helpers) that Attention uses. n <= 0 restores the default,
+// runtime.NumCPU().
+func SetThreads(n int) {
+	if n <= 0 {
+		n = runtime.NumCPU()
+	}
+	thePool.mu.Lock()
+	thePool.threads = n
+	thePool.mu.Unlock()
+}
+
+// Threads returns the number of threads Attention uses.
+func Threads() int {
+	thePool.mu.Lock()
+	defer thePool.mu.Unlock()
+	return thePool.threads
+}
+
+// pool is the persistent worker pool. One call runs at a time (mu); the
+// calling goroutine works as thread 0 and up to threads-1 helpers join it.
+// Hand-off: the caller publishes the job and bumps gen; helpers that are
+// still polling see it at once, parked ones are woken through their channel.
+// Tasks are claimed with an atomic counter, and the caller waits until
+// every engaged helper has decremented pending.
+type pool struct {
+	mu      sync.Mutex
+	threads int
+	helpers []*helper
+	states  []unitState // [0] is the caller's scratch, [i] helper i's
+
+	gen     atomic.Uint64
+	next    atomic.Int64
+	pending atomic.Int32
+
+	// The job, written by the caller before gen is bumped.
+	active atomic.Int32 // helpers engaged in this job
+	s      shape
+	dst, q []float32
+	view   cache.View
+	ops    *kernelOps
+	ntasks int
+	nsplit int
+	parts  []float32 // split-KV partial states, [units][nsplit][rows][dv+2]
+
+	errMu sync.Mutex
+	err   error
+}
+
+type helper struct {
+	idx      int // 1-based: states[idx]
+	sleeping atomic.Bool
+	wake     chan struct{}
+}
+
+var thePool = pool{threads: runtime.NumCPU()}
+
+// run executes one validated attention call.
+func (p *pool) run(s *shape, dst, q []float32, v cache.View, ops *kernelOps) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+
+	units := s.batch * s.kvHeads
+	rows := s.group * s.qLen
+	var bytes int64
+	maxLen := 0
+	for b := 0; b < s.batch; b++ {
+		L, ws := v.SeqLen(b), v.WindowStart(b)
+		lo, _ := s.rowRange(L, ws, 0)
+		bytes += int64(L - lo)
+		maxLen = max(maxLen, L-lo)
+	}
+	bytes *= int64(s.kvHeads * (s.dk + s.dv) * s.elem.Size())
+
+	threads := p.threads
+	if bytes < serialBytes {
+		threads = 1
+	}
+	nsplit := 1
+	if threads > 1 && units%threads != 0 {
+		nsplit = min((2*threads+units-1)/units, max(maxLen/minSplitTokens, 1))
+	}
+	threads = min(threads, units*nsplit)
+
+	p.s, p.dst, p.q, p.view, p.ops = *s, dst, q, v, ops
+	p.ntasks, p.nsplit = units*nsplit, nsplit
+	p.err = nil
+	if nsplit > 1 {
+		p.parts = growF(p.parts, p.ntasks*rows*(s.dv+2))
+	}
+	if len(p.states) < threads {
+		p.states = append(p.states, make([]unitState, threads-len(p.states))...)
+	}
+	for len(p.helpers) < threads-1 {
+		h := &helper{idx: len(p.helpers) + 1, wake: make(chan struct{}, 1)}
+		p.helpers = append(p.helpers, h)
+		go p.helperLoop(h, p.gen.Load())
+	}
+
+	p.next.Store(0)
+	p.active.Store(int32(threads - 1))
+	p.pending.Store(int32(threads - 1))
+	if threads > 1 {
+		p.gen.Add(1)
+		for _, h := range p.helpers[:threads-1] {
+			if h.sleeping.CompareAndSwap(true, false) {
+				h.wake <- struct{}{}
+			}
+		}
+	}
+	p.work(0)
+	for i := 0; p.pending.Load() != 0; i++ {
+		if i&15 == 15 {
+			runtime.Gosched()
+		}
+	}
+
+	if p.err == nil && nsplit > 1 {
+		stride := nsplit * rows * (s.dv + 2)
+		for u := 0; u < units; u++ {
+			b, h := u/s.kvHeads, u%s.kvHeads
+			q0 := (b*s.qHeads + h*s.group) * s.qLen
+			mergeParts(dst, p.parts[u*stride:(u+1)*stride], q0, rows, s.dv, nsplit)
+		}
+	}
+	err := p.err
+	p.dst, p.q, p.view = nil, nil, nil
+	if err != nil {
+		return err
+	}
+	v.AddBytesRead(bytes)
+	return nil
+}
+
+// work claims and runs tasks until none is left.
+func (p *pool) work(idx int) {
+	st := &p.states[idx]
+	s := &p.s
+	rows := s.group * s.qLen
+	for {
+		k := int(p.next.Add(1) - 1)
+		if k >= p.ntasks {
+			return
+		}
+		u, c := k/p.nsplit, k%p.nsplit
+		b, h := u/s.kvHeads, u%s.kvHeads
+		L, ws := p.view.SeqLen(b), p.view.WindowStart(b)
+		lo, _ := s.rowRange(L, ws, 0)
+		from := lo + (L-lo)*c/p.nsplit
+		to := lo + (L-lo)*(c+1)/p.nsplit
+		var err error
+		if p.nsplit == 1 {
+			err = st.runUnit(p.ops, s, p.q, p.view, b, h, from, to, p.dst, nil)
+		} else {
+			part := p.parts[k*rows*(s.dv+2) : (k+1)*rows*(s.dv+2)]
+			err = st.runUnit(p.ops, s, p.q, p.view, b, h, from, to, nil, part)
+		}
+		if err != nil {
+			p.errMu.Lock()
+			if p.err == nil {
+				p.err = err
+			}
+			p.errMu.Unlock()
+		}
+	}
+}
+
+// helperLoop is the body of one persistent helper goroutine.
+func (p *pool) helperLoop(h *helper, seen uint64) {
+	for {
+		seen = p.waitJob(h, seen)
+		if int32(h.idx) <= p.active.Load() {
+			p.work(h.idx)
+			p.pending.Add(-1)
+		}
+	}
+}
+
+// waitJob polls for a generation newer than seen for helperSpin, then parks
+// until the caller wakes it. It returns the new generation.
+func (p *pool) waitJob(h *helper, seen uint64) uint64 {
+	start := time.Now()
+	for i := 0; ; i++ {
+		if g := p.gen.Load(); g != seen {
+			return g
+		}
+		if i&255 == 255 {
+			if time.Since(start) > helperSpin {
+				break
+			}
+			runtime.Gosched()
+		}
+	}
+	h.sleeping.Store(true)
+	if g := p.gen.Load(); g != seen {
+		if !h.sleeping.CompareAndSwap(true, false) {
+			<-h.wake // the caller saw us asleep and sent a token: take it
+		}
+		return g
+	}
+	<-h.wake
+	return p.gen.Load()
+}

@@ -1,0 +1,124 @@
+package cpu
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
+)
+
+func sqrt64(x float64) float64 { return math.Sqrt(x) }
+
+// ReferenceAttention is the obviously-correct oracle for Attention: for each
+// query row it computes every score in float64, applies the softmax and the
+// weighted sum of V in two plain passes. It reads K/V through the same
+// cache.View segments as the fast kernel, allocates freely and is slow; tests
+// and the Python kernel="reference" option use it. Semantics, argument
+// checks and errors are those of Attention (see attention.go).
+func ReferenceAttention(dst, q []float32, qLen, qHeads int, v cache.View, o Options) error {
+	s, err := checkArgs(dst, q, qLen, qHeads, v, o)
+	if err != nil {
+		return err
+	}
+	esize := s.elem.Size()
+	var read int64
+	var segs []cache.Segment
+	for b := 0; b < s.batch; b++ {
+		L, ws := v.SeqLen(b), v.WindowStart(b)
+		for h := 0; h < s.kvHeads; h++ {
+			ulo, _ := s.rowRange(L, ws, 0)
+			segs = v.AppendSegments(segs[:0], b, h, ulo, L)
+			keys, vals, err := loadRows(segs, ulo, L, s.dk, s.dv, s.elem)
+			if err != nil {
+				return err
+			}
+			read += int64(L-ulo) * int64((s.dk+s.dv)*esize)
+			for g := 0; g < s.group; g++ {
+				qh := h*s.group + g
+				for i := 0; i < qLen; i++ {
+					row := (b*qHeads+qh)*qLen + i
+					lo, hi := s.rowRange(L, ws, i)
+					referenceRow(dst[row*s.dv:(row+1)*s.dv], q[row*s.dk:(row+1)*s.dk],
+						keys[lo-ulo:hi-ulo], vals[lo-ulo:hi-ulo], &s)
+				}
+			}
+		}
+	}
+	v.AddBytesRead(read)
+	return nil
+}
+
+// referenceRow computes one query row over its visible keys.
+func referenceRow(out, q []float32, keys, vals [][]float32, s *shape) {
+	scores := make([]float64, len(keys))
+	maxScore := math.Inf(-1)
+	for t, k := range keys {
+		var dot float64
+		for d, x := range q {
+			dot += float64(x) * float64(k[d])
+		}
+		sc := dot * float64(s.scale)
+		if s.softcap > 0 {
+			c := float64(s.softcap)
+			sc = c * math.Tanh(sc/c)
+		}
+		scores[t] = sc
+		maxScore = math.Max(maxScore, sc)
+	}
+	var sum float64
+	for t := range scores {
+		scores[t] = math.Exp(scores[t] - maxScore)
+		sum += scores[t]
+	}
+	acc := make([]float64, len(out))
+	for t, vr := range vals {
+		w := scores[t] / sum
+		for d, x := range vr {
+			acc[d] += w * float64(x)
+		}
+	}
+	for d := range out {
+		out[d] = float32(acc[d])
+	}
+}
+
+// loadRows decodes the rows of positions [from, to) from segs into float32
+// K and V rows, checking that the segments cover the range exactly.
+func loadRows(segs []cache.Segment, from, to, dk, dv int, elem cache.ElemType) (keys, vals [][]float32, err error) {
+	esize := elem.Size()
+	pos := from
+	for _, sg := range segs {
+		if sg.Start != pos || sg.Len < 0 || len(sg.K) < sg.Len*dk*esize || len(sg.V) < sg.Len*dv*esize {
+			return nil, nil, fmt.Errorf("%w: cache view returned a malformed segment (start %d len %d, expected start %d)",
+				cache.ErrInvalidArgument, sg.Start, sg.Len, pos)
+		}
+		for r := 0; r < sg.Len; r++ {
+			keys = append(keys, decodeRow(sg.K[r*dk*esize:(r+1)*dk*esize], dk, elem))
+			vals = append(vals, decodeRow(sg.V[r*dv*esize:(r+1)*dv*esize], dv, elem))
+		}
+		pos += sg.Len
+	}
+	if pos != to {
+		return nil, nil, fmt.Errorf("%w: cache view segments cover positions %d..%d, want %d..%d",
+			cache.ErrInvalidArgument, from, pos, from, to)
+	}
+	return keys, vals, nil
+}
+
+// decodeRow converts one little-endian stored row to float32.
+func decodeRow(b []byte, n int, elem cache.ElemType) []float32 {
+	out := make([]float32, n)
+	for i := range out {
+		switch elem {
+		case cache.Float32:
+			out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+		case cache.Float16:
+			out[i] = codec.F16ToF32(binary.LittleEndian.Uint16(b[2*i:]))
+		case cache.BFloat16:
+			out[i] = codec.BF16ToF32(binary.LittleEndian.Uint16(b[2*i:]))
+		}
+	}
+	return out
+}

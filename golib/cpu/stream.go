@@ -1,0 +1,237 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"unsafe"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
+)
+
+// Attention is the streaming decode kernel. Semantics, argument checks and
+// errors are exactly those of ReferenceAttention (see attention.go).
+//
+// For every (sequence, KV head) it walks the cache segments in blocks of a
+// few dozen tokens: the block's K rows are dotted with every query row of the
+// GQA group (so each K/V byte is read once per call), a vectorized exp turns
+// the block's scores into weights, the online-softmax state (m, l) of each
+// row is updated and the block's V rows are accumulated at once. Nothing of
+// the context's length is materialized. fp16/bf16 rows are widened to
+// float32 in the block load. Work is spread over the persistent worker pool
+// (see SetThreads): (sequence, KV head) units first, and ranges of tokens
+// with an exact (m, l, o) merge when the units cannot keep every worker busy.
+// After warm-up a call does not allocate.
+func Attention(dst, q []float32, qLen, qHeads int, v cache.View, o Options) error {
+	s, err := checkArgs(dst, q, qLen, qHeads, v, o)
+	if err != nil {
+		return err
+	}
+	return thePool.run(&s, dst, q, v, activeOps())
+}
+
+// blockTokens picks the number of tokens of one KV block so that a block of
+// K and one of V (as float32) stay well inside the L1/L2 caches while every
+// query row of the group uses them.
+func blockTokens(dk, dv int) int {
+	d := max(dk, dv)
+	t := 8192 / d // 32 KiB of float32 per tensor block
+	return min(max(t, 16), 128)
+}
+
+// unitState is one worker's scratch for one (sequence, KV head, token range)
+// task. It is reused across calls and only grows.
+type unitState struct {
+	qs     []float32 // scaled query rows of the group [rows][dk]
+	acc    []float32 // [rows][dv]
+	m, l   []float32 // online-softmax state per row
+	lo, hi []int     // visible key range per row
+	sc     []float32 // scores of one block
+	kbuf   []float32 // widened K block
+	vbuf   []float32 // widened V block
+	segs   []cache.Segment
+}
+
+func growF(b []float32, n int) []float32 {
+	if cap(b) < n {
+		return make([]float32, n)
+	}
+	return b[:n]
+}
+
+func growI(b []int, n int) []int {
+	if cap(b) < n {
+		return make([]int, n)
+	}
+	return b[:n]
+}
+
+// runUnit processes positions [from, to) of sequence b, KV head h for all
+// rows of the group. When out != nil it writes the normalized result rows
+// straight into out (dst layout); otherwise it leaves the unnormalized state
+// (m, l, acc) in part as [rows](m, l, acc[dv]) for the split-KV merge.
+func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View, b, h, from, to int, dst, part []float32) error {
+	rows := s.group * s.qLen
+	dk, dv := s.dk, s.dv
+	u.qs = growF(u.qs, rows*dk)
+	u.acc = growF(u.acc, rows*dv)
+	u.m = growF(u.m, rows)
+	u.l = growF(u.l, rows)
+	u.lo = growI(u.lo, rows)
+	u.hi = growI(u.hi, rows)
+	bt := blockTokens(dk, dv)
+	u.sc = growF(u.sc, bt)
+
+	// Scale the group's query rows once; with a softcap the 1/cap factor is
+	// folded in too, so the block only needs cap*tanh(dot).
+	qscale := s.scale
+	if s.softcap > 0 {
+		qscale /= s.softcap
+	}
+	q0 := (b*s.qHeads + h*s.group) * s.qLen
+	for i, x := range q[q0*dk : (q0+rows)*dk] {
+		u.qs[i] = x * qscale
+	}
+	L, ws := v.SeqLen(b), v.WindowStart(b)
+	for r := 0; r < rows; r++ {
+		lo, hi := s.rowRange(L, ws, r%s.qLen)
+		u.lo[r], u.hi[r] = max(lo, from), min(hi, to)
+		u.m[r] = float32(math.Inf(-1))
+		u.l[r] = 0
+	}
+	clear(u.acc)
+
+	esize := s.elem.Size()
+	u.segs = v.AppendSegments(u.segs[:0], b, h, from, to)
+	pos := from
+	for _, sg := range u.segs {
+		if sg.Start != pos || sg.Len < 0 || len(sg.K) < sg.Len*dk*esize || len(sg.V) < sg.Len*dv*esize {
+			return fmt.Errorf("%w: cache view returned a malformed segment (start %d len %d, expected start %d)",
+				cache.ErrInvalidArgument, sg.Start, sg.Len, pos)
+		}
+		for off := 0; off < sg.Len; off += bt {
+			n := min(bt, sg.Len-off)
+			kb := u.loadBlock(ops, &u.kbuf, sg.K, off, n, dk, s.elem)
+			vb := u.loadBlock(ops, &u.vbuf, sg.V, off, n, dv, s.elem)
+			u.block(ops, s, kb, vb, pos+off, n, rows)
+		}
+		pos += sg.Len
+	}
+	if pos != to {
+		return fmt.Errorf("%w: cache view segments cover positions %d..%d, want %d..%d",
+			cache.ErrInvalidArgument, from, pos, from, to)
+	}
+
+	if dst != nil {
+		for r := 0; r < rows; r++ {
+			out := dst[(q0+r)*dv : (q0+r+1)*dv]
+			inv := 1 / u.l[r]
+			for i, x := range u.acc[r*dv : (r+1)*dv] {
+				out[i] = x * inv
+			}
+		}
+		return nil
+	}
+	for r := 0; r < rows; r++ {
+		p := part[r*(dv+2) : (r+1)*(dv+2)]
+		p[0], p[1] = u.m[r], u.l[r]
+		copy(p[2:], u.acc[r*dv:(r+1)*dv])
+	}
+	return nil
+}
+
+// loadBlock returns rows [off, off+n) of a segment's bytes as float32: a
+// view of the storage for aligned float32 rows, else widened into *buf.
+func (u *unitState) loadBlock(ops *kernelOps, buf *[]float32, raw []byte, off, n, d int, elem cache.ElemType) []float32 {
+	cnt := n * d
+	switch elem {
+	case cache.Float32:
+		b := raw[off*d*4 : (off+n)*d*4]
+		if uintptr(unsafe.Pointer(unsafe.SliceData(b)))%4 == 0 {
+			return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), cnt)
+		}
+		*buf = growF(*buf, cnt)
+		for i := range *buf {
+			(*buf)[i] = math.Float32frombits(uint32(b[4*i]) | uint32(b[4*i+1])<<8 | uint32(b[4*i+2])<<16 | uint32(b[4*i+3])<<24)
+		}
+		return *buf
+	default:
+		b := raw[off*d*2 : (off+n)*d*2]
+		*buf = growF(*buf, cnt)
+		var src []uint16
+		if uintptr(unsafe.Pointer(unsafe.SliceData(b)))%2 == 0 {
+			src = unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(b))), cnt)
+		} else {
+			for i := range *buf {
+				h := uint16(b[2*i]) | uint16(b[2*i+1])<<8
+				if elem == cache.Float16 {
+					(*buf)[i] = goF16(h)
+				} else {
+					(*buf)[i] = math.Float32frombits(uint32(h) << 16)
+				}
+			}
+			return *buf
+		}
+		if elem == cache.Float16 {
+			ops.cvtF16(*buf, src)
+		} else {
+			ops.cvtBF16(*buf, src)
+		}
+		return *buf
+	}
+}
+
+// block folds the n tokens starting at absolute position pos into the
+// online-softmax state of every row that sees some of them.
+func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, pos, n, rows int) {
+	dk, dv := s.dk, s.dv
+	for r := 0; r < rows; r++ {
+		a, e := max(u.lo[r], pos), min(u.hi[r], pos+n)
+		if a >= e {
+			continue
+		}
+		sc := u.sc[:e-a]
+		ops.dots(sc, u.qs[r*dk:(r+1)*dk], kb[(a-pos)*dk:(e-pos)*dk], dk)
+		if s.softcap > 0 {
+			ops.tanhCap(sc, s.softcap)
+		}
+		mOld := u.m[r]
+		mNew := max(mOld, ops.maxOf(sc))
+		alpha := float32(1)
+		if mNew != mOld {
+			alpha = expf(mOld - mNew) // 0 when mOld is -Inf
+		}
+		u.l[r] = u.l[r]*alpha + ops.expSub(sc, mNew)
+		u.m[r] = mNew
+		ops.axpy(u.acc[r*dv:(r+1)*dv], sc, vb[(a-pos)*dv:(e-pos)*dv], alpha)
+	}
+}
+
+// mergeParts combines nsplit partial states of one unit into dst rows
+// [q0, q0+rows): m = max m_i, l = sum l_i e^(m_i-m), o = sum o_i e^(m_i-m) / l.
+func mergeParts(dst, parts []float32, q0, rows, dv, nsplit int) {
+	stride := rows * (dv + 2)
+	for r := 0; r < rows; r++ {
+		out := dst[(q0+r)*dv : (q0+r+1)*dv]
+		m := float32(math.Inf(-1))
+		for c := 0; c < nsplit; c++ {
+			m = max(m, parts[c*stride+r*(dv+2)])
+		}
+		clear(out)
+		var l float32
+		for c := 0; c < nsplit; c++ {
+			p := parts[c*stride+r*(dv+2) : c*stride+(r+1)*(dv+2)]
+			if p[1] == 0 {
+				continue
+			}
+			w := expf(p[0] - m)
+			l += p[1] * w
+			for i, x := range p[2:] {
+				out[i] += x * w
+			}
+		}
+		inv := 1 / l
+		for i := range out {
+			out[i] *= inv
+		}
+	}
+}

@@ -1,0 +1,92 @@
+package cpu
+
+import (
+	"fmt"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
+)
+
+// maxQLen is the largest number of new query tokens per call that the
+// kernels accept (speculative-draft verification uses up to 16).
+const maxQLen = 16
+
+// shape is the validated geometry of one attention call.
+type shape struct {
+	batch, qHeads, qLen, kvHeads int
+	group                        int // query heads per KV head
+	dk, dv                       int
+	elem                         cache.ElemType
+	scale                        float32
+	softcap                      float32
+	window                       int
+}
+
+// checkArgs validates an attention call against the semantics documented in
+// attention.go and returns its geometry. Every error wraps
+// cache.ErrInvalidArgument.
+func checkArgs(dst, q []float32, qLen, qHeads int, v cache.View, o Options) (shape, error) {
+	var s shape
+	if v == nil {
+		return s, fmt.Errorf("%w: nil cache view", cache.ErrInvalidArgument)
+	}
+	s.batch, s.kvHeads = v.Batch(), v.KVHeads()
+	s.dk, s.dv, s.elem = v.HeadDimK(), v.HeadDimV(), v.ElemType()
+	s.qLen, s.qHeads = qLen, qHeads
+	switch {
+	case s.batch <= 0 || s.kvHeads <= 0 || s.dk <= 0 || s.dv <= 0:
+		return s, fmt.Errorf("%w: cache geometry batch=%d kv_heads=%d head_dim_k=%d head_dim_v=%d",
+			cache.ErrInvalidArgument, s.batch, s.kvHeads, s.dk, s.dv)
+	case s.elem.Size() == 0:
+		return s, fmt.Errorf("%w: unsupported cache element type %v", cache.ErrInvalidArgument, s.elem)
+	case qLen < 1 || qLen > maxQLen:
+		return s, fmt.Errorf("%w: q_len %d outside 1..%d", cache.ErrInvalidArgument, qLen, maxQLen)
+	case qHeads <= 0 || qHeads%s.kvHeads != 0:
+		return s, fmt.Errorf("%w: q_heads %d is not a positive multiple of kv_heads %d",
+			cache.ErrInvalidArgument, qHeads, s.kvHeads)
+	case o.Window < 0:
+		return s, fmt.Errorf("%w: negative window %d", cache.ErrInvalidArgument, o.Window)
+	case o.Softcap < 0 || o.Softcap != o.Softcap:
+		return s, fmt.Errorf("%w: softcap %v must be >= 0", cache.ErrInvalidArgument, o.Softcap)
+	case o.Scale != o.Scale || o.Scale < 0:
+		return s, fmt.Errorf("%w: scale %v must be >= 0 (0 means 1/sqrt(head_dim_k))", cache.ErrInvalidArgument, o.Scale)
+	}
+	s.group = qHeads / s.kvHeads
+	rows := s.batch * qHeads * qLen
+	if len(q) != rows*s.dk {
+		return s, fmt.Errorf("%w: q has %d elements, want batch*q_heads*q_len*head_dim_k = %d*%d*%d*%d = %d",
+			cache.ErrInvalidArgument, len(q), s.batch, qHeads, qLen, s.dk, rows*s.dk)
+	}
+	if len(dst) != rows*s.dv {
+		return s, fmt.Errorf("%w: dst has %d elements, want batch*q_heads*q_len*head_dim_v = %d*%d*%d*%d = %d",
+			cache.ErrInvalidArgument, len(dst), s.batch, qHeads, qLen, s.dv, rows*s.dv)
+	}
+	for b := 0; b < s.batch; b++ {
+		l, ws := v.SeqLen(b), v.WindowStart(b)
+		if l < qLen {
+			return s, fmt.Errorf("%w: sequence %d holds %d tokens, fewer than q_len %d",
+				cache.ErrInvalidArgument, b, l, qLen)
+		}
+		if ws < 0 || ws > l-qLen {
+			return s, fmt.Errorf("%w: sequence %d: window start %d leaves no stored key for the first query at position %d",
+				cache.ErrInvalidArgument, b, ws, l-qLen)
+		}
+	}
+	s.scale = o.Scale
+	if s.scale == 0 {
+		s.scale = float32(1 / sqrt64(float64(s.dk)))
+	}
+	s.softcap, s.window = o.Softcap, o.Window
+	return s, nil
+}
+
+// rowRange returns the key positions [lo, hi) that query row i (0-based
+// among the qLen new tokens) of a sequence with L tokens and window start ws
+// attends.
+func (s *shape) rowRange(L, ws, i int) (lo, hi int) {
+	p := L - s.qLen + i
+	lo = ws
+	if s.window > 0 && p-s.window+1 > lo {
+		lo = p - s.window + 1
+	}
+	return lo, p + 1
+}
