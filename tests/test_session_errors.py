@@ -1,0 +1,146 @@
+"""Bad models and bad feeds raise clear Python exceptions from our InferenceSession.
+
+Contract checked here (the onnxruntime-like API of ``onnx_light_kv.InferenceSession``):
+
+=================================  =========================================  ===================
+situation                          exception                                  message names
+=================================  =========================================  ===================
+feed missing a required input      ValueError                                 the input
+feed of the wrong element type     TypeError or ValueError                    the input
+feed of the wrong rank / fixed dim ValueError                                 the input
+unknown feed or output name        ValueError                                 the name
+op without a kernel                NotImplementedError at session creation    op, domain, version
+cyclic graph                       ValueError at session creation             --
+node input never produced          ValueError at session creation             the value
+truncated / garbage model bytes    ValueError                                 --
+model path that does not exist     FileNotFoundError (like open/onnx.load)    --
+=================================  =========================================  ===================
+
+A session stays usable after a failed run, and results do not depend on ``threads``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence, Type, Union
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import _ort_compare as oc
+
+if oc.os.environ.get("ONNX_LIGHT_KV_SELFTEST_ORT", "") not in ("", "0"):
+    pytest.skip("harness self-check: onnxruntime raises its own exception classes", allow_module_level=True)
+
+
+def _add_model(shape: Sequence[Any] = ("n", 4)) -> onnx.ModelProto:
+    """y = x + w with x float32 [n, 4]."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"])], "add",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
+        initializer=[numpy_helper.from_array(np.arange(4, dtype=np.float32), "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=10)
+
+
+def _raises(exc: Union[Type[BaseException], tuple], fn: Any, *names: str) -> BaseException:
+    with pytest.raises(exc) as info:
+        fn()
+    msg = str(info.value)
+    for n in names:
+        assert n in msg, f"error message {msg!r} does not name {n!r}"
+    return info.value
+
+
+X = np.ones((2, 4), np.float32)
+
+
+def test_missing_input_is_value_error() -> None:
+    sess = oc.ours(_add_model())
+    _raises(ValueError, lambda: sess.run(None, {}), "x")
+
+
+def test_wrong_dtype_is_type_or_value_error() -> None:
+    sess = oc.ours(_add_model())
+    _raises((TypeError, ValueError), lambda: sess.run(None, {"x": X.astype(np.float64)}), "x")
+    _raises((TypeError, ValueError), lambda: sess.run(None, {"x": X.astype(np.int64)}), "x")
+
+
+def test_wrong_rank_and_fixed_dim_are_value_errors() -> None:
+    sess = oc.ours(_add_model())
+    _raises(ValueError, lambda: sess.run(None, {"x": np.ones((2, 4, 1), np.float32)}), "x")
+    _raises(ValueError, lambda: sess.run(None, {"x": np.ones((2, 5), np.float32)}), "x")
+
+
+def test_unknown_feed_and_output_names_are_value_errors() -> None:
+    sess = oc.ours(_add_model())
+    _raises(ValueError, lambda: sess.run(["nope"], {"x": X}), "nope")
+    _raises(ValueError, lambda: sess.run(None, {"x": X, "extra": X}), "extra")
+
+
+def test_session_survives_a_failed_run_and_accepts_views() -> None:
+    sess = oc.ours(_add_model())
+    with pytest.raises(ValueError):
+        sess.run(None, {})
+    (y,) = sess.run(None, {"x": X})
+    np.testing.assert_array_equal(y, X + np.arange(4, dtype=np.float32))
+    strided = np.arange(32, dtype=np.float32).reshape(4, 8)[:, ::2]  # non-contiguous view
+    (y,) = sess.run(["y"], {"x": strided})
+    np.testing.assert_array_equal(y, strided + np.arange(4, dtype=np.float32))
+
+
+def test_unknown_op_fails_at_session_creation_naming_it() -> None:
+    graph = helper.make_graph([helper.make_node("FrobnicateTensor", ["x"], ["y"], domain="com.example")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid("com.example", 3)],
+                              ir_version=10)
+    _raises(NotImplementedError, lambda: oc.ours(model), "FrobnicateTensor", "com.example", "3")
+    std = helper.make_model(helper.make_graph([helper.make_node("DFT", ["x"], ["y"])], "g",
+                                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 1])],
+                                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
+                            opset_imports=[helper.make_opsetid("", 20)], ir_version=10)
+    _raises(NotImplementedError, lambda: oc.ours(std), "DFT")
+
+
+def test_cyclic_graph_is_value_error() -> None:
+    nodes = [helper.make_node("Add", ["x", "b"], ["a"]), helper.make_node("Neg", ["a"], ["b"])]
+    graph = helper.make_graph(nodes, "cycle", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("b", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=10)
+    _raises(ValueError, lambda: oc.ours(model))
+
+
+def test_dangling_node_input_is_value_error() -> None:
+    graph = helper.make_graph([helper.make_node("Add", ["x", "ghost"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=10)
+    _raises(ValueError, lambda: oc.ours(model), "ghost")
+
+
+def test_truncated_and_garbage_models_are_value_errors(tmp_path: Any) -> None:
+    data = oc.models().llama_decoder(oc.models().DecoderConfig(layers=1)).SerializeToString()
+    for cut in (len(data) // 2, len(data) - 3, 7):
+        _raises(ValueError, lambda c=cut: oc.ours(data[:c]))
+    _raises(ValueError, lambda: oc.ours(b"\xff" * 64))
+    path = tmp_path / "truncated.onnx"
+    path.write_bytes(data[: len(data) // 3])
+    _raises(ValueError, lambda: oc.ours(str(path)))
+
+
+def test_missing_path_is_file_not_found(tmp_path: Any) -> None:
+    _raises(FileNotFoundError, lambda: oc.ours(str(tmp_path / "absent.onnx")))
+
+
+def test_results_do_not_depend_on_threads() -> None:
+    m = oc.models()
+    model = m.llama_decoder(m.DecoderConfig(layers=1, hidden=128, q_heads=4, kv_heads=2, head_dim=32))
+    feeds = {"input_ids": np.array([[1, 2, 3, 4, 5]]), "position_ids": np.arange(5)[None, :],
+             "past_key_values.0.key": np.zeros((1, 2, 0, 32), np.float32),
+             "past_key_values.0.value": np.zeros((1, 2, 0, 32), np.float32)}
+    one = oc.ours(model, threads=1).run(None, feeds)
+    two = oc.ours(model, threads=2).run(None, feeds)
+    for a, b in zip(one, two):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
