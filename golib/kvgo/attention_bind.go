@@ -1,0 +1,87 @@
+package kvgo
+
+import (
+	"encoding/json"
+	"runtime"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu"
+)
+
+// Attention runs decode attention of q (float32 [batch, qHeads, qLen,
+// head_dim_k], qElems values; qPtr and outPtr are array references, see
+// arrayref.go) over cache h, writing float32
+// [batch, qHeads, qLen, head_dim_v] (outElems values) at outPtr. reference
+// selects the plain oracle kernel instead of the streaming one. It holds the
+// cache's read lock for the duration of the kernel.
+func Attention(h int64, qPtr uintptr, qElems int, outPtr uintptr, outElems int, qHeads, qLen int,
+	scale, softcap float32, window int, reference bool) (err error) {
+	defer recoverTo(&err)
+	c, err := caches.get(h)
+	if err != nil {
+		return classify(err)
+	}
+	q, err := float32sAt(arrayData(qPtr), qElems)
+	if err != nil {
+		return classify(err)
+	}
+	out, err := float32sAt(arrayData(outPtr), outElems)
+	if err != nil {
+		return classify(err)
+	}
+	v, err := c.BeginRead()
+	if err != nil {
+		return classify(err)
+	}
+	defer c.EndRead()
+	o := cpu.Options{Scale: scale, Softcap: softcap, Window: window}
+	if reference {
+		return classify(cpu.ReferenceAttention(out, q, qLen, qHeads, v, o))
+	}
+	return classify(cpu.Attention(out, q, qLen, qHeads, v, o))
+}
+
+// SetThreads sets the number of kernel worker threads (n <= 0: all CPUs).
+func SetThreads(n int) (err error) {
+	defer recoverTo(&err)
+	cpu.SetThreads(n)
+	return nil
+}
+
+// Threads returns the number of kernel worker threads.
+func Threads() int { return cpu.Threads() }
+
+// SetKernel forces a kernel path ("auto", "go", "avx2", "avx512").
+func SetKernel(name string) (err error) {
+	defer recoverTo(&err)
+	return classify(cpu.SetKernel(name))
+}
+
+// Version is the package version, kept equal to the Python package's.
+const Version = "0.1.0"
+
+// InfoJSON describes the build and the machine: versions, CPU features and
+// the active kernel paths.
+func InfoJSON() (s string, err error) {
+	defer recoverTo(&err)
+	f := cpu.DetectFeatures()
+	active, avail := cpu.KernelPaths()
+	info := map[string]any{
+		"version":           Version,
+		"go_version":        runtime.Version(),
+		"goos":              runtime.GOOS,
+		"goarch":            runtime.GOARCH,
+		"cpu":               f.Brand,
+		"vendor":            f.Vendor,
+		"logical_cpus":      f.LogicalCPU,
+		"cpu_features":      f.Flags,
+		"cache_bytes":       map[string]int{"l1d": f.L1D, "l2": f.L2, "l3": f.L3},
+		"threads":           cpu.Threads(),
+		"attention_kernel":  active,
+		"attention_kernels": avail,
+	}
+	if e := cpu.KernelStartupError(); e != nil {
+		info["kernel_startup_error"] = e.Error()
+	}
+	b, err := json.Marshal(info)
+	return string(b), classify(err)
+}

@@ -1,0 +1,304 @@
+package kvgo
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
+)
+
+var errInvalid = cache.ErrInvalidArgument
+
+var (
+	arenas = newRegistry[*cache.Arena]("arena")
+	caches = newRegistry[*cache.KVCache]("cache")
+)
+
+// elemCodes are the element-type codes shared with the Python wrapper.
+var elemCodes = map[int]cache.ElemType{0: cache.Float32, 1: cache.Float16, 2: cache.BFloat16}
+
+func elemOf(code int) (cache.ElemType, error) {
+	e, ok := elemCodes[code]
+	if !ok {
+		return 0, fmt.Errorf("%w: element type code %d", errTypeMismatch, code)
+	}
+	return e, nil
+}
+
+// ArenaNew creates a persistent arena with a byte budget (0 = unlimited) and
+// returns its handle.
+func ArenaNew(budget int64) (h int64, err error) {
+	defer recoverTo(&err)
+	a, err := cache.NewArena(budget)
+	if err != nil {
+		return 0, classify(err)
+	}
+	return arenas.put(a), nil
+}
+
+// ArenaFree forgets an arena handle. Caches created in it keep their memory
+// until they are closed.
+func ArenaFree(h int64) (err error) {
+	defer recoverTo(&err)
+	if a, ok := arenas.take(h); ok {
+		a.Trim()
+	}
+	return nil
+}
+
+// ArenaSetBudget changes an arena's budget.
+func ArenaSetBudget(h, budget int64) (err error) {
+	defer recoverTo(&err)
+	a, err := arenas.get(h)
+	if err == nil {
+		err = a.SetBudget(budget)
+	}
+	return classify(err)
+}
+
+// ArenaTrim gives pooled buffers back to the Go heap.
+func ArenaTrim(h int64) (err error) {
+	defer recoverTo(&err)
+	a, err := arenas.get(h)
+	if err == nil {
+		a.Trim()
+	}
+	return classify(err)
+}
+
+// ArenaStatsJSON returns an arena's accounting as a JSON object.
+func ArenaStatsJSON(h int64) (s string, err error) {
+	defer recoverTo(&err)
+	a, err := arenas.get(h)
+	if err != nil {
+		return "", classify(err)
+	}
+	st := a.Stats()
+	b, err := json.Marshal(map[string]any{
+		"budget": st.Budget, "allocated_bytes": st.Allocated, "pooled_bytes": st.Pooled,
+		"committed_bytes": st.Committed, "peak_bytes": st.Peak, "live_bytes": st.Live,
+		"allocations": st.Allocations, "fragmentation": st.Fragmentation,
+	})
+	return string(b), classify(err)
+}
+
+// CacheNew creates a contiguous KVCache in arena ah and returns its handle.
+func CacheNew(ah int64, batch, kvHeads, headDimK, headDimV, capacity, elem int) (h int64, err error) {
+	defer recoverTo(&err)
+	a, err := arenas.get(ah)
+	if err != nil {
+		return 0, classify(err)
+	}
+	e, err := elemOf(elem)
+	if err != nil {
+		return 0, classify(err)
+	}
+	c, err := cache.New(a, cache.Config{Batch: batch, KVHeads: kvHeads, HeadDimK: headDimK, HeadDimV: headDimV, Capacity: capacity, Elem: e})
+	if err != nil {
+		return 0, classify(err)
+	}
+	return caches.put(c), nil
+}
+
+// CacheClose releases a cache's memory to its arena and forgets the handle.
+func CacheClose(h int64) (err error) {
+	defer recoverTo(&err)
+	if c, ok := caches.take(h); ok {
+		c.Close()
+	}
+	return nil
+}
+
+// LiveCaches returns how many cache handles are open (for leak tests).
+func LiveCaches() int { return caches.len() }
+
+// CacheAppend appends n tokens per sequence from numpy arrays k and v
+// ([batch, kv_heads, n, head_dim] of element type src), passed as array
+// references (see arrayref.go). countsPtr, when not zero, is a plain data
+// pointer to batch int64 counts of real tokens per sequence.
+func CacheAppend(h int64, kPtr uintptr, kBytes int, vPtr uintptr, vBytes int, src, n int, countsPtr uintptr) (err error) {
+	defer recoverTo(&err)
+	c, err := caches.get(h)
+	if err != nil {
+		return classify(err)
+	}
+	st, err := elemOf(src)
+	if err != nil {
+		return classify(err)
+	}
+	k, err := bytesAt(arrayData(kPtr), kBytes)
+	if err != nil {
+		return classify(err)
+	}
+	v, err := bytesAt(arrayData(vPtr), vBytes)
+	if err != nil {
+		return classify(err)
+	}
+	var counts []int
+	if countsPtr != 0 {
+		if counts, err = ints(countsPtr, c.Config().Batch); err != nil {
+			return classify(err)
+		}
+	}
+	return classify(c.Append(k, v, st, n, counts))
+}
+
+// CacheExport writes present tensors of sequence length L and element type
+// dst into numpy buffers k and v.
+func CacheExport(h int64, kPtr uintptr, kBytes int, vPtr uintptr, vBytes int, dst, L int) (err error) {
+	defer recoverTo(&err)
+	c, err := caches.get(h)
+	if err != nil {
+		return classify(err)
+	}
+	dt, err := elemOf(dst)
+	if err != nil {
+		return classify(err)
+	}
+	k, err := bytesAt(kPtr, kBytes)
+	if err != nil {
+		return classify(err)
+	}
+	v, err := bytesAt(vPtr, vBytes)
+	if err != nil {
+		return classify(err)
+	}
+	return classify(c.Export(k, v, dt, L))
+}
+
+// CacheMaxLen returns the longest sequence length.
+func CacheMaxLen(h int64) (n int, err error) {
+	defer recoverTo(&err)
+	c, err := caches.get(h)
+	if err != nil {
+		return 0, classify(err)
+	}
+	return c.MaxLen(), nil
+}
+
+// CacheReset empties a cache.
+func CacheReset(h int64) (err error) {
+	defer recoverTo(&err)
+	c, err := caches.get(h)
+	if err == nil {
+		err = c.Reset()
+	}
+	return classify(err)
+}
+
+// CacheFork returns the handle of an independent copy.
+func CacheFork(h int64) (f int64, err error) {
+	defer recoverTo(&err)
+	c, err := caches.get(h)
+	if err != nil {
+		return 0, classify(err)
+	}
+	fc, err := c.Fork()
+	if err != nil {
+		return 0, classify(err)
+	}
+	return caches.put(fc), nil
+}
+
+// CacheTruncate sets sequence lengths from n int64 values at ptr (1 value:
+// all sequences).
+func CacheTruncate(h int64, ptr uintptr, n int) (err error) {
+	defer recoverTo(&err)
+	c, err := caches.get(h)
+	if err != nil {
+		return classify(err)
+	}
+	lens, err := ints(ptr, n)
+	if err != nil {
+		return classify(err)
+	}
+	return classify(c.Truncate(lens))
+}
+
+// CacheReorder applies beam indices (n int64 values at ptr).
+func CacheReorder(h int64, ptr uintptr, n int) (err error) {
+	defer recoverTo(&err)
+	c, err := caches.get(h)
+	if err != nil {
+		return classify(err)
+	}
+	idx, err := ints(ptr, n)
+	if err != nil {
+		return classify(err)
+	}
+	return classify(c.Reorder(idx))
+}
+
+// CacheEvict keeps only the last keep tokens of every sequence readable.
+func CacheEvict(h int64, keep int) (err error) {
+	defer recoverTo(&err)
+	c, err := caches.get(h)
+	if err == nil {
+		err = c.Evict(keep)
+	}
+	return classify(err)
+}
+
+// CacheCheckpoint snapshots the lengths and returns the checkpoint id.
+func CacheCheckpoint(h int64) (id int64, err error) {
+	defer recoverTo(&err)
+	c, err := caches.get(h)
+	if err != nil {
+		return 0, classify(err)
+	}
+	u, err := c.Checkpoint()
+	return int64(u), classify(err)
+}
+
+// CacheRollback restores a checkpoint.
+func CacheRollback(h, id int64) (err error) {
+	defer recoverTo(&err)
+	c, err := caches.get(h)
+	if err == nil {
+		err = c.Rollback(uint64(id))
+	}
+	return classify(err)
+}
+
+// CacheReleaseCheckpoint forgets a checkpoint.
+func CacheReleaseCheckpoint(h, id int64) (err error) {
+	defer recoverTo(&err)
+	if c, e := caches.get(h); e == nil {
+		c.ReleaseCheckpoint(uint64(id))
+	}
+	return nil
+}
+
+// CacheResetCounters zeroes a cache's work counters.
+func CacheResetCounters(h int64) (err error) {
+	defer recoverTo(&err)
+	c, err := caches.get(h)
+	if err == nil {
+		c.ResetCounters()
+	}
+	return classify(err)
+}
+
+// CacheInfoJSON returns a cache's logical metadata as a JSON object.
+func CacheInfoJSON(h int64) (s string, err error) {
+	defer recoverTo(&err)
+	c, err := caches.get(h)
+	if err != nil {
+		return "", classify(err)
+	}
+	in := c.Info()
+	ct := in.Counters
+	b, err := json.Marshal(map[string]any{
+		"dtype": in.Elem.String(), "layout": in.Layout, "batch": in.Batch, "kv_heads": in.KVHeads,
+		"head_dim_k": in.HeadDimK, "head_dim_v": in.HeadDimV, "capacity": in.Capacity,
+		"lengths": in.Lengths, "window_starts": in.WindowStarts,
+		"committed_bytes": in.CommittedBytes, "live_bytes": in.LiveBytes,
+		"page_table_bytes": in.PageTableBytes, "checkpoints": in.Checkpoints, "closed": in.Closed,
+		"counters": map[string]int64{
+			"append_bytes": ct.AppendBytes, "append_calls": ct.AppendCalls,
+			"export_bytes": ct.ExportBytes, "copy_bytes": ct.CopyBytes,
+			"attention_bytes": ct.AttentionBytes, "attention_calls": ct.AttentionCalls,
+		},
+	})
+	return string(b), classify(err)
+}

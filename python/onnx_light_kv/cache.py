@@ -1,0 +1,364 @@
+"""The KVCache value and the arena its memory lives in."""
+
+from __future__ import annotations
+
+import html
+import json
+import weakref
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _lib
+from ._errors import convert
+from ._dtypes import CODES, DTypeLike, as_float_array, cache_dtype
+
+__all__ = ["Arena", "KVCache", "Checkpoint", "default_arena"]
+
+_call = _lib.call
+_f = _lib.fn
+_addr = _lib.addr
+_append = _lib.fn("CacheAppend")
+
+
+def _i64(values: Union[int, Sequence[int], np.ndarray], name: str) -> np.ndarray:
+    """Integer argument(s) as a contiguous int64 array (TypeError otherwise)."""
+    a = np.asarray(values)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integers, got dtype {a.dtype}")
+    return np.ascontiguousarray(a.astype(np.int64, copy=False).ravel())
+
+
+class Arena:
+    """Persistent memory that caches live in, with a byte budget.
+
+    Caches reserve their capacity from an arena when they are created; freed
+    caches return their buffers to it for reuse. Exceeding the budget raises
+    :class:`BudgetError` (a ``MemoryError``) and changes nothing.
+
+    Args:
+        budget: maximum bytes the arena hands out; ``None`` or 0 = unlimited.
+    """
+
+    def __init__(self, budget: Optional[int] = None) -> None:
+        b = 0 if budget is None else int(budget)
+        self._h: int = _call(_f("ArenaNew"), b)
+        self._finalizer = weakref.finalize(self, _lib.ext.kvgo_ArenaFree, self._h)
+
+    @property
+    def budget(self) -> Optional[int]:
+        """The byte budget, or None when unlimited."""
+        return self.stats()["budget"] or None
+
+    @budget.setter
+    def budget(self, value: Optional[int]) -> None:
+        _call(_f("ArenaSetBudget"), self._h, 0 if value is None else int(value))
+
+    def stats(self) -> dict[str, Any]:
+        """Accounting: budget, allocated/pooled/committed/peak/live bytes,
+        allocation count and fragmentation (share of allocated bytes holding
+        no valid data)."""
+        return json.loads(_call(_f("ArenaStatsJSON"), self._h))
+
+    def trim(self) -> None:
+        """Give pooled (freed, kept for reuse) buffers back to the Go heap."""
+        _call(_f("ArenaTrim"), self._h)
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        budget = "unlimited" if not s["budget"] else f"{s['budget']:,} B"
+        return f"Arena(budget={budget}, allocated={s['allocated_bytes']:,} B, live={s['live_bytes']:,} B)"
+
+
+_default: Optional[Arena] = None
+
+
+def default_arena() -> Arena:
+    """The process-wide arena used by caches created without one (no budget)."""
+    global _default
+    if _default is None:
+        _default = Arena()
+    return _default
+
+
+class Checkpoint:
+    """A restorable snapshot of a cache's sequence lengths (speculative decoding).
+
+    Obtained from :meth:`KVCache.checkpoint`; pass it to :meth:`KVCache.rollback`.
+    It is released when garbage-collected or by :meth:`release`.
+    """
+
+    def __init__(self, cache: "KVCache", ck_id: int, lengths: np.ndarray) -> None:
+        self._cache = weakref.ref(cache)
+        self.id = ck_id
+        self.lengths = lengths
+        self._finalizer = weakref.finalize(self, _lib.ext.kvgo_CacheReleaseCheckpoint, cache._h, ck_id)
+
+    def release(self) -> None:
+        """Forget the checkpoint; a later rollback to it raises StaleCheckpointError."""
+        self._finalizer()
+
+    def __repr__(self) -> str:
+        return f"Checkpoint(id={self.id}, lengths={self.lengths.tolist()})"
+
+
+class KVCache:
+    """Persistent KV cache of one attention layer of one request.
+
+    Contiguous layout: each of the ``batch`` sequences reserves ``capacity``
+    tokens for every KV head when the cache is created, so appending never
+    moves or copies the past. K rows are ``head_dim`` elements and V rows
+    ``head_dim_v`` elements of ``dtype``; math on them is float32.
+
+    Args:
+        batch: sequences (or beams) in the request.
+        kv_heads: key/value heads.
+        head_dim: elements per K row (and per V row unless ``head_dim_v``).
+        head_dim_v: elements per V row, if different from ``head_dim``.
+        dtype: storage type: "float32", "float16" or "bfloat16".
+        capacity: tokens reserved per sequence (required).
+        arena: the :class:`Arena` to allocate from (default: :func:`default_arena`).
+
+    Raises:
+        ValueError: non-positive sizes. TypeError: unsupported dtype.
+        BudgetError: the arena's budget cannot hold the cache.
+    """
+
+    def __init__(
+        self,
+        batch: int,
+        kv_heads: int,
+        head_dim: int,
+        *,
+        head_dim_v: Optional[int] = None,
+        dtype: DTypeLike = "float32",
+        capacity: int,
+        arena: Optional[Arena] = None,
+    ) -> None:
+        self._dtype = cache_dtype(dtype)
+        for name, v in (("batch", batch), ("kv_heads", kv_heads), ("head_dim", head_dim), ("capacity", capacity)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+                raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+        if head_dim_v is None:
+            head_dim_v = head_dim
+        self._arena = arena if arena is not None else default_arena()
+        self._batch, self._kv_heads = int(batch), int(kv_heads)
+        self._dk, self._dv, self._capacity = int(head_dim), int(head_dim_v), int(capacity)
+        h = _call(_f("CacheNew"), self._arena._h, self._batch, self._kv_heads, self._dk, self._dv,
+                  self._capacity, CODES[self._dtype])
+        self._adopt(h)
+
+    def _adopt(self, h: int) -> None:
+        self._h = h
+        self._finalizer = weakref.finalize(self, _lib.ext.kvgo_CacheClose, h)
+
+    # -- geometry -----------------------------------------------------------
+    @property
+    def batch(self) -> int:
+        """Number of sequences."""
+        return self._batch
+
+    @property
+    def kv_heads(self) -> int:
+        """Number of KV heads."""
+        return self._kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        """Elements per K row."""
+        return self._dk
+
+    @property
+    def head_dim_v(self) -> int:
+        """Elements per V row."""
+        return self._dv
+
+    @property
+    def dtype(self) -> np.dtype:
+        """Storage dtype."""
+        return self._dtype
+
+    @property
+    def capacity(self) -> int:
+        """Tokens reserved per sequence."""
+        return self._capacity
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Valid tokens per sequence (int64 array of shape [batch])."""
+        return np.asarray(self.info()["lengths"], dtype=np.int64)
+
+    @property
+    def arena(self) -> Arena:
+        """The arena the cache's memory comes from."""
+        return self._arena
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return not self._finalizer.alive
+
+    # -- operations ---------------------------------------------------------
+    def append(self, k: Any, v: Any, *, counts: Optional[Sequence[int]] = None) -> None:
+        """Append new tokens after the valid ones, copying only those tokens.
+
+        Args:
+            k: ``[batch, kv_heads, n, head_dim]`` float32/float16/bfloat16
+                (converted to the cache dtype; float64 is accepted and
+                converted to float32 first; non-contiguous input is copied).
+            v: ``[batch, kv_heads, n, head_dim_v]``, same dtype as ``k``.
+            counts: optional real-token count per sequence (0..n); the
+                remaining rows of that sequence are padding and are skipped.
+
+        Raises:
+            TypeError: non-float dtypes or k/v of different dtypes.
+            ValueError: wrong rank or shape, bad counts.
+            CapacityError: a sequence would exceed ``capacity`` (nothing written).
+        """
+        k = as_float_array(k, "k")
+        v = as_float_array(v, "v")
+        if k.dtype != v.dtype:
+            raise TypeError(f"k and v must have the same dtype, got {k.dtype} and {v.dtype}")
+        if k.ndim != 4 or v.ndim != 4:
+            raise ValueError(f"k and v must be 4-D [batch, kv_heads, n, head_dim], got shapes {k.shape} and {v.shape}")
+        B, H, n, D = k.shape
+        want_k = (self._batch, self._kv_heads, n, self._dk)
+        want_v = (self._batch, self._kv_heads, n, self._dv)
+        if k.shape != want_k or v.shape != want_v:
+            raise ValueError(f"append expects k {want_k} and v {want_v}, got {k.shape} and {v.shape}")
+        cptr = 0
+        if counts is not None:
+            c = _i64(counts, "counts")
+            if c.shape != (self._batch,):
+                raise ValueError(f"counts must have {self._batch} entries, got {c.size}")
+            cptr = c.ctypes.data
+        try:
+            _append(self._h, _addr(k), k.nbytes, _addr(v), v.nbytes, CODES[k.dtype], n, cptr)
+        except RuntimeError as e:
+            raise convert(e) from None
+
+    def export(self, dtype: DTypeLike = None) -> tuple[np.ndarray, np.ndarray]:
+        """Materialize standard present tensors ``(k, v)``:
+        ``[batch, kv_heads, L, head_dim]`` and ``[batch, kv_heads, L, head_dim_v]``
+        with ``L = max(lengths)``; rows past a sequence's length, or evicted by
+        a sliding window, are zeros. ``dtype`` defaults to the cache dtype.
+
+        This is the only operation that copies the whole cache; generation
+        loops that do not observe present tensors never need it.
+        """
+        dt = self._dtype if dtype is None else cache_dtype(dtype)
+        L = _call(_f("CacheMaxLen"), self._h)
+        k = np.empty((self._batch, self._kv_heads, L, self._dk), dtype=dt)
+        v = np.empty((self._batch, self._kv_heads, L, self._dv), dtype=dt)
+        _call(_f("CacheExport"), self._h, k.ctypes.data, k.nbytes, v.ctypes.data, v.nbytes, CODES[dt], L)
+        return k, v
+
+    def reset(self) -> None:
+        """Empty every sequence (keeps the reserved memory); drops checkpoints."""
+        _call(_f("CacheReset"), self._h)
+
+    def fork(self) -> "KVCache":
+        """Return an independent copy (same arena; no shared writable storage).
+
+        Raises:
+            BudgetError: the arena cannot hold the copy.
+        """
+        h = _call(_f("CacheFork"), self._h)
+        new = object.__new__(KVCache)
+        new.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("_h", "_finalizer")})
+        new._adopt(h)
+        return new
+
+    clone = fork
+
+    def truncate(self, n: Union[int, Sequence[int]]) -> None:
+        """Shrink sequence lengths: ``n`` is one length for all sequences or
+        one per sequence. A length may not grow, nor drop below a sliding
+        window's start (ValueError, nothing changes). Truncated rows can come
+        back through :meth:`rollback` until they are overwritten."""
+        a = _i64(n, "n")
+        if a.size not in (1, self._batch):
+            raise ValueError(f"truncate takes 1 or {self._batch} lengths, got {a.size}")
+        _call(_f("CacheTruncate"), self._h, a.ctypes.data, a.size)
+
+    def reorder(self, beam_indices: Sequence[int]) -> None:
+        """Beam-search reorder: sequence ``b`` becomes a copy of old sequence
+        ``beam_indices[b]``. Permutations move no data; only beams chosen more
+        than once are copied (counted in ``info()['counters']['copy_bytes']``).
+
+        Raises:
+            IndexError: an index outside ``0..batch-1``.
+            ValueError: not exactly ``batch`` indices.
+        """
+        a = _i64(beam_indices, "beam_indices")
+        if a.size != self._batch:
+            raise ValueError(f"reorder needs {self._batch} beam indices, got {a.size}")
+        _call(_f("CacheReorder"), self._h, a.ctypes.data, a.size)
+
+    def evict(self, keep_last: int) -> None:
+        """Sliding window: keep only the last ``keep_last`` tokens of each
+        sequence readable by attention and export."""
+        if keep_last < 0:
+            raise ValueError(f"keep_last must be >= 0, got {keep_last}")
+        _call(_f("CacheEvict"), self._h, int(keep_last))
+
+    def checkpoint(self) -> Checkpoint:
+        """Snapshot the lengths for speculative decoding (see :meth:`rollback`)."""
+        ck = _call(_f("CacheCheckpoint"), self._h)
+        return Checkpoint(self, ck, self.lengths)
+
+    def rollback(self, checkpoint: Checkpoint) -> None:
+        """Restore the lengths saved by ``checkpoint`` (drafted tokens are
+        dropped; tokens truncated since come back if not overwritten).
+
+        Raises:
+            StaleCheckpointError: released, invalidated by reset/reorder, or overwritten.
+        """
+        if not isinstance(checkpoint, Checkpoint):
+            raise TypeError(f"rollback expects a Checkpoint, got {type(checkpoint).__name__}")
+        if checkpoint._cache() is not self:
+            raise ValueError("checkpoint belongs to another cache")
+        _call(_f("CacheRollback"), self._h, checkpoint.id)
+
+    def reset_counters(self) -> None:
+        """Zero the work counters."""
+        _call(_f("CacheResetCounters"), self._h)
+
+    def info(self) -> dict[str, Any]:
+        """Logical metadata: dtype, layout, geometry, lengths, window starts,
+        committed/live/page-table bytes, live checkpoints and counters (bytes
+        copied by append/export/fork+reorder, bytes read by attention)."""
+        return json.loads(_call(_f("CacheInfoJSON"), self._h))
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """The work counters (see :meth:`info`)."""
+        return self.info()["counters"]
+
+    def close(self) -> None:
+        """Release the cache's memory to its arena; later calls raise ValueError."""
+        self._finalizer()
+
+    def __enter__(self) -> "KVCache":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- display ------------------------------------------------------------
+    def __repr__(self) -> str:
+        if self.closed:
+            return "KVCache(closed)"
+        i = self.info()
+        dv = "" if i["head_dim_v"] == i["head_dim_k"] else f", head_dim_v={i['head_dim_v']}"
+        return (f"KVCache(batch={i['batch']}, kv_heads={i['kv_heads']}, head_dim={i['head_dim_k']}{dv}, "
+                f"dtype={i['dtype']}, capacity={i['capacity']}, lengths={i['lengths']}, "
+                f"layout={i['layout']}, committed={i['committed_bytes']:,} B)")
+
+    def _repr_html_(self) -> str:
+        if self.closed:
+            return "<b>KVCache</b> (closed)"
+        i = self.info()
+        rows = [(k, v) for k, v in i.items() if k != "counters"] + list(i["counters"].items())
+        body = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
+        return f"<b>KVCache</b><table>{body}</table>"
