@@ -2,8 +2,8 @@
 
 Import from test files as ``import _ort_compare as oc`` (pytest puts ``tests/`` on sys.path).
 
-Skipping policy: :func:`ours_session_class` skips the calling test only while the package does
-not provide ``InferenceSession`` yet (the module is missing). Any other import failure is raised,
+Skipping policy: :func:`ours_session_class` skips the calling test only while the package has no
+``session.py`` yet (our InferenceSession not landed). Any other import failure is raised,
 so a broken build fails the suite instead of silently skipping it. Set
 ``ONNX_LIGHT_KV_REQUIRE_RUNTIME=1`` (CI) to turn the skip into a failure as well.
 """
@@ -32,7 +32,7 @@ def models() -> ModuleType:
         return _MODELS
     try:
         _MODELS = importlib.import_module("onnx_light_kv.models")
-    except ImportError:
+    except Exception:  # the package (native part) may be mid-build; models.py needs only numpy + onnx
         path = os.path.join(ROOT, "python", "onnx_light_kv", "models.py")
         spec = importlib.util.spec_from_file_location("_olkv_models_src", path)
         assert spec is not None and spec.loader is not None
@@ -52,6 +52,10 @@ def ours_session_class() -> Any:
     if os.environ.get("ONNX_LIGHT_KV_SELFTEST_ORT", "") not in ("", "0"):
         return lambda src, threads=1: ort(src, threads or 1)
     required = os.environ.get("ONNX_LIGHT_KV_REQUIRE_RUNTIME", "") not in ("", "0")
+    spec = importlib.util.find_spec("onnx_light_kv")  # locates the package without running it
+    dirs = list(spec.submodule_search_locations or []) if spec else []
+    if not required and not any(os.path.exists(os.path.join(d, "session.py")) for d in dirs):
+        pytest.skip("onnx_light_kv.session (InferenceSession) does not exist yet")
     try:
         pkg = importlib.import_module("onnx_light_kv")
         cls = getattr(pkg, "InferenceSession", None)
