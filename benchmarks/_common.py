@@ -1,0 +1,246 @@
+"""Small shared helpers for the benchmark programs (SPEC section 6).
+
+Every benchmark writes raw samples + environment to JSON, prints a table and can draw a PNG.
+This module keeps that uniform:
+
+* :func:`environment` -- CPU model and flags, logical cores, threads, package versions, Go
+  version, git revision (no host names, no paths).
+* :func:`time_calls` -- wall-clock samples of a callable, in milliseconds, after warm-up.
+* :func:`summarize` -- median, p10, p90, mean, min, max, n of a list of samples.
+* :func:`interleaved` -- time several callables in alternating rounds (A B A B ...), so
+  drift (thermal, other processes) hits all of them alike; use it for side-by-side ratios.
+* :func:`write_json` -- ``benchmarks/results/<name>-<UTC timestamp>.json``; returns the path.
+* :func:`format_table` -- a fixed-width text table from a list of row dicts.
+* :func:`plot_series` -- latency-style line plot with a p10..p90 band, PNG (matplotlib, Agg).
+
+Usage::
+
+    from _common import environment, interleaved, summarize, write_json, format_table
+    samples = interleaved({"ours": f, "ort": g}, repeat=20, warmup=3)
+    row = {"case": "x", **{k: summarize(v)["median"] for k, v in samples.items()}}
+    print(format_table([row]))
+    write_json("my-bench", {"env": environment(threads=1), "rows": [row], "samples": samples})
+
+Only the standard library and numpy are needed at import; matplotlib loads inside plot_series.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+#: CPU flags that matter for the kernels; the full list is recorded as well.
+KEY_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+             "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
+
+
+def _run(cmd: Sequence[str]) -> str:
+    try:
+        out = subprocess.run(list(cmd), capture_output=True, text=True, timeout=20,
+                             cwd=os.path.dirname(os.path.abspath(__file__)))
+        return out.stdout.strip() if out.returncode == 0 else ""
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _cpuinfo() -> Tuple[str, List[str]]:
+    model, flags = platform.processor() or "unknown", []
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and model in ("unknown", "", platform.processor()):
+                    model = value.strip()
+                elif key == "flags" and not flags:
+                    flags = value.split()
+    except OSError:
+        pass
+    return model, flags
+
+
+def _version(module: str) -> Optional[str]:
+    try:
+        mod = __import__(module)
+        return str(getattr(mod, "__version__", "unknown"))
+    except Exception:  # a broken optional package must not stop a benchmark
+        return None
+
+
+def environment(threads: Optional[int] = None, extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """Machine and software description to store next to the samples.
+
+    ``threads``: the thread count the benchmark uses (recorded as given). ``extra``: merged in.
+    Keys: timestamp_utc, cpu_model, cpu_key_flags, cpu_flags, logical_cpus, affinity_cpus,
+    memory_gib, os, python, versions {numpy, onnx, onnxruntime, onnx_light_kv, matplotlib},
+    onnx_light_kv_build (``build_info()`` when the package provides it), go, git {rev, dirty},
+    env (thread-related variables).
+    """
+    model, flags = _cpuinfo()
+    mem = None
+    try:
+        mem = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30, 1)
+    except (ValueError, OSError, AttributeError):
+        pass
+    info: Dict[str, Any] = {
+        "timestamp_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "cpu_model": model,
+        "cpu_key_flags": [f for f in KEY_FLAGS if f in flags],
+        "cpu_flags": flags,
+        "logical_cpus": os.cpu_count(),
+        "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "memory_gib": mem,
+        "threads": threads,
+        "os": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "python": platform.python_version(),
+        "versions": {m: _version(m) for m in ("numpy", "onnx", "onnxruntime", "onnx_light_kv", "matplotlib")},
+        "go": _run(["go", "version"]) or None,
+        "git": {"rev": _run(["git", "rev-parse", "HEAD"]) or None,
+                "dirty": bool(_run(["git", "status", "--porcelain", "--untracked-files=no"]))},
+        "env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "GOMAXPROCS", "GOEXPERIMENT", "MKL_NUM_THREADS")
+                if k in os.environ},
+    }
+    try:
+        import onnx_light_kv
+        info["onnx_light_kv_build"] = onnx_light_kv.build_info()
+    except Exception:
+        info["onnx_light_kv_build"] = None
+    if extra:
+        info.update(extra)
+    return info
+
+
+def time_calls(fn: Callable[[], Any], repeat: int, warmup: int = 2) -> List[float]:
+    """Call ``fn`` ``warmup`` times untimed, then ``repeat`` times; per-call milliseconds."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter_ns()
+        fn()
+        out.append((time.perf_counter_ns() - t0) / 1e6)
+    return out
+
+
+def interleaved(fns: Mapping[str, Callable[[], Any]], repeat: int, warmup: int = 2) -> Dict[str, List[float]]:
+    """Per-call milliseconds of several callables measured in alternating rounds."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    out: Dict[str, List[float]] = {k: [] for k in fns}
+    for _ in range(repeat):
+        for key, fn in fns.items():
+            t0 = time.perf_counter_ns()
+            fn()
+            out[key].append((time.perf_counter_ns() - t0) / 1e6)
+    return out
+
+
+def summarize(samples: Iterable[float]) -> Dict[str, float]:
+    """``{"median", "p10", "p90", "mean", "min", "max", "n"}`` of the samples (NaN when empty)."""
+    a = np.asarray(list(samples), dtype=np.float64)
+    if a.size == 0:
+        return {k: float("nan") for k in ("median", "p10", "p90", "mean", "min", "max")} | {"n": 0}
+    p10, med, p90 = np.percentile(a, [10, 50, 90])
+    return {"median": float(med), "p10": float(p10), "p90": float(p90), "mean": float(a.mean()),
+            "min": float(a.min()), "max": float(a.max()), "n": int(a.size)}
+
+
+def write_json(name: str, payload: Mapping[str, Any], results_dir: str = RESULTS_DIR) -> str:
+    """Write ``payload`` to ``<results_dir>/<name>-<YYYYmmddTHHMMSSZ>.json`` and return the path."""
+    os.makedirs(results_dir, exist_ok=True)
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = os.path.join(results_dir, f"{name}-{stamp}.json")
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=1, default=_jsonable)
+        f.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    return str(obj)
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Optional[Sequence[str]] = None, floatfmt: str = "{:.3f}") -> str:
+    """Fixed-width table; floats through ``floatfmt``; columns default to the first row's keys."""
+    if not rows:
+        return "(no rows)"
+    cols = list(columns or rows[0].keys())
+
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return floatfmt.format(v)
+        return str(v)
+
+    cells = [[cell(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    line = "  ".join(c.rjust(w) for c, w in zip(cols, widths))
+    sep = "  ".join("-" * w for w in widths)
+    body = ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join([line, sep, *body])
+
+
+def plot_series(path: str, series: Mapping[str, Mapping[str, Sequence[float]]], xlabel: str, ylabel: str,
+                title: str = "", logx: bool = True, logy: bool = False,
+                ratio: Optional[Mapping[str, Tuple[Sequence[float], Sequence[float]]]] = None) -> str:
+    """Line plot, one line per series with a shaded p10..p90 band, saved as PNG at ``path``.
+
+    ``series[label]`` holds lists ``x``, ``median`` and optionally ``p10``/``p90``.
+    ``ratio[label] = (x, values)`` adds a lower panel (e.g. ours / onnxruntime) with a 1.0 line.
+    Returns ``path``.
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if ratio:
+        fig, (ax, axr) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
+    else:
+        fig, ax = plt.subplots(figsize=(8, 5))
+        axr = None
+    for label, s in series.items():
+        (line,) = ax.plot(s["x"], s["median"], marker="o", ms=3, label=label)
+        if "p10" in s and "p90" in s:
+            ax.fill_between(s["x"], s["p10"], s["p90"], color=line.get_color(), alpha=0.2, lw=0)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    if logy:
+        ax.set_yscale("log")
+    bottom = axr if axr is not None else ax
+    if axr is not None and ratio:
+        for label, (x, values) in ratio.items():
+            axr.plot(x, values, marker="o", ms=3, label=label)
+        axr.axhline(1.0, color="gray", lw=1, ls="--")
+        axr.set_ylabel("ratio")
+        axr.grid(True, which="both", alpha=0.3)
+        axr.legend(fontsize=8)
+    if logx:
+        bottom.set_xscale("log", base=2)
+    bottom.set_xlabel(xlabel)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+if __name__ == "__main__":  # print the environment record
+    json.dump(environment(), sys.stdout, indent=1)
+    print()

@@ -1,0 +1,166 @@
+"""Per-decode-step latency of the built-in Llama decoder on the tensor path: ours vs onnxruntime.
+
+Both runtimes run the same standard ONNX model (``onnx_light_kv.models.llama_decoder``: RMSNorm,
+RotaryEmbedding, Attention-23 with past/present) with the same thread count. One decode step
+feeds one token plus a past of ``context`` tokens per layer and returns logits and the present
+tensors; by the tensor-path contract every step copies the whole past into the present. That is
+the baseline the cache-aware path must beat.
+
+Measurement: for each context and thread count, the two runtimes are timed in alternating
+rounds (ours, ort, ours, ort, ...) on identical feeds after warm-up; each sample is one
+``run()`` call measured with ``perf_counter_ns``. The past is random (its values do not change
+the work) and is not grown between samples, so every sample of a row has the same context.
+
+Output: a printed table (median, p10, p90 per runtime, ratio ours/ort of medians), raw samples
+plus environment in ``benchmarks/results/tensor-decode-<timestamp>.json`` and a PNG plot next to
+it. ``--quick`` uses a small model and short contexts (seconds); the default is 4 layers,
+hidden 1024, 16/8 heads, head_dim 64, vocab 32000, contexts 128..4096, threads 1 and 2.
+``--runtimes ort`` measures onnxruntime alone (while our InferenceSession is not available).
+
+Run: ``python benchmarks/bench_tensor_decode.py --quick``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_models() -> Any:
+    """``onnx_light_kv.models`` (from the source file when the package cannot import)."""
+    try:
+        from onnx_light_kv import models
+        return models
+    except Exception:
+        spec = importlib.util.spec_from_file_location("_olkv_models_src", os.path.join(ROOT, "python", "onnx_light_kv", "models.py"))
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+        return mod
+
+
+def make_session(runtime: str, model_bytes: bytes, threads: int) -> Any:
+    """A session of ``runtime`` ("ours" or "ort") with ``threads`` intra-op threads."""
+    if runtime == "ort":
+        import onnxruntime
+        so = onnxruntime.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+        return onnxruntime.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
+    import onnx_light_kv
+    return onnx_light_kv.InferenceSession(model_bytes, threads=threads)
+
+
+def decode_feeds(models: Any, cfg: Any, context: int, rng: np.random.Generator) -> Dict[str, np.ndarray]:
+    """Feeds of one decode step at ``context`` past tokens (batch 1)."""
+    feeds: Dict[str, np.ndarray] = {"input_ids": np.array([[int(rng.integers(cfg.vocab))]], np.int64),
+                                    "position_ids": np.array([[context]], np.int64)}
+    shape = (1, cfg.kv_heads, context, cfg.head_dim)
+    for name in models.past_names(cfg.layers):
+        feeds[name] = rng.standard_normal(shape).astype(cfg.np_dtype)
+    return feeds
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small model and contexts 128..1024, few samples")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--q-heads", type=int, default=16)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--dtype", choices=["float32", "float16"], default="float32")
+    p.add_argument("--contexts", type=int, nargs="+", default=[128, 256, 512, 1024, 2048, 4096])
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--samples", type=int, default=30, help="timed steps per (context, threads, runtime)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--runtimes", default="ours,ort", help="comma list of ours, ort")
+    p.add_argument("--name", default="tensor-decode", help="results file prefix")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--results-dir", default=_common.RESULTS_DIR)
+    a = p.parse_args(argv)
+    if a.quick:
+        a.layers, a.hidden, a.q_heads, a.kv_heads, a.head_dim, a.vocab = 2, 256, 4, 2, 64, 4000
+        a.contexts = [c for c in a.contexts if c <= 1024] or [128, 256, 512, 1024]
+        a.samples, a.warmup = min(a.samples, 10), min(a.warmup, 2)
+    return a
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    models = load_models()
+    runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
+    cfg = models.DecoderConfig(layers=args.layers, hidden=args.hidden, q_heads=args.q_heads, kv_heads=args.kv_heads,
+                               head_dim=args.head_dim, vocab=args.vocab, dtype=args.dtype,
+                               max_positions=max(args.contexts) + 1)
+    model_bytes = models.model_bytes(models.llama_decoder(cfg))
+    print(f"model: {cfg}  ({len(model_bytes) / 2 ** 20:.0f} MiB)", flush=True)
+    out_names = ["logits"] + models.present_names(cfg.layers)
+    rng = np.random.default_rng(0)
+
+    rows: List[Dict[str, Any]] = []
+    raw: List[Dict[str, Any]] = []
+    for threads in args.threads:
+        sessions = {r: make_session(r, model_bytes, threads) for r in runtimes}
+        for context in args.contexts:
+            feeds = decode_feeds(models, cfg, context, rng)
+            fns: Dict[str, Callable[[], Any]] = {r: (lambda s=s: s.run(out_names, feeds)) for r, s in sessions.items()}
+            samples = _common.interleaved(fns, repeat=args.samples, warmup=args.warmup)
+            row: Dict[str, Any] = {"threads": threads, "context": context}
+            for r in runtimes:
+                st = _common.summarize(samples[r])
+                row.update({f"{r}_median_ms": st["median"], f"{r}_p10_ms": st["p10"], f"{r}_p90_ms": st["p90"]})
+                raw.append({"runtime": r, "threads": threads, "context": context, "samples_ms": samples[r], **st})
+            if "ours" in samples and "ort" in samples:
+                row["ratio_ours_over_ort"] = row["ours_median_ms"] / row["ort_median_ms"]
+            rows.append(row)
+            print(_common.format_table([row]).splitlines()[-1], flush=True)
+        del sessions
+
+    print()
+    print(_common.format_table(rows))
+    payload = {
+        "benchmark": "tensor-path decode step latency, standard Attention-23 model with past/present",
+        "config": {k: getattr(cfg, k) for k in ("layers", "hidden", "q_heads", "kv_heads", "head_dim", "vocab", "dtype")}
+        | {"intermediate": cfg.ffn("llama"), "batch": 1, "samples": args.samples, "warmup": args.warmup,
+           "contexts": args.contexts, "threads": args.threads, "runtimes": runtimes, "quick": args.quick},
+        "environment": _common.environment(threads=None, extra={"threads_measured": args.threads}),
+        "rows": rows,
+        "raw": raw,
+    }
+    path = _common.write_json(args.name, payload, args.results_dir)
+    print(f"\nresults: {os.path.relpath(path, ROOT)}")
+    if not args.no_plot:
+        series = {}
+        ratio = {}
+        for r in runtimes:
+            for t in args.threads:
+                sel = [x for x in raw if x["runtime"] == r and x["threads"] == t]
+                series[f"{r} {t}T"] = {"x": [x["context"] for x in sel], "median": [x["median"] for x in sel],
+                                       "p10": [x["p10"] for x in sel], "p90": [x["p90"] for x in sel]}
+        if "ours" in runtimes and "ort" in runtimes:
+            for t in args.threads:
+                sel = [x for x in rows if x["threads"] == t]
+                ratio[f"ours/ort {t}T"] = ([x["context"] for x in sel], [x["ratio_ours_over_ort"] for x in sel])
+        png = _common.plot_series(path[:-5] + ".png", series, "context (past tokens)", "ms per decode step",
+                                  title=f"tensor-path decode: {cfg.layers}L h{cfg.hidden} {cfg.q_heads}/{cfg.kv_heads} heads "
+                                        f"d{cfg.head_dim} V{cfg.vocab} {cfg.dtype}", ratio=ratio or None)
+        print(f"plot:    {os.path.relpath(png, ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
