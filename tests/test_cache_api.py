@@ -1,0 +1,409 @@
+"""KVCache Python API against a numpy model of the cache.
+
+The model keeps, per sequence, the list of K and V rows (already rounded to
+the cache dtype) plus the sliding-window start; every operation is applied to
+both and ``export`` must equal the model exactly after each step.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import onnx_light_kv as olkv
+
+DTYPES = ["float32", "float16", "bfloat16"]
+
+
+def rounded(x: np.ndarray, dtype: str) -> np.ndarray:
+    """x rounded to the storage dtype, back in float32 (what the cache holds)."""
+    return x.astype(olkv._dtypes.cache_dtype(dtype)).astype(np.float32)
+
+
+class Model:
+    """numpy model of a KVCache."""
+
+    def __init__(self, batch: int, heads: int, dk: int, dv: int, cap: int, dtype: str) -> None:
+        self.B, self.H, self.dk, self.dv, self.cap, self.dtype = batch, heads, dk, dv, cap, dtype
+        self.k = [np.zeros((heads, 0, dk), np.float32) for _ in range(batch)]
+        self.v = [np.zeros((heads, 0, dv), np.float32) for _ in range(batch)]
+        self.win = [0] * batch
+
+    def lengths(self) -> list[int]:
+        return [k.shape[1] for k in self.k]
+
+    def copy(self) -> "Model":
+        m = Model(self.B, self.H, self.dk, self.dv, self.cap, self.dtype)
+        m.k = [x.copy() for x in self.k]
+        m.v = [x.copy() for x in self.v]
+        m.win = list(self.win)
+        return m
+
+    def append(self, k: np.ndarray, v: np.ndarray) -> None:
+        for b in range(self.B):
+            self.k[b] = np.concatenate([self.k[b], rounded(k[b], self.dtype)], axis=1)
+            self.v[b] = np.concatenate([self.v[b], rounded(v[b], self.dtype)], axis=1)
+
+    def export(self) -> tuple[np.ndarray, np.ndarray]:
+        L = max(self.lengths())
+        K = np.zeros((self.B, self.H, L, self.dk), np.float32)
+        V = np.zeros((self.B, self.H, L, self.dv), np.float32)
+        for b in range(self.B):
+            n, w = self.k[b].shape[1], self.win[b]
+            K[b, :, w:n] = self.k[b][:, w:]
+            V[b, :, w:n] = self.v[b][:, w:]
+        return K, V
+
+
+def check(cache: olkv.KVCache, m: Model) -> None:
+    assert cache.lengths.tolist() == m.lengths()
+    k, v = cache.export(dtype="float32")
+    K, V = m.export()
+    np.testing.assert_array_equal(k, K)
+    np.testing.assert_array_equal(v, V)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_random_operations_match_numpy_model(seed: int, dtype: str) -> None:
+    rng = np.random.default_rng(seed)
+    B, H = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+    dk = int(rng.integers(1, 9))
+    dv = dk if seed % 2 else int(rng.integers(1, 9))
+    cap = int(rng.integers(4, 24))
+    cache = olkv.KVCache(B, H, dk, head_dim_v=dv, dtype=dtype, capacity=cap)
+    m = Model(B, H, dk, dv, cap, dtype)
+    cks: list[tuple[olkv.Checkpoint, Model]] = []
+    for _ in range(40):
+        op = rng.integers(0, 8)
+        if op <= 2:
+            n = int(rng.integers(0, 4))
+            k = rng.standard_normal((B, H, n, dk)).astype(np.float32)
+            v = rng.standard_normal((B, H, n, dv)).astype(np.float32)
+            if max(m.lengths()) + n > cap:
+                with pytest.raises(olkv.CapacityError):
+                    cache.append(k, v)
+            else:
+                cache.append(k, v)
+                m.append(k, v)
+        elif op == 3:
+            lo, hi = max(m.win), min(m.lengths())
+            if hi >= lo:
+                n = int(rng.integers(lo, hi + 1))
+                cache.truncate(n)
+                m.k = [x[:, :n] for x in m.k]
+                m.v = [x[:, :n] for x in m.v]
+        elif op == 4:
+            idx = rng.integers(0, B, size=B)
+            cache.reorder(idx)
+            old = m.copy()
+            m.k = [old.k[i].copy() for i in idx]
+            m.v = [old.v[i].copy() for i in idx]
+            m.win = [old.win[i] for i in idx]
+            cks = []
+        elif op == 5:
+            cks.append((cache.checkpoint(), m.copy()))
+        elif op == 6 and cks:
+            ck, snap = cks[int(rng.integers(0, len(cks)))]
+            try:
+                cache.rollback(ck)
+                m = snap.copy()
+            except olkv.StaleCheckpointError:
+                pass
+        elif op == 7:
+            keep = int(rng.integers(0, 6))
+            cache.evict(keep)
+            m.win = [max(w, n - keep) for w, n in zip(m.win, m.lengths())]
+        check(cache, m)
+
+
+def ref_attention(q, K, V, lengths, win_starts=None, scale=None, softcap=0.0, window=None):
+    """numpy attention with causal alignment to the end of each sequence."""
+    B, Hq, Lq, D = q.shape
+    Hkv = K.shape[1]
+    g = Hq // Hkv
+    scale = 1 / np.sqrt(D) if scale is None else scale
+    out = np.zeros((B, Hq, Lq, V.shape[-1]), np.float64)
+    for b in range(B):
+        L = lengths[b]
+        for h in range(Hq):
+            for i in range(Lq):
+                p = L - Lq + i
+                lo = 0 if win_starts is None else win_starts[b]
+                if window:
+                    lo = max(lo, p - window + 1)
+                s = K[b, h // g, lo:p + 1].astype(np.float64) @ q[b, h, i].astype(np.float64) * scale
+                if softcap:
+                    s = softcap * np.tanh(s / softcap)
+                w = np.exp(s - s.max())
+                out[b, h, i] = (w / w.sum()) @ V[b, h // g, lo:p + 1]
+    return out.astype(np.float32)
+
+
+TOL = {"float32": 2e-5, "float16": 2e-5, "bfloat16": 2e-5}  # vs model of the rounded cache
+
+
+@pytest.mark.parametrize("kernel", ["auto", "reference"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2), (6, 1)])  # MHA, GQA, MQA
+@pytest.mark.parametrize("dk,dv", [(16, 16), (8, 12)])
+def test_attention_matches_numpy(kernel, dtype, hq, hkv, dk, dv) -> None:
+    rng = np.random.default_rng(hq * 7 + dk)
+    B, cap = 2, 64
+    cache = olkv.KVCache(B, hkv, dk, head_dim_v=dv, dtype=dtype, capacity=cap)
+    k = rng.standard_normal((B, hkv, 20, dk)).astype(np.float32)
+    v = rng.standard_normal((B, hkv, 20, dv)).astype(np.float32)
+    cache.append(k, v, counts=[20, 13])
+    K, V = cache.export(dtype="float32")
+    for lq in (1, 3):
+        q = rng.standard_normal((B, hq, lq, dk)).astype(np.float32)
+        for kw in ({}, {"scale": 0.3}, {"softcap": 2.0}, {"window": 5}):
+            got = olkv.attention(q, cache, kernel=kernel, **kw)
+            want = ref_attention(q, K, V, [20, 13], **kw)
+            np.testing.assert_allclose(got, want, atol=TOL[dtype], rtol=1e-4)
+
+
+def test_attention_respects_evicted_window() -> None:
+    rng = np.random.default_rng(1)
+    cache = olkv.KVCache(1, 2, 8, capacity=32)
+    cache.append(rng.standard_normal((1, 2, 12, 8)), rng.standard_normal((1, 2, 12, 8)))
+    K, V = cache.export()
+    cache.evict(5)
+    q = rng.standard_normal((1, 4, 1, 8)).astype(np.float32)
+    np.testing.assert_allclose(olkv.attention(q, cache), ref_attention(q, K, V, [12], win_starts=[7]), atol=2e-5)
+
+
+def test_attention_reads_cache_in_place() -> None:
+    cache = olkv.KVCache(1, 2, 8, capacity=100)
+    cache.append(np.ones((1, 2, 50, 8), np.float32), np.ones((1, 2, 50, 8), np.float32))
+    cache.reset_counters()
+    olkv.attention(np.ones((1, 4, 1, 8), np.float32), cache)
+    c = cache.counters
+    assert c["export_bytes"] == 0 and c["copy_bytes"] == 0
+    assert c["attention_bytes"] == 50 * 2 * 2 * 8 * 4  # every K/V byte once, GQA heads share reads
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_append_cost_proportional_to_new_tokens(dtype: str) -> None:
+    B, H, D = 2, 4, 32
+    cache = olkv.KVCache(B, H, D, dtype=dtype, capacity=600)
+    cache.append(np.zeros((B, H, 500, D), np.float32), np.zeros((B, H, 500, D), np.float32))
+    cache.reset_counters()
+    one = B * H * 2 * D * np.dtype(olkv._dtypes.cache_dtype(dtype)).itemsize
+    for n in range(1, 51):
+        cache.append(np.ones((B, H, 1, D), np.float32), np.ones((B, H, 1, D), np.float32))
+        assert cache.counters["append_bytes"] == n * one  # independent of the 500+ tokens already there
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_caches_round_like_numpy(dtype: str) -> None:
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((1, 1, 64, 16)) * 1e3).astype(np.float32)
+    x.flat[:4] = [np.nan, np.inf, -np.inf, 1e-8]
+    cache = olkv.KVCache(1, 1, 16, dtype=dtype, capacity=64)
+    cache.append(x, x)
+    k, _ = cache.export()
+    want = x.astype(olkv._dtypes.cache_dtype(dtype))
+    np.testing.assert_array_equal(k.view(np.uint16)[~np.isnan(want)], want.view(np.uint16)[~np.isnan(want)])
+    assert np.isnan(k.astype(np.float32).flat[0])
+
+
+def test_native_half_input_is_copied_bit_exact() -> None:
+    x = np.random.default_rng(2).standard_normal((1, 2, 3, 4)).astype(np.float16)
+    cache = olkv.KVCache(1, 2, 4, dtype="float16", capacity=8)
+    cache.append(x, x)
+    np.testing.assert_array_equal(cache.export()[0], x)
+    bf = x.astype(olkv.bfloat16)
+    cache2 = olkv.KVCache(1, 2, 4, dtype="bfloat16", capacity=8)
+    cache2.append(bf, bf)
+    assert cache2.export()[0].dtype == olkv.bfloat16
+    np.testing.assert_array_equal(cache2.export()[0].view(np.uint16), bf.view(np.uint16))
+
+
+def test_fork_is_independent_and_counted() -> None:
+    cache = olkv.KVCache(2, 1, 4, capacity=10)
+    cache.append(np.ones((2, 1, 3, 4)), np.ones((2, 1, 3, 4)))
+    f = cache.fork()
+    f.append(np.zeros((2, 1, 1, 4)), np.zeros((2, 1, 1, 4)))
+    assert cache.lengths.tolist() == [3, 3] and f.lengths.tolist() == [4, 4]
+    cache.truncate(1)
+    np.testing.assert_array_equal(f.export()[0][:, :, :3], np.ones((2, 1, 3, 4)))
+    assert cache.counters["copy_bytes"] == 2 * 3 * 2 * 4 * 4
+
+
+def test_reorder_permutation_copies_nothing() -> None:
+    cache = olkv.KVCache(3, 1, 4, capacity=10)
+    data = np.arange(3 * 5 * 4, dtype=np.float32).reshape(3, 1, 5, 4)
+    cache.append(data, -data)
+    cache.reorder([2, 0, 1])
+    assert cache.counters["copy_bytes"] == 0
+    np.testing.assert_array_equal(cache.export()[0], data[[2, 0, 1]])
+    cache.reorder([1, 1, 1])
+    np.testing.assert_array_equal(cache.export()[1], -data[[0, 0, 0]])
+    assert cache.counters["copy_bytes"] == 2 * 5 * 2 * 4 * 4
+
+
+def test_speculative_checkpoint_truncate_rollback() -> None:
+    cache = olkv.KVCache(1, 1, 4, capacity=16)
+    cache.append(np.ones((1, 1, 4, 4)), np.ones((1, 1, 4, 4)))
+    ck = cache.checkpoint()
+    cache.append(np.full((1, 1, 3, 4), 2.0), np.full((1, 1, 3, 4), 2.0))  # draft
+    cache.rollback(ck)
+    assert cache.lengths.tolist() == [4]
+    cache.append(np.full((1, 1, 2, 4), 3.0), np.full((1, 1, 2, 4), 3.0))
+    ck2 = cache.checkpoint()
+    cache.truncate(5)  # accept one draft token
+    cache.rollback(ck2)  # truncated rows come back: nothing overwrote them
+    assert cache.lengths.tolist() == [6]
+    cache.truncate(5)
+    cache.append(np.zeros((1, 1, 1, 4)), np.zeros((1, 1, 1, 4)))  # overwrites position 5
+    with pytest.raises(olkv.StaleCheckpointError):
+        cache.rollback(ck2)
+    ck2.release()
+    with pytest.raises(olkv.StaleCheckpointError):
+        cache.rollback(ck2)
+    other = olkv.KVCache(1, 1, 4, capacity=4)
+    with pytest.raises(ValueError):
+        other.rollback(ck)
+
+
+BAD_APPENDS = [
+    ("wrong dtype int", lambda: (np.ones((1, 2, 1, 4), np.int32), np.ones((1, 2, 1, 4), np.int32)), TypeError),
+    ("complex", lambda: (np.ones((1, 2, 1, 4), np.complex64), np.ones((1, 2, 1, 4), np.complex64)), TypeError),
+    ("mixed dtypes", lambda: (np.ones((1, 2, 1, 4), np.float32), np.ones((1, 2, 1, 4), np.float16)), TypeError),
+    ("rank 3", lambda: (np.ones((2, 1, 4), np.float32), np.ones((2, 1, 4), np.float32)), ValueError),
+    ("wrong heads", lambda: (np.ones((1, 3, 1, 4), np.float32), np.ones((1, 3, 1, 4), np.float32)), ValueError),
+    ("wrong head_dim", lambda: (np.ones((1, 2, 1, 5), np.float32), np.ones((1, 2, 1, 5), np.float32)), ValueError),
+    ("k/v token mismatch", lambda: (np.ones((1, 2, 1, 4), np.float32), np.ones((1, 2, 2, 4), np.float32)), ValueError),
+    ("past capacity", lambda: (np.ones((1, 2, 7, 4), np.float32), np.ones((1, 2, 7, 4), np.float32)), olkv.CapacityError),
+]
+
+
+@pytest.mark.parametrize("name,make,exc", BAD_APPENDS, ids=[b[0] for b in BAD_APPENDS])
+def test_bad_appends_raise_and_leave_cache_intact(name, make, exc) -> None:
+    cache = olkv.KVCache(1, 2, 4, capacity=8)
+    cache.append(np.full((1, 2, 2, 4), 0.5, np.float32), np.full((1, 2, 2, 4), 0.25, np.float32))
+    before = cache.export()
+    k, v = make()
+    with pytest.raises(exc):
+        cache.append(k, v)
+    after = cache.export()
+    np.testing.assert_array_equal(before[0], after[0])
+    np.testing.assert_array_equal(before[1], after[1])
+    assert cache.counters["append_calls"] == 1
+
+
+def test_nan_and_noncontiguous_inputs_are_accepted() -> None:
+    cache = olkv.KVCache(1, 2, 4, capacity=8)
+    k = np.full((1, 2, 4, 2), np.nan, np.float32).transpose(0, 1, 3, 2)  # non-contiguous [1,2,2,4]
+    v = np.arange(16, dtype=np.float64).reshape(1, 2, 2, 4)  # float64 is converted
+    cache.append(k, v)
+    K, V = cache.export()
+    assert np.isnan(K).all()
+    np.testing.assert_array_equal(V, v.astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    "call,exc",
+    [
+        (lambda c: c.truncate(-1), ValueError),
+        (lambda c: c.truncate(4), ValueError),
+        (lambda c: c.truncate([1, 2, 3]), ValueError),
+        (lambda c: c.truncate(1.5), TypeError),
+        (lambda c: c.reorder([0, 2]), IndexError),
+        (lambda c: c.reorder([-1, 0]), IndexError),
+        (lambda c: c.reorder([0]), ValueError),
+        (lambda c: c.evict(-1), ValueError),
+        (lambda c: c.append(np.ones((2, 1, 1, 4)), np.ones((2, 1, 1, 4)), counts=[2, 0]), ValueError),
+        (lambda c: c.append(np.ones((2, 1, 1, 4)), np.ones((2, 1, 1, 4)), counts=[-1, 0]), ValueError),
+        (lambda c: olkv.attention(np.ones((2, 3, 1, 4), np.float32), c), ValueError),  # 3 % 2 kv heads
+        (lambda c: olkv.attention(np.ones((2, 2, 4, 4), np.float32), c), ValueError),  # q_len > length
+        (lambda c: olkv.attention(np.ones((2, 2, 1, 5), np.float32), c), ValueError),  # head_dim
+        (lambda c: olkv.attention(np.ones((1, 2, 1, 4), np.float32), c), ValueError),  # batch
+        (lambda c: olkv.attention(np.ones((2, 2, 4), np.float32), c), ValueError),  # rank
+        (lambda c: olkv.attention(np.ones((2, 2, 1, 4), np.int64), c), TypeError),
+        (lambda c: olkv.attention(np.ones((2, 2, 1, 4), np.float32), c, window=0), ValueError),
+        (lambda c: olkv.attention(np.ones((2, 2, 1, 4), np.float32), c, kernel="fast"), ValueError),
+        (lambda c: olkv.attention(np.ones((2, 2, 1, 4), np.float32), c, out=np.empty((2, 2, 1, 3), np.float32)), ValueError),
+    ],
+)
+def test_bad_arguments(call, exc) -> None:
+    cache = olkv.KVCache(2, 2, 4, capacity=8)
+    cache.append(np.ones((2, 2, 3, 4)), np.ones((2, 2, 3, 4)))
+    before = cache.export()
+    with pytest.raises(exc):
+        call(cache)
+    after = cache.export()
+    np.testing.assert_array_equal(before[0], after[0])
+    assert cache.lengths.tolist() == [3, 3]
+
+
+def test_constructor_validation() -> None:
+    with pytest.raises(ValueError):
+        olkv.KVCache(0, 1, 4, capacity=4)
+    with pytest.raises(ValueError):
+        olkv.KVCache(1, 1, 4, capacity=-3)
+    with pytest.raises(TypeError):
+        olkv.KVCache(1, 1, 4, capacity=4, dtype="int8")
+    with pytest.raises(TypeError):
+        olkv.KVCache(1, 1, 4.0, capacity=4)  # type: ignore[arg-type]
+
+
+def test_budget_error_is_memory_error_with_numbers_and_changes_nothing() -> None:
+    arena = olkv.Arena(budget=100_000)
+    a = olkv.KVCache(1, 2, 64, capacity=64, arena=arena)  # 65,536 bytes
+    with pytest.raises(MemoryError) as ei:
+        olkv.KVCache(1, 2, 64, capacity=64, arena=arena)
+    assert isinstance(ei.value, olkv.BudgetError)
+    assert "65536" in str(ei.value) and "100000" in str(ei.value)
+    with pytest.raises(olkv.BudgetError):
+        a.fork()
+    st = arena.stats()
+    assert st["allocated_bytes"] == 65536
+    a.append(np.ones((1, 2, 3, 64)), np.ones((1, 2, 3, 64)))
+    assert arena.stats()["live_bytes"] == 3 * 2 * 64 * 4 * 2
+    a.close()
+    assert arena.stats()["allocated_bytes"] == 0
+    b = olkv.KVCache(1, 2, 64, capacity=64, arena=arena)  # fits again
+    assert b.lengths.tolist() == [0]
+
+
+def test_closed_cache_raises_value_error() -> None:
+    c = olkv.KVCache(1, 1, 4, capacity=4)
+    c.close()
+    c.close()  # idempotent
+    assert c.closed and repr(c) == "KVCache(closed)"
+    with pytest.raises(ValueError):
+        c.append(np.ones((1, 1, 1, 4)), np.ones((1, 1, 1, 4)))
+    with pytest.raises(ValueError):
+        c.info()
+
+
+def test_garbage_collected_caches_release_handles() -> None:
+    from onnx_light_kv import _lib
+
+    gc.collect()
+    before = _lib.fn("LiveCaches")()
+    for _ in range(50):
+        c = olkv.KVCache(1, 1, 4, capacity=4)
+        c.fork()
+    del c
+    gc.collect()
+    assert _lib.fn("LiveCaches")() == before
+
+
+def test_repr_info_and_html() -> None:
+    c = olkv.KVCache(2, 2, 8, head_dim_v=4, dtype="bfloat16", capacity=16)
+    c.append(np.ones((2, 2, 3, 8)), np.ones((2, 2, 3, 4)))
+    r = repr(c)
+    assert "bfloat16" in r and "lengths=[3, 3]" in r and "head_dim_v=4" in r
+    i = c.info()
+    assert i["layout"] == "contiguous" and i["committed_bytes"] == 2 * 2 * 16 * (8 + 4) * 2
+    assert i["live_bytes"] == 2 * 2 * 3 * (8 + 4) * 2
+    assert "<table>" in c._repr_html_()
+
+
+def test_gopy_gc_hook_removed() -> None:
+    assert not [cb for cb in gc.callbacks if getattr(cb, "__name__", "").startswith("_gopy")]
