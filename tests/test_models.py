@@ -149,3 +149,36 @@ def test_generate_rejects_bad_prompts() -> None:
         M.greedy_generate(sess, model, [1, 2, 999], 1)
     with pytest.raises(ValueError, match="max_positions"):
         M.greedy_generate(sess, model, [1, 2, 3], 200)
+
+
+def test_gqa_model_runs_on_a_shared_past_present_buffer() -> None:
+    """onnxruntime's shared-buffer contract: past and present bound (IOBinding) to one buffer
+    per layer, decoded token by token, gives the standard model's logits."""
+    import onnxruntime
+
+    cfg = _cfg("float32")
+    std, gqa = M.llama_decoder(cfg), M.llama_decoder_gqa_ort(cfg)
+    want = _generate(std)
+    sess = oc.ort(gqa)
+    cap = PROMPT.shape[1] + STEPS + 1
+    bufs = {n: onnxruntime.OrtValue.ortvalue_from_numpy(np.zeros((1, cfg.kv_heads, cap, cfg.head_dim), np.float32))
+            for n in M.past_names(cfg.layers)}
+    seq = PROMPT.copy()
+    step_in = PROMPT
+    for step in range(STEPS + 1):
+        binding = sess.io_binding()
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(step_in))
+        binding.bind_cpu_input("attention_mask", np.ones((1, seq.shape[1]), np.int64))
+        binding.bind_output("logits")
+        for past, present in zip(M.past_names(cfg.layers), M.present_names(cfg.layers)):
+            binding.bind_ortvalue_input(past, bufs[past])
+            binding.bind_ortvalue_output(present, bufs[past])
+        sess.run_with_iobinding(binding)
+        logits = binding.copy_outputs_to_cpu()[0][:, -1, :]
+        oc.assert_close(f"logits of step {step}", logits, want.step_logits[step], 0, TOL["float32"])
+        token = np.argmax(logits, axis=-1)
+        assert token[0] == want.tokens[0, step]
+        seq = np.concatenate([seq, token[:, None]], axis=1)
+        step_in = token[:, None]
+    key0 = bufs["past_key_values.0.key"].numpy()[:, :, :PROMPT.shape[1] + STEPS]
+    oc.assert_close("shared key buffer", key0, want.presents["present.0.key"], PRESENT_TOL["float32"], PRESENT_TOL["float32"])
