@@ -1,0 +1,65 @@
+"""The benchmark helpers (benchmarks/_common.py) and a smoke run of bench_tensor_decode.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import _common  # noqa: E402
+import bench_tensor_decode  # noqa: E402
+
+
+def test_summarize_matches_numpy_percentiles() -> None:
+    x = [5.0, 1.0, 3.0, 2.0, 4.0, 10.0, 7.0, 6.0, 9.0, 8.0]
+    s = _common.summarize(x)
+    assert s["median"] == 5.5 and s["n"] == 10 and s["min"] == 1.0 and s["max"] == 10.0
+    assert s["p10"] == pytest.approx(np.percentile(x, 10)) and s["p90"] == pytest.approx(np.percentile(x, 90))
+    assert _common.summarize([])["n"] == 0
+
+
+def test_interleaved_alternates_and_counts() -> None:
+    order: list = []
+    out = _common.interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, repeat=3, warmup=1)
+    assert order == ["a", "b"] * 4
+    assert len(out["a"]) == len(out["b"]) == 3 and all(v >= 0 for v in out["a"])
+
+
+def test_table_json_and_plot(tmp_path: Any) -> None:
+    table = _common.format_table([{"ctx": 128, "ms": 1.23456}, {"ctx": 4096, "ms": 10.0}])
+    lines = table.splitlines()
+    assert lines[0].split() == ["ctx", "ms"] and lines[2].split() == ["128", "1.235"] and len(lines) == 4
+    path = _common.write_json("unit", {"x": np.float32(1.5), "a": np.arange(3)}, str(tmp_path))
+    assert os.path.basename(path).startswith("unit-") and path.endswith(".json")
+    assert json.load(open(path)) == {"x": 1.5, "a": [0, 1, 2]}
+    png = _common.plot_series(str(tmp_path / "p.png"), {"s": {"x": [1, 2], "median": [1.0, 2.0], "p10": [0.5, 1.5], "p90": [1.5, 2.5]}},
+                              "x", "y", ratio={"r": ([1, 2], [1.0, 0.9])})
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_environment_records_versions_without_paths() -> None:
+    env = _common.environment(threads=2)
+    for key in ("cpu_model", "cpu_flags", "logical_cpus", "versions", "git", "python", "threads"):
+        assert key in env
+    assert env["versions"]["numpy"] == np.__version__
+    assert env["threads"] == 2
+    text = json.dumps({k: v for k, v in env.items() if k != "onnx_light_kv_build"})
+    assert os.path.expanduser("~") not in text and os.getcwd() not in text
+
+
+def test_bench_tensor_decode_smoke(tmp_path: Any, capsys: Any) -> None:
+    """A tiny onnxruntime-only run writes JSON with raw samples and a PNG."""
+    rc = bench_tensor_decode.main(["--quick", "--runtimes", "ort", "--contexts", "16", "32", "--threads", "1",
+                                   "--samples", "3", "--warmup", "1", "--results-dir", str(tmp_path)])
+    assert rc == 0
+    files = sorted(os.listdir(tmp_path))
+    assert any(f.endswith(".json") for f in files) and any(f.endswith(".png") for f in files)
+    data = json.load(open(tmp_path / next(f for f in files if f.endswith(".json"))))
+    assert [r["context"] for r in data["rows"]] == [16, 32]
+    assert all(len(r["samples_ms"]) == 3 for r in data["raw"])
+    assert "ort_median_ms" in capsys.readouterr().out
