@@ -1,0 +1,242 @@
+package ops
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+// binaryOp holds one arithmetic op per element type family.
+type binaryOp struct {
+	f32 func(x, y float32) float32
+	f64 func(x, y float64) float64
+	i64 func(x, y int64) (int64, error)
+}
+
+var errDivZero = fmt.Errorf("%w: integer division by zero", errs.ErrInvalidArgument)
+
+var binaryOps = map[string]binaryOp{
+	"Add": {func(x, y float32) float32 { return x + y }, func(x, y float64) float64 { return x + y },
+		func(x, y int64) (int64, error) { return x + y, nil }},
+	"Sub": {func(x, y float32) float32 { return x - y }, func(x, y float64) float64 { return x - y },
+		func(x, y int64) (int64, error) { return x - y, nil }},
+	"Mul": {func(x, y float32) float32 { return x * y }, func(x, y float64) float64 { return x * y },
+		func(x, y int64) (int64, error) { return x * y, nil }},
+	"Div": {func(x, y float32) float32 { return x / y }, func(x, y float64) float64 { return x / y },
+		func(x, y int64) (int64, error) {
+			if y == 0 {
+				return 0, errDivZero
+			}
+			return x / y, nil
+		}},
+	"Pow": {powf32, math.Pow, func(x, y int64) (int64, error) { return int64(math.Pow(float64(x), float64(y))), nil }},
+}
+
+// powf32 special-cases the exponents exporters emit (x^2 in RMSNorm, x^0.5)
+// so they are exact and fast.
+func powf32(x, y float32) float32 {
+	switch y {
+	case 2:
+		return x * x
+	case 1:
+		return x
+	case 0.5:
+		return float32(math.Sqrt(float64(x)))
+	case 3:
+		return x * x * x
+	}
+	return float32(math.Pow(float64(x), float64(y)))
+}
+
+func init() {
+	for _, op := range []string{"Add", "Sub", "Mul", "Div"} {
+		Register("", op, 7, 0, newBinary(op))
+	}
+	Register("", "Pow", 7, 0, newBinary("Pow"))
+	Register("", "Equal", 7, 0, newCompare("Equal"))
+	Register("", "Less", 7, 0, newCompare("Less"))
+	Register("", "Greater", 7, 0, newCompare("Greater"))
+}
+
+func newBinary(name string) Factory {
+	op := binaryOps[name]
+	return func(n *Node) (Kernel, error) {
+		return KernelFunc(func(ctx *Context) error {
+			a, err := ctx.RequireInput(0)
+			if err != nil {
+				return err
+			}
+			b, err := ctx.RequireInput(1)
+			if err != nil {
+				return err
+			}
+			if a.DType() != b.DType() && name != "Pow" {
+				return fmt.Errorf("%w: %s of %v and %v", errs.ErrType, name, a.DType(), b.DType())
+			}
+			os, err := tensor.BroadcastShapes(a.Shape(), b.Shape())
+			if err != nil {
+				return err
+			}
+			out, err := ctx.NewOutput(0, a.DType(), os)
+			if err != nil {
+				return err
+			}
+			return binaryCompute(op, a, b, out)
+		}), nil
+	}
+}
+
+func binaryCompute(op binaryOp, a, b, out *tensor.Tensor) error {
+	as, bs, os := a.Shape(), b.Shape(), out.Shape()
+	switch {
+	case a.DType() == tensor.Float64 && b.DType() == tensor.Float64:
+		return binaryApply(a.Float64(), as, b.Float64(), bs, out.Float64(), os, op.f64)
+	case a.DType().IsFloat():
+		x, err := tensor.AsFloat32(a)
+		if err != nil {
+			return err
+		}
+		y, err := tensor.AsFloat32(b)
+		if err != nil {
+			return err
+		}
+		if out.DType() == tensor.Float32 {
+			return binaryApply(x, as, y, bs, out.Float32(), os, op.f32)
+		}
+		tmp := make([]float32, out.Len())
+		if err := binaryApply(x, as, y, bs, tmp, os, op.f32); err != nil {
+			return err
+		}
+		return tensor.FromFloat32(out, tmp)
+	case a.DType().IsInt():
+		x, err := tensor.Int64Values(a)
+		if err != nil {
+			return err
+		}
+		y, err := tensor.Int64Values(b)
+		if err != nil {
+			return err
+		}
+		res := make([]int64, out.Len())
+		var opErr error
+		if err := binaryApply(x, as, y, bs, res, os, func(p, q int64) int64 {
+			v, e := op.i64(p, q)
+			if e != nil {
+				opErr = e
+			}
+			return v
+		}); err != nil {
+			return err
+		}
+		if opErr != nil {
+			return opErr
+		}
+		return storeInt64(out, res)
+	}
+	return fmt.Errorf("%w: arithmetic on %v", errs.ErrType, a.DType())
+}
+
+// storeInt64 writes int64 values into an integer tensor, wrapping like C.
+func storeInt64(out *tensor.Tensor, v []int64) error {
+	switch out.DType() {
+	case tensor.Int64:
+		copy(out.Int64(), v)
+	case tensor.Int32:
+		d := out.Int32()
+		for i, x := range v {
+			d[i] = int32(x)
+		}
+	case tensor.Int8:
+		d := out.Int8()
+		for i, x := range v {
+			d[i] = int8(x)
+		}
+	case tensor.Uint8:
+		d := out.Uint8()
+		for i, x := range v {
+			d[i] = uint8(x)
+		}
+	default:
+		return fmt.Errorf("%w: integer result into %v", errs.ErrType, out.DType())
+	}
+	return nil
+}
+
+func newCompare(name string) Factory {
+	return func(n *Node) (Kernel, error) {
+		return KernelFunc(func(ctx *Context) error {
+			a, err := ctx.RequireInput(0)
+			if err != nil {
+				return err
+			}
+			b, err := ctx.RequireInput(1)
+			if err != nil {
+				return err
+			}
+			if a.DType() != b.DType() {
+				return fmt.Errorf("%w: %s of %v and %v", errs.ErrType, name, a.DType(), b.DType())
+			}
+			os, err := tensor.BroadcastShapes(a.Shape(), b.Shape())
+			if err != nil {
+				return err
+			}
+			out, err := ctx.NewOutput(0, tensor.Bool, os)
+			if err != nil {
+				return err
+			}
+			as, bs, dst := a.Shape(), b.Shape(), out.Bool()
+			if a.DType().IsInt() || a.DType() == tensor.Bool {
+				x, y, err := intOrBool(a, b)
+				if err != nil {
+					return err
+				}
+				return binaryApply(x, as, y, bs, dst, os, cmpFunc[int64](name))
+			}
+			if a.DType() == tensor.Float64 {
+				return binaryApply(a.Float64(), as, b.Float64(), bs, dst, os, cmpFunc[float64](name))
+			}
+			x, err := tensor.AsFloat32(a)
+			if err != nil {
+				return err
+			}
+			y, err := tensor.AsFloat32(b)
+			if err != nil {
+				return err
+			}
+			return binaryApply(x, as, y, bs, dst, os, cmpFunc[float32](name))
+		}), nil
+	}
+}
+
+func intOrBool(a, b *tensor.Tensor) ([]int64, []int64, error) {
+	conv := func(t *tensor.Tensor) ([]int64, error) {
+		if t.DType() == tensor.Bool {
+			v := make([]int64, t.Len())
+			for i, x := range t.Bool() {
+				if x {
+					v[i] = 1
+				}
+			}
+			return v, nil
+		}
+		return tensor.Int64Values(t)
+	}
+	x, err := conv(a)
+	if err != nil {
+		return nil, nil, err
+	}
+	y, err := conv(b)
+	return x, y, err
+}
+
+func cmpFunc[T int64 | float32 | float64](name string) func(x, y T) bool {
+	switch name {
+	case "Less":
+		return func(x, y T) bool { return x < y }
+	case "Greater":
+		return func(x, y T) bool { return x > y }
+	}
+	return func(x, y T) bool { return x == y }
+}

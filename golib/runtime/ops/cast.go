@@ -1,0 +1,168 @@
+package ops
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+func init() {
+	Register("", "Cast", 6, 0, newCast)
+	Register("", "CastLike", 15, 0, newCastLike)
+}
+
+func newCast(n *Node) (Kernel, error) {
+	to, err := n.Attrs.Int("to", 0)
+	if err != nil {
+		return nil, err
+	}
+	dt := tensor.DType(to)
+	if !dt.Valid() {
+		return nil, fmt.Errorf("%w: Cast to element type %d", errs.ErrNotImplemented, to)
+	}
+	return KernelFunc(func(ctx *Context) error {
+		x, err := ctx.RequireInput(0)
+		if err != nil {
+			return err
+		}
+		out, err := ctx.NewOutput(0, dt, x.Shape())
+		if err != nil {
+			return err
+		}
+		return castInto(x, out)
+	}), nil
+}
+
+func newCastLike(n *Node) (Kernel, error) {
+	return KernelFunc(func(ctx *Context) error {
+		x, err := ctx.RequireInput(0)
+		if err != nil {
+			return err
+		}
+		like, err := ctx.RequireInput(1)
+		if err != nil {
+			return err
+		}
+		out, err := ctx.NewOutput(0, like.DType(), x.Shape())
+		if err != nil {
+			return err
+		}
+		return castInto(x, out)
+	}), nil
+}
+
+// castInto converts x's elements into out (same element count). Floats go
+// through float64 (exact for every float type), integers and bools through
+// int64; float to integer truncates toward zero and saturates.
+func castInto(x, out *tensor.Tensor) error {
+	if x.DType() == out.DType() {
+		copy(out.Bytes(), x.Bytes())
+		return nil
+	}
+	if x.DType() == tensor.Float32 && out.DType() != tensor.Float64 && out.DType().IsFloat() {
+		return tensor.FromFloat32(out, x.Float32())
+	}
+	if out.DType() == tensor.Float32 {
+		return tensor.ToFloat32(x, out.Float32())
+	}
+	n := x.Len()
+	if x.DType().IsFloat() {
+		v := make([]float64, n)
+		switch x.DType() {
+		case tensor.Float64:
+			copy(v, x.Float64())
+		default:
+			f, err := tensor.AsFloat32(x)
+			if err != nil {
+				return err
+			}
+			for i, e := range f {
+				v[i] = float64(e)
+			}
+		}
+		return storeFloat64(out, v)
+	}
+	var v []int64
+	if x.DType() == tensor.Bool {
+		v = make([]int64, n)
+		for i, b := range x.Bool() {
+			if b {
+				v[i] = 1
+			}
+		}
+	} else {
+		var err error
+		if v, err = tensor.Int64Values(x); err != nil {
+			return err
+		}
+	}
+	switch {
+	case out.DType() == tensor.Bool:
+		d := out.Bool()
+		for i, e := range v {
+			d[i] = e != 0
+		}
+		return nil
+	case out.DType().IsFloat():
+		f := make([]float64, n)
+		for i, e := range v {
+			f[i] = float64(e)
+		}
+		return storeFloat64(out, f)
+	}
+	return storeInt64(out, v)
+}
+
+// storeFloat64 writes float64 values into out, converting to its type.
+func storeFloat64(out *tensor.Tensor, v []float64) error {
+	switch out.DType() {
+	case tensor.Float64:
+		copy(out.Float64(), v)
+	case tensor.Float32:
+		d := out.Float32()
+		for i, e := range v {
+			d[i] = float32(e)
+		}
+	case tensor.Float16:
+		d := out.Float16()
+		for i, e := range v {
+			d[i] = tensor.Float16Bits(codec.F32ToF16(float32(e)))
+		}
+	case tensor.BFloat16:
+		d := out.BFloat16()
+		for i, e := range v {
+			d[i] = tensor.BFloat16Bits(codec.F32ToBF16(float32(e)))
+		}
+	case tensor.Bool:
+		d := out.Bool()
+		for i, e := range v {
+			d[i] = e != 0
+		}
+	case tensor.Int64:
+		d := out.Int64()
+		for i, e := range v {
+			d[i] = tensor.SaturateInt(e, math.MinInt64, math.MaxInt64)
+		}
+	case tensor.Int32:
+		d := out.Int32()
+		for i, e := range v {
+			d[i] = int32(tensor.SaturateInt(e, math.MinInt32, math.MaxInt32))
+		}
+	case tensor.Int8:
+		d := out.Int8()
+		for i, e := range v {
+			d[i] = int8(tensor.SaturateInt(e, math.MinInt8, math.MaxInt8))
+		}
+	case tensor.Uint8:
+		d := out.Uint8()
+		for i, e := range v {
+			d[i] = uint8(tensor.SaturateInt(e, 0, math.MaxUint8))
+		}
+	default:
+		return fmt.Errorf("%w: cast to %v", errs.ErrType, out.DType())
+	}
+	return nil
+}

@@ -1,0 +1,158 @@
+package ops
+
+import (
+	"fmt"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+func init() {
+	Register("", "Concat", 4, 0, newConcat)
+	Register("", "Split", 2, 12, newSplit(false))
+	Register("", "Split", 13, 0, newSplit(true))
+}
+
+func newConcat(n *Node) (Kernel, error) {
+	if !n.Attrs.Has("axis") {
+		return nil, fmt.Errorf("%w: Concat needs an axis attribute", errs.ErrInvalidModel)
+	}
+	axis, err := n.Attrs.Int("axis", 0)
+	if err != nil {
+		return nil, err
+	}
+	return KernelFunc(func(ctx *Context) error {
+		var ins []*tensor.Tensor
+		for i := 0; i < ctx.NumInputs(); i++ {
+			if t := ctx.Input(i); t != nil {
+				ins = append(ins, t)
+			}
+		}
+		if len(ins) == 0 {
+			return fmt.Errorf("%w: Concat without inputs", errs.ErrMissingInput)
+		}
+		first := ins[0]
+		r := first.Rank()
+		ax, err := tensor.NormAxis(int(axis), r)
+		if err != nil {
+			return err
+		}
+		outShape := first.Shape().Clone()
+		outShape[ax] = 0
+		for _, t := range ins {
+			if t.DType() != first.DType() || t.Rank() != r {
+				return fmt.Errorf("%w: Concat of %v %v and %v %v", errs.ErrShape, first.DType(), first.Shape(), t.DType(), t.Shape())
+			}
+			for d := 0; d < r; d++ {
+				if d != ax && t.Shape()[d] != first.Shape()[d] {
+					return fmt.Errorf("%w: Concat of %v and %v on axis %d", errs.ErrShape, first.Shape(), t.Shape(), ax)
+				}
+			}
+			outShape[ax] += t.Shape()[ax]
+		}
+		out, err := ctx.NewOutput(0, first.DType(), outShape)
+		if err != nil {
+			return err
+		}
+		es := first.DType().Size()
+		outer := tensor.Shape(outShape[:ax]).Size()
+		inner := tensor.Shape(outShape[ax+1:]).Size() * es
+		dst := out.Bytes()
+		rowOut := outShape[ax] * inner
+		off := 0
+		for _, t := range ins {
+			chunk := t.Shape()[ax] * inner
+			src := t.Bytes()
+			for o := 0; o < outer; o++ {
+				copy(dst[o*rowOut+off:o*rowOut+off+chunk], src[o*chunk:(o+1)*chunk])
+			}
+			off += chunk
+		}
+		return nil
+	}), nil
+}
+
+func newSplit(splitInput bool) Factory {
+	return func(n *Node) (Kernel, error) {
+		axis, err := n.Attrs.Int("axis", 0)
+		if err != nil {
+			return nil, err
+		}
+		attrSplit, _, err := n.Attrs.Ints("split")
+		if err != nil {
+			return nil, err
+		}
+		numOut, err := n.Attrs.Int("num_outputs", 0)
+		if err != nil {
+			return nil, err
+		}
+		return KernelFunc(func(ctx *Context) error {
+			x, err := ctx.RequireInput(0)
+			if err != nil {
+				return err
+			}
+			ax, err := tensor.NormAxis(int(axis), x.Rank())
+			if err != nil {
+				return err
+			}
+			sizes := attrSplit
+			if splitInput {
+				sizes = nil
+				if t := ctx.Input(1); t != nil {
+					if sizes, err = tensor.Int64Values(t); err != nil {
+						return err
+					}
+				}
+			}
+			dim := x.Shape()[ax]
+			k := ctx.NumOutputs()
+			if len(sizes) == 0 {
+				parts := k
+				if numOut > 0 {
+					parts = int(numOut)
+				}
+				if parts < 1 {
+					return fmt.Errorf("%w: Split into %d parts", errs.ErrInvalidArgument, parts)
+				}
+				each := (dim + parts - 1) / parts // the last part may be smaller
+				for i := 0; i < parts; i++ {
+					sizes = append(sizes, int64(max(0, min(each, dim-i*each))))
+				}
+			}
+			if len(sizes) != k {
+				return fmt.Errorf("%w: Split into %d sizes for %d outputs", errs.ErrInvalidArgument, len(sizes), k)
+			}
+			total := int64(0)
+			for _, s := range sizes {
+				if s < 0 {
+					return fmt.Errorf("%w: negative Split size %d", errs.ErrInvalidArgument, s)
+				}
+				total += s
+			}
+			if total != int64(dim) {
+				return fmt.Errorf("%w: Split sizes %v do not sum to %d", errs.ErrInvalidArgument, sizes, dim)
+			}
+			es := x.DType().Size()
+			outer := tensor.Shape(x.Shape()[:ax]).Size()
+			inner := tensor.Shape(x.Shape()[ax+1:]).Size() * es
+			src := x.Bytes()
+			rowIn := dim * inner
+			off := 0
+			for i, s := range sizes {
+				shape := x.Shape().Clone()
+				shape[ax] = int(s)
+				out, err := ctx.NewOutput(i, x.DType(), shape)
+				if err != nil {
+					return err
+				}
+				chunk := int(s) * inner
+				dst := out.Bytes()
+				for o := 0; o < outer; o++ {
+					copy(dst[o*chunk:(o+1)*chunk], src[o*rowIn+off:o*rowIn+off+chunk])
+				}
+				off += chunk
+			}
+			return nil
+		}), nil
+	}
+}

@@ -1,0 +1,164 @@
+package ops
+
+import (
+	"fmt"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+func init() {
+	Register("", "Gather", 1, 0, newGather)
+	Register("", "Expand", 8, 0, newExpand)
+	Register("", "Where", 9, 0, newWhere)
+}
+
+// newGather: out = data indexed by indices along axis; negative indices
+// count from the end, out-of-range ones are an error.
+func newGather(n *Node) (Kernel, error) {
+	axis, err := n.Attrs.Int("axis", 0)
+	if err != nil {
+		return nil, err
+	}
+	return KernelFunc(func(ctx *Context) error {
+		x, err := ctx.RequireInput(0)
+		if err != nil {
+			return err
+		}
+		it, err := ctx.RequireInput(1)
+		if err != nil {
+			return err
+		}
+		ax, err := tensor.NormAxis(int(axis), x.Rank())
+		if err != nil {
+			return err
+		}
+		idx, err := tensor.Int64Values(it)
+		if err != nil {
+			return err
+		}
+		sh := x.Shape()
+		dim := int64(sh[ax])
+		outShape := append(append(sh[:ax:ax].Clone(), it.Shape()...), sh[ax+1:]...)
+		out, err := ctx.NewOutput(0, x.DType(), outShape)
+		if err != nil {
+			return err
+		}
+		es := x.DType().Size()
+		outer := tensor.Shape(sh[:ax]).Size()
+		inner := tensor.Shape(sh[ax+1:]).Size() * es
+		src, dst := x.Bytes(), out.Bytes()
+		for k, v := range idx {
+			if v < -dim || v >= dim {
+				return fmt.Errorf("%w: Gather index %d out of range for dimension %d", errs.ErrInvalidArgument, v, dim)
+			}
+			if v < 0 {
+				idx[k] = v + dim
+			}
+		}
+		ni := len(idx)
+		for o := 0; o < outer; o++ {
+			for k, v := range idx {
+				s := (o*int(dim) + int(v)) * inner
+				d := (o*ni + k) * inner
+				copy(dst[d:d+inner], src[s:s+inner])
+			}
+		}
+		return nil
+	}), nil
+}
+
+func newExpand(n *Node) (Kernel, error) {
+	return KernelFunc(func(ctx *Context) error {
+		x, err := ctx.RequireInput(0)
+		if err != nil {
+			return err
+		}
+		dims, err := shapeInput(ctx, 1)
+		if err != nil {
+			return err
+		}
+		target := make(tensor.Shape, len(dims))
+		for i, d := range dims {
+			if d < 0 || d > tensor.MaxElements {
+				return fmt.Errorf("%w: Expand dimension %d", errs.ErrInvalidArgument, d)
+			}
+			target[i] = int(d)
+		}
+		outShape, err := tensor.BroadcastShapes(x.Shape(), target)
+		if err != nil {
+			return err
+		}
+		out, err := ctx.NewOutput(0, x.DType(), outShape)
+		if err != nil {
+			return err
+		}
+		return broadcastInto(out, x)
+	}), nil
+}
+
+// broadcastInto fills out with x broadcast to out's shape.
+func broadcastInto(out, x *tensor.Tensor) error {
+	idx := make([]int, out.Len())
+	if err := tensor.BroadcastIndex(x.Shape(), out.Shape(), idx); err != nil {
+		return err
+	}
+	gatherElems(out.Bytes(), x.Bytes(), idx, x.DType().Size())
+	return nil
+}
+
+func newWhere(n *Node) (Kernel, error) {
+	return KernelFunc(func(ctx *Context) error {
+		c, err := ctx.RequireInput(0)
+		if err != nil {
+			return err
+		}
+		x, err := ctx.RequireInput(1)
+		if err != nil {
+			return err
+		}
+		y, err := ctx.RequireInput(2)
+		if err != nil {
+			return err
+		}
+		if c.DType() != tensor.Bool || x.DType() != y.DType() {
+			return fmt.Errorf("%w: Where(%v, %v, %v)", errs.ErrType, c.DType(), x.DType(), y.DType())
+		}
+		outShape, err := tensor.BroadcastShapes(c.Shape(), x.Shape(), y.Shape())
+		if err != nil {
+			return err
+		}
+		out, err := ctx.NewOutput(0, x.DType(), outShape)
+		if err != nil {
+			return err
+		}
+		n := out.Len()
+		ci, xi, yi := make([]int, n), make([]int, n), make([]int, n)
+		for _, p := range []struct {
+			s   tensor.Shape
+			idx []int
+		}{{c.Shape(), ci}, {x.Shape(), xi}, {y.Shape(), yi}} {
+			if err := tensor.BroadcastIndex(p.s, outShape, p.idx); err != nil {
+				return err
+			}
+		}
+		cond := c.Bool()
+		sel := xi
+		for i := range sel {
+			if !cond[ci[i]] {
+				sel[i] = -1 - yi[i] // negative: take from y
+			}
+		}
+		es := x.DType().Size()
+		xb, yb, dst := x.Bytes(), y.Bytes(), out.Bytes()
+		for i, j := range sel {
+			if j >= 0 {
+				copy(dst[i*es:(i+1)*es], xb[j*es:(j+1)*es])
+			} else {
+				j = -1 - j
+				copy(dst[i*es:(i+1)*es], yb[j*es:(j+1)*es])
+			}
+		}
+		return nil
+	}), nil
+}

@@ -1,0 +1,278 @@
+package ops
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+func init() {
+	Register("", "Reshape", 5, 0, newReshape)
+	Register("", "Identity", 1, 0, newIdentity)
+	Register("", "Flatten", 1, 0, newFlatten)
+	Register("", "Unsqueeze", 1, 12, newUnsqueeze(false))
+	Register("", "Unsqueeze", 13, 0, newUnsqueeze(true))
+	Register("", "Squeeze", 1, 12, newSqueeze(false))
+	Register("", "Squeeze", 13, 0, newSqueeze(true))
+	Register("", "Shape", 1, 0, newShape)
+	Register("", "Size", 1, 0, newSize)
+}
+
+// shapeInput reads a 1D integer tensor of dimensions (Reshape's shape,
+// Expand's shape, ...).
+func shapeInput(ctx *Context, i int) ([]int64, error) {
+	t, err := ctx.RequireInput(i)
+	if err != nil {
+		return nil, err
+	}
+	if t.Rank() > 1 {
+		return nil, fmt.Errorf("%w: shape input must be 1D, got %v", errs.ErrShape, t.Shape())
+	}
+	return tensor.Int64Values(t)
+}
+
+func newReshape(n *Node) (Kernel, error) {
+	allowZero, err := n.Attrs.Int("allowzero", 0)
+	if err != nil {
+		return nil, err
+	}
+	return KernelFunc(func(ctx *Context) error {
+		x, err := ctx.RequireInput(0)
+		if err != nil {
+			return err
+		}
+		spec, err := shapeInput(ctx, 1)
+		if err != nil {
+			return err
+		}
+		shape, err := reshapeTarget(x.Shape(), spec, allowZero != 0)
+		if err != nil {
+			return err
+		}
+		y, err := x.Reshaped(shape)
+		if err != nil {
+			return err
+		}
+		return ctx.SetOutput(0, y)
+	}), nil
+}
+
+// reshapeTarget resolves Reshape's 0 (copy the input dim, unless allowzero)
+// and -1 (inferred) entries.
+func reshapeTarget(in tensor.Shape, spec []int64, allowZero bool) (tensor.Shape, error) {
+	out := make(tensor.Shape, len(spec))
+	infer, known := -1, 1
+	for i, d := range spec {
+		switch {
+		case d == -1:
+			if infer >= 0 {
+				return nil, fmt.Errorf("%w: Reshape with more than one -1 in %v", errs.ErrInvalidArgument, spec)
+			}
+			infer = i
+			continue
+		case d == 0 && !allowZero:
+			if i >= len(in) {
+				return nil, fmt.Errorf("%w: Reshape copies dimension %d of a rank-%d input", errs.ErrInvalidArgument, i, len(in))
+			}
+			out[i] = in[i]
+		case d < 0 || d > tensor.MaxElements:
+			return nil, fmt.Errorf("%w: Reshape dimension %d", errs.ErrInvalidArgument, d)
+		default:
+			out[i] = int(d)
+		}
+		if out[i] != 0 && known > tensor.MaxElements/out[i] {
+			return nil, fmt.Errorf("%w: Reshape to %v", errs.ErrLimit, spec)
+		}
+		known *= out[i]
+	}
+	total := in.Size()
+	if infer >= 0 {
+		if known == 0 || total%known != 0 {
+			return nil, fmt.Errorf("%w: cannot reshape %v to %v", errs.ErrShape, in, spec)
+		}
+		out[infer] = total / known
+	}
+	return out, nil
+}
+
+func newIdentity(n *Node) (Kernel, error) {
+	return KernelFunc(func(ctx *Context) error {
+		x, err := ctx.RequireInput(0)
+		if err != nil {
+			return err
+		}
+		return ctx.SetOutput(0, x)
+	}), nil
+}
+
+func newFlatten(n *Node) (Kernel, error) {
+	axis, err := n.Attrs.Int("axis", 1)
+	if err != nil {
+		return nil, err
+	}
+	return KernelFunc(func(ctx *Context) error {
+		x, err := ctx.RequireInput(0)
+		if err != nil {
+			return err
+		}
+		r := x.Rank()
+		a := int(axis)
+		if a < 0 {
+			a += r
+		}
+		if a < 0 || a > r {
+			return fmt.Errorf("%w: Flatten axis %d for rank %d", errs.ErrInvalidArgument, axis, r)
+		}
+		y, err := x.Reshaped(tensor.Shape{tensor.Shape(x.Shape()[:a]).Size(), tensor.Shape(x.Shape()[a:]).Size()})
+		if err != nil {
+			return err
+		}
+		return ctx.SetOutput(0, y)
+	}), nil
+}
+
+// axesArg returns the axes from attribute (old opsets) or input 1.
+func axesArg(ctx *Context, n *Node, fromInput bool) ([]int64, error) {
+	if fromInput {
+		if ctx.Input(1) == nil {
+			return nil, nil
+		}
+		return tensor.Int64Values(ctx.Input(1))
+	}
+	v, _, err := n.Attrs.Ints("axes")
+	return v, err
+}
+
+func newUnsqueeze(fromInput bool) Factory {
+	return func(n *Node) (Kernel, error) {
+		return KernelFunc(func(ctx *Context) error {
+			x, err := ctx.RequireInput(0)
+			if err != nil {
+				return err
+			}
+			axes, err := axesArg(ctx, n, fromInput)
+			if err != nil {
+				return err
+			}
+			r := x.Rank() + len(axes)
+			ins := make([]bool, r)
+			for _, a := range axes {
+				ax, err := tensor.NormAxis(int(a), r)
+				if err != nil {
+					return err
+				}
+				if ins[ax] {
+					return fmt.Errorf("%w: Unsqueeze axis %d repeated", errs.ErrInvalidArgument, a)
+				}
+				ins[ax] = true
+			}
+			shape := make(tensor.Shape, 0, r)
+			k := 0
+			for i := 0; i < r; i++ {
+				if ins[i] {
+					shape = append(shape, 1)
+				} else {
+					shape = append(shape, x.Shape()[k])
+					k++
+				}
+			}
+			y, err := x.Reshaped(shape)
+			if err != nil {
+				return err
+			}
+			return ctx.SetOutput(0, y)
+		}), nil
+	}
+}
+
+func newSqueeze(fromInput bool) Factory {
+	return func(n *Node) (Kernel, error) {
+		return KernelFunc(func(ctx *Context) error {
+			x, err := ctx.RequireInput(0)
+			if err != nil {
+				return err
+			}
+			axes, err := axesArg(ctx, n, fromInput)
+			if err != nil {
+				return err
+			}
+			drop := make([]bool, x.Rank())
+			for _, a := range axes {
+				ax, err := tensor.NormAxis(int(a), x.Rank())
+				if err != nil {
+					return err
+				}
+				if x.Shape()[ax] != 1 {
+					return fmt.Errorf("%w: Squeeze axis %d has size %d", errs.ErrShape, a, x.Shape()[ax])
+				}
+				drop[ax] = true
+			}
+			shape := tensor.Shape{}
+			for i, d := range x.Shape() {
+				if (len(axes) == 0 && d == 1) || drop[i] {
+					continue
+				}
+				shape = append(shape, d)
+			}
+			y, err := x.Reshaped(shape)
+			if err != nil {
+				return err
+			}
+			return ctx.SetOutput(0, y)
+		}), nil
+	}
+}
+
+func newShape(n *Node) (Kernel, error) {
+	start, err := n.Attrs.Int("start", 0)
+	if err != nil {
+		return nil, err
+	}
+	end, err := n.Attrs.Int("end", math.MaxInt32)
+	if err != nil {
+		return nil, err
+	}
+	return KernelFunc(func(ctx *Context) error {
+		x, err := ctx.RequireInput(0)
+		if err != nil {
+			return err
+		}
+		r := int64(x.Rank())
+		s, e := clampRange(start, r), clampRange(end, r)
+		dims := []int64{}
+		for i := s; i < e; i++ {
+			dims = append(dims, int64(x.Shape()[i]))
+		}
+		out, err := ctx.NewOutput(0, tensor.Int64, tensor.Shape{len(dims)})
+		if err != nil {
+			return err
+		}
+		copy(out.Int64(), dims)
+		return nil
+	}), nil
+}
+
+// clampRange maps a possibly negative index into [0, r].
+func clampRange(i, r int64) int64 {
+	if i < 0 {
+		i += r
+	}
+	return max(0, min(i, r))
+}
+
+func newSize(n *Node) (Kernel, error) {
+	return KernelFunc(func(ctx *Context) error {
+		x, err := ctx.RequireInput(0)
+		if err != nil {
+			return err
+		}
+		out, err := ctx.NewOutput(0, tensor.Int64, tensor.Shape{})
+		if err != nil {
+			return err
+		}
+		out.Int64()[0] = int64(x.Len())
+		return nil
+	}), nil
+}

@@ -1,0 +1,116 @@
+package ops
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+func init() {
+	Register("", "Slice", 10, 0, newSlice)
+}
+
+func newSlice(n *Node) (Kernel, error) {
+	return KernelFunc(func(ctx *Context) error {
+		x, err := ctx.RequireInput(0)
+		if err != nil {
+			return err
+		}
+		var args [4][]int64
+		for i := 1; i <= 4; i++ {
+			if t := ctx.Input(i); t != nil {
+				if args[i-1], err = tensor.Int64Values(t); err != nil {
+					return err
+				}
+			}
+		}
+		if ctx.Input(1) == nil || ctx.Input(2) == nil {
+			return fmt.Errorf("%w: Slice needs starts and ends", errs.ErrMissingInput)
+		}
+		starts, ends, axes, steps := args[0], args[1], args[2], args[3]
+		if len(ends) != len(starts) || (axes != nil && len(axes) != len(starts)) || (steps != nil && len(steps) != len(starts)) {
+			return fmt.Errorf("%w: Slice starts/ends/axes/steps lengths differ", errs.ErrInvalidArgument)
+		}
+		r := x.Rank()
+		sh := x.Shape()
+		begin := make([]int, r)
+		step := make([]int, r)
+		outShape := sh.Clone()
+		for i := range step {
+			step[i] = 1
+		}
+		seen := make([]bool, r)
+		for i := range starts {
+			a := i
+			if axes != nil {
+				if a, err = tensor.NormAxis(int(axes[i]), r); err != nil {
+					return err
+				}
+			}
+			if seen[a] {
+				return fmt.Errorf("%w: Slice axis %d repeated", errs.ErrInvalidArgument, a)
+			}
+			seen[a] = true
+			st := int64(1)
+			if steps != nil {
+				st = steps[i]
+			}
+			if st == 0 {
+				return fmt.Errorf("%w: Slice step 0", errs.ErrInvalidArgument)
+			}
+			b, cnt := sliceRange(starts[i], ends[i], st, int64(sh[a]))
+			begin[a], step[a], outShape[a] = int(b), int(st), int(cnt)
+		}
+		out, err := ctx.NewOutput(0, x.DType(), outShape)
+		if err != nil {
+			return err
+		}
+		inStrides := sh.Strides()
+		base := 0
+		strides := make([]int, r)
+		for d := 0; d < r; d++ {
+			base += begin[d] * inStrides[d]
+			strides[d] = step[d] * inStrides[d]
+		}
+		es := x.DType().Size()
+		src, dst := x.Bytes(), out.Bytes()
+		walkStrided(outShape, base, strides, func(o, i, s, n int) {
+			stridedCopy(dst, src, o, i, s, n, es)
+		})
+		return nil
+	}), nil
+}
+
+// sliceRange clamps start and end as the ONNX Slice spec does and returns
+// the first index and the element count.
+func sliceRange(start, end, step, dim int64) (int64, int64) {
+	clamp := func(v, lo, hi int64) int64 { return max(lo, min(v, hi)) }
+	if dim == 0 {
+		return 0, 0
+	}
+	if start < 0 {
+		start += dim
+	}
+	if end < 0 && end > math.MinInt64+dim {
+		end += dim
+	} else if end < 0 {
+		end = -1
+	}
+	var cnt int64
+	if step > 0 {
+		start = clamp(start, 0, dim)
+		end = clamp(end, 0, dim)
+		if end > start {
+			cnt = (end - start + step - 1) / step
+		}
+	} else {
+		start = clamp(start, 0, dim-1)
+		end = clamp(end, -1, dim-1)
+		if start > end {
+			cnt = (start - end - step - 1) / (-step)
+		}
+	}
+	return start, cnt
+}

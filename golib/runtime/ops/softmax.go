@@ -1,0 +1,113 @@
+package ops
+
+import (
+	"math"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+func init() {
+	Register("", "Softmax", 1, 12, newSoftmax(false, 1))
+	Register("", "Softmax", 13, 0, newSoftmax(true, -1))
+	Register("", "LogSoftmax", 13, 0, newLogSoftmax)
+}
+
+// newSoftmax: opset 13+ normalizes along one axis; older opsets coerce the
+// input to 2D at axis and normalize each row of the flattened tail.
+func newSoftmax(single bool, defAxis int64) Factory {
+	return func(n *Node) (Kernel, error) {
+		axis, err := n.Attrs.Int("axis", defAxis)
+		if err != nil {
+			return nil, err
+		}
+		return KernelFunc(func(ctx *Context) error {
+			return softmaxCompute(ctx, axis, single, false)
+		}), nil
+	}
+}
+
+func newLogSoftmax(n *Node) (Kernel, error) {
+	axis, err := n.Attrs.Int("axis", -1)
+	if err != nil {
+		return nil, err
+	}
+	return KernelFunc(func(ctx *Context) error { return softmaxCompute(ctx, axis, true, true) }), nil
+}
+
+func softmaxCompute(ctx *Context, axis64 int64, single, logOut bool) error {
+	x, err := ctx.RequireInput(0)
+	if err != nil {
+		return err
+	}
+	sh := x.Shape()
+	if len(sh) == 0 {
+		sh = tensor.Shape{1}
+	}
+	axis, err := tensor.NormAxis(int(axis64), len(sh))
+	if err != nil {
+		return err
+	}
+	outer, dim, inner := 1, 1, 1
+	for i, d := range sh {
+		switch {
+		case i < axis:
+			outer *= d
+		case i == axis || !single:
+			dim *= d
+		default:
+			inner *= d
+		}
+	}
+	out, err := ctx.NewOutput(0, x.DType(), x.Shape())
+	if err != nil {
+		return err
+	}
+	src, err := tensor.AsFloat32(x)
+	if err != nil {
+		return err
+	}
+	dst := out.Float32()
+	if dst == nil {
+		dst = make([]float32, len(src))
+	}
+	if err := ctx.ParallelFor(outer*inner, 64, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			o, i := r/inner, r%inner
+			base := o*dim*inner + i
+			softmaxRow(src, dst, base, inner, dim, logOut)
+		}
+	}); err != nil {
+		return err
+	}
+	if out.DType() != tensor.Float32 {
+		return tensor.FromFloat32(out, dst)
+	}
+	return nil
+}
+
+// softmaxRow normalizes dim elements starting at base with the given stride.
+func softmaxRow(src, dst []float32, base, stride, dim int, logOut bool) {
+	m := float32(math.Inf(-1))
+	for k := 0; k < dim; k++ {
+		m = max(m, src[base+k*stride])
+	}
+	var sum float64
+	for k := 0; k < dim; k++ {
+		j := base + k*stride
+		e := math.Exp(float64(src[j] - m))
+		dst[j] = float32(e)
+		sum += e
+	}
+	if logOut {
+		ls := float32(math.Log(sum))
+		for k := 0; k < dim; k++ {
+			j := base + k*stride
+			dst[j] = src[j] - m - ls
+		}
+		return
+	}
+	inv := float32(1 / sum)
+	for k := 0; k < dim; k++ {
+		dst[base+k*stride] *= inv
+	}
+}

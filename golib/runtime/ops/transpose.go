@@ -1,0 +1,111 @@
+package ops
+
+import (
+	"fmt"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+func init() {
+	Register("", "Transpose", 1, 0, newTranspose)
+	Register("", "Trilu", 14, 0, newTrilu)
+}
+
+func newTranspose(n *Node) (Kernel, error) {
+	perm, hasPerm, err := n.Attrs.Ints("perm")
+	if err != nil {
+		return nil, err
+	}
+	return KernelFunc(func(ctx *Context) error {
+		x, err := ctx.RequireInput(0)
+		if err != nil {
+			return err
+		}
+		r := x.Rank()
+		p := make([]int, r)
+		if hasPerm {
+			if len(perm) != r {
+				return fmt.Errorf("%w: Transpose perm %v for rank %d", errs.ErrInvalidArgument, perm, r)
+			}
+			seen := make([]bool, r)
+			for i, v := range perm {
+				if v < 0 || int(v) >= r || seen[v] {
+					return fmt.Errorf("%w: Transpose perm %v is not a permutation", errs.ErrInvalidArgument, perm)
+				}
+				seen[v] = true
+				p[i] = int(v)
+			}
+		} else {
+			for i := range p {
+				p[i] = r - 1 - i
+			}
+		}
+		inStrides := x.Shape().Strides()
+		outShape := make(tensor.Shape, r)
+		strides := make([]int, r)
+		for i, a := range p {
+			outShape[i] = x.Shape()[a]
+			strides[i] = inStrides[a]
+		}
+		out, err := ctx.NewOutput(0, x.DType(), outShape)
+		if err != nil {
+			return err
+		}
+		es := x.DType().Size()
+		src, dst := x.Bytes(), out.Bytes()
+		walkStrided(outShape, 0, strides, func(o, i, s, n int) {
+			stridedCopy(dst, src, o, i, s, n, es)
+		})
+		return nil
+	}), nil
+}
+
+func newTrilu(n *Node) (Kernel, error) {
+	upper, err := n.Attrs.Int("upper", 1)
+	if err != nil {
+		return nil, err
+	}
+	return KernelFunc(func(ctx *Context) error {
+		x, err := ctx.RequireInput(0)
+		if err != nil {
+			return err
+		}
+		if x.Rank() < 2 {
+			return fmt.Errorf("%w: Trilu needs rank >= 2, got %v", errs.ErrShape, x.Shape())
+		}
+		k := int64(0)
+		if kt := ctx.Input(1); kt != nil {
+			v, err := tensor.Int64Values(kt)
+			if err != nil || len(v) != 1 {
+				return fmt.Errorf("%w: Trilu k must be an integer scalar", errs.ErrInvalidArgument)
+			}
+			k = v[0]
+		}
+		out, err := ctx.NewOutput(0, x.DType(), x.Shape())
+		if err != nil {
+			return err
+		}
+		sh := x.Shape()
+		rows, cols := sh[len(sh)-2], sh[len(sh)-1]
+		es := x.DType().Size()
+		src, dst := x.Bytes(), out.Bytes()
+		mats := x.Len() / max(rows*cols, 1)
+		for m := 0; m < mats; m++ {
+			for i := 0; i < rows; i++ {
+				// keep columns j with j-i >= k (upper) or j-i <= k (lower)
+				lo, hi := 0, cols
+				if upper != 0 {
+					lo = int(max(0, min(int64(cols), int64(i)+k)))
+				} else {
+					hi = int(max(0, min(int64(cols), int64(i)+k+1)))
+				}
+				if lo < hi {
+					off := (m*rows + i) * cols
+					copy(dst[(off+lo)*es:(off+hi)*es], src[(off+lo)*es:(off+hi)*es])
+				}
+			}
+		}
+		return nil
+	}), nil
+}

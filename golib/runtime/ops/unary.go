@@ -1,0 +1,145 @@
+package ops
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+// Float unary ops compute in float32 (float64 inputs in float64); fp16 and
+// bf16 are converted to float32 and back.
+type unaryOp struct {
+	f32 func(x float32) float32
+	f64 func(x float64) float64
+	i64 func(x int64) int64 // nil: integer inputs are a type error
+}
+
+func f32of(f func(float64) float64) func(float32) float32 {
+	return func(x float32) float32 { return float32(f(float64(x))) }
+}
+
+func sigmoid64(x float64) float64 {
+	if x >= 0 {
+		return 1 / (1 + math.Exp(-x))
+	}
+	e := math.Exp(x)
+	return e / (1 + e)
+}
+
+var unaryOps = map[string]unaryOp{
+	"Sqrt":       {f32of(math.Sqrt), math.Sqrt, nil},
+	"Reciprocal": {func(x float32) float32 { return 1 / x }, func(x float64) float64 { return 1 / x }, nil},
+	"Neg":        {func(x float32) float32 { return -x }, func(x float64) float64 { return -x }, func(x int64) int64 { return -x }},
+	"Abs":        {f32of(math.Abs), math.Abs, func(x int64) int64 { return max(x, -x) }},
+	"Exp":        {f32of(math.Exp), math.Exp, nil},
+	"Log":        {f32of(math.Log), math.Log, nil},
+	"Sigmoid":    {f32of(sigmoid64), sigmoid64, nil},
+	"Tanh":       {f32of(math.Tanh), math.Tanh, nil},
+	"Erf":        {f32of(math.Erf), math.Erf, nil},
+	"Relu": {func(x float32) float32 { return max(x, 0) }, func(x float64) float64 { return max(x, 0) },
+		func(x int64) int64 { return max(x, 0) }},
+	"Cos": {f32of(math.Cos), math.Cos, nil},
+	"Sin": {f32of(math.Sin), math.Sin, nil},
+}
+
+func init() {
+	for name, op := range unaryOps {
+		Register("", name, 6, 0, newUnary(name, op))
+	}
+	Register("", "Gelu", 20, 0, newGelu)
+	Register("com.microsoft", "Gelu", 1, 0, newGelu)
+	Register("com.microsoft", "FastGelu", 1, 0, newFastGelu)
+}
+
+func newUnary(name string, op unaryOp) Factory {
+	return func(n *Node) (Kernel, error) {
+		return KernelFunc(func(ctx *Context) error { return unaryCompute(ctx, name, op) }), nil
+	}
+}
+
+func unaryCompute(ctx *Context, name string, op unaryOp) error {
+	x, err := ctx.RequireInput(0)
+	if err != nil {
+		return err
+	}
+	out, err := ctx.NewOutput(0, x.DType(), x.Shape())
+	if err != nil {
+		return err
+	}
+	switch dt := x.DType(); {
+	case dt == tensor.Float32:
+		src, dst := x.Float32(), out.Float32()
+		return ctx.ParallelFor(len(src), 1<<14, func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				dst[i] = op.f32(src[i])
+			}
+		})
+	case dt == tensor.Float64:
+		src, dst := x.Float64(), out.Float64()
+		for i, v := range src {
+			dst[i] = op.f64(v)
+		}
+	case dt.IsFloat():
+		v, err := tensor.AsFloat32(x)
+		if err != nil {
+			return err
+		}
+		for i := range v {
+			v[i] = op.f32(v[i])
+		}
+		return tensor.FromFloat32(out, v)
+	case dt.IsInt() && op.i64 != nil:
+		v, err := tensor.Int64Values(x)
+		if err != nil {
+			return err
+		}
+		for i := range v {
+			v[i] = op.i64(v[i])
+		}
+		return storeInt64(out, v)
+	default:
+		return fmt.Errorf("%w: %s of %v", errs.ErrType, name, dt)
+	}
+	return nil
+}
+
+// gelu is the exact GELU x/2 (1 + erf(x/sqrt 2)).
+func gelu(x float32) float32 {
+	return float32(0.5 * float64(x) * (1 + math.Erf(float64(x)/math.Sqrt2)))
+}
+
+// geluTanh is the tanh approximation used by GPT-2.
+func geluTanh(x float32) float32 {
+	v := float64(x)
+	return float32(0.5 * v * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(v+0.044715*v*v*v))))
+}
+
+func newGelu(n *Node) (Kernel, error) {
+	approx, err := n.Attrs.String("approximate", "none")
+	if err != nil {
+		return nil, err
+	}
+	f := gelu
+	switch approx {
+	case "none":
+	case "tanh":
+		f = geluTanh
+	default:
+		return nil, fmt.Errorf("%w: Gelu approximate=%q", errs.ErrInvalidArgument, approx)
+	}
+	op := unaryOp{f32: f, f64: func(x float64) float64 { return float64(f(float32(x))) }}
+	return KernelFunc(func(ctx *Context) error { return unaryCompute(ctx, "Gelu", op) }), nil
+}
+
+// newFastGelu is com.microsoft FastGelu: tanh GELU of x (+ optional bias).
+func newFastGelu(n *Node) (Kernel, error) {
+	op := unaryOp{f32: geluTanh, f64: func(x float64) float64 { return float64(geluTanh(float32(x))) }}
+	return KernelFunc(func(ctx *Context) error {
+		if b := ctx.Input(1); b != nil {
+			return fmt.Errorf("%w: FastGelu with a bias input", errs.ErrNotImplemented)
+		}
+		return unaryCompute(ctx, "FastGelu", op)
+	}), nil
+}

@@ -1,0 +1,344 @@
+package runtime
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/model"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/onnxpb"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/ops"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+// maxSubgraphDepth bounds nested control flow.
+const maxSubgraphDepth = 16
+
+// ActionKind is the kind of one step of an ExecutionPlan.
+type ActionKind int
+
+// Action kinds. The cache kinds are reserved for the cache-aware rewrite;
+// plans built from standard graphs contain only ActExecute and ActRelease.
+const (
+	// ActExecute runs Nodes[Action.Node].
+	ActExecute ActionKind = iota
+	// ActRelease drops Action.Values from the context after their last use.
+	ActRelease
+	// ActCacheCreate creates the cache Action.Cache (reserved).
+	ActCacheCreate
+	// ActCacheDelete closes and removes the cache Action.Cache (reserved).
+	ActCacheDelete
+)
+
+// String names the kind.
+func (k ActionKind) String() string {
+	return [...]string{"execute", "release", "cache-create", "cache-delete"}[k]
+}
+
+// ValueKind is the runtime type of a value in the plan, used by type-aware
+// lookups (a cache value lives in the CacheMap, not the tensor store).
+type ValueKind int
+
+// Value kinds.
+const (
+	ValueTensor ValueKind = iota
+	ValueSequence
+	ValueMap
+	ValueCache
+)
+
+// Action is one step of a plan.
+type Action struct {
+	Kind   ActionKind
+	Node   int      // ActExecute: index into Plan.Nodes
+	Values []string // ActRelease: values whose last use just happened
+	Cache  string   // cache actions: cache name
+}
+
+// PlanNode is a node with its kernel resolved.
+type PlanNode struct {
+	Name    string
+	OpType  string
+	Domain  string
+	Inputs  []string // "" for an omitted optional input
+	Outputs []string // "" for an omitted optional output
+	// Captures lists outer-scope values read by the node's subgraphs.
+	Captures []string
+	Kernel   ops.Kernel
+	Info     *ops.Node
+}
+
+// Plan is an ExecutionPlan: a graph's nodes in topological order with their
+// kernels, and the actions that run them and release values after last use.
+// It is immutable after Build and shared by every run.
+type Plan struct {
+	Nodes        []*PlanNode
+	Actions      []Action
+	Inputs       []model.ValueInfo // formal inputs (initializer defaults excluded)
+	Outputs      []model.ValueInfo
+	Initializers map[string]*tensor.Tensor
+	// Captures lists values the graph reads from an enclosing scope.
+	Captures []string
+	kinds    map[string]ValueKind
+	// defaults are graph inputs that have an initializer (optional feeds).
+	defaults map[string]bool
+}
+
+// Kind returns the runtime kind of a value (ValueTensor if unknown).
+func (p *Plan) Kind(name string) ValueKind { return p.kinds[name] }
+
+// builder carries the state shared by a graph and its subgraphs.
+type builder struct {
+	opsets map[string]int
+	depth  int
+}
+
+// BuildPlan builds the plan of a loaded model's main graph.
+func BuildPlan(m *model.Model) (*Plan, error) {
+	if errsReg := ops.RegistryErrors(); len(errsReg) > 0 {
+		return nil, fmt.Errorf("op registry is inconsistent: %v", errsReg[0])
+	}
+	b := &builder{opsets: m.Opsets}
+	return b.build(m.Graph, nil)
+}
+
+// build plans g; outer names the values visible from enclosing graphs (nil
+// for the main graph).
+func (b *builder) build(g *model.Graph, outer map[string]bool) (*Plan, error) {
+	p := &Plan{Initializers: g.Initializers, Outputs: g.Outputs, kinds: map[string]ValueKind{}, defaults: map[string]bool{}}
+	avail := map[string]bool{}
+	for name := range g.Initializers {
+		avail[name] = true
+	}
+	for _, in := range g.Inputs {
+		if _, ok := g.Initializers[in.Name]; ok {
+			p.defaults[in.Name] = true
+		} else {
+			p.Inputs = append(p.Inputs, in)
+		}
+		avail[in.Name] = true
+		switch in.Kind {
+		case model.KindSequence:
+			p.kinds[in.Name] = ValueSequence
+		case model.KindMap:
+			p.kinds[in.Name] = ValueMap
+		}
+	}
+	// Subgraphs see every name of this graph plus the enclosing ones;
+	// computed once, on the first graph attribute.
+	var scope map[string]bool
+	scopeFn := func() map[string]bool {
+		if scope == nil {
+			scope = map[string]bool{}
+			for k := range outer {
+				scope[k] = true
+			}
+			for k := range avail {
+				scope[k] = true
+			}
+			for _, n := range g.Nodes {
+				for _, o := range n.GetOutput() {
+					if o != "" {
+						scope[o] = true
+					}
+				}
+			}
+		}
+		return scope
+	}
+	nodes := make([]*PlanNode, len(g.Nodes))
+	for i, np := range g.Nodes {
+		pn, err := b.node(g, np, scopeFn)
+		if err != nil {
+			return nil, err
+		}
+		nodes[i] = pn
+	}
+	order, captures, err := topoOrder(nodes, avail, outer)
+	if err != nil {
+		return nil, err
+	}
+	p.Captures = captures
+	for _, i := range order {
+		p.Nodes = append(p.Nodes, nodes[i])
+	}
+	produced := map[string]bool{}
+	for _, n := range p.Nodes {
+		for _, o := range n.Outputs {
+			if o != "" {
+				produced[o] = true
+			}
+		}
+	}
+	for _, o := range g.Outputs {
+		if !produced[o.Name] && !avail[o.Name] && !(outer != nil && outer[o.Name]) {
+			return nil, fmt.Errorf("%w: graph output %q is never produced", errs.ErrInvalidModel, o.Name)
+		}
+	}
+	p.Actions = releaseSchedule(p, g)
+	return p, nil
+}
+
+// node resolves one node's kernel and checks its inputs' names.
+func (b *builder) node(g *model.Graph, np *onnxpb.NodeProto, scope func() map[string]bool) (*PlanNode, error) {
+	domain := ops.NormDomain(np.GetDomain())
+	opset, ok := b.opsets[domain]
+	if !ok {
+		return nil, fmt.Errorf("%w: %s uses domain %q, which the model does not import", errs.ErrInvalidModel, np.GetOpType(), domain)
+	}
+	pn := &PlanNode{Name: np.GetName(), OpType: np.GetOpType(), Domain: domain, Inputs: np.GetInput(), Outputs: np.GetOutput()}
+	info := &ops.Node{Name: pn.Name, OpType: pn.OpType, Domain: domain, Opset: opset,
+		NumInputs: len(pn.Inputs), NumOutputs: len(pn.Outputs),
+		InputPresent: make([]bool, len(pn.Inputs)), OutputPresent: make([]bool, len(pn.Outputs)),
+		Constants: make([]*tensor.Tensor, len(pn.Inputs))}
+	for i, in := range pn.Inputs {
+		info.InputPresent[i] = in != ""
+		if t, ok := g.Initializers[in]; ok && !isOverridable(g, in) {
+			info.Constants[i] = t
+		}
+	}
+	for i, o := range pn.Outputs {
+		info.OutputPresent[i] = o != ""
+	}
+	factory, err := ops.Lookup(domain, pn.OpType, opset)
+	if err != nil {
+		return nil, withNode(pn, err)
+	}
+	var captures []string
+	attrs, err := convertAttrs(np, func(name string, gp *onnxpb.GraphProto) (ops.Subgraph, error) {
+		if b.depth >= maxSubgraphDepth {
+			return nil, fmt.Errorf("%w: subgraphs nested deeper than %d", errs.ErrLimit, maxSubgraphDepth)
+		}
+		sg, err := g.Subgraph(gp)
+		if err != nil {
+			return nil, err
+		}
+		b.depth++
+		sp, err := b.build(sg, scope())
+		b.depth--
+		if err != nil {
+			return nil, err
+		}
+		captures = append(captures, sp.Captures...)
+		return &subgraph{plan: sp}, nil
+	})
+	if err != nil {
+		return nil, withNode(pn, err)
+	}
+	info.Attrs = attrs
+	pn.Captures = dedup(captures)
+	pn.Info = info
+	k, err := factory(info)
+	if err != nil {
+		return nil, withNode(pn, err)
+	}
+	pn.Kernel = k
+	return pn, nil
+}
+
+// isOverridable reports whether an initializer is also a graph input (then
+// a feed may replace it and it is not a constant).
+func isOverridable(g *model.Graph, name string) bool {
+	for _, in := range g.Inputs {
+		if in.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func withNode(pn *PlanNode, err error) error {
+	d := pn.Domain
+	if d == "" {
+		d = "ai.onnx"
+	}
+	if pn.Name != "" {
+		return fmt.Errorf("node %q (%s, domain %s): %w", pn.Name, pn.OpType, d, err)
+	}
+	return fmt.Errorf("node %s (domain %s): %w", pn.OpType, d, err)
+}
+
+func dedup(s []string) []string {
+	if len(s) == 0 {
+		return nil
+	}
+	sort.Strings(s)
+	out := s[:1]
+	for _, v := range s[1:] {
+		if v != out[len(out)-1] {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// topoOrder sorts nodes (Kahn's algorithm, stable in file order). Inputs
+// that are neither available, produced, nor in outer are errors; names
+// found only in outer are returned as captures.
+func topoOrder(nodes []*PlanNode, avail, outer map[string]bool) ([]int, []string, error) {
+	producer := map[string]int{}
+	for i, n := range nodes {
+		for _, o := range n.Outputs {
+			if o == "" {
+				continue
+			}
+			if _, dup := producer[o]; dup || avail[o] {
+				return nil, nil, fmt.Errorf("%w: value %q is produced twice (SSA violation)", errs.ErrInvalidModel, o)
+			}
+			producer[o] = i
+		}
+	}
+	indeg := make([]int, len(nodes))
+	users := make([][]int, len(nodes))
+	var captures []string
+	for i, n := range nodes {
+		deps := append(append([]string{}, n.Inputs...), n.Captures...)
+		seen := map[int]bool{}
+		for _, in := range deps {
+			if in == "" || avail[in] {
+				continue
+			}
+			p, ok := producer[in]
+			if !ok {
+				if outer != nil && outer[in] {
+					captures = append(captures, in)
+					continue
+				}
+				return nil, nil, withNode(n, fmt.Errorf("%w: input %q is not a graph input, initializer or node output", errs.ErrInvalidModel, in))
+			}
+			if !seen[p] {
+				seen[p] = true
+				indeg[i]++
+				users[p] = append(users[p], i)
+			}
+		}
+	}
+	var order, ready []int
+	for i := range nodes {
+		if indeg[i] == 0 {
+			ready = append(ready, i)
+		}
+	}
+	for len(ready) > 0 {
+		sort.Ints(ready) // keep file order among ready nodes
+		i := ready[0]
+		ready = ready[1:]
+		order = append(order, i)
+		for _, u := range users[i] {
+			if indeg[u]--; indeg[u] == 0 {
+				ready = append(ready, u)
+			}
+		}
+	}
+	if len(order) != len(nodes) {
+		var stuck []string
+		for i, d := range indeg {
+			if d > 0 && len(stuck) < 5 {
+				stuck = append(stuck, fmt.Sprintf("%s(%s)", nodes[i].OpType, nodes[i].Name))
+			}
+		}
+		return nil, nil, fmt.Errorf("%w: nodes never become ready: %s", errs.ErrCycle, strings.Join(stuck, ", "))
+	}
+	return order, dedup(captures), nil
+}

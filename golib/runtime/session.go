@@ -1,0 +1,260 @@
+package runtime
+
+import (
+	"fmt"
+	goruntime "runtime"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/model"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+// Options configure a Session.
+type Options struct {
+	// Threads is the number of goroutines a kernel may use (0: all CPUs).
+	Threads int
+	// Profile records one Event per executed node in RunStats.
+	Profile bool
+	// Model tunes loading (size limits, external data folder).
+	Model model.Options
+}
+
+// Session is a RuntimeSession: built once per model (kernels resolved and
+// the plan scheduled once), then Run repeatedly. Each request's state (its
+// Context with caches and persistent values) lives in a State; Run uses the
+// session's default State. Runs on different States may proceed
+// concurrently; runs on one State are serialized.
+type Session struct {
+	model   *model.Model
+	plan    *Plan
+	threads int
+	profile bool
+
+	mu     sync.Mutex
+	def    *State
+	closed bool
+}
+
+// State is one request's runtime state: a root Context whose caches and
+// persistent values survive between runs until Reset.
+type State struct {
+	mu  sync.Mutex
+	ctx *Context
+}
+
+// NewState returns an empty request state.
+func NewState() *State { return &State{ctx: NewContext()} }
+
+// Context returns the state's root context (for cache management).
+func (st *State) Context() *Context { return st.ctx }
+
+// Reset releases every value and cache of the state.
+func (st *State) Reset() error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.ctx.ResetState()
+}
+
+// NewSession loads the model at path and builds its session.
+func NewSession(path string, opt Options) (*Session, error) {
+	m, err := model.Load(path, opt.Model)
+	if err != nil {
+		return nil, err
+	}
+	return NewSessionFromModel(m, opt)
+}
+
+// NewSessionFromBytes decodes a serialized model and builds its session.
+func NewSessionFromBytes(b []byte, opt Options) (*Session, error) {
+	m, err := model.LoadBytes(b, opt.Model)
+	if err != nil {
+		return nil, err
+	}
+	return NewSessionFromModel(m, opt)
+}
+
+// NewSessionFromModel builds a session for an already loaded model. Every
+// node's kernel is resolved here: an unsupported op fails now, naming the
+// op, its domain and opset version.
+func NewSessionFromModel(m *model.Model, opt Options) (*Session, error) {
+	p, err := BuildPlan(m)
+	if err != nil {
+		return nil, err
+	}
+	for _, vi := range p.Inputs {
+		if vi.Kind == model.KindTensor && vi.DType != tensor.Undefined && !vi.DType.Valid() {
+			return nil, fmt.Errorf("%w: graph input %q has element type %d", errs.ErrNotImplemented, vi.Name, int32(vi.DType))
+		}
+		if vi.Kind != model.KindTensor {
+			return nil, fmt.Errorf("%w: graph input %q is not a tensor", errs.ErrNotImplemented, vi.Name)
+		}
+	}
+	threads := opt.Threads
+	if threads <= 0 {
+		threads = goruntime.NumCPU()
+	}
+	return &Session{model: m, plan: p, threads: threads, profile: opt.Profile, def: NewState()}, nil
+}
+
+// Inputs returns the graph inputs a caller feeds (initializer-backed
+// inputs excluded).
+func (s *Session) Inputs() []model.ValueInfo { return s.plan.Inputs }
+
+// Outputs returns the graph outputs.
+func (s *Session) Outputs() []model.ValueInfo { return s.plan.Outputs }
+
+// Plan returns the session's execution plan (read-only).
+func (s *Session) Plan() *Plan { return s.plan }
+
+// Model returns the loaded model.
+func (s *Session) Model() *model.Model { return s.model }
+
+// Threads returns the kernel thread count.
+func (s *Session) Threads() int { return s.threads }
+
+// Close releases the default state's values and caches. Later calls fail
+// with errs.ErrClosed.
+func (s *Session) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	return s.def.Reset()
+}
+
+// Run executes the graph on the session's default state. feeds maps input
+// names to tensors (borrowed for the call); outputNames selects outputs in
+// order (nil: all graph outputs).
+func (s *Session) Run(feeds map[string]*tensor.Tensor, outputNames []string) ([]*tensor.Tensor, *RunStats, error) {
+	return s.RunState(s.def, feeds, outputNames)
+}
+
+// RunState executes the graph on st. The state's values from the previous
+// run are cleared first (ClearValues); its caches and persistent values are
+// kept. Feeds are not copied: the caller keeps them alive and unmodified
+// until the returned outputs have been consumed (an output may alias a feed).
+func (s *Session) RunState(st *State, feeds map[string]*tensor.Tensor, outputNames []string) ([]*tensor.Tensor, *RunStats, error) {
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return nil, nil, errs.ErrClosed
+	}
+	if st == nil {
+		return nil, nil, fmt.Errorf("%w: nil state", errs.ErrInvalidArgument)
+	}
+	outIdx, err := s.resolveOutputs(outputNames)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := s.checkFeeds(feeds); err != nil {
+		return nil, nil, err
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	ctx := st.ctx
+	ctx.ClearValues()
+	defer ctx.ClearValues() // drop references to borrowed feeds and temporaries
+	ctx.SetInitializers(s.plan.Initializers)
+	for name, t := range feeds {
+		ctx.PutTensor(name, t)
+	}
+	stats := &RunStats{}
+	sc := &runScope{ctx: ctx, threads: s.threads, profile: s.profile, mem: newMemTracker(), stats: stats}
+	if err := s.plan.execute(sc); err != nil {
+		return nil, nil, err
+	}
+	stats.PeakBytes = sc.mem.peak
+	outs := make([]*tensor.Tensor, len(outIdx))
+	for i, k := range outIdx {
+		name := s.plan.Outputs[k].Name
+		t, ok := ctx.Tensor(name)
+		if !ok {
+			return nil, nil, fmt.Errorf("%w: output %q was not produced", errs.ErrNotFound, name)
+		}
+		outs[i] = t
+	}
+	return outs, stats, nil
+}
+
+func (s *Session) resolveOutputs(names []string) ([]int, error) {
+	if len(names) == 0 {
+		idx := make([]int, len(s.plan.Outputs))
+		for i := range idx {
+			idx[i] = i
+		}
+		return idx, nil
+	}
+	idx := make([]int, len(names))
+	for i, n := range names {
+		k := -1
+		for j, o := range s.plan.Outputs {
+			if o.Name == n {
+				k = j
+				break
+			}
+		}
+		if k < 0 {
+			return nil, fmt.Errorf("%w: invalid output name %q (outputs: %s)", errs.ErrNotFound, n, s.outputList())
+		}
+		idx[i] = k
+	}
+	return idx, nil
+}
+
+func (s *Session) outputList() string {
+	names := make([]string, len(s.plan.Outputs))
+	for i, o := range s.plan.Outputs {
+		names[i] = o.Name
+	}
+	return strings.Join(names, ", ")
+}
+
+// checkFeeds verifies that every required input is fed, no unknown name is
+// fed, and each feed matches its declared element type, rank and fixed dims.
+func (s *Session) checkFeeds(feeds map[string]*tensor.Tensor) error {
+	declared := map[string]model.ValueInfo{}
+	for _, in := range s.plan.Inputs {
+		declared[in.Name] = in
+		if feeds[in.Name] == nil {
+			return fmt.Errorf("%w: input %q is required but was not fed", errs.ErrMissingInput, in.Name)
+		}
+	}
+	var unknown []string
+	for name, t := range feeds {
+		vi, ok := declared[name]
+		if !ok {
+			if s.plan.defaults[name] {
+				continue // overrides an initializer default
+			}
+			unknown = append(unknown, name)
+			continue
+		}
+		if t == nil {
+			return fmt.Errorf("%w: input %q is nil", errs.ErrInvalidArgument, name)
+		}
+		if vi.DType.Valid() && t.DType() != vi.DType {
+			return fmt.Errorf("%w: input %q has type %v, the model expects %v", errs.ErrType, name, t.DType(), vi.DType)
+		}
+		if vi.Shape != nil {
+			if len(vi.Shape) != t.Rank() {
+				return fmt.Errorf("%w: input %q has rank %d (shape %v), the model expects rank %d", errs.ErrShape, name, t.Rank(), t.Shape(), len(vi.Shape))
+			}
+			for i, d := range vi.Shape {
+				if d.Value >= 0 && int64(t.Shape()[i]) != d.Value {
+					return fmt.Errorf("%w: input %q has shape %v, dimension %d must be %d", errs.ErrShape, name, t.Shape(), i, d.Value)
+				}
+			}
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return fmt.Errorf("%w: unknown input name(s) %s", errs.ErrInvalidArgument, strings.Join(unknown, ", "))
+	}
+	return nil
+}

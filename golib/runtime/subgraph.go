@@ -1,0 +1,47 @@
+package runtime
+
+import (
+	"fmt"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/ops"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+// subgraph is a compiled graph attribute. It runs in a child context of the
+// calling run, so it reads outer values and caches without copies.
+type subgraph struct {
+	plan *Plan
+}
+
+// NumOutputs returns the number of graph outputs.
+func (s *subgraph) NumOutputs() int { return len(s.plan.Outputs) }
+
+// Run executes the subgraph with its formal inputs bound to inputs.
+func (s *subgraph) Run(parent ops.Scope, inputs []*tensor.Tensor) ([]*tensor.Tensor, error) {
+	ps, ok := parent.(*runScope)
+	if !ok || ps == nil {
+		return nil, fmt.Errorf("%w: subgraph run outside of a session run", errs.ErrInvalidArgument)
+	}
+	if len(inputs) != len(s.plan.Inputs) {
+		return nil, fmt.Errorf("%w: subgraph takes %d inputs, got %d", errs.ErrInvalidArgument, len(s.plan.Inputs), len(inputs))
+	}
+	child := ps.ctx.NewChild()
+	child.SetInitializers(s.plan.Initializers)
+	for i, in := range s.plan.Inputs {
+		child.PutTensor(in.Name, inputs[i])
+	}
+	sc := &runScope{ctx: child, threads: ps.threads, profile: ps.profile, mem: ps.mem, stats: ps.stats}
+	if err := s.plan.execute(sc); err != nil {
+		return nil, err
+	}
+	out := make([]*tensor.Tensor, len(s.plan.Outputs))
+	for i, o := range s.plan.Outputs {
+		t, ok := child.Tensor(o.Name)
+		if !ok {
+			return nil, fmt.Errorf("%w: subgraph output %q was not produced", errs.ErrMissingInput, o.Name)
+		}
+		out[i] = t
+	}
+	return out, nil
+}
