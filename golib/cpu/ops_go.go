@@ -135,3 +135,6 @@ func expf(x float32) float32 {
 
 // goF16 widens one IEEE half to float32.
 func goF16(h uint16) float32 { return codec.F16ToF32(h) }
+
+// bf16f widens one bfloat16 to float32.
+func bf16f(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }

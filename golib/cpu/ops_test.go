@@ -1,0 +1,116 @@
+package cpu
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
+)
+
+// TestOpsConvert checks every path's half/bfloat16 widening against the
+// scalar codec on all 65536 bit patterns (bit-identical, NaNs included).
+func TestOpsConvert(t *testing.T) {
+	src := make([]uint16, 1<<16+5) // +5: odd tail
+	for i := range src {
+		src[i] = uint16(i)
+	}
+	dst := make([]float32, len(src))
+	for _, k := range kernelVariants {
+		for _, c := range []struct {
+			name string
+			fn   func([]float32, []uint16)
+			ref  func(uint16) float32
+		}{{"f16", k.cvtF16, codec.F16ToF32}, {"bf16", k.cvtBF16, codec.BF16ToF32}} {
+			c.fn(dst, src)
+			for i, h := range src {
+				if math.Float32bits(dst[i]) != math.Float32bits(c.ref(h)) {
+					t.Fatalf("%s %s(%#04x) = %#08x, want %#08x", k.name, c.name, h,
+						math.Float32bits(dst[i]), math.Float32bits(c.ref(h)))
+				}
+			}
+		}
+	}
+}
+
+// TestOpsExp checks the polynomial exp (scalar and vector) against math.Exp
+// over the range the kernel feeds it (x <= 0) and around the clamps.
+func TestOpsExp(t *testing.T) {
+	var xs []float32
+	for x := -100.0; x <= 1; x += 0.0137 {
+		xs = append(xs, float32(x))
+	}
+	xs = append(xs, 0, -87.3, -87.4, 88, float32(math.Inf(-1)))
+	for _, k := range kernelVariants {
+		s := append([]float32(nil), xs...)
+		sum := k.expSub(s, 0)
+		var want float64
+		for i, x := range xs {
+			w := math.Exp(float64(x))
+			want += float64(float32(w))
+			if x < expLo {
+				if s[i] > 1.2e-38 || s[i] < 0 {
+					t.Errorf("%s exp(%v) = %v, want ~0", k.name, x, s[i])
+				}
+				continue
+			}
+			if math.Abs(float64(s[i])-w) > 4e-7*w {
+				t.Errorf("%s exp(%v) = %v, want %v", k.name, x, s[i], w)
+			}
+		}
+		if math.Abs(float64(sum)-want) > 1e-5*want {
+			t.Errorf("%s sum = %v, want %v", k.name, sum, want)
+		}
+	}
+}
+
+// TestOpsBlock checks dots, max, axpy and tanhCap of every path against
+// float64 loops for lengths and dims around the vector widths.
+func TestOpsBlock(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, d := range []int{1, 7, 8, 9, 16, 17, 33, 64, 96, 100, 128} {
+		for _, n := range []int{1, 2, 3, 4, 5, 8, 15, 16, 17, 31, 33} {
+			q := randVec(rng, d, 1)
+			kv := randVec(rng, n*d, 1)
+			p := randVec(rng, n, 1)
+			acc0 := randVec(rng, d, 1)
+			for _, k := range kernelVariants {
+				s := make([]float32, n)
+				k.dots(s, q, kv, d)
+				var mx float32 = float32(math.Inf(-1))
+				for tt := 0; tt < n; tt++ {
+					var w float64
+					for i := 0; i < d; i++ {
+						w += float64(q[i]) * float64(kv[tt*d+i])
+					}
+					if math.Abs(float64(s[tt])-w) > 1e-5*(1+math.Abs(w)) {
+						t.Fatalf("%s d=%d n=%d: dot[%d] = %v, want %v", k.name, d, n, tt, s[tt], w)
+					}
+					mx = max(mx, s[tt])
+				}
+				if got := k.maxOf(s); got != mx {
+					t.Fatalf("%s n=%d: max = %v, want %v", k.name, n, got, mx)
+				}
+				acc := append([]float32(nil), acc0...)
+				k.axpy(acc, p, kv, 0.5)
+				for i := 0; i < d; i++ {
+					w := 0.5 * float64(acc0[i])
+					for tt := 0; tt < n; tt++ {
+						w += float64(p[tt]) * float64(kv[tt*d+i])
+					}
+					if math.Abs(float64(acc[i])-w) > 1e-5*(1+math.Abs(w)) {
+						t.Fatalf("%s d=%d n=%d: axpy[%d] = %v, want %v", k.name, d, n, i, acc[i], w)
+					}
+				}
+				th := append([]float32(nil), p...)
+				k.tanhCap(th, 3)
+				for i, x := range p {
+					w := 3 * math.Tanh(float64(x))
+					if math.Abs(float64(th[i])-w) > 2e-6*3 {
+						t.Fatalf("%s tanhCap(%v) = %v, want %v", k.name, x, th[i], w)
+					}
+				}
+			}
+		}
+	}
+}
