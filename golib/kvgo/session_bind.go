@@ -1,0 +1,286 @@
+package kvgo
+
+import (
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"strings"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/model"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+// Session bindings: python/onnx_light_kv/session.py drives these. A run is
+// two calls: SessionRun executes the graph and returns the outputs' types
+// and shapes with a result handle; Python allocates numpy arrays and
+// ResultCopyAndFree copies every output into them once.
+
+var (
+	sessions = newRegistry[*runtime.Session]("session")
+	results  = newRegistry[[]*tensor.Tensor]("run result")
+)
+
+func init() {
+	classifiers = append(classifiers,
+		classifier{errs.ErrUnsupportedOp, classNotImpl},
+		classifier{errs.ErrNotImplemented, classNotImpl},
+		classifier{errs.ErrType, classType},
+		classifier{errs.ErrInvalidModel, classValue},
+		classifier{errs.ErrInvalidArgument, classValue},
+		classifier{errs.ErrShape, classValue},
+		classifier{errs.ErrLimit, classValue},
+		classifier{errs.ErrCycle, classValue},
+		classifier{errs.ErrMissingInput, classValue},
+		classifier{errs.ErrNotFound, classValue},
+		classifier{errs.ErrClosed, classValue},
+		classifier{fs.ErrNotExist, classFile},
+	)
+}
+
+// SessionNewPath loads the model at path (external data next to it) and
+// builds a session with the given kernel thread count (<= 0: all CPUs).
+func SessionNewPath(path string, threads int, profile bool) (h int64, err error) {
+	defer recoverTo(&err)
+	s, err := runtime.NewSession(path, runtime.Options{Threads: threads, Profile: profile})
+	if err != nil {
+		return 0, classify(err)
+	}
+	return sessions.put(s), nil
+}
+
+// SessionNewBytes builds a session from n serialized model bytes at ptr
+// (borrowed for the call). baseDir, if not empty, is the folder external
+// data files are read from.
+func SessionNewBytes(ptr uintptr, n int, baseDir string, threads int, profile bool) (h int64, err error) {
+	defer recoverTo(&err)
+	b, err := bytesAt(ptr, n)
+	if err != nil {
+		return 0, classify(err)
+	}
+	s, err := runtime.NewSessionFromBytes(b, runtime.Options{Threads: threads, Profile: profile,
+		Model: model.Options{BaseDir: baseDir}})
+	if err != nil {
+		return 0, classify(err)
+	}
+	return sessions.put(s), nil
+}
+
+// SessionFree releases a session and its state. Freeing twice is an error.
+func SessionFree(h int64) (err error) {
+	defer recoverTo(&err)
+	s, ok := sessions.take(h)
+	if !ok {
+		return classify(fmt.Errorf("%w: session handle %d", errUnknownHandle, h))
+	}
+	return classify(s.Close())
+}
+
+// LiveSessions returns the number of sessions not yet freed.
+func LiveSessions() int { return sessions.len() }
+
+type valueInfoJSON struct {
+	Name  string `json:"name"`
+	DType int32  `json:"dtype"` // ONNX element type code
+	Type  string `json:"type"`  // onnxruntime-style "tensor(float)"
+	Shape []any  `json:"shape"` // int, string (symbolic) or null; null list: unknown rank
+}
+
+func infos(vis []model.ValueInfo) []valueInfoJSON {
+	out := make([]valueInfoJSON, len(vis))
+	for i, v := range vis {
+		j := valueInfoJSON{Name: v.Name, DType: int32(v.DType), Type: "tensor(" + v.DType.ONNXName() + ")"}
+		if v.Kind != model.KindTensor {
+			j.Type = "unsupported"
+		}
+		if v.Shape != nil {
+			j.Shape = make([]any, len(v.Shape))
+			for k, d := range v.Shape {
+				switch {
+				case d.Value >= 0:
+					j.Shape[k] = d.Value
+				case d.Param != "":
+					j.Shape[k] = d.Param
+				}
+			}
+		}
+		out[i] = j
+	}
+	return out
+}
+
+// SessionIOJSON describes the session's inputs and outputs as
+// {"inputs": [...], "outputs": [...], "opsets": {...}, "threads": n}.
+func SessionIOJSON(h int64) (s string, err error) {
+	defer recoverTo(&err)
+	sess, err := sessions.get(h)
+	if err != nil {
+		return "", classify(err)
+	}
+	opsets := map[string]int{}
+	for d, v := range sess.Model().Opsets {
+		if d == "" {
+			d = "ai.onnx"
+		}
+		opsets[d] = v
+	}
+	b, err := json.Marshal(map[string]any{
+		"inputs": infos(sess.Inputs()), "outputs": infos(sess.Outputs()),
+		"opsets": opsets, "threads": sess.Threads(), "producer": sess.Model().ProducerName,
+	})
+	return string(b), classify(err)
+}
+
+type runOutJSON struct {
+	DType int32 `json:"dtype"`
+	Shape []int `json:"shape"`
+}
+
+type eventJSON struct {
+	Node  string `json:"node"`
+	Op    string `json:"op"`
+	DurNs int64  `json:"dur_ns"`
+	Bytes int64  `json:"bytes"`
+}
+
+// SessionRun runs session h. feedNames is a JSON list of n input names;
+// ptrs, dtypes and ranks point to n int64 values each (data pointers of
+// C-contiguous, aligned numpy arrays, ONNX element codes and ranks), and
+// dims to the concatenated dimensions (nDims values). outNames is a JSON
+// list of output names ("" or "null": all outputs). Feed memory is borrowed:
+// the caller keeps the arrays alive until ResultCopyAndFree.
+//
+// It returns {"result": handle, "outputs": [{"dtype", "shape"}...],
+// "peak_bytes", "allocated_bytes", "events": [...] (when profiling)}.
+func SessionRun(h int64, feedNames string, n int, ptrs, dtypes, ranks uintptr, dims uintptr, nDims int, outNames string) (s string, err error) {
+	defer recoverTo(&err)
+	sess, err := sessions.get(h)
+	if err != nil {
+		return "", classify(err)
+	}
+	feeds, err := buildFeeds(feedNames, n, ptrs, dtypes, ranks, dims, nDims)
+	if err != nil {
+		return "", classify(err)
+	}
+	var names []string
+	if o := strings.TrimSpace(outNames); o != "" && o != "null" {
+		if err := json.Unmarshal([]byte(o), &names); err != nil {
+			return "", classify(fmt.Errorf("%w: output names: %v", errs.ErrInvalidArgument, err))
+		}
+	}
+	outs, stats, err := sess.Run(feeds, names)
+	if err != nil {
+		return "", classify(err)
+	}
+	rh := results.put(outs)
+	meta := make([]runOutJSON, len(outs))
+	for i, t := range outs {
+		meta[i] = runOutJSON{DType: int32(t.DType()), Shape: t.Shape()}
+		if meta[i].Shape == nil {
+			meta[i].Shape = []int{}
+		}
+	}
+	events := make([]eventJSON, len(stats.Events))
+	for i, e := range stats.Events {
+		events[i] = eventJSON{Node: e.Node, Op: e.OpType, DurNs: e.Duration.Nanoseconds(), Bytes: e.BytesAllocated}
+	}
+	b, err := json.Marshal(map[string]any{"result": rh, "outputs": meta, "peak_bytes": stats.PeakBytes,
+		"allocated_bytes": stats.AllocatedBytes, "events": events})
+	if err != nil {
+		results.take(rh)
+		return "", classify(err)
+	}
+	return string(b), nil
+}
+
+func buildFeeds(feedNames string, n int, ptrs, dtypes, ranks, dims uintptr, nDims int) (map[string]*tensor.Tensor, error) {
+	var names []string
+	if err := json.Unmarshal([]byte(feedNames), &names); err != nil || len(names) != n {
+		return nil, fmt.Errorf("%w: feed names %q for %d feeds", errs.ErrInvalidArgument, feedNames, n)
+	}
+	p, err := int64sAt(ptrs, n)
+	if err != nil {
+		return nil, err
+	}
+	dt, err := int64sAt(dtypes, n)
+	if err != nil {
+		return nil, err
+	}
+	rk, err := int64sAt(ranks, n)
+	if err != nil {
+		return nil, err
+	}
+	ds, err := int64sAt(dims, nDims)
+	if err != nil {
+		return nil, err
+	}
+	feeds := make(map[string]*tensor.Tensor, n)
+	off := 0
+	for i, name := range names {
+		r := int(rk[i])
+		if r < 0 || off+r > nDims {
+			return nil, fmt.Errorf("%w: rank %d of feed %q", errs.ErrInvalidArgument, r, name)
+		}
+		shape := make(tensor.Shape, r)
+		for k := range shape {
+			shape[k] = int(ds[off+k])
+		}
+		off += r
+		d := tensor.DType(dt[i])
+		if !d.Valid() {
+			return nil, fmt.Errorf("%w: input %q has unsupported element type code %d", errs.ErrType, name, dt[i])
+		}
+		cnt, err := shape.NumElements()
+		if err != nil {
+			return nil, fmt.Errorf("input %q: %w", name, err)
+		}
+		b, err := bytesAt(uintptr(p[i]), cnt*d.Size())
+		if err != nil {
+			return nil, fmt.Errorf("input %q: %w", name, err)
+		}
+		t, err := tensor.FromBytes(d, shape, b)
+		if err != nil {
+			return nil, fmt.Errorf("input %q: %w", name, err)
+		}
+		if _, dup := feeds[name]; dup {
+			return nil, fmt.Errorf("%w: input %q fed twice", errs.ErrInvalidArgument, name)
+		}
+		feeds[name] = t
+	}
+	return feeds, nil
+}
+
+// ResultCopyAndFree copies the n outputs of run result rh into the buffers
+// whose data pointers are the n int64 values at ptrs (each exactly the
+// output's byte size, as announced by SessionRun), then frees the result.
+// The result is freed even when the copy fails.
+func ResultCopyAndFree(rh int64, ptrs uintptr, n int) (err error) {
+	defer recoverTo(&err)
+	outs, ok := results.take(rh)
+	if !ok {
+		return classify(fmt.Errorf("%w: run result handle %d", errUnknownHandle, rh))
+	}
+	if n != len(outs) {
+		return classify(fmt.Errorf("%w: %d buffers for %d outputs", errs.ErrInvalidArgument, n, len(outs)))
+	}
+	p, err := int64sAt(ptrs, n)
+	if err != nil {
+		return classify(err)
+	}
+	for i, t := range outs {
+		dst, err := bytesAt(uintptr(p[i]), t.NumBytes())
+		if err != nil {
+			return classify(err)
+		}
+		copy(dst, t.Bytes())
+	}
+	return nil
+}
+
+// ResultFree drops a run result without copying it.
+func ResultFree(rh int64) (err error) {
+	defer recoverTo(&err)
+	results.take(rh)
+	return nil
+}

@@ -1,0 +1,196 @@
+"""onnxruntime-style inference sessions over the Go runtime.
+
+``InferenceSession(path_or_bytes, *, threads=None)`` loads a standard ONNX
+model, resolves every node's kernel once (an unsupported op raises
+``NotImplementedError`` naming the op, its domain and opset), and runs it
+repeatedly with ``run(output_names, feeds)``, like onnxruntime.
+
+Feeds are passed to Go without copying (C-contiguous, aligned numpy arrays
+are used in place; others are copied once). Each output is copied exactly
+once, from Go memory into a numpy array allocated here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _lib
+from ._dtypes import bfloat16
+
+__all__ = ["InferenceSession", "SessionOptions", "NodeArg"]
+
+#: numpy dtype <-> ONNX TensorProto element code
+_TO_CODE: Dict[np.dtype, int] = {
+    np.dtype(np.float32): 1, np.dtype(np.uint8): 2, np.dtype(np.int8): 3, np.dtype(np.int32): 6,
+    np.dtype(np.int64): 7, np.dtype(np.bool_): 9, np.dtype(np.float16): 10, np.dtype(np.float64): 11,
+    bfloat16: 16,
+}
+_FROM_CODE: Dict[int, np.dtype] = {v: k for k, v in _TO_CODE.items()}
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """A graph input or output, like onnxruntime's NodeArg: ``name``,
+    ``type`` ("tensor(float)") and ``shape`` (ints, symbolic names, or None
+    for an unknown dimension; None for an unknown rank)."""
+
+    name: str
+    type: str
+    shape: Optional[List[Union[int, str, None]]]
+
+    def __repr__(self) -> str:
+        return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape!r})"
+
+
+@dataclass
+class SessionOptions:
+    """The subset of onnxruntime's SessionOptions that applies here.
+
+    ``intra_op_num_threads`` (0: all CPUs) and ``enable_profiling`` (record
+    per-node events, see ``InferenceSession.last_run_stats``)."""
+
+    intra_op_num_threads: int = 0
+    enable_profiling: bool = False
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+class InferenceSession:
+    """Runs a standard ONNX model on the CPU.
+
+    ``path_or_bytes`` is a file path (external data files are read from its
+    folder) or the serialized model (``bytes``/``bytearray``/``memoryview``;
+    ``external_data_dir`` names the folder for external data then).
+    ``threads`` is the kernel thread count (None: all CPUs, or
+    ``sess_options.intra_op_num_threads``). ``providers`` is accepted for
+    onnxruntime compatibility; only the CPU is used.
+    """
+
+    def __init__(self, path_or_bytes: Union[str, os.PathLike, bytes, bytearray, memoryview],
+                 sess_options: Optional[SessionOptions] = None, providers: Optional[Sequence[Any]] = None, *,
+                 threads: Optional[int] = None, profile: Optional[bool] = None,
+                 external_data_dir: Optional[str] = None) -> None:
+        self._h = 0
+        opts = sess_options or SessionOptions()
+        if threads is None:
+            threads = opts.intra_op_num_threads or 0
+        if not isinstance(threads, (int, np.integer)) or threads < 0:
+            raise ValueError(f"threads must be a non-negative int or None, got {threads!r}")
+        prof = bool(opts.enable_profiling if profile is None else profile)
+        if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
+            buf = np.frombuffer(path_or_bytes, dtype=np.uint8)
+            self._h = _lib.call(_lib.fn("SessionNewBytes"), buf.ctypes.data if buf.size else 0, int(buf.size),
+                                external_data_dir or "", int(threads), prof)
+        elif isinstance(path_or_bytes, (str, os.PathLike)):
+            self._h = _lib.call(_lib.fn("SessionNewPath"), os.fspath(path_or_bytes), int(threads), prof)
+        else:
+            raise TypeError(f"InferenceSession takes a path or the model bytes, got {type(path_or_bytes).__name__}")
+        io = json.loads(_lib.call(_lib.fn("SessionIOJSON"), self._h))
+        self._inputs = [_node_arg(d) for d in io["inputs"]]
+        self._outputs = [_node_arg(d) for d in io["outputs"]]
+        self._output_names = [o.name for o in self._outputs]
+        self._opsets: Dict[str, int] = io["opsets"]
+        self._threads: int = io["threads"]
+        self.last_run_stats: Dict[str, Any] = {}
+        """Figures of the latest run: ``peak_bytes`` (largest live total of
+        kernel-allocated tensors), ``allocated_bytes``, and ``events`` (one
+        dict per node: node, op, dur_ns, bytes) when profiling is on."""
+
+    # -- onnxruntime-compatible surface --------------------------------------------------
+    def get_inputs(self) -> List[NodeArg]:
+        """The inputs a caller feeds (initializer-backed inputs excluded)."""
+        return list(self._inputs)
+
+    def get_outputs(self) -> List[NodeArg]:
+        """The graph outputs, in order."""
+        return list(self._outputs)
+
+    def get_providers(self) -> List[str]:
+        """Always ``["CPUExecutionProvider"]``: this runtime runs on the CPU."""
+        return ["CPUExecutionProvider"]
+
+    def get_modelmeta(self) -> Dict[str, Any]:
+        """Opset imports and thread count."""
+        return {"opsets": dict(self._opsets), "threads": self._threads}
+
+    def run(self, output_names: Optional[Sequence[str]], input_feed: Mapping[str, Any],
+            run_options: Any = None) -> List[np.ndarray]:
+        """Run the model; return the requested outputs (all if None) as numpy arrays."""
+        if not self._h:
+            raise ValueError("the session is closed")
+        if not isinstance(input_feed, Mapping):
+            raise TypeError("input_feed must be a dict of name -> array")
+        names: List[str] = []
+        arrays: List[np.ndarray] = []
+        for name, value in input_feed.items():
+            names.append(str(name))
+            arrays.append(_as_feed(name, value))
+        n = len(arrays)
+        ptrs = np.fromiter((a.ctypes.data for a in arrays), dtype=np.int64, count=n)
+        codes = np.fromiter((_TO_CODE[a.dtype] for a in arrays), dtype=np.int64, count=n)
+        ranks = np.fromiter((a.ndim for a in arrays), dtype=np.int64, count=n)
+        dims = np.array([d for a in arrays for d in a.shape], dtype=np.int64)
+        if output_names is not None:
+            output_names = [str(o) for o in output_names]
+        meta = json.loads(_lib.call(
+            _lib.fn("SessionRun"), self._h, json.dumps(names), n, _ptr(ptrs), _ptr(codes), _ptr(ranks),
+            _ptr(dims), int(dims.size), json.dumps(output_names) if output_names is not None else ""))
+        rh = meta["result"]
+        try:
+            outs = [np.empty(o["shape"], dtype=_FROM_CODE[o["dtype"]]) for o in meta["outputs"]]
+        except BaseException:
+            _lib.call(_lib.fn("ResultFree"), rh)
+            raise
+        optrs = np.fromiter((o.ctypes.data for o in outs), dtype=np.int64, count=len(outs))
+        _lib.call(_lib.fn("ResultCopyAndFree"), rh, _ptr(optrs), len(outs))
+        del arrays  # feeds had to stay alive until the copy above
+        self.last_run_stats = {"peak_bytes": meta["peak_bytes"], "allocated_bytes": meta["allocated_bytes"],
+                               "events": meta["events"]}
+        return outs
+
+    # -- lifetime -----------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the session's Go memory now (also done when collected)."""
+        h, self._h = self._h, 0
+        if h:
+            _lib.call(_lib.fn("SessionFree"), h)
+
+    def __enter__(self) -> "InferenceSession":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        ins = ", ".join(i.name for i in self._inputs)
+        outs = ", ".join(self._output_names)
+        return f"<InferenceSession inputs=[{ins}] outputs=[{outs}] threads={self._threads}>"
+
+
+def _node_arg(d: Mapping[str, Any]) -> NodeArg:
+    return NodeArg(name=d["name"], type=d["type"], shape=d["shape"])
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.ctypes.data if a.size else 0
+
+
+def _as_feed(name: Any, value: Any) -> np.ndarray:
+    """value as a C-contiguous, aligned array of a supported dtype."""
+    a = np.asarray(value)
+    if a.dtype not in _TO_CODE:
+        raise TypeError(f"input {name!r} has unsupported dtype {a.dtype} "
+                        f"(supported: {', '.join(str(d) for d in _TO_CODE)})")
+    if not (a.flags.c_contiguous and a.flags.aligned):
+        a = np.require(a, requirements=["C", "A"])
+    return a
