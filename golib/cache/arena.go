@@ -178,6 +178,14 @@ func alignedBytes(n int) []byte {
 		return []byte{}
 	}
 	raw := make([]byte, n+alignment)
+	// Touch every page now: the memory is committed when the cache is
+	// created, and the decode loop never pays first-touch page faults.
+	for i := 0; i < len(raw); i += pageSize {
+		raw[i] = 0
+	}
 	off := int(uintptr(alignment)-uintptr(unsafe.Pointer(&raw[0]))%alignment) % alignment
 	return raw[off : off+n : off+n]
 }
+
+// pageSize is the stride used to pre-fault new buffers.
+const pageSize = 4096

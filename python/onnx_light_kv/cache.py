@@ -215,16 +215,18 @@ class KVCache:
             ValueError: wrong rank or shape, bad counts.
             CapacityError: a sequence would exceed ``capacity`` (nothing written).
         """
-        k = as_float_array(k, "k")
-        v = as_float_array(v, "v")
+        if not (type(k) is np.ndarray and k.dtype in CODES and k.flags.c_contiguous):
+            k = as_float_array(k, "k")
+        if not (type(v) is np.ndarray and v.dtype in CODES and v.flags.c_contiguous):
+            v = as_float_array(v, "v")
         if k.dtype != v.dtype:
             raise TypeError(f"k and v must have the same dtype, got {k.dtype} and {v.dtype}")
         if k.ndim != 4 or v.ndim != 4:
             raise ValueError(f"k and v must be 4-D [batch, kv_heads, n, head_dim], got shapes {k.shape} and {v.shape}")
-        B, H, n, D = k.shape
-        want_k = (self._batch, self._kv_heads, n, self._dk)
-        want_v = (self._batch, self._kv_heads, n, self._dv)
-        if k.shape != want_k or v.shape != want_v:
+        n = k.shape[2]
+        if k.shape != (self._batch, self._kv_heads, n, self._dk) or v.shape != (self._batch, self._kv_heads, n, self._dv):
+            want_k = (self._batch, self._kv_heads, n, self._dk)
+            want_v = (self._batch, self._kv_heads, n, self._dv)
             raise ValueError(f"append expects k {want_k} and v {want_v}, got {k.shape} and {v.shape}")
         cptr = 0
         if counts is not None:

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Per-call overhead of the Python API on a 1-token decode step.
+
+For ``KVCache.append`` (one token) and ``attention`` (q_len 1) it times the
+Python call and the same work looped inside Go (``AppendLoop`` /
+``AttentionLoop`` in the bindings), in one run, and reports the difference:
+what the Python layer (argument checks, pointer hand-off, gopy call, GIL
+release) costs per call. Raw samples and the environment go to
+``benchmarks/results/overhead-<timestamp>.json``.
+
+    python benchmarks/bench_overhead.py [--contexts 1 256 4096] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+import onnx_light_kv as olkv
+from onnx_light_kv import _lib
+from onnx_light_kv._dtypes import CODES
+from _common import environment, format_table, summarize, write_json
+
+
+def py_samples(fn, repeat: int, calls: int = 50) -> list[float]:
+    """Per-call microseconds of fn, one sample per batch of ``calls`` calls."""
+    out = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        out.append((time.perf_counter() - t) / calls * 1e6)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--contexts", type=int, nargs="+", default=[1, 256, 4096])
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=40)
+    args = p.parse_args()
+    olkv.set_threads(args.threads)
+    B, Hq, Hkv, D = 1, 32, 8, 128
+    rng = np.random.default_rng(0)
+    rows, raw = [], {}
+    append_loop, attn_loop = _lib.fn("AppendLoop"), _lib.fn("AttentionLoop")
+
+    # append: one token into a cache that is truncated back between batches
+    cache = olkv.KVCache(B, Hkv, D, capacity=64)
+    k = rng.standard_normal((B, Hkv, 1, D), dtype=np.float32)
+    v = rng.standard_normal((B, Hkv, 1, D), dtype=np.float32)
+    py, go = [], []
+    for _ in range(args.repeat):  # alternate, so machine noise hits both alike
+        cache.reset()
+        py += py_samples(lambda: cache.append(k, v), 1)
+        cache.reset()
+        ns = append_loop(cache._h, _lib.addr(k), k.nbytes, _lib.addr(v), v.nbytes, CODES[k.dtype], 1, 50)
+        go.append(ns / 50 / 1e3)
+    rows.append({"call": "append 1 token", "context": "-", "python_us": summarize(py)["median"],
+                 "go_us": summarize(go)["median"], "overhead_us": summarize(py)["median"] - summarize(go)["median"]})
+    raw["append"] = {"python_us": py, "go_us": go}
+
+    for L in args.contexts:
+        cache = olkv.KVCache(B, Hkv, D, capacity=L)
+        cache.append(rng.standard_normal((B, Hkv, L, D), dtype=np.float32),
+                     rng.standard_normal((B, Hkv, L, D), dtype=np.float32))
+        q = rng.standard_normal((B, Hq, 1, D), dtype=np.float32)
+        out = np.empty((B, Hq, 1, D), np.float32)
+        py, go = [], []
+        for _ in range(args.repeat):
+            py += py_samples(lambda: olkv.attention(q, cache, out=out), 1)
+            ns = attn_loop(cache._h, _lib.addr(q), q.size, _lib.addr(out), out.size, Hq, 1, 0.0, 0.0, 0, 50)
+            go.append(ns / 50 / 1e3)
+        ps, gs = summarize(py), summarize(go)
+        rows.append({"call": "attention q_len 1", "context": L, "python_us": ps["median"], "go_us": gs["median"],
+                     "overhead_us": ps["median"] - gs["median"]})
+        raw[f"attention_{L}"] = {"python_us": py, "go_us": go}
+    print(format_table(rows, floatfmt="{:.2f}"))
+    path = write_json("overhead", {"env": environment(threads=args.threads), "rows": rows, "samples": raw})
+    print("raw samples:", path)
+
+
+if __name__ == "__main__":
+    main()
