@@ -122,15 +122,16 @@ def assert_close(name: str, got: Any, want: Any, rtol: float, atol: float, check
 
 
 def compare_runs(model: onnx.ModelProto, feeds: Dict[str, np.ndarray], rtol: float, atol: float,
-                 output_names: Optional[Sequence[str]] = None, reference: Optional[List[np.ndarray]] = None) -> None:
-    """Run ``model`` in onnxruntime and in our runtime and compare every requested output.
+                 output_names: Optional[Sequence[str]] = None, reference: Optional[List[np.ndarray]] = None,
+                 threads: int = 1) -> None:
+    """Run ``model`` in onnxruntime and in our runtime (``threads``) and compare every requested output.
 
     ``reference`` replaces onnxruntime's outputs (used where onnxruntime cannot run the case,
     e.g. bfloat16, which is then computed by onnxruntime in float32 by the caller).
     """
     names = list(output_names) if output_names else [o.name for o in model.graph.output]
     want = reference if reference is not None else ort(model).run(names, feeds)
-    got = ours(model).run(names, feeds)
+    got = ours(model, threads=threads).run(names, feeds)
     assert len(got) == len(want), f"{len(got)} outputs returned, {len(want)} expected"
     for n, g, w in zip(names, got, want):
         assert_close(n, g, w, rtol, atol, check_dtype=reference is None)

@@ -51,6 +51,7 @@ class Case:
     model: onnx.ModelProto
     feeds: Dict[str, np.ndarray]
     tol: str = "ew"
+    threads: int = 1
 
 
 def _r(shape: Sequence[int], dtype: Any = F32, lo: float = -2.0, hi: float = 2.0, seed: int = 0) -> np.ndarray:
@@ -386,6 +387,48 @@ def _positions_graph() -> Case:
     return graph_model(nodes, inputs, ["pos"], inits=["ax0", "one"])
 
 
+# ---------------------------------------------------------------- large tensors, two threads
+# Sizes past SIMD widths and parallel thresholds, odd tails; run with threads=2.
+
+
+def _big(fn: Callable[[], Case]) -> Callable[[], Case]:
+    def make() -> Case:
+        c = fn()
+        c.threads = 2
+        return c
+    return make
+
+
+_add("Big-Add-float32-broadcast-row", "ew", _big(lambda: node_model("Add", [("a", _r((257, 1031), F32)), ("b", _r((1031,), F32, seed=1))])))
+_add("Big-Mul-float16-broadcast-col", "ew", _big(lambda: node_model("Mul", [("a", _r((1031, 257), F16)), ("b", _r((1031, 1), F16, seed=1))])))
+_add("Big-Exp-float32", "transc", _big(lambda: node_model("Exp", [("x", _r((100003,), F32, -20, 20))])))
+_add("Big-Sigmoid-float16", "transc", _big(lambda: node_model("Sigmoid", [("x", _r((3, 33331), F16, -12, 12))])))
+_add("Big-Gelu-float32", "transc", _big(lambda: node_model("Gelu", [("x", _r((64, 3001), F32, -5, 5))], opset=20)))
+_add("Big-Softmax-float32", "reduce", _big(lambda: node_model("Softmax", [("x", _r((4, 16, 1001), F32, -8, 8))], axis=-1)))
+_add("Big-ReduceSum-float32-axis0", "reduce", _big(lambda: node_model("ReduceSum", [("x", _r((513, 1025), F32)), ("a", np.array([0], I64))],
+                                                                      inits=["a"], keepdims=0)))
+_add("Big-ReduceMean-float16", "reduce", _big(lambda: node_model("ReduceMean", [("x", _r((8, 4097), F16)), ("a", np.array([-1], I64))],
+                                                                  inits=["a"], opset=18)))
+_add("Big-RMSNormalization-float32", "reduce", _big(lambda: node_model("RMSNormalization", [("x", _r((1, 128, 1024), F32)), ("s", _r((1024,), F32))],
+                                                                       inits=["s"])))
+_add("Big-LayerNormalization-float16", "reduce", _big(lambda: node_model("LayerNormalization", [("x", _r((128, 1024), F16)), ("s", _r((1024,), F16)),
+                                                                                                 ("b", _r((1024,), F16))], inits=["s", "b"], opset=17)))
+_add("Big-Transpose-float32", "exact", _big(lambda: node_model("Transpose", [("x", _r((33, 65, 129), F32))], perm=[2, 0, 1])))
+_add("Big-Cast-float32-to-float16", "exact", _big(lambda: node_model("Cast", [("x", _r((100003,), F32, -70000, 70000))], to=TensorProto.FLOAT16)))
+_add("Big-Concat-kv-float16", "exact", _big(lambda: node_model("Concat", [("p", _r((1, 8, 2047, 64), F16)), ("n", _r((1, 8, 1, 64), F16))], axis=2)))
+_add("Big-Gather-embedding", "exact", _big(lambda: node_model("Gather", [("e", _r((32000, 256), F32)), ("i", _r((4, 33), I64, 0, 31999))],
+                                                               inits=["e"])))
+_add("Big-RotaryEmbedding-float32", "transc", _big(lambda: node_model(
+    "RotaryEmbedding", [("x", _r((1, 16, 129, 64), F32)), ("cos", _rope_caches(256, 32, F32)[0]), ("sin", _rope_caches(256, 32, F32)[1]),
+                        ("pos", np.arange(129, dtype=I64)[None, :] + 100)], inits=["cos", "sin"])))
+_add("Big-MatMul-float32-decode-projection", "reduce", _big(lambda: node_model("MatMul", [("a", _r((1, 1, 1024), F32, -1, 1)),
+                                                                                          ("w", _r((1024, 2736), F32, -1, 1, 1))], inits=["w"])))
+_add("Big-MatMul-float32-prefill", "reduce", _big(lambda: node_model("MatMul", [("a", _r((1, 67, 1024), F32, -1, 1)),
+                                                                                 ("w", _r((1024, 513), F32, -1, 1, 1))], inits=["w"])))
+_add("Big-MatMul-float16-batched", "reduce", _big(lambda: node_model("MatMul", [("a", _r((2, 8, 33, 64), F16, -1, 1)),
+                                                                                 ("b", _r((2, 8, 64, 65), F16, -1, 1, 1))])))
+_add("Big-Gemm-float32-transB", "reduce", _big(lambda: node_model("Gemm", [("a", _r((37, 1024), F32, -1, 1)), ("b", _r((515, 1024), F32, -1, 1, 1)),
+                                                                           ("c", _r((515,), F32))], inits=["b", "c"], transB=1)))
 _add("Graph-gpt2-causal-mask", "exact", _mask_graph)
 _add("Graph-derived-position-ids", "exact", _positions_graph)
 
@@ -396,7 +439,7 @@ def test_op_matches_onnxruntime(name: str) -> None:
     out_dtypes = {o.type.tensor_type.elem_type for o in c.model.graph.output}
     dtype = "float16" if TensorProto.FLOAT16 in out_dtypes or any(v.dtype == F16 for v in c.feeds.values()) else "float32"
     rtol, atol = TOL[(c.tol, dtype)]
-    oc.compare_runs(c.model, c.feeds, rtol, atol)
+    oc.compare_runs(c.model, c.feeds, rtol, atol, threads=c.threads)
 
 
 def test_every_issue_op_has_cases() -> None:
@@ -405,5 +448,5 @@ def test_every_issue_op_has_cases() -> None:
            "Tanh", "Erf", "Gelu", "Softmax", "ReduceMean", "ReduceSum", "RMSNormalization", "LayerNormalization",
            "SimplifiedLayerNormalization", "RotaryEmbedding", "Reshape", "Transpose", "Concat", "Split", "Slice", "Unsqueeze",
            "Squeeze", "Shape", "Cast", "Expand", "Where", "Equal", "Range", "ConstantOfShape", "Constant", "Identity", "Trilu", "If"}
-    covered = {name.split("-")[0] for name in CASES}
+    covered = {name.split("-")[0] for name in CASES} | {name.split("-")[1] for name in CASES if name.startswith("Big-")}
     assert ops <= covered, f"ops without cases: {sorted(ops - covered)}"
