@@ -88,3 +88,22 @@ def test_present_observed_only_when_requested() -> None:
     every = sess.run(None, feeds)
     np.testing.assert_array_equal(only, every[0])
     assert len(every) == 1 + 2 * 2
+
+
+def test_node_args_match_onnxruntime() -> None:
+    """get_inputs()/get_outputs(): names, element types and symbolic/fixed dims like onnxruntime."""
+    model = M.gpt2_decoder(M.DecoderConfig(layers=1, dtype="float16"))
+    ours, want = oc.ours(model), oc.ort(model)
+    for got_args, want_args in ((ours.get_inputs(), want.get_inputs()), (ours.get_outputs(), want.get_outputs())):
+        assert [(a.name, a.type, list(a.shape)) for a in got_args] == [(a.name, a.type, list(a.shape)) for a in want_args]
+
+
+def test_model_with_external_data_from_path(tmp_path: Any) -> None:
+    """Initializers in a side file next to the model (exporter layout) load from the model path."""
+    model = M.llama_decoder(M.DecoderConfig(layers=2))
+    path = M.save_model(model, tmp_path / "decoder.onnx", external_data=True)
+    assert (tmp_path / "decoder.onnx.data").stat().st_size > 100_000
+    got = M.greedy_generate(oc.ours(path), model, PROMPTS[1], 4)
+    want = M.greedy_generate(oc.ort(path), model, PROMPTS[1], 4)
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    oc.assert_close("logits", got.logits, want.logits, 0, LOGIT_TOL["float32"])

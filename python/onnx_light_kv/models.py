@@ -186,10 +186,18 @@ def model_bytes(model: onnx.ModelProto) -> bytes:
     return model.SerializeToString()
 
 
-def save_model(model: onnx.ModelProto, path: Union[str, os.PathLike]) -> str:
-    """Write a model as one self-contained ``.onnx`` file and return the path."""
+def save_model(model: onnx.ModelProto, path: Union[str, os.PathLike], external_data: bool = False) -> str:
+    """Write a model to ``path`` and return the path.
+
+    ``external_data=True`` stores the initializers in ``<file name>.data`` next to it (the layout
+    exporters use for models over 2 GiB); otherwise the file is self-contained.
+    """
     path = os.fspath(path)
-    onnx.save_model(model, path)
+    if external_data:
+        onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=os.path.basename(path) + ".data", size_threshold=1024)
+    else:
+        onnx.save_model(model, path)
     return path
 
 
