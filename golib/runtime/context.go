@@ -142,6 +142,24 @@ func (c *Context) Shape(name string) (tensor.Shape, bool) {
 	return nil, false
 }
 
+// Value is the type-aware lookup: it returns the value named name from the
+// store of the given kind (a *tensor.Tensor, Sequence, Map or
+// *cache.KVCache), looking through ancestors.
+func (c *Context) Value(name string, kind ValueKind) (any, bool) {
+	switch kind {
+	case ValueTensor:
+		return c.Tensor(name)
+	case ValueSequence:
+		return c.Sequence(name)
+	case ValueMap:
+		return c.Map(name)
+	case ValueCache:
+		kv, err := c.caches.Get(name)
+		return kv, err == nil
+	}
+	return nil, false
+}
+
 // Caches returns the CacheMap shared by c and all its relatives.
 func (c *Context) Caches() *CacheMap { return c.caches }
 

@@ -119,3 +119,38 @@ func TestCacheMapOwnership(t *testing.T) {
 		t.Errorf("PutCache(nil): %v", err)
 	}
 }
+
+func TestTypeAwareLookup(t *testing.T) {
+	a, err := cache.NewArena(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := NewContext()
+	x := tensor.Scalar(float32(1))
+	kv := newCache(t, a)
+	ctx.PutTensor("v", x)
+	ctx.PutSequence("v", Sequence{x})
+	if err := ctx.PutCache("v", kv); err != nil {
+		t.Fatal(err)
+	}
+	child := ctx.NewChild()
+	cases := []struct {
+		kind ValueKind
+		want any
+	}{{ValueTensor, x}, {ValueCache, kv}}
+	for _, c := range cases {
+		got, ok := child.Value("v", c.kind)
+		if !ok || got != c.want {
+			t.Errorf("kind %d: got %v, %v", c.kind, got, ok)
+		}
+	}
+	if s, ok := child.Value("v", ValueSequence); !ok || len(s.(Sequence)) != 1 {
+		t.Error("sequence lookup")
+	}
+	if _, ok := child.Value("v", ValueMap); ok {
+		t.Error("no map named v exists")
+	}
+	if err := ctx.ResetState(); err != nil || !kv.Closed() {
+		t.Error("reset must close the cache")
+	}
+}

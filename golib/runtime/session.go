@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/model"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
@@ -20,6 +21,10 @@ type Options struct {
 	Profile bool
 	// Model tunes loading (size limits, external data folder).
 	Model model.Options
+	// CacheBudget bounds the bytes of the session's persistent cache arena
+	// (0: unlimited). Cache memory outlives runs and never uses the
+	// per-run temporaries counted in RunStats.
+	CacheBudget int64
 }
 
 // Session is a RuntimeSession: built once per model (kernels resolved and
@@ -32,6 +37,8 @@ type Session struct {
 	plan    *Plan
 	threads int
 	profile bool
+
+	arena *cache.Arena
 
 	mu     sync.Mutex
 	def    *State
@@ -96,8 +103,20 @@ func NewSessionFromModel(m *model.Model, opt Options) (*Session, error) {
 	if threads <= 0 {
 		threads = goruntime.NumCPU()
 	}
-	return &Session{model: m, plan: p, threads: threads, profile: opt.Profile, def: NewState()}, nil
+	arena, err := cache.NewArena(opt.CacheBudget)
+	if err != nil {
+		return nil, err
+	}
+	return &Session{model: m, plan: p, threads: threads, profile: opt.Profile, def: NewState(), arena: arena}, nil
 }
+
+// Arena returns the session's persistent-state arena: KVCache values of the
+// session's states are allocated from it, so their pages outlive single runs
+// and are accounted apart from run temporaries.
+func (s *Session) Arena() *cache.Arena { return s.arena }
+
+// DefaultState returns the state Run uses.
+func (s *Session) DefaultState() *State { return s.def }
 
 // Inputs returns the graph inputs a caller feeds (initializer-backed
 // inputs excluded).
@@ -124,7 +143,9 @@ func (s *Session) Close() error {
 		return nil
 	}
 	s.closed = true
-	return s.def.Reset()
+	err := s.def.Reset()
+	s.arena.Trim()
+	return err
 }
 
 // Run executes the graph on the session's default state. feeds maps input
