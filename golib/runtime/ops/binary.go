@@ -237,6 +237,10 @@ func cmpFunc[T int64 | float32 | float64](name string) func(x, y T) bool {
 		return func(x, y T) bool { return x < y }
 	case "Greater":
 		return func(x, y T) bool { return x > y }
+	case "LessOrEqual":
+		return func(x, y T) bool { return x <= y }
+	case "GreaterOrEqual":
+		return func(x, y T) bool { return x >= y }
 	}
 	return func(x, y T) bool { return x == y }
 }

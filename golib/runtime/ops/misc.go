@@ -1,0 +1,245 @@
+package ops
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+func init() {
+	Register("", "Clip", 11, 0, newClip)
+	Register("", "Tile", 6, 0, newTile)
+	Register("", "CumSum", 11, 0, newCumSum)
+	Register("", "Mod", 10, 0, newMod)
+}
+
+// newClip clamps to optional scalar min/max inputs (opset 11+).
+func newClip(n *Node) (Kernel, error) {
+	return KernelFunc(func(ctx *Context) error {
+		x, err := ctx.RequireInput(0)
+		if err != nil {
+			return err
+		}
+		lo, hi := math.Inf(-1), math.Inf(1)
+		for i, p := range []*float64{&lo, &hi} {
+			t := ctx.Input(i + 1)
+			if t == nil {
+				continue
+			}
+			if t.Len() != 1 || t.DType() != x.DType() {
+				return fmt.Errorf("%w: Clip bounds must be scalars of the input type", errs.ErrInvalidArgument)
+			}
+			v, err := scalarFloat64(t)
+			if err != nil {
+				return err
+			}
+			*p = v
+		}
+		out, err := ctx.NewOutput(0, x.DType(), x.Shape())
+		if err != nil {
+			return err
+		}
+		clamp := func(v float64) float64 { return min(max(v, lo), hi) }
+		if x.DType().IsInt() {
+			v, err := tensor.Int64Values(x)
+			if err != nil {
+				return err
+			}
+			for i := range v {
+				v[i] = int64(clamp(float64(v[i])))
+			}
+			return storeInt64(out, v)
+		}
+		v, err := reduceSource(x)
+		if err != nil {
+			return err
+		}
+		for i := range v {
+			if v[i] == v[i] { // NaN stays NaN
+				v[i] = clamp(v[i])
+			}
+		}
+		return storeFloat64(out, v)
+	}), nil
+}
+
+func scalarFloat64(t *tensor.Tensor) (float64, error) {
+	v, err := reduceSource(t)
+	if err != nil {
+		return 0, err
+	}
+	if len(v) != 1 {
+		return 0, fmt.Errorf("%w: want a scalar, got %v", errs.ErrShape, t.Shape())
+	}
+	return v[0], nil
+}
+
+func newTile(n *Node) (Kernel, error) {
+	return KernelFunc(func(ctx *Context) error {
+		x, err := ctx.RequireInput(0)
+		if err != nil {
+			return err
+		}
+		reps, err := shapeInput(ctx, 1)
+		if err != nil {
+			return err
+		}
+		if len(reps) != x.Rank() {
+			return fmt.Errorf("%w: Tile repeats %v for rank %d", errs.ErrInvalidArgument, reps, x.Rank())
+		}
+		outShape := make(tensor.Shape, x.Rank())
+		for i, r := range reps {
+			if r < 0 || r > tensor.MaxElements {
+				return fmt.Errorf("%w: Tile repeat %d", errs.ErrInvalidArgument, r)
+			}
+			outShape[i] = x.Shape()[i] * int(r)
+		}
+		if _, err := outShape.NumElements(); err != nil {
+			return err
+		}
+		out, err := ctx.NewOutput(0, x.DType(), outShape)
+		if err != nil {
+			return err
+		}
+		// out index -> in index: coordinate-wise modulo the input dims
+		idx := make([]int, out.Len())
+		inStrides := x.Shape().Strides()
+		ctr := make([]int, len(outShape))
+		for o := range idx {
+			off := 0
+			for d, c := range ctr {
+				off += (c % x.Shape()[d]) * inStrides[d]
+			}
+			idx[o] = off
+			for d := len(ctr) - 1; d >= 0; d-- {
+				if ctr[d]++; ctr[d] < outShape[d] {
+					break
+				}
+				ctr[d] = 0
+			}
+		}
+		gatherElems(out.Bytes(), x.Bytes(), idx, x.DType().Size())
+		return nil
+	}), nil
+}
+
+func newCumSum(n *Node) (Kernel, error) {
+	exclusive, err := n.Attrs.Int("exclusive", 0)
+	if err != nil {
+		return nil, err
+	}
+	reverse, err := n.Attrs.Int("reverse", 0)
+	if err != nil {
+		return nil, err
+	}
+	return KernelFunc(func(ctx *Context) error {
+		x, err := ctx.RequireInput(0)
+		if err != nil {
+			return err
+		}
+		at, err := ctx.RequireInput(1)
+		if err != nil {
+			return err
+		}
+		av, err := tensor.Int64Values(at)
+		if err != nil || len(av) != 1 {
+			return fmt.Errorf("%w: CumSum axis must be an integer scalar", errs.ErrInvalidArgument)
+		}
+		ax, err := tensor.NormAxis(int(av[0]), x.Rank())
+		if err != nil {
+			return err
+		}
+		sh := x.Shape()
+		outer, dim, inner := tensor.Shape(sh[:ax]).Size(), sh[ax], tensor.Shape(sh[ax+1:]).Size()
+		out, err := ctx.NewOutput(0, x.DType(), sh)
+		if err != nil {
+			return err
+		}
+		scan := func(get func(int) float64, set func(int, float64)) {
+			for o := 0; o < outer; o++ {
+				for i := 0; i < inner; i++ {
+					acc := 0.0
+					for k := 0; k < dim; k++ {
+						kk := k
+						if reverse != 0 {
+							kk = dim - 1 - k
+						}
+						j := (o*dim+kk)*inner + i
+						v := get(j)
+						if exclusive != 0 {
+							set(j, acc)
+							acc += v
+						} else {
+							acc += v
+							set(j, acc)
+						}
+					}
+				}
+			}
+		}
+		if x.DType().IsInt() {
+			src, err := tensor.Int64Values(x)
+			if err != nil {
+				return err
+			}
+			res := make([]int64, len(src))
+			scan(func(j int) float64 { return float64(src[j]) }, func(j int, v float64) { res[j] = int64(v) })
+			return storeInt64(out, res)
+		}
+		src, err := reduceSource(x)
+		if err != nil {
+			return err
+		}
+		res := make([]float64, len(src))
+		scan(func(j int) float64 { return src[j] }, func(j int, v float64) { res[j] = v })
+		return storeFloat64(out, res)
+	}), nil
+}
+
+func newMod(n *Node) (Kernel, error) {
+	fmod, err := n.Attrs.Int("fmod", 0)
+	if err != nil {
+		return nil, err
+	}
+	op := binaryOp{
+		f32: func(x, y float32) float32 { return float32(math.Mod(float64(x), float64(y))) },
+		f64: math.Mod,
+		i64: func(x, y int64) (int64, error) {
+			if y == 0 {
+				return 0, errDivZero
+			}
+			m := x % y
+			if fmod == 0 && m != 0 && (m < 0) != (y < 0) {
+				m += y // integer Mod takes the divisor's sign, like Python
+			}
+			return m, nil
+		},
+	}
+	return KernelFunc(func(ctx *Context) error {
+		a, err := ctx.RequireInput(0)
+		if err != nil {
+			return err
+		}
+		b, err := ctx.RequireInput(1)
+		if err != nil {
+			return err
+		}
+		if a.DType() != b.DType() {
+			return fmt.Errorf("%w: Mod of %v and %v", errs.ErrType, a.DType(), b.DType())
+		}
+		if a.DType().IsFloat() && fmod == 0 {
+			return fmt.Errorf("%w: Mod on floats requires fmod=1", errs.ErrInvalidArgument)
+		}
+		os, err := tensor.BroadcastShapes(a.Shape(), b.Shape())
+		if err != nil {
+			return err
+		}
+		out, err := ctx.NewOutput(0, a.DType(), os)
+		if err != nil {
+			return err
+		}
+		return binaryCompute(op, a, b, out)
+	}), nil
+}
