@@ -31,6 +31,8 @@ func f32(t *testing.T, shape tensor.Shape, v ...float32) *tensor.Tensor {
 	return x
 }
 
+func chainBytes() []byte { return onnxtest.Bytes(chain()) }
+
 // chain is y = ((x + w) * x) - w, then Identity: several intermediates.
 func chain() *onnxpb.ModelProto {
 	g := onnxtest.Graph([]*onnxpb.NodeProto{

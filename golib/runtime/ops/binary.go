@@ -83,6 +83,9 @@ func newBinary(name string) Factory {
 			if err != nil {
 				return err
 			}
+			if k := f32Kinds[name]; k != 0 && a.DType() == tensor.Float32 && b.DType() == tensor.Float32 {
+				return binaryF32(k, a.Float32(), a.Shape(), b.Float32(), b.Shape(), out.Float32(), os)
+			}
 			return binaryCompute(op, a, b, out)
 		}), nil
 	}
