@@ -179,9 +179,12 @@ func TestIfCapturesOuterValues(t *testing.T) {
 		cond bool
 		want []float32
 	}{{true, []float32{9, 18}}, {false, []float32{1, 2}}} {
-		outs, _, err := s.Run(map[string]*tensor.Tensor{"c": tensor.Scalar(c.cond), "x0": f32(t, x, 1, 2)}, nil)
+		outs, stats, err := s.Run(map[string]*tensor.Tensor{"c": tensor.Scalar(c.cond), "x0": f32(t, x, 1, 2)}, nil)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if stats.PeakBytes != 16 { // x and the branch output, 8 bytes each
+			t.Errorf("cond %v: peak %d bytes, want 16", c.cond, stats.PeakBytes)
 		}
 		if got := outs[0].Float32(); got[0] != c.want[0] || got[1] != c.want[1] {
 			t.Errorf("cond %v: %v, want %v", c.cond, got, c.want)

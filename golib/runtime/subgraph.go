@@ -43,5 +43,13 @@ func (s *subgraph) Run(parent ops.Scope, inputs []*tensor.Tensor) ([]*tensor.Ten
 		}
 		out[i] = t
 	}
+	// The child context ends here: drop its references so the calling node
+	// accounts for the outputs it keeps.
+	for _, in := range s.plan.Inputs {
+		delete(child.tensors, in.Name) // the caller's, not counted here
+	}
+	for _, t := range child.tensors {
+		sc.mem.released(t)
+	}
 	return out, nil
 }

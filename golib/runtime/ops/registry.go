@@ -26,9 +26,16 @@
 //			}
 //			dst := out.Float32() // typed view, no copy (nil on dtype mismatch)
 //			_ = ctx.Threads()    // worker goroutines this node may use (>= 1)
+//			// or split work: err = ctx.ParallelFor(rows, grain, func(lo, hi int) {...})
 //			return nil
 //		}), nil
 //	}
+//
+// At factory time n.Constants[i] holds input i's value when it is an
+// initializer (weights), so a kernel may pre-pack it once; it still
+// arrives as ctx.Input(i) at run time. n.InputPresent / n.OutputPresent
+// tell which optional inputs and outputs the node uses;
+// ctx.OutputWanted(i) says the same at run time.
 //
 // Rules: the domain is "" for the default ONNX domain ("ai.onnx" is accepted
 // as a synonym) and "com.microsoft" for contrib ops. Kernels must not modify
