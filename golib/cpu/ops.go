@@ -16,6 +16,13 @@ type kernelOps struct {
 	tanhCap func(s []float32, c float32)
 	// axpy sets acc = alpha*acc + sum_t p[t]*v[t*d:(t+1)*d], d = len(acc).
 	axpy func(acc, p, v []float32, alpha float32)
+	// dots4 is dots for four query rows at once (q holds 4 rows of d, row
+	// r's n scores go to s[r*n:(r+1)*n]): every K row loaded feeds four
+	// dot products.
+	dots4 func(s, q, k []float32, d int)
+	// axpy4 is axpy for four rows at once: acc holds 4 rows of d = len(acc)/4,
+	// p holds 4 rows of n = len(p)/4 weights, alpha one factor per row.
+	axpy4 func(acc, p, v []float32, alpha *[4]float32)
 	// cvtF16 and cvtBF16 widen IEEE half / bfloat16 bits to float32
 	// (len(dst) == len(src)).
 	cvtF16  func(dst []float32, src []uint16)

@@ -14,6 +14,8 @@ var goOps = kernelOps{
 	expSub:  goExpSub,
 	tanhCap: goTanhCap,
 	axpy:    goAxpy,
+	dots4:   goDots4,
+	axpy4:   goAxpy4,
 	cvtF16:  codec.DecodeF16,
 	cvtBF16: codec.DecodeBF16,
 }
@@ -138,3 +140,17 @@ func goF16(h uint16) float32 { return codec.F16ToF32(h) }
 
 // bf16f widens one bfloat16 to float32.
 func bf16f(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+
+func goDots4(s, q, k []float32, d int) {
+	n := len(s) / 4
+	for r := 0; r < 4; r++ {
+		goDots(s[r*n:(r+1)*n], q[r*d:(r+1)*d], k, d)
+	}
+}
+
+func goAxpy4(acc, p, v []float32, alpha *[4]float32) {
+	d, n := len(acc)/4, len(p)/4
+	for r := 0; r < 4; r++ {
+		goAxpy(acc[r*d:(r+1)*d], p[r*n:(r+1)*n], v, alpha[r])
+	}
+}

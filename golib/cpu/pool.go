@@ -144,7 +144,7 @@ func (p *pool) run(s *shape, dst, q []float32, v cache.View, ops *kernelOps) err
 		for u := 0; u < units; u++ {
 			b, h := u/s.kvHeads, u%s.kvHeads
 			q0 := (b*s.qHeads + h*s.group) * s.qLen
-			mergeParts(dst, p.parts[u*stride:(u+1)*stride], q0, rows, s.dv, nsplit)
+			mergeParts(dst, p.parts[u*stride:(u+1)*stride], s, q0, nsplit)
 		}
 	}
 	err := p.err

@@ -4,7 +4,31 @@ package cpu
 
 import (
 	"simd/archsimd"
+	"unsafe"
 )
+
+// The inner loops address rows through unsafe pointers: slice expressions
+// per vector cost more bounds checks and spills than the FMAs themselves.
+// Every function checks its slices' lengths once on entry, so the raw
+// accesses below stay inside them.
+
+func ld16(p unsafe.Pointer, off int) archsimd.Float32x16 {
+	return archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(p, off)))
+}
+
+func st16(v archsimd.Float32x16, p unsafe.Pointer, off int) {
+	v.Store((*[16]float32)(unsafe.Add(p, off)))
+}
+
+func ld8(p unsafe.Pointer, off int) archsimd.Float32x8 {
+	return archsimd.LoadFloat32x8((*[8]float32)(unsafe.Add(p, off)))
+}
+
+func st8(v archsimd.Float32x8, p unsafe.Pointer, off int) {
+	v.Store((*[8]float32)(unsafe.Add(p, off)))
+}
+
+func f32p(s []float32) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(s)) }
 
 // avx512Ops and avx2Ops are the simd/archsimd inner loops: 16- and 8-lane
 // float32 vectors with FMA. Half and bfloat16 rows are widened with integer
@@ -17,6 +41,8 @@ var avx512Ops = kernelOps{
 	expSub:  expSub16,
 	tanhCap: tanhCap16,
 	axpy:    axpy16,
+	dots4:   dots4x16,
+	axpy4:   axpy4x16,
 	cvtF16:  cvtF16x16,
 	cvtBF16: cvtBF16x16,
 }
@@ -28,6 +54,8 @@ var avx2Ops = kernelOps{
 	expSub:  expSub8,
 	tanhCap: tanhCap8,
 	axpy:    axpy8,
+	dots4:   dots4x8,
+	axpy4:   axpy4x8,
 	cvtF16:  cvtF16x8,
 	cvtBF16: cvtBF16x8,
 }
@@ -67,39 +95,45 @@ func hsum8(b archsimd.Float32x8) float32 {
 
 func dots16(s, q, k []float32, d int) {
 	n := len(s)
-	dv := d &^ 15
+	if n == 0 {
+		return
+	}
+	_, _ = q[d-1], k[n*d-1]
+	qp, kp := f32p(q), f32p(k)
+	dv := (d &^ 15) * 4
+	rb := d * 4
 	t := 0
 	for ; t+4 <= n; t += 4 {
-		k0 := k[t*d : t*d+d]
-		k1 := k[t*d+d : t*d+2*d]
-		k2 := k[t*d+2*d : t*d+3*d]
-		k3 := k[t*d+3*d : t*d+4*d]
+		k0 := unsafe.Add(kp, t*rb)
+		k1 := unsafe.Add(k0, rb)
+		k2 := unsafe.Add(k1, rb)
+		k3 := unsafe.Add(k2, rb)
 		var a0, a1, a2, a3 archsimd.Float32x16
-		for i := 0; i < dv; i += 16 {
-			qv := archsimd.LoadFloat32x16Slice(q[i:])
-			a0 = qv.MulAdd(archsimd.LoadFloat32x16Slice(k0[i:]), a0)
-			a1 = qv.MulAdd(archsimd.LoadFloat32x16Slice(k1[i:]), a1)
-			a2 = qv.MulAdd(archsimd.LoadFloat32x16Slice(k2[i:]), a2)
-			a3 = qv.MulAdd(archsimd.LoadFloat32x16Slice(k3[i:]), a3)
+		for i := 0; i < dv; i += 64 {
+			qv := ld16(qp, i)
+			a0 = qv.MulAdd(ld16(k0, i), a0)
+			a1 = qv.MulAdd(ld16(k1, i), a1)
+			a2 = qv.MulAdd(ld16(k2, i), a2)
+			a3 = qv.MulAdd(ld16(k3, i), a3)
 		}
-		r := sum4x16(a0, a1, a2, a3)
-		r.StoreSlice(s[t:])
-		for i := dv; i < d; i++ {
-			s[t] += q[i] * k0[i]
-			s[t+1] += q[i] * k1[i]
-			s[t+2] += q[i] * k2[i]
-			s[t+3] += q[i] * k3[i]
+		sum4x16(a0, a1, a2, a3).StoreSlice(s[t:])
+		for i := dv / 4; i < d; i++ {
+			qi := q[i]
+			s[t] += qi * k[t*d+i]
+			s[t+1] += qi * k[(t+1)*d+i]
+			s[t+2] += qi * k[(t+2)*d+i]
+			s[t+3] += qi * k[(t+3)*d+i]
 		}
 	}
 	for ; t < n; t++ {
-		kr := k[t*d : t*d+d]
+		k0 := unsafe.Add(kp, t*rb)
 		var a archsimd.Float32x16
-		for i := 0; i < dv; i += 16 {
-			a = archsimd.LoadFloat32x16Slice(q[i:]).MulAdd(archsimd.LoadFloat32x16Slice(kr[i:]), a)
+		for i := 0; i < dv; i += 64 {
+			a = ld16(qp, i).MulAdd(ld16(k0, i), a)
 		}
 		sum := hsum8(a.GetLo().Add(a.GetHi()))
-		for i := dv; i < d; i++ {
-			sum += q[i] * kr[i]
+		for i := dv / 4; i < d; i++ {
+			sum += q[i] * k[t*d+i]
 		}
 		s[t] = sum
 	}
@@ -180,45 +214,52 @@ func tanhCap16(s []float32, c float32) {
 func axpy16(acc, p, v []float32, alpha float32) {
 	d := len(acc)
 	n := len(p)
+	if n == 0 || d == 0 {
+		return
+	}
+	_ = v[n*d-1]
+	ap, vp := f32p(acc), f32p(v)
+	rb := d * 4
 	av := archsimd.BroadcastFloat32x16(alpha)
 	scale := alpha != 1
 	i := 0
 	for ; i+64 <= d; i += 64 {
-		a0 := archsimd.LoadFloat32x16Slice(acc[i:])
-		a1 := archsimd.LoadFloat32x16Slice(acc[i+16:])
-		a2 := archsimd.LoadFloat32x16Slice(acc[i+32:])
-		a3 := archsimd.LoadFloat32x16Slice(acc[i+48:])
+		o := i * 4
+		a0, a1, a2, a3 := ld16(ap, o), ld16(ap, o+64), ld16(ap, o+128), ld16(ap, o+192)
 		if scale {
 			a0, a1, a2, a3 = a0.Mul(av), a1.Mul(av), a2.Mul(av), a3.Mul(av)
 		}
 		for t := 0; t < n; t++ {
+			vr := unsafe.Add(vp, t*rb+o) // never past the end (checkptr)
 			pb := archsimd.BroadcastFloat32x16(p[t])
-			vr := v[t*d+i : t*d+i+64]
-			a0 = pb.MulAdd(archsimd.LoadFloat32x16Slice(vr), a0)
-			a1 = pb.MulAdd(archsimd.LoadFloat32x16Slice(vr[16:]), a1)
-			a2 = pb.MulAdd(archsimd.LoadFloat32x16Slice(vr[32:]), a2)
-			a3 = pb.MulAdd(archsimd.LoadFloat32x16Slice(vr[48:]), a3)
+			a0 = pb.MulAdd(ld16(vr, 0), a0)
+			a1 = pb.MulAdd(ld16(vr, 64), a1)
+			a2 = pb.MulAdd(ld16(vr, 128), a2)
+			a3 = pb.MulAdd(ld16(vr, 192), a3)
 		}
-		a0.StoreSlice(acc[i:])
-		a1.StoreSlice(acc[i+16:])
-		a2.StoreSlice(acc[i+32:])
-		a3.StoreSlice(acc[i+48:])
+		st16(a0, ap, o)
+		st16(a1, ap, o+64)
+		st16(a2, ap, o+128)
+		st16(a3, ap, o+192)
 	}
 	for ; i+16 <= d; i += 16 {
-		a0 := archsimd.LoadFloat32x16Slice(acc[i:])
+		o := i * 4
+		a0 := ld16(ap, o)
 		if scale {
 			a0 = a0.Mul(av)
 		}
 		var a1 archsimd.Float32x16
 		t := 0
 		for ; t+2 <= n; t += 2 {
-			a0 = archsimd.BroadcastFloat32x16(p[t]).MulAdd(archsimd.LoadFloat32x16Slice(v[t*d+i:]), a0)
-			a1 = archsimd.BroadcastFloat32x16(p[t+1]).MulAdd(archsimd.LoadFloat32x16Slice(v[t*d+d+i:]), a1)
+			vr := unsafe.Add(vp, t*rb+o)
+			a0 = archsimd.BroadcastFloat32x16(p[t]).MulAdd(ld16(vr, 0), a0)
+			a1 = archsimd.BroadcastFloat32x16(p[t+1]).MulAdd(ld16(vr, rb), a1)
 		}
 		if t < n {
-			a0 = archsimd.BroadcastFloat32x16(p[t]).MulAdd(archsimd.LoadFloat32x16Slice(v[t*d+i:]), a0)
+			vr := unsafe.Add(vp, t*rb+o)
+			a0 = archsimd.BroadcastFloat32x16(p[t]).MulAdd(ld16(vr, 0), a0)
 		}
-		a0.Add(a1).StoreSlice(acc[i:])
+		st16(a0.Add(a1), ap, o)
 	}
 	for ; i < d; i++ {
 		x := acc[i] * alpha
@@ -268,38 +309,45 @@ func cvtF16x16(dst []float32, src []uint16) {
 
 func dots8(s, q, k []float32, d int) {
 	n := len(s)
-	dv := d &^ 7
+	if n == 0 {
+		return
+	}
+	_, _ = q[d-1], k[n*d-1]
+	qp, kp := f32p(q), f32p(k)
+	dv := (d &^ 7) * 4
+	rb := d * 4
 	t := 0
 	for ; t+4 <= n; t += 4 {
-		k0 := k[t*d : t*d+d]
-		k1 := k[t*d+d : t*d+2*d]
-		k2 := k[t*d+2*d : t*d+3*d]
-		k3 := k[t*d+3*d : t*d+4*d]
+		k0 := unsafe.Add(kp, t*rb)
+		k1 := unsafe.Add(k0, rb)
+		k2 := unsafe.Add(k1, rb)
+		k3 := unsafe.Add(k2, rb)
 		var a0, a1, a2, a3 archsimd.Float32x8
-		for i := 0; i < dv; i += 8 {
-			qv := archsimd.LoadFloat32x8Slice(q[i:])
-			a0 = qv.MulAdd(archsimd.LoadFloat32x8Slice(k0[i:]), a0)
-			a1 = qv.MulAdd(archsimd.LoadFloat32x8Slice(k1[i:]), a1)
-			a2 = qv.MulAdd(archsimd.LoadFloat32x8Slice(k2[i:]), a2)
-			a3 = qv.MulAdd(archsimd.LoadFloat32x8Slice(k3[i:]), a3)
+		for i := 0; i < dv; i += 32 {
+			qv := ld8(qp, i)
+			a0 = qv.MulAdd(ld8(k0, i), a0)
+			a1 = qv.MulAdd(ld8(k1, i), a1)
+			a2 = qv.MulAdd(ld8(k2, i), a2)
+			a3 = qv.MulAdd(ld8(k3, i), a3)
 		}
 		sum4x8(a0, a1, a2, a3).StoreSlice(s[t:])
-		for i := dv; i < d; i++ {
-			s[t] += q[i] * k0[i]
-			s[t+1] += q[i] * k1[i]
-			s[t+2] += q[i] * k2[i]
-			s[t+3] += q[i] * k3[i]
+		for i := dv / 4; i < d; i++ {
+			qi := q[i]
+			s[t] += qi * k[t*d+i]
+			s[t+1] += qi * k[(t+1)*d+i]
+			s[t+2] += qi * k[(t+2)*d+i]
+			s[t+3] += qi * k[(t+3)*d+i]
 		}
 	}
 	for ; t < n; t++ {
-		kr := k[t*d : t*d+d]
+		k0 := unsafe.Add(kp, t*rb)
 		var a archsimd.Float32x8
-		for i := 0; i < dv; i += 8 {
-			a = archsimd.LoadFloat32x8Slice(q[i:]).MulAdd(archsimd.LoadFloat32x8Slice(kr[i:]), a)
+		for i := 0; i < dv; i += 32 {
+			a = ld8(qp, i).MulAdd(ld8(k0, i), a)
 		}
 		sum := hsum8(a)
-		for i := dv; i < d; i++ {
-			sum += q[i] * kr[i]
+		for i := dv / 4; i < d; i++ {
+			sum += q[i] * k[t*d+i]
 		}
 		s[t] = sum
 	}
@@ -379,45 +427,52 @@ func tanhCap8(s []float32, c float32) {
 func axpy8(acc, p, v []float32, alpha float32) {
 	d := len(acc)
 	n := len(p)
+	if n == 0 || d == 0 {
+		return
+	}
+	_ = v[n*d-1]
+	ap, vp := f32p(acc), f32p(v)
+	rb := d * 4
 	av := archsimd.BroadcastFloat32x8(alpha)
 	scale := alpha != 1
 	i := 0
 	for ; i+32 <= d; i += 32 {
-		a0 := archsimd.LoadFloat32x8Slice(acc[i:])
-		a1 := archsimd.LoadFloat32x8Slice(acc[i+8:])
-		a2 := archsimd.LoadFloat32x8Slice(acc[i+16:])
-		a3 := archsimd.LoadFloat32x8Slice(acc[i+24:])
+		o := i * 4
+		a0, a1, a2, a3 := ld8(ap, o), ld8(ap, o+32), ld8(ap, o+64), ld8(ap, o+96)
 		if scale {
 			a0, a1, a2, a3 = a0.Mul(av), a1.Mul(av), a2.Mul(av), a3.Mul(av)
 		}
 		for t := 0; t < n; t++ {
+			vr := unsafe.Add(vp, t*rb+o) // never past the end (checkptr)
 			pb := archsimd.BroadcastFloat32x8(p[t])
-			vr := v[t*d+i : t*d+i+32]
-			a0 = pb.MulAdd(archsimd.LoadFloat32x8Slice(vr), a0)
-			a1 = pb.MulAdd(archsimd.LoadFloat32x8Slice(vr[8:]), a1)
-			a2 = pb.MulAdd(archsimd.LoadFloat32x8Slice(vr[16:]), a2)
-			a3 = pb.MulAdd(archsimd.LoadFloat32x8Slice(vr[24:]), a3)
+			a0 = pb.MulAdd(ld8(vr, 0), a0)
+			a1 = pb.MulAdd(ld8(vr, 32), a1)
+			a2 = pb.MulAdd(ld8(vr, 64), a2)
+			a3 = pb.MulAdd(ld8(vr, 96), a3)
 		}
-		a0.StoreSlice(acc[i:])
-		a1.StoreSlice(acc[i+8:])
-		a2.StoreSlice(acc[i+16:])
-		a3.StoreSlice(acc[i+24:])
+		st8(a0, ap, o)
+		st8(a1, ap, o+32)
+		st8(a2, ap, o+64)
+		st8(a3, ap, o+96)
 	}
 	for ; i+8 <= d; i += 8 {
-		a0 := archsimd.LoadFloat32x8Slice(acc[i:])
+		o := i * 4
+		a0 := ld8(ap, o)
 		if scale {
 			a0 = a0.Mul(av)
 		}
 		var a1 archsimd.Float32x8
 		t := 0
 		for ; t+2 <= n; t += 2 {
-			a0 = archsimd.BroadcastFloat32x8(p[t]).MulAdd(archsimd.LoadFloat32x8Slice(v[t*d+i:]), a0)
-			a1 = archsimd.BroadcastFloat32x8(p[t+1]).MulAdd(archsimd.LoadFloat32x8Slice(v[t*d+d+i:]), a1)
+			vr := unsafe.Add(vp, t*rb+o)
+			a0 = archsimd.BroadcastFloat32x8(p[t]).MulAdd(ld8(vr, 0), a0)
+			a1 = archsimd.BroadcastFloat32x8(p[t+1]).MulAdd(ld8(vr, rb), a1)
 		}
 		if t < n {
-			a0 = archsimd.BroadcastFloat32x8(p[t]).MulAdd(archsimd.LoadFloat32x8Slice(v[t*d+i:]), a0)
+			vr := unsafe.Add(vp, t*rb+o)
+			a0 = archsimd.BroadcastFloat32x8(p[t]).MulAdd(ld8(vr, 0), a0)
 		}
-		a0.Add(a1).StoreSlice(acc[i:])
+		st8(a0.Add(a1), ap, o)
 	}
 	for ; i < d; i++ {
 		x := acc[i] * alpha
@@ -457,5 +512,193 @@ func cvtF16x8(dst []float32, src []uint16) {
 	}
 	for ; i < n; i++ {
 		dst[i] = goF16(src[i])
+	}
+}
+
+// ---- four-row kernels ----
+
+// dots4x16sim runs two rows x four tokens at a time: 8 accumulators, the most
+// the compiler keeps in registers without spilling (it allocates 15 vector
+// registers), so each K vector feeds two FMAs.
+func dots4x16sim(s, q, k []float32, d int) {
+	n := len(s) / 4
+	if n == 0 {
+		return
+	}
+	_, _, _ = s[4*n-1], q[4*d-1], k[n*d-1]
+	if d&15 != 0 {
+		goDots4(s, q, k, d)
+		return
+	}
+	kp := f32p(k)
+	rb := d * 4
+	for r := 0; r < 4; r += 2 {
+		qa := unsafe.Add(f32p(q), r*rb)
+		qb := unsafe.Add(qa, rb)
+		t := 0
+		for ; t+4 <= n; t += 4 {
+			k0 := unsafe.Add(kp, t*rb)
+			k1 := unsafe.Add(k0, rb)
+			k2 := unsafe.Add(k1, rb)
+			k3 := unsafe.Add(k2, rb)
+			var a0, a1, a2, a3, b0, b1, b2, b3 archsimd.Float32x16
+			for i := 0; i < rb; i += 64 {
+				x0, x1, x2, x3 := ld16(k0, i), ld16(k1, i), ld16(k2, i), ld16(k3, i)
+				qv := ld16(qa, i)
+				a0, a1, a2, a3 = qv.MulAdd(x0, a0), qv.MulAdd(x1, a1), qv.MulAdd(x2, a2), qv.MulAdd(x3, a3)
+				qv = ld16(qb, i)
+				b0, b1, b2, b3 = qv.MulAdd(x0, b0), qv.MulAdd(x1, b1), qv.MulAdd(x2, b2), qv.MulAdd(x3, b3)
+			}
+			sum4x16(a0, a1, a2, a3).StoreSlice(s[r*n+t:])
+			sum4x16(b0, b1, b2, b3).StoreSlice(s[(r+1)*n+t:])
+		}
+		if t < n {
+			dots16(s[r*n+t:(r+1)*n], q[r*d:(r+1)*d], k[t*d:], d)
+			dots16(s[(r+1)*n+t:(r+2)*n], q[(r+1)*d:(r+2)*d], k[t*d:], d)
+		}
+	}
+}
+
+// axpy4x16sim accumulates 4 rows x 32 dims per pass (8 accumulators).
+func axpy4x16sim(acc, p, v []float32, alpha *[4]float32) {
+	d, n := len(acc)/4, len(p)/4
+	if n == 0 || d == 0 {
+		return
+	}
+	_, _ = p[4*n-1], v[n*d-1]
+	if d&31 != 0 {
+		goAxpy4x(acc, p, v, alpha, axpy16)
+		return
+	}
+	rb := d * 4
+	ap, vp := f32p(acc), f32p(v)
+	p0 := p[:n]
+	p1 := p[n : 2*n]
+	p2 := p[2*n : 3*n]
+	p3 := p[3*n : 4*n]
+	al0, al1 := archsimd.BroadcastFloat32x16(alpha[0]), archsimd.BroadcastFloat32x16(alpha[1])
+	al2, al3 := archsimd.BroadcastFloat32x16(alpha[2]), archsimd.BroadcastFloat32x16(alpha[3])
+	for o := 0; o < rb; o += 128 {
+		r0, r1, r2, r3 := unsafe.Add(ap, o), unsafe.Add(ap, rb+o), unsafe.Add(ap, 2*rb+o), unsafe.Add(ap, 3*rb+o)
+		a00, a01 := ld16(r0, 0).Mul(al0), ld16(r0, 64).Mul(al0)
+		a10, a11 := ld16(r1, 0).Mul(al1), ld16(r1, 64).Mul(al1)
+		a20, a21 := ld16(r2, 0).Mul(al2), ld16(r2, 64).Mul(al2)
+		a30, a31 := ld16(r3, 0).Mul(al3), ld16(r3, 64).Mul(al3)
+		for t := 0; t < n; t++ {
+			vr := unsafe.Add(vp, t*rb+o)
+			x0, x1 := ld16(vr, 0), ld16(vr, 64)
+			b := archsimd.BroadcastFloat32x16(p0[t])
+			a00, a01 = b.MulAdd(x0, a00), b.MulAdd(x1, a01)
+			b = archsimd.BroadcastFloat32x16(p1[t])
+			a10, a11 = b.MulAdd(x0, a10), b.MulAdd(x1, a11)
+			b = archsimd.BroadcastFloat32x16(p2[t])
+			a20, a21 = b.MulAdd(x0, a20), b.MulAdd(x1, a21)
+			b = archsimd.BroadcastFloat32x16(p3[t])
+			a30, a31 = b.MulAdd(x0, a30), b.MulAdd(x1, a31)
+		}
+		st16(a00, r0, 0)
+		st16(a01, r0, 64)
+		st16(a10, r1, 0)
+		st16(a11, r1, 64)
+		st16(a20, r2, 0)
+		st16(a21, r2, 64)
+		st16(a30, r3, 0)
+		st16(a31, r3, 64)
+	}
+}
+
+// goAxpy4x runs a single-row axpy on each of the four rows.
+func goAxpy4x(acc, p, v []float32, alpha *[4]float32, axpy func(acc, p, v []float32, alpha float32)) {
+	d, n := len(acc)/4, len(p)/4
+	for r := 0; r < 4; r++ {
+		axpy(acc[r*d:(r+1)*d], p[r*n:(r+1)*n], v, alpha[r])
+	}
+}
+
+// dots4x8 (AVX2, 16 registers) runs two rows x four tokens at a time.
+func dots4x8(s, q, k []float32, d int) {
+	n := len(s) / 4
+	if n == 0 {
+		return
+	}
+	_, _, _ = s[4*n-1], q[4*d-1], k[n*d-1]
+	if d&7 != 0 {
+		goDots4(s, q, k, d)
+		return
+	}
+	kp := f32p(k)
+	rb := d * 4
+	for r := 0; r < 4; r += 2 {
+		qa := unsafe.Add(f32p(q), r*rb)
+		qb := unsafe.Add(qa, rb)
+		t := 0
+		for ; t+4 <= n; t += 4 {
+			k0 := unsafe.Add(kp, t*rb)
+			k1 := unsafe.Add(k0, rb)
+			k2 := unsafe.Add(k1, rb)
+			k3 := unsafe.Add(k2, rb)
+			var a0, a1, a2, a3, b0, b1, b2, b3 archsimd.Float32x8
+			for i := 0; i < rb; i += 32 {
+				x0, x1, x2, x3 := ld8(k0, i), ld8(k1, i), ld8(k2, i), ld8(k3, i)
+				qv := ld8(qa, i)
+				a0, a1, a2, a3 = qv.MulAdd(x0, a0), qv.MulAdd(x1, a1), qv.MulAdd(x2, a2), qv.MulAdd(x3, a3)
+				qv = ld8(qb, i)
+				b0, b1, b2, b3 = qv.MulAdd(x0, b0), qv.MulAdd(x1, b1), qv.MulAdd(x2, b2), qv.MulAdd(x3, b3)
+			}
+			sum4x8(a0, a1, a2, a3).StoreSlice(s[r*n+t:])
+			sum4x8(b0, b1, b2, b3).StoreSlice(s[(r+1)*n+t:])
+		}
+		if t < n {
+			dots8(s[r*n+t:(r+1)*n], q[r*d:(r+1)*d], k[t*d:], d)
+			dots8(s[(r+1)*n+t:(r+2)*n], q[(r+1)*d:(r+2)*d], k[t*d:], d)
+		}
+	}
+}
+
+// axpy4x8 (AVX2) accumulates 4 rows x 16 dims per pass (8 accumulators).
+func axpy4x8(acc, p, v []float32, alpha *[4]float32) {
+	d, n := len(acc)/4, len(p)/4
+	if n == 0 || d == 0 {
+		return
+	}
+	_, _ = p[4*n-1], v[n*d-1]
+	if d&15 != 0 {
+		goAxpy4x(acc, p, v, alpha, axpy8)
+		return
+	}
+	rb := d * 4
+	ap, vp := f32p(acc), f32p(v)
+	p0 := p[:n]
+	p1 := p[n : 2*n]
+	p2 := p[2*n : 3*n]
+	p3 := p[3*n : 4*n]
+	al0, al1 := archsimd.BroadcastFloat32x8(alpha[0]), archsimd.BroadcastFloat32x8(alpha[1])
+	al2, al3 := archsimd.BroadcastFloat32x8(alpha[2]), archsimd.BroadcastFloat32x8(alpha[3])
+	for o := 0; o < rb; o += 64 {
+		r0, r1, r2, r3 := unsafe.Add(ap, o), unsafe.Add(ap, rb+o), unsafe.Add(ap, 2*rb+o), unsafe.Add(ap, 3*rb+o)
+		a00, a01 := ld8(r0, 0).Mul(al0), ld8(r0, 32).Mul(al0)
+		a10, a11 := ld8(r1, 0).Mul(al1), ld8(r1, 32).Mul(al1)
+		a20, a21 := ld8(r2, 0).Mul(al2), ld8(r2, 32).Mul(al2)
+		a30, a31 := ld8(r3, 0).Mul(al3), ld8(r3, 32).Mul(al3)
+		for t := 0; t < n; t++ {
+			vr := unsafe.Add(vp, t*rb+o)
+			x0, x1 := ld8(vr, 0), ld8(vr, 32)
+			b := archsimd.BroadcastFloat32x8(p0[t])
+			a00, a01 = b.MulAdd(x0, a00), b.MulAdd(x1, a01)
+			b = archsimd.BroadcastFloat32x8(p1[t])
+			a10, a11 = b.MulAdd(x0, a10), b.MulAdd(x1, a11)
+			b = archsimd.BroadcastFloat32x8(p2[t])
+			a20, a21 = b.MulAdd(x0, a20), b.MulAdd(x1, a21)
+			b = archsimd.BroadcastFloat32x8(p3[t])
+			a30, a31 = b.MulAdd(x0, a30), b.MulAdd(x1, a31)
+		}
+		st8(a00, r0, 0)
+		st8(a01, r0, 32)
+		st8(a10, r1, 0)
+		st8(a11, r1, 32)
+		st8(a20, r2, 0)
+		st8(a21, r2, 32)
+		st8(a30, r3, 0)
+		st8(a31, r3, 32)
 	}
 }

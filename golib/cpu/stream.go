@@ -49,6 +49,7 @@ type unitState struct {
 	kbuf   []float32 // widened K block
 	vbuf   []float32 // widened V block
 	segs   []cache.Segment
+	alpha  [4]float32 // per-row rescale factors of one block
 }
 
 func growF(b []float32, n int) []float32 {
@@ -79,7 +80,7 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 	u.lo = growI(u.lo, rows)
 	u.hi = growI(u.hi, rows)
 	bt := blockTokens(dk, dv)
-	u.sc = growF(u.sc, bt)
+	u.sc = growF(u.sc, 4*bt)
 
 	// Scale the group's query rows once; with a softcap the 1/cap factor is
 	// folded in too, so the block only needs cap*tanh(dot).
@@ -87,13 +88,19 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 	if s.softcap > 0 {
 		qscale /= s.softcap
 	}
+	// Rows are kept query-position-major (r = i*group + g), so the rows of
+	// one new token, which see the same keys, are adjacent.
 	q0 := (b*s.qHeads + h*s.group) * s.qLen
-	for i, x := range q[q0*dk : (q0+rows)*dk] {
-		u.qs[i] = x * qscale
+	for r := 0; r < rows; r++ {
+		e := q0 + s.extRow(r)
+		qr := u.qs[r*dk : (r+1)*dk]
+		for i, x := range q[e*dk : (e+1)*dk] {
+			qr[i] = x * qscale
+		}
 	}
 	L, ws := v.SeqLen(b), v.WindowStart(b)
 	for r := 0; r < rows; r++ {
-		lo, hi := s.rowRange(L, ws, r%s.qLen)
+		lo, hi := s.rowRange(L, ws, r/s.group)
 		u.lo[r], u.hi[r] = max(lo, from), min(hi, to)
 		u.m[r] = float32(math.Inf(-1))
 		u.l[r] = 0
@@ -123,7 +130,8 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 
 	if dst != nil {
 		for r := 0; r < rows; r++ {
-			out := dst[(q0+r)*dv : (q0+r+1)*dv]
+			e := q0 + s.extRow(r)
+			out := dst[e*dv : (e+1)*dv]
 			inv := 1 / u.l[r]
 			for i, x := range u.acc[r*dv : (r+1)*dv] {
 				out[i] = x * inv
@@ -181,37 +189,66 @@ func (u *unitState) loadBlock(ops *kernelOps, buf *[]float32, raw []byte, off, n
 }
 
 // block folds the n tokens starting at absolute position pos into the
-// online-softmax state of every row that sees some of them.
+// online-softmax state of every row that sees some of them. Runs of four
+// rows with the same visible range (all rows of a decode step) go through
+// the four-row inner loops, so each K/V row is loaded once for four rows.
 func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, pos, n, rows int) {
 	dk, dv := s.dk, s.dv
-	for r := 0; r < rows; r++ {
+	for r := 0; r < rows; {
 		a, e := max(u.lo[r], pos), min(u.hi[r], pos+n)
 		if a >= e {
+			r++
 			continue
 		}
-		sc := u.sc[:e-a]
-		ops.dots(sc, u.qs[r*dk:(r+1)*dk], kb[(a-pos)*dk:(e-pos)*dk], dk)
-		if s.softcap > 0 {
-			ops.tanhCap(sc, s.softcap)
+		nr := 1
+		for nr < 4 && r+nr < rows && u.lo[r+nr] == u.lo[r] && u.hi[r+nr] == u.hi[r] {
+			nr++
 		}
-		mOld := u.m[r]
-		mNew := max(mOld, ops.maxOf(sc))
-		alpha := float32(1)
-		if mNew != mOld {
-			alpha = expf(mOld - mNew) // 0 when mOld is -Inf
+		if nr != 4 {
+			nr = 1
 		}
-		u.l[r] = u.l[r]*alpha + ops.expSub(sc, mNew)
-		u.m[r] = mNew
-		ops.axpy(u.acc[r*dv:(r+1)*dv], sc, vb[(a-pos)*dv:(e-pos)*dv], alpha)
+		cnt := e - a
+		sc := u.sc[:nr*cnt]
+		kr := kb[(a-pos)*dk : (e-pos)*dk]
+		vr := vb[(a-pos)*dv : (e-pos)*dv]
+		if nr == 4 {
+			ops.dots4(sc, u.qs[r*dk:(r+4)*dk], kr, dk)
+		} else {
+			ops.dots(sc, u.qs[r*dk:(r+1)*dk], kr, dk)
+		}
+		alpha := &u.alpha // a field: a local would escape through the indirect call
+		for j := 0; j < nr; j++ {
+			sj := sc[j*cnt : (j+1)*cnt]
+			if s.softcap > 0 {
+				ops.tanhCap(sj, s.softcap)
+			}
+			mOld := u.m[r+j]
+			mNew := max(mOld, ops.maxOf(sj))
+			alpha[j] = 1
+			if mNew != mOld {
+				alpha[j] = expf(mOld - mNew) // ~0 when mOld is -Inf
+			}
+			u.l[r+j] = u.l[r+j]*alpha[j] + ops.expSub(sj, mNew)
+			u.m[r+j] = mNew
+		}
+		if nr == 4 {
+			ops.axpy4(u.acc[r*dv:(r+4)*dv], sc, vr, alpha)
+		} else {
+			ops.axpy(u.acc[r*dv:(r+1)*dv], sc, vr, alpha[0])
+		}
+		r += nr
 	}
 }
 
 // mergeParts combines nsplit partial states of one unit into dst rows
 // [q0, q0+rows): m = max m_i, l = sum l_i e^(m_i-m), o = sum o_i e^(m_i-m) / l.
-func mergeParts(dst, parts []float32, q0, rows, dv, nsplit int) {
+// Partial rows are in the internal order of runUnit.
+func mergeParts(dst, parts []float32, s *shape, q0, nsplit int) {
+	rows, dv := s.group*s.qLen, s.dv
 	stride := rows * (dv + 2)
 	for r := 0; r < rows; r++ {
-		out := dst[(q0+r)*dv : (q0+r+1)*dv]
+		e := q0 + s.extRow(r)
+		out := dst[e*dv : (e+1)*dv]
 		m := float32(math.Inf(-1))
 		for c := 0; c < nsplit; c++ {
 			m = max(m, parts[c*stride+r*(dv+2)])
@@ -235,3 +272,7 @@ func mergeParts(dst, parts []float32, q0, rows, dv, nsplit int) {
 		}
 	}
 }
+
+// extRow maps runUnit's internal row r = i*group + g (query position i,
+// head g of the group) to the row g*qLen + i of the q/dst layout.
+func (s *shape) extRow(r int) int { return (r%s.group)*s.qLen + r/s.group }
