@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
+	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
@@ -15,7 +17,8 @@ import (
 // Session bindings: python/onnx_light_kv/session.py drives these. A run is
 // two calls: SessionRun executes the graph and returns the outputs' types
 // and shapes with a result handle; Python allocates numpy arrays and
-// ResultCopyAndFree copies every output into them once.
+// ResultCopyAndFree copies every output into them once. Arrays cross as
+// array references (arrayref.go), the cheapest way to name numpy memory.
 
 var (
 	sessions = newRegistry[*runtime.Session]("session")
@@ -74,6 +77,7 @@ func SessionFree(h int64) (err error) {
 	if !ok {
 		return classify(fmt.Errorf("%w: session handle %d", errUnknownHandle, h))
 	}
+	lastStats.Delete(h)
 	return classify(s.Close())
 }
 
@@ -132,11 +136,6 @@ func SessionIOJSON(h int64) (s string, err error) {
 	return string(b), classify(err)
 }
 
-type runOutJSON struct {
-	DType int32 `json:"dtype"`
-	Shape []int `json:"shape"`
-}
-
 type eventJSON struct {
 	Node  string `json:"node"`
 	Op    string `json:"op"`
@@ -144,22 +143,26 @@ type eventJSON struct {
 	Bytes int64  `json:"bytes"`
 }
 
+// lastStats keeps each session's latest RunStats for SessionLastStatsJSON,
+// so a run does not pay for encoding them.
+var lastStats sync.Map // session handle -> *runtime.RunStats
+
 // SessionRun runs session h. feedNames is a JSON list of n input names;
-// ptrs, dtypes and ranks point to n int64 values each (data pointers of
-// C-contiguous, aligned numpy arrays, ONNX element codes and ranks), and
-// dims to the concatenated dimensions (nDims values). outNames is a JSON
-// list of output names ("" or "null": all outputs). Feed memory is borrowed:
-// the caller keeps the arrays alive until ResultCopyAndFree.
+// desc (an array reference, see arrayref.go) holds nDesc int64 values that
+// describe the feeds in order, each as [array reference of a C-contiguous
+// aligned array, ONNX element code, rank, dims...]. outNames is a JSON list
+// of output names ("" or "null": all outputs). Feed memory is borrowed: the
+// caller keeps the arrays alive until ResultCopyAndFree.
 //
-// It returns {"result": handle, "outputs": [{"dtype", "shape"}...],
-// "peak_bytes", "allocated_bytes", "events": [...] (when profiling)}.
-func SessionRun(h int64, feedNames string, n int, ptrs, dtypes, ranks uintptr, dims uintptr, nDims int, outNames string) (s string, err error) {
+// It returns "result|code:d0,d1,...|code:...": the result handle, then each
+// output's element code and dims (nothing after ':' for a scalar).
+func SessionRun(h int64, feedNames string, n int, desc uintptr, nDesc int, outNames string) (s string, err error) {
 	defer recoverTo(&err)
 	sess, err := sessions.get(h)
 	if err != nil {
 		return "", classify(err)
 	}
-	feeds, err := buildFeeds(feedNames, n, ptrs, dtypes, ranks, dims, nDims)
+	feeds, err := buildFeeds(feedNames, n, desc, nDesc)
 	if err != nil {
 		return "", classify(err)
 	}
@@ -173,69 +176,82 @@ func SessionRun(h int64, feedNames string, n int, ptrs, dtypes, ranks uintptr, d
 	if err != nil {
 		return "", classify(err)
 	}
+	lastStats.Store(h, stats)
 	rh := results.put(outs)
-	meta := make([]runOutJSON, len(outs))
-	for i, t := range outs {
-		meta[i] = runOutJSON{DType: int32(t.DType()), Shape: t.Shape()}
-		if meta[i].Shape == nil {
-			meta[i].Shape = []int{}
+	buf := make([]byte, 0, 16+16*len(outs))
+	buf = strconv.AppendInt(buf, rh, 10)
+	for _, t := range outs {
+		buf = append(buf, '|')
+		buf = strconv.AppendInt(buf, int64(t.DType()), 10)
+		buf = append(buf, ':')
+		for k, d := range t.Shape() {
+			if k > 0 {
+				buf = append(buf, ',')
+			}
+			buf = strconv.AppendInt(buf, int64(d), 10)
 		}
 	}
+	return string(buf), nil
+}
+
+// SessionLastStatsJSON returns the figures of session h's latest run:
+// {"peak_bytes", "allocated_bytes", "events": [{"node", "op", "dur_ns",
+// "bytes"}...] (events only when profiling)}; {} before the first run.
+func SessionLastStatsJSON(h int64) (s string, err error) {
+	defer recoverTo(&err)
+	if _, err := sessions.get(h); err != nil {
+		return "", classify(err)
+	}
+	v, ok := lastStats.Load(h)
+	if !ok {
+		return "{}", nil
+	}
+	stats := v.(*runtime.RunStats)
 	events := make([]eventJSON, len(stats.Events))
 	for i, e := range stats.Events {
 		events[i] = eventJSON{Node: e.Node, Op: e.OpType, DurNs: e.Duration.Nanoseconds(), Bytes: e.BytesAllocated}
 	}
-	b, err := json.Marshal(map[string]any{"result": rh, "outputs": meta, "peak_bytes": stats.PeakBytes,
-		"allocated_bytes": stats.AllocatedBytes, "events": events})
-	if err != nil {
-		results.take(rh)
-		return "", classify(err)
-	}
-	return string(b), nil
+	b, err := json.Marshal(map[string]any{"peak_bytes": stats.PeakBytes, "allocated_bytes": stats.AllocatedBytes, "events": events})
+	return string(b), classify(err)
 }
 
-func buildFeeds(feedNames string, n int, ptrs, dtypes, ranks, dims uintptr, nDims int) (map[string]*tensor.Tensor, error) {
+func buildFeeds(feedNames string, n int, desc uintptr, nDesc int) (map[string]*tensor.Tensor, error) {
 	var names []string
 	if err := json.Unmarshal([]byte(feedNames), &names); err != nil || len(names) != n {
 		return nil, fmt.Errorf("%w: feed names %q for %d feeds", errs.ErrInvalidArgument, feedNames, n)
 	}
-	p, err := int64sAt(ptrs, n)
-	if err != nil {
-		return nil, err
-	}
-	dt, err := int64sAt(dtypes, n)
-	if err != nil {
-		return nil, err
-	}
-	rk, err := int64sAt(ranks, n)
-	if err != nil {
-		return nil, err
-	}
-	ds, err := int64sAt(dims, nDims)
+	ds, err := int64sAt(arrayData(desc), nDesc)
 	if err != nil {
 		return nil, err
 	}
 	feeds := make(map[string]*tensor.Tensor, n)
 	off := 0
-	for i, name := range names {
-		r := int(rk[i])
-		if r < 0 || off+r > nDims {
+	for _, name := range names {
+		if off+3 > nDesc {
+			return nil, fmt.Errorf("%w: feed description too short at %q", errs.ErrInvalidArgument, name)
+		}
+		ref, code, r := uintptr(ds[off]), ds[off+1], int(ds[off+2])
+		off += 3
+		if r < 0 || off+r > nDesc {
 			return nil, fmt.Errorf("%w: rank %d of feed %q", errs.ErrInvalidArgument, r, name)
 		}
 		shape := make(tensor.Shape, r)
 		for k := range shape {
+			if ds[off+k] < 0 || ds[off+k] > tensor.MaxElements {
+				return nil, fmt.Errorf("%w: dimension %d of feed %q", errs.ErrInvalidArgument, ds[off+k], name)
+			}
 			shape[k] = int(ds[off+k])
 		}
 		off += r
-		d := tensor.DType(dt[i])
+		d := tensor.DType(code)
 		if !d.Valid() {
-			return nil, fmt.Errorf("%w: input %q has unsupported element type code %d", errs.ErrType, name, dt[i])
+			return nil, fmt.Errorf("%w: input %q has unsupported element type code %d", errs.ErrType, name, code)
 		}
 		cnt, err := shape.NumElements()
 		if err != nil {
 			return nil, fmt.Errorf("input %q: %w", name, err)
 		}
-		b, err := bytesAt(uintptr(p[i]), cnt*d.Size())
+		b, err := bytesAt(arrayData(ref), cnt*d.Size())
 		if err != nil {
 			return nil, fmt.Errorf("input %q: %w", name, err)
 		}
@@ -251,9 +267,10 @@ func buildFeeds(feedNames string, n int, ptrs, dtypes, ranks, dims uintptr, nDim
 	return feeds, nil
 }
 
-// ResultCopyAndFree copies the n outputs of run result rh into the buffers
-// whose data pointers are the n int64 values at ptrs (each exactly the
-// output's byte size, as announced by SessionRun), then frees the result.
+// ResultCopyAndFree copies the n outputs of run result rh into the arrays
+// whose references (see arrayref.go) are the n int64 values at ptrs (an
+// array reference too), each exactly the output's byte size as announced
+// by SessionRun, then frees the result.
 // The result is freed even when the copy fails.
 func ResultCopyAndFree(rh int64, ptrs uintptr, n int) (err error) {
 	defer recoverTo(&err)
@@ -264,12 +281,12 @@ func ResultCopyAndFree(rh int64, ptrs uintptr, n int) (err error) {
 	if n != len(outs) {
 		return classify(fmt.Errorf("%w: %d buffers for %d outputs", errs.ErrInvalidArgument, n, len(outs)))
 	}
-	p, err := int64sAt(ptrs, n)
+	p, err := int64sAt(arrayData(ptrs), n)
 	if err != nil {
 		return classify(err)
 	}
 	for i, t := range outs {
-		dst, err := bytesAt(uintptr(p[i]), t.NumBytes())
+		dst, err := bytesAt(arrayData(uintptr(p[i])), t.NumBytes())
 		if err != nil {
 			return classify(err)
 		}

@@ -95,10 +95,10 @@ class InferenceSession:
         self._output_names = [o.name for o in self._outputs]
         self._opsets: Dict[str, int] = io["opsets"]
         self._threads: int = io["threads"]
-        self.last_run_stats: Dict[str, Any] = {}
-        """Figures of the latest run: ``peak_bytes`` (largest live total of
-        kernel-allocated tensors), ``allocated_bytes``, and ``events`` (one
-        dict per node: node, op, dur_ns, bytes) when profiling is on."""
+        self._feed_keys: tuple = ()
+        self._feed_json = "[]"
+        self._out_keys: tuple = ()
+        self._out_json = "[]"
 
     # -- onnxruntime-compatible surface --------------------------------------------------
     def get_inputs(self) -> List[NodeArg]:
@@ -124,33 +124,43 @@ class InferenceSession:
             raise ValueError("the session is closed")
         if not isinstance(input_feed, Mapping):
             raise TypeError("input_feed must be a dict of name -> array")
-        names: List[str] = []
-        arrays: List[np.ndarray] = []
-        for name, value in input_feed.items():
-            names.append(str(name))
-            arrays.append(_as_feed(name, value))
-        n = len(arrays)
-        ptrs = np.fromiter((a.ctypes.data for a in arrays), dtype=np.int64, count=n)
-        codes = np.fromiter((_TO_CODE[a.dtype] for a in arrays), dtype=np.int64, count=n)
-        ranks = np.fromiter((a.ndim for a in arrays), dtype=np.int64, count=n)
-        dims = np.array([d for a in arrays for d in a.shape], dtype=np.int64)
-        if output_names is not None:
-            output_names = [str(o) for o in output_names]
-        meta = json.loads(_lib.call(
-            _lib.fn("SessionRun"), self._h, json.dumps(names), n, _ptr(ptrs), _ptr(codes), _ptr(ranks),
-            _ptr(dims), int(dims.size), json.dumps(output_names) if output_names is not None else ""))
-        rh = meta["result"]
+        keys = tuple(input_feed)
+        if keys != self._feed_keys:  # the JSON of the names is reused across runs
+            self._feed_keys, self._feed_json = keys, json.dumps([str(k) for k in keys])
+        arrays = [_as_feed(k, input_feed[k]) for k in keys]
+        desc: List[int] = []
+        for a in arrays:
+            desc += (_lib.addr(a), _TO_CODE[a.dtype], a.ndim, *a.shape)
+        d = np.array(desc, dtype=np.int64)
+        if output_names is None:
+            out_json = ""
+        else:
+            names = tuple(output_names)
+            if names != self._out_keys:
+                self._out_keys, self._out_json = names, json.dumps([str(o) for o in names])
+            out_json = self._out_json
+        meta = _lib.call(_lib.fn("SessionRun"), self._h, self._feed_json, len(arrays),
+                         _lib.addr(d) if d.size else 0, int(d.size), out_json).split("|")
+        rh = int(meta[0])
         try:
-            outs = [np.empty(o["shape"], dtype=_FROM_CODE[o["dtype"]]) for o in meta["outputs"]]
+            outs = [np.empty(tuple(int(x) for x in shape.split(",")) if shape else (), dtype=_FROM_CODE[int(code)])
+                    for code, _, shape in (m.partition(":") for m in meta[1:])]
         except BaseException:
             _lib.call(_lib.fn("ResultFree"), rh)
             raise
-        optrs = np.fromiter((o.ctypes.data for o in outs), dtype=np.int64, count=len(outs))
-        _lib.call(_lib.fn("ResultCopyAndFree"), rh, _ptr(optrs), len(outs))
+        refs = np.array([_lib.addr(o) for o in outs], dtype=np.int64)
+        _lib.call(_lib.fn("ResultCopyAndFree"), rh, _lib.addr(refs) if refs.size else 0, len(outs))
         del arrays  # feeds had to stay alive until the copy above
-        self.last_run_stats = {"peak_bytes": meta["peak_bytes"], "allocated_bytes": meta["allocated_bytes"],
-                               "events": meta["events"]}
         return outs
+
+    @property
+    def last_run_stats(self) -> Dict[str, Any]:
+        """Figures of the latest run: ``peak_bytes`` (largest live total of
+        kernel-allocated tensors), ``allocated_bytes``, and ``events`` (one
+        dict per node: node, op, dur_ns, bytes) when profiling is on."""
+        if not self._h:
+            return {}
+        return json.loads(_lib.call(_lib.fn("SessionLastStatsJSON"), self._h))
 
     # -- lifetime -----------------------------------------------------------------------
     def close(self) -> None:
@@ -179,10 +189,6 @@ class InferenceSession:
 
 def _node_arg(d: Mapping[str, Any]) -> NodeArg:
     return NodeArg(name=d["name"], type=d["type"], shape=d["shape"])
-
-
-def _ptr(a: np.ndarray) -> int:
-    return a.ctypes.data if a.size else 0
 
 
 def _as_feed(name: Any, value: Any) -> np.ndarray:
