@@ -313,6 +313,44 @@ for _upper in (0, 1):
 _add("Trilu-int64-square", "exact", lambda: node_model("Trilu", [("x", _r((5, 5), I64, -9, 9)), ("k", np.array(1, I64))], inits=["k"]))
 _add("Trilu-float16", "exact", lambda: node_model("Trilu", [("x", _r((3, 7), F16))], upper=1))
 
+# ---------------------------------------------------------------- beyond the list
+# Ops the runtime registers in addition to the list; same contract.
+for _dt in (F32, F16):
+    n = np.dtype(_dt).name
+    for _op in ("Floor", "Ceil", "Round"):
+        _add(f"{_op}-{n}", "exact", lambda op=_op, dt=_dt: node_model(op, [("x", (np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 2.4], dt)))]))
+    for _op in ("Max", "Min", "Sum"):
+        _add(f"{_op}-{n}-3-inputs", "ew", lambda op=_op, dt=_dt: node_model(op, [("a", _r((2, 3), dt)), ("b", _r((3,), dt, seed=1)),
+                                                                                  ("c", _r((2, 1), dt, seed=2))]))
+    for _op in ("Less", "LessOrEqual", "Greater", "GreaterOrEqual"):
+        _add(f"{_op}-{n}", "exact", lambda op=_op, dt=_dt: node_model(op, [("a", _r((3, 4), dt, -2, 2)),
+                                                                            ("b", np.round(_r((4,), dt, -2, 2, 1)).astype(dt))]))
+    _add(f"Clip-{n}", "exact", lambda dt=_dt: node_model("Clip", [("x", _r((3, 5), dt, -3, 3)), ("lo", np.array(-1, dt)), ("hi", np.array(1.5, dt))]))
+    _add(f"Clip-{n}-min-only", "exact", lambda dt=_dt: node_model("Clip", [("x", _r((7,), dt, -3, 3)), ("lo", np.array(0, dt))]))
+    _add(f"LogSoftmax-{n}", "reduce", lambda dt=_dt: node_model("LogSoftmax", [("x", _r((2, 3, 17), dt, -6, 6))], axis=-1))
+    for _op in ("ReduceMax", "ReduceMin"):
+        _add(f"{_op}-{n}", "exact", lambda op=_op, dt=_dt: node_model(op, [("x", _r((3, 4, 5), dt)), ("a", np.array([1], I64))], inits=["a"],
+                                                                       opset=18, keepdims=0))
+    _add(f"CastLike-{n}", "exact", lambda dt=_dt: node_model("CastLike", [("x", _r((3, 4), I64, -9, 9)), ("like", np.zeros((1,), dt))]))
+for _op in ("Less", "Greater", "LessOrEqual"):
+    _add(f"{_op}-int64", "exact", lambda op=_op: node_model(op, [("a", _r((3, 4), I64, -3, 3)), ("b", _r((3, 1), I64, -3, 3, 1))]))
+for _op in ("And", "Or", "Xor"):
+    _add(f"{_op}-bool", "exact", lambda op=_op: node_model(op, [("a", _r((3, 4), np.bool_)), ("b", _r((4,), np.bool_, seed=1))]))
+_add("Not-bool", "exact", lambda: node_model("Not", [("x", _r((2, 5), np.bool_))]))
+_add("Mod-int64", "exact", lambda: node_model("Mod", [("a", np.array([-7, 7, -8, 9, 5], I64)), ("b", np.array([3, -3, 3, 4, 5], I64))]))
+_add("Mod-int64-fmod", "exact", lambda: node_model("Mod", [("a", np.array([-7, 7, -8, 9], I64)), ("b", np.array([3, -3, 3, 4], I64))], fmod=1))
+_add("Mod-float32-fmod", "ew", lambda: node_model("Mod", [("a", _r((6,), F32, -9, 9)), ("b", np.array([2.5], F32))], fmod=1))
+_add("Tile-float32", "exact", lambda: node_model("Tile", [("x", _r((2, 3), F32)), ("r", np.array([2, 3], I64))], inits=["r"]))
+_add("Tile-int64-dynamic", "exact", lambda: node_model("Tile", [("x", np.array([[1, 2]], I64)), ("r", np.array([3, 1], I64))]))
+for _excl, _rev in ((0, 0), (1, 0), (0, 1), (1, 1)):
+    _add(f"CumSum-exclusive{_excl}-reverse{_rev}", "reduce",
+         lambda e=_excl, r=_rev: node_model("CumSum", [("x", _r((3, 6), F32)), ("ax", np.array(1, I64))], inits=["ax"], exclusive=e, reverse=r))
+_add("CumSum-int64-axis0", "exact", lambda: node_model("CumSum", [("x", _r((4, 3), I64, -5, 5)), ("ax", np.array(0, I64))]))
+for _axis in (0, 1, 2, -1):
+    _add(f"Flatten-axis{_axis}", "exact", lambda ax=_axis: node_model("Flatten", [("x", X234)], axis=ax))
+_add("Size-float16", "exact", lambda: node_model("Size", [("x", _r((2, 3, 5), F16))]))
+_add("FastGelu-float32", "transc", lambda: node_model("FastGelu", [("x", _r((2, 3, 16), F32, -4, 4))], domain="com.microsoft"))
+
 # ---------------------------------------------------------------- RotaryEmbedding (opset 23)
 
 
