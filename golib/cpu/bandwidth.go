@@ -1,0 +1,47 @@
+package cpu
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
+)
+
+// ReadBandwidth measures the machine's streaming-read bandwidth, the
+// physical limit of decode attention over a cache larger than the LLC: it
+// allocates a buffer of the given size (use well above the L3, e.g. 1 GiB),
+// writes it once, then reads it iters times with threads goroutines, each
+// streaming its contiguous share with the active SIMD path, and returns the
+// best pass in GB/s (1e9 bytes per second). It allocates and is not meant
+// for a hot path.
+func ReadBandwidth(bytes int64, threads, iters int) (float64, error) {
+	if bytes < 1<<20 || threads < 1 || iters < 1 {
+		return 0, fmt.Errorf("%w: read bandwidth needs bytes >= 1 MiB, threads >= 1, iters >= 1 (got %d, %d, %d)",
+			cache.ErrInvalidArgument, bytes, threads, iters)
+	}
+	buf := make([]float32, bytes/4)
+	for i := range buf {
+		buf[i] = float32(i & 1023)
+	}
+	ops := activeOps()
+	sinks := make([]float32, threads)
+	best := 0.0
+	for it := 0; it < iters; it++ {
+		var wg sync.WaitGroup
+		start := time.Now()
+		for w := 0; w < threads; w++ {
+			part := buf[len(buf)*w/threads : len(buf)*(w+1)/threads]
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sinks[w] += ops.maxOf(part)
+			}()
+		}
+		wg.Wait()
+		if gbps := float64(len(buf)*4) / time.Since(start).Seconds() / 1e9; gbps > best {
+			best = gbps
+		}
+	}
+	return best, nil
+}
