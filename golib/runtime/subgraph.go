@@ -17,6 +17,25 @@ type subgraph struct {
 // NumOutputs returns the number of graph outputs.
 func (s *subgraph) NumOutputs() int { return len(s.plan.Outputs) }
 
+// OutputType returns output i's declared type when it is fully static.
+func (s *subgraph) OutputType(i int) (tensor.DType, tensor.Shape, bool) {
+	if i < 0 || i >= len(s.plan.Outputs) {
+		return 0, nil, false
+	}
+	o := s.plan.Outputs[i]
+	if !o.DType.Valid() || o.Shape == nil {
+		return 0, nil, false
+	}
+	shape := make(tensor.Shape, len(o.Shape))
+	for k, d := range o.Shape {
+		if d.Value < 0 {
+			return 0, nil, false
+		}
+		shape[k] = int(d.Value)
+	}
+	return o.DType, shape, true
+}
+
 // Run executes the subgraph with its formal inputs bound to inputs.
 func (s *subgraph) Run(parent ops.Scope, inputs []*tensor.Tensor) ([]*tensor.Tensor, error) {
 	ps, ok := parent.(*runScope)
