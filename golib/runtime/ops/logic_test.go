@@ -42,3 +42,14 @@ func TestLogicAndMiscOps(t *testing.T) {
 		t.Errorf("And of floats: %v", err)
 	}
 }
+
+func TestScatterND(t *testing.T) {
+	data := ft(tensor.Shape{2, 3}, 0, 0, 0, 0, 0, 0)
+	runCases(t, []opCase{
+		{name: "rows", op: "ScatterND", opset: 18, in: []*tensor.Tensor{data, it(tensor.Shape{1, 1}, 1), ft(tensor.Shape{1, 3}, 7, 8, 9)}, shape: tensor.Shape{2, 3}, want: "[0 0 0 7 8 9]"},
+		{name: "elements", op: "ScatterND", opset: 18, in: []*tensor.Tensor{data, it(tensor.Shape{2, 2}, 0, 2, -1, 0), ft(tensor.Shape{2}, 5, 6)}, shape: tensor.Shape{2, 3}, want: "[0 0 5 6 0 0]"},
+	})
+	if _, err := call("ScatterND", 18, nil, 1, data, it(tensor.Shape{1, 1}, 2), ft(tensor.Shape{1, 3}, 1, 2, 3)); !errors.Is(err, errs.ErrInvalidArgument) {
+		t.Errorf("index out of range: %v", err)
+	}
+}
