@@ -1,0 +1,125 @@
+package gemm
+
+import "sync"
+
+// Cache blocking (Goto/BLIS order). A task owns an mcBlock x ncBlock block of
+// C; for each kcBlock slice of the inner dimension it packs its op(A) rows
+// (mc x kc, sized for L2) and op(B) columns (kc x nc), then walks nr-wide B
+// slivers (kept in L1) against mr-high A panels. Tasks share nothing, so the
+// only synchronization is the parallel-for itself.
+const (
+	kcBlock = 256
+	mcBlock = 120 // a multiple of every mr
+	ncBlock = 512 // a multiple of every nr
+)
+
+// packBufs are the per-task packing buffers, reused across calls.
+type packBufs struct {
+	a, b []float32
+	tile []float32
+}
+
+var bufPool = sync.Pool{New: func() any {
+	return &packBufs{
+		a:    make([]float32, mcBlock*kcBlock),
+		b:    make([]float32, kcBlock*ncBlock),
+		tile: make([]float32, 16*64),
+	}
+}}
+
+func (p *product) blocked() {
+	mBlocks := (p.m + mcBlock - 1) / mcBlock
+	nBlocks := (p.n + ncBlock - 1) / ncBlock
+	For(mBlocks*nBlocks, func(t int) {
+		bufs := bufPool.Get().(*packBufs)
+		i0 := (t / nBlocks) * mcBlock
+		j0 := (t % nBlocks) * ncBlock
+		p.block(bufs, i0, min(i0+mcBlock, p.m), j0, min(j0+ncBlock, p.n))
+		bufPool.Put(bufs)
+	})
+}
+
+// block computes C[i0:i1, j0:j1] += alpha * op(A)[i0:i1, :] * op(B)[:, j0:j1].
+func (p *product) block(bufs *packBufs, i0, i1, j0, j1 int) {
+	ks := p.ks
+	mr, nr := ks.mr, ks.nr
+	mc, nc := i1-i0, j1-j0
+	for l0 := 0; l0 < p.k; l0 += kcBlock {
+		kc := min(kcBlock, p.k-l0)
+		p.packA(bufs.a, i0, mc, l0, kc, mr)
+		p.packB(bufs.b, j0, nc, l0, kc, nr)
+		for jr := 0; jr < nc; jr += nr {
+			bp := bufs.b[jr*kc : (jr+nr)*kc]
+			cols := min(nr, nc-jr)
+			for ir := 0; ir < mc; ir += mr {
+				ap := bufs.a[ir*kc : (ir+mr)*kc]
+				rows := min(mr, mc-ir)
+				off := (i0+ir)*p.ldc + j0 + jr
+				if rows == mr && cols == nr {
+					ks.micro(kc, ap, bp, p.alpha, p.c[off:], p.ldc)
+					continue
+				}
+				// Edge tile: compute a full tile aside, add the valid part.
+				tile := bufs.tile[:mr*nr]
+				clear(tile)
+				ks.micro(kc, ap, bp, p.alpha, tile, nr)
+				for r := range rows {
+					dst := p.c[off+r*p.ldc : off+r*p.ldc+cols]
+					for q, v := range tile[r*nr : r*nr+cols] {
+						dst[q] += v
+					}
+				}
+			}
+		}
+	}
+}
+
+// packA stores op(A)[i0:i0+mc, l0:l0+kc] as mr-row panels, column by column
+// (panel-major, then l, then row), padding short panels with zeros.
+func (p *product) packA(dst []float32, i0, mc, l0, kc, mr int) {
+	for ir := 0; ir < mc; ir += mr {
+		panel := dst[ir*kc : (ir+mr)*kc]
+		rows := min(mr, mc-ir)
+		if rows < mr {
+			clear(panel)
+		}
+		for r := range rows {
+			i := i0 + ir + r
+			if p.transA {
+				for l := range kc {
+					panel[l*mr+r] = p.a[(l0+l)*p.lda+i]
+				}
+				continue
+			}
+			src := p.a[i*p.lda+l0 : i*p.lda+l0+kc]
+			for l, v := range src {
+				panel[l*mr+r] = v
+			}
+		}
+	}
+}
+
+// packB stores op(B)[l0:l0+kc, j0:j0+nc] as nr-column slivers, row by row
+// (sliver-major, then l, then column), padding short slivers with zeros.
+func (p *product) packB(dst []float32, j0, nc, l0, kc, nr int) {
+	for jr := 0; jr < nc; jr += nr {
+		sliver := dst[jr*kc : (jr+nr)*kc]
+		cols := min(nr, nc-jr)
+		if cols < nr {
+			clear(sliver)
+		}
+		if p.transB {
+			for q := range cols {
+				src := p.b[(j0+jr+q)*p.ldb+l0 : (j0+jr+q)*p.ldb+l0+kc]
+				for l, v := range src {
+					sliver[l*nr+q] = v
+				}
+			}
+			continue
+		}
+		for l := range kc {
+			row := (l0+l)*p.ldb + j0 + jr
+			copy(sliver[l*nr:l*nr+cols], p.b[row:row+cols])
+		}
+	}
+}

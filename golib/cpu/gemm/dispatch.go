@@ -1,0 +1,70 @@
+package gemm
+
+import (
+	"os"
+	"strings"
+	"sync/atomic"
+)
+
+// kernels is one instruction-set variant of the inner loops. Every field has
+// the same meaning in every variant; only speed differs.
+type kernels struct {
+	name string
+	// mr x nr is the register tile of micro.
+	mr, nr int
+	// micro adds alpha * Ap * Bp to the mr x nr tile of c (row stride ldc),
+	// where Ap is an A panel packed column by column (kc steps of mr values)
+	// and Bp a B panel packed row by row (kc steps of nr values).
+	micro func(kc int, ap, bp []float32, alpha float32, c []float32, ldc int)
+	// axpy4 adds a0*x0 + a1*x1 + a2*x2 + a3*x3 to y (all of len(y)).
+	axpy4 func(a0, a1, a2, a3 float32, x0, x1, x2, x3, y []float32)
+	// axpy adds a*x to y.
+	axpy func(a float32, x, y []float32)
+	// dot returns the sum of x[i]*y[i] over len(x).
+	dot func(x, y []float32) float32
+}
+
+// registry lists the variants this build and CPU can run, portable first.
+var registry = []*kernels{&goKernels}
+
+var current atomic.Pointer[kernels]
+
+func init() {
+	registry = append(registry, simdKernels()...)
+	current.Store(choose(os.Getenv("OLKV_GEMM")))
+}
+
+// choose returns the variant named by want, or the fastest one available
+// when want is "auto", empty or not available here.
+func choose(want string) *kernels {
+	want = strings.ToLower(strings.TrimSpace(want))
+	for _, k := range registry {
+		if k.name == want {
+			return k
+		}
+	}
+	return registry[len(registry)-1]
+}
+
+func active() *kernels { return current.Load() }
+
+// Path names the kernel variant in use: "go", "avx2" or "avx512".
+func Path() string { return active().name }
+
+// Paths lists the variants available in this build on this CPU.
+func Paths() []string {
+	names := make([]string, len(registry))
+	for i, k := range registry {
+		names[i] = k.name
+	}
+	return names
+}
+
+// SetPath switches the variant used by later calls ("auto" picks the
+// fastest) and reports whether the name was available. It is meant for tests
+// and benchmarks; calls in flight keep the variant they started with.
+func SetPath(name string) bool {
+	k := choose(name)
+	current.Store(k)
+	return k.name == name || name == "auto"
+}

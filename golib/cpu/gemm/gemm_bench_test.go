@@ -1,0 +1,49 @@
+package gemm
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// Decode-shaped (one token through a projection or the LM head) and
+// prefill-shaped products. Each reports GFLOP/s (2*m*n*k per op).
+var benchShapes = []struct {
+	name    string
+	m, n, k int
+	transB  bool
+}{
+	{"decode_1x1024x1024", 1, 1024, 1024, false},
+	{"decode_1x32000x1024", 1, 32000, 1024, false},
+	{"decode_1x1024x1024_tB", 1, 1024, 1024, true},
+	{"prefill_128x1024x1024", 128, 1024, 1024, false},
+	{"prefill_512x1024x1024", 512, 1024, 1024, false},
+	{"prefill_512x4096x1024_tB", 512, 4096, 1024, true},
+}
+
+func BenchmarkSgemm(b *testing.B) {
+	defer SetPath("auto")
+	for _, path := range Paths() {
+		for _, s := range benchShapes {
+			b.Run(fmt.Sprintf("%s/%s", path, s.name), func(b *testing.B) {
+				SetPath(path)
+				r := rand.New(rand.NewPCG(5, 6))
+				a := randSlice(r, s.m*s.k)
+				w := randSlice(r, s.k*s.n)
+				c := make([]float32, s.m*s.n)
+				ldb := s.n
+				if s.transB {
+					ldb = s.k
+				}
+				b.SetBytes(int64(4 * s.k * s.n)) // weight bytes streamed per op
+				b.ResetTimer()
+				for b.Loop() {
+					if err := Sgemm(false, s.transB, s.m, s.n, s.k, 1, a, s.k, w, ldb, 0, c, s.n); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(2*float64(s.m)*float64(s.n)*float64(s.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			})
+		}
+	}
+}

@@ -1,0 +1,216 @@
+package gemm
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// naive is the reference: a triple loop in float64.
+func naive(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int,
+	b []float32, ldb int, beta float32, c []float32, ldc int) {
+	for i := range m {
+		for j := range n {
+			var s float64
+			for l := range k {
+				var av, bv float32
+				if transA {
+					av = a[l*lda+i]
+				} else {
+					av = a[i*lda+l]
+				}
+				if transB {
+					bv = b[j*ldb+l]
+				} else {
+					bv = b[l*ldb+j]
+				}
+				s += float64(av) * float64(bv)
+			}
+			old := float64(0)
+			if beta != 0 {
+				old = float64(beta) * float64(c[i*ldc+j])
+			}
+			c[i*ldc+j] = float32(float64(alpha)*s + old)
+		}
+	}
+}
+
+func randSlice(r *rand.Rand, n int) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(r.NormFloat64())
+	}
+	return x
+}
+
+// withPath runs f once for every available kernel variant.
+func withPath(t *testing.T, f func(t *testing.T)) {
+	t.Helper()
+	defer SetPath("auto")
+	for _, name := range Paths() {
+		if !SetPath(name) {
+			t.Fatalf("SetPath(%q) failed", name)
+		}
+		t.Run(name, f)
+	}
+}
+
+func sizes(t *testing.T) []int {
+	if testing.Short() || raceEnabled {
+		return []int{1, 3, 17, 64}
+	}
+	return []int{1, 3, 5, 17, 64, 129}
+}
+
+func TestSgemmGrid(t *testing.T) {
+	withPath(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(1, 2))
+		sz := sizes(t)
+		for _, m := range sz {
+			for _, n := range sz {
+				for _, k := range sz {
+					for _, tr := range [][2]bool{{false, false}, {false, true}, {true, false}, {true, true}} {
+						alpha, beta := float32(1), float32(0)
+						if (m+n+k)%3 == 1 {
+							alpha, beta = 0.5, -1.25
+						}
+						compare(t, r, tr[0], tr[1], m, n, k, alpha, beta, 3)
+					}
+				}
+			}
+		}
+	})
+}
+
+// compare runs one product with padded leading dimensions against naive.
+func compare(t *testing.T, r *rand.Rand, transA, transB bool, m, n, k int, alpha, beta float32, pad int) {
+	t.Helper()
+	ar, ac := m, k
+	if transA {
+		ar, ac = k, m
+	}
+	br, bc := k, n
+	if transB {
+		br, bc = n, k
+	}
+	lda, ldb, ldc := ac+pad, bc+pad, n+pad
+	a, b := randSlice(r, ar*lda), randSlice(r, br*ldb)
+	c := randSlice(r, m*ldc)
+	want := append([]float32(nil), c...)
+	naive(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, want, ldc)
+	if err := Sgemm(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); err != nil {
+		t.Fatalf("m=%d n=%d k=%d: %v", m, n, k, err)
+	}
+	tol := 1e-5 * math.Sqrt(float64(k)+1) * 8
+	for i := range m {
+		for j := range ldc {
+			got, w := c[i*ldc+j], want[i*ldc+j]
+			if j >= n { // padding must stay untouched
+				if got != w {
+					t.Fatalf("tA=%v tB=%v m=%d n=%d k=%d: padding C[%d][%d] changed", transA, transB, m, n, k, i, j)
+				}
+				continue
+			}
+			if math.Abs(float64(got-w)) > tol*(1+math.Abs(float64(w))) {
+				t.Fatalf("tA=%v tB=%v m=%d n=%d k=%d alpha=%v beta=%v: C[%d][%d]=%v want %v",
+					transA, transB, m, n, k, alpha, beta, i, j, got, w)
+			}
+		}
+	}
+}
+
+// TestSgemmLarge crosses every blocking boundary (kc, mc, nc) once.
+func TestSgemmLarge(t *testing.T) {
+	if testing.Short() || raceEnabled {
+		t.Skip("large products are slow under -race and -short")
+	}
+	withPath(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(3, 4))
+		for _, s := range [][3]int{{250, 530, 300}, {121, 1025, 257}, {5, 700, 513}} {
+			compare(t, r, false, false, s[0], s[1], s[2], 1, 0, 1)
+			compare(t, r, true, true, s[0], s[1], s[2], 0.5, 2, 0)
+		}
+	})
+}
+
+func TestSgemmBetaZeroIgnoresNaN(t *testing.T) {
+	withPath(t, func(t *testing.T) {
+		for _, m := range []int{1, 9} {
+			a := []float32{1, 2}
+			a = append(a, make([]float32, 2*m-2)...)
+			b := []float32{3, 4}
+			c := make([]float32, m)
+			for i := range c {
+				c[i] = float32(math.NaN())
+			}
+			if err := Sgemm(false, false, m, 1, 2, 1, a, 2, b, 1, 0, c, 1); err != nil {
+				t.Fatal(err)
+			}
+			if c[0] != 11 {
+				t.Fatalf("m=%d: c[0]=%v want 11", m, c[0])
+			}
+		}
+	})
+}
+
+func TestSgemmErrors(t *testing.T) {
+	buf := make([]float32, 16)
+	cases := []struct {
+		name    string
+		m, n, k int
+		lda     int
+		a, c    []float32
+	}{
+		{"negative", -1, 2, 2, 2, buf, buf},
+		{"lda too small", 2, 2, 3, 2, buf, buf},
+		{"A too short", 4, 2, 4, 4, buf[:15], buf},
+		{"C too short", 2, 4, 2, 2, buf, buf[:7]},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := Sgemm(false, false, tc.m, tc.n, tc.k, 1, tc.a, tc.lda, buf, max(tc.n, 1), 0, tc.c, max(tc.n, 1))
+			if !errors.Is(err, ErrShape) {
+				t.Fatalf("got %v, want ErrShape", err)
+			}
+		})
+	}
+	// Empty products are valid and leave C alone apart from beta.
+	c := []float32{2}
+	if err := Sgemm(false, false, 1, 1, 0, 1, nil, 1, nil, 1, 3, c, 1); err != nil || c[0] != 6 {
+		t.Fatalf("k=0: err=%v c=%v", err, c)
+	}
+	if err := Sgemm(false, false, 0, 0, 5, 1, nil, 5, nil, 1, 3, nil, 1); err != nil {
+		t.Fatalf("m=n=0: %v", err)
+	}
+}
+
+func TestForCoversEveryIndexOnce(t *testing.T) {
+	for _, n := range []int{0, 1, 2, 7, 100} {
+		hits := make([]int32, n)
+		For(n, func(i int) {
+			// nested calls must not deadlock
+			For(3, func(int) {})
+			hits[i]++
+		})
+		for i, h := range hits {
+			if h != 1 {
+				t.Fatalf("n=%d: index %d ran %d times", n, i, h)
+			}
+		}
+	}
+}
+
+func TestChoose(t *testing.T) {
+	for _, name := range []string{"", "auto", "nonsense"} {
+		if got := choose(name); got != registry[len(registry)-1] {
+			t.Errorf("choose(%q) = %s", name, got.name)
+		}
+	}
+	if got := choose("GO"); got.name != "go" {
+		t.Errorf("choose(GO) = %s", got.name)
+	}
+	if Path() == "" {
+		t.Error("empty Path()")
+	}
+}

@@ -1,0 +1,123 @@
+//go:build goexperiment.simd && amd64
+
+package gemm
+
+import "simd/archsimd"
+
+var avx512Kernels = kernels{
+	name:  "avx512",
+	mr:    6,
+	nr:    32,
+	micro: microAVX512,
+	axpy4: axpy4AVX512,
+	axpy:  axpyAVX512,
+	dot:   dotAVX512,
+}
+
+type f16 = archsimd.Float32x16
+
+func load16(s []float32) f16 { return archsimd.LoadFloat32x16((*[16]float32)(s[:16])) }
+
+func bcast16(v float32) f16 { return archsimd.BroadcastFloat32x16(v) }
+
+// microAVX512 keeps a 6x32 tile in 12 zmm accumulators: per step two B
+// vectors and six A broadcasts feed 12 FMAs.
+func microAVX512(kc int, ap, bp []float32, alpha float32, c []float32, ldc int) {
+	var c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51 f16
+	ap = ap[:6*kc]
+	bp = bp[:32*kc]
+	for l := range kc {
+		b := bp[l*32 : l*32+32 : l*32+32]
+		b0, b1 := load16(b[:16]), load16(b[16:])
+		a := ap[l*6 : l*6+6 : l*6+6]
+		a0 := bcast16(a[0])
+		c00 = b0.MulAdd(a0, c00)
+		c01 = b1.MulAdd(a0, c01)
+		a1 := bcast16(a[1])
+		c10 = b0.MulAdd(a1, c10)
+		c11 = b1.MulAdd(a1, c11)
+		a2 := bcast16(a[2])
+		c20 = b0.MulAdd(a2, c20)
+		c21 = b1.MulAdd(a2, c21)
+		a3 := bcast16(a[3])
+		c30 = b0.MulAdd(a3, c30)
+		c31 = b1.MulAdd(a3, c31)
+		a4 := bcast16(a[4])
+		c40 = b0.MulAdd(a4, c40)
+		c41 = b1.MulAdd(a4, c41)
+		a5 := bcast16(a[5])
+		c50 = b0.MulAdd(a5, c50)
+		c51 = b1.MulAdd(a5, c51)
+	}
+	al := bcast16(alpha)
+	store16x2(c[0*ldc:], al, c00, c01)
+	store16x2(c[1*ldc:], al, c10, c11)
+	store16x2(c[2*ldc:], al, c20, c21)
+	store16x2(c[3*ldc:], al, c30, c31)
+	store16x2(c[4*ldc:], al, c40, c41)
+	store16x2(c[5*ldc:], al, c50, c51)
+}
+
+// store16x2 does c[0:32] += alpha * (v0, v1).
+func store16x2(c []float32, al, v0, v1 f16) {
+	c = c[:32]
+	v0.MulAdd(al, load16(c[:16])).Store((*[16]float32)(c[:16]))
+	v1.MulAdd(al, load16(c[16:])).Store((*[16]float32)(c[16:]))
+}
+
+func axpy4AVX512(a0, a1, a2, a3 float32, x0, x1, x2, x3, y []float32) {
+	n := len(y)
+	x0, x1, x2, x3 = x0[:n], x1[:n], x2[:n], x3[:n]
+	v0, v1, v2, v3 := bcast16(a0), bcast16(a1), bcast16(a2), bcast16(a3)
+	i := 0
+	for ; i+16 <= n; i += 16 {
+		acc := load16(y[i:])
+		acc = load16(x0[i:]).MulAdd(v0, acc)
+		acc = load16(x1[i:]).MulAdd(v1, acc)
+		acc = load16(x2[i:]).MulAdd(v2, acc)
+		acc = load16(x3[i:]).MulAdd(v3, acc)
+		acc.Store((*[16]float32)(y[i : i+16]))
+	}
+	if i < n {
+		axpy4Go(a0, a1, a2, a3, x0[i:], x1[i:], x2[i:], x3[i:], y[i:])
+	}
+}
+
+func axpyAVX512(a float32, x, y []float32) {
+	n := len(y)
+	x = x[:n]
+	v := bcast16(a)
+	i := 0
+	for ; i+16 <= n; i += 16 {
+		load16(x[i:]).MulAdd(v, load16(y[i:])).Store((*[16]float32)(y[i : i+16]))
+	}
+	if i < n {
+		axpyGo(a, x[i:], y[i:])
+	}
+}
+
+func dotAVX512(x, y []float32) float32 {
+	n := len(x)
+	y = y[:n]
+	var s0, s1, s2, s3 f16
+	i := 0
+	for ; i+64 <= n; i += 64 {
+		s0 = load16(x[i:]).MulAdd(load16(y[i:]), s0)
+		s1 = load16(x[i+16:]).MulAdd(load16(y[i+16:]), s1)
+		s2 = load16(x[i+32:]).MulAdd(load16(y[i+32:]), s2)
+		s3 = load16(x[i+48:]).MulAdd(load16(y[i+48:]), s3)
+	}
+	for ; i+16 <= n; i += 16 {
+		s0 = load16(x[i:]).MulAdd(load16(y[i:]), s0)
+	}
+	var lanes [16]float32
+	s0.Add(s1).Add(s2.Add(s3)).Store(&lanes)
+	var s float32
+	for _, v := range lanes {
+		s += v
+	}
+	if i < n {
+		s += dotGo(x[i:], y[i:])
+	}
+	return s
+}

@@ -1,0 +1,23 @@
+//go:build goexperiment.simd && amd64
+
+package gemm
+
+import (
+	"simd/archsimd"
+
+	"github.com/klauspost/cpuid/v2"
+)
+
+// simdKernels returns the archsimd variants this CPU can run, slowest first.
+// cpuid decides; archsimd's own check guards against a disagreement (for
+// instance an OS that does not save the AVX-512 state).
+func simdKernels() []*kernels {
+	var ks []*kernels
+	if cpuid.CPU.Supports(cpuid.AVX2, cpuid.FMA3) && archsimd.X86.AVX2() && archsimd.X86.FMA() {
+		ks = append(ks, &avx2Kernels)
+	}
+	if cpuid.CPU.Supports(cpuid.AVX512F, cpuid.AVX512DQ, cpuid.AVX512BW, cpuid.AVX512VL) && archsimd.X86.AVX512() {
+		ks = append(ks, &avx512Kernels)
+	}
+	return ks
+}
