@@ -12,15 +12,22 @@ func dots4asm(s *float32, ldS int, q *float32, k *float32, rb int, nt int, pfd i
 //go:noescape
 func axpy4asm(acc *float32, rb int, p *float32, ldP int, v *float32, n int, alpha *[4]float32, pfd int)
 
-// prefetchTokens is how far ahead (in rows) the assembly loops prefetch K
-// and V: two blocks (into L2), so the next blocks stream in while this one is
-// computed.
-var prefetchTokens = 64
+//go:noescape
+func cvtF16asm(dst *float32, src *uint16, n int, pfd int)
+
+//go:noescape
+func cvtBF16asm(dst *float32, src *uint16, n int, pfd int)
+
+//go:noescape
+func dots1asm(s *float32, q *float32, k *float32, rb int, nt int, pfd int)
+
+//go:noescape
+func axpy1asm(acc *float32, rb int, p *float32, v *float32, n int, alpha float32, pfd int)
 
 // dots4x16 computes the scores of four rows with the assembly 4x4 register
 // block (each K vector feeds four FMAs, each q vector four); the last n%4
 // tokens and head dims that are not a multiple of 16 use the archsimd loops.
-func dots4x16(s, q, k []float32, d int) {
+func dots4x16(s, q, k []float32, d, pf int) {
 	n := len(s) / 4
 	if n == 0 {
 		return
@@ -32,18 +39,18 @@ func dots4x16(s, q, k []float32, d int) {
 	}
 	n4 := n &^ 3
 	if n4 > 0 {
-		dots4asm(unsafe.SliceData(s), n*4, unsafe.SliceData(q), unsafe.SliceData(k), d*4, n4, prefetchTokens*d*4)
+		dots4asm(unsafe.SliceData(s), n*4, unsafe.SliceData(q), unsafe.SliceData(k), d*4, n4, pf*d*4)
 	}
 	for r := n4; r < n; r++ {
 		for j := 0; j < 4; j++ {
-			dots16(s[j*n+r:j*n+r+1], q[j*d:(j+1)*d], k[r*d:(r+1)*d], d)
+			dots16sim(s[j*n+r:j*n+r+1], q[j*d:(j+1)*d], k[r*d:(r+1)*d], d)
 		}
 	}
 }
 
 // axpy4x16 accumulates four rows with the assembly 4x64 register block
 // when the head dim is a multiple of 64, else with the archsimd loops.
-func axpy4x16(acc, p, v []float32, alpha *[4]float32) {
+func axpy4x16(acc, p, v []float32, alpha *[4]float32, pf int) {
 	d, n := len(acc)/4, len(p)/4
 	if n == 0 || d == 0 {
 		return
@@ -53,5 +60,63 @@ func axpy4x16(acc, p, v []float32, alpha *[4]float32) {
 		axpy4x16sim(acc, p, v, alpha)
 		return
 	}
-	axpy4asm(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), n*4, unsafe.SliceData(v), n, alpha, prefetchTokens*d*4)
+	axpy4asm(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), n*4, unsafe.SliceData(v), n, alpha, pf*d*4)
+}
+
+// cvtF16x16 widens halves with VCVTPH2PS (AVX-512F) in runs of 64 and the
+// archsimd loop for the tail. The source is prefetched about two K/V blocks
+// ahead (a block's rows are contiguous).
+func cvtF16x16(dst []float32, src []uint16) {
+	n := len(src)
+	_ = dst[:n]
+	n64 := n &^ 63
+	if n64 > 0 {
+		cvtF16asm(unsafe.SliceData(dst), unsafe.SliceData(src), n64, 2*n64*2)
+	}
+	cvtF16x16sim(dst[n64:n], src[n64:])
+}
+
+// cvtBF16x16 widens bfloat16 in runs of 64 with VPMOVZXWD+VPSLLD.
+func cvtBF16x16(dst []float32, src []uint16) {
+	n := len(src)
+	_ = dst[:n]
+	n64 := n &^ 63
+	if n64 > 0 {
+		cvtBF16asm(unsafe.SliceData(dst), unsafe.SliceData(src), n64, 2*n64*2)
+	}
+	cvtBF16x16sim(dst[n64:n], src[n64:])
+}
+
+// dots16 is the single-row score loop: assembly for head dims that are a
+// multiple of 16 (four tokens per step, prefetching K), archsimd otherwise.
+func dots16(s, q, k []float32, d, pf int) {
+	n := len(s)
+	if n == 0 {
+		return
+	}
+	_, _ = q[d-1], k[n*d-1]
+	if d&15 != 0 || n < 4 {
+		dots16sim(s, q, k, d)
+		return
+	}
+	n4 := n &^ 3
+	dots1asm(unsafe.SliceData(s), unsafe.SliceData(q), unsafe.SliceData(k), d*4, n4, pf*d*4)
+	if n4 < n {
+		dots16sim(s[n4:], q, k[n4*d:], d)
+	}
+}
+
+// axpy16 is the single-row accumulation: assembly for head dims that are a
+// multiple of 64 (prefetching V), archsimd otherwise.
+func axpy16(acc, p, v []float32, alpha float32, pf int) {
+	d, n := len(acc), len(p)
+	if n == 0 || d == 0 {
+		return
+	}
+	_ = v[n*d-1]
+	if d&63 != 0 {
+		axpy16sim(acc, p, v, alpha)
+		return
+	}
+	axpy1asm(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), unsafe.SliceData(v), n, alpha, pf*d*4)
 }

@@ -222,3 +222,209 @@ tloop2:
 
 	VZEROUPPER
 	RET
+
+// func cvtF16asm(dst *float32, src *uint16, n int, pfd int)
+//
+// Widens n IEEE halves (n a multiple of 64) with VCVTPH2PS (exact), and
+// prefetches the source pfd bytes ahead.
+TEXT ·cvtF16asm(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVQ pfd+24(FP), DX
+	SHRQ $6, CX
+	JZ   cvtf16done
+
+cvtf16loop:
+	PREFETCHT1 (SI)(DX*1)
+	PREFETCHT1 64(SI)(DX*1)
+	VCVTPH2PS  (SI), Z0
+	VCVTPH2PS  32(SI), Z1
+	VCVTPH2PS  64(SI), Z2
+	VCVTPH2PS  96(SI), Z3
+	VMOVUPS    Z0, (DI)
+	VMOVUPS    Z1, 64(DI)
+	VMOVUPS    Z2, 128(DI)
+	VMOVUPS    Z3, 192(DI)
+	ADDQ       $128, SI
+	ADDQ       $256, DI
+	DECQ       CX
+	JNZ        cvtf16loop
+
+cvtf16done:
+	VZEROUPPER
+	RET
+
+// func cvtBF16asm(dst *float32, src *uint16, n int, pfd int)
+//
+// Widens n bfloat16 values (n a multiple of 64): zero-extend to 32 bits and
+// shift into the high half (exact). Prefetches the source pfd bytes ahead.
+TEXT ·cvtBF16asm(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVQ pfd+24(FP), DX
+	SHRQ $6, CX
+	JZ   cvtbf16done
+
+cvtbf16loop:
+	PREFETCHT1 (SI)(DX*1)
+	PREFETCHT1 64(SI)(DX*1)
+	VPMOVZXWD  (SI), Z0
+	VPMOVZXWD  32(SI), Z1
+	VPMOVZXWD  64(SI), Z2
+	VPMOVZXWD  96(SI), Z3
+	VPSLLD     $16, Z0, Z0
+	VPSLLD     $16, Z1, Z1
+	VPSLLD     $16, Z2, Z2
+	VPSLLD     $16, Z3, Z3
+	VMOVUPS    Z0, (DI)
+	VMOVUPS    Z1, 64(DI)
+	VMOVUPS    Z2, 128(DI)
+	VMOVUPS    Z3, 192(DI)
+	ADDQ       $128, SI
+	ADDQ       $256, DI
+	DECQ       CX
+	JNZ        cvtbf16loop
+
+cvtbf16done:
+	VZEROUPPER
+	RET
+
+// func dots1asm(s *float32, q *float32, k *float32, rb int, nt int, pfd int)
+//
+// s[t] = dot(q, k_t) for t < nt (a multiple of 4), rows of rb bytes (a
+// multiple of 64); four tokens per step, K prefetched pfd bytes ahead.
+TEXT ·dots1asm(SB), NOSPLIT, $0-48
+	MOVQ s+0(FP), DI
+	MOVQ q+8(FP), R8
+	MOVQ k+16(FP), SI
+	MOVQ rb+24(FP), DX
+	MOVQ nt+32(FP), AX
+	SHRQ $2, AX
+	JZ   d1done
+
+d1tloop:
+	MOVQ   pfd+40(FP), R11
+	ADDQ   SI, R11
+	LEAQ   (SI)(DX*1), R13
+	LEAQ   (SI)(DX*2), R14
+	LEAQ   (R13)(DX*2), R12
+	VXORPS Z16, Z16, Z16
+	VXORPS Z17, Z17, Z17
+	VXORPS Z18, Z18, Z18
+	VXORPS Z19, Z19, Z19
+	VXORPS Z20, Z20, Z20
+	VXORPS Z21, Z21, Z21
+	VXORPS Z22, Z22, Z22
+	VXORPS Z23, Z23, Z23
+	XORQ   CX, CX
+
+d1iloop:
+	PREFETCHT1  (R11)(CX*4)
+	PREFETCHT1  64(R11)(CX*4)
+	PREFETCHT1  128(R11)(CX*4)
+	PREFETCHT1  192(R11)(CX*4)
+	VMOVUPS     (R8)(CX*1), Z4
+	VFMADD231PS (SI)(CX*1), Z4, Z16
+	VFMADD231PS (R13)(CX*1), Z4, Z17
+	VFMADD231PS (R14)(CX*1), Z4, Z18
+	VFMADD231PS (R12)(CX*1), Z4, Z19
+	ADDQ        $64, CX
+	CMPQ        CX, DX
+	JGE         d1reduce
+	VMOVUPS     (R8)(CX*1), Z5
+	VFMADD231PS (SI)(CX*1), Z5, Z20
+	VFMADD231PS (R13)(CX*1), Z5, Z21
+	VFMADD231PS (R14)(CX*1), Z5, Z22
+	VFMADD231PS (R12)(CX*1), Z5, Z23
+	ADDQ        $64, CX
+	CMPQ        CX, DX
+	JLT         d1iloop
+
+d1reduce:
+	VADDPS Z20, Z16, Z16
+	VADDPS Z21, Z17, Z17
+	VADDPS Z22, Z18, Z18
+	VADDPS Z23, Z19, Z19
+	REDUCE4(Z16, Z17, Z18, Z19, Y16, Y17, Y18, Y19, (DI))
+	ADDQ $16, DI
+	LEAQ (SI)(DX*4), SI
+	DECQ AX
+	JNZ  d1tloop
+
+d1done:
+	VZEROUPPER
+	RET
+
+// func axpy1asm(acc *float32, rb int, p *float32, v *float32, n int, alpha float32, pfd int)
+//
+// acc = alpha*acc + sum_{t<n} p[t]*v_t, rows of rb bytes (a multiple of
+// 256), n >= 1; two tokens per step into two accumulator sets; V
+// prefetched pfd bytes ahead.
+TEXT ·axpy1asm(SB), NOSPLIT, $0-56
+	MOVQ         acc+0(FP), DI
+	MOVQ         rb+8(FP), DX
+	MOVQ         p+16(FP), R8
+	MOVQ         v+24(FP), SI
+	MOVQ         n+32(FP), AX
+	VBROADCASTSS alpha+40(FP), Z4
+	MOVQ         pfd+48(FP), R9
+	SHLQ         $2, AX
+	XORQ         CX, CX
+
+a1oloop:
+	VMULPS (DI)(CX*1), Z4, Z16
+	VMULPS 64(DI)(CX*1), Z4, Z17
+	VMULPS 128(DI)(CX*1), Z4, Z18
+	VMULPS 192(DI)(CX*1), Z4, Z19
+	VXORPS Z20, Z20, Z20
+	VXORPS Z21, Z21, Z21
+	VXORPS Z22, Z22, Z22
+	VXORPS Z23, Z23, Z23
+	LEAQ   (SI)(CX*1), BX
+	XORQ   R12, R12
+
+a1tloop:
+	PREFETCHT1   (BX)(R9*1)
+	PREFETCHT1   64(BX)(R9*1)
+	PREFETCHT1   128(BX)(R9*1)
+	PREFETCHT1   192(BX)(R9*1)
+	VBROADCASTSS (R8)(R12*1), Z8
+	VFMADD231PS  (BX), Z8, Z16
+	VFMADD231PS  64(BX), Z8, Z17
+	VFMADD231PS  128(BX), Z8, Z18
+	VFMADD231PS  192(BX), Z8, Z19
+	ADDQ         $4, R12
+	CMPQ         R12, AX
+	JGE          a1store
+	ADDQ         DX, BX
+	PREFETCHT1   (BX)(R9*1)
+	PREFETCHT1   64(BX)(R9*1)
+	PREFETCHT1   128(BX)(R9*1)
+	PREFETCHT1   192(BX)(R9*1)
+	VBROADCASTSS (R8)(R12*1), Z9
+	VFMADD231PS  (BX), Z9, Z20
+	VFMADD231PS  64(BX), Z9, Z21
+	VFMADD231PS  128(BX), Z9, Z22
+	VFMADD231PS  192(BX), Z9, Z23
+	ADDQ         DX, BX
+	ADDQ         $4, R12
+	CMPQ         R12, AX
+	JLT          a1tloop
+
+a1store:
+	VADDPS  Z20, Z16, Z16
+	VADDPS  Z21, Z17, Z17
+	VADDPS  Z22, Z18, Z18
+	VADDPS  Z23, Z19, Z19
+	VMOVUPS Z16, (DI)(CX*1)
+	VMOVUPS Z17, 64(DI)(CX*1)
+	VMOVUPS Z18, 128(DI)(CX*1)
+	VMOVUPS Z19, 192(DI)(CX*1)
+	ADDQ    $256, CX
+	CMPQ    CX, DX
+	JLT     a1oloop
+
+	VZEROUPPER
+	RET

@@ -7,7 +7,7 @@ package cpu
 type kernelOps struct {
 	name string
 	// dots sets s[t] = dot(q, k[t*d:(t+1)*d]) for t < len(s).
-	dots func(s, q, k []float32, d int)
+	dots func(s, q, k []float32, d, pf int)
 	// maxOf returns the largest element of s (len(s) > 0).
 	maxOf func(s []float32) float32
 	// expSub sets s[t] = exp(s[t]-m) and returns the sum of the results.
@@ -15,14 +15,18 @@ type kernelOps struct {
 	// tanhCap sets s[t] = c*tanh(s[t]).
 	tanhCap func(s []float32, c float32)
 	// axpy sets acc = alpha*acc + sum_t p[t]*v[t*d:(t+1)*d], d = len(acc).
-	axpy func(acc, p, v []float32, alpha float32)
+	axpy func(acc, p, v []float32, alpha float32, pf int)
 	// dots4 is dots for four query rows at once (q holds 4 rows of d, row
 	// r's n scores go to s[r*n:(r+1)*n]): every K row loaded feeds four
 	// dot products.
-	dots4 func(s, q, k []float32, d int)
+	dots4 func(s, q, k []float32, d, pf int)
 	// axpy4 is axpy for four rows at once: acc holds 4 rows of d = len(acc)/4,
 	// p holds 4 rows of n = len(p)/4 weights, alpha one factor per row.
-	axpy4 func(acc, p, v []float32, alpha *[4]float32)
+	axpy4 func(acc, p, v []float32, alpha *[4]float32, pf int)
+	// The pf arguments are how many rows past k or v the loops may prefetch
+	// (0: none): rows read straight from the cache's storage are streamed
+	// ahead, rows widened into a scratch block are not.
+	//
 	// cvtF16 and cvtBF16 widen IEEE half / bfloat16 bits to float32
 	// (len(dst) == len(src)).
 	cvtF16  func(dst []float32, src []uint16)

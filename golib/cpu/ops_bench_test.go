@@ -17,12 +17,12 @@ func BenchmarkOps(b *testing.B) {
 	for _, k := range kernelVariants {
 		b.Run(k.name+"/dots", func(b *testing.B) {
 			for b.Loop() {
-				k.dots(s, q, kv, d)
+				k.dots(s, q, kv, d, 0)
 			}
 		})
 		b.Run(k.name+"/axpy", func(b *testing.B) {
 			for b.Loop() {
-				k.axpy(acc, s, kv, 0.5)
+				k.axpy(acc, s, kv, 0.5, 0)
 			}
 		})
 		s4 := make([]float32, 4*n)
@@ -30,13 +30,13 @@ func BenchmarkOps(b *testing.B) {
 		acc4 := make([]float32, 4*d)
 		b.Run(k.name+"/dots4", func(b *testing.B) {
 			for b.Loop() {
-				k.dots4(s4, q4, kv, d)
+				k.dots4(s4, q4, kv, d, 0)
 			}
 		})
 		b.Run(k.name+"/axpy4", func(b *testing.B) {
 			al := [4]float32{1, 0.5, 1, 1}
 			for b.Loop() {
-				k.axpy4(acc4, s4, kv, &al)
+				k.axpy4(acc4, s4, kv, &al, 0)
 			}
 		})
 		b.Run(k.name+"/exp", func(b *testing.B) {

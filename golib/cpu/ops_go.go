@@ -9,13 +9,13 @@ import (
 // goOps is the portable pure-Go twin of the SIMD inner loops.
 var goOps = kernelOps{
 	name:    "go",
-	dots:    goDots,
+	dots:    func(s, q, k []float32, d, _ int) { goDots(s, q, k, d) },
 	maxOf:   goMax,
 	expSub:  goExpSub,
 	tanhCap: goTanhCap,
-	axpy:    goAxpy,
-	dots4:   goDots4,
-	axpy4:   goAxpy4,
+	axpy:    func(acc, p, v []float32, alpha float32, _ int) { goAxpy(acc, p, v, alpha) },
+	dots4:   func(s, q, k []float32, d, _ int) { goDots4(s, q, k, d) },
+	axpy4:   func(acc, p, v []float32, alpha *[4]float32, _ int) { goAxpy4(acc, p, v, alpha) },
 	cvtF16:  codec.DecodeF16,
 	cvtBF16: codec.DecodeBF16,
 }

@@ -9,7 +9,9 @@ import (
 )
 
 // TestOpsConvert checks every path's half/bfloat16 widening against the
-// scalar codec on all 65536 bit patterns (bit-identical, NaNs included).
+// scalar codec on all 65536 bit patterns: bit-identical, except that a
+// signalling NaN may come back quieted (VCVTPH2PS sets the quiet bit), which
+// is still a NaN of the same sign.
 func TestOpsConvert(t *testing.T) {
 	src := make([]uint16, 1<<16+5) // +5: odd tail
 	for i := range src {
@@ -24,9 +26,13 @@ func TestOpsConvert(t *testing.T) {
 		}{{"f16", k.cvtF16, codec.F16ToF32}, {"bf16", k.cvtBF16, codec.BF16ToF32}} {
 			c.fn(dst, src)
 			for i, h := range src {
-				if math.Float32bits(dst[i]) != math.Float32bits(c.ref(h)) {
+				want := c.ref(h)
+				if want != want && dst[i] != dst[i] && math.Signbit(float64(dst[i])) == math.Signbit(float64(want)) {
+					continue
+				}
+				if math.Float32bits(dst[i]) != math.Float32bits(want) {
 					t.Fatalf("%s %s(%#04x) = %#08x, want %#08x", k.name, c.name, h,
-						math.Float32bits(dst[i]), math.Float32bits(c.ref(h)))
+						math.Float32bits(dst[i]), math.Float32bits(want))
 				}
 			}
 		}
@@ -76,7 +82,7 @@ func TestOpsBlock(t *testing.T) {
 			acc0 := randVec(rng, d, 1)
 			for _, k := range kernelVariants {
 				s := make([]float32, n)
-				k.dots(s, q, kv, d)
+				k.dots(s, q, kv, d, 0)
 				var mx float32 = float32(math.Inf(-1))
 				for tt := 0; tt < n; tt++ {
 					var w float64
@@ -92,7 +98,7 @@ func TestOpsBlock(t *testing.T) {
 					t.Fatalf("%s n=%d: max = %v, want %v", k.name, n, got, mx)
 				}
 				acc := append([]float32(nil), acc0...)
-				k.axpy(acc, p, kv, 0.5)
+				k.axpy(acc, p, kv, 0.5, 0)
 				for i := 0; i < d; i++ {
 					w := 0.5 * float64(acc0[i])
 					for tt := 0; tt < n; tt++ {

@@ -33,7 +33,8 @@ func f32p(s []float32) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(s
 // avx512Ops and avx2Ops are the simd/archsimd inner loops: 16- and 8-lane
 // float32 vectors with FMA. Half and bfloat16 rows are widened with integer
 // shifts (archsimd has no F16C or BF16 conversion intrinsics yet); the
-// results are bit-identical to the scalar codec.
+// AVX-512 path uses VCVTPH2PS in assembly (kern_avx512_amd64.s). Results
+// equal the scalar codec (a signalling NaN may come back quieted).
 var avx512Ops = kernelOps{
 	name:    "avx512",
 	dots:    dots16,
@@ -49,13 +50,13 @@ var avx512Ops = kernelOps{
 
 var avx2Ops = kernelOps{
 	name:    "avx2",
-	dots:    dots8,
+	dots:    func(s, q, k []float32, d, _ int) { dots8(s, q, k, d) },
 	maxOf:   max8,
 	expSub:  expSub8,
 	tanhCap: tanhCap8,
-	axpy:    axpy8,
-	dots4:   dots4x8,
-	axpy4:   axpy4x8,
+	axpy:    func(acc, p, v []float32, alpha float32, _ int) { axpy8(acc, p, v, alpha) },
+	dots4:   func(s, q, k []float32, d, _ int) { dots4x8(s, q, k, d) },
+	axpy4:   func(acc, p, v []float32, alpha *[4]float32, _ int) { axpy4x8(acc, p, v, alpha) },
 	cvtF16:  cvtF16x8,
 	cvtBF16: cvtBF16x8,
 }
@@ -93,7 +94,7 @@ func hsum8(b archsimd.Float32x8) float32 {
 	return x.GetElem(0)
 }
 
-func dots16(s, q, k []float32, d int) {
+func dots16sim(s, q, k []float32, d int) {
 	n := len(s)
 	if n == 0 {
 		return
@@ -211,7 +212,7 @@ func tanhCap16(s []float32, c float32) {
 	goTanhCap(s[i:], c)
 }
 
-func axpy16(acc, p, v []float32, alpha float32) {
+func axpy16sim(acc, p, v []float32, alpha float32) {
 	d := len(acc)
 	n := len(p)
 	if n == 0 || d == 0 {
@@ -270,7 +271,7 @@ func axpy16(acc, p, v []float32, alpha float32) {
 	}
 }
 
-func cvtBF16x16(dst []float32, src []uint16) {
+func cvtBF16x16sim(dst []float32, src []uint16) {
 	n := len(src)
 	i := 0
 	for ; i+16 <= n; i += 16 {
@@ -281,10 +282,10 @@ func cvtBF16x16(dst []float32, src []uint16) {
 	}
 }
 
-// cvtF16x16 widens IEEE halves exactly: the exponent/mantissa bits shifted
+// cvtF16x16sim widens IEEE halves exactly: the exponent/mantissa bits shifted
 // into float32 position and multiplied by 2^112 rebias normals and
 // normalize subnormals in one step; Inf/NaN get the all-ones exponent.
-func cvtF16x16(dst []float32, src []uint16) {
+func cvtF16x16sim(dst []float32, src []uint16) {
 	n := len(src)
 	em := archsimd.BroadcastUint32x16(0x7fff)
 	sm := archsimd.BroadcastUint32x16(0x8000)
@@ -553,8 +554,8 @@ func dots4x16sim(s, q, k []float32, d int) {
 			sum4x16(b0, b1, b2, b3).StoreSlice(s[(r+1)*n+t:])
 		}
 		if t < n {
-			dots16(s[r*n+t:(r+1)*n], q[r*d:(r+1)*d], k[t*d:], d)
-			dots16(s[(r+1)*n+t:(r+2)*n], q[(r+1)*d:(r+2)*d], k[t*d:], d)
+			dots16sim(s[r*n+t:(r+1)*n], q[r*d:(r+1)*d], k[t*d:], d)
+			dots16sim(s[(r+1)*n+t:(r+2)*n], q[(r+1)*d:(r+2)*d], k[t*d:], d)
 		}
 	}
 }
@@ -567,7 +568,7 @@ func axpy4x16sim(acc, p, v []float32, alpha *[4]float32) {
 	}
 	_, _ = p[4*n-1], v[n*d-1]
 	if d&31 != 0 {
-		goAxpy4x(acc, p, v, alpha, axpy16)
+		goAxpy4x(acc, p, v, alpha, axpy16sim)
 		return
 	}
 	rb := d * 4

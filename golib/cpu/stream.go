@@ -32,6 +32,11 @@ func Attention(dst, q []float32, qLen, qHeads int, v cache.View, o Options) erro
 // blockTokens picks the number of tokens of one KV block so that a block of
 // K and one of V (as float32) stay well inside the L1/L2 caches while every
 // query row of the group uses them.
+// prefetchTokens is how far ahead (in rows) the SIMD loops prefetch K and V
+// rows that come straight from the cache's storage: about two blocks (into
+// L2), so the next blocks stream in while this one is computed.
+var prefetchTokens = 64
+
 func blockTokens(dk, dv int) int {
 	d := max(dk, dv)
 	t := 8192 / d // 32 KiB of float32 per tensor block
@@ -119,7 +124,11 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 			n := min(bt, sg.Len-off)
 			kb := u.loadBlock(ops, &u.kbuf, sg.K, off, n, dk, s.elem)
 			vb := u.loadBlock(ops, &u.vbuf, sg.V, off, n, dv, s.elem)
-			u.block(ops, s, kb, vb, pos+off, n, rows)
+			pf := 0
+			if s.elem == cache.Float32 {
+				pf = prefetchTokens
+			}
+			u.block(ops, s, kb, vb, pos+off, n, rows, pf)
 		}
 		pos += sg.Len
 	}
@@ -192,7 +201,7 @@ func (u *unitState) loadBlock(ops *kernelOps, buf *[]float32, raw []byte, off, n
 // online-softmax state of every row that sees some of them. Runs of four
 // rows with the same visible range (all rows of a decode step) go through
 // the four-row inner loops, so each K/V row is loaded once for four rows.
-func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, pos, n, rows int) {
+func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, pos, n, rows, pf int) {
 	dk, dv := s.dk, s.dv
 	for r := 0; r < rows; {
 		a, e := max(u.lo[r], pos), min(u.hi[r], pos+n)
@@ -212,9 +221,9 @@ func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, pos, n, ro
 		kr := kb[(a-pos)*dk : (e-pos)*dk]
 		vr := vb[(a-pos)*dv : (e-pos)*dv]
 		if nr == 4 {
-			ops.dots4(sc, u.qs[r*dk:(r+4)*dk], kr, dk)
+			ops.dots4(sc, u.qs[r*dk:(r+4)*dk], kr, dk, pf)
 		} else {
-			ops.dots(sc, u.qs[r*dk:(r+1)*dk], kr, dk)
+			ops.dots(sc, u.qs[r*dk:(r+1)*dk], kr, dk, pf)
 		}
 		alpha := &u.alpha // a field: a local would escape through the indirect call
 		for j := 0; j < nr; j++ {
@@ -232,9 +241,9 @@ func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, pos, n, ro
 			u.m[r+j] = mNew
 		}
 		if nr == 4 {
-			ops.axpy4(u.acc[r*dv:(r+4)*dv], sc, vr, alpha)
+			ops.axpy4(u.acc[r*dv:(r+4)*dv], sc, vr, alpha, pf)
 		} else {
-			ops.axpy(u.acc[r*dv:(r+1)*dv], sc, vr, alpha[0])
+			ops.axpy(u.acc[r*dv:(r+1)*dv], sc, vr, alpha[0], pf)
 		}
 		r += nr
 	}
