@@ -83,6 +83,9 @@ func newBinary(name string) Factory {
 			if err != nil {
 				return err
 			}
+			if name == "Pow" && a.DType().IsInt() && b.DType().IsFloat() {
+				return powIntFloat(a, b, out)
+			}
 			if k := f32Kinds[name]; k != 0 && a.DType() == tensor.Float32 && b.DType() == tensor.Float32 {
 				return binaryF32(k, a.Float32(), a.Shape(), b.Float32(), b.Shape(), out.Float32(), os)
 			}
@@ -139,6 +142,26 @@ func binaryCompute(op binaryOp, a, b, out *tensor.Tensor) error {
 		return storeInt64(out, res)
 	}
 	return fmt.Errorf("%w: arithmetic on %v", errs.ErrType, a.DType())
+}
+
+// powIntFloat is Pow with an integer base and a float exponent: computed
+// in float64 and truncated to the base's integer type.
+func powIntFloat(a, b, out *tensor.Tensor) error {
+	x, err := reduceSource(a)
+	if err != nil {
+		return err
+	}
+	y, err := reduceSource(b)
+	if err != nil {
+		return err
+	}
+	res := make([]int64, out.Len())
+	if err := binaryApply(x, a.Shape(), y, b.Shape(), res, out.Shape(), func(p, q float64) int64 {
+		return tensor.SaturateInt(math.Pow(p, q), math.MinInt64, math.MaxInt64)
+	}); err != nil {
+		return err
+	}
+	return storeInt64(out, res)
 }
 
 // storeInt64 writes int64 values into an integer tensor, wrapping like C.

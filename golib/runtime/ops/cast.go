@@ -116,6 +116,25 @@ func castInto(x, out *tensor.Tensor) error {
 	return storeInt64(out, v)
 }
 
+// floatToInt64 and floatToInt32 truncate toward zero. ONNX leaves
+// out-of-range and NaN conversions undefined; these follow what numpy's
+// astype and onnxruntime produce on x86 (the "integer indefinite" minimum
+// value), and narrower integer types wrap the int32 result, as a C cast
+// does.
+func floatToInt64(v float64) int64 {
+	if v != v || v >= 9.223372036854775807e18 || v < -9.223372036854775808e18 {
+		return math.MinInt64
+	}
+	return int64(v)
+}
+
+func floatToInt32(v float64) int32 {
+	if v != v || v >= 2147483648 || v <= -2147483649 {
+		return math.MinInt32
+	}
+	return int32(v)
+}
+
 // storeFloat64 writes float64 values into out, converting to its type.
 func storeFloat64(out *tensor.Tensor, v []float64) error {
 	switch out.DType() {
@@ -144,22 +163,22 @@ func storeFloat64(out *tensor.Tensor, v []float64) error {
 	case tensor.Int64:
 		d := out.Int64()
 		for i, e := range v {
-			d[i] = tensor.SaturateInt(e, math.MinInt64, math.MaxInt64)
+			d[i] = floatToInt64(e)
 		}
 	case tensor.Int32:
 		d := out.Int32()
 		for i, e := range v {
-			d[i] = int32(tensor.SaturateInt(e, math.MinInt32, math.MaxInt32))
+			d[i] = floatToInt32(e)
 		}
 	case tensor.Int8:
 		d := out.Int8()
 		for i, e := range v {
-			d[i] = int8(tensor.SaturateInt(e, math.MinInt8, math.MaxInt8))
+			d[i] = int8(floatToInt32(e))
 		}
 	case tensor.Uint8:
 		d := out.Uint8()
 		for i, e := range v {
-			d[i] = uint8(tensor.SaturateInt(e, 0, math.MaxUint8))
+			d[i] = uint8(floatToInt32(e))
 		}
 	default:
 		return fmt.Errorf("%w: cast to %v", errs.ErrType, out.DType())
