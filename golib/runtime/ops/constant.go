@@ -140,13 +140,13 @@ func newRange(n *Node) (Kernel, error) {
 			if cnt > maxRangeElements {
 				return fmt.Errorf("%w: Range of %d elements", errs.ErrLimit, cnt)
 			}
+			out, err := ctx.NewOutput(0, st.DType(), tensor.Shape{int(cnt)}) // checks the size limit
+			if err != nil {
+				return err
+			}
 			v := make([]int64, cnt)
 			for i := range v {
 				v[i] = s[0] + int64(i)*d[0]
-			}
-			out, err := ctx.NewOutput(0, st.DType(), tensor.Shape{int(cnt)})
-			if err != nil {
-				return err
 			}
 			return storeInt64(out, v)
 		}
@@ -177,13 +177,13 @@ func newRange(n *Node) (Kernel, error) {
 			return fmt.Errorf("%w: Range of %v elements", errs.ErrLimit, c)
 		}
 		cnt := int(max(c, 0))
+		out, err := ctx.NewOutput(0, st.DType(), tensor.Shape{cnt}) // checks the size limit
+		if err != nil {
+			return err
+		}
 		v := make([]float64, cnt)
 		for i := range v {
 			v[i] = s + float64(i)*d
-		}
-		out, err := ctx.NewOutput(0, st.DType(), tensor.Shape{cnt})
-		if err != nil {
-			return err
 		}
 		return storeFloat64(out, v)
 	}), nil

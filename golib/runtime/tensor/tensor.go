@@ -27,8 +27,9 @@ func New(dt DType, shape Shape) (*Tensor, error) {
 		return nil, err
 	}
 	nb, ok := checkedMul(n, dt.Size())
-	if !ok {
-		return nil, fmt.Errorf("%w: tensor of %v %v is too large", errs.ErrLimit, dt, shape)
+	if !ok || int64(nb) > maxBytes.Load() {
+		return nil, fmt.Errorf("%w: a %v tensor of shape %v needs %d bytes, over the per-tensor limit of %d bytes",
+			errs.ErrLimit, dt, shape, int64(n)*int64(dt.Size()), maxBytes.Load())
 	}
 	words := make([]uint64, (nb+7)/8)
 	var data []byte

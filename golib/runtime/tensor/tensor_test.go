@@ -166,3 +166,17 @@ func TestSaturateInt(t *testing.T) {
 		}
 	}
 }
+
+func TestMaxBytes(t *testing.T) {
+	old := SetMaxBytes(1024)
+	defer SetMaxBytes(old)
+	if _, err := New(Float32, Shape{256}); err != nil {
+		t.Fatalf("exactly at the limit: %v", err)
+	}
+	if _, err := New(Float32, Shape{257}); !errors.Is(err, errs.ErrLimit) {
+		t.Fatalf("over the limit: %v", err)
+	}
+	if SetMaxBytes(0); MaxBytes() != defaultMaxBytes() || MaxBytes() <= 0 {
+		t.Fatalf("default limit %d", MaxBytes())
+	}
+}
