@@ -1,0 +1,305 @@
+package mha
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// tcase describes one attention call; data is random and seeded.
+type tcase struct {
+	name                 string
+	b, hq, hkv, s, l, p  int // batch, heads, q len, new kv len, past len (-1: no past)
+	dk, dv               int
+	in3D                 bool
+	attrs                Attrs
+	mask                 []int // nil: no mask
+	boolMask             bool
+	maskFalseRow         int // >= 0: bool mask row (all batches/heads) set to false
+	nonpad               []int64
+	wantQK, wantPresents bool
+}
+
+func base(name string) tcase {
+	return tcase{name: name, b: 2, hq: 2, hkv: 2, s: 3, l: 3, p: -1, dk: 8, dv: 8, maskFalseRow: -1}
+}
+
+func cases() []tcase {
+	var cs []tcase
+	add := func(c tcase, f func(*tcase)) {
+		f(&c)
+		cs = append(cs, c)
+	}
+	add(base("mha 4D"), func(c *tcase) {})
+	add(base("mha 3D"), func(c *tcase) { c.in3D = true; c.attrs.QNumHeads, c.attrs.KVNumHeads = 2, 2 })
+	add(base("gqa 4D"), func(c *tcase) { c.hq, c.hkv = 6, 2 })
+	add(base("mqa 3D dv!=dk"), func(c *tcase) {
+		c.hq, c.hkv, c.dv, c.in3D = 4, 1, 5, true
+		c.attrs.QNumHeads, c.attrs.KVNumHeads = 4, 1
+	})
+	add(base("dv!=dk 4D"), func(c *tcase) { c.dk, c.dv = 16, 4 })
+	add(base("causal"), func(c *tcase) { c.attrs.IsCausal = true })
+	add(base("causal q longer than kv"), func(c *tcase) { c.attrs.IsCausal, c.s, c.l = true, 5, 3 })
+	add(base("causal past end-aligned"), func(c *tcase) { c.attrs.IsCausal, c.p = true, 4; c.wantPresents = true })
+	add(base("causal zero past"), func(c *tcase) { c.attrs.IsCausal, c.p = true, 0; c.wantPresents = true })
+	add(base("past 3D gqa presents"), func(c *tcase) {
+		c.hq, c.hkv, c.p, c.in3D, c.dv = 4, 2, 5, true, 6
+		c.attrs.QNumHeads, c.attrs.KVNumHeads = 4, 2
+		c.wantPresents = true
+	})
+	add(base("decode past 37"), func(c *tcase) { c.s, c.l, c.p, c.attrs.IsCausal, c.hq, c.hkv = 1, 1, 37, true, 8, 2 })
+	add(base("bool mask 2D"), func(c *tcase) { c.mask, c.boolMask = []int{3, 3}, true })
+	add(base("bool mask 3D heads"), func(c *tcase) { c.mask, c.boolMask = []int{2, 3, 3}, true })
+	add(base("bool mask 4D broadcast"), func(c *tcase) { c.mask, c.boolMask = []int{2, 1, 3, 3}, true })
+	add(base("float mask 4D full"), func(c *tcase) { c.mask = []int{2, 2, 3, 3} })
+	add(base("float mask rank 1"), func(c *tcase) { c.mask = []int{3} })
+	add(base("float mask row broadcast"), func(c *tcase) { c.mask = []int{1, 1, 1, 3} })
+	add(base("short float mask padded"), func(c *tcase) { c.mask, c.p = []int{3, 5}, 3 })
+	add(base("short bool mask padded"), func(c *tcase) { c.mask, c.boolMask, c.p = []int{3, 2}, true, 1 })
+	add(base("bool mask + causal + past"), func(c *tcase) {
+		c.mask, c.boolMask, c.p, c.attrs.IsCausal = []int{3, 5}, true, 2, true
+		c.wantQK, c.attrs.QKMode = true, 2
+	})
+	add(base("float mask + causal"), func(c *tcase) { c.mask, c.attrs.IsCausal, c.wantQK, c.attrs.QKMode = []int{3, 3}, true, true, 2 })
+	add(base("fully masked row"), func(c *tcase) {
+		c.mask, c.boolMask, c.maskFalseRow, c.wantQK, c.attrs.QKMode = []int{3, 3}, true, 1, true, 3
+	})
+	add(base("scale"), func(c *tcase) { c.attrs.Scale, c.attrs.HasScale = 0.7, true })
+	for mode := range 4 {
+		add(base("softcap mode"), func(c *tcase) {
+			c.name += string(rune('0' + mode))
+			c.attrs.Softcap, c.attrs.QKMode, c.wantQK = 1.5, mode, true
+			c.mask, c.attrs.IsCausal = []int{2, 1, 3, 3}, true
+		})
+		add(base("mode"), func(c *tcase) {
+			c.name += string(rune('0' + mode))
+			c.attrs.QKMode, c.wantQK, c.p = mode, true, 2
+		})
+	}
+	add(base("nonpad"), func(c *tcase) { c.nonpad = []int64{2, 3} })
+	add(base("nonpad causal external cache"), func(c *tcase) {
+		c.s, c.l, c.nonpad, c.attrs.IsCausal = 2, 6, []int64{3, 6}, true
+	})
+	add(base("nonpad zero and qk"), func(c *tcase) { c.nonpad, c.wantQK, c.attrs.QKMode = []int64{0, 2}, true, 3 })
+	add(base("softmax double"), func(c *tcase) { c.attrs.SoftmaxPrecision, c.attrs.IsCausal = PrecisionDouble, true })
+	add(base("prefill crosses row blocks"), func(c *tcase) {
+		c.b, c.s, c.l, c.attrs.IsCausal, c.hq, c.hkv, c.dk, c.dv = 1, 70, 70, true, 2, 1, 16, 16
+	})
+	add(base("prefill blocks with qk"), func(c *tcase) {
+		c.b, c.s, c.l, c.p, c.attrs.IsCausal, c.wantQK = 1, 40, 40, 3, true, true
+	})
+	add(base("empty batch"), func(c *tcase) { c.b = 0 })
+	add(base("empty query"), func(c *tcase) { c.s = 0 })
+	add(base("no keys at all"), func(c *tcase) { c.l, c.p = 0, 0 })
+	return cs
+}
+
+func (c tcase) shapes() Shapes {
+	var s Shapes
+	if c.in3D {
+		s.Q = []int{c.b, c.s, c.hq * c.dk}
+		s.K = []int{c.b, c.l, c.hkv * c.dk}
+		s.V = []int{c.b, c.l, c.hkv * c.dv}
+	} else {
+		s.Q = []int{c.b, c.hq, c.s, c.dk}
+		s.K = []int{c.b, c.hkv, c.l, c.dk}
+		s.V = []int{c.b, c.hkv, c.l, c.dv}
+	}
+	if c.p >= 0 {
+		s.PastKey = []int{c.b, c.hkv, c.p, c.dk}
+		s.PastValue = []int{c.b, c.hkv, c.p, c.dv}
+	}
+	s.Mask = c.mask
+	if c.nonpad != nil {
+		s.NonpadKVSeqlen = []int{len(c.nonpad)}
+	}
+	return s
+}
+
+func randVec(r *rand.Rand, n int) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(r.NormFloat64())
+	}
+	return x
+}
+
+func TestAttentionCases(t *testing.T) {
+	for ci, c := range cases() {
+		t.Run(c.name, func(t *testing.T) {
+			r := rand.New(rand.NewPCG(uint64(ci), 7))
+			sh := c.shapes()
+			g, err := Plan(c.attrs, sh)
+			if err != nil {
+				t.Fatalf("Plan: %v", err)
+			}
+			in := Inputs{Q: randVec(r, prod(sh.Q)), K: randVec(r, prod(sh.K)), V: randVec(r, prod(sh.V)),
+				NonpadKVSeqlen: c.nonpad}
+			if c.p >= 0 {
+				in.PastKey, in.PastValue = randVec(r, prod(sh.PastKey)), randVec(r, prod(sh.PastValue))
+			}
+			if c.mask != nil {
+				n := prod(c.mask)
+				if c.boolMask {
+					in.Mask.Bool = make([]bool, n)
+					for i := range n {
+						in.Mask.Bool[i] = r.IntN(4) != 0
+					}
+					if c.maskFalseRow >= 0 {
+						last := c.mask[len(c.mask)-1]
+						for i := range n {
+							if (i/last)%c.mask[len(c.mask)-2] == c.maskFalseRow {
+								in.Mask.Bool[i] = false
+							}
+						}
+					}
+				} else {
+					in.Mask.Float = randVec(r, n)
+				}
+			}
+			out := Outputs{Y: make([]float32, prod(g.YShape))}
+			if c.wantQK {
+				out.QK = make([]float32, prod(g.QKShape))
+			}
+			if c.wantPresents {
+				out.PresentKey = make([]float32, prod(g.PresentKeyShape))
+				out.PresentValue = make([]float32, prod(g.PresentValueShape))
+			}
+			if err := g.Run(in, out); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			y, pk, pv, qk := reference(g, in)
+			near(t, "Y", out.Y, y)
+			if c.wantQK {
+				near(t, "qk", out.QK, qk)
+			}
+			if c.wantPresents {
+				near(t, "present_key", out.PresentKey, pk)
+				near(t, "present_value", out.PresentValue, pv)
+			}
+			if c.maskFalseRow >= 0 {
+				for i, v := range out.Y[c.maskFalseRow*c.dv : (c.maskFalseRow+1)*c.dv] {
+					if v != 0 {
+						t.Fatalf("fully masked row: Y[%d] = %v, want 0", i, v)
+					}
+				}
+			}
+		})
+	}
+}
+
+func near(t *testing.T, what string, got []float32, want []float64) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d values, want %d", what, len(got), len(want))
+	}
+	for i, w := range want {
+		gv := float64(got[i])
+		if math.IsInf(w, 0) || w == -math.MaxFloat32 {
+			if gv != w && !(w == -math.MaxFloat32 && gv == float64(lowest)) {
+				t.Fatalf("%s[%d] = %v, want %v", what, i, gv, w)
+			}
+			continue
+		}
+		if math.IsNaN(gv) || math.Abs(gv-w) > 2e-5+2e-5*math.Abs(w) {
+			t.Fatalf("%s[%d] = %v, want %v", what, i, gv, w)
+		}
+	}
+}
+
+func TestPlanErrors(t *testing.T) {
+	q4, k4, v4 := []int{1, 2, 3, 4}, []int{1, 2, 3, 4}, []int{1, 2, 3, 4}
+	cases := []struct {
+		name  string
+		attrs Attrs
+		s     Shapes
+		want  error
+	}{
+		{"rank mix", Attrs{}, Shapes{Q: q4, K: []int{1, 3, 8}, V: v4}, ErrShape},
+		{"rank 2", Attrs{}, Shapes{Q: []int{1, 2}, K: []int{1, 2}, V: []int{1, 2}}, ErrShape},
+		{"3D without heads", Attrs{}, Shapes{Q: []int{1, 3, 8}, K: []int{1, 3, 8}, V: []int{1, 3, 8}}, ErrShape},
+		{"3D hidden not divisible", Attrs{QNumHeads: 3, KVNumHeads: 1}, Shapes{Q: []int{1, 3, 8}, K: []int{1, 3, 8}, V: []int{1, 3, 8}}, ErrShape},
+		{"3D head size mismatch", Attrs{QNumHeads: 2, KVNumHeads: 1}, Shapes{Q: []int{1, 3, 8}, K: []int{1, 3, 8}, V: []int{1, 3, 8}}, ErrShape},
+		{"4D heads attr disagrees", Attrs{QNumHeads: 4}, Shapes{Q: q4, K: k4, V: v4}, ErrShape},
+		{"batch mismatch", Attrs{}, Shapes{Q: []int{2, 2, 3, 4}, K: k4, V: v4}, ErrShape},
+		{"gqa not divisible", Attrs{}, Shapes{Q: []int{1, 3, 3, 4}, K: k4, V: v4}, ErrShape},
+		{"head dim mismatch", Attrs{}, Shapes{Q: []int{1, 2, 3, 5}, K: k4, V: v4}, ErrShape},
+		{"v seq mismatch", Attrs{}, Shapes{Q: q4, K: k4, V: []int{1, 2, 4, 4}}, ErrShape},
+		{"past key only", Attrs{}, Shapes{Q: q4, K: k4, V: v4, PastKey: []int{1, 2, 1, 4}}, ErrShape},
+		{"past heads", Attrs{}, Shapes{Q: q4, K: k4, V: v4, PastKey: []int{1, 1, 1, 4}, PastValue: []int{1, 1, 1, 4}}, ErrShape},
+		{"past lengths differ", Attrs{}, Shapes{Q: q4, K: k4, V: v4, PastKey: []int{1, 2, 1, 4}, PastValue: []int{1, 2, 2, 4}}, ErrShape},
+		{"mask not broadcastable", Attrs{}, Shapes{Q: q4, K: k4, V: v4, Mask: []int{3, 3, 3}}, ErrShape},
+		{"mask too long", Attrs{}, Shapes{Q: q4, K: k4, V: v4, Mask: []int{3, 4}}, ErrShape},
+		{"mask rank 5", Attrs{}, Shapes{Q: q4, K: k4, V: v4, Mask: []int{1, 1, 1, 3, 3}}, ErrShape},
+		{"qk mode 4", Attrs{QKMode: 4}, Shapes{Q: q4, K: k4, V: v4}, ErrValue},
+		{"softmax precision int", Attrs{SoftmaxPrecision: 7}, Shapes{Q: q4, K: k4, V: v4}, ErrValue},
+		{"negative softcap", Attrs{Softcap: -1}, Shapes{Q: q4, K: k4, V: v4}, ErrValue},
+		{"nonpad with past", Attrs{}, Shapes{Q: q4, K: k4, V: v4, PastKey: []int{1, 2, 1, 4}, PastValue: []int{1, 2, 1, 4}, NonpadKVSeqlen: []int{1}}, ErrShape},
+		{"nonpad shape", Attrs{}, Shapes{Q: q4, K: k4, V: v4, NonpadKVSeqlen: []int{2}}, ErrShape},
+		{"negative dim", Attrs{}, Shapes{Q: []int{1, 2, -3, 4}, K: k4, V: v4}, ErrShape},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := Plan(tc.attrs, tc.s); !errors.Is(err, tc.want) {
+				t.Fatalf("got %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestRunErrors(t *testing.T) {
+	s := Shapes{Q: []int{1, 1, 2, 2}, K: []int{1, 1, 2, 2}, V: []int{1, 1, 2, 2}, NonpadKVSeqlen: []int{1}}
+	g, err := Plan(Attrs{}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	four := make([]float32, 4)
+	ok := Inputs{Q: four, K: four, V: four, NonpadKVSeqlen: []int64{1}}
+	cases := []struct {
+		name string
+		in   Inputs
+		out  Outputs
+		want error
+	}{
+		{"short Q", Inputs{Q: four[:3], K: four, V: four, NonpadKVSeqlen: []int64{1}}, Outputs{Y: four}, ErrShape},
+		{"short Y", ok, Outputs{Y: four[:2]}, ErrShape},
+		{"qk length", ok, Outputs{Y: four, QK: four[:3]}, ErrShape},
+		{"nonpad too long", Inputs{Q: four, K: four, V: four, NonpadKVSeqlen: []int64{3}}, Outputs{Y: four}, ErrValue},
+		{"nonpad negative", Inputs{Q: four, K: four, V: four, NonpadKVSeqlen: []int64{-1}}, Outputs{Y: four}, ErrValue},
+		{"nonpad missing", Inputs{Q: four, K: four, V: four}, Outputs{Y: four}, ErrShape},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := g.Run(tc.in, tc.out); !errors.Is(err, tc.want) {
+				t.Fatalf("got %v, want %v", err, tc.want)
+			}
+		})
+	}
+	gm, err := Plan(Attrs{}, Shapes{Q: s.Q, K: s.K, V: s.V, Mask: []int{2, 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	both := Inputs{Q: four, K: four, V: four, Mask: Mask{Float: four, Bool: make([]bool, 4)}}
+	if err := gm.Run(both, Outputs{Y: four}); !errors.Is(err, ErrShape) {
+		t.Fatalf("mask with both kinds: got %v", err)
+	}
+}
+
+func TestExp32(t *testing.T) {
+	for x := float32(-90); x <= 1; x += 0.0137 {
+		got, want := float64(exp32(x)), math.Exp(float64(x))
+		if want < 1.2e-38 {
+			if got > 1.2e-38 {
+				t.Fatalf("exp32(%v) = %v, want ~0", x, got)
+			}
+			continue
+		}
+		if math.Abs(got-want) > 4e-7*want {
+			t.Fatalf("exp32(%v) = %v, want %v (rel %g)", x, got, want, math.Abs(got-want)/want)
+		}
+	}
+	if !math.IsNaN(float64(exp32(float32(math.NaN())))) || exp32(float32(math.Inf(-1))) != 0 {
+		t.Fatal("exp32 special values")
+	}
+}

@@ -1,0 +1,173 @@
+package mha
+
+import (
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/gemm"
+)
+
+// Mask is the attn_mask data: exactly one of Float or Bool is set when the
+// geometry has a mask.
+type Mask struct {
+	Float []float32 // added to the scores
+	Bool  []bool    // true: the key takes part
+}
+
+// Inputs hold the input data in the shapes given to Plan (row-major).
+// Optional inputs not given to Plan are nil.
+type Inputs struct {
+	Q, K, V            []float32
+	Mask               Mask
+	PastKey, PastValue []float32
+	NonpadKVSeqlen     []int64
+}
+
+// Outputs receive the results. Y is required; PresentKey, PresentValue and
+// QK are written when non-nil. Every slice must have exactly the length of
+// its shape in the Geometry.
+type Outputs struct {
+	Y, PresentKey, PresentValue, QK []float32
+}
+
+// rowBlock is the number of query rows scored at once: a rowBlock x total
+// score block is the only per-task temporary.
+const rowBlock = 32
+
+// lowest is the score onnxruntime gives excluded positions.
+const lowest = -math.MaxFloat32
+
+var scratch = sync.Pool{New: func() any { return new([]float32) }}
+
+// Run computes the attention described by g.
+func (g *Geometry) Run(in Inputs, out Outputs) error {
+	if err := g.checkData(in, out); err != nil {
+		return err
+	}
+	keys, values := g.present(in, out)
+	blocks := (g.QLen + rowBlock - 1) / rowBlock
+	units := g.Batch * g.QHeads * blocks
+	errc := make(chan error, 1)
+	gemm.For(units, func(u int) {
+		b, rest := u/(g.QHeads*blocks), u%(g.QHeads*blocks)
+		h, blk := rest/blocks, rest%blocks
+		if err := g.unit(in, out, keys, values, b, h, blk*rowBlock); err != nil {
+			select {
+			case errc <- err:
+			default:
+			}
+		}
+	})
+	select {
+	case err := <-errc:
+		return err
+	default:
+		return nil
+	}
+}
+
+func (g *Geometry) checkData(in Inputs, out Outputs) error {
+	check := func(name string, n int, shape []int) error {
+		if want := prod(shape); n != want {
+			return fmt.Errorf("%w: %s has %d elements, shape %v needs %d", ErrShape, name, n, shape, want)
+		}
+		return nil
+	}
+	qShape, kShape, vShape := g.inputShapes()
+	errs := []error{
+		check("Q", len(in.Q), qShape), check("K", len(in.K), kShape), check("V", len(in.V), vShape),
+		check("Y", len(out.Y), g.YShape),
+	}
+	if g.HasPast {
+		errs = append(errs,
+			check("past_key", len(in.PastKey), []int{g.Batch, g.KVHeads, g.PastLen, g.HeadDimK}),
+			check("past_value", len(in.PastValue), []int{g.Batch, g.KVHeads, g.PastLen, g.HeadDimV}))
+	}
+	if out.PresentKey != nil {
+		errs = append(errs, check("present_key", len(out.PresentKey), g.PresentKeyShape))
+	}
+	if out.PresentValue != nil {
+		errs = append(errs, check("present_value", len(out.PresentValue), g.PresentValueShape))
+	}
+	if out.QK != nil {
+		errs = append(errs, check("qk_matmul_output", len(out.QK), g.QKShape))
+	}
+	if g.HasMask {
+		if (in.Mask.Float == nil) == (in.Mask.Bool == nil) {
+			return fmt.Errorf("%w: attn_mask needs exactly one of Float or Bool data", ErrShape)
+		}
+		n := len(in.Mask.Float) + len(in.Mask.Bool)
+		errs = append(errs, check("attn_mask", n, g.maskDims[:]))
+	}
+	if g.HasNonpad {
+		if len(in.NonpadKVSeqlen) != g.Batch {
+			return fmt.Errorf("%w: nonpad_kv_seqlen has %d values, want %d", ErrShape, len(in.NonpadKVSeqlen), g.Batch)
+		}
+		for b, n := range in.NonpadKVSeqlen {
+			if n < 0 || n > int64(g.TotalLen) {
+				return fmt.Errorf("%w: nonpad_kv_seqlen[%d] = %d not in [0, %d]", ErrValue, b, n, g.TotalLen)
+			}
+		}
+	}
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (g *Geometry) inputShapes() (q, k, v []int) {
+	if g.Input3D {
+		return []int{g.Batch, g.QLen, g.QHeads * g.HeadDimK},
+			[]int{g.Batch, g.KVLen, g.KVHeads * g.HeadDimK},
+			[]int{g.Batch, g.KVLen, g.KVHeads * g.HeadDimV}
+	}
+	return []int{g.Batch, g.QHeads, g.QLen, g.HeadDimK},
+		[]int{g.Batch, g.KVHeads, g.KVLen, g.HeadDimK},
+		[]int{g.Batch, g.KVHeads, g.KVLen, g.HeadDimV}
+}
+
+func prod(shape []int) int {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	return n
+}
+
+// present returns the keys and values in [batch, kv_heads, total, dim]
+// layout: the inputs themselves when they already are (4D, no past, present
+// not wanted), else the present outputs or fresh buffers filled with the
+// past followed by the new tokens.
+func (g *Geometry) present(in Inputs, out Outputs) (keys, values []float32) {
+	keys = g.concat(in.PastKey, in.K, out.PresentKey, g.HeadDimK)
+	values = g.concat(in.PastValue, in.V, out.PresentValue, g.HeadDimV)
+	return keys, values
+}
+
+func (g *Geometry) concat(past, cur, dst []float32, dim int) []float32 {
+	if dst == nil {
+		if !g.HasPast && !g.Input3D {
+			return cur
+		}
+		dst = make([]float32, g.Batch*g.KVHeads*g.TotalLen*dim)
+	}
+	for b := range g.Batch {
+		for h := range g.KVHeads {
+			bh := b*g.KVHeads + h
+			d := dst[bh*g.TotalLen*dim : (bh+1)*g.TotalLen*dim]
+			n := copy(d, past[bh*g.PastLen*dim:(bh+1)*g.PastLen*dim])
+			if !g.Input3D {
+				copy(d[n:], cur[bh*g.KVLen*dim:(bh+1)*g.KVLen*dim])
+				continue
+			}
+			for s := range g.KVLen {
+				src := (b*g.KVLen+s)*g.KVHeads*dim + h*dim
+				copy(d[n+s*dim:n+(s+1)*dim], cur[src:src+dim])
+			}
+		}
+	}
+	return dst
+}
