@@ -97,13 +97,18 @@ func newExpand(n *Node) (Kernel, error) {
 	}), nil
 }
 
-// broadcastInto fills out with x broadcast to out's shape.
+// broadcastInto fills out with x broadcast to out's shape, row by row
+// (broadcast dimensions have stride 0), without an index per element.
 func broadcastInto(out, x *tensor.Tensor) error {
-	idx := make([]int, out.Len())
-	if err := tensor.BroadcastIndex(x.Shape(), out.Shape(), idx); err != nil {
+	st, err := tensor.BroadcastStrides(x.Shape(), out.Shape())
+	if err != nil {
 		return err
 	}
-	gatherElems(out.Bytes(), x.Bytes(), idx, x.DType().Size())
+	es := x.DType().Size()
+	src, dst := x.Bytes(), out.Bytes()
+	walkStrided(out.Shape(), 0, st, func(o, i, s, n int) {
+		stridedCopy(dst, src, o, i, s, n, es)
+	})
 	return nil
 }
 
