@@ -30,7 +30,7 @@ var bufPool = sync.Pool{New: func() any {
 func (p *product) blocked() {
 	mBlocks := (p.m + mcBlock - 1) / mcBlock
 	nBlocks := (p.n + ncBlock - 1) / ncBlock
-	For(mBlocks*nBlocks, func(t int) {
+	ForThreads(p.threads, mBlocks*nBlocks, func(t int) {
 		bufs := bufPool.Get().(*packBufs)
 		i0 := (t / nBlocks) * mcBlock
 		j0 := (t % nBlocks) * ncBlock

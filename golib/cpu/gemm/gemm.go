@@ -21,6 +21,13 @@ const skinnyRows = 4
 // they are indexed at; nothing is allocated per call beyond pooled buffers.
 func Sgemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int,
 	b []float32, ldb int, beta float32, c []float32, ldc int) error {
+	return SgemmThreads(0, transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+}
+
+// SgemmThreads is Sgemm using at most threads threads (the caller
+// included); threads <= 0 means Threads().
+func SgemmThreads(threads int, transA, transB bool, m, n, k int, alpha float32, a []float32, lda int,
+	b []float32, ldb int, beta float32, c []float32, ldc int) error {
 	if err := check(transA, transB, m, n, k, a, lda, b, ldb, c, ldc); err != nil {
 		return err
 	}
@@ -29,13 +36,13 @@ func Sgemm(transA, transB bool, m, n, k int, alpha float32, a []float32, lda int
 	}
 	ks := active()
 	if beta != 1 {
-		For(m, func(i int) { scaleRow(c[i*ldc:i*ldc+n], beta) })
+		ForThreads(threads, m, func(i int) { scaleRow(c[i*ldc:i*ldc+n], beta) })
 	}
 	if k == 0 || alpha == 0 {
 		return nil
 	}
 	p := product{transA: transA, transB: transB, m: m, n: n, k: k, alpha: alpha,
-		a: a, lda: lda, b: b, ldb: ldb, c: c, ldc: ldc, ks: ks}
+		a: a, lda: lda, b: b, ldb: ldb, c: c, ldc: ldc, ks: ks, threads: threads}
 	if m <= skinnyRows {
 		p.skinny()
 		return nil
@@ -56,6 +63,7 @@ type product struct {
 	c              []float32
 	ldc            int
 	ks             *kernels
+	threads        int
 }
 
 // at returns op(A)[i][l].

@@ -76,11 +76,19 @@ func Threads() int {
 // worker pool and the calling goroutine, and returns when all are done.
 // Calls may nest: when every helper is busy the caller runs the work itself
 // instead of waiting for one, so For never deadlocks. fn must not panic.
-func For(n int, fn func(i int)) {
+func For(n int, fn func(i int)) { ForThreads(0, n, fn) }
+
+// ForThreads is For using at most threads threads (the caller included);
+// threads <= 0 means Threads().
+func ForThreads(threads, n int, fn func(i int)) {
 	if n <= 0 {
 		return
 	}
-	helpers := min(Threads()-1, n-1)
+	t := Threads()
+	if threads > 0 && threads < t {
+		t = threads
+	}
+	helpers := min(t-1, n-1)
 	if helpers <= 0 {
 		for i := range n {
 			fn(i)

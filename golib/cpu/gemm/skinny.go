@@ -19,7 +19,7 @@ func (p *product) skinny() {
 		return
 	}
 	tasks := (p.n + skinnyChunk - 1) / skinnyChunk
-	For(tasks, func(t int) {
+	ForThreads(p.threads, tasks, func(t int) {
 		j0 := t * skinnyChunk
 		j1 := min(j0+skinnyChunk, p.n)
 		p.skinnyAxpy(j0, j1)
@@ -53,7 +53,7 @@ func (p *product) skinnyAxpy(j0, j1 int) {
 func (p *product) skinnyDot() {
 	rows := p.aRows()
 	tasks := (p.n + skinnyDotRows - 1) / skinnyDotRows
-	For(tasks, func(t int) {
+	ForThreads(p.threads, tasks, func(t int) {
 		j1 := min((t+1)*skinnyDotRows, p.n)
 		for j := t * skinnyDotRows; j < j1; j++ {
 			bj := p.b[j*p.ldb : j*p.ldb+p.k]

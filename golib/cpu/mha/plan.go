@@ -83,6 +83,9 @@ type Geometry struct {
 	Input3D                        bool
 	HasMask, HasPast, HasNonpad    bool
 
+	// Threads bounds the threads Run may use (0: all of the gemm pool's).
+	Threads int
+
 	// Output shapes (present and qk are always 4D).
 	YShape, PresentKeyShape, PresentValueShape, QKShape []int
 

@@ -49,7 +49,7 @@ func (g *Geometry) Run(in Inputs, out Outputs) error {
 	blocks := (g.QLen + rowBlock - 1) / rowBlock
 	units := g.Batch * g.QHeads * blocks
 	errc := make(chan error, 1)
-	gemm.For(units, func(u int) {
+	gemm.ForThreads(g.Threads, units, func(u int) {
 		b, rest := u/(g.QHeads*blocks), u%(g.QHeads*blocks)
 		h, blk := rest/blocks, rest%blocks
 		if err := g.unit(in, out, keys, values, b, h, blk*rowBlock); err != nil {

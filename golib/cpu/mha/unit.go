@@ -46,7 +46,7 @@ func (g *Geometry) unit(in Inputs, out Outputs, keys, values []float32, b, h, i0
 	}
 	s := (*sp)[:rows*total]
 	if cols > 0 {
-		if err := gemm.Sgemm(false, true, rows, cols, dk, g.Scale, in.Q[qOff:], ldq, kb, dk, 0, s, total); err != nil {
+		if err := gemm.SgemmThreads(g.Threads, false, true, rows, cols, dk, g.Scale, in.Q[qOff:], ldq, kb, dk, 0, s, total); err != nil {
 			return err
 		}
 	}
@@ -83,7 +83,7 @@ func (g *Geometry) unit(in Inputs, out Outputs, keys, values []float32, b, h, i0
 			copy(qk, row)
 		}
 	}
-	return gemm.Sgemm(false, false, rows, dv, cols, 1, s, max(total, 1), vb, dv, 0, out.Y[yOff:], ldy)
+	return gemm.SgemmThreads(g.Threads, false, false, rows, dv, cols, 1, s, max(total, 1), vb, dv, 0, out.Y[yOff:], ldy)
 }
 
 // mask adds the float mask or applies the bool mask to one score row, then
