@@ -11,6 +11,7 @@ import (
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/model"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/ops"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
 
@@ -79,6 +80,14 @@ func SessionFree(h int64) (err error) {
 	}
 	lastStats.Delete(h)
 	return classify(s.Close())
+}
+
+// RegisteredOpsJSON lists the op kernels the runtime has, as a JSON list
+// of "domain/op [since, until]" strings (until 0: no upper bound).
+func RegisteredOpsJSON() (s string, err error) {
+	defer recoverTo(&err)
+	b, err := json.Marshal(ops.Registered())
+	return string(b), classify(err)
 }
 
 // LiveSessions returns the number of sessions not yet freed.

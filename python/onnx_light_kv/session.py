@@ -22,7 +22,7 @@ import numpy as np
 from . import _lib
 from ._dtypes import bfloat16
 
-__all__ = ["InferenceSession", "SessionOptions", "NodeArg"]
+__all__ = ["InferenceSession", "SessionOptions", "NodeArg", "supported_ops"]
 
 #: numpy dtype <-> ONNX TensorProto element code
 _TO_CODE: Dict[np.dtype, int] = {
@@ -185,6 +185,12 @@ class InferenceSession:
         ins = ", ".join(i.name for i in self._inputs)
         outs = ", ".join(self._output_names)
         return f"<InferenceSession inputs=[{ins}] outputs=[{outs}] threads={self._threads}>"
+
+
+def supported_ops() -> List[str]:
+    """The op kernels of the runtime as ``"domain/op [since, until]"``
+    strings (domain empty for ai.onnx; until 0: no upper bound)."""
+    return json.loads(_lib.call(_lib.fn("RegisteredOpsJSON")))
 
 
 def _node_arg(d: Mapping[str, Any]) -> NodeArg:
