@@ -1,0 +1,198 @@
+package ops
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/mha"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+func init() {
+	// Attention 23 and 24 differ by the nonpad_kv_seqlen input (index 6);
+	// the kernel reads it only when the model's opset has it.
+	Register("", "Attention", 23, 24, newAttention)
+}
+
+// Attention inputs and outputs by position.
+const (
+	attnQ, attnK, attnV, attnMask, attnPastK, attnPastV, attnNonpad = 0, 1, 2, 3, 4, 5, 6
+	attnY, attnPresentK, attnPresentV, attnQK                       = 0, 1, 2, 3
+)
+
+// newAttention: the standard ONNX Attention op on the tensor path. The math
+// (and the exact semantics, including onnxruntime's conventions) lives in
+// golib/cpu/mha; this kernel maps tensors and attributes onto it. float16,
+// bfloat16 and float64 are computed in float32.
+func newAttention(n *Node) (Kernel, error) {
+	var a mha.Attrs
+	ints := []struct {
+		name string
+		dst  *int
+	}{
+		{"q_num_heads", &a.QNumHeads}, {"kv_num_heads", &a.KVNumHeads},
+		{"qk_matmul_output_mode", &a.QKMode}, {"softmax_precision", &a.SoftmaxPrecision},
+	}
+	for _, it := range ints {
+		v, err := n.Attrs.Int(it.name, 0)
+		if err != nil {
+			return nil, err
+		}
+		*it.dst = int(v)
+	}
+	causal, err := n.Attrs.Int("is_causal", 0)
+	if err != nil {
+		return nil, err
+	}
+	a.IsCausal = causal != 0
+	if a.Softcap, err = n.Attrs.Float("softcap", 0); err != nil {
+		return nil, err
+	}
+	if n.Attrs.Has("scale") {
+		if a.Scale, err = n.Attrs.Float("scale", 0); err != nil {
+			return nil, err
+		}
+		a.HasScale = true
+	}
+	if a.QKMode < 0 || a.QKMode > 3 {
+		return nil, fmt.Errorf("%w: %s: qk_matmul_output_mode %d not in 0..3", errs.ErrInvalidArgument, n.Describe(), a.QKMode)
+	}
+	withNonpad := n.Opset >= 24
+	return KernelFunc(func(ctx *Context) error {
+		err := attentionCompute(ctx, a, withNonpad)
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, mha.ErrShape):
+			return fmt.Errorf("Attention: %w: %w", errs.ErrShape, err)
+		case errors.Is(err, mha.ErrValue):
+			return fmt.Errorf("Attention: %w: %w", errs.ErrInvalidArgument, err)
+		}
+		return fmt.Errorf("Attention: %w", err)
+	}), nil
+}
+
+func attentionCompute(ctx *Context, a mha.Attrs, withNonpad bool) error {
+	q, err := ctx.RequireInput(attnQ)
+	if err != nil {
+		return err
+	}
+	k, err := ctx.RequireInput(attnK)
+	if err != nil {
+		return err
+	}
+	v, err := ctx.RequireInput(attnV)
+	if err != nil {
+		return err
+	}
+	mask, pk, pv := ctx.Input(attnMask), ctx.Input(attnPastK), ctx.Input(attnPastV)
+	var nonpad *tensor.Tensor
+	if withNonpad {
+		nonpad = ctx.Input(attnNonpad)
+	}
+	for _, t := range []*tensor.Tensor{q, k, v} {
+		if !t.DType().IsFloat() {
+			return fmt.Errorf("%w: Q, K and V must be floating point, got %v", errs.ErrType, t.DType())
+		}
+	}
+	if k.DType() != q.DType() || (pk != nil && pk.DType() != q.DType()) || (pv != nil && pv.DType() != v.DType()) {
+		return fmt.Errorf("%w: K and past_key must have Q's type, past_value V's", errs.ErrType)
+	}
+	s := mha.Shapes{Q: q.Shape(), K: k.Shape(), V: v.Shape()}
+	if mask != nil {
+		s.Mask = mask.Shape()
+	}
+	if pk != nil {
+		s.PastKey = pk.Shape()
+	}
+	if pv != nil {
+		s.PastValue = pv.Shape()
+	}
+	if nonpad != nil {
+		if nonpad.DType() != tensor.Int64 {
+			return fmt.Errorf("%w: nonpad_kv_seqlen must be int64, got %v", errs.ErrType, nonpad.DType())
+		}
+		s.NonpadKVSeqlen = nonpad.Shape()
+	}
+	g, err := mha.Plan(a, s)
+	if err != nil {
+		return err
+	}
+	g.Threads = ctx.Threads()
+
+	var in mha.Inputs
+	if in.Q, err = tensor.AsFloat32(q); err != nil {
+		return err
+	}
+	if in.K, err = tensor.AsFloat32(k); err != nil {
+		return err
+	}
+	if in.V, err = tensor.AsFloat32(v); err != nil {
+		return err
+	}
+	if pk != nil {
+		if in.PastKey, err = tensor.AsFloat32(pk); err != nil {
+			return err
+		}
+		if in.PastValue, err = tensor.AsFloat32(pv); err != nil {
+			return err
+		}
+	}
+	if mask != nil {
+		if mask.DType() == tensor.Bool {
+			in.Mask.Bool = mask.Bool()
+		} else if in.Mask.Float, err = tensor.AsFloat32(mask); err != nil { // additive
+			return err
+		}
+	}
+	if nonpad != nil {
+		in.NonpadKVSeqlen = nonpad.Int64()
+	}
+	return attentionOutputs(ctx, g, in, q.DType(), v.DType())
+}
+
+// attentionOutputs allocates the wanted outputs, runs the kernel and converts
+// 16-bit and float64 results back from float32.
+func attentionOutputs(ctx *Context, g *mha.Geometry, in mha.Inputs, qt, vt tensor.DType) error {
+	type slot struct {
+		idx   int
+		dt    tensor.DType
+		shape []int
+		dst   *[]float32
+	}
+	var out mha.Outputs
+	slots := []slot{
+		{attnY, qt, g.YShape, &out.Y},
+		{attnPresentK, qt, g.PresentKeyShape, &out.PresentKey},
+		{attnPresentV, vt, g.PresentValueShape, &out.PresentValue},
+		{attnQK, qt, g.QKShape, &out.QK},
+	}
+	tensors := make([]*tensor.Tensor, len(slots))
+	for i, sl := range slots {
+		if sl.idx != attnY && !ctx.OutputWanted(sl.idx) {
+			continue
+		}
+		t, err := ctx.NewOutput(sl.idx, sl.dt, tensor.Shape(sl.shape))
+		if err != nil {
+			return err
+		}
+		tensors[i] = t
+		if f := t.Float32(); f != nil {
+			*sl.dst = f
+		} else {
+			*sl.dst = make([]float32, t.Len())
+		}
+	}
+	if err := g.Run(in, out); err != nil {
+		return err
+	}
+	for i, sl := range slots {
+		if t := tensors[i]; t != nil && t.DType() != tensor.Float32 {
+			if err := tensor.FromFloat32(t, *sl.dst); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

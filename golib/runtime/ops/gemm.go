@@ -1,0 +1,130 @@
+package ops
+
+import (
+	"fmt"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/gemm"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+func init() {
+	// Gemm 7-10 require C; 11+ make it optional; 13 adds bfloat16. One
+	// kernel serves them all (an absent C is simply zero).
+	Register("", "Gemm", 7, 0, newGemm)
+}
+
+// newGemm: Y = alpha * op(A) * op(B) + beta * C with C broadcast
+// (unidirectionally) to [M, N]. float32/float16/bfloat16 (computed in
+// float32; a constant B of a 16-bit type is converted once, here).
+func newGemm(n *Node) (Kernel, error) {
+	ta, err := n.Attrs.Int("transA", 0)
+	if err != nil {
+		return nil, err
+	}
+	tb, err := n.Attrs.Int("transB", 0)
+	if err != nil {
+		return nil, err
+	}
+	alpha, err := n.Attrs.Float("alpha", 1)
+	if err != nil {
+		return nil, err
+	}
+	beta, err := n.Attrs.Float("beta", 1)
+	if err != nil {
+		return nil, err
+	}
+	var constB []float32
+	if len(n.Constants) > 1 && n.Constants[1] != nil && isHalf(n.Constants[1].DType()) {
+		if constB, err = tensor.AsFloat32(n.Constants[1]); err != nil {
+			return nil, err
+		}
+	}
+	transA, transB := ta != 0, tb != 0
+	return KernelFunc(func(ctx *Context) error {
+		a, err := ctx.RequireInput(0)
+		if err != nil {
+			return err
+		}
+		b, err := ctx.RequireInput(1)
+		if err != nil {
+			return err
+		}
+		c := ctx.Input(2)
+		dt := a.DType()
+		if dt != tensor.Float32 && !isHalf(dt) {
+			return fmt.Errorf("%w: Gemm supports float32, float16 and bfloat16, got %v", errs.ErrType, dt)
+		}
+		if b.DType() != dt || (c != nil && c.DType() != dt) {
+			return fmt.Errorf("%w: Gemm inputs must share one type", errs.ErrType)
+		}
+		if a.Rank() != 2 || b.Rank() != 2 {
+			return fmt.Errorf("%w: Gemm needs 2D A and B, got %v and %v", errs.ErrShape, a.Shape(), b.Shape())
+		}
+		m, k := a.Shape()[0], a.Shape()[1]
+		if transA {
+			m, k = k, m
+		}
+		kb, nn := b.Shape()[0], b.Shape()[1]
+		if transB {
+			kb, nn = nn, kb
+		}
+		if k != kb {
+			return fmt.Errorf("%w: Gemm inner dimensions differ: A %v (transA=%v), B %v (transB=%v)",
+				errs.ErrShape, a.Shape(), transA, b.Shape(), transB)
+		}
+		out, err := ctx.NewOutput(0, dt, tensor.Shape{m, nn})
+		if err != nil {
+			return err
+		}
+		af, err := tensor.AsFloat32(a)
+		if err != nil {
+			return err
+		}
+		bf := constB
+		if bf == nil || len(bf) != b.Len() {
+			if bf, err = tensor.AsFloat32(b); err != nil {
+				return err
+			}
+		}
+		y := out.Float32()
+		if y == nil {
+			y = make([]float32, m*nn)
+		}
+		bt := float32(0)
+		if c != nil && beta != 0 {
+			if err := gemmBroadcastC(c, tensor.Shape{m, nn}, y); err != nil {
+				return fmt.Errorf("Gemm C: %w", err)
+			}
+			bt = beta
+		}
+		err = gemm.SgemmThreads(ctx.Threads(), transA, transB, m, nn, k, alpha,
+			af, max(a.Shape()[1], 1), bf, max(b.Shape()[1], 1), bt, y, max(nn, 1))
+		if err != nil {
+			return fmt.Errorf("Gemm: %w", err)
+		}
+		if dt != tensor.Float32 {
+			return tensor.FromFloat32(out, y)
+		}
+		return nil
+	}), nil
+}
+
+// gemmBroadcastC writes t, broadcast to shape (2D), into dst as float32.
+func gemmBroadcastC(t *tensor.Tensor, shape tensor.Shape, dst []float32) error {
+	src, err := tensor.AsFloat32(t)
+	if err != nil {
+		return err
+	}
+	st, err := tensor.BroadcastStrides(t.Shape(), shape)
+	if err != nil {
+		return err
+	}
+	rows, cols := shape[0], shape[1]
+	for i := range rows {
+		for j := range cols {
+			dst[i*cols+j] = src[i*st[0]+j*st[1]]
+		}
+	}
+	return nil
+}

@@ -1,0 +1,199 @@
+package ops
+
+import (
+	"fmt"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/gemm"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+func init() {
+	// MatMul 1, 9 and 13 differ only in the element types they list.
+	Register("", "MatMul", 1, 0, newMatMul)
+}
+
+// newMatMul: numpy matmul. float32/float16/bfloat16 run on the blocked SGEMM
+// (16-bit types converted to float32 and back; a constant B is converted
+// once, here); float64 and int32/int64 use a plain loop.
+func newMatMul(n *Node) (Kernel, error) {
+	var constB []float32
+	if len(n.Constants) > 1 && n.Constants[1] != nil && isHalf(n.Constants[1].DType()) {
+		b, err := tensor.AsFloat32(n.Constants[1])
+		if err != nil {
+			return nil, err
+		}
+		constB = b
+	}
+	return KernelFunc(func(ctx *Context) error {
+		a, err := ctx.RequireInput(0)
+		if err != nil {
+			return err
+		}
+		b, err := ctx.RequireInput(1)
+		if err != nil {
+			return err
+		}
+		if a.DType() != b.DType() {
+			return fmt.Errorf("%w: MatMul of %v and %v", errs.ErrType, a.DType(), b.DType())
+		}
+		g, err := planMatMul(a.Shape(), b.Shape())
+		if err != nil {
+			return err
+		}
+		out, err := ctx.NewOutput(0, a.DType(), g.out)
+		if err != nil {
+			return err
+		}
+		switch a.DType() {
+		case tensor.Float32, tensor.Float16, tensor.BFloat16:
+			return g.runF32(ctx.Threads(), a, b, constB, out)
+		case tensor.Float64:
+			matmulLoop(g, a.Float64(), b.Float64(), out.Float64())
+		case tensor.Int64:
+			matmulLoop(g, a.Int64(), b.Int64(), out.Int64())
+		case tensor.Int32:
+			matmulLoop(g, a.Int32(), b.Int32(), out.Int32())
+		default:
+			return fmt.Errorf("%w: MatMul does not support %v", errs.ErrType, a.DType())
+		}
+		return nil
+	}), nil
+}
+
+func isHalf(dt tensor.DType) bool { return dt == tensor.Float16 || dt == tensor.BFloat16 }
+
+// matmulPlan is a MatMul broadcast: batches products of m x k by k x n.
+type matmulPlan struct {
+	m, k, n  int
+	batch    tensor.Shape // broadcast batch dimensions
+	aStrides []int        // per batch dimension, in matrices (0: broadcast)
+	bStrides []int
+	out      tensor.Shape
+	fold     bool // B is one matrix: all of A is a single (batch*m) x k product
+}
+
+func planMatMul(as, bs tensor.Shape) (*matmulPlan, error) {
+	if len(as) == 0 || len(bs) == 0 {
+		return nil, fmt.Errorf("%w: MatMul needs inputs of rank >= 1, got %v and %v", errs.ErrShape, as, bs)
+	}
+	g := &matmulPlan{}
+	var aBatch, bBatch tensor.Shape
+	ka, kb := as[len(as)-1], bs[0]
+	g.m = 1
+	if len(as) > 1 {
+		g.m, aBatch = as[len(as)-2], as[:len(as)-2]
+	}
+	g.n = 1
+	if len(bs) > 1 {
+		kb, g.n, bBatch = bs[len(bs)-2], bs[len(bs)-1], bs[:len(bs)-2]
+	}
+	if ka != kb {
+		return nil, fmt.Errorf("%w: MatMul inner dimensions differ: %v x %v", errs.ErrShape, as, bs)
+	}
+	g.k = ka
+	batch, err := tensor.BroadcastShapes(aBatch, bBatch)
+	if err != nil {
+		return nil, fmt.Errorf("MatMul %v x %v: %w", as, bs, err)
+	}
+	g.batch = batch
+	if g.aStrides, err = tensor.BroadcastStrides(aBatch, batch); err != nil {
+		return nil, err
+	}
+	if g.bStrides, err = tensor.BroadcastStrides(bBatch, batch); err != nil {
+		return nil, err
+	}
+	g.fold = bBatch.Size() == 1 && len(aBatch) == len(batch)
+	g.out = append(tensor.Shape{}, batch...)
+	if len(as) > 1 {
+		g.out = append(g.out, g.m)
+	}
+	if len(bs) > 1 {
+		g.out = append(g.out, g.n)
+	}
+	return g, nil
+}
+
+// offsets returns the matrix index in A and B of output batch i.
+func (g *matmulPlan) offsets(i int) (ia, ib int) {
+	for d := len(g.batch) - 1; d >= 0; d-- {
+		c := i % g.batch[d]
+		i /= g.batch[d]
+		ia += c * g.aStrides[d]
+		ib += c * g.bStrides[d]
+	}
+	return ia, ib
+}
+
+func (g *matmulPlan) runF32(threads int, a, b *tensor.Tensor, constB []float32, out *tensor.Tensor) error {
+	af, err := tensor.AsFloat32(a)
+	if err != nil {
+		return err
+	}
+	bf := constB
+	if bf == nil || len(bf) != b.Len() {
+		if bf, err = tensor.AsFloat32(b); err != nil {
+			return err
+		}
+	}
+	dst := out.Float32()
+	if dst == nil {
+		dst = make([]float32, out.Len())
+	}
+	m, k, n := g.m, g.k, g.n
+	batches := g.batch.Size()
+	switch {
+	case g.fold:
+		err = gemm.SgemmThreads(threads, false, false, batches*m, n, k, 1, af, max(k, 1), bf, max(n, 1), 0, dst, max(n, 1))
+	case batches >= 2*threads && threads > 1:
+		// Many small products (decomposed attention): one thread each.
+		errc := make(chan error, 1)
+		gemm.ForThreads(threads, batches, func(i int) {
+			if e := g.one(1, i, af, bf, dst); e != nil {
+				select {
+				case errc <- e:
+				default:
+				}
+			}
+		})
+		select {
+		case err = <-errc:
+		default:
+		}
+	default:
+		for i := 0; i < batches && err == nil; i++ {
+			err = g.one(threads, i, af, bf, dst)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("MatMul: %w", err)
+	}
+	if out.DType() != tensor.Float32 {
+		return tensor.FromFloat32(out, dst)
+	}
+	return nil
+}
+
+// one computes output batch i.
+func (g *matmulPlan) one(threads, i int, af, bf, dst []float32) error {
+	m, k, n := g.m, g.k, g.n
+	ia, ib := g.offsets(i)
+	return gemm.SgemmThreads(threads, false, false, m, n, k, 1, af[ia*m*k:], max(k, 1), bf[ib*k*n:], max(n, 1), 0, dst[i*m*n:], max(n, 1))
+}
+
+func matmulLoop[T float64 | int64 | int32](g *matmulPlan, a, b, out []T) {
+	m, k, n := g.m, g.k, g.n
+	for i := range g.batch.Size() {
+		ia, ib := g.offsets(i)
+		am, bm, om := a[ia*m*k:], b[ib*k*n:], out[i*m*n:(i+1)*m*n]
+		clear(om)
+		for r := range m {
+			for l := range k {
+				av := am[r*k+l]
+				for c, bv := range bm[l*n : (l+1)*n] {
+					om[r*n+c] += av * bv
+				}
+			}
+		}
+	}
+}
