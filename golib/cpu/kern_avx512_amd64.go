@@ -22,6 +22,9 @@ func cvtBF16asm(dst *float32, src *uint16, n int, pfd int)
 func dots1asm(s *float32, q *float32, k *float32, rb int, nt int, pfd int)
 
 //go:noescape
+func axpy1wasm(acc *float32, rb int, p *float32, v *float32, n int, alpha float32, pfd int)
+
+//go:noescape
 func axpy1asm(acc *float32, rb int, p *float32, v *float32, n int, alpha float32, pfd int)
 
 // dots4x16 computes the scores of four rows with the assembly 4x4 register
@@ -118,5 +121,105 @@ func axpy16(acc, p, v []float32, alpha float32, pf int) {
 		axpy16sim(acc, p, v, alpha)
 		return
 	}
+	if d&127 == 0 {
+		axpy1wasm(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), unsafe.SliceData(v), n, alpha, pf*d*4)
+		return
+	}
 	axpy1asm(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), unsafe.SliceData(v), n, alpha, pf*d*4)
+}
+
+// Declarations of kern_avx512_h_amd64.s: the fused fp16/bf16 loops.
+
+//go:noescape
+func dots4f16asm(s *float32, ldS int, q *float32, k *uint16, krb int, nt int, pfd int)
+
+//go:noescape
+func dots4bf16asm(s *float32, ldS int, q *float32, k *uint16, krb int, nt int, pfd int)
+
+//go:noescape
+func axpy4f16asm(acc *float32, rb int, p *float32, ldP int, v *uint16, n int, alpha *[4]float32, pfd int)
+
+//go:noescape
+func axpy4bf16asm(acc *float32, rb int, p *float32, ldP int, v *uint16, n int, alpha *[4]float32, pfd int)
+
+//go:noescape
+func dots1f16asm(s *float32, q *float32, k *uint16, krb int, nt int, pfd int)
+
+//go:noescape
+func dots1bf16asm(s *float32, q *float32, k *uint16, krb int, nt int, pfd int)
+
+//go:noescape
+func axpy1f16asm(acc *float32, rb int, p *float32, v *uint16, n int, alpha float32, pfd int)
+
+//go:noescape
+func axpy1bf16asm(acc *float32, rb int, p *float32, v *uint16, n int, alpha float32, pfd int)
+
+// half16Ops are the AVX-512 loops over 16-bit rows straight from storage.
+// They take head dims that are multiples of 64; the kernel widens other
+// shapes into scratch blocks instead.
+var half16Ops = halfOps{
+	ok: func(dk, dv int) bool { return dk&63 == 0 && dv&63 == 0 },
+	dots: func(s, q []float32, k []uint16, d, pf int, bf bool) {
+		n := len(s)
+		_, _ = q[d-1], k[n*d-1]
+		n4 := n &^ 3
+		if n4 > 0 {
+			if bf {
+				dots1bf16asm(unsafe.SliceData(s), unsafe.SliceData(q), unsafe.SliceData(k), d*2, n4, pf*d*2)
+			} else {
+				dots1f16asm(unsafe.SliceData(s), unsafe.SliceData(q), unsafe.SliceData(k), d*2, n4, pf*d*2)
+			}
+		}
+		for t := n4; t < n; t++ {
+			s[t] = dotHalf(q, k[t*d:(t+1)*d], bf)
+		}
+	},
+	dots4: func(s, q []float32, k []uint16, d, pf int, bf bool) {
+		n := len(s) / 4
+		_, _, _ = s[4*n-1], q[4*d-1], k[n*d-1]
+		n4 := n &^ 3
+		if n4 > 0 {
+			if bf {
+				dots4bf16asm(unsafe.SliceData(s), n*4, unsafe.SliceData(q), unsafe.SliceData(k), d*2, n4, pf*d*2)
+			} else {
+				dots4f16asm(unsafe.SliceData(s), n*4, unsafe.SliceData(q), unsafe.SliceData(k), d*2, n4, pf*d*2)
+			}
+		}
+		for t := n4; t < n; t++ {
+			for r := 0; r < 4; r++ {
+				s[r*n+t] = dotHalf(q[r*d:(r+1)*d], k[t*d:(t+1)*d], bf)
+			}
+		}
+	},
+	axpy: func(acc, p []float32, v []uint16, alpha float32, pf int, bf bool) {
+		d, n := len(acc), len(p)
+		_ = v[n*d-1]
+		if bf {
+			axpy1bf16asm(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), unsafe.SliceData(v), n, alpha, pf*d*2)
+		} else {
+			axpy1f16asm(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), unsafe.SliceData(v), n, alpha, pf*d*2)
+		}
+	},
+	axpy4: func(acc, p []float32, v []uint16, alpha *[4]float32, pf int, bf bool) {
+		d, n := len(acc)/4, len(p)/4
+		_, _ = p[4*n-1], v[n*d-1]
+		if bf {
+			axpy4bf16asm(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), n*4, unsafe.SliceData(v), n, alpha, pf*d*2)
+		} else {
+			axpy4f16asm(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), n*4, unsafe.SliceData(v), n, alpha, pf*d*2)
+		}
+	},
+}
+
+// dotHalf is the scalar dot of a float32 row with a 16-bit row (tails).
+func dotHalf(q []float32, k []uint16, bf bool) float32 {
+	var sum float32
+	for i, h := range k {
+		if bf {
+			sum += q[i] * bf16f(h)
+		} else {
+			sum += q[i] * goF16(h)
+		}
+	}
+	return sum
 }

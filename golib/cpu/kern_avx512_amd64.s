@@ -428,3 +428,99 @@ a1store:
 
 	VZEROUPPER
 	RET
+
+// func axpy1wasm(acc *float32, rb int, p *float32, v *float32, n int, alpha float32, pfd int)
+//
+// axpy1asm over 128-element (512-byte) row chunks: for D = 128 each V row
+// is read once, front to back, which streams better than 256-byte passes.
+// rb is a multiple of 512, n >= 1.
+TEXT ·axpy1wasm(SB), NOSPLIT, $0-56
+	MOVQ         acc+0(FP), DI
+	MOVQ         rb+8(FP), DX
+	MOVQ         p+16(FP), R8
+	MOVQ         v+24(FP), SI
+	MOVQ         n+32(FP), AX
+	VBROADCASTSS alpha+40(FP), Z4
+	MOVQ         pfd+48(FP), R9
+	SHLQ         $2, AX
+	XORQ         CX, CX
+
+awoloop:
+	VMULPS (DI)(CX*1), Z4, Z16
+	VMULPS 64(DI)(CX*1), Z4, Z17
+	VMULPS 128(DI)(CX*1), Z4, Z18
+	VMULPS 192(DI)(CX*1), Z4, Z19
+	VMULPS 256(DI)(CX*1), Z4, Z20
+	VMULPS 320(DI)(CX*1), Z4, Z21
+	VMULPS 384(DI)(CX*1), Z4, Z22
+	VMULPS 448(DI)(CX*1), Z4, Z23
+	VXORPS Z24, Z24, Z24
+	VXORPS Z25, Z25, Z25
+	VXORPS Z26, Z26, Z26
+	VXORPS Z27, Z27, Z27
+	VXORPS Z28, Z28, Z28
+	VXORPS Z29, Z29, Z29
+	VXORPS Z30, Z30, Z30
+	VXORPS Z31, Z31, Z31
+	LEAQ   (SI)(CX*1), BX
+	XORQ   R12, R12
+
+awtloop:
+	PREFETCHT1   (BX)(R9*1)
+	PREFETCHT1   64(BX)(R9*1)
+	PREFETCHT1   128(BX)(R9*1)
+	PREFETCHT1   192(BX)(R9*1)
+	PREFETCHT1   256(BX)(R9*1)
+	PREFETCHT1   320(BX)(R9*1)
+	PREFETCHT1   384(BX)(R9*1)
+	PREFETCHT1   448(BX)(R9*1)
+	VBROADCASTSS (R8)(R12*1), Z8
+	VFMADD231PS  (BX), Z8, Z16
+	VFMADD231PS  64(BX), Z8, Z17
+	VFMADD231PS  128(BX), Z8, Z18
+	VFMADD231PS  192(BX), Z8, Z19
+	VFMADD231PS  256(BX), Z8, Z20
+	VFMADD231PS  320(BX), Z8, Z21
+	VFMADD231PS  384(BX), Z8, Z22
+	VFMADD231PS  448(BX), Z8, Z23
+	ADDQ         DX, BX
+	ADDQ         $4, R12
+	CMPQ         R12, AX
+	JGE          awstore
+	VBROADCASTSS (R8)(R12*1), Z9
+	VFMADD231PS  (BX), Z9, Z24
+	VFMADD231PS  64(BX), Z9, Z25
+	VFMADD231PS  128(BX), Z9, Z26
+	VFMADD231PS  192(BX), Z9, Z27
+	VFMADD231PS  256(BX), Z9, Z28
+	VFMADD231PS  320(BX), Z9, Z29
+	VFMADD231PS  384(BX), Z9, Z30
+	VFMADD231PS  448(BX), Z9, Z31
+	ADDQ         DX, BX
+	ADDQ         $4, R12
+	CMPQ         R12, AX
+	JLT          awtloop
+
+awstore:
+	VADDPS  Z24, Z16, Z16
+	VADDPS  Z25, Z17, Z17
+	VADDPS  Z26, Z18, Z18
+	VADDPS  Z27, Z19, Z19
+	VADDPS  Z28, Z20, Z20
+	VADDPS  Z29, Z21, Z21
+	VADDPS  Z30, Z22, Z22
+	VADDPS  Z31, Z23, Z23
+	VMOVUPS Z16, (DI)(CX*1)
+	VMOVUPS Z17, 64(DI)(CX*1)
+	VMOVUPS Z18, 128(DI)(CX*1)
+	VMOVUPS Z19, 192(DI)(CX*1)
+	VMOVUPS Z20, 256(DI)(CX*1)
+	VMOVUPS Z21, 320(DI)(CX*1)
+	VMOVUPS Z22, 384(DI)(CX*1)
+	VMOVUPS Z23, 448(DI)(CX*1)
+	ADDQ    $512, CX
+	CMPQ    CX, DX
+	JLT     awoloop
+
+	VZEROUPPER
+	RET

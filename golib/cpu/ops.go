@@ -31,4 +31,17 @@ type kernelOps struct {
 	// (len(dst) == len(src)).
 	cvtF16  func(dst []float32, src []uint16)
 	cvtBF16 func(dst []float32, src []uint16)
+	// half, when set, reads fp16/bf16 rows straight from storage for the
+	// head dims half.ok accepts (no widened scratch block).
+	half *halfOps
+}
+
+// halfOps are the score and accumulation loops over 16-bit K/V rows (bf:
+// bfloat16, else IEEE half), same contracts as kernelOps' float32 ones.
+type halfOps struct {
+	ok    func(dk, dv int) bool
+	dots  func(s, q []float32, k []uint16, d, pf int, bf bool)
+	dots4 func(s, q []float32, k []uint16, d, pf int, bf bool)
+	axpy  func(acc, p []float32, v []uint16, alpha float32, pf int, bf bool)
+	axpy4 func(acc, p []float32, v []uint16, alpha *[4]float32, pf int, bf bool)
 }

@@ -46,6 +46,7 @@ var avx512Ops = kernelOps{
 	axpy4:   axpy4x16,
 	cvtF16:  cvtF16x16,
 	cvtBF16: cvtBF16x16,
+	half:    &half16Ops,
 }
 
 var avx2Ops = kernelOps{

@@ -38,10 +38,15 @@ func Attention(dst, q []float32, qLen, qHeads int, v cache.View, o Options) erro
 var prefetchTokens = 64
 
 func blockTokens(dk, dv int) int {
+	if abBlock > 0 {
+		return abBlock
+	}
 	d := max(dk, dv)
 	t := 8192 / d // 32 KiB of float32 per tensor block
 	return min(max(t, 16), 128)
 }
+
+var abBlock int
 
 // unitState is one worker's scratch for one (sequence, KV head, token range)
 // task. It is reused across calls and only grows.
@@ -113,6 +118,7 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 	clear(u.acc)
 
 	esize := s.elem.Size()
+	half := s.elem != cache.Float32 && ops.half != nil && ops.half.ok(dk, dv)
 	u.segs = v.AppendSegments(u.segs[:0], b, h, from, to)
 	pos := from
 	for _, sg := range u.segs {
@@ -122,13 +128,19 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 		}
 		for off := 0; off < sg.Len; off += bt {
 			n := min(bt, sg.Len-off)
+			if half && aligned16(sg.K) && aligned16(sg.V) {
+				kh := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(sg.K))), sg.Len*dk)
+				vh := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(sg.V))), sg.Len*dv)
+				u.block(ops, s, nil, nil, kh[off*dk:(off+n)*dk], vh[off*dv:(off+n)*dv], pos+off, n, rows, prefetchTokens)
+				continue
+			}
 			kb := u.loadBlock(ops, &u.kbuf, sg.K, off, n, dk, s.elem)
 			vb := u.loadBlock(ops, &u.vbuf, sg.V, off, n, dv, s.elem)
 			pf := 0
 			if s.elem == cache.Float32 {
 				pf = prefetchTokens
 			}
-			u.block(ops, s, kb, vb, pos+off, n, rows, pf)
+			u.block(ops, s, kb, vb, nil, nil, pos+off, n, rows, pf)
 		}
 		pos += sg.Len
 	}
@@ -198,10 +210,13 @@ func (u *unitState) loadBlock(ops *kernelOps, buf *[]float32, raw []byte, off, n
 }
 
 // block folds the n tokens starting at absolute position pos into the
-// online-softmax state of every row that sees some of them. Runs of four
+// online-softmax state of every row that sees some of them. The rows are
+// float32 in kb/vb, or 16-bit rows of the cache's type in kh/vh (read
+// straight from storage by ops.half). Runs of four
 // rows with the same visible range (all rows of a decode step) go through
 // the four-row inner loops, so each K/V row is loaded once for four rows.
-func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, pos, n, rows, pf int) {
+func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, kh, vh []uint16, pos, n, rows, pf int) {
+	bf := s.elem == cache.BFloat16
 	dk, dv := s.dk, s.dv
 	for r := 0; r < rows; {
 		a, e := max(u.lo[r], pos), min(u.hi[r], pos+n)
@@ -218,12 +233,15 @@ func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, pos, n, ro
 		}
 		cnt := e - a
 		sc := u.sc[:nr*cnt]
-		kr := kb[(a-pos)*dk : (e-pos)*dk]
-		vr := vb[(a-pos)*dv : (e-pos)*dv]
-		if nr == 4 {
-			ops.dots4(sc, u.qs[r*dk:(r+4)*dk], kr, dk, pf)
-		} else {
-			ops.dots(sc, u.qs[r*dk:(r+1)*dk], kr, dk, pf)
+		switch {
+		case kh != nil && nr == 4:
+			ops.half.dots4(sc, u.qs[r*dk:(r+4)*dk], kh[(a-pos)*dk:(e-pos)*dk], dk, pf, bf)
+		case kh != nil:
+			ops.half.dots(sc, u.qs[r*dk:(r+1)*dk], kh[(a-pos)*dk:(e-pos)*dk], dk, pf, bf)
+		case nr == 4:
+			ops.dots4(sc, u.qs[r*dk:(r+4)*dk], kb[(a-pos)*dk:(e-pos)*dk], dk, pf)
+		default:
+			ops.dots(sc, u.qs[r*dk:(r+1)*dk], kb[(a-pos)*dk:(e-pos)*dk], dk, pf)
 		}
 		alpha := &u.alpha // a field: a local would escape through the indirect call
 		for j := 0; j < nr; j++ {
@@ -240,10 +258,15 @@ func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, pos, n, ro
 			u.l[r+j] = u.l[r+j]*alpha[j] + ops.expSub(sj, mNew)
 			u.m[r+j] = mNew
 		}
-		if nr == 4 {
-			ops.axpy4(u.acc[r*dv:(r+4)*dv], sc, vr, alpha, pf)
-		} else {
-			ops.axpy(u.acc[r*dv:(r+1)*dv], sc, vr, alpha[0], pf)
+		switch {
+		case vh != nil && nr == 4:
+			ops.half.axpy4(u.acc[r*dv:(r+4)*dv], sc, vh[(a-pos)*dv:(e-pos)*dv], alpha, pf, bf)
+		case vh != nil:
+			ops.half.axpy(u.acc[r*dv:(r+1)*dv], sc, vh[(a-pos)*dv:(e-pos)*dv], alpha[0], pf, bf)
+		case nr == 4:
+			ops.axpy4(u.acc[r*dv:(r+4)*dv], sc, vb[(a-pos)*dv:(e-pos)*dv], alpha, pf)
+		default:
+			ops.axpy(u.acc[r*dv:(r+1)*dv], sc, vb[(a-pos)*dv:(e-pos)*dv], alpha[0], pf)
 		}
 		r += nr
 	}
@@ -285,3 +308,5 @@ func mergeParts(dst, parts []float32, s *shape, q0, nsplit int) {
 // extRow maps runUnit's internal row r = i*group + g (query position i,
 // head g of the group) to the row g*qLen + i of the q/dst layout.
 func (s *shape) extRow(r int) int { return (r%s.group)*s.qLen + r/s.group }
+
+func aligned16(b []byte) bool { return uintptr(unsafe.Pointer(unsafe.SliceData(b)))%2 == 0 }
