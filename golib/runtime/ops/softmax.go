@@ -94,9 +94,9 @@ func softmaxRow(src, dst []float32, base, stride, dim int, logOut bool) {
 	var sum float64
 	for k := 0; k < dim; k++ {
 		j := base + k*stride
-		e := math.Exp(float64(src[j] - m))
-		dst[j] = float32(e)
-		sum += e
+		e := expf(src[j] - m)
+		dst[j] = e
+		sum += float64(e)
 	}
 	if logOut {
 		ls := float32(math.Log(sum))

@@ -16,6 +16,10 @@ type unaryOp struct {
 	i64 func(x int64) int64 // nil: integer inputs are a type error
 }
 
+// bulkF32 maps whole float32 slices for the ops on the decode path, without
+// a function call per element.
+var bulkF32 = map[string]func(dst, src []float32){"Sigmoid": sigmoidSlice}
+
 func f32of(f func(float64) float64) func(float32) float32 {
 	return func(x float32) float32 { return float32(f(float64(x))) }
 }
@@ -35,7 +39,7 @@ var unaryOps = map[string]unaryOp{
 	"Abs":        {f32of(math.Abs), math.Abs, func(x int64) int64 { return max(x, -x) }},
 	"Exp":        {f32of(math.Exp), math.Exp, nil},
 	"Log":        {f32of(math.Log), math.Log, nil},
-	"Sigmoid":    {f32of(sigmoid64), sigmoid64, nil},
+	"Sigmoid":    {sigmoidf, sigmoid64, nil},
 	"Tanh":       {f32of(math.Tanh), math.Tanh, nil},
 	"Erf":        {f32of(math.Erf), math.Erf, nil},
 	"Relu": {func(x float32) float32 { return max(x, 0) }, func(x float64) float64 { return max(x, 0) },
@@ -71,7 +75,12 @@ func unaryCompute(ctx *Context, name string, op unaryOp) error {
 	switch dt := x.DType(); {
 	case dt == tensor.Float32:
 		src, dst := x.Float32(), out.Float32()
+		bulk := bulkF32[name]
 		return ctx.ParallelFor(len(src), 1<<14, func(lo, hi int) {
+			if bulk != nil {
+				bulk(dst[lo:hi], src[lo:hi])
+				return
+			}
 			for i := lo; i < hi; i++ {
 				dst[i] = op.f32(src[i])
 			}
@@ -103,6 +112,13 @@ func unaryCompute(ctx *Context, name string, op unaryOp) error {
 		return fmt.Errorf("%w: %s of %v", errs.ErrType, name, dt)
 	}
 	return nil
+}
+
+func sigmoidSlice(dst, src []float32) {
+	src = src[:len(dst)]
+	for i, x := range src {
+		dst[i] = sigmoidf(x)
+	}
 }
 
 // gelu is the exact GELU x/2 (1 + erf(x/sqrt 2)).
