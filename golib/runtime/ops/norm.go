@@ -131,12 +131,25 @@ func normCompute(ctx *Context, axis int, eps float32, rms, hasBias bool) error {
 			}
 			inv := 1 / math.Sqrt(sq/float64(cols)+float64(eps))
 			m32, inv32 := float32(mean), float32(inv)
-			for i, v := range row {
-				o := (v - m32) * inv32 * sv[sIdx[i]]
-				if bv != nil {
-					o += bv[bIdx[i]]
+			switch {
+			case sIdx == nil && bv == nil: // the common case: plain scale
+				sc := sv[:len(row)]
+				for i, v := range row {
+					out[i] = (v - m32) * inv32 * sc[i]
 				}
-				out[i] = o
+			case sIdx == nil && bIdx == nil:
+				sc, bb := sv[:len(row)], bv[:len(row)]
+				for i, v := range row {
+					out[i] = (v-m32)*inv32*sc[i] + bb[i]
+				}
+			default:
+				for i, v := range row {
+					o := (v - m32) * inv32 * sv[at(sIdx, i)]
+					if bv != nil {
+						o += bv[at(bIdx, i)]
+					}
+					out[i] = o
+				}
 			}
 			if meanOut != nil {
 				meanOut[r] = m32
@@ -155,12 +168,27 @@ func normCompute(ctx *Context, axis int, eps float32, rms, hasBias bool) error {
 	return nil
 }
 
+// at is idx[i], or i for the identity mapping (nil idx).
+func at(idx []int, i int) int {
+	if idx == nil {
+		return i
+	}
+	return idx[i]
+}
+
 // paramIndex maps each element of the normalized shape to the element of a
 // scale or bias tensor broadcast to it (leading 1 dims of p are ignored).
+// It returns nil for the identity mapping (p has the normalized shape).
 func paramIndex(p *tensor.Tensor, normShape tensor.Shape) ([]int, error) {
 	ps := p.Shape()
 	for len(ps) > len(normShape) && ps[0] == 1 {
 		ps = ps[1:]
+	}
+	for len(ps) > 0 && len(ps) < len(normShape) && ps[0] == 1 {
+		ps = ps[1:] // a leading 1 broadcasts like a missing dimension
+	}
+	if ps.Equal(normShape[len(normShape)-len(ps):]) && ps.Size() == normShape.Size() {
+		return nil, nil
 	}
 	idx := make([]int, normShape.Size())
 	if err := tensor.BroadcastIndex(ps, normShape, idx); err != nil {
