@@ -586,8 +586,7 @@ def gpt2_decoder(config: Optional[DecoderConfig] = None, *, fused_qkv: bool = Tr
     p_len = g.op("Shape", ["past_key_values.0.key"], start=2, end=3)
     t_len = g.op("Add", [s_len, p_len])
     ones = g.op("ConstantOfShape", [g.op("Concat", [s_len, t_len], axis=0)],
-                value=helper.make_tensor("one", dt, [1], [1.0] if dt == TensorProto.FLOAT else
-                                         np.array([1.0], np.float16).view(np.uint16).tolist()))
+                value=numpy_helper.from_array(np.ones(1, npdt), "one"))
     tri = g.op("Trilu", [ones, g.op("Squeeze", [p_len, g.const([0])])], upper=0)
     if mask == "where":
         blocked = g.op("Equal", [tri, g.const(0.0, npdt)])
