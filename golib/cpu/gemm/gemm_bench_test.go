@@ -3,6 +3,7 @@ package gemm
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -16,7 +17,9 @@ var benchShapes = []struct {
 	{"decode_1x1024x1024", 1, 1024, 1024, false},
 	{"decode_1x32000x1024", 1, 32000, 1024, false},
 	{"decode_1x1024x1024_tB", 1, 1024, 1024, true},
+	{"decode_1x32000x1024_tB", 1, 32000, 1024, true},
 	{"prefill_128x1024x1024", 128, 1024, 1024, false},
+	{"prefill_256x1024x1024_1thread", 256, 1024, 1024, false},
 	{"prefill_512x1024x1024", 512, 1024, 1024, false},
 	{"prefill_512x4096x1024_tB", 512, 4096, 1024, true},
 }
@@ -27,6 +30,10 @@ func BenchmarkSgemm(b *testing.B) {
 		for _, s := range benchShapes {
 			b.Run(fmt.Sprintf("%s/%s", path, s.name), func(b *testing.B) {
 				SetPath(path)
+				if strings.HasSuffix(s.name, "_1thread") {
+					SetThreads(1)
+					defer SetThreads(0)
+				}
 				r := rand.New(rand.NewPCG(5, 6))
 				a := randSlice(r, s.m*s.k)
 				w := randSlice(r, s.k*s.n)

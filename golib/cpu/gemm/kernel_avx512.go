@@ -2,11 +2,14 @@
 
 package gemm
 
-import "simd/archsimd"
+import (
+	"simd/archsimd"
+	"unsafe"
+)
 
 var avx512Kernels = kernels{
 	name:  "avx512",
-	mr:    6,
+	mr:    4,
 	nr:    32,
 	micro: microAVX512,
 	axpy4: axpy4AVX512,
@@ -20,16 +23,23 @@ func load16(s []float32) f16 { return archsimd.LoadFloat32x16((*[16]float32)(s[:
 
 func bcast16(v float32) f16 { return archsimd.BroadcastFloat32x16(v) }
 
-// microAVX512 keeps a 6x32 tile in 12 zmm accumulators: per step two B
-// vectors and six A broadcasts feed 12 FMAs.
+// microAVX512 keeps a 4x32 tile in 8 zmm accumulators: per step two B
+// vectors and four A broadcasts feed 8 FMAs. Loads go through unsafe
+// pointers (the slice bounds are checked once, up front) because per-step
+// slicing costs more than the FMAs; the compiler's vector register budget
+// is why the tile is not larger (a 6x32 tile spilled accumulators).
 func microAVX512(kc int, ap, bp []float32, alpha float32, c []float32, ldc int) {
-	var c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51 f16
-	ap = ap[:6*kc]
-	bp = bp[:32*kc]
+	if kc <= 0 {
+		return
+	}
+	_, _ = ap[4*kc-1], bp[32*kc-1]
+	pa, pb := unsafe.Pointer(unsafe.SliceData(ap)), unsafe.Pointer(unsafe.SliceData(bp))
+	var c00, c01, c10, c11, c20, c21, c30, c31 f16
 	for l := range kc {
-		b := bp[l*32 : l*32+32 : l*32+32]
-		b0, b1 := load16(b[:16]), load16(b[16:])
-		a := ap[l*6 : l*6+6 : l*6+6]
+		b := unsafe.Add(pb, l*128)
+		b0 := archsimd.LoadFloat32x16((*[16]float32)(b))
+		b1 := archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(b, 64)))
+		a := (*[4]float32)(unsafe.Add(pa, l*16))
 		a0 := bcast16(a[0])
 		c00 = b0.MulAdd(a0, c00)
 		c01 = b1.MulAdd(a0, c01)
@@ -42,20 +52,12 @@ func microAVX512(kc int, ap, bp []float32, alpha float32, c []float32, ldc int) 
 		a3 := bcast16(a[3])
 		c30 = b0.MulAdd(a3, c30)
 		c31 = b1.MulAdd(a3, c31)
-		a4 := bcast16(a[4])
-		c40 = b0.MulAdd(a4, c40)
-		c41 = b1.MulAdd(a4, c41)
-		a5 := bcast16(a[5])
-		c50 = b0.MulAdd(a5, c50)
-		c51 = b1.MulAdd(a5, c51)
 	}
 	al := bcast16(alpha)
 	store16x2(c[0*ldc:], al, c00, c01)
 	store16x2(c[1*ldc:], al, c10, c11)
 	store16x2(c[2*ldc:], al, c20, c21)
 	store16x2(c[3*ldc:], al, c30, c31)
-	store16x2(c[4*ldc:], al, c40, c41)
-	store16x2(c[5*ldc:], al, c50, c51)
 }
 
 // store16x2 does c[0:32] += alpha * (v0, v1).
@@ -65,18 +67,24 @@ func store16x2(c []float32, al, v0, v1 f16) {
 	v1.MulAdd(al, load16(c[16:])).Store((*[16]float32)(c[16:]))
 }
 
+// axpy4AVX512 streams four rows of B into y. Pointer arithmetic replaces
+// per-step slicing (bounds are checked once) so the loop is loads and FMAs.
 func axpy4AVX512(a0, a1, a2, a3 float32, x0, x1, x2, x3, y []float32) {
 	n := len(y)
 	x0, x1, x2, x3 = x0[:n], x1[:n], x2[:n], x3[:n]
 	v0, v1, v2, v3 := bcast16(a0), bcast16(a1), bcast16(a2), bcast16(a3)
+	p0, p1 := unsafe.Pointer(unsafe.SliceData(x0)), unsafe.Pointer(unsafe.SliceData(x1))
+	p2, p3 := unsafe.Pointer(unsafe.SliceData(x2)), unsafe.Pointer(unsafe.SliceData(x3))
+	py := unsafe.Pointer(unsafe.SliceData(y))
 	i := 0
 	for ; i+16 <= n; i += 16 {
-		acc := load16(y[i:])
-		acc = load16(x0[i:]).MulAdd(v0, acc)
-		acc = load16(x1[i:]).MulAdd(v1, acc)
-		acc = load16(x2[i:]).MulAdd(v2, acc)
-		acc = load16(x3[i:]).MulAdd(v3, acc)
-		acc.Store((*[16]float32)(y[i : i+16]))
+		off := uintptr(i) * 4
+		acc := archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(py, off)))
+		acc = archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(p0, off))).MulAdd(v0, acc)
+		acc = archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(p1, off))).MulAdd(v1, acc)
+		acc = archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(p2, off))).MulAdd(v2, acc)
+		acc = archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(p3, off))).MulAdd(v3, acc)
+		acc.Store((*[16]float32)(unsafe.Add(py, off)))
 	}
 	if i < n {
 		axpy4Go(a0, a1, a2, a3, x0[i:], x1[i:], x2[i:], x3[i:], y[i:])
@@ -99,16 +107,20 @@ func axpyAVX512(a float32, x, y []float32) {
 func dotAVX512(x, y []float32) float32 {
 	n := len(x)
 	y = y[:n]
+	px, py := unsafe.Pointer(unsafe.SliceData(x)), unsafe.Pointer(unsafe.SliceData(y))
+	ld := func(p unsafe.Pointer, i int) f16 {
+		return archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(p, uintptr(i)*4)))
+	}
 	var s0, s1, s2, s3 f16
 	i := 0
 	for ; i+64 <= n; i += 64 {
-		s0 = load16(x[i:]).MulAdd(load16(y[i:]), s0)
-		s1 = load16(x[i+16:]).MulAdd(load16(y[i+16:]), s1)
-		s2 = load16(x[i+32:]).MulAdd(load16(y[i+32:]), s2)
-		s3 = load16(x[i+48:]).MulAdd(load16(y[i+48:]), s3)
+		s0 = ld(px, i).MulAdd(ld(py, i), s0)
+		s1 = ld(px, i+16).MulAdd(ld(py, i+16), s1)
+		s2 = ld(px, i+32).MulAdd(ld(py, i+32), s2)
+		s3 = ld(px, i+48).MulAdd(ld(py, i+48), s3)
 	}
 	for ; i+16 <= n; i += 16 {
-		s0 = load16(x[i:]).MulAdd(load16(y[i:]), s0)
+		s0 = ld(px, i).MulAdd(ld(py, i), s0)
 	}
 	var lanes [16]float32
 	s0.Add(s1).Add(s2.Add(s3)).Store(&lanes)

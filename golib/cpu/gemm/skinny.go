@@ -5,9 +5,20 @@ package gemm
 // B (the weights), so B is streamed once, in column chunks that keep the C
 // rows in L1, and the work is split over those chunks.
 
-// skinnyChunk is the number of C columns one task owns (a multiple of every
-// vector width).
-const skinnyChunk = 256
+// skinnyChunk bounds the number of C columns one task owns: wide enough
+// that each row of B is read as a long contiguous run (the hardware
+// prefetcher streams it), small enough that the C rows stay in L1.
+const (
+	skinnyChunkMin = 256
+	skinnyChunkMax = 4096
+)
+
+// skinnyWidth splits n columns into about one chunk per thread.
+func skinnyWidth(n, threads int) int {
+	w := (n + threads - 1) / threads
+	w = (w + 63) &^ 63
+	return min(max(w, skinnyChunkMin), skinnyChunkMax)
+}
 
 // skinnyDotRows is the number of op(B) columns (rows of B when transB) one
 // task owns.
@@ -18,10 +29,15 @@ func (p *product) skinny() {
 		p.skinnyDot()
 		return
 	}
-	tasks := (p.n + skinnyChunk - 1) / skinnyChunk
+	threads := Threads()
+	if p.threads > 0 {
+		threads = min(threads, p.threads)
+	}
+	w := skinnyWidth(p.n, threads)
+	tasks := (p.n + w - 1) / w
 	ForThreads(p.threads, tasks, func(t int) {
-		j0 := t * skinnyChunk
-		j1 := min(j0+skinnyChunk, p.n)
+		j0 := t * w
+		j1 := min(j0+w, p.n)
 		p.skinnyAxpy(j0, j1)
 	})
 }
