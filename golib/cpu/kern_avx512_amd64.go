@@ -10,6 +10,9 @@ import "unsafe"
 func dots4asm(s *float32, ldS int, q *float32, k *float32, rb int, nt int, pfd int)
 
 //go:noescape
+func axpy4wasm(acc *float32, rb int, p *float32, ldP int, v *float32, n int, alpha *[4]float32, pfd int)
+
+//go:noescape
 func axpy4asm(acc *float32, rb int, p *float32, ldP int, v *float32, n int, alpha *[4]float32, pfd int)
 
 //go:noescape
@@ -61,6 +64,10 @@ func axpy4x16(acc, p, v []float32, alpha *[4]float32, pf int) {
 	_, _ = p[4*n-1], v[n*d-1]
 	if d&63 != 0 {
 		axpy4x16sim(acc, p, v, alpha)
+		return
+	}
+	if d&127 == 0 {
+		axpy4wasm(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), n*4, unsafe.SliceData(v), n, alpha, pf*d*4)
 		return
 	}
 	axpy4asm(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), n*4, unsafe.SliceData(v), n, alpha, pf*d*4)

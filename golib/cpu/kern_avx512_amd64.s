@@ -30,25 +30,23 @@
 //
 // For rows r < 4 and tokens t < nt (a multiple of 4): s[r*ldS/4 + t] =
 // dot(q[r*rb/4:], k[t*rb/4:]) over rb/4 elements; rb is a multiple of 64.
-// The K rows pfd bytes ahead are prefetched (prefetches never fault).
+// Four tokens per step; each K row is read front to back once and feeds
+// the four query rows (memory operands), which streams far better than
+// walking four rows side by side. K is prefetched pfd bytes ahead.
 TEXT ·dots4asm(SB), NOSPLIT, $0-56
 	MOVQ s+0(FP), DI
-	MOVQ ldS+8(FP), BX
 	MOVQ q+16(FP), R8
 	MOVQ k+24(FP), SI
 	MOVQ rb+32(FP), DX
 	MOVQ nt+40(FP), AX
 	LEAQ (R8)(DX*1), R9
 	LEAQ (R8)(DX*2), R10
+	LEAQ (R9)(DX*2), R11
+	MOVQ pfd+48(FP), R12
 	SHRQ $2, AX
 	JZ   done
 
 tloop:
-	MOVQ   pfd+48(FP), R11
-	ADDQ   SI, R11
-	LEAQ   (SI)(DX*1), R13
-	LEAQ   (SI)(DX*2), R14
-	LEAQ   (R13)(DX*2), R12
 	VXORPS Z16, Z16, Z16
 	VXORPS Z17, Z17, Z17
 	VXORPS Z18, Z18, Z18
@@ -65,43 +63,61 @@ tloop:
 	VXORPS Z29, Z29, Z29
 	VXORPS Z30, Z30, Z30
 	VXORPS Z31, Z31, Z31
-	XORQ   CX, CX
-
-iloop:
+	LEAQ (SI)(R12*1), R13
+	XORQ CX, CX
+row0:
+	PREFETCHT1  (R13)(CX*1)
 	VMOVUPS     (SI)(CX*1), Z0
-	VMOVUPS     (R13)(CX*1), Z1
-	VMOVUPS     (R14)(CX*1), Z2
-	VMOVUPS     (R12)(CX*1), Z3
-	VMOVUPS     (R8)(CX*1), Z4
-	VMOVUPS     (R9)(CX*1), Z5
-	VMOVUPS     (R10)(CX*1), Z6
-	ADDQ        DX, R10
-	VMOVUPS     (R10)(CX*1), Z7
-	SUBQ        DX, R10
-	PREFETCHT1  (R11)(CX*4)
-	PREFETCHT1  64(R11)(CX*4)
-	PREFETCHT1  128(R11)(CX*4)
-	PREFETCHT1  192(R11)(CX*4)
-	VFMADD231PS Z0, Z4, Z16
-	VFMADD231PS Z1, Z4, Z17
-	VFMADD231PS Z2, Z4, Z18
-	VFMADD231PS Z3, Z4, Z19
-	VFMADD231PS Z0, Z5, Z20
-	VFMADD231PS Z1, Z5, Z21
-	VFMADD231PS Z2, Z5, Z22
-	VFMADD231PS Z3, Z5, Z23
-	VFMADD231PS Z0, Z6, Z24
-	VFMADD231PS Z1, Z6, Z25
-	VFMADD231PS Z2, Z6, Z26
-	VFMADD231PS Z3, Z6, Z27
-	VFMADD231PS Z0, Z7, Z28
-	VFMADD231PS Z1, Z7, Z29
-	VFMADD231PS Z2, Z7, Z30
-	VFMADD231PS Z3, Z7, Z31
+	VFMADD231PS (R8)(CX*1), Z0, Z16
+	VFMADD231PS (R9)(CX*1), Z0, Z20
+	VFMADD231PS (R10)(CX*1), Z0, Z24
+	VFMADD231PS (R11)(CX*1), Z0, Z28
 	ADDQ        $64, CX
 	CMPQ        CX, DX
-	JLT         iloop
+	JLT         row0
+	ADDQ        DX, SI
+	ADDQ        DX, R13
+	XORQ CX, CX
+row1:
+	PREFETCHT1  (R13)(CX*1)
+	VMOVUPS     (SI)(CX*1), Z0
+	VFMADD231PS (R8)(CX*1), Z0, Z17
+	VFMADD231PS (R9)(CX*1), Z0, Z21
+	VFMADD231PS (R10)(CX*1), Z0, Z25
+	VFMADD231PS (R11)(CX*1), Z0, Z29
+	ADDQ        $64, CX
+	CMPQ        CX, DX
+	JLT         row1
+	ADDQ        DX, SI
+	ADDQ        DX, R13
+	XORQ CX, CX
+row2:
+	PREFETCHT1  (R13)(CX*1)
+	VMOVUPS     (SI)(CX*1), Z0
+	VFMADD231PS (R8)(CX*1), Z0, Z18
+	VFMADD231PS (R9)(CX*1), Z0, Z22
+	VFMADD231PS (R10)(CX*1), Z0, Z26
+	VFMADD231PS (R11)(CX*1), Z0, Z30
+	ADDQ        $64, CX
+	CMPQ        CX, DX
+	JLT         row2
+	ADDQ        DX, SI
+	ADDQ        DX, R13
+	XORQ CX, CX
+row3:
+	PREFETCHT1  (R13)(CX*1)
+	VMOVUPS     (SI)(CX*1), Z0
+	VFMADD231PS (R8)(CX*1), Z0, Z19
+	VFMADD231PS (R9)(CX*1), Z0, Z23
+	VFMADD231PS (R10)(CX*1), Z0, Z27
+	VFMADD231PS (R11)(CX*1), Z0, Z31
+	ADDQ        $64, CX
+	CMPQ        CX, DX
+	JLT         row3
+	ADDQ        DX, SI
+	ADDQ        DX, R13
 
+	MOVQ ldS+8(FP), BX
 	REDUCE4(Z16, Z17, Z18, Z19, Y16, Y17, Y18, Y19, (DI))
 	REDUCE4(Z20, Z21, Z22, Z23, Y20, Y21, Y22, Y23, (DI)(BX*1))
 	REDUCE4(Z24, Z25, Z26, Z27, Y24, Y25, Y26, Y27, (DI)(BX*2))
@@ -110,7 +126,6 @@ iloop:
 	REDUCE4(Z28, Z29, Z30, Z31, Y28, Y29, Y30, Y31, (CX))
 
 	ADDQ $16, DI
-	LEAQ (SI)(DX*4), SI
 	DECQ AX
 	JNZ  tloop
 
@@ -294,62 +309,70 @@ cvtbf16done:
 // func dots1asm(s *float32, q *float32, k *float32, rb int, nt int, pfd int)
 //
 // s[t] = dot(q, k_t) for t < nt (a multiple of 4), rows of rb bytes (a
-// multiple of 64); four tokens per step, K prefetched pfd bytes ahead.
+// multiple of 64). Four tokens per step, each row read front to back (the
+// four dot products overlap out of order); K prefetched pfd bytes ahead.
 TEXT ·dots1asm(SB), NOSPLIT, $0-48
 	MOVQ s+0(FP), DI
 	MOVQ q+8(FP), R8
 	MOVQ k+16(FP), SI
 	MOVQ rb+24(FP), DX
 	MOVQ nt+32(FP), AX
+	MOVQ pfd+40(FP), R9
 	SHRQ $2, AX
 	JZ   d1done
 
 d1tloop:
-	MOVQ   pfd+40(FP), R11
-	ADDQ   SI, R11
-	LEAQ   (SI)(DX*1), R13
-	LEAQ   (SI)(DX*2), R14
-	LEAQ   (R13)(DX*2), R12
 	VXORPS Z16, Z16, Z16
 	VXORPS Z17, Z17, Z17
 	VXORPS Z18, Z18, Z18
 	VXORPS Z19, Z19, Z19
-	VXORPS Z20, Z20, Z20
-	VXORPS Z21, Z21, Z21
-	VXORPS Z22, Z22, Z22
-	VXORPS Z23, Z23, Z23
 	XORQ   CX, CX
+	LEAQ   (SI)(R9*1), R11
 
-d1iloop:
-	PREFETCHT1  (R11)(CX*4)
-	PREFETCHT1  64(R11)(CX*4)
-	PREFETCHT1  128(R11)(CX*4)
-	PREFETCHT1  192(R11)(CX*4)
+d1row0:
+	PREFETCHT1  (R11)(CX*1)
 	VMOVUPS     (R8)(CX*1), Z4
 	VFMADD231PS (SI)(CX*1), Z4, Z16
-	VFMADD231PS (R13)(CX*1), Z4, Z17
-	VFMADD231PS (R14)(CX*1), Z4, Z18
-	VFMADD231PS (R12)(CX*1), Z4, Z19
 	ADDQ        $64, CX
 	CMPQ        CX, DX
-	JGE         d1reduce
-	VMOVUPS     (R8)(CX*1), Z5
-	VFMADD231PS (SI)(CX*1), Z5, Z20
-	VFMADD231PS (R13)(CX*1), Z5, Z21
-	VFMADD231PS (R14)(CX*1), Z5, Z22
-	VFMADD231PS (R12)(CX*1), Z5, Z23
-	ADDQ        $64, CX
-	CMPQ        CX, DX
-	JLT         d1iloop
+	JLT         d1row0
+	ADDQ        DX, SI
+	ADDQ        DX, R11
+	XORQ        CX, CX
 
-d1reduce:
-	VADDPS Z20, Z16, Z16
-	VADDPS Z21, Z17, Z17
-	VADDPS Z22, Z18, Z18
-	VADDPS Z23, Z19, Z19
+d1row1:
+	PREFETCHT1  (R11)(CX*1)
+	VMOVUPS     (R8)(CX*1), Z4
+	VFMADD231PS (SI)(CX*1), Z4, Z17
+	ADDQ        $64, CX
+	CMPQ        CX, DX
+	JLT         d1row1
+	ADDQ        DX, SI
+	ADDQ        DX, R11
+	XORQ        CX, CX
+
+d1row2:
+	PREFETCHT1  (R11)(CX*1)
+	VMOVUPS     (R8)(CX*1), Z4
+	VFMADD231PS (SI)(CX*1), Z4, Z18
+	ADDQ        $64, CX
+	CMPQ        CX, DX
+	JLT         d1row2
+	ADDQ        DX, SI
+	ADDQ        DX, R11
+	XORQ        CX, CX
+
+d1row3:
+	PREFETCHT1  (R11)(CX*1)
+	VMOVUPS     (R8)(CX*1), Z4
+	VFMADD231PS (SI)(CX*1), Z4, Z19
+	ADDQ        $64, CX
+	CMPQ        CX, DX
+	JLT         d1row3
+	ADDQ        DX, SI
+
 	REDUCE4(Z16, Z17, Z18, Z19, Y16, Y17, Y18, Y19, (DI))
 	ADDQ $16, DI
-	LEAQ (SI)(DX*4), SI
 	DECQ AX
 	JNZ  d1tloop
 
@@ -522,5 +545,123 @@ awstore:
 	CMPQ    CX, DX
 	JLT     awoloop
 
+	VZEROUPPER
+	RET
+
+// func axpy4wasm(acc *float32, rb int, p *float32, ldP int, v *float32, n int, alpha *[4]float32, pfd int)
+//
+// axpy4asm for rb a multiple of 512: rows (0,1) then rows (2,3), each pass
+// 2 rows x 128 dims (16 accumulators) with V rows read front to back; the
+// second pass finds the block in L2. V is prefetched pfd bytes ahead in the
+// first pass.
+TEXT ·axpy4wasm(SB), NOSPLIT, $0-64
+	MOVQ acc+0(FP), DI
+	MOVQ rb+8(FP), DX
+	MOVQ p+16(FP), R8
+	MOVQ ldP+24(FP), BX
+	MOVQ n+40(FP), AX
+	MOVQ alpha+48(FP), R12
+	MOVQ pfd+56(FP), R9
+	SHLQ $2, AX
+	XORQ R14, R14
+
+w4pass:
+	VBROADCASTSS 0(R12), Z4
+	VBROADCASTSS 4(R12), Z5
+	XORQ CX, CX
+
+w4oloop:
+	LEAQ (DI)(CX*1), R13
+	VMULPS (R13), Z4, Z16
+	VMULPS 64(R13), Z4, Z17
+	VMULPS 128(R13), Z4, Z18
+	VMULPS 192(R13), Z4, Z19
+	VMULPS 256(R13), Z4, Z20
+	VMULPS 320(R13), Z4, Z21
+	VMULPS 384(R13), Z4, Z22
+	VMULPS 448(R13), Z4, Z23
+	VMULPS (R13)(DX*1), Z5, Z24
+	VMULPS 64(R13)(DX*1), Z5, Z25
+	VMULPS 128(R13)(DX*1), Z5, Z26
+	VMULPS 192(R13)(DX*1), Z5, Z27
+	VMULPS 256(R13)(DX*1), Z5, Z28
+	VMULPS 320(R13)(DX*1), Z5, Z29
+	VMULPS 384(R13)(DX*1), Z5, Z30
+	VMULPS 448(R13)(DX*1), Z5, Z31
+	MOVQ v+32(FP), SI
+	ADDQ CX, SI
+	XORQ R10, R10
+	LEAQ (R8)(BX*1), R11
+
+w4tloop:
+	PREFETCHT1 (SI)(R9*1)
+	PREFETCHT1 64(SI)(R9*1)
+	PREFETCHT1 128(SI)(R9*1)
+	PREFETCHT1 192(SI)(R9*1)
+	PREFETCHT1 256(SI)(R9*1)
+	PREFETCHT1 320(SI)(R9*1)
+	PREFETCHT1 384(SI)(R9*1)
+	PREFETCHT1 448(SI)(R9*1)
+	VBROADCASTSS (R8)(R10*1), Z8
+	VBROADCASTSS (R11)(R10*1), Z9
+	VMOVUPS (SI), Z0
+	VFMADD231PS Z0, Z8, Z16
+	VFMADD231PS Z0, Z9, Z24
+	VMOVUPS 64(SI), Z1
+	VFMADD231PS Z1, Z8, Z17
+	VFMADD231PS Z1, Z9, Z25
+	VMOVUPS 128(SI), Z0
+	VFMADD231PS Z0, Z8, Z18
+	VFMADD231PS Z0, Z9, Z26
+	VMOVUPS 192(SI), Z1
+	VFMADD231PS Z1, Z8, Z19
+	VFMADD231PS Z1, Z9, Z27
+	VMOVUPS 256(SI), Z0
+	VFMADD231PS Z0, Z8, Z20
+	VFMADD231PS Z0, Z9, Z28
+	VMOVUPS 320(SI), Z1
+	VFMADD231PS Z1, Z8, Z21
+	VFMADD231PS Z1, Z9, Z29
+	VMOVUPS 384(SI), Z0
+	VFMADD231PS Z0, Z8, Z22
+	VFMADD231PS Z0, Z9, Z30
+	VMOVUPS 448(SI), Z1
+	VFMADD231PS Z1, Z8, Z23
+	VFMADD231PS Z1, Z9, Z31
+	ADDQ DX, SI
+	ADDQ $4, R10
+	CMPQ R10, AX
+	JLT  w4tloop
+	VMOVUPS Z16, (R13)
+	VMOVUPS Z17, 64(R13)
+	VMOVUPS Z18, 128(R13)
+	VMOVUPS Z19, 192(R13)
+	VMOVUPS Z20, 256(R13)
+	VMOVUPS Z21, 320(R13)
+	VMOVUPS Z22, 384(R13)
+	VMOVUPS Z23, 448(R13)
+	VMOVUPS Z24, (R13)(DX*1)
+	VMOVUPS Z25, 64(R13)(DX*1)
+	VMOVUPS Z26, 128(R13)(DX*1)
+	VMOVUPS Z27, 192(R13)(DX*1)
+	VMOVUPS Z28, 256(R13)(DX*1)
+	VMOVUPS Z29, 320(R13)(DX*1)
+	VMOVUPS Z30, 384(R13)(DX*1)
+	VMOVUPS Z31, 448(R13)(DX*1)
+	ADDQ $512, CX
+	CMPQ CX, DX
+	JLT  w4oloop
+
+	// second pass: rows 2 and 3, no prefetch (the block is in L2)
+	INCQ R14
+	CMPQ R14, $2
+	JGE  w4done
+	LEAQ (DI)(DX*2), DI
+	LEAQ (R8)(BX*2), R8
+	ADDQ $8, R12
+	XORQ R9, R9
+	JMP  w4pass
+
+w4done:
 	VZEROUPPER
 	RET

@@ -38,15 +38,10 @@ func Attention(dst, q []float32, qLen, qHeads int, v cache.View, o Options) erro
 var prefetchTokens = 64
 
 func blockTokens(dk, dv int) int {
-	if abBlock > 0 {
-		return abBlock
-	}
 	d := max(dk, dv)
 	t := 8192 / d // 32 KiB of float32 per tensor block
 	return min(max(t, 16), 128)
 }
-
-var abBlock int
 
 // unitState is one worker's scratch for one (sequence, KV head, token range)
 // task. It is reused across calls and only grows.

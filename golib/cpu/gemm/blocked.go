@@ -4,8 +4,8 @@ import "sync"
 
 // Cache blocking (Goto/BLIS order). A task owns an mcBlock x ncBlock block of
 // C; for each kcBlock slice of the inner dimension it packs its op(A) rows
-// (mc x kc, sized for L2) and op(B) columns (kc x nc), then walks nr-wide B
-// slivers (kept in L1) against mr-high A panels. Tasks share nothing, so the
+// (mc x kc) and op(B) columns (kc x nc, sized for L2), then runs each
+// mr-high A panel (kept in L1) against every nr-wide B sliver. Tasks share nothing, so the
 // only synchronization is the parallel-for itself.
 const (
 	kcBlock = 256
@@ -28,13 +28,17 @@ var bufPool = sync.Pool{New: func() any {
 }}
 
 func (p *product) blocked() {
+	// Equal row blocks (a multiple of mr each) so no task is a sliver.
 	mBlocks := (p.m + mcBlock - 1) / mcBlock
+	mr := p.ks.mr
+	mc := ((p.m+mBlocks-1)/mBlocks + mr - 1) / mr * mr
+	mBlocks = (p.m + mc - 1) / mc
 	nBlocks := (p.n + ncBlock - 1) / ncBlock
 	ForThreads(p.threads, mBlocks*nBlocks, func(t int) {
 		bufs := bufPool.Get().(*packBufs)
-		i0 := (t / nBlocks) * mcBlock
+		i0 := (t / nBlocks) * mc
 		j0 := (t % nBlocks) * ncBlock
-		p.block(bufs, i0, min(i0+mcBlock, p.m), j0, min(j0+ncBlock, p.n))
+		p.block(bufs, i0, min(i0+mc, p.m), j0, min(j0+ncBlock, p.n))
 		bufPool.Put(bufs)
 	})
 }
@@ -48,12 +52,15 @@ func (p *product) block(bufs *packBufs, i0, i1, j0, j1 int) {
 		kc := min(kcBlock, p.k-l0)
 		p.packA(bufs.a, i0, mc, l0, kc, mr)
 		p.packB(bufs.b, j0, nc, l0, kc, nr)
-		for jr := 0; jr < nc; jr += nr {
-			bp := bufs.b[jr*kc : (jr+nr)*kc]
-			cols := min(nr, nc-jr)
-			for ir := 0; ir < mc; ir += mr {
-				ap := bufs.a[ir*kc : (ir+mr)*kc]
-				rows := min(mr, mc-ir)
+		// The B block (kc x nc) stays in L2 while each A panel (mr x kc,
+		// a few KiB) sits in L1 and meets every nr-wide B sliver in turn:
+		// with broadcast A and vector B the A panel is the reused operand.
+		for ir := 0; ir < mc; ir += mr {
+			ap := bufs.a[ir*kc : (ir+mr)*kc]
+			rows := min(mr, mc-ir)
+			for jr := 0; jr < nc; jr += nr {
+				bp := bufs.b[jr*kc : (jr+nr)*kc]
+				cols := min(nr, nc-jr)
 				off := (i0+ir)*p.ldc + j0 + jr
 				if rows == mr && cols == nr {
 					ks.micro(kc, ap, bp, p.alpha, p.c[off:], p.ldc)

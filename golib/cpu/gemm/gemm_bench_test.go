@@ -54,3 +54,21 @@ func BenchmarkSgemm(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkMicro times each variant's register-tile kernel alone on packed
+// panels that sit in L1 (kc = kcBlock): the compute ceiling of the blocked
+// path on one thread.
+func BenchmarkMicro(b *testing.B) {
+	for _, ks := range registry {
+		b.Run(ks.name, func(b *testing.B) {
+			r := rand.New(rand.NewPCG(7, 8))
+			ap := randSlice(r, ks.mr*kcBlock)
+			bp := randSlice(r, ks.nr*kcBlock)
+			c := make([]float32, ks.mr*ks.nr)
+			for b.Loop() {
+				ks.micro(kcBlock, ap, bp, 1, c, ks.nr)
+			}
+			b.ReportMetric(2*float64(ks.mr*ks.nr*kcBlock)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
+}

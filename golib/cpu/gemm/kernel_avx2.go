@@ -2,7 +2,10 @@
 
 package gemm
 
-import "simd/archsimd"
+import (
+	"simd/archsimd"
+	"unsafe"
+)
 
 var avx2Kernels = kernels{
 	name:  "avx2",
@@ -21,15 +24,20 @@ func load8(s []float32) f8 { return archsimd.LoadFloat32x8((*[8]float32)(s[:8]))
 func bcast8(v float32) f8 { return archsimd.BroadcastFloat32x8(v) }
 
 // microAVX2 keeps a 4x16 tile in 8 ymm accumulators (amd64 Go code has 15
-// usable vector registers: X15 is reserved as zero).
+// usable vector registers: X15 is reserved as zero). Loads use pointer
+// arithmetic after one bounds check, as in microAVX512.
 func microAVX2(kc int, ap, bp []float32, alpha float32, c []float32, ldc int) {
+	if kc <= 0 {
+		return
+	}
+	_, _ = ap[4*kc-1], bp[16*kc-1]
+	pa, pb := unsafe.Pointer(unsafe.SliceData(ap)), unsafe.Pointer(unsafe.SliceData(bp))
 	var c00, c01, c10, c11, c20, c21, c30, c31 f8
-	ap = ap[:4*kc]
-	bp = bp[:16*kc]
 	for l := range kc {
-		b := bp[l*16 : l*16+16 : l*16+16]
-		b0, b1 := load8(b[:8]), load8(b[8:])
-		a := ap[l*4 : l*4+4 : l*4+4]
+		b := unsafe.Add(pb, l*64)
+		b0 := archsimd.LoadFloat32x8((*[8]float32)(b))
+		b1 := archsimd.LoadFloat32x8((*[8]float32)(unsafe.Add(b, 32)))
+		a := (*[4]float32)(unsafe.Add(pa, l*16))
 		a0 := bcast8(a[0])
 		c00 = b0.MulAdd(a0, c00)
 		c01 = b1.MulAdd(a0, c01)
@@ -61,14 +69,18 @@ func axpy4AVX2(a0, a1, a2, a3 float32, x0, x1, x2, x3, y []float32) {
 	n := len(y)
 	x0, x1, x2, x3 = x0[:n], x1[:n], x2[:n], x3[:n]
 	v0, v1, v2, v3 := bcast8(a0), bcast8(a1), bcast8(a2), bcast8(a3)
+	p0, p1 := unsafe.Pointer(unsafe.SliceData(x0)), unsafe.Pointer(unsafe.SliceData(x1))
+	p2, p3 := unsafe.Pointer(unsafe.SliceData(x2)), unsafe.Pointer(unsafe.SliceData(x3))
+	py := unsafe.Pointer(unsafe.SliceData(y))
 	i := 0
 	for ; i+8 <= n; i += 8 {
-		acc := load8(y[i:])
-		acc = load8(x0[i:]).MulAdd(v0, acc)
-		acc = load8(x1[i:]).MulAdd(v1, acc)
-		acc = load8(x2[i:]).MulAdd(v2, acc)
-		acc = load8(x3[i:]).MulAdd(v3, acc)
-		acc.Store((*[8]float32)(y[i : i+8]))
+		off := uintptr(i) * 4
+		acc := archsimd.LoadFloat32x8((*[8]float32)(unsafe.Add(py, off)))
+		acc = archsimd.LoadFloat32x8((*[8]float32)(unsafe.Add(p0, off))).MulAdd(v0, acc)
+		acc = archsimd.LoadFloat32x8((*[8]float32)(unsafe.Add(p1, off))).MulAdd(v1, acc)
+		acc = archsimd.LoadFloat32x8((*[8]float32)(unsafe.Add(p2, off))).MulAdd(v2, acc)
+		acc = archsimd.LoadFloat32x8((*[8]float32)(unsafe.Add(p3, off))).MulAdd(v3, acc)
+		acc.Store((*[8]float32)(unsafe.Add(py, off)))
 	}
 	if i < n {
 		axpy4Go(a0, a1, a2, a3, x0[i:], x1[i:], x2[i:], x3[i:], y[i:])
@@ -91,16 +103,20 @@ func axpyAVX2(a float32, x, y []float32) {
 func dotAVX2(x, y []float32) float32 {
 	n := len(x)
 	y = y[:n]
+	px, py := unsafe.Pointer(unsafe.SliceData(x)), unsafe.Pointer(unsafe.SliceData(y))
+	ld := func(p unsafe.Pointer, i int) f8 {
+		return archsimd.LoadFloat32x8((*[8]float32)(unsafe.Add(p, uintptr(i)*4)))
+	}
 	var s0, s1, s2, s3 f8
 	i := 0
 	for ; i+32 <= n; i += 32 {
-		s0 = load8(x[i:]).MulAdd(load8(y[i:]), s0)
-		s1 = load8(x[i+8:]).MulAdd(load8(y[i+8:]), s1)
-		s2 = load8(x[i+16:]).MulAdd(load8(y[i+16:]), s2)
-		s3 = load8(x[i+24:]).MulAdd(load8(y[i+24:]), s3)
+		s0 = ld(px, i).MulAdd(ld(py, i), s0)
+		s1 = ld(px, i+8).MulAdd(ld(py, i+8), s1)
+		s2 = ld(px, i+16).MulAdd(ld(py, i+16), s2)
+		s3 = ld(px, i+24).MulAdd(ld(py, i+24), s3)
 	}
 	for ; i+8 <= n; i += 8 {
-		s0 = load8(x[i:]).MulAdd(load8(y[i:]), s0)
+		s0 = ld(px, i).MulAdd(ld(py, i), s0)
 	}
 	var lanes [8]float32
 	s0.Add(s1).Add(s2.Add(s3)).Store(&lanes)

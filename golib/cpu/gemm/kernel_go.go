@@ -12,38 +12,31 @@ var goKernels = kernels{
 	dot:   dotGo,
 }
 
-// microGo4x4 keeps the 4x4 tile in 16 scalar accumulators.
+// microGo4x4 computes the 4x4 tile as two 2x4 halves so each half's eight
+// accumulators and six operands fit the scalar float registers (a single
+// 4x4 pass spilled).
 func microGo4x4(kc int, ap, bp []float32, alpha float32, c []float32, ldc int) {
-	var c00, c01, c02, c03, c10, c11, c12, c13 float32
-	var c20, c21, c22, c23, c30, c31, c32, c33 float32
 	ap = ap[:4*kc]
 	bp = bp[:4*kc]
-	for l := 0; l < 4*kc; l += 4 {
-		a := ap[l : l+4 : l+4]
-		b := bp[l : l+4 : l+4]
-		a0, a1, a2, a3 := a[0], a[1], a[2], a[3]
-		b0, b1, b2, b3 := b[0], b[1], b[2], b[3]
-		c00 += a0 * b0
-		c01 += a0 * b1
-		c02 += a0 * b2
-		c03 += a0 * b3
-		c10 += a1 * b0
-		c11 += a1 * b1
-		c12 += a1 * b2
-		c13 += a1 * b3
-		c20 += a2 * b0
-		c21 += a2 * b1
-		c22 += a2 * b2
-		c23 += a2 * b3
-		c30 += a3 * b0
-		c31 += a3 * b1
-		c32 += a3 * b2
-		c33 += a3 * b3
+	for half := 0; half < 4; half += 2 {
+		var c00, c01, c02, c03, c10, c11, c12, c13 float32
+		for l := 0; l < 4*kc; l += 4 {
+			a := ap[l+half : l+half+2 : l+half+2]
+			b := bp[l : l+4 : l+4]
+			a0, a1 := a[0], a[1]
+			b0, b1, b2, b3 := b[0], b[1], b[2], b[3]
+			c00 += a0 * b0
+			c01 += a0 * b1
+			c02 += a0 * b2
+			c03 += a0 * b3
+			c10 += a1 * b0
+			c11 += a1 * b1
+			c12 += a1 * b2
+			c13 += a1 * b3
+		}
+		addRow4(c[half*ldc:half*ldc+4], alpha, c00, c01, c02, c03)
+		addRow4(c[(half+1)*ldc:(half+1)*ldc+4], alpha, c10, c11, c12, c13)
 	}
-	addRow4(c[:4], alpha, c00, c01, c02, c03)
-	addRow4(c[ldc:ldc+4], alpha, c10, c11, c12, c13)
-	addRow4(c[2*ldc:2*ldc+4], alpha, c20, c21, c22, c23)
-	addRow4(c[3*ldc:3*ldc+4], alpha, c30, c31, c32, c33)
 }
 
 func addRow4(c []float32, alpha, v0, v1, v2, v3 float32) {
