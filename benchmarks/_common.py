@@ -81,7 +81,7 @@ def environment(threads: Optional[int] = None, extra: Optional[Mapping[str, Any]
 
     ``threads``: the thread count the benchmark uses (recorded as given). ``extra``: merged in.
     Keys: timestamp_utc, cpu_model, cpu_key_flags, cpu_flags, logical_cpus, affinity_cpus,
-    memory_gib, os, python, versions {numpy, onnx, onnxruntime, onnx_light_kv, matplotlib},
+    memory_gib, load_average_1_5_15 (other work on the machine skews samples), os, python, versions {numpy, onnx, onnxruntime, onnx_light_kv, matplotlib},
     onnx_light_kv_build (``build_info()`` when the package provides it), go, git {rev, dirty},
     env (thread-related variables).
     """
@@ -99,6 +99,7 @@ def environment(threads: Optional[int] = None, extra: Optional[Mapping[str, Any]
         "logical_cpus": os.cpu_count(),
         "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "memory_gib": mem,
+        "load_average_1_5_15": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "threads": threads,
         "os": f"{platform.system()} {platform.release()} {platform.machine()}",
         "python": platform.python_version(),

@@ -111,6 +111,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     out_names = ["logits"] + models.present_names(cfg.layers)
     rng = np.random.default_rng(0)
 
+    env_start = _common.environment(threads=None, extra={"threads_measured": args.threads})
     rows: List[Dict[str, Any]] = []
     raw: List[Dict[str, Any]] = []
     for threads in args.threads:
@@ -137,7 +138,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         "config": {k: getattr(cfg, k) for k in ("layers", "hidden", "q_heads", "kv_heads", "head_dim", "vocab", "dtype")}
         | {"intermediate": cfg.ffn("llama"), "batch": 1, "samples": args.samples, "warmup": args.warmup,
            "contexts": args.contexts, "threads": args.threads, "runtimes": runtimes, "quick": args.quick},
-        "environment": _common.environment(threads=None, extra={"threads_measured": args.threads}),
+        "environment": env_start,
+        "load_average_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "rows": rows,
         "raw": raw,
     }
