@@ -38,7 +38,12 @@ CASES = [
     ("gpt2", {}, 2),
     ("gpt2", {"fused_qkv": False, "mask": "additive", "gelu": "erf", "layernorm": "decomposed"}, 1),
     ("gpt2", {"gelu": "tanh", "position_ids_input": False}, 1),
+    # geometry: MQA with head_dim 128 and 3 layers; a long prompt crossing kernel block sizes
+    ("llama", {"layers": 3, "q_heads": 4, "kv_heads": 1, "head_dim": 128, "hidden": 96}, 2),
+    ("llama", {"prompt_len": 300}, 1),
+    ("gpt2", {"prompt_len": 300, "q_heads": 2, "head_dim": 32}, 1),
 ]
+CONFIG_FIELDS = {"layers", "hidden", "q_heads", "kv_heads", "head_dim", "vocab", "opset"}
 
 
 def _id(case: Any) -> str:
@@ -52,12 +57,17 @@ def _id(case: Any) -> str:
 def test_decoder_greedy_matches_onnxruntime(case: Any, dtype: str) -> None:
     kind, variant, batch = case
     variant = dict(variant)
-    cfg = M.DecoderConfig(layers=2, hidden=64, q_heads=4, kv_heads=2, head_dim=16, vocab=256,
-                          dtype=dtype, max_positions=128, opset=variant.pop("opset", 23))
+    geometry = {k: variant.pop(k) for k in list(variant) if k in CONFIG_FIELDS}
+    prompt_len = variant.pop("prompt_len", 0)
+    cfg = M.DecoderConfig(**{**dict(layers=2, hidden=64, q_heads=4, kv_heads=2, head_dim=16, vocab=256,
+                                    dtype=dtype, max_positions=512), **geometry})
     model = M.build(kind, cfg, **variant)
+    prompt = PROMPTS[batch]
+    if prompt_len:
+        prompt = np.random.default_rng(prompt_len).integers(0, cfg.vocab, size=(batch, prompt_len))
     sess = oc.ours(model)  # skips while our InferenceSession does not exist
-    want = M.greedy_generate(oc.ort(model), model, PROMPTS[batch], STEPS)
-    got = M.greedy_generate(sess, model, PROMPTS[batch], STEPS)
+    want = M.greedy_generate(oc.ort(model), model, prompt, STEPS)
+    got = M.greedy_generate(sess, model, prompt, STEPS)
 
     assert got.prefill_logits.dtype == want.prefill_logits.dtype
     oc.assert_close("prefill logits", got.prefill_logits, want.prefill_logits, 0, LOGIT_TOL[dtype])
