@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -61,7 +61,9 @@ class Attn:
     qk_mode: Optional[int] = None  # None: qk output not requested
     nonpad: Optional[Tuple[int, ...]] = None  # opset 24 nonpad_kv_seqlen per batch
     opset: int = 23
-    extra: Dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    magnitude: float = 1.5    # inputs uniform in [-magnitude, magnitude]
+    masked_rows: bool = False  # some query rows fully masked (onnxruntime CPU conventions apply)
+    threads: int = 1
 
     @property
     def t(self) -> int:
@@ -90,7 +92,7 @@ def _feeds(c: Attn, dtype: Any) -> Dict[str, np.ndarray]:
     rng = np.random.default_rng(zlib.crc32(key))  # stable across processes, unlike hash()
 
     def r(*shape: int) -> np.ndarray:
-        return rng.uniform(-1.5, 1.5, size=shape).astype(np.float32).astype(dtype)
+        return rng.uniform(-c.magnitude, c.magnitude, size=shape).astype(np.float32).astype(dtype)
 
     if c.layout == "4d":
         feeds = {"Q": r(c.b, c.qh, c.s, c.dk), "K": r(c.b, c.kvh, c.l, c.dk), "V": r(c.b, c.kvh, c.l, c.dv)}
@@ -99,7 +101,9 @@ def _feeds(c: Attn, dtype: Any) -> Dict[str, np.ndarray]:
     if c.mask != "none":
         dims = _mask_dims(c)
         keep = rng.random(dims) < 0.7
-        keep[..., 0] = True  # no fully masked rows: their result is implementation-defined
+        keep[..., 0] = True  # no fully masked rows unless the case asks for them
+        if c.masked_rows:
+            keep[..., 0, :] = False
         if c.mask == "bool":
             feeds["attn_mask"] = keep
         else:
@@ -194,6 +198,15 @@ NAMED: Dict[str, Attn] = {
     "3d_with_past_and_present_qk_matmul_softmax": replace(PAST, layout="3d", qk_mode=3),
     "4d_qk_mode0_scaled_gqa": replace(GQA, qk_mode=0, scale=0.7),
     "4d_softcap_neginf_mask": replace(B, softcap=2.0, mask="float"),
+    "4d_fully_masked_rows_bool": replace(B, mask="bool", masked_rows=True),
+    "4d_fully_masked_rows_float_causal_past": replace(PAST, mask="float", masked_rows=True, causal=1),
+    "4d_large_logits_fp16": replace(B, magnitude=6.0, dtype="float16", causal=1),
+    "4d_large_logits_fp32": replace(B, magnitude=12.0, causal=1),
+    "big_prefill_fp32_2threads": replace(B, b=2, qh=8, kvh=2, s=67, l=67, p=190, dk=64, dv=64, causal=1, threads=2),
+    "big_prefill_fp16_mask_2threads": replace(B, b=1, qh=8, kvh=4, s=33, l=33, p=100, dk=128, dv=128, causal=1, dtype="float16",
+                                              mask="bool", mask_shape="4dB1", threads=2),
+    "big_decode_gqa_fp32_2threads": replace(B, b=3, qh=16, kvh=4, s=1, l=1, p=1000, dk=64, dv=64, causal=1, threads=2),
+    "big_decode_mqa_fp16_2threads": replace(B, b=1, qh=8, kvh=1, s=1, l=1, p=777, dk=128, dv=128, causal=1, dtype="float16", threads=2),
     "4d_large_head_dim_128": replace(B, dk=128, dv=128, qh=2, kvh=1, s=4, l=17),
     "4d_longer_kv_64": replace(B, b=1, qh=4, kvh=2, s=1, l=1, p=63, causal=1, dk=64, dv=64),
     # opset 24: nonpad_kv_seqlen, K/V hold a padded cache of length L, no past inputs.
@@ -253,7 +266,7 @@ def test_attention_matches_onnxruntime(name: str) -> None:
     if c.dtype == "bfloat16" and os.environ.get("ONNX_LIGHT_KV_SELFTEST_ORT", "") not in ("", "0"):
         pytest.skip("harness self-check: onnxruntime has no bfloat16 Attention kernel on CPU")
     model, feeds, names, want = _reference_via_ort(c)
-    sess = oc.ours(model)
+    sess = oc.ours(model, threads=c.threads)
     got = sess.run(names, feeds)
     rtol, atol = TOL[c.dtype]
     assert len(got) == len(names)
