@@ -144,3 +144,47 @@ def test_results_do_not_depend_on_threads() -> None:
     two = oc.ours(model, threads=2).run(None, feeds)
     for a, b in zip(one, two):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def _dyn_model(op: str, inputs: Sequence[Any], **attrs: Any) -> onnx.ModelProto:
+    """One node whose inputs have only symbolic dims, so shape errors surface inside kernels."""
+    vis = [helper.make_tensor_value_info(n, t, [f"{n}_{i}" for i in range(rank)]) for n, t, rank in inputs]
+    graph = helper.make_graph([helper.make_node(op, [n for n, _, _ in inputs], ["y"], **attrs)], "g", vis,
+                              [helper.make_empty_tensor_value_info("y")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=10)
+
+
+F, I = TensorProto.FLOAT, TensorProto.INT64
+KERNEL_ERRORS = {
+    "gather-index-out-of-range": (_dyn_model("Gather", [("d", F, 2), ("i", I, 1)]),
+                                  {"d": np.zeros((5, 3), np.float32), "i": np.array([7])},
+                                  {"d": np.zeros((5, 3), np.float32), "i": np.array([4])}),
+    "reshape-impossible": (_dyn_model("Reshape", [("x", F, 2), ("s", I, 1)]),
+                           {"x": np.zeros((2, 3), np.float32), "s": np.array([4, 4])},
+                           {"x": np.zeros((2, 3), np.float32), "s": np.array([3, -1])}),
+    "matmul-inner-dim": (_dyn_model("MatMul", [("a", F, 2), ("b", F, 2)]),
+                         {"a": np.zeros((2, 3), np.float32), "b": np.zeros((4, 5), np.float32)},
+                         {"a": np.zeros((2, 3), np.float32), "b": np.zeros((3, 5), np.float32)}),
+    "add-not-broadcastable": (_dyn_model("Add", [("a", F, 2), ("b", F, 2)]),
+                              {"a": np.zeros((2, 3), np.float32), "b": np.zeros((4, 3), np.float32)},
+                              {"a": np.zeros((2, 3), np.float32), "b": np.zeros((1, 3), np.float32)}),
+    "constantofshape-negative": (_dyn_model("ConstantOfShape", [("s", I, 1)]), {"s": np.array([-1, 3])}, {"s": np.array([2, 3])}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KERNEL_ERRORS))
+def test_kernel_errors_are_value_errors_and_session_survives(name: str) -> None:
+    model, bad, good = KERNEL_ERRORS[name]
+    sess = oc.ours(model)
+    _raises(ValueError, lambda: sess.run(None, bad))
+    want = oc.ort(model).run(None, good)
+    got = sess.run(None, good)
+    np.testing.assert_array_equal(got[0], want[0])
+
+
+def test_hostile_allocation_fails_cleanly() -> None:
+    """A feed asking for a petabyte tensor raises (MemoryError or ValueError), it does not crash."""
+    sess = oc.ours(_dyn_model("ConstantOfShape", [("s", I, 1)]))
+    _raises((MemoryError, ValueError), lambda: sess.run(None, {"s": np.array([1_000_000, 1_000_000, 1_000])}))
+    (y,) = sess.run(None, {"s": np.array([2, 2])})
+    assert y.shape == (2, 2)
