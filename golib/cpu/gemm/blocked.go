@@ -5,8 +5,8 @@ import "sync"
 // Cache blocking (Goto/BLIS order). A task owns an mcBlock x ncBlock block of
 // C; for each kcBlock slice of the inner dimension it packs its op(A) rows
 // (mc x kc) and op(B) columns (kc x nc, sized for L2), then runs each
-// mr-high A panel (kept in L1) against every nr-wide B sliver. Tasks share nothing, so the
-// only synchronization is the parallel-for itself.
+// mr-high A panel (kept in L1) against every nr-wide B sliver. Tasks share
+// nothing, so the only synchronization is the parallel-for itself.
 const (
 	kcBlock = 256
 	mcBlock = 120 // a multiple of every mr (4, 6)
