@@ -24,6 +24,7 @@ initializers, as exporters write them, except where a case says "dynamic".
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -488,3 +489,98 @@ def test_every_issue_op_has_cases() -> None:
            "Squeeze", "Shape", "Cast", "Expand", "Where", "Equal", "Range", "ConstantOfShape", "Constant", "Identity", "Trilu", "If"}
     covered = {name.split("-")[0] for name in CASES} | {name.split("-")[1] for name in CASES if name.startswith("Big-")}
     assert ops <= covered, f"ops without cases: {sorted(ops - covered)}"
+
+
+# ---------------------------------------------------------------- bfloat16
+# onnxruntime's CPU kernels have no bfloat16 versions, so the expected values come from the same
+# one-node model run by onnxruntime in float32 on the (exactly) upcast bfloat16 feeds; our result
+# must be bfloat16 and within one or two bfloat16 roundings: rtol 2e-2, atol 2e-2 (bfloat16 keeps
+# 8 significant bits, one ulp is 2**-7 relative at worst).
+BF16_TOL = (2e-2, 2e-2)
+
+
+def _skip_bf16_in_selftest() -> None:
+    if os.environ.get("ONNX_LIGHT_KV_SELFTEST_ORT", "") not in ("", "0"):
+        pytest.skip("harness self-check: onnxruntime has no bfloat16 CPU kernels")
+
+
+def _bf16_case(op: str, inputs: Sequence[Tuple[str, np.ndarray]], inits: Sequence[str] = (), opset: int = 23,
+               **attrs: Any) -> Tuple[onnx.ModelProto, Dict[str, np.ndarray], onnx.ModelProto, Dict[str, np.ndarray]]:
+    """(bfloat16 model, bfloat16 feeds, float32 model, float32 feeds) of one node."""
+    import ml_dtypes
+
+    def model(elem: int, cast: Any) -> Tuple[onnx.ModelProto, Dict[str, np.ndarray]]:
+        vis, inis, feeds = [], [], {}
+        for name, value in inputs:
+            v = value.astype(cast) if value.dtype == F32 else value
+            if name in inits:
+                inis.append(helper.make_tensor(name, elem, v.shape, v.astype(F32).ravel().tolist()) if value.dtype == F32
+                            else numpy_helper.from_array(v, name))
+            else:
+                vis.append(helper.make_tensor_value_info(name, elem if value.dtype == F32 else helper.np_dtype_to_tensor_dtype(v.dtype),
+                                                         list(v.shape)))
+                feeds[name] = v
+        graph = helper.make_graph([helper.make_node(op, [n for n, _ in inputs], ["y"], **attrs)], "g", vis,
+                                  [helper.make_tensor_value_info("y", elem, None)], initializer=inis)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10), feeds
+
+    mb, fb = model(TensorProto.BFLOAT16, ml_dtypes.bfloat16)
+    m32, _ = model(TensorProto.FLOAT, F32)
+    f32 = {k: (v.astype(F32) if v.dtype.name == "bfloat16" else v) for k, v in fb.items()}
+    return mb, fb, m32, f32
+
+
+BF16_CASES: Dict[str, Callable[[], Any]] = {
+    "Add-broadcast": lambda: _bf16_case("Add", [("a", _r((3, 4))), ("b", _r((4,), seed=1))]),
+    "Mul-broadcast": lambda: _bf16_case("Mul", [("a", _r((3, 4))), ("b", _r((3, 1), seed=1))]),
+    "Div": lambda: _bf16_case("Div", [("a", _r((3, 4))), ("b", _r((3, 4), F32, 0.5, 2, 1))]),
+    "MatMul": lambda: _bf16_case("MatMul", [("a", _r((2, 5, 16), F32, -1, 1)), ("b", _r((16, 7), F32, -1, 1, 1))]),
+    "MatMul-weight-initializer": lambda: _bf16_case("MatMul", [("a", _r((1, 3, 64), F32, -1, 1)), ("w", _r((64, 33), F32, -1, 1, 1))],
+                                                    inits=["w"]),
+    "Softmax": lambda: _bf16_case("Softmax", [("x", _r((3, 9), F32, -4, 4))]),
+    "Sigmoid": lambda: _bf16_case("Sigmoid", [("x", _r((11,), F32, -6, 6))]),
+    "RMSNormalization": lambda: _bf16_case("RMSNormalization", [("x", _r((2, 3, 16))), ("s", _r((16,), seed=1))], inits=["s"]),
+    "LayerNormalization": lambda: _bf16_case("LayerNormalization", [("x", _r((2, 3, 16))), ("s", _r((16,), seed=1)), ("b", _r((16,), seed=2))],
+                                             inits=["s", "b"], opset=17),
+    "RotaryEmbedding": lambda: _bf16_case("RotaryEmbedding", [("x", _r((1, 2, 3, 8))), ("cos", _rope_caches(8, 4, F32)[0]),
+                                                              ("sin", _rope_caches(8, 4, F32)[1]), ("pos", np.array([[1, 2, 5]], I64))]),
+    "Transpose": lambda: _bf16_case("Transpose", [("x", _r((2, 3, 4)))], perm=[2, 0, 1]),
+    "Concat": lambda: _bf16_case("Concat", [("a", _r((1, 2, 0, 4))), ("b", _r((1, 2, 3, 4), seed=1))], axis=2),
+    "Gather": lambda: _bf16_case("Gather", [("d", _r((5, 3))), ("i", np.array([0, 4, -1], I64))]),
+    "Where": lambda: _bf16_case("Where", [("c", _r((3, 4), np.bool_)), ("a", _r((3, 4))), ("b", _r((4,), seed=1))]),
+    "Reshape": lambda: _bf16_case("Reshape", [("x", _r((2, 6))), ("s", np.array([3, 4], I64))], inits=["s"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BF16_CASES))
+def test_bfloat16_op_matches_onnxruntime_in_float32(name: str) -> None:
+    _skip_bf16_in_selftest()
+    mb, fb, m32, f32 = BF16_CASES[name]()
+    sess = oc.ours(mb)
+    (want,) = oc.ort(m32).run(None, f32)
+    (got,) = sess.run(None, fb)
+    assert np.asarray(got).dtype.name == "bfloat16", f"dtype {np.asarray(got).dtype}, expected bfloat16"
+    oc.assert_close("y", got, want, *BF16_TOL, check_dtype=False)
+
+
+def test_cast_to_and_from_bfloat16_rounds_to_nearest_even() -> None:
+    """float32 -> bfloat16 rounds to nearest even like ml_dtypes (onnxruntime cannot return
+    bfloat16 arrays, so it only checks the round trip back to float32)."""
+    import ml_dtypes
+
+    _skip_bf16_in_selftest()
+    x = np.array([1.0, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, -3.14159, 1e-40, 3.0e38, np.inf, np.nan], F32)
+    graph = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.BFLOAT16),
+                               helper.make_node("Cast", ["y"], ["z"], to=TensorProto.FLOAT)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [x.size])],
+                              [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, None),
+                               helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=10)
+    y, z = oc.ours(model).run(None, {"x": x})
+    want = x.astype(ml_dtypes.bfloat16)
+    assert np.asarray(y).dtype.name == "bfloat16"
+    np.testing.assert_array_equal(np.asarray(y).view(np.uint16)[:-1], want.view(np.uint16)[:-1])
+    assert np.isnan(np.asarray(z)[-1])
+    (ort_z,) = oc.ort(helper.make_model(helper.make_graph(graph.node, "g", graph.input, [graph.output[1]]),
+                                        opset_imports=[helper.make_opsetid("", 23)], ir_version=10)).run(None, {"x": x})
+    np.testing.assert_array_equal(z, ort_z)
