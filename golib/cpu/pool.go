@@ -45,20 +45,24 @@ func Threads() int {
 // calling goroutine works as thread 0 and up to threads-1 helpers join it.
 // Hand-off: the caller publishes the job and bumps gen; helpers that are
 // still polling see it at once, parked ones are woken through their channel.
-// Tasks are claimed with an atomic counter, and the caller waits until
-// every engaged helper has decremented pending.
+// Tasks are claimed with an atomic counter. A helper joins a job through
+// the join word (generation, closed bit, count of joined helpers); when the
+// caller runs out of tasks it closes the job and waits only for the helpers
+// that joined, so a helper the OS has not scheduled yet (a busy machine)
+// never holds a call up: it finds the job closed and goes back to waiting.
 type pool struct {
 	mu      sync.Mutex
 	threads int
 	helpers []*helper
 	states  []unitState // [0] is the caller's scratch, [i] helper i's
 
-	gen     atomic.Uint64
-	next    atomic.Int64
-	pending atomic.Int32
+	gen      atomic.Uint64
+	next     atomic.Int64
+	join     atomic.Uint64 // gen<<32 | closedBit | joined helpers
+	finished atomic.Int32  // joined helpers that are done
 
 	// The job, written by the caller before gen is bumped.
-	active atomic.Int32 // helpers engaged in this job
+	active atomic.Int32 // helpers allowed to join this job
 	s      shape
 	dst, q []float32
 	view   cache.View
@@ -123,7 +127,9 @@ func (p *pool) run(s *shape, dst, q []float32, v cache.View, ops *kernelOps) err
 
 	p.next.Store(0)
 	p.active.Store(int32(threads - 1))
-	p.pending.Store(int32(threads - 1))
+	p.finished.Store(0)
+	gen := p.gen.Load() + 1
+	p.join.Store(gen << 32)
 	if threads > 1 {
 		p.gen.Add(1)
 		for _, h := range p.helpers[:threads-1] {
@@ -133,7 +139,15 @@ func (p *pool) run(s *shape, dst, q []float32, v cache.View, ops *kernelOps) err
 		}
 	}
 	p.work(0)
-	for i := 0; p.pending.Load() != 0; i++ {
+	var joined int32
+	for {
+		j := p.join.Load()
+		if p.join.CompareAndSwap(j, j|closedBit) {
+			joined = int32(j & joinMask)
+			break
+		}
+	}
+	for i := 0; p.finished.Load() != joined; i++ {
 		if i&15 == 15 {
 			runtime.Gosched()
 		}
@@ -193,9 +207,29 @@ func (p *pool) work(idx int) {
 func (p *pool) helperLoop(h *helper, seen uint64) {
 	for {
 		seen = p.waitJob(h, seen)
-		if int32(h.idx) <= p.active.Load() {
+		if int32(h.idx) <= p.active.Load() && p.tryJoin(seen) {
 			p.work(h.idx)
-			p.pending.Add(-1)
+			p.finished.Add(1)
+		}
+	}
+}
+
+// Layout of the join word below the generation.
+const (
+	closedBit = 1 << 31
+	joinMask  = closedBit - 1
+)
+
+// tryJoin adds the calling helper to job gen unless the job was closed (or
+// already replaced by a newer one).
+func (p *pool) tryJoin(gen uint64) bool {
+	for {
+		j := p.join.Load()
+		if j>>32 != gen&0xffffffff || j&closedBit != 0 {
+			return false
+		}
+		if p.join.CompareAndSwap(j, j+1) {
+			return true
 		}
 	}
 }
