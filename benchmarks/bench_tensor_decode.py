@@ -26,7 +26,7 @@ import argparse
 import importlib.util
 import os
 import sys
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -73,6 +73,40 @@ def decode_feeds(models: Any, cfg: Any, context: int, rng: np.random.Generator) 
     return feeds
 
 
+def op_profile(models: Any, cfg: Any, model_bytes: bytes, args: argparse.Namespace,
+               out_names: List[str]) -> List[Dict[str, Any]]:
+    """Median per-op milliseconds of one decode step, per context (our profiling events)."""
+    import onnx_light_kv
+    sess = onnx_light_kv.InferenceSession(model_bytes, threads=1, profile=True)
+    rng = np.random.default_rng(1)
+    meds: List[Tuple[int, Dict[str, float]]] = []
+    for context in args.contexts:
+        feeds = decode_feeds(models, cfg, context, rng)
+        per_op: Dict[str, List[float]] = {}
+        for i in range(args.warmup + 5):
+            sess.run(out_names, feeds)
+            if i < args.warmup:
+                continue
+            totals: Dict[str, float] = {}
+            for ev in sess.last_run_stats.get("events", []):
+                totals[ev["op"]] = totals.get(ev["op"], 0.0) + ev["dur_ns"] / 1e6
+            for op, ms in totals.items():
+                per_op.setdefault(op, []).append(ms)
+        meds.append((context, {op: float(np.median(v)) for op, v in per_op.items()}))
+    overall: Dict[str, float] = {}
+    for _, med in meds:
+        for op, ms in med.items():
+            overall[op] = overall.get(op, 0.0) + ms
+    top = [op for op, _ in sorted(overall.items(), key=lambda kv: -kv[1])[:4]]
+    rows = []
+    for context, med in meds:
+        row: Dict[str, Any] = {"context": context, "total": sum(med.values())}
+        row.update({op: med.get(op, 0.0) for op in top})
+        row["other"] = sum(ms for op, ms in med.items() if op not in top)
+        rows.append(row)
+    return rows
+
+
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small model and contexts 128..1024, few samples")
@@ -90,6 +124,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--runtimes", default="ours,ort", help="comma list of ours, ort")
     p.add_argument("--name", default="tensor-decode", help="results file prefix")
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--profile", action="store_true",
+                   help="also record our per-op time per step (a separate profiled session, 1 thread)")
     p.add_argument("--results-dir", default=_common.RESULTS_DIR)
     a = p.parse_args(argv)
     if a.quick:
@@ -131,8 +167,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(_common.format_table([row]).splitlines()[-1], flush=True)
         del sessions
 
+    profile = op_profile(models, cfg, model_bytes, args, out_names) if args.profile and "ours" in runtimes else None
     print()
     print(_common.format_table(rows))
+    if profile:
+        print("\nour per-op time per step (ms, profiled session, 1 thread):")
+        print(_common.format_table(profile))
     payload = {
         "benchmark": "tensor-path decode step latency, standard Attention-23 model with past/present",
         "config": {k: getattr(cfg, k) for k in ("layers", "hidden", "q_heads", "kv_heads", "head_dim", "vocab", "dtype")}
@@ -142,6 +182,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "load_average_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "rows": rows,
         "raw": raw,
+        "ours_op_profile_ms": profile,
     }
     path = _common.write_json(args.name, payload, args.results_dir)
     print(f"\nresults: {os.path.relpath(path, ROOT)}")

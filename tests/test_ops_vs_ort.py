@@ -17,7 +17,9 @@ reduce         1e-4 / 1e-5          1e-2 / 1e-2          sums over an axis: orde
                                                          inputs may be widened to fp32 or not
 =============  ===================  ===================  =====================================
 
-Attention has its own grid in ``test_attention_vs_ort.py``; bad models and feeds are in
+Large-tensor cases ("Big-*") run our session with two threads to reach SIMD tails and parallel
+paths. bfloat16 cases compare against onnxruntime in float32 (see ``BF16_TOL``). Attention has
+its own grid in ``test_attention_vs_ort.py``; bad models and feeds are in
 ``test_session_errors.py``. Shape inputs (Reshape shape, Slice starts, axes...) are
 initializers, as exporters write them, except where a case says "dynamic".
 """
