@@ -36,13 +36,15 @@ func SgemmThreads(threads int, transA, transB bool, m, n, k int, alpha float32, 
 	}
 	ks := active()
 	if beta != 1 {
-		ForThreads(threads, m, func(i int) { scaleRow(c[i*ldc:i*ldc+n], beta) })
+		for i := range m {
+			scaleRow(c[i*ldc:i*ldc+n], beta)
+		}
 	}
 	if k == 0 || alpha == 0 {
 		return nil
 	}
 	p := product{transA: transA, transB: transB, m: m, n: n, k: k, alpha: alpha,
-		a: a, lda: lda, b: b, ldb: ldb, c: c, ldc: ldc, ks: ks, threads: threads}
+		a: a, lda: lda, b: b, ldb: ldb, c: c, ldc: ldc, ks: ks, threads: parallelism(threads, m, n, k)}
 	if m <= skinnyRows {
 		p.skinny()
 		return nil
@@ -72,6 +74,20 @@ func (p *product) at(i, l int) float32 {
 		return p.a[l*p.lda+i]
 	}
 	return p.a[i*p.lda+l]
+}
+
+// minWorkPerThread is the number of multiply-adds below which another
+// thread costs more (waking it, sharing cache lines) than it saves.
+const minWorkPerThread = 1 << 18
+
+// parallelism bounds the threads of one product by its size.
+func parallelism(threads, m, n, k int) int {
+	t := Threads()
+	if threads > 0 {
+		t = min(t, threads)
+	}
+	work := float64(m) * float64(n) * float64(k)
+	return max(1, min(t, int(work/minWorkPerThread)))
 }
 
 func check(transA, transB bool, m, n, k int, a []float32, lda int,

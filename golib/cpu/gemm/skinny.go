@@ -29,11 +29,7 @@ func (p *product) skinny() {
 		p.skinnyDot()
 		return
 	}
-	threads := Threads()
-	if p.threads > 0 {
-		threads = min(threads, p.threads)
-	}
-	w := skinnyWidth(p.n, threads)
+	w := skinnyWidth(p.n, p.threads)
 	tasks := (p.n + w - 1) / w
 	ForThreads(p.threads, tasks, func(t int) {
 		j0 := t * w

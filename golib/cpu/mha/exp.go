@@ -20,7 +20,9 @@ func exp32(x float32) float32 {
 	case x < -87.33654:
 		return 0
 	}
-	n := float32(math.Floor(float64(x*log2e + 0.5)))
+	// Round to nearest by truncation: x <= 0 here, so t - 0.5 < 0 and the
+	// conversion truncates toward zero, which is rounding t to nearest.
+	n := float32(int32(x*log2e - 0.5))
 	r := x - n*ln2hi - n*ln2lo
 	p := float32(1.9875691500e-4)
 	p = p*r + 1.3981999507e-3
@@ -30,4 +32,18 @@ func exp32(x float32) float32 {
 	p = p*r + 5.0000001201e-1
 	p = p*r*r + r + 1
 	return p * math.Float32frombits(uint32(int32(n)+127)<<23)
+}
+
+// expFunc replaces every x in row by e^(x-mx) and returns their sum.
+type expFunc func(row []float32, mx float32) float64
+
+// expSubGo is the portable expFunc.
+func expSubGo(row []float32, mx float32) float64 {
+	var sum float64
+	for j, v := range row {
+		e := exp32(v - mx)
+		row[j] = e
+		sum += float64(e)
+	}
+	return sum
 }

@@ -5,6 +5,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/gemm"
 )
 
 // tcase describes one attention call; data is random and seeded.
@@ -89,6 +91,22 @@ func cases() []tcase {
 	add(base("prefill blocks with qk"), func(c *tcase) {
 		c.b, c.s, c.l, c.p, c.attrs.IsCausal, c.wantQK = 1, 40, 40, 3, true, true
 	})
+	add(base("gqa 4D causal row blocks cross heads"), func(c *tcase) {
+		c.b, c.hq, c.hkv, c.s, c.l, c.p, c.attrs.IsCausal = 1, 8, 2, 20, 20, 5, true
+	})
+	add(base("gqa 3D decode per-head mask"), func(c *tcase) {
+		c.in3D, c.hq, c.hkv, c.s, c.l, c.p = true, 6, 2, 1, 1, 9
+		c.attrs.QNumHeads, c.attrs.KVNumHeads = 6, 2
+		c.mask, c.boolMask, c.wantPresents = []int{2, 6, 1, 10}, true, true
+	})
+	add(base("gqa 3D prefill per head"), func(c *tcase) {
+		c.in3D, c.hq, c.hkv, c.s, c.l, c.attrs.IsCausal = true, 4, 2, 5, 5, true
+		c.attrs.QNumHeads, c.attrs.KVNumHeads = 4, 2
+	})
+	add(base("mqa nonpad causal row blocks"), func(c *tcase) {
+		c.hq, c.hkv, c.s, c.l, c.attrs.IsCausal = 4, 1, 12, 30, true
+		c.nonpad = []int64{20, 30}
+	})
 	add(base("empty batch"), func(c *tcase) { c.b = 0 })
 	add(base("empty query"), func(c *tcase) { c.s = 0 })
 	add(base("no keys at all"), func(c *tcase) { c.l, c.p = 0, 0 })
@@ -125,7 +143,17 @@ func randVec(r *rand.Rand, n int) []float32 {
 	return x
 }
 
+// TestAttentionCases runs every case on every kernel variant (gemm and
+// softmax exponential follow gemm.SetPath).
 func TestAttentionCases(t *testing.T) {
+	defer gemm.SetPath("auto")
+	for _, path := range gemm.Paths() {
+		gemm.SetPath(path)
+		t.Run(path, testCases)
+	}
+}
+
+func testCases(t *testing.T) {
 	for ci, c := range cases() {
 		t.Run(c.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(ci), 7))
@@ -283,6 +311,34 @@ func TestRunErrors(t *testing.T) {
 	both := Inputs{Q: four, K: four, V: four, Mask: Mask{Float: four, Bool: make([]bool, 4)}}
 	if err := gm.Run(both, Outputs{Y: four}); !errors.Is(err, ErrShape) {
 		t.Fatalf("mask with both kinds: got %v", err)
+	}
+}
+
+func TestExpPaths(t *testing.T) {
+	defer gemm.SetPath("auto")
+	row0 := []float32{0, -1e-8, -0.5, -1, -3.25, -10, -20.5, -50, -80, -87.3, -87.4, -88, -100, -1e30,
+		float32(math.Inf(-1)), -math.MaxFloat32, -2, -0.693, -0.347, -5.5}
+	for k := range 45 { // long enough for every vector width plus a tail
+		row0 = append(row0, -float32(k)*0.37)
+	}
+	for _, path := range gemm.Paths() {
+		gemm.SetPath(path)
+		row := append([]float32(nil), row0...)
+		sum := pickExp()(row, 0)
+		var want float64
+		for i, x := range row0 {
+			w := math.Exp(float64(x))
+			if w < 1.2e-38 {
+				w = 0
+			}
+			want += w
+			if math.Abs(float64(row[i])-w) > 4e-7*w+1e-38 {
+				t.Fatalf("%s: exp(%v) = %v, want %v", path, x, row[i], w)
+			}
+		}
+		if math.Abs(sum-want) > 1e-6*want {
+			t.Fatalf("%s: sum %v, want %v", path, sum, want)
+		}
 	}
 }
 

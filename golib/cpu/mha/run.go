@@ -46,13 +46,21 @@ func (g *Geometry) Run(in Inputs, out Outputs) error {
 		return err
 	}
 	keys, values := g.present(in, out)
-	blocks := (g.QLen + rowBlock - 1) / rowBlock
-	units := g.Batch * g.QHeads * blocks
+	spans := g.Batch * (g.QHeads / g.spanHeads())
+	rows := g.spanHeads() * g.QLen
+	blocks := (rows + rowBlock - 1) / rowBlock
+	// Units run in parallel; a unit's products get threads of their own
+	// only when there are fewer units than threads.
+	inner := g.Threads
+	if t := gemm.Threads(); spans*blocks >= t || (g.Threads > 0 && spans*blocks >= g.Threads) {
+		inner = 1
+	}
+	ex := pickExp()
 	errc := make(chan error, 1)
-	gemm.ForThreads(g.Threads, units, func(u int) {
-		b, rest := u/(g.QHeads*blocks), u%(g.QHeads*blocks)
-		h, blk := rest/blocks, rest%blocks
-		if err := g.unit(in, out, keys, values, b, h, blk*rowBlock); err != nil {
+	gemm.ForThreads(g.Threads, spans*blocks, func(u int) {
+		sp := g.span(u / blocks)
+		r0 := (u % blocks) * rowBlock
+		if err := g.unit(in, out, keys, values, sp, r0, min(r0+rowBlock, rows), inner, ex); err != nil {
 			select {
 			case errc <- err:
 			default:

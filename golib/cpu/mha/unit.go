@@ -6,27 +6,61 @@ import (
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/gemm"
 )
 
-// unit computes up to rowBlock query rows starting at i0 of query head h in
-// batch b: scores = scale * Q K^T, then softcap, masks and softmax per row,
-// then Y = P V, capturing qk_matmul_output at the requested stage.
-func (g *Geometry) unit(in Inputs, out Outputs, keys, values []float32, b, h, i0 int) error {
-	rows := min(rowBlock, g.QLen-i0)
-	total, dk, dv := g.TotalLen, g.HeadDimK, g.HeadDimV
-	kvh := h / (g.QHeads / g.KVHeads) // GQA: consecutive query heads share a KV head
-	kb := keys[(b*g.KVHeads+kvh)*total*dk : (b*g.KVHeads+kvh+1)*total*dk]
-	vb := values[(b*g.KVHeads+kvh)*total*dv : (b*g.KVHeads+kvh+1)*total*dv]
+// A span is a set of query rows that share one KV head and sit at a
+// constant stride in Q and Y, so one product scores them all and each K/V
+// byte is read once for the whole span: all query heads of a GQA group when
+// their rows are evenly spaced (4D inputs, or 3D with one query token),
+// otherwise a single query head. Row r of a span is query position r % QLen
+// of query head h0 + r / QLen.
+type span struct {
+	b, h0, kvh   int
+	qOff, ldq    int
+	yOff, ldy    int
+	keys, values int // offsets of the KV head in the present buffers
+}
 
-	ldq, qOff := dk, ((b*g.QHeads+h)*g.QLen+i0)*dk
-	ldy, yOff := dv, ((b*g.QHeads+h)*g.QLen+i0)*dv
-	if g.Input3D {
-		ldq, qOff = g.QHeads*dk, (b*g.QLen+i0)*g.QHeads*dk+h*dk
-		ldy, yOff = g.QHeads*dv, (b*g.QLen+i0)*g.QHeads*dv+h*dv
+// spanHeads is the number of query heads per span.
+func (g *Geometry) spanHeads() int {
+	if !g.Input3D || g.QLen == 1 {
+		return g.QHeads / g.KVHeads
 	}
+	return 1
+}
+
+// span returns span number s (batch-major).
+func (g *Geometry) span(s int) span {
+	per := g.QHeads / g.spanHeads()
+	sp := span{b: s / per, h0: (s % per) * g.spanHeads()}
+	sp.kvh = sp.h0 / (g.QHeads / g.KVHeads) // GQA: consecutive query heads share a KV head
+	dk, dv := g.HeadDimK, g.HeadDimV
+	if g.Input3D {
+		sp.ldq, sp.qOff = g.QHeads*dk, sp.b*g.QLen*g.QHeads*dk+sp.h0*dk
+		sp.ldy, sp.yOff = g.QHeads*dv, sp.b*g.QLen*g.QHeads*dv+sp.h0*dv
+		if g.QLen == 1 { // the group's heads are adjacent in the hidden axis
+			sp.ldq, sp.ldy = dk, dv
+		}
+	} else {
+		sp.ldq, sp.qOff = dk, (sp.b*g.QHeads+sp.h0)*g.QLen*dk
+		sp.ldy, sp.yOff = dv, (sp.b*g.QHeads+sp.h0)*g.QLen*dv
+	}
+	bkv := sp.b*g.KVHeads + sp.kvh
+	sp.keys, sp.values = bkv*g.TotalLen*dk, bkv*g.TotalLen*dv
+	return sp
+}
+
+// unit computes rows [r0, r1) of a span: scores = scale * Q K^T, then
+// softcap, masks and softmax per row, then Y = P V, capturing
+// qk_matmul_output at the requested stage. threads bounds its products.
+func (g *Geometry) unit(in Inputs, out Outputs, keys, values []float32, sp span, r0, r1, threads int, ex expFunc) error {
+	rows := r1 - r0
+	total, dk, dv := g.TotalLen, g.HeadDimK, g.HeadDimV
+	kb := keys[sp.keys : sp.keys+total*dk]
+	vb := values[sp.values : sp.values+total*dv]
 
 	// offset aligns the causal frontier to the end of the valid keys.
 	offset, valid := g.PastLen, total
 	if g.HasNonpad {
-		valid = int(in.NonpadKVSeqlen[b])
+		valid = int(in.NonpadKVSeqlen[sp.b])
 		offset = valid - g.QLen
 	}
 	// Keys no row of the block may attend need no score unless
@@ -34,28 +68,33 @@ func (g *Geometry) unit(in Inputs, out Outputs, keys, values []float32, b, h, i0
 	cols := total
 	if out.QK == nil {
 		if g.IsCausal {
-			cols = min(cols, max(0, i0+rows+offset))
+			last := g.QLen - 1 // the block's latest query position
+			if r1-r0 < g.QLen && r0%g.QLen <= (r1-1)%g.QLen {
+				last = (r1 - 1) % g.QLen
+			}
+			cols = min(cols, max(0, last+offset+1))
 		}
 		cols = min(cols, valid)
 	}
 
-	sp := scratch.Get().(*[]float32)
-	defer scratch.Put(sp)
-	if cap(*sp) < rows*total {
-		*sp = make([]float32, rows*total)
+	sp2 := scratch.Get().(*[]float32)
+	defer scratch.Put(sp2)
+	if cap(*sp2) < rows*total {
+		*sp2 = make([]float32, rows*total)
 	}
-	s := (*sp)[:rows*total]
+	s := (*sp2)[:rows*total]
 	if cols > 0 {
-		if err := gemm.SgemmThreads(g.Threads, false, true, rows, cols, dk, g.Scale, in.Q[qOff:], ldq, kb, dk, 0, s, total); err != nil {
+		q := in.Q[sp.qOff+r0*sp.ldq:]
+		if err := gemm.SgemmThreads(threads, false, true, rows, cols, dk, g.Scale, q, sp.ldq, kb, dk, 0, s, total); err != nil {
 			return err
 		}
 	}
 	for r := range rows {
-		i := i0 + r
+		h, i := sp.h0+(r0+r)/g.QLen, (r0+r)%g.QLen
 		row := s[r*total : r*total+cols]
 		var qk []float32
 		if out.QK != nil {
-			qk = out.QK[((b*g.QHeads+h)*g.QLen+i)*total : ((b*g.QHeads+h)*g.QLen+i+1)*total]
+			qk = out.QK[((sp.b*g.QHeads+h)*g.QLen+i)*total : ((sp.b*g.QHeads+h)*g.QLen+i+1)*total]
 		}
 		if g.QKMode == 0 && qk != nil {
 			copy(qk, row)
@@ -70,20 +109,21 @@ func (g *Geometry) unit(in Inputs, out Outputs, keys, values []float32, b, h, i0
 		if g.IsCausal {
 			lim = min(lim, max(0, i+offset+1))
 		}
-		g.mask(row, in.Mask, b, h, i, lim)
+		g.mask(row, in.Mask, sp.b, h, i, lim)
 		if g.QKMode == 2 && qk != nil {
 			copy(qk, row)
 		}
 		if g.SoftmaxPrecision == PrecisionDouble {
 			softmax64(row)
 		} else {
-			softmax32(row)
+			softmax32(row, ex)
 		}
 		if g.QKMode == 3 && qk != nil {
 			copy(qk, row)
 		}
 	}
-	return gemm.SgemmThreads(g.Threads, false, false, rows, dv, cols, 1, s, max(total, 1), vb, dv, 0, out.Y[yOff:], ldy)
+	y := out.Y[sp.yOff+r0*sp.ldy:]
+	return gemm.SgemmThreads(threads, false, false, rows, dv, cols, 1, s, max(total, 1), vb, dv, 0, y, sp.ldy)
 }
 
 // mask adds the float mask or applies the bool mask to one score row, then
@@ -127,9 +167,9 @@ func softcap(row []float32, c float32) {
 // the excluded-position score.
 func maskedRow(mx float32) bool { return mx <= lowest }
 
-// softmax32 normalizes row in place with float32 exponentials and a float64
-// sum; a fully masked row becomes zeros.
-func softmax32(row []float32) {
+// softmax32 normalizes row in place with float32 exponentials (computed by
+// ex) and a float64 sum; a fully masked row becomes zeros.
+func softmax32(row []float32, ex expFunc) {
 	mx := float32(math.Inf(-1))
 	for _, v := range row {
 		if v > mx {
@@ -140,13 +180,7 @@ func softmax32(row []float32) {
 		clear(row)
 		return
 	}
-	var sum float64
-	for j, v := range row {
-		e := exp32(v - mx)
-		row[j] = e
-		sum += float64(e)
-	}
-	inv := float32(1 / sum)
+	inv := float32(1 / ex(row, mx))
 	for j := range row {
 		row[j] *= inv
 	}

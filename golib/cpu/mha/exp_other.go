@@ -1,0 +1,6 @@
+//go:build !(goexperiment.simd && amd64)
+
+package mha
+
+// pickExp: this build has only the portable exponential.
+func pickExp() expFunc { return expSubGo }
