@@ -9,7 +9,11 @@ the baseline the cache-aware path must beat.
 Measurement: for each context and thread count, the two runtimes are timed in alternating
 rounds (ours, ort, ours, ort, ...) on identical feeds after warm-up; each sample is one
 ``run()`` call measured with ``perf_counter_ns``. The past is random (its values do not change
-the work) and is not grown between samples, so every sample of a row has the same context.
+the work). ``--mode fixed`` (default) does not grow it between samples, so every sample of a
+row has the same context; ``--mode growing`` runs real decode loops from that context, each
+step feeding its present back as the next past (every step then works on new, larger
+tensors, which exposes allocation costs), two bursts per runtime, alternating.
+``--profile`` adds our per-op time per step (fixed contexts, a profiled session).
 
 Output: a printed table (median, p10, p90 per runtime, ratio ours/ort of medians), raw samples
 plus environment in ``benchmarks/results/tensor-decode-<timestamp>.json`` and a PNG plot next to
@@ -26,6 +30,7 @@ import argparse
 import importlib.util
 import os
 import sys
+import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -71,6 +76,30 @@ def decode_feeds(models: Any, cfg: Any, context: int, rng: np.random.Generator) 
     for name in models.past_names(cfg.layers):
         feeds[name] = rng.standard_normal(shape).astype(cfg.np_dtype)
     return feeds
+
+
+def growing_bursts(models: Any, cfg: Any, sessions: Dict[str, Any], feeds: Dict[str, np.ndarray], out_names: List[str],
+                   samples: int, warmup: int) -> Dict[str, List[float]]:
+    """Per-step ms of decode loops starting at the feeds' context, present fed back as past.
+
+    Each runtime runs two bursts of ``samples // 2`` timed steps (after ``warmup`` untimed
+    ones), alternating ours / ort, so drift hits both alike."""
+    out: Dict[str, List[float]] = {r: [] for r in sessions}
+    pasts = models.past_names(cfg.layers)
+    start = feeds[pasts[0]].shape[2]
+    for _ in range(2):
+        for r, sess in sessions.items():
+            f = dict(feeds)
+            for step in range(warmup + max(1, samples // 2)):
+                f["position_ids"] = np.array([[start + step]], np.int64)
+                t0 = time.perf_counter_ns()
+                res = sess.run(out_names, f)
+                dt = (time.perf_counter_ns() - t0) / 1e6
+                if step >= warmup:
+                    out[r].append(dt)
+                f["input_ids"] = np.argmax(res[0][:, -1:, :], axis=-1).astype(np.int64)
+                f.update(zip(pasts, res[1:]))
+    return out
 
 
 def op_profile(models: Any, cfg: Any, model_bytes: bytes, args: argparse.Namespace,
@@ -120,6 +149,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--contexts", type=int, nargs="+", default=[128, 256, 512, 1024, 2048, 4096])
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--samples", type=int, default=30, help="timed steps per (context, threads, runtime)")
+    p.add_argument("--mode", choices=["fixed", "growing"], default="fixed",
+                   help="fixed: every sample at the same context; growing: a real decode loop from the context, "
+                        "each step feeding its present back (new, larger tensors every step)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--runtimes", default="ours,ort", help="comma list of ours, ort")
     p.add_argument("--name", default="tensor-decode", help="results file prefix")
@@ -141,7 +173,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
     cfg = models.DecoderConfig(layers=args.layers, hidden=args.hidden, q_heads=args.q_heads, kv_heads=args.kv_heads,
                                head_dim=args.head_dim, vocab=args.vocab, dtype=args.dtype,
-                               max_positions=max(args.contexts) + 1)
+                               max_positions=max(args.contexts) + 2 * (args.samples + args.warmup) + 2)
     model_bytes = models.model_bytes(models.llama_decoder(cfg))
     print(f"model: {cfg}  ({len(model_bytes) / 2 ** 20:.0f} MiB)", flush=True)
     out_names = ["logits"] + models.present_names(cfg.layers)
@@ -154,13 +186,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         sessions = {r: make_session(r, model_bytes, threads) for r in runtimes}
         for context in args.contexts:
             feeds = decode_feeds(models, cfg, context, rng)
-            fns: Dict[str, Callable[[], Any]] = {r: (lambda s=s: s.run(out_names, feeds)) for r, s in sessions.items()}
-            samples = _common.interleaved(fns, repeat=args.samples, warmup=args.warmup)
-            row: Dict[str, Any] = {"threads": threads, "context": context}
+            if args.mode == "fixed":
+                fns: Dict[str, Callable[[], Any]] = {r: (lambda s=s: s.run(out_names, feeds)) for r, s in sessions.items()}
+                samples = _common.interleaved(fns, repeat=args.samples, warmup=args.warmup)
+            else:
+                samples = growing_bursts(models, cfg, sessions, feeds, out_names, args.samples, args.warmup)
+            row: Dict[str, Any] = {"mode": args.mode, "threads": threads, "context": context}
             for r in runtimes:
                 st = _common.summarize(samples[r])
                 row.update({f"{r}_median_ms": st["median"], f"{r}_p10_ms": st["p10"], f"{r}_p90_ms": st["p90"]})
-                raw.append({"runtime": r, "threads": threads, "context": context, "samples_ms": samples[r], **st})
+                raw.append({"runtime": r, "mode": args.mode, "threads": threads, "context": context,
+                            "samples_ms": samples[r], **st})
             if "ours" in samples and "ort" in samples:
                 row["ratio_ours_over_ort"] = row["ours_median_ms"] / row["ort_median_ms"]
             rows.append(row)
@@ -177,14 +213,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         "benchmark": "tensor-path decode step latency, standard Attention-23 model with past/present",
         "config": {k: getattr(cfg, k) for k in ("layers", "hidden", "q_heads", "kv_heads", "head_dim", "vocab", "dtype")}
         | {"intermediate": cfg.ffn("llama"), "batch": 1, "samples": args.samples, "warmup": args.warmup,
-           "contexts": args.contexts, "threads": args.threads, "runtimes": runtimes, "quick": args.quick},
+           "contexts": args.contexts, "threads": args.threads, "runtimes": runtimes, "quick": args.quick,
+           "mode": args.mode},
         "environment": env_start,
         "load_average_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "rows": rows,
         "raw": raw,
         "ours_op_profile_ms": profile,
     }
-    path = _common.write_json(args.name, payload, args.results_dir)
+    name = args.name if args.mode == "fixed" else f"{args.name}-{args.mode}"
+    path = _common.write_json(name, payload, args.results_dir)
     print(f"\nresults: {os.path.relpath(path, ROOT)}")
     if not args.no_plot:
         series = {}
@@ -199,7 +237,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 sel = [x for x in rows if x["threads"] == t]
                 ratio[f"ours/ort {t}T"] = ([x["context"] for x in sel], [x["ratio_ours_over_ort"] for x in sel])
         png = _common.plot_series(path[:-5] + ".png", series, "context (past tokens)", "ms per decode step",
-                                  title=f"tensor-path decode: {cfg.layers}L h{cfg.hidden} {cfg.q_heads}/{cfg.kv_heads} heads "
+                                  title=f"tensor-path decode ({args.mode}): {cfg.layers}L h{cfg.hidden} {cfg.q_heads}/{cfg.kv_heads} heads "
                                         f"d{cfg.head_dim} V{cfg.vocab} {cfg.dtype}", ratio=ratio or None)
         print(f"plot:    {os.path.relpath(png, ROOT)}")
     return 0
