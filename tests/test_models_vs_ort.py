@@ -42,6 +42,9 @@ CASES = [
     ("llama", {"layers": 3, "q_heads": 4, "kv_heads": 1, "head_dim": 128, "hidden": 96}, 2),
     ("llama", {"prompt_len": 300}, 1),
     ("gpt2", {"prompt_len": 300, "q_heads": 2, "head_dim": 32}, 1),
+    # our session with two threads (parallel kernels inside a whole decoder)
+    ("llama", {"threads": 2, "prompt_len": 40}, 2),
+    ("gpt2", {"threads": 2, "prompt_len": 40}, 2),
 ]
 CONFIG_FIELDS = {"layers", "hidden", "q_heads", "kv_heads", "head_dim", "vocab", "opset"}
 
@@ -59,13 +62,14 @@ def test_decoder_greedy_matches_onnxruntime(case: Any, dtype: str) -> None:
     variant = dict(variant)
     geometry = {k: variant.pop(k) for k in list(variant) if k in CONFIG_FIELDS}
     prompt_len = variant.pop("prompt_len", 0)
+    threads = variant.pop("threads", 1)
     cfg = M.DecoderConfig(**{**dict(layers=2, hidden=64, q_heads=4, kv_heads=2, head_dim=16, vocab=256,
                                     dtype=dtype, max_positions=512), **geometry})
     model = M.build(kind, cfg, **variant)
     prompt = PROMPTS[batch]
     if prompt_len:
         prompt = np.random.default_rng(prompt_len).integers(0, cfg.vocab, size=(batch, prompt_len))
-    sess = oc.ours(model)  # skips while our InferenceSession does not exist
+    sess = oc.ours(model, threads=threads)  # skips while our InferenceSession does not exist
     want = M.greedy_generate(oc.ort(model), model, prompt, STEPS)
     got = M.greedy_generate(sess, model, prompt, STEPS)
 
