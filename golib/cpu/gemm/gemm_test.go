@@ -134,6 +134,35 @@ func TestSgemmLarge(t *testing.T) {
 	})
 }
 
+// TestSkinnySplitK forces the inner-dimension split of the streaming path
+// (which Sgemm only picks for products big enough to share).
+func TestSkinnySplitK(t *testing.T) {
+	withPath(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(9, 9))
+		for _, s := range [][3]int{{1, 37, 50}, {3, 20, 9}, {4, 33, 130}, {2, 5, 3}} {
+			m, n, k := s[0], s[1], s[2]
+			for _, transA := range []bool{false, true} {
+				lda := k
+				if transA {
+					lda = m
+				}
+				a, b := randSlice(r, m*k), randSlice(r, k*n)
+				c := randSlice(r, m*n)
+				want := append([]float32(nil), c...)
+				naive(transA, false, m, n, k, 0.5, a, lda, b, n, 1, want, n)
+				p := product{transA: transA, m: m, n: n, k: k, alpha: 0.5, a: a, lda: lda, b: b, ldb: n,
+					c: c, ldc: n, ks: active(), threads: 3}
+				p.skinny()
+				for i := range want {
+					if math.Abs(float64(c[i]-want[i])) > 1e-4*(1+math.Abs(float64(want[i]))) {
+						t.Fatalf("m=%d n=%d k=%d transA=%v: C[%d]=%v want %v", m, n, k, transA, i, c[i], want[i])
+					}
+				}
+			}
+		}
+	})
+}
+
 func TestSgemmBetaZeroIgnoresNaN(t *testing.T) {
 	withPath(t, func(t *testing.T) {
 		for _, m := range []int{1, 9} {

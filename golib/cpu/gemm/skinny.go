@@ -1,62 +1,85 @@
 package gemm
 
+import "sync"
+
 // Short products: op(A) has at most skinnyRows rows, so every element of
 // op(B) is used at most that many times. Packing would double the traffic on
 // B (the weights), so B is streamed once, in column chunks that keep the C
 // rows in L1, and the work is split over those chunks.
 
-// skinnyChunk bounds the number of C columns one task owns: wide enough
-// that each row of B is read as a long contiguous run (the hardware
-// prefetcher streams it), small enough that the C rows stay in L1.
-const (
-	skinnyChunkMin = 256
-	skinnyChunkMax = 4096
-)
-
-// skinnyWidth splits n columns into about one chunk per thread.
-func skinnyWidth(n, threads int) int {
-	w := (n + threads - 1) / threads
-	w = (w + 63) &^ 63
-	return min(max(w, skinnyChunkMin), skinnyChunkMax)
-}
+// skinnyChunk is the number of C columns updated per pass over a range of
+// B rows. Wide passes read each B row as one long contiguous run, which is
+// what keeps the hardware prefetcher streaming (narrow passes measured well
+// under the machine's read bandwidth); the C rows then live in L2.
+const skinnyChunk = 16384
 
 // skinnyDotRows is the number of op(B) columns (rows of B when transB) one
 // task owns.
 const skinnyDotRows = 32
 
+var partialPool = sync.Pool{New: func() any { return new([]float32) }}
+
+// skinny streams B once. Without transB the threads split the inner
+// dimension, so each one reads a single contiguous block of B rows; all but
+// the first accumulate into a private copy of C that is added at the end.
 func (p *product) skinny() {
 	if p.transB {
 		p.skinnyDot()
 		return
 	}
-	w := skinnyWidth(p.n, p.threads)
-	tasks := (p.n + w - 1) / w
-	ForThreads(p.threads, tasks, func(t int) {
-		j0 := t * w
-		j1 := min(j0+w, p.n)
-		p.skinnyAxpy(j0, j1)
+	parts := min(p.threads, (p.k+3)/4)
+	if parts <= 1 {
+		p.skinnyAxpy(0, p.k, p.c, p.ldc)
+		return
+	}
+	step := ((p.k+parts-1)/parts + 3) &^ 3
+	parts = (p.k + step - 1) / step
+	buf := partialPool.Get().(*[]float32)
+	defer partialPool.Put(buf)
+	size := p.m * p.n
+	if cap(*buf) < (parts-1)*size {
+		*buf = make([]float32, (parts-1)*size)
+	}
+	partial := (*buf)[:(parts-1)*size]
+	clear(partial)
+	ForThreads(parts, parts, func(t int) {
+		l0, l1 := t*step, min((t+1)*step, p.k)
+		if t == 0 {
+			p.skinnyAxpy(l0, l1, p.c, p.ldc)
+			return
+		}
+		p.skinnyAxpy(l0, l1, partial[(t-1)*size:t*size], p.n)
 	})
-}
-
-// skinnyAxpy adds alpha * op(A) * B[:, j0:j1] into C[:, j0:j1], four rows of
-// B at a time so each C element is loaded and stored k/4 times.
-func (p *product) skinnyAxpy(j0, j1 int) {
-	b, ldb, al := p.b, p.ldb, p.alpha
-	l := 0
-	for ; l+4 <= p.k; l += 4 {
-		x0 := b[l*ldb+j0 : l*ldb+j1]
-		x1 := b[(l+1)*ldb+j0 : (l+1)*ldb+j1]
-		x2 := b[(l+2)*ldb+j0 : (l+2)*ldb+j1]
-		x3 := b[(l+3)*ldb+j0 : (l+3)*ldb+j1]
+	for t := range parts - 1 {
 		for i := range p.m {
-			y := p.c[i*p.ldc+j0 : i*p.ldc+j1]
-			p.ks.axpy4(al*p.at(i, l), al*p.at(i, l+1), al*p.at(i, l+2), al*p.at(i, l+3), x0, x1, x2, x3, y)
+			p.ks.axpy(1, partial[t*size+i*p.n:t*size+(i+1)*p.n], p.c[i*p.ldc:i*p.ldc+p.n])
 		}
 	}
-	for ; l < p.k; l++ {
-		x := b[l*ldb+j0 : l*ldb+j1]
-		for i := range p.m {
-			p.ks.axpy(al*p.at(i, l), x, p.c[i*p.ldc+j0:i*p.ldc+j1])
+}
+
+// skinnyAxpy adds alpha * op(A)[:, l0:l1] * B[l0:l1, :] into c (row stride
+// ldc), four rows of B at a time so each C element is loaded and stored
+// (l1-l0)/4 times.
+func (p *product) skinnyAxpy(l0, l1 int, c []float32, ldc int) {
+	b, ldb, al := p.b, p.ldb, p.alpha
+	for j0 := 0; j0 < p.n; j0 += skinnyChunk {
+		j1 := min(j0+skinnyChunk, p.n)
+		l := l0
+		for ; l+4 <= l1; l += 4 {
+			x0 := b[l*ldb+j0 : l*ldb+j1]
+			x1 := b[(l+1)*ldb+j0 : (l+1)*ldb+j1]
+			x2 := b[(l+2)*ldb+j0 : (l+2)*ldb+j1]
+			x3 := b[(l+3)*ldb+j0 : (l+3)*ldb+j1]
+			for i := range p.m {
+				y := c[i*ldc+j0 : i*ldc+j1]
+				p.ks.axpy4(al*p.at(i, l), al*p.at(i, l+1), al*p.at(i, l+2), al*p.at(i, l+3), x0, x1, x2, x3, y)
+			}
+		}
+		for ; l < l1; l++ {
+			x := b[l*ldb+j0 : l*ldb+j1]
+			for i := range p.m {
+				p.ks.axpy(al*p.at(i, l), x, c[i*ldc+j0:i*ldc+j1])
+			}
 		}
 	}
 }
