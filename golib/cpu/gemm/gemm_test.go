@@ -4,6 +4,8 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -227,6 +229,26 @@ func TestForCoversEveryIndexOnce(t *testing.T) {
 				t.Fatalf("n=%d: index %d ran %d times", n, i, h)
 			}
 		}
+	}
+}
+
+func TestForConcurrentCallers(t *testing.T) {
+	var wg sync.WaitGroup
+	var total atomic.Int64
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 50 {
+				For(13, func(int) {
+					For(2, func(int) { total.Add(1) })
+				})
+			}
+		}()
+	}
+	wg.Wait()
+	if got := total.Load(); got != 8*50*13*2 {
+		t.Fatalf("ran %d bodies, want %d", got, 8*50*13*2)
 	}
 }
 

@@ -4,16 +4,24 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // job is one parallel-for: indices are claimed from next until n is reached,
 // so fast workers take more of them and no index runs twice.
+//
+// state counts the helpers working on the job; closedBit is set by the
+// caller once every index is claimed, after which no helper may join. The
+// helper that leaves a closed job last signals done.
 type job struct {
-	n    int64
-	next atomic.Int64
-	fn   func(i int)
-	wg   sync.WaitGroup
+	n     int64
+	next  atomic.Int64
+	fn    func(i int)
+	state atomic.Int64
+	done  chan struct{}
 }
+
+const closedBit = 1 << 62
 
 func (j *job) drain() {
 	for {
@@ -25,13 +33,36 @@ func (j *job) drain() {
 	}
 }
 
+// help runs the job on a helper unless the caller has already closed it.
+func (j *job) help() {
+	for {
+		s := j.state.Load()
+		if s&closedBit != 0 {
+			return
+		}
+		if j.state.CompareAndSwap(s, s+1) {
+			break
+		}
+	}
+	j.drain()
+	if j.state.Add(-1) == closedBit {
+		j.done <- struct{}{}
+	}
+}
+
 // pool is a fixed set of helper goroutines started on first use. The caller
 // of For always works too, so a pool of T-1 helpers keeps T threads busy.
+// An idle helper polls the queue for a short while before parking: the
+// parallel sections of one inference step come in quick succession, and
+// waking a parked thread costs more than many of them take.
 type pool struct {
 	once    sync.Once
 	tasks   chan *job
 	helpers int
 }
+
+// spinFor is how long an idle helper keeps polling before it parks.
+const spinFor = 50 * time.Microsecond
 
 var (
 	workers    pool
@@ -41,16 +72,33 @@ var (
 func (p *pool) start() {
 	p.once.Do(func() {
 		p.helpers = runtime.GOMAXPROCS(0) - 1
-		p.tasks = make(chan *job) // unbuffered: a send succeeds only when a helper is idle
+		p.tasks = make(chan *job, 4*(p.helpers+1))
 		for range p.helpers {
-			go func() {
-				for j := range p.tasks {
-					j.drain()
-					j.wg.Done()
-				}
-			}()
+			go p.loop()
 		}
 	})
+}
+
+func (p *pool) loop() {
+	for {
+		var j *job
+		select {
+		case j = <-p.tasks:
+		default:
+			deadline := time.Now().Add(spinFor)
+			for j == nil && time.Now().Before(deadline) {
+				select {
+				case j = <-p.tasks:
+				default:
+					runtime.Gosched()
+				}
+			}
+			if j == nil {
+				j = <-p.tasks
+			}
+		}
+		j.help()
+	}
 }
 
 // SetThreads bounds the number of threads a call may use (the caller
@@ -74,8 +122,9 @@ func Threads() int {
 
 // For runs fn(i) for every i in [0, n), spreading the indices over the
 // worker pool and the calling goroutine, and returns when all are done.
-// Calls may nest: when every helper is busy the caller runs the work itself
-// instead of waiting for one, so For never deadlocks. fn must not panic.
+// Calls may nest: the caller claims indices itself and only waits for
+// helpers that already started, so For never waits for a busy pool and
+// never deadlocks. fn must not panic.
 func For(n int, fn func(i int)) { ForThreads(0, n, fn) }
 
 // ForThreads is For using at most threads threads (the caller included);
@@ -95,15 +144,15 @@ func ForThreads(threads, n int, fn func(i int)) {
 		}
 		return
 	}
-	j := &job{n: int64(n), fn: fn}
+	j := &job{n: int64(n), fn: fn, done: make(chan struct{}, 1)}
 	for range helpers {
-		j.wg.Add(1)
 		select {
 		case workers.tasks <- j:
-		default:
-			j.wg.Done() // pool saturated (nested call): do it here
+		default: // queue full: the caller does the work
 		}
 	}
 	j.drain()
-	j.wg.Wait()
+	if j.state.Or(closedBit)&^closedBit != 0 {
+		<-j.done
+	}
 }
