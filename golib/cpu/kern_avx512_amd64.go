@@ -25,6 +25,9 @@ func cvtBF16asm(dst *float32, src *uint16, n int, pfd int)
 func dots1asm(s *float32, q *float32, k *float32, rb int, nt int, pfd int)
 
 //go:noescape
+func dots1wasm(s *float32, q *float32, k *float32, nt int, pfd int)
+
+//go:noescape
 func axpy1wasm(acc *float32, rb int, p *float32, v *float32, n int, alpha float32, pfd int)
 
 //go:noescape
@@ -110,7 +113,11 @@ func dots16(s, q, k []float32, d, pf int) {
 		return
 	}
 	n4 := n &^ 3
-	dots1asm(unsafe.SliceData(s), unsafe.SliceData(q), unsafe.SliceData(k), d*4, n4, pf*d*4)
+	if d == 128 {
+		dots1wasm(unsafe.SliceData(s), unsafe.SliceData(q), unsafe.SliceData(k), n4, pf*d*4)
+	} else {
+		dots1asm(unsafe.SliceData(s), unsafe.SliceData(q), unsafe.SliceData(k), d*4, n4, pf*d*4)
+	}
 	if n4 < n {
 		dots16sim(s[n4:], q, k[n4*d:], d)
 	}
@@ -137,6 +144,8 @@ func axpy16(acc, p, v []float32, alpha float32, pf int) {
 
 // Declarations of kern_avx512_h_amd64.s: the fused fp16/bf16 loops.
 
+//go:generate sh -c "python3 asmgen_half.py > kern_avx512_h_amd64.s"
+
 //go:noescape
 func dots4f16asm(s *float32, ldS int, q *float32, k *uint16, krb int, nt int, pfd int)
 
@@ -148,6 +157,12 @@ func axpy4f16asm(acc *float32, rb int, p *float32, ldP int, v *uint16, n int, al
 
 //go:noescape
 func axpy4bf16asm(acc *float32, rb int, p *float32, ldP int, v *uint16, n int, alpha *[4]float32, pfd int)
+
+//go:noescape
+func axpy4wf16asm(acc *float32, rb int, p *float32, ldP int, v *uint16, n int, alpha *[4]float32, pfd int)
+
+//go:noescape
+func axpy4wbf16asm(acc *float32, rb int, p *float32, ldP int, v *uint16, n int, alpha *[4]float32, pfd int)
 
 //go:noescape
 func dots1f16asm(s *float32, q *float32, k *uint16, krb int, nt int, pfd int)
@@ -210,9 +225,14 @@ var half16Ops = halfOps{
 	axpy4: func(acc, p []float32, v []uint16, alpha *[4]float32, pf int, bf bool) {
 		d, n := len(acc)/4, len(p)/4
 		_, _ = p[4*n-1], v[n*d-1]
-		if bf {
+		switch {
+		case d&127 == 0 && bf:
+			axpy4wbf16asm(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), n*4, unsafe.SliceData(v), n, alpha, pf*d*2)
+		case d&127 == 0:
+			axpy4wf16asm(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), n*4, unsafe.SliceData(v), n, alpha, pf*d*2)
+		case bf:
 			axpy4bf16asm(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), n*4, unsafe.SliceData(v), n, alpha, pf*d*2)
-		} else {
+		default:
 			axpy4f16asm(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), n*4, unsafe.SliceData(v), n, alpha, pf*d*2)
 		}
 	},
