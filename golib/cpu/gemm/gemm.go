@@ -3,6 +3,7 @@ package gemm
 import (
 	"errors"
 	"fmt"
+	"math"
 )
 
 // ErrShape reports sizes, leading dimensions or slice lengths that do not
@@ -118,6 +119,9 @@ func checkMatrix(name string, x []float32, rows, cols, ld int) error {
 	}
 	if rows == 0 || cols == 0 {
 		return nil
+	}
+	if rows-1 > (math.MaxInt-cols)/ld {
+		return fmt.Errorf("%w: %s of %dx%d with ld %d overflows", ErrShape, name, rows, cols, ld)
 	}
 	if need := (rows-1)*ld + cols; len(x) < need {
 		return fmt.Errorf("%w: %s has %d elements, a %dx%d matrix with ld %d needs %d",

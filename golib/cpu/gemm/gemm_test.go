@@ -197,6 +197,7 @@ func TestSgemmErrors(t *testing.T) {
 		{"lda too small", 2, 2, 3, 2, buf, buf},
 		{"A too short", 4, 2, 4, 4, buf[:15], buf},
 		{"C too short", 2, 4, 2, 2, buf, buf[:7]},
+		{"overflow", 1 << 40, 2, 2, 1 << 40, buf, buf},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -266,6 +266,7 @@ func TestPlanErrors(t *testing.T) {
 		{"nonpad with past", Attrs{}, Shapes{Q: q4, K: k4, V: v4, PastKey: []int{1, 2, 1, 4}, PastValue: []int{1, 2, 1, 4}, NonpadKVSeqlen: []int{1}}, ErrShape},
 		{"nonpad shape", Attrs{}, Shapes{Q: q4, K: k4, V: v4, NonpadKVSeqlen: []int{2}}, ErrShape},
 		{"negative dim", Attrs{}, Shapes{Q: []int{1, 2, -3, 4}, K: k4, V: v4}, ErrShape},
+		{"overflowing size", Attrs{}, Shapes{Q: []int{1 << 20, 2, 1 << 20, 1 << 24}, K: []int{1 << 20, 2, 3, 1 << 24}, V: []int{1 << 20, 2, 3, 4}}, ErrShape},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

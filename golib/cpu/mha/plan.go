@@ -125,7 +125,27 @@ func Plan(a Attrs, s Shapes) (*Geometry, error) {
 	g.PresentKeyShape = []int{g.Batch, g.KVHeads, g.TotalLen, g.HeadDimK}
 	g.PresentValueShape = []int{g.Batch, g.KVHeads, g.TotalLen, g.HeadDimV}
 	g.QKShape = []int{g.Batch, g.QHeads, g.QLen, g.TotalLen}
+	// Every buffer size must be representable (Run compares lengths with
+	// these products).
+	for _, sh := range [][]int{s.Q, s.K, s.V, s.Mask, s.PastKey, s.PastValue, g.YShape,
+		g.PresentKeyShape, g.PresentValueShape, g.QKShape} {
+		if _, ok := checkedProd(sh); !ok {
+			return nil, fmt.Errorf("%w: %v has too many elements", ErrShape, sh)
+		}
+	}
 	return g, nil
+}
+
+// checkedProd multiplies non-negative dimensions and reports overflow.
+func checkedProd(shape []int) (int, bool) {
+	n := 1
+	for _, d := range shape {
+		if d < 0 || (d > 0 && n > math.MaxInt/d) {
+			return 0, false
+		}
+		n *= d
+	}
+	return n, true
 }
 
 func (g *Geometry) planQKV(s Shapes) error {
