@@ -107,6 +107,22 @@ func cases() []tcase {
 		c.hq, c.hkv, c.s, c.l, c.attrs.IsCausal = 4, 1, 12, 30, true
 		c.nonpad = []int64{20, 30}
 	})
+	add(base("window left causal past"), func(c *tcase) {
+		c.s, c.l, c.p, c.attrs.IsCausal = 4, 4, 6, true
+		c.attrs.SlidingWindow, c.attrs.LeftWindow, c.attrs.RightWindow = true, 2, -1
+	})
+	add(base("window both sides inf masking qk"), func(c *tcase) {
+		c.s, c.l = 6, 6
+		c.attrs.SlidingWindow, c.attrs.LeftWindow, c.attrs.RightWindow, c.attrs.InfMasking = true, 0, 2, true
+		c.wantQK, c.attrs.QKMode = true, 2
+	})
+	add(base("window right only gqa blocks"), func(c *tcase) {
+		c.b, c.hq, c.hkv, c.s, c.l = 1, 4, 2, 40, 40
+		c.attrs.SlidingWindow, c.attrs.LeftWindow, c.attrs.RightWindow = true, -1, 3
+	})
+	add(base("inf masking fully masked bool row"), func(c *tcase) {
+		c.mask, c.boolMask, c.maskFalseRow, c.wantQK, c.attrs.QKMode, c.attrs.InfMasking = []int{3, 3}, true, 2, true, 3, true
+	})
 	add(base("empty batch"), func(c *tcase) { c.b = 0 })
 	add(base("empty query"), func(c *tcase) { c.s = 0 })
 	add(base("no keys at all"), func(c *tcase) { c.l, c.p = 0, 0 })

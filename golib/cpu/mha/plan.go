@@ -15,7 +15,9 @@
 //     get the score -MaxFloat32 (visible in qk_matmul_output mode 2); float
 //     masks are added after softcap;
 //   - a row whose best score is -Inf or -MaxFloat32 (no attendable key) gives
-//     zero probabilities and a zero output row, not NaN.
+//     zero probabilities and a zero output row, not NaN;
+//   - opset 25 adds sliding windows, and onnxruntime's opset-25 kernel scores
+//     excluded positions -Inf and zeroes only all -Inf rows (Attrs.InfMasking).
 //
 // Beyond onnxruntime (which rejects them) and as the ONNX text allows, a mask
 // whose last dimension is shorter than total_sequence_length is padded with
@@ -63,6 +65,16 @@ type Attrs struct {
 	// the softmax in float64; the others run it in float32 (16-bit softmax
 	// precisions are computed more precisely than asked, as onnxruntime does).
 	SoftmaxPrecision int
+	// SlidingWindow enables LeftWindow/RightWindow (opset 25): query row i
+	// at position p = i + offset attends keys p-LeftWindow .. p+RightWindow;
+	// a negative size leaves that side unbounded.
+	SlidingWindow           bool
+	LeftWindow, RightWindow int
+	// InfMasking selects onnxruntime's opset-25 conventions: excluded
+	// positions score -Inf (not -MaxFloat32) and only rows whose scores are
+	// all -Inf are zeroed (a float mask of -MaxFloat32 then gives a uniform
+	// row).
+	InfMasking bool
 }
 
 // Shapes are the input shapes; nil marks an omitted optional input.

@@ -41,6 +41,9 @@ func reference(g *Geometry, in Inputs) (y, pk, pv, qk []float64) {
 	y = make([]float64, B*Hq*S*dv)
 	qk = make([]float64, B*Hq*S*T)
 	low := -math.MaxFloat32
+	if g.InfMasking {
+		low = math.Inf(-1)
+	}
 	for b := range B {
 		for h := range Hq {
 			kh := h * Hkv / Hq
@@ -91,6 +94,12 @@ func reference(g *Geometry, in Inputs) (y, pk, pv, qk []float64) {
 					}
 					if g.IsCausal && j > i+offset {
 						allowed = false
+					}
+					if g.SlidingWindow {
+						p := i + offset
+						if (g.LeftWindow >= 0 && j < p-g.LeftWindow) || (g.RightWindow >= 0 && j > p+g.RightWindow) {
+							allowed = false
+						}
 					}
 					if !allowed {
 						s = low

@@ -67,14 +67,21 @@ func (g *Geometry) unit(in Inputs, out Outputs, keys, values []float32, sp span,
 	// qk_matmul_output wants to see them.
 	cols := total
 	if out.QK == nil {
+		last := g.QLen - 1 // the block's latest query position
+		if r1-r0 < g.QLen && r0%g.QLen <= (r1-1)%g.QLen {
+			last = (r1 - 1) % g.QLen
+		}
 		if g.IsCausal {
-			last := g.QLen - 1 // the block's latest query position
-			if r1-r0 < g.QLen && r0%g.QLen <= (r1-1)%g.QLen {
-				last = (r1 - 1) % g.QLen
-			}
 			cols = min(cols, max(0, last+offset+1))
 		}
+		if g.SlidingWindow && g.RightWindow >= 0 {
+			cols = min(cols, max(0, last+offset+g.RightWindow+1))
+		}
 		cols = min(cols, valid)
+	}
+	excl, allMasked := float32(lowest), float32(lowest)
+	if g.InfMasking {
+		excl, allMasked = float32(math.Inf(-1)), float32(math.Inf(-1))
 	}
 
 	sp2 := scratch.Get().(*[]float32)
@@ -105,18 +112,26 @@ func (g *Geometry) unit(in Inputs, out Outputs, keys, values []float32, sp span,
 		if g.QKMode == 1 && qk != nil {
 			copy(qk, row)
 		}
-		lim := valid
+		lo, lim := 0, valid
 		if g.IsCausal {
 			lim = min(lim, max(0, i+offset+1))
 		}
-		g.mask(row, in.Mask, sp.b, h, i, lim)
+		if g.SlidingWindow {
+			if g.RightWindow >= 0 {
+				lim = min(lim, max(0, i+offset+g.RightWindow+1))
+			}
+			if g.LeftWindow >= 0 {
+				lo = max(0, i+offset-g.LeftWindow)
+			}
+		}
+		g.mask(row, in.Mask, sp.b, h, i, lo, lim, excl)
 		if g.QKMode == 2 && qk != nil {
 			copy(qk, row)
 		}
 		if g.SoftmaxPrecision == PrecisionDouble {
-			softmax64(row)
+			softmax64(row, allMasked)
 		} else {
-			softmax32(row, ex)
+			softmax32(row, ex, allMasked)
 		}
 		if g.QKMode == 3 && qk != nil {
 			copy(qk, row)
@@ -127,8 +142,9 @@ func (g *Geometry) unit(in Inputs, out Outputs, keys, values []float32, sp span,
 }
 
 // mask adds the float mask or applies the bool mask to one score row, then
-// excludes the keys at or after lim (causal frontier, nonpad length).
-func (g *Geometry) mask(row []float32, m Mask, b, h, i, lim int) {
+// gives the score excl to the keys before lo (sliding window) and at or
+// after lim (causal frontier, window, nonpad length).
+func (g *Geometry) mask(row []float32, m Mask, b, h, i, lo, lim int, excl float32) {
 	if g.HasMask {
 		md, ms := g.maskDims, g.maskStrides
 		base := b*ms[0] + h*ms[1] + i*ms[2]
@@ -143,16 +159,19 @@ func (g *Geometry) mask(row []float32, m Mask, b, h, i, lim int) {
 		} else {
 			for j, ok := range m.Bool[base : base+n] {
 				if !ok {
-					row[j] = lowest
+					row[j] = excl
 				}
 			}
 			for j := n; j < len(row); j++ {
-				row[j] = lowest
+				row[j] = excl
 			}
 		}
 	}
+	for j := range min(lo, len(row)) {
+		row[j] = excl
+	}
 	for j := max(lim, 0); j < len(row); j++ {
-		row[j] = lowest
+		row[j] = excl
 	}
 }
 
@@ -163,20 +182,17 @@ func softcap(row []float32, c float32) {
 	}
 }
 
-// maskedRow reports a row with no attendable key: its best score is -Inf or
-// the excluded-position score.
-func maskedRow(mx float32) bool { return mx <= lowest }
-
 // softmax32 normalizes row in place with float32 exponentials (computed by
-// ex) and a float64 sum; a fully masked row becomes zeros.
-func softmax32(row []float32, ex expFunc) {
+// ex) and a float64 sum. A row whose best score is at most allMasked has no
+// attendable key and becomes zeros.
+func softmax32(row []float32, ex expFunc, allMasked float32) {
 	mx := float32(math.Inf(-1))
 	for _, v := range row {
 		if v > mx {
 			mx = v
 		}
 	}
-	if maskedRow(mx) {
+	if mx <= allMasked {
 		clear(row)
 		return
 	}
@@ -187,12 +203,12 @@ func softmax32(row []float32, ex expFunc) {
 }
 
 // softmax64 is softmax32 computed in float64 (softmax_precision = double).
-func softmax64(row []float32) {
+func softmax64(row []float32, allMasked float32) {
 	mx := math.Inf(-1)
 	for _, v := range row {
 		mx = math.Max(mx, float64(v))
 	}
-	if maskedRow(float32(mx)) {
+	if mx <= float64(allMasked) {
 		clear(row)
 		return
 	}

@@ -11,8 +11,11 @@ import (
 
 func init() {
 	// Attention 23 and 24 differ by the nonpad_kv_seqlen input (index 6);
-	// the kernel reads it only when the model's opset has it.
+	// the kernel reads it only when the model's opset has it. 25 adds
+	// sliding windows (left/right_window_size) and onnxruntime's opset-25
+	// kernel scores excluded positions -Inf.
 	Register("", "Attention", 23, 24, newAttention)
+	Register("", "Attention", 25, 0, newAttention)
 }
 
 // Attention inputs and outputs by position.
@@ -54,6 +57,21 @@ func newAttention(n *Node) (Kernel, error) {
 			return nil, err
 		}
 		a.HasScale = true
+	}
+	if n.Opset >= 25 {
+		left, err := n.Attrs.Int("left_window_size", -1)
+		if err != nil {
+			return nil, err
+		}
+		right, err := n.Attrs.Int("right_window_size", -1)
+		if err != nil {
+			return nil, err
+		}
+		if left < -1 || right < -1 {
+			return nil, fmt.Errorf("%w: %s: window sizes must be -1 or >= 0, got %d and %d", errs.ErrInvalidArgument, n.Describe(), left, right)
+		}
+		a.SlidingWindow, a.LeftWindow, a.RightWindow = true, int(left), int(right)
+		a.InfMasking = true
 	}
 	if a.QKMode < 0 || a.QKMode > 3 {
 		return nil, fmt.Errorf("%w: %s: qk_matmul_output_mode %d not in 0..3", errs.ErrInvalidArgument, n.Describe(), a.QKMode)

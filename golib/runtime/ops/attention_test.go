@@ -111,6 +111,34 @@ func TestAttentionNonpad(t *testing.T) {
 	}
 }
 
+func TestAttentionSlidingWindow(t *testing.T) {
+	// Q = 0: each row averages the values in its window of keys.
+	q := ft(tensor.Shape{1, 1, 4, 1}, 0, 0, 0, 0)
+	k := ft(tensor.Shape{1, 1, 4, 1}, 0, 0, 0, 0)
+	v := ft(tensor.Shape{1, 1, 4, 1}, 1, 2, 4, 8)
+	outs, err := call("Attention", 25, attrs(intA("left_window_size", 1), intA("is_causal", 1)), 1, q, k, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := values(outs[0]); got != "[1 1.5 3 6]" {
+		t.Fatalf("Y = %s", got)
+	}
+	outs, err = call("Attention", 26, attrs(intA("left_window_size", 0), intA("right_window_size", 1),
+		intA("qk_matmul_output_mode", 2)), 4, q, k, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := values(outs[0]); got != "[1.5 3 6 8]" {
+		t.Fatalf("Y = %s", got)
+	}
+	if got := values(outs[3]); got != "[0 0 -Inf -Inf -Inf 0 0 -Inf -Inf -Inf 0 0 -Inf -Inf -Inf 0]" {
+		t.Fatalf("qk = %s", got)
+	}
+	if _, err := call("Attention", 25, attrs(intA("left_window_size", -2)), 1, q, k, v); !errors.Is(err, errs.ErrInvalidArgument) {
+		t.Fatalf("bad window: %v", err)
+	}
+}
+
 func TestAttentionErrors(t *testing.T) {
 	q := ft(tensor.Shape{1, 1, 2, 2}, 0, 0, 0, 0)
 	cases := []struct {
