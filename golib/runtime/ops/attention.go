@@ -139,40 +139,36 @@ func attentionCompute(ctx *Context, a mha.Attrs, withNonpad bool) error {
 	}
 	g.Threads = ctx.Threads()
 
+	ar := &f32Arena{threads: ctx.Threads()}
+	defer ar.release()
 	var in mha.Inputs
-	if in.Q, err = tensor.AsFloat32(q); err != nil {
-		return err
-	}
-	if in.K, err = tensor.AsFloat32(k); err != nil {
-		return err
-	}
-	if in.V, err = tensor.AsFloat32(v); err != nil {
-		return err
-	}
+	in.Q, in.K, in.V = ar.f32(q), ar.f32(k), ar.f32(v)
 	if pk != nil {
-		if in.PastKey, err = tensor.AsFloat32(pk); err != nil {
-			return err
-		}
-		if in.PastValue, err = tensor.AsFloat32(pv); err != nil {
-			return err
-		}
+		in.PastKey, in.PastValue = ar.f32(pk), ar.f32(pv)
 	}
 	if mask != nil {
 		if mask.DType() == tensor.Bool {
 			in.Mask.Bool = mask.Bool()
-		} else if in.Mask.Float, err = tensor.AsFloat32(mask); err != nil { // additive
-			return err
+		} else {
+			in.Mask.Float = ar.f32(mask) // additive
 		}
+	}
+	if ar.err != nil {
+		return ar.err
 	}
 	if nonpad != nil {
 		in.NonpadKVSeqlen = nonpad.Int64()
 	}
-	return attentionOutputs(ctx, g, in, q.DType(), v.DType())
+	return attentionOutputs(ctx, ar, g, in, [4]*tensor.Tensor{k, v, pk, pv})
 }
 
-// attentionOutputs allocates the wanted outputs, runs the kernel and converts
-// 16-bit and float64 results back from float32.
-func attentionOutputs(ctx *Context, g *mha.Geometry, in mha.Inputs, qt, vt tensor.DType) error {
+// attentionOutputs allocates the wanted outputs and runs the kernel. Y and
+// qk_matmul_output of other types than float32 are converted back from
+// float32; present_key/present_value of those types are assembled from the
+// input bytes (past then new tokens), which is exact and skips a conversion
+// of the whole cache.
+func attentionOutputs(ctx *Context, ar *f32Arena, g *mha.Geometry, in mha.Inputs, kv [4]*tensor.Tensor) error {
+	k, v, pk, pv := kv[0], kv[1], kv[2], kv[3]
 	type slot struct {
 		idx   int
 		dt    tensor.DType
@@ -181,14 +177,18 @@ func attentionOutputs(ctx *Context, g *mha.Geometry, in mha.Inputs, qt, vt tenso
 	}
 	var out mha.Outputs
 	slots := []slot{
-		{attnY, qt, g.YShape, &out.Y},
-		{attnPresentK, qt, g.PresentKeyShape, &out.PresentKey},
-		{attnPresentV, vt, g.PresentValueShape, &out.PresentValue},
-		{attnQK, qt, g.QKShape, &out.QK},
+		{attnY, k.DType(), g.YShape, &out.Y},
+		{attnPresentK, k.DType(), g.PresentKeyShape, &out.PresentKey},
+		{attnPresentV, v.DType(), g.PresentValueShape, &out.PresentValue},
+		{attnQK, k.DType(), g.QKShape, &out.QK},
 	}
 	tensors := make([]*tensor.Tensor, len(slots))
 	for i, sl := range slots {
+		present := sl.idx == attnPresentK || sl.idx == attnPresentV
 		if sl.idx != attnY && !ctx.OutputWanted(sl.idx) {
+			if present && sl.dt != tensor.Float32 {
+				*sl.dst = ar.buffer(prodInts(sl.shape)) // spares the kernel an allocation
+			}
 			continue
 		}
 		t, err := ctx.NewOutput(sl.idx, sl.dt, tensor.Shape(sl.shape))
@@ -199,17 +199,28 @@ func attentionOutputs(ctx *Context, g *mha.Geometry, in mha.Inputs, qt, vt tenso
 		if f := t.Float32(); f != nil {
 			*sl.dst = f
 		} else {
-			*sl.dst = make([]float32, t.Len())
+			*sl.dst = ar.buffer(t.Len())
 		}
 	}
 	if err := g.Run(in, out); err != nil {
 		return err
 	}
 	for i, sl := range slots {
-		if t := tensors[i]; t != nil && t.DType() != tensor.Float32 {
-			if err := tensor.FromFloat32(t, *sl.dst); err != nil {
-				return err
-			}
+		t := tensors[i]
+		if t == nil || t.DType() == tensor.Float32 {
+			continue
+		}
+		var err error
+		switch sl.idx {
+		case attnPresentK:
+			err = concatPresent(g, t, pk, k, g.HeadDimK)
+		case attnPresentV:
+			err = concatPresent(g, t, pv, v, g.HeadDimV)
+		default:
+			err = tensor.FromFloat32(t, *sl.dst)
+		}
+		if err != nil {
+			return err
 		}
 	}
 	return nil

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"math"
 	"testing"
+	"unsafe"
 
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
@@ -66,6 +68,27 @@ func TestAttentionUniformScores(t *testing.T) {
 					t.Fatalf("%v: probabilities row h%d i%d = %v", dt, h, i, row)
 				}
 			}
+		}
+	}
+}
+
+// The pooled float16 conversion must agree with the codec on every value.
+func TestAttentionF16Conversion(t *testing.T) {
+	all := make([]uint16, 1<<16)
+	for i := range all {
+		all[i] = uint16(i)
+	}
+	src, err := tensor.FromSlice(tensor.Shape{len(all)}, *(*[]tensor.Float16Bits)(unsafe.Pointer(&all)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ar := &f32Arena{threads: 2}
+	defer ar.release()
+	got := ar.f32(src)
+	for i, h := range all {
+		want := codec.F16ToF32(h)
+		if math.Float32bits(got[i]) != math.Float32bits(want) && !(want != want && got[i] != got[i]) {
+			t.Fatalf("%#04x: got %v want %v", h, got[i], want)
 		}
 	}
 }
