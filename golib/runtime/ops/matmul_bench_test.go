@@ -1,0 +1,39 @@
+package ops
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+// BenchmarkMatMulDecode: one token through a 1024x4096 projection whose
+// weight is an initializer (pre-converted once for 16-bit types).
+func BenchmarkMatMulDecode(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, dt := range []tensor.DType{tensor.Float32, tensor.Float16} {
+		b.Run(dt.String(), func(b *testing.B) {
+			x := randT(r, tensor.Shape{1, 1, 1024})
+			w := randT(r, tensor.Shape{1024, 4096})
+			if dt != tensor.Float32 {
+				x, w = convertT(x, dt), convertT(w, dt)
+			}
+			f, err := Lookup("", "MatMul", 13)
+			if err != nil {
+				b.Fatal(err)
+			}
+			n := &Node{OpType: "MatMul", Opset: 13, NumInputs: 2, NumOutputs: 1, InputPresent: []bool{true, true},
+				OutputPresent: []bool{true}, Constants: []*tensor.Tensor{nil, w}}
+			k, err := f(n)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(4 * 1024 * 4096)
+			for b.Loop() {
+				if err := k.Compute(NewContext([]*tensor.Tensor{x, w}, n.OutputPresent, 2, nil)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
