@@ -27,6 +27,7 @@ Usage::
 
     python benchmarks/bench_decode.py            # the issue's grid
     python benchmarks/bench_decode.py --quick    # small subset, about a minute
+    python benchmarks/bench_decode.py --target   # the issue's target cases only
 """
 
 from __future__ import annotations
@@ -67,13 +68,17 @@ class Case:
         return self.batch * self.kv_heads * self.context * 2 * self.head_dim * esize
 
 
-def grid(quick: bool, contexts: Optional[List[int]], threads: List[int]) -> List[Case]:
-    """The issue's cases (or the quick subset), in plotting order."""
+def grid(quick: bool, contexts: Optional[List[int]], threads: List[int], target: bool = False) -> List[Case]:
+    """The issue's cases (or the quick subset, or the target configuration), in plotting order."""
     ctx = contexts or ([256, 1024, 4096, 16384] if quick else [256, 1024, 4096, 16384, 32768])
+    if target and not contexts:
+        ctx = [1024, 4096, 16384, 32768]
     cases: List[Case] = []
     for t in threads:
         configs = [("float32", 1, 32, 8, 128)]
-        if not quick:
+        if target:
+            configs.append(("float32", 4, 32, 8, 128))
+        elif not quick:
             configs += [("float32", 4, 32, 8, 128), ("float32", 1, 32, 32, 128), ("float32", 4, 32, 32, 128),
                         ("float32", 1, 32, 1, 128), ("float32", 4, 32, 1, 128), ("float32", 1, 32, 8, 64),
                         ("float16", 1, 32, 8, 128)]
@@ -281,6 +286,8 @@ def run_case(c: Case, repeat: int, warmup: int, rng: np.random.Generator) -> Dic
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fp32 GQA 32/8 d128 batch 1, contexts 256..16k")
+    ap.add_argument("--target", action="store_true",
+                    help="only the issue's target: fp32 GQA 32/8 d128, batch 1 and 4, contexts 1k..32k")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--contexts", type=int, nargs="+", default=None)
     ap.add_argument("--repeat", type=int, default=None, help="timed samples per side (default 40, quick 25)")
@@ -302,7 +309,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     rng = np.random.default_rng(0)
     results, rows = [], []
-    for c in grid(args.quick, args.contexts, args.threads):
+    for c in grid(args.quick, args.contexts, args.threads, args.target):
         if c.kv_bytes > args.max_gib * 2 ** 30:
             print(f"skip {c.label} L={c.context}: K+V {c.kv_bytes / 2**30:.1f} GiB > --max-gib")
             continue

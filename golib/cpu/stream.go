@@ -17,7 +17,8 @@ import (
 // the block's scores into weights, the online-softmax state (m, l) of each
 // row is updated and the block's V rows are accumulated at once. Nothing of
 // the context's length is materialized. fp16/bf16 rows are widened to
-// float32 in the block load. Work is spread over the persistent worker pool
+// float32 as they are loaded (straight from storage on the AVX-512 path,
+// through a small scratch block otherwise). Work is spread over the persistent worker pool
 // (see SetThreads): (sequence, KV head) units first, and ranges of tokens
 // with an exact (m, l, o) merge when the units cannot keep every worker busy.
 // After warm-up a call does not allocate.
@@ -29,14 +30,14 @@ func Attention(dst, q []float32, qLen, qHeads int, v cache.View, o Options) erro
 	return thePool.run(&s, dst, q, v, activeOps())
 }
 
-// blockTokens picks the number of tokens of one KV block so that a block of
-// K and one of V (as float32) stay well inside the L1/L2 caches while every
-// query row of the group uses them.
 // prefetchTokens is how far ahead (in rows) the SIMD loops prefetch K and V
-// rows that come straight from the cache's storage: about two blocks (into
-// L2), so the next blocks stream in while this one is computed.
+// rows that come straight from the cache's storage: about one block (into
+// L2), so the next block streams in while this one is computed.
 var prefetchTokens = 64
 
+// blockTokens picks the number of tokens of one KV block so that a block of
+// K and one of V (as float32) stay inside the L1/L2 caches while every query
+// row of the group uses them.
 func blockTokens(dk, dv int) int {
 	d := max(dk, dv)
 	t := 8192 / d // 32 KiB of float32 per tensor block
