@@ -319,3 +319,20 @@ func TestAttentionNoAllocs(t *testing.T) {
 		}
 	}
 }
+
+// TestReadBandwidth checks the probe's argument validation and that it
+// returns a positive figure on a small buffer.
+func TestReadBandwidth(t *testing.T) {
+	for _, c := range []struct {
+		bytes          int64
+		threads, iters int
+	}{{1 << 10, 1, 1}, {4 << 20, 0, 1}, {4 << 20, 1, 0}} {
+		if _, err := ReadBandwidth(c.bytes, c.threads, c.iters); !errors.Is(err, cache.ErrInvalidArgument) {
+			t.Errorf("ReadBandwidth(%d, %d, %d) = %v, want ErrInvalidArgument", c.bytes, c.threads, c.iters, err)
+		}
+	}
+	gbps, err := ReadBandwidth(8<<20, 2, 2)
+	if err != nil || !(gbps > 0) {
+		t.Fatalf("ReadBandwidth(8 MiB, 2, 2) = %v, %v", gbps, err)
+	}
+}

@@ -10,7 +10,9 @@ import (
 
 // ReadBandwidth measures the machine's streaming-read bandwidth, the
 // physical limit of decode attention over a cache larger than the LLC: it
-// allocates a buffer of the given size (use well above the L3, e.g. 1 GiB),
+// allocates a buffer of the given size (use well above the L3, e.g. 1 GiB;
+// on Linux backed by transparent huge pages where the kernel grants them, as
+// numpy's large arrays are, so TLB misses do not understate the limit),
 // writes it once, then reads it iters times with threads goroutines, each
 // streaming its contiguous share with the active SIMD path, and returns the
 // best pass in GB/s (1e9 bytes per second). It allocates and is not meant
@@ -20,7 +22,8 @@ func ReadBandwidth(bytes int64, threads, iters int) (float64, error) {
 		return 0, fmt.Errorf("%w: read bandwidth needs bytes >= 1 MiB, threads >= 1, iters >= 1 (got %d, %d, %d)",
 			cache.ErrInvalidArgument, bytes, threads, iters)
 	}
-	buf := make([]float32, bytes/4)
+	buf, free := probeBuffer(int(bytes / 4))
+	defer free()
 	for i := range buf {
 		buf[i] = float32(i & 1023)
 	}
