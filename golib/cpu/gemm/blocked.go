@@ -116,8 +116,16 @@ func (p *product) packB(dst []float32, j0, nc, l0, kc, nr int) {
 			clear(sliver)
 		}
 		if p.transB {
+			var tmp [kcBlock]float32
 			for q := range cols {
-				src := p.b[(j0+jr+q)*p.ldb+l0 : (j0+jr+q)*p.ldb+l0+kc]
+				row := (j0 + jr + q) * p.ldb
+				var src []float32
+				if p.bh != nil {
+					src = tmp[:kc]
+					p.widen(src, p.bh[row+l0:row+l0+kc])
+				} else {
+					src = p.b[row+l0 : row+l0+kc]
+				}
 				for l, v := range src {
 					sliver[l*nr+q] = v
 				}
@@ -126,6 +134,10 @@ func (p *product) packB(dst []float32, j0, nc, l0, kc, nr int) {
 		}
 		for l := range kc {
 			row := (l0+l)*p.ldb + j0 + jr
+			if p.bh != nil {
+				p.widen(sliver[l*nr:l*nr+cols], p.bh[row:row+cols])
+				continue
+			}
 			copy(sliver[l*nr:l*nr+cols], p.b[row:row+cols])
 		}
 	}

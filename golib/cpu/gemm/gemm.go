@@ -46,12 +46,16 @@ func SgemmThreads(threads int, transA, transB bool, m, n, k int, alpha float32, 
 	}
 	p := product{transA: transA, transB: transB, m: m, n: n, k: k, alpha: alpha,
 		a: a, lda: lda, b: b, ldb: ldb, c: c, ldc: ldc, ks: ks, threads: parallelism(threads, m, n, k)}
-	if m <= skinnyRows {
+	p.run()
+	return nil
+}
+
+func (p *product) run() {
+	if p.m <= skinnyRows {
 		p.skinny()
-		return nil
+		return
 	}
 	p.blocked()
-	return nil
 }
 
 // product is one validated call, shared by the two strategies.
@@ -67,6 +71,9 @@ type product struct {
 	ldc            int
 	ks             *kernels
 	threads        int
+	// bh replaces b when B is stored as 16-bit floats of encoding half.
+	bh   []uint16
+	half Half
 }
 
 // at returns op(A)[i][l].
@@ -93,6 +100,10 @@ func parallelism(threads, m, n, k int) int {
 
 func check(transA, transB bool, m, n, k int, a []float32, lda int,
 	b []float32, ldb int, c []float32, ldc int) error {
+	return checkLens(transA, transB, m, n, k, len(a), lda, len(b), ldb, len(c), ldc)
+}
+
+func checkLens(transA, transB bool, m, n, k int, a, lda, b, ldb, c, ldc int) error {
 	if m < 0 || n < 0 || k < 0 {
 		return fmt.Errorf("%w: negative size m=%d n=%d k=%d", ErrShape, m, n, k)
 	}
@@ -113,7 +124,7 @@ func check(transA, transB bool, m, n, k int, a []float32, lda int,
 	return checkMatrix("C", c, m, n, ldc)
 }
 
-func checkMatrix(name string, x []float32, rows, cols, ld int) error {
+func checkMatrix(name string, length, rows, cols, ld int) error {
 	if ld < max(cols, 1) {
 		return fmt.Errorf("%w: ld%s=%d smaller than its %d columns", ErrShape, name, ld, cols)
 	}
@@ -123,9 +134,9 @@ func checkMatrix(name string, x []float32, rows, cols, ld int) error {
 	if rows-1 > (math.MaxInt-cols)/ld {
 		return fmt.Errorf("%w: %s of %dx%d with ld %d overflows", ErrShape, name, rows, cols, ld)
 	}
-	if need := (rows-1)*ld + cols; len(x) < need {
+	if need := (rows-1)*ld + cols; length < need {
 		return fmt.Errorf("%w: %s has %d elements, a %dx%d matrix with ld %d needs %d",
-			ErrShape, name, len(x), rows, cols, ld, need)
+			ErrShape, name, length, rows, cols, ld, need)
 	}
 	return nil
 }

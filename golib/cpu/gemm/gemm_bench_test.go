@@ -72,3 +72,30 @@ func BenchmarkMicro(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSgemmHalfB: decode-shaped products with float16 weights (half
+// the bytes of the float32 weights of BenchmarkSgemm).
+func BenchmarkSgemmHalfB(b *testing.B) {
+	for _, s := range benchShapes[:3] {
+		b.Run(s.name, func(b *testing.B) {
+			r := rand.New(rand.NewPCG(5, 6))
+			a := randSlice(r, s.m*s.k)
+			w := make([]uint16, s.k*s.n)
+			for i := range w {
+				w[i] = uint16(r.Uint32()&0x3fff) | 0x2000 // normal halves
+			}
+			c := make([]float32, s.m*s.n)
+			ldb := s.n
+			if s.transB {
+				ldb = s.k
+			}
+			b.SetBytes(int64(2 * s.k * s.n))
+			for b.Loop() {
+				if err := SgemmHalfB(0, Float16, false, s.transB, s.m, s.n, s.k, 1, a, s.k, w, ldb, 0, c, s.n); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(2*float64(s.m)*float64(s.n)*float64(s.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
+}

@@ -15,6 +15,7 @@ var avx2Kernels = kernels{
 	axpy4: axpy4AVX2,
 	axpy:  axpyAVX2,
 	dot:   dotAVX2,
+	cvt16: cvt16AVX2,
 }
 
 type f8 = archsimd.Float32x8

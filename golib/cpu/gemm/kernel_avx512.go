@@ -15,6 +15,9 @@ var avx512Kernels = kernels{
 	axpy4: axpy4AVX512,
 	axpy:  axpyAVX512,
 	dot:   dotAVX512,
+	cvt16: cvt16AVX512,
+
+	axpy4Half: axpy4HalfAVX512,
 }
 
 type f16 = archsimd.Float32x16

@@ -10,6 +10,7 @@ var goKernels = kernels{
 	axpy4: axpy4Go,
 	axpy:  axpyGo,
 	dot:   dotGo,
+	cvt16: cvt16Go,
 }
 
 // microGo4x4 computes the 4x4 tile as two 2x4 halves so each half's eight

@@ -27,9 +27,13 @@ func (p *product) skinny() {
 		p.skinnyDot()
 		return
 	}
+	axpy := p.skinnyAxpy
+	if p.bh != nil {
+		axpy = p.skinnyAxpyHalf
+	}
 	parts := min(p.threads, (p.k+3)/4)
 	if parts <= 1 {
-		p.skinnyAxpy(0, p.k, p.c, p.ldc)
+		axpy(0, p.k, p.c, p.ldc)
 		return
 	}
 	step := ((p.k+parts-1)/parts + 3) &^ 3
@@ -45,10 +49,10 @@ func (p *product) skinny() {
 	ForThreads(parts, parts, func(t int) {
 		l0, l1 := t*step, min((t+1)*step, p.k)
 		if t == 0 {
-			p.skinnyAxpy(l0, l1, p.c, p.ldc)
+			axpy(l0, l1, p.c, p.ldc)
 			return
 		}
-		p.skinnyAxpy(l0, l1, partial[(t-1)*size:t*size], p.n)
+		axpy(l0, l1, partial[(t-1)*size:t*size], p.n)
 	})
 	for t := range parts - 1 {
 		for i := range p.m {
@@ -89,9 +93,15 @@ func (p *product) skinnyDot() {
 	rows := p.aRows()
 	tasks := (p.n + skinnyDotRows - 1) / skinnyDotRows
 	ForThreads(p.threads, tasks, func(t int) {
+		var buf []float32
+		if p.bh != nil {
+			b, done := scratch(p.k)
+			defer done()
+			buf = b
+		}
 		j1 := min((t+1)*skinnyDotRows, p.n)
 		for j := t * skinnyDotRows; j < j1; j++ {
-			bj := p.b[j*p.ldb : j*p.ldb+p.k]
+			bj := p.bRow(j, buf)
 			for i, ai := range rows {
 				p.c[i*p.ldc+j] += p.alpha * p.ks.dot(ai, bj)
 			}
