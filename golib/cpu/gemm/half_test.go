@@ -81,3 +81,32 @@ func TestSgemmHalfB(t *testing.T) {
 		t.Fatalf("unknown encoding: %v", err)
 	}
 }
+
+// TestSgemmHalfBAllPatterns streams every float16 and bfloat16 bit pattern
+// through the streaming kernels (including the fused AVX-512 widening):
+// C = 1*row0 + 0*zero rows must reproduce each value (NaN as NaN, zero
+// regardless of sign).
+func TestSgemmHalfBAllPatterns(t *testing.T) {
+	n := 1<<16 + 3
+	b := make([]uint16, 4*n) // rows 1..3 stay +0
+	for j := range n {
+		b[j] = uint16(j)
+	}
+	withPath(t, func(t *testing.T) {
+		for _, kind := range []Half{Float16, BFloat16} {
+			c := make([]float32, n)
+			if err := SgemmHalfB(1, kind, false, false, 1, n, 4, 1, []float32{1, 0, 0, 0}, 4, b, n, 0, c, n); err != nil {
+				t.Fatal(err)
+			}
+			for j, got := range c {
+				want := codec.F16ToF32(uint16(j))
+				if kind == BFloat16 {
+					want = codec.BF16ToF32(uint16(j))
+				}
+				if got != want && !(got != got && want != want) {
+					t.Fatalf("kind %d, %#04x: got %v want %v", kind, uint16(j), got, want)
+				}
+			}
+		}
+	})
+}

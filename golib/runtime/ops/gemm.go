@@ -3,7 +3,6 @@ package ops
 import (
 	"fmt"
 
-	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/gemm"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
@@ -15,8 +14,8 @@ func init() {
 }
 
 // newGemm: Y = alpha * op(A) * op(B) + beta * C with C broadcast
-// (unidirectionally) to [M, N]. float32/float16/bfloat16 (computed in
-// float32; a constant B of a 16-bit type is converted once, here).
+// (unidirectionally) to [M, N]. float32/float16/bfloat16, computed in
+// float32 (a 16-bit B is read in place, see gemmOperand).
 func newGemm(n *Node) (Kernel, error) {
 	ta, err := n.Attrs.Int("transA", 0)
 	if err != nil {
@@ -33,12 +32,6 @@ func newGemm(n *Node) (Kernel, error) {
 	beta, err := n.Attrs.Float("beta", 1)
 	if err != nil {
 		return nil, err
-	}
-	var constB []float32
-	if len(n.Constants) > 1 && n.Constants[1] != nil && isHalf(n.Constants[1].DType()) {
-		if constB, err = tensor.AsFloat32(n.Constants[1]); err != nil {
-			return nil, err
-		}
 	}
 	transA, transB := ta != 0, tb != 0
 	return KernelFunc(func(ctx *Context) error {
@@ -81,11 +74,9 @@ func newGemm(n *Node) (Kernel, error) {
 		if err != nil {
 			return err
 		}
-		bf := constB
-		if bf == nil || len(bf) != b.Len() {
-			if bf, err = tensor.AsFloat32(b); err != nil {
-				return err
-			}
+		bm, err := gemmB(b)
+		if err != nil {
+			return err
 		}
 		y := out.Float32()
 		if y == nil {
@@ -98,8 +89,8 @@ func newGemm(n *Node) (Kernel, error) {
 			}
 			bt = beta
 		}
-		err = gemm.SgemmThreads(ctx.Threads(), transA, transB, m, nn, k, alpha,
-			af, max(a.Shape()[1], 1), bf, max(b.Shape()[1], 1), bt, y, max(nn, 1))
+		err = bm.mul(ctx.Threads(), transA, transB, m, nn, k, alpha,
+			af, max(a.Shape()[1], 1), 0, max(b.Shape()[1], 1), bt, y, max(nn, 1))
 		if err != nil {
 			return fmt.Errorf("Gemm: %w", err)
 		}

@@ -2,6 +2,7 @@ package ops
 
 import (
 	"fmt"
+	"unsafe"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/gemm"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
@@ -13,18 +14,11 @@ func init() {
 	Register("", "MatMul", 1, 0, newMatMul)
 }
 
-// newMatMul: numpy matmul. float32/float16/bfloat16 run on the blocked SGEMM
-// (16-bit types converted to float32 and back; a constant B is converted
-// once, here); float64 and int32/int64 use a plain loop.
+// newMatMul: numpy matmul. float32/float16/bfloat16 run on cpu/gemm (a
+// 16-bit B, typically the weights, is read in place and widened as it
+// streams; A and the result go through float32); float64 and int32/int64
+// use a plain loop.
 func newMatMul(n *Node) (Kernel, error) {
-	var constB []float32
-	if len(n.Constants) > 1 && n.Constants[1] != nil && isHalf(n.Constants[1].DType()) {
-		b, err := tensor.AsFloat32(n.Constants[1])
-		if err != nil {
-			return nil, err
-		}
-		constB = b
-	}
 	return KernelFunc(func(ctx *Context) error {
 		a, err := ctx.RequireInput(0)
 		if err != nil {
@@ -47,7 +41,7 @@ func newMatMul(n *Node) (Kernel, error) {
 		}
 		switch a.DType() {
 		case tensor.Float32, tensor.Float16, tensor.BFloat16:
-			return g.runF32(ctx.Threads(), a, b, constB, out)
+			return g.runF32(ctx.Threads(), a, b, out)
 		case tensor.Float64:
 			matmulLoop(g, a.Float64(), b.Float64(), out.Float64())
 		case tensor.Int64:
@@ -125,16 +119,14 @@ func (g *matmulPlan) offsets(i int) (ia, ib int) {
 	return ia, ib
 }
 
-func (g *matmulPlan) runF32(threads int, a, b *tensor.Tensor, constB []float32, out *tensor.Tensor) error {
+func (g *matmulPlan) runF32(threads int, a, b *tensor.Tensor, out *tensor.Tensor) error {
 	af, err := tensor.AsFloat32(a)
 	if err != nil {
 		return err
 	}
-	bf := constB
-	if bf == nil || len(bf) != b.Len() {
-		if bf, err = tensor.AsFloat32(b); err != nil {
-			return err
-		}
+	bm, err := gemmB(b)
+	if err != nil {
+		return err
 	}
 	dst := out.Float32()
 	if dst == nil {
@@ -144,12 +136,12 @@ func (g *matmulPlan) runF32(threads int, a, b *tensor.Tensor, constB []float32, 
 	batches := g.batch.Size()
 	switch {
 	case g.fold:
-		err = gemm.SgemmThreads(threads, false, false, batches*m, n, k, 1, af, max(k, 1), bf, max(n, 1), 0, dst, max(n, 1))
+		err = bm.mul(threads, false, false, batches*m, n, k, 1, af, max(k, 1), 0, max(n, 1), 0, dst, max(n, 1))
 	case batches >= 2*threads && threads > 1:
 		// Many small products (decomposed attention): one thread each.
 		errc := make(chan error, 1)
 		gemm.ForThreads(threads, batches, func(i int) {
-			if e := g.one(1, i, af, bf, dst); e != nil {
+			if e := g.one(1, i, af, bm, dst); e != nil {
 				select {
 				case errc <- e:
 				default:
@@ -162,7 +154,7 @@ func (g *matmulPlan) runF32(threads int, a, b *tensor.Tensor, constB []float32, 
 		}
 	default:
 		for i := 0; i < batches && err == nil; i++ {
-			err = g.one(threads, i, af, bf, dst)
+			err = g.one(threads, i, af, bm, dst)
 		}
 	}
 	if err != nil {
@@ -175,10 +167,40 @@ func (g *matmulPlan) runF32(threads int, a, b *tensor.Tensor, constB []float32, 
 }
 
 // one computes output batch i.
-func (g *matmulPlan) one(threads, i int, af, bf, dst []float32) error {
+func (g *matmulPlan) one(threads, i int, af []float32, bm gemmOperand, dst []float32) error {
 	m, k, n := g.m, g.k, g.n
 	ia, ib := g.offsets(i)
-	return gemm.SgemmThreads(threads, false, false, m, n, k, 1, af[ia*m*k:], max(k, 1), bf[ib*k*n:], max(n, 1), 0, dst[i*m*n:], max(n, 1))
+	return bm.mul(threads, false, false, m, n, k, 1, af[ia*m*k:], max(k, 1), ib*k*n, max(n, 1), 0, dst[i*m*n:], max(n, 1))
+}
+
+// gemmOperand is a B matrix for cpu/gemm: float32 values, or the 16-bit
+// bits of a float16/bfloat16 tensor read in place.
+type gemmOperand struct {
+	f32  []float32
+	bits []uint16
+	kind gemm.Half
+}
+
+func gemmB(t *tensor.Tensor) (gemmOperand, error) {
+	switch t.DType() {
+	case tensor.Float16:
+		x := t.Float16()
+		return gemmOperand{bits: unsafe.Slice((*uint16)(unsafe.SliceData(x)), len(x)), kind: gemm.Float16}, nil
+	case tensor.BFloat16:
+		x := t.BFloat16()
+		return gemmOperand{bits: unsafe.Slice((*uint16)(unsafe.SliceData(x)), len(x)), kind: gemm.BFloat16}, nil
+	}
+	f, err := tensor.AsFloat32(t)
+	return gemmOperand{f32: f}, err
+}
+
+// mul computes C = alpha*op(A)*op(B[off:]) + beta*C.
+func (o gemmOperand) mul(threads int, transA, transB bool, m, n, k int, alpha float32, a []float32, lda int,
+	off, ldb int, beta float32, c []float32, ldc int) error {
+	if o.bits != nil {
+		return gemm.SgemmHalfB(threads, o.kind, transA, transB, m, n, k, alpha, a, lda, o.bits[off:], ldb, beta, c, ldc)
+	}
+	return gemm.SgemmThreads(threads, transA, transB, m, n, k, alpha, a, lda, o.f32[off:], ldb, beta, c, ldc)
 }
 
 func matmulLoop[T float64 | int64 | int32](g *matmulPlan, a, b, out []T) {
