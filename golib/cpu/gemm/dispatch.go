@@ -24,6 +24,8 @@ type kernels struct {
 	dot func(x, y []float32) float32
 	// cvt16 widens 16-bit floats of the given encoding into dst, exactly.
 	cvt16 func(kind Half, dst []float32, src []uint16)
+	// axpy8, when set, is axpy4 over eight rows.
+	axpy8 func(a *[8]float32, x *[8][]float32, y []float32)
 	// axpy4Half, when set, is axpy4 reading 16-bit rows directly.
 	axpy4Half func(kind Half, a0, a1, a2, a3 float32, x0, x1, x2, x3 []uint16, y []float32)
 }

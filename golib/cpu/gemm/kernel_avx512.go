@@ -18,6 +18,7 @@ var avx512Kernels = kernels{
 	cvt16: cvt16AVX512,
 
 	axpy4Half: axpy4HalfAVX512,
+	axpy8:     axpy8AVX512,
 }
 
 type f16 = archsimd.Float32x16
@@ -135,4 +136,35 @@ func dotAVX512(x, y []float32) float32 {
 		s += dotGo(x[i:], y[i:])
 	}
 	return s
+}
+
+// axpy8AVX512 adds sum_r a[r]*x[r] to y for eight rows of B: one load and
+// store of y per eight rows, eight concurrent read streams.
+func axpy8AVX512(a *[8]float32, x *[8][]float32, y []float32) {
+	n := len(y)
+	var p [8]unsafe.Pointer
+	var v [8]f16
+	for r := range 8 {
+		p[r] = unsafe.Pointer(unsafe.SliceData(x[r][:n]))
+		v[r] = bcast16(a[r])
+	}
+	py := unsafe.Pointer(unsafe.SliceData(y))
+	i := 0
+	for ; i+16 <= n; i += 16 {
+		off := uintptr(i) * 4
+		acc := archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(py, off)))
+		acc = archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(p[0], off))).MulAdd(v[0], acc)
+		acc = archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(p[1], off))).MulAdd(v[1], acc)
+		acc = archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(p[2], off))).MulAdd(v[2], acc)
+		acc = archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(p[3], off))).MulAdd(v[3], acc)
+		acc = archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(p[4], off))).MulAdd(v[4], acc)
+		acc = archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(p[5], off))).MulAdd(v[5], acc)
+		acc = archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(p[6], off))).MulAdd(v[6], acc)
+		acc = archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(p[7], off))).MulAdd(v[7], acc)
+		acc.Store((*[16]float32)(unsafe.Add(py, off)))
+	}
+	if i < n {
+		axpy4Go(a[0], a[1], a[2], a[3], x[0][i:n], x[1][i:n], x[2][i:n], x[3][i:n], y[i:])
+		axpy4Go(a[4], a[5], a[6], a[7], x[4][i:n], x[5][i:n], x[6][i:n], x[7][i:n], y[i:])
+	}
 }

@@ -69,6 +69,21 @@ func (p *product) skinnyAxpy(l0, l1 int, c []float32, ldc int) {
 	for j0 := 0; j0 < p.n; j0 += skinnyChunk {
 		j1 := min(j0+skinnyChunk, p.n)
 		l := l0
+		if p.ks.axpy8 != nil {
+			var a [8]float32
+			var x [8][]float32
+			for ; l+8 <= l1; l += 8 {
+				for r := range 8 {
+					x[r] = b[(l+r)*ldb+j0 : (l+r)*ldb+j1]
+				}
+				for i := range p.m {
+					for r := range 8 {
+						a[r] = al * p.at(i, l+r)
+					}
+					p.ks.axpy8(&a, &x, c[i*ldc+j0:i*ldc+j1])
+				}
+			}
+		}
 		for ; l+4 <= l1; l += 4 {
 			x0 := b[l*ldb+j0 : l*ldb+j1]
 			x1 := b[(l+1)*ldb+j0 : (l+1)*ldb+j1]
