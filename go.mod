@@ -8,15 +8,18 @@ tool (
 )
 
 require (
-	github.com/go-python/gopy v0.5.0 // indirect
+	github.com/go-python/gopy v0.5.0
+	github.com/klauspost/cpuid/v2 v2.4.2
+	google.golang.org/protobuf v1.36.12
+)
+
+require (
 	github.com/gonuts/commander v0.1.0 // indirect
 	github.com/gonuts/flag v0.1.0 // indirect
 	github.com/google/go-cmp v0.7.0 // indirect
-	github.com/klauspost/cpuid/v2 v2.4.2 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
 	golang.org/x/mod v0.22.0 // indirect
 	golang.org/x/sync v0.10.0 // indirect
 	golang.org/x/sys v0.41.0 // indirect
 	golang.org/x/tools v0.29.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
 )
