@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unsafe"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
@@ -16,15 +17,36 @@ import (
 )
 
 // Session bindings: python/onnx_light_kv/session.py drives these. A run is
-// two calls: SessionRun executes the graph and returns the outputs' types
-// and shapes with a result handle; Python allocates numpy arrays and
-// ResultCopyAndFree copies every output into them once. Arrays cross as
-// array references (arrayref.go), the cheapest way to name numpy memory.
+// two calls: SessionRun (or SessionRunLend) executes the graph and returns
+// the outputs' types and shapes with a result handle; Python allocates numpy
+// arrays and ResultCopyAndFree copies outputs into them once, then hands the
+// output buffers back to the session's pool. Arrays cross as array
+// references (arrayref.go), the cheapest way to name numpy memory.
+//
+// SessionRunLend skips that copy for large outputs: Python wraps the Go
+// buffer itself in a numpy array whose owner calls OutputRelease when the
+// array (and every view of it) is gone; only then may the pool reuse the
+// buffer. Go's collector does not move heap objects, and the lent registry
+// keeps the tensor reachable, so the address stays valid until the release.
 
 var (
 	sessions = newRegistry[*runtime.Session]("session")
-	results  = newRegistry[[]*tensor.Tensor]("run result")
+	results  = newRegistry[*runResult]("run result")
+	lent     = newRegistry[lentOutput]("lent output")
 )
+
+// runResult is a run's outputs between SessionRun and ResultCopyAndFree.
+type runResult struct {
+	st   *runtime.State
+	outs []*tensor.Tensor
+	lent []int64 // lent-output handle per output, 0 when copied
+}
+
+// lentOutput is an output buffer Python holds without a copy.
+type lentOutput struct {
+	st *runtime.State
+	t  *tensor.Tensor
+}
 
 func init() {
 	classifiers = append(classifiers,
@@ -167,6 +189,20 @@ var lastStats sync.Map // session handle -> *runtime.RunStats
 // output's element code and dims (nothing after ':' for a scalar).
 func SessionRun(h int64, feedNames string, n int, desc uintptr, nDesc int, outNames string) (s string, err error) {
 	defer recoverTo(&err)
+	return sessionRun(h, feedNames, n, desc, nDesc, outNames, -1)
+}
+
+// SessionRunLend is SessionRun that lends outputs of at least lendMin bytes
+// which come from the session's buffer pool instead of having them copied:
+// such an output's entry reads "code:dims:address:handle", where address is
+// the output's data (valid until OutputRelease(handle)) and ResultCopyAndFree
+// skips it (its reference there is ignored). lendMin < 0 lends nothing.
+func SessionRunLend(h int64, feedNames string, n int, desc uintptr, nDesc int, outNames string, lendMin int) (s string, err error) {
+	defer recoverTo(&err)
+	return sessionRun(h, feedNames, n, desc, nDesc, outNames, lendMin)
+}
+
+func sessionRun(h int64, feedNames string, n int, desc uintptr, nDesc int, outNames string, lendMin int) (string, error) {
 	sess, err := sessions.get(h)
 	if err != nil {
 		return "", classify(err)
@@ -181,15 +217,22 @@ func SessionRun(h int64, feedNames string, n int, desc uintptr, nDesc int, outNa
 			return "", classify(fmt.Errorf("%w: output names: %v", errs.ErrInvalidArgument, err))
 		}
 	}
+	st := sess.DefaultState()
 	outs, stats, err := sess.Run(feeds, names)
 	if err != nil {
 		return "", classify(err)
 	}
 	lastStats.Store(h, stats)
-	rh := results.put(outs)
-	buf := make([]byte, 0, 16+16*len(outs))
+	res := &runResult{st: st, outs: outs, lent: make([]int64, len(outs))}
+	buf := make([]byte, 0, 24+40*len(outs))
+	for i, t := range outs {
+		if lendMin >= 0 && t.NumBytes() > 0 && t.NumBytes() >= lendMin && st.Leased(t) {
+			res.lent[i] = lent.put(lentOutput{st: st, t: t})
+		}
+	}
+	rh := results.put(res)
 	buf = strconv.AppendInt(buf, rh, 10)
-	for _, t := range outs {
+	for i, t := range outs {
 		buf = append(buf, '|')
 		buf = strconv.AppendInt(buf, int64(t.DType()), 10)
 		buf = append(buf, ':')
@@ -199,9 +242,29 @@ func SessionRun(h int64, feedNames string, n int, desc uintptr, nDesc int, outNa
 			}
 			buf = strconv.AppendInt(buf, int64(d), 10)
 		}
+		if res.lent[i] != 0 {
+			buf = append(buf, ':')
+			buf = strconv.AppendUint(buf, uint64(uintptr(unsafe.Pointer(unsafe.SliceData(t.Bytes())))), 10)
+			buf = append(buf, ':')
+			buf = strconv.AppendInt(buf, res.lent[i], 10)
+		}
 	}
 	return string(buf), nil
 }
+
+// OutputRelease ends Python's hold on a lent output (its numpy array is
+// gone): the buffer may be reused by later runs. Releasing an unknown or
+// already released handle does nothing.
+func OutputRelease(lh int64) (err error) {
+	defer recoverTo(&err)
+	if o, ok := lent.take(lh); ok {
+		o.st.Release(o.t)
+	}
+	return nil
+}
+
+// LentOutputs returns the number of lent outputs not yet released.
+func LentOutputs() int { return lent.len() }
 
 // SessionLastStatsJSON returns the figures of session h's latest run:
 // {"peak_bytes", "allocated_bytes", "events": [{"node", "op", "dur_ns",
@@ -279,22 +342,28 @@ func buildFeeds(feedNames string, n int, desc uintptr, nDesc int) (map[string]*t
 // ResultCopyAndFree copies the n outputs of run result rh into the arrays
 // whose references (see arrayref.go) are the n int64 values at ptrs (an
 // array reference too), each exactly the output's byte size as announced
-// by SessionRun, then frees the result.
+// by SessionRun, then frees the result and hands the copied outputs'
+// buffers back to the session's pool. Lent outputs are skipped: their
+// owners release them with OutputRelease, even when this call fails.
 // The result is freed even when the copy fails.
 func ResultCopyAndFree(rh int64, ptrs uintptr, n int) (err error) {
 	defer recoverTo(&err)
-	outs, ok := results.take(rh)
+	res, ok := results.take(rh)
 	if !ok {
 		return classify(fmt.Errorf("%w: run result handle %d", errUnknownHandle, rh))
 	}
-	if n != len(outs) {
-		return classify(fmt.Errorf("%w: %d buffers for %d outputs", errs.ErrInvalidArgument, n, len(outs)))
+	defer res.releaseCopied()
+	if n != len(res.outs) {
+		return classify(fmt.Errorf("%w: %d buffers for %d outputs", errs.ErrInvalidArgument, n, len(res.outs)))
 	}
 	p, err := int64sAt(arrayData(ptrs), n)
 	if err != nil {
 		return classify(err)
 	}
-	for i, t := range outs {
+	for i, t := range res.outs {
+		if res.lent[i] != 0 {
+			continue
+		}
 		dst, err := bytesAt(arrayData(uintptr(p[i])), t.NumBytes())
 		if err != nil {
 			return classify(err)
@@ -304,9 +373,31 @@ func ResultCopyAndFree(rh int64, ptrs uintptr, n int) (err error) {
 	return nil
 }
 
-// ResultFree drops a run result without copying it.
+// ResultFree drops a run result without copying it, lent outputs included.
 func ResultFree(rh int64) (err error) {
 	defer recoverTo(&err)
-	results.take(rh)
+	if res, ok := results.take(rh); ok {
+		res.releaseLent()
+		res.releaseCopied()
+	}
 	return nil
+}
+
+// releaseCopied hands the outputs that were not lent back to the pool.
+func (r *runResult) releaseCopied() {
+	for i, t := range r.outs {
+		if r.lent[i] == 0 {
+			r.st.Release(t)
+		}
+	}
+}
+
+// releaseLent ends the loans of a result whose arrays Python never built.
+func (r *runResult) releaseLent() {
+	for i, h := range r.lent {
+		if h != 0 {
+			OutputRelease(h)
+			r.lent[i] = 0
+		}
+	}
 }

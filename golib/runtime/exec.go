@@ -39,12 +39,19 @@ type runScope struct {
 	profile bool
 	mem     *memTracker
 	stats   *RunStats
+	// alloc supplies kernel outputs (the state's pool; nil inside
+	// subgraphs, whose values may outlive a body iteration in ways the
+	// release schedule does not see).
+	alloc ops.Allocator
 }
 
-// memTracker counts live kernel-allocated bytes by buffer, so aliases
-// (Reshape, Identity) are not counted twice.
+// memTracker counts the references a run's values hold on kernel-allocated
+// buffers, by buffer, so aliases (Reshape, Identity) are counted once, the
+// peak of live bytes is known, and a pooled buffer goes back to its pool
+// exactly when the last value referencing it is released.
 type memTracker struct {
 	bufs map[*byte]*memEntry
+	pool *bufferPool // nil: no pooled buffers
 	live int64
 	peak int64
 }
@@ -52,9 +59,12 @@ type memTracker struct {
 type memEntry struct {
 	bytes int64
 	refs  int
+	buf   *poolBuf // the pooled buffer, nil for other allocations
 }
 
-func newMemTracker() *memTracker { return &memTracker{bufs: map[*byte]*memEntry{}} }
+func newMemTracker(pool *bufferPool) *memTracker {
+	return &memTracker{bufs: map[*byte]*memEntry{}, pool: pool}
+}
 
 func bufKey(t *tensor.Tensor) *byte {
 	if t == nil || t.NumBytes() == 0 {
@@ -63,34 +73,104 @@ func bufKey(t *tensor.Tensor) *byte {
 	return unsafe.SliceData(t.Bytes())
 }
 
-// produced records a node output; fresh says whether the kernel allocated it.
-func (m *memTracker) produced(t *tensor.Tensor, inputs []*tensor.Tensor) {
+// entry finds the tracked buffer holding t's bytes: by its first byte, or,
+// for a view into a pooled buffer, through the pool. It returns the key the
+// buffer is tracked under and the pooled buffer, if any.
+func (m *memTracker) entry(t *tensor.Tensor) (*byte, *memEntry, *poolBuf) {
 	k := bufKey(t)
+	if k == nil {
+		return nil, nil, nil
+	}
+	if e, ok := m.bufs[k]; ok {
+		return k, e, e.buf
+	}
+	if m.pool != nil {
+		if b := m.pool.lookup(k); b != nil {
+			base := unsafe.SliceData(b.data)
+			return base, m.bufs[base], b
+		}
+	}
+	return k, nil, nil
+}
+
+// produced records a node output.
+func (m *memTracker) produced(t *tensor.Tensor, inputs []*tensor.Tensor) {
+	k, e, b := m.entry(t)
 	if k == nil {
 		return
 	}
-	if e, ok := m.bufs[k]; ok {
+	if e != nil {
 		e.refs++
 		return
 	}
-	for _, in := range inputs {
-		if bufKey(in) == k {
-			return // aliases a feed, initializer or captured value
+	if b == nil {
+		for _, in := range inputs {
+			if bufKey(in) == k {
+				return // aliases a feed, initializer or captured value
+			}
 		}
 	}
-	m.bufs[k] = &memEntry{bytes: int64(t.NumBytes()), refs: 1}
+	m.bufs[k] = &memEntry{bytes: int64(t.NumBytes()), refs: 1, buf: b}
 	m.live += int64(t.NumBytes())
 	if m.live > m.peak {
 		m.peak = m.live
 	}
 }
 
+// retain adds a reference to t's buffer if the run tracks it (a subgraph
+// binding an outer value to a formal input, which its plan releases).
+func (m *memTracker) retain(t *tensor.Tensor) {
+	if _, e, _ := m.entry(t); e != nil {
+		e.refs++
+	}
+}
+
+// released drops a reference; the last one frees the buffer's bytes from
+// the live count and returns a pooled buffer to its pool.
 func (m *memTracker) released(t *tensor.Tensor) {
-	k := bufKey(t)
-	if e, ok := m.bufs[k]; ok && k != nil {
-		if e.refs--; e.refs == 0 {
-			m.live -= e.bytes
-			delete(m.bufs, k)
+	k, e, _ := m.entry(t)
+	if e == nil {
+		return
+	}
+	if e.refs--; e.refs == 0 {
+		m.live -= e.bytes
+		delete(m.bufs, k)
+		if e.buf != nil {
+			m.pool.put(e.buf)
+		}
+	}
+}
+
+// settle ends a run's tracking: pooled buffers referenced by the returned
+// outputs are leased to the caller, those referenced by persistent values
+// stay with them, and every other pooled buffer still tracked (unrequested
+// outputs, the values of a failed run) goes back to the pool.
+func (m *memTracker) settle(outs []*tensor.Tensor, keep []*tensor.Tensor) {
+	if m.pool == nil {
+		return
+	}
+	held := map[*memEntry][]*tensor.Tensor{}
+	for _, t := range outs {
+		if _, e, _ := m.entry(t); e != nil && e.buf != nil {
+			held[e] = append(held[e], t)
+		}
+	}
+	for _, t := range keep {
+		if _, e, _ := m.entry(t); e != nil && e.buf != nil {
+			held[e] = nil
+		}
+	}
+	for k, e := range m.bufs {
+		delete(m.bufs, k)
+		if e.buf == nil {
+			continue
+		}
+		ts, ok := held[e]
+		switch {
+		case !ok:
+			m.pool.put(e.buf)
+		case len(ts) > 0:
+			m.pool.lend(e.buf, ts)
 		}
 	}
 }
@@ -151,6 +231,9 @@ func (p *Plan) executeNode(sc *runScope, n *PlanNode) error {
 	}
 	wanted := n.Info.OutputPresent
 	kctx := ops.NewContext(inputs, wanted, sc.threads, sc)
+	if sc.alloc != nil {
+		kctx.SetAllocator(sc.alloc)
+	}
 	var start time.Time
 	if sc.profile {
 		start = time.Now()

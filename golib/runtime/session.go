@@ -47,23 +47,47 @@ type Session struct {
 
 // State is one request's runtime state: a root Context whose caches and
 // persistent values survive between runs until Reset.
+//
+// A State also owns the buffer pool its runs allocate intermediate and
+// output tensors from: a buffer is reused by later runs once the last value
+// referencing it has been released (and, for an output, once the caller has
+// handed it back with Release).
 type State struct {
-	mu  sync.Mutex
-	ctx *Context
+	mu   sync.Mutex
+	ctx  *Context
+	pool *bufferPool
 }
 
 // NewState returns an empty request state.
-func NewState() *State { return &State{ctx: NewContext()} }
+func NewState() *State { return &State{ctx: NewContext(), pool: newBufferPool()} }
 
 // Context returns the state's root context (for cache management).
 func (st *State) Context() *Context { return st.ctx }
 
-// Reset releases every value and cache of the state.
+// Reset releases every value and cache of the state and drops its free
+// buffers.
 func (st *State) Reset() error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	st.pool.trim()
 	return st.ctx.ResetState()
 }
+
+// Release hands output tensors of earlier runs on st back to the state's
+// buffer pool: a buffer is reused once every output tensor that shares it
+// has been released. The caller must not touch the tensors (or anything
+// aliasing their bytes) afterwards. Tensors that are not outputs of st's
+// runs, were already released, or come from runs older than the last few
+// (whose leases are forgotten; the GC frees those buffers) are ignored.
+// Release is safe to call while a run on st is in progress.
+func (st *State) Release(outputs ...*tensor.Tensor) { st.pool.release(outputs) }
+
+// Leased reports whether t is an output of a recent run on st whose buffer
+// comes from the state's pool and is waiting for Release.
+func (st *State) Leased(t *tensor.Tensor) bool { return st.pool.leased(t) }
+
+// PoolStats returns the counters of the state's buffer pool.
+func (st *State) PoolStats() PoolStats { return st.pool.snapshot() }
 
 // NewSession loads the model at path and builds its session.
 func NewSession(path string, opt Options) (*Session, error) {
@@ -144,6 +168,7 @@ func (s *Session) Close() error {
 	}
 	s.closed = true
 	err := s.def.Reset()
+	s.def.pool.close()
 	s.arena.Trim()
 	return err
 }
@@ -186,21 +211,38 @@ func (s *Session) RunState(st *State, feeds map[string]*tensor.Tensor, outputNam
 		ctx.PutTensor(name, t)
 	}
 	stats := &RunStats{}
-	sc := &runScope{ctx: ctx, threads: s.threads, profile: s.profile, mem: newMemTracker(), stats: stats}
+	st.pool.beginRun()
+	mem := newMemTracker(st.pool)
+	sc := &runScope{ctx: ctx, threads: s.threads, profile: s.profile, mem: mem, stats: stats, alloc: st.pool}
 	if err := s.plan.execute(sc); err != nil {
+		mem.settle(nil, persistentTensors(ctx))
 		return nil, nil, err
 	}
-	stats.PeakBytes = sc.mem.peak
+	stats.PeakBytes = mem.peak
 	outs := make([]*tensor.Tensor, len(outIdx))
 	for i, k := range outIdx {
 		name := s.plan.Outputs[k].Name
 		t, ok := ctx.Tensor(name)
 		if !ok {
+			mem.settle(nil, persistentTensors(ctx))
 			return nil, nil, fmt.Errorf("%w: output %q was not produced", errs.ErrNotFound, name)
 		}
 		outs[i] = t
 	}
+	mem.settle(outs, persistentTensors(ctx))
 	return outs, stats, nil
+}
+
+// persistentTensors returns the tensors of ctx's declared persistent values,
+// which outlive the run (their buffers never return to the pool).
+func persistentTensors(ctx *Context) []*tensor.Tensor {
+	var ts []*tensor.Tensor
+	for name := range ctx.persistent {
+		if t, ok := ctx.tensors[name]; ok {
+			ts = append(ts, t)
+		}
+	}
+	return ts
 }
 
 func (s *Session) resolveOutputs(names []string) ([]int, error) {

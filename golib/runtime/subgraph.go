@@ -49,7 +49,11 @@ func (s *subgraph) Run(parent ops.Scope, inputs []*tensor.Tensor) ([]*tensor.Ten
 	child.SetInitializers(s.plan.Initializers)
 	for i, in := range s.plan.Inputs {
 		child.PutTensor(in.Name, inputs[i])
+		ps.mem.retain(inputs[i]) // the body's plan releases its inputs after their last use
 	}
+	// No pool inside subgraphs: a body's values may be carried into the
+	// next iteration or returned by the calling kernel, past what the
+	// body's release schedule sees.
 	sc := &runScope{ctx: child, threads: ps.threads, profile: ps.profile, mem: ps.mem, stats: ps.stats}
 	if err := s.plan.execute(sc); err != nil {
 		return nil, err
@@ -62,11 +66,8 @@ func (s *subgraph) Run(parent ops.Scope, inputs []*tensor.Tensor) ([]*tensor.Ten
 		}
 		out[i] = t
 	}
-	// The child context ends here: drop its references so the calling node
-	// accounts for the outputs it keeps.
-	for _, in := range s.plan.Inputs {
-		delete(child.tensors, in.Name) // the caller's, not counted here
-	}
+	// The child context ends here: drop its references (retained inputs
+	// included) so the calling node accounts for the outputs it keeps.
 	for _, t := range child.tensors {
 		sc.mem.released(t)
 	}

@@ -6,8 +6,11 @@ model, resolves every node's kernel once (an unsupported op raises
 repeatedly with ``run(output_names, feeds)``, like onnxruntime.
 
 Feeds are passed to Go without copying (C-contiguous, aligned numpy arrays
-are used in place; others are copied once). Each output is copied exactly
-once, from Go memory into a numpy array allocated here.
+are used in place; others are copied once). Outputs of at least
+``LEND_MIN_BYTES`` (the present tensors of a decoder) are not copied: the
+returned array wraps the Go buffer, which the session reuses only after the
+array and every view of it are gone. Smaller outputs are copied once, from
+Go memory into a numpy array allocated here.
 """
 
 from __future__ import annotations
@@ -22,7 +25,11 @@ import numpy as np
 from . import _lib
 from ._dtypes import bfloat16
 
-__all__ = ["InferenceSession", "SessionOptions", "NodeArg", "supported_ops"]
+__all__ = ["InferenceSession", "SessionOptions", "NodeArg", "supported_ops", "LEND_MIN_BYTES"]
+
+#: Outputs of at least this many bytes are lent (wrapped, not copied); below
+#: it a copy is cheaper than the wrapper object and its release call.
+LEND_MIN_BYTES = 128 * 1024
 
 #: numpy dtype <-> ONNX TensorProto element code
 _TO_CODE: Dict[np.dtype, int] = {
@@ -139,16 +146,26 @@ class InferenceSession:
             if names != self._out_keys:
                 self._out_keys, self._out_json = names, json.dumps([str(o) for o in names])
             out_json = self._out_json
-        meta = _lib.call(_lib.fn("SessionRun"), self._h, self._feed_json, len(arrays),
-                         _lib.addr(d) if d.size else 0, int(d.size), out_json).split("|")
+        meta = _lib.call(_lib.fn("SessionRunLend"), self._h, self._feed_json, len(arrays),
+                         _lib.addr(d) if d.size else 0, int(d.size), out_json, LEND_MIN_BYTES).split("|")
         rh = int(meta[0])
+        outs: List[np.ndarray] = []
+        refs = np.zeros(len(meta) - 1, dtype=np.int64)
         try:
-            outs = [np.empty(tuple(int(x) for x in shape.split(",")) if shape else (), dtype=_FROM_CODE[int(code)])
-                    for code, _, shape in (m.partition(":") for m in meta[1:])]
+            for i, m in enumerate(meta[1:]):
+                f = m.split(":")
+                shape = tuple(int(x) for x in f[1].split(",")) if f[1] else ()
+                dt = _FROM_CODE[int(f[0])]
+                if len(f) == 4:  # lent: wrap the Go buffer, released when the array is gone
+                    a = np.asarray(_Lent(int(f[3]), int(f[2]), shape, np.dtype(np.uint16) if dt == bfloat16 else dt))
+                    outs.append(a.view(bfloat16) if dt == bfloat16 else a)
+                else:
+                    o = np.empty(shape, dtype=dt)
+                    refs[i] = _lib.addr(o)
+                    outs.append(o)
         except BaseException:
             _lib.call(_lib.fn("ResultFree"), rh)
             raise
-        refs = np.array([_lib.addr(o) for o in outs], dtype=np.int64)
         _lib.call(_lib.fn("ResultCopyAndFree"), rh, _lib.addr(refs) if refs.size else 0, len(outs))
         del arrays  # feeds had to stay alive until the copy above
         return outs
@@ -185,6 +202,28 @@ class InferenceSession:
         ins = ", ".join(i.name for i in self._inputs)
         outs = ", ".join(self._output_names)
         return f"<InferenceSession inputs=[{ins}] outputs=[{outs}] threads={self._threads}>"
+
+
+class _Lent:
+    """Owner of a lent output buffer: the base of the numpy array that wraps
+    it. Its deletion (after the array and all views are gone) hands the
+    buffer back to the session's pool."""
+
+    __slots__ = ("_h", "__array_interface__")
+
+    def __init__(self, h: int, address: int, shape: tuple, dtype: np.dtype) -> None:
+        self._h = h
+        self.__array_interface__ = {"data": (address, False), "shape": shape, "typestr": dtype.str, "version": 3}
+
+    def __del__(self) -> None:
+        try:
+            _release(self._h)
+        except Exception:
+            pass
+
+
+def _release(h: int) -> None:
+    _lib.call(_lib.fn("OutputRelease"), h)
 
 
 def supported_ops() -> List[str]:

@@ -25,6 +25,14 @@ type Subgraph interface {
 	OutputType(i int) (dt tensor.DType, shape tensor.Shape, ok bool)
 }
 
+// Allocator supplies output buffers for kernel calls; the runtime
+// implements it with a per-state pool that recycles buffers across runs.
+type Allocator interface {
+	// Alloc returns a buffer of n bytes, 8-byte aligned, and whether its
+	// bytes are known to be zero (its contents are unspecified otherwise).
+	Alloc(n int) (b []byte, zeroed bool)
+}
+
 // Context carries one node's inputs and outputs for one Compute call. The
 // runtime fills it; kernels read inputs and set outputs.
 type Context struct {
@@ -33,6 +41,7 @@ type Context struct {
 	wanted  []bool
 	threads int
 	scope   Scope
+	alloc   Allocator
 	// Allocated counts the bytes of outputs allocated through NewOutput,
 	// for profiling and peak-memory accounting.
 	Allocated int64
@@ -73,16 +82,47 @@ func (c *Context) NumOutputs() int { return len(c.outputs) }
 // optional output, which the kernel may skip computing).
 func (c *Context) OutputWanted(i int) bool { return i >= 0 && i < len(c.wanted) && c.wanted[i] }
 
+// SetAllocator makes NewOutput and NewOutputUninit take their buffers from
+// a (nil: fresh Go allocations).
+func (c *Context) SetAllocator(a Allocator) { c.alloc = a }
+
 // NewOutput allocates a zero-filled output i of the given type and shape and
 // stores it in the context.
 func (c *Context) NewOutput(i int, dt tensor.DType, shape tensor.Shape) (*tensor.Tensor, error) {
-	t, err := tensor.New(dt, shape)
-	if err != nil {
-		return nil, err
+	return c.newOutput(i, dt, shape, true)
+}
+
+// NewOutputUninit is NewOutput for kernels that write every element of the
+// output: its contents are unspecified (a recycled buffer is not cleared),
+// which spares a pass over the memory.
+func (c *Context) NewOutputUninit(i int, dt tensor.DType, shape tensor.Shape) (*tensor.Tensor, error) {
+	return c.newOutput(i, dt, shape, false)
+}
+
+func (c *Context) newOutput(i int, dt tensor.DType, shape tensor.Shape, zero bool) (*tensor.Tensor, error) {
+	if i < 0 || i >= len(c.outputs) {
+		return nil, fmt.Errorf("%w: output %d of %d", errs.ErrInvalidArgument, i, len(c.outputs))
 	}
-	if err := c.SetOutput(i, t); err != nil {
-		return nil, err
+	var t *tensor.Tensor
+	if c.alloc == nil {
+		var err error
+		if t, err = tensor.New(dt, shape); err != nil {
+			return nil, err
+		}
+	} else {
+		nb, err := tensor.ByteSize(dt, shape)
+		if err != nil {
+			return nil, err
+		}
+		b, zeroed := c.alloc.Alloc(nb)
+		if zero && !zeroed {
+			clear(b)
+		}
+		if t, err = tensor.FromBytes(dt, shape, b); err != nil {
+			return nil, err
+		}
 	}
+	c.outputs[i] = t
 	c.Allocated += int64(t.NumBytes())
 	return t, nil
 }

@@ -22,14 +22,9 @@ type Tensor struct {
 // New allocates a zero-filled tensor. The buffer is 8-byte aligned so every
 // typed view is aligned.
 func New(dt DType, shape Shape) (*Tensor, error) {
-	n, err := check(dt, shape)
+	nb, err := ByteSize(dt, shape)
 	if err != nil {
 		return nil, err
-	}
-	nb, ok := checkedMul(n, dt.Size())
-	if !ok || int64(nb) > maxBytes.Load() {
-		return nil, fmt.Errorf("%w: a %v tensor of shape %v needs %d bytes, over the per-tensor limit of %d bytes",
-			errs.ErrLimit, dt, shape, int64(n)*int64(dt.Size()), maxBytes.Load())
 	}
 	words := make([]uint64, (nb+7)/8)
 	var data []byte
@@ -39,6 +34,22 @@ func New(dt DType, shape Shape) (*Tensor, error) {
 		data = []byte{}
 	}
 	return &Tensor{dtype: dt, shape: shape.Clone(), data: data}, nil
+}
+
+// ByteSize returns the bytes a tensor of dt and shape needs, with the
+// checks New applies (valid type and shape, the per-tensor size limit), so
+// a caller with its own buffers can size them before allocating.
+func ByteSize(dt DType, shape Shape) (int, error) {
+	n, err := check(dt, shape)
+	if err != nil {
+		return 0, err
+	}
+	nb, ok := checkedMul(n, dt.Size())
+	if !ok || int64(nb) > maxBytes.Load() {
+		return 0, fmt.Errorf("%w: a %v tensor of shape %v needs %d bytes, over the per-tensor limit of %d bytes",
+			errs.ErrLimit, dt, shape, int64(n)*int64(dt.Size()), maxBytes.Load())
+	}
+	return nb, nil
 }
 
 // FromBytes wraps b as a tensor without copying. len(b) must equal the

@@ -1,0 +1,264 @@
+package runtime
+
+import (
+	"math/bits"
+	"sync"
+	"unsafe"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+// A decode step allocates the same tensors run after run (and, in a growing
+// decode loop, tensors one token larger than the previous run's). Fresh Go
+// allocations of that size are cleared by the allocator, fault in new pages
+// when the heap grows, and drive the GC; the bufferPool instead keeps each
+// state's released buffers and hands them out again.
+//
+// Buffers are grouped in size classes of eight steps per power of two, so a
+// buffer serves requests up to 12.5% smaller than its capacity: a present
+// tensor that grows by one token per step keeps its buffer for many steps.
+// A free buffer unused for poolMaxIdleRuns runs is dropped (the GC frees
+// it), so the pool follows the working set when shapes change.
+//
+// Ownership: the executor knows every reference a run's values hold on a
+// buffer (memTracker); a buffer goes back to the pool when the last value
+// referencing it is released, never earlier. Buffers still referenced by the
+// returned outputs are leased to the caller until State.Release; leases the
+// caller never settles are forgotten after poolMaxLeaseRuns runs, and the GC
+// frees those buffers once the caller drops the tensors.
+
+const (
+	// poolMaxIdleRuns is how many runs a free buffer may go unused.
+	poolMaxIdleRuns = 2
+	// poolMaxLeaseRuns is how many runs an output lease is remembered.
+	poolMaxLeaseRuns = 4
+	// poolMinClass is the smallest class size in bytes.
+	poolMinClass = 64
+)
+
+// poolBuf is one pooled buffer.
+type poolBuf struct {
+	data  []byte // full capacity of the class
+	class int
+	idle  uint64 // run at which it was last put back
+	dirty bool   // handed out before: contents unspecified
+}
+
+// lease is a buffer referenced by outputs a caller holds.
+type lease struct {
+	buf  *poolBuf
+	refs int
+	run  uint64
+}
+
+// bufferPool is a State's pool. Its methods are safe for concurrent use
+// (a caller may release outputs while another run of the state starts).
+type bufferPool struct {
+	mu     sync.Mutex
+	free   map[int][]*poolBuf
+	leases map[*tensor.Tensor]*lease
+	run    uint64
+	closed bool
+	// issued maps the first byte of each buffer handed out during the
+	// current run to the buffer (read by the executor, under the state's
+	// run lock).
+	issued map[*byte]*poolBuf
+
+	stats PoolStats
+}
+
+// PoolStats are a state's buffer-pool counters (cumulative, except
+// FreeBytes).
+type PoolStats struct {
+	// Reused and Allocated count buffers handed out from the free lists and
+	// freshly allocated.
+	Reused, Allocated int64
+	// AllocatedBytes is the capacity of the freshly allocated buffers.
+	AllocatedBytes int64
+	// Recycled counts buffers returned to the pool; Dropped counts free
+	// buffers discarded after going unused.
+	Recycled, Dropped int64
+	// FreeBytes is the capacity of the buffers now waiting for reuse.
+	FreeBytes int64
+}
+
+func newBufferPool() *bufferPool {
+	return &bufferPool{free: map[int][]*poolBuf{}, leases: map[*tensor.Tensor]*lease{}, issued: map[*byte]*poolBuf{}}
+}
+
+// sizeClass returns the class index and capacity for n bytes (n > 0).
+func sizeClass(n int) (class, size int) {
+	if n <= poolMinClass {
+		return 0, poolMinClass
+	}
+	e := bits.Len(uint(n - 1)) // 2^(e-1) < n <= 2^e, e >= 7
+	step := 1 << (e - 4)       // eight steps from 2^(e-1) to 2^e
+	k := (n - 1 - 1<<(e-1)) / step
+	return 1 + (e-7)*8 + k, 1<<(e-1) + (k+1)*step
+}
+
+// beginRun starts a run: it forgets old leases and drops idle buffers.
+func (p *bufferPool) beginRun() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.run++
+	clear(p.issued)
+	for t, l := range p.leases {
+		if p.run-l.run > poolMaxLeaseRuns {
+			delete(p.leases, t)
+		}
+	}
+	for c, list := range p.free {
+		kept := list[:0]
+		for _, b := range list {
+			if p.run-b.idle > poolMaxIdleRuns {
+				p.stats.Dropped++
+				p.stats.FreeBytes -= int64(len(b.data))
+				continue
+			}
+			kept = append(kept, b)
+		}
+		clear(list[len(kept):])
+		if len(kept) == 0 {
+			delete(p.free, c)
+		} else {
+			p.free[c] = kept
+		}
+	}
+}
+
+// Alloc implements ops.Allocator: a buffer of n bytes from the free list of
+// n's class, or a new one.
+func (p *bufferPool) Alloc(n int) ([]byte, bool) {
+	if n == 0 {
+		return []byte{}, true
+	}
+	class, size := sizeClass(n)
+	p.mu.Lock()
+	var b *poolBuf
+	if list := p.free[class]; len(list) > 0 {
+		b = list[len(list)-1]
+		list[len(list)-1] = nil
+		p.free[class] = list[:len(list)-1]
+		p.stats.Reused++
+		p.stats.FreeBytes -= int64(len(b.data))
+	} else {
+		p.stats.Allocated++
+		p.stats.AllocatedBytes += int64(size)
+	}
+	p.mu.Unlock()
+	if b == nil {
+		words := make([]uint64, size/8) // class sizes are multiples of 8
+		b = &poolBuf{data: unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), size), class: class}
+	}
+	zeroed := !b.dirty
+	b.dirty = true
+	p.mu.Lock()
+	p.issued[&b.data[0]] = b
+	p.mu.Unlock()
+	return b.data[:n:n], zeroed
+}
+
+// put returns a buffer nobody references any more.
+func (p *bufferPool) put(b *poolBuf) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.putLocked(b)
+}
+
+func (p *bufferPool) putLocked(b *poolBuf) {
+	if p.closed {
+		return
+	}
+	b.idle = p.run
+	p.free[b.class] = append(p.free[b.class], b)
+	p.stats.Recycled++
+	p.stats.FreeBytes += int64(len(b.data))
+}
+
+// lookup returns the buffer handed out during this run that holds the
+// bytes at ptr (the first byte, or any byte for a view with an offset).
+func (p *bufferPool) lookup(ptr *byte) *poolBuf {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if b, ok := p.issued[ptr]; ok {
+		return b
+	}
+	a := uintptr(unsafe.Pointer(ptr))
+	for base, b := range p.issued {
+		if lo := uintptr(unsafe.Pointer(base)); a >= lo && a < lo+uintptr(len(b.data)) {
+			return b
+		}
+	}
+	return nil
+}
+
+// lend records that the caller holds refs output tensors on b.
+func (p *bufferPool) lend(b *poolBuf, ts []*tensor.Tensor) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l := &lease{buf: b, run: p.run}
+	for _, t := range ts {
+		if _, dup := p.leases[t]; !dup {
+			p.leases[t] = l
+			l.refs++
+		}
+	}
+}
+
+// release ends the caller's hold on output tensors; a buffer whose last
+// leased output is released returns to the pool. Unknown tensors (not from
+// this pool, already released, or forgotten) are ignored.
+func (p *bufferPool) release(ts []*tensor.Tensor) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, t := range ts {
+		l, ok := p.leases[t]
+		if !ok {
+			continue
+		}
+		delete(p.leases, t)
+		if l.refs--; l.refs == 0 {
+			p.putLocked(l.buf)
+		}
+	}
+}
+
+// trim drops every free buffer (the GC frees them).
+func (p *bufferPool) trim() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stats.Dropped += int64(p.countFree())
+	clear(p.free)
+	p.stats.FreeBytes = 0
+}
+
+func (p *bufferPool) countFree() int {
+	n := 0
+	for _, list := range p.free {
+		n += len(list)
+	}
+	return n
+}
+
+func (p *bufferPool) leased(t *tensor.Tensor) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.leases[t]
+	return ok
+}
+
+// close drops every free buffer and lease; later puts are ignored.
+func (p *bufferPool) close() {
+	p.trim()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	clear(p.leases)
+}
+
+func (p *bufferPool) snapshot() PoolStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stats
+}
