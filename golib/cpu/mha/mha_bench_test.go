@@ -1,7 +1,6 @@
 package mha
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"testing"
 )
@@ -22,32 +21,36 @@ func BenchmarkAttention(b *testing.B) {
 		{"decode_past4096", 1, 1, 4096, true, 16, 8, 64, 1},
 		{"prefill_512", 512, 512, 0, true, 16, 8, 64, 1},
 	} {
-		b.Run(fmt.Sprint(c.name), func(b *testing.B) {
-			r := rand.New(rand.NewPCG(1, 2))
-			sh := Shapes{
-				Q: []int{c.batchSize, c.hq, c.s, c.headDim}, K: []int{c.batchSize, c.hkv, c.l, c.headDim},
-				V: []int{c.batchSize, c.hkv, c.l, c.headDim},
-			}
-			if c.p > 0 {
-				sh.PastKey = []int{c.batchSize, c.hkv, c.p, c.headDim}
-				sh.PastValue = sh.PastKey
-			}
-			g, err := Plan(Attrs{IsCausal: c.causal}, sh)
-			if err != nil {
-				b.Fatal(err)
-			}
-			in := Inputs{Q: randVec(r, prod(sh.Q)), K: randVec(r, prod(sh.K)), V: randVec(r, prod(sh.V))}
-			if c.p > 0 {
-				in.PastKey, in.PastValue = randVec(r, prod(sh.PastKey)), randVec(r, prod(sh.PastValue))
-			}
-			out := Outputs{Y: make([]float32, prod(g.YShape)),
-				PresentKey: make([]float32, prod(g.PresentKeyShape)), PresentValue: make([]float32, prod(g.PresentValueShape))}
-			b.SetBytes(int64(4 * (len(out.PresentKey) + len(out.PresentValue))))
-			for b.Loop() {
-				if err := g.Run(in, out); err != nil {
+		for _, path := range []string{"stream", "general"} {
+			b.Run(c.name+"/"+path, func(b *testing.B) {
+				streamDecode = path == "stream"
+				defer func() { streamDecode = true }()
+				r := rand.New(rand.NewPCG(1, 2))
+				sh := Shapes{
+					Q: []int{c.batchSize, c.hq, c.s, c.headDim}, K: []int{c.batchSize, c.hkv, c.l, c.headDim},
+					V: []int{c.batchSize, c.hkv, c.l, c.headDim},
+				}
+				if c.p > 0 {
+					sh.PastKey = []int{c.batchSize, c.hkv, c.p, c.headDim}
+					sh.PastValue = sh.PastKey
+				}
+				g, err := Plan(Attrs{IsCausal: c.causal}, sh)
+				if err != nil {
 					b.Fatal(err)
 				}
-			}
-		})
+				in := Inputs{Q: randVec(r, prod(sh.Q)), K: randVec(r, prod(sh.K)), V: randVec(r, prod(sh.V))}
+				if c.p > 0 {
+					in.PastKey, in.PastValue = randVec(r, prod(sh.PastKey)), randVec(r, prod(sh.PastValue))
+				}
+				out := Outputs{Y: make([]float32, prod(g.YShape)),
+					PresentKey: make([]float32, prod(g.PresentKeyShape)), PresentValue: make([]float32, prod(g.PresentValueShape))}
+				b.SetBytes(int64(4 * (len(out.PresentKey) + len(out.PresentValue))))
+				for b.Loop() {
+					if err := g.Run(in, out); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/gemm"
@@ -123,6 +124,22 @@ func cases() []tcase {
 	add(base("inf masking fully masked bool row"), func(c *tcase) {
 		c.mask, c.boolMask, c.maskFalseRow, c.wantQK, c.attrs.QKMode, c.attrs.InfMasking = []int{3, 3}, true, 2, true, 3, true
 	})
+	// Decode shapes served by the streaming kernel (see TestStreamableCases).
+	add(base("stream decode 4D presents"), func(c *tcase) {
+		c.s, c.l, c.p, c.hq, c.hkv, c.wantPresents = 1, 1, 300, 4, 2, true
+	})
+	add(base("stream decode 3D gqa presents dv!=dk"), func(c *tcase) {
+		c.in3D, c.hq, c.hkv, c.s, c.l, c.p, c.dv, c.wantPresents = true, 6, 2, 1, 1, 70, 5, true
+		c.attrs.QNumHeads, c.attrs.KVNumHeads, c.attrs.IsCausal = 6, 2, true
+	})
+	add(base("stream causal 3 tokens over past split"), func(c *tcase) {
+		c.b, c.hq, c.hkv, c.s, c.l, c.p, c.attrs.IsCausal, c.wantPresents = 1, 3, 1, 3, 3, 1000, true, true
+	})
+	add(base("stream mqa no presents scale"), func(c *tcase) {
+		c.hq, c.hkv, c.s, c.l, c.p, c.dk, c.dv = 4, 1, 1, 1, 129, 64, 64
+		c.attrs.Scale, c.attrs.HasScale = 0.3, true
+	})
+	add(base("stream no past one key"), func(c *tcase) { c.s, c.l, c.p, c.wantPresents = 1, 1, -1, true })
 	add(base("empty batch"), func(c *tcase) { c.b = 0 })
 	add(base("empty query"), func(c *tcase) { c.s = 0 })
 	add(base("no keys at all"), func(c *tcase) { c.l, c.p = 0, 0 })
@@ -374,5 +391,30 @@ func TestExp32(t *testing.T) {
 	}
 	if !math.IsNaN(float64(exp32(float32(math.NaN())))) || exp32(float32(math.Inf(-1))) != 0 {
 		t.Fatal("exp32 special values")
+	}
+}
+
+// TestStreamableCases checks that the "stream" cases above take the
+// streaming path and that features it does not implement keep the general
+// one, so testCases covers both.
+func TestStreamableCases(t *testing.T) {
+	for _, c := range cases() {
+		if c.b == 0 {
+			continue
+		}
+		g, err := Plan(c.attrs, c.shapes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out Outputs
+		if c.wantQK {
+			out.QK = []float32{}
+		}
+		got := g.streamable(out)
+		excluded := c.mask != nil || c.wantQK || c.nonpad != nil || c.attrs.SlidingWindow ||
+			c.attrs.Softcap > 0 || c.attrs.SoftmaxPrecision == PrecisionDouble
+		if strings.HasPrefix(c.name, "stream ") && !got || excluded && got {
+			t.Errorf("%s: streamable = %v", c.name, got)
+		}
 	}
 }

@@ -45,6 +45,9 @@ func (g *Geometry) Run(in Inputs, out Outputs) error {
 	if err := g.checkData(in, out); err != nil {
 		return err
 	}
+	if g.streamable(out) {
+		return g.runStream(in, out)
+	}
 	keys, values := g.present(in, out)
 	spans := g.Batch * (g.QHeads / g.spanHeads())
 	rows := g.spanHeads() * g.QLen
