@@ -136,8 +136,12 @@ class InferenceSession:
             self._feed_keys, self._feed_json = keys, json.dumps([str(k) for k in keys])
         arrays = [_as_feed(k, input_feed[k]) for k in keys]
         desc: List[int] = []
+        addr = _lib.addr
         for a in arrays:
-            desc += (_lib.addr(a), _TO_CODE[a.dtype], a.ndim, *a.shape)
+            desc.append(addr(a))
+            desc.append(_TO_CODE[a.dtype])
+            desc.append(a.ndim)
+            desc.extend(a.shape)
         d = np.array(desc, dtype=np.int64)
         if output_names is None:
             out_json = ""
@@ -146,27 +150,29 @@ class InferenceSession:
             if names != self._out_keys:
                 self._out_keys, self._out_json = names, json.dumps([str(o) for o in names])
             out_json = self._out_json
-        meta = _lib.call(_lib.fn("SessionRunLend"), self._h, self._feed_json, len(arrays),
-                         _lib.addr(d) if d.size else 0, int(d.size), out_json, LEND_MIN_BYTES).split("|")
+        meta = _lib.call(_RUN_LEND, self._h, self._feed_json, len(arrays), addr(d) if d.size else 0, int(d.size),
+                         out_json, LEND_MIN_BYTES).split("|")
         rh = int(meta[0])
         outs: List[np.ndarray] = []
         refs = np.zeros(len(meta) - 1, dtype=np.int64)
         try:
             for i, m in enumerate(meta[1:]):
                 f = m.split(":")
-                shape = tuple(int(x) for x in f[1].split(",")) if f[1] else ()
+                shape = tuple(map(int, f[1].split(","))) if f[1] else ()
                 dt = _FROM_CODE[int(f[0])]
                 if len(f) == 4:  # lent: wrap the Go buffer, released when the array is gone
-                    a = np.asarray(_Lent(int(f[3]), int(f[2]), shape, np.dtype(np.uint16) if dt == bfloat16 else dt))
-                    outs.append(a.view(bfloat16) if dt == bfloat16 else a)
+                    if dt == bfloat16:
+                        outs.append(np.asarray(_Lent(int(f[3]), int(f[2]), shape, _U16)).view(bfloat16))
+                    else:
+                        outs.append(np.asarray(_Lent(int(f[3]), int(f[2]), shape, dt)))
                 else:
                     o = np.empty(shape, dtype=dt)
-                    refs[i] = _lib.addr(o)
+                    refs[i] = addr(o)
                     outs.append(o)
         except BaseException:
             _lib.call(_lib.fn("ResultFree"), rh)
             raise
-        _lib.call(_lib.fn("ResultCopyAndFree"), rh, _lib.addr(refs) if refs.size else 0, len(outs))
+        _lib.call(_COPY_AND_FREE, rh, addr(refs) if refs.size else 0, len(outs))
         del arrays  # feeds had to stay alive until the copy above
         return outs
 
@@ -222,8 +228,14 @@ class _Lent:
             pass
 
 
+_RUN_LEND = _lib.fn("SessionRunLend")
+_COPY_AND_FREE = _lib.fn("ResultCopyAndFree")
+_OUTPUT_RELEASE = _lib.fn("OutputRelease")
+_U16 = np.dtype(np.uint16)
+
+
 def _release(h: int) -> None:
-    _lib.call(_lib.fn("OutputRelease"), h)
+    _lib.call(_OUTPUT_RELEASE, h)
 
 
 def supported_ops() -> List[str]:
@@ -238,10 +250,11 @@ def _node_arg(d: Mapping[str, Any]) -> NodeArg:
 
 def _as_feed(name: Any, value: Any) -> np.ndarray:
     """value as a C-contiguous, aligned array of a supported dtype."""
-    a = np.asarray(value)
+    a = value if type(value) is np.ndarray else np.asarray(value)
     if a.dtype not in _TO_CODE:
         raise TypeError(f"input {name!r} has unsupported dtype {a.dtype} "
                         f"(supported: {', '.join(str(d) for d in _TO_CODE)})")
-    if not (a.flags.c_contiguous and a.flags.aligned):
+    flags = a.flags
+    if not (flags.c_contiguous and flags.aligned):
         a = np.require(a, requirements=["C", "A"])
     return a
