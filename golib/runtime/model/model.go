@@ -6,6 +6,7 @@
 package model
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -75,10 +76,13 @@ func Load(path string, opt Options) (*Model, error) {
 	if st.Size() > limit {
 		return nil, fmt.Errorf("%w: model file %s is %d bytes, limit %d", errs.ErrLimit, path, st.Size(), limit)
 	}
-	b, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
+	// Sized from Stat: io.ReadAll would grow (clear and copy) its buffer
+	// step by step, several times the model's size for a large file.
+	buf := bytes.NewBuffer(make([]byte, 0, st.Size()+bytes.MinRead))
+	if _, err := buf.ReadFrom(io.LimitReader(f, limit+1)); err != nil {
 		return nil, fmt.Errorf("model: reading %s: %w", path, err)
 	}
+	b := buf.Bytes()
 	if opt.BaseDir == "" {
 		opt.BaseDir = filepath.Dir(path)
 	}
