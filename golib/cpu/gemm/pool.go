@@ -61,8 +61,18 @@ type pool struct {
 	helpers int
 }
 
-// spinFor is how long an idle helper keeps polling before it parks.
-const spinFor = 50 * time.Microsecond
+// spinFor is how long an idle helper keeps polling before it parks. Calls
+// from Python arrive on a cgo callback thread with the other operators of a
+// decode step in between (each a few dozen microseconds to a millisecond);
+// with a 50 us poll the helpers had parked by the next product and, woken
+// through the scheduler, joined too late to take a share of it, so two
+// threads streamed weights no faster than one.
+const spinFor = time.Millisecond
+
+// waitSpin is how long a caller polls for the helpers still running its
+// job before it parks: they hold a share of the same product, so the wait
+// is short, and parking a cgo callback goroutine costs a thread wake-up.
+const waitSpin = 200 * time.Microsecond
 
 var (
 	workers    pool
@@ -153,6 +163,24 @@ func ForThreads(threads, n int, fn func(i int)) {
 	}
 	j.drain()
 	if j.state.Or(closedBit)&^closedBit != 0 {
-		<-j.done
+		j.wait()
 	}
+}
+
+// wait returns once every helper that joined the closed job has left it:
+// it polls for a while, then parks until the last helper signals done.
+func (j *job) wait() {
+	start := time.Now()
+	for i := 1; ; i++ {
+		if j.state.Load() == closedBit {
+			return
+		}
+		if i%64 == 0 {
+			if time.Since(start) > waitSpin {
+				break
+			}
+			runtime.Gosched()
+		}
+	}
+	<-j.done
 }

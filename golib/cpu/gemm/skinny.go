@@ -19,9 +19,21 @@ const skinnyDotRows = 32
 
 var partialPool = sync.Pool{New: func() any { return new([]float32) }}
 
+// skinnySplit is the number of inner-dimension chunks per thread: more
+// chunks than threads let a helper that joins late (a busy machine, or one
+// woken from parking) still take an even share, at the cost of one partial
+// C per extra chunk to add up.
+const skinnySplit = 4
+
+// skinnyMinRows is the least number of B rows per chunk: it keeps the chunks
+// long contiguous runs and the partial sums few.
+const skinnyMinRows = 32
+
 // skinny streams B once. Without transB the threads split the inner
-// dimension, so each one reads a single contiguous block of B rows; all but
-// the first accumulate into a private copy of C that is added at the end.
+// dimension into chunks of consecutive B rows, so each chunk is one
+// contiguous block of B; the first chunk accumulates into C, every other
+// into its own partial C, and the partials are added in chunk order, so the
+// result does not depend on which thread ran which chunk.
 func (p *product) skinny() {
 	if p.transB {
 		p.skinnyDot()
@@ -31,12 +43,15 @@ func (p *product) skinny() {
 	if p.bh != nil {
 		axpy = p.skinnyAxpyHalf
 	}
-	parts := min(p.threads, (p.k+3)/4)
+	parts := 1
+	if p.threads > 1 {
+		parts = min(p.threads*skinnySplit, max(1, p.k/skinnyMinRows))
+	}
 	if parts <= 1 {
 		axpy(0, p.k, p.c, p.ldc)
 		return
 	}
-	step := ((p.k+parts-1)/parts + 3) &^ 3
+	step := ((p.k+parts-1)/parts + 7) &^ 7
 	parts = (p.k + step - 1) / step
 	buf := partialPool.Get().(*[]float32)
 	defer partialPool.Put(buf)
@@ -45,20 +60,35 @@ func (p *product) skinny() {
 		*buf = make([]float32, (parts-1)*size)
 	}
 	partial := (*buf)[:(parts-1)*size]
-	clear(partial)
-	ForThreads(parts, parts, func(t int) {
+	ForThreads(p.threads, parts, func(t int) {
 		l0, l1 := t*step, min((t+1)*step, p.k)
 		if t == 0 {
 			axpy(l0, l1, p.c, p.ldc)
 			return
 		}
-		axpy(l0, l1, partial[(t-1)*size:t*size], p.n)
+		part := partial[(t-1)*size : t*size]
+		clear(part)
+		axpy(l0, l1, part, p.n)
 	})
-	for t := range parts - 1 {
-		for i := range p.m {
-			p.ks.axpy(1, partial[t*size+i*p.n:t*size+(i+1)*p.n], p.c[i*p.ldc:i*p.ldc+p.n])
+	p.reduce(partial, parts-1)
+}
+
+// reduceCols is the number of C columns one task of the reduction adds.
+const reduceCols = 4096
+
+// reduce adds the parts partial C matrices (m x n each, packed) to C in
+// order, in column strips spread over the threads when C is wide.
+func (p *product) reduce(partial []float32, parts int) {
+	size := p.m * p.n
+	strips := (p.n + reduceCols - 1) / reduceCols
+	ForThreads(p.threads, p.m*strips, func(u int) {
+		i, j0 := u/strips, (u%strips)*reduceCols
+		j1 := min(j0+reduceCols, p.n)
+		y := p.c[i*p.ldc+j0 : i*p.ldc+j1]
+		for t := range parts {
+			p.ks.axpy(1, partial[t*size+i*p.n+j0:t*size+i*p.n+j1], y)
 		}
-	}
+	})
 }
 
 // skinnyAxpy adds alpha * op(A)[:, l0:l1] * B[l0:l1, :] into c (row stride
