@@ -21,7 +21,7 @@ func BenchmarkAttention(b *testing.B) {
 		{"decode_past4096", 1, 1, 4096, true, 16, 8, 64, 1},
 		{"prefill_512", 512, 512, 0, true, 16, 8, 64, 1},
 	} {
-		for _, path := range []string{"stream", "general"} {
+		for _, path := range []string{"stream", "general", "general_1thread"} {
 			b.Run(c.name+"/"+path, func(b *testing.B) {
 				streamDecode = path == "stream"
 				defer func() { streamDecode = true }()
@@ -37,6 +37,9 @@ func BenchmarkAttention(b *testing.B) {
 				g, err := Plan(Attrs{IsCausal: c.causal}, sh)
 				if err != nil {
 					b.Fatal(err)
+				}
+				if path == "general_1thread" {
+					g.Threads = 1
 				}
 				in := Inputs{Q: randVec(r, prod(sh.Q)), K: randVec(r, prod(sh.K)), V: randVec(r, prod(sh.V))}
 				if c.p > 0 {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"unsafe"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/gemm"
 )
@@ -48,10 +49,20 @@ func (g *Geometry) Run(in Inputs, out Outputs) error {
 	if g.streamable(out) {
 		return g.runStream(in, out)
 	}
-	keys, values := g.present(in, out)
 	spans := g.Batch * (g.QHeads / g.spanHeads())
 	rows := g.spanHeads() * g.QLen
 	blocks := (rows + rowBlock - 1) / rowBlock
+	// When every (sequence, KV head) is exactly one unit, the unit copies
+	// its head into the present buffers itself, in parallel with the other
+	// heads and right before it reads the head back from the cache.
+	fused := blocks == 1 && g.spanHeads() == g.QHeads/g.KVHeads
+	var keys, values []float32
+	if fused {
+		keys = g.presentBuffer(in.K, out.PresentKey, g.HeadDimK)
+		values = g.presentBuffer(in.V, out.PresentValue, g.HeadDimV)
+	} else {
+		keys, values = g.present(in, out)
+	}
 	// Units run in parallel; a unit's products get threads of their own
 	// only when there are fewer units than threads.
 	inner := g.Threads
@@ -63,6 +74,14 @@ func (g *Geometry) Run(in Inputs, out Outputs) error {
 	gemm.ForThreads(g.Threads, spans*blocks, func(u int) {
 		sp := g.span(u / blocks)
 		r0 := (u % blocks) * rowBlock
+		if fused {
+			if !sameSlice(keys, in.K) {
+				g.concatHead(in.PastKey, in.K, keys, g.HeadDimK, sp.b, sp.kvh)
+			}
+			if !sameSlice(values, in.V) {
+				g.concatHead(in.PastValue, in.V, values, g.HeadDimV, sp.b, sp.kvh)
+			}
+		}
 		if err := g.unit(in, out, keys, values, sp, r0, min(r0+rowBlock, rows), inner, ex); err != nil {
 			select {
 			case errc <- err:
@@ -159,26 +178,51 @@ func (g *Geometry) present(in Inputs, out Outputs) (keys, values []float32) {
 }
 
 func (g *Geometry) concat(past, cur, dst []float32, dim int) []float32 {
-	if dst == nil {
-		if !g.HasPast && !g.Input3D {
-			return cur
-		}
-		dst = make([]float32, g.Batch*g.KVHeads*g.TotalLen*dim)
+	dst = g.presentBuffer(cur, dst, dim)
+	if sameSlice(dst, cur) {
+		return dst
 	}
 	for b := range g.Batch {
 		for h := range g.KVHeads {
-			bh := b*g.KVHeads + h
-			d := dst[bh*g.TotalLen*dim : (bh+1)*g.TotalLen*dim]
-			n := copy(d, past[bh*g.PastLen*dim:(bh+1)*g.PastLen*dim])
-			if !g.Input3D {
-				copy(d[n:], cur[bh*g.KVLen*dim:(bh+1)*g.KVLen*dim])
-				continue
-			}
-			for s := range g.KVLen {
-				src := (b*g.KVLen+s)*g.KVHeads*dim + h*dim
-				copy(d[n+s*dim:n+(s+1)*dim], cur[src:src+dim])
-			}
+			g.concatHead(past, cur, dst, dim, b, h)
 		}
 	}
 	return dst
+}
+
+// presentBuffer returns where the keys (or values) of width dim are
+// assembled: dst when the present output is wanted, cur itself when it
+// already has the layout (4D, no past), else a new buffer.
+func (g *Geometry) presentBuffer(cur, dst []float32, dim int) []float32 {
+	if dst != nil {
+		return dst
+	}
+	if !g.HasPast && !g.Input3D {
+		return cur
+	}
+	return make([]float32, g.Batch*g.KVHeads*g.TotalLen*dim)
+}
+
+// concatHead writes the past then the new tokens of (sequence b, KV head h)
+// into dst.
+func (g *Geometry) concatHead(past, cur, dst []float32, dim, b, h int) {
+	bh := b*g.KVHeads + h
+	d := dst[bh*g.TotalLen*dim : (bh+1)*g.TotalLen*dim]
+	n := 0
+	if g.HasPast {
+		n = copy(d, past[bh*g.PastLen*dim:(bh+1)*g.PastLen*dim])
+	}
+	if !g.Input3D {
+		copy(d[n:], cur[bh*g.KVLen*dim:(bh+1)*g.KVLen*dim])
+		return
+	}
+	for s := range g.KVLen {
+		src := (b*g.KVLen+s)*g.KVHeads*dim + h*dim
+		copy(d[n+s*dim:n+(s+1)*dim], cur[src:src+dim])
+	}
+}
+
+// sameSlice reports whether a and b start at the same element.
+func sameSlice(a, b []float32) bool {
+	return len(a) > 0 && len(b) > 0 && unsafe.SliceData(a) == unsafe.SliceData(b)
 }
