@@ -79,7 +79,7 @@ func newBinary(name string) Factory {
 			if err != nil {
 				return err
 			}
-			out, err := ctx.NewOutput(0, a.DType(), os)
+			out, err := ctx.NewOutputUninit(0, a.DType(), os)
 			if err != nil {
 				return err
 			}

@@ -28,7 +28,7 @@ func newCast(n *Node) (Kernel, error) {
 		if err != nil {
 			return err
 		}
-		out, err := ctx.NewOutput(0, dt, x.Shape())
+		out, err := ctx.NewOutputUninit(0, dt, x.Shape())
 		if err != nil {
 			return err
 		}
@@ -46,7 +46,7 @@ func newCastLike(n *Node) (Kernel, error) {
 		if err != nil {
 			return err
 		}
-		out, err := ctx.NewOutput(0, like.DType(), x.Shape())
+		out, err := ctx.NewOutputUninit(0, like.DType(), x.Shape())
 		if err != nil {
 			return err
 		}

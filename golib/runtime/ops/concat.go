@@ -50,7 +50,7 @@ func newConcat(n *Node) (Kernel, error) {
 			}
 			outShape[ax] += t.Shape()[ax]
 		}
-		out, err := ctx.NewOutput(0, first.DType(), outShape)
+		out, err := ctx.NewOutputUninit(0, first.DType(), outShape)
 		if err != nil {
 			return err
 		}
@@ -141,7 +141,7 @@ func newSplit(splitInput bool) Factory {
 			for i, s := range sizes {
 				shape := x.Shape().Clone()
 				shape[ax] = int(s)
-				out, err := ctx.NewOutput(i, x.DType(), shape)
+				out, err := ctx.NewOutputUninit(i, x.DType(), shape)
 				if err != nil {
 					return err
 				}

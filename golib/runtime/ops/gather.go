@@ -40,7 +40,7 @@ func newGather(n *Node) (Kernel, error) {
 		sh := x.Shape()
 		dim := int64(sh[ax])
 		outShape := append(append(sh[:ax:ax].Clone(), it.Shape()...), sh[ax+1:]...)
-		out, err := ctx.NewOutput(0, x.DType(), outShape)
+		out, err := ctx.NewOutputUninit(0, x.DType(), outShape)
 		if err != nil {
 			return err
 		}
@@ -89,7 +89,7 @@ func newExpand(n *Node) (Kernel, error) {
 		if err != nil {
 			return err
 		}
-		out, err := ctx.NewOutput(0, x.DType(), outShape)
+		out, err := ctx.NewOutputUninit(0, x.DType(), outShape)
 		if err != nil {
 			return err
 		}
@@ -133,7 +133,7 @@ func newWhere(n *Node) (Kernel, error) {
 		if err != nil {
 			return err
 		}
-		out, err := ctx.NewOutput(0, x.DType(), outShape)
+		out, err := ctx.NewOutputUninit(0, x.DType(), outShape)
 		if err != nil {
 			return err
 		}

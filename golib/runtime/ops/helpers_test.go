@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"testing"
+	"unsafe"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
@@ -34,6 +35,7 @@ func callDomain(domain, op string, opset int, attrs Attributes, nOut int, inputs
 		return nil, err
 	}
 	ctx := NewContext(inputs, n.OutputPresent, 2, nil)
+	ctx.SetAllocator(poisonAlloc{})
 	if err := k.Compute(ctx); err != nil {
 		return nil, err
 	}
@@ -139,4 +141,21 @@ func runCases(t *testing.T, cases []opCase) {
 			t.Errorf("%s: got %v %s, want %v %v %s", c.name, got, values(got), want, c.shape, c.want)
 		}
 	}
+}
+
+// poisonAlloc fills every buffer with 0xFF bytes (NaN floats, -1 integers),
+// like a recycled pool buffer holding an older tensor: a kernel that takes
+// an output from NewOutputUninit and leaves an element unwritten fails its
+// test case instead of passing on a fresh, zeroed allocation.
+type poisonAlloc struct{}
+
+func (poisonAlloc) Alloc(n int) ([]byte, bool) {
+	w := make([]uint64, (n+7)/8)
+	for i := range w {
+		w[i] = ^uint64(0)
+	}
+	if n == 0 {
+		return []byte{}, false
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&w[0])), n), false
 }

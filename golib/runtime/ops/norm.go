@@ -80,7 +80,7 @@ func normCompute(ctx *Context, axis int, eps float32, rms, hasBias bool) error {
 			return err
 		}
 	}
-	y, err := ctx.NewOutput(0, x.DType(), sh)
+	y, err := ctx.NewOutputUninit(0, x.DType(), sh)
 	if err != nil {
 		return err
 	}

@@ -146,7 +146,7 @@ func rotaryCompute(ctx *Context, x, cosT, sinT, pos *tensor.Tensor, a rotaryAttr
 	if err != nil {
 		return err
 	}
-	out, err := ctx.NewOutput(0, x.DType(), sh)
+	out, err := ctx.NewOutputUninit(0, x.DType(), sh)
 	if err != nil {
 		return err
 	}

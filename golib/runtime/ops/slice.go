@@ -63,7 +63,7 @@ func newSlice(n *Node) (Kernel, error) {
 			b, cnt := sliceRange(starts[i], ends[i], st, int64(sh[a]))
 			begin[a], step[a], outShape[a] = int(b), int(st), int(cnt)
 		}
-		out, err := ctx.NewOutput(0, x.DType(), outShape)
+		out, err := ctx.NewOutputUninit(0, x.DType(), outShape)
 		if err != nil {
 			return err
 		}

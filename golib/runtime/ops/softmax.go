@@ -58,7 +58,7 @@ func softmaxCompute(ctx *Context, axis64 int64, single, logOut bool) error {
 			inner *= d
 		}
 	}
-	out, err := ctx.NewOutput(0, x.DType(), x.Shape())
+	out, err := ctx.NewOutputUninit(0, x.DType(), x.Shape())
 	if err != nil {
 		return err
 	}

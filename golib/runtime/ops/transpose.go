@@ -48,7 +48,7 @@ func newTranspose(n *Node) (Kernel, error) {
 			outShape[i] = x.Shape()[a]
 			strides[i] = inStrides[a]
 		}
-		out, err := ctx.NewOutput(0, x.DType(), outShape)
+		out, err := ctx.NewOutputUninit(0, x.DType(), outShape)
 		if err != nil {
 			return err
 		}

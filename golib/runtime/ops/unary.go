@@ -68,7 +68,7 @@ func unaryCompute(ctx *Context, name string, op unaryOp) error {
 	if err != nil {
 		return err
 	}
-	out, err := ctx.NewOutput(0, x.DType(), x.Shape())
+	out, err := ctx.NewOutputUninit(0, x.DType(), x.Shape())
 	if err != nil {
 		return err
 	}
