@@ -21,6 +21,7 @@ type Arena struct {
 	live      int64 // bytes of valid (written, not truncated) K/V data, reported by caches
 	allocs    int64 // number of successful allocations
 	free      map[int][][]byte
+	closed    bool // no more pooling: freed buffers go straight back to the OS
 }
 
 // ArenaStats is a snapshot of an arena's accounting.
@@ -117,9 +118,22 @@ func (a *Arena) release(bufs ...[]byte) {
 		a.free[n] = append(a.free[n], b)
 		a.pooled += int64(n)
 	}
-	if a.budget > 0 {
+	switch {
+	case a.closed:
+		a.trimLocked(0)
+	case a.budget > 0:
 		a.trimLocked(a.budget - a.allocated)
 	}
+}
+
+// Close gives pooled memory back and stops pooling: buffers of caches that
+// are still open are freed when those caches close. The arena itself stays
+// usable (a later allocation simply is not pooled).
+func (a *Arena) Close() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.closed = true
+	a.trimLocked(0)
 }
 
 // addLive adjusts the live-bytes figure (called by caches on append,
@@ -144,6 +158,7 @@ func (a *Arena) trimLocked(keep int64) {
 	}
 	for size, list := range a.free {
 		for len(list) > 0 && a.pooled > keep {
+			osFree(list[len(list)-1])
 			list[len(list)-1] = nil
 			list = list[:len(list)-1]
 			a.pooled -= int64(size)
@@ -177,15 +192,23 @@ func alignedBytes(n int) []byte {
 	if n == 0 {
 		return []byte{}
 	}
-	raw := make([]byte, n+alignment)
-	// Touch every page now: the memory is committed when the cache is
-	// created, and the decode loop never pays first-touch page faults.
-	for i := 0; i < len(raw); i += pageSize {
-		raw[i] = 0
+	if b, ok := osAlloc(n); ok {
+		prefault(b)
+		return b
 	}
+	raw := make([]byte, n+alignment)
+	prefault(raw)
 	off := int(uintptr(alignment)-uintptr(unsafe.Pointer(&raw[0]))%alignment) % alignment
 	return raw[off : off+n : off+n]
 }
 
 // pageSize is the stride used to pre-fault new buffers.
 const pageSize = 4096
+
+// prefault touches every page of b now: the memory is committed when the
+// cache is created, and the decode loop never pays first-touch page faults.
+func prefault(b []byte) {
+	for i := 0; i < len(b); i += pageSize {
+		b[i] = 0
+	}
+}

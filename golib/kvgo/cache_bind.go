@@ -41,7 +41,7 @@ func ArenaNew(budget int64) (h int64, err error) {
 func ArenaFree(h int64) (err error) {
 	defer recoverTo(&err)
 	if a, ok := arenas.take(h); ok {
-		a.Trim()
+		a.Close()
 	}
 	return nil
 }
