@@ -13,12 +13,13 @@ from ._errors import BudgetError, CapacityError, StaleCheckpointError
 from ._dtypes import bfloat16
 from .cache import Arena, Checkpoint, KVCache, default_arena
 from .attention import attention, get_threads, set_kernel, set_threads
+from ._kernel import read_bandwidth
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Arena", "KVCache", "Checkpoint", "default_arena", "attention", "set_threads", "get_threads",
-    "set_kernel", "BudgetError", "CapacityError", "StaleCheckpointError", "bfloat16", "build_info",
+    "set_kernel", "read_bandwidth", "InferenceSession", "SessionOptions", "NodeArg", "models", "BudgetError", "CapacityError", "StaleCheckpointError", "bfloat16", "build_info",
     "__version__",
 ]
 
@@ -31,6 +32,20 @@ def build_info() -> dict[str, Any]:
     from . import _lib
 
     return json.loads(_lib.call(_lib.fn("InfoJSON")))
+
+
+def _check_kernel_env() -> None:
+    """Warn when OLKV_KERNEL asked for a path this CPU or build cannot run."""
+    import os
+    import warnings
+
+    if os.environ.get("OLKV_KERNEL"):
+        err = build_info().get("kernel_startup_error")
+        if err:
+            warnings.warn(f"OLKV_KERNEL ignored: {err}", RuntimeWarning, stacklevel=2)
+
+
+_check_kernel_env()
 
 
 def __getattr__(name: str) -> Any:
