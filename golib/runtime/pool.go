@@ -63,6 +63,9 @@ type bufferPool struct {
 	// current run to the buffer (read by the executor, under the state's
 	// run lock).
 	issued map[*byte]*poolBuf
+	// lo and hi bound the addresses of the issued buffers, so a pointer
+	// outside them (a feed, an initializer) skips the scan in lookup.
+	lo, hi uintptr
 
 	stats PoolStats
 }
@@ -83,7 +86,8 @@ type PoolStats struct {
 }
 
 func newBufferPool() *bufferPool {
-	return &bufferPool{free: map[int][]*poolBuf{}, leases: map[*tensor.Tensor]*lease{}, issued: map[*byte]*poolBuf{}}
+	return &bufferPool{free: map[int][]*poolBuf{}, leases: map[*tensor.Tensor]*lease{}, issued: map[*byte]*poolBuf{},
+		lo: ^uintptr(0)}
 }
 
 // sizeClass returns the class index and capacity for n bytes (n > 0).
@@ -103,6 +107,7 @@ func (p *bufferPool) beginRun() {
 	defer p.mu.Unlock()
 	p.run++
 	clear(p.issued)
+	p.lo, p.hi = ^uintptr(0), 0
 	for t, l := range p.leases {
 		if p.run-l.run > poolMaxLeaseRuns {
 			delete(p.leases, t)
@@ -155,6 +160,8 @@ func (p *bufferPool) Alloc(n int) ([]byte, bool) {
 	b.dirty = true
 	p.mu.Lock()
 	p.issued[&b.data[0]] = b
+	base := uintptr(unsafe.Pointer(&b.data[0]))
+	p.lo, p.hi = min(p.lo, base), max(p.hi, base+uintptr(len(b.data)))
 	p.mu.Unlock()
 	return b.data[:n:n], zeroed
 }
@@ -185,6 +192,9 @@ func (p *bufferPool) lookup(ptr *byte) *poolBuf {
 		return b
 	}
 	a := uintptr(unsafe.Pointer(ptr))
+	if a < p.lo || a >= p.hi {
+		return nil
+	}
 	for base, b := range p.issued {
 		if lo := uintptr(unsafe.Pointer(base)); a >= lo && a < lo+uintptr(len(b.data)) {
 			return b

@@ -279,3 +279,34 @@ func TestPoolIdleBuffersDropped(t *testing.T) {
 	}
 	st.Release(outs...) // after close: ignored
 }
+
+// TestTrackerOffsetViews: a value that views a pooled buffer at an offset
+// keeps the buffer out of the pool after the value it was cut from is
+// released.
+func TestTrackerOffsetViews(t *testing.T) {
+	p := newBufferPool()
+	p.beginRun()
+	m := newMemTracker(p)
+	b, _ := p.Alloc(4096)
+	base, _ := tensor.FromBytes(tensor.Float32, tensor.Shape{1024}, b)
+	view, _ := tensor.FromBytes(tensor.Float32, tensor.Shape{512}, b[2048:])
+	feed, _ := tensor.New(tensor.Float32, tensor.Shape{1024})
+	m.produced(base, nil)
+	m.produced(view, []*tensor.Tensor{base})
+	m.produced(feed, nil) // not pooled: tracked for the peak only
+	m.released(base)
+	if ps := p.snapshot(); ps.Recycled != 0 {
+		t.Fatalf("buffer recycled while a view of it lives: %+v", ps)
+	}
+	if c, _ := p.Alloc(4096); unsafe.SliceData(c) == unsafe.SliceData(b) {
+		t.Fatal("live buffer handed out again")
+	}
+	m.released(view)
+	if ps := p.snapshot(); ps.Recycled != 1 {
+		t.Fatalf("buffer not recycled after its last view: %+v", ps)
+	}
+	m.released(feed)
+	if m.live != 0 || len(m.bufs) != 0 {
+		t.Fatalf("tracker not empty: live %d, %d buffers", m.live, len(m.bufs))
+	}
+}
