@@ -18,25 +18,22 @@ import (
 // kernel reads it, so the copy and the attention share one pass over the
 // past (the kernel then reads bytes that are still in the core's caches).
 
-// streamDecode enables the streaming path (tests and benchmarks turn it off
-// to compare with the general one).
-var streamDecode = true
+// streamDecode and unitDecode enable the streaming kernel of package cpu and
+// the streaming unit on the gemm pool (tests and benchmarks turn them off to
+// compare with the general path).
+var streamDecode, unitDecode = true, true
 
 // maxStreamQLen is the largest query length sent to the streaming kernel
 // (the kernel's own limit; above it the general path is faster anyway).
 const maxStreamQLen = 16
 
-// streamable reports whether cpu.Attention computes exactly this call:
-// float32 softmax, no mask, nonpad lengths, window, softcap or
-// qk_matmul_output, and a causal rule aligned to the end of the keys (which
-// a single query token without is_causal satisfies too). threads must not
-// be below the kernel pool's, which has no per-call bound.
+// streamable reports whether cpu.Attention computes exactly this call (see
+// streamMath; its query and output layout is 4D, which 3D matches only for
+// one token). threads must not be below the kernel pool's, which has no
+// per-call bound.
 func (g *Geometry) streamable(out Outputs) bool {
 	return streamDecode && g.Batch > 0 && g.KVHeads > 0 && g.HeadDimK > 0 && g.HeadDimV > 0 &&
-		!g.HasMask && !g.HasNonpad && !g.SlidingWindow && out.QK == nil &&
-		g.Softcap == 0 && g.Scale > 0 && g.SoftmaxPrecision != PrecisionDouble &&
-		g.QLen >= 1 && g.QLen <= maxStreamQLen && g.QLen <= g.TotalLen &&
-		(g.QLen == 1 || g.IsCausal) && (!g.Input3D || g.QLen == 1) &&
+		g.streamMath(out) && g.QLen <= maxStreamQLen && (!g.Input3D || g.QLen == 1) &&
 		(g.Threads <= 0 || g.Threads >= cpu.Threads())
 }
 

@@ -2,6 +2,7 @@ package mha
 
 import (
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -21,10 +22,10 @@ func BenchmarkAttention(b *testing.B) {
 		{"decode_past4096", 1, 1, 4096, true, 16, 8, 64, 1},
 		{"prefill_512", 512, 512, 0, true, 16, 8, 64, 1},
 	} {
-		for _, path := range []string{"stream", "general", "general_1thread"} {
+		for _, path := range []string{"cpu", "unit", "unit_1thread", "general", "general_1thread"} {
 			b.Run(c.name+"/"+path, func(b *testing.B) {
-				streamDecode = path == "stream"
-				defer func() { streamDecode = true }()
+				streamDecode, unitDecode = path == "cpu", strings.HasPrefix(path, "unit")
+				defer func() { streamDecode, unitDecode = true, true }()
 				r := rand.New(rand.NewPCG(1, 2))
 				sh := Shapes{
 					Q: []int{c.batchSize, c.hq, c.s, c.headDim}, K: []int{c.batchSize, c.hkv, c.l, c.headDim},
@@ -38,7 +39,7 @@ func BenchmarkAttention(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if path == "general_1thread" {
+				if strings.HasSuffix(path, "_1thread") {
 					g.Threads = 1
 				}
 				in := Inputs{Q: randVec(r, prod(sh.Q)), K: randVec(r, prod(sh.K)), V: randVec(r, prod(sh.V))}

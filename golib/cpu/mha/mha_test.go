@@ -140,6 +140,13 @@ func cases() []tcase {
 		c.attrs.Scale, c.attrs.HasScale = 0.3, true
 	})
 	add(base("stream no past one key"), func(c *tcase) { c.s, c.l, c.p, c.wantPresents = 1, 1, -1, true })
+	add(base("stream gqa dk 48 dv 80 past 200 presents"), func(c *tcase) {
+		c.b, c.hq, c.hkv, c.s, c.l, c.p, c.dk, c.dv, c.wantPresents = 1, 8, 2, 1, 1, 200, 48, 80, true
+	})
+	add(base("stream odd dims dk 20 dv 12 past 67"), func(c *tcase) {
+		c.hq, c.hkv, c.s, c.l, c.p, c.dk, c.dv = 3, 1, 1, 1, 67, 20, 12
+	})
+	add(base("causal one query over three new keys"), func(c *tcase) { c.s, c.l, c.p, c.attrs.IsCausal = 1, 3, 4, true })
 	add(base("empty batch"), func(c *tcase) { c.b = 0 })
 	add(base("empty query"), func(c *tcase) { c.s = 0 })
 	add(base("no keys at all"), func(c *tcase) { c.l, c.p = 0, 0 })
@@ -178,11 +185,18 @@ func randVec(r *rand.Rand, n int) []float32 {
 
 // TestAttentionCases runs every case on every kernel variant (gemm and
 // softmax exponential follow gemm.SetPath).
+// TestAttentionCases runs every case on every kernel variant, with the
+// decode cases on the streaming kernel of package cpu, on the streaming unit
+// and on the general path.
 func TestAttentionCases(t *testing.T) {
 	defer gemm.SetPath("auto")
+	defer func() { streamDecode, unitDecode = true, true }()
 	for _, path := range gemm.Paths() {
 		gemm.SetPath(path)
-		t.Run(path, testCases)
+		for _, mode := range []string{"cpu", "unit", "general"} {
+			streamDecode, unitDecode = mode == "cpu", mode != "general"
+			t.Run(path+"/"+mode, testCases)
+		}
 	}
 }
 
@@ -412,7 +426,11 @@ func TestStreamableCases(t *testing.T) {
 		}
 		got := g.streamable(out)
 		excluded := c.mask != nil || c.wantQK || c.nonpad != nil || c.attrs.SlidingWindow ||
-			c.attrs.Softcap > 0 || c.attrs.SoftmaxPrecision == PrecisionDouble
+			c.attrs.Softcap > 0 || c.attrs.SoftmaxPrecision == PrecisionDouble ||
+			c.attrs.IsCausal && c.s != c.l
+		if strings.HasPrefix(c.name, "stream ") && !g.streamMath(out) || excluded && g.streamMath(out) {
+			t.Errorf("%s: streamMath = %v", c.name, g.streamMath(out))
+		}
 		if strings.HasPrefix(c.name, "stream ") && !got || excluded && got {
 			t.Errorf("%s: streamable = %v", c.name, got)
 		}

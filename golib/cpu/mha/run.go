@@ -70,6 +70,10 @@ func (g *Geometry) Run(in Inputs, out Outputs) error {
 		inner = 1
 	}
 	ex := pickExp()
+	var sk *streamKernels
+	if fused && unitDecode && g.streamMath(out) {
+		sk = pickStream()
+	}
 	errc := make(chan error, 1)
 	gemm.ForThreads(g.Threads, spans*blocks, func(u int) {
 		sp := g.span(u / blocks)
@@ -81,6 +85,10 @@ func (g *Geometry) Run(in Inputs, out Outputs) error {
 			if !sameSlice(values, in.V) {
 				g.concatHead(in.PastValue, in.V, values, g.HeadDimV, sp.b, sp.kvh)
 			}
+		}
+		if sk != nil {
+			g.streamUnit(in, out, keys, values, sp, rows, ex, sk)
+			return
 		}
 		if err := g.unit(in, out, keys, values, sp, r0, min(r0+rowBlock, rows), inner, ex); err != nil {
 			select {

@@ -1,0 +1,150 @@
+package mha
+
+import (
+	"math"
+	"sync"
+)
+
+// The streaming unit is the general path's answer to decode when the
+// streaming kernel of package cpu may not run (a thread bound below its
+// pool's): the same online softmax, on the gemm pool's threads. One unit is
+// one (sequence, KV head) with all query rows of its group; keys are walked
+// in blocks of streamBlock tokens: the block's scores for every row, a
+// vectorized exp, the running (max, sum) update and the weighted V rows
+// accumulated at once, so nothing of the context's length is materialized
+// and each K/V byte is read once per call.
+
+// streamBlock is the number of keys per block: a 64-dim block of K and one
+// of V are 16 KiB each and stay in L1 while every row of the group uses
+// them.
+const streamBlock = 64
+
+// streamKernels are the inner loops of the streaming unit; every variant
+// computes the same values.
+type streamKernels struct {
+	// dots sets dst[t] = sum_j q[j]*k[t*dk+j] for t < n (len(q) == dk).
+	dots func(dst, q, k []float32, n, dk int)
+	// accum adds sum_t p[t]*v[t*dv:(t+1)*dv] to acc (len(acc) == dv).
+	accum func(acc, p, v []float32, n, dv int)
+}
+
+var goStreamKernels = streamKernels{dots: dotsGo, accum: accumGo}
+
+// streamMath reports whether the call is plain softmax attention with a
+// causal rule (if any) aligned to the end of the keys: no mask, nonpad
+// lengths, window, softcap, qk_matmul_output or float64 softmax, and either
+// one query token without is_causal or as many new keys as query tokens
+// (then query row i sees keys up to PastLen+i, the end-aligned rule).
+func (g *Geometry) streamMath(out Outputs) bool {
+	return !g.HasMask && !g.HasNonpad && !g.SlidingWindow && out.QK == nil &&
+		g.Softcap == 0 && g.Scale > 0 && g.SoftmaxPrecision != PrecisionDouble &&
+		g.QLen >= 1 && g.QLen <= g.TotalLen &&
+		((g.QLen == 1 && !g.IsCausal) || (g.IsCausal && g.KVLen == g.QLen))
+}
+
+// streamState is one unit's scratch, pooled.
+type streamState struct {
+	qs, acc, sc []float32
+	m, l        []float32
+	lim         []int
+}
+
+var streamStates = sync.Pool{New: func() any { return new(streamState) }}
+
+func grow(b []float32, n int) []float32 {
+	if cap(b) < n {
+		return make([]float32, n)
+	}
+	return b[:n]
+}
+
+// streamUnit computes rows [0, rows) of span sp (all of them: one unit per
+// KV head) from the assembled keys and values.
+func (g *Geometry) streamUnit(in Inputs, out Outputs, keys, values []float32, sp span, rows int, ex expFunc, ks *streamKernels) {
+	total, dk, dv := g.TotalLen, g.HeadDimK, g.HeadDimV
+	kb := keys[sp.keys : sp.keys+total*dk]
+	vb := values[sp.values : sp.values+total*dv]
+	st := streamStates.Get().(*streamState)
+	defer streamStates.Put(st)
+	st.qs, st.acc, st.sc = grow(st.qs, rows*dk), grow(st.acc, rows*dv), grow(st.sc, streamBlock)
+	st.m, st.l = grow(st.m, rows), grow(st.l, rows)
+	if cap(st.lim) < rows {
+		st.lim = make([]int, rows)
+	}
+	st.lim = st.lim[:rows]
+	end := 0
+	for r := range rows {
+		q := in.Q[sp.qOff+r*sp.ldq : sp.qOff+r*sp.ldq+dk]
+		for j, x := range q {
+			st.qs[r*dk+j] = x * g.Scale
+		}
+		st.lim[r] = total
+		if g.IsCausal {
+			st.lim[r] = min(total, r%g.QLen+g.PastLen+1)
+		}
+		end = max(end, st.lim[r])
+		st.m[r], st.l[r] = float32(math.Inf(-1)), 0
+	}
+	clear(st.acc)
+	for t0 := 0; t0 < end; t0 += streamBlock {
+		for r := range rows {
+			n := min(t0+streamBlock, st.lim[r]) - t0
+			if n <= 0 {
+				continue
+			}
+			s := st.sc[:n]
+			ks.dots(s, st.qs[r*dk:(r+1)*dk], kb[t0*dk:], n, dk)
+			mx := st.m[r]
+			for _, v := range s {
+				mx = max(mx, v)
+			}
+			acc := st.acc[r*dv : (r+1)*dv]
+			if mx > st.m[r] && st.l[r] > 0 {
+				alpha := exp32(st.m[r] - mx)
+				st.l[r] *= alpha
+				for j := range acc {
+					acc[j] *= alpha
+				}
+			}
+			st.m[r] = mx
+			st.l[r] += float32(ex(s, mx))
+			ks.accum(acc, s, vb[t0*dv:], n, dv)
+		}
+	}
+	for r := range rows {
+		y := out.Y[sp.yOff+r*sp.ldy : sp.yOff+r*sp.ldy+dv]
+		inv := 1 / st.l[r]
+		for j, v := range st.acc[r*dv : (r+1)*dv] {
+			y[j] = v * inv
+		}
+	}
+}
+
+func dotsGo(dst, q, k []float32, n, dk int) {
+	q = q[:dk]
+	for t := range n {
+		row := k[t*dk : (t+1)*dk]
+		var s0, s1, s2, s3 float32
+		j := 0
+		for ; j+4 <= dk; j += 4 {
+			s0 += q[j] * row[j]
+			s1 += q[j+1] * row[j+1]
+			s2 += q[j+2] * row[j+2]
+			s3 += q[j+3] * row[j+3]
+		}
+		for ; j < dk; j++ {
+			s0 += q[j] * row[j]
+		}
+		dst[t] = (s0 + s1) + (s2 + s3)
+	}
+}
+
+func accumGo(acc, p, v []float32, n, dv int) {
+	acc = acc[:dv]
+	for t := range n {
+		pt := p[t]
+		for j, x := range v[t*dv : (t+1)*dv] {
+			acc[j] += pt * x
+		}
+	}
+}
