@@ -78,6 +78,10 @@ func (g *Geometry) Run(in Inputs, out Outputs) error {
 	gemm.ForThreads(g.Threads, spans*blocks, func(u int) {
 		sp := g.span(u / blocks)
 		r0 := (u % blocks) * rowBlock
+		if sk != nil { // copies block by block as it streams
+			g.streamUnit(in, out, keys, values, sp, rows, ex, sk)
+			return
+		}
 		if fused {
 			if !sameSlice(keys, in.K) {
 				g.concatHead(in.PastKey, in.K, keys, g.HeadDimK, sp.b, sp.kvh)
@@ -85,10 +89,6 @@ func (g *Geometry) Run(in Inputs, out Outputs) error {
 			if !sameSlice(values, in.V) {
 				g.concatHead(in.PastValue, in.V, values, g.HeadDimV, sp.b, sp.kvh)
 			}
-		}
-		if sk != nil {
-			g.streamUnit(in, out, keys, values, sp, rows, ex, sk)
-			return
 		}
 		if err := g.unit(in, out, keys, values, sp, r0, min(r0+rowBlock, rows), inner, ex); err != nil {
 			select {
@@ -227,6 +227,26 @@ func (g *Geometry) concatHead(past, cur, dst []float32, dim, b, h int) {
 	for s := range g.KVLen {
 		src := (b*g.KVLen+s)*g.KVHeads*dim + h*dim
 		copy(d[n+s*dim:n+(s+1)*dim], cur[src:src+dim])
+	}
+}
+
+// copyRange writes positions [t0, t1) of (sequence b, KV head h) into dst:
+// the past's rows, then the new tokens'.
+func (g *Geometry) copyRange(past, cur, dst []float32, dim, b, h, t0, t1 int) {
+	bh := b*g.KVHeads + h
+	d := dst[bh*g.TotalLen*dim : (bh+1)*g.TotalLen*dim]
+	if t0 < g.PastLen {
+		e := min(t1, g.PastLen)
+		copy(d[t0*dim:e*dim], past[(bh*g.PastLen+t0)*dim:(bh*g.PastLen+e)*dim])
+		t0 = e
+	}
+	for t := t0; t < t1; t++ {
+		s := t - g.PastLen
+		src := (bh*g.KVLen + s) * dim
+		if g.Input3D {
+			src = (b*g.KVLen+s)*g.KVHeads*dim + h*dim
+		}
+		copy(d[t*dim:(t+1)*dim], cur[src:src+dim])
 	}
 }
 
