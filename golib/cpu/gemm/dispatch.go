@@ -26,6 +26,9 @@ type kernels struct {
 	cvt16 func(kind Half, dst []float32, src []uint16)
 	// axpy8, when set, is axpy4 over eight rows.
 	axpy8 func(a *[8]float32, x *[8][]float32, y []float32)
+	// axpy8m, when set, is axpy8 for m <= skinnyRows rows of C at once:
+	// y[i] += sum_r a[i][r]*x[r] for i < m, each B vector loaded once.
+	axpy8m func(m int, a *[skinnyRows][8]float32, x *[8][]float32, y *[skinnyRows][]float32)
 	// axpy4Half, when set, is axpy4 reading 16-bit rows directly.
 	axpy4Half func(kind Half, a0, a1, a2, a3 float32, x0, x1, x2, x3 []uint16, y []float32)
 }

@@ -99,6 +99,25 @@ func (p *product) skinnyAxpy(l0, l1 int, c []float32, ldc int) {
 	for j0 := 0; j0 < p.n; j0 += skinnyChunk {
 		j1 := min(j0+skinnyChunk, p.n)
 		l := l0
+		if p.ks.axpy8m != nil && p.m > 1 {
+			var a [skinnyRows][8]float32
+			var x [8][]float32
+			var y [skinnyRows][]float32
+			for i := range p.m {
+				y[i] = c[i*ldc+j0 : i*ldc+j1]
+			}
+			for ; l+8 <= l1; l += 8 {
+				for r := range 8 {
+					x[r] = b[(l+r)*ldb+j0 : (l+r)*ldb+j1]
+				}
+				for i := range p.m {
+					for r := range 8 {
+						a[i][r] = al * p.at(i, l+r)
+					}
+				}
+				p.ks.axpy8m(p.m, &a, &x, &y)
+			}
+		}
 		if p.ks.axpy8 != nil {
 			var a [8]float32
 			var x [8][]float32
