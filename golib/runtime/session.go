@@ -184,6 +184,9 @@ func (s *Session) Run(feeds map[string]*tensor.Tensor, outputNames []string) ([]
 // run are cleared first (ClearValues); its caches and persistent values are
 // kept. Feeds are not copied: the caller keeps them alive and unmodified
 // until the returned outputs have been consumed (an output may alias a feed).
+// Outputs belong to the caller; handing them back with st.Release when done
+// lets later runs reuse their buffers instead of allocating (outputs never
+// released are simply left to the garbage collector).
 func (s *Session) RunState(st *State, feeds map[string]*tensor.Tensor, outputNames []string) ([]*tensor.Tensor, *RunStats, error) {
 	s.mu.Lock()
 	closed := s.closed

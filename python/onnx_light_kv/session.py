@@ -126,7 +126,12 @@ class InferenceSession:
 
     def run(self, output_names: Optional[Sequence[str]], input_feed: Mapping[str, Any],
             run_options: Any = None) -> List[np.ndarray]:
-        """Run the model; return the requested outputs (all if None) as numpy arrays."""
+        """Run the model; return the requested outputs (all if None) as numpy arrays.
+
+        Outputs of at least ``LEND_MIN_BYTES`` wrap the session's own buffer
+        (no copy): they stay valid as long as they are referenced, and the
+        buffer is reused by later runs only after the array and all its views
+        are gone. Feeding them back (present -> past) costs no copy either."""
         if not self._h:
             raise ValueError("the session is closed")
         if not isinstance(input_feed, Mapping):
