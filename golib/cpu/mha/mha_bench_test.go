@@ -22,10 +22,10 @@ func BenchmarkAttention(b *testing.B) {
 		{"decode_past4096", 1, 1, 4096, true, 16, 8, 64, 1},
 		{"prefill_512", 512, 512, 0, true, 16, 8, 64, 1},
 	} {
-		for _, path := range []string{"cpu", "unit", "unit_1thread", "general", "general_1thread"} {
+		for _, path := range []string{"stream", "stream_1thread", "general", "general_1thread"} {
 			b.Run(c.name+"/"+path, func(b *testing.B) {
-				streamDecode, unitDecode = path == "cpu", strings.HasPrefix(path, "unit")
-				defer func() { streamDecode, unitDecode = true, true }()
+				unitDecode = strings.HasPrefix(path, "stream")
+				defer func() { unitDecode = true }()
 				r := rand.New(rand.NewPCG(1, 2))
 				sh := Shapes{
 					Q: []int{c.batchSize, c.hq, c.s, c.headDim}, K: []int{c.batchSize, c.hkv, c.l, c.headDim},

@@ -124,7 +124,7 @@ func cases() []tcase {
 	add(base("inf masking fully masked bool row"), func(c *tcase) {
 		c.mask, c.boolMask, c.maskFalseRow, c.wantQK, c.attrs.QKMode, c.attrs.InfMasking = []int{3, 3}, true, 2, true, 3, true
 	})
-	// Decode shapes served by the streaming kernel (see TestStreamableCases).
+	// Decode shapes served by the streaming unit (see TestStreamableCases).
 	add(base("stream decode 4D presents"), func(c *tcase) {
 		c.s, c.l, c.p, c.hq, c.hkv, c.wantPresents = 1, 1, 300, 4, 2, true
 	})
@@ -132,7 +132,7 @@ func cases() []tcase {
 		c.in3D, c.hq, c.hkv, c.s, c.l, c.p, c.dv, c.wantPresents = true, 6, 2, 1, 1, 70, 5, true
 		c.attrs.QNumHeads, c.attrs.KVNumHeads, c.attrs.IsCausal = 6, 2, true
 	})
-	add(base("stream causal 3 tokens over past split"), func(c *tcase) {
+	add(base("stream causal 3 tokens over a past of 1000"), func(c *tcase) {
 		c.b, c.hq, c.hkv, c.s, c.l, c.p, c.attrs.IsCausal, c.wantPresents = 1, 3, 1, 3, 3, 1000, true, true
 	})
 	add(base("stream mqa no presents scale"), func(c *tcase) {
@@ -186,15 +186,14 @@ func randVec(r *rand.Rand, n int) []float32 {
 // TestAttentionCases runs every case on every kernel variant (gemm and
 // softmax exponential follow gemm.SetPath).
 // TestAttentionCases runs every case on every kernel variant, with the
-// decode cases on the streaming kernel of package cpu, on the streaming unit
-// and on the general path.
+// decode cases on the streaming unit and on the general one.
 func TestAttentionCases(t *testing.T) {
 	defer gemm.SetPath("auto")
-	defer func() { streamDecode, unitDecode = true, true }()
+	defer func() { unitDecode = true }()
 	for _, path := range gemm.Paths() {
 		gemm.SetPath(path)
-		for _, mode := range []string{"cpu", "unit", "general"} {
-			streamDecode, unitDecode = mode == "cpu", mode != "general"
+		for _, mode := range []string{"stream", "general"} {
+			unitDecode = mode == "stream"
 			t.Run(path+"/"+mode, testCases)
 		}
 	}
@@ -408,14 +407,11 @@ func TestExp32(t *testing.T) {
 	}
 }
 
-// TestStreamableCases checks that the "stream" cases above take the
-// streaming path and that features it does not implement keep the general
-// one, so testCases covers both.
+// TestStreamableCases checks that the "stream" cases above are plain
+// decode attention (so testCases runs them on the streaming unit) and that
+// features the unit does not implement keep the general one.
 func TestStreamableCases(t *testing.T) {
 	for _, c := range cases() {
-		if c.b == 0 {
-			continue
-		}
 		g, err := Plan(c.attrs, c.shapes())
 		if err != nil {
 			t.Fatal(err)
@@ -424,15 +420,12 @@ func TestStreamableCases(t *testing.T) {
 		if c.wantQK {
 			out.QK = []float32{}
 		}
-		got := g.streamable(out)
+		got := g.streamMath(out)
 		excluded := c.mask != nil || c.wantQK || c.nonpad != nil || c.attrs.SlidingWindow ||
 			c.attrs.Softcap > 0 || c.attrs.SoftmaxPrecision == PrecisionDouble ||
 			c.attrs.IsCausal && c.s != c.l
-		if strings.HasPrefix(c.name, "stream ") && !g.streamMath(out) || excluded && g.streamMath(out) {
-			t.Errorf("%s: streamMath = %v", c.name, g.streamMath(out))
-		}
 		if strings.HasPrefix(c.name, "stream ") && !got || excluded && got {
-			t.Errorf("%s: streamable = %v", c.name, got)
+			t.Errorf("%s: streamMath = %v", c.name, got)
 		}
 	}
 }

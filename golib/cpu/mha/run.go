@@ -46,9 +46,6 @@ func (g *Geometry) Run(in Inputs, out Outputs) error {
 	if err := g.checkData(in, out); err != nil {
 		return err
 	}
-	if g.streamable(out) {
-		return g.runStream(in, out)
-	}
 	spans := g.Batch * (g.QHeads / g.spanHeads())
 	rows := g.spanHeads() * g.QLen
 	blocks := (rows + rowBlock - 1) / rowBlock

@@ -5,14 +5,23 @@ import (
 	"sync"
 )
 
-// The streaming unit is the general path's answer to decode when the
-// streaming kernel of package cpu may not run (a thread bound below its
-// pool's): the same online softmax, on the gemm pool's threads. One unit is
-// one (sequence, KV head) with all query rows of its group; keys are walked
-// in blocks of streamBlock tokens: the block's scores for every row, a
-// vectorized exp, the running (max, sum) update and the weighted V rows
-// accumulated at once, so nothing of the context's length is materialized
-// and each K/V byte is read once per call.
+// Decode-shaped calls (a few query tokens against a past) are a bandwidth
+// problem: each K/V byte serves only the query heads of its group. The
+// general unit materializes a [rows, total] score block through two
+// products; the streaming unit instead walks one (sequence, KV head) with
+// all query rows of its group in blocks of streamBlock keys: the block's
+// scores for every row, a vectorized exp, the running (max, sum) update and
+// the weighted V rows accumulated at once (the online softmax of the decode
+// kernel in package cpu), so nothing of the context's length is
+// materialized and each K/V byte is read once per call. It runs on the gemm
+// pool with the call's thread bound. (Handing these calls to cpu.Attention
+// instead was measured slower inside a decode step from Python: its
+// worker pool polls for 1 ms after each call and competes with the gemm
+// pool's helpers for the cores.)
+
+// unitDecode enables the streaming unit (tests and benchmarks turn it off to
+// compare with the general unit).
+var unitDecode = true
 
 // streamBlock is the number of keys per block: a 64-dim block of K and one
 // of V are 16 KiB each and stay in L1 while every row of the group uses
