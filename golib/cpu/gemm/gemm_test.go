@@ -142,8 +142,10 @@ func TestSkinnySplitK(t *testing.T) {
 	withPath(t, func(t *testing.T) {
 		r := rand.New(rand.NewPCG(9, 9))
 		// Odd sizes, chunks not multiples of 8 rows, a reduction wider than
-		// one strip (n > reduceCols) and more chunks than threads.
-		for _, s := range [][3]int{{1, 37, 50}, {3, 20, 9}, {4, 33, 130}, {2, 5, 3}, {2, 4100, 70}, {3, 33, 1000}, {1, 17, 257}} {
+		// one strip (n > reduceCols), more chunks than threads, and rows
+		// wider than one column pass (n > skinnyChunk).
+		for _, s := range [][3]int{{1, 37, 50}, {3, 20, 9}, {4, 33, 130}, {2, 5, 3}, {2, 4100, 70}, {3, 33, 1000}, {1, 17, 257},
+			{2, skinnyChunk + 37, 9}, {1, skinnyChunk + 5, 70}} {
 			m, n, k := s[0], s[1], s[2]
 			for _, transA := range []bool{false, true} {
 				lda := k

@@ -98,8 +98,8 @@ func (p *product) skinnyAxpyHalf(l0, l1 int, c []float32, ldc int) {
 		for r := range 4 {
 			p.widen(x[r], p.bh[(l+r)*ldb:(l+r)*ldb+n])
 		}
-		for j0 := 0; j0 < n; j0 += skinnyChunk {
-			j1 := min(j0+skinnyChunk, n)
+		for j0 := 0; j0 < n; j0 += halfChunk {
+			j1 := min(j0+halfChunk, n)
 			for i := range p.m {
 				p.ks.axpy4(al*p.at(i, l), al*p.at(i, l+1), al*p.at(i, l+2), al*p.at(i, l+3),
 					x[0][j0:j1], x[1][j0:j1], x[2][j0:j1], x[3][j0:j1], c[i*ldc+j0:i*ldc+j1])
@@ -128,8 +128,8 @@ func (p *product) bRow(j int, buf []float32) []float32 {
 // the same loop as skinnyAxpy over 16-bit rows.
 func (p *product) skinnyAxpyFused(l0, l1 int, c []float32, ldc int) {
 	b, ldb, al := p.bh, p.ldb, p.alpha
-	for j0 := 0; j0 < p.n; j0 += skinnyChunk {
-		j1 := min(j0+skinnyChunk, p.n)
+	for j0 := 0; j0 < p.n; j0 += halfChunk {
+		j1 := min(j0+halfChunk, p.n)
 		l := l0
 		for ; l+4 <= l1; l += 4 {
 			x0 := b[l*ldb+j0 : l*ldb+j1]
@@ -142,7 +142,7 @@ func (p *product) skinnyAxpyFused(l0, l1 int, c []float32, ldc int) {
 			}
 		}
 		if l < l1 {
-			var tmp [skinnyChunk]float32
+			var tmp [halfChunk]float32
 			for ; l < l1; l++ {
 				x := tmp[:j1-j0]
 				p.widen(x, b[l*ldb+j0:l*ldb+j1])
