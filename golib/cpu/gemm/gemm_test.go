@@ -169,6 +169,20 @@ func TestSkinnySplitK(t *testing.T) {
 	})
 }
 
+// TestSkinnyTransB covers the transposed-B streaming path for every row
+// count it serves, odd inner sizes and 16-bit B.
+func TestSkinnyTransB(t *testing.T) {
+	withPath(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(11, 12))
+		for m := 1; m <= skinnyRows; m++ {
+			for _, k := range []int{1, 15, 16, 33, 130} {
+				compare(t, r, false, true, m, 70, k, 0.5, 1, 2)
+				compare(t, r, true, true, m, 37, k, 1, 0, 0)
+			}
+		}
+	})
+}
+
 func TestSgemmBetaZeroIgnoresNaN(t *testing.T) {
 	withPath(t, func(t *testing.T) {
 		for _, m := range []int{1, 9} {
