@@ -133,7 +133,7 @@ func cases() []tcase {
 		c.attrs.QNumHeads, c.attrs.KVNumHeads, c.attrs.IsCausal = 6, 2, true
 	})
 	add(base("stream causal 3 tokens over a past of 1000"), func(c *tcase) {
-		c.b, c.hq, c.hkv, c.s, c.l, c.p, c.attrs.IsCausal, c.wantPresents = 1, 3, 1, 3, 3, 1000, true, true
+		c.b, c.hq, c.hkv, c.s, c.l, c.p, c.attrs.IsCausal, c.wantPresents = 2, 3, 1, 3, 3, 1000, true, true
 	})
 	add(base("stream mqa no presents scale"), func(c *tcase) {
 		c.hq, c.hkv, c.s, c.l, c.p, c.dk, c.dv = 4, 1, 1, 1, 129, 64, 64
@@ -185,21 +185,28 @@ func randVec(r *rand.Rand, n int) []float32 {
 
 // TestAttentionCases runs every case on every kernel variant (gemm and
 // softmax exponential follow gemm.SetPath).
-// TestAttentionCases runs every case on every kernel variant, with the
-// decode cases on the streaming unit and on the general one.
+// TestAttentionCases runs every case on every kernel variant: on one
+// thread (the decode cases on the streaming unit), on all threads, and with
+// the streaming unit off (the decode cases on the general unit).
 func TestAttentionCases(t *testing.T) {
 	defer gemm.SetPath("auto")
 	defer func() { unitDecode = true }()
 	for _, path := range gemm.Paths() {
 		gemm.SetPath(path)
-		for _, mode := range []string{"stream", "general"} {
-			unitDecode = mode == "stream"
-			t.Run(path+"/"+mode, testCases)
+		for _, mode := range []struct {
+			name    string
+			threads int
+			unit    bool
+		}{{"stream", 1, true}, {"threads", 0, true}, {"general", 0, false}} {
+			unitDecode = mode.unit
+			t.Run(path+"/"+mode.name, func(t *testing.T) { testCases(t, mode.threads) })
 		}
 	}
 }
 
-func testCases(t *testing.T) {
+// testCases checks every case against the reference with the given thread
+// bound (0: all).
+func testCases(t *testing.T, threads int) {
 	for ci, c := range cases() {
 		t.Run(c.name, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(ci), 7))
@@ -208,6 +215,7 @@ func testCases(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Plan: %v", err)
 			}
+			g.Threads = threads
 			in := Inputs{Q: randVec(r, prod(sh.Q)), K: randVec(r, prod(sh.K)), V: randVec(r, prod(sh.V)),
 				NonpadKVSeqlen: c.nonpad}
 			if c.p >= 0 {

@@ -68,7 +68,10 @@ func (g *Geometry) Run(in Inputs, out Outputs) error {
 	}
 	ex := pickExp()
 	var sk *streamKernels
-	if fused && unitDecode && g.streamMath(out) {
+	// The streaming unit runs each (sequence, KV head) on one thread, so it
+	// is used when those units fill the threads; otherwise (one KV head,
+	// batch 1) the general unit's products spread over them.
+	if fused && inner == 1 && unitDecode && g.streamMath(out) {
 		sk = pickStream()
 	}
 	errc := make(chan error, 1)
