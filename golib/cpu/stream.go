@@ -31,16 +31,22 @@ func Attention(dst, q []float32, qLen, qHeads int, v cache.View, o Options) erro
 }
 
 // prefetchTokens is how far ahead (in rows) the SIMD loops prefetch K and V
-// rows that come straight from the cache's storage: about one block (into
-// L2), so the next block streams in while this one is computed.
+// rows that come straight from the cache's storage (into L2): half a block
+// of head dim 128, so the rows needed next stream in while these are
+// computed. 0, 16, 32, 128 and 256 rows measured no better.
 var prefetchTokens = 64
 
 // blockTokens picks the number of tokens of one KV block so that a block of
-// K and one of V (as float32) stay inside the L1/L2 caches while every query
-// row of the group uses them.
+// K and one of V (as float32) stay inside the L2 cache while every query
+// row of the group uses them. 64 KiB per tensor block (128 tokens of head
+// dim 128) rather than 32 KiB: the per-block work that does not scale with
+// the block (max, exp and rescale calls per row, loop set-up) is halved.
+// Interleaved A/B runs, one thread, contexts beyond the L3: MHA 32/32 K+V
+// bandwidth rose about 5%, GQA 32/8 was unchanged (within noise), L3-resident
+// GQA 32/8 rose about 5%. Two blocks still fit L2 many times over.
 func blockTokens(dk, dv int) int {
 	d := max(dk, dv)
-	t := 8192 / d // 32 KiB of float32 per tensor block
+	t := 16384 / d // 64 KiB of float32 per tensor block
 	return min(max(t, 16), 128)
 }
 
