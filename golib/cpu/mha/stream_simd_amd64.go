@@ -32,6 +32,7 @@ func hsum4x8(a, b, c, d archsimd.Float32x8) archsimd.Float32x4 {
 	return s.GetLo().Add(s.GetHi())
 }
 
+// fold16 adds the two 256-bit halves of x.
 func fold16(x archsimd.Float32x16) archsimd.Float32x8 { return x.GetLo().Add(x.GetHi()) }
 
 // dotsAVX512 scores four keys at a time (four independent FMA chains, one
@@ -103,10 +104,12 @@ func accumAVX512(acc, p, v []float32, n, dv int) {
 	}
 }
 
+// load16 loads s[0:16].
 func load16(s []float32) archsimd.Float32x16 {
 	return archsimd.LoadFloat32x16((*[16]float32)(s[:16]))
 }
 
+// load8 loads s[0:8].
 func load8(s []float32) archsimd.Float32x8 {
 	return archsimd.LoadFloat32x8((*[8]float32)(s[:8]))
 }

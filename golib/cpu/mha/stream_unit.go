@@ -65,6 +65,7 @@ type streamState struct {
 
 var streamStates = sync.Pool{New: func() any { return new(streamState) }}
 
+// grow returns b resized to n, reallocating only when it is too small.
 func grow(b []float32, n int) []float32 {
 	if cap(b) < n {
 		return make([]float32, n)
@@ -146,6 +147,7 @@ func (g *Geometry) streamUnit(in Inputs, out Outputs, keys, values []float32, sp
 	}
 }
 
+// dotsGo is the portable streamKernels.dots: four partial sums per key.
 func dotsGo(dst, q, k []float32, n, dk int) {
 	q = q[:dk]
 	for t := range n {
@@ -165,6 +167,7 @@ func dotsGo(dst, q, k []float32, n, dk int) {
 	}
 }
 
+// accumGo is the portable streamKernels.accum.
 func accumGo(acc, p, v []float32, n, dv int) {
 	acc = acc[:dv]
 	for t := range n {
