@@ -64,22 +64,14 @@ func newBinary(name string) Factory {
 	op := binaryOps[name]
 	return func(n *Node) (Kernel, error) {
 		return KernelFunc(func(ctx *Context) error {
-			a, err := ctx.RequireInput(0)
-			if err != nil {
-				return err
-			}
-			b, err := ctx.RequireInput(1)
+			a, b, err := twoInputs(ctx)
 			if err != nil {
 				return err
 			}
 			if a.DType() != b.DType() && name != "Pow" {
-				return fmt.Errorf("%w: %s of %v and %v", errs.ErrType, name, a.DType(), b.DType())
+				return errOperandTypes(name, a, b)
 			}
-			os, err := tensor.BroadcastShapes(a.Shape(), b.Shape())
-			if err != nil {
-				return err
-			}
-			out, err := ctx.NewOutputUninit(0, a.DType(), os)
+			out, err := newBroadcastOutput(ctx, a.DType(), a, b)
 			if err != nil {
 				return err
 			}
@@ -87,7 +79,7 @@ func newBinary(name string) Factory {
 				return powIntFloat(a, b, out)
 			}
 			if k := f32Kinds[name]; k != 0 && a.DType() == tensor.Float32 && b.DType() == tensor.Float32 {
-				return binaryF32(k, a.Float32(), a.Shape(), b.Float32(), b.Shape(), out.Float32(), os)
+				return binaryF32(k, a.Float32(), a.Shape(), b.Float32(), b.Shape(), out.Float32(), out.Shape())
 			}
 			return binaryCompute(op, a, b, out)
 		}), nil
@@ -193,26 +185,18 @@ func storeInt64(out *tensor.Tensor, v []int64) error {
 func newCompare(name string) Factory {
 	return func(n *Node) (Kernel, error) {
 		return KernelFunc(func(ctx *Context) error {
-			a, err := ctx.RequireInput(0)
-			if err != nil {
-				return err
-			}
-			b, err := ctx.RequireInput(1)
+			a, b, err := twoInputs(ctx)
 			if err != nil {
 				return err
 			}
 			if a.DType() != b.DType() {
-				return fmt.Errorf("%w: %s of %v and %v", errs.ErrType, name, a.DType(), b.DType())
+				return errOperandTypes(name, a, b)
 			}
-			os, err := tensor.BroadcastShapes(a.Shape(), b.Shape())
+			out, err := newBroadcastOutput(ctx, tensor.Bool, a, b)
 			if err != nil {
 				return err
 			}
-			out, err := ctx.NewOutput(0, tensor.Bool, os)
-			if err != nil {
-				return err
-			}
-			as, bs, dst := a.Shape(), b.Shape(), out.Bool()
+			as, bs, os, dst := a.Shape(), b.Shape(), out.Shape(), out.Bool()
 			if a.DType().IsInt() || a.DType() == tensor.Bool {
 				x, y, err := intOrBool(a, b)
 				if err != nil {

@@ -38,11 +38,7 @@ func newCast(n *Node) (Kernel, error) {
 
 func newCastLike(n *Node) (Kernel, error) {
 	return KernelFunc(func(ctx *Context) error {
-		x, err := ctx.RequireInput(0)
-		if err != nil {
-			return err
-		}
-		like, err := ctx.RequireInput(1)
+		x, like, err := twoInputs(ctx)
 		if err != nil {
 			return err
 		}

@@ -110,15 +110,7 @@ const maxRangeElements = 1 << 31
 
 func newRange(n *Node) (Kernel, error) {
 	return KernelFunc(func(ctx *Context) error {
-		st, err := ctx.RequireInput(0)
-		if err != nil {
-			return err
-		}
-		lt, err := ctx.RequireInput(1)
-		if err != nil {
-			return err
-		}
-		dt, err := ctx.RequireInput(2)
+		st, lt, dt, err := threeInputs(ctx)
 		if err != nil {
 			return err
 		}

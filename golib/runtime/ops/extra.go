@@ -95,11 +95,7 @@ func newGatherElements(n *Node) (Kernel, error) {
 		return nil, err
 	}
 	return KernelFunc(func(ctx *Context) error {
-		x, err := ctx.RequireInput(0)
-		if err != nil {
-			return err
-		}
-		it, err := ctx.RequireInput(1)
+		x, it, err := twoInputs(ctx)
 		if err != nil {
 			return err
 		}

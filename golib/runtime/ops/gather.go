@@ -21,11 +21,7 @@ func newGather(n *Node) (Kernel, error) {
 		return nil, err
 	}
 	return KernelFunc(func(ctx *Context) error {
-		x, err := ctx.RequireInput(0)
-		if err != nil {
-			return err
-		}
-		it, err := ctx.RequireInput(1)
+		x, it, err := twoInputs(ctx)
 		if err != nil {
 			return err
 		}
@@ -114,15 +110,7 @@ func broadcastInto(out, x *tensor.Tensor) error {
 
 func newWhere(n *Node) (Kernel, error) {
 	return KernelFunc(func(ctx *Context) error {
-		c, err := ctx.RequireInput(0)
-		if err != nil {
-			return err
-		}
-		x, err := ctx.RequireInput(1)
-		if err != nil {
-			return err
-		}
-		y, err := ctx.RequireInput(2)
+		c, x, y, err := threeInputs(ctx)
 		if err != nil {
 			return err
 		}

@@ -35,11 +35,7 @@ func newGemm(n *Node) (Kernel, error) {
 	}
 	transA, transB := ta != 0, tb != 0
 	return KernelFunc(func(ctx *Context) error {
-		a, err := ctx.RequireInput(0)
-		if err != nil {
-			return err
-		}
-		b, err := ctx.RequireInput(1)
+		a, b, err := twoInputs(ctx)
 		if err != nil {
 			return err
 		}

@@ -52,26 +52,18 @@ func newLogical(name string) Factory {
 	}[name]
 	return func(n *Node) (Kernel, error) {
 		return KernelFunc(func(ctx *Context) error {
-			a, err := ctx.RequireInput(0)
-			if err != nil {
-				return err
-			}
-			b, err := ctx.RequireInput(1)
+			a, b, err := twoInputs(ctx)
 			if err != nil {
 				return err
 			}
 			if a.DType() != tensor.Bool || b.DType() != tensor.Bool {
-				return fmt.Errorf("%w: %s of %v and %v", errs.ErrType, name, a.DType(), b.DType())
+				return errOperandTypes(name, a, b)
 			}
-			os, err := tensor.BroadcastShapes(a.Shape(), b.Shape())
+			out, err := newBroadcastOutput(ctx, tensor.Bool, a, b)
 			if err != nil {
 				return err
 			}
-			out, err := ctx.NewOutput(0, tensor.Bool, os)
-			if err != nil {
-				return err
-			}
-			return binaryApply(a.Bool(), a.Shape(), b.Bool(), b.Shape(), out.Bool(), os, f)
+			return binaryApply(a.Bool(), a.Shape(), b.Bool(), b.Shape(), out.Bool(), out.Shape(), f)
 		}), nil
 	}
 }
@@ -101,7 +93,7 @@ func newVariadic(name string) Factory {
 					return err
 				}
 				if b.DType() != acc.DType() {
-					return fmt.Errorf("%w: %s of %v and %v", errs.ErrType, name, acc.DType(), b.DType())
+					return errOperandTypes(name, acc, b)
 				}
 				os, err := tensor.BroadcastShapes(acc.Shape(), b.Shape())
 				if err != nil {

@@ -20,16 +20,12 @@ func init() {
 // use a plain loop.
 func newMatMul(n *Node) (Kernel, error) {
 	return KernelFunc(func(ctx *Context) error {
-		a, err := ctx.RequireInput(0)
-		if err != nil {
-			return err
-		}
-		b, err := ctx.RequireInput(1)
+		a, b, err := twoInputs(ctx)
 		if err != nil {
 			return err
 		}
 		if a.DType() != b.DType() {
-			return fmt.Errorf("%w: MatMul of %v and %v", errs.ErrType, a.DType(), b.DType())
+			return errOperandTypes("MatMul", a, b)
 		}
 		g, err := planMatMul(a.Shape(), b.Shape())
 		if err != nil {

@@ -135,11 +135,7 @@ func newCumSum(n *Node) (Kernel, error) {
 		return nil, err
 	}
 	return KernelFunc(func(ctx *Context) error {
-		x, err := ctx.RequireInput(0)
-		if err != nil {
-			return err
-		}
-		at, err := ctx.RequireInput(1)
+		x, at, err := twoInputs(ctx)
 		if err != nil {
 			return err
 		}
@@ -218,25 +214,17 @@ func newMod(n *Node) (Kernel, error) {
 		},
 	}
 	return KernelFunc(func(ctx *Context) error {
-		a, err := ctx.RequireInput(0)
-		if err != nil {
-			return err
-		}
-		b, err := ctx.RequireInput(1)
+		a, b, err := twoInputs(ctx)
 		if err != nil {
 			return err
 		}
 		if a.DType() != b.DType() {
-			return fmt.Errorf("%w: Mod of %v and %v", errs.ErrType, a.DType(), b.DType())
+			return errOperandTypes("Mod", a, b)
 		}
 		if a.DType().IsFloat() && fmod == 0 {
 			return fmt.Errorf("%w: Mod on floats requires fmod=1", errs.ErrInvalidArgument)
 		}
-		os, err := tensor.BroadcastShapes(a.Shape(), b.Shape())
-		if err != nil {
-			return err
-		}
-		out, err := ctx.NewOutput(0, a.DType(), os)
+		out, err := newBroadcastOutput(ctx, a.DType(), a, b)
 		if err != nil {
 			return err
 		}

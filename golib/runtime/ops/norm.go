@@ -43,11 +43,7 @@ func newNorm(rms, hasBias bool) Factory {
 }
 
 func normCompute(ctx *Context, axis int, eps float32, rms, hasBias bool) error {
-	x, err := ctx.RequireInput(0)
-	if err != nil {
-		return err
-	}
-	scale, err := ctx.RequireInput(1)
+	x, scale, err := twoInputs(ctx)
 	if err != nil {
 		return err
 	}

@@ -23,15 +23,7 @@ func newScatterND(n *Node) (Kernel, error) {
 		return nil, fmt.Errorf("%w: ScatterND reduction=%q", errs.ErrNotImplemented, red)
 	}
 	return KernelFunc(func(ctx *Context) error {
-		data, err := ctx.RequireInput(0)
-		if err != nil {
-			return err
-		}
-		it, err := ctx.RequireInput(1)
-		if err != nil {
-			return err
-		}
-		upd, err := ctx.RequireInput(2)
+		data, it, upd, err := threeInputs(ctx)
 		if err != nil {
 			return err
 		}
