@@ -100,14 +100,11 @@ func binaryCompute(op binaryOp, a, b, out *tensor.Tensor) error {
 		if err != nil {
 			return err
 		}
-		if out.DType() == tensor.Float32 {
-			return binaryApply(x, as, y, bs, out.Float32(), os, op.f32)
-		}
-		tmp := make([]float32, out.Len())
-		if err := binaryApply(x, as, y, bs, tmp, os, op.f32); err != nil {
+		dst := f32Result(out)
+		if err := binaryApply(x, as, y, bs, dst, os, op.f32); err != nil {
 			return err
 		}
-		return tensor.FromFloat32(out, tmp)
+		return storeF32Result(out, dst)
 	case a.DType().IsInt():
 		x, err := tensor.Int64Values(a)
 		if err != nil {

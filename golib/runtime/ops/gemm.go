@@ -74,10 +74,7 @@ func newGemm(n *Node) (Kernel, error) {
 		if err != nil {
 			return err
 		}
-		y := out.Float32()
-		if y == nil {
-			y = make([]float32, m*nn)
-		}
+		y := f32Result(out)
 		bt := float32(0)
 		if c != nil && beta != 0 {
 			if err := gemmBroadcastC(c, tensor.Shape{m, nn}, y); err != nil {
@@ -90,10 +87,7 @@ func newGemm(n *Node) (Kernel, error) {
 		if err != nil {
 			return fmt.Errorf("Gemm: %w", err)
 		}
-		if dt != tensor.Float32 {
-			return tensor.FromFloat32(out, y)
-		}
-		return nil
+		return storeF32Result(out, y)
 	}), nil
 }
 

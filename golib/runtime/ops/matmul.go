@@ -124,10 +124,7 @@ func (g *matmulPlan) runF32(threads int, a, b *tensor.Tensor, out *tensor.Tensor
 	if err != nil {
 		return err
 	}
-	dst := out.Float32()
-	if dst == nil {
-		dst = make([]float32, out.Len())
-	}
+	dst := f32Result(out)
 	m, k, n := g.m, g.k, g.n
 	batches := g.batch.Size()
 	switch {
@@ -156,10 +153,7 @@ func (g *matmulPlan) runF32(threads int, a, b *tensor.Tensor, out *tensor.Tensor
 	if err != nil {
 		return fmt.Errorf("MatMul: %w", err)
 	}
-	if out.DType() != tensor.Float32 {
-		return tensor.FromFloat32(out, dst)
-	}
-	return nil
+	return storeF32Result(out, dst)
 }
 
 // one computes output batch i.

@@ -107,10 +107,7 @@ func normCompute(ctx *Context, axis int, eps float32, rms, hasBias bool) error {
 	if err != nil {
 		return err
 	}
-	dst := y.Float32()
-	if dst == nil {
-		dst = make([]float32, len(src))
-	}
+	dst := f32Result(y)
 	err = ctx.ParallelFor(rows, 16, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			row, out := src[r*cols:(r+1)*cols], dst[r*cols:(r+1)*cols]
@@ -158,10 +155,7 @@ func normCompute(ctx *Context, axis int, eps float32, rms, hasBias bool) error {
 	if err != nil {
 		return err
 	}
-	if y.DType() != tensor.Float32 {
-		return tensor.FromFloat32(y, dst)
-	}
-	return nil
+	return storeF32Result(y, dst)
 }
 
 // at is idx[i], or i for the identity mapping (nil idx).

@@ -150,10 +150,7 @@ func rotaryCompute(ctx *Context, x, cosT, sinT, pos *tensor.Tensor, a rotaryAttr
 	if err != nil {
 		return err
 	}
-	dst := out.Float32()
-	if dst == nil {
-		dst = make([]float32, len(src))
-	}
+	dst := f32Result(out)
 	copy(dst, src) // the part past rotary_embedding_dim passes through
 	for b := 0; b < B; b++ {
 		for s := 0; s < S; s++ {
@@ -182,8 +179,5 @@ func rotaryCompute(ctx *Context, x, cosT, sinT, pos *tensor.Tensor, a rotaryAttr
 			}
 		}
 	}
-	if out.DType() != tensor.Float32 {
-		return tensor.FromFloat32(out, dst)
-	}
-	return nil
+	return storeF32Result(out, dst)
 }

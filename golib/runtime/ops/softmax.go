@@ -66,10 +66,7 @@ func softmaxCompute(ctx *Context, axis64 int64, single, logOut bool) error {
 	if err != nil {
 		return err
 	}
-	dst := out.Float32()
-	if dst == nil {
-		dst = make([]float32, len(src))
-	}
+	dst := f32Result(out)
 	if err := ctx.ParallelFor(outer*inner, 64, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			o, i := r/inner, r%inner
@@ -79,10 +76,7 @@ func softmaxCompute(ctx *Context, axis64 int64, single, logOut bool) error {
 	}); err != nil {
 		return err
 	}
-	if out.DType() != tensor.Float32 {
-		return tensor.FromFloat32(out, dst)
-	}
-	return nil
+	return storeF32Result(out, dst)
 }
 
 // softmaxRow normalizes dim elements starting at base with the given stride.
