@@ -12,10 +12,10 @@ func init() {
 	Register("", "Reshape", 5, 0, newReshape)
 	Register("", "Identity", 1, 0, newIdentity)
 	Register("", "Flatten", 1, 0, newFlatten)
-	Register("", "Unsqueeze", 1, 12, newUnsqueeze(false))
-	Register("", "Unsqueeze", 13, 0, newUnsqueeze(true))
-	Register("", "Squeeze", 1, 12, newSqueeze(false))
-	Register("", "Squeeze", 13, 0, newSqueeze(true))
+	Register("", "Unsqueeze", 1, 12, newAxesReshape(false, unsqueezeShape))
+	Register("", "Unsqueeze", 13, 0, newAxesReshape(true, unsqueezeShape))
+	Register("", "Squeeze", 1, 12, newAxesReshape(false, squeezeShape))
+	Register("", "Squeeze", 13, 0, newAxesReshape(true, squeezeShape))
 	Register("", "Shape", 1, 0, newShape)
 	Register("", "Size", 1, 0, newSize)
 }
@@ -51,11 +51,7 @@ func newReshape(n *Node) (Kernel, error) {
 		if err != nil {
 			return err
 		}
-		y, err := x.Reshaped(shape)
-		if err != nil {
-			return err
-		}
-		return ctx.SetOutput(0, y)
+		return setReshaped(ctx, x, shape)
 	}), nil
 }
 
@@ -125,11 +121,7 @@ func newFlatten(n *Node) (Kernel, error) {
 		if a < 0 || a > r {
 			return fmt.Errorf("%w: Flatten axis %d for rank %d", errs.ErrInvalidArgument, axis, r)
 		}
-		y, err := x.Reshaped(tensor.Shape{tensor.Shape(x.Shape()[:a]).Size(), tensor.Shape(x.Shape()[a:]).Size()})
-		if err != nil {
-			return err
-		}
-		return ctx.SetOutput(0, y)
+		return setReshaped(ctx, x, tensor.Shape{tensor.Shape(x.Shape()[:a]).Size(), tensor.Shape(x.Shape()[a:]).Size()})
 	}), nil
 }
 
@@ -145,7 +137,9 @@ func axesArg(ctx *Context, n *Node, fromInput bool) ([]int64, error) {
 	return v, err
 }
 
-func newUnsqueeze(fromInput bool) Factory {
+// newAxesReshape builds Unsqueeze and Squeeze: output 0 is input 0 viewed
+// (no copy) in the shape target computes from its shape and the axes.
+func newAxesReshape(fromInput bool, target func(in tensor.Shape, axes []int64) (tensor.Shape, error)) Factory {
 	return func(n *Node) (Kernel, error) {
 		return KernelFunc(func(ctx *Context) error {
 			x, err := ctx.RequireInput(0)
@@ -156,73 +150,74 @@ func newUnsqueeze(fromInput bool) Factory {
 			if err != nil {
 				return err
 			}
-			r := x.Rank() + len(axes)
-			ins := make([]bool, r)
-			for _, a := range axes {
-				ax, err := tensor.NormAxis(int(a), r)
-				if err != nil {
-					return err
-				}
-				if ins[ax] {
-					return fmt.Errorf("%w: Unsqueeze axis %d repeated", errs.ErrInvalidArgument, a)
-				}
-				ins[ax] = true
-			}
-			shape := make(tensor.Shape, 0, r)
-			k := 0
-			for i := 0; i < r; i++ {
-				if ins[i] {
-					shape = append(shape, 1)
-				} else {
-					shape = append(shape, x.Shape()[k])
-					k++
-				}
-			}
-			y, err := x.Reshaped(shape)
+			shape, err := target(x.Shape(), axes)
 			if err != nil {
 				return err
 			}
-			return ctx.SetOutput(0, y)
+			return setReshaped(ctx, x, shape)
 		}), nil
 	}
 }
 
-func newSqueeze(fromInput bool) Factory {
-	return func(n *Node) (Kernel, error) {
-		return KernelFunc(func(ctx *Context) error {
-			x, err := ctx.RequireInput(0)
-			if err != nil {
-				return err
-			}
-			axes, err := axesArg(ctx, n, fromInput)
-			if err != nil {
-				return err
-			}
-			drop := make([]bool, x.Rank())
-			for _, a := range axes {
-				ax, err := tensor.NormAxis(int(a), x.Rank())
-				if err != nil {
-					return err
-				}
-				if x.Shape()[ax] != 1 {
-					return fmt.Errorf("%w: Squeeze axis %d has size %d", errs.ErrShape, a, x.Shape()[ax])
-				}
-				drop[ax] = true
-			}
-			shape := tensor.Shape{}
-			for i, d := range x.Shape() {
-				if (len(axes) == 0 && d == 1) || drop[i] {
-					continue
-				}
-				shape = append(shape, d)
-			}
-			y, err := x.Reshaped(shape)
-			if err != nil {
-				return err
-			}
-			return ctx.SetOutput(0, y)
-		}), nil
+// unsqueezeShape inserts a dimension of 1 at each of axes (axes index the
+// result).
+func unsqueezeShape(in tensor.Shape, axes []int64) (tensor.Shape, error) {
+	r := len(in) + len(axes)
+	ins := make([]bool, r)
+	for _, a := range axes {
+		ax, err := tensor.NormAxis(int(a), r)
+		if err != nil {
+			return nil, err
+		}
+		if ins[ax] {
+			return nil, fmt.Errorf("%w: Unsqueeze axis %d repeated", errs.ErrInvalidArgument, a)
+		}
+		ins[ax] = true
 	}
+	shape := make(tensor.Shape, 0, r)
+	k := 0
+	for i := 0; i < r; i++ {
+		if ins[i] {
+			shape = append(shape, 1)
+		} else {
+			shape = append(shape, in[k])
+			k++
+		}
+	}
+	return shape, nil
+}
+
+// squeezeShape drops axes, which must have size 1 (no axes: every
+// dimension of size 1).
+func squeezeShape(in tensor.Shape, axes []int64) (tensor.Shape, error) {
+	drop := make([]bool, len(in))
+	for _, a := range axes {
+		ax, err := tensor.NormAxis(int(a), len(in))
+		if err != nil {
+			return nil, err
+		}
+		if in[ax] != 1 {
+			return nil, fmt.Errorf("%w: Squeeze axis %d has size %d", errs.ErrShape, a, in[ax])
+		}
+		drop[ax] = true
+	}
+	shape := tensor.Shape{}
+	for i, d := range in {
+		if (len(axes) == 0 && d == 1) || drop[i] {
+			continue
+		}
+		shape = append(shape, d)
+	}
+	return shape, nil
+}
+
+// setReshaped sets output 0 to x viewed in shape (no copy).
+func setReshaped(ctx *Context, x *tensor.Tensor, shape tensor.Shape) error {
+	y, err := x.Reshaped(shape)
+	if err != nil {
+		return err
+	}
+	return ctx.SetOutput(0, y)
 }
 
 func newShape(n *Node) (Kernel, error) {
