@@ -159,20 +159,11 @@ func storeInt64(out *tensor.Tensor, v []int64) error {
 	case tensor.Int64:
 		copy(out.Int64(), v)
 	case tensor.Int32:
-		d := out.Int32()
-		for i, x := range v {
-			d[i] = int32(x)
-		}
+		tensor.ConvertSlice(out.Int32(), v)
 	case tensor.Int8:
-		d := out.Int8()
-		for i, x := range v {
-			d[i] = int8(x)
-		}
+		tensor.ConvertSlice(out.Int8(), v)
 	case tensor.Uint8:
-		d := out.Uint8()
-		for i, x := range v {
-			d[i] = uint8(x)
-		}
+		tensor.ConvertSlice(out.Uint8(), v)
 	default:
 		return fmt.Errorf("%w: integer result into %v", errs.ErrType, out.DType())
 	}

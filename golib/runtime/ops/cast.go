@@ -75,9 +75,7 @@ func castInto(x, out *tensor.Tensor) error {
 			if err != nil {
 				return err
 			}
-			for i, e := range f {
-				v[i] = float64(e)
-			}
+			tensor.ConvertSlice(v, f)
 		}
 		return storeFloat64(out, v)
 	}
@@ -104,9 +102,7 @@ func castInto(x, out *tensor.Tensor) error {
 		return nil
 	case out.DType().IsFloat():
 		f := make([]float64, n)
-		for i, e := range v {
-			f[i] = float64(e)
-		}
+		tensor.ConvertSlice(f, v)
 		return storeFloat64(out, f)
 	}
 	return storeInt64(out, v)
@@ -137,10 +133,7 @@ func storeFloat64(out *tensor.Tensor, v []float64) error {
 	case tensor.Float64:
 		copy(out.Float64(), v)
 	case tensor.Float32:
-		d := out.Float32()
-		for i, e := range v {
-			d[i] = float32(e)
-		}
+		tensor.ConvertSlice(out.Float32(), v)
 	case tensor.Float16:
 		d := out.Float16()
 		for i, e := range v {

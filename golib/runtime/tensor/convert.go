@@ -39,25 +39,15 @@ func ToFloat32(t *Tensor, dst []float32) error {
 			dst[i] = codec.BF16ToF32(uint16(v))
 		}
 	case Float64:
-		for i, v := range t.Float64() {
-			dst[i] = float32(v)
-		}
+		ConvertSlice(dst, t.Float64())
 	case Int64:
-		for i, v := range t.Int64() {
-			dst[i] = float32(v)
-		}
+		ConvertSlice(dst, t.Int64())
 	case Int32:
-		for i, v := range t.Int32() {
-			dst[i] = float32(v)
-		}
+		ConvertSlice(dst, t.Int32())
 	case Int8:
-		for i, v := range t.Int8() {
-			dst[i] = float32(v)
-		}
+		ConvertSlice(dst, t.Int8())
 	case Uint8:
-		for i, v := range t.Uint8() {
-			dst[i] = float32(v)
-		}
+		ConvertSlice(dst, t.Uint8())
 	case Bool:
 		for i, v := range t.Bool() {
 			if v {
@@ -93,30 +83,15 @@ func FromFloat32(t *Tensor, src []float32) error {
 			d[i] = BFloat16Bits(codec.F32ToBF16(v))
 		}
 	case Float64:
-		d := t.Float64()
-		for i, v := range src {
-			d[i] = float64(v)
-		}
+		ConvertSlice(t.Float64(), src)
 	case Int64:
-		d := t.Int64()
-		for i, v := range src {
-			d[i] = int64(SaturateInt(float64(v), math.MinInt64, math.MaxInt64))
-		}
+		saturateInto(t.Int64(), src, math.MinInt64, math.MaxInt64)
 	case Int32:
-		d := t.Int32()
-		for i, v := range src {
-			d[i] = int32(SaturateInt(float64(v), math.MinInt32, math.MaxInt32))
-		}
+		saturateInto(t.Int32(), src, math.MinInt32, math.MaxInt32)
 	case Int8:
-		d := t.Int8()
-		for i, v := range src {
-			d[i] = int8(SaturateInt(float64(v), math.MinInt8, math.MaxInt8))
-		}
+		saturateInto(t.Int8(), src, math.MinInt8, math.MaxInt8)
 	case Uint8:
-		d := t.Uint8()
-		for i, v := range src {
-			d[i] = uint8(SaturateInt(float64(v), 0, math.MaxUint8))
-		}
+		saturateInto(t.Uint8(), src, 0, math.MaxUint8)
 	case Bool:
 		d := t.Bool()
 		for i, v := range src {
@@ -126,6 +101,32 @@ func FromFloat32(t *Tensor, src []float32) error {
 		return fmt.Errorf("%w: cannot convert float32 to %v", errs.ErrType, t.dtype)
 	}
 	return nil
+}
+
+// Number is the element types that Go converts between with a plain
+// conversion (every Elem but bool and the 16-bit float bit patterns).
+type Number interface {
+	~float32 | ~float64 | ~int64 | ~int32 | ~int8 | ~uint8
+}
+
+// ConvertSlice sets dst[i] = D(src[i]) for every element of src (dst is at
+// least as long): integers widen or wrap like a C cast, int and float64 to
+// float32 round to nearest. Float to integer goes through SaturateInt
+// instead: Go leaves out-of-range float-to-int conversions undefined.
+func ConvertSlice[D, S Number](dst []D, src []S) {
+	dst = dst[:len(src)]
+	for i, v := range src {
+		dst[i] = D(v)
+	}
+}
+
+// saturateInto sets dst[i] to src[i] truncated toward zero and clamped to
+// [lo, hi], the range of D (see SaturateInt).
+func saturateInto[D int64 | int32 | int8 | uint8](dst []D, src []float32, lo, hi int64) {
+	dst = dst[:len(src)]
+	for i, v := range src {
+		dst[i] = D(SaturateInt(float64(v), lo, hi))
+	}
 }
 
 // SaturateInt truncates v toward zero and clamps it to [lo, hi]; NaN gives 0.
@@ -163,17 +164,11 @@ func Int64Values(t *Tensor) ([]int64, error) {
 	case Int64:
 		copy(out, t.Int64())
 	case Int32:
-		for i, v := range t.Int32() {
-			out[i] = int64(v)
-		}
+		ConvertSlice(out, t.Int32())
 	case Int8:
-		for i, v := range t.Int8() {
-			out[i] = int64(v)
-		}
+		ConvertSlice(out, t.Int8())
 	case Uint8:
-		for i, v := range t.Uint8() {
-			out[i] = int64(v)
-		}
+		ConvertSlice(out, t.Uint8())
 	default:
 		return nil, fmt.Errorf("%w: want an integer tensor, got %v", errs.ErrType, t.dtype)
 	}

@@ -152,6 +152,19 @@ func abs(x float32) float32 {
 	return x
 }
 
+func TestConvertSliceWrapsLikeACast(t *testing.T) {
+	i8 := make([]int8, 3)
+	ConvertSlice(i8, []int64{300, -129, 7})
+	if i8[0] != 44 || i8[1] != 127 || i8[2] != 7 {
+		t.Fatalf("int64 -> int8: got %v, want [44 127 7]", i8)
+	}
+	f := make([]float32, 2, 4) // dst may be longer than src
+	ConvertSlice(f[:4], []uint8{255, 1})
+	if f[0] != 255 || f[1] != 1 {
+		t.Fatalf("uint8 -> float32: got %v", f)
+	}
+}
+
 func TestSaturateInt(t *testing.T) {
 	nan := 0.0
 	nan /= nan
