@@ -97,11 +97,8 @@ func newSplit(splitInput bool) Factory {
 			}
 			sizes := attrSplit
 			if splitInput {
-				sizes = nil
-				if t := ctx.Input(1); t != nil {
-					if sizes, err = tensor.Int64Values(t); err != nil {
-						return err
-					}
+				if sizes, err = optionalInt64s(ctx, 1); err != nil {
+					return err
 				}
 			}
 			dim := x.Shape()[ax]

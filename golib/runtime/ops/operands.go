@@ -46,3 +46,13 @@ func newBroadcastOutput(ctx *Context, dt tensor.DType, a, b *tensor.Tensor) (*te
 	}
 	return ctx.NewOutputUninit(0, dt, shape)
 }
+
+// optionalInt64s returns the values of integer input i, or nil when the
+// input is omitted (Split's split, the Reduce axes, Slice's arguments).
+func optionalInt64s(ctx *Context, i int) ([]int64, error) {
+	t := ctx.Input(i)
+	if t == nil {
+		return nil, nil
+	}
+	return tensor.Int64Values(t)
+}

@@ -51,11 +51,8 @@ func newReduce(kind reduceKind, axesInput bool) Factory {
 			}
 			axes := attrAxes
 			if axesInput {
-				axes = nil
-				if t := ctx.Input(1); t != nil {
-					if axes, err = tensor.Int64Values(t); err != nil {
-						return err
-					}
+				if axes, err = optionalInt64s(ctx, 1); err != nil {
+					return err
 				}
 			}
 			if len(axes) == 0 && noop != 0 {

@@ -128,10 +128,7 @@ func newFlatten(n *Node) (Kernel, error) {
 // axesArg returns the axes from attribute (old opsets) or input 1.
 func axesArg(ctx *Context, n *Node, fromInput bool) ([]int64, error) {
 	if fromInput {
-		if ctx.Input(1) == nil {
-			return nil, nil
-		}
-		return tensor.Int64Values(ctx.Input(1))
+		return optionalInt64s(ctx, 1)
 	}
 	v, _, err := n.Attrs.Ints("axes")
 	return v, err

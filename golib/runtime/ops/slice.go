@@ -20,10 +20,8 @@ func newSlice(n *Node) (Kernel, error) {
 		}
 		var args [4][]int64
 		for i := 1; i <= 4; i++ {
-			if t := ctx.Input(i); t != nil {
-				if args[i-1], err = tensor.Int64Values(t); err != nil {
-					return err
-				}
+			if args[i-1], err = optionalInt64s(ctx, i); err != nil {
+				return err
 			}
 		}
 		if ctx.Input(1) == nil || ctx.Input(2) == nil {
