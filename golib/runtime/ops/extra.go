@@ -124,11 +124,8 @@ func newGatherElements(n *Node) (Kernel, error) {
 		src := make([]int, len(idx))
 		ctr := make([]int, len(is))
 		for k, v := range idx {
-			if v < -dim || v >= dim {
-				return fmt.Errorf("%w: GatherElements index %d out of range for dimension %d", errs.ErrInvalidArgument, v, dim)
-			}
-			if v < 0 {
-				v += dim
+			if v, err = normIndex("GatherElements", v, dim); err != nil {
+				return err
 			}
 			off := 0
 			for d, c := range ctr {

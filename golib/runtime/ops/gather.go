@@ -45,11 +45,8 @@ func newGather(n *Node) (Kernel, error) {
 		inner := tensor.Shape(sh[ax+1:]).Size() * es
 		src, dst := x.Bytes(), out.Bytes()
 		for k, v := range idx {
-			if v < -dim || v >= dim {
-				return fmt.Errorf("%w: Gather index %d out of range for dimension %d", errs.ErrInvalidArgument, v, dim)
-			}
-			if v < 0 {
-				idx[k] = v + dim
+			if idx[k], err = normIndex("Gather", v, dim); err != nil {
+				return err
 			}
 		}
 		ni := len(idx)
@@ -62,6 +59,18 @@ func newGather(n *Node) (Kernel, error) {
 		}
 		return nil
 	}), nil
+}
+
+// normIndex maps an index into [0, dim), counting negative ones from the
+// end; one outside [-dim, dim) is an error naming op.
+func normIndex(op string, v, dim int64) (int64, error) {
+	if v < -dim || v >= dim {
+		return 0, fmt.Errorf("%w: %s index %d out of range for dimension %d", errs.ErrInvalidArgument, op, v, dim)
+	}
+	if v < 0 {
+		v += dim
+	}
+	return v, nil
 }
 
 func newExpand(n *Node) (Kernel, error) {

@@ -56,12 +56,9 @@ func newScatterND(n *Node) (Kernel, error) {
 		for u := 0; u < nUpd; u++ {
 			off := 0
 			for j := 0; j < k; j++ {
-				v := idx[u*k+j]
-				if v < 0 {
-					v += int64(ds[j])
-				}
-				if v < 0 || v >= int64(ds[j]) {
-					return fmt.Errorf("%w: ScatterND index %d out of range for dimension %d", errs.ErrInvalidArgument, idx[u*k+j], ds[j])
+				v, err := normIndex("ScatterND", idx[u*k+j], int64(ds[j]))
+				if err != nil {
+					return err
 				}
 				off += int(v) * strides[j]
 			}
