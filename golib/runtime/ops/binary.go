@@ -209,24 +209,27 @@ func newCompare(name string) Factory {
 }
 
 func intOrBool(a, b *tensor.Tensor) ([]int64, []int64, error) {
-	conv := func(t *tensor.Tensor) ([]int64, error) {
-		if t.DType() == tensor.Bool {
-			v := make([]int64, t.Len())
-			for i, x := range t.Bool() {
-				if x {
-					v[i] = 1
-				}
-			}
-			return v, nil
-		}
-		return tensor.Int64Values(t)
-	}
-	x, err := conv(a)
+	x, err := int64OrBoolValues(a)
 	if err != nil {
 		return nil, nil, err
 	}
-	y, err := conv(b)
+	y, err := int64OrBoolValues(b)
 	return x, y, err
+}
+
+// int64OrBoolValues returns an integer or bool tensor's values as int64
+// (a copy; true is 1).
+func int64OrBoolValues(t *tensor.Tensor) ([]int64, error) {
+	if t.DType() != tensor.Bool {
+		return tensor.Int64Values(t)
+	}
+	v := make([]int64, t.Len())
+	for i, x := range t.Bool() {
+		if x {
+			v[i] = 1
+		}
+	}
+	return v, nil
 }
 
 func cmpFunc[T int64 | float32 | float64](name string) func(x, y T) bool {

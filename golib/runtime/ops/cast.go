@@ -79,19 +79,9 @@ func castInto(x, out *tensor.Tensor) error {
 		}
 		return storeFloat64(out, v)
 	}
-	var v []int64
-	if x.DType() == tensor.Bool {
-		v = make([]int64, n)
-		for i, b := range x.Bool() {
-			if b {
-				v[i] = 1
-			}
-		}
-	} else {
-		var err error
-		if v, err = tensor.Int64Values(x); err != nil {
-			return err
-		}
+	v, err := int64OrBoolValues(x)
+	if err != nil {
+		return err
 	}
 	switch {
 	case out.DType() == tensor.Bool:
