@@ -92,11 +92,7 @@ func binaryCompute(op binaryOp, a, b, out *tensor.Tensor) error {
 	case a.DType() == tensor.Float64 && b.DType() == tensor.Float64:
 		return binaryApply(a.Float64(), as, b.Float64(), bs, out.Float64(), os, op.f64)
 	case a.DType().IsFloat():
-		x, err := tensor.AsFloat32(a)
-		if err != nil {
-			return err
-		}
-		y, err := tensor.AsFloat32(b)
+		x, y, err := convertBoth(tensor.AsFloat32, a, b)
 		if err != nil {
 			return err
 		}
@@ -106,11 +102,7 @@ func binaryCompute(op binaryOp, a, b, out *tensor.Tensor) error {
 		}
 		return storeF32Result(out, dst)
 	case a.DType().IsInt():
-		x, err := tensor.Int64Values(a)
-		if err != nil {
-			return err
-		}
-		y, err := tensor.Int64Values(b)
+		x, y, err := convertBoth(tensor.Int64Values, a, b)
 		if err != nil {
 			return err
 		}
@@ -136,11 +128,7 @@ func binaryCompute(op binaryOp, a, b, out *tensor.Tensor) error {
 // powIntFloat is Pow with an integer base and a float exponent: computed
 // in float64 and truncated to the base's integer type.
 func powIntFloat(a, b, out *tensor.Tensor) error {
-	x, err := reduceSource(a)
-	if err != nil {
-		return err
-	}
-	y, err := reduceSource(b)
+	x, y, err := convertBoth(reduceSource, a, b)
 	if err != nil {
 		return err
 	}
@@ -186,7 +174,7 @@ func newCompare(name string) Factory {
 			}
 			as, bs, os, dst := a.Shape(), b.Shape(), out.Shape(), out.Bool()
 			if a.DType().IsInt() || a.DType() == tensor.Bool {
-				x, y, err := intOrBool(a, b)
+				x, y, err := convertBoth(int64OrBoolValues, a, b)
 				if err != nil {
 					return err
 				}
@@ -195,11 +183,7 @@ func newCompare(name string) Factory {
 			if a.DType() == tensor.Float64 {
 				return binaryApply(a.Float64(), as, b.Float64(), bs, dst, os, cmpFunc[float64](name))
 			}
-			x, err := tensor.AsFloat32(a)
-			if err != nil {
-				return err
-			}
-			y, err := tensor.AsFloat32(b)
+			x, y, err := convertBoth(tensor.AsFloat32, a, b)
 			if err != nil {
 				return err
 			}
@@ -208,13 +192,16 @@ func newCompare(name string) Factory {
 	}
 }
 
-func intOrBool(a, b *tensor.Tensor) ([]int64, []int64, error) {
-	x, err := int64OrBoolValues(a)
-	if err != nil {
+// convertBoth reads both operands of a binary op as one computing type
+// with conv (tensor.AsFloat32, tensor.Int64Values, ...).
+func convertBoth[T any](conv func(*tensor.Tensor) ([]T, error), a, b *tensor.Tensor) (x, y []T, err error) {
+	if x, err = conv(a); err != nil {
 		return nil, nil, err
 	}
-	y, err := int64OrBoolValues(b)
-	return x, y, err
+	if y, err = conv(b); err != nil {
+		return nil, nil, err
+	}
+	return x, y, nil
 }
 
 // int64OrBoolValues returns an integer or bool tensor's values as int64
