@@ -10,7 +10,7 @@ import "unsafe"
 func dots4asm(s *float32, ldS int, q *float32, k *float32, rb int, nt int, pfd int)
 
 //go:noescape
-func axpy4wasm(acc *float32, rb int, p *float32, ldP int, v *float32, n int, alpha *[4]float32, pfd int)
+func axpy4wasm(acc *float32, rb int, p *float32, ldP int, v *float32, n int, alpha *[4]float32, pfd int, pfk int)
 
 //go:noescape
 func axpy4asm(acc *float32, rb int, p *float32, ldP int, v *float32, n int, alpha *[4]float32, pfd int)
@@ -70,10 +70,29 @@ func axpy4x16(acc, p, v []float32, alpha *[4]float32, pf int) {
 		return
 	}
 	if d&127 == 0 {
-		axpy4wasm(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), n*4, unsafe.SliceData(v), n, alpha, pf*d*4)
+		axpy4wasm(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), n*4, unsafe.SliceData(v), n, alpha, pf*d*4, 0)
 		return
 	}
 	axpy4asm(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), n*4, unsafe.SliceData(v), n, alpha, pf*d*4)
+}
+
+// axpy4x16k is axpy4x16 that also prefetches the rows of next (the next
+// K block, rows as long as V's) while its second pass over the V block
+// runs from L2. Beyond the L3 the V phase otherwise leaves the memory idle
+// for that pass. Interleaved A/B, one thread, GQA 32/8, 16k-32k tokens:
+// the score+accumulation loops alone went from 23.5 to 25.2 GB/s of K+V,
+// the whole kernel 2-6% faster.
+func axpy4x16k(acc, p, v []float32, alpha *[4]float32, pf int, next []float32) {
+	d, n := len(acc)/4, len(p)/4
+	if n == 0 || d == 0 || d&127 != 0 || len(next) < n*d {
+		axpy4x16(acc, p, v, alpha, pf)
+		return
+	}
+	_, _ = p[4*n-1], v[n*d-1]
+	// A byte distance only (never turned back into a pointer): prefetches
+	// cannot fault, and next holds the n rows they touch.
+	pfk := int(uintptr(unsafe.Pointer(unsafe.SliceData(next))) - uintptr(unsafe.Pointer(unsafe.SliceData(v))))
+	axpy4wasm(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), n*4, unsafe.SliceData(v), n, alpha, pf*d*4, pfk)
 }
 
 // cvtF16x16 widens halves with VCVTPH2PS (AVX-512F) in runs of 64 and the

@@ -553,13 +553,16 @@ awstore:
 	VZEROUPPER
 	RET
 
-// func axpy4wasm(acc *float32, rb int, p *float32, ldP int, v *float32, n int, alpha *[4]float32, pfd int)
+// func axpy4wasm(acc *float32, rb int, p *float32, ldP int, v *float32, n int, alpha *[4]float32, pfd int, pfk int)
 //
 // axpy4asm for rb a multiple of 512: rows (0,1) then rows (2,3), each pass
 // 2 rows x 128 dims (16 accumulators) with V rows read front to back; the
 // second pass finds the block in L2. V is prefetched pfd bytes ahead in the
-// first pass.
-TEXT ·axpy4wasm(SB), NOSPLIT, $0-64
+// first pass. The second pass reads nothing from memory, so it prefetches
+// the n rows at v+pfk instead (the caller passes the next K block there:
+// the score pass that follows then finds it in L2; pfk = 0 re-touches the
+// current rows, a no-op).
+TEXT ·axpy4wasm(SB), NOSPLIT, $0-72
 	MOVQ acc+0(FP), DI
 	MOVQ rb+8(FP), DX
 	MOVQ p+16(FP), R8
@@ -653,14 +656,14 @@ w4tloop:
 	CMPQ CX, DX
 	JLT  w4oloop
 
-	// second pass: rows 2 and 3, no prefetch (the block is in L2)
+	// second pass: rows 2 and 3 (the V block is in L2); prefetch at pfk
 	INCQ R14
 	CMPQ R14, $2
 	JGE  w4done
 	LEAQ (DI)(DX*2), DI
 	LEAQ (R8)(BX*2), R8
 	ADDQ $8, R12
-	XORQ R9, R9
+	MOVQ pfk+64(FP), R9
 	JMP  w4pass
 
 w4done:

@@ -23,6 +23,10 @@ type kernelOps struct {
 	// axpy4 is axpy for four rows at once: acc holds 4 rows of d = len(acc)/4,
 	// p holds 4 rows of n = len(p)/4 weights, alpha one factor per row.
 	axpy4 func(acc, p, v []float32, alpha *[4]float32, pf int)
+	// axpy4k, when set, is axpy4 that may also prefetch the rows of next
+	// (the next K block, rows of len(acc)/4 elements) while it works on v
+	// from cache; nil: callers use axpy4.
+	axpy4k func(acc, p, v []float32, alpha *[4]float32, pf int, next []float32)
 	// The pf arguments are how many rows past k or v the loops may prefetch
 	// (0: none): rows read straight from the cache's storage are streamed
 	// ahead, rows widened into a scratch block are not.

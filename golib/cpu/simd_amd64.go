@@ -44,6 +44,7 @@ var avx512Ops = kernelOps{
 	axpy:    axpy16,
 	dots4:   dots4x16,
 	axpy4:   axpy4x16,
+	axpy4k:  axpy4x16k,
 	cvtF16:  cvtF16x16,
 	cvtBF16: cvtBF16x16,
 	half:    &half16Ops,

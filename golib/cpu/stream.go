@@ -133,16 +133,20 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 			if half && aligned16(sg.K) && aligned16(sg.V) {
 				kh := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(sg.K))), sg.Len*dk)
 				vh := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(sg.V))), sg.Len*dv)
-				u.block(ops, s, nil, nil, kh[off*dk:(off+n)*dk], vh[off*dv:(off+n)*dv], pos+off, n, rows, prefetchTokens)
+				u.block(ops, s, nil, nil, kh[off*dk:(off+n)*dk], vh[off*dv:(off+n)*dv], pos+off, n, rows, prefetchTokens, nil)
 				continue
 			}
 			kb := u.loadBlock(ops, &u.kbuf, sg.K, off, n, dk, s.elem)
 			vb := u.loadBlock(ops, &u.vbuf, sg.V, off, n, dv, s.elem)
 			pf := 0
+			var nk []float32 // the next K block in storage, for axpy4k to prefetch
 			if s.elem == cache.Float32 {
 				pf = prefetchTokens
+				if dk == dv && off+2*n <= sg.Len && uintptr(unsafe.Pointer(unsafe.SliceData(sg.K)))%4 == 0 {
+					nk = unsafe.Slice((*float32)(unsafe.Pointer(&sg.K[(off+n)*dk*4])), n*dk)
+				}
 			}
-			u.block(ops, s, kb, vb, nil, nil, pos+off, n, rows, pf)
+			u.block(ops, s, kb, vb, nil, nil, pos+off, n, rows, pf, nk)
 		}
 		pos += sg.Len
 	}
@@ -217,7 +221,9 @@ func (u *unitState) loadBlock(ops *kernelOps, buf *[]float32, raw []byte, off, n
 // straight from storage by ops.half). Runs of four
 // rows with the same visible range (all rows of a decode step) go through
 // the four-row inner loops, so each K/V row is loaded once for four rows.
-func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, kh, vh []uint16, pos, n, rows, pf int) {
+// nk, when not nil, is the next K block in storage: the first four-row V
+// accumulation prefetches it (ops.axpy4k) while it reads V from cache.
+func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, kh, vh []uint16, pos, n, rows, pf int, nk []float32) {
 	bf := s.elem == cache.BFloat16
 	dk, dv := s.dk, s.dv
 	for r := 0; r < rows; {
@@ -265,6 +271,9 @@ func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, kh, vh []u
 			ops.half.axpy4(u.acc[r*dv:(r+4)*dv], sc, vh[(a-pos)*dv:(e-pos)*dv], alpha, pf, bf)
 		case vh != nil:
 			ops.half.axpy(u.acc[r*dv:(r+1)*dv], sc, vh[(a-pos)*dv:(e-pos)*dv], alpha[0], pf, bf)
+		case nr == 4 && nk != nil && ops.axpy4k != nil:
+			ops.axpy4k(u.acc[r*dv:(r+4)*dv], sc, vb[(a-pos)*dv:(e-pos)*dv], alpha, pf, nk)
+			nk = nil // once per block
 		case nr == 4:
 			ops.axpy4(u.acc[r*dv:(r+4)*dv], sc, vb[(a-pos)*dv:(e-pos)*dv], alpha, pf)
 		default:
