@@ -16,6 +16,9 @@ func axpy4wasm(acc *float32, rb int, p *float32, ldP int, v *float32, n int, alp
 func axpy4asm(acc *float32, rb int, p *float32, ldP int, v *float32, n int, alpha *[4]float32, pfd int)
 
 //go:noescape
+func expSubasm(s *float32, n int, m float32) float32
+
+//go:noescape
 func cvtF16asm(dst *float32, src *uint16, n int, pfd int)
 
 //go:noescape
@@ -93,6 +96,22 @@ func axpy4x16k(acc, p, v []float32, alpha *[4]float32, pf int, next []float32) {
 	// cannot fault, and next holds the n rows they touch.
 	pfk := int(uintptr(unsafe.Pointer(unsafe.SliceData(next))) - uintptr(unsafe.Pointer(unsafe.SliceData(v))))
 	axpy4wasm(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), n*4, unsafe.SliceData(v), n, alpha, pf*d*4, pfk)
+}
+
+// expSubx16 is expSub16 with the runs of 16 in assembly (the archsimd loop
+// spills its constants); the tail uses expf.
+func expSubx16(s []float32, m float32) float32 {
+	n16 := len(s) &^ 15
+	var sum float32
+	if n16 > 0 {
+		sum = expSubasm(unsafe.SliceData(s), n16, m)
+	}
+	for i := n16; i < len(s); i++ {
+		e := expf(s[i] - m)
+		s[i] = e
+		sum += e
+	}
+	return sum
 }
 
 // cvtF16x16 widens halves with VCVTPH2PS (AVX-512F) in runs of 64 and the

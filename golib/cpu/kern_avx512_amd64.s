@@ -753,3 +753,89 @@ d1wloop:
 d1wdone:
 	VZEROUPPER
 	RET
+
+// func expSubasm(s *float32, n int, m float32) float32
+//
+// s[i] = exp(s[i]-m) for i < n (a multiple of 16) and returns their sum:
+// the algorithm and constants of expf/exp16 (clamp, 2^k split, degree-5
+// polynomial). The archsimd exp16 loop spills its constants and runs at
+// about 50 cycles per vector; here m and the constants stay in Z16-Z30
+// (128 scores: 87 -> 37 ns).
+TEXT ·expSubasm(SB), NOSPLIT, $0-28
+	MOVQ s+0(FP), SI
+	MOVQ n+8(FP), CX
+	VBROADCASTSS m+16(FP), Z16
+	MOVQ $expconst<>(SB), AX
+	VBROADCASTSS 0(AX), Z17
+	VBROADCASTSS 4(AX), Z18
+	VBROADCASTSS 8(AX), Z19
+	VBROADCASTSS 12(AX), Z20
+	VBROADCASTSS 16(AX), Z21
+	VBROADCASTSS 20(AX), Z22
+	VBROADCASTSS 24(AX), Z23
+	VBROADCASTSS 28(AX), Z24
+	VBROADCASTSS 32(AX), Z25
+	VBROADCASTSS 36(AX), Z26
+	VBROADCASTSS 40(AX), Z27
+	VBROADCASTSS 44(AX), Z28
+	VBROADCASTSS 48(AX), Z29
+	VPBROADCASTD 52(AX), Z30
+	VXORPS Z31, Z31, Z31
+	SHRQ $4, CX
+	JZ   expdone
+
+exploop:
+	VMOVUPS (SI), Z0
+	VSUBPS Z16, Z0, Z0
+	VMINPS Z0, Z17, Z0
+	VMAXPS Z0, Z18, Z0
+	VMOVAPS Z20, Z1
+	VFMADD231PS Z19, Z0, Z1
+	VSUBPS Z20, Z1, Z2
+	VFMADD231PS Z21, Z2, Z0
+	VFMADD231PS Z22, Z2, Z0
+	VMOVAPS Z23, Z3
+	VFMADD213PS Z24, Z0, Z3
+	VFMADD213PS Z25, Z0, Z3
+	VFMADD213PS Z26, Z0, Z3
+	VFMADD213PS Z27, Z0, Z3
+	VFMADD213PS Z28, Z0, Z3
+	VMULPS Z0, Z0, Z4
+	VMULPS Z4, Z3, Z3
+	VADDPS Z0, Z3, Z3
+	VADDPS Z29, Z3, Z3
+	VPSLLD $23, Z1, Z5
+	VPADDD Z30, Z5, Z5
+	VMULPS Z5, Z3, Z3
+	VMOVUPS Z3, (SI)
+	VADDPS Z3, Z31, Z31
+	ADDQ $64, SI
+	DECQ CX
+	JNZ  exploop
+
+expdone:
+	VEXTRACTF64X4 $1, Z31, Y0
+	VADDPS        Y31, Y0, Y0
+	VEXTRACTF128  $1, Y0, X1
+	VADDPS        X1, X0, X0
+	VHADDPS       X0, X0, X0
+	VHADDPS       X0, X0, X0
+	MOVSS         X0, ret+24(FP)
+	VZEROUPPER
+	RET
+
+DATA expconst<>+0(SB)/4, $0x42b00000
+DATA expconst<>+4(SB)/4, $0xc2aeac50
+DATA expconst<>+8(SB)/4, $0x3fb8aa3b
+DATA expconst<>+12(SB)/4, $0x4b400000
+DATA expconst<>+16(SB)/4, $0xbf318000
+DATA expconst<>+20(SB)/4, $0x395e8083
+DATA expconst<>+24(SB)/4, $0x39506967
+DATA expconst<>+28(SB)/4, $0x3ab743ce
+DATA expconst<>+32(SB)/4, $0x3c088908
+DATA expconst<>+36(SB)/4, $0x3d2aa9c1
+DATA expconst<>+40(SB)/4, $0x3e2aaaaa
+DATA expconst<>+44(SB)/4, $0x3f000000
+DATA expconst<>+48(SB)/4, $0x3f800000
+DATA expconst<>+52(SB)/4, $0x3f800000
+GLOBL expconst<>(SB), RODATA|NOPTR, $56

@@ -39,7 +39,7 @@ var avx512Ops = kernelOps{
 	name:    "avx512",
 	dots:    dots16,
 	maxOf:   max16,
-	expSub:  expSub16,
+	expSub:  expSubx16,
 	tanhCap: tanhCap16,
 	axpy:    axpy16,
 	dots4:   dots4x16,
