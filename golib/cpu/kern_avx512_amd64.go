@@ -10,6 +10,9 @@ import "unsafe"
 func dots4asm(s *float32, ldS int, q *float32, k *float32, rb int, nt int, pfd int)
 
 //go:noescape
+func dots4wasm(s *float32, ldS int, q *float32, k *float32, nt int, pfd int)
+
+//go:noescape
 func axpy4wasm(acc *float32, rb int, p *float32, ldP int, v *float32, n int, alpha *[4]float32, pfd int, pfk int)
 
 //go:noescape
@@ -37,8 +40,12 @@ func axpy1wasm(acc *float32, rb int, p *float32, v *float32, n int, alpha float3
 func axpy1asm(acc *float32, rb int, p *float32, v *float32, n int, alpha float32, pfd int)
 
 // dots4x16 computes the scores of four rows with the assembly 4x4 register
-// block (each K vector feeds four FMAs, each q vector four); the last n%4
-// tokens and head dims that are not a multiple of 16 use the archsimd loops.
+// block (each K vector feeds four FMAs, each q vector four), or for head dim
+// 128 with dots4wasm (half of q in registers, two tokens per step); the
+// tokens those leave over and head dims that are not a multiple of 16 use
+// the archsimd loops. dots4wasm against dots4asm, interleaved A/B, fp32 GQA
+// 32/8, one thread: L3-resident contexts (256-4k tokens) 12-16% faster,
+// 32k tokens unchanged.
 func dots4x16(s, q, k []float32, d, pf int) {
 	n := len(s) / 4
 	if n == 0 {
@@ -50,7 +57,12 @@ func dots4x16(s, q, k []float32, d, pf int) {
 		return
 	}
 	n4 := n &^ 3
-	if n4 > 0 {
+	if d == 128 {
+		n4 = n &^ 1
+		if n4 > 0 {
+			dots4wasm(unsafe.SliceData(s), n*4, unsafe.SliceData(q), unsafe.SliceData(k), n4, pf*d*4)
+		}
+	} else if n4 > 0 {
 		dots4asm(unsafe.SliceData(s), n*4, unsafe.SliceData(q), unsafe.SliceData(k), d*4, n4, pf*d*4)
 	}
 	for r := n4; r < n; r++ {
