@@ -6,7 +6,10 @@
 // decode case) stream op(B) once with vectorized axpy or dot kernels: they
 // are bound by the bandwidth of reading the weights. Everything else goes
 // through a cache-blocked driver (Goto/BLIS loop order) that packs panels of
-// op(A) and op(B) and runs an MR x NR register-tile micro-kernel.
+// op(A) and op(B) and runs an MR x NR register-tile micro-kernel. A
+// constant B (weights) may also be packed once into column panels (PackB)
+// so that short products read it as one contiguous stream with their
+// results held in registers (SgemmPacked).
 //
 // Each kernel has a portable Go twin and, when built with GOEXPERIMENT=simd
 // on amd64, AVX2+FMA and AVX-512 variants written with simd/archsimd. The

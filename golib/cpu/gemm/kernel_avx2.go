@@ -16,6 +16,7 @@ var avx2Kernels = kernels{
 	axpy:  axpyAVX2,
 	dot:   dotAVX2,
 	cvt16: cvt16AVX2,
+	panel: panelAVX2,
 }
 
 type f8 = archsimd.Float32x8

@@ -20,6 +20,7 @@ var avx512Kernels = kernels{
 	axpy4Half: axpy4HalfAVX512,
 	axpy8:     axpy8AVX512,
 	axpy8m:    axpy8mAVX512,
+	panel:     panelAVX512,
 }
 
 type f16 = archsimd.Float32x16

@@ -11,6 +11,7 @@ var goKernels = kernels{
 	axpy:  axpyGo,
 	dot:   dotGo,
 	cvt16: cvt16Go,
+	panel: panelGo,
 }
 
 // microGo4x4 computes the 4x4 tile as two 2x4 halves so each half's eight

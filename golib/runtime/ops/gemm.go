@@ -3,6 +3,7 @@ package ops
 import (
 	"fmt"
 
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/gemm"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
@@ -34,6 +35,7 @@ func newGemm(n *Node) (Kernel, error) {
 		return nil, err
 	}
 	transA, transB := ta != 0, tb != 0
+	pack := newConstPack(n, 1, transB)
 	return KernelFunc(func(ctx *Context) error {
 		a, b, err := twoInputs(ctx)
 		if err != nil {
@@ -82,8 +84,12 @@ func newGemm(n *Node) (Kernel, error) {
 			}
 			bt = beta
 		}
-		err = bm.mul(ctx.Threads(), transA, transB, m, nn, k, alpha,
-			af, max(a.Shape()[1], 1), 0, max(b.Shape()[1], 1), bt, y, max(nn, 1))
+		if pb := pack.get(b); pb != nil && m <= gemm.PackedRows {
+			err = gemm.SgemmPacked(ctx.Threads(), transA, m, alpha, af, max(a.Shape()[1], 1), pb, bt, y, max(nn, 1))
+		} else {
+			err = bm.mul(ctx.Threads(), transA, transB, m, nn, k, alpha,
+				af, max(a.Shape()[1], 1), 0, max(b.Shape()[1], 1), bt, y, max(nn, 1))
+		}
 		if err != nil {
 			return fmt.Errorf("Gemm: %w", err)
 		}

@@ -2,6 +2,7 @@ package ops
 
 import (
 	"fmt"
+	"sync"
 	"unsafe"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/gemm"
@@ -17,8 +18,10 @@ func init() {
 // newMatMul: numpy matmul. float32/float16/bfloat16 run on cpu/gemm (a
 // 16-bit B, typically the weights, is read in place and widened as it
 // streams; A and the result go through float32); float64 and int32/int64
-// use a plain loop.
+// use a plain loop. A constant float32 2D B is packed once, on first use,
+// for products of at most gemm.PackedRows rows (decode steps).
 func newMatMul(n *Node) (Kernel, error) {
+	pack := newConstPack(n, 1, false)
 	return KernelFunc(func(ctx *Context) error {
 		a, b, err := twoInputs(ctx)
 		if err != nil {
@@ -37,6 +40,11 @@ func newMatMul(n *Node) (Kernel, error) {
 		}
 		switch a.DType() {
 		case tensor.Float32, tensor.Float16, tensor.BFloat16:
+			if g.fold && g.batch.Size()*g.m <= gemm.PackedRows {
+				if pb := pack.get(b); pb != nil {
+					return g.runPacked(ctx.Threads(), a, pb, out)
+				}
+			}
 			return g.runF32(ctx.Threads(), a, b, out)
 		case tensor.Float64:
 			matmulLoop(g, a.Float64(), b.Float64(), out.Float64())
@@ -154,6 +162,66 @@ func (g *matmulPlan) runF32(threads int, a, b *tensor.Tensor, out *tensor.Tensor
 		return fmt.Errorf("MatMul: %w", err)
 	}
 	return storeF32Result(out, dst)
+}
+
+// runPacked computes a folded product of at most gemm.PackedRows rows
+// with a packed constant B.
+func (g *matmulPlan) runPacked(threads int, a *tensor.Tensor, pb *gemm.PackedB, out *tensor.Tensor) error {
+	af, err := tensor.AsFloat32(a)
+	if err != nil {
+		return err
+	}
+	dst := f32Result(out)
+	m, k, n := g.batch.Size()*g.m, g.k, g.n
+	if err := gemm.SgemmPacked(threads, false, m, 1, af, max(k, 1), pb, 0, dst, max(n, 1)); err != nil {
+		return fmt.Errorf("MatMul: %w", err)
+	}
+	return storeF32Result(out, dst)
+}
+
+// constPack is a constant float32 2D B input packed for gemm.SgemmPacked,
+// on first use (products of more rows never need it, and the pack costs a
+// copy of the weights). A kernel value is shared by concurrent runs, so the
+// packing is guarded by a sync.Once.
+type constPack struct {
+	src    *tensor.Tensor
+	transB bool
+	once   sync.Once
+	pb     *gemm.PackedB
+}
+
+// newConstPack returns the pack of input i of n when it is a float32 2D
+// constant, nil otherwise.
+func newConstPack(n *Node, i int, transB bool) *constPack {
+	if i >= len(n.Constants) {
+		return nil
+	}
+	t := n.Constants[i]
+	if t == nil || t.DType() != tensor.Float32 || t.Rank() != 2 {
+		return nil
+	}
+	return &constPack{src: t, transB: transB}
+}
+
+// get returns the packed B when b is the constant it was built from (the
+// same values in the same shape), nil otherwise.
+func (c *constPack) get(b *tensor.Tensor) *gemm.PackedB {
+	if c == nil || b.DType() != tensor.Float32 || !b.Shape().Equal(c.src.Shape()) {
+		return nil
+	}
+	bf, sf := b.Float32(), c.src.Float32()
+	if len(bf) != len(sf) || len(bf) == 0 || unsafe.SliceData(bf) != unsafe.SliceData(sf) {
+		return nil
+	}
+	c.once.Do(func() {
+		s := c.src.Shape()
+		k, n := s[0], s[1]
+		if c.transB {
+			k, n = n, k
+		}
+		c.pb, _ = gemm.PackB(c.transB, k, n, sf, max(s[1], 1))
+	})
+	return c.pb
 }
 
 // one computes output batch i.

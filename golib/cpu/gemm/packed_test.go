@@ -1,0 +1,98 @@
+package gemm
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestSgemmPacked checks the packed path against the naive loop over odd
+// sizes, both layouts of B and A, every kernel variant and 1-3 threads.
+func TestSgemmPacked(t *testing.T) {
+	withPath(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(11, 12))
+		for _, k := range []int{1, 3, 17, 129, 1376} {
+			for _, n := range []int{1, 3, 17, 33, 129, 1376} {
+				for m := 1; m <= PackedRows; m++ {
+					for _, tr := range [][2]bool{{false, false}, {false, true}, {true, false}} {
+						transA, transB := tr[0], tr[1]
+						for _, threads := range []int{1, 3} {
+							name := fmt.Sprintf("m%d_n%d_k%d_tA%v_tB%v_t%d", m, n, k, transA, transB, threads)
+							lda, ldb := k+1, n+2
+							if transA {
+								lda = m + 1
+							}
+							if transB {
+								ldb = k + 3
+							}
+							ar, br := m, k
+							if transA {
+								ar = k
+							}
+							if transB {
+								br = n
+							}
+							a := randSlice(r, ar*lda)
+							b := randSlice(r, br*ldb)
+							ldc := n + 1
+							c := randSlice(r, m*ldc)
+							want := append([]float32(nil), c...)
+							alpha, beta := float32(0.75), float32(0.5)
+							if threads == 3 {
+								beta = 0
+							}
+							naive(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, want, ldc)
+							pb, err := PackB(transB, k, n, b, ldb)
+							if err != nil {
+								t.Fatal(name, err)
+							}
+							if err := SgemmPacked(threads, transA, m, alpha, a, lda, pb, beta, c, ldc); err != nil {
+								t.Fatal(name, err)
+							}
+							for i := range m {
+								for j := range n {
+									g, w := c[i*ldc+j], want[i*ldc+j]
+									if d := g - w; d > 1e-3*float32(k) || -d > 1e-3*float32(k) {
+										t.Fatalf("%s: c[%d][%d] = %v, want %v", name, i, j, g, w)
+									}
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	})
+}
+
+// BenchmarkDecodeStepPacked is BenchmarkDecodeStep (B as stored) with the
+// weights packed once beforehand.
+func BenchmarkDecodeStepPacked(b *testing.B) {
+	r := rand.New(rand.NewPCG(5, 6))
+	var ws []*PackedB
+	total := 0
+	for _, s := range decodeStep {
+		pb, err := PackB(false, s[0], s[1], randSlice(r, s[0]*s[1]), s[1])
+		if err != nil {
+			b.Fatal(err)
+		}
+		ws = append(ws, pb)
+		total += 4 * s[0] * s[1]
+	}
+	a := randSlice(r, 4*2816)
+	c := make([]float32, 4*32000)
+	for _, m := range []int{1, 4} {
+		for _, threads := range []int{1, 2} {
+			b.Run(fmt.Sprintf("m%d/threads%d", m, threads), func(b *testing.B) {
+				b.SetBytes(int64(total))
+				for b.Loop() {
+					for i, s := range decodeStep {
+						if err := SgemmPacked(threads, false, m, 1, a, s[0], ws[i], 0, c, s[1]); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+			})
+		}
+	}
+}
