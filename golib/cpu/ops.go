@@ -14,6 +14,9 @@ type kernelOps struct {
 	expSub func(s []float32, m float32) float32
 	// tanhCap sets s[t] = c*tanh(s[t]).
 	tanhCap func(s []float32, c float32)
+	// scale sets dst[i] = src[i]*f (len(dst) >= len(src)): query scaling
+	// and output normalization, a fixed cost of every call.
+	scale func(dst, src []float32, f float32)
 	// axpy sets acc = alpha*acc + sum_t p[t]*v[t*d:(t+1)*d], d = len(acc).
 	axpy func(acc, p, v []float32, alpha float32, pf int)
 	// dots4 is dots for four query rows at once (q holds 4 rows of d, row

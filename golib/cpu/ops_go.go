@@ -13,6 +13,7 @@ var goOps = kernelOps{
 	maxOf:   goMax,
 	expSub:  goExpSub,
 	tanhCap: goTanhCap,
+	scale:   goScale,
 	axpy:    func(acc, p, v []float32, alpha float32, _ int) { goAxpy(acc, p, v, alpha) },
 	dots4:   func(s, q, k []float32, d, _ int) { goDots4(s, q, k, d) },
 	axpy4:   func(acc, p, v []float32, alpha *[4]float32, _ int) { goAxpy4(acc, p, v, alpha) },
@@ -152,5 +153,12 @@ func goAxpy4(acc, p, v []float32, alpha *[4]float32) {
 	d, n := len(acc)/4, len(p)/4
 	for r := 0; r < 4; r++ {
 		goAxpy(acc[r*d:(r+1)*d], p[r*n:(r+1)*n], v, alpha[r])
+	}
+}
+
+func goScale(dst, src []float32, f float32) {
+	dst = dst[:len(src)]
+	for i, x := range src {
+		dst[i] = x * f
 	}
 }

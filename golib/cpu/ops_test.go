@@ -120,3 +120,31 @@ func TestOpsBlock(t *testing.T) {
 		}
 	}
 }
+
+// TestOpsScale checks scale of every path against the plain product over
+// lengths that exercise the vector bodies and the scalar tails.
+func TestOpsScale(t *testing.T) {
+	for _, k := range kernelVariants {
+		for _, n := range []int{0, 1, 7, 8, 15, 16, 17, 33, 128, 131} {
+			src := make([]float32, n)
+			for i := range src {
+				src[i] = float32(i%13) - 6.5
+			}
+			dst := make([]float32, n+3)
+			for i := range dst {
+				dst[i] = -99
+			}
+			k.scale(dst, src, 0.37)
+			for i, x := range src {
+				if dst[i] != x*0.37 {
+					t.Fatalf("%s scale n=%d: dst[%d]=%v want %v", k.name, n, i, dst[i], x*0.37)
+				}
+			}
+			for i := n; i < len(dst); i++ {
+				if dst[i] != -99 {
+					t.Fatalf("%s scale n=%d wrote past len(src)", k.name, n)
+				}
+			}
+		}
+	}
+}

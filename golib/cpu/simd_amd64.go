@@ -41,6 +41,7 @@ var avx512Ops = kernelOps{
 	maxOf:   max16,
 	expSub:  expSubx16,
 	tanhCap: tanhCap16,
+	scale:   scale16,
 	axpy:    axpy16,
 	dots4:   dots4x16,
 	axpy4:   axpy4x16,
@@ -56,6 +57,7 @@ var avx2Ops = kernelOps{
 	maxOf:   max8,
 	expSub:  expSub8,
 	tanhCap: tanhCap8,
+	scale:   scale8,
 	axpy:    func(acc, p, v []float32, alpha float32, _ int) { axpy8(acc, p, v, alpha) },
 	dots4:   func(s, q, k []float32, d, _ int) { dots4x8(s, q, k, d) },
 	axpy4:   func(acc, p, v []float32, alpha *[4]float32, _ int) { axpy4x8(acc, p, v, alpha) },
@@ -139,6 +141,32 @@ func dots16sim(s, q, k []float32, d int) {
 			sum += q[i] * k[t*d+i]
 		}
 		s[t] = sum
+	}
+}
+
+func scale16(dst, src []float32, f float32) {
+	n := len(src)
+	dst = dst[:n]
+	fv := archsimd.BroadcastFloat32x16(f)
+	i := 0
+	for ; i+16 <= n; i += 16 {
+		archsimd.LoadFloat32x16Slice(src[i:]).Mul(fv).StoreSlice(dst[i:])
+	}
+	for ; i < n; i++ {
+		dst[i] = src[i] * f
+	}
+}
+
+func scale8(dst, src []float32, f float32) {
+	n := len(src)
+	dst = dst[:n]
+	fv := archsimd.BroadcastFloat32x8(f)
+	i := 0
+	for ; i+8 <= n; i += 8 {
+		archsimd.LoadFloat32x8Slice(src[i:]).Mul(fv).StoreSlice(dst[i:])
+	}
+	for ; i < n; i++ {
+		dst[i] = src[i] * f
 	}
 }
 

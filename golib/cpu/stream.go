@@ -105,10 +105,7 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 	q0 := (b*s.qHeads + h*s.group) * s.qLen
 	for r := 0; r < rows; r++ {
 		e := q0 + s.extRow(r)
-		qr := u.qs[r*dk : (r+1)*dk]
-		for i, x := range q[e*dk : (e+1)*dk] {
-			qr[i] = x * qscale
-		}
+		ops.scale(u.qs[r*dk:(r+1)*dk], q[e*dk:(e+1)*dk], qscale)
 	}
 	L, ws := v.SeqLen(b), v.WindowStart(b)
 	for r := 0; r < rows; r++ {
@@ -158,11 +155,7 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 	if dst != nil {
 		for r := 0; r < rows; r++ {
 			e := q0 + s.extRow(r)
-			out := dst[e*dv : (e+1)*dv]
-			inv := 1 / u.l[r]
-			for i, x := range u.acc[r*dv : (r+1)*dv] {
-				out[i] = x * inv
-			}
+			ops.scale(dst[e*dv:(e+1)*dv], u.acc[r*dv:(r+1)*dv], 1/u.l[r])
 		}
 		return nil
 	}
