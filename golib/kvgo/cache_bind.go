@@ -176,6 +176,28 @@ func CacheMaxLen(h int64) (n int, err error) {
 	return c.MaxLen(), nil
 }
 
+// CacheLengths writes the batch sequence lengths of cache h as int64s into
+// the numpy buffer at ptr (n entries, n == batch).
+func CacheLengths(h int64, ptr uintptr, n int) (err error) {
+	defer recoverTo(&err)
+	c, err := caches.get(h)
+	if err != nil {
+		return classify(err)
+	}
+	dst, err := int64sAt(ptr, n)
+	if err != nil {
+		return classify(err)
+	}
+	lens := c.Lengths()
+	if len(lens) != n {
+		return classify(fmt.Errorf("%w: lengths buffer holds %d entries for batch %d", errInvalid, n, len(lens)))
+	}
+	for i, l := range lens {
+		dst[i] = int64(l)
+	}
+	return nil
+}
+
 // CacheReset empties a cache.
 func CacheReset(h int64) (err error) {
 	defer recoverTo(&err)

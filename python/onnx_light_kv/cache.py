@@ -186,7 +186,9 @@ class KVCache:
     @property
     def lengths(self) -> np.ndarray:
         """Valid tokens per sequence (int64 array of shape [batch])."""
-        return np.asarray(self.info()["lengths"], dtype=np.int64)
+        out = np.empty(self._batch, dtype=np.int64)
+        _call(_f("CacheLengths"), self._h, out.ctypes.data, self._batch)
+        return out
 
     @property
     def arena(self) -> Arena:
