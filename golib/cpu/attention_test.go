@@ -336,3 +336,27 @@ func TestReadBandwidth(t *testing.T) {
 		t.Fatalf("ReadBandwidth(8 MiB, 2, 2) = %v, %v", gbps, err)
 	}
 }
+
+// TestBlockSize checks the L2-derived block size: a quarter of the L2 within
+// [64 KiB, 256 KiB], 64 KiB when the L2 is unknown, and the token count of a
+// block within [16, 512] for every head dim.
+func TestBlockSize(t *testing.T) {
+	for _, c := range []struct{ l2, want int }{
+		{-1, 64 << 10}, {0, 64 << 10}, {256 << 10, 64 << 10}, {512 << 10, 128 << 10},
+		{1 << 20, 256 << 10}, {2 << 20, 256 << 10},
+	} {
+		if got := l2BlockBytes(c.l2); got != c.want {
+			t.Errorf("l2BlockBytes(%d) = %d, want %d", c.l2, got, c.want)
+		}
+	}
+	defer func(b int) { blockBytes = b }(blockBytes)
+	for _, c := range []struct{ bytes, dk, dv, want int }{
+		{64 << 10, 128, 128, 128}, {256 << 10, 128, 128, 512}, {256 << 10, 64, 64, 512},
+		{256 << 10, 96, 256, 256}, {64 << 10, 4096, 4096, 16},
+	} {
+		blockBytes = c.bytes
+		if got := blockTokens(c.dk, c.dv); got != c.want {
+			t.Errorf("blockTokens(%d, %d) with %d-byte blocks = %d, want %d", c.dk, c.dv, c.bytes, got, c.want)
+		}
+	}
+}
