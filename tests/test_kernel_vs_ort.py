@@ -207,3 +207,26 @@ def test_kernel_reads_each_kv_byte_once() -> None:
         assert cache.counters["attention_bytes"] == want
     finally:
         cache.close()
+
+
+def test_bandwidth_probes() -> None:
+    """read_bandwidth and stream_read return positive rates; bad arguments raise the
+    documented exception classes and change nothing."""
+    assert olkv.read_bandwidth(4, 1, 1) > 0
+    buf = np.ones(1 << 20, np.float32)
+    for threads in (1, 2, 3):
+        assert olkv.stream_read(buf, threads) > 0
+    assert olkv.stream_read(np.ones(3, np.float32), 8) > 0  # more threads than elements
+    with pytest.raises(ValueError):
+        olkv.read_bandwidth(0, 1, 1)
+    with pytest.raises(TypeError):
+        olkv.stream_read(buf.astype(np.float64))
+    with pytest.raises(TypeError):
+        olkv.stream_read(list(range(4)))  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        olkv.stream_read(buf.reshape(1024, 1024)[:, ::2])
+    with pytest.raises(ValueError):
+        olkv.stream_read(np.ones(0, np.float32))
+    with pytest.raises(ValueError):
+        olkv.stream_read(buf, 0)
+    assert (buf == 1).all()

@@ -360,3 +360,29 @@ func TestBlockSize(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamRead checks the one-pass probe on a caller's buffer: argument
+// validation, more threads than elements, and an untouched buffer.
+func TestStreamRead(t *testing.T) {
+	for _, c := range []struct {
+		n, threads int
+	}{{0, 1}, {16, 0}} {
+		if _, err := StreamRead(make([]float32, c.n), c.threads); !errors.Is(err, cache.ErrInvalidArgument) {
+			t.Errorf("StreamRead(%d floats, %d threads) = %v, want ErrInvalidArgument", c.n, c.threads, err)
+		}
+	}
+	buf := make([]float32, 1<<16)
+	for i := range buf {
+		buf[i] = float32(i)
+	}
+	for _, threads := range []int{1, 2, 3, 1 << 17} {
+		if gbps, err := StreamRead(buf, threads); err != nil || !(gbps > 0) {
+			t.Fatalf("StreamRead(%d threads) = %v, %v", threads, gbps, err)
+		}
+	}
+	for i, x := range buf {
+		if x != float32(i) {
+			t.Fatalf("buf[%d] changed to %v", i, x)
+		}
+	}
+}

@@ -27,24 +27,42 @@ func ReadBandwidth(bytes int64, threads, iters int) (float64, error) {
 	for i := range buf {
 		buf[i] = float32(i & 1023)
 	}
-	ops := activeOps()
-	sinks := make([]float32, threads)
 	best := 0.0
 	for it := 0; it < iters; it++ {
-		var wg sync.WaitGroup
-		start := time.Now()
-		for w := 0; w < threads; w++ {
-			part := buf[len(buf)*w/threads : len(buf)*(w+1)/threads]
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				sinks[w] += ops.maxOf(part)
-			}()
+		gbps, err := StreamRead(buf, threads)
+		if err != nil {
+			return 0, err
 		}
-		wg.Wait()
-		if gbps := float64(len(buf)*4) / time.Since(start).Seconds() / 1e9; gbps > best {
-			best = gbps
-		}
+		best = max(best, gbps)
 	}
 	return best, nil
+}
+
+// StreamRead reads buf once with threads goroutines, each streaming its
+// contiguous share with the active SIMD path, and returns the rate in GB/s.
+// Benchmarks call it on a buffer they keep, between the calls they time, so
+// that the bandwidth they compare a kernel with is measured at the same
+// moment (shared machines drift by tens of percent within minutes).
+func StreamRead(buf []float32, threads int) (float64, error) {
+	if len(buf) == 0 || threads < 1 {
+		return 0, fmt.Errorf("%w: stream read needs a non-empty buffer and threads >= 1 (got %d floats, %d threads)",
+			cache.ErrInvalidArgument, len(buf), threads)
+	}
+	ops := activeOps()
+	sinks := make([]float32, threads)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := 0; w < threads; w++ {
+		part := buf[len(buf)*w/threads : len(buf)*(w+1)/threads]
+		if len(part) == 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sinks[w] += ops.maxOf(part)
+		}()
+	}
+	wg.Wait()
+	return float64(len(buf)*4) / time.Since(start).Seconds() / 1e9, nil
 }

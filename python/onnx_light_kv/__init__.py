@@ -13,13 +13,13 @@ from ._errors import BudgetError, CapacityError, StaleCheckpointError
 from ._dtypes import bfloat16
 from .cache import Arena, Checkpoint, KVCache, default_arena
 from .attention import attention, get_threads, set_kernel, set_threads
-from ._kernel import read_bandwidth
+from ._kernel import read_bandwidth, stream_read
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Arena", "KVCache", "Checkpoint", "default_arena", "attention", "set_threads", "get_threads",
-    "set_kernel", "read_bandwidth", "InferenceSession", "SessionOptions", "NodeArg", "models", "BudgetError", "CapacityError", "StaleCheckpointError", "bfloat16", "build_info",
+    "set_kernel", "read_bandwidth", "stream_read", "InferenceSession", "SessionOptions", "NodeArg", "models", "BudgetError", "CapacityError", "StaleCheckpointError", "bfloat16", "build_info",
     "__version__",
 ]
 
