@@ -432,10 +432,18 @@ func expSub8(s []float32, m float32) float32 {
 		acc = acc.Add(e)
 	}
 	sum := hsum8(acc)
-	for ; i < n; i++ {
-		e := expf(s[i] - m)
-		s[i] = e
-		sum += e
+	if r := n - i; r > 0 {
+		// the tail on a padded copy (see expSubx16)
+		var t [8]float32
+		copy(t[:], s[i:])
+		for j := r; j < 8; j++ {
+			t[j] = m
+		}
+		exp8(archsimd.LoadFloat32x8Slice(t[:]).Sub(mv)).StoreSlice(t[:])
+		for j, e := range t[:r] {
+			s[i+j] = e
+			sum += e
+		}
 	}
 	return sum
 }

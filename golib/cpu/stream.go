@@ -270,8 +270,11 @@ func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, kh, vh []u
 			mOld := u.m[r+j]
 			mNew := max(mOld, ops.maxOf(sj))
 			alpha[j] = 1
-			if mNew != mOld {
-				alpha[j] = expf(mOld - mNew) // ~0 when mOld is -Inf
+			switch {
+			case mOld == negInf:
+				alpha[j] = 0 // the first block of the row: nothing to rescale
+			case mNew != mOld:
+				alpha[j] = expf(mOld - mNew)
 			}
 			u.l[r+j] = u.l[r+j]*alpha[j] + ops.expSub(sj, mNew)
 			u.m[r+j] = mNew
@@ -329,5 +332,7 @@ func mergeParts(dst, parts []float32, s *shape, q0, nsplit int) {
 // extRow maps runUnit's internal row r = i*group + g (query position i,
 // head g of the group) to the row g*qLen + i of the q/dst layout.
 func (s *shape) extRow(r int) int { return (r%s.group)*s.qLen + r/s.group }
+
+var negInf = float32(math.Inf(-1))
 
 func aligned16(b []byte) bool { return uintptr(unsafe.Pointer(unsafe.SliceData(b)))%2 == 0 }
