@@ -8,7 +8,10 @@ This module keeps that uniform:
 * :func:`time_calls` -- wall-clock samples of a callable, in milliseconds, after warm-up.
 * :func:`summarize` -- median, p10, p90, mean, min, max, n of a list of samples.
 * :func:`interleaved` -- time several callables in alternating rounds (A B A B ...), so
-  drift (thermal, other processes) hits all of them alike; use it for side-by-side ratios.
+  drift (thermal, other processes) hits all of them alike.
+* :func:`blocked` -- alternating blocks (pause, settling call, A A A A; pause, settling call,
+  B B B B; ...): use it for side-by-side ratios of multi-threaded runtimes, whose worker
+  threads keep spinning after a call and would take the cores of whoever runs next.
 * :func:`write_json` -- ``benchmarks/results/<name>-<UTC timestamp>.json``; returns the path.
 * :func:`format_table` -- a fixed-width text table from a list of row dicts.
 * :func:`plot_series` -- latency-style line plot with a p10..p90 band, PNG (matplotlib, Agg).
@@ -144,6 +147,35 @@ def interleaved(fns: Mapping[str, Callable[[], Any]], repeat: int, warmup: int =
             fn()
             out[key].append((time.perf_counter_ns() - t0) / 1e6)
     return out
+
+
+def blocked(fns: Mapping[str, Callable[[], Any]], repeat: int, warmup: int = 2, block: int = 5,
+            pause: float = 0.05) -> Dict[str, List[float]]:
+    """Per-call milliseconds, sides alternating in blocks of ``block`` calls; the first call of
+    each block is a settling call and is not recorded (``repeat`` samples per side in all).
+
+    Before each block the script sleeps ``pause`` seconds, so the other side's worker threads
+    have stopped spinning: onnxruntime's intra-op workers keep spinning for longer than many
+    of our calls take, and on a 2-core machine a spinning worker takes the core our second
+    thread needs (measured: our 2-thread attention step at 16k tokens 6.5-6.9 ms right after
+    onnxruntime's block, 5.1 ms with its spinning off). Both sides get the same pause and
+    settling call.
+    """
+    if block < 2:
+        raise ValueError(f"block must be >= 2 (one settling call plus timed calls), got {block}")
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    out: Dict[str, List[float]] = {k: [] for k in fns}
+    while min(len(v) for v in out.values()) < repeat:
+        for key, fn in fns.items():
+            time.sleep(pause)
+            fn()
+            for _ in range(block - 1):
+                t0 = time.perf_counter_ns()
+                fn()
+                out[key].append((time.perf_counter_ns() - t0) / 1e6)
+    return {k: v[:repeat] for k, v in out.items()}
 
 
 def summarize(samples: Iterable[float]) -> Dict[str, float]:

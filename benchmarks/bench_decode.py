@@ -49,7 +49,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import environment, format_table, plot_series, summarize, write_json  # noqa: E402
+from _common import blocked, environment, format_table, plot_series, summarize, write_json  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -91,32 +91,6 @@ def grid(quick: bool, contexts: Optional[List[int]], threads: List[int], target:
             for L in ctx:
                 cases.append(Case(t, dt, b, hq, hkv, d, L))
     return cases
-
-
-def blocked(fns: Dict[str, Any], repeat: int, warmup: int, block: int = 5,
-            pause: float = 0.05) -> Dict[str, List[float]]:
-    """Per-call milliseconds, sides alternating in blocks of `block` calls; the first call of
-    each block is a settling call and is not recorded (repeat samples per side in all).
-
-    Before each block the script sleeps `pause` seconds, so the other side's worker threads
-    have stopped spinning: onnxruntime's intra-op workers keep spinning for longer than one
-    of our calls, and on a 2-core machine a spinning worker takes the core our second thread
-    needs (measured: our 2-thread step at 16k tokens 6.5-6.9 ms right after onnxruntime's
-    block, 5.1 ms with its spinning off). Both sides get the same pause and settling call.
-    """
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    out: Dict[str, List[float]] = {k: [] for k in fns}
-    while min(len(v) for v in out.values()) < repeat:
-        for key, fn in fns.items():
-            time.sleep(pause)
-            fn()
-            for _ in range(block - 1):
-                t0 = time.perf_counter_ns()
-                fn()
-                out[key].append((time.perf_counter_ns() - t0) / 1e6)
-    return {k: v[:repeat] for k, v in out.items()}
 
 
 # ---------------------------------------------------------------- bandwidth

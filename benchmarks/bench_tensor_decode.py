@@ -188,7 +188,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             feeds = decode_feeds(models, cfg, context, rng)
             if args.mode == "fixed":
                 fns: Dict[str, Callable[[], Any]] = {r: (lambda s=s: s.run(out_names, feeds)) for r, s in sessions.items()}
-                samples = _common.interleaved(fns, repeat=args.samples, warmup=args.warmup)
+                samples = _common.blocked(fns, repeat=args.samples, warmup=args.warmup)
             else:
                 samples = growing_bursts(models, cfg, sessions, feeds, out_names, args.samples, args.warmup)
             row: Dict[str, Any] = {"mode": args.mode, "threads": threads, "context": context}

@@ -30,6 +30,17 @@ def test_interleaved_alternates_and_counts() -> None:
     assert len(out["a"]) == len(out["b"]) == 3 and all(v >= 0 for v in out["a"])
 
 
+def test_blocked_settles_pauses_and_counts() -> None:
+    order: list = []
+    out = _common.blocked({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+                          repeat=5, warmup=1, block=3, pause=0.0)
+    # warm-up a b, then blocks of 3 (1 settling + 2 timed) until each side has 5 samples
+    assert order == ["a", "b"] + (["a"] * 3 + ["b"] * 3) * 3
+    assert len(out["a"]) == len(out["b"]) == 5 and all(v >= 0 for v in out["b"])
+    with pytest.raises(ValueError):
+        _common.blocked({"a": lambda: None}, repeat=1, block=1)
+
+
 def test_table_json_and_plot(tmp_path: Any) -> None:
     table = _common.format_table([{"ctx": 128, "ms": 1.23456}, {"ctx": 4096, "ms": 10.0}])
     lines = table.splitlines()
