@@ -138,6 +138,16 @@ func (g *Geometry) streamUnit(in Inputs, out Outputs, keys, values []float32, sp
 			ks.accum(acc, s, vb[t0*dv:], n, dv)
 		}
 	}
+	// Positions no query sees (causal, more new keys than queries) still
+	// belong in the present outputs, which the caller does not zero.
+	if end < total {
+		if copyK {
+			g.copyRange(in.PastKey, in.K, keys, dk, sp.b, sp.kvh, end, total)
+		}
+		if copyV {
+			g.copyRange(in.PastValue, in.V, values, dv, sp.b, sp.kvh, end, total)
+		}
+	}
 	for r := range rows {
 		y := out.Y[sp.yOff+r*sp.ldy : sp.yOff+r*sp.ldy+dv]
 		inv := 1 / st.l[r]

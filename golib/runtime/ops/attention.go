@@ -191,7 +191,14 @@ func attentionOutputs(ctx *Context, ar *f32Arena, g *mha.Geometry, in mha.Inputs
 			}
 			continue
 		}
-		t, err := ctx.NewOutput(sl.idx, sl.dt, tensor.Shape(sl.shape))
+		// The kernel writes every position of the present outputs (past
+		// rows, then the new ones): zeroing them first would be a second
+		// pass over the largest tensors of a decode step.
+		alloc := ctx.NewOutput
+		if present {
+			alloc = ctx.NewOutputUninit
+		}
+		t, err := alloc(sl.idx, sl.dt, tensor.Shape(sl.shape))
 		if err != nil {
 			return err
 		}
