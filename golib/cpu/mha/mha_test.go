@@ -52,6 +52,12 @@ func cases() []tcase {
 		c.wantPresents = true
 	})
 	add(base("decode past 37"), func(c *tcase) { c.s, c.l, c.p, c.attrs.IsCausal, c.hq, c.hkv = 1, 1, 37, true, 8, 2 })
+	add(base("decode past 700 presents"), func(c *tcase) {
+		c.s, c.l, c.p, c.attrs.IsCausal, c.hq, c.hkv, c.wantPresents = 1, 1, 700, true, 8, 2, true
+	})
+	add(base("causal prefill past 600 presents"), func(c *tcase) {
+		c.s, c.l, c.p, c.attrs.IsCausal, c.hq, c.hkv, c.wantPresents = 3, 3, 600, true, 4, 2, true
+	})
 	add(base("bool mask 2D"), func(c *tcase) { c.mask, c.boolMask = []int{3, 3}, true })
 	add(base("bool mask 3D heads"), func(c *tcase) { c.mask, c.boolMask = []int{2, 3, 3}, true })
 	add(base("bool mask 4D broadcast"), func(c *tcase) { c.mask, c.boolMask = []int{2, 1, 3, 3}, true })
@@ -245,8 +251,10 @@ func testCases(t *testing.T, threads int) {
 				out.QK = make([]float32, prod(g.QKShape))
 			}
 			if c.wantPresents {
-				out.PresentKey = make([]float32, prod(g.PresentKeyShape))
-				out.PresentValue = make([]float32, prod(g.PresentValueShape))
+				// NaN-filled: the Attention op does not zero the present
+				// outputs, so every position must be written.
+				out.PresentKey = nanVec(prod(g.PresentKeyShape))
+				out.PresentValue = nanVec(prod(g.PresentValueShape))
 			}
 			if err := g.Run(in, out); err != nil {
 				t.Fatalf("Run: %v", err)
@@ -269,6 +277,14 @@ func testCases(t *testing.T, threads int) {
 			}
 		})
 	}
+}
+
+func nanVec(n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(math.NaN())
+	}
+	return v
 }
 
 func near(t *testing.T, what string, got []float32, want []float64) {

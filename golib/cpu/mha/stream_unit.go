@@ -49,6 +49,10 @@ var goStreamKernels = streamKernels{dots: dotsGo, accum: accumGo}
 // lengths, window, softcap, qk_matmul_output or float64 softmax, and either
 // one query token without is_causal or as many new keys as query tokens
 // (then query row i sees keys up to PastLen+i, the end-aligned rule).
+//
+// Under these conditions the last query row sees every position (causal
+// rows need KVLen == QLen), so a streaming unit copies all of its head into
+// the present outputs; the Attention op relies on it and does not zero them.
 func (g *Geometry) streamMath(out Outputs) bool {
 	return !g.HasMask && !g.HasNonpad && !g.SlidingWindow && out.QK == nil &&
 		g.Softcap == 0 && g.Scale > 0 && g.SoftmaxPrecision != PrecisionDouble &&
@@ -136,16 +140,6 @@ func (g *Geometry) streamUnit(in Inputs, out Outputs, keys, values []float32, sp
 			st.m[r] = mx
 			st.l[r] += float32(ex(s, mx))
 			ks.accum(acc, s, vb[t0*dv:], n, dv)
-		}
-	}
-	// Positions no query sees (causal, more new keys than queries) still
-	// belong in the present outputs, which the caller does not zero.
-	if end < total {
-		if copyK {
-			g.copyRange(in.PastKey, in.K, keys, dk, sp.b, sp.kvh, end, total)
-		}
-		if copyV {
-			g.copyRange(in.PastValue, in.V, values, dv, sp.b, sp.kvh, end, total)
 		}
 	}
 	for r := range rows {
