@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/gemm"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
@@ -160,7 +161,11 @@ func (c *Context) ParallelFor(n, grain int, fn func(lo, hi int)) error {
 	return ParallelFor(c.threads, n, grain, fn)
 }
 
-// ParallelFor is Context.ParallelFor with an explicit thread count.
+// ParallelFor is Context.ParallelFor with an explicit thread count. The
+// chunks run on the persistent worker pool of package gemm (the one the
+// products use), not on goroutines started per call: one pool whose
+// helpers are already polling between the ops of a step, instead of a
+// second set of goroutines competing with them for the processors.
 func ParallelFor(threads, n, grain int, fn func(lo, hi int)) (err error) {
 	if n <= 0 {
 		return nil
@@ -177,27 +182,27 @@ func ParallelFor(threads, n, grain int, fn func(lo, hi int)) (err error) {
 		fn(0, n)
 		return nil
 	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
 	step := (n + chunks - 1) / chunks
-	for lo := 0; lo < n; lo += step {
+	chunks = (n + step - 1) / step
+	var mu sync.Mutex
+	gemm.ForThreads(threads, chunks, func(c int) {
+		lo := c * step
 		hi := min(lo+step, n)
-		wg.Add(1)
-		go func(lo, hi int) {
-			defer wg.Done()
-			var e error
-			defer func() {
-				if e != nil {
-					mu.Lock()
-					err = e
-					mu.Unlock()
-				}
-			}()
+		var e error
+		func() {
+			// a panic on a pool helper would end the process, past every
+			// recover of the bindings
 			defer recoverErr(&e)
 			fn(lo, hi)
-		}(lo, hi)
-	}
-	wg.Wait()
+		}()
+		if e != nil {
+			mu.Lock()
+			if err == nil {
+				err = e
+			}
+			mu.Unlock()
+		}
+	})
 	return err
 }
 
