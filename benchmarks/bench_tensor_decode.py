@@ -83,12 +83,15 @@ def growing_bursts(models: Any, cfg: Any, sessions: Dict[str, Any], feeds: Dict[
     """Per-step ms of decode loops starting at the feeds' context, present fed back as past.
 
     Each runtime runs two bursts of ``samples // 2`` timed steps (after ``warmup`` untimed
-    ones), alternating ours / ort, so drift hits both alike."""
+    ones), alternating ours / ort, so drift hits both alike. Each burst starts after a 50 ms
+    pause, so the other runtime's worker threads have stopped spinning (see
+    ``_common.blocked``)."""
     out: Dict[str, List[float]] = {r: [] for r in sessions}
     pasts = models.past_names(cfg.layers)
     start = feeds[pasts[0]].shape[2]
     for _ in range(2):
         for r, sess in sessions.items():
+            time.sleep(0.05)
             f = dict(feeds)
             for step in range(warmup + max(1, samples // 2)):
                 f["position_ids"] = np.array([[start + step]], np.int64)
