@@ -47,3 +47,21 @@ func expSubGo(row []float32, mx float32) float64 {
 	}
 	return sum
 }
+
+// sigmoidGo is the portable Sigmoid, lane-exact with the vector loops:
+// e = exp32(-|x|), 1/(1+e) for x >= 0, e/(1+e) below, NaN kept.
+func sigmoidGo(dst, src []float32) {
+	dst = dst[:len(src)]
+	for i, x := range src {
+		e := exp32(min(x, -x))
+		s := 1 / (1 + e)
+		switch {
+		case x != x:
+			dst[i] = x
+		case x >= 0:
+			dst[i] = s
+		default:
+			dst[i] = e * s
+		}
+	}
+}

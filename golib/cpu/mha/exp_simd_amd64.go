@@ -35,33 +35,76 @@ const (
 	expP5    = 5.0000001201e-1
 )
 
+// exp16 holds the constants of exp32 in sixteen lanes; exp16.of is exp32
+// lane by lane (e^d, 0 below expLo).
+type exp16 struct {
+	lo, l2e, nhi, nlo, c0, c1, c2, c3, c4, c5, one archsimd.Float32x16
+	bias                                           archsimd.Int32x16
+}
+
+func newExp16() exp16 {
+	b := archsimd.BroadcastFloat32x16
+	return exp16{lo: b(expLo), l2e: b(expLog2e), nhi: b(-expLn2hi), nlo: b(-expLn2lo),
+		c0: b(expP0), c1: b(expP1), c2: b(expP2), c3: b(expP3), c4: b(expP4), c5: b(expP5), one: b(1),
+		bias: archsimd.BroadcastInt32x16(127)}
+}
+
+func (c *exp16) of(d archsimd.Float32x16) archsimd.Float32x16 {
+	keep := d.GreaterEqual(c.lo)
+	x := d.Max(c.lo)
+	k := x.Mul(c.l2e).RoundToEvenScaled(0)
+	r := k.MulAdd(c.nhi, x)
+	r = k.MulAdd(c.nlo, r)
+	q := c.c0.MulAdd(r, c.c1)
+	q = q.MulAdd(r, c.c2)
+	q = q.MulAdd(r, c.c3)
+	q = q.MulAdd(r, c.c4)
+	q = q.MulAdd(r, c.c5)
+	q = q.MulAdd(r.Mul(r), r.Add(c.one))
+	scale := k.ConvertToInt32().Add(c.bias).ShiftAllLeft(23).AsFloat32x16()
+	return q.Mul(scale).Masked(keep)
+}
+
+// exp8 is exp16 in eight lanes (AVX2).
+type exp8 struct {
+	lo, l2e, nhi, nlo, c0, c1, c2, c3, c4, c5, one archsimd.Float32x8
+	bias                                           archsimd.Int32x8
+}
+
+func newExp8() exp8 {
+	b := archsimd.BroadcastFloat32x8
+	return exp8{lo: b(expLo), l2e: b(expLog2e), nhi: b(-expLn2hi), nlo: b(-expLn2lo),
+		c0: b(expP0), c1: b(expP1), c2: b(expP2), c3: b(expP3), c4: b(expP4), c5: b(expP5), one: b(1),
+		bias: archsimd.BroadcastInt32x8(127)}
+}
+
+func (c *exp8) of(d archsimd.Float32x8) archsimd.Float32x8 {
+	keep := d.GreaterEqual(c.lo)
+	x := d.Max(c.lo)
+	k := x.Mul(c.l2e).RoundToEven()
+	r := k.MulAdd(c.nhi, x)
+	r = k.MulAdd(c.nlo, r)
+	q := c.c0.MulAdd(r, c.c1)
+	q = q.MulAdd(r, c.c2)
+	q = q.MulAdd(r, c.c3)
+	q = q.MulAdd(r, c.c4)
+	q = q.MulAdd(r, c.c5)
+	q = q.MulAdd(r.Mul(r), r.Add(c.one))
+	scale := k.ConvertToInt32().Add(c.bias).ShiftAllLeft(23).AsFloat32x8()
+	return q.Mul(scale).Masked(keep)
+}
+
 // expSubAVX512 is expSubGo sixteen lanes at a time (same formula as exp32).
 func expSubAVX512(row []float32, mx float32) float64 {
 	n := len(row)
 	p := unsafe.Pointer(unsafe.SliceData(row))
-	b := archsimd.BroadcastFloat32x16
-	vmx, lo, l2e := b(mx), b(expLo), b(expLog2e)
-	nhi, nlo := b(-expLn2hi), b(-expLn2lo)
-	c0, c1, c2, c3, c4, c5, one := b(expP0), b(expP1), b(expP2), b(expP3), b(expP4), b(expP5), b(1)
-	bias := archsimd.BroadcastInt32x16(127)
+	c := newExp16()
+	vmx := archsimd.BroadcastFloat32x16(mx)
 	var acc archsimd.Float32x16
 	i := 0
 	for ; i+16 <= n; i += 16 {
 		ptr := (*[16]float32)(unsafe.Add(p, uintptr(i)*4))
-		d := archsimd.LoadFloat32x16(ptr).Sub(vmx)
-		keep := d.GreaterEqual(lo)
-		x := d.Max(lo)
-		k := x.Mul(l2e).RoundToEvenScaled(0)
-		r := k.MulAdd(nhi, x)
-		r = k.MulAdd(nlo, r)
-		q := c0.MulAdd(r, c1)
-		q = q.MulAdd(r, c2)
-		q = q.MulAdd(r, c3)
-		q = q.MulAdd(r, c4)
-		q = q.MulAdd(r, c5)
-		q = q.MulAdd(r.Mul(r), r.Add(one))
-		scale := k.ConvertToInt32().Add(bias).ShiftAllLeft(23).AsFloat32x16()
-		e := q.Mul(scale).Masked(keep)
+		e := c.of(archsimd.LoadFloat32x16(ptr).Sub(vmx))
 		e.Store(ptr)
 		acc = acc.Add(e)
 	}
@@ -78,29 +121,13 @@ func expSubAVX512(row []float32, mx float32) float64 {
 func expSubAVX2(row []float32, mx float32) float64 {
 	n := len(row)
 	p := unsafe.Pointer(unsafe.SliceData(row))
-	b := archsimd.BroadcastFloat32x8
-	vmx, lo, l2e := b(mx), b(expLo), b(expLog2e)
-	nhi, nlo := b(-expLn2hi), b(-expLn2lo)
-	c0, c1, c2, c3, c4, c5, one := b(expP0), b(expP1), b(expP2), b(expP3), b(expP4), b(expP5), b(1)
-	bias := archsimd.BroadcastInt32x8(127)
+	c := newExp8()
+	vmx := archsimd.BroadcastFloat32x8(mx)
 	var acc archsimd.Float32x8
 	i := 0
 	for ; i+8 <= n; i += 8 {
 		ptr := (*[8]float32)(unsafe.Add(p, uintptr(i)*4))
-		d := archsimd.LoadFloat32x8(ptr).Sub(vmx)
-		keep := d.GreaterEqual(lo)
-		x := d.Max(lo)
-		k := x.Mul(l2e).RoundToEven()
-		r := k.MulAdd(nhi, x)
-		r = k.MulAdd(nlo, r)
-		q := c0.MulAdd(r, c1)
-		q = q.MulAdd(r, c2)
-		q = q.MulAdd(r, c3)
-		q = q.MulAdd(r, c4)
-		q = q.MulAdd(r, c5)
-		q = q.MulAdd(r.Mul(r), r.Add(one))
-		scale := k.ConvertToInt32().Add(bias).ShiftAllLeft(23).AsFloat32x8()
-		e := q.Mul(scale).Masked(keep)
+		e := c.of(archsimd.LoadFloat32x8(ptr).Sub(vmx))
 		e.Store(ptr)
 		acc = acc.Add(e)
 	}
@@ -111,4 +138,54 @@ func expSubAVX2(row []float32, mx float32) float64 {
 		sum += float64(v)
 	}
 	return sum + expSubGo(row[i:], mx)
+}
+
+// Sigmoid sets dst[i] = 1/(1+e^-src[i]) for i < len(src) (len(dst) >=
+// len(src)) with the vector exponential of the softmax: e = e^-|x|, then
+// 1/(1+e) for x >= 0 and e/(1+e) below, without branches. NaN stays NaN;
+// below about -87.3 the result is 0. It follows gemm.Path like the softmax;
+// sigmoidGo is the portable twin.
+func Sigmoid(dst, src []float32) {
+	switch gemm.Path() {
+	case "avx512":
+		sigmoidAVX512(dst, src)
+	case "avx2":
+		sigmoidAVX2(dst, src)
+	default:
+		sigmoidGo(dst, src)
+	}
+}
+
+func sigmoidAVX512(dst, src []float32) {
+	n := len(src)
+	dst = dst[:n]
+	ps, pd := unsafe.Pointer(unsafe.SliceData(src)), unsafe.Pointer(unsafe.SliceData(dst))
+	c := newExp16()
+	zero := archsimd.BroadcastFloat32x16(0)
+	i := 0
+	for ; i+16 <= n; i += 16 {
+		x := archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(ps, uintptr(i)*4)))
+		e := c.of(x.Min(zero.Sub(x)))
+		s := c.one.Div(c.one.Add(e))
+		r := s.Merge(e.Mul(s), x.GreaterEqual(zero)).Merge(x, x.Equal(x))
+		r.Store((*[16]float32)(unsafe.Add(pd, uintptr(i)*4)))
+	}
+	sigmoidGo(dst[i:], src[i:])
+}
+
+func sigmoidAVX2(dst, src []float32) {
+	n := len(src)
+	dst = dst[:n]
+	ps, pd := unsafe.Pointer(unsafe.SliceData(src)), unsafe.Pointer(unsafe.SliceData(dst))
+	c := newExp8()
+	zero := archsimd.BroadcastFloat32x8(0)
+	i := 0
+	for ; i+8 <= n; i += 8 {
+		x := archsimd.LoadFloat32x8((*[8]float32)(unsafe.Add(ps, uintptr(i)*4)))
+		e := c.of(x.Min(zero.Sub(x)))
+		s := c.one.Div(c.one.Add(e))
+		r := s.Merge(e.Mul(s), x.GreaterEqual(zero)).Merge(x, x.Equal(x))
+		r.Store((*[8]float32)(unsafe.Add(pd, uintptr(i)*4)))
+	}
+	sigmoidGo(dst[i:], src[i:])
 }

@@ -453,3 +453,48 @@ func TestStreamableCases(t *testing.T) {
 		}
 	}
 }
+
+// TestSigmoidPaths checks Sigmoid on every instruction-set path against
+// float64, over both signs, the saturated ends, zeros, infinities and NaN,
+// with lengths that leave vector tails.
+func TestSigmoidPaths(t *testing.T) {
+	defer gemm.SetPath("auto")
+	inf := float32(math.Inf(1))
+	x0 := []float32{0, float32(math.Copysign(0, -1)), 1e-8, -1e-8, 0.5, -0.5, 1, -1, 3.25, -3.25, 10, -10,
+		20.5, -20.5, 50, -50, 87, -87, 88, -88, 100, -100, 1e30, -1e30, inf, -inf, math.MaxFloat32, -math.MaxFloat32}
+	for k := range 41 {
+		x0 = append(x0, float32(k)*0.61-12)
+	}
+	for _, path := range gemm.Paths() {
+		gemm.SetPath(path)
+		for _, n := range []int{len(x0), 15, 7, 1, 0} {
+			got := make([]float32, n+1)
+			got[n] = 42 // past len(src): untouched
+			Sigmoid(got, x0[:n])
+			for i, x := range x0[:n] {
+				w := 1 / (1 + math.Exp(-float64(x)))
+				if w < 1.2e-38 {
+					w = 0
+				}
+				if d := math.Abs(float64(got[i]) - w); d > 3e-7*w+1e-38 {
+					t.Fatalf("%s: sigmoid(%v) = %v, want %v", path, x, got[i], w)
+				}
+			}
+			if got[n] != 42 {
+				t.Fatalf("%s: wrote past the source length", path)
+			}
+		}
+		nan := make([]float32, 17) // NaN in vector lanes and in the tail
+		nan[0], nan[5], nan[16] = float32(math.NaN()), float32(math.NaN()), float32(math.NaN())
+		out := make([]float32, len(nan))
+		Sigmoid(out, nan)
+		for _, i := range []int{0, 5, 16} {
+			if !math.IsNaN(float64(out[i])) {
+				t.Fatalf("%s: sigmoid(NaN) at %d = %v, want NaN", path, i, out[i])
+			}
+		}
+		if out[1] != 0.5 {
+			t.Fatalf("%s: sigmoid(0) next to NaN = %v", path, out[1])
+		}
+	}
+}
