@@ -9,7 +9,7 @@ import "sync"
 // nothing, so the only synchronization is the parallel-for itself.
 const (
 	kcBlock = 256
-	mcBlock = 120 // a multiple of every mr (4, 6)
+	mcBlock = 120 // a multiple of every mr (4, 6, 8)
 	ncBlock = 512 // a multiple of every nr
 )
 

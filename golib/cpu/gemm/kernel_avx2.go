@@ -27,7 +27,7 @@ func bcast8(v float32) f8 { return archsimd.BroadcastFloat32x8(v) }
 
 // microAVX2 keeps a 4x16 tile in 8 ymm accumulators (amd64 Go code has 15
 // usable vector registers: X15 is reserved as zero). Loads use pointer
-// arithmetic after one bounds check, as in microAVX512.
+// arithmetic after one bounds check.
 func microAVX2(kc int, ap, bp []float32, alpha float32, c []float32, ldc int) {
 	if kc <= 0 {
 		return
