@@ -81,6 +81,38 @@ func (p *product) block(bufs *packBufs, i0, i1, j0, j1 int) {
 	}
 }
 
+// packBRows is packB for a float32 B as stored (not transposed), in
+// groups of 8 rows: for each sliver it writes the group's 8 rows (one
+// contiguous run of the sliver) from 8 row pieces of B, so B is read as 8
+// sequential streams and the slivers (in L2, kc*nr values apart: the same
+// L1 sets) are written one at a time instead of all of them for every row.
+// Full slivers of 16 or 32 columns move as fixed-size arrays.
+func (p *product) packBRows(dst []float32, j0, nc, l0, kc, nr int) {
+	full := nc / nr * nr
+	if full < nc {
+		clear(dst[full*kc : (full+nr)*kc])
+	}
+	const group = 8
+	for g := 0; g < kc; g += group {
+		ge := min(g+group, kc)
+		for jr := 0; jr < nc; jr += nr {
+			cols := min(nr, nc-jr)
+			for l := g; l < ge; l++ {
+				src := p.b[(l0+l)*p.ldb+j0+jr:]
+				d := dst[jr*kc+l*nr:]
+				switch {
+				case cols == 32 && nr == 32:
+					*(*[32]float32)(d) = *(*[32]float32)(src)
+				case cols == 16 && nr == 16:
+					*(*[16]float32)(d) = *(*[16]float32)(src)
+				default:
+					copy(d[:cols], src[:cols])
+				}
+			}
+		}
+	}
+}
+
 // packA stores op(A)[i0:i0+mc, l0:l0+kc] as mr-row panels, column by column
 // (panel-major, then l, then row), padding short panels with zeros.
 func (p *product) packA(dst []float32, i0, mc, l0, kc, mr int) {
@@ -109,6 +141,10 @@ func (p *product) packA(dst []float32, i0, mc, l0, kc, mr int) {
 // packB stores op(B)[l0:l0+kc, j0:j0+nc] as nr-column slivers, row by row
 // (sliver-major, then l, then column), padding short slivers with zeros.
 func (p *product) packB(dst []float32, j0, nc, l0, kc, nr int) {
+	if !p.transB && p.bh == nil {
+		p.packBRows(dst, j0, nc, l0, kc, nr)
+		return
+	}
 	for jr := 0; jr < nc; jr += nr {
 		sliver := dst[jr*kc : (jr+nr)*kc]
 		cols := min(nr, nc-jr)
