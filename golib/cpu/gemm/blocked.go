@@ -51,7 +51,12 @@ func (p *product) block(bufs *packBufs, i0, i1, j0, j1 int) {
 	for l0 := 0; l0 < p.k; l0 += kcBlock {
 		kc := min(kcBlock, p.k-l0)
 		p.packA(bufs.a, i0, mc, l0, kc, mr)
-		p.packB(bufs.b, j0, nc, l0, kc, nr)
+		bb := bufs.b
+		if p.pb != nil {
+			bb = p.pb.slab(j0/ncBlock, l0, kc)
+		} else {
+			p.packB(bb, j0, nc, l0, kc, nr)
+		}
 		// The B block (kc x nc) stays in L2 while each A panel (mr x kc,
 		// a few KiB) sits in L1 and meets every nr-wide B sliver in turn:
 		// with broadcast A and vector B the A panel is the reused operand.
@@ -59,7 +64,7 @@ func (p *product) block(bufs *packBufs, i0, i1, j0, j1 int) {
 			ap := bufs.a[ir*kc : (ir+mr)*kc]
 			rows := min(mr, mc-ir)
 			for jr := 0; jr < nc; jr += nr {
-				bp := bufs.b[jr*kc : (jr+nr)*kc]
+				bp := bb[jr*kc : (jr+nr)*kc]
 				cols := min(nr, nc-jr)
 				off := (i0+ir)*p.ldc + j0 + jr
 				if rows == mr && cols == nr {

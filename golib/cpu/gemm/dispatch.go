@@ -31,8 +31,8 @@ type kernels struct {
 	axpy8m func(m int, a *[skinnyRows][8]float32, x *[8][]float32, y *[skinnyRows][]float32)
 	// axpy4Half, when set, is axpy4 reading 16-bit rows directly.
 	axpy4Half func(kind Half, a0, a1, a2, a3 float32, x0, x1, x2, x3 []uint16, y []float32)
-	// panel sets out[i][j] = sum_l a[i][l]*p[l*packNR+j] for i < m over
-	// one packed panel p of k rows (see PackB).
+	// panel adds sum_l a[i][l]*p[l*packNR+j] to out[i][j] for i < m over
+	// one packed sliver p of k rows (a k-block of PackB's layout).
 	panel func(m, k int, a *[skinnyRows][]float32, p []float32, out *[skinnyRows][packNR]float32)
 }
 

@@ -74,6 +74,9 @@ type product struct {
 	// bh replaces b when B is stored as 16-bit floats of encoding half.
 	bh   []uint16
 	half Half
+	// pb replaces b when B is packed (SgemmPacked beyond PackedRows rows):
+	// its blocks are already what packB would build.
+	pb *PackedB
 }
 
 // at returns op(A)[i][l].

@@ -2,15 +2,18 @@ package gemm
 
 import "fmt"
 
-// Packed B for short products. A decode step multiplies one to a few rows
-// by every weight matrix; streamed row by row (skinnyAxpy) each group of B
-// rows reads several short runs at once and loads and stores C for every
-// group. A constant B is therefore packed once into column panels of
-// packNR columns, stored panel after panel, each panel k rows of packNR
-// values (the last panel zero-padded): a product reads each panel as one
-// contiguous run and keeps its C tile in registers over the whole inner
-// dimension, and the threads split the panels, so no partial sums are
-// added up.
+// Packed B. A decode step multiplies one to a few rows by every weight
+// matrix; streamed row by row (skinnyAxpy) each group of B rows reads
+// several short runs at once and loads and stores C for every group. A
+// constant B is therefore packed once into slivers of packNR columns, laid
+// out exactly as the cache-blocked algorithm packs its B blocks: column
+// blocks of ncBlock columns (the last one narrower, zero-padded to a
+// multiple of packNR), each stored k-block by k-block (kcBlock rows, the
+// last shorter), each k-block sliver by sliver (kc rows of packNR values).
+// Short products keep their C tile in registers over every k-block of a
+// sliver and read each k-block of their slivers as one contiguous run;
+// longer ones (prefill) take the k-blocks as their packed B blocks, so the
+// weights are not packed again on every call.
 
 // packNR is the width of a panel: two AVX-512 vectors, four AVX2 vectors.
 const packNR = 32
@@ -34,25 +37,45 @@ func PackB(transB bool, k, n int, b []float32, ldb int) (*PackedB, error) {
 	if err := checkLens(false, transB, 0, n, k, 0, max(k, 1), len(b), ldb, 0, max(n, 1)); err != nil {
 		return nil, err
 	}
-	panels := (n + packNR - 1) / packNR
-	pb := &PackedB{k: k, n: n, p: make([]float32, panels*k*packNR)}
-	for q := range panels {
-		j0 := q * packNR
-		w := min(packNR, n-j0)
-		dst := pb.p[q*k*packNR : (q+1)*k*packNR]
-		for l := range k {
-			row := dst[l*packNR : l*packNR+w]
-			if transB {
-				for j := range row {
-					row[j] = b[(j0+j)*ldb+l]
+	pb := &PackedB{k: k, n: n, p: make([]float32, k*roundUp(n, packNR))}
+	for j0 := 0; j0 < n; j0 += ncBlock {
+		for l0 := 0; l0 < k; l0 += kcBlock {
+			kc := min(kcBlock, k-l0)
+			slab := pb.slab(j0/ncBlock, l0, kc)
+			for jr := 0; jr < min(ncBlock, n-j0); jr += packNR {
+				w := min(packNR, n-j0-jr)
+				sliver := slab[jr*kc : (jr+packNR)*kc]
+				for l := range kc {
+					row := sliver[l*packNR : l*packNR+w]
+					if transB {
+						for j := range row {
+							row[j] = b[(j0+jr+j)*ldb+l0+l]
+						}
+					} else {
+						copy(row, b[(l0+l)*ldb+j0+jr:(l0+l)*ldb+j0+jr+w])
+					}
 				}
-			} else {
-				copy(row, b[l*ldb+j0:l*ldb+j0+w])
 			}
 		}
 	}
 	return pb, nil
 }
+
+// slab returns the packed B block of column block jb (ncBlock columns
+// from jb*ncBlock) and rows l0..l0+kc: its slivers one after another.
+func (b *PackedB) slab(jb, l0, kc int) []float32 {
+	w := min(ncBlock, roundUp(b.n-jb*ncBlock, packNR))
+	off := jb*ncBlock*b.k + l0*w
+	return b.p[off : off+kc*w]
+}
+
+func roundUp(x, m int) int { return (x + m - 1) / m * m }
+
+// PackedServes reports whether SgemmPacked takes m rows of op(A): up to
+// PackedRows always, more when the active micro kernel's B sliver is
+// packNR wide (the AVX-512 path), which the blocked algorithm then reads
+// straight from the packed blocks.
+func PackedServes(m int) bool { return m <= PackedRows || active().nr == packNR }
 
 // PackedRows is the largest number of rows of op(A) SgemmPacked accepts.
 const PackedRows = skinnyRows
@@ -62,8 +85,8 @@ const PackedRows = skinnyRows
 const packedTasksPerThread = 4
 
 // SgemmPacked computes C = alpha*op(A)*B + beta*C for a packed B (k x n)
-// and m <= PackedRows rows of op(A) (m x k; A is k x m as stored when
-// transA), using at most threads threads (<= 0: Threads()). beta 0 does not
+// and m rows of op(A) (m x k; A is k x m as stored when transA; m <=
+// PackedRows unless PackedServes(m)), using at most threads threads (<= 0: Threads()). beta 0 does not
 // read C, as in Sgemm.
 func SgemmPacked(threads int, transA bool, m int, alpha float32, a []float32, lda int,
 	b *PackedB, beta float32, c []float32, ldc int) error {
@@ -71,8 +94,8 @@ func SgemmPacked(threads int, transA bool, m int, alpha float32, a []float32, ld
 		return fmt.Errorf("%w: nil packed B", ErrShape)
 	}
 	k, n := b.k, b.n
-	if m > PackedRows {
-		return fmt.Errorf("%w: packed B serves at most %d rows, got %d", ErrShape, PackedRows, m)
+	if !PackedServes(m) {
+		return fmt.Errorf("%w: packed B serves at most %d rows on this path, got %d", ErrShape, PackedRows, m)
 	}
 	if err := checkLens(transA, false, m, n, k, len(a), lda, k*n, max(n, 1), len(c), ldc); err != nil {
 		return err
@@ -89,6 +112,12 @@ func SgemmPacked(threads int, transA bool, m int, alpha float32, a []float32, ld
 		return nil
 	}
 	ks := active()
+	if m > PackedRows {
+		p := product{transA: transA, m: m, n: n, k: k, alpha: alpha, a: a, lda: lda, c: c, ldc: ldc,
+			ks: ks, threads: parallelism(threads, m, n, k), pb: b}
+		p.blocked()
+		return nil
+	}
 	var rows [skinnyRows][]float32
 	if transA {
 		buf := make([]float32, m*k)
@@ -104,39 +133,72 @@ func SgemmPacked(threads int, transA bool, m int, alpha float32, a []float32, ld
 			rows[i] = a[i*lda : i*lda+k]
 		}
 	}
-	panels := (n + packNR - 1) / packNR
+	slivers := (n + packNR - 1) / packNR
 	t := parallelism(threads, m, n, k)
-	tasks := min(panels, t*packedTasksPerThread)
+	tasks := min(slivers, t*packedTasksPerThread)
 	if t <= 1 {
 		tasks = 1
 	}
-	per := (panels + tasks - 1) / tasks
-	tasks = (panels + per - 1) / per
+	per := (slivers + tasks - 1) / tasks
+	tasks = (slivers + per - 1) / per
 	ForThreads(t, tasks, func(u int) {
-		var out [skinnyRows][packNR]float32
-		for q := u * per; q < min((u+1)*per, panels); q++ {
-			ks.panel(m, k, &rows, b.p[q*k*packNR:(q+1)*k*packNR], &out)
+		packedSlivers(ks, b, m, &rows, u*per, min((u+1)*per, slivers), alpha, c, ldc)
+	})
+	return nil
+}
+
+// slabSlivers is the number of slivers in one column block.
+const slabSlivers = ncBlock / packNR
+
+// packedSlivers adds alpha * op(A) * B[:, 32*s0 : 32*s1] to C. Within each
+// column block it walks the k-blocks in order and, in each, its slivers
+// one after another (one contiguous run), keeping the partial sums of
+// those slivers aside between k-blocks.
+func packedSlivers(ks *kernels, b *PackedB, m int, rows *[skinnyRows][]float32, s0, s1 int, alpha float32,
+	c []float32, ldc int) {
+	k, n := b.k, b.n
+	var acc [slabSlivers][skinnyRows][packNR]float32
+	var sub [skinnyRows][]float32
+	for s := s0; s < s1; {
+		jb := s / slabSlivers
+		e := min(s1, (jb+1)*slabSlivers)
+		for q := range e - s {
+			for i := range m {
+				acc[q][i] = [packNR]float32{}
+			}
+		}
+		for l0 := 0; l0 < k; l0 += kcBlock {
+			kc := min(kcBlock, k-l0)
+			slab := b.slab(jb, l0, kc)
+			for i := range m {
+				sub[i] = rows[i][l0 : l0+kc]
+			}
+			for q := s; q < e; q++ {
+				jr := (q - jb*slabSlivers) * packNR
+				ks.panel(m, kc, &sub, slab[jr*kc:(jr+packNR)*kc], &acc[q-s])
+			}
+		}
+		for q := s; q < e; q++ {
 			j0 := q * packNR
 			w := min(packNR, n-j0)
 			for i := range m {
 				ci := c[i*ldc+j0 : i*ldc+j0+w]
 				for j := range ci {
-					ci[j] += alpha * out[i][j]
+					ci[j] += alpha * acc[q-s][i][j]
 				}
 			}
 		}
-	})
-	return nil
+		s = e
+	}
 }
 
-// panelGo is the portable panel kernel: out[i][j] = sum_l a[i][l] *
+// panelGo is the portable panel kernel: out[i][j] += sum_l a[i][l] *
 // p[l*packNR+j] for i < m.
 func panelGo(m, k int, a *[skinnyRows][]float32, p []float32, out *[skinnyRows][packNR]float32) {
 	p = p[:k*packNR]
 	for i := range m {
 		ai := a[i][:k]
 		o := &out[i]
-		*o = [packNR]float32{}
 		for l, av := range ai {
 			row := (*[packNR]float32)(p[l*packNR : (l+1)*packNR])
 			for j := range o {

@@ -8,7 +8,7 @@ import (
 )
 
 // panelAVX512 keeps the m x 32 tile in zmm accumulators over the whole
-// panel, which it reads once as one contiguous run. One row uses four
+// panel (and adds it to out at the end), which it reads once as one contiguous run. One row uses four
 // accumulators (two steps of the inner dimension in flight) so the FMA
 // latency does not bound the stream; more rows run four at a time (a
 // missing row repeats the last one and its result is ignored).
@@ -35,8 +35,9 @@ func panelAVX512(m, k int, a *[skinnyRows][]float32, p []float32, out *[skinnyRo
 			c0 = ld(l*packNR).MulAdd(v0, c0)
 			c1 = ld(l*packNR+16).MulAdd(v0, c1)
 		}
-		c0.Add(d0).Store((*[16]float32)(out[0][:16]))
-		c1.Add(d1).Store((*[16]float32)(out[0][16:]))
+		o0, o1 := (*[16]float32)(out[0][:16]), (*[16]float32)(out[0][16:])
+		c0.Add(d0).Add(archsimd.LoadFloat32x16(o0)).Store(o0)
+		c1.Add(d1).Add(archsimd.LoadFloat32x16(o1)).Store(o1)
 		return
 	}
 	var r [4][]float32
@@ -61,17 +62,20 @@ func panelAVX512(m, k int, a *[skinnyRows][]float32, p []float32, out *[skinnyRo
 		c30 = b0.MulAdd(v, c30)
 		c31 = b1.MulAdd(v, c31)
 	}
-	var tile [4][packNR]float32
-	c00.Store((*[16]float32)(tile[0][:16]))
-	c01.Store((*[16]float32)(tile[0][16:]))
-	c10.Store((*[16]float32)(tile[1][:16]))
-	c11.Store((*[16]float32)(tile[1][16:]))
-	c20.Store((*[16]float32)(tile[2][:16]))
-	c21.Store((*[16]float32)(tile[2][16:]))
-	c30.Store((*[16]float32)(tile[3][:16]))
-	c31.Store((*[16]float32)(tile[3][16:]))
-	for i := range m {
-		out[i] = tile[i]
+	add := func(i int, lo, hi f16) {
+		o0, o1 := (*[16]float32)(out[i][:16]), (*[16]float32)(out[i][16:])
+		lo.Add(archsimd.LoadFloat32x16(o0)).Store(o0)
+		hi.Add(archsimd.LoadFloat32x16(o1)).Store(o1)
+	}
+	add(0, c00, c01)
+	if m > 1 {
+		add(1, c10, c11)
+	}
+	if m > 2 {
+		add(2, c20, c21)
+	}
+	if m > 3 {
+		add(3, c30, c31)
 	}
 }
 
@@ -96,10 +100,14 @@ func panelAVX2(m, k int, a *[skinnyRows][]float32, p []float32, out *[skinnyRows
 			c2 = ld(o+16).MulAdd(v, c2)
 			c3 = ld(o+24).MulAdd(v, c3)
 		}
-		c0.Store((*[8]float32)(out[0][0:8]))
-		c1.Store((*[8]float32)(out[0][8:16]))
-		c2.Store((*[8]float32)(out[0][16:24]))
-		c3.Store((*[8]float32)(out[0][24:32]))
+		o0 := (*[8]float32)(out[0][0:8])
+		c0.Add(archsimd.LoadFloat32x8(o0)).Store(o0)
+		o1 := (*[8]float32)(out[0][8:16])
+		c1.Add(archsimd.LoadFloat32x8(o1)).Store(o1)
+		o2 := (*[8]float32)(out[0][16:24])
+		c2.Add(archsimd.LoadFloat32x8(o2)).Store(o2)
+		o3 := (*[8]float32)(out[0][24:32])
+		c3.Add(archsimd.LoadFloat32x8(o3)).Store(o3)
 		return
 	}
 	var r [4][]float32
@@ -136,6 +144,8 @@ func panelAVX2(m, k int, a *[skinnyRows][]float32, p []float32, out *[skinnyRows
 		c31.Store((*[8]float32)(tile[3][h+8 : h+16]))
 	}
 	for i := range m {
-		out[i] = tile[i]
+		for j := range packNR {
+			out[i][j] += tile[i][j]
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package gemm
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -58,6 +59,56 @@ func TestSgemmPacked(t *testing.T) {
 								}
 							}
 						}
+					}
+				}
+			}
+		}
+	})
+}
+
+// TestSgemmPackedBlocked checks SgemmPacked beyond PackedRows rows (the
+// blocked algorithm reading the packed blocks) against the naive loop, with
+// sizes that cross the row, column and inner-dimension blocks and leave edge
+// tiles; on paths whose micro kernel is not packNR wide it must refuse with
+// ErrShape and leave C alone.
+func TestSgemmPackedBlocked(t *testing.T) {
+	withPath(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(9, 10))
+		for _, sz := range [][3]int{{5, 33, 17}, {64, 40, 300}, {125, 530, 257}, {7, 1, 1}, {9, 1100, 520}} {
+			for _, transA := range []bool{false, true} {
+				m, n, k := sz[0], sz[1], sz[2]
+				lda, ar := k+1, m
+				if transA {
+					lda, ar = m+2, k
+				}
+				a := randSlice(r, ar*lda)
+				b := randSlice(r, k*n)
+				c := randSlice(r, m*n)
+				want := append([]float32(nil), c...)
+				naive(transA, false, m, n, k, 0.5, a, lda, b, n, 0.25, want, n)
+				pb, err := PackB(false, k, n, b, n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				before := append([]float32(nil), c...)
+				err = SgemmPacked(2, transA, m, 0.5, a, lda, pb, 0.25, c, n)
+				if !PackedServes(m) {
+					if !errors.Is(err, ErrShape) {
+						t.Fatalf("m %d on a path without packNR-wide slivers: err %v, want ErrShape", m, err)
+					}
+					for i := range c {
+						if c[i] != before[i] {
+							t.Fatalf("refused call changed C[%d]", i)
+						}
+					}
+					continue
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i := range want {
+					if d := c[i] - want[i]; d > 1e-3*float32(k) || -d > 1e-3*float32(k) {
+						t.Fatalf("m%d n%d k%d transA %v: C[%d] = %v, want %v", m, n, k, transA, i, c[i], want[i])
 					}
 				}
 			}

@@ -84,7 +84,7 @@ func newGemm(n *Node) (Kernel, error) {
 			}
 			bt = beta
 		}
-		if pb := pack.get(b); pb != nil && m <= gemm.PackedRows {
+		if pb := pack.get(b); pb != nil && gemm.PackedServes(m) {
 			err = gemm.SgemmPacked(ctx.Threads(), transA, m, alpha, af, max(a.Shape()[1], 1), pb, bt, y, max(nn, 1))
 		} else {
 			err = bm.mul(ctx.Threads(), transA, transB, m, nn, k, alpha,

@@ -2,7 +2,6 @@ package ops
 
 import (
 	"fmt"
-	"sync"
 	"unsafe"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/gemm"
@@ -19,7 +18,9 @@ func init() {
 // 16-bit B, typically the weights, is read in place and widened as it
 // streams; A and the result go through float32); float64 and int32/int64
 // use a plain loop. A constant float32 2D B is packed once, on first use,
-// for products of at most gemm.PackedRows rows (decode steps).
+// for products of at most gemm.PackedRows rows (decode steps) and, where
+// gemm.PackedServes allows, longer ones (prefill: the blocked algorithm
+// reads the packed blocks instead of packing B on every call).
 func newMatMul(n *Node) (Kernel, error) {
 	pack := newConstPack(n, 1, false)
 	return KernelFunc(func(ctx *Context) error {
@@ -40,7 +41,7 @@ func newMatMul(n *Node) (Kernel, error) {
 		}
 		switch a.DType() {
 		case tensor.Float32, tensor.Float16, tensor.BFloat16:
-			if g.fold && g.batch.Size()*g.m <= gemm.PackedRows {
+			if g.fold && gemm.PackedServes(g.batch.Size()*g.m) {
 				if pb := pack.get(b); pb != nil {
 					return g.runPacked(ctx.Threads(), a, pb, out)
 				}
@@ -164,8 +165,8 @@ func (g *matmulPlan) runF32(threads int, a, b *tensor.Tensor, out *tensor.Tensor
 	return storeF32Result(out, dst)
 }
 
-// runPacked computes a folded product of at most gemm.PackedRows rows
-// with a packed constant B.
+// runPacked computes a folded product with a packed constant B (as many
+// rows as gemm.PackedServes allows).
 func (g *matmulPlan) runPacked(threads int, a *tensor.Tensor, pb *gemm.PackedB, out *tensor.Tensor) error {
 	af, err := tensor.AsFloat32(a)
 	if err != nil {
@@ -179,19 +180,20 @@ func (g *matmulPlan) runPacked(threads int, a *tensor.Tensor, pb *gemm.PackedB, 
 	return storeF32Result(out, dst)
 }
 
-// constPack is a constant float32 2D B input packed for gemm.SgemmPacked,
-// on first use (products of more rows never need it, and the pack costs a
-// copy of the weights). A kernel value is shared by concurrent runs, so the
-// packing is guarded by a sync.Once.
+// constPack is a constant float32 2D B input packed for gemm.SgemmPacked
+// when the session is built, as onnxruntime prepacks its weights: the
+// decode steps stream the packed slivers and longer products read them as
+// their packed B blocks, so no run packs the weights (the pack costs a copy
+// of them in memory). A kernel value is shared by concurrent runs; the
+// pack is read-only.
 type constPack struct {
-	src    *tensor.Tensor
-	transB bool
-	once   sync.Once
-	pb     *gemm.PackedB
+	src *tensor.Tensor
+	pb  *gemm.PackedB
 }
 
 // newConstPack returns the pack of input i of n when it is a float32 2D
-// constant, nil otherwise.
+// constant, nil otherwise (or when packing fails: the products then read
+// B as stored).
 func newConstPack(n *Node, i int, transB bool) *constPack {
 	if i >= len(n.Constants) {
 		return nil
@@ -200,7 +202,16 @@ func newConstPack(n *Node, i int, transB bool) *constPack {
 	if t == nil || t.DType() != tensor.Float32 || t.Rank() != 2 {
 		return nil
 	}
-	return &constPack{src: t, transB: transB}
+	s := t.Shape()
+	k, nn := s[0], s[1]
+	if transB {
+		k, nn = nn, k
+	}
+	pb, err := gemm.PackB(transB, k, nn, t.Float32(), max(s[1], 1))
+	if err != nil || k == 0 || nn == 0 {
+		return nil
+	}
+	return &constPack{src: t, pb: pb}
 }
 
 // get returns the packed B when b is the constant it was built from (the
@@ -213,14 +224,6 @@ func (c *constPack) get(b *tensor.Tensor) *gemm.PackedB {
 	if len(bf) != len(sf) || len(bf) == 0 || unsafe.SliceData(bf) != unsafe.SliceData(sf) {
 		return nil
 	}
-	c.once.Do(func() {
-		s := c.src.Shape()
-		k, n := s[0], s[1]
-		if c.transB {
-			k, n = n, k
-		}
-		c.pb, _ = gemm.PackB(c.transB, k, n, sf, max(s[1], 1))
-	})
 	return c.pb
 }
 
