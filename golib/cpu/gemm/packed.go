@@ -1,6 +1,9 @@
 package gemm
 
-import "fmt"
+import (
+	"fmt"
+	"sync"
+)
 
 // Packed B. A decode step multiplies one to a few rows by every weight
 // matrix; streamed row by row (skinnyAxpy) each group of B rows reads
@@ -150,6 +153,16 @@ func SgemmPacked(threads int, transA bool, m int, alpha float32, a []float32, ld
 // slabSlivers is the number of slivers in one column block.
 const slabSlivers = ncBlock / packNR
 
+// sliverScratch is one packedSlivers call's partial sums and row views,
+// pooled: passed to the kernel through a function value they would escape
+// and cost an 8 KiB allocation per call.
+type sliverScratch struct {
+	acc [slabSlivers][skinnyRows][packNR]float32
+	sub [skinnyRows][]float32
+}
+
+var sliverScratchPool = sync.Pool{New: func() any { return new(sliverScratch) }}
+
 // packedSlivers adds alpha * op(A) * B[:, 32*s0 : 32*s1] to C. Within each
 // column block it walks the k-blocks in order and, in each, its slivers
 // one after another (one contiguous run), keeping the partial sums of
@@ -157,8 +170,12 @@ const slabSlivers = ncBlock / packNR
 func packedSlivers(ks *kernels, b *PackedB, m int, rows *[skinnyRows][]float32, s0, s1 int, alpha float32,
 	c []float32, ldc int) {
 	k, n := b.k, b.n
-	var acc [slabSlivers][skinnyRows][packNR]float32
-	var sub [skinnyRows][]float32
+	sc := sliverScratchPool.Get().(*sliverScratch)
+	defer func() {
+		sc.sub = [skinnyRows][]float32{} // keep no caller memory alive in the pool
+		sliverScratchPool.Put(sc)
+	}()
+	acc, sub := &sc.acc, &sc.sub
 	for s := s0; s < s1; {
 		jb := s / slabSlivers
 		e := min(s1, (jb+1)*slabSlivers)
@@ -175,7 +192,7 @@ func packedSlivers(ks *kernels, b *PackedB, m int, rows *[skinnyRows][]float32, 
 			}
 			for q := s; q < e; q++ {
 				jr := (q - jb*slabSlivers) * packNR
-				ks.panel(m, kc, &sub, slab[jr*kc:(jr+packNR)*kc], &acc[q-s])
+				ks.panel(m, kc, sub, slab[jr*kc:(jr+packNR)*kc], &acc[q-s])
 			}
 		}
 		for q := s; q < e; q++ {
