@@ -13,6 +13,8 @@ the work). ``--mode fixed`` (default) does not grow it between samples, so every
 row has the same context; ``--mode growing`` runs real decode loops from that context, each
 step feeding its present back as the next past (every step then works on new, larger
 tensors, which exposes allocation costs), two bursts per runtime, alternating.
+``--mode prefill`` times the prompt instead: ``context`` new tokens with an empty past (the
+first call of a generation), in the same alternating blocks as ``fixed``.
 ``--profile`` adds our per-op time per step (fixed contexts, a profiled session).
 
 Output: a printed table (median, p10, p90 per runtime, ratio ours/ort of medians), raw samples
@@ -66,6 +68,15 @@ def make_session(runtime: str, model_bytes: bytes, threads: int) -> Any:
         return onnxruntime.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
     import onnx_light_kv
     return onnx_light_kv.InferenceSession(model_bytes, threads=threads)
+
+
+def prefill_feeds(models: Any, cfg: Any, prompt: int, rng: np.random.Generator) -> Dict[str, np.ndarray]:
+    """Feeds of a prefill of ``prompt`` tokens with an empty past (batch 1)."""
+    feeds: Dict[str, np.ndarray] = {"input_ids": rng.integers(cfg.vocab, size=(1, prompt)).astype(np.int64),
+                                    "position_ids": np.arange(prompt, dtype=np.int64)[None]}
+    for name in models.past_names(cfg.layers):
+        feeds[name] = np.zeros((1, cfg.kv_heads, 0, cfg.head_dim), cfg.np_dtype)
+    return feeds
 
 
 def decode_feeds(models: Any, cfg: Any, context: int, rng: np.random.Generator) -> Dict[str, np.ndarray]:
@@ -152,9 +163,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--contexts", type=int, nargs="+", default=[128, 256, 512, 1024, 2048, 4096])
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--samples", type=int, default=30, help="timed steps per (context, threads, runtime)")
-    p.add_argument("--mode", choices=["fixed", "growing"], default="fixed",
+    p.add_argument("--mode", choices=["fixed", "growing", "prefill"], default="fixed",
                    help="fixed: every sample at the same context; growing: a real decode loop from the context, "
-                        "each step feeding its present back (new, larger tensors every step)")
+                        "each step feeding its present back (new, larger tensors every step); prefill: the "
+                        "contexts are prompt lengths, run with an empty past")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--runtimes", default="ours,ort", help="comma list of ours, ort")
     p.add_argument("--name", default="tensor-decode", help="results file prefix")
@@ -188,8 +200,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     for threads in args.threads:
         sessions = {r: make_session(r, model_bytes, threads) for r in runtimes}
         for context in args.contexts:
-            feeds = decode_feeds(models, cfg, context, rng)
-            if args.mode == "fixed":
+            feeds = (prefill_feeds if args.mode == "prefill" else decode_feeds)(models, cfg, context, rng)
+            if args.mode in ("fixed", "prefill"):
                 fns: Dict[str, Callable[[], Any]] = {r: (lambda s=s: s.run(out_names, feeds)) for r, s in sessions.items()}
                 samples = _common.blocked(fns, repeat=args.samples, warmup=args.warmup)
             else:

@@ -31,9 +31,18 @@ func (p *product) blocked() {
 	// Equal row blocks (a multiple of mr each) so no task is a sliver.
 	mBlocks := (p.m + mcBlock - 1) / mcBlock
 	mr := p.ks.mr
+	nBlocks := (p.n + ncBlock - 1) / ncBlock
+	if p.threads > 1 && mBlocks*nBlocks < 2*p.threads {
+		// Too few blocks to keep the threads busy (a prefill of tens of
+		// tokens times a 512-column weight is one block): split the rows
+		// further, down to one mr panel per task. The tasks of one column
+		// block then pack the same B block each (or share the prepacked
+		// one), which costs less than the idle threads.
+		want := (2*p.threads + nBlocks - 1) / nBlocks
+		mBlocks = max(mBlocks, min(want, (p.m+mr-1)/mr))
+	}
 	mc := ((p.m+mBlocks-1)/mBlocks + mr - 1) / mr * mr
 	mBlocks = (p.m + mc - 1) / mc
-	nBlocks := (p.n + ncBlock - 1) / ncBlock
 	ForThreads(p.threads, mBlocks*nBlocks, func(t int) {
 		bufs := bufPool.Get().(*packBufs)
 		i0 := (t / nBlocks) * mc
