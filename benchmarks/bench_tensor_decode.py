@@ -251,7 +251,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             for t in args.threads:
                 sel = [x for x in rows if x["threads"] == t]
                 ratio[f"ours/ort {t}T"] = ([x["context"] for x in sel], [x["ratio_ours_over_ort"] for x in sel])
-        png = _common.plot_series(path[:-5] + ".png", series, "context (past tokens)", "ms per decode step",
+        xlabel, ylabel = (("prompt tokens", "ms per prefill") if args.mode == "prefill"
+                          else ("context (past tokens)", "ms per decode step"))
+        png = _common.plot_series(path[:-5] + ".png", series, xlabel, ylabel,
                                   title=f"tensor-path decode ({args.mode}): {cfg.layers}L h{cfg.hidden} {cfg.q_heads}/{cfg.kv_heads} heads "
                                         f"d{cfg.head_dim} V{cfg.vocab} {cfg.dtype}", ratio=ratio or None)
         print(f"plot:    {os.path.relpath(png, ROOT)}")
