@@ -219,6 +219,12 @@ def test_bandwidth_probes() -> None:
     assert olkv.stream_read(np.ones(3, np.float32), 8) > 0  # more threads than elements
     with pytest.raises(ValueError):
         olkv.read_bandwidth(0, 1, 1)
+    with pytest.raises(ValueError):  # more than the machine holds: refused, not attempted
+        olkv.read_bandwidth(10 ** 9, 1, 1)
+    with pytest.raises(ValueError):
+        olkv.read_bandwidth(4, 5000, 1)
+    with pytest.raises(ValueError):
+        olkv.stream_read(buf, 5000)
     with pytest.raises(TypeError):
         olkv.stream_read(buf.astype(np.float64))
     with pytest.raises(TypeError):

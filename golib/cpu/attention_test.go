@@ -326,7 +326,7 @@ func TestReadBandwidth(t *testing.T) {
 	for _, c := range []struct {
 		bytes          int64
 		threads, iters int
-	}{{1 << 10, 1, 1}, {4 << 20, 0, 1}, {4 << 20, 1, 0}} {
+	}{{1 << 10, 1, 1}, {4 << 20, 0, 1}, {4 << 20, 1, 0}, {4 << 20, maxProbeThreads + 1, 1}, {1 << 62, 1, 1}} {
 		if _, err := ReadBandwidth(c.bytes, c.threads, c.iters); !errors.Is(err, cache.ErrInvalidArgument) {
 			t.Errorf("ReadBandwidth(%d, %d, %d) = %v, want ErrInvalidArgument", c.bytes, c.threads, c.iters, err)
 		}
@@ -366,7 +366,7 @@ func TestBlockSize(t *testing.T) {
 func TestStreamRead(t *testing.T) {
 	for _, c := range []struct {
 		n, threads int
-	}{{0, 1}, {16, 0}} {
+	}{{0, 1}, {16, 0}, {16, maxProbeThreads + 1}} {
 		if _, err := StreamRead(make([]float32, c.n), c.threads); !errors.Is(err, cache.ErrInvalidArgument) {
 			t.Errorf("StreamRead(%d floats, %d threads) = %v, want ErrInvalidArgument", c.n, c.threads, err)
 		}
@@ -375,7 +375,7 @@ func TestStreamRead(t *testing.T) {
 	for i := range buf {
 		buf[i] = float32(i)
 	}
-	for _, threads := range []int{1, 2, 3, 1 << 17} {
+	for _, threads := range []int{1, 2, 3, maxProbeThreads} {
 		if gbps, err := StreamRead(buf, threads); err != nil || !(gbps > 0) {
 			t.Fatalf("StreamRead(%d threads) = %v, %v", threads, gbps, err)
 		}

@@ -18,11 +18,18 @@ import (
 // best pass in GB/s (1e9 bytes per second). It allocates and is not meant
 // for a hot path.
 func ReadBandwidth(bytes int64, threads, iters int) (float64, error) {
-	if bytes < 1<<20 || threads < 1 || iters < 1 {
-		return 0, fmt.Errorf("%w: read bandwidth needs bytes >= 1 MiB, threads >= 1, iters >= 1 (got %d, %d, %d)",
-			cache.ErrInvalidArgument, bytes, threads, iters)
+	if bytes < 1<<20 || bytes > maxProbeBytes || threads < 1 || threads > maxProbeThreads || iters < 1 {
+		return 0, fmt.Errorf("%w: read bandwidth needs 1 MiB <= bytes <= 1 TiB, threads 1..%d, iters >= 1 (got %d, %d, %d)",
+			cache.ErrInvalidArgument, maxProbeThreads, bytes, threads, iters)
 	}
-	buf, free := probeBuffer(int(bytes / 4))
+	if total := physicalMemory(); total > 0 && bytes > total/2 {
+		return 0, fmt.Errorf("%w: a %d-byte probe buffer exceeds half of the physical memory (%d bytes)",
+			cache.ErrInvalidArgument, bytes, total)
+	}
+	buf, free, err := probeBuffer(int(bytes / 4))
+	if err != nil {
+		return 0, fmt.Errorf("%w: cannot map a %d-byte probe buffer: %v", cache.ErrBudget, bytes, err)
+	}
 	defer free()
 	for i := range buf {
 		buf[i] = float32(i & 1023)
@@ -38,15 +45,22 @@ func ReadBandwidth(bytes int64, threads, iters int) (float64, error) {
 	return best, nil
 }
 
+// maxProbeThreads bounds the goroutines of one probe pass; maxProbeBytes
+// the probe buffer where the physical memory is unknown.
+const (
+	maxProbeThreads = 1024
+	maxProbeBytes   = 1 << 40
+)
+
 // StreamRead reads buf once with threads goroutines, each streaming its
 // contiguous share with the active SIMD path, and returns the rate in GB/s.
 // Benchmarks call it on a buffer they keep, between the calls they time, so
 // that the bandwidth they compare a kernel with is measured at the same
 // moment (shared machines drift by tens of percent within minutes).
 func StreamRead(buf []float32, threads int) (float64, error) {
-	if len(buf) == 0 || threads < 1 {
-		return 0, fmt.Errorf("%w: stream read needs a non-empty buffer and threads >= 1 (got %d floats, %d threads)",
-			cache.ErrInvalidArgument, len(buf), threads)
+	if len(buf) == 0 || threads < 1 || threads > maxProbeThreads {
+		return 0, fmt.Errorf("%w: stream read needs a non-empty buffer and threads 1..%d (got %d floats, %d threads)",
+			cache.ErrInvalidArgument, maxProbeThreads, len(buf), threads)
 	}
 	ops := activeOps()
 	sinks := make([]float32, threads)

@@ -20,6 +20,11 @@ def read_bandwidth(mib: int = 1024, threads: int = 1, iters: int = 5) -> float:
 
     Allocates the buffer for the duration of the call; use a size well above
     the L3 (the default 1 GiB) to measure DRAM.
+
+    Raises:
+        ValueError: ``mib`` < 1 or more than half of the physical memory,
+            ``threads`` outside 1..1024, or ``iters`` < 1.
+        MemoryError: the buffer cannot be mapped.
     """
     return float(_lib.call(_lib.fn("ReadBandwidth"), int(mib), int(threads), int(iters)))
 
@@ -34,13 +39,14 @@ def stream_read(buf: np.ndarray, threads: int = 1) -> float:
 
     Raises:
         TypeError: ``buf`` is not a float32 numpy array.
-        ValueError: ``buf`` is empty or not C-contiguous, or ``threads`` < 1.
+        ValueError: ``buf`` is empty or not C-contiguous, or ``threads`` is
+            outside 1..1024.
     """
     if not isinstance(buf, np.ndarray) or buf.dtype != np.float32:
         raise TypeError(f"stream_read needs a float32 numpy array, got {type(buf).__name__}"
                         + (f" of {buf.dtype}" if isinstance(buf, np.ndarray) else ""))
     if buf.size == 0 or not buf.flags.c_contiguous:
         raise ValueError("stream_read needs a non-empty C-contiguous array")
-    if int(threads) < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
+    if not 1 <= int(threads) <= 1024:
+        raise ValueError(f"threads must be in 1..1024, got {threads}")
     return float(_lib.call(_lib.fn("StreamRead"), buf.ctypes.data, buf.size, int(threads)))
