@@ -370,6 +370,20 @@ def test_budget_error_is_memory_error_with_numbers_and_changes_nothing() -> None
     assert b.lengths.tolist() == [0]
 
 
+def test_cache_larger_than_the_machine_raises_budget_error() -> None:
+    """Without a budget, a cache the machine cannot hold is refused with BudgetError (a
+    MemoryError) before anything is touched, instead of the process running out of memory;
+    the default arena keeps working."""
+    arena = olkv.Arena()
+    with pytest.raises(olkv.BudgetError) as ei:
+        olkv.KVCache(1, 8, 128, dtype="float32", capacity=10**8, arena=arena)  # 819 GB
+    assert isinstance(ei.value, MemoryError) and "available" in str(ei.value)
+    assert arena.stats()["allocated_bytes"] == 0
+    c = olkv.KVCache(1, 8, 128, capacity=16, arena=arena)
+    assert c.lengths.tolist() == [0]
+    c.close()
+
+
 def test_closed_cache_raises_value_error() -> None:
     c = olkv.KVCache(1, 1, 4, capacity=4)
     c.close()

@@ -81,6 +81,14 @@ func (a *Arena) allocMany(n, count int) ([][]byte, error) {
 	if a.budget > 0 && a.allocated+total > a.budget {
 		return nil, &BudgetError{Requested: total, Committed: a.allocated, Budget: a.budget}
 	}
+	// Fresh memory must fit what the machine has available: a request it
+	// cannot hold would otherwise end the process (the Go heap's
+	// out-of-memory is fatal) or get it killed while the pages are touched.
+	if fresh := int64(n) * int64(max(count-len(a.free[n]), 0)); fresh > 0 {
+		if avail := availableMemory(); avail > 0 && fresh > avail {
+			return nil, &BudgetError{Requested: total, Committed: a.allocated, Budget: a.allocated + avail, Machine: true}
+		}
+	}
 	out := make([][]byte, count)
 	for i := range out {
 		if list := a.free[n]; len(list) > 0 {
@@ -91,7 +99,15 @@ func (a *Arena) allocMany(n, count int) ([][]byte, error) {
 			out[i] = b
 			continue
 		}
-		out[i] = alignedBytes(n)
+		b, err := alignedBytes(n)
+		if err != nil {
+			for _, done := range out[:i] {
+				a.free[n] = append(a.free[n], done) // back to the pool: all or nothing
+				a.pooled += int64(n)
+			}
+			return nil, fmt.Errorf("%w: cannot map %d bytes: %v", ErrBudget, n, err)
+		}
+		out[i] = b
 	}
 	a.allocated += total
 	a.allocs += int64(count)
@@ -188,18 +204,20 @@ func (a *Arena) Stats() ArenaStats {
 
 // alignedBytes returns a zeroed n-byte slice whose first byte is 64-byte
 // aligned (backed by a slightly larger allocation).
-func alignedBytes(n int) []byte {
+func alignedBytes(n int) ([]byte, error) {
 	if n == 0 {
-		return []byte{}
+		return []byte{}, nil
 	}
-	if b, ok := osAlloc(n); ok {
+	if b, err := osAlloc(n); b != nil {
 		prefault(b)
-		return b
+		return b, nil
+	} else if err != nil {
+		return nil, err
 	}
 	raw := make([]byte, n+alignment)
 	prefault(raw)
 	off := int(uintptr(alignment)-uintptr(unsafe.Pointer(&raw[0]))%alignment) % alignment
-	return raw[off : off+n : off+n]
+	return raw[off : off+n : off+n], nil
 }
 
 // pageSize is the stride used to pre-fault new buffers.

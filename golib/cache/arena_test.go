@@ -1,6 +1,9 @@
 package cache
 
-import "testing"
+import (
+	"errors"
+	"testing"
+)
 
 // TestLargeBuffersRoundTrip covers buffers big enough for the huge-page
 // mapping path: zeroed on hand-out, zeroed again on reuse, unmapped on trim.
@@ -36,5 +39,33 @@ func TestLargeBuffersRoundTrip(t *testing.T) {
 	a.release(b3)
 	if st := a.Stats(); st.Pooled != 0 {
 		t.Fatalf("closed arena pooled %d bytes", st.Pooled)
+	}
+}
+
+// TestArenaMachineLimit checks that a request beyond the memory the machine
+// has available is refused with a BudgetError (Machine set), even without a
+// budget, and leaves the arena as it was: the Go heap's out-of-memory would
+// end the process instead.
+func TestArenaMachineLimit(t *testing.T) {
+	avail := availableMemory()
+	if avail <= 0 {
+		t.Skip("available memory unknown on this platform")
+	}
+	a, err := NewArena(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	before := a.Stats()
+	_, err = a.alloc(int(2 * avail))
+	var be *BudgetError
+	if !errors.As(err, &be) || !be.Machine || !errors.Is(err, ErrBudget) {
+		t.Fatalf("alloc(2 x available) = %v, want a machine BudgetError", err)
+	}
+	if after := a.Stats(); after != before {
+		t.Fatalf("refused allocation changed the arena: %+v -> %+v", before, after)
+	}
+	if _, err := New(a, Config{Batch: 1, KVHeads: 8, HeadDimK: 128, Capacity: int(avail/(8*128*4)) + 1, Elem: Float32}); !errors.Is(err, ErrBudget) {
+		t.Fatalf("a cache larger than the machine: err %v, want ErrBudget", err)
 	}
 }

@@ -27,10 +27,17 @@ var (
 type BudgetError struct {
 	Requested int64 // bytes asked for
 	Committed int64 // bytes already committed in the arena
-	Budget    int64 // the arena's budget
+	Budget    int64 // the arena's budget (Machine: committed + what the machine has available)
+	// Machine is set when the limit was the machine's available memory,
+	// not a budget the arena was given.
+	Machine bool
 }
 
 func (e *BudgetError) Error() string {
+	if e.Machine {
+		return fmt.Sprintf("memory budget exceeded: requested %d bytes with %d committed, but the machine has only %d bytes available",
+			e.Requested, e.Committed, e.Budget-e.Committed)
+	}
 	return fmt.Sprintf("memory budget exceeded: requested %d bytes with %d of %d bytes committed (%d free)",
 		e.Requested, e.Committed, e.Budget, e.Budget-e.Committed)
 }

@@ -3,6 +3,9 @@
 package cache
 
 import (
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"unsafe"
@@ -22,21 +25,45 @@ var mappings sync.Map // uintptr -> []byte
 // one huge page: a 2 MiB-aligned anonymous mapping advised for transparent
 // huge pages. Decode attention streams the cache, and with 4 KiB pages the
 // TLB misses cost about a third of the achievable read bandwidth. Smaller
-// buffers, or a failed mapping, return ok == false (use the Go heap).
-func osAlloc(n int) (b []byte, ok bool) {
+// buffers return (nil, nil): use the Go heap. A failed mapping is an error
+// (the Go heap would not do better with that much).
+func osAlloc(n int) ([]byte, error) {
 	if n < hugePage {
-		return nil, false
+		return nil, nil
 	}
 	size := (n + hugePage - 1) &^ (hugePage - 1)
 	region, err := syscall.Mmap(-1, 0, size+hugePage, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
 	if err != nil {
-		return nil, false
+		return nil, err
 	}
 	off := int(-uintptr(unsafe.Pointer(&region[0])) & (hugePage - 1))
-	b = region[off : off+size : off+size]
+	b := region[off : off+size : off+size]
 	_ = syscall.Madvise(b, madvHugepage) // best effort: without THP the pages are simply 4 KiB
 	mappings.Store(uintptr(unsafe.Pointer(&b[0])), region)
-	return b[:n:n], true
+	return b[:n:n], nil
+}
+
+// availableMemory returns the kernel's estimate of the memory available
+// for new allocations (MemAvailable), in bytes; 0 when unknown.
+func availableMemory() int64 {
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+			f := strings.Fields(rest)
+			if len(f) == 0 {
+				return 0
+			}
+			kb, err := strconv.ParseInt(f[0], 10, 64)
+			if err != nil {
+				return 0
+			}
+			return kb << 10
+		}
+	}
+	return 0
 }
 
 // osFree unmaps a buffer that came from osAlloc and reports whether it did.

@@ -4,7 +4,10 @@ package cache
 
 // osAlloc is only implemented on Linux (huge-page mappings); elsewhere every
 // buffer comes from the Go heap.
-func osAlloc(n int) ([]byte, bool) { return nil, false }
+func osAlloc(n int) ([]byte, error) { return nil, nil }
+
+// availableMemory is unknown here (0): only the arena's budget limits it.
+func availableMemory() int64 { return 0 }
 
 // osFree reports that b did not come from osAlloc.
 func osFree(b []byte) bool { return false }
