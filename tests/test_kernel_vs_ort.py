@@ -236,3 +236,17 @@ def test_bandwidth_probes() -> None:
     with pytest.raises(ValueError):
         olkv.stream_read(buf, 0)
     assert (buf == 1).all()
+
+
+def test_set_threads_bounds() -> None:
+    """More than 1024 kernel threads is refused (each would be a polling helper); the
+    setting is unchanged."""
+    before = olkv.get_threads()
+    with pytest.raises(ValueError):
+        olkv.set_threads(5000)
+    assert olkv.get_threads() == before
+    olkv.set_threads(3)
+    try:
+        assert olkv.get_threads() == 3
+    finally:
+        olkv.set_threads(before)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
@@ -383,6 +384,18 @@ func TestStreamRead(t *testing.T) {
 	for i, x := range buf {
 		if x != float32(i) {
 			t.Fatalf("buf[%d] changed to %v", i, x)
+		}
+	}
+}
+
+// TestSetThreadsClamp checks the thread setting's bounds: <= 0 restores one
+// per CPU, more than MaxThreads is clamped.
+func TestSetThreadsClamp(t *testing.T) {
+	defer SetThreads(Threads())
+	for _, c := range []struct{ n, want int }{{MaxThreads + 5, MaxThreads}, {0, runtime.NumCPU()}, {-3, runtime.NumCPU()}, {3, 3}} {
+		SetThreads(c.n)
+		if got := Threads(); got != c.want {
+			t.Errorf("SetThreads(%d): Threads() = %d, want %d", c.n, got, c.want)
 		}
 	}
 }

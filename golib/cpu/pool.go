@@ -25,13 +25,18 @@ const (
 	minSplitTokens = 128
 )
 
+// MaxThreads is the largest thread count SetThreads accepts; more is
+// clamped (each thread beyond the CPUs only adds a polling helper).
+const MaxThreads = 1024
+
 // SetThreads sets the number of threads (the calling goroutine plus pool
 // helpers) that Attention uses. n <= 0 restores the default,
-// runtime.NumCPU().
+// runtime.NumCPU(); n > MaxThreads is clamped to MaxThreads.
 func SetThreads(n int) {
 	if n <= 0 {
 		n = runtime.NumCPU()
 	}
+	n = min(n, MaxThreads)
 	thePool.mu.Lock()
 	thePool.threads = n
 	thePool.mu.Unlock()

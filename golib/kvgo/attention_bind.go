@@ -2,8 +2,10 @@ package kvgo
 
 import (
 	"encoding/json"
+	"fmt"
 	"runtime"
 
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu"
 )
 
@@ -43,6 +45,9 @@ func Attention(h int64, qPtr uintptr, qElems int, outPtr uintptr, outElems int, 
 // SetThreads sets the number of kernel worker threads (n <= 0: all CPUs).
 func SetThreads(n int) (err error) {
 	defer recoverTo(&err)
+	if n > cpu.MaxThreads {
+		return classify(fmt.Errorf("%w: threads must be at most %d, got %d", cache.ErrInvalidArgument, cpu.MaxThreads, n))
+	}
 	cpu.SetThreads(n)
 	return nil
 }

@@ -87,7 +87,11 @@ def attention(
 
 
 def set_threads(n: Optional[int] = None) -> None:
-    """Set the kernel worker threads (None or <= 0: one per CPU)."""
+    """Set the kernel worker threads (None or <= 0: one per CPU).
+
+    Raises:
+        ValueError: ``n`` > 1024.
+    """
     _lib.call(_lib.fn("SetThreads"), 0 if n is None else int(n))
 
 
