@@ -384,6 +384,16 @@ def test_cache_larger_than_the_machine_raises_budget_error() -> None:
     c.close()
 
 
+@pytest.mark.parametrize("kw", [dict(batch=10**9), dict(kv_heads=10**6), dict(head_dim=10**7)])
+def test_absurd_geometry_raises_value_error(kw: dict) -> None:
+    """Geometries no model has are refused before anything is allocated (a billion sequences
+    of a tiny cache used to exhaust the memory on per-sequence state alone)."""
+    args = dict(batch=1, kv_heads=1, head_dim=8, capacity=4)
+    args.update(kw)
+    with pytest.raises(ValueError):
+        olkv.KVCache(**args)
+
+
 def test_closed_cache_raises_value_error() -> None:
     c = olkv.KVCache(1, 1, 4, capacity=4)
     c.close()

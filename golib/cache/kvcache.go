@@ -123,6 +123,14 @@ func (c *KVCache) allocSeparate(kBytes, vBytes int) error {
 // never overflow (1 TiB is far beyond any machine this runs on).
 const maxCacheBytes = 1 << 40
 
+// Bounds of a cache's geometry, far above any model's (batch counts beams
+// and speculative branches too).
+const (
+	maxBatch   = 1 << 16
+	maxKVHeads = 1 << 12
+	maxHeadDim = 1 << 16
+)
+
 func (cfg Config) validate() error {
 	switch {
 	case cfg.Batch <= 0 || cfg.KVHeads <= 0 || cfg.HeadDimK <= 0 || cfg.HeadDimV <= 0:
@@ -132,6 +140,11 @@ func (cfg Config) validate() error {
 		return fmt.Errorf("%w: capacity must be positive (got %d)", ErrInvalidArgument, cfg.Capacity)
 	case cfg.Elem.Size() == 0:
 		return fmt.Errorf("%w: unsupported element type %v", ErrInvalidArgument, cfg.Elem)
+	case cfg.Batch > maxBatch || cfg.KVHeads > maxKVHeads || cfg.HeadDimK > maxHeadDim || cfg.HeadDimV > maxHeadDim:
+		// per-sequence state and buffers scale with these before any byte
+		// of K/V: absurd values must not reach an allocation
+		return fmt.Errorf("%w: batch <= %d, kv_heads <= %d and head dims <= %d (got batch=%d kv_heads=%d head_dim_k=%d head_dim_v=%d)",
+			ErrInvalidArgument, maxBatch, maxKVHeads, maxHeadDim, cfg.Batch, cfg.KVHeads, cfg.HeadDimK, cfg.HeadDimV)
 	}
 	total := float64(cfg.Batch) * float64(cfg.KVHeads) * float64(cfg.Capacity) *
 		float64(cfg.HeadDimK+cfg.HeadDimV) * float64(cfg.Elem.Size())

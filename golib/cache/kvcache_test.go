@@ -472,6 +472,9 @@ func TestNewValidation(t *testing.T) {
 		{Batch: 1, KVHeads: 1, HeadDimK: 1, HeadDimV: -2, Capacity: 1},
 		{Batch: 1, KVHeads: 1, HeadDimK: 1, Capacity: 1, Elem: ElemType(7)},
 		{Batch: 1 << 20, KVHeads: 1 << 10, HeadDimK: 1 << 10, Capacity: 1 << 20},
+		{Batch: 1_000_000_000, KVHeads: 1, HeadDimK: 8, Capacity: 4}, // small bytes, absurd batch
+		{Batch: 1, KVHeads: maxKVHeads + 1, HeadDimK: 8, Capacity: 4},
+		{Batch: 1, KVHeads: 1, HeadDimK: maxHeadDim + 1, Capacity: 4},
 	}
 	for _, cfg := range bad {
 		if _, err := New(a, cfg); !errors.Is(err, ErrInvalidArgument) {
