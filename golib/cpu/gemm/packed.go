@@ -13,8 +13,8 @@ import (
 // blocks of ncBlock columns (the last one narrower, zero-padded to a
 // multiple of packNR), each stored k-block by k-block (kcBlock rows, the
 // last shorter), each k-block sliver by sliver (kc rows of packNR values).
-// Short products keep their C tile in registers over every k-block of a
-// sliver and read each k-block of their slivers as one contiguous run;
+// Short products (decode) read each k-block of their slivers as one
+// contiguous run and add its partial sums into a small scratch tile;
 // longer ones (prefill) take the k-blocks as their packed B blocks, so the
 // weights are not packed again on every call.
 
@@ -25,7 +25,7 @@ const packNR = 32
 // once built and may be shared by concurrent calls.
 type PackedB struct {
 	k, n int
-	p    []float32 // panels of k*packNR values
+	p    []float32 // the slivers, in the layout above
 }
 
 // K returns the inner dimension of the packed matrix.
