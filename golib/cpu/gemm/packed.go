@@ -41,24 +41,12 @@ func PackB(transB bool, k, n int, b []float32, ldb int) (*PackedB, error) {
 		return nil, err
 	}
 	pb := &PackedB{k: k, n: n, p: make([]float32, k*roundUp(n, packNR))}
+	// Each block is what the blocked algorithm's packB builds from B.
+	p := product{transB: transB, n: n, k: k, b: b, ldb: ldb}
 	for j0 := 0; j0 < n; j0 += ncBlock {
 		for l0 := 0; l0 < k; l0 += kcBlock {
 			kc := min(kcBlock, k-l0)
-			slab := pb.slab(j0/ncBlock, l0, kc)
-			for jr := 0; jr < min(ncBlock, n-j0); jr += packNR {
-				w := min(packNR, n-j0-jr)
-				sliver := slab[jr*kc : (jr+packNR)*kc]
-				for l := range kc {
-					row := sliver[l*packNR : l*packNR+w]
-					if transB {
-						for j := range row {
-							row[j] = b[(j0+jr+j)*ldb+l0+l]
-						}
-					} else {
-						copy(row, b[(l0+l)*ldb+j0+jr:(l0+l)*ldb+j0+jr+w])
-					}
-				}
-			}
+			p.packB(pb.slab(j0/ncBlock, l0, kc), j0, min(ncBlock, n-j0), l0, kc, packNR)
 		}
 	}
 	return pb, nil
@@ -89,8 +77,8 @@ const packedTasksPerThread = 4
 
 // SgemmPacked computes C = alpha*op(A)*B + beta*C for a packed B (k x n)
 // and m rows of op(A) (m x k; A is k x m as stored when transA; m <=
-// PackedRows unless PackedServes(m)), using at most threads threads (<= 0: Threads()). beta 0 does not
-// read C, as in Sgemm.
+// PackedRows unless PackedServes(m)), using at most threads threads (<= 0:
+// Threads()). beta 0 does not read C, as in Sgemm.
 func SgemmPacked(threads int, transA bool, m int, alpha float32, a []float32, lda int,
 	b *PackedB, beta float32, c []float32, ldc int) error {
 	if b == nil {

@@ -8,10 +8,11 @@ import (
 )
 
 // panelAVX512 keeps the m x 32 tile in zmm accumulators over the whole
-// panel (and adds it to out at the end), which it reads once as one contiguous run. One row uses four
-// accumulators (two steps of the inner dimension in flight) so the FMA
-// latency does not bound the stream; more rows run four at a time (a
-// missing row repeats the last one and its result is ignored).
+// panel, which it reads once as one contiguous run, and adds the tile to
+// out at the end. One row uses four accumulators (two steps of the inner
+// dimension in flight) so the FMA latency does not bound the stream; more
+// rows run four at a time (a missing row repeats the last one and its
+// result is ignored).
 func panelAVX512(m, k int, a *[skinnyRows][]float32, p []float32, out *[skinnyRows][packNR]float32) {
 	p = p[:k*packNR]
 	pb := unsafe.Pointer(unsafe.SliceData(p))

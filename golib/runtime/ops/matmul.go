@@ -17,10 +17,11 @@ func init() {
 // newMatMul: numpy matmul. float32/float16/bfloat16 run on cpu/gemm (a
 // 16-bit B, typically the weights, is read in place and widened as it
 // streams; A and the result go through float32); float64 and int32/int64
-// use a plain loop. A constant float32 2D B is packed once, on first use,
-// for products of at most gemm.PackedRows rows (decode steps) and, where
-// gemm.PackedServes allows, longer ones (prefill: the blocked algorithm
-// reads the packed blocks instead of packing B on every call).
+// use a plain loop. A constant float32 2D B is packed once, when the
+// session is built (see constPack), for products of at most
+// gemm.PackedRows rows (decode steps) and, where gemm.PackedServes allows,
+// longer ones (prefill: the blocked algorithm reads the packed blocks
+// instead of packing B on every call).
 func newMatMul(n *Node) (Kernel, error) {
 	pack := newConstPack(n, 1, false)
 	return KernelFunc(func(ctx *Context) error {
@@ -207,8 +208,11 @@ func newConstPack(n *Node, i int, transB bool) *constPack {
 	if transB {
 		k, nn = nn, k
 	}
+	if k == 0 || nn == 0 {
+		return nil
+	}
 	pb, err := gemm.PackB(transB, k, nn, t.Float32(), max(s[1], 1))
-	if err != nil || k == 0 || nn == 0 {
+	if err != nil {
 		return nil
 	}
 	return &constPack{src: t, pb: pb}
