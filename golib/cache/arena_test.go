@@ -47,7 +47,7 @@ func TestLargeBuffersRoundTrip(t *testing.T) {
 // budget, and leaves the arena as it was: the Go heap's out-of-memory would
 // end the process instead.
 func TestArenaMachineLimit(t *testing.T) {
-	avail := availableMemory()
+	avail := AvailableMemory()
 	if avail <= 0 {
 		t.Skip("available memory unknown on this platform")
 	}

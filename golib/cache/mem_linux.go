@@ -43,9 +43,10 @@ func osAlloc(n int) ([]byte, error) {
 	return b[:n:n], nil
 }
 
-// availableMemory returns the kernel's estimate of the memory available
-// for new allocations (MemAvailable), in bytes; 0 when unknown.
-func availableMemory() int64 {
+// AvailableMemory returns the kernel's estimate of the memory available
+// for new allocations (MemAvailable), in bytes; 0 when unknown. Arenas
+// refuse fresh buffers beyond it, and so does the bandwidth probe.
+func AvailableMemory() int64 {
 	data, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
 		return 0

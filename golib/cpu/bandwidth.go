@@ -22,9 +22,9 @@ func ReadBandwidth(bytes int64, threads, iters int) (float64, error) {
 		return 0, fmt.Errorf("%w: read bandwidth needs 1 MiB <= bytes <= 1 TiB, threads 1..%d, iters >= 1 (got %d, %d, %d)",
 			cache.ErrInvalidArgument, maxProbeThreads, bytes, threads, iters)
 	}
-	if total := physicalMemory(); total > 0 && bytes > total/2 {
-		return 0, fmt.Errorf("%w: a %d-byte probe buffer exceeds half of the physical memory (%d bytes)",
-			cache.ErrInvalidArgument, bytes, total)
+	if avail := cache.AvailableMemory(); avail > 0 && bytes > avail {
+		return 0, fmt.Errorf("%w: a %d-byte probe buffer exceeds the memory available (%d bytes)",
+			cache.ErrInvalidArgument, bytes, avail)
 	}
 	buf, free, err := probeBuffer(int(bytes / 4))
 	if err != nil {
@@ -46,7 +46,7 @@ func ReadBandwidth(bytes int64, threads, iters int) (float64, error) {
 }
 
 // maxProbeThreads bounds the goroutines of one probe pass; maxProbeBytes
-// the probe buffer where the physical memory is unknown.
+// the probe buffer where the available memory is unknown.
 const (
 	maxProbeThreads = 1024
 	maxProbeBytes   = 1 << 40

@@ -21,12 +21,3 @@ func probeBuffer(n int) ([]float32, func(), error) {
 	_ = syscall.Madvise(mem, madvHugepage) // a hint: without it the probe still works
 	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(mem))), n), func() { _ = syscall.Munmap(mem) }, nil
 }
-
-// physicalMemory returns the machine's RAM in bytes (0 when unknown).
-func physicalMemory() int64 {
-	var si syscall.Sysinfo_t
-	if syscall.Sysinfo(&si) != nil {
-		return 0
-	}
-	return int64(si.Totalram) * int64(si.Unit)
-}

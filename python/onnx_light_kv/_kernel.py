@@ -22,7 +22,7 @@ def read_bandwidth(mib: int = 1024, threads: int = 1, iters: int = 5) -> float:
     the L3 (the default 1 GiB) to measure DRAM.
 
     Raises:
-        ValueError: ``mib`` < 1 or more than half of the physical memory,
+        ValueError: ``mib`` < 1 or more than the memory available,
             ``threads`` outside 1..1024, or ``iters`` < 1.
         MemoryError: the buffer cannot be mapped.
     """
