@@ -128,7 +128,7 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 	for r := 0; r < rows; r++ {
 		lo, hi := s.rowRange(L, ws, r/s.group)
 		u.lo[r], u.hi[r] = max(lo, from), min(hi, to)
-		u.m[r] = float32(math.Inf(-1))
+		u.m[r] = negInf
 		u.l[r] = 0
 	}
 	clear(u.acc)
@@ -305,7 +305,7 @@ func mergeParts(dst, parts []float32, s *shape, q0, nsplit int) {
 	for r := 0; r < rows; r++ {
 		e := q0 + s.extRow(r)
 		out := dst[e*dv : (e+1)*dv]
-		m := float32(math.Inf(-1))
+		m := negInf
 		for c := 0; c < nsplit; c++ {
 			m = max(m, parts[c*stride+r*(dv+2)])
 		}

@@ -48,7 +48,7 @@ func expSubGo(row []float32, mx float32) float64 {
 	return sum
 }
 
-// sigmoidGo is the portable Sigmoid, lane-exact with the vector loops:
+// sigmoidGo is the portable Sigmoid, the formula of the vector loops:
 // e = exp32(-|x|), 1/(1+e) for x >= 0, e/(1+e) below, NaN kept.
 func sigmoidGo(dst, src []float32) {
 	dst = dst[:len(src)]
