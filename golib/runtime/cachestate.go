@@ -51,6 +51,7 @@ type CacheState struct {
 	saved  [][]int
 	wanted []bool
 	step   int
+	memo   map[any]any
 }
 
 // stateCheckpoint is a checkpoint of every layer's cache.
@@ -170,6 +171,10 @@ func (cs *CacheState) begin(outputNames []string) (rewrite.Binding, func(bool) e
 		}
 	}
 	cs.step = 0
+	if cs.memo == nil {
+		cs.memo = map[any]any{}
+	}
+	clear(cs.memo)
 	return (*stateBinding)(cs), cs.end, nil
 }
 
@@ -223,6 +228,9 @@ func (b *stateBinding) PastLength() int { return b.length }
 
 // Batch is the state's batch.
 func (b *stateBinding) Batch() int { return b.cfg.Batch }
+
+// Memo is the run's memo map.
+func (b *stateBinding) Memo() map[any]any { return b.memo }
 
 // ExportWanted reports whether this run's caller asked for layer's presents.
 func (b *stateBinding) ExportWanted(layer int) bool { return b.wanted[layer] }

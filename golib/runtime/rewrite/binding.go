@@ -24,6 +24,9 @@ type Binding interface {
 	// ExportWanted reports whether the caller asked for the presents of
 	// layer slot (they are exported from the cache only then).
 	ExportWanted(layer int) bool
+	// Memo is a map that lives for one run (verdicts shared by layers,
+	// such as a mask's structure).
+	Memo() map[any]any
 }
 
 // BindingScope is implemented by the runtime's per-run scope of a run on a

@@ -294,6 +294,9 @@ type edit struct {
 	insert []*onnxpb.NodeProto
 	pastK  string // the layer's pasts: removed from the graph inputs
 	pastV  string
+	presK  string // the layer's presents: Shape/Size of them read the state
+	presV  string
+	kNew   string // the new keys (their sequence axis is the step's length)
 }
 
 // apply builds the rewritten graph: g's nodes with the edits applied,
@@ -315,6 +318,8 @@ func apply(g *model.Graph, edits []*edit) *model.Graph {
 		at[first] = append(at[first], e.insert...)
 		gone[e.pastK] = pastRef{layer: e.layer}
 		gone[e.pastV] = pastRef{layer: e.layer, value: true}
+		gone[e.presK] = pastRef{layer: e.layer, present: e.kNew}
+		gone[e.presV] = pastRef{layer: e.layer, value: true, present: e.kNew}
 	}
 	var nodes []*onnxpb.NodeProto
 	for i, n := range g.Nodes {
@@ -338,17 +343,18 @@ func apply(g *model.Graph, edits []*edit) *model.Graph {
 	out.Nodes = prune(nodes, outputs)
 	out.Inputs = nil
 	for _, in := range g.Inputs {
-		if _, ok := gone[in.Name]; !ok {
+		if ref, ok := gone[in.Name]; !ok || ref.present != "" {
 			out.Inputs = append(out.Inputs, in)
 		}
 	}
 	return &out
 }
 
-// pastRef names the cache a removed past stands for.
+// pastRef names the cache a removed past (or a present) stands for.
 type pastRef struct {
-	layer int
-	value bool
+	layer   int
+	value   bool
+	present string // for a present: the new keys of the step
 }
 
 func firstInput(n *onnxpb.NodeProto) string {
