@@ -34,6 +34,10 @@ func newCacheShape(n *ops.Node) (ops.Kernel, error) {
 	if err != nil {
 		return nil, err
 	}
+	expanded, err := n.Attrs.Int("expanded", 0)
+	if err != nil {
+		return nil, err
+	}
 	return ops.KernelFunc(func(ctx *ops.Context) error {
 		b, err := bindingOf(ctx)
 		if err != nil {
@@ -61,6 +65,14 @@ func newCacheShape(n *ops.Node) (ops.Kernel, error) {
 			}
 		}
 		dims := []int64{int64(b.Batch()), int64(cfg.KVHeads), int64(L), int64(d)}
+		if expanded != 0 {
+			// K/V expanded to the query heads (repeat_kv): input 1 is Q
+			q := ctx.Input(1)
+			if q == nil || q.Rank() != 4 {
+				return fmt.Errorf("%w: CacheShape: the shape of expanded K/V needs a 4-D Q", errs.ErrShape)
+			}
+			dims[1] = int64(q.Shape()[1])
+		}
 		if size != 0 {
 			out, err := ctx.NewOutputUninit(0, tensor.Int64, tensor.Shape{})
 			if err != nil {

@@ -297,6 +297,9 @@ type edit struct {
 	presK  string // the layer's presents: Shape/Size of them read the state
 	presV  string
 	kNew   string // the new keys (their sequence axis is the step's length)
+	// replace maps node indices to nodes standing in for them (Shape of
+	// an expanded K/V).
+	replace map[int]*onnxpb.NodeProto
 }
 
 // apply builds the rewritten graph: g's nodes with the edits applied,
@@ -305,6 +308,7 @@ type edit struct {
 func apply(g *model.Graph, edits []*edit) *model.Graph {
 	drop := map[int]bool{}
 	at := map[int][]*onnxpb.NodeProto{}
+	repl := map[int]*onnxpb.NodeProto{}
 	gone := map[string]pastRef{} // removed past -> its layer and side
 	for _, e := range edits {
 		first := e.drop[0]
@@ -314,6 +318,10 @@ func apply(g *model.Graph, edits []*edit) *model.Graph {
 		}
 		for _, n := range e.insert {
 			setLayer(n, e.layer)
+		}
+		for i, n := range e.replace {
+			setLayer(n, e.layer)
+			repl[i] = n
 		}
 		at[first] = append(at[first], e.insert...)
 		gone[e.pastK] = pastRef{layer: e.layer}
@@ -327,6 +335,10 @@ func apply(g *model.Graph, edits []*edit) *model.Graph {
 			nodes = append(nodes, ins...)
 		}
 		if drop[i] {
+			continue
+		}
+		if r, ok := repl[i]; ok {
+			nodes = append(nodes, r)
 			continue
 		}
 		if ref, ok := gone[firstInput(n)]; ok && isShapeOnly(n) {

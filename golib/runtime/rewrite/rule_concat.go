@@ -36,6 +36,15 @@ type chain struct {
 	ix   *index
 	drop []int
 	why  string
+	// expShapes are Shape/Size nodes reading an expanded (repeat_kv) K or
+	// V: [batch, q_heads, total, head_dim], answered from the state.
+	expShapes []expShape
+}
+
+// expShape is a Shape/Size node of an expanded K (value false) or V.
+type expShape struct {
+	node  int
+	value bool
 }
 
 // next returns the only consumer of v, which must not be a graph output
@@ -112,7 +121,7 @@ func presentHead(ix *index, present string) (int, string) {
 // repeatKV follows an optional repeat_kv expansion from v whose first node
 // is i; it returns the expanded value (v itself when absent) and the index
 // of the node reading it.
-func (c *chain) repeatKV(v string, i int) (string, int) {
+func (c *chain) repeatKV(v string, i int, value bool) (string, int) {
 	n := c.ix.node(i)
 	if !isOp(n, "Unsqueeze") {
 		return v, i
@@ -142,8 +151,24 @@ func (c *chain) repeatKV(v string, i int) (string, int) {
 		return "", -1
 	}
 	out := c.take(k)
-	h, _ := c.next(out)
-	return out, h
+	// exporters read the expanded keys' head_dim (for the scale) with Shape
+	head := -1
+	for _, u := range c.ix.consumers[out] {
+		switch {
+		case isShapeOnly(c.ix.node(u)):
+			c.expShapes = append(c.expShapes, expShape{node: u, value: value})
+		case head >= 0:
+			c.why = fmt.Sprintf("the expanded %q is read by two nodes", v)
+			return "", -1
+		default:
+			head = u
+		}
+	}
+	if head < 0 || c.ix.outputs[out] || c.ix.captured[out] {
+		c.why = fmt.Sprintf("the expanded %q is not read by one attention node only", v)
+		return "", -1
+	}
+	return out, head
 }
 
 // factor is a run-time scalar the scores are multiplied (or divided) by.
@@ -189,8 +214,8 @@ func (concatRule) Match(ix *index, p *pair) (*edit, string) {
 	if why != "" {
 		return nil, why
 	}
-	kEnd, ki := c.repeatKV(p.presK, hk)
-	vEnd, vi := c.repeatKV(p.presV, hv)
+	kEnd, ki := c.repeatKV(p.presK, hk, false)
+	vEnd, vi := c.repeatKV(p.presV, hv, true)
 	if c.why != "" {
 		return nil, c.why
 	}
@@ -203,8 +228,15 @@ func (concatRule) Match(ix *index, p *pair) (*edit, string) {
 	if why != "" {
 		return nil, why
 	}
-	return &edit{drop: c.drop, insert: []*onnxpb.NodeProto{node}, pastK: p.pastK, pastV: p.pastV,
-		presK: p.presK, presV: p.presV, kNew: kNew}, ""
+	e := &edit{drop: c.drop, insert: []*onnxpb.NodeProto{node}, pastK: p.pastK, pastV: p.pastV,
+		presK: p.presK, presV: p.presV, kNew: kNew, replace: map[int]*onnxpb.NodeProto{}}
+	for _, es := range c.expShapes {
+		sn := shapeNode(ix.node(es.node), pastRef{value: es.value, present: kNew})
+		sn.Input = append(sn.Input, node.GetInput()[0]) // q gives the expanded head count
+		sn.Attribute = append(sn.Attribute, intAttr("expanded", 1))
+		e.replace[es.node] = sn
+	}
+	return e, ""
 }
 
 // attentionEnd matches standard Attention reading the (expanded) presents.
