@@ -19,6 +19,10 @@ import (
 // streaming decode kernel (its q_len limit, for speculative verification).
 const gqaMaxDecodeLen = 16
 
+// gqaDecodeKernel routes decode-shaped steps to the streaming decode
+// kernel (tests turn it off to run them on the mha unit too).
+var gqaDecodeKernel = true
+
 // gqaViews recycles the views that present a step's present buffers to the
 // decode kernel.
 var gqaViews = sync.Pool{New: func() any { return new(cache.TensorView) }}
@@ -264,7 +268,7 @@ func (c *gqaCall) toTokenMajor(dst, res []float32) {
 // every sequence's new tokens end its buffer (a step after a past, or a
 // prompt with no padding), few new tokens, and a plain softmax.
 func (c *gqaCall) decodable(op *gqaOperands) bool {
-	if c.seq < 1 || c.seq > gqaMaxDecodeLen || c.smooth || op.sink != nil || op.bias != nil || c.scale < 0 {
+	if !gqaDecodeKernel || c.seq < 1 || c.seq > gqaMaxDecodeLen || c.smooth || op.sink != nil || op.bias != nil || c.scale < 0 {
 		return false
 	}
 	for b, T := range c.lens {
