@@ -21,7 +21,36 @@ import numpy as np
 from . import logits_process as lp
 from .options import SamplingOptions, StopCondition
 
-__all__ = ["DraftModel", "PromptLookup", "speculative_decode"]
+__all__ = ["DraftModel", "PromptLookup", "speculative_decode", "accept_greedy", "accept_sampled"]
+
+
+def accept_greedy(processed: np.ndarray, drafts: List[int]) -> Tuple[int, int]:
+    """Greedy verification: the number of leading drafts equal to the target's argmax over
+    ``processed [k + 1, vocab]``, and the target's token after them."""
+    best = np.argmax(processed, axis=-1)
+    n = 0
+    while n < len(drafts) and int(best[n]) == drafts[n]:
+        n += 1
+    return n, int(best[n])
+
+
+def accept_sampled(p: np.ndarray, q: np.ndarray, drafts: List[int], rng: np.random.Generator) -> Tuple[int, int]:
+    """The standard speculative sampling rule.
+
+    ``p [k + 1, vocab]``: the target's distributions at each draft position and after the last;
+    ``q [k, vocab]``: the distributions the drafts were drawn from. Draft ``i`` is accepted with
+    probability ``min(1, p[i, d] / q[i, d])``; the first rejection draws the next token from
+    ``max(0, p[i] - q[i])`` renormalized; after ``k`` acceptances it is drawn from ``p[k]``.
+    Returns (accepted drafts, next token); the output tokens are distributed as the target's."""
+    for i, d in enumerate(drafts):
+        if rng.random() * q[i, d] < p[i, d]:
+            continue
+        resid = np.maximum(p[i] - q[i], 0.0)
+        total = resid.sum()
+        dist = resid / total if total > 0 else p[i]
+        return i, int(lp.sample(dist[None, :], rng)[0])
+    k = len(drafts)
+    return k, int(lp.sample(p[k:k + 1], rng)[0])
 
 
 class DraftModel:
@@ -111,33 +140,17 @@ def speculative_decode(target: Any, proposer: Any, prompt: np.ndarray, opts: Sam
         out = target.run(feed)[0].astype(np.float32)  # [len(drafts) + 1, vocab]
         stats["verify_steps"] += 1
         stats["draft_tokens"] += len(drafts)
-        accepted: List[int] = []
-        cur = seq
-        nxt = -1
-        for i in range(len(drafts) + 1):
-            processed = lp.process(out[i:i + 1], opts, cur[None, :])
-            if i == len(drafts):  # every draft accepted: the target's own next token
-                nxt = int(lp.choose(processed, opts.do_sample, rng)[0])
-                break
-            d = drafts[i]
-            if not opts.do_sample:
-                t = int(np.argmax(processed[0]))
-                if t == d:
-                    accepted.append(d)
-                    cur = np.append(cur, d)
-                    continue
-                nxt = t
-                break
-            p = lp.softmax(processed)[0]
-            qi = q[i] if q is not None else np.eye(1, p.size, d)[0]
-            if rng.random() * qi[d] < p[d]:  # accept with probability min(1, p/q)
-                accepted.append(d)
-                cur = np.append(cur, d)
-                continue
-            resid = np.maximum(p - qi, 0.0)
-            total = resid.sum()
-            nxt = int(lp.sample((resid / total)[None, :], rng)[0]) if total > 0 else int(lp.sample(p[None, :], rng)[0])
-            break
+        # processed target rows, each given the drafts before it (only read when those were accepted)
+        rows = [lp.process(out[i:i + 1], opts, np.append(seq, drafts[:i])[None, :])[0] for i in range(len(drafts) + 1)]
+        if opts.do_sample:
+            p = lp.softmax(np.stack(rows))
+            if q is None:  # prompt lookup: point masses
+                q = np.zeros((len(drafts), p.shape[1]))
+                q[np.arange(len(drafts)), drafts] = 1.0
+            n, nxt = accept_sampled(p, q, drafts, rng)
+        else:
+            n, nxt = accept_greedy(np.stack(rows), drafts)
+        accepted = drafts[:n]
         stats["accepted_draft_tokens"] += len(accepted)
         produced = accepted + [nxt]
         kept: List[int] = []
