@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Arena", "KVCache", "Checkpoint", "default_arena", "attention", "set_threads", "get_threads",
-    "set_kernel", "read_bandwidth", "stream_read", "InferenceSession", "SessionOptions", "NodeArg", "models", "BudgetError", "CapacityError", "StaleCheckpointError", "bfloat16", "build_info",
+    "set_kernel", "read_bandwidth", "stream_read", "InferenceSession", "SessionOptions", "NodeArg", "GenerationState", "models", "BudgetError", "CapacityError", "StaleCheckpointError", "bfloat16", "build_info",
     "generate", "Generator", "GenerationOutput", "__version__",
 ]
 
@@ -59,7 +59,7 @@ def __getattr__(name: str) -> Any:
 
         gen = importlib.import_module(".generation", __name__)
         return gen if name == "generation" else getattr(gen, name)
-    if name in ("InferenceSession", "SessionOptions", "NodeArg"):
+    if name in ("InferenceSession", "SessionOptions", "NodeArg", "GenerationState"):
         from . import session
 
         return getattr(session, name)
