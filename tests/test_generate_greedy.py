@@ -211,14 +211,10 @@ def test_argument_errors() -> None:
         olkv.generate(sess, gc.PROMPT, max_new_tokens=2, do_sample=True, top_p=1.5)
 
 
-def test_state_options_without_cache_path() -> None:
-    with pytest.raises(NotImplementedError, match="tensor"):
-        olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=2, state_options={"dtype": "float16"})
-
-
 def test_stats_and_scores() -> None:
-    out = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=5, return_scores=True)
+    out = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=5, return_scores=True, state_options=False)
     s = out.stats
+    assert s.runner == "tensor"
     assert s.prefill_ms > 0 and s.decode_ms > 0 and s.decode_tokens == 4 and s.decode_tokens_per_s > 0
     cfg = gc.CFG
     # pasts held at the end: prompt + 4 fed tokens, K and V, all layers, float32

@@ -88,6 +88,8 @@ def beam_search(runner: Any, prompt: np.ndarray, mask: np.ndarray, opts: Samplin
                 on_step: Any = None) -> BeamResult:
     """Run beam search on ``runner`` (holding nothing yet) from ``prompt [batch, s]``.
 
+    ``runner`` holds ``batch`` rows (the prompt runs once per row and is copied to the beams
+    by ``reorder``) or, when its row count is fixed, ``batch * num_beams`` rows.
     Returns, for each row in order, its ``num_return_sequences`` best hypotheses (generated
     tokens only) and their scores. ``on_step()`` is called after each model run."""
     if opts.do_sample:
@@ -95,12 +97,15 @@ def beam_search(runner: Any, prompt: np.ndarray, mask: np.ndarray, opts: Samplin
     if stop.stop_sequences:
         raise NotImplementedError("stop_sequences with beam search are not implemented (use eos_token_id)")
     batch, k = prompt.shape[0], num_beams
-    logits = np.asarray(runner.run(prompt, mask)[:, -1, :], dtype=np.float32)
+    rows = np.repeat(np.arange(batch), k)
+    if runner.batch == batch * k and k > 1:  # a runner of fixed rows: every beam runs the prompt
+        logits = np.asarray(runner.run(prompt[rows], mask[rows])[:, -1, :], dtype=np.float32)
+    else:  # run the prompt once per row, then copy it to the beams
+        logits = np.asarray(runner.run(prompt, mask)[:, -1, :], dtype=np.float32)
+        runner.reorder(rows)
+        logits = logits[rows]
     if on_step is not None:
         on_step()
-    rows = np.repeat(np.arange(batch), k)
-    runner.reorder(rows)
-    logits = logits[rows]
     seq_prompt, mask_prompt = prompt[rows], mask[rows]
     gen = np.zeros((batch * k, 0), np.int64)
     beam_scores = np.zeros((batch, k), np.float64)

@@ -69,7 +69,7 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
              eos_token_id: Union[int, Sequence[int], None] = None, pad_token_id: Optional[int] = None,
              stop_sequences: Optional[Sequence[Sequence[int]]] = None, seed: Optional[int] = None,
              draft_session: Any = None, num_draft_tokens: int = 4, prompt_lookup: int = 0, streamer: Any = None,
-             progress: bool = False, return_scores: bool = False, state_options: Optional[Dict[str, Any]] = None,
+             progress: bool = False, return_scores: bool = False, state_options: Union[None, bool, Dict[str, Any]] = None,
              tokenizer: Any = None) -> GenerationOutput:
     """Generate up to ``max_new_tokens`` tokens per row after ``input_ids`` with ``session``.
 
@@ -93,9 +93,10 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
     token for token, sampled output keeps the target's distribution.
     ``streamer``: transformers-style ``put``/``end`` object or ``callable(tokens, text)`` (see
     :class:`~onnx_light_kv.generation.text.Streamer`); ``progress=True``: a tqdm bar.
-    ``return_scores``: per-step log-probabilities in ``scores``. ``state_options``: keyword
-    arguments for ``session.create_state`` (the cache path; not in this version:
-    ``NotImplementedError``).
+    ``return_scores``: per-step log-probabilities in ``scores``. ``state_options``: None runs
+    on the session's cache path (``create_state``) when it rewrites every layer, else on the
+    tensor path; False forces the tensor path; a dict of ``create_state`` keyword arguments
+    (``dtype``, ``budget``, ``max_length``) requires the cache path. Both give the same tokens.
     Returns a :class:`GenerationOutput`.
     """
     if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
@@ -140,7 +141,7 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
     per_row = speculative or (padded and not (io.attention_mask is not None and not io.shared_buffer))
     groups = [np.array([r]) for r in range(ids.shape[0])] if per_row else [np.arange(ids.shape[0])]
     rng = np.random.default_rng(seed)
-    stats = GenerationStats(runner="tensor")
+    stats = GenerationStats()
     bar = Progress(progress, max_new_tokens * len(groups))
     results: List[np.ndarray] = []
     scores_per_group: List[List[np.ndarray]] = []
@@ -240,6 +241,7 @@ def _greedy_or_sample(session: Any, ids: np.ndarray, mask: np.ndarray, opts: Sam
         new = g.sequences[:, ids.shape[1]:]
         stats.decode_tokens += int(sum(max(len(_strip(r, g.stop, pad)) - 1, 0) for r in new))
         stats.cache_bytes = max(stats.cache_bytes, g.cache_bytes())
+        stats.runner = g.runner_kind
     finally:
         g.close()
     return new, scores
@@ -250,6 +252,10 @@ def _beams(session: Any, io: DecoderIO, ids: np.ndarray, mask: np.ndarray, opts:
            return_scores: bool, capacity: int, state_options: Any, bar: Progress,
            stats: GenerationStats) -> Tuple[np.ndarray, np.ndarray, List[np.ndarray]]:
     runner = make_runner(session, io, ids.shape[0], capacity, state_options)
+    if not runner.resizable:  # the cache path's row count is fixed: one row per beam from the start
+        runner.close()
+        runner = make_runner(session, io, ids.shape[0] * num_beams, capacity, state_options)
+    stats.runner = runner.kind
     marks: List[float] = [time.perf_counter()]
     peak = [0]
 
@@ -276,6 +282,7 @@ def _speculative(session: Any, io: DecoderIO, draft_session: Any, draft_io: Opti
                  rng: np.random.Generator, capacity: int, state_options: Any, stream: Optional[Streamer],
                  bar: Progress, stats: GenerationStats) -> np.ndarray:
     target = make_runner(session, io, 1, capacity, state_options)
+    stats.runner = target.kind
     if draft_session is not None:
         assert draft_io is not None
         proposer: Any = DraftModel(make_runner(draft_session, draft_io, 1, capacity, state_options), opts)

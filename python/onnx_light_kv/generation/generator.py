@@ -32,8 +32,9 @@ class Generator:
     ``top_k``, ``top_p``, ``min_p``, ``repetition_penalty``: as in transformers. ``eos_token_id``
     (int or list) and ``stop_sequences`` (lists of ids) finish a row; ``pad_token_id`` (default:
     the first eos id, else 0) is what finished rows produce. ``seed`` seeds the numpy
-    ``Generator`` used for sampling. ``state_options``: the cache-aware path (not in this
-    version: raises ``NotImplementedError``).
+    ``Generator`` used for sampling. ``state_options``: None uses the session's cache path
+    (``create_state``) when it rewrites every layer, else the tensor path; False forces the
+    tensor path; a dict of ``create_state`` keyword arguments requires the cache path.
 
     Rows advance together: ``append_tokens`` takes ``[batch, n]`` ids; the first call may pass
     an ``attention_mask`` with zeros for left padding (models with an ``attention_mask`` input).
@@ -43,7 +44,7 @@ class Generator:
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
                  repetition_penalty: float = 1.0, eos_token_id: Union[int, Sequence[int], None] = None,
                  stop_sequences: Optional[Sequence[Sequence[int]]] = None, pad_token_id: Optional[int] = None,
-                 seed: Optional[int] = None, state_options: Optional[Dict[str, Any]] = None) -> None:
+                 seed: Optional[int] = None, state_options: Union[None, bool, Dict[str, Any]] = None) -> None:
         self.session = session
         self.io = DecoderIO.from_session(session)
         if max_length is not None and (not isinstance(max_length, (int, np.integer)) or max_length <= 0):
@@ -89,6 +90,12 @@ class Generator:
         """Log-probabilities ``[batch, vocab]`` (after the logits processors) that the latest
         ``generate_next_token`` chose from."""
         return self._last_scores
+
+    @property
+    def runner_kind(self) -> str:
+        """"state" (the session's cache path) or "tensor" (past/present fed back); "" before
+        the first ``append_tokens``."""
+        return self._runner.kind if self._runner is not None else ""
 
     def cache_bytes(self) -> int:
         """Bytes of K/V the rows hold now."""
