@@ -16,12 +16,13 @@ export GOFLAGS=${GOFLAGS:--mod=mod}
 setup() {
   command -v go >/dev/null || { echo "error: Go 1.26+ is required (go not on PATH)" >&2; exit 1; }
   command -v gcc >/dev/null || { echo "error: gcc is required for the cgo build" >&2; exit 1; }
-  # build + test dependencies (pinned lower bounds; onnxruntime is the comparator)
-  if ! "$PY" -c "import numpy, ml_dtypes, onnx, onnxruntime, pytest, pybindgen, matplotlib" 2>/dev/null; then
+  # build + test dependencies (pinned lower bounds; onnxruntime is the comparator; tokenizers and
+  # tqdm are the optional 'generate' extra, installed so that its tests run)
+  if ! "$PY" -c "import numpy, ml_dtypes, onnx, onnxruntime, pytest, pybindgen, matplotlib, tokenizers, tqdm" 2>/dev/null; then
     echo "== installing Python dependencies"
     "$PY" -m pip install --quiet --disable-pip-version-check \
       "numpy>=1.24" "ml_dtypes>=0.3" "onnx>=1.18" "onnxruntime>=1.22" "pytest>=7" \
-      "pybindgen==0.22.1" "matplotlib>=3.7" "setuptools>=77" wheel
+      "pybindgen==0.22.1" "matplotlib>=3.7" "setuptools>=77" wheel "tokenizers>=0.15" "tqdm>=4.60"
   fi
   echo "== downloading Go modules"
   go mod download

@@ -207,6 +207,17 @@ func sessionRun(h int64, feedNames string, n int, desc uintptr, nDesc int, outNa
 	if err != nil {
 		return "", classify(err)
 	}
+	return runAndDescribe(h, sess.DefaultState(), feedNames, n, desc, nDesc, outNames, lendMin,
+		func(feeds map[string]*tensor.Tensor, names []string) ([]*tensor.Tensor, *runtime.RunStats, error) {
+			return sess.Run(feeds, names)
+		})
+}
+
+// runAndDescribe decodes the feeds and output names, runs, and describes
+// the outputs for Python (see SessionRun); st is the state whose pool the
+// outputs come from.
+func runAndDescribe(h int64, st *runtime.State, feedNames string, n int, desc uintptr, nDesc int, outNames string, lendMin int,
+	run func(map[string]*tensor.Tensor, []string) ([]*tensor.Tensor, *runtime.RunStats, error)) (string, error) {
 	feeds, err := buildFeeds(feedNames, n, desc, nDesc)
 	if err != nil {
 		return "", classify(err)
@@ -217,8 +228,7 @@ func sessionRun(h int64, feedNames string, n int, desc uintptr, nDesc int, outNa
 			return "", classify(fmt.Errorf("%w: output names: %v", errs.ErrInvalidArgument, err))
 		}
 	}
-	st := sess.DefaultState()
-	outs, stats, err := sess.Run(feeds, names)
+	outs, stats, err := run(feeds, names)
 	if err != nil {
 		return "", classify(err)
 	}

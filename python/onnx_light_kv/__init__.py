@@ -19,8 +19,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Arena", "KVCache", "Checkpoint", "default_arena", "attention", "set_threads", "get_threads",
-    "set_kernel", "read_bandwidth", "stream_read", "InferenceSession", "SessionOptions", "NodeArg", "models", "BudgetError", "CapacityError", "StaleCheckpointError", "bfloat16", "build_info",
-    "__version__",
+    "set_kernel", "read_bandwidth", "stream_read", "InferenceSession", "SessionOptions", "NodeArg", "GenerationState", "models", "BudgetError", "CapacityError", "StaleCheckpointError", "bfloat16", "build_info",
+    "generate", "Generator", "GenerationOutput", "__version__",
 ]
 
 
@@ -54,7 +54,12 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return importlib.import_module(".models", __name__)
-    if name in ("InferenceSession", "SessionOptions", "NodeArg"):
+    if name in ("generate", "Generator", "GenerationOutput", "generation"):
+        import importlib
+
+        gen = importlib.import_module(".generation", __name__)
+        return gen if name == "generation" else getattr(gen, name)
+    if name in ("InferenceSession", "SessionOptions", "NodeArg", "GenerationState"):
         from . import session
 
         return getattr(session, name)

@@ -1,4 +1,4 @@
-"""Command line: ``python -m onnx_light_kv info|demo``."""
+"""Command line: ``python -m onnx_light_kv info|demo|generate``."""
 
 from __future__ import annotations
 
@@ -34,9 +34,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .demo import add_arguments
 
     add_arguments(d)
+    from .generation import cli as generate_cli
+
+    generate_cli.add_arguments(sub.add_parser("generate", help="generate tokens with a decoder .onnx model"))
     args = p.parse_args(argv)
     if args.cmd == "info":
         return _info(args.bandwidth)
+    if args.cmd == "generate":
+        return generate_cli.run(args)
     from .demo import run
 
     return run(args)
