@@ -43,6 +43,8 @@ type runScope struct {
 	// subgraphs, whose values may outlive a body iteration in ways the
 	// release schedule does not see).
 	alloc ops.Allocator
+	// fr holds the run's values by slot.
+	fr *frame
 }
 
 // memTracker counts the references a run's values hold on kernel-allocated
@@ -175,9 +177,9 @@ func (m *memTracker) settle(outs []*tensor.Tensor, keep []*tensor.Tensor) {
 	}
 }
 
-// execute runs p's actions on ctx.
+// execute runs p's actions on the values of sc.fr.
 func (p *Plan) execute(sc *runScope) (err error) {
-	ctx := sc.ctx
+	fr := sc.fr
 	cur := -1
 	defer func() {
 		if r := recover(); r != nil {
@@ -188,22 +190,23 @@ func (p *Plan) execute(sc *runScope) (err error) {
 			err = fmt.Errorf("runtime: internal error in %s: %v", where, r)
 		}
 	}()
-	for _, a := range p.Actions {
+	if fr.shapes != nil {
+		fr.shapes.begin()
+	}
+	for i := range p.Actions {
+		a := &p.Actions[i]
 		switch a.Kind {
 		case ActExecute:
 			cur = a.Node
-			if err := p.executeNode(sc, p.Nodes[a.Node]); err != nil {
+			if err := p.executeNode(sc, a.Node); err != nil {
 				return err
 			}
 		case ActRelease:
-			for _, v := range a.Values {
-				if t, ok := ctx.tensors[v]; ok {
-					sc.mem.released(t)
-					delete(ctx.tensors, v)
-				}
+			for _, s := range a.slots {
+				fr.drop(sc.mem, s)
 			}
 		case ActCacheDelete:
-			if c, ok := ctx.RemoveCache(a.Cache); ok {
+			if c, ok := sc.ctx.RemoveCache(a.Cache); ok {
 				c.Close()
 			}
 		case ActCacheCreate:
@@ -213,27 +216,70 @@ func (p *Plan) execute(sc *runScope) (err error) {
 	return nil
 }
 
-func (p *Plan) executeNode(sc *runScope, n *PlanNode) error {
-	ctx := sc.ctx
-	inputs := make([]*tensor.Tensor, len(n.Inputs))
-	for i, name := range n.Inputs {
-		if name == "" {
+// drop releases the value in slot s.
+func (f *frame) drop(mem *memTracker, s int32) {
+	if t := f.vals[s]; t != nil {
+		if !f.detached[s] {
+			mem.released(t)
+		}
+		f.vals[s], f.detached[s] = nil, false
+	}
+}
+
+// store puts t in slot s; detached values are not tracked (the shape cache
+// owns them).
+func (f *frame) store(mem *memTracker, s int32, t *tensor.Tensor, inputs []*tensor.Tensor, detached bool) {
+	f.drop(mem, s)
+	f.vals[s], f.detached[s] = t, detached
+	if !detached {
+		mem.produced(t, inputs)
+	}
+}
+
+func (p *Plan) executeNode(sc *runScope, i int) error {
+	n := p.Nodes[i]
+	fr := sc.fr
+	inputs := fr.inputs[i]
+	for k, s := range n.in {
+		if s < 0 {
 			continue
 		}
-		t, ok := ctx.Tensor(name)
-		if !ok {
-			if _, isSeq := ctx.Sequence(name); isSeq {
+		t := fr.vals[s]
+		if t == nil {
+			name := n.Inputs[k]
+			if _, isSeq := sc.ctx.Sequence(name); isSeq {
 				return withNode(n, fmt.Errorf("%w: sequence input %q", errs.ErrNotImplemented, name))
 			}
 			return withNode(n, fmt.Errorf("%w: value %q is not available", errs.ErrMissingInput, name))
 		}
-		inputs[i] = t
+		inputs[k] = t
 	}
-	wanted := n.Info.OutputPresent
-	kctx := ops.NewContext(inputs, wanted, sc.threads, sc)
-	if sc.alloc != nil {
-		kctx.SetAllocator(sc.alloc)
+	sh := fr.shapes
+	geometry := sh != nil && n.geometry
+	if geometry {
+		if n.shapeRead >= 0 {
+			sh.observe(n.shapeRead, inputs[0].Shape())
+		}
+		if sh.valid(i, n) {
+			for k, s := range n.out {
+				if s >= 0 {
+					fr.store(sc.mem, s, sh.outs[i][k], inputs, true)
+				}
+			}
+			return nil
+		}
 	}
+	for _, name := range n.Captures {
+		if s, ok := p.slots[name]; ok && fr.vals[s] != nil {
+			sc.ctx.PutTensor(name, fr.vals[s]) // subgraphs read outer values by name
+		}
+	}
+	var alloc ops.Allocator
+	if sc.alloc != nil && !geometry { // cached values must not come from the pool
+		alloc = sc.alloc
+	}
+	kctx := &fr.kctx[i]
+	kctx.Reset(inputs, n.Info.OutputPresent, sc.threads, sc, alloc)
 	var start time.Time
 	if sc.profile {
 		start = time.Now()
@@ -246,19 +292,18 @@ func (p *Plan) executeNode(sc *runScope, n *PlanNode) error {
 			Duration: time.Since(start), BytesAllocated: kctx.Allocated})
 	}
 	sc.stats.AllocatedBytes += kctx.Allocated
-	for i, name := range n.Outputs {
-		if name == "" {
+	for k, s := range n.out {
+		if s < 0 {
 			continue
 		}
-		t := kctx.Output(i)
+		t := kctx.Output(k)
 		if t == nil {
-			return withNode(n, fmt.Errorf("runtime: kernel produced no value for output %d (%q)", i, name))
+			return withNode(n, fmt.Errorf("runtime: kernel produced no value for output %d (%q)", k, n.Outputs[k]))
 		}
-		if old, ok := ctx.tensors[name]; ok {
-			sc.mem.released(old)
-		}
-		ctx.tensors[name] = t
-		sc.mem.produced(t, inputs)
+		fr.store(sc.mem, s, t, inputs, geometry)
+	}
+	if geometry {
+		sh.keep(i, kctx)
 	}
 	return nil
 }

@@ -25,6 +25,10 @@ type Options struct {
 	// (0: unlimited). Cache memory outlives runs and never uses the
 	// per-run temporaries counted in RunStats.
 	CacheBudget int64
+	// DisableFolding runs the graph as written: no constant folding, no
+	// dropped Identity/Cast nodes and no shape cache (for differential
+	// tests and debugging; onnxruntime's ORT_DISABLE_ALL).
+	DisableFolding bool
 }
 
 // Session is a RuntimeSession: built once per model (kernels resolved and
@@ -56,6 +60,22 @@ type State struct {
 	mu   sync.Mutex
 	ctx  *Context
 	pool *bufferPool
+	// plan and fr are the main plan last run on the state and its frame
+	// (values by slot, per-node scratch, shape cache), kept between runs.
+	plan *Plan
+	fr   *frame
+}
+
+// frame returns the state's frame for p, making a new one (with an empty
+// shape cache) when the state last ran another plan.
+func (st *State) frame(p *Plan) *frame {
+	if st.plan != p || st.fr == nil {
+		st.plan, st.fr = p, newFrame(p)
+		if p.main {
+			st.fr.shapes = newShapeCache(p)
+		}
+	}
+	return st.fr
 }
 
 // NewState returns an empty request state.
@@ -70,6 +90,7 @@ func (st *State) Reset() error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.pool.trim()
+	st.plan, st.fr = nil, nil
 	return st.ctx.ResetState()
 }
 
@@ -111,7 +132,7 @@ func NewSessionFromBytes(b []byte, opt Options) (*Session, error) {
 // node's kernel is resolved here: an unsupported op fails now, naming the
 // op, its domain and opset version.
 func NewSessionFromModel(m *model.Model, opt Options) (*Session, error) {
-	p, err := BuildPlan(m)
+	p, err := buildPlan(m, !opt.DisableFolding)
 	if err != nil {
 		return nil, err
 	}
@@ -208,27 +229,34 @@ func (s *Session) RunState(st *State, feeds map[string]*tensor.Tensor, outputNam
 	defer st.mu.Unlock()
 	ctx := st.ctx
 	ctx.ClearValues()
-	defer ctx.ClearValues() // drop references to borrowed feeds and temporaries
-	ctx.SetInitializers(s.plan.Initializers)
+	defer ctx.ClearValues()                  // drop references to borrowed feeds and temporaries
+	ctx.SetInitializers(s.plan.Initializers) // read by subgraphs through their contexts
+	fr := st.frame(s.plan)
+	fr.reset(s.plan)
+	defer fr.clear(s.plan)
 	for name, t := range feeds {
-		ctx.PutTensor(name, t)
+		if slot, ok := s.plan.slots[name]; ok { // an unread initializer default has none
+			fr.vals[slot] = t
+		}
 	}
 	stats := &RunStats{}
 	st.pool.beginRun()
 	mem := newMemTracker(st.pool)
-	sc := &runScope{ctx: ctx, threads: s.threads, profile: s.profile, mem: mem, stats: stats, alloc: st.pool}
+	sc := &runScope{ctx: ctx, threads: s.threads, profile: s.profile, mem: mem, stats: stats, alloc: st.pool, fr: fr}
 	if err := s.plan.execute(sc); err != nil {
+		if fr.shapes != nil {
+			fr.shapes.forget()
+		}
 		mem.settle(nil, persistentTensors(ctx))
 		return nil, nil, err
 	}
 	stats.PeakBytes = mem.peak
 	outs := make([]*tensor.Tensor, len(outIdx))
 	for i, k := range outIdx {
-		name := s.plan.Outputs[k].Name
-		t, ok := ctx.Tensor(name)
-		if !ok {
+		t := fr.vals[s.plan.outSlots[k]]
+		if t == nil {
 			mem.settle(nil, persistentTensors(ctx))
-			return nil, nil, fmt.Errorf("%w: output %q was not produced", errs.ErrNotFound, name)
+			return nil, nil, fmt.Errorf("%w: output %q was not produced", errs.ErrNotFound, s.plan.Outputs[k].Name)
 		}
 		outs[i] = t
 	}
