@@ -29,6 +29,10 @@ type RunStats struct {
 	AllocatedBytes int64
 	// Events holds one record per executed node when profiling is on.
 	Events []Event
+	// Duration is the wall time of the run inside the executor (from the
+	// checked feeds to the collected outputs); with Events it gives the
+	// executor's own share of a run (Duration minus the kernels' time).
+	Duration time.Duration
 }
 
 // runScope is the ops.Scope of a run: what a subgraph needs from the run
@@ -51,21 +55,52 @@ type runScope struct {
 // buffers, by buffer, so aliases (Reshape, Identity) are counted once, the
 // peak of live bytes is known, and a pooled buffer goes back to its pool
 // exactly when the last value referencing it is released.
+//
+// A state keeps its tracker between runs (begin resets it), so the maps
+// and entries are reused rather than allocated per run.
 type memTracker struct {
 	bufs map[*byte]*memEntry
 	pool *bufferPool // nil: no pooled buffers
 	live int64
 	peak int64
+	// spare entries, and settle's scratch map.
+	spare []*memEntry
+	held  map[*memEntry][]*tensor.Tensor
 }
 
 type memEntry struct {
+	key   *byte // the buffer's key in memTracker.bufs
 	bytes int64
 	refs  int
 	buf   *poolBuf // the pooled buffer, nil for other allocations
 }
 
 func newMemTracker(pool *bufferPool) *memTracker {
-	return &memTracker{bufs: map[*byte]*memEntry{}, pool: pool}
+	return &memTracker{bufs: map[*byte]*memEntry{}, pool: pool, held: map[*memEntry][]*tensor.Tensor{}}
+}
+
+// begin starts a run's tracking.
+func (m *memTracker) begin() {
+	for k, e := range m.bufs {
+		delete(m.bufs, k)
+		m.free(e)
+	}
+	m.live, m.peak = 0, 0
+}
+
+func (m *memTracker) newEntry(key *byte, bytes int64, buf *poolBuf) *memEntry {
+	if n := len(m.spare); n > 0 {
+		e := m.spare[n-1]
+		m.spare = m.spare[:n-1]
+		*e = memEntry{key: key, bytes: bytes, refs: 1, buf: buf}
+		return e
+	}
+	return &memEntry{key: key, bytes: bytes, refs: 1, buf: buf}
+}
+
+func (m *memTracker) free(e *memEntry) {
+	*e = memEntry{}
+	m.spare = append(m.spare, e)
 }
 
 func bufKey(t *tensor.Tensor) *byte {
@@ -95,27 +130,43 @@ func (m *memTracker) entry(t *tensor.Tensor) (*byte, *memEntry, *poolBuf) {
 	return k, nil, nil
 }
 
-// produced records a node output.
-func (m *memTracker) produced(t *tensor.Tensor, inputs []*tensor.Tensor) {
+// produced records a node output and returns the entry of its buffer (nil
+// when the run does not track it).
+func (m *memTracker) produced(t *tensor.Tensor, inputs []*tensor.Tensor) *memEntry {
 	k, e, b := m.entry(t)
 	if k == nil {
-		return
+		return nil
 	}
 	if e != nil {
 		e.refs++
-		return
+		return e
 	}
 	if b == nil {
 		for _, in := range inputs {
 			if bufKey(in) == k {
-				return // aliases a feed, initializer or captured value
+				return nil // aliases a feed, initializer or captured value
 			}
 		}
 	}
-	m.bufs[k] = &memEntry{bytes: int64(t.NumBytes()), refs: 1, buf: b}
-	m.live += int64(t.NumBytes())
+	e = m.newEntry(k, int64(t.NumBytes()), b)
+	m.bufs[k] = e
+	m.live += e.bytes
 	if m.live > m.peak {
 		m.peak = m.live
+	}
+	return e
+}
+
+// releasedEntry drops a reference to a tracked buffer known by its entry
+// (released without the lookups).
+func (m *memTracker) releasedEntry(e *memEntry) {
+	if e.refs--; e.refs == 0 {
+		m.live -= e.bytes
+		delete(m.bufs, e.key)
+		if e.buf != nil {
+			m.pool.put(e.buf)
+		}
+		m.free(e)
 	}
 }
 
@@ -140,6 +191,7 @@ func (m *memTracker) released(t *tensor.Tensor) {
 		if e.buf != nil {
 			m.pool.put(e.buf)
 		}
+		m.free(e)
 	}
 }
 
@@ -151,7 +203,8 @@ func (m *memTracker) settle(outs []*tensor.Tensor, keep []*tensor.Tensor) {
 	if m.pool == nil {
 		return
 	}
-	held := map[*memEntry][]*tensor.Tensor{}
+	held := m.held
+	defer clear(held)
 	for _, t := range outs {
 		if _, e, _ := m.entry(t); e != nil && e.buf != nil {
 			held[e] = append(held[e], t)
@@ -164,16 +217,16 @@ func (m *memTracker) settle(outs []*tensor.Tensor, keep []*tensor.Tensor) {
 	}
 	for k, e := range m.bufs {
 		delete(m.bufs, k)
-		if e.buf == nil {
-			continue
+		if e.buf != nil {
+			ts, ok := held[e]
+			switch {
+			case !ok:
+				m.pool.put(e.buf)
+			case len(ts) > 0:
+				m.pool.lend(e.buf, ts)
+			}
 		}
-		ts, ok := held[e]
-		switch {
-		case !ok:
-			m.pool.put(e.buf)
-		case len(ts) > 0:
-			m.pool.lend(e.buf, ts)
-		}
+		m.free(e)
 	}
 }
 
@@ -219,21 +272,36 @@ func (p *Plan) execute(sc *runScope) (err error) {
 // drop releases the value in slot s.
 func (f *frame) drop(mem *memTracker, s int32) {
 	if t := f.vals[s]; t != nil {
-		if !f.detached[s] {
-			mem.released(t)
+		switch {
+		case f.ent[s] != nil:
+			mem.releasedEntry(f.ent[s])
+		case !f.detached[s]:
+			mem.released(t) // placed without store: a feed, a subgraph input
 		}
-		f.vals[s], f.detached[s] = nil, false
+		f.vals[s], f.detached[s], f.ent[s] = nil, false, nil
 	}
 }
 
-// store puts t in slot s; detached values are not tracked (the shape cache
-// owns them).
-func (f *frame) store(mem *memTracker, s int32, t *tensor.Tensor, inputs []*tensor.Tensor, detached bool) {
+// store puts output t of a node reading inputs (from slots in) in slot s;
+// detached values are not tracked (the shape cache owns them). An output
+// starting at a tracked input's first byte (Reshape, Squeeze, Identity)
+// shares that input's entry without a lookup.
+func (f *frame) store(mem *memTracker, s int32, t *tensor.Tensor, inputs []*tensor.Tensor, in []int32, detached bool) {
 	f.drop(mem, s)
 	f.vals[s], f.detached[s] = t, detached
-	if !detached {
-		mem.produced(t, inputs)
+	if detached {
+		return
 	}
+	if k := bufKey(t); k != nil {
+		for j, x := range inputs {
+			if e := f.ent[max(in[j], 0)]; x != nil && e != nil && bufKey(x) == k {
+				e.refs++
+				f.ent[s] = e
+				return
+			}
+		}
+	}
+	f.ent[s] = mem.produced(t, inputs)
 }
 
 func (p *Plan) executeNode(sc *runScope, i int) error {
@@ -263,7 +331,7 @@ func (p *Plan) executeNode(sc *runScope, i int) error {
 		if sh.valid(i, n) {
 			for k, s := range n.out {
 				if s >= 0 {
-					fr.store(sc.mem, s, sh.outs[i][k], inputs, true)
+					fr.store(sc.mem, s, sh.outs[i][k], inputs, n.in, true)
 				}
 			}
 			return nil
@@ -300,7 +368,7 @@ func (p *Plan) executeNode(sc *runScope, i int) error {
 		if t == nil {
 			return withNode(n, fmt.Errorf("runtime: kernel produced no value for output %d (%q)", k, n.Outputs[k]))
 		}
-		fr.store(sc.mem, s, t, inputs, geometry)
+		fr.store(sc.mem, s, t, inputs, n.in, geometry)
 	}
 	if geometry {
 		sh.keep(i, kctx)

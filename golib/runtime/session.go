@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
@@ -64,6 +65,7 @@ type State struct {
 	// (values by slot, per-node scratch, shape cache), kept between runs.
 	plan *Plan
 	fr   *frame
+	mem  *memTracker
 }
 
 // frame returns the state's frame for p, making a new one (with an empty
@@ -79,7 +81,10 @@ func (st *State) frame(p *Plan) *frame {
 }
 
 // NewState returns an empty request state.
-func NewState() *State { return &State{ctx: NewContext(), pool: newBufferPool()} }
+func NewState() *State {
+	pool := newBufferPool()
+	return &State{ctx: NewContext(), pool: pool, mem: newMemTracker(pool)}
+}
 
 // Context returns the state's root context (for cache management).
 func (st *State) Context() *Context { return st.ctx }
@@ -227,13 +232,14 @@ func (s *Session) RunState(st *State, feeds map[string]*tensor.Tensor, outputNam
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	start := time.Now()
 	ctx := st.ctx
 	ctx.ClearValues()
 	defer ctx.ClearValues()                  // drop references to borrowed feeds and temporaries
 	ctx.SetInitializers(s.plan.Initializers) // read by subgraphs through their contexts
 	fr := st.frame(s.plan)
 	fr.reset(s.plan)
-	defer fr.clear(s.plan)
+	defer fr.clear()
 	for name, t := range feeds {
 		if slot, ok := s.plan.slots[name]; ok { // an unread initializer default has none
 			fr.vals[slot] = t
@@ -241,7 +247,8 @@ func (s *Session) RunState(st *State, feeds map[string]*tensor.Tensor, outputNam
 	}
 	stats := &RunStats{}
 	st.pool.beginRun()
-	mem := newMemTracker(st.pool)
+	mem := st.mem
+	mem.begin()
 	sc := &runScope{ctx: ctx, threads: s.threads, profile: s.profile, mem: mem, stats: stats, alloc: st.pool, fr: fr}
 	if err := s.plan.execute(sc); err != nil {
 		if fr.shapes != nil {
@@ -261,6 +268,7 @@ func (s *Session) RunState(st *State, feeds map[string]*tensor.Tensor, outputNam
 		outs[i] = t
 	}
 	mem.settle(outs, persistentTensors(ctx))
+	stats.Duration = time.Since(start)
 	return outs, stats, nil
 }
 

@@ -87,13 +87,15 @@ type frame struct {
 	// detached marks values that are not the run's to release: cached
 	// shape values (their buffers belong to the shape cache).
 	detached []bool
-	inputs   [][]*tensor.Tensor
-	kctx     []ops.Context
-	shapes   *shapeCache // nil: no shape cache (subgraphs)
+	// ent holds the memTracker entry of each tracked value.
+	ent    []*memEntry
+	inputs [][]*tensor.Tensor
+	kctx   []ops.Context
+	shapes *shapeCache // nil: no shape cache (subgraphs)
 }
 
 func newFrame(p *Plan) *frame {
-	f := &frame{vals: make([]*tensor.Tensor, len(p.base)), detached: make([]bool, len(p.base)),
+	f := &frame{vals: make([]*tensor.Tensor, len(p.base)), detached: make([]bool, len(p.base)), ent: make([]*memEntry, len(p.base)),
 		inputs: make([][]*tensor.Tensor, len(p.Nodes)), kctx: make([]ops.Context, len(p.Nodes))}
 	for i, n := range p.Nodes {
 		f.inputs[i] = make([]*tensor.Tensor, len(n.Inputs))
@@ -105,19 +107,21 @@ func newFrame(p *Plan) *frame {
 func (f *frame) reset(p *Plan) {
 	copy(f.vals, p.base)
 	clear(f.detached)
+	clear(f.ent)
 	for _, in := range f.inputs {
 		clear(in)
 	}
 }
 
-// clear drops every reference the frame holds (after a run, so borrowed
-// feeds and outputs handed to the caller are not kept alive by it).
-func (f *frame) clear(p *Plan) {
+// clear drops the references the frame's value slots and input slices
+// hold (after a run, so borrowed feeds and outputs handed to the caller are
+// not kept alive by it). The per-node kernel contexts keep theirs until the
+// node's next call resets them: clearing them too would cost as much as the
+// calls' own resets, and nothing reads them.
+func (f *frame) clear() {
 	clear(f.vals)
+	clear(f.ent)
 	for _, in := range f.inputs {
 		clear(in)
-	}
-	for i, n := range p.Nodes {
-		f.kctx[i].Reset(nil, n.Info.OutputPresent, 1, nil, nil)
 	}
 }
