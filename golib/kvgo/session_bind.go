@@ -307,7 +307,8 @@ func LentOutputs() int { return lent.len() }
 
 // SessionLastStatsJSON returns the figures of session h's latest run:
 // {"peak_bytes", "allocated_bytes", "events": [{"node", "op", "dur_ns",
-// "bytes"}...] (events only when profiling)}; {} before the first run.
+// "bytes"}...] (events only when profiling), "run_ns" (the run's wall time
+// inside the executor)}; {} before the first run.
 func SessionLastStatsJSON(h int64) (s string, err error) {
 	defer recoverTo(&err)
 	if _, err := sessions.get(h); err != nil {
@@ -322,7 +323,8 @@ func SessionLastStatsJSON(h int64) (s string, err error) {
 	for i, e := range stats.Events {
 		events[i] = eventJSON{Node: e.Node, Op: e.OpType, DurNs: e.Duration.Nanoseconds(), Bytes: e.BytesAllocated}
 	}
-	b, err := json.Marshal(map[string]any{"peak_bytes": stats.PeakBytes, "allocated_bytes": stats.AllocatedBytes, "events": events})
+	b, err := json.Marshal(map[string]any{"peak_bytes": stats.PeakBytes, "allocated_bytes": stats.AllocatedBytes, "events": events,
+		"run_ns": stats.Duration.Nanoseconds()})
 	return string(b), classify(err)
 }
 

@@ -276,8 +276,10 @@ class InferenceSession:
     @property
     def last_run_stats(self) -> Dict[str, Any]:
         """Figures of the latest run: ``peak_bytes`` (largest live total of
-        kernel-allocated tensors), ``allocated_bytes``, and ``events`` (one
-        dict per node: node, op, dur_ns, bytes) when profiling is on."""
+        kernel-allocated tensors), ``allocated_bytes``, ``run_ns`` (the run's
+        wall time inside the Go executor, binding excluded) and ``events``
+        (one dict per node: node, op, dur_ns, bytes) when profiling is on;
+        ``run_ns`` minus the events' ``dur_ns`` is the executor's own time."""
         if not self._h:
             return {}
         return json.loads(_lib.call(_lib.fn("SessionLastStatsJSON"), self._h))
