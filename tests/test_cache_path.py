@@ -115,6 +115,38 @@ def test_state_equals_tensor_path(build: str, dtype: str) -> None:
             _close(name, exported[name][:, :, :-1], want[:, :, :PROMPT.shape[1] + STEPS - 1], dtype)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_gqa_shared_buffer_state_equals_onnxruntime(dtype: str) -> None:
+    """com.microsoft GroupQueryAttention with a shared past/present buffer (the onnxruntime-genai
+    contract, in-op rotary, seqlens_k from attention_mask): on a state, prefill + 64 steps give
+    onnxruntime's tokens and the standard Llama's (same weights) on the tensor path."""
+    pytest.importorskip("onnxruntime")
+    import onnxruntime as ort
+
+    cfg = _cfg(dtype)
+    model = M.llama_decoder_gqa_ort(cfg)
+    sess = _session(model)
+    plan = sess.cache_plan()
+    assert all(p["rewritten"] and p["rule"] == "group-query-attention-shared-buffer" for p in plan), plan
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    ref = M.greedy_generate(ort.InferenceSession(M.model_bytes(model), so, providers=["CPUExecutionProvider"]),
+                            model, PROMPT, STEPS)
+    std = M.greedy_generate(_session(M.llama_decoder(cfg)), M.llama_decoder(cfg), PROMPT, STEPS)
+    with sess.create_state(max_length=PROMPT.shape[1] + STEPS + 1) as st:
+        toks, step_logits, prefill = _state_generate(sess, st, PROMPT, STEPS)
+        for layer in st.info()["layers"]:
+            assert layer["counters"]["append_bytes"] == st.length * _row_bytes(cfg, cfg.np_dtype().itemsize)
+    np.testing.assert_array_equal(toks, ref.tokens)
+    np.testing.assert_array_equal(toks, std.tokens)
+    tol = "float32" if dtype == "float32" else "float16"
+    _close("GQA prefill vs standard", prefill, std.prefill_logits, tol)
+    _close("GQA steps vs standard", np.stack(step_logits), std.logits, tol)
+    if dtype == "float32":
+        atol = 1e-4 * max(1.0, float(np.abs(ref.logits).max()))
+        assert float(np.abs(np.stack(step_logits) - ref.logits).max()) <= atol
+
+
 def test_counters_prove_append_only_new_tokens() -> None:
     cfg = _cfg()
     sess = _session(M.llama_decoder(cfg))

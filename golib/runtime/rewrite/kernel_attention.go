@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"unsafe"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu"
@@ -121,7 +122,7 @@ func (k *cacheAttention) Compute(ctx *ops.Context) error {
 	if g.b != bind.Batch() {
 		return fmt.Errorf("%w: CacheAttention: batch %d, the state holds %d sequences", errs.ErrShape, g.b, bind.Batch())
 	}
-	kv, err := bind.Cache(k.layer, g.s)
+	kv, err := bind.Cache(k.layer, g.s, [3]int{g.hkv, g.dk, g.dv})
 	if err != nil {
 		return err
 	}
@@ -174,7 +175,7 @@ func (k *cacheAttention) attend(ctx *ops.Context, sc *scratch, kv *cache.KVCache
 	if err != nil {
 		return err
 	}
-	err = runAttention(dst, qf, view, g, skip, opts, sc)
+	err = runAttention(dst, qf, view, g, skip, nil, opts, sc)
 	kv.EndRead()
 	if err != nil {
 		return mapCacheErr(err)
@@ -191,15 +192,19 @@ func (k *cacheAttention) attend(ctx *ops.Context, sc *scratch, kv *cache.KVCache
 }
 
 // runAttention attends every query row: one call for the whole batch when
-// no sequence has padding among the new tokens, else one call per
-// sequence over its real rows (padding rows are zero).
-func runAttention(dst, q []float32, view cache.View, g geometry, skip []int, o cpu.Options, sc *scratch) error {
+// every new token is real (skip nil), else one call per sequence over its
+// real rows skip[b] .. skip[b]+n[b]-1 (n nil: to the end; padding rows
+// are zero).
+func runAttention(dst, q []float32, view cache.View, g geometry, skip, n []int, o cpu.Options, sc *scratch) error {
 	if skip == nil {
 		return cpu.AttentionPrefill(dst, q, g.s, g.hq, view, o)
 	}
 	clear(dst)
 	for b := 0; b < g.b; b++ {
 		real := g.s - skip[b]
+		if n != nil {
+			real = n[b]
+		}
 		if real == 0 {
 			continue
 		}
@@ -274,6 +279,14 @@ func (k *cacheAttention) options(ctx *ops.Context) (cpu.Options, error) {
 	return o, nil
 }
 
+// f32Bytes views float32s as bytes.
+func f32Bytes(f []float32) []byte {
+	if len(f) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(f))), 4*len(f))
+}
+
 // elemOf maps a tensor type to the cache storage type.
 func elemOf(dt tensor.DType) (cache.ElemType, bool) {
 	switch dt {
@@ -302,6 +315,7 @@ func mapCacheErr(err error) error {
 // scratch holds one call's temporary buffers, pooled across calls.
 type scratch struct {
 	q, o, t, qb, ob []float32
+	kf, vf          []float32
 	kb, vb          []byte
 	counts          []int
 }

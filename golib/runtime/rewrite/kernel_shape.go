@@ -43,7 +43,7 @@ func newCacheShape(n *ops.Node) (ops.Kernel, error) {
 		if err != nil {
 			return err
 		}
-		kv, err := b.Cache(int(layer), 0)
+		kv, err := b.Cache(int(layer), 0, [3]int{})
 		if err != nil {
 			return err
 		}

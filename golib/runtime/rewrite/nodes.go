@@ -14,6 +14,9 @@ const (
 	// [batch, kv_heads, past_length, head_dim]; of a present (input: the
 	// step's new keys) [batch, kv_heads, past_length + new, head_dim].
 	opShape = "CacheShape"
+	// opGQA is GroupQueryAttention with its shared buffer replaced by the
+	// layer's cache: the op's inputs without past_key/past_value.
+	opGQA = "CacheGroupQueryAttention"
 )
 
 func ptr[T any](v T) *T { return &v }

@@ -25,7 +25,7 @@ const (
 )
 
 // rules are tried in order; the first that matches a layer rewrites it.
-var rules = []Rule{attentionRule{}, concatRule{}}
+var rules = []Rule{attentionRule{}, concatRule{}, gqaRule{}}
 
 // RuleNames lists the rules, in the order they are tried.
 func RuleNames() []string {
