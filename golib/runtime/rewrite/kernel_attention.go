@@ -26,6 +26,7 @@ type cacheAttention struct {
 	maskMode       int
 	causal         bool    // the mask is combined with causal attention
 	signs          []int64 // run-time scale factors from input 5 on: +1 multiply, -1 divide
+	ktReshape      bool    // the last two inputs are the Reshape targets of a batched K^T
 }
 
 func newCacheAttention(n *ops.Node) (ops.Kernel, error) {
@@ -40,6 +41,7 @@ func newCacheAttention(n *ops.Node) (ops.Kernel, error) {
 	}
 	k.layer, k.qHeads, k.kvHead = get("layer"), get("q_num_heads"), get("kv_num_heads")
 	k.maskMode, k.causal = get("mask_mode"), get("causal") != 0
+	k.ktReshape = get("kt_reshape") != 0
 	if k.signs, _, err = n.Attrs.Ints("factor_signs"); err != nil {
 		return nil, err
 	}
@@ -133,6 +135,11 @@ func (k *cacheAttention) Compute(ctx *ops.Context) error {
 	opts, err := k.options(ctx)
 	if err != nil {
 		return err
+	}
+	if k.ktReshape {
+		if err := checkBatchedTranspose(ctx, g, bind.PastLength()); err != nil {
+			return err
+		}
 	}
 	skip, err := k.padding(ctx, bind, g, kv)
 	if err != nil {
@@ -277,6 +284,69 @@ func (k *cacheAttention) options(ctx *ops.Context) (cpu.Options, error) {
 		return o, fmt.Errorf("%w: CacheAttention: the scores' scale %v is not a positive number", errs.ErrNotImplemented, o.Scale)
 	}
 	return o, nil
+}
+
+// checkBatchedTranspose checks that the graph's K^T, written as
+// Reshape(s1) -> Transpose(0, 2, 1) -> Reshape(s2) over K [B, H, T, D],
+// is the transpose the kernel computes: s1 resolves to [B*H, T, D] and
+// s2 (on [B*H, D, T]) to [B, H, D, T], with H the query heads.
+func checkBatchedTranspose(ctx *ops.Context, g geometry, past int) error {
+	n := ctx.NumInputs()
+	T := past + g.s
+	in := []int{g.b, g.hq, T, g.dk}
+	mid := []int{g.b * g.hq, T, g.dk}
+	want := [][]int{mid, {g.b, g.hq, g.dk, T}}
+	from := [][]int{in, {g.b * g.hq, g.dk, T}}
+	for i := 0; i < 2; i++ {
+		st := ctx.Input(n - 2 + i)
+		if st == nil || st.DType() != tensor.Int64 {
+			return fmt.Errorf("%w: CacheAttention: the K^T Reshape target %d is missing or not int64", errs.ErrNotImplemented, i)
+		}
+		got, ok := resolveReshape(from[i], st.Int64())
+		if !ok || len(got) != len(want[i]) {
+			return fmt.Errorf("%w: CacheAttention: the K^T Reshape target %v is not %v", errs.ErrNotImplemented, st.Int64(), want[i])
+		}
+		for j := range got {
+			if got[j] != want[i][j] {
+				return fmt.Errorf("%w: CacheAttention: the K^T Reshape target %v is not %v", errs.ErrNotImplemented, st.Int64(), want[i])
+			}
+		}
+	}
+	return nil
+}
+
+// resolveReshape applies ONNX Reshape's rules (0 copies the input dim,
+// -1 is inferred; allowzero=0) to a target.
+func resolveReshape(in []int, target []int64) ([]int, bool) {
+	total := 1
+	for _, d := range in {
+		total *= d
+	}
+	out := make([]int, len(target))
+	known, infer := 1, -1
+	for i, t := range target {
+		switch {
+		case t == 0 && i < len(in):
+			out[i] = in[i]
+		case t == -1 && infer < 0:
+			infer = i
+			continue
+		case t > 0:
+			out[i] = int(t)
+		default:
+			return nil, false
+		}
+		known *= out[i]
+	}
+	if infer >= 0 {
+		if known == 0 || total%known != 0 {
+			return nil, false
+		}
+		out[infer] = total / known
+	} else if known != total {
+		return nil, false
+	}
+	return out, true
 }
 
 // f32Bytes views float32s as bytes.

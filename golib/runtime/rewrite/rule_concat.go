@@ -13,7 +13,9 @@ import (
 //
 //   - as standard Attention without past inputs (torch.onnx dynamo at
 //     opset 23), or
-//   - decomposed: MatMul(q, Transpose(K, [0, 1, 3, 2])) with scalar Mul/Div
+//   - decomposed: MatMul(q, Transpose(K, [0, 1, 3, 2])) (or the same
+//     transpose as Reshape/Transpose(0, 2, 1)/Reshape, whose targets are
+//     checked at run time) with scalar Mul/Div
 //     factors on q, on K^T or on the scores, an optional mask (Add, or Where
 //     with a very negative fill), Softmax on the last axis (optionally
 //     between Casts, optionally followed by the Where(IsNaN(p), 0, p) guard
@@ -285,11 +287,37 @@ func (c *chain) decomposedEnd(ti int, kEnd, vEnd string, vi int, kNew, vNew stri
 	ix := c.ix
 	t := ix.node(ti)
 	perm := attrInts(t, "perm")
-	if !isOp(t, "Transpose") || len(perm) != 4 || perm[0] != 0 || perm[1] != 1 || perm[2] != 3 || perm[3] != 2 {
+	var ktShapes []string // the batched form's Reshape targets, checked at run time
+	var x string
+	switch {
+	case isOp(t, "Transpose") && len(perm) == 4 && perm[0] == 0 && perm[1] == 1 && perm[2] == 3 && perm[3] == 2:
+		x = c.take(ti)
+	case isOp(t, "Reshape"):
+		// K^T as Reshape([B*H, T, D]) -> Transpose(0, 2, 1) -> Reshape([B, H, D, T])
+		// (torch.onnx dynamo at its default opset)
+		s1 := t.GetInput()[1]
+		x = c.take(ti)
+		j, tr := c.next(x)
+		if tr == nil {
+			return nil, c.why
+		}
+		if p := attrInts(tr, "perm"); !isOp(tr, "Transpose") || len(p) != 3 || p[0] != 0 || p[1] != 2 || p[2] != 1 {
+			return nil, fmt.Sprintf("the reshaped keys feed %s, not Transpose(perm=[0, 2, 1])", describe(tr))
+		}
+		x = c.take(j)
+		j, r2 := c.next(x)
+		if r2 == nil {
+			return nil, c.why
+		}
+		if !isOp(r2, "Reshape") || r2.GetInput()[0] != x {
+			return nil, fmt.Sprintf("the transposed keys feed %s, not Reshape", describe(r2))
+		}
+		ktShapes = []string{s1, r2.GetInput()[1]}
+		x = c.take(j)
+	default:
 		return nil, fmt.Sprintf("the keys %q feed %s, not Transpose(perm=[0, 1, 3, 2]) or Attention", kEnd, describe(t))
 	}
 	var factors []factor
-	x := c.take(ti)
 	i, n := c.next(x)
 	for n != nil {
 		f, ok := scaleOp(n, x)
@@ -402,9 +430,11 @@ func (c *chain) decomposedEnd(ti int, kEnd, vEnd string, vi int, kNew, vNew stri
 		signs[k] = f.sign
 		inputs = append(inputs, f.name)
 	}
+	inputs = append(inputs, ktShapes...)
 	attrs := []*onnxpb.AttributeProto{intAttr("layer", 0), intAttr("mask_mode", mode), intAttr("causal", 0),
 		{Name: ptr("scale"), Type: onnxpb.AttributeProto_FLOAT.Enum(), F: ptr(float32(1))},
-		{Name: ptr("factor_signs"), Type: onnxpb.AttributeProto_INTS.Enum(), Ints: signs}}
+		{Name: ptr("factor_signs"), Type: onnxpb.AttributeProto_INTS.Enum(), Ints: signs},
+		intAttr("kt_reshape", int64(len(ktShapes)/2))}
 	return &onnxpb.NodeProto{Name: ptr(n.GetName() + "/cache"), OpType: ptr(opAttention), Domain: ptr(Domain),
 		Input: inputs, Output: []string{n.GetOutput()[0], p.presK, p.presV}, Attribute: attrs}, ""
 }
