@@ -2,9 +2,11 @@ package rewrite
 
 import (
 	"fmt"
+	"math"
 	"unsafe"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/ops"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
@@ -118,18 +120,19 @@ func (k *cacheAttention) firstAttended(ctx *ops.Context, m *tensor.Tensor, g geo
 }
 
 // maskReader returns "query i of sequence b attends key t" for the mask
-// tensor m in k's mode, broadcasting it to [batch, 1, S, T].
+// tensor m in k's mode, broadcasting it to [batch, 1, S, T]. It reads the
+// mask in place (nothing of the context's size is allocated per step).
 func (k *cacheAttention) maskReader(ctx *ops.Context, m *tensor.Tensor, g geometry, T int) (func(b, i, t int) (bool, error), error) {
 	sh := m.Shape()
 	if k.maskMode == maskPadding {
 		if len(sh) != 2 || sh[0] != g.b || sh[1] != T {
 			return nil, fmt.Errorf("%w: attention_mask has shape %v, want [%d, %d] (batch, past + new)", errs.ErrShape, sh, g.b, T)
 		}
-		vals, err := asBools(m, false)
+		at, err := attendAt(m, false, false)
 		if err != nil {
 			return nil, err
 		}
-		return func(b, _, t int) (bool, error) { return vals[b*T+t], nil }, nil
+		return func(b, _, t int) (bool, error) { return at(b*T + t) }, nil
 	}
 	r := len(sh)
 	if r < 2 || r > 4 || sh[r-1] != T || (sh[r-2] != 1 && sh[r-2] != g.s) || (r >= 3 && sh[r-3] != 1) ||
@@ -138,20 +141,16 @@ func (k *cacheAttention) maskReader(ctx *ops.Context, m *tensor.Tensor, g geomet
 			errs.ErrNotImplemented, sh, g.s, T)
 	}
 	rows, batched := sh[r-2], r == 4 && sh[0] == g.b
-	var vals []bool
+	var at func(int) (bool, error)
 	var err error
 	switch k.maskMode {
 	case maskAttention:
-		vals, err = asBools(m, m.DType() != tensor.Bool)
+		at, err = attendAt(m, m.DType() != tensor.Bool, false)
 	case maskAdditive:
-		vals, err = asBools(m, true)
+		at, err = attendAt(m, true, false)
 	case maskBlocked, maskAttend:
 		if err = checkLow(ctx.Input(4)); err == nil {
-			if vals, err = asBools(m, false); err == nil && k.maskMode == maskBlocked {
-				for i := range vals {
-					vals[i] = !vals[i]
-				}
-			}
+			at, err = attendAt(m, false, k.maskMode == maskBlocked)
 		}
 	default:
 		err = fmt.Errorf("%w: mask mode %d", errs.ErrInvalidModel, k.maskMode)
@@ -166,45 +165,46 @@ func (k *cacheAttention) maskReader(ctx *ops.Context, m *tensor.Tensor, g geomet
 		if rows == 1 {
 			i = 0
 		}
-		return vals[(b*rows+i)*T+t], nil
+		return at((b*rows+i)*T + t)
 	}, nil
 }
 
-// asBools reads a mask as "attends": bool and int values as themselves
-// (nonzero attends), or additive float values (0 attends, <= blockedBelow
-// blocks, anything else is refused).
-func asBools(m *tensor.Tensor, additive bool) ([]bool, error) {
-	out := make([]bool, m.Len())
-	switch {
-	case m.DType() == tensor.Bool:
-		copy(out, m.Bool())
-	case m.DType() == tensor.Int64:
-		for i, v := range m.Int64() {
-			out[i] = v != 0
-		}
-	case m.DType() == tensor.Int32:
-		for i, v := range m.Int32() {
-			out[i] = v != 0
-		}
-	case additive && m.DType().IsFloat():
-		f, err := tensor.AsFloat32(m)
-		if err != nil {
-			return nil, err
-		}
-		for i, v := range f {
-			switch {
-			case v == 0:
-				out[i] = true
-			case v <= blockedBelow:
-			default:
-				return nil, fmt.Errorf("%w: the additive attention mask holds %v (the cache path reads 0 or values <= %g)",
-					errs.ErrNotImplemented, v, blockedBelow)
-			}
-		}
-	default:
-		return nil, fmt.Errorf("%w: attention mask of type %v", errs.ErrType, m.DType())
+// attendAt reads element i of a mask as "attends": bool and int values as
+// themselves (nonzero attends; negate: true blocks), or additive float
+// values (0 attends, <= blockedBelow blocks, anything else is refused).
+func attendAt(m *tensor.Tensor, additive, negate bool) (func(int) (bool, error), error) {
+	switch dt := m.DType(); {
+	case dt == tensor.Bool:
+		d := m.Bool()
+		return func(i int) (bool, error) { return d[i] != negate, nil }, nil
+	case dt == tensor.Int64:
+		d := m.Int64()
+		return func(i int) (bool, error) { return (d[i] != 0) != negate, nil }, nil
+	case dt == tensor.Int32:
+		d := m.Int32()
+		return func(i int) (bool, error) { return (d[i] != 0) != negate, nil }, nil
+	case additive && dt == tensor.Float32:
+		d := m.Float32()
+		return func(i int) (bool, error) { return additiveAttends(d[i]) }, nil
+	case additive && dt == tensor.Float16:
+		d := m.Float16()
+		return func(i int) (bool, error) { return additiveAttends(codec.F16ToF32(uint16(d[i]))) }, nil
+	case additive && dt == tensor.BFloat16:
+		d := m.BFloat16()
+		return func(i int) (bool, error) { return additiveAttends(math.Float32frombits(uint32(d[i]) << 16)) }, nil
 	}
-	return out, nil
+	return nil, fmt.Errorf("%w: attention mask of type %v", errs.ErrType, m.DType())
+}
+
+func additiveAttends(v float32) (bool, error) {
+	switch {
+	case v == 0:
+		return true, nil
+	case v <= blockedBelow:
+		return false, nil
+	}
+	return false, fmt.Errorf("%w: the additive attention mask holds %v (the cache path reads 0 or values <= %g)",
+		errs.ErrNotImplemented, v, blockedBelow)
 }
 
 // checkLow checks that the fill of a Where mask blocks.
