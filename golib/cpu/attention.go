@@ -13,6 +13,10 @@ type Options struct {
 	// Window, when > 0, limits each query at absolute position p to the keys
 	// at positions max(0, p-Window+1) .. p (sliding-window attention).
 	Window int
+	// Threads, when > 0, bounds the threads of this call below the pool's
+	// setting (SetThreads): a session's thread count, so a decode step of
+	// a 1-thread session does not wake a second worker.
+	Threads int
 }
 
 // Attention semantics (every kernel implements exactly this):

@@ -19,6 +19,7 @@ type shape struct {
 	scale                        float32
 	softcap                      float32
 	window                       int
+	threads                      int // 0: the pool's setting
 }
 
 // checkArgs validates an attention call against the semantics documented in
@@ -76,6 +77,10 @@ func checkArgs(dst, q []float32, qLen, qHeads int, v cache.View, o Options) (sha
 		s.scale = float32(1 / sqrt64(float64(s.dk)))
 	}
 	s.softcap, s.window = o.Softcap, o.Window
+	if o.Threads < 0 {
+		return s, fmt.Errorf("%w: negative thread bound %d", cache.ErrInvalidArgument, o.Threads)
+	}
+	s.threads = o.Threads
 	return s, nil
 }
 
