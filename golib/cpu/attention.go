@@ -14,8 +14,10 @@ type Options struct {
 	// at positions max(0, p-Window+1) .. p (sliding-window attention).
 	Window int
 	// Threads, when > 0, bounds the threads of this call below the pool's
-	// setting (SetThreads): a session's thread count, so a decode step of
-	// a 1-thread session does not wake a second worker.
+	// setting (SetThreads), and runs the call's tasks on the products'
+	// worker pool (package gemm) instead of this package's helpers: the
+	// runtime passes a session's thread count, so one pool serves every op
+	// of a step.
 	Threads int
 }
 
