@@ -97,16 +97,20 @@ def build_model(arch: str) -> Any:
     config._attn_implementation = "sdpa"
     model = getattr(transformers, model_cls)(config).eval()
     gen = torch.Generator().manual_seed(SEED)
+    tied = bool(config.tie_word_embeddings)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
-                fan_in = p.shape[-1]
-                std = 0.5 if ("embed" in name or "wte" in name or "wpe" in name) else fan_in ** -0.5
+                # token embeddings: large enough for clear argmax margins, small enough when tied that
+                # the input token's own logit does not dominate every step (greedy would then repeat it)
+                embed = "embed" in name or "wte" in name or "wpe" in name
+                std = (0.2 if tied else 0.5) if embed else p.shape[-1] ** -0.5
                 w = torch.randn(p.shape, generator=gen) * std
             elif name.endswith("bias"):
                 w = torch.randn(p.shape, generator=gen) * 0.1
-            else:  # norm scales: around their neutral value (Gemma's RMSNorm scales by 1 + w)
-                base = 0.0 if arch.startswith("gemma") else 1.0
+            else:  # norm scales: around their neutral value (Gemma's RMSNorm scales by 1 + w); Gemma's
+                # post-attention/-feedforward norms scale the layers' outputs up to the scaled embedding's size
+                base = (4.0 if "post_" in name else 0.0) if arch.startswith("gemma") else 1.0
                 w = base + torch.randn(p.shape, generator=gen) * 0.1
             p.copy_(torch.round(w * GRID) / GRID)
     return model
@@ -252,6 +256,46 @@ def exporter_version(exporter: str) -> str:
     return r.stdout.strip() or "onnxruntime-genai (version unknown)"
 
 
+# -- faithfulness ------------------------------------------------------------------------------
+CHECK_PROMPT = [5, 17, 42, 99, 7, 130]
+CHECK_STEPS = 16
+
+
+def hf_greedy(model: Any) -> Tuple[List[int], Any]:
+    """Greedy tokens after the prefill and each step, and the last-position logits of every run,
+    computed by transformers itself (the reference each export is checked against)."""
+    import numpy as np
+    import torch
+    from transformers.cache_utils import DynamicCache
+
+    cache, x, tokens, logits = DynamicCache(), torch.tensor([CHECK_PROMPT]), [], []
+    with torch.no_grad():
+        for _ in range(CHECK_STEPS + 1):
+            lg = model(input_ids=x, past_key_values=cache, use_cache=True).logits[0, -1]
+            logits.append(lg.numpy().copy())
+            tokens.append(int(lg.argmax()))
+            x = torch.tensor([[tokens[-1]]])
+    return tokens, np.stack(logits)
+
+
+def check_export(entry: Dict[str, Any], data: bytes, want: Tuple[List[int], Any]) -> Dict[str, Any]:
+    """The export in onnxruntime, driven as the tests drive it, against transformers' own greedy run."""
+    import numpy as np
+    import onnxruntime
+
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import _fixtures
+
+    sess = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    steps = _fixtures.Decoder(entry, sess).generate(np.array([CHECK_PROMPT], dtype=np.int64), CHECK_STEPS)
+    tokens = [int(t) for t in _fixtures.greedy_tokens(steps)[0]]
+    logits = np.stack([st.outputs["logits"][0, -1] for st in steps])
+    diff = [i for i, (a, b) in enumerate(zip(tokens, want[0])) if a != b]
+    return {"prompt": CHECK_PROMPT, "steps": CHECK_STEPS, "tokens_equal": not diff,
+            "first_token_difference": diff[0] if diff else None,
+            "max_abs_logit_diff": float(np.abs(logits - want[1]).max()), "tokens": tokens}
+
+
 # -- manifest ----------------------------------------------------------------------------------
 def _dims(t: onnx.TypeProto) -> List[Any]:
     return [d.dim_param if d.HasField("dim_param") else (d.dim_value if d.HasField("dim_value") else None)
@@ -369,6 +413,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                          "attention_mask covers past + new tokens, position_ids count from the past length.")
     for arch in args.arch:
         model = build_model(arch)
+        want = hf_greedy(model)
         kv, hd = kv_geometry(model)
         cfg = {"class": ARCHS[arch][0], **ARCHS[arch][2]}
         with tempfile.TemporaryDirectory() as work:
@@ -392,6 +437,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     print(f"   FAILED: {_error_line(exc)}", flush=True)
                     continue
                 data = m.SerializeToString()
+                entry["matches_transformers"] = check_export(entry, data, want)
                 blob = lzma.compress(data, preset=9 | lzma.PRESET_EXTREME)
                 fname = f"{name}.onnx.xz"
                 with open(os.path.join(OUT_DIR, fname), "wb") as f:
@@ -399,7 +445,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 entry.update({"file": fname, "onnx_bytes": len(data), "xz_bytes": len(blob),
                               "sha256": hashlib.sha256(data).hexdigest()})
                 manifest["fixtures"][name] = entry
-                print(f"   ok: {len(m.graph.node)} nodes, {len(data)} B -> {len(blob)} B xz", flush=True)
+                chk = entry["matches_transformers"]
+                print(f"   ok: {len(m.graph.node)} nodes, {len(data)} B -> {len(blob)} B xz; vs transformers: tokens "
+                      f"{'equal' if chk['tokens_equal'] else 'DIFFER'}, max logit diff {chk['max_abs_logit_diff']:.2g}",
+                      flush=True)
     manifest["fixtures"] = dict(sorted(manifest["fixtures"].items()))
     manifest["failures"].sort(key=lambda x: x["name"])
     with open(man_path, "w") as f:
