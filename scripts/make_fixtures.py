@@ -22,7 +22,9 @@ word-level tokenizer, then exported with:
 * ``dynamo23``: the same at opset 23 (standard Attention / RotaryEmbedding / RMSNormalization);
 * ``torchscript``: ``torch.onnx.export(..., dynamo=False)``;
 * ``optimum``: ``optimum.exporters.onnx.main_export(task="text-generation-with-past")``;
-* ``genai``: ``python -m onnxruntime_genai.models.builder -i <dir> -o <out> -p fp32 -e cpu``.
+* ``genai``: ``python -m onnxruntime_genai.models.builder -i <dir> -o <out> -p fp32 -e cpu``;
+* ``dynamo23-fp16``, ``torchscript-fp16``: the model cast to float16, for a few architectures
+  (``FP16_ARCHS``; neither optimum nor the builder makes float16 CPU models).
 
 The torch exporters trace a wrapper with the inputs ``input_ids, attention_mask, position_ids,
 past_key_values.{i}.key/value`` and the outputs ``logits, present.{i}.key/value`` (optimum's names).
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import functools
 import hashlib
 import io
@@ -82,7 +85,9 @@ ARCHS: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
              dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=MAX_POS, n_inner=128,
                   bos_token_id=1, eos_token_id=2, tie_word_embeddings=True)),
 }
-EXPORTERS = ["dynamo", "dynamo23", "torchscript", "optimum", "genai"]
+EXPORTERS = ["dynamo", "dynamo23", "torchscript", "optimum", "genai", "dynamo23-fp16", "torchscript-fp16"]
+# the float16 exports (the model cast with .half() before a torch exporter runs) are made for these only
+FP16_ARCHS = ("llama", "qwen3", "gemma2", "gpt2")
 
 
 # -- models ------------------------------------------------------------------------------------
@@ -173,7 +178,8 @@ def torch_export(model: Any, path: str, dynamo: bool, opset: Optional[int]) -> N
     ids = torch.randint(4, VOCAB, (batch, seq))
     mask = torch.ones(batch, past_len + seq, dtype=torch.int64)
     pos = torch.arange(past_len, past_len + seq).unsqueeze(0).expand(batch, seq).contiguous()
-    past = [torch.randn(batch, kv, past_len, hd) for _ in range(2 * n)]
+    dtype = next(model.parameters()).dtype
+    past = [torch.randn(batch, kv, past_len, hd, dtype=dtype) for _ in range(2 * n)]
     past_names = [f"past_key_values.{i}.{w}" for i in range(n) for w in ("key", "value")]
     present_names = [f"present.{i}.{w}" for i in range(n) for w in ("key", "value")]
     axes: Dict[str, Dict[int, str]] = {"input_ids": {0: "batch_size", 1: "sequence_length"},
@@ -245,6 +251,7 @@ def exporter_version(exporter: str) -> str:
     from importlib.metadata import version
 
     tf = f"transformers {version('transformers')}"
+    exporter = exporter.removesuffix("-fp16")
     if exporter in ("dynamo", "dynamo23", "torchscript"):
         extra = f", onnxscript {version('onnxscript')}" if "dynamo" in exporter else ""
         return f"torch {version('torch')}{extra}, {tf}"
@@ -272,7 +279,7 @@ def hf_greedy(model: Any) -> Tuple[List[int], Any]:
     with torch.no_grad():
         for _ in range(CHECK_STEPS + 1):
             lg = model(input_ids=x, past_key_values=cache, use_cache=True).logits[0, -1]
-            logits.append(lg.numpy().copy())
+            logits.append(lg.float().numpy())
             tokens.append(int(lg.argmax()))
             x = torch.tensor([[tokens[-1]]])
     return tokens, np.stack(logits)
@@ -289,7 +296,7 @@ def check_export(entry: Dict[str, Any], data: bytes, want: Tuple[List[int], Any]
     sess = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
     steps = _fixtures.Decoder(entry, sess).generate(np.array([CHECK_PROMPT], dtype=np.int64), CHECK_STEPS)
     tokens = [int(t) for t in _fixtures.greedy_tokens(steps)[0]]
-    logits = np.stack([st.outputs["logits"][0, -1] for st in steps])
+    logits = np.stack([st.outputs["logits"][0, -1] for st in steps]).astype(np.float32)
     diff = [i for i, (a, b) in enumerate(zip(tokens, want[0])) if a != b]
     return {"prompt": CHECK_PROMPT, "steps": CHECK_STEPS, "tokens_equal": not diff,
             "first_token_difference": diff[0] if diff else None,
@@ -375,9 +382,10 @@ def run_export(arch: str, exporter: str, model: Any, folder: str, work: str) -> 
     out = os.path.join(work, exporter)
     os.makedirs(out, exist_ok=True)
     genai_cfg = None
-    if exporter in ("dynamo", "dynamo23", "torchscript"):
+    if exporter.removesuffix("-fp16") in ("dynamo", "dynamo23", "torchscript"):
         path = os.path.join(out, "model.onnx")
-        torch_export(model, path, dynamo=exporter != "torchscript", opset=23 if exporter == "dynamo23" else None)
+        base = exporter.removesuffix("-fp16")
+        torch_export(model, path, dynamo=base != "torchscript", opset=23 if base == "dynamo23" else None)
     elif exporter == "optimum":
         path = export_optimum(folder, out)
     else:
@@ -414,32 +422,41 @@ def main(argv: Optional[List[str]] = None) -> int:
     for arch in args.arch:
         model = build_model(arch)
         want = hf_greedy(model)
+        model16 = copy.deepcopy(model).half() if arch in FP16_ARCHS else None
+        want16 = hf_greedy(model16) if model16 is not None else None
         kv, hd = kv_geometry(model)
         cfg = {"class": ARCHS[arch][0], **ARCHS[arch][2]}
         with tempfile.TemporaryDirectory() as work:
             folder = os.path.join(work, "hf")
             save_hf_folder(model, folder)
             for exporter in args.exporter:
+                fp16 = exporter.endswith("-fp16")
+                if fp16 and model16 is None:
+                    continue
                 name = f"{arch}-{exporter}"
+                fname = f"{name}.onnx.xz"
                 manifest["fixtures"].pop(name, None)
                 manifest["failures"] = [x for x in manifest["failures"] if x["name"] != name]
+                if os.path.exists(os.path.join(OUT_DIR, fname)):
+                    os.remove(os.path.join(OUT_DIR, fname))
                 print(f"== {name}", flush=True)
+                stage = "export"
                 try:
                     log = io.StringIO()
                     with contextlib.redirect_stdout(log):
-                        m, genai_cfg = run_export(arch, exporter, model, folder, work)
+                        m, genai_cfg = run_export(arch, exporter, model16 if fp16 else model, folder, work)
                     entry = describe(m, arch, exporter, cfg, genai_cfg, kv, hd)
-                except Exception as exc:  # record the exporter's failure instead of a model
+                    data = m.SerializeToString()
+                    stage = "onnxruntime"  # an export onnxruntime cannot run is no fixture either
+                    entry["matches_transformers"] = check_export(entry, data, want16 if fp16 else want)
+                except Exception as exc:  # record the failure instead of a model
                     traceback.print_exc(limit=3)
                     manifest["failures"].append({"name": name, "architecture": arch, "exporter": exporter,
-                                                 "exporter_version": exporter_version(exporter),
+                                                 "exporter_version": exporter_version(exporter), "stage": stage,
                                                  "error": _error_line(exc)})
-                    print(f"   FAILED: {_error_line(exc)}", flush=True)
+                    print(f"   FAILED ({stage}): {_error_line(exc)}", flush=True)
                     continue
-                data = m.SerializeToString()
-                entry["matches_transformers"] = check_export(entry, data, want)
                 blob = lzma.compress(data, preset=9 | lzma.PRESET_EXTREME)
-                fname = f"{name}.onnx.xz"
                 with open(os.path.join(OUT_DIR, fname), "wb") as f:
                     f.write(blob)
                 entry.update({"file": fname, "onnx_bytes": len(data), "xz_bytes": len(blob),
