@@ -340,7 +340,7 @@ def _pairs(inputs: List[str], outputs: List[str]) -> List[Dict[str, str]]:
 
     pasts = {key(n): n for n in inputs if n.startswith("past") and key(n)}
     presents = {key(n): n for n in outputs if n.startswith("present") and key(n)}
-    return [{"past": pasts[k], "present": presents[k]} for k in sorted(pasts) if k in presents]
+    return [{"past": pasts[k], "present": presents[k], "layer": k[0]} for k in sorted(pasts) if k in presents]
 
 
 def describe(m: onnx.ModelProto, arch: str, exporter: str, cfg: Dict[str, Any], genai_cfg: Optional[Dict[str, Any]],
@@ -363,11 +363,20 @@ def describe(m: onnx.ModelProto, arch: str, exporter: str, cfg: Dict[str, Any], 
     if genai_cfg is not None:
         dec = genai_cfg.get("model", {}).get("decoder", {})
         share = bool(genai_cfg.get("search", {}).get("past_present_share_buffer", False))
+        # layers listed in the decoder's sliding_window get window-sized buffers (GroupQueryAttention
+        # sliding_window_cache=1); capacity = window (+ cache_slack), the size the op's CUDA kernel requires
+        sw = dec.get("sliding_window") or {}
+        windowed = set(sw.get("layers", []))
         drive.update({"shared_buffer": share, "max_length": GENAI_MAX_LENGTH if share else None,
                       "past_layout": "batch, kv_heads, max_length, head_dim" if share else drive["past_layout"],
                       "genai_config": {"decoder": {k: dec.get(k) for k in ("inputs", "outputs", "num_key_value_heads",
-                                                                          "head_size", "num_hidden_layers")},
+                                                                          "head_size", "num_hidden_layers",
+                                                                          "sliding_window")},
                                        "search": genai_cfg.get("search", {})}})
+        if share:
+            drive["past_capacity"] = {
+                p["past"]: (int(sw["window_size"]) + int(sw.get("cache_slack") or 0) if p["layer"] in windowed
+                            else GENAI_MAX_LENGTH) for p in pairs}
     return {
         "architecture": arch, "exporter": exporter, "exporter_version": exporter_version(exporter),
         "opset": next((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), None),
@@ -417,7 +426,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             manifest = json.load(f)
     manifest["about"] = ("Tiny random-weight decoders exported by scripts/make_fixtures.py; each fixture is "
                          "<name>.onnx.xz (one self-contained ONNX file). 'drive' says how to feed it: "
-                         "past inputs start empty (or, with shared_buffer, as zeros of max_length positions), "
+                         "past inputs start empty (or, with shared_buffer, as zeros of past_capacity positions: max_length, "
+                         "or the window for sliding_window_cache layers), "
                          "attention_mask covers past + new tokens, position_ids count from the past length.")
     for arch in args.arch:
         model = build_model(arch)

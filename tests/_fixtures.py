@@ -12,8 +12,9 @@ Import from test files as ``import _fixtures as fx`` (pytest puts ``tests/`` on 
   the manifest's ``drive`` section alone (no per-fixture code): token ids, ``attention_mask``,
   ``position_ids``, ``cache_position``, ``seqlens_k``, ``total_sequence_length``, and the past
   inputs, which start empty (``[batch, kv_heads, 0, head_dim]``) or, for exports made for a shared
-  past/present buffer (onnxruntime-genai), as zeros of ``max_length`` positions, the presents
-  being fed back as the next step's pasts either way.
+  past/present buffer (onnxruntime-genai), as zeros of ``max_length`` positions (of the window,
+  for the layers the genai config lists under ``sliding_window``), the presents being fed back as
+  the next step's pasts either way.
 """
 
 from __future__ import annotations
@@ -136,13 +137,18 @@ class Decoder:
         self.past_len = 0
 
     def start(self, batch: int) -> None:
-        """Empty pasts (or zeroed shared buffers of max_length positions)."""
+        """Empty pasts (or zeroed shared buffers of their capacity)."""
         d = self.drive
-        n = d["max_length"] if d.get("shared_buffer") else 0
         self.past_len = 0
         self.mask = np.zeros((batch, 0), dtype=np.int64)
-        self.state = {p: np.zeros((batch, d["kv_heads"], n, d["head_dim"]), dtype=np.dtype(self.past_dtype[p]))
-                      for p, _ in self.pairs}
+        self.state = {p: np.zeros((batch, d["kv_heads"], self.capacity(p), d["head_dim"]),
+                                  dtype=np.dtype(self.past_dtype[p])) for p, _ in self.pairs}
+
+    def capacity(self, past: str) -> int:
+        """Positions of a past buffer: 0 (it grows), or for shared buffers ``max_length`` (the
+        window for a windowed layer: GroupQueryAttention with ``sliding_window_cache=1``)."""
+        d = self.drive
+        return int(d.get("past_capacity", {}).get(past, d["max_length"])) if d.get("shared_buffer") else 0
 
     def feeds(self, tokens: np.ndarray, mask: np.ndarray) -> Dict[str, np.ndarray]:
         """The run's feeds for ``tokens`` ([batch, seq]) after ``past_len`` positions, ``mask`` being
@@ -199,9 +205,14 @@ class Decoder:
             out.append(self.run(nxt))
         return out
 
-    def written(self, present: np.ndarray) -> List[np.ndarray]:
-        """Per batch row, the present's positions that hold a real token's K/V ([kv_heads, n, head_dim]):
-        the unpadded ones among the first ``past_len`` (the rest of a shared buffer is never written)."""
+    def written(self, past: str, present: np.ndarray) -> List[np.ndarray]:
+        """Per batch row, the positions of ``past``'s present that hold a real token's K/V
+        ([kv_heads, n, head_dim]). Growing pasts: the unpadded ones. Shared buffers: rows
+        ``[0, min(past_len, capacity))`` (a windowed buffer whose capacity is the window keeps the
+        most recent positions there; the rest of a buffer is never written)."""
+        if self.drive.get("shared_buffer"):
+            n = min(self.past_len, self.capacity(past))
+            return [present[b][:, :n] for b in range(present.shape[0])]
         return [present[b][:, np.flatnonzero(self.mask[b])] for b in range(present.shape[0])]
 
 

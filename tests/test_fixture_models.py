@@ -98,8 +98,9 @@ def test_fixture_greedy_matches_onnxruntime(name: str, threads: int) -> None:
         oc.assert_close(f"{where} logits", g.outputs["logits"], w.outputs["logits"], rtol=0, atol=tol)
         assert np.array_equal(got_tokens[:, i], want_tokens[:, i]), (
             f"{where}: greedy token {got_tokens[:, i]} != onnxruntime's {want_tokens[:, i]}")
-    for _, present in dec.pairs:
-        for b, (g, w) in enumerate(zip(dec.written(got[-1].outputs[present]), dec.written(want[-1].outputs[present]))):
+    for past, present in dec.pairs:
+        for b, (g, w) in enumerate(zip(dec.written(past, got[-1].outputs[present]),
+                                       dec.written(past, want[-1].outputs[present]))):
             oc.assert_close(f"{name} threads={threads} {present} row {b}", g, w, rtol=0, atol=tol)
 
 
@@ -127,6 +128,7 @@ def test_fixture_left_padded_batch_matches_onnxruntime(name: str, threads: int) 
                         rtol=0, atol=tol)
         assert np.array_equal(got_tokens[:, i], want_tokens[:, i]), (
             f"{where}: greedy tokens {got_tokens[:, i]} != onnxruntime's {want_tokens[:, i]}")
-    for _, present in dec.pairs:
-        for b, (g, w) in enumerate(zip(dec.written(got[-1].outputs[present]), dec.written(want[-1].outputs[present]))):
+    for past, present in dec.pairs:
+        for b, (g, w) in enumerate(zip(dec.written(past, got[-1].outputs[present]),
+                                       dec.written(past, want[-1].outputs[present]))):
             oc.assert_close(f"{name} threads={threads} {present} row {b}", g, w, rtol=0, atol=tol)
