@@ -74,7 +74,7 @@ func (c *gqaCall) run(ctx *Context, ar *f32Arena) error {
 		res = ar.buffer(len(dst))
 	}
 	if c.decodable(op) {
-		err = c.decode(op, qf, res)
+		err = c.decode(op, qf, res, ctx.Threads())
 	} else {
 		err = c.prefill(ctx, op, ar, qf, res)
 	}
@@ -343,13 +343,13 @@ func (c *gqaCall) decodable(op *gqaOperands) bool {
 
 // decode runs the streaming decode kernel over the present buffers in
 // place: sequence b's keys are rows 0..T_b-1 of each head.
-func (c *gqaCall) decode(op *gqaOperands, qf, res []float32) error {
+func (c *gqaCall) decode(op *gqaOperands, qf, res []float32, threads int) error {
 	view := gqaViews.Get().(*cache.TensorView)
 	defer gqaViews.Put(view)
 	if err := view.Reset(op.elem, c.batch, c.kvHeads, c.keyLen, c.head, c.head, op.keyK.Bytes(), op.keyV.Bytes(), c.lens); err != nil {
 		return fmt.Errorf("%w: %w", errs.ErrInvalidArgument, err)
 	}
-	o := cpu.Options{Scale: c.scale, Softcap: c.softcap}
+	o := cpu.Options{Scale: c.scale, Softcap: c.softcap, Threads: threads}
 	if c.window > 0 {
 		o.Window = c.window
 	}
