@@ -42,6 +42,10 @@ type poolBuf struct {
 	class int
 	idle  uint64 // run at which it was last put back
 	dirty bool   // handed out before: contents unspecified
+	// ent is the run's tracking entry while a run's values reference the
+	// buffer (read and written by the executor under the state's run
+	// lock).
+	ent *memEntry
 }
 
 // lease is a buffer referenced by outputs a caller holds.
@@ -150,15 +154,13 @@ func (p *bufferPool) Alloc(n int) ([]byte, bool) {
 	} else {
 		p.stats.Allocated++
 		p.stats.AllocatedBytes += int64(size)
-	}
-	p.mu.Unlock()
-	if b == nil {
+		p.mu.Unlock()
 		words := make([]uint64, size/8) // class sizes are multiples of 8
 		b = &poolBuf{data: unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), size), class: class}
+		p.mu.Lock()
 	}
 	zeroed := !b.dirty
 	b.dirty = true
-	p.mu.Lock()
 	p.issued[&b.data[0]] = b
 	base := uintptr(unsafe.Pointer(&b.data[0]))
 	p.lo, p.hi = min(p.lo, base), max(p.hi, base+uintptr(len(b.data)))

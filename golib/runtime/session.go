@@ -238,7 +238,6 @@ func (s *Session) RunState(st *State, feeds map[string]*tensor.Tensor, outputNam
 	defer ctx.ClearValues()                  // drop references to borrowed feeds and temporaries
 	ctx.SetInitializers(s.plan.Initializers) // read by subgraphs through their contexts
 	fr := st.frame(s.plan)
-	fr.reset(s.plan)
 	defer fr.clear()
 	for name, t := range feeds {
 		if slot, ok := s.plan.slots[name]; ok { // an unread initializer default has none
@@ -260,7 +259,7 @@ func (s *Session) RunState(st *State, feeds map[string]*tensor.Tensor, outputNam
 	stats.PeakBytes = mem.peak
 	outs := make([]*tensor.Tensor, len(outIdx))
 	for i, k := range outIdx {
-		t := fr.vals[s.plan.outSlots[k]]
+		t := fr.value(s.plan, s.plan.outSlots[k])
 		if t == nil {
 			mem.settle(nil, persistentTensors(ctx))
 			return nil, nil, fmt.Errorf("%w: output %q was not produced", errs.ErrNotFound, s.plan.Outputs[k].Name)
