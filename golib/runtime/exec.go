@@ -336,6 +336,10 @@ func (p *Plan) executeNode(sc *runScope, i int) error {
 	}
 	sh := fr.shapes
 	geometry := sh != nil && n.geometry
+	if n.castTo != tensor.Undefined && !geometry && inputs[0] != nil && inputs[0].DType() == n.castTo && n.out[0] >= 0 {
+		fr.store(sc.mem, n.out[0], inputs[0], inputs, n.in, false) // a Cast to the type it has: the input itself
+		return nil
+	}
 	if geometry && sh.reusable(i, n, inputs) {
 		for k, s := range n.out {
 			if s >= 0 {

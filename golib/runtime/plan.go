@@ -77,8 +77,11 @@ type PlanNode struct {
 	// their outputs; gin are the slots of their inputs made by geometry
 	// nodes; shapeRead is the index of a Shape/Size node among the shape
 	// reads, -1 otherwise.
-	geometry  bool
-	keep      bool
+	geometry bool
+	keep     bool
+	// castTo is the target type of a Cast node (Undefined otherwise): a
+	// Cast whose input already has it passes the input through at run time.
+	castTo    tensor.DType
 	gin       []int32
 	shapeRead int
 }

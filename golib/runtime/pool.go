@@ -59,7 +59,7 @@ type lease struct {
 // (a caller may release outputs while another run of the state starts).
 type bufferPool struct {
 	mu     sync.Mutex
-	free   map[int][]*poolBuf
+	free   [][]*poolBuf // by size class
 	leases map[*tensor.Tensor]*lease
 	run    uint64
 	closed bool
@@ -90,7 +90,7 @@ type PoolStats struct {
 }
 
 func newBufferPool() *bufferPool {
-	return &bufferPool{free: map[int][]*poolBuf{}, leases: map[*tensor.Tensor]*lease{}, issued: map[*byte]*poolBuf{},
+	return &bufferPool{leases: map[*tensor.Tensor]*lease{}, issued: map[*byte]*poolBuf{},
 		lo: ^uintptr(0)}
 }
 
@@ -128,11 +128,7 @@ func (p *bufferPool) beginRun() {
 			kept = append(kept, b)
 		}
 		clear(list[len(kept):])
-		if len(kept) == 0 {
-			delete(p.free, c)
-		} else {
-			p.free[c] = kept
-		}
+		p.free[c] = kept
 	}
 }
 
@@ -145,7 +141,8 @@ func (p *bufferPool) Alloc(n int) ([]byte, bool) {
 	class, size := sizeClass(n)
 	p.mu.Lock()
 	var b *poolBuf
-	if list := p.free[class]; len(list) > 0 {
+	if class < len(p.free) && len(p.free[class]) > 0 {
+		list := p.free[class]
 		b = list[len(list)-1]
 		list[len(list)-1] = nil
 		p.free[class] = list[:len(list)-1]
@@ -180,6 +177,9 @@ func (p *bufferPool) putLocked(b *poolBuf) {
 		return
 	}
 	b.idle = p.run
+	for b.class >= len(p.free) {
+		p.free = append(p.free, nil)
+	}
 	p.free[b.class] = append(p.free[b.class], b)
 	p.stats.Recycled++
 	p.stats.FreeBytes += int64(len(b.data))
@@ -241,7 +241,10 @@ func (p *bufferPool) trim() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.stats.Dropped += int64(p.countFree())
-	clear(p.free)
+	for c := range p.free {
+		clear(p.free[c])
+		p.free[c] = p.free[c][:0]
+	}
 	p.stats.FreeBytes = 0
 }
 

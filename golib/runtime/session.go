@@ -245,6 +245,9 @@ func (s *Session) RunState(st *State, feeds map[string]*tensor.Tensor, outputNam
 		}
 	}
 	stats := &RunStats{}
+	if s.profile {
+		stats.Events = make([]Event, 0, len(s.plan.Nodes))
+	}
 	st.pool.beginRun()
 	mem := st.mem
 	mem.begin()

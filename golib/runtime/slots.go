@@ -41,6 +41,11 @@ func (p *Plan) resolveSlots() {
 		x.slot(c)
 	}
 	for _, n := range p.Nodes {
+		if n.OpType == "Cast" && n.Domain == "" && len(n.Inputs) == 1 && len(n.Outputs) == 1 {
+			if to, err := n.Info.Attrs.Int("to", 0); err == nil && tensor.DType(to).Valid() {
+				n.castTo = tensor.DType(to)
+			}
+		}
 		n.in = make([]int32, len(n.Inputs))
 		for i, in := range n.Inputs {
 			n.in[i] = x.slot(in)
