@@ -21,7 +21,7 @@ pass, strict xfail turns that into a failure, and the op must be removed from ``
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Set
 
 import numpy as np
 import pytest
@@ -34,8 +34,7 @@ PROMPT = np.array([[5, 17, 42, 99, 7, 130]], dtype=np.int64)
 LOGIT_ATOL = 1e-4
 PRESENT_ATOL = 1e-4
 # ops the fixtures use that the runtime does not have yet (being added on another branch)
-PENDING_OPS = {"/GatherND", "com.microsoft/GroupQueryAttention", "com.microsoft/SkipSimplifiedLayerNormalization",
-               "com.microsoft/SkipLayerNormalization"}
+PENDING_OPS: Set[str] = set()
 
 
 def _params(raises: type) -> List[Any]:

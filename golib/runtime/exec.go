@@ -7,6 +7,7 @@ import (
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/ops"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/rewrite"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
 
@@ -47,9 +48,15 @@ type runScope struct {
 	// subgraphs, whose values may outlive a body iteration in ways the
 	// release schedule does not see).
 	alloc ops.Allocator
+	// binding is the generation state of a cache-path run (nil otherwise).
+	binding rewrite.Binding
 	// fr holds the run's values by slot.
 	fr *frame
 }
+
+// CacheBinding returns the generation state of a cache-path run (nil for
+// tensor-path runs); the rewritten cache kernels read it.
+func (sc *runScope) CacheBinding() rewrite.Binding { return sc.binding }
 
 // memTracker counts the references a run's values hold on kernel-allocated
 // buffers, by buffer, so aliases (Reshape, Identity) are counted once, the

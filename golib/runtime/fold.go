@@ -6,6 +6,7 @@ import (
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/model"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/ops"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/rewrite"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
 
@@ -36,9 +37,11 @@ var nondeterministic = map[string]bool{
 }
 
 // pure reports whether n's outputs are a function of its inputs' values
-// (and attributes) alone.
+// (and attributes) alone. The cache path's ops are not: they read and write
+// the generation state (a past's logical shape grows with every step).
 func pure(n *PlanNode) bool {
-	return !n.subgraphs && len(n.Captures) == 0 && !nondeterministic[n.OpType] && len(n.Outputs) > 0
+	return !n.subgraphs && len(n.Captures) == 0 && !nondeterministic[n.OpType] && len(n.Outputs) > 0 &&
+		n.Domain != rewrite.Domain
 }
 
 // foldPlan folds p (the plan of g, in topological order) in place.

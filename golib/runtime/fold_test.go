@@ -57,7 +57,7 @@ func TestFoldPlan(t *testing.T) {
 				onnxtest.Node("Cast", []string{"a"}, []string{"b"}, onnxtest.AttrInt("to", 1)),
 				onnxtest.Node("Neg", []string{"b"}, []string{"y"})},
 			inputs: []vi{x}, outputs: []vi{onnxtest.Info("y", 1, 2, 3)},
-			want:   "Relu Cast Neg"},
+			want: "Relu Cast Neg"},
 		{name: "converting cast kept",
 			nodes:  []*onnxpb.NodeProto{onnxtest.Node("Cast", []string{"x"}, []string{"y"}, onnxtest.AttrInt("to", 7))},
 			inputs: []vi{x}, outputs: []vi{onnxtest.Info("y", 7, 2, 3)},

@@ -1,0 +1,75 @@
+package rewrite
+
+import (
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/ops"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+// newCacheShape is Shape (or Size) of a removed past: it reads the state's
+// logical past shape [batch, kv_heads, past_length, head_dim] instead of a
+// tensor, so position ids and mask sizes the graph derives from the past
+// come out as on the tensor path.
+func newCacheShape(n *ops.Node) (ops.Kernel, error) {
+	layer, err := n.Attrs.Int("layer", 0)
+	if err != nil {
+		return nil, err
+	}
+	value, err := n.Attrs.Int("value", 0)
+	if err != nil {
+		return nil, err
+	}
+	size, err := n.Attrs.Int("size", 0)
+	if err != nil {
+		return nil, err
+	}
+	start, err := n.Attrs.Int("start", 0)
+	if err != nil {
+		return nil, err
+	}
+	end, err := n.Attrs.Int("end", 4)
+	if err != nil {
+		return nil, err
+	}
+	return ops.KernelFunc(func(ctx *ops.Context) error {
+		b, err := bindingOf(ctx)
+		if err != nil {
+			return err
+		}
+		kv, err := b.Cache(int(layer), 0)
+		if err != nil {
+			return err
+		}
+		cfg := kv.Config()
+		d := cfg.HeadDimK
+		if value != 0 {
+			d = cfg.HeadDimV
+		}
+		dims := []int64{int64(b.Batch()), int64(cfg.KVHeads), int64(b.PastLength()), int64(d)}
+		if size != 0 {
+			out, err := ctx.NewOutputUninit(0, tensor.Int64, tensor.Shape{})
+			if err != nil {
+				return err
+			}
+			out.Int64()[0] = dims[0] * dims[1] * dims[2] * dims[3]
+			return nil
+		}
+		lo, hi := clampAxis(start), clampAxis(end)
+		if hi < lo {
+			hi = lo
+		}
+		out, err := ctx.NewOutputUninit(0, tensor.Int64, tensor.Shape{hi - lo})
+		if err != nil {
+			return err
+		}
+		copy(out.Int64(), dims[lo:hi])
+		return nil
+	}), nil
+}
+
+// clampAxis maps a Shape start/end (negative from the back) into 0..4.
+func clampAxis(a int64) int {
+	if a < 0 {
+		a += 4
+	}
+	return int(min(max(a, 0), 4))
+}
