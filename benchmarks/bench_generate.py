@@ -1,32 +1,22 @@
-"""Decode-step and prefill latency of a whole decoder: our cache path vs our tensor path vs onnxruntime.
+"""Tokens/s of ``onnx_light_kv.generate`` on the built-in Llama decoder: our cache path, our tensor
+path and onnxruntime, plus the Python loop's share of a decode step.
 
-Configurations, all on the same model and thread count, timed side by side in one run
-(``_common.blocked``: alternating blocks after a pause, first call of a block not recorded):
+Every side runs through the same ``generate()`` loop (same feeds, same token choice), so the
+comparison is between the runtimes; onnxruntime runs the standard model on its tensor path
+(presents fed back as pasts). onnxruntime-genai, the comparator the generation issue names, is
+used when it is installed and the model has a GroupQueryAttention export; otherwise the table
+says so. Cases: greedy at several prompt lengths, beam search (4 beams), speculative decoding
+with a 1-layer draft (same vocabulary, other weights: a low acceptance rate, reported), each at
+1 and 2 threads. Sides alternate (ours-state, ours-tensor, ort, ...) with a pause before each,
+``--repeat`` times; the table reports the median decode tokens/s (new tokens after the first,
+over the decode time) and the ratios.
 
-* ``ours-cache``: ``InferenceSession.run(["logits"], feeds, state=state)`` on a GenerationState
-  holding ``context`` tokens (one new token appended per step; the state is truncated back to
-  ``context`` after each call, outside the timing: an O(1) length change);
-* ``ours-tensor``: the standard export on our tensor path (past of ``context`` tokens fed, presents
-  returned: the whole past copied every step);
-* ``ort-tensor``: onnxruntime on the same standard export;
-* ``ort-gqa-iobinding``: onnxruntime on the GroupQueryAttention export of the same weights
-  (``models.llama_decoder_gqa_ort``) with past and present bound to one shared buffer
-  (IOBinding), the equivalent-contract comparator;
-* onnxruntime-genai's generator is measured when the package is installed (it is not here:
-  reported as skipped).
+The Python overhead is measured on the cache path: a proxy session times every ``run`` call;
+overhead = 1 - (time inside run) / (decode time).
 
-Per configuration the JSON records medians/percentiles and, for the decode step: bytes a step must
-read (weights + K/V of the context once), the resulting effective bandwidth, and the streaming-read
-bandwidth measured in the same run (``onnx_light_kv.read_bandwidth``); for the cache path also the
-append bytes, attention bytes read, committed cache bytes (state counters) and the peak temporary
-bytes of the step (``last_run_stats``). ``--mode prefill`` times a prompt of ``context`` tokens
-instead (ours-cache: a fresh state each call).
-
-The default model is the issue's (8 layers, hidden 1024, 32/8 heads of 128, vocab 32000: 64 KiB of
-fp32 K/V per token against ~730 MB of weights); ``--quick`` uses a small one (seconds).
-Speed-ups follow ``_common.SPEEDUP``.
-
-Run: ``python benchmarks/bench_generate.py --quick`` (or ``--contexts 256 1024 4096 --threads 1 2``).
+Output: a table, and raw figures + environment in ``benchmarks/results/generate-<stamp>.json``.
+Run: ``python benchmarks/bench_generate.py --quick`` (seconds) or without ``--quick`` (the issue's
+grid: prompts 128 / 1024 / 4096, 128 new tokens, 4 layers hidden 1024; minutes).
 """
 
 from __future__ import annotations
@@ -35,7 +25,7 @@ import argparse
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Dict, List
 
 import numpy as np
 
@@ -43,189 +33,110 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
 
-def build(args: argparse.Namespace) -> Any:
-    from onnx_light_kv import models as M
+class _TimedSession:
+    """Forwards to a session and sums the wall time of its ``run`` calls."""
 
-    if args.quick:
-        cfg = M.DecoderConfig(layers=2, hidden=256, q_heads=8, kv_heads=2, head_dim=32, vocab=512,
-                              max_positions=max(args.contexts) + 64, dtype=args.dtype)
-    else:
-        cfg = M.DecoderConfig(layers=args.layers or 8, hidden=1024, q_heads=32, kv_heads=8, head_dim=128, vocab=32000,
-                              intermediate=2816, max_positions=max(args.contexts) + 64, dtype=args.dtype)
-    return M, cfg
+    def __init__(self, session: Any) -> None:
+        self.session, self.run_s, self.calls = session, 0.0, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.session, name)
+
+    def run(self, *args: Any, **kw: Any) -> Any:
+        t = time.perf_counter()
+        out = self.session.run(*args, **kw)
+        self.run_s += time.perf_counter() - t
+        self.calls += 1
+        return out
 
 
-def ort_session(model_bytes: bytes, threads: int) -> Any:
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--repeat", type=int, default=2)
+    args = ap.parse_args()
+
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
-
-
-def weight_bytes(model: Any) -> int:
-    return sum(int(np.prod(t.dims)) * (2 if t.data_type == 10 else 4) for t in model.graph.initializer)
-
-
-class GQABound:
-    """onnxruntime on the GQA export, past and present bound to one buffer per layer (IOBinding)."""
-
-    def __init__(self, M: Any, cfg: Any, threads: int, context: int, capacity: int, rng: np.random.Generator) -> None:
-        import onnxruntime as ort
-
-        self.sess = ort_session(M.model_bytes(M.llama_decoder_gqa_ort(cfg)), threads)
-        ov = ort.OrtValue.ortvalue_from_numpy
-        shape = (1, cfg.kv_heads, capacity, cfg.head_dim)
-        self.bufs = {n: ov((rng.standard_normal(shape) * 0.5).astype(cfg.np_dtype)) for n in M.past_names(cfg.layers)}
-        self.ids = ov(np.array([[1]], np.int64))
-        self.mask = ov(np.ones((1, context + 1), np.int64))
-        self.logits = ov(np.zeros((1, 1, cfg.vocab), cfg.np_dtype))
-        b = self.sess.io_binding()
-        b.bind_ortvalue_input("input_ids", self.ids)
-        b.bind_ortvalue_input("attention_mask", self.mask)
-        for past, present in zip(M.past_names(cfg.layers), M.present_names(cfg.layers)):
-            b.bind_ortvalue_input(past, self.bufs[past])
-            b.bind_ortvalue_output(present, self.bufs[past])
-        b.bind_ortvalue_output("logits", self.logits)
-        self.binding = b
-
-    def __call__(self) -> None:
-        self.sess.run_with_iobinding(self.binding)
-
-
-def decode_case(M: Any, cfg: Any, model: Any, threads: int, context: int, args: argparse.Namespace,
-                rng: np.random.Generator) -> Dict[str, Any]:
     import onnx_light_kv as olkv
+    from onnx_light_kv import models
 
-    mb = M.model_bytes(model)
-    ours = olkv.InferenceSession(mb, threads=threads)
-    tok = np.array([[7]], np.int64)
-    pos = np.array([[context]], np.int64)
-    # cache path: a state filled by a real prefill of `context` tokens
-    state = ours.create_state(max_length=context + 8)
-    prompt = rng.integers(cfg.vocab, size=(1, context)).astype(np.int64)
-    ours.run(["logits"], {"input_ids": prompt, "position_ids": np.arange(context, dtype=np.int64)[None]}, state=state)
-
-    def cache_step() -> None:
-        ours.run(["logits"], {"input_ids": tok, "position_ids": pos}, state=state)
-        state.truncate(context)
-
-    past = {n: (rng.standard_normal((1, cfg.kv_heads, context, cfg.head_dim)) * 0.5).astype(cfg.np_dtype)
-            for n in M.past_names(cfg.layers)}
-    feeds = {"input_ids": tok, "position_ids": pos, **past}
-    fns: Dict[str, Callable[[], Any]] = {
-        "ours-cache": cache_step,
-        "ours-tensor": lambda: ours.run(["logits"], feeds),
-    }
-    if not args.no_ort:
-        ort_std = ort_session(mb, threads)
-        fns["ort-tensor"] = lambda: ort_std.run(["logits"], feeds)
-        fns["ort-gqa-iobinding"] = GQABound(M, cfg, threads, context, context + 8, rng)
-    samples = _common.blocked(fns, repeat=args.repeat, warmup=2, block=args.block)
-    # figures of one cache-path step
-    state.reset_counters()
-    cache_step()
-    stats = ours.last_run_stats
-    info = state.info()["totals"]
-    kv_bytes = cfg.layers * 2 * cfg.kv_heads * cfg.head_dim * context * np.dtype(cfg.np_dtype).itemsize
-    wbytes = weight_bytes(model)
-    row: Dict[str, Any] = {"threads": threads, "context": context}
-    for k, v in samples.items():
-        row[k] = _common.summarize(v)["median"]
-    for k in fns:
-        if k != "ours-cache":
-            row[f"speedup vs {k}"] = _common.speedup(row["ours-cache"], row[k])
-    step_bytes = wbytes + kv_bytes
-    row["cache GB/s"] = step_bytes / (row["ours-cache"] / 1e3) / 1e9
-    extra = {"weight_bytes": wbytes, "kv_bytes": kv_bytes, "step_bytes": step_bytes,
-             "append_bytes": info["append_bytes"], "attention_bytes": info["attention_bytes"],
-             "committed_cache_bytes": info["committed_bytes"], "peak_temp_bytes": stats.get("peak_bytes")}
-    state.close()
-    return {"row": row, "samples": samples, "figures": extra,
-            "summary": {k: _common.summarize(v) for k, v in samples.items()}}
-
-
-def prefill_case(M: Any, cfg: Any, model: Any, threads: int, context: int, args: argparse.Namespace,
-                 rng: np.random.Generator) -> Dict[str, Any]:
-    import onnx_light_kv as olkv
-
-    mb = M.model_bytes(model)
-    ours = olkv.InferenceSession(mb, threads=threads)
-    prompt = rng.integers(cfg.vocab, size=(1, context)).astype(np.int64)
-    posn = np.arange(context, dtype=np.int64)[None]
-    empty = {n: np.zeros((1, cfg.kv_heads, 0, cfg.head_dim), cfg.np_dtype) for n in M.past_names(cfg.layers)}
-    feeds = {"input_ids": prompt, "position_ids": posn, **empty}
-
-    def cache_prefill() -> None:
-        with ours.create_state(max_length=context) as st:
-            ours.run(["logits"], {"input_ids": prompt, "position_ids": posn}, state=st)
-
-    fns: Dict[str, Callable[[], Any]] = {"ours-cache": cache_prefill,
-                                         "ours-tensor": lambda: ours.run(["logits"], feeds)}
-    if not args.no_ort:
-        ort_std = ort_session(mb, threads)
-        fns["ort-tensor"] = lambda: ort_std.run(["logits"], feeds)
-    samples = _common.blocked(fns, repeat=args.repeat, warmup=1, block=args.block)
-    row: Dict[str, Any] = {"threads": threads, "context": context}
-    for k, v in samples.items():
-        row[k] = _common.summarize(v)["median"]
-    for k in fns:
-        if k != "ours-cache":
-            row[f"speedup vs {k}"] = _common.speedup(row["ours-cache"], row[k])
-    return {"row": row, "samples": samples, "summary": {k: _common.summarize(v) for k, v in samples.items()}}
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small model, short contexts")
-    ap.add_argument("--mode", choices=["decode", "prefill"], default="decode")
-    ap.add_argument("--contexts", type=int, nargs="+", default=None)
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--dtype", default="float32", choices=["float32", "float16"])
-    ap.add_argument("--repeat", type=int, default=None)
-    ap.add_argument("--block", type=int, default=5)
-    ap.add_argument("--no-ort", action="store_true", help="our two paths only")
-    ap.add_argument("--layers", type=int, default=None, help="layers of the default model (8)")
-    args = ap.parse_args()
-    if args.contexts is None:
-        args.contexts = [128, 512] if args.quick else [256, 1024, 4096, 16384]
-    if args.repeat is None:
-        args.repeat = 12 if args.quick else 20
-    M, cfg = build(args)
-    t0 = time.time()
-    model = M.llama_decoder(cfg)
-    print(f"model: {cfg.layers} layers, hidden {cfg.hidden}, {cfg.q_heads}/{cfg.kv_heads} heads of {cfg.head_dim}, "
-          f"vocab {cfg.vocab}, {cfg.dtype}; {weight_bytes(model) / 1e6:.0f} MB of weights (built in {time.time() - t0:.1f} s)")
-    import onnx_light_kv as olkv
-
-    rng = np.random.default_rng(0)
-    bandwidth = {t: olkv.read_bandwidth(256 if args.quick else 1024, t, 3) for t in args.threads}
-    results: List[Dict[str, Any]] = []
-    case = decode_case if args.mode == "decode" else prefill_case
-    for threads in args.threads:
-        for context in args.contexts:
-            r = case(M, cfg, model, threads, context, args, rng)
-            r["row"]["read GB/s"] = bandwidth[threads]
-            results.append(r)
-            print(_common.format_table([r["row"]]), flush=True)
-    rows = [r["row"] for r in results]
-    print()
-    print(_common.format_table(rows))
-    print(_common.SPEEDUP)
+    if args.quick:
+        cfg = models.DecoderConfig(layers=2, hidden=256, q_heads=8, kv_heads=4, head_dim=32, vocab=4096,
+                                   max_positions=1024)
+        prompts, new, beam_prompt = [64, 512], 32, 256
+    else:
+        cfg = models.DecoderConfig(layers=4, hidden=1024, q_heads=16, kv_heads=8, head_dim=64, vocab=32000,
+                                   max_positions=4096 + 160)
+        prompts, new, beam_prompt = [128, 1024, 4096], 128, 1024
+    data = models.model_bytes(models.build("llama", cfg))
+    draft = models.model_bytes(models.build("llama", cfg.replace(layers=1, seed=1)))
     try:
         import onnxruntime_genai  # noqa: F401
-        genai = "installed but not driven by this program yet"
+        genai = "installed, but no GroupQueryAttention export of this model is built here: not measured"
     except ImportError:
-        genai = "skipped: onnxruntime-genai is not installed"
-    path = _common.write_json(f"generate-{args.mode}", {
-        "env": _common.environment(threads=args.threads, extra={"mode": args.mode, "genai": genai}),
-        "model": {"layers": cfg.layers, "hidden": cfg.hidden, "q_heads": cfg.q_heads, "kv_heads": cfg.kv_heads,
-                  "head_dim": cfg.head_dim, "vocab": cfg.vocab, "dtype": cfg.dtype, "weight_bytes": weight_bytes(model)},
-        "read_bandwidth_gbs": bandwidth, "rows": rows, "cases": results})
-    print(f"wrote {path}")
+        genai = "not installed: onnxruntime (tensor path, same generate() loop) is the comparator"
+    print(f"model: {cfg.layers} layers, hidden {cfg.hidden}, {cfg.q_heads}/{cfg.kv_heads} heads x {cfg.head_dim}, "
+          f"vocab {cfg.vocab}; {new} new tokens; onnxruntime-genai {genai}")
+    rng = np.random.default_rng(0)
+    cases: List[Dict[str, Any]] = [{"case": f"greedy p{p}", "prompt": p, "kw": {}} for p in prompts]
+    cases.append({"case": f"beams4 p{beam_prompt}", "prompt": beam_prompt, "kw": {"num_beams": 4}})
+    cases.append({"case": f"draft(1 layer) k4 p{prompts[0]}", "prompt": prompts[0], "kw": {"draft": True}})
+    rows: List[Dict[str, Any]] = []
+    raw: List[Dict[str, Any]] = []
+    for threads in args.threads:
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        sides = {
+            "state": (olkv.InferenceSession(data, threads=threads), None),
+            "tensor": (olkv.InferenceSession(data, threads=threads), False),
+            "ort": (ort.InferenceSession(data, so, providers=["CPUExecutionProvider"]), False),
+        }
+        drafts = {"state": olkv.InferenceSession(draft, threads=threads),
+                  "tensor": olkv.InferenceSession(draft, threads=threads),
+                  "ort": ort.InferenceSession(draft, so, providers=["CPUExecutionProvider"])}
+        for case in cases:
+            prompt = rng.integers(0, cfg.vocab, size=(1, case["prompt"]))
+            kw = dict(case["kw"])
+            tps: Dict[str, List[float]] = {k: [] for k in sides}
+            tokens: Dict[str, Any] = {}
+            overhead: List[float] = []
+            accepted = ""
+            for _ in range(args.repeat):
+                for name, (sess, opt) in sides.items():
+                    time.sleep(0.05)
+                    timed = _TimedSession(sess)
+                    extra = {"draft_session": drafts[name]} if kw.get("draft") else {}
+                    out = olkv.generate(timed, prompt, max_new_tokens=new, state_options=opt,
+                                        num_beams=kw.get("num_beams", 1), **extra)
+                    s = out.stats
+                    tps[name].append(s.decode_tokens_per_s)
+                    tokens[name] = out.sequences
+                    if name == "state" and not kw:
+                        prefill_s = s.prefill_ms / 1e3
+                        overhead.append(1.0 - (timed.run_s - prefill_s) / (s.decode_ms / 1e3))
+                    if s.draft_tokens:
+                        accepted = f"{s.accepted_draft_tokens}/{s.draft_tokens}"
+                    raw.append({"threads": threads, "case": case["case"], "side": name, "stats": vars(s).copy(),
+                                "runner": s.runner})
+            same = all(np.array_equal(tokens["ort"], t) for t in tokens.values())
+            med = {k: float(np.median(v)) for k, v in tps.items()}
+            rows.append({"threads": threads, "case": case["case"], "state tok/s": med["state"],
+                         "tensor tok/s": med["tensor"], "ort tok/s": med["ort"],
+                         "state/ort": med["state"] / med["ort"], "tensor/ort": med["tensor"] / med["ort"],
+                         "py overhead": f"{100 * float(np.median(overhead)):.1f}%" if overhead else "",
+                         "drafts kept": accepted, "same tokens": same})
+            print(_common.format_table(rows[-1:], floatfmt="{:.2f}"), flush=True)
+    print()
+    print(_common.format_table(rows, floatfmt="{:.2f}"))
+    path = _common.write_json("generate", {"environment": _common.environment(extra={"genai": genai}),
+                                           "config": vars(cfg) if hasattr(cfg, "__dict__") else str(cfg),
+                                           "new_tokens": new, "rows": rows, "raw": raw})
+    print(f"\nraw: {path}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -44,10 +44,6 @@ import _common  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 
-_ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
-              "tensor(int32)": np.int32, "tensor(bool)": np.bool_}
-
-
 # --------------------------------------------------------------------------------------------
 # models
 
@@ -61,27 +57,29 @@ def builtin_models() -> List[Tuple[str, bytes, Dict[str, Any]]]:
     for name, kind, kw in (("builtin-llama", "llama", {}),
                            ("builtin-llama-derived-pos", "llama", {"position_ids_input": False}),
                            ("builtin-gpt2", "gpt2", {})):
-        out.append((name, models.model_bytes(models.build(kind, cfg, **kw)), {"source": "onnx_light_kv.models",
-                                                                             "kind": kind, **kw}))
+        out.append((name, models.model_bytes(models.build(kind, cfg, **kw)),
+                    {"source": "onnx_light_kv.models", "kind": kind, "config": cfg, **kw}))
     return out
 
 
-def fixture_models() -> List[Tuple[str, bytes, Dict[str, Any]]]:
-    """(name, model bytes, manifest entry) of the fixture exports, when they are present."""
+def _fixtures_module() -> Any:
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     try:
         import _fixtures  # type: ignore
     except ImportError:
+        return None
+    return _fixtures
+
+
+def fixture_models() -> List[Tuple[str, bytes, Dict[str, Any]]]:
+    """(name, model bytes, manifest entry) of the fixture exports, when they are present."""
+    fx = _fixtures_module()
+    if fx is None or not os.path.exists(os.path.join(FIXTURES, "manifest.json")):
         return []
     out = []
-    for entry in _fixtures.entries():
-        name = entry["name"]
-        try:
-            data = _fixtures.model_bytes(name)
-        except Exception as e:  # a fixture that cannot be read is reported, not fatal
-            print(f"skip {name}: {e}", file=sys.stderr)
-            continue
-        out.append((name, data, entry))
+    for name in fx.names():
+        with open(fx.model_path(name), "rb") as f:
+            out.append((name, f.read(), {"fixture": name, **fx.entry(name)}))
     return out
 
 
@@ -89,67 +87,81 @@ def fixture_models() -> List[Tuple[str, bytes, Dict[str, Any]]]:
 # driving a decoder generically (tensor path)
 
 
-class Driver:
-    """Feeds for a decoder from its declared inputs: ``input_ids``, optional ``attention_mask``
-    and ``position_ids``, and float rank-4 pasts ``[B, heads, P, D]`` paired in order with the
-    outputs whose names contain ``present``."""
+class BuiltinDecoder:
+    """The built-in decoders' feeds (``input_ids``, optional ``attention_mask`` and
+    ``position_ids``, pasts ``[B, kv_heads, P, D]``), with the interface of the fixtures'
+    ``_fixtures.Decoder`` that :class:`Stepper` uses: ``start``, ``feeds``, ``run``, ``state``,
+    ``past_len``."""
 
-    def __init__(self, ort_session: Any, vocab: int) -> None:
-        self.inputs = {i.name: i for i in ort_session.get_inputs()}
-        self.vocab = vocab
-        self.pasts = [i.name for i in ort_session.get_inputs() if len(i.shape) == 4 and i.type in
-                      ("tensor(float)", "tensor(float16)")]
-        outs = [o.name for o in ort_session.get_outputs()]
-        self.presents = [o for o in outs if "present" in o]
-        self.logits = outs[0]
-        if len(self.pasts) != len(self.presents):
-            raise ValueError(f"{len(self.pasts)} pasts but {len(self.presents)} presents")
-        known = {"input_ids", "attention_mask", "position_ids", *self.pasts}
-        extra = sorted(set(self.inputs) - known)
-        if extra:
-            raise NotImplementedError(f"inputs this driver does not feed: {extra}")
-        self.out_names = [self.logits] + self.presents
+    def __init__(self, session: Any, info: Dict[str, Any]) -> None:
+        from onnx_light_kv import models
+        self.session = session
+        self.cfg = info["config"]
+        self.names = {i.name for i in session.get_inputs()}
+        self.pairs = list(zip(models.past_names(self.cfg.layers), models.present_names(self.cfg.layers)))
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.kv = self.cfg.kv_heads if info["kind"] != "gpt2" else self.cfg.q_heads
+        self.state: Dict[str, np.ndarray] = {}
+        self.past_len = 0
 
-    def past_shape(self, name: str, length: int) -> Tuple[int, ...]:
-        dims = self.inputs[name].shape
-        return (1, int(dims[1]), length, int(dims[3]))
+    def start(self, batch: int) -> None:
+        self.past_len = 0
+        self.state = {p: np.zeros((batch, self.kv, 0, self.cfg.head_dim), np.float32) for p, _ in self.pairs}
 
-    def feeds(self, rng: np.random.Generator, past_len: int, seq: int) -> Dict[str, np.ndarray]:
-        f: Dict[str, np.ndarray] = {"input_ids": rng.integers(self.vocab, size=(1, seq)).astype(np.int64)}
-        if "attention_mask" in self.inputs:
-            f["attention_mask"] = np.ones((1, past_len + seq), np.int64)
-        if "position_ids" in self.inputs:
-            f["position_ids"] = np.arange(past_len, past_len + seq, dtype=np.int64)[None]
-        for name in self.pasts:
-            dt = _ORT_TYPES[self.inputs[name].type]
-            f[name] = (0.5 * rng.standard_normal(self.past_shape(name, past_len))).astype(dt)
+    def feeds(self, tokens: np.ndarray) -> Dict[str, np.ndarray]:
+        s = tokens.shape[1]
+        f: Dict[str, np.ndarray] = {"input_ids": tokens.astype(np.int64), **self.state}
+        if "position_ids" in self.names:
+            f["position_ids"] = np.arange(self.past_len, self.past_len + s, dtype=np.int64)[None]
+        if "attention_mask" in self.names:
+            f["attention_mask"] = np.ones((1, self.past_len + s), np.int64)
         return f
 
-    def advance(self, f: Dict[str, np.ndarray], outs: Sequence[np.ndarray]) -> None:
-        """Turn feeds into the next step's: the argmax token, presents as pasts."""
-        f["input_ids"] = np.argmax(np.asarray(outs[0])[:, -1:, :], axis=-1).astype(np.int64)
-        total = np.asarray(outs[1]).shape[2] + 1 if outs[1:] else 0
-        if "attention_mask" in f:
-            f["attention_mask"] = np.ones((1, total), np.int64)
-        if "position_ids" in f:
-            f["position_ids"] = np.array([[total - 1]], np.int64)
-        f.update(zip(self.pasts, outs[1:]))
+    def run(self, tokens: np.ndarray) -> Dict[str, np.ndarray]:
+        res = dict(zip(self.output_names, self.session.run(None, self.feeds(tokens))))
+        for past, present in self.pairs:
+            self.state[past] = res[present]
+        self.past_len += tokens.shape[1]
+        return res
 
 
-def stepper(sess: Any, driver: Driver, start: Dict[str, np.ndarray], period: int) -> Callable[[], Any]:
-    """A callable doing one decode step per call, restarting from ``start`` every ``period``
-    calls (``_common.blocked`` calls it ``period`` times per block)."""
-    state = {"i": 0, "f": dict(start)}
+def make_decoder(name: str, session: Any, info: Dict[str, Any]) -> Any:
+    """The fixture's generic driver, or the built-in decoders' one."""
+    if "fixture" in info:
+        return _fixtures_module().Decoder(name, session)
+    return BuiltinDecoder(session, info)
 
-    def step() -> Any:
-        if state["i"] % period == 0:
-            state["f"] = dict(start)
-        state["i"] += 1
-        f = state["f"]
-        outs = sess.run(driver.out_names, f)
-        driver.advance(f, outs)
-        return outs
-    return step
+
+def logits_of(res: Any) -> np.ndarray:
+    return np.asarray(res.outputs["logits"] if hasattr(res, "outputs") else res["logits"])
+
+
+class Stepper:
+    """One greedy decode step per call, restarting from a fixed past state every ``period``
+    calls (``_common.blocked`` calls it ``period`` times per block), so each burst sees pasts
+    of ``start_len``, ``start_len + 1``, ... tokens on both runtimes."""
+
+    def __init__(self, dec: Any, state: Dict[str, np.ndarray], start_len: int, token: np.ndarray, period: int) -> None:
+        self.dec, self.state0, self.len0, self.tok0, self.period = dec, state, start_len, token, period
+        self.i, self.tok = 0, token
+
+    def __call__(self) -> Any:
+        if self.i % self.period == 0:
+            self.dec.state, self.dec.past_len, self.tok = dict(self.state0), self.len0, self.tok0
+        self.i += 1
+        res = self.dec.run(self.tok)
+        self.tok = np.argmax(logits_of(res)[:, -1, :], axis=-1).astype(np.int64)[:, None]
+        return res
+
+
+def start_state(name: str, ort: Any, info: Dict[str, Any], past: int, vocab: int) -> Tuple[Dict[str, np.ndarray], np.ndarray]:
+    """The past after an onnxruntime prefill of ``past`` random tokens, and the next token."""
+    dec = make_decoder(name, ort, info)
+    dec.start(1)
+    rng = np.random.default_rng(7)
+    res = dec.run(rng.integers(vocab, size=(1, past)).astype(np.int64))
+    tok = np.argmax(logits_of(res)[:, -1, :], axis=-1).astype(np.int64)[:, None]
+    return dict(dec.state), tok
 
 
 def vocab_of(ort_session: Any) -> int:
@@ -173,20 +185,21 @@ def make_sessions(data: bytes, threads: int) -> Tuple[Any, Any]:
     return ours, ort
 
 
-def executor_share(data: bytes, threads: int, driver: Driver, start: Dict[str, np.ndarray],
-                   steps: int) -> Dict[str, Any]:
+def executor_share(name: str, data: bytes, info: Dict[str, Any], threads: int, state: Dict[str, np.ndarray],
+                   past: int, tok: np.ndarray, steps: int) -> Dict[str, Any]:
     """Median shares of a profiled decode loop: executor (outside kernels, of run_ns) and
     binding (outside the executor, of the Python call); nodes run per step."""
     import onnx_light_kv
     sess = onnx_light_kv.InferenceSession(data, threads=threads, profile=True)
-    f = dict(start)
+    dec = make_decoder(name, sess, info)
+    dec.state, dec.past_len = dict(state), past
     ex, bind, ran, run_ms = [], [], [], []
     for i in range(steps + 2):
         t0 = time.perf_counter_ns()
-        outs = sess.run(driver.out_names, f)
+        res = dec.run(tok)
         wall = time.perf_counter_ns() - t0
         st = sess.last_run_stats
-        driver.advance(f, outs)
+        tok = np.argmax(logits_of(res)[:, -1, :], axis=-1).astype(np.int64)[:, None]
         if i < 2:
             continue
         kernels = sum(e["dur_ns"] for e in st.get("events", []))
@@ -209,29 +222,29 @@ def measure(name: str, data: bytes, info: Dict[str, Any], args: argparse.Namespa
     for threads in args.threads:
         try:
             ours, ort = make_sessions(data, threads)
+            vocab = vocab_of(ort)
+            state, tok = start_state(name, ort, info, args.past, vocab)
         except Exception as e:  # unsupported op, bad model: reported in the table
             rows.append({"model": name, "threads": threads, "error": f"{type(e).__name__}: {str(e)[:160]}"})
+            print(fmt_row(rows[-1]), flush=True)
             continue
-        try:
-            driver = Driver(ort, vocab_of(ort))
-        except (ValueError, NotImplementedError) as e:
-            rows.append({"model": name, "threads": threads, "error": f"driver: {e}"})
-            continue
-        rng = np.random.default_rng(7)
-        start = driver.feeds(rng, args.past, 1)
-        dec = _common.blocked({"ours": stepper(ours, driver, start, args.block),
-                               "ort": stepper(ort, driver, start, args.block)},
+        sides = {"ours": ours, "ort": ort}
+        decs = {k: make_decoder(name, s, info) for k, s in sides.items()}
+        dec = _common.blocked({k: Stepper(d, state, args.past, tok, args.block) for k, d in decs.items()},
                               repeat=args.samples, warmup=args.block, block=args.block)
-        pre_feeds = driver.feeds(rng, 0, args.prompt)
-        pre = _common.blocked({"ours": lambda: ours.run(driver.out_names, pre_feeds),
-                               "ort": lambda: ort.run(driver.out_names, pre_feeds)},
-                              repeat=max(10, args.samples // 2), warmup=2, block=args.block)
-        share = executor_share(data, threads, driver, start, args.share_steps)
+        prompt = np.random.default_rng(8).integers(vocab, size=(1, args.prompt)).astype(np.int64)
+        pre_fns = {}
+        for k, d in decs.items():
+            d.start(1)
+            feeds = d.feeds(prompt)
+            pre_fns[k] = (lambda s, f: lambda: s.run(None, f))(sides[k], feeds)
+        pre = _common.blocked(pre_fns, repeat=max(10, args.samples // 2), warmup=2, block=args.block)
+        share = executor_share(name, data, info, threads, state, args.past, tok, args.share_steps)
         row = {"model": name, "threads": threads, "nodes": node_counts(data), **share,
                "decode": {k: _common.summarize(v) for k, v in dec.items()},
                "prefill": {k: _common.summarize(v) for k, v in pre.items()},
-               "samples": {"decode": dec, "prefill": pre}, "info": {k: v for k, v in info.items()
-                                                                    if isinstance(v, (str, int, float, bool))}}
+               "samples": {"decode": dec, "prefill": pre},
+               "info": {k: v for k, v in info.items() if isinstance(v, (str, int, float, bool))}}
         for phase in ("decode", "prefill"):
             row[f"{phase}_speedup"] = row[phase]["ort"]["median"] / row[phase]["ours"]["median"]
         rows.append(row)

@@ -36,7 +36,8 @@ def _params() -> List[Any]:
 
 def _state_feeds(dec: fx.Decoder, tokens: np.ndarray) -> Dict[str, np.ndarray]:
     pasts = {p for p, _ in dec.pairs}
-    return {k: v for k, v in dec.feeds(tokens).items() if k not in pasts}
+    mask = np.ones((tokens.shape[0], dec.past_len + tokens.shape[1]), dtype=np.int64)
+    return {k: v for k, v in dec.feeds(tokens, mask).items() if k not in pasts}
 
 
 def _state_generate(name: str, sess: olkv.InferenceSession, prompt: np.ndarray, steps: int) -> List[np.ndarray]:

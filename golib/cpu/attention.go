@@ -14,10 +14,10 @@ type Options struct {
 	// at positions max(0, p-Window+1) .. p (sliding-window attention).
 	Window int
 	// Threads, when > 0, bounds the threads of this call below the pool's
-	// setting (SetThreads), and runs the call's tasks on the products'
-	// worker pool (package gemm) instead of this package's helpers: the
-	// runtime passes a session's thread count, so one pool serves every op
-	// of a step.
+	// (SetThreads), for callers with a thread budget of their own (an
+	// InferenceSession's), and runs the call's tasks on the products'
+	// worker pool (package gemm) instead of this package's helpers, so one
+	// pool serves every op of a session's step. It never changes the result.
 	Threads int
 }
 

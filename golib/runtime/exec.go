@@ -66,7 +66,11 @@ func (sc *runScope) CacheBinding() rewrite.Binding { return sc.binding }
 // A state keeps its tracker between runs (begin resets it), so the maps
 // and entries are reused rather than allocated per run.
 type memTracker struct {
+	// bufs holds the entries of buffers that are not pooled (a pooled
+	// buffer's entry hangs off the buffer itself); all holds every live
+	// entry.
 	bufs map[*byte]*memEntry
+	all  []*memEntry
 	pool *bufferPool // nil: no pooled buffers
 	live int64
 	peak int64
@@ -76,10 +80,11 @@ type memTracker struct {
 }
 
 type memEntry struct {
-	key   *byte // the buffer's key in memTracker.bufs
+	key   *byte // the buffer's first byte
 	bytes int64
 	refs  int
 	buf   *poolBuf // the pooled buffer, nil for other allocations
+	idx   int      // position in memTracker.all
 }
 
 func newMemTracker(pool *bufferPool) *memTracker {
@@ -88,24 +93,42 @@ func newMemTracker(pool *bufferPool) *memTracker {
 
 // begin starts a run's tracking.
 func (m *memTracker) begin() {
-	for k, e := range m.bufs {
-		delete(m.bufs, k)
-		m.free(e)
+	for len(m.all) > 0 {
+		m.remove(m.all[len(m.all)-1])
 	}
 	m.live, m.peak = 0, 0
 }
 
-func (m *memTracker) newEntry(key *byte, bytes int64, buf *poolBuf) *memEntry {
+// add tracks a new buffer with one reference.
+func (m *memTracker) add(key *byte, bytes int64, buf *poolBuf) *memEntry {
+	var e *memEntry
 	if n := len(m.spare); n > 0 {
-		e := m.spare[n-1]
+		e = m.spare[n-1]
 		m.spare = m.spare[:n-1]
-		*e = memEntry{key: key, bytes: bytes, refs: 1, buf: buf}
-		return e
+	} else {
+		e = &memEntry{}
 	}
-	return &memEntry{key: key, bytes: bytes, refs: 1, buf: buf}
+	*e = memEntry{key: key, bytes: bytes, refs: 1, buf: buf, idx: len(m.all)}
+	m.all = append(m.all, e)
+	if buf != nil {
+		buf.ent = e
+	} else {
+		m.bufs[key] = e
+	}
+	return e
 }
 
-func (m *memTracker) free(e *memEntry) {
+// remove stops tracking e's buffer (without returning it to the pool).
+func (m *memTracker) remove(e *memEntry) {
+	last := m.all[len(m.all)-1]
+	m.all[e.idx], last.idx = last, e.idx
+	m.all[len(m.all)-1] = nil
+	m.all = m.all[:len(m.all)-1]
+	if e.buf != nil {
+		e.buf.ent = nil
+	} else {
+		delete(m.bufs, e.key)
+	}
 	*e = memEntry{}
 	m.spare = append(m.spare, e)
 }
@@ -118,20 +141,21 @@ func bufKey(t *tensor.Tensor) *byte {
 }
 
 // entry finds the tracked buffer holding t's bytes: by its first byte, or,
-// for a view into a pooled buffer, through the pool. It returns the key the
-// buffer is tracked under and the pooled buffer, if any.
+// for a view into a pooled buffer, through the pool. It returns t's first
+// byte and the pooled buffer, if any.
 func (m *memTracker) entry(t *tensor.Tensor) (*byte, *memEntry, *poolBuf) {
 	k := bufKey(t)
 	if k == nil {
 		return nil, nil, nil
 	}
-	if e, ok := m.bufs[k]; ok {
-		return k, e, e.buf
+	if len(m.bufs) > 0 {
+		if e, ok := m.bufs[k]; ok {
+			return k, e, nil
+		}
 	}
 	if m.pool != nil {
 		if b := m.pool.lookup(k); b != nil {
-			base := unsafe.SliceData(b.data)
-			return base, m.bufs[base], b
+			return k, b.ent, b
 		}
 	}
 	return k, nil, nil
@@ -155,8 +179,7 @@ func (m *memTracker) produced(t *tensor.Tensor, inputs []*tensor.Tensor) *memEnt
 			}
 		}
 	}
-	e = m.newEntry(k, int64(t.NumBytes()), b)
-	m.bufs[k] = e
+	e = m.add(k, int64(t.NumBytes()), b)
 	m.live += e.bytes
 	if m.live > m.peak {
 		m.peak = m.live
@@ -164,16 +187,18 @@ func (m *memTracker) produced(t *tensor.Tensor, inputs []*tensor.Tensor) *memEnt
 	return e
 }
 
-// releasedEntry drops a reference to a tracked buffer known by its entry
-// (released without the lookups).
+// releasedEntry drops a reference to a tracked buffer; the last one frees
+// the buffer's bytes from the live count and returns a pooled buffer to its
+// pool.
 func (m *memTracker) releasedEntry(e *memEntry) {
 	if e.refs--; e.refs == 0 {
 		m.live -= e.bytes
-		delete(m.bufs, e.key)
-		if e.buf != nil {
-			m.pool.put(e.buf)
+		if b := e.buf; b != nil {
+			m.remove(e)
+			m.pool.put(b)
+			return
 		}
-		m.free(e)
+		m.remove(e)
 	}
 }
 
@@ -185,20 +210,10 @@ func (m *memTracker) retain(t *tensor.Tensor) {
 	}
 }
 
-// released drops a reference; the last one frees the buffer's bytes from
-// the live count and returns a pooled buffer to its pool.
+// released drops a reference to t's buffer, found by lookup.
 func (m *memTracker) released(t *tensor.Tensor) {
-	k, e, _ := m.entry(t)
-	if e == nil {
-		return
-	}
-	if e.refs--; e.refs == 0 {
-		m.live -= e.bytes
-		delete(m.bufs, k)
-		if e.buf != nil {
-			m.pool.put(e.buf)
-		}
-		m.free(e)
+	if _, e, _ := m.entry(t); e != nil {
+		m.releasedEntry(e)
 	}
 }
 
@@ -207,9 +222,6 @@ func (m *memTracker) released(t *tensor.Tensor) {
 // stay with them, and every other pooled buffer still tracked (unrequested
 // outputs, the values of a failed run) goes back to the pool.
 func (m *memTracker) settle(outs []*tensor.Tensor, keep []*tensor.Tensor) {
-	if m.pool == nil {
-		return
-	}
 	held := m.held
 	defer clear(held)
 	for _, t := range outs {
@@ -222,18 +234,18 @@ func (m *memTracker) settle(outs []*tensor.Tensor, keep []*tensor.Tensor) {
 			held[e] = nil
 		}
 	}
-	for k, e := range m.bufs {
-		delete(m.bufs, k)
-		if e.buf != nil {
-			ts, ok := held[e]
-			switch {
-			case !ok:
-				m.pool.put(e.buf)
-			case len(ts) > 0:
-				m.pool.lend(e.buf, ts)
-			}
+	for len(m.all) > 0 {
+		e := m.all[len(m.all)-1]
+		b := e.buf
+		ts, ok := held[e]
+		m.remove(e)
+		switch {
+		case b == nil:
+		case !ok:
+			m.pool.put(b)
+		case len(ts) > 0:
+			m.pool.lend(b, ts)
 		}
-		m.free(e)
 	}
 }
 
@@ -319,7 +331,7 @@ func (p *Plan) executeNode(sc *runScope, i int) error {
 		if s < 0 {
 			continue
 		}
-		t := fr.vals[s]
+		t := fr.value(p, s)
 		if t == nil {
 			name := n.Inputs[k]
 			if _, isSeq := sc.ctx.Sequence(name); isSeq {
@@ -331,18 +343,17 @@ func (p *Plan) executeNode(sc *runScope, i int) error {
 	}
 	sh := fr.shapes
 	geometry := sh != nil && n.geometry
-	if geometry {
-		if n.shapeRead >= 0 {
-			sh.observe(n.shapeRead, inputs[0].Shape())
-		}
-		if sh.valid(i, n) {
-			for k, s := range n.out {
-				if s >= 0 {
-					fr.store(sc.mem, s, sh.outs[i][k], inputs, n.in, true)
-				}
+	if n.castTo != tensor.Undefined && !geometry && inputs[0] != nil && inputs[0].DType() == n.castTo && n.out[0] >= 0 {
+		fr.store(sc.mem, n.out[0], inputs[0], inputs, n.in, false) // a Cast to the type it has: the input itself
+		return nil
+	}
+	if geometry && sh.reusable(i, n, inputs) {
+		for k, s := range n.out {
+			if s >= 0 {
+				fr.store(sc.mem, s, sh.outs[i][k], inputs, n.in, true)
 			}
-			return nil
 		}
+		return nil
 	}
 	for _, name := range n.Captures {
 		if s, ok := p.slots[name]; ok && fr.vals[s] != nil {
@@ -367,6 +378,10 @@ func (p *Plan) executeNode(sc *runScope, i int) error {
 			Duration: time.Since(start), BytesAllocated: kctx.Allocated})
 	}
 	sc.stats.AllocatedBytes += kctx.Allocated
+	if geometry {
+		sh.update(i, n, kctx) // before storing: an unchanged output is replaced by the kept one
+	}
+	kept := geometry && sh.outs[i] != nil
 	for k, s := range n.out {
 		if s < 0 {
 			continue
@@ -375,10 +390,7 @@ func (p *Plan) executeNode(sc *runScope, i int) error {
 		if t == nil {
 			return withNode(n, fmt.Errorf("runtime: kernel produced no value for output %d (%q)", k, n.Outputs[k]))
 		}
-		fr.store(sc.mem, s, t, inputs, n.in, geometry)
-	}
-	if geometry {
-		sh.keep(i, kctx)
+		fr.store(sc.mem, s, t, inputs, n.in, kept)
 	}
 	return nil
 }

@@ -73,12 +73,17 @@ type PlanNode struct {
 	// in and out are the slots of Inputs and Outputs (-1: omitted).
 	in, out []int32
 	// Shape cache (shapecache.go): geometry nodes compute a function of
-	// the shape reads in deps (depBits as a bitset); shapeRead is the
-	// index of a Shape/Size node among the shape reads, -1 otherwise.
-	geometry  bool
+	// constants and input shapes only; keep is set when the cache may hold
+	// their outputs; gin are the slots of their inputs made by geometry
+	// nodes; shapeRead is the index of a Shape/Size node among the shape
+	// reads, -1 otherwise.
+	geometry bool
+	keep     bool
+	// castTo is the target type of a Cast node (Undefined otherwise): a
+	// Cast whose input already has it passes the input through at run time.
+	castTo    tensor.DType
+	gin       []int32
 	shapeRead int
-	deps      []int
-	depBits   []uint64
 }
 
 // Plan is an ExecutionPlan: a graph's nodes in topological order with their

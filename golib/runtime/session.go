@@ -265,7 +265,6 @@ func (s *Session) runOn(p *Plan, st *State, feeds map[string]*tensor.Tensor, out
 	defer ctx.ClearValues()             // drop references to borrowed feeds and temporaries
 	ctx.SetInitializers(p.Initializers) // read by subgraphs through their contexts
 	fr := st.frame(p)
-	fr.reset(p)
 	defer fr.clear()
 	for name, t := range feeds {
 		if slot, ok := p.slots[name]; ok { // an unread initializer default has none
@@ -273,6 +272,9 @@ func (s *Session) runOn(p *Plan, st *State, feeds map[string]*tensor.Tensor, out
 		}
 	}
 	stats := &RunStats{}
+	if s.profile {
+		stats.Events = make([]Event, 0, len(p.Nodes))
+	}
 	st.pool.beginRun()
 	mem := st.mem
 	mem.begin()
@@ -290,7 +292,7 @@ func (s *Session) runOn(p *Plan, st *State, feeds map[string]*tensor.Tensor, out
 	stats.PeakBytes = mem.peak
 	outs := make([]*tensor.Tensor, len(outIdx))
 	for i, k := range outIdx {
-		t := fr.vals[p.outSlots[k]]
+		t := fr.value(p, p.outSlots[k])
 		if t == nil {
 			mem.settle(nil, persistentTensors(ctx))
 			_ = end(false)

@@ -1,55 +1,56 @@
 package runtime
 
 import (
+	"bytes"
+
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/ops"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
 
 // The shape cache skips the shape arithmetic of exported graphs (Shape ->
 // Gather -> Unsqueeze -> Concat -> Reshape chains, Range/Where mask
-// building) on runs whose geometry repeats, without assuming anything about
-// how an op's output shape follows from its inputs.
+// building) on runs where its values repeat, without assuming anything
+// about how an op's output shape follows from its inputs.
 //
 // At plan time every value is classified: a value is data-dependent when
 // it is a feed, an overridable initializer, a captured outer value, or the
 // output of a node that reads a data-dependent value, is random or has
 // subgraphs. Shape and Size read only their input's shape: their outputs are
 // geometry values whatever their input is. A node whose inputs are all
-// constants or geometry values computes a deterministic function of the
-// shapes its Shape/Size ancestors read (its "shape reads"), nothing else.
+// constants or geometry values (a geometry node) computes a deterministic
+// function of those inputs.
 //
-// Per state, the cache keeps each such node's outputs from the last run
-// that computed them and, for each Shape/Size node, the input shape it saw
-// then. A run compares every Shape/Size input against the recorded shape
-// when it reaches that node (cheap: a few integers); a geometry node's
-// cached outputs are reused only if none of its shape reads differed in
-// this run, otherwise it is computed and its record replaced. So the key is
-// exactly the shapes that reach each value: values derived from the past
-// length are recomputed at every step of a growing decode, those derived
-// from the batch size or the new tokens' count are not.
+// Per state, the cache keeps each geometry node's outputs from the last run
+// and, for each Shape/Size node, the input shape it saw then. In a run, a
+// Shape/Size node whose input has the recorded shape, and any other
+// geometry node none of whose geometry inputs changed in this run, reuses
+// its kept outputs. Otherwise the node is computed, and its outputs are
+// compared with the kept ones: only outputs that differ count as changed
+// for the nodes that read them. Every geometry node is visited in every
+// run, so after a run the kept outputs are those of that run, computed from
+// (or equal to what would be computed from) its inputs: reuse is exact. In
+// a growing decode, Shape(past) changes at every step, Gather(Shape(past),
+// 0) (the batch) does not, so only values really derived from the past
+// length are recomputed.
 //
-// Geometry values feeding a graph output (possibly as aliases) are never
-// cached: a caller may write into an output it receives. A failed run
-// forgets the whole cache, so a record is never mixed with values of a run
-// that stopped half-way.
+// Geometry values feeding a graph output are computed every run and never
+// kept: a caller may write into an output it receives. A failed run forgets
+// the whole cache, so kept values never mix with those of a run that
+// stopped half-way.
 
 // maxCachedBytes bounds the outputs one node may keep in the cache.
 const maxCachedBytes = 1 << 20
 
-// geometryInfo is the plan-time classification for the shape cache.
+// geometryInfo is the plan-time summary for the shape cache.
 type geometryInfo struct {
-	// reads is the number of Shape/Size nodes in the plan.
-	reads int
-	// words is the length of a shape-read bitset.
-	words int
+	reads int // number of Shape/Size nodes
 }
 
-// analyzeGeometry marks the nodes of p (a main plan) whose outputs the
-// shape cache may keep, and their shape-read dependencies.
+// analyzeGeometry classifies the nodes of p (a main plan) for the shape
+// cache.
 func (p *Plan) analyzeGeometry() {
-	n := len(p.base)
-	tainted := make([]bool, n)
-	deps := make([][]int, n) // shape reads, as node-local lists first
+	tainted := make([]bool, len(p.base))
+	geomVal := make([]bool, len(p.base)) // made by a geometry node
 	for _, in := range p.Inputs {
 		tainted[p.slots[in.Name]] = true
 	}
@@ -61,16 +62,15 @@ func (p *Plan) analyzeGeometry() {
 	for _, s := range p.captureSlots {
 		tainted[s] = true
 	}
+	producer := map[int32]*PlanNode{}
 	reads := 0
 	for _, nd := range p.Nodes {
-		nd.shapeRead = -1
+		nd.shapeRead, nd.gin = -1, nil
 		geometry := pure(nd)
-		var d []int
 		switch {
 		case !geometry:
 		case nd.Domain == "" && (nd.OpType == "Shape" || nd.OpType == "Size") && len(nd.in) == 1 && nd.in[0] >= 0:
 			nd.shapeRead = reads
-			d = []int{reads}
 			reads++
 		default:
 			for _, s := range nd.in {
@@ -81,96 +81,57 @@ func (p *Plan) analyzeGeometry() {
 					geometry = false
 					break
 				}
-				d = append(d, deps[s]...)
-			}
-		}
-		for _, s := range nd.out {
-			if s >= 0 {
-				tainted[s] = !geometry
-				if geometry {
-					deps[s] = dedupInts(d)
+				if geomVal[s] {
+					nd.gin = append(nd.gin, s)
 				}
 			}
 		}
-		nd.geometry = geometry && len(d) > 0
-		if nd.geometry {
-			nd.deps = dedupInts(d)
+		nd.geometry, nd.keep = geometry, geometry
+		if !geometry {
+			nd.gin = nil
 		}
-	}
-	// The cone of geometry nodes above a graph output stays uncached.
-	var mark func(s int32)
-	producer := map[int32]*PlanNode{}
-	for _, nd := range p.Nodes {
 		for _, s := range nd.out {
 			if s >= 0 {
+				tainted[s], geomVal[s] = !geometry, geometry
 				producer[s] = nd
 			}
 		}
 	}
-	mark = func(s int32) {
+	// The geometry nodes above a graph output (through geometry values)
+	// are computed every run and never kept.
+	var unkeep func(s int32)
+	unkeep = func(s int32) {
 		nd := producer[s]
-		if nd == nil || !nd.geometry {
+		if nd == nil || !nd.geometry || !nd.keep {
 			return
 		}
-		nd.geometry = false
-		for _, in := range nd.in {
-			if in >= 0 {
-				mark(in)
-			}
+		nd.keep = false
+		for _, in := range nd.gin {
+			unkeep(in)
 		}
 	}
 	for _, s := range p.outSlots {
-		if nd := producer[s]; nd != nil && !tainted[s] {
-			nd.geometry = true // let mark walk it
-			mark(s)
-		}
+		unkeep(s)
 	}
-	words := (reads + 63) / 64
-	for _, nd := range p.Nodes {
-		if !nd.geometry {
-			nd.deps, nd.depBits = nil, nil
-			continue
-		}
-		nd.depBits = make([]uint64, words)
-		for _, r := range nd.deps {
-			nd.depBits[r/64] |= 1 << (r % 64)
-		}
-	}
-	p.geom = geometryInfo{reads: reads, words: words}
+	p.geom = geometryInfo{reads: reads}
 }
 
-func dedupInts(s []int) []int {
-	if len(s) < 2 {
-		return s
-	}
-	seen := map[int]bool{}
-	out := s[:0:0]
-	for _, v := range s {
-		if !seen[v] {
-			seen[v] = true
-			out = append(out, v)
-		}
-	}
-	return out
-}
-
-// shapeCache is a state's record of geometry values (see the package
-// comment above).
+// shapeCache is a state's record of geometry values (see above).
 type shapeCache struct {
-	// outs[i] holds node i's outputs from the run that last computed them
-	// (nil: none kept).
+	// outs[i] holds node i's outputs from the last run (nil: none kept).
 	outs [][]*tensor.Tensor
-	// seen[r] is the input shape shape read r saw when last run; known[r]
+	// seen[r] is the input shape shape read r saw in the last run; known[r]
 	// whether there is one.
 	seen  []tensor.Shape
 	known []bool
-	// changed has bit r set when shape read r differs in the current run.
-	changed []uint64
+	// changed marks, by slot, the geometry values that differ in this run
+	// from the last one.
+	changed []bool
 }
 
 func newShapeCache(p *Plan) *shapeCache {
 	return &shapeCache{outs: make([][]*tensor.Tensor, len(p.Nodes)), seen: make([]tensor.Shape, p.geom.reads),
-		known: make([]bool, p.geom.reads), changed: make([]uint64, p.geom.words)}
+		known: make([]bool, p.geom.reads), changed: make([]bool, len(p.base))}
 }
 
 // begin starts a run.
@@ -184,43 +145,50 @@ func (c *shapeCache) forget() {
 	clear(c.known)
 }
 
-// observe compares shape read r's input shape with the record, updating
-// the record and the changed set when it differs.
-func (c *shapeCache) observe(r int, s tensor.Shape) {
-	if c.known[r] && equalShape(c.seen[r], s) {
-		return
-	}
-	c.seen[r] = append(c.seen[r][:0], s...)
-	c.known[r] = true
-	c.changed[r/64] |= 1 << (r % 64)
-}
-
-// valid reports whether node i's cached outputs hold for this run.
-func (c *shapeCache) valid(i int, n *PlanNode) bool {
-	if c.outs[i] == nil {
-		return false
-	}
-	for w, b := range n.depBits {
-		if b&c.changed[w] != 0 {
-			return false
+// reusable reports whether geometry node i's kept outputs hold for this run
+// (for a shape read, recording the shape its input has now).
+func (c *shapeCache) reusable(i int, n *PlanNode, inputs []*tensor.Tensor) bool {
+	same := c.outs[i] != nil
+	if r := n.shapeRead; r >= 0 {
+		s := inputs[0].Shape()
+		if !c.known[r] || !equalShape(c.seen[r], s) {
+			c.seen[r] = append(c.seen[r][:0], s...)
+			c.known[r] = true
+			same = false
 		}
 	}
-	return true
-}
-
-// keep records node i's outputs, unless they are too large to keep.
-func (c *shapeCache) keep(i int, kctx *ops.Context) {
-	bytes := 0
-	for k := range kctx.NumOutputs() {
-		if t := kctx.Output(k); t != nil {
-			bytes += t.NumBytes()
+	for _, s := range n.gin {
+		if c.changed[s] {
+			same = false
 		}
 	}
-	if bytes > maxCachedBytes {
+	return same && n.keep
+}
+
+// update takes node i's freshly computed outputs: an output equal to the
+// kept one is replaced by it (and does not count as changed), the others
+// are marked changed and kept, if the node may keep them and they are
+// small enough.
+func (c *shapeCache) update(i int, n *PlanNode, kctx *ops.Context) {
+	old := c.outs[i]
+	size := 0
+	for k, s := range n.out {
+		t := kctx.Output(k)
+		if s < 0 || t == nil {
+			continue
+		}
+		size += t.NumBytes()
+		if n.keep && old != nil && equalTensor(old[k], t) {
+			_ = kctx.SetOutput(k, old[k])
+			continue
+		}
+		c.changed[s] = true
+	}
+	if !n.keep || size > maxCachedBytes {
 		c.outs[i] = nil
 		return
 	}
-	outs := c.outs[i][:0]
+	outs := old[:0]
 	for k := range kctx.NumOutputs() {
 		outs = append(outs, kctx.Output(k))
 	}
@@ -237,4 +205,11 @@ func equalShape(a, b tensor.Shape) bool {
 		}
 	}
 	return true
+}
+
+// equalTensor reports whether a and b hold the same element type, shape and
+// bytes.
+func equalTensor(a, b *tensor.Tensor) bool {
+	return a != nil && b != nil && a.DType() == b.DType() && equalShape(a.Shape(), b.Shape()) &&
+		bytes.Equal(a.Bytes(), b.Bytes())
 }

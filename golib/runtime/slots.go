@@ -7,8 +7,9 @@ import (
 
 // Values of a run live in a slice indexed by slot: every name a plan reads
 // or writes is resolved to a slot when the plan is built, so the run path
-// does no map lookups. Initializers occupy their slots from the start of a
-// run (frame.reset copies them in); feeds are placed by name once per run.
+// does no map lookups. Initializers are read from the plan's base slots
+// when a run's own slot is empty (a feed overriding an initializer default
+// fills it); feeds are placed by name once per run.
 
 // slotIndex maps the names of a plan's values to slots.
 type slotIndex struct {
@@ -40,6 +41,11 @@ func (p *Plan) resolveSlots() {
 		x.slot(c)
 	}
 	for _, n := range p.Nodes {
+		if n.OpType == "Cast" && n.Domain == "" && len(n.Inputs) == 1 && len(n.Outputs) == 1 {
+			if to, err := n.Info.Attrs.Int("to", 0); err == nil && tensor.DType(to).Valid() {
+				n.castTo = tensor.DType(to)
+			}
+		}
 		n.in = make([]int32, len(n.Inputs))
 		for i, in := range n.Inputs {
 			n.in[i] = x.slot(in)
@@ -103,25 +109,23 @@ func newFrame(p *Plan) *frame {
 	return f
 }
 
-// reset starts a run: initializers in their slots, everything else empty.
-func (f *frame) reset(p *Plan) {
-	copy(f.vals, p.base)
-	clear(f.detached)
-	clear(f.ent)
-	for _, in := range f.inputs {
-		clear(in)
+// value returns the value of slot s in this run: the run's own, or the
+// initializer.
+func (f *frame) value(p *Plan, s int32) *tensor.Tensor {
+	if t := f.vals[s]; t != nil {
+		return t
 	}
+	return p.base[s]
 }
 
-// clear drops the references the frame's value slots and input slices
-// hold (after a run, so borrowed feeds and outputs handed to the caller are
-// not kept alive by it). The per-node kernel contexts keep theirs until the
-// node's next call resets them: clearing them too would cost as much as the
-// calls' own resets, and nothing reads them.
+// clear ends a run: it drops the references the value slots hold (so
+// borrowed feeds and outputs handed to the caller are not kept alive by
+// the frame) and their tracking. The per-node input slices and kernel
+// contexts keep theirs until the node's next call overwrites them:
+// clearing hundreds of small slices costs more than the rest of the
+// executor's per-run work, and nothing reads them.
 func (f *frame) clear() {
 	clear(f.vals)
 	clear(f.ent)
-	for _, in := range f.inputs {
-		clear(in)
-	}
+	clear(f.detached)
 }

@@ -48,7 +48,6 @@ func (s *subgraph) Run(parent ops.Scope, inputs []*tensor.Tensor) ([]*tensor.Ten
 	child := ps.ctx.NewChild()
 	child.SetInitializers(s.plan.Initializers)
 	fr := newFrame(s.plan)
-	fr.reset(s.plan)
 	for i, in := range s.plan.Inputs {
 		fr.vals[s.plan.slots[in.Name]] = inputs[i]
 		ps.mem.retain(inputs[i]) // the body's plan releases its inputs after their last use
@@ -67,21 +66,22 @@ func (s *subgraph) Run(parent ops.Scope, inputs []*tensor.Tensor) ([]*tensor.Ten
 	}
 	out := make([]*tensor.Tensor, len(s.plan.Outputs))
 	for i, o := range s.plan.Outputs {
-		t := fr.vals[s.plan.outSlots[i]]
+		t := fr.value(s.plan, s.plan.outSlots[i])
 		if t == nil {
 			return nil, fmt.Errorf("%w: subgraph output %q was not produced", errs.ErrMissingInput, o.Name)
 		}
 		out[i] = t
 	}
 	// The body's frame ends here: drop its references (retained inputs
-	// included, captured values and initializers excluded) so the calling
-	// node accounts for the outputs it keeps.
+	// included, captured values excluded; initializers are never in the
+	// frame's own slots) so the calling node accounts for the outputs it
+	// keeps.
 	captured := make(map[int32]bool, len(s.plan.captureSlots))
 	for _, c := range s.plan.captureSlots {
 		captured[c] = true
 	}
 	for k, t := range fr.vals {
-		if t != nil && !captured[int32(k)] && t != s.plan.base[k] {
+		if t != nil && !captured[int32(k)] {
 			sc.mem.released(t)
 		}
 	}
