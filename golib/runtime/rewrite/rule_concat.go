@@ -278,8 +278,10 @@ func (c *chain) attentionEnd(ai int, kEnd, vEnd string, vi int, kNew, vNew strin
 			attrs = append(attrs, a)
 		}
 	}
-	return &onnxpb.NodeProto{Name: ptr(n.GetName() + "/cache"), OpType: ptr(opAttention), Domain: ptr(Domain),
-		Input: []string{at(in, 0), kNew, vNew, mask}, Output: []string{out[0], p.presK, p.presV}, Attribute: attrs}, ""
+	node := &onnxpb.NodeProto{Name: ptr(n.GetName() + "/cache"), OpType: ptr(opAttention), Domain: ptr(Domain),
+		Input: []string{at(in, 0), kNew, vNew, mask}, Output: []string{out[0], p.presK, p.presV}, Attribute: attrs}
+	withPaddingInput(c.ix, node, mode)
+	return node, ""
 }
 
 // decomposedEnd matches MatMul-(scale)-(mask)-Softmax-MatMul.
@@ -430,13 +432,19 @@ func (c *chain) decomposedEnd(ti int, kEnd, vEnd string, vi int, kNew, vNew stri
 		signs[k] = f.sign
 		inputs = append(inputs, f.name)
 	}
+	ktAt := 0 // index of the first K^T Reshape target (0: none)
+	if len(ktShapes) > 0 {
+		ktAt = len(inputs)
+	}
 	inputs = append(inputs, ktShapes...)
 	attrs := []*onnxpb.AttributeProto{intAttr("layer", 0), intAttr("mask_mode", mode), intAttr("causal", 0),
 		{Name: ptr("scale"), Type: onnxpb.AttributeProto_FLOAT.Enum(), F: ptr(float32(1))},
 		{Name: ptr("factor_signs"), Type: onnxpb.AttributeProto_INTS.Enum(), Ints: signs},
-		intAttr("kt_reshape", int64(len(ktShapes)/2))}
-	return &onnxpb.NodeProto{Name: ptr(n.GetName() + "/cache"), OpType: ptr(opAttention), Domain: ptr(Domain),
-		Input: inputs, Output: []string{n.GetOutput()[0], p.presK, p.presV}, Attribute: attrs}, ""
+		intAttr("kt_reshape", int64(ktAt))}
+	node := &onnxpb.NodeProto{Name: ptr(n.GetName() + "/cache"), OpType: ptr(opAttention), Domain: ptr(Domain),
+		Input: inputs, Output: []string{n.GetOutput()[0], p.presK, p.presV}, Attribute: attrs}
+	withPaddingInput(c.ix, node, mode)
+	return node, ""
 }
 
 // nanGuard skips Where(IsNaN(p), 0, p) after the Softmax output p (the
