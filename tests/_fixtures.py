@@ -2,9 +2,9 @@
 
 Import from test files as ``import _fixtures as fx`` (pytest puts ``tests/`` on sys.path).
 
-* :func:`manifest` / :func:`names` / :func:`entry`: the manifest and its fixtures.
-* :func:`model_path`: the decompressed ``.onnx`` of a fixture, written once per test session to a
-  temporary folder (removed at exit) and checked against the manifest's sha256.
+* :func:`manifest` / :func:`names` / :func:`entry` / :func:`entries`: the manifest and its fixtures.
+* :func:`model_bytes`: a fixture's decompressed model, checked against the manifest's sha256;
+  :func:`model_path`: the same written once per test session to a temporary folder (removed at exit).
 * :func:`missing_ops`: the fixture's ops (with the model's opset of their domain) that
   ``supported_ops()`` does not list.
 * :class:`Decoder`: greedy generation on the tensor path with any session object that has
@@ -53,6 +53,22 @@ def entry(name: str) -> Dict[str, Any]:
     return manifest()["fixtures"][name]
 
 
+def entries() -> List[Dict[str, Any]]:
+    """Every fixture's manifest entry with its ``name`` added, in name order."""
+    return [dict(entry(n), name=n) for n in names()]
+
+
+def model_bytes(name: str) -> bytes:
+    """The fixture's decompressed ONNX model, checked against the manifest's sha256."""
+    e = entry(name)
+    with open(os.path.join(FIXTURE_DIR, e["file"]), "rb") as f:
+        data = lzma.decompress(f.read())
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != e["sha256"]:
+        raise ValueError(f"fixture {name}: sha256 {digest} does not match the manifest's {e['sha256']}")
+    return data
+
+
 @functools.lru_cache(maxsize=1)
 def _tmpdir() -> str:
     d = tempfile.mkdtemp(prefix="olkv-fixtures-")
@@ -63,15 +79,9 @@ def _tmpdir() -> str:
 @functools.lru_cache(maxsize=None)
 def model_path(name: str) -> str:
     """Path of the fixture's decompressed .onnx file (decompressed once per session)."""
-    e = entry(name)
-    with open(os.path.join(FIXTURE_DIR, e["file"]), "rb") as f:
-        data = lzma.decompress(f.read())
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != e["sha256"]:
-        raise ValueError(f"fixture {name}: sha256 {digest} does not match the manifest's {e['sha256']}")
-    path = os.path.join(_tmpdir(), e["file"][: -len(".xz")])
+    path = os.path.join(_tmpdir(), entry(name)["file"][: -len(".xz")])
     with open(path, "wb") as f:
-        f.write(data)
+        f.write(model_bytes(name))
     return path
 
 
