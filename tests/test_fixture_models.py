@@ -85,6 +85,17 @@ def _reference(name: str) -> List[fx.Step]:
     return _REFERENCE[name]
 
 
+@pytest.mark.parametrize("name", fx.names())
+def test_fixture_onnxruntime_reproduces_export_check(name: str) -> None:
+    """onnxruntime driven here chooses the tokens recorded when the fixture was made (manifest
+    ``matches_transformers``: the same driver and prompt; equal to transformers' own greedy run
+    where ``tokens_equal``), so the files, the driver and the comparator still agree."""
+    chk = fx.entry(name)["matches_transformers"]
+    assert chk["prompt"] == PROMPT[0].tolist() and chk["steps"] == STEPS
+    got = fx.greedy_tokens(_reference(name))[0].tolist()
+    assert got == chk["tokens"], f"{name}: onnxruntime tokens {got} != the manifest's {chk['tokens']}"
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("name", _params(NotImplementedError))
 def test_fixture_greedy_matches_onnxruntime(name: str, threads: int) -> None:
