@@ -9,7 +9,8 @@ onnxruntime and once in our session with 1 and 2 threads, all feeds built by the
 ``LOGIT_ATOL`` of onnxruntime's, and the final presents within ``PRESENT_ATOL`` over the positions
 written. The reference is onnxruntime on one thread, computed once per fixture.
 
-Tolerances (absolute; logits of magnitude ~1-10, present values ~0.1-5), by the model's float type:
+Tolerances (``_fixtures.ATOL``; absolute; logits of magnitude ~1-10, present values ~0.1-5), by the
+model's float type:
 * float32: 1e-4 for logits and presents. Observed differences between the two runtimes' summation
   orders are below 2e-6; a wrong mask, position, window or softcap moves values by 1e-2 or more.
 * float16 (the ``-fp16`` exports): 2e-2, about 5 fp16 ulps at magnitude 4. Observed: 4.5e-3
@@ -32,7 +33,6 @@ import _ort_compare as oc
 
 STEPS = 16
 PROMPT = np.array([[5, 17, 42, 99, 7, 130]], dtype=np.int64)
-ATOL = {"float32": 1e-4, "float16": 2e-2}  # logits and presents, by the logits' dtype
 # ops the fixtures use that the runtime does not have yet (being added on another branch)
 PENDING_OPS: Set[str] = set()
 
@@ -72,10 +72,6 @@ def test_fixture_op_gaps_are_pending(name: str) -> None:
     assert not other, f"{name}: unsupported ops besides the pending ones: {other}"
 
 
-def _atol(name: str) -> float:
-    return ATOL[next(o["dtype"] for o in fx.entry(name)["outputs"] if o["name"] == "logits")]
-
-
 _REFERENCE: Dict[str, List[fx.Step]] = {}
 
 
@@ -99,7 +95,7 @@ def test_fixture_onnxruntime_reproduces_export_check(name: str) -> None:
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("name", _params(NotImplementedError))
 def test_fixture_greedy_matches_onnxruntime(name: str, threads: int) -> None:
-    want, tol = _reference(name), _atol(name)
+    want, tol = _reference(name), fx.atol(name)
     dec = fx.Decoder(name, oc.ours(fx.model_path(name), threads))
     got = dec.generate(PROMPT, STEPS)
     want_tokens, got_tokens = fx.greedy_tokens(want), fx.greedy_tokens(got)
@@ -126,7 +122,7 @@ def test_fixture_left_padded_batch_matches_onnxruntime(name: str, threads: int) 
     if fx.entry(name)["drive"].get("shared_buffer"):
         pytest.skip("shared-buffer (onnxruntime-genai) exports take right-padded batches (seqlens_k), "
                     "not left padding")
-    tol = _atol(name)
+    tol = fx.atol(name)
     want = fx.Decoder(name, oc.ort(fx.model_path(name), threads)).generate(PADDED_PROMPT, STEPS, PADDED_MASK)
     dec = fx.Decoder(name, oc.ours(fx.model_path(name), threads))
     got = dec.generate(PADDED_PROMPT, STEPS, PADDED_MASK)
