@@ -4,11 +4,14 @@ Run with a Python environment that has torch, transformers, optimum-onnx, onnxru
 onnxscript, tokenizers, onnx and onnxruntime (not needed by CI, which only reads the committed
 files)::
 
-    python -m venv fx && fx/bin/pip install torch transformers optimum-onnx onnxruntime-genai onnxscript \
-        tokenizers onnx onnxruntime
-    # optimum-onnx pins transformers < 4.58, the genai builder needs a newer one: a second venv that sees
-    # the first one's packages (a .pth file naming its site-packages) with `pip install -U transformers
-    # onnxruntime-genai`, named by GENAI_PYTHON
+    # the versions the committed fixtures were made with (the manifest records them per export)
+    python -m venv fx && fx/bin/pip install torch==2.15.0 transformers==4.57.6 optimum-onnx==0.1.0 \
+        optimum==2.1.0 onnxscript==0.7.2 tokenizers==0.22.2 onnx==1.23.2 onnxruntime==1.32.0
+    # optimum-onnx pins transformers < 4.58, the genai builder needs a newer one: a second venv that
+    # sees the first one's packages (a .pth file naming its site-packages), named by GENAI_PYTHON
+    python -m venv fx-genai && echo "$PWD/fx/lib/python3.11/site-packages" \
+        > fx-genai/lib/python3.11/site-packages/fx.pth && \
+        fx-genai/bin/pip install transformers==5.24.0 onnxruntime-genai==0.18.0
     GENAI_PYTHON=fx-genai/bin/python fx/bin/python scripts/make_fixtures.py   # every architecture and exporter
     python scripts/make_fixtures.py --arch llama gpt2  # a subset (the manifest keeps the others)
     python scripts/make_fixtures.py --exporter optimum
