@@ -17,15 +17,20 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _lib
-from ._dtypes import bfloat16
+from ._dtypes import CODES, bfloat16, cache_dtype
+from ._format import html_table, summary
+from ._session_options import (CPU_PROVIDER, ExecutionMode, GraphOptimizationLevel, ModelMetadata, SessionOptions,
+                               check_providers)
+from .state import GenerationState
 
-__all__ = ["InferenceSession", "SessionOptions", "NodeArg", "supported_ops", "LEND_MIN_BYTES"]
+__all__ = ["InferenceSession", "SessionOptions", "NodeArg", "ModelMetadata", "GraphOptimizationLevel", "ExecutionMode",
+           "GenerationState", "supported_ops", "LEND_MIN_BYTES"]
 
 #: Outputs of at least this many bytes are lent (wrapped, not copied); below
 #: it a copy is cheaper than the wrapper object and its release call.
@@ -54,18 +59,6 @@ class NodeArg:
         return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape!r})"
 
 
-@dataclass
-class SessionOptions:
-    """The subset of onnxruntime's SessionOptions that applies here.
-
-    ``intra_op_num_threads`` (0: all CPUs) and ``enable_profiling`` (record
-    per-node events, see ``InferenceSession.last_run_stats``)."""
-
-    intra_op_num_threads: int = 0
-    enable_profiling: bool = False
-    extra: Dict[str, Any] = field(default_factory=dict)
-
-
 class InferenceSession:
     """Runs a standard ONNX model on the CPU.
 
@@ -73,16 +66,29 @@ class InferenceSession:
     folder) or the serialized model (``bytes``/``bytearray``/``memoryview``;
     ``external_data_dir`` names the folder for external data then).
     ``threads`` is the kernel thread count (None: all CPUs, or
-    ``sess_options.intra_op_num_threads``). ``providers`` is accepted for
-    onnxruntime compatibility; only the CPU is used.
+    ``sess_options.intra_op_num_threads``); see :class:`SessionOptions` for
+    the onnxruntime options that apply. ``providers`` and
+    ``provider_options`` follow onnxruntime: this runtime runs on the CPU,
+    and any other provider falls back to it with a warning (once per
+    provider name).
+
+    There is no ``io_binding()``: ``run`` already uses feeds in place and
+    hands large outputs to numpy without a copy, so feeding a run's present
+    tensors back as the next run's past costs no copy.
     """
 
     def __init__(self, path_or_bytes: Union[str, os.PathLike, bytes, bytearray, memoryview],
-                 sess_options: Optional[SessionOptions] = None, providers: Optional[Sequence[Any]] = None, *,
+                 sess_options: Optional[SessionOptions] = None, providers: Optional[Sequence[Any]] = None,
+                 provider_options: Optional[Sequence[Mapping[str, Any]]] = None, *,
                  threads: Optional[int] = None, profile: Optional[bool] = None,
                  external_data_dir: Optional[str] = None) -> None:
         self._h = 0
+        if sess_options is not None and not isinstance(sess_options, SessionOptions):
+            raise TypeError(f"sess_options must be an onnx_light_kv.SessionOptions, got {type(sess_options).__name__}")
+        self._providers = check_providers(providers, provider_options)
         opts = sess_options or SessionOptions()
+        opts._log_ignored()
+        self._options = opts
         if threads is None:
             threads = opts.intra_op_num_threads or 0
         if not isinstance(threads, (int, np.integer)) or threads < 0:
@@ -102,10 +108,13 @@ class InferenceSession:
         self._output_names = [o.name for o in self._outputs]
         self._opsets: Dict[str, int] = io["opsets"]
         self._threads: int = io["threads"]
+        self._meta: Dict[str, Any] = io.get("meta", {})
         self._feed_keys: tuple = ()
         self._feed_json = "[]"
         self._out_keys: tuple = ()
         self._out_json = "[]"
+        self._cache_plan: Optional[List[Dict[str, Any]]] = None
+        self._past_names = frozenset(n for d in self._plan() for n in (d["past_key"], d["past_value"]))
 
     # -- onnxruntime-compatible surface --------------------------------------------------
     def get_inputs(self) -> List[NodeArg]:
@@ -118,24 +127,56 @@ class InferenceSession:
 
     def get_providers(self) -> List[str]:
         """Always ``["CPUExecutionProvider"]``: this runtime runs on the CPU."""
-        return ["CPUExecutionProvider"]
+        return list(self._providers)
 
-    def get_modelmeta(self) -> Dict[str, Any]:
-        """Opset imports and thread count."""
-        return {"opsets": dict(self._opsets), "threads": self._threads}
+    def get_provider_options(self) -> Dict[str, Dict[str, str]]:
+        """Options of the providers in use: ``{"CPUExecutionProvider": {}}``."""
+        return {CPU_PROVIDER: {}}
+
+    def get_session_options(self) -> SessionOptions:
+        """The :class:`SessionOptions` the session was created with."""
+        return self._options
+
+    def get_modelmeta(self) -> ModelMetadata:
+        """The model's metadata (producer, graph name, domain, doc string,
+        version and ``metadata_props`` as ``custom_metadata_map``)."""
+        return ModelMetadata(self._meta, self._opsets)
+
+    def io_binding(self) -> Any:
+        """Not provided: ``run`` is already zero-copy (see the class docstring)."""
+        raise NotImplementedError("io_binding() is not provided: run() uses feeds in place and returns large "
+                                  "outputs without a copy, so feed the outputs of one run to the next directly")
 
     def run(self, output_names: Optional[Sequence[str]], input_feed: Mapping[str, Any],
-            run_options: Any = None) -> List[np.ndarray]:
+            run_options: Any = None, *, state: Optional[GenerationState] = None) -> List[np.ndarray]:
         """Run the model; return the requested outputs (all if None) as numpy arrays.
 
         Outputs of at least ``LEND_MIN_BYTES`` wrap the session's own buffer
         (no copy): they stay valid as long as they are referenced, and the
         buffer is reused by later runs only after the array and all its views
-        are gone. Feeding them back (present -> past) costs no copy either."""
+        are gone. Feeding them back (present -> past) costs no copy either.
+
+        With ``state`` (from :meth:`create_state`) the model runs on its cache
+        path: ``input_feed`` holds only the new tokens' inputs (feeding a past
+        raises ValueError naming it), the new K/V are appended to the state's
+        caches and attention reads them in place; a present is exported from
+        the cache only when ``output_names`` names it. A failed run leaves the
+        state unchanged."""
         if not self._h:
             raise ValueError("the session is closed")
         if not isinstance(input_feed, Mapping):
             raise TypeError("input_feed must be a dict of name -> array")
+        sh = 0
+        if state is not None:
+            if not isinstance(state, GenerationState):
+                raise TypeError(f"state must be a GenerationState, got {type(state).__name__}")
+            if state._session is not self:
+                raise ValueError("the state belongs to another session")
+            fed = sorted(str(k) for k in input_feed if k in self._past_names)
+            if fed:
+                raise ValueError(f"past input(s) {', '.join(fed)} must not be fed with a state "
+                                 "(the state holds the caches)")
+            sh = state._handle()
         keys = tuple(input_feed)
         if keys != self._feed_keys:  # the JSON of the names is reused across runs
             self._feed_keys, self._feed_json = keys, json.dumps([str(k) for k in keys])
@@ -155,8 +196,12 @@ class InferenceSession:
             if names != self._out_keys:
                 self._out_keys, self._out_json = names, json.dumps([str(o) for o in names])
             out_json = self._out_json
-        meta = _lib.call(_RUN_LEND, self._h, self._feed_json, len(arrays), addr(d) if d.size else 0, int(d.size),
-                         out_json, LEND_MIN_BYTES).split("|")
+        if sh:
+            meta = _lib.call(_RUN_STATE_LEND, self._h, sh, self._feed_json, len(arrays), addr(d) if d.size else 0,
+                             int(d.size), out_json, LEND_MIN_BYTES).split("|")
+        else:
+            meta = _lib.call(_RUN_LEND, self._h, self._feed_json, len(arrays), addr(d) if d.size else 0,
+                             int(d.size), out_json, LEND_MIN_BYTES).split("|")
         rh = int(meta[0])
         outs: List[np.ndarray] = []
         refs = np.zeros(len(meta) - 1, dtype=np.int64)
@@ -181,11 +226,60 @@ class InferenceSession:
         del arrays  # feeds had to stay alive until the copy above
         return outs
 
+    # -- cache path ---------------------------------------------------------------------
+    def cache_plan(self) -> List[Dict[str, Any]]:
+        """The cache rewrite's verdict, one dict per past/present pair (layer order):
+        ``layer``, ``past_key``, ``past_value``, ``present_key``, ``present_value``,
+        ``rewritten`` (bool), ``rule`` (the rule that rewrote it) and ``reason`` (why the
+        layer stays on the tensor path; empty when rewritten)."""
+        return [dict(d) for d in self._plan()]
+
+    def create_state(self, *, batch: int = 1, max_length: Optional[int] = None, dtype: Any = None,
+                     budget: Optional[int] = None) -> GenerationState:
+        """A new :class:`GenerationState` for :meth:`run` ``(..., state=)``: one KVCache per
+        rewritten layer, ``batch`` sequences.
+
+        Args:
+            batch: sequences (or beams) of the request.
+            max_length: tokens reserved per sequence; None lets the caches grow on demand
+                (each growth copies the stored rows once and makes checkpoints stale).
+            dtype: cache storage type ("float32", "float16", "bfloat16"); None: the model's
+                K/V type. A float16/bfloat16 cache may serve a float32 model.
+            budget: bytes the state's caches may take (an arena of its own); None: the
+                session's arena.
+
+        Raises:
+            NotImplementedError: the model stays on the tensor path (the reasons of
+                :meth:`cache_plan` are in the message).
+            ValueError: bad sizes. TypeError: unsupported dtype.
+            BudgetError: the budget cannot hold the caches.
+        """
+        if not self._h:
+            raise ValueError("the session is closed")
+        for name, v in (("batch", batch), ("max_length", 0 if max_length is None else max_length),
+                        ("budget", 0 if budget is None else budget)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+                raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+        if batch < 1 or (max_length is not None and max_length < 1) or (budget is not None and budget < 1):
+            raise ValueError(f"batch, max_length and budget must be positive (got {batch}, {max_length}, {budget})")
+        code = -1 if dtype is None else CODES[cache_dtype(dtype)]
+        h = _lib.call(_lib.fn("StateNew"), self._h, int(batch), int(max_length or 0), code, int(budget or 0))
+        info = json.loads(_lib.call(_lib.fn("StateInfoJSON"), h))
+        dt = cache_dtype(info["dtype"])
+        return GenerationState(self, h, int(batch), dt, self._plan())
+
+    def _plan(self) -> List[Dict[str, Any]]:
+        if self._cache_plan is None:
+            self._cache_plan = json.loads(_lib.call(_lib.fn("SessionCachePlanJSON"), self._h))
+        return self._cache_plan
+
     @property
     def last_run_stats(self) -> Dict[str, Any]:
         """Figures of the latest run: ``peak_bytes`` (largest live total of
-        kernel-allocated tensors), ``allocated_bytes``, and ``events`` (one
-        dict per node: node, op, dur_ns, bytes) when profiling is on."""
+        kernel-allocated tensors), ``allocated_bytes``, ``run_ns`` (the run's
+        wall time inside the Go executor, binding excluded) and ``events``
+        (one dict per node: node, op, dur_ns, bytes) when profiling is on;
+        ``run_ns`` minus the events' ``dur_ns`` is the executor's own time."""
         if not self._h:
             return {}
         return json.loads(_lib.call(_lib.fn("SessionLastStatsJSON"), self._h))
@@ -209,10 +303,32 @@ class InferenceSession:
         except Exception:
             pass
 
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return not self._h
+
     def __repr__(self) -> str:
-        ins = ", ".join(i.name for i in self._inputs)
-        outs = ", ".join(self._output_names)
-        return f"<InferenceSession inputs=[{ins}] outputs=[{outs}] threads={self._threads}>"
+        if not hasattr(self, "_outputs"):  # creation failed
+            return "InferenceSession(closed)"
+        names = [i.name for i in self._inputs]
+        return summary("InferenceSession", *(["closed"] if self.closed else []),
+                       graph=repr(self._meta.get("graph_name", "")), inputs=names, outputs=list(self._output_names),
+                       threads=self._threads)
+
+    def _repr_html_(self) -> str:
+        def arg(a: NodeArg) -> tuple:
+            shape = "?" if a.shape is None else "[" + ", ".join("?" if d is None else str(d) for d in a.shape) + "]"
+            return a.name, f"{a.type} {shape}"
+
+        m = self._meta
+        model = [("producer", f"{m.get('producer_name', '')} {m.get('producer_version', '')}".strip() or "-"),
+                 ("graph", m.get("graph_name", "") or "-"),
+                 ("opsets", ", ".join(f"{d} {v}" for d, v in sorted(self._opsets.items()))),
+                 ("threads", self._threads), ("providers", ", ".join(self._providers)),
+                 ("state", "closed" if self.closed else "open")]
+        return html_table("InferenceSession", {"model": model, "inputs": [arg(a) for a in self._inputs],
+                                               "outputs": [arg(a) for a in self._outputs]})
 
 
 class _Lent:
@@ -234,6 +350,7 @@ class _Lent:
 
 
 _RUN_LEND = _lib.fn("SessionRunLend")
+_RUN_STATE_LEND = _lib.fn("SessionRunStateLend")
 _COPY_AND_FREE = _lib.fn("ResultCopyAndFree")
 _OUTPUT_RELEASE = _lib.fn("OutputRelease")
 _U16 = np.dtype(np.uint16)
