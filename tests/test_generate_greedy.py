@@ -101,6 +101,10 @@ def test_stop_sequences() -> None:
     out = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=N, stop_sequences=[[7, 7, 7], stop])
     np.testing.assert_array_equal(out.new_tokens[0], ref[:6])
     assert out.stats.decode_tokens == 5
+    # a stop sequence may start in the prompt
+    out = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=N, stop_sequences=[[int(gc.PROMPT[-1]), int(ref[0])]])
+    np.testing.assert_array_equal(out.new_tokens[0], ref[:1])
+    assert out.stats.decode_tokens == 0
 
 
 def _rename(mp: onnx.ModelProto, mapping: dict) -> onnx.ModelProto:
