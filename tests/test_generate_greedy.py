@@ -102,7 +102,8 @@ def test_stop_sequences() -> None:
     np.testing.assert_array_equal(out.new_tokens[0], ref[:6])
     assert out.stats.decode_tokens == 5
     # a stop sequence may start in the prompt
-    out = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=N, stop_sequences=[[int(gc.PROMPT[-1]), int(ref[0])]])
+    across = [[int(gc.PROMPT[-1]), int(ref[0])]]
+    out = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=N, stop_sequences=across)
     np.testing.assert_array_equal(out.new_tokens[0], ref[:1])
     assert out.stats.decode_tokens == 0
 
