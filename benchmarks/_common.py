@@ -1,4 +1,4 @@
-"""Small shared helpers for the benchmark programs (SPEC section 6).
+"""Small shared helpers for the benchmark programs.
 
 Every benchmark writes raw samples + environment to JSON, prints a table and can draw a PNG.
 This module keeps that uniform:
@@ -15,6 +15,8 @@ This module keeps that uniform:
 * :func:`write_json` -- ``benchmarks/results/<name>-<UTC timestamp>.json``; returns the path.
 * :func:`format_table` -- a fixed-width text table from a list of row dicts.
 * :func:`plot_series` -- latency-style line plot with a p10..p90 band, PNG (matplotlib, Agg).
+* :func:`speedup` -- the one ratio every benchmark reports (:data:`SPEEDUP`).
+* :func:`progress` -- a tqdm progress bar over the cases when tqdm is installed.
 
 Usage::
 
@@ -228,13 +230,34 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Optional[Sequence[s
     return "\n".join([line, sep, *body])
 
 
+#: The one ratio convention of the benchmarks and the README.
+SPEEDUP = "speed-up = their time / our time, > 1 means we are faster"
+
+
+def speedup(ours: float, theirs: float) -> float:
+    """``theirs / ours`` (see :data:`SPEEDUP`): 2.0 means we take half their time."""
+    return theirs / ours if ours > 0 else float("nan")
+
+
+def progress(items: Iterable[Any], desc: str = "", total: Optional[int] = None) -> Iterable[Any]:
+    """``items`` with a tqdm progress bar on stderr when tqdm is installed
+    (``pip install 'onnx-light-kv[progress]'``) and stderr is a terminal."""
+    if not sys.stderr.isatty():
+        return items
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, desc=desc, total=total, leave=False)
+
+
 def plot_series(path: str, series: Mapping[str, Mapping[str, Sequence[float]]], xlabel: str, ylabel: str,
                 title: str = "", logx: bool = True, logy: bool = False,
                 ratio: Optional[Mapping[str, Tuple[Sequence[float], Sequence[float]]]] = None) -> str:
     """Line plot, one line per series with a shaded p10..p90 band, saved as PNG at ``path``.
 
     ``series[label]`` holds lists ``x``, ``median`` and optionally ``p10``/``p90``.
-    ``ratio[label] = (x, values)`` adds a lower panel (e.g. ours / onnxruntime) with a 1.0 line.
+    ``ratio[label] = (x, values)`` adds a lower panel of speed-ups (:data:`SPEEDUP`) with a 1.0 line.
     Returns ``path``.
     """
     import matplotlib
@@ -261,7 +284,7 @@ def plot_series(path: str, series: Mapping[str, Mapping[str, Sequence[float]]], 
         for label, (x, values) in ratio.items():
             axr.plot(x, values, marker="o", ms=3, label=label)
         axr.axhline(1.0, color="gray", lw=1, ls="--")
-        axr.set_ylabel("ratio")
+        axr.set_ylabel("speed-up (their / our time)")
         axr.grid(True, which="both", alpha=0.3)
         axr.legend(fontsize=8)
     if logx:

@@ -1,6 +1,6 @@
 """Decode-step latency: our streaming kernel vs onnxruntime GroupQueryAttention.
 
-Both sides keep the cache in place (SPEC section 6, the internal-cache comparator):
+Both sides keep the cache in place (onnxruntime with its internal-cache GQA, no copies of the past):
 
 * ours: a contiguous ``KVCache``; one step = ``append`` of the new token's K/V, ``attention``
   of the new query over the whole cache (into a pre-allocated ``out``), then ``truncate`` back
@@ -21,7 +21,7 @@ thread count) is measured first; in every case a third side joins the alternatin
 pass of ``onnx_light_kv.stream_read`` over a 256 MiB buffer with the same thread count, so the
 bandwidth our step is compared with is measured at the same moment (the machines are shared,
 and their bandwidth drifts by 20% or more within minutes). Every case reports median and
-p10/p90 of both, the ratio ORT/ours (> 1: ours is faster), the effective K+V GB/s of our step,
+p10/p90 of both, the ``speedup`` (onnxruntime time / our time, > 1 means we are faster), the effective K+V GB/s of our step,
 its fraction of the bandwidth measured at the start (``bw_frac``) and of the median of the
 interleaved probe passes (``bw_frac_paired``), and whether K+V exceed the last-level cache.
 
@@ -30,9 +30,9 @@ summary table, and ``benchmarks/results/decode-<UTC>.png`` (latency vs context).
 
 Usage::
 
-    python benchmarks/bench_decode.py            # the issue's grid
+    python benchmarks/bench_decode.py            # the full grid
     python benchmarks/bench_decode.py --quick    # small subset, about a minute
-    python benchmarks/bench_decode.py --target   # the issue's target cases only
+    python benchmarks/bench_decode.py --target   # the target cases only (fp32 GQA 32/8 d128)
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
 from _common import blocked, environment, format_table, plot_series, summarize, write_json  # noqa: E402
 
 
@@ -74,7 +75,7 @@ class Case:
 
 
 def grid(quick: bool, contexts: Optional[List[int]], threads: List[int], target: bool = False) -> List[Case]:
-    """The issue's cases (or the quick subset, or the target configuration), in plotting order."""
+    """The full grid of cases (or the quick subset, or the target configuration), in plotting order."""
     ctx = contexts or ([256, 1024, 4096, 16384] if quick else [256, 1024, 4096, 16384, 32768])
     if target and not contexts:
         ctx = [1024, 4096, 16384, 32768]
@@ -281,7 +282,7 @@ def run_case(c: Case, repeat: int, warmup: int, rng: np.random.Generator) -> Dic
     if "ort" in samples:
         s_ort = summarize(samples["ort"])
         row.update({"ort_ms": s_ort["median"], "ort_p10": s_ort["p10"], "ort_p90": s_ort["p90"],
-                    "ratio": s_ort["median"] / s_ours["median"]})
+                    "speedup": _common.speedup(s_ours["median"], s_ort["median"])})
     row["ours_GBps"] = c.kv_bytes / (s_ours["median"] / 1e3) / 1e9
     if "ort_ms" in row:
         row["ort_GBps"] = c.kv_bytes / (row["ort_ms"] / 1e3) / 1e9
@@ -300,7 +301,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fp32 GQA 32/8 d128 batch 1, contexts 256..16k")
     ap.add_argument("--target", action="store_true",
-                    help="only the issue's target: fp32 GQA 32/8 d128, batch 1 and 4, contexts 1k..32k")
+                    help="only the target: fp32 GQA 32/8 d128, batch 1 and 4, contexts 1k..32k")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--contexts", type=int, nargs="+", default=None)
     ap.add_argument("--repeat", type=int, default=None, help="timed samples per side (default 40, quick 25)")
@@ -322,7 +323,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     rng = np.random.default_rng(0)
     results, rows = [], []
-    for c in grid(args.quick, args.contexts, args.threads, args.target):
+    for c in _common.progress(grid(args.quick, args.contexts, args.threads, args.target), desc="cases"):
         if c.kv_bytes > args.max_gib * 2 ** 30:
             print(f"skip {c.label} L={c.context}: K+V {c.kv_bytes / 2**30:.1f} GiB > --max-gib")
             continue
@@ -335,26 +336,27 @@ def main(argv: Optional[List[str]] = None) -> int:
         rows.append(row)
         results.append(r)
         print(f"{row['case']:<28} L={c.context:>6}  ours {row['ours_ms']:8.3f} ms"
-              + (f"  ort {row['ort_ms']:8.3f} ms  ratio {row['ratio']:5.2f}" if "ratio" in row else "")
+              + (f"  ort {row['ort_ms']:8.3f} ms  speedup {row['speedup']:5.2f}" if "speedup" in row else "")
               + f"  {row['ours_GBps']:6.1f} GB/s ({row['bw_frac'] * 100:4.0f}%"
               + (f", {row['bw_frac_paired'] * 100:4.0f}% of {row['bw_paired_GBps']:.1f} paired)"
                  if "bw_frac_paired" in row else ")")
               + (f"  [{row['note']}]" if "note" in row else ""), flush=True)
 
     cols = ["case", "context", "kv_MB", "ours_ms", "ours_p10", "ours_p90", "ort_ms", "ort_p10", "ort_p90",
-            "ratio", "ours_GBps", "bw_frac", "bw_paired_GBps", "bw_frac_paired", "beyond_llc", "note"]
+            "speedup", "ours_GBps", "bw_frac", "bw_paired_GBps", "bw_frac_paired", "beyond_llc", "note"]
     print()
     print(format_table(rows, [c for c in cols if any(c in r for r in rows)]))
+    print(_common.SPEEDUP)
 
-    # Target check (issue 3): fp32 GQA 32/8 d128, contexts >= 1k, 1 and 2 threads.
+    # Target check: fp32 GQA 32/8 d128, contexts >= 1k, 1 and 2 threads, speed-up >= 1.25.
     tgt = [r for r, res in zip(rows, results)
            if res["case"]["dtype"] == "float32" and res["case"]["q_heads"] == 32 and res["case"]["kv_heads"] == 8
-           and res["case"]["head_dim"] == 128 and res["case"]["context"] >= 1024 and "ratio" in r]
+           and res["case"]["head_dim"] == 128 and res["case"]["context"] >= 1024 and "speedup" in r]
     if tgt:
-        worst = min(r["ratio"] for r in tgt)
-        print(f"\ntarget ratio ORT/ours >= 1.25 (fp32 GQA 32/8 d128, L >= 1k): worst {worst:.2f} "
+        worst = min(r["speedup"] for r in tgt)
+        print(f"\ntarget speed-up >= 1.25 (fp32 GQA 32/8 d128, L >= 1k): worst {worst:.2f} "
               f"over {len(tgt)} cases -> {'met' if worst >= 1.25 else 'NOT met'}")
-    # Bandwidth fractions beyond the LLC, per configuration (the issue's target is the fp32
+    # Bandwidth fractions beyond the LLC, per configuration (the target is the fp32
     # GQA 32/8 d128 one; MQA is compute-bound and far below by nature).
     by_cfg: Dict[str, List[Dict[str, Any]]] = {}
     for r in rows:
@@ -384,10 +386,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 s["median"].append(r[f"{side}_ms"])
                 s["p10"].append(r[f"{side}_p10"])
                 s["p90"].append(r[f"{side}_p90"])
-            if "ratio" in r:
+            if "speedup" in r:
                 x, vals = ratio.setdefault(r["case"], ([], []))
                 x.append(r["context"])
-                vals.append(r["ratio"])
+                vals.append(r["speedup"])
         png = plot_series(path[:-5] + ".png", series, "context (tokens)", "decode step (ms)",
                           title="decode step: onnx-light-kv vs onnxruntime GQA (shared buffer)",
                           logy=True, ratio=ratio)

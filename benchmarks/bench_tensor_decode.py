@@ -17,7 +17,8 @@ tensors, which exposes allocation costs), two bursts per runtime, alternating.
 first call of a generation), in the same alternating blocks as ``fixed``.
 ``--profile`` adds our per-op time per step (fixed contexts, a profiled session).
 
-Output: a printed table (median, p10, p90 per runtime, ratio ours/ort of medians), raw samples
+Output: a printed table (median, p10, p90 per runtime, and ``speedup``: onnxruntime's median
+time / ours, > 1 means we are faster), raw samples
 plus environment in ``benchmarks/results/tensor-decode-<timestamp>.json`` and a PNG plot next to
 it. ``--quick`` uses a small model and short contexts (seconds); the default is 4 layers,
 hidden 1024, 16/8 heads, head_dim 64, vocab 32000, contexts 128..4096, threads 1 and 2.
@@ -199,7 +200,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     raw: List[Dict[str, Any]] = []
     for threads in args.threads:
         sessions = {r: make_session(r, model_bytes, threads) for r in runtimes}
-        for context in args.contexts:
+        for context in _common.progress(args.contexts, desc=f"{threads} thread(s)"):
             feeds = (prefill_feeds if args.mode == "prefill" else decode_feeds)(models, cfg, context, rng)
             if args.mode in ("fixed", "prefill"):
                 fns: Dict[str, Callable[[], Any]] = {r: (lambda s=s: s.run(out_names, feeds)) for r, s in sessions.items()}
@@ -213,7 +214,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 raw.append({"runtime": r, "mode": args.mode, "threads": threads, "context": context,
                             "samples_ms": samples[r], **st})
             if "ours" in samples and "ort" in samples:
-                row["ratio_ours_over_ort"] = row["ours_median_ms"] / row["ort_median_ms"]
+                row["speedup"] = _common.speedup(row["ours_median_ms"], row["ort_median_ms"])
             rows.append(row)
             print(_common.format_table([row]).splitlines()[-1], flush=True)
         del sessions
@@ -221,6 +222,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     profile = op_profile(models, cfg, model_bytes, args, out_names) if args.profile and "ours" in runtimes else None
     print()
     print(_common.format_table(rows))
+    if "ours" in runtimes and "ort" in runtimes:
+        print(_common.SPEEDUP)
     if profile:
         print("\nour per-op time per step (ms, profiled session, 1 thread):")
         print(_common.format_table(profile))
@@ -250,7 +253,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if "ours" in runtimes and "ort" in runtimes:
             for t in args.threads:
                 sel = [x for x in rows if x["threads"] == t]
-                ratio[f"ours/ort {t}T"] = ([x["context"] for x in sel], [x["ratio_ours_over_ort"] for x in sel])
+                ratio[f"{t}T"] = ([x["context"] for x in sel], [x["speedup"] for x in sel])
         xlabel, ylabel = (("prompt tokens", "ms per prefill") if args.mode == "prefill"
                           else ("context (past tokens)", "ms per decode step"))
         png = _common.plot_series(path[:-5] + ".png", series, xlabel, ylabel,

@@ -7,6 +7,12 @@ GOEXPERIMENT=simd, then copies the generated ``_kvgo*.so``, ``kvgo.py`` and
 ``pip install .`` and ``pip install -e .``; can be run by hand for a quick
 rebuild of an editable install. A lock file serializes concurrent builds.
 
+The extension is linked without the symbol table and DWARF debug info
+(``gopy -symbols=false``: Go's ``-ldflags="-s -w"``); Go stack traces still
+name functions. Set ``OLKV_DEBUG_SYMBOLS=1`` to keep them (profilers, gdb).
+Each interpreter's ``_kvgo.<abi>.so`` is kept, so editable installs from
+several Python versions coexist in one tree.
+
 Needs: Go (1.26+), gcc, Python headers, and the ``pybindgen`` package in the
 interpreter that runs this script.
 """
@@ -31,8 +37,13 @@ def _run(cmd: list[str], env: dict[str, str]) -> None:
     subprocess.run(cmd, cwd=ROOT, env=env, check=True)
 
 
-def build(python: str = sys.executable) -> str:
-    """Build the extension for interpreter ``python``; return the .so path."""
+def build(python: str = sys.executable, symbols: bool | None = None) -> str:
+    """Build the extension for interpreter ``python``; return the .so path.
+
+    ``symbols``: keep the symbol table and debug info (default: only when
+    the environment sets ``OLKV_DEBUG_SYMBOLS=1``)."""
+    if symbols is None:
+        symbols = os.environ.get("OLKV_DEBUG_SYMBOLS", "") not in ("", "0")
     if shutil.which("go") is None:
         raise RuntimeError("the Go toolchain (1.26+) is needed to build onnx-light-kv: 'go' is not on PATH")
     env = dict(os.environ)
@@ -47,16 +58,14 @@ def build(python: str = sys.executable) -> str:
         env["PATH"] = tools + os.pathsep + env.get("PATH", "")
         shutil.rmtree(BUILD, ignore_errors=True)
         _run(["go", "tool", "gopy", "build", "-output=" + os.path.relpath(BUILD, ROOT), "-vm=" + python,
-              "-dynamic-link=true", "./golib/kvgo"], env)
+              "-dynamic-link=true", "-symbols=" + ("true" if symbols else "false"), "./golib/kvgo"], env)
     finally:
         shutil.rmtree(tools, ignore_errors=True)
     sos = glob.glob(os.path.join(BUILD, "_kvgo*.so"))
     if len(sos) != 1:
         raise RuntimeError(f"gopy produced {len(sos)} extension files in {BUILD}")
     os.makedirs(DEST, exist_ok=True)
-    for old in glob.glob(os.path.join(DEST, "_kvgo*.so")):
-        if os.path.basename(old) != os.path.basename(sos[0]):
-            os.remove(old)
+    # other interpreters' _kvgo.<abi>.so stay: their editable installs use them
     for f in sos + [os.path.join(BUILD, "kvgo.py"), os.path.join(BUILD, "go.py")]:
         # copy then rename: a process that has the old module loaded keeps
         # its (now unlinked) file intact instead of seeing it rewritten

@@ -3,50 +3,107 @@
 # Go extension, then runs the demo, the tests or a benchmark.
 #
 #   bash scripts/run.sh demo [demo options]   # set up, then a decode demo with figures
-#   bash scripts/run.sh test                  # set up, then every Go and Python test
+#   bash scripts/run.sh test [pytest args]    # set up, then every Go and Python test
 #   bash scripts/run.sh setup                 # only set up
+#   bash scripts/run.sh bench PROGRAM [args]  # set up, then run a benchmark program
 #
-# Needs Go (1.26+), gcc and Python 3.10+ with pip; everything else comes from
-# PyPI and the Go module proxy.
+# Python: a project virtual environment, .venv/ (created on first use; works
+# where the system Python is "externally managed"), unless PYTHON names an
+# interpreter to use instead (PYTHON=/path/to/venv/bin/python bash scripts/run.sh test).
+# Needs Go (1.26+), gcc and Python 3.10+ with the venv module; everything else
+# comes from PyPI and the Go module proxy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
 export GOFLAGS=${GOFLAGS:--mod=mod}
+
+# phase MESSAGE: a "== MESSAGE" line with the time elapsed so far
+phase() { printf '== [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
+
+if [ -n "${PYTHON:-}" ]; then
+  PY=$PYTHON
+else
+  VENV=.venv
+  if [ ! -x "$VENV/bin/python" ]; then
+    command -v python3 >/dev/null || { echo "error: Python 3.10+ is required (python3 not on PATH)" >&2; exit 1; }
+    phase "creating the project virtual environment $VENV (python3 -m venv)"
+    if ! python3 -m venv "$VENV"; then
+      rm -rf "$VENV"
+      echo "error: python3 -m venv failed; on Debian/Ubuntu install it with: apt-get install python3-venv" >&2
+      exit 1
+    fi
+  fi
+  PY=$VENV/bin/python
+fi
 
 setup() {
   command -v go >/dev/null || { echo "error: Go 1.26+ is required (go not on PATH)" >&2; exit 1; }
   command -v gcc >/dev/null || { echo "error: gcc is required for the cgo build" >&2; exit 1; }
+  "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+    || { echo "error: $PY is older than Python 3.10" >&2; exit 1; }
   # build + test dependencies (pinned lower bounds; onnxruntime is the comparator; tokenizers and
   # tqdm are the optional 'generate' extra, installed so that its tests run)
-  if ! "$PY" -c "import numpy, ml_dtypes, onnx, onnxruntime, pytest, pybindgen, matplotlib, tokenizers, tqdm" 2>/dev/null; then
-    echo "== installing Python dependencies"
+  if ! "$PY" -c "import numpy, ml_dtypes, onnx, onnxruntime, pytest, pybindgen, matplotlib, tokenizers, tqdm, build" 2>/dev/null; then
+    phase "installing Python dependencies (first run: about a minute)"
     "$PY" -m pip install --quiet --disable-pip-version-check \
       "numpy>=1.24" "ml_dtypes>=0.3" "onnx>=1.18" "onnxruntime>=1.22" "pytest>=7" \
-      "pybindgen==0.22.1" "matplotlib>=3.7" "setuptools>=77" wheel "tokenizers>=0.15" "tqdm>=4.60"
+      "pybindgen==0.22.1" "matplotlib>=3.7" "tokenizers>=0.15" "tqdm>=4.60" "setuptools>=77" wheel build
   fi
-  echo "== downloading Go modules"
+  phase "downloading Go modules"
   go mod download
-  # (re)build the extension when it is missing or older than any Go source
+  # (re)build the extension when this interpreter's is missing or older than any Go source
   local so
-  so=$(ls python/onnx_light_kv/_native/_kvgo*.so 2>/dev/null | head -n1 || true)
-  if [ -z "$so" ] || [ -n "$(find golib go.mod -newer "$so" -name '*.go' -o -newer "$so" -name go.mod | head -n1)" ] \
+  so=$("$PY" -c 'import sysconfig; print("python/onnx_light_kv/_native/_kvgo" + sysconfig.get_config_var("EXT_SUFFIX"))')
+  if [ ! -f "$so" ] || [ -n "$(find golib go.mod -newer "$so" \( -name '*.go' ! -name '*_test.go' -o -name '*.s' -o -name go.mod -o -name VERSION \) | head -n1)" ] \
      || ! "$PY" -c "import onnx_light_kv" 2>/dev/null; then
-    echo "== building the Go extension (pip install -e .)"
+    phase "building the Go extension (pip install -e .; a cold Go build takes 1-3 minutes)"
     "$PY" -m pip install --quiet --disable-pip-version-check -e .
   fi
 }
 
+# go_test_pkgs LABEL [go test flags]: runs every package's tests, one package
+# at a time, printing each package and each top-level test as it finishes
+# (so a long package is never silent); the full output of a failing package
+# is printed at the end.
+go_test_pkgs() {
+  local label=$1; shift
+  local pkgs n i=0 failed=() log start
+  pkgs=$(go list ./...)
+  n=$(echo "$pkgs" | wc -l)
+  log=$(mktemp -d)
+  for p in $pkgs; do
+    i=$((i + 1))
+    start=$SECONDS
+    printf '   [%d/%d] %s\n' "$i" "$n" "${p#github.com/onnx-light-kv/onnx-light-kv/}"
+    if go test "$@" -count=1 -v "$p" >"$log/out" 2>&1; then
+      grep -E '^--- (PASS|SKIP)' "$log/out" | sed 's/^/        /' || true
+      printf '        ok (%ds)\n' $((SECONDS - start))
+    else
+      grep -E '^--- ' "$log/out" | sed 's/^/        /' || true
+      printf '        FAILED (%ds)\n' $((SECONDS - start))
+      failed+=("$p")
+      cp "$log/out" "$log/failed-$i"
+    fi
+  done
+  if [ ${#failed[@]} -gt 0 ]; then
+    for f in "$log"/failed-*; do echo "---- output of a failing package ($label)"; cat "$f"; done
+    rm -rf "$log"
+    echo "FAILED ($label): ${failed[*]}" >&2
+    return 1
+  fi
+  rm -rf "$log"
+}
+
 go_tests() {
-  echo "== gofmt / go vet"
+  phase "gofmt / go vet"
   local unformatted
   unformatted=$(gofmt -l golib)
   if [ -n "$unformatted" ]; then echo "gofmt needed on: $unformatted" >&2; exit 1; fi
   GOEXPERIMENT=simd go vet ./...
   go vet ./...
-  echo "== go test -race (SIMD build: archsimd kernels and their Go twins)"
-  GOEXPERIMENT=simd go test -race -count=1 ./...
-  echo "== go test -race (portable build: pure-Go kernels only)"
-  go test -race -count=1 ./...
+  phase "go test -race, SIMD build (archsimd kernels and their Go twins; about 2 minutes on 2 cores)"
+  GOEXPERIMENT=simd go_test_pkgs "SIMD build" -race
+  phase "go test -race, portable build (pure-Go kernels only; about 2 minutes on 2 cores)"
+  go_test_pkgs "portable build" -race
 }
 
 case "${1:-}" in
@@ -54,9 +111,10 @@ case "${1:-}" in
   demo) shift; setup; exec "$PY" -m onnx_light_kv demo "$@" ;;
   test)
     shift; setup; go_tests
-    echo "== pytest"
+    phase "pytest"
     "$PY" -m pytest -q "$@" tests
+    phase "done"
     ;;
   bench) shift; setup; exec "$PY" "$@" ;;
-  *) sed -n '2,11p' "$0"; exit 2 ;;
+  *) sed -n '2,14p' "$0"; exit 2 ;;
 esac

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sync"
 	"unsafe"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/units"
 )
 
 // Arena is the persistent, session-owned memory that caches live in. It
@@ -53,7 +55,8 @@ func (a *Arena) SetBudget(budget int64) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if budget < 0 || (budget > 0 && budget < a.allocated) {
-		return fmt.Errorf("%w: budget %d is below the %d bytes already allocated", ErrInvalidArgument, budget, a.allocated)
+		return fmt.Errorf("%w: budget %s is below the %s already allocated", ErrInvalidArgument,
+			units.Bytes(budget), units.Bytes(a.allocated))
 	}
 	a.budget = budget
 	a.trimLocked(a.budget)
@@ -105,7 +108,7 @@ func (a *Arena) allocMany(n, count int) ([][]byte, error) {
 				a.free[n] = append(a.free[n], done) // back to the pool: all or nothing
 				a.pooled += int64(n)
 			}
-			return nil, fmt.Errorf("%w: cannot map %d bytes: %v", ErrBudget, n, err)
+			return nil, fmt.Errorf("%w: cannot map %s: %v", ErrBudget, units.Bytes(int64(n)), err)
 		}
 		out[i] = b
 	}

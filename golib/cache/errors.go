@@ -3,6 +3,8 @@ package cache
 import (
 	"errors"
 	"fmt"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/units"
 )
 
 // Sentinel errors. Callers test them with errors.Is; the bindings map them to
@@ -35,11 +37,11 @@ type BudgetError struct {
 
 func (e *BudgetError) Error() string {
 	if e.Machine {
-		return fmt.Sprintf("memory budget exceeded: requested %d bytes with %d committed, but the machine has only %d bytes available",
-			e.Requested, e.Committed, e.Budget-e.Committed)
+		return fmt.Sprintf("memory budget exceeded: requested %s with %s committed, but the machine has only %s available",
+			units.Bytes(e.Requested), units.Bytes(e.Committed), units.Bytes(e.Budget-e.Committed))
 	}
-	return fmt.Sprintf("memory budget exceeded: requested %d bytes with %d of %d bytes committed (%d free)",
-		e.Requested, e.Committed, e.Budget, e.Budget-e.Committed)
+	return fmt.Sprintf("memory budget exceeded: requested %s with %s of the %s budget committed (%s free)",
+		units.Bytes(e.Requested), units.Bytes(e.Committed), units.Bytes(e.Budget), units.Bytes(e.Budget-e.Committed))
 }
 
 // Unwrap makes errors.Is(err, ErrBudget) true.

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/units"
 )
 
 // Config describes the geometry of a cache. All sizes are in elements or
@@ -149,7 +151,8 @@ func (cfg Config) validate() error {
 	total := float64(cfg.Batch) * float64(cfg.KVHeads) * float64(cfg.Capacity) *
 		float64(cfg.HeadDimK+cfg.HeadDimV) * float64(cfg.Elem.Size())
 	if total > maxCacheBytes {
-		return fmt.Errorf("%w: cache of %.0f bytes is larger than the %d-byte limit", ErrInvalidArgument, total, int64(maxCacheBytes))
+		return fmt.Errorf("%w: a cache of %.0f bytes (%s) is larger than the %s limit", ErrInvalidArgument,
+			total, units.Size(int64(min(total, float64(1<<62)))), units.Size(int64(maxCacheBytes)))
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/units"
 )
 
 // ReadBandwidth measures the machine's streaming-read bandwidth, the
@@ -23,12 +24,12 @@ func ReadBandwidth(bytes int64, threads, iters int) (float64, error) {
 			cache.ErrInvalidArgument, maxProbeThreads, bytes, threads, iters)
 	}
 	if avail := cache.AvailableMemory(); avail > 0 && bytes > avail {
-		return 0, fmt.Errorf("%w: a %d-byte probe buffer exceeds the memory available (%d bytes)",
-			cache.ErrInvalidArgument, bytes, avail)
+		return 0, fmt.Errorf("%w: a probe buffer of %s exceeds the memory available (%s)",
+			cache.ErrInvalidArgument, units.Bytes(bytes), units.Bytes(avail))
 	}
 	buf, free, err := probeBuffer(int(bytes / 4))
 	if err != nil {
-		return 0, fmt.Errorf("%w: cannot map a %d-byte probe buffer: %v", cache.ErrBudget, bytes, err)
+		return 0, fmt.Errorf("%w: cannot map a probe buffer of %s: %v", cache.ErrBudget, units.Bytes(bytes), err)
 	}
 	defer free()
 	for i := range buf {

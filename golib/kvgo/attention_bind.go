@@ -61,9 +61,6 @@ func SetKernel(name string) (err error) {
 	return classify(cpu.SetKernel(name))
 }
 
-// Version is the package version, kept equal to the Python package's.
-const Version = "0.1.0"
-
 // InfoJSON describes the build and the machine: versions, CPU features and
 // the active kernel paths.
 func InfoJSON() (s string, err error) {
@@ -71,7 +68,7 @@ func InfoJSON() (s string, err error) {
 	f := cpu.DetectFeatures()
 	active, avail := cpu.KernelPaths()
 	info := map[string]any{
-		"version":           Version,
+		"version":           version,
 		"go_version":        runtime.Version(),
 		"goos":              runtime.GOOS,
 		"goarch":            runtime.GOARCH,

@@ -145,8 +145,36 @@ func infos(vis []model.ValueInfo) []valueInfoJSON {
 	return out
 }
 
+// modelMetaJSON is the model's self-description, the fields of
+// onnxruntime's ModelMetadata: producer, graph name and doc strings,
+// domain, model version and metadata_props.
+type modelMetaJSON struct {
+	ProducerName      string            `json:"producer_name"`
+	ProducerVersion   string            `json:"producer_version"`
+	GraphName         string            `json:"graph_name"`
+	GraphDescription  string            `json:"graph_description"`
+	Domain            string            `json:"domain"`
+	Description       string            `json:"description"`
+	Version           int64             `json:"version"`
+	IRVersion         int64             `json:"ir_version"`
+	CustomMetadataMap map[string]string `json:"custom_metadata_map"`
+}
+
+func modelMeta(m *model.Model) modelMetaJSON {
+	mp := m.Proto
+	j := modelMetaJSON{ProducerName: m.ProducerName, ProducerVersion: m.ProducerVersion, IRVersion: m.IRVersion,
+		GraphName: mp.GetGraph().GetName(), GraphDescription: mp.GetGraph().GetDocString(),
+		Domain: mp.GetDomain(), Description: mp.GetDocString(), Version: mp.GetModelVersion(),
+		CustomMetadataMap: map[string]string{}}
+	for _, e := range mp.GetMetadataProps() {
+		j.CustomMetadataMap[e.GetKey()] = e.GetValue()
+	}
+	return j
+}
+
 // SessionIOJSON describes the session's inputs and outputs as
-// {"inputs": [...], "outputs": [...], "opsets": {...}, "threads": n}.
+// {"inputs": [...], "outputs": [...], "opsets": {...}, "threads": n,
+// "meta": {...}} (meta: see modelMetaJSON).
 func SessionIOJSON(h int64) (s string, err error) {
 	defer recoverTo(&err)
 	sess, err := sessions.get(h)
@@ -163,6 +191,7 @@ func SessionIOJSON(h int64) (s string, err error) {
 	b, err := json.Marshal(map[string]any{
 		"inputs": infos(sess.Inputs()), "outputs": infos(sess.Outputs()),
 		"opsets": opsets, "threads": sess.Threads(), "producer": sess.Model().ProducerName,
+		"meta": modelMeta(sess.Model()),
 	})
 	return string(b), classify(err)
 }
@@ -278,7 +307,8 @@ func LentOutputs() int { return lent.len() }
 
 // SessionLastStatsJSON returns the figures of session h's latest run:
 // {"peak_bytes", "allocated_bytes", "events": [{"node", "op", "dur_ns",
-// "bytes"}...] (events only when profiling)}; {} before the first run.
+// "bytes"}...] (events only when profiling), "run_ns" (the run's wall time
+// inside the executor)}; {} before the first run.
 func SessionLastStatsJSON(h int64) (s string, err error) {
 	defer recoverTo(&err)
 	if _, err := sessions.get(h); err != nil {
@@ -293,7 +323,8 @@ func SessionLastStatsJSON(h int64) (s string, err error) {
 	for i, e := range stats.Events {
 		events[i] = eventJSON{Node: e.Node, Op: e.OpType, DurNs: e.Duration.Nanoseconds(), Bytes: e.BytesAllocated}
 	}
-	b, err := json.Marshal(map[string]any{"peak_bytes": stats.PeakBytes, "allocated_bytes": stats.AllocatedBytes, "events": events})
+	b, err := json.Marshal(map[string]any{"peak_bytes": stats.PeakBytes, "allocated_bytes": stats.AllocatedBytes, "events": events,
+		"run_ns": stats.Duration.Nanoseconds()})
 	return string(b), classify(err)
 }
 

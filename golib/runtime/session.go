@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
@@ -29,6 +30,10 @@ type Options struct {
 	// CachePairs maps past input names to present output names for the
 	// cache rewrite, where the model's names follow no exporter convention.
 	CachePairs map[string]string
+	// DisableFolding runs the graph as written: no constant folding, no
+	// dropped Identity/Cast nodes and no shape cache (for differential
+	// tests and debugging; onnxruntime's ORT_DISABLE_ALL).
+	DisableFolding bool
 }
 
 // Session is a RuntimeSession: built once per model (kernels resolved and
@@ -62,10 +67,30 @@ type State struct {
 	mu   sync.Mutex
 	ctx  *Context
 	pool *bufferPool
+	// plan and fr are the main plan last run on the state and its frame
+	// (values by slot, per-node scratch, shape cache), kept between runs.
+	plan *Plan
+	fr   *frame
+	mem  *memTracker
+}
+
+// frame returns the state's frame for p, making a new one (with an empty
+// shape cache) when the state last ran another plan.
+func (st *State) frame(p *Plan) *frame {
+	if st.plan != p || st.fr == nil {
+		st.plan, st.fr = p, newFrame(p)
+		if p.main {
+			st.fr.shapes = newShapeCache(p)
+		}
+	}
+	return st.fr
 }
 
 // NewState returns an empty request state.
-func NewState() *State { return &State{ctx: NewContext(), pool: newBufferPool()} }
+func NewState() *State {
+	pool := newBufferPool()
+	return &State{ctx: NewContext(), pool: pool, mem: newMemTracker(pool)}
+}
 
 // Context returns the state's root context (for cache management).
 func (st *State) Context() *Context { return st.ctx }
@@ -76,6 +101,7 @@ func (st *State) Reset() error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.pool.trim()
+	st.plan, st.fr = nil, nil
 	return st.ctx.ResetState()
 }
 
@@ -117,7 +143,7 @@ func NewSessionFromBytes(b []byte, opt Options) (*Session, error) {
 // node's kernel is resolved here: an unsupported op fails now, naming the
 // op, its domain and opset version.
 func NewSessionFromModel(m *model.Model, opt Options) (*Session, error) {
-	p, err := BuildPlan(m)
+	p, err := buildPlan(m, !opt.DisableFolding)
 	if err != nil {
 		return nil, err
 	}
@@ -233,18 +259,30 @@ func (s *Session) runOn(p *Plan, st *State, feeds map[string]*tensor.Tensor, out
 			return nil, nil, err
 		}
 	}
+	start := time.Now()
 	ctx := st.ctx
 	ctx.ClearValues()
-	defer ctx.ClearValues() // drop references to borrowed feeds and temporaries
-	ctx.SetInitializers(p.Initializers)
+	defer ctx.ClearValues()             // drop references to borrowed feeds and temporaries
+	ctx.SetInitializers(p.Initializers) // read by subgraphs through their contexts
+	fr := st.frame(p)
+	defer fr.clear()
 	for name, t := range feeds {
-		ctx.PutTensor(name, t)
+		if slot, ok := p.slots[name]; ok { // an unread initializer default has none
+			fr.vals[slot] = t
+		}
 	}
 	stats := &RunStats{}
+	if s.profile {
+		stats.Events = make([]Event, 0, len(p.Nodes))
+	}
 	st.pool.beginRun()
-	mem := newMemTracker(st.pool)
-	sc := &runScope{ctx: ctx, threads: s.threads, profile: s.profile, mem: mem, stats: stats, alloc: st.pool, binding: binding}
+	mem := st.mem
+	mem.begin()
+	sc := &runScope{ctx: ctx, threads: s.threads, profile: s.profile, mem: mem, stats: stats, alloc: st.pool, fr: fr, binding: binding}
 	if err := p.execute(sc); err != nil {
+		if fr.shapes != nil {
+			fr.shapes.forget()
+		}
 		mem.settle(nil, persistentTensors(ctx))
 		if e := end(false); e != nil {
 			err = fmt.Errorf("%w (restoring the state also failed: %v)", err, e)
@@ -254,12 +292,11 @@ func (s *Session) runOn(p *Plan, st *State, feeds map[string]*tensor.Tensor, out
 	stats.PeakBytes = mem.peak
 	outs := make([]*tensor.Tensor, len(outIdx))
 	for i, k := range outIdx {
-		name := p.Outputs[k].Name
-		t, ok := ctx.Tensor(name)
-		if !ok {
+		t := fr.value(p, p.outSlots[k])
+		if t == nil {
 			mem.settle(nil, persistentTensors(ctx))
 			_ = end(false)
-			return nil, nil, fmt.Errorf("%w: output %q was not produced", errs.ErrNotFound, name)
+			return nil, nil, fmt.Errorf("%w: output %q was not produced", errs.ErrNotFound, p.Outputs[k].Name)
 		}
 		outs[i] = t
 	}
@@ -267,6 +304,7 @@ func (s *Session) runOn(p *Plan, st *State, feeds map[string]*tensor.Tensor, out
 	if err := end(true); err != nil {
 		return nil, nil, err
 	}
+	stats.Duration = time.Since(start)
 	return outs, stats, nil
 }
 

@@ -3,11 +3,20 @@
 The heart is :class:`KVCache`, a persistent cache value whose append copies
 only new tokens, and :func:`attention`, a streaming decode kernel that reads
 the cache in place. See the README for the full tour.
+
+Diagnostics (the kernel path chosen, options without effect, provider
+fallbacks) go to the standard :mod:`logging` logger ``"onnx_light_kv"``,
+silent unless the application configures logging, e.g.
+``logging.basicConfig(level=logging.INFO)``.
 """
 
 from __future__ import annotations
 
+import logging as _logging
 from typing import Any
+
+_log = _logging.getLogger("onnx_light_kv")
+_log.addHandler(_logging.NullHandler())
 
 from ._errors import BudgetError, CapacityError, StaleCheckpointError
 from ._dtypes import bfloat16
@@ -15,12 +24,12 @@ from .cache import Arena, Checkpoint, KVCache, default_arena
 from .attention import attention, get_threads, set_kernel, set_threads
 from ._kernel import read_bandwidth, stream_read
 
-__version__ = "0.1.0"
 
 __all__ = [
     "Arena", "KVCache", "Checkpoint", "default_arena", "attention", "set_threads", "get_threads",
-    "set_kernel", "read_bandwidth", "stream_read", "InferenceSession", "SessionOptions", "NodeArg", "GenerationState", "models", "BudgetError", "CapacityError", "StaleCheckpointError", "bfloat16", "build_info",
-    "generate", "Generator", "GenerationOutput", "__version__",
+    "set_kernel", "read_bandwidth", "stream_read", "InferenceSession", "SessionOptions", "NodeArg", "ModelMetadata",
+    "GraphOptimizationLevel", "ExecutionMode", "GenerationState", "models", "BudgetError", "CapacityError",
+    "StaleCheckpointError", "bfloat16", "build_info", "generate", "Generator", "GenerationOutput", "__version__",
 ]
 
 
@@ -34,18 +43,26 @@ def build_info() -> dict[str, Any]:
     return json.loads(_lib.call(_lib.fn("InfoJSON")))
 
 
-def _check_kernel_env() -> None:
-    """Warn when OLKV_KERNEL asked for a path this CPU or build cannot run."""
+def _check_kernel_env() -> str:
+    """Log the kernel path in use; warn when OLKV_KERNEL asked for a path
+    this CPU or build cannot run. Returns the package version."""
     import os
     import warnings
 
+    info = build_info()
     if os.environ.get("OLKV_KERNEL"):
-        err = build_info().get("kernel_startup_error")
+        err = info.get("kernel_startup_error")
         if err:
+            _log.warning("OLKV_KERNEL ignored: %s", err)
             warnings.warn(f"OLKV_KERNEL ignored: {err}", RuntimeWarning, stacklevel=2)
+    _log.info("attention kernel path %s (available: %s), %d threads", info.get("attention_kernel"),
+              ", ".join(info.get("attention_kernels", [])), info.get("threads", 0))
+    return str(info["version"])
 
 
-_check_kernel_env()
+__version__: str = _check_kernel_env()
+"""The package version (one source: the extension embeds golib/kvgo/VERSION,
+which the package metadata reads too)."""
 
 
 def __getattr__(name: str) -> Any:
@@ -59,7 +76,8 @@ def __getattr__(name: str) -> Any:
 
         gen = importlib.import_module(".generation", __name__)
         return gen if name == "generation" else getattr(gen, name)
-    if name in ("InferenceSession", "SessionOptions", "NodeArg", "GenerationState"):
+    if name in ("InferenceSession", "SessionOptions", "NodeArg", "ModelMetadata", "GraphOptimizationLevel",
+                "ExecutionMode", "GenerationState"):
         from . import session
 
         return getattr(session, name)

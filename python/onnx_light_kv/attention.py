@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from typing import Any, Optional
 
 import numpy as np
@@ -105,3 +107,4 @@ def set_kernel(name: str) -> None:
     (ValueError if the CPU or build lacks it). The OLKV_KERNEL environment
     variable does the same at start-up."""
     _lib.call(_lib.fn("SetKernel"), name)
+    logging.getLogger("onnx_light_kv").info("attention kernel path set to %s", name)

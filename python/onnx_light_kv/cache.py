@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 import json
 import weakref
 from typing import Any, Optional, Sequence, Union
@@ -12,6 +11,7 @@ import numpy as np
 from . import _lib
 from ._errors import convert
 from ._dtypes import CODES, DTypeLike, as_float_array, cache_dtype
+from ._format import html_table, human_bytes, human_count, summary
 
 __all__ = ["Arena", "KVCache", "Checkpoint", "default_arena"]
 
@@ -66,8 +66,18 @@ class Arena:
 
     def __repr__(self) -> str:
         s = self.stats()
-        budget = "unlimited" if not s["budget"] else f"{s['budget']:,} B"
-        return f"Arena(budget={budget}, allocated={s['allocated_bytes']:,} B, live={s['live_bytes']:,} B)"
+        budget = "unlimited" if not s["budget"] else human_bytes(s["budget"])
+        return summary("Arena", budget=budget, committed=human_bytes(s["committed_bytes"]),
+                       live=human_bytes(s["live_bytes"]), pooled=human_bytes(s["pooled_bytes"]))
+
+    def _repr_html_(self) -> str:
+        s = self.stats()
+        budget = "unlimited" if not s["budget"] else human_bytes(s["budget"])
+        mem = [("budget", budget), ("allocated", human_bytes(s["allocated_bytes"])),
+               ("committed", human_bytes(s["committed_bytes"])), ("live (valid data)", human_bytes(s["live_bytes"])),
+               ("pooled (free, kept)", human_bytes(s["pooled_bytes"])), ("peak", human_bytes(s["peak_bytes"]))]
+        use = [("allocations", human_count(s["allocations"])), ("fragmentation", f"{s['fragmentation']:.1%}")]
+        return html_table("Arena", {"memory": mem, "use": use})
 
 
 _default: Optional[Arena] = None
@@ -102,7 +112,8 @@ class Checkpoint:
         self._finalizer()
 
     def __repr__(self) -> str:
-        return f"Checkpoint(id={self.id}, lengths={self.lengths.tolist()})"
+        return summary("Checkpoint", id=self.id, lengths=self.lengths,
+                       released=True if not self._finalizer.alive else None)
 
 
 class KVCache:
@@ -357,15 +368,26 @@ class KVCache:
         if self.closed:
             return "KVCache(closed)"
         i = self.info()
-        dv = "" if i["head_dim_v"] == i["head_dim_k"] else f", head_dim_v={i['head_dim_v']}"
-        return (f"KVCache(batch={i['batch']}, kv_heads={i['kv_heads']}, head_dim={i['head_dim_k']}{dv}, "
-                f"dtype={i['dtype']}, capacity={i['capacity']}, lengths={i['lengths']}, "
-                f"layout={i['layout']}, committed={i['committed_bytes']:,} B)")
+        return summary("KVCache", batch=i["batch"], kv_heads=i["kv_heads"], head_dim=i["head_dim_k"],
+                       head_dim_v=None if i["head_dim_v"] == i["head_dim_k"] else i["head_dim_v"],
+                       dtype=i["dtype"], capacity=i["capacity"], lengths=i["lengths"], layout=i["layout"],
+                       committed=human_bytes(i["committed_bytes"]))
 
     def _repr_html_(self) -> str:
         if self.closed:
             return "<b>KVCache</b> (closed)"
         i = self.info()
-        rows = [(k, v) for k, v in i.items() if k != "counters"] + list(i["counters"].items())
-        body = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
-        return f"<b>KVCache</b><table>{body}</table>"
+        c = i["counters"]
+        lengths = i["lengths"]
+        shown = ", ".join(map(str, lengths[:8])) + (f", ... ({len(lengths)} sequences)" if len(lengths) > 8 else "")
+        geometry = [("dtype", i["dtype"]), ("layout", i["layout"]), ("batch", i["batch"]),
+                    ("kv_heads", i["kv_heads"]),
+                    ("head_dim (K / V)", f"{i['head_dim_k']} / {i['head_dim_v']}"),
+                    ("capacity", f"{human_count(i['capacity'])} tokens"), ("lengths", shown),
+                    ("checkpoints", i["checkpoints"])]
+        memory = [("committed", human_bytes(i["committed_bytes"])), ("live (valid tokens)", human_bytes(i["live_bytes"])),
+                  ("page table", human_bytes(i["page_table_bytes"]))]
+        counters = [("appended", f"{human_bytes(c['append_bytes'])} in {human_count(c['append_calls'])} calls"),
+                    ("read by attention", f"{human_bytes(c['attention_bytes'])} in {human_count(c['attention_calls'])} calls"),
+                    ("exported", human_bytes(c["export_bytes"])), ("copied (fork, reorder)", human_bytes(c["copy_bytes"]))]
+        return html_table("KVCache", {"geometry": geometry, "memory": memory, "counters": counters})

@@ -22,23 +22,40 @@ from typing import Any
 
 import numpy as np
 
+from ._format import human_bytes
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Register the demo's command-line options."""
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--q-heads", type=int, default=32)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--prompt", type=int, default=512, help="prefill tokens")
-    p.add_argument("--steps", type=int, default=256, help="decode steps")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--batch", type=int, default=1, help="sequences in the KV-cache part")
+    p.add_argument("--q-heads", type=int, default=32, help="query heads in the KV-cache part")
+    p.add_argument("--kv-heads", type=int, default=8, help="key/value heads in the KV-cache part")
+    p.add_argument("--head-dim", type=int, default=128, help="elements per head in the KV-cache part")
+    p.add_argument("--prompt", type=int, default=512, help="prefill tokens in the KV-cache part")
+    p.add_argument("--steps", type=int, default=256, help="decode steps in the KV-cache part")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                   help="cache storage type in the KV-cache part")
     p.add_argument("--threads", type=int, default=0, help="kernel threads (0: all CPUs)")
-    p.add_argument("--check-every", type=int, default=32, help="compare with numpy every N steps")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--check-every", type=int, default=32, help="compare with numpy every N steps (0: never)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random model weights and data")
     p.add_argument("--gen-steps", type=int, default=32, help="greedy tokens in the generation part (0: skip it)")
     p.add_argument("--gen-prompt", type=int, default=64, help="prompt tokens in the generation part")
     p.add_argument("--plot", default=os.path.join(tempfile.gettempdir(), "onnx_light_kv_demo_generation.png"),
                    help="PNG of the generation part's step latency vs context ('' for none)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bars on stderr (needs the 'progress' extra, tqdm; default: when stderr is a terminal)")
+
+
+def _steps(n: int, desc: str, args: Any) -> Any:
+    """range(n), with a progress bar when asked for (or stderr is a terminal) and tqdm is installed."""
+    import sys
+
+    from ._optional import progress
+
+    show = getattr(args, "progress", None)
+    if show is None:
+        show = sys.stderr.isatty()
+    return progress(range(n), total=n, desc=desc, enable=bool(show))
 
 
 def reference_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
@@ -51,14 +68,6 @@ def reference_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: floa
     p = np.exp(s)
     p /= p.sum(axis=-1, keepdims=True)
     return np.einsum("bhqk,bhkd->bhqd", p, vv).astype(np.float32)
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n):,} B"
-        n /= 1024
-    return str(n)
 
 
 def _timed_generation(session: Any, prompt: np.ndarray, n: int, state_options: Any) -> Any:
@@ -152,7 +161,7 @@ def run_generation(args: Any) -> bool:
     names = ", ".join(runs)
     print(f"  check: identical greedy tokens from generate() and {names}: {same} -> {'OK' if same else 'FAILED'}")
     if "onnxruntime" not in runs:
-        print("  (onnxruntime not installed: no comparison)")
+        print("  (onnxruntime not installed: no comparison; pip install 'onnx-light-kv[ort]' adds it)")
     return same
 
 
@@ -184,7 +193,7 @@ def run(args: Any) -> int:
     worst = 0.0
     out = np.empty((B, Hq, 1, D), dtype=np.float32)
     cache.reset_counters()
-    for step in range(args.steps):
+    for step in _steps(args.steps, "decode", args):
         k = rng.standard_normal((B, Hkv, 1, D), dtype=np.float32)
         v = rng.standard_normal((B, Hkv, 1, D), dtype=np.float32)
         q = rng.standard_normal((B, Hq, 1, D), dtype=np.float32)
@@ -205,13 +214,13 @@ def run(args: Any) -> int:
     for key in ("dtype", "layout", "batch", "kv_heads", "head_dim_k", "capacity", "committed_bytes",
                 "live_bytes", "page_table_bytes"):
         val = i[key]
-        print(f"  {key:<17} {_fmt_bytes(val) if key.endswith('bytes') else val}")
+        print(f"  {key:<17} {human_bytes(val) if key.endswith('bytes') else val}")
     print(f"  {'lengths':<17} {i['lengths']}")
     row = B * Hkv * 2 * D * cache.dtype.itemsize
     print("\ncounters over the decode loop")
-    print(f"  append bytes     {_fmt_bytes(counters['append_bytes'])} "
-          f"(= {counters['append_bytes'] // row} tokens x {_fmt_bytes(row)}: only new tokens copied)")
-    print(f"  attention bytes  {_fmt_bytes(counters['attention_bytes'])} read in {counters['attention_calls']} calls")
+    print(f"  append bytes     {human_bytes(counters['append_bytes'])} "
+          f"(= {counters['append_bytes'] // row} tokens x {human_bytes(row)}: only new tokens copied)")
+    print(f"  attention bytes  {human_bytes(counters['attention_bytes'])} read in {counters['attention_calls']} calls")
     ta, tt = np.array(t_append) * 1e6, np.array(t_attn) * 1e6
     last_bytes = cap * row
     print("\nper decode step (microseconds)      median      p90")

@@ -129,7 +129,7 @@ class DecoderConfig:
         return dataclasses.replace(self, **changes)
 
 
-@dataclass
+@dataclass(repr=False)
 class GenerationResult:
     """What :func:`greedy_generate` observed.
 
@@ -149,6 +149,14 @@ class GenerationResult:
     def logits(self) -> np.ndarray:
         """``[steps + 1, B, vocab]`` stack of :attr:`step_logits`."""
         return np.stack(self.step_logits)
+
+    def __repr__(self) -> str:
+        # a summary, never the arrays (this module also loads standalone, without the package)
+        def arr(a: np.ndarray) -> str:
+            return f"{a.dtype}[{', '.join(map(str, a.shape))}]"
+
+        return (f"GenerationResult(tokens={arr(self.tokens)}, steps={len(self.step_logits)}, "
+                f"prefill_logits={arr(self.prefill_logits)}, presents=<{len(self.presents)} tensors>)")
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,16 +17,20 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _lib
 from ._dtypes import CODES, bfloat16, cache_dtype
+from ._format import html_table, summary
+from ._session_options import (CPU_PROVIDER, ExecutionMode, GraphOptimizationLevel, ModelMetadata, SessionOptions,
+                               check_providers)
 from .state import GenerationState
 
-__all__ = ["InferenceSession", "SessionOptions", "NodeArg", "GenerationState", "supported_ops", "LEND_MIN_BYTES"]
+__all__ = ["InferenceSession", "SessionOptions", "NodeArg", "ModelMetadata", "GraphOptimizationLevel", "ExecutionMode",
+           "GenerationState", "supported_ops", "LEND_MIN_BYTES"]
 
 #: Outputs of at least this many bytes are lent (wrapped, not copied); below
 #: it a copy is cheaper than the wrapper object and its release call.
@@ -55,18 +59,6 @@ class NodeArg:
         return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape!r})"
 
 
-@dataclass
-class SessionOptions:
-    """The subset of onnxruntime's SessionOptions that applies here.
-
-    ``intra_op_num_threads`` (0: all CPUs) and ``enable_profiling`` (record
-    per-node events, see ``InferenceSession.last_run_stats``)."""
-
-    intra_op_num_threads: int = 0
-    enable_profiling: bool = False
-    extra: Dict[str, Any] = field(default_factory=dict)
-
-
 class InferenceSession:
     """Runs a standard ONNX model on the CPU.
 
@@ -74,16 +66,29 @@ class InferenceSession:
     folder) or the serialized model (``bytes``/``bytearray``/``memoryview``;
     ``external_data_dir`` names the folder for external data then).
     ``threads`` is the kernel thread count (None: all CPUs, or
-    ``sess_options.intra_op_num_threads``). ``providers`` is accepted for
-    onnxruntime compatibility; only the CPU is used.
+    ``sess_options.intra_op_num_threads``); see :class:`SessionOptions` for
+    the onnxruntime options that apply. ``providers`` and
+    ``provider_options`` follow onnxruntime: this runtime runs on the CPU,
+    and any other provider falls back to it with a warning (once per
+    provider name).
+
+    There is no ``io_binding()``: ``run`` already uses feeds in place and
+    hands large outputs to numpy without a copy, so feeding a run's present
+    tensors back as the next run's past costs no copy.
     """
 
     def __init__(self, path_or_bytes: Union[str, os.PathLike, bytes, bytearray, memoryview],
-                 sess_options: Optional[SessionOptions] = None, providers: Optional[Sequence[Any]] = None, *,
+                 sess_options: Optional[SessionOptions] = None, providers: Optional[Sequence[Any]] = None,
+                 provider_options: Optional[Sequence[Mapping[str, Any]]] = None, *,
                  threads: Optional[int] = None, profile: Optional[bool] = None,
                  external_data_dir: Optional[str] = None) -> None:
         self._h = 0
+        if sess_options is not None and not isinstance(sess_options, SessionOptions):
+            raise TypeError(f"sess_options must be an onnx_light_kv.SessionOptions, got {type(sess_options).__name__}")
+        self._providers = check_providers(providers, provider_options)
         opts = sess_options or SessionOptions()
+        opts._log_ignored()
+        self._options = opts
         if threads is None:
             threads = opts.intra_op_num_threads or 0
         if not isinstance(threads, (int, np.integer)) or threads < 0:
@@ -103,6 +108,7 @@ class InferenceSession:
         self._output_names = [o.name for o in self._outputs]
         self._opsets: Dict[str, int] = io["opsets"]
         self._threads: int = io["threads"]
+        self._meta: Dict[str, Any] = io.get("meta", {})
         self._feed_keys: tuple = ()
         self._feed_json = "[]"
         self._out_keys: tuple = ()
@@ -121,11 +127,25 @@ class InferenceSession:
 
     def get_providers(self) -> List[str]:
         """Always ``["CPUExecutionProvider"]``: this runtime runs on the CPU."""
-        return ["CPUExecutionProvider"]
+        return list(self._providers)
 
-    def get_modelmeta(self) -> Dict[str, Any]:
-        """Opset imports and thread count."""
-        return {"opsets": dict(self._opsets), "threads": self._threads}
+    def get_provider_options(self) -> Dict[str, Dict[str, str]]:
+        """Options of the providers in use: ``{"CPUExecutionProvider": {}}``."""
+        return {CPU_PROVIDER: {}}
+
+    def get_session_options(self) -> SessionOptions:
+        """The :class:`SessionOptions` the session was created with."""
+        return self._options
+
+    def get_modelmeta(self) -> ModelMetadata:
+        """The model's metadata (producer, graph name, domain, doc string,
+        version and ``metadata_props`` as ``custom_metadata_map``)."""
+        return ModelMetadata(self._meta, self._opsets)
+
+    def io_binding(self) -> Any:
+        """Not provided: ``run`` is already zero-copy (see the class docstring)."""
+        raise NotImplementedError("io_binding() is not provided: run() uses feeds in place and returns large "
+                                  "outputs without a copy, so feed the outputs of one run to the next directly")
 
     def run(self, output_names: Optional[Sequence[str]], input_feed: Mapping[str, Any],
             run_options: Any = None, *, state: Optional[GenerationState] = None) -> List[np.ndarray]:
@@ -256,8 +276,10 @@ class InferenceSession:
     @property
     def last_run_stats(self) -> Dict[str, Any]:
         """Figures of the latest run: ``peak_bytes`` (largest live total of
-        kernel-allocated tensors), ``allocated_bytes``, and ``events`` (one
-        dict per node: node, op, dur_ns, bytes) when profiling is on."""
+        kernel-allocated tensors), ``allocated_bytes``, ``run_ns`` (the run's
+        wall time inside the Go executor, binding excluded) and ``events``
+        (one dict per node: node, op, dur_ns, bytes) when profiling is on;
+        ``run_ns`` minus the events' ``dur_ns`` is the executor's own time."""
         if not self._h:
             return {}
         return json.loads(_lib.call(_lib.fn("SessionLastStatsJSON"), self._h))
@@ -281,10 +303,32 @@ class InferenceSession:
         except Exception:
             pass
 
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return not self._h
+
     def __repr__(self) -> str:
-        ins = ", ".join(i.name for i in self._inputs)
-        outs = ", ".join(self._output_names)
-        return f"<InferenceSession inputs=[{ins}] outputs=[{outs}] threads={self._threads}>"
+        if not hasattr(self, "_outputs"):  # creation failed
+            return "InferenceSession(closed)"
+        names = [i.name for i in self._inputs]
+        return summary("InferenceSession", *(["closed"] if self.closed else []),
+                       graph=repr(self._meta.get("graph_name", "")), inputs=names, outputs=list(self._output_names),
+                       threads=self._threads)
+
+    def _repr_html_(self) -> str:
+        def arg(a: NodeArg) -> tuple:
+            shape = "?" if a.shape is None else "[" + ", ".join("?" if d is None else str(d) for d in a.shape) + "]"
+            return a.name, f"{a.type} {shape}"
+
+        m = self._meta
+        model = [("producer", f"{m.get('producer_name', '')} {m.get('producer_version', '')}".strip() or "-"),
+                 ("graph", m.get("graph_name", "") or "-"),
+                 ("opsets", ", ".join(f"{d} {v}" for d, v in sorted(self._opsets.items()))),
+                 ("threads", self._threads), ("providers", ", ".join(self._providers)),
+                 ("state", "closed" if self.closed else "open")]
+        return html_table("InferenceSession", {"model": model, "inputs": [arg(a) for a in self._inputs],
+                                               "outputs": [arg(a) for a in self._outputs]})
 
 
 class _Lent:

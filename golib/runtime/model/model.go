@@ -16,6 +16,7 @@ import (
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/onnxpb"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/units"
 )
 
 // DefaultMaxModelBytes is the largest model file accepted by default: 2 GiB,
@@ -74,7 +75,7 @@ func Load(path string, opt Options) (*Model, error) {
 		return nil, fmt.Errorf("%w: %s is a directory", errs.ErrInvalidModel, path)
 	}
 	if st.Size() > limit {
-		return nil, fmt.Errorf("%w: model file %s is %d bytes, limit %d", errs.ErrLimit, path, st.Size(), limit)
+		return nil, fmt.Errorf("%w: model file %s is %s, limit %s", errs.ErrLimit, path, units.Bytes(st.Size()), units.Bytes(limit))
 	}
 	// Sized from Stat: io.ReadAll would grow (clear and copy) its buffer
 	// step by step, several times the model's size for a large file.
@@ -92,7 +93,7 @@ func Load(path string, opt Options) (*Model, error) {
 // LoadBytes decodes a serialized ModelProto.
 func LoadBytes(b []byte, opt Options) (*Model, error) {
 	if int64(len(b)) > opt.maxModel() {
-		return nil, fmt.Errorf("%w: model is %d bytes, limit %d", errs.ErrLimit, len(b), opt.maxModel())
+		return nil, fmt.Errorf("%w: model is %s, limit %s", errs.ErrLimit, units.Bytes(int64(len(b))), units.Bytes(opt.maxModel()))
 	}
 	if len(b) == 0 {
 		return nil, fmt.Errorf("%w: empty model", errs.ErrInvalidModel)

@@ -5,6 +5,7 @@ import (
 	"unsafe"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/units"
 )
 
 // Tensor is a dense, row-major tensor. Its bytes may be owned by the Go heap
@@ -46,8 +47,8 @@ func ByteSize(dt DType, shape Shape) (int, error) {
 	}
 	nb, ok := checkedMul(n, dt.Size())
 	if !ok || int64(nb) > maxBytes.Load() {
-		return 0, fmt.Errorf("%w: a %v tensor of shape %v needs %d bytes, over the per-tensor limit of %d bytes",
-			errs.ErrLimit, dt, shape, int64(n)*int64(dt.Size()), maxBytes.Load())
+		return 0, fmt.Errorf("%w: a %v tensor of shape %v needs %s, over the per-tensor limit of %s",
+			errs.ErrLimit, dt, shape, units.Bytes(int64(n)*int64(dt.Size())), units.Bytes(maxBytes.Load()))
 	}
 	return nb, nil
 }

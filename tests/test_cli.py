@@ -1,0 +1,79 @@
+"""The command line: --version, plain-text help with a default on every
+option, and a quiet exit when the reader of its output goes away."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import onnx_light_kv as olkv
+from onnx_light_kv.__main__ import build_parser, main
+
+CLI = [sys.executable, "-m", "onnx_light_kv"]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_version() -> None:
+    r = _run("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"onnx-light-kv {olkv.__version__}"
+
+
+@pytest.mark.parametrize("args", [["--help"], ["info", "--help"], ["demo", "--help"]])
+def test_help_is_plain_text(args: list) -> None:
+    r = _run(*args)
+    assert r.returncode == 0 and r.stdout.startswith("usage: onnx-light-kv")
+    for markup in ("``", ":func:", ":class:", ".. ", "|demo"):
+        assert markup not in r.stdout, markup
+
+
+def _subparsers(p: argparse.ArgumentParser) -> dict:
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            return dict(a.choices)
+    return {}
+
+
+def test_every_option_has_help_and_shows_its_default() -> None:
+    p = build_parser()
+    for name, sp in _subparsers(p).items():
+        text = sp.format_help()
+        for a in sp._actions:
+            if isinstance(a, argparse._HelpAction):
+                continue
+            assert a.help, f"{name} {a.option_strings}: no help text"
+            if a.default is not None and a.default is not False:
+                assert "(default:" in text, f"{name}: defaults are not shown"
+        assert "(default: 256)" in _subparsers(p)["demo"].format_help()
+
+
+def test_closed_pipe_exits_quietly() -> None:
+    # the reading end is closed before the command writes its first line
+    rfd, wfd = os.pipe()
+    os.close(rfd)
+    try:
+        r = subprocess.run([*CLI, "info"], stdout=wfd, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(wfd)
+    assert "Traceback" not in r.stderr and "BrokenPipeError" not in r.stderr, r.stderr
+    assert r.returncode == 141
+
+
+@pytest.mark.skipif(shutil.which("sh") is None or shutil.which("head") is None, reason="needs sh and head")
+def test_info_into_head() -> None:
+    cmd = f"'{sys.executable}' -m onnx_light_kv info | head -3"
+    r = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 3 and r.stderr == "", r.stderr
+
+
+def test_main_in_process(capsys: pytest.CaptureFixture) -> None:
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "version" in out and olkv.__version__ in out and "KiB" in out
