@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random model weights and data")
     p.add_argument("--gen-steps", type=int, default=32, help="greedy tokens in the generation part (0: skip it)")
     p.add_argument("--gen-prompt", type=int, default=64, help="prompt tokens in the generation part")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
                    help="progress bars on stderr (needs the 'progress' extra, tqdm; default: when stderr is a terminal)")
 
 
