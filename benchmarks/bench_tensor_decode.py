@@ -200,7 +200,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     raw: List[Dict[str, Any]] = []
     for threads in args.threads:
         sessions = {r: make_session(r, model_bytes, threads) for r in runtimes}
-        for context in args.contexts:
+        for context in _common.progress(args.contexts, desc=f"{threads} thread(s)"):
             feeds = (prefill_feeds if args.mode == "prefill" else decode_feeds)(models, cfg, context, rng)
             if args.mode in ("fixed", "prefill"):
                 fns: Dict[str, Callable[[], Any]] = {r: (lambda s=s: s.run(out_names, feeds)) for r, s in sessions.items()}

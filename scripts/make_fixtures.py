@@ -22,7 +22,9 @@ word-level tokenizer, then exported with:
 * ``dynamo23``: the same at opset 23 (standard Attention / RotaryEmbedding / RMSNormalization);
 * ``torchscript``: ``torch.onnx.export(..., dynamo=False)``;
 * ``optimum``: ``optimum.exporters.onnx.main_export(task="text-generation-with-past")``;
-* ``genai``: ``python -m onnxruntime_genai.models.builder -i <dir> -o <out> -p fp32 -e cpu``.
+* ``genai``: ``python -m onnxruntime_genai.models.builder -i <dir> -o <out> -p fp32 -e cpu``;
+* ``dynamo23-fp16``, ``torchscript-fp16``: the model cast to float16, for a few architectures
+  (``FP16_ARCHS``; neither optimum nor the builder makes float16 CPU models).
 
 The torch exporters trace a wrapper with the inputs ``input_ids, attention_mask, position_ids,
 past_key_values.{i}.key/value`` and the outputs ``logits, present.{i}.key/value`` (optimum's names).
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import functools
 import hashlib
 import io
@@ -82,7 +85,9 @@ ARCHS: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
              dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=MAX_POS, n_inner=128,
                   bos_token_id=1, eos_token_id=2, tie_word_embeddings=True)),
 }
-EXPORTERS = ["dynamo", "dynamo23", "torchscript", "optimum", "genai"]
+EXPORTERS = ["dynamo", "dynamo23", "torchscript", "optimum", "genai", "dynamo23-fp16", "torchscript-fp16"]
+# the float16 exports (the model cast with .half() before a torch exporter runs) are made for these only
+FP16_ARCHS = ("llama", "qwen3", "gemma2", "gpt2")
 
 
 # -- models ------------------------------------------------------------------------------------
@@ -97,16 +102,20 @@ def build_model(arch: str) -> Any:
     config._attn_implementation = "sdpa"
     model = getattr(transformers, model_cls)(config).eval()
     gen = torch.Generator().manual_seed(SEED)
+    tied = bool(config.tie_word_embeddings)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
-                fan_in = p.shape[-1]
-                std = 0.5 if ("embed" in name or "wte" in name or "wpe" in name) else fan_in ** -0.5
+                # token embeddings: large enough for clear argmax margins, small enough when tied that
+                # the input token's own logit does not dominate every step (greedy would then repeat it)
+                embed = "embed" in name or "wte" in name or "wpe" in name
+                std = (0.2 if tied else 0.5) if embed else p.shape[-1] ** -0.5
                 w = torch.randn(p.shape, generator=gen) * std
             elif name.endswith("bias"):
                 w = torch.randn(p.shape, generator=gen) * 0.1
-            else:  # norm scales: around their neutral value (Gemma's RMSNorm scales by 1 + w)
-                base = 0.0 if arch.startswith("gemma") else 1.0
+            else:  # norm scales: around their neutral value (Gemma's RMSNorm scales by 1 + w); Gemma's
+                # post-attention/-feedforward norms scale the layers' outputs up to the scaled embedding's size
+                base = (4.0 if "post_" in name else 0.0) if arch.startswith("gemma") else 1.0
                 w = base + torch.randn(p.shape, generator=gen) * 0.1
             p.copy_(torch.round(w * GRID) / GRID)
     return model
@@ -169,7 +178,8 @@ def torch_export(model: Any, path: str, dynamo: bool, opset: Optional[int]) -> N
     ids = torch.randint(4, VOCAB, (batch, seq))
     mask = torch.ones(batch, past_len + seq, dtype=torch.int64)
     pos = torch.arange(past_len, past_len + seq).unsqueeze(0).expand(batch, seq).contiguous()
-    past = [torch.randn(batch, kv, past_len, hd) for _ in range(2 * n)]
+    dtype = next(model.parameters()).dtype
+    past = [torch.randn(batch, kv, past_len, hd, dtype=dtype) for _ in range(2 * n)]
     past_names = [f"past_key_values.{i}.{w}" for i in range(n) for w in ("key", "value")]
     present_names = [f"present.{i}.{w}" for i in range(n) for w in ("key", "value")]
     axes: Dict[str, Dict[int, str]] = {"input_ids": {0: "batch_size", 1: "sequence_length"},
@@ -241,6 +251,7 @@ def exporter_version(exporter: str) -> str:
     from importlib.metadata import version
 
     tf = f"transformers {version('transformers')}"
+    exporter = exporter.removesuffix("-fp16")
     if exporter in ("dynamo", "dynamo23", "torchscript"):
         extra = f", onnxscript {version('onnxscript')}" if "dynamo" in exporter else ""
         return f"torch {version('torch')}{extra}, {tf}"
@@ -250,6 +261,46 @@ def exporter_version(exporter: str) -> str:
             "print(f\"onnxruntime-genai {v('onnxruntime-genai')}, transformers {v('transformers')}\")")
     r = subprocess.run([os.environ.get("GENAI_PYTHON", sys.executable), "-c", code], capture_output=True, text=True)
     return r.stdout.strip() or "onnxruntime-genai (version unknown)"
+
+
+# -- faithfulness ------------------------------------------------------------------------------
+CHECK_PROMPT = [5, 17, 42, 99, 7, 130]
+CHECK_STEPS = 16
+
+
+def hf_greedy(model: Any) -> Tuple[List[int], Any]:
+    """Greedy tokens after the prefill and each step, and the last-position logits of every run,
+    computed by transformers itself (the reference each export is checked against)."""
+    import numpy as np
+    import torch
+    from transformers.cache_utils import DynamicCache
+
+    cache, x, tokens, logits = DynamicCache(), torch.tensor([CHECK_PROMPT]), [], []
+    with torch.no_grad():
+        for _ in range(CHECK_STEPS + 1):
+            lg = model(input_ids=x, past_key_values=cache, use_cache=True).logits[0, -1]
+            logits.append(lg.float().numpy())
+            tokens.append(int(lg.argmax()))
+            x = torch.tensor([[tokens[-1]]])
+    return tokens, np.stack(logits)
+
+
+def check_export(entry: Dict[str, Any], data: bytes, want: Tuple[List[int], Any]) -> Dict[str, Any]:
+    """The export in onnxruntime, driven as the tests drive it, against transformers' own greedy run."""
+    import numpy as np
+    import onnxruntime
+
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import _fixtures
+
+    sess = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    steps = _fixtures.Decoder(entry, sess).generate(np.array([CHECK_PROMPT], dtype=np.int64), CHECK_STEPS)
+    tokens = [int(t) for t in _fixtures.greedy_tokens(steps)[0]]
+    logits = np.stack([st.outputs["logits"][0, -1] for st in steps]).astype(np.float32)
+    diff = [i for i, (a, b) in enumerate(zip(tokens, want[0])) if a != b]
+    return {"prompt": CHECK_PROMPT, "steps": CHECK_STEPS, "tokens_equal": not diff,
+            "first_token_difference": diff[0] if diff else None,
+            "max_abs_logit_diff": float(np.abs(logits - want[1]).max()), "tokens": tokens}
 
 
 # -- manifest ----------------------------------------------------------------------------------
@@ -289,7 +340,7 @@ def _pairs(inputs: List[str], outputs: List[str]) -> List[Dict[str, str]]:
 
     pasts = {key(n): n for n in inputs if n.startswith("past") and key(n)}
     presents = {key(n): n for n in outputs if n.startswith("present") and key(n)}
-    return [{"past": pasts[k], "present": presents[k]} for k in sorted(pasts) if k in presents]
+    return [{"past": pasts[k], "present": presents[k], "layer": k[0]} for k in sorted(pasts) if k in presents]
 
 
 def describe(m: onnx.ModelProto, arch: str, exporter: str, cfg: Dict[str, Any], genai_cfg: Optional[Dict[str, Any]],
@@ -312,11 +363,20 @@ def describe(m: onnx.ModelProto, arch: str, exporter: str, cfg: Dict[str, Any], 
     if genai_cfg is not None:
         dec = genai_cfg.get("model", {}).get("decoder", {})
         share = bool(genai_cfg.get("search", {}).get("past_present_share_buffer", False))
+        # layers listed in the decoder's sliding_window get window-sized buffers (GroupQueryAttention
+        # sliding_window_cache=1); capacity = window (+ cache_slack), the size the op's CUDA kernel requires
+        sw = dec.get("sliding_window") or {}
+        windowed = set(sw.get("layers", []))
         drive.update({"shared_buffer": share, "max_length": GENAI_MAX_LENGTH if share else None,
                       "past_layout": "batch, kv_heads, max_length, head_dim" if share else drive["past_layout"],
                       "genai_config": {"decoder": {k: dec.get(k) for k in ("inputs", "outputs", "num_key_value_heads",
-                                                                          "head_size", "num_hidden_layers")},
+                                                                          "head_size", "num_hidden_layers",
+                                                                          "sliding_window")},
                                        "search": genai_cfg.get("search", {})}})
+        if share:
+            drive["past_capacity"] = {
+                p["past"]: (int(sw["window_size"]) + int(sw.get("cache_slack") or 0) if p["layer"] in windowed
+                            else GENAI_MAX_LENGTH) for p in pairs}
     return {
         "architecture": arch, "exporter": exporter, "exporter_version": exporter_version(exporter),
         "opset": next((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), None),
@@ -331,9 +391,10 @@ def run_export(arch: str, exporter: str, model: Any, folder: str, work: str) -> 
     out = os.path.join(work, exporter)
     os.makedirs(out, exist_ok=True)
     genai_cfg = None
-    if exporter in ("dynamo", "dynamo23", "torchscript"):
+    if exporter.removesuffix("-fp16") in ("dynamo", "dynamo23", "torchscript"):
         path = os.path.join(out, "model.onnx")
-        torch_export(model, path, dynamo=exporter != "torchscript", opset=23 if exporter == "dynamo23" else None)
+        base = exporter.removesuffix("-fp16")
+        torch_export(model, path, dynamo=base != "torchscript", opset=23 if base == "dynamo23" else None)
     elif exporter == "optimum":
         path = export_optimum(folder, out)
     else:
@@ -365,41 +426,56 @@ def main(argv: Optional[List[str]] = None) -> int:
             manifest = json.load(f)
     manifest["about"] = ("Tiny random-weight decoders exported by scripts/make_fixtures.py; each fixture is "
                          "<name>.onnx.xz (one self-contained ONNX file). 'drive' says how to feed it: "
-                         "past inputs start empty (or, with shared_buffer, as zeros of max_length positions), "
+                         "past inputs start empty (or, with shared_buffer, as zeros of past_capacity positions: max_length, "
+                         "or the window for sliding_window_cache layers), "
                          "attention_mask covers past + new tokens, position_ids count from the past length.")
     for arch in args.arch:
         model = build_model(arch)
+        want = hf_greedy(model)
+        model16 = copy.deepcopy(model).half() if arch in FP16_ARCHS else None
+        want16 = hf_greedy(model16) if model16 is not None else None
         kv, hd = kv_geometry(model)
         cfg = {"class": ARCHS[arch][0], **ARCHS[arch][2]}
         with tempfile.TemporaryDirectory() as work:
             folder = os.path.join(work, "hf")
             save_hf_folder(model, folder)
             for exporter in args.exporter:
+                fp16 = exporter.endswith("-fp16")
+                if fp16 and model16 is None:
+                    continue
                 name = f"{arch}-{exporter}"
+                fname = f"{name}.onnx.xz"
                 manifest["fixtures"].pop(name, None)
                 manifest["failures"] = [x for x in manifest["failures"] if x["name"] != name]
+                if os.path.exists(os.path.join(OUT_DIR, fname)):
+                    os.remove(os.path.join(OUT_DIR, fname))
                 print(f"== {name}", flush=True)
+                stage = "export"
                 try:
                     log = io.StringIO()
                     with contextlib.redirect_stdout(log):
-                        m, genai_cfg = run_export(arch, exporter, model, folder, work)
+                        m, genai_cfg = run_export(arch, exporter, model16 if fp16 else model, folder, work)
                     entry = describe(m, arch, exporter, cfg, genai_cfg, kv, hd)
-                except Exception as exc:  # record the exporter's failure instead of a model
+                    data = m.SerializeToString()
+                    stage = "onnxruntime"  # an export onnxruntime cannot run is no fixture either
+                    entry["matches_transformers"] = check_export(entry, data, want16 if fp16 else want)
+                except Exception as exc:  # record the failure instead of a model
                     traceback.print_exc(limit=3)
                     manifest["failures"].append({"name": name, "architecture": arch, "exporter": exporter,
-                                                 "exporter_version": exporter_version(exporter),
+                                                 "exporter_version": exporter_version(exporter), "stage": stage,
                                                  "error": _error_line(exc)})
-                    print(f"   FAILED: {_error_line(exc)}", flush=True)
+                    print(f"   FAILED ({stage}): {_error_line(exc)}", flush=True)
                     continue
-                data = m.SerializeToString()
                 blob = lzma.compress(data, preset=9 | lzma.PRESET_EXTREME)
-                fname = f"{name}.onnx.xz"
                 with open(os.path.join(OUT_DIR, fname), "wb") as f:
                     f.write(blob)
                 entry.update({"file": fname, "onnx_bytes": len(data), "xz_bytes": len(blob),
                               "sha256": hashlib.sha256(data).hexdigest()})
                 manifest["fixtures"][name] = entry
-                print(f"   ok: {len(m.graph.node)} nodes, {len(data)} B -> {len(blob)} B xz", flush=True)
+                chk = entry["matches_transformers"]
+                print(f"   ok: {len(m.graph.node)} nodes, {len(data)} B -> {len(blob)} B xz; vs transformers: tokens "
+                      f"{'equal' if chk['tokens_equal'] else 'DIFFER'}, max logit diff {chk['max_abs_logit_diff']:.2g}",
+                      flush=True)
     manifest["fixtures"] = dict(sorted(manifest["fixtures"].items()))
     manifest["failures"].sort(key=lambda x: x["name"])
     with open(man_path, "w") as f:

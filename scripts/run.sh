@@ -16,13 +16,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export GOFLAGS=${GOFLAGS:--mod=mod}
 
+# phase MESSAGE: a "== MESSAGE" line with the time elapsed so far
+phase() { printf '== [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
+
 if [ -n "${PYTHON:-}" ]; then
   PY=$PYTHON
 else
   VENV=.venv
   if [ ! -x "$VENV/bin/python" ]; then
     command -v python3 >/dev/null || { echo "error: Python 3.10+ is required (python3 not on PATH)" >&2; exit 1; }
-    echo "== creating the project virtual environment $VENV (python3 -m venv)"
+    phase "creating the project virtual environment $VENV (python3 -m venv)"
     if ! python3 -m venv "$VENV"; then
       rm -rf "$VENV"
       echo "error: python3 -m venv failed; on Debian/Ubuntu install it with: apt-get install python3-venv" >&2
@@ -40,19 +43,19 @@ setup() {
   # build + test dependencies (pinned lower bounds; onnxruntime is the comparator; tokenizers and
   # tqdm are the optional 'generate' extra, installed so that its tests run)
   if ! "$PY" -c "import numpy, ml_dtypes, onnx, onnxruntime, pytest, pybindgen, matplotlib, tokenizers, tqdm, build" 2>/dev/null; then
-    echo "== installing Python dependencies (first run: about a minute)"
+    phase "installing Python dependencies (first run: about a minute)"
     "$PY" -m pip install --quiet --disable-pip-version-check \
       "numpy>=1.24" "ml_dtypes>=0.3" "onnx>=1.18" "onnxruntime>=1.22" "pytest>=7" \
       "pybindgen==0.22.1" "matplotlib>=3.7" "tokenizers>=0.15" "tqdm>=4.60" "setuptools>=77" wheel build
   fi
-  echo "== downloading Go modules"
+  phase "downloading Go modules"
   go mod download
   # (re)build the extension when this interpreter's is missing or older than any Go source
   local so
   so=$("$PY" -c 'import sysconfig; print("python/onnx_light_kv/_native/_kvgo" + sysconfig.get_config_var("EXT_SUFFIX"))')
-  if [ ! -f "$so" ] || [ -n "$(find golib go.mod -newer "$so" \( -name '*.go' -o -name '*.s' -o -name go.mod -o -name VERSION \) | head -n1)" ] \
+  if [ ! -f "$so" ] || [ -n "$(find golib go.mod -newer "$so" \( -name '*.go' ! -name '*_test.go' -o -name '*.s' -o -name go.mod -o -name VERSION \) | head -n1)" ] \
      || ! "$PY" -c "import onnx_light_kv" 2>/dev/null; then
-    echo "== building the Go extension (pip install -e .; a cold Go build takes 1-3 minutes)"
+    phase "building the Go extension (pip install -e .; a cold Go build takes 1-3 minutes)"
     "$PY" -m pip install --quiet --disable-pip-version-check -e .
   fi
 }
@@ -91,15 +94,15 @@ go_test_pkgs() {
 }
 
 go_tests() {
-  echo "== gofmt / go vet"
+  phase "gofmt / go vet"
   local unformatted
   unformatted=$(gofmt -l golib)
   if [ -n "$unformatted" ]; then echo "gofmt needed on: $unformatted" >&2; exit 1; fi
   GOEXPERIMENT=simd go vet ./...
   go vet ./...
-  echo "== go test -race, SIMD build (archsimd kernels and their Go twins; about 4 minutes on 2 cores)"
+  phase "go test -race, SIMD build (archsimd kernels and their Go twins; about 2 minutes on 2 cores)"
   GOEXPERIMENT=simd go_test_pkgs "SIMD build" -race
-  echo "== go test -race, portable build (pure-Go kernels only; about 2 minutes on 2 cores)"
+  phase "go test -race, portable build (pure-Go kernels only; about 2 minutes on 2 cores)"
   go_test_pkgs "portable build" -race
 }
 
@@ -108,8 +111,9 @@ case "${1:-}" in
   demo) shift; setup; exec "$PY" -m onnx_light_kv demo "$@" ;;
   test)
     shift; setup; go_tests
-    echo "== pytest"
+    phase "pytest"
     "$PY" -m pytest -q "$@" tests
+    phase "done"
     ;;
   bench) shift; setup; exec "$PY" "$@" ;;
   *) sed -n '2,14p' "$0"; exit 2 ;;

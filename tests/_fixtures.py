@@ -12,8 +12,9 @@ Import from test files as ``import _fixtures as fx`` (pytest puts ``tests/`` on 
   the manifest's ``drive`` section alone (no per-fixture code): token ids, ``attention_mask``,
   ``position_ids``, ``cache_position``, ``seqlens_k``, ``total_sequence_length``, and the past
   inputs, which start empty (``[batch, kv_heads, 0, head_dim]``) or, for exports made for a shared
-  past/present buffer (onnxruntime-genai), as zeros of ``max_length`` positions, the presents
-  being fed back as the next step's pasts either way.
+  past/present buffer (onnxruntime-genai), as zeros of ``max_length`` positions (of the window,
+  for the layers the genai config lists under ``sliding_window``), the presents being fed back as
+  the next step's pasts either way.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -118,12 +119,13 @@ class Step:
 class Decoder:
     """Greedy generation of one fixture with one session, step by step.
 
-    ``session`` is any object with onnxruntime's ``get_inputs()`` (NodeArg ``.name``/``.type``)
-    and ``run(None, feeds)``; ``batch`` rows share the prompt unless ``prompt`` is 2-D.
+    ``fixture`` is a fixture's name or its manifest entry; ``session`` is any object with
+    onnxruntime's ``get_inputs()`` / ``get_outputs()`` (NodeArg ``.name``/``.type``) and
+    ``run(None, feeds)``.
     """
 
-    def __init__(self, name: str, session: Any) -> None:
-        e = entry(name)
+    def __init__(self, fixture: Union[str, Mapping[str, Any]], session: Any) -> None:
+        e = entry(fixture) if isinstance(fixture, str) else fixture
         self.session = session
         self.drive = e["drive"]
         self.pairs = [(p["past"], p["present"]) for p in e["past_present"]]
@@ -131,24 +133,33 @@ class Decoder:
         self.output_names = [o.name for o in session.get_outputs()]
         self.past_dtype = {i["name"]: i["dtype"] for i in e["inputs"]}
         self.state: Dict[str, np.ndarray] = {}
+        self.mask = np.zeros((0, 0), dtype=np.int64)
         self.past_len = 0
-        self.batch = 0
 
     def start(self, batch: int) -> None:
-        """Empty pasts (or zeroed shared buffers of max_length positions)."""
+        """Empty pasts (or zeroed shared buffers of their capacity)."""
         d = self.drive
-        n = d["max_length"] if d.get("shared_buffer") else 0
-        self.batch, self.past_len = batch, 0
-        self.state = {p: np.zeros((batch, d["kv_heads"], n, d["head_dim"]), dtype=np.dtype(self.past_dtype[p]))
-                      for p, _ in self.pairs}
+        self.past_len = 0
+        self.mask = np.zeros((batch, 0), dtype=np.int64)
+        self.state = {p: np.zeros((batch, d["kv_heads"], self.capacity(p), d["head_dim"]),
+                                  dtype=np.dtype(self.past_dtype[p])) for p, _ in self.pairs}
 
-    def feeds(self, tokens: np.ndarray) -> Dict[str, np.ndarray]:
-        """The run's feeds for ``tokens`` ([batch, seq]) after ``past_len`` positions."""
+    def capacity(self, past: str) -> int:
+        """Positions of a past buffer: 0 (it grows), or for shared buffers ``max_length`` (the
+        window for a windowed layer: GroupQueryAttention with ``sliding_window_cache=1``)."""
+        d = self.drive
+        return int(d.get("past_capacity", {}).get(past, d["max_length"])) if d.get("shared_buffer") else 0
+
+    def feeds(self, tokens: np.ndarray, mask: np.ndarray) -> Dict[str, np.ndarray]:
+        """The run's feeds for ``tokens`` ([batch, seq]) after ``past_len`` positions, ``mask`` being
+        the attention mask over all of them ([batch, past_len + seq], 0 = padding). Position ids
+        count the unmasked positions before each one (padding gets 1, as transformers does)."""
         b, s = tokens.shape
         total = self.past_len + s
         if self.drive.get("shared_buffer") and total > self.drive["max_length"]:
             raise ValueError(f"{total} positions exceed the shared buffer's max_length {self.drive['max_length']}")
         pos = np.arange(self.past_len, total, dtype=np.int64)
+        ids = np.where(mask == 0, 1, np.cumsum(mask, axis=1) - 1)[:, self.past_len:]
         out: Dict[str, np.ndarray] = {}
         for name, typ in self.inputs:
             dt = _np_dtype(typ)
@@ -157,40 +168,52 @@ class Decoder:
             elif name == self.drive["token_input"]:
                 out[name] = tokens.astype(dt)
             elif name == "attention_mask":
-                out[name] = np.ones((b, total), dtype=dt)
+                out[name] = mask.astype(dt)
             elif name == "position_ids":
-                out[name] = np.broadcast_to(pos, (b, s)).astype(dt)
+                out[name] = ids.astype(dt)
             elif name == "cache_position":
                 out[name] = pos.astype(dt)
             elif name == "seqlens_k":
-                out[name] = np.full((b,), total - 1, dtype=dt)
+                out[name] = (mask.sum(axis=1) - 1).astype(dt)
             elif name == "total_sequence_length":
                 out[name] = np.array(total, dtype=dt)
             else:
                 raise ValueError(f"no feed rule for input {name!r} ({typ})")
         return out
 
-    def run(self, tokens: np.ndarray) -> Step:
-        """One step: run, feed the presents back as pasts, advance the past length."""
-        res = self.session.run(None, self.feeds(tokens))
+    def run(self, tokens: np.ndarray, new_mask: Optional[np.ndarray] = None) -> Step:
+        """One step: run, feed the presents back as pasts, advance the past length.
+        ``new_mask`` ([batch, seq]) marks padding among ``tokens`` (default: none)."""
+        if new_mask is None:
+            new_mask = np.ones(tokens.shape, dtype=np.int64)
+        mask = np.concatenate([self.mask, new_mask.astype(np.int64)], axis=1)
+        res = self.session.run(None, self.feeds(tokens, mask))
         step = Step(self.past_len, tokens, dict(zip(self.output_names, res)))
         for past, present in self.pairs:
             self.state[past] = step.outputs[present]
         self.past_len += tokens.shape[1]
+        self.mask = mask
         return step
 
-    def generate(self, prompt: np.ndarray, steps: int) -> List[Step]:
-        """Prefill ``prompt`` ([batch, seq]) then ``steps`` greedy steps (argmax of the last logits)."""
+    def generate(self, prompt: np.ndarray, steps: int, prompt_mask: Optional[np.ndarray] = None) -> List[Step]:
+        """Prefill ``prompt`` ([batch, seq], ``prompt_mask`` 0 at left padding) then ``steps`` greedy
+        steps (argmax of the last logits)."""
         self.start(prompt.shape[0])
-        out = [self.run(prompt)]
+        out = [self.run(prompt, prompt_mask)]
         for _ in range(steps):
             nxt = np.argmax(out[-1].outputs["logits"][:, -1, :], axis=-1).astype(np.int64)[:, None]
             out.append(self.run(nxt))
         return out
 
-    def written(self, present: np.ndarray, total: int) -> np.ndarray:
-        """The positions of a present that hold data (all of them, or the first ``total`` of a shared buffer)."""
-        return present[:, :, :total] if self.drive.get("shared_buffer") else present
+    def written(self, past: str, present: np.ndarray) -> List[np.ndarray]:
+        """Per batch row, the positions of ``past``'s present that hold a real token's K/V
+        ([kv_heads, n, head_dim]). Growing pasts: the unpadded ones. Shared buffers: rows
+        ``[0, min(past_len, capacity))`` (a windowed buffer whose capacity is the window keeps the
+        most recent positions there; the rest of a buffer is never written)."""
+        if self.drive.get("shared_buffer"):
+            n = min(self.past_len, self.capacity(past))
+            return [present[b][:, :n] for b in range(present.shape[0])]
+        return [present[b][:, np.flatnonzero(self.mask[b])] for b in range(present.shape[0])]
 
 
 def greedy_tokens(steps: Sequence[Step]) -> np.ndarray:

@@ -69,7 +69,8 @@ def padded(prompts: Sequence[np.ndarray], pad: int = 0) -> Any:
     return ids, mask
 
 
-def _feeds(sess: Any, mp: onnx.ModelProto, ids: List[int], past_len: int, past: Dict[str, np.ndarray]) -> Dict[str, Any]:
+def _feeds(sess: Any, mp: onnx.ModelProto, ids: List[int], past_len: int,
+           past: Dict[str, np.ndarray]) -> Dict[str, Any]:
     names = {i.name for i in sess.get_inputs()}
     feeds: Dict[str, Any] = {"input_ids": np.array([ids], np.int64)}
     if "position_ids" in names:
@@ -107,7 +108,8 @@ def ort_greedy(mp: onnx.ModelProto, prompt: Sequence[int], n: int) -> np.ndarray
     cfg, kind = M.config_of(mp), M.kind_of(mp)
     cap = len(prompt) + n
     length = cap if kind == "llama_gqa_ort" else 0
-    past = {nm: np.zeros((1, cfg.heads_kv(kind), length, cfg.head_dim), cfg.np_dtype) for nm in M.past_names(cfg.layers)}
+    shape = (1, cfg.heads_kv(kind), length, cfg.head_dim)
+    past = {nm: np.zeros(shape, cfg.np_dtype) for nm in M.past_names(cfg.layers)}
     outs_names = ["logits"] + M.present_names(cfg.layers)
     out: List[int] = []
     feed, past_len = [int(t) for t in prompt], 0

@@ -44,14 +44,23 @@ def _positions(start: int, n: int, batch: int = 1) -> np.ndarray:
 def _state_generate(sess: olkv.InferenceSession, state: olkv.GenerationState, prompt: np.ndarray,
                     steps: int) -> Tuple[np.ndarray, List[np.ndarray], np.ndarray]:
     """Greedy decoding on a state: prefill, then single-token runs (logits only)."""
+    names = {i.name for i in sess.get_inputs()}
     b, s = prompt.shape
-    logits = sess.run(["logits"], {"input_ids": prompt, "position_ids": _positions(0, s, b)}, state=state)[0]
+
+    def feeds(ids: np.ndarray, start: int) -> Dict[str, np.ndarray]:
+        f = {"input_ids": ids}
+        if "position_ids" in names:
+            f["position_ids"] = _positions(start, ids.shape[1], b)
+        if "attention_mask" in names:
+            f["attention_mask"] = np.ones((b, start + ids.shape[1]), np.int64)
+        return f
+
+    logits = sess.run(["logits"], feeds(prompt, 0), state=state)[0]
     prefill = logits
     toks = [np.argmax(logits[:, -1].astype(np.float32), -1)]
     step_logits = [logits[:, -1]]
     for i in range(steps):
-        logits = sess.run(["logits"], {"input_ids": toks[-1][:, None].astype(np.int64),
-                                       "position_ids": _positions(s + i, 1, b)}, state=state)[0]
+        logits = sess.run(["logits"], feeds(toks[-1][:, None].astype(np.int64), s + i), state=state)[0]
         toks.append(np.argmax(logits[:, -1].astype(np.float32), -1))
         step_logits.append(logits[:, -1])
     return np.stack(toks, 1), step_logits, prefill
@@ -65,15 +74,27 @@ def _row_bytes(cfg: M.DecoderConfig, itemsize: int) -> int:
     return cfg.kv_heads * 2 * cfg.head_dim * itemsize
 
 
+BUILDS = {
+    "llama": lambda cfg: M.llama_decoder(cfg),
+    "llama-derived-positions": lambda cfg: M.llama_decoder(cfg, position_ids_input=False),
+    "llama-opset24-mask": lambda cfg: M.llama_decoder(cfg.replace(opset=24), attention_mask_input=True),
+    "gpt2": lambda cfg: M.gpt2_decoder(cfg),
+    "gpt2-additive-split-qkv": lambda cfg: M.gpt2_decoder(cfg, mask="additive", fused_qkv=False),
+    "gpt2-derived-positions": lambda cfg: M.gpt2_decoder(cfg, position_ids_input=False),
+}
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_llama_state_equals_tensor_path(dtype: str) -> None:
+@pytest.mark.parametrize("build", sorted(BUILDS))
+def test_state_equals_tensor_path(build: str, dtype: str) -> None:
     """Prefill of 20 tokens (two query tiles) + 64 greedy steps: same tokens and logits."""
     cfg = _cfg(dtype)
-    model = M.llama_decoder(cfg)
+    model = BUILDS[build](cfg)
     sess = _session(model)
     plan = sess.cache_plan()
+    rule = "concat-past-present" if build.startswith("gpt2") else "attention-past-present"
     assert [p["layer"] for p in plan] == [0, 1]
-    assert all(p["rewritten"] and p["reason"] == "" and p["rule"] == "attention-past-present" for p in plan)
+    assert all(p["rewritten"] and p["reason"] == "" and p["rule"] == rule for p in plan), plan
     assert plan[0]["past_key"] == "past_key_values.0.key" and plan[0]["present_value"] == "present.0.value"
     ref = M.greedy_generate(sess, model, PROMPT, STEPS)
     with sess.create_state(max_length=PROMPT.shape[1] + STEPS + 1) as st:
@@ -84,10 +105,46 @@ def test_llama_state_equals_tensor_path(dtype: str) -> None:
         _close("step logits", np.stack(step_logits), ref.logits, dtype)
         assert st.length == PROMPT.shape[1] + STEPS
         np.testing.assert_array_equal(st.lengths, [PROMPT.shape[1] + STEPS])
+        row = cfg.heads_kv("gpt2" if build.startswith("gpt2") else "llama") * 2 * cfg.head_dim * cfg.np_dtype().itemsize
+        for layer in st.info()["layers"]:
+            assert layer["counters"]["append_bytes"] == st.length * row
+            assert layer["counters"]["export_bytes"] == 0
         # presents only when asked for, then equal to the tensor path's
         exported = st.export()
         for name, want in ref.presents.items():
             _close(name, exported[name][:, :, :-1], want[:, :, :PROMPT.shape[1] + STEPS - 1], dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_gqa_shared_buffer_state_equals_onnxruntime(dtype: str) -> None:
+    """com.microsoft GroupQueryAttention with a shared past/present buffer (the onnxruntime-genai
+    contract, in-op rotary, seqlens_k from attention_mask): on a state, prefill + 64 steps give
+    onnxruntime's tokens and the standard Llama's (same weights) on the tensor path."""
+    pytest.importorskip("onnxruntime")
+    import onnxruntime as ort
+
+    cfg = _cfg(dtype)
+    model = M.llama_decoder_gqa_ort(cfg)
+    sess = _session(model)
+    plan = sess.cache_plan()
+    assert all(p["rewritten"] and p["rule"] == "group-query-attention-shared-buffer" for p in plan), plan
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    ref = M.greedy_generate(ort.InferenceSession(M.model_bytes(model), so, providers=["CPUExecutionProvider"]),
+                            model, PROMPT, STEPS)
+    std = M.greedy_generate(_session(M.llama_decoder(cfg)), M.llama_decoder(cfg), PROMPT, STEPS)
+    with sess.create_state(max_length=PROMPT.shape[1] + STEPS + 1) as st:
+        toks, step_logits, prefill = _state_generate(sess, st, PROMPT, STEPS)
+        for layer in st.info()["layers"]:
+            assert layer["counters"]["append_bytes"] == st.length * _row_bytes(cfg, cfg.np_dtype().itemsize)
+    np.testing.assert_array_equal(toks, ref.tokens)
+    np.testing.assert_array_equal(toks, std.tokens)
+    tol = "float32" if dtype == "float32" else "float16"
+    _close("GQA prefill vs standard", prefill, std.prefill_logits, tol)
+    _close("GQA steps vs standard", np.stack(step_logits), std.logits, tol)
+    if dtype == "float32":
+        atol = 1e-4 * max(1.0, float(np.abs(ref.logits).max()))
+        assert float(np.abs(np.stack(step_logits) - ref.logits).max()) <= atol
 
 
 def test_counters_prove_append_only_new_tokens() -> None:
@@ -172,14 +229,17 @@ def test_fallback_keeps_tensor_path(case: str) -> None:
     np.testing.assert_array_equal(a.logits, b.logits)
 
 
-def test_gpt2_concat_pattern_reports_reason() -> None:
-    """The Concat-past rule is not implemented yet: GPT-2 stays on the tensor path, saying so."""
-    sess = _session(M.gpt2_decoder(_cfg()))
-    plan = sess.cache_plan()
-    assert len(plan) == 2 and not any(p["rewritten"] for p in plan)
-    assert "Concat" in plan[0]["reason"]
-    with pytest.raises(NotImplementedError):
-        sess.create_state()
+def test_gpt2_batch_of_two() -> None:
+    """A GPT-2 state of batch 2 (its in-graph mask is causal only) runs like the tensor path."""
+    cfg = _cfg()
+    model = M.gpt2_decoder(cfg)
+    sess = _session(model)
+    prompt = np.stack([PROMPT[0], PROMPT[0, ::-1]])
+    ref = M.greedy_generate(sess, model, prompt, 6)
+    with sess.create_state(batch=2) as st:
+        toks, step_logits, prefill = _state_generate(sess, st, prompt, 6)
+    np.testing.assert_array_equal(toks, ref.tokens)
+    _close("batch-2 prefill", prefill, ref.prefill_logits, "float32")
 
 
 def test_attention_mask_all_ones_and_left_padding() -> None:

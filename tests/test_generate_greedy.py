@@ -31,7 +31,8 @@ def test_greedy_batch1_equals_onnxruntime_loop(variant: str, dtype: str) -> None
     np.testing.assert_array_equal(got.sequences[0, :gc.PROMPT.size], gc.PROMPT)
     np.testing.assert_array_equal(got.new_tokens[0], want)
     # the same generate() drives an onnxruntime session too
-    np.testing.assert_array_equal(olkv.generate(gc.ort(variant, dtype), gc.PROMPT, max_new_tokens=N).new_tokens[0], want)
+    on_ort = olkv.generate(gc.ort(variant, dtype), gc.PROMPT, max_new_tokens=N)
+    np.testing.assert_array_equal(on_ort.new_tokens[0], want)
 
 
 def test_greedy_gqa_shared_buffer_export_on_onnxruntime() -> None:
@@ -64,10 +65,6 @@ def test_max_new_tokens_exact(n: int) -> None:
     assert out.new_tokens.shape == (1, n)
     assert out.stats.model_runs == n  # the prefill gives the first token; no run after the last
     np.testing.assert_array_equal(out.new_tokens[0], gc.ort_greedy(gc.model("llama"), gc.PROMPT, n))
-
-
-def _cut(tokens: np.ndarray, stop_at: int) -> np.ndarray:
-    return tokens[:stop_at + 1]
 
 
 def test_eos_single_and_list_each_row_stops_on_its_own() -> None:

@@ -15,8 +15,6 @@ olkv = pytest.importorskip("onnx_light_kv")
 N = 12
 
 
-
-
 @pytest.mark.parametrize("variant", ["llama", "llama-mask", "llama-derived-positions", "llama-opset24"])
 def test_greedy_same_tokens_on_both_runners(variant: str) -> None:
     sess = gc.ours(variant)

@@ -116,7 +116,8 @@ def test_first_token_distribution_chi_square(temperature: float, top_k: int, top
     logits = gc.ort_logits_loop(mp, prompt, [])[0]
     probs = _naive_filter(logits, temperature, top_k, top_p, min_p)
     assert (probs > 0.01).sum() >= 3, "the test needs a spread-out distribution"
-    out = olkv.generate(gc.ours("llama", vocab=vocab, logit_scale=1.0), np.tile(prompt, (n, 1)), max_new_tokens=1, do_sample=True,
+    sess = gc.ours("llama", vocab=vocab, logit_scale=1.0)
+    out = olkv.generate(sess, np.tile(prompt, (n, 1)), max_new_tokens=1, do_sample=True,
                         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=1234)
     counts = np.bincount(out.new_tokens[:, 0], minlength=vocab)
     stat, df = _chi2(counts, probs)

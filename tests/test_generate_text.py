@@ -98,5 +98,6 @@ def test_cli_generate_text(tmp_path: Any, capsys: Any) -> None:
     tok = _tokenizer()
     tpath = os.fspath(tmp_path / "tokenizer.json")
     tok.save(tpath)
-    assert main(["generate", path, "--prompt", _words(gc.PROMPT), "--tokenizer", tpath, "--max-new-tokens", str(N)]) == 0
+    assert main(["generate", path, "--prompt", _words(gc.PROMPT), "--tokenizer", tpath,
+                 "--max-new-tokens", str(N)]) == 0
     assert capsys.readouterr().out.splitlines()[0] == _words(want)

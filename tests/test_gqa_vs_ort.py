@@ -55,6 +55,7 @@ class G:
     sink: bool = False
     bias: bool = False
     scale: Optional[float] = None
+    window_cache: bool = False   # sliding_window_cache=1: buffers of max_len >= window positions
     special: str = ""            # "nan" / "inf": poison one query / key element
     threads: int = 1
     attrs: Dict[str, int] = field(default_factory=dict)
@@ -94,7 +95,7 @@ def build(c: G, seed: int = 0) -> Tuple[onnx.ModelProto, Dict[str, np.ndarray], 
     optional: List[str] = []
     if c.rotary:
         half = (c.rotary_dim or D) // 2
-        ang = rng.uniform(0, 2 * np.pi, (max(c.max_len, tot) + 8, half))
+        ang = rng.uniform(0, 2 * np.pi, (max(c.max_len, tot) + 32, half))
         feeds["cos"], feeds["sin"] = np.cos(ang).astype(dt), np.sin(ang).astype(dt)
         optional += ["cos", "sin"]
     else:
@@ -127,6 +128,8 @@ def build(c: G, seed: int = 0) -> Tuple[onnx.ModelProto, Dict[str, np.ndarray], 
     attrs = dict(num_heads=c.heads, kv_num_heads=c.kv_heads, local_window_size=c.window,
                  do_rotary=int(c.rotary > 0), rotary_interleaved=int(c.rotary == 2), softcap=c.softcap,
                  smooth_softmax=int(c.smooth), **c.attrs)
+    if c.window_cache:
+        attrs["sliding_window_cache"] = 1
     if c.scale is not None:
         attrs["scale"] = c.scale
     node = helper.make_node("GroupQueryAttention", names, ["y", "present_k", "present_v"], domain="com.microsoft", **attrs)
@@ -146,6 +149,12 @@ def build(c: G, seed: int = 0) -> Tuple[onnx.ModelProto, Dict[str, np.ndarray], 
     return model, feeds, valid
 
 
+def resident(t: int, capacity: int, window: int) -> int:
+    """Positions a window cache keeps after t tokens (onnxruntime's L(T))."""
+    g = capacity - window + 1
+    return t if t <= capacity else t - g * -(-(t - capacity) // g)
+
+
 def compare(c: G, seed: int = 0) -> None:
     model, feeds, valid = build(c, seed)
     want = oc.ort(model, c.threads).run(None, feeds)
@@ -154,6 +163,13 @@ def compare(c: G, seed: int = 0) -> None:
     for b, n in enumerate(valid):
         oc.assert_close(f"output[{b}, :{n}]", got[0][b, :n], want[0][b, :n], rtol, atol)
     assert got[0].shape == want[0].shape and got[0].dtype == want[0].dtype
+    if c.window_cache:  # rows past the resident positions are unspecified
+        for b, t in enumerate(c.lens):
+            keep = resident(t, c.max_len, c.window)
+            oc.assert_close(f"present_key[{b}]", got[1][b, :, :keep], want[1][b, :, :keep], rtol, atol)
+            oc.assert_close(f"present_value[{b}]", got[2][b, :, :keep], want[2][b, :, :keep], 0, 0)
+        assert got[1].shape == want[1].shape
+        return
     oc.assert_close("present_key", got[1], want[1], rtol, atol)
     oc.assert_close("present_value", got[2], want[2], 0, 0)  # V rows are copied, never computed
 
@@ -197,6 +213,15 @@ CASES: Dict[str, G] = {
     "multi-token-step-rotary-window": G(seq=3, lens=(20,), rotary=1, window=6),
     "multi-token-step-long": G(seq=24, lens=(30,), max_len=32, rotary=2),
     "multi-token-step-smooth-bias": G(seq=3, lens=(10,), smooth=True, bias=True),
+    # window-sized buffers (sliding_window_cache=1, as the genai builder emits for Gemma 2 local layers)
+    "window-cache-prompt": G(seq=5, prompt=True, max_len=6, lens=(5,), window=4, window_cache=True),
+    "window-cache-prompt-longer-than-buffer": G(seq=13, prompt=True, max_len=6, lens=(13,), window=4, window_cache=True, rotary=1),
+    "window-cache-prompt-batch": G(batch=2, seq=9, prompt=True, max_len=8, lens=(9, 9), window=5, window_cache=True),
+    "window-cache-decode-evicting": G(batch=3, lens=(7, 12, 3), max_len=6, window=4, window_cache=True, rotary=1, total=12),
+    "window-cache-decode-window-equals-buffer": G(batch=2, lens=(30, 9), max_len=8, window=8, window_cache=True),
+    "window-cache-softcap-bias": G(batch=2, lens=(17, 10), max_len=10, window=6, window_cache=True, softcap=20.0, bias=True),
+    "window-cache-multi-token-step": G(seq=3, lens=(15,), max_len=7, window=4, window_cache=True, rotary=2),
+    "window-cache-smooth": G(batch=2, lens=(11, 4), max_len=6, window=3, window_cache=True, smooth=True),
     # special values
     "decode-nan": G(**B2, special="nan"),
     "decode-inf": G(**B2, special="inf"),
@@ -208,7 +233,7 @@ for _kvh in (8, 4, 2, 1):  # GQA ratios 1, 2, 4, 8 (8/1 is MQA)
 CASES["ratio-16-mqa-decode"] = G(**B2, heads=16, kv_heads=1)
 for _name in ("prompt-buffer", "prompt-padded-batch", "prompt-rotary", "decode", "decode-rotary-interleaved",
               "decode-window-smaller-than-context", "decode-softcap", "decode-smooth-softmax", "decode-packed",
-              "multi-token-step", "decode-head128-long", "ratio-4-decode"):
+              "multi-token-step", "decode-head128-long", "ratio-4-decode", "window-cache-decode-evicting"):
     CASES[f"{_name}-float16"] = replace(CASES[_name], dtype="float16")
 
 
@@ -217,24 +242,27 @@ def test_group_query_attention_matches_onnxruntime(name: str) -> None:
     compare(CASES[name])
 
 
-def test_decode_loop_feeds_present_back_as_past() -> None:
+@pytest.mark.parametrize("window_cache", [False, True], ids=["max-length-buffer", "window-cache"])
+def test_decode_loop_feeds_present_back_as_past(window_cache: bool) -> None:
     """Twelve steps as onnxruntime-genai runs them: a prompt into the buffer, then one token a step,
-    each step's present fed back as the next past; both runtimes keep their own buffers."""
-    c = G(batch=2, seq=5, prompt=True, max_len=20, lens=(5, 3), rotary=1)
+    each step's present fed back as the next past; both runtimes keep their own buffers. With a
+    window cache (Gemma 2's local layers) the 6-position buffers evict as the context passes them."""
+    extra = dict(max_len=6, window=4, window_cache=True) if window_cache else dict(max_len=20)
+    c = G(batch=2, seq=5, prompt=True, lens=(5, 5) if window_cache else (5, 3), rotary=1, **extra)
     model, feeds, _ = build(c)
     ours, ref = oc.ours(model), oc.ort(model)
     mine, theirs = dict(feeds), dict(feeds)
     rng = np.random.default_rng(1)
-    lens = np.array([5, 3])
+    lens = np.array(c.lens)
     for step in range(12):
         got, want = ours.run(None, mine), ref.run(None, theirs)
-        rows = 5 if step == 0 else 1
         for b in range(2):
-            n = min(rows, lens[b]) if step == 0 else 1
+            n = min(5, lens[b]) if step == 0 else 1
             oc.assert_close(f"step {step} output[{b}]", got[0][b, :n], want[0][b, :n], *TOL["float32"])
         for i in (1, 2):
             for b in range(2):
-                oc.assert_close(f"step {step} present {i}[{b}]", got[i][b, :, :lens[b]], want[i][b, :, :lens[b]], *TOL["float32"])
+                keep = resident(lens[b], c.max_len, c.window) if window_cache else lens[b]
+                oc.assert_close(f"step {step} present {i}[{b}]", got[i][b, :, :keep], want[i][b, :, :keep], *TOL["float32"])
         lens = lens + 1
         tok = {"q": rng.standard_normal((2, 1, 8 * 32)).astype(np.float32),
                "k": rng.standard_normal((2, 1, 2 * 32)).astype(np.float32),
@@ -270,6 +298,12 @@ def test_bad_feeds_raise_value_error(name: str) -> None:
         oc.ours(model).run(None, feeds)
 
 
+def test_window_cache_needs_a_window() -> None:
+    model, _, _ = build(G(**B2, attrs={"sliding_window_cache": 1}))
+    with pytest.raises(ValueError, match="local_window_size"):
+        oc.ours(model)
+
+
 def test_wrong_ranks_and_types_raise() -> None:
     model, feeds, _ = build(G(**B2))
     sess = oc.ours(model)
@@ -282,7 +316,7 @@ def test_wrong_ranks_and_types_raise() -> None:
         sess.run(None, dict(feeds, past_k=feeds["past_k"][:, :1]))  # wrong kv heads
 
 
-@pytest.mark.parametrize("attr,value", [("causal", 0), ("qk_output", 1), ("sliding_window_cache", 1), ("kv_cache_bit_width", 8)])
+@pytest.mark.parametrize("attr,value", [("causal", 0), ("qk_output", 1), ("kv_cache_bit_width", 8)])
 def test_unimplemented_attributes_raise_not_implemented(attr: str, value: int) -> None:
     model, _, _ = build(G(**B2, attrs={attr: value}))
     with pytest.raises(NotImplementedError, match="GroupQueryAttention"):

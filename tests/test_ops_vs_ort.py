@@ -491,6 +491,15 @@ def test_gathernd_int32_indices_match_onnxruntime_int64(name: str, ds: Tuple[int
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("idx", [np.array([[0, 4]]), np.array([[-5, 0]]), np.array([[0, 0, 0, 0]])], ids=["past-end", "too-negative", "tuple-too-long"])
+def test_gathernd_bad_indices_raise_value_error(idx: np.ndarray) -> None:
+    """Indices outside [-dim, dim) or tuples longer than the data's rank are errors, never a crash."""
+    c = node_model("GatherND", [("d", _r((4, 4), F32)), ("i", np.array([[0, 1]], I64))], opset=13)
+    sess = oc.ours(c.model)
+    with pytest.raises(ValueError):
+        sess.run(None, {"d": c.feeds["d"], "i": idx.astype(I64)})
+
+
 def _sum_only(op: str, dt: Any) -> Case:
     """Outputs 0 and 3 (the residual sum the next layer consumes), 1 and 2 omitted, as the builder emits."""
     names = ["x", "s", "g"] + (["", "bias"] if op == "SkipLayerNormalization" else ["bias"])

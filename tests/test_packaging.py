@@ -116,6 +116,11 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_elsewhere(dist: Dict[str, str
     r = subprocess.run([str(venv / "bin" / "onnx-light-kv"), "--version"], cwd=elsewhere, env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("onnx-light-kv "), r.stderr
+    # the demo runs with the declared dependencies only (no onnxruntime: no comparison, and it says so)
+    r = subprocess.run([str(venv / "bin" / "onnx-light-kv"), "demo", "--steps", "8", "--prompt", "16",
+                        "--gen-steps", "2", "--gen-prompt", "4", "--threads", "1"], cwd=elsewhere, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "onnx-light-kv[ort]" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     # the documented optional features name their extra when missing
     r = subprocess.run([py, "-c", "from onnx_light_kv._optional import require; require('onnxruntime')"],
                        cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)

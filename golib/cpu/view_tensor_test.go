@@ -87,3 +87,33 @@ func TestAttentionOverTensorView(t *testing.T) {
 		}
 	}
 }
+
+// TestAttentionThreadBound: Options.Threads caps a call's threads below
+// the pool's; a call capped at one thread computes exactly what a
+// one-thread pool computes (no split-KV merge).
+func TestAttentionThreadBound(t *testing.T) {
+	defer SetThreads(0)
+	rng := rand.New(rand.NewPCG(3, 4))
+	tv := newTestView(rng, cache.Float32, 1, 64, 64, []int{2000})
+	q := make([]float32, 8*64)
+	for i := range q {
+		q[i] = rng.Float32() - 0.5
+	}
+	one, capped := make([]float32, len(q)), make([]float32, len(q))
+	SetThreads(1)
+	if err := Attention(one, q, 1, 8, tv, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	SetThreads(4)
+	if err := Attention(capped, q, 1, 8, tv, Options{Threads: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range one {
+		if one[i] != capped[i] {
+			t.Fatalf("element %d: %v with Threads 1, %v on a one-thread pool", i, capped[i], one[i])
+		}
+	}
+	if err := Attention(capped, q, 1, 8, tv, Options{Threads: -1}); err == nil {
+		t.Error("a negative thread bound was accepted")
+	}
+}

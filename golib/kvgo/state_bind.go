@@ -195,7 +195,8 @@ func StateLengths(sh int64, ptr uintptr, n int) (err error) {
 }
 
 // StateInfoJSON returns {"batch", "length", "dtype", "layers": [per-layer
-// cache info with "layer", "present_key", "present_value"], "totals":
+// cache info with "layer", "slot", "present_key", "present_value"; layers
+// whose cache the first run creates are absent before it], "totals":
 // {committed_bytes, live_bytes, counters...}}.
 func StateInfoJSON(sh int64) (s string, err error) {
 	defer recoverTo(&err)
@@ -206,10 +207,13 @@ func StateInfoJSON(sh int64) (s string, err error) {
 	var layers []map[string]any
 	totals := map[string]int64{}
 	for i, c := range cs.Caches() {
+		if c == nil {
+			continue // created by the first run
+		}
 		in := c.Info()
 		m := cacheInfoMap(in)
 		l := cs.Layers()[i]
-		m["layer"], m["present_key"], m["present_value"] = l.Index, l.PresentKey, l.PresentValue
+		m["layer"], m["slot"], m["present_key"], m["present_value"] = l.Index, i, l.PresentKey, l.PresentValue
 		layers = append(layers, m)
 		totals["committed_bytes"] += in.CommittedBytes
 		totals["live_bytes"] += in.LiveBytes
@@ -234,7 +238,9 @@ func StateResetCounters(sh int64) (err error) {
 		return classify(err)
 	}
 	for _, c := range cs.Caches() {
-		c.ResetCounters()
+		if c != nil {
+			c.ResetCounters()
+		}
 	}
 	return nil
 }
@@ -279,8 +285,8 @@ func stateCache(sh int64, layer int) (*cache.KVCache, error) {
 		return nil, err
 	}
 	cc := cs.Caches()
-	if layer < 0 || layer >= len(cc) {
-		return nil, fmt.Errorf("%w: layer slot %d of %d", errInvalid, layer, len(cc))
+	if layer < 0 || layer >= len(cc) || cc[layer] == nil {
+		return nil, fmt.Errorf("%w: layer slot %d of %d has no cache yet", errInvalid, layer, len(cc))
 	}
 	return cc[layer], nil
 }

@@ -51,6 +51,7 @@ type CacheState struct {
 	saved  [][]int
 	wanted []bool
 	step   int
+	memo   map[any]any
 }
 
 // stateCheckpoint is a checkpoint of every layer's cache.
@@ -94,17 +95,14 @@ func (s *Session) NewCacheState(cfg StateConfig) (*CacheState, error) {
 		}
 		cs.arena, cs.own = a, true
 	}
-	capacity := cfg.MaxLength
-	if capacity == 0 {
-		capacity = initialGrowCapacity
-	}
 	for _, l := range cs.layers {
 		if l.KVHeads == 0 || l.HeadDimK == 0 || l.HeadDimV == 0 {
-			cs.Close()
-			return nil, fmt.Errorf("%w: past %q does not declare fixed kv_heads and head_dim", errs.ErrNotImplemented, l.PastKey)
+			// the graph does not declare the geometry: the first run's
+			// kernel creates the cache from its inputs
+			cs.caches = append(cs.caches, nil)
+			continue
 		}
-		c, err := cache.New(cs.arena, cache.Config{Batch: cfg.Batch, KVHeads: l.KVHeads, HeadDimK: l.HeadDimK,
-			HeadDimV: l.HeadDimV, Capacity: capacity, Elem: cfg.Elem})
+		c, err := cs.newCache(l.KVHeads, l.HeadDimK, l.HeadDimV)
 		if err != nil {
 			cs.Close()
 			return nil, err
@@ -114,6 +112,29 @@ func (s *Session) NewCacheState(cfg StateConfig) (*CacheState, error) {
 	cs.saved = make([][]int, len(cs.caches))
 	cs.wanted = make([]bool, len(cs.caches))
 	return cs, nil
+}
+
+// newCache creates one layer's cache with the state's batch, capacity and
+// storage type.
+func (cs *CacheState) newCache(kvHeads, dk, dv int) (*cache.KVCache, error) {
+	capacity := cs.cfg.MaxLength
+	if capacity == 0 {
+		capacity = initialGrowCapacity
+	}
+	return cache.New(cs.arena, cache.Config{Batch: cs.cfg.Batch, KVHeads: kvHeads, HeadDimK: dk,
+		HeadDimV: dv, Capacity: capacity, Elem: cs.cfg.Elem})
+}
+
+// live returns the caches created so far (a layer whose geometry the graph
+// does not declare gets its cache on the first run).
+func (cs *CacheState) live() []*cache.KVCache {
+	out := make([]*cache.KVCache, 0, len(cs.caches))
+	for _, c := range cs.caches {
+		if c != nil {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 func elemOfDType(dt tensor.DType) (cache.ElemType, bool) {
@@ -161,7 +182,10 @@ func (cs *CacheState) begin(outputNames []string) (rewrite.Binding, func(bool) e
 		return nil, nil, fmt.Errorf("%w: the generation state is closed", errs.ErrClosed)
 	}
 	for i, c := range cs.caches {
-		cs.saved[i] = append(cs.saved[i][:0], c.Lengths()...)
+		cs.saved[i] = cs.saved[i][:0]
+		if c != nil {
+			cs.saved[i] = append(cs.saved[i], c.Lengths()...)
+		}
 		cs.wanted[i] = outputNames == nil
 	}
 	for _, n := range outputNames {
@@ -170,6 +194,10 @@ func (cs *CacheState) begin(outputNames []string) (rewrite.Binding, func(bool) e
 		}
 	}
 	cs.step = 0
+	if cs.memo == nil {
+		cs.memo = map[any]any{}
+	}
+	clear(cs.memo)
 	return (*stateBinding)(cs), cs.end, nil
 }
 
@@ -182,7 +210,15 @@ func (cs *CacheState) end(ok bool) error {
 	}
 	var first error
 	for i, c := range cs.caches {
-		if err := c.Truncate(cs.saved[i]); err != nil && first == nil {
+		var err error
+		switch {
+		case c == nil:
+		case len(cs.saved[i]) == 0: // created by this run
+			err = c.Reset()
+		default:
+			err = c.Truncate(cs.saved[i])
+		}
+		if err != nil && first == nil {
 			first = err
 		}
 	}
@@ -194,10 +230,21 @@ type stateBinding CacheState
 
 // Cache returns layer's cache with room for n more tokens when the state
 // grows on demand.
-func (b *stateBinding) Cache(layer, n int) (*cache.KVCache, error) {
+func (b *stateBinding) Cache(layer, n int, geom [3]int) (*cache.KVCache, error) {
 	cs := (*CacheState)(b)
 	if layer < 0 || layer >= len(cs.caches) {
 		return nil, fmt.Errorf("%w: layer slot %d of %d", errs.ErrInvalidArgument, layer, len(cs.caches))
+	}
+	if cs.caches[layer] == nil {
+		if geom[0] <= 0 {
+			return nil, fmt.Errorf("%w: the cache of layer %d is not created yet (its geometry comes from the first run)",
+				errs.ErrInvalidArgument, cs.layers[layer].Index)
+		}
+		c, err := cs.newCache(geom[0], geom[1], geom[2])
+		if err != nil {
+			return nil, err
+		}
+		cs.caches[layer] = c
 	}
 	if n > 0 {
 		if cs.step != 0 && cs.step != n {
@@ -223,6 +270,9 @@ func (b *stateBinding) PastLength() int { return b.length }
 
 // Batch is the state's batch.
 func (b *stateBinding) Batch() int { return b.cfg.Batch }
+
+// Memo is the run's memo map.
+func (b *stateBinding) Memo() map[any]any { return b.memo }
 
 // ExportWanted reports whether this run's caller asked for layer's presents.
 func (b *stateBinding) ExportWanted(layer int) bool { return b.wanted[layer] }
@@ -261,7 +311,8 @@ func (cs *CacheState) Length() int { return cs.length }
 func (cs *CacheState) Batch() int { return cs.cfg.Batch }
 
 // Caches returns the state's caches, one per rewritten layer (owned by the
-// state; valid until the next run or operation on it).
+// state; valid until the next run or operation on it). An entry is nil
+// until the first run for a layer whose graph declares no cache geometry.
 func (cs *CacheState) Caches() []*cache.KVCache { return cs.caches }
 
 // Layers returns the rewritten layers, in slot order.
@@ -277,10 +328,11 @@ func (cs *CacheState) Arena() *cache.Arena { return cs.arena }
 func (cs *CacheState) Lengths() []int {
 	cs.st.mu.Lock()
 	defer cs.st.mu.Unlock()
-	if len(cs.caches) == 0 || cs.closed {
+	live := cs.live()
+	if len(live) == 0 || cs.closed {
 		return make([]int, cs.cfg.Batch)
 	}
-	return cs.caches[0].Lengths()
+	return live[0].Lengths()
 }
 
 // locked runs fn under the state's run lock after the closed check.
@@ -302,9 +354,13 @@ func (cs *CacheState) Fork() (*CacheState, error) {
 			length: cs.length, cks: map[int64]stateCheckpoint{}}
 		f.cfg.Budget = 0 // shares the arena, which it does not own
 		for _, c := range cs.caches {
+			if c == nil {
+				f.caches = append(f.caches, nil)
+				continue
+			}
 			g, err := c.Fork()
 			if err != nil {
-				for _, x := range f.caches {
+				for _, x := range f.live() {
 					x.Close()
 				}
 				return err
@@ -322,7 +378,7 @@ func (cs *CacheState) Fork() (*CacheState, error) {
 // (beam search). Checkpoints become stale.
 func (cs *CacheState) Reorder(idx []int) error {
 	return cs.locked(func() error {
-		for _, c := range cs.caches {
+		for _, c := range cs.live() {
 			if err := c.Reorder(idx); err != nil {
 				return err
 			}
@@ -340,7 +396,7 @@ func (cs *CacheState) Truncate(n int) error {
 			return fmt.Errorf("%w: cannot truncate a state of length %d to %d", errs.ErrInvalidArgument, cs.length, n)
 		}
 		drop := cs.length - n
-		for _, c := range cs.caches {
+		for _, c := range cs.live() {
 			lens := c.Lengths()
 			for b := range lens {
 				lens[b] = max(0, lens[b]-drop)
@@ -360,7 +416,7 @@ func (cs *CacheState) Checkpoint() (int64, error) {
 	var id int64
 	err := cs.locked(func() error {
 		ck := stateCheckpoint{length: cs.length}
-		for _, c := range cs.caches {
+		for _, c := range cs.live() {
 			cid, err := c.Checkpoint()
 			if err != nil {
 				return err
@@ -381,18 +437,19 @@ func (cs *CacheState) Checkpoint() (int64, error) {
 // and changes nothing.
 func (cs *CacheState) Rollback(id int64) error {
 	return cs.locked(func() error {
+		live := cs.live()
 		ck, ok := cs.cks[id]
-		if !ok || len(ck.ids) != len(cs.caches) {
+		if !ok || len(ck.ids) != len(live) {
 			return fmt.Errorf("%w: state checkpoint %d was released or invalidated", cache.ErrStaleCheckpoint, id)
 		}
-		before := make([][]int, len(cs.caches))
-		for i, c := range cs.caches {
+		before := make([][]int, len(live))
+		for i, c := range live {
 			before[i] = c.Lengths()
 		}
-		for i, c := range cs.caches {
+		for i, c := range live {
 			if err := c.Rollback(ck.ids[i]); err != nil {
 				for j := 0; j < i; j++ { // undo the layers already restored
-					_ = cs.caches[j].Truncate(before[j])
+					_ = live[j].Truncate(before[j])
 				}
 				if errors.Is(err, cache.ErrStaleCheckpoint) {
 					return err
@@ -409,7 +466,7 @@ func (cs *CacheState) Rollback(id int64) error {
 func (cs *CacheState) ReleaseCheckpoint(id int64) {
 	_ = cs.locked(func() error {
 		if ck, ok := cs.cks[id]; ok {
-			for i, c := range cs.caches {
+			for i, c := range cs.live() {
 				if i < len(ck.ids) {
 					c.ReleaseCheckpoint(ck.ids[i])
 				}
@@ -424,7 +481,7 @@ func (cs *CacheState) ReleaseCheckpoint(id int64) {
 // checkpoints.
 func (cs *CacheState) Reset() error {
 	return cs.locked(func() error {
-		for _, c := range cs.caches {
+		for _, c := range cs.live() {
 			if err := c.Reset(); err != nil {
 				return err
 			}
@@ -444,7 +501,7 @@ func (cs *CacheState) Close() {
 		return
 	}
 	cs.closed = true
-	for _, c := range cs.caches {
+	for _, c := range cs.live() {
 		c.Close()
 	}
 	cs.st.pool.close()

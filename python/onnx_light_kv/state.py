@@ -149,7 +149,8 @@ class GenerationState:
             raise TypeError(f"unsupported export dtype {dt}: use float32, float16 or bfloat16")
         info = self.info()
         out: Dict[str, np.ndarray] = {}
-        for slot, layer in enumerate(info["layers"]):
+        for layer in info["layers"]:
+            slot = layer["slot"]
             L = _call(_f("StateExportLen"), h, slot)
             k = np.empty((self._batch, layer["kv_heads"], L, layer["head_dim_k"]), dtype=dt)
             v = np.empty((self._batch, layer["kv_heads"], L, layer["head_dim_v"]), dtype=dt)

@@ -29,6 +29,7 @@ type gqaAttrs struct {
 	rotary            bool
 	interleaved       bool
 	smooth            bool
+	windowCache       bool // sliding_window_cache: window-sized buffers, evicting internally
 }
 
 // newGroupQueryAttention: com.microsoft GroupQueryAttention on the tensor
@@ -45,7 +46,12 @@ type gqaAttrs struct {
 //     rows' outputs are unspecified). Otherwise the new tokens go to positions
 //     T_b-S .. T_b-1 and S > 1 needs batch 1 (onnxruntime's rule).
 //   - present holds the past's first T_b-S rows, the new rows, and zeros
-//     after them. Query row s at position p attends keys max(0,
+//     after them. With sliding_window_cache=1 the buffers have C >=
+//     local_window_size rows instead and present rows 0..L(T_b)-1 hold the
+//     last L(T_b) positions, L(T) = T for T <= C, else T - G*ceil((T-C)/G)
+//     with G = C - window + 1 (evicting G positions at once); the past holds
+//     L(P_b) positions the same way, P_b = T_b - S.
+//   - Query row s at position p attends keys max(0,
 //     p-local_window_size+1) .. p with scale, then softcap, attention_bias
 //     and a softmax (smooth with a zero sink, or with head_sink's logit).
 //   - do_rotary rotates Q and the new K with cos/sin caches [max_pos, R/2]
@@ -55,7 +61,7 @@ type gqaAttrs struct {
 // Decode-shaped steps (S <= 16 after a past, plain softmax) run the
 // streaming decode kernel over the present buffer in place through a
 // cache.TensorView; the others run the Attention operator's unit (package
-// mha). Quantized caches, sliding_window_cache, query_seqlens, q/k norm
+// mha). Quantized caches, query_seqlens, q/k norm
 // weights, causal=0 and qk_output are not implemented (the session reports
 // it when it is created).
 func newGroupQueryAttention(n *Node) (Kernel, error) {
@@ -102,8 +108,8 @@ func newGroupQueryAttention(n *Node) (Kernel, error) {
 		return nil, fmt.Errorf("%w: %s: causal=%d (bidirectional attention)", errs.ErrNotImplemented, n.Describe(), causal)
 	case qkOut != 0 || (n.NumOutputs > gqaOutputQK && n.OutputPresent[gqaOutputQK]):
 		return nil, fmt.Errorf("%w: %s: the output_qk output (qk_output=%d)", errs.ErrNotImplemented, n.Describe(), qkOut)
-	case swc != 0:
-		return nil, fmt.Errorf("%w: %s: sliding_window_cache=1 (window-sized buffers)", errs.ErrNotImplemented, n.Describe())
+	case swc != 0 && window <= 0:
+		return nil, fmt.Errorf("%w: %s: sliding_window_cache=1 needs local_window_size > 0", errs.ErrInvalidArgument, n.Describe())
 	case bits != 0:
 		return nil, fmt.Errorf("%w: %s: quantized KV cache (kv_cache_bit_width=%d)", errs.ErrNotImplemented, n.Describe(), bits)
 	}
@@ -113,7 +119,7 @@ func newGroupQueryAttention(n *Node) (Kernel, error) {
 			return nil, fmt.Errorf("%w: %s: the %s input", errs.ErrNotImplemented, n.Describe(), name)
 		}
 	}
-	a.numHeads, a.kvHeads, a.window = int(nh), int(kvh), int(window)
+	a.numHeads, a.kvHeads, a.window, a.windowCache = int(nh), int(kvh), int(window), swc != 0
 	return KernelFunc(func(ctx *Context) error {
 		if err := gqaCompute(ctx, &a); err != nil {
 			return fmt.Errorf("GroupQueryAttention: %w", err)
@@ -133,10 +139,18 @@ type gqaCall struct {
 	present          int  // C: positions of present_key
 	first            bool // first prompt: new tokens at 0..S-1
 	total            int  // total_sequence_length
-	lens             []int
-	offsets          []int // position of sequence b's first new token
-	pastK, pastV     *tensor.Tensor
-	pos              func(b, s int) (int, error)
+	// The attention reads a key buffer of keyLen rows per (sequence, KV
+	// head): the present outputs, or with a window cache a staging buffer
+	// of the resident past followed by the new tokens. Sequence b's first
+	// new token is row offsets[b] there and absolute position posBase[b];
+	// rows 0..lens[b]-1 are its keys.
+	keyLen       int
+	lens         []int
+	offsets      []int
+	posBase      []int
+	ends         []int // T_b, the absolute length after the step
+	pastK, pastV *tensor.Tensor
+	pos          func(b, s int) (int, error)
 }
 
 func gqaCompute(ctx *Context, a *gqaAttrs) error {
@@ -237,7 +251,7 @@ func (c *gqaCall) planLengths(ctx *Context) error {
 	if c.total < max(S, 1) {
 		return fmt.Errorf("%w: total_sequence_length %d is less than the sequence length %d", errs.ErrInvalidArgument, c.total, max(S, 1))
 	}
-	if c.total > c.past && c.past > 0 && c.total != c.past+S {
+	if !c.windowCache && c.total > c.past && c.past > 0 && c.total != c.past+S {
 		return fmt.Errorf("%w: total_sequence_length %d must be past_sequence_length + sequence_length = %d (a growing cache) or at most past_sequence_length %d (a shared buffer)",
 			errs.ErrInvalidArgument, c.total, c.past+S, c.past)
 	}
@@ -246,25 +260,48 @@ func (c *gqaCall) planLengths(ctx *Context) error {
 		return fmt.Errorf("%w: batch %d: a multi-token step after a past (sequence_length %d != total_sequence_length %d) needs batch 1",
 			errs.ErrInvalidArgument, c.batch, S, c.total)
 	}
-	c.present = max(c.total, c.past)
-	c.lens, c.offsets = make([]int, c.batch), make([]int, c.batch)
+	c.present, c.keyLen = max(c.total, c.past), max(c.total, c.past)
+	if c.windowCache {
+		if c.past < c.window {
+			return fmt.Errorf("%w: sliding_window_cache needs past_key with at least local_window_size %d positions, got %d",
+				errs.ErrInvalidArgument, c.window, c.past)
+		}
+		c.present, c.keyLen = c.past, 0
+	}
+	c.lens, c.offsets, c.posBase, c.ends = make([]int, c.batch), make([]int, c.batch), make([]int, c.batch), make([]int, c.batch)
 	for b, v := range sk.Int32() {
 		T := int(v) + 1
 		if T < 1 || T > c.total {
 			return fmt.Errorf("%w: seqlens_k[%d] = %d: the length %d must be in 1..total_sequence_length %d", errs.ErrInvalidArgument, b, v, T, c.total)
 		}
-		c.lens[b] = T
-		if c.first {
-			continue
-		}
-		if T < S {
+		if !c.first && T < S {
 			return fmt.Errorf("%w: seqlens_k[%d] = %d: length %d is shorter than the %d new tokens", errs.ErrInvalidArgument, b, v, T, S)
 		}
-		if c.offsets[b] = T - S; c.offsets[b] > c.past {
-			return fmt.Errorf("%w: seqlens_k[%d] = %d needs %d past positions, past_key holds %d", errs.ErrInvalidArgument, b, v, c.offsets[b], c.past)
+		P := T - min(S, T) // tokens before the step (0 for a first prompt)
+		c.ends[b], c.posBase[b] = T, P
+		if !c.windowCache {
+			if P > c.past {
+				return fmt.Errorf("%w: seqlens_k[%d] = %d needs %d past positions, past_key holds %d", errs.ErrInvalidArgument, b, v, P, c.past)
+			}
+			c.offsets[b], c.lens[b] = P, T
+			continue
 		}
+		lp := c.resident(P)
+		c.offsets[b], c.lens[b] = lp, lp+min(S, T)
+		c.keyLen = max(c.keyLen, lp+S)
 	}
 	return nil
+}
+
+// resident is L(T), the number of positions a window cache keeps after T
+// tokens (see newGroupQueryAttention).
+func (c *gqaCall) resident(T int) int {
+	C := c.present
+	if T <= C {
+		return T
+	}
+	g := C - c.window + 1
+	return T - g*((T-C+g-1)/g)
 }
 
 // planRotary checks the cos/sin caches and position_ids and sets c.pos.
@@ -303,7 +340,7 @@ func (c *gqaCall) planRotary(ctx *Context) error {
 		case ids != nil:
 			p = ids[b*c.seq+s]
 		default:
-			p = int64(c.offsets[b] + s)
+			p = int64(c.posBase[b] + s)
 		}
 		if p < 0 || p >= int64(rows) {
 			return 0, fmt.Errorf("%w: rotary position %d outside the cos/sin caches of %d rows", errs.ErrInvalidArgument, p, rows)

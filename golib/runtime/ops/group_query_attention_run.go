@@ -37,8 +37,7 @@ type gqaOperands struct {
 	bias, sink      []float32
 	biasShape       tensor.Shape
 	presentK, presV *tensor.Tensor
-	presentBytesK   []byte
-	presentBytesV   []byte
+	keyK, keyV      *tensor.Tensor // the key buffer (the presents without a window cache)
 	elem            cache.ElemType
 }
 
@@ -47,8 +46,14 @@ func (c *gqaCall) run(ctx *Context, ar *f32Arena) error {
 	if err != nil {
 		return err
 	}
-	if err := c.assemblePresent(op); err != nil {
+	if err := c.assembleKeys(op); err != nil {
 		return err
+	}
+	if c.windowCache {
+		c.keepResident(op)
+		if op.bias != nil {
+			c.rebaseBias(op)
+		}
 	}
 	y, err := ctx.NewOutputUninit(gqaOutput, c.dt, tensor.Shape{c.batch, c.seq, c.numHeads * c.head})
 	if err != nil {
@@ -69,7 +74,7 @@ func (c *gqaCall) run(ctx *Context, ar *f32Arena) error {
 		res = ar.buffer(len(dst))
 	}
 	if c.decodable(op) {
-		err = c.decode(op, qf, res)
+		err = c.decode(op, qf, res, ctx.Threads())
 	} else {
 		err = c.prefill(ctx, op, ar, qf, res)
 	}
@@ -143,15 +148,25 @@ func (c *gqaCall) operands(ctx *Context, ar *f32Arena) (*gqaOperands, error) {
 			return nil, err
 		}
 	}
-	op.presentBytesK, op.presentBytesV = op.presentK.Bytes(), op.presV.Bytes()
+	op.keyK, op.keyV = op.presentK, op.presV
+	if c.windowCache {
+		ks := tensor.Shape{c.batch, kvh, c.keyLen, D}
+		var err error
+		if op.keyK, err = tensor.New(c.dt, ks); err != nil {
+			return nil, err
+		}
+		if op.keyV, err = tensor.New(c.dt, ks); err != nil {
+			return nil, err
+		}
+	}
 	return op, nil
 }
 
-// assemblePresent writes, per (sequence, KV head), the past's first
-// offsets[b] rows, the S new rows (K rotated) and zeros up to the end of
-// the buffer, as onnxruntime does for separate past and present buffers.
-func (c *gqaCall) assemblePresent(op *gqaOperands) error {
-	B, S, D, kvh, C := c.batch, c.seq, c.head, c.kvHeads, c.present
+// assembleKeys writes the key buffer, per (sequence, KV head): the past's
+// first offsets[b] rows, the S new rows (K rotated) and zeros up to the end
+// of the buffer, as onnxruntime does for separate past and present buffers.
+func (c *gqaCall) assembleKeys(op *gqaOperands) error {
+	B, S, D, kvh, C := c.batch, c.seq, c.head, c.kvHeads, c.keyLen
 	es := c.dt.Size()
 	row := D * es
 	var pk, pv []byte
@@ -163,7 +178,7 @@ func (c *gqaCall) assemblePresent(op *gqaOperands) error {
 		off := c.offsets[b]
 		for kh := range kvh {
 			head := b*kvh + kh
-			for i, dst := range [][]byte{op.presentBytesK, op.presentBytesV} {
+			for i, dst := range [][]byte{op.keyK.Bytes(), op.keyV.Bytes()} {
 				d := dst[head*C*row : (head+1)*C*row]
 				if off > 0 {
 					src := pk
@@ -187,12 +202,59 @@ func (c *gqaCall) assemblePresent(op *gqaOperands) error {
 					kr = tmp
 				}
 				at := (head*C + off + s) * row
-				encodeRow(op.presentBytesK[at:at+row], c.dt, kr)
-				encodeRow(op.presentBytesV[at:at+row], c.dt, op.v[base+op.vOff+kh*D:base+op.vOff+(kh+1)*D])
+				encodeRow(op.keyK.Bytes()[at:at+row], c.dt, kr)
+				encodeRow(op.keyV.Bytes()[at:at+row], c.dt, op.v[base+op.vOff+kh*D:base+op.vOff+(kh+1)*D])
 			}
 		}
 	}
 	return nil
+}
+
+// keepResident writes a window cache's presents: rows 0..L(T_b)-1 are the
+// last L(T_b) positions of the key buffer, the rest zeros.
+func (c *gqaCall) keepResident(op *gqaOperands) {
+	row := c.head * c.dt.Size()
+	C, K := c.present, c.keyLen
+	for b := range c.batch {
+		keep := c.resident(c.ends[b])
+		from := c.lens[b] - keep // the key-buffer row of the first kept position
+		for kh := range c.kvHeads {
+			head := b*c.kvHeads + kh
+			for _, t := range [][2]*tensor.Tensor{{op.presentK, op.keyK}, {op.presV, op.keyV}} {
+				d, src := t[0].Bytes()[head*C*row:(head+1)*C*row], t[1].Bytes()[head*K*row:]
+				copy(d[:keep*row], src[from*row:(from+keep)*row])
+				clear(d[keep*row:])
+			}
+		}
+	}
+}
+
+// rebaseBias re-indexes attention_bias, whose columns are absolute key
+// positions, to the rows of a window cache's key buffer ([B, heads or 1,
+// S, keyLen]; sequence b's row j is position posBase[b] - offsets[b] + j).
+func (c *gqaCall) rebaseBias(op *gqaOperands) {
+	bs := op.biasShape
+	hb, S, K, tot := bs[1], c.seq, c.keyLen, c.total
+	out := make([]float32, c.batch*hb*S*K)
+	for b := range c.batch {
+		sb := b
+		if bs[0] == 1 {
+			sb = 0
+		}
+		base := c.posBase[b] - c.offsets[b]
+		for h := range hb {
+			for s := range S {
+				src := op.bias[((sb*hb+h)*S+s)*tot:][:tot]
+				dst := out[((b*hb+h)*S+s)*K:][:K]
+				for j := range min(K, c.lens[b]) {
+					if p := base + j; p >= 0 && p < tot {
+						dst[j] = src[p]
+					}
+				}
+			}
+		}
+	}
+	op.bias, op.biasShape = out, tensor.Shape{c.batch, hb, S, K}
 }
 
 // pastBytes returns the raw bytes of past_key and past_value.
@@ -281,13 +343,13 @@ func (c *gqaCall) decodable(op *gqaOperands) bool {
 
 // decode runs the streaming decode kernel over the present buffers in
 // place: sequence b's keys are rows 0..T_b-1 of each head.
-func (c *gqaCall) decode(op *gqaOperands, qf, res []float32) error {
+func (c *gqaCall) decode(op *gqaOperands, qf, res []float32, threads int) error {
 	view := gqaViews.Get().(*cache.TensorView)
 	defer gqaViews.Put(view)
-	if err := view.Reset(op.elem, c.batch, c.kvHeads, c.present, c.head, c.head, op.presentBytesK, op.presentBytesV, c.lens); err != nil {
+	if err := view.Reset(op.elem, c.batch, c.kvHeads, c.keyLen, c.head, c.head, op.keyK.Bytes(), op.keyV.Bytes(), c.lens); err != nil {
 		return fmt.Errorf("%w: %w", errs.ErrInvalidArgument, err)
 	}
-	o := cpu.Options{Scale: c.scale, Softcap: c.softcap}
+	o := cpu.Options{Scale: c.scale, Softcap: c.softcap, Threads: threads}
 	if c.window > 0 {
 		o.Window = c.window
 	}
@@ -303,7 +365,7 @@ func (c *gqaCall) decode(op *gqaOperands, qf, res []float32) error {
 // prefill runs the Attention operator's unit over the present buffers:
 // causal from each sequence's offset, limited to its T_b valid keys.
 func (c *gqaCall) prefill(ctx *Context, op *gqaOperands, ar *f32Arena, qf, res []float32) error {
-	B, S, D, nh, kvh, C := c.batch, c.seq, c.head, c.numHeads, c.kvHeads, c.present
+	B, S, D, nh, kvh, C := c.batch, c.seq, c.head, c.numHeads, c.kvHeads, c.keyLen
 	a := mha.Attrs{Scale: c.scale, HasScale: c.scale != 0, Softcap: c.softcap, IsCausal: true,
 		SmoothSoftmax: c.smooth || op.sink != nil}
 	if c.window > 0 {
@@ -321,7 +383,7 @@ func (c *gqaCall) prefill(ctx *Context, op *gqaOperands, ar *f32Arena, qf, res [
 			in.NonpadKVSeqlen[b] = int64(T)
 		}
 	}
-	in.K, in.V = ar.f32(op.presentK), ar.f32(op.presV)
+	in.K, in.V = ar.f32(op.keyK), ar.f32(op.keyV)
 	if ar.err != nil {
 		return ar.err
 	}

@@ -25,6 +25,7 @@ type gqaCase struct {
 	window             int
 	softcap, scale     float32
 	smooth, sink, bias bool
+	windowCache        bool // sliding_window_cache: past buffers of `past` >= window rows
 }
 
 func (c gqaCase) tot() int {
@@ -113,6 +114,9 @@ func toTensor(dt tensor.DType, shape tensor.Shape, x []float64) *tensor.Tensor {
 func gqaNaive(c gqaCase, g gqaData) (y, presK, presV []float64) {
 	B, S, nh, kvh, D := c.b, c.s, c.nh, c.kvh, c.d
 	C := max(c.tot(), c.past)
+	if c.windowCache {
+		C = c.past
+	}
 	ld, kOff, vOff := nh*D, 0, 0
 	qOf, kOf, vOf := g.q, g.k, g.v
 	ldkv := kvh * D
@@ -147,22 +151,36 @@ func gqaNaive(c gqaCase, g gqaData) (y, presK, presV []float64) {
 		if c.prompt {
 			off = 0
 		}
+		// keys[h] holds positions base .. T-1 (base > 0 only for a window
+		// cache, whose past rows are the last L(off) positions)
+		base, lp := 0, off
+		if c.windowCache {
+			lp = residentRows(off, C, c.window)
+			base = off - lp
+		}
+		keys, vals := make([][]float64, kvh), make([][]float64, kvh)
 		for h := 0; h < kvh; h++ {
-			head := (b*kvh + h) * C * D
-			copy(presK[head:head+off*D], g.pk[(b*kvh+h)*c.past*D:])
-			copy(presV[head:head+off*D], g.pv[(b*kvh+h)*c.past*D:])
+			keys[h] = append([]float64(nil), g.pk[(b*kvh+h)*c.past*D:][:lp*D]...)
+			vals[h] = append([]float64(nil), g.pv[(b*kvh+h)*c.past*D:][:lp*D]...)
 			for s := 0; s < S; s++ {
 				kr := kOf[(b*S+s)*ldkv+kOff+h*D:][:D]
 				if c.rotary > 0 {
 					kr = rotate(kr, off+s)
 				}
-				copy(presK[head+(off+s)*D:], kr)
-				copy(presV[head+(off+s)*D:], vOf[(b*S+s)*ldkv+vOff+h*D:][:D])
+				keys[h] = append(keys[h], kr...)
+				vals[h] = append(vals[h], vOf[(b*S+s)*ldkv+vOff+h*D:][:D]...)
 			}
+			head := (b*kvh + h) * C * D
+			from, n := 0, off+S // rows of keys[h] that present keeps
+			if c.windowCache {
+				keep := residentRows(T, C, c.window)
+				from, n = T-keep-base, keep
+			}
+			copy(presK[head:head+n*D], keys[h][from*D:])
+			copy(presV[head:head+n*D], vals[h][from*D:])
 		}
 		for h := 0; h < nh; h++ {
 			kh := h / (nh / kvh)
-			head := (b*kvh + kh) * C * D
 			for s := 0; s < S; s++ {
 				qr := qOf[(b*S+s)*ld+h*D:][:D]
 				if c.rotary > 0 {
@@ -178,7 +196,7 @@ func gqaNaive(c gqaCase, g gqaData) (y, presK, presV []float64) {
 				for j := lo; j < end; j++ {
 					var dot float64
 					for d := 0; d < D; d++ {
-						dot += qr[d] * presK[head+j*D+d]
+						dot += qr[d] * keys[kh][(j-base)*D+d]
 					}
 					x := dot * scale
 					if c.softcap > 0 {
@@ -206,7 +224,7 @@ func gqaNaive(c gqaCase, g gqaData) (y, presK, presV []float64) {
 				for j := lo; j < end; j++ {
 					w := sc[j-lo] / sum
 					for d := 0; d < D; d++ {
-						out[d] += w * presV[head+j*D+d]
+						out[d] += w * vals[kh][(j-base)*D+d]
 					}
 				}
 			}
@@ -215,7 +233,21 @@ func gqaNaive(c gqaCase, g gqaData) (y, presK, presV []float64) {
 	return y, presK, presV
 }
 
+// residentRows is a window cache's L(T): the positions it keeps after T
+// tokens in a buffer of c rows with window w.
+func residentRows(T, c, w int) int {
+	if T <= c {
+		return T
+	}
+	g := c - w + 1
+	return T - g*((T-c+g-1)/g)
+}
+
 func (c gqaCase) run(g gqaData) ([]*tensor.Tensor, error) {
+	return callDomain("com.microsoft", "GroupQueryAttention", 1, c.attrs(), 3, c.inputs(g)...)
+}
+
+func (c gqaCase) inputs(g gqaData) []*tensor.Tensor {
 	in := make([]*tensor.Tensor, 12)
 	if c.packed {
 		in[gqaQuery] = toTensor(c.dt, tensor.Shape{c.b, c.s, (c.nh + 2*c.kvh) * c.d}, g.q)
@@ -245,13 +277,20 @@ func (c gqaCase) run(g gqaData) ([]*tensor.Tensor, error) {
 	if c.sink {
 		in[gqaHeadSink] = toTensor(c.dt, tensor.Shape{c.nh}, g.sink)
 	}
+	return in
+}
+
+func (c gqaCase) attrs() Attributes {
 	at := attrs(intA("num_heads", int64(c.nh)), intA("kv_num_heads", int64(c.kvh)), intA("local_window_size", int64(c.window)),
 		intA("do_rotary", int64(min(c.rotary, 1))), intA("rotary_interleaved", int64(c.rotary/2)),
 		fltA("softcap", c.softcap), fltA("scale", c.scale))
 	if c.smooth {
 		at["smooth_softmax"] = intA("smooth_softmax", 1)
 	}
-	return callDomain("com.microsoft", "GroupQueryAttention", 1, at, 3, in...)
+	if c.windowCache {
+		at["sliding_window_cache"] = intA("sliding_window_cache", 1)
+	}
+	return at
 }
 
 func gqaCases() []gqaCase {
@@ -289,6 +328,18 @@ func gqaCases() []gqaCase {
 	})
 	add("prompt float16 sink bias", func(c *gqaCase) {
 		c.s, c.lens, c.prompt, c.dt, c.sink, c.bias = 4, []int{4, 3}, true, tensor.Float16, true, true
+	})
+	add("window cache decode evicting", func(c *gqaCase) {
+		c.b, c.lens, c.past, c.window, c.windowCache, c.rotary = 3, []int{9, 4, 16}, 6, 4, true, 1
+	})
+	add("window cache multi-token step bias", func(c *gqaCase) {
+		c.b, c.s, c.lens, c.past, c.window, c.windowCache, c.bias = 1, 4, []int{21}, 8, 5, true, true
+	})
+	add("window cache prompt longer than buffer", func(c *gqaCase) {
+		c.b, c.s, c.lens, c.past, c.window, c.windowCache, c.prompt = 1, 11, []int{11}, 5, 3, true, true
+	})
+	add("window cache float16 smooth", func(c *gqaCase) {
+		c.lens, c.past, c.window, c.windowCache, c.smooth, c.dt = []int{12, 7}, 7, 7, true, true, tensor.Float16
 	})
 	add("growing cache", func(c *gqaCase) { c.past, c.lens, c.total = 16, []int{17, 9}, 17 })
 	return cs

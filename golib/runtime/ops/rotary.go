@@ -173,6 +173,10 @@ func rotaryCompute(ctx *Context, x, cosT, sinT, pos *tensor.Tensor, a rotaryAttr
 	return storeF32Result(out, dst)
 }
 
+// RotateHead is rotateHead for the cache path's rewritten attention
+// (GroupQueryAttention's in-op rotary), so both paths rotate alike.
+func RotateHead(o, in, c, sn []float32, interleaved bool) { rotateHead(o, in, c, sn, interleaved) }
+
 // rotateHead writes the rotary embedding of the first 2*len(c) elements of
 // one head's row in into o (which may be in itself): pairs (x1, x2) are
 // (i, i+half), or (2i, 2i+1) when interleaved, rotated by the angle whose

@@ -15,7 +15,10 @@ type Binding interface {
 	// Cache returns the cache of rewritten layer slot with room for n more
 	// tokens per sequence (a growable state enlarges it; a fixed one
 	// returns the cache as is and Append reports the capacity error).
-	Cache(layer, n int) (*cache.KVCache, error)
+	// geom (kv_heads, head_dim_k, head_dim_v) creates the cache of a layer
+	// whose graph declares no geometry, on its first run; zeros: the cache
+	// must exist.
+	Cache(layer, n int, geom [3]int) (*cache.KVCache, error)
 	// PastLength is the logical number of positions before this run's new
 	// tokens (the sequence axis of the past a tensor-path run would get).
 	PastLength() int
@@ -24,6 +27,9 @@ type Binding interface {
 	// ExportWanted reports whether the caller asked for the presents of
 	// layer slot (they are exported from the cache only then).
 	ExportWanted(layer int) bool
+	// Memo is a map that lives for one run (verdicts shared by layers,
+	// such as a mask's structure).
+	Memo() map[any]any
 }
 
 // BindingScope is implemented by the runtime's per-run scope of a run on a
@@ -45,4 +51,5 @@ func bindingOf(ctx *ops.Context) (Binding, error) {
 func init() {
 	ops.Register(Domain, opAttention, Version, 0, newCacheAttention)
 	ops.Register(Domain, opShape, Version, 0, newCacheShape)
+	ops.Register(Domain, opGQA, Version, 0, newCacheGQA)
 }

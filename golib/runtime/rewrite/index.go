@@ -145,3 +145,40 @@ func isOp(n *onnxpb.NodeProto, op string) bool {
 	d := n.GetDomain()
 	return n != nil && (d == "" || d == "ai.onnx") && n.GetOpType() == op
 }
+
+// constInts returns the int64 values of an initializer or Constant node
+// output (nil when name is neither).
+func (ix *index) constInts(name string) []int64 {
+	if t, ok := ix.g.Initializers[name]; ok {
+		return t.Int64()
+	}
+	n := ix.producerOf(name)
+	if !isOp(n, "Constant") {
+		return nil
+	}
+	for _, a := range n.GetAttribute() {
+		switch a.GetName() {
+		case "value_ints":
+			return a.GetInts()
+		case "value_int":
+			return []int64{a.GetI()}
+		case "value":
+			if t := a.GetT(); t != nil && t.GetDataType() == int32(onnxpb.TensorProto_INT64) {
+				if len(t.GetInt64Data()) > 0 {
+					return t.GetInt64Data()
+				}
+				raw := t.GetRawData()
+				out := make([]int64, len(raw)/8)
+				for i := range out {
+					var v uint64
+					for b := 7; b >= 0; b-- {
+						v = v<<8 | uint64(raw[8*i+b])
+					}
+					out[i] = int64(v)
+				}
+				return out
+			}
+		}
+	}
+	return nil
+}

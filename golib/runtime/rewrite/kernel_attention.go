@@ -3,7 +3,9 @@ package rewrite
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync"
+	"unsafe"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu"
@@ -21,6 +23,10 @@ type cacheAttention struct {
 	layer          int
 	qHeads, kvHead int // for 3-D inputs
 	opts           cpu.Options
+	maskMode       int
+	causal         bool    // the mask is combined with causal attention
+	signs          []int64 // run-time scale factors from input 5 on: +1 multiply, -1 divide
+	ktReshape      bool    // the last two inputs are the Reshape targets of a batched K^T
 }
 
 func newCacheAttention(n *ops.Node) (ops.Kernel, error) {
@@ -34,6 +40,15 @@ func newCacheAttention(n *ops.Node) (ops.Kernel, error) {
 		return int(v)
 	}
 	k.layer, k.qHeads, k.kvHead = get("layer"), get("q_num_heads"), get("kv_num_heads")
+	k.maskMode, k.causal = get("mask_mode"), get("causal") != 0
+	k.ktReshape = get("kt_reshape") != 0
+	if k.signs, _, err = n.Attrs.Ints("factor_signs"); err != nil {
+		return nil, err
+	}
+	if len(k.signs) > 0 && n.NumInputs < 5+len(k.signs) {
+		return nil, fmt.Errorf("%w: %s: %d scale factors need %d inputs, got %d", errs.ErrInvalidModel, n.Describe(),
+			len(k.signs), 5+len(k.signs), n.NumInputs)
+	}
 	if k.opts.Scale, err = n.Attrs.Float("scale", 0); err != nil {
 		return nil, err
 	}
@@ -109,7 +124,7 @@ func (k *cacheAttention) Compute(ctx *ops.Context) error {
 	if g.b != bind.Batch() {
 		return fmt.Errorf("%w: CacheAttention: batch %d, the state holds %d sequences", errs.ErrShape, g.b, bind.Batch())
 	}
-	kv, err := bind.Cache(k.layer, g.s)
+	kv, err := bind.Cache(k.layer, g.s, [3]int{g.hkv, g.dk, g.dv})
 	if err != nil {
 		return err
 	}
@@ -117,12 +132,21 @@ func (k *cacheAttention) Compute(ctx *ops.Context) error {
 		return fmt.Errorf("%w: CacheAttention: new K/V have %d heads of %d/%d, the state's cache %d heads of %d/%d",
 			errs.ErrShape, g.hkv, g.dk, g.dv, cfg.KVHeads, cfg.HeadDimK, cfg.HeadDimV)
 	}
-	sc := scratchPool.Get().(*scratch)
-	defer scratchPool.Put(sc)
-	skip, err := sc.padding(ctx.Input(3), g, bind.PastLength(), kv)
+	opts, err := k.options(ctx)
 	if err != nil {
 		return err
 	}
+	if k.ktReshape {
+		if err := checkBatchedTranspose(ctx, g, bind.PastLength()); err != nil {
+			return err
+		}
+	}
+	skip, err := k.padding(ctx, bind, g, kv)
+	if err != nil {
+		return err
+	}
+	sc := scratchPool.Get().(*scratch)
+	defer scratchPool.Put(sc)
 	if err := sc.append(kv, kt, vt, elem, g, skip); err != nil {
 		return err
 	}
@@ -130,14 +154,14 @@ func (k *cacheAttention) Compute(ctx *ops.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := k.attend(ctx, sc, kv, qf, q.DType(), g, skip); err != nil {
+	if err := k.attend(ctx, sc, kv, qf, q.DType(), g, skip, opts); err != nil {
 		return err
 	}
 	return k.presents(ctx, bind, kv, kt.DType(), g)
 }
 
 // attend runs attention over the cache and writes output 0.
-func (k *cacheAttention) attend(ctx *ops.Context, sc *scratch, kv *cache.KVCache, qf []float32, dt tensor.DType, g geometry, skip []int) error {
+func (k *cacheAttention) attend(ctx *ops.Context, sc *scratch, kv *cache.KVCache, qf []float32, dt tensor.DType, g geometry, skip []int, opts cpu.Options) error {
 	shape := tensor.Shape{g.b, g.hq, g.s, g.dv}
 	if g.rank3 {
 		shape = tensor.Shape{g.b, g.s, g.hq * g.dv}
@@ -158,7 +182,7 @@ func (k *cacheAttention) attend(ctx *ops.Context, sc *scratch, kv *cache.KVCache
 	if err != nil {
 		return err
 	}
-	err = runAttention(dst, qf, view, g, skip, k.opts, sc)
+	err = runAttention(dst, qf, view, g, skip, nil, opts, sc)
 	kv.EndRead()
 	if err != nil {
 		return mapCacheErr(err)
@@ -175,15 +199,19 @@ func (k *cacheAttention) attend(ctx *ops.Context, sc *scratch, kv *cache.KVCache
 }
 
 // runAttention attends every query row: one call for the whole batch when
-// no sequence has padding among the new tokens, else one call per
-// sequence over its real rows (padding rows are zero).
-func runAttention(dst, q []float32, view cache.View, g geometry, skip []int, o cpu.Options, sc *scratch) error {
+// every new token is real (skip nil), else one call per sequence over its
+// real rows skip[b] .. skip[b]+n[b]-1 (n nil: to the end; padding rows
+// are zero).
+func runAttention(dst, q []float32, view cache.View, g geometry, skip, n []int, o cpu.Options, sc *scratch) error {
 	if skip == nil {
 		return cpu.AttentionPrefill(dst, q, g.s, g.hq, view, o)
 	}
 	clear(dst)
 	for b := 0; b < g.b; b++ {
 		real := g.s - skip[b]
+		if n != nil {
+			real = n[b]
+		}
 		if real == 0 {
 			continue
 		}
@@ -227,6 +255,108 @@ func (k *cacheAttention) presents(ctx *ops.Context, bind Binding, kv *cache.KVCa
 	return mapCacheErr(kv.Export(pk.Bytes(), pv.Bytes(), elem, L))
 }
 
+// options returns the kernel options of this call: the scale times the
+// run-time factors.
+func (k *cacheAttention) options(ctx *ops.Context) (cpu.Options, error) {
+	o := k.opts
+	if len(k.signs) == 0 {
+		return o, nil
+	}
+	if o.Scale == 0 {
+		o.Scale = 1
+	}
+	for i, sign := range k.signs {
+		t := ctx.Input(5 + i)
+		if t == nil || t.Len() != 1 || !t.DType().IsFloat() {
+			return o, fmt.Errorf("%w: CacheAttention: scale factor %d must be one float value", errs.ErrNotImplemented, i)
+		}
+		v, err := tensor.AsFloat32(t)
+		if err != nil {
+			return o, err
+		}
+		if sign > 0 {
+			o.Scale *= v[0]
+		} else {
+			o.Scale /= v[0]
+		}
+	}
+	if !(o.Scale > 0) || math.IsInf(float64(o.Scale), 0) {
+		return o, fmt.Errorf("%w: CacheAttention: the scores' scale %v is not a positive number", errs.ErrNotImplemented, o.Scale)
+	}
+	return o, nil
+}
+
+// checkBatchedTranspose checks that the graph's K^T, written as
+// Reshape(s1) -> Transpose(0, 2, 1) -> Reshape(s2) over K [B, H, T, D],
+// is the transpose the kernel computes: s1 resolves to [B*H, T, D] and
+// s2 (on [B*H, D, T]) to [B, H, D, T], with H the query heads.
+func checkBatchedTranspose(ctx *ops.Context, g geometry, past int) error {
+	n := ctx.NumInputs()
+	T := past + g.s
+	in := []int{g.b, g.hq, T, g.dk}
+	mid := []int{g.b * g.hq, T, g.dk}
+	want := [][]int{mid, {g.b, g.hq, g.dk, T}}
+	from := [][]int{in, {g.b * g.hq, g.dk, T}}
+	for i := 0; i < 2; i++ {
+		st := ctx.Input(n - 2 + i)
+		if st == nil || st.DType() != tensor.Int64 {
+			return fmt.Errorf("%w: CacheAttention: the K^T Reshape target %d is missing or not int64", errs.ErrNotImplemented, i)
+		}
+		got, ok := resolveReshape(from[i], st.Int64())
+		if !ok || len(got) != len(want[i]) {
+			return fmt.Errorf("%w: CacheAttention: the K^T Reshape target %v is not %v", errs.ErrNotImplemented, st.Int64(), want[i])
+		}
+		for j := range got {
+			if got[j] != want[i][j] {
+				return fmt.Errorf("%w: CacheAttention: the K^T Reshape target %v is not %v", errs.ErrNotImplemented, st.Int64(), want[i])
+			}
+		}
+	}
+	return nil
+}
+
+// resolveReshape applies ONNX Reshape's rules (0 copies the input dim,
+// -1 is inferred; allowzero=0) to a target.
+func resolveReshape(in []int, target []int64) ([]int, bool) {
+	total := 1
+	for _, d := range in {
+		total *= d
+	}
+	out := make([]int, len(target))
+	known, infer := 1, -1
+	for i, t := range target {
+		switch {
+		case t == 0 && i < len(in):
+			out[i] = in[i]
+		case t == -1 && infer < 0:
+			infer = i
+			continue
+		case t > 0:
+			out[i] = int(t)
+		default:
+			return nil, false
+		}
+		known *= out[i]
+	}
+	if infer >= 0 {
+		if known == 0 || total%known != 0 {
+			return nil, false
+		}
+		out[infer] = total / known
+	} else if known != total {
+		return nil, false
+	}
+	return out, true
+}
+
+// f32Bytes views float32s as bytes.
+func f32Bytes(f []float32) []byte {
+	if len(f) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(f))), 4*len(f))
+}
+
 // elemOf maps a tensor type to the cache storage type.
 func elemOf(dt tensor.DType) (cache.ElemType, bool) {
 	switch dt {
@@ -255,8 +385,9 @@ func mapCacheErr(err error) error {
 // scratch holds one call's temporary buffers, pooled across calls.
 type scratch struct {
 	q, o, t, qb, ob []float32
+	kf, vf          []float32
 	kb, vb          []byte
-	skip, counts    []int
+	counts          []int
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -348,76 +479,6 @@ func (sc *scratch) append(kv *cache.KVCache, kt, vt *tensor.Tensor, elem cache.E
 		}
 	}
 	return mapCacheErr(kv.Append(kb, vb, elem, g.s, counts))
-}
-
-// padding reads the attention_mask input [B, past + new] (nil: none) and
-// returns, per sequence, how many of the new tokens are left padding (nil
-// when none is). The cache path stores no padding: a row must be zeros then
-// ones, its ones covering exactly the tokens the cache holds plus the real
-// new ones; any other mask is refused (it would need the mask in the
-// kernel).
-func (sc *scratch) padding(mask *tensor.Tensor, g geometry, past int, kv *cache.KVCache) ([]int, error) {
-	if mask == nil {
-		return nil, nil
-	}
-	T := past + g.s
-	if mask.Rank() != 2 || mask.Shape()[0] != g.b || mask.Shape()[1] != T {
-		return nil, fmt.Errorf("%w: attention_mask has shape %v, want [%d, %d] (batch, past %d + new %d)",
-			errs.ErrShape, mask.Shape(), g.b, T, past, g.s)
-	}
-	at, err := maskReader(mask)
-	if err != nil {
-		return nil, err
-	}
-	sc.skip = grow(sc.skip, g.b)
-	padded := false
-	for b := 0; b < g.b; b++ {
-		row := b * T
-		first := T // first attended position
-		for t := 0; t < T; t++ {
-			if at(row + t) {
-				first = t
-				break
-			}
-		}
-		for t := first; t < T; t++ {
-			if !at(row + t) {
-				return nil, fmt.Errorf("%w: attention_mask row %d has a zero at position %d after its first one: "+
-					"the cache path supports left padding only", errs.ErrNotImplemented, b, t)
-			}
-		}
-		held := kv.SeqLen(b)
-		if first < past && past-first != held {
-			return nil, fmt.Errorf("%w: attention_mask row %d attends %d past positions, the state holds %d tokens of that sequence",
-				errs.ErrInvalidArgument, b, past-first, held)
-		}
-		if first >= past && held != 0 {
-			return nil, fmt.Errorf("%w: attention_mask row %d masks the %d tokens the state holds of that sequence",
-				errs.ErrNotImplemented, b, held)
-		}
-		sc.skip[b] = max(0, first-past)
-		padded = padded || sc.skip[b] > 0
-	}
-	if !padded {
-		return nil, nil
-	}
-	return sc.skip, nil
-}
-
-// maskReader returns "position i is attended" for an int or bool mask.
-func maskReader(m *tensor.Tensor) (func(int) bool, error) {
-	switch m.DType() {
-	case tensor.Int64:
-		d := m.Int64()
-		return func(i int) bool { return d[i] != 0 }, nil
-	case tensor.Int32:
-		d := m.Int32()
-		return func(i int) bool { return d[i] != 0 }, nil
-	case tensor.Bool:
-		d := m.Bool()
-		return func(i int) bool { return d[i] }, nil
-	}
-	return nil, fmt.Errorf("%w: attention_mask must be int64, int32 or bool, got %v", errs.ErrType, m.DType())
 }
 
 // seqView presents sequence b of a view as a batch of one.

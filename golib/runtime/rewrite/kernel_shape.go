@@ -1,14 +1,18 @@
 package rewrite
 
 import (
+	"fmt"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/ops"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
 
-// newCacheShape is Shape (or Size) of a removed past: it reads the state's
-// logical past shape [batch, kv_heads, past_length, head_dim] instead of a
-// tensor, so position ids and mask sizes the graph derives from the past
-// come out as on the tensor path.
+// newCacheShape is Shape (or Size) of a removed past or of a present: it
+// reads the state's logical shape [batch, kv_heads, past_length (+ the new
+// keys' length, input 0, for a present), head_dim] instead of a tensor, so
+// position ids and mask sizes the graph derives from them come out as on
+// the tensor path.
 func newCacheShape(n *ops.Node) (ops.Kernel, error) {
 	layer, err := n.Attrs.Int("layer", 0)
 	if err != nil {
@@ -30,12 +34,16 @@ func newCacheShape(n *ops.Node) (ops.Kernel, error) {
 	if err != nil {
 		return nil, err
 	}
+	expanded, err := n.Attrs.Int("expanded", 0)
+	if err != nil {
+		return nil, err
+	}
 	return ops.KernelFunc(func(ctx *ops.Context) error {
 		b, err := bindingOf(ctx)
 		if err != nil {
 			return err
 		}
-		kv, err := b.Cache(int(layer), 0)
+		kv, err := b.Cache(int(layer), 0, [3]int{})
 		if err != nil {
 			return err
 		}
@@ -44,7 +52,27 @@ func newCacheShape(n *ops.Node) (ops.Kernel, error) {
 		if value != 0 {
 			d = cfg.HeadDimV
 		}
-		dims := []int64{int64(b.Batch()), int64(cfg.KVHeads), int64(b.PastLength()), int64(d)}
+		L := b.PastLength()
+		if kn := ctx.Input(0); kn != nil {
+			// a present: the past plus the step's new keys
+			switch kn.Rank() {
+			case 4:
+				L += kn.Shape()[2]
+			case 3:
+				L += kn.Shape()[1]
+			default:
+				return fmt.Errorf("%w: CacheShape: new keys of rank %d", errs.ErrShape, kn.Rank())
+			}
+		}
+		dims := []int64{int64(b.Batch()), int64(cfg.KVHeads), int64(L), int64(d)}
+		if expanded != 0 {
+			// K/V expanded to the query heads (repeat_kv): input 1 is Q
+			q := ctx.Input(1)
+			if q == nil || q.Rank() != 4 {
+				return fmt.Errorf("%w: CacheShape: the shape of expanded K/V needs a 4-D Q", errs.ErrShape)
+			}
+			dims[1] = int64(q.Shape()[1])
+		}
 		if size != 0 {
 			out, err := ctx.NewOutputUninit(0, tensor.Int64, tensor.Shape{})
 			if err != nil {

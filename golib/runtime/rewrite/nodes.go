@@ -11,8 +11,12 @@ const (
 	// present_value] (exported only when the caller asks for them).
 	opAttention = "CacheAttention"
 	// opShape is Shape/Size of a removed past: the state's logical shape
-	// [batch, kv_heads, past_length, head_dim].
+	// [batch, kv_heads, past_length, head_dim]; of a present (input: the
+	// step's new keys) [batch, kv_heads, past_length + new, head_dim].
 	opShape = "CacheShape"
+	// opGQA is GroupQueryAttention with its shared buffer replaced by the
+	// layer's cache: the op's inputs without past_key/past_value.
+	opGQA = "CacheGroupQueryAttention"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -49,8 +53,13 @@ func shapeNode(n *onnxpb.NodeProto, ref pastRef) *onnxpb.NodeProto {
 			}
 		}
 	}
+	var inputs []string
+	if ref.present != "" {
+		// a present's shape: past length plus the new keys' sequence axis
+		inputs = []string{ref.present}
+	}
 	return &onnxpb.NodeProto{Name: ptr(n.GetName() + "/cache"), OpType: ptr(opShape), Domain: ptr(Domain),
-		Output: n.GetOutput(), Attribute: attrs}
+		Input: inputs, Output: n.GetOutput(), Attribute: attrs}
 }
 
 // prune drops nodes none of whose outputs is read or is a graph output

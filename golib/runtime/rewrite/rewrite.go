@@ -294,6 +294,12 @@ type edit struct {
 	insert []*onnxpb.NodeProto
 	pastK  string // the layer's pasts: removed from the graph inputs
 	pastV  string
+	presK  string // the layer's presents: Shape/Size of them read the state
+	presV  string
+	kNew   string // the new keys (their sequence axis is the step's length)
+	// replace maps node indices to nodes standing in for them (Shape of
+	// an expanded K/V).
+	replace map[int]*onnxpb.NodeProto
 }
 
 // apply builds the rewritten graph: g's nodes with the edits applied,
@@ -302,6 +308,7 @@ type edit struct {
 func apply(g *model.Graph, edits []*edit) *model.Graph {
 	drop := map[int]bool{}
 	at := map[int][]*onnxpb.NodeProto{}
+	repl := map[int]*onnxpb.NodeProto{}
 	gone := map[string]pastRef{} // removed past -> its layer and side
 	for _, e := range edits {
 		first := e.drop[0]
@@ -312,9 +319,15 @@ func apply(g *model.Graph, edits []*edit) *model.Graph {
 		for _, n := range e.insert {
 			setLayer(n, e.layer)
 		}
+		for i, n := range e.replace {
+			setLayer(n, e.layer)
+			repl[i] = n
+		}
 		at[first] = append(at[first], e.insert...)
 		gone[e.pastK] = pastRef{layer: e.layer}
 		gone[e.pastV] = pastRef{layer: e.layer, value: true}
+		gone[e.presK] = pastRef{layer: e.layer, present: e.kNew}
+		gone[e.presV] = pastRef{layer: e.layer, value: true, present: e.kNew}
 	}
 	var nodes []*onnxpb.NodeProto
 	for i, n := range g.Nodes {
@@ -322,6 +335,10 @@ func apply(g *model.Graph, edits []*edit) *model.Graph {
 			nodes = append(nodes, ins...)
 		}
 		if drop[i] {
+			continue
+		}
+		if r, ok := repl[i]; ok {
+			nodes = append(nodes, r)
 			continue
 		}
 		if ref, ok := gone[firstInput(n)]; ok && isShapeOnly(n) {
@@ -338,17 +355,18 @@ func apply(g *model.Graph, edits []*edit) *model.Graph {
 	out.Nodes = prune(nodes, outputs)
 	out.Inputs = nil
 	for _, in := range g.Inputs {
-		if _, ok := gone[in.Name]; !ok {
+		if ref, ok := gone[in.Name]; !ok || ref.present != "" {
 			out.Inputs = append(out.Inputs, in)
 		}
 	}
 	return &out
 }
 
-// pastRef names the cache a removed past stands for.
+// pastRef names the cache a removed past (or a present) stands for.
 type pastRef struct {
-	layer int
-	value bool
+	layer   int
+	value   bool
+	present string // for a present: the new keys of the step
 }
 
 func firstInput(n *onnxpb.NodeProto) string {

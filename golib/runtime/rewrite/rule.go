@@ -13,8 +13,19 @@ type Rule interface {
 	Match(ix *index, p *pair) (*edit, string)
 }
 
+// Mask modes of CacheAttention (attribute mask_mode): how input 3 is read.
+// Every mask is checked at run time to be causal plus left padding.
+const (
+	maskNone      = 0 // no mask (causal)
+	maskPadding   = 1 // attention_mask [batch, total] ints, with causal
+	maskAttention = 2 // an Attention op mask: bool (true attends) or additive float; causal attr adds is_causal
+	maskAdditive  = 3 // added to the scores
+	maskBlocked   = 4 // Where(mask, low, scores): true blocks
+	maskAttend    = 5 // Where(mask, scores, low): true attends
+)
+
 // rules are tried in order; the first that matches a layer rewrites it.
-var rules = []Rule{attentionRule{}}
+var rules = []Rule{attentionRule{}, concatRule{}, gqaRule{}}
 
 // RuleNames lists the rules, in the order they are tried.
 func RuleNames() []string {
@@ -63,14 +74,17 @@ func pastUser(ix *index, past string) (int, string) {
 }
 
 // presentFree checks that a present is produced by node i and observed by
-// nobody but the caller: no node and no subgraph reads it.
+// nobody but the caller and Shape/Size nodes: no other node and no subgraph
+// reads it.
 func presentFree(ix *index, present string, i int) string {
 	if p, ok := ix.producer[present]; !ok || p != i {
 		return fmt.Sprintf("present %q is not produced by %s", present, describe(ix.node(i)))
 	}
-	if users := ix.consumers[present]; len(users) > 0 {
-		return fmt.Sprintf("present %q is also read by %s (the cache path exports presents only as outputs)",
-			present, describe(ix.node(users[0])))
+	for _, u := range ix.consumers[present] {
+		if n := ix.node(u); !isShapeOnly(n) {
+			return fmt.Sprintf("present %q is also read by %s (the cache path exports presents only as outputs)",
+				present, describe(n))
+		}
 	}
 	if ix.captured[present] {
 		return fmt.Sprintf("present %q is read inside a subgraph", present)

@@ -13,7 +13,8 @@ import (
 // it and by Shape/Size, the presents only by the caller, attention is
 // causal (is_causal=1, aligned to the end of the cache as onnxruntime
 // does), qk_matmul_output and nonpad_kv_seqlen are unused, and the mask is
-// absent or proven a key-padding mask of an attention_mask input.
+// absent or a mask (proven a key-padding mask of an attention_mask input,
+// or read at run time and checked to be causal plus left padding).
 type attentionRule struct{}
 
 // Name is the rule's name in cache_plan().
@@ -63,18 +64,21 @@ func (attentionRule) Match(ix *index, p *pair) (*edit, string) {
 	if at(in, 6) != "" {
 		return nil, fmt.Sprintf("%s takes nonpad_kv_seqlen (not supported on the cache path)", describe(n))
 	}
-	if attrInt(n, "is_causal", 0) != 1 {
-		return nil, fmt.Sprintf("%s is not causal (is_causal=0): the cache path runs causal attention only", describe(n))
+	causal := attrInt(n, "is_causal", 0)
+	mask, mode := at(in, 3), int64(maskNone)
+	if mask == "" && causal != 1 {
+		return nil, fmt.Sprintf("%s is not causal (is_causal=0) and has no mask: the cache path runs causal attention only", describe(n))
 	}
-	mask := ""
-	if m := at(in, 3); m != "" {
-		src, why := paddingMaskSource(ix, m)
-		if why != "" {
-			return nil, why
+	if mask != "" {
+		// a proven key-padding mask is read as the [batch, total] input it
+		// is built from; any other mask is read as the op reads it, and
+		// checked at run time
+		mode = maskAttention
+		if src, why := paddingMaskSource(ix, mask); why == "" {
+			mask, mode = src, maskPadding
 		}
-		mask = src
 	}
-	attrs := []*onnxpb.AttributeProto{intAttr("layer", 0)} // set in apply order below
+	attrs := []*onnxpb.AttributeProto{intAttr("layer", 0), intAttr("mask_mode", mode), intAttr("causal", causal)}
 	for _, name := range []string{"q_num_heads", "kv_num_heads"} {
 		attrs = append(attrs, intAttr(name, attrInt(n, name, 0)))
 	}
@@ -92,7 +96,8 @@ func (attentionRule) Match(ix *index, p *pair) (*edit, string) {
 		Output:    []string{at(out, 0), p.presK, p.presV},
 		Attribute: attrs,
 	}
-	return &edit{drop: []int{ik}, insert: []*onnxpb.NodeProto{node}, pastK: p.pastK, pastV: p.pastV}, ""
+	return &edit{drop: []int{ik}, insert: []*onnxpb.NodeProto{node}, pastK: p.pastK, pastV: p.pastV,
+		presK: p.presK, presV: p.presV, kNew: at(in, 1)}, ""
 }
 
 // paddingMaskSource proves that mask is a key-padding mask built from an

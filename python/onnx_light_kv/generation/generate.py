@@ -28,7 +28,8 @@ from .text import Progress, Streamer, default_pad_id, encode, load_tokenizer
 __all__ = ["generate"]
 
 
-def _prompt(input_ids: Any, attention_mask: Any, tokenizer: Any, pad_token_id: Optional[int]) -> Tuple[np.ndarray, np.ndarray]:
+def _prompt(input_ids: Any, attention_mask: Any, tokenizer: Any,
+            pad_token_id: Optional[int]) -> Tuple[np.ndarray, np.ndarray]:
     if isinstance(input_ids, str) or (isinstance(input_ids, (list, tuple)) and input_ids
                                       and all(isinstance(t, str) for t in input_ids)):
         if tokenizer is None:
@@ -69,7 +70,8 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
              eos_token_id: Union[int, Sequence[int], None] = None, pad_token_id: Optional[int] = None,
              stop_sequences: Optional[Sequence[Sequence[int]]] = None, seed: Optional[int] = None,
              draft_session: Any = None, num_draft_tokens: int = 4, prompt_lookup: int = 0, streamer: Any = None,
-             progress: bool = False, return_scores: bool = False, state_options: Union[None, bool, Dict[str, Any]] = None,
+             progress: bool = False, return_scores: bool = False,
+             state_options: Union[None, bool, Dict[str, Any]] = None,
              tokenizer: Any = None) -> GenerationOutput:
     """Generate up to ``max_new_tokens`` tokens per row after ``input_ids`` with ``session``.
 
@@ -220,7 +222,8 @@ def _merge_scores(groups: List[List[np.ndarray]]) -> List[np.ndarray]:
 
 def _greedy_or_sample(session: Any, ids: np.ndarray, mask: np.ndarray, opts: SamplingOptions, eos: Any, stops: Any,
                       pad: int, max_new: int, rng: np.random.Generator, return_scores: bool, state_options: Any,
-                      stream: Optional[Streamer], bar: Progress, stats: GenerationStats) -> Tuple[np.ndarray, List[np.ndarray]]:
+                      stream: Optional[Streamer], bar: Progress,
+                      stats: GenerationStats) -> Tuple[np.ndarray, List[np.ndarray]]:
     g = Generator(session, max_length=ids.shape[1] + max_new, do_sample=opts.do_sample, temperature=opts.temperature,
                   top_k=opts.top_k, top_p=opts.top_p, min_p=opts.min_p, repetition_penalty=opts.repetition_penalty,
                   eos_token_id=eos, stop_sequences=stops, pad_token_id=pad, state_options=state_options)

@@ -53,7 +53,8 @@ class Generator:
         self.options = SamplingOptions(bool(do_sample), float(temperature), int(top_k), float(top_p),
                                        float(min_p), float(repetition_penalty))
         self.stop = StopCondition.of(eos_token_id, stop_sequences)
-        self.pad_token_id = int(pad_token_id if pad_token_id is not None else (self.stop.eos[0] if self.stop.eos else 0))
+        default_pad = self.stop.eos[0] if self.stop.eos else 0
+        self.pad_token_id = int(pad_token_id if pad_token_id is not None else default_pad)
         self.rng = np.random.default_rng(seed)
         self._state_options = state_options
         self._runner: Any = None
@@ -61,7 +62,7 @@ class Generator:
         self._mask = np.zeros((0, 0), np.int64)
         self._done = np.zeros(0, bool)
         self._logits: Optional[np.ndarray] = None
-        self._last_scores: Optional[np.ndarray] = None
+        self._last_processed: Optional[np.ndarray] = None
         self.timings: Dict[str, float] = {"prefill_s": 0.0, "decode_s": 0.0, "decode_runs": 0}
 
     # -- state ---------------------------------------------------------------------------
@@ -88,8 +89,10 @@ class Generator:
     @property
     def last_scores(self) -> Optional[np.ndarray]:
         """Log-probabilities ``[batch, vocab]`` (after the logits processors) that the latest
-        ``generate_next_token`` chose from."""
-        return self._last_scores
+        ``generate_next_token`` chose from (computed on first access)."""
+        if self._last_processed is None:
+            return None
+        return lp.log_softmax(self._last_processed)
 
     @property
     def runner_kind(self) -> str:
@@ -158,7 +161,7 @@ class Generator:
             self.timings["decode_s"] += time.perf_counter() - t
             self.timings["decode_runs"] += 1
         processed = lp.process(self._logits, self.options, self._seq, self._mask)
-        self._last_scores = lp.log_softmax(processed)
+        self._last_processed = processed
         tok = lp.choose(processed, self.options.do_sample, self.rng)
         tok[self._done] = self.pad_token_id
         self._seq = np.concatenate([self._seq, tok[:, None]], axis=1)

@@ -22,10 +22,10 @@ def repetition_penalty(logits: np.ndarray, sequences: np.ndarray, penalty: float
     """Divide positive (multiply negative) logits of the tokens already in each row by ``penalty``.
 
     ``sequences [rows, length]`` are the ids so far; ``mask`` (same shape, 0 for padding)
-    excludes padding positions. Returns a new array."""
-    out = np.array(logits, dtype=np.float32, copy=True)
+    excludes padding positions. Returns a new array (``logits`` itself when ``penalty == 1``)."""
     if penalty == 1.0 or sequences.shape[1] == 0:
-        return out
+        return logits
+    out = np.array(logits, dtype=np.float32, copy=True)
     for r in range(out.shape[0]):
         ids = sequences[r] if mask is None else sequences[r][mask[r] != 0]
         ids = np.unique(ids)

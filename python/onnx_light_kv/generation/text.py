@@ -31,7 +31,8 @@ def load_tokenizer(tokenizer: Any) -> Any:
             raise FileNotFoundError(f"tokenizer file not found: {path}")
         return Tokenizer.from_file(path)
     if not (hasattr(tokenizer, "encode_batch") and hasattr(tokenizer, "decode")):
-        raise TypeError(f"tokenizer must be a tokenizers.Tokenizer or a tokenizer.json path, got {type(tokenizer).__name__}")
+        raise TypeError("tokenizer must be a tokenizers.Tokenizer or a tokenizer.json path, "
+                        f"got {type(tokenizer).__name__}")
     return tokenizer
 
 
