@@ -105,12 +105,14 @@ class BuiltinDecoder:
         self.kv = self.cfg.kv_heads if info["kind"] != "gpt2" else self.cfg.q_heads
         self.state: Dict[str, np.ndarray] = {}
         self.past_len = 0
+        self.mask = np.zeros((1, 0), np.int64)
 
     def start(self, batch: int) -> None:
         self.past_len = 0
+        self.mask = np.zeros((batch, 0), np.int64)
         self.state = {p: np.zeros((batch, self.kv, 0, self.cfg.head_dim), np.float32) for p, _ in self.pairs}
 
-    def feeds(self, tokens: np.ndarray) -> Dict[str, np.ndarray]:
+    def feeds(self, tokens: np.ndarray, mask: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
         s = tokens.shape[1]
         f: Dict[str, np.ndarray] = {"input_ids": tokens.astype(np.int64), **self.state}
         if "position_ids" in self.names:
@@ -124,6 +126,7 @@ class BuiltinDecoder:
         for past, present in self.pairs:
             self.state[past] = res[present]
         self.past_len += tokens.shape[1]
+        self.mask = np.ones((tokens.shape[0], self.past_len), np.int64)
         return res
 
 
@@ -132,6 +135,21 @@ def make_decoder(name: str, session: Any, info: Dict[str, Any]) -> Any:
     if "fixture" in info:
         return _fixtures_module().Decoder(name, session)
     return BuiltinDecoder(session, info)
+
+
+def snapshot(dec: Any) -> Tuple[Dict[str, np.ndarray], int, np.ndarray]:
+    """The decoder's generation state: pasts, past length, attention mask so far."""
+    return dict(dec.state), dec.past_len, dec.mask.copy()
+
+
+def restore(dec: Any, snap: Tuple[Dict[str, np.ndarray], int, np.ndarray]) -> None:
+    dec.state, dec.past_len, dec.mask = dict(snap[0]), snap[1], snap[2].copy()
+
+
+def prompt_feeds(dec: Any, prompt: np.ndarray) -> Dict[str, np.ndarray]:
+    """The feeds of a first run on ``prompt`` (no padding)."""
+    dec.start(prompt.shape[0])
+    return dec.feeds(prompt, np.ones(prompt.shape, np.int64))
 
 
 def logits_of(res: Any) -> np.ndarray:
@@ -143,27 +161,31 @@ class Stepper:
     calls (``_common.blocked`` calls it ``period`` times per block), so each burst sees pasts
     of ``start_len``, ``start_len + 1``, ... tokens on both runtimes."""
 
-    def __init__(self, dec: Any, state: Dict[str, np.ndarray], start_len: int, token: np.ndarray, period: int) -> None:
-        self.dec, self.state0, self.len0, self.tok0, self.period = dec, state, start_len, token, period
+    def __init__(self, dec: Any, snap: Tuple[Dict[str, np.ndarray], int, np.ndarray], token: np.ndarray,
+                 period: int) -> None:
+        self.dec, self.snap, self.tok0, self.period = dec, snap, token, period
         self.i, self.tok = 0, token
 
     def __call__(self) -> Any:
         if self.i % self.period == 0:
-            self.dec.state, self.dec.past_len, self.tok = dict(self.state0), self.len0, self.tok0
+            restore(self.dec, self.snap)
+            self.tok = self.tok0
         self.i += 1
         res = self.dec.run(self.tok)
         self.tok = np.argmax(logits_of(res)[:, -1, :], axis=-1).astype(np.int64)[:, None]
         return res
 
 
-def start_state(name: str, ort: Any, info: Dict[str, Any], past: int, vocab: int) -> Tuple[Dict[str, np.ndarray], np.ndarray]:
-    """The past after an onnxruntime prefill of ``past`` random tokens, and the next token."""
+def start_state(name: str, ort: Any, info: Dict[str, Any], past: int,
+                vocab: int) -> Tuple[Tuple[Dict[str, np.ndarray], int, np.ndarray], np.ndarray]:
+    """The generation state after an onnxruntime prefill of ``past`` random tokens, and the
+    next token."""
     dec = make_decoder(name, ort, info)
     dec.start(1)
     rng = np.random.default_rng(7)
     res = dec.run(rng.integers(vocab, size=(1, past)).astype(np.int64))
     tok = np.argmax(logits_of(res)[:, -1, :], axis=-1).astype(np.int64)[:, None]
-    return dict(dec.state), tok
+    return snapshot(dec), tok
 
 
 def vocab_of(ort_session: Any) -> int:
@@ -187,8 +209,8 @@ def make_sessions(data: bytes, threads: int) -> Tuple[Any, Any]:
     return ours, ort
 
 
-def executor_share(name: str, data: bytes, info: Dict[str, Any], threads: int, state: Dict[str, np.ndarray],
-                   past: int, tok: np.ndarray, steps: int) -> Dict[str, Any]:
+def executor_share(name: str, data: bytes, info: Dict[str, Any], threads: int,
+                   snap: Tuple[Dict[str, np.ndarray], int, np.ndarray], tok: np.ndarray, steps: int) -> Dict[str, Any]:
     """Median shares of a decode loop run by two sessions of ours side by side, step for step
     (same pasts, same tokens): a profiled one gives the kernels' time, a plain one the run's
     time inside the executor (``run_ns``), so the executor share (``1 - kernels / run_ns``) does
@@ -200,7 +222,7 @@ def executor_share(name: str, data: bytes, info: Dict[str, Any], threads: int, s
     plain = onnx_light_kv.InferenceSession(data, threads=threads)
     decs = {"prof": make_decoder(name, prof, info), "plain": make_decoder(name, plain, info)}
     for d in decs.values():
-        d.state, d.past_len = dict(state), past
+        restore(d, snap)
     ex, ex_prof, bind, ran, run_ms = [], [], [], [], []
     for i in range(steps + 2):
         t0 = time.perf_counter_ns()
@@ -234,23 +256,21 @@ def measure(name: str, data: bytes, info: Dict[str, Any], args: argparse.Namespa
         try:
             ours, ort = make_sessions(data, threads)
             vocab = vocab_of(ort)
-            state, tok = start_state(name, ort, info, args.past, vocab)
+            snap, tok = start_state(name, ort, info, args.past, vocab)
         except Exception as e:  # unsupported op, bad model: reported in the table
             rows.append({"model": name, "threads": threads, "error": f"{type(e).__name__}: {str(e)[:160]}"})
             print(fmt_row(rows[-1]), flush=True)
             continue
         sides = {"ours": ours, "ort": ort}
         decs = {k: make_decoder(name, s, info) for k, s in sides.items()}
-        dec = _common.blocked({k: Stepper(d, state, args.past, tok, args.block) for k, d in decs.items()},
+        dec = _common.blocked({k: Stepper(d, snap, tok, args.block) for k, d in decs.items()},
                               repeat=args.samples, warmup=args.block, block=args.block)
         prompt = np.random.default_rng(8).integers(vocab, size=(1, args.prompt)).astype(np.int64)
         pre_fns = {}
         for k, d in decs.items():
-            d.start(1)
-            feeds = d.feeds(prompt)
-            pre_fns[k] = (lambda s, f: lambda: s.run(None, f))(sides[k], feeds)
+            pre_fns[k] = (lambda s, f: lambda: s.run(None, f))(sides[k], prompt_feeds(d, prompt))
         pre = _common.blocked(pre_fns, repeat=max(10, args.samples // 2), warmup=2, block=args.block)
-        share = executor_share(name, data, info, threads, state, args.past, tok, args.share_steps)
+        share = executor_share(name, data, info, threads, snap, tok, args.share_steps)
         row = {"model": name, "threads": threads, "nodes": node_counts(data), **share,
                "decode": {k: _common.summarize(v) for k, v in dec.items()},
                "prefill": {k: _common.summarize(v) for k, v in pre.items()},
