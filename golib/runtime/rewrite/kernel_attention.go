@@ -24,10 +24,11 @@ type cacheAttention struct {
 	qHeads, kvHead int // for 3-D inputs
 	opts           cpu.Options
 	maskMode       int
-	causal         bool    // the mask is combined with causal attention
-	signs          []int64 // run-time scale factors from input 5 on: +1 multiply, -1 divide
-	ktReshape      int     // index of the two Reshape targets of a batched K^T (0: none)
-	padInput       int     // index of the graph's attention_mask input (0: none)
+	causal         bool         // the mask is combined with causal attention
+	signs          []int64      // run-time scale factors from input 5 on: +1 multiply, -1 divide
+	ktReshape      int          // index of the two Reshape targets of a batched K^T (0: none)
+	padInput       int          // index of the graph's attention_mask input (0: none)
+	outType        tensor.DType // the output's type when the graph widened V (0: Q's)
 }
 
 func newCacheAttention(n *ops.Node) (ops.Kernel, error) {
@@ -44,6 +45,7 @@ func newCacheAttention(n *ops.Node) (ops.Kernel, error) {
 	k.maskMode, k.causal = get("mask_mode"), get("causal") != 0
 	k.ktReshape = get("kt_reshape")
 	k.padInput = get("padding_input")
+	k.outType = tensor.DType(get("output_type"))
 	if k.signs, _, err = n.Attrs.Ints("factor_signs"); err != nil {
 		return nil, err
 	}
@@ -160,7 +162,14 @@ func (k *cacheAttention) Compute(ctx *ops.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := k.attend(ctx, sc, kv, qf, q.DType(), g, skip, opts); err != nil {
+	outType := q.DType()
+	if k.outType != 0 {
+		if _, ok := elemOf(k.outType); !ok {
+			return fmt.Errorf("%w: CacheAttention: output type %v", errs.ErrType, k.outType)
+		}
+		outType = k.outType
+	}
+	if err := k.attend(ctx, sc, kv, qf, outType, g, skip, opts); err != nil {
 		return err
 	}
 	return k.presents(ctx, bind, kv, kt.DType(), g)

@@ -26,7 +26,8 @@ import (
 // shapes) and are multiplied at run time. Masks are read at run time and
 // must be causal plus left padding, which the kernel implements; any
 // other mask fails the run with a NotImplementedError and leaves the state
-// unchanged. Every intermediate value must be read by its chain only;
+// unchanged. Casts of the scores (fp16 exports) are allowed before the
+// mask and around the Softmax. Every intermediate value must be read by its chain only;
 // presents may also be read by Shape/Size.
 type concatRule struct{}
 
@@ -221,6 +222,14 @@ func (concatRule) Match(ix *index, p *pair) (*edit, string) {
 	if c.why != "" {
 		return nil, c.why
 	}
+	outType := int64(0) // fp16 exports widen V (and so the output) to float
+	if vn := ix.node(vi); isOp(vn, "Cast") {
+		outType = attrInt(vn, "to", 0)
+		vEnd = c.take(vi)
+		if vi, _ = c.next(vEnd); c.why != "" {
+			return nil, c.why
+		}
+	}
 	var node *onnxpb.NodeProto
 	if n := ix.node(ki); isOp(n, "Attention") {
 		node, why = c.attentionEnd(ki, kEnd, vEnd, vi, kNew, vNew, p)
@@ -229,6 +238,9 @@ func (concatRule) Match(ix *index, p *pair) (*edit, string) {
 	}
 	if why != "" {
 		return nil, why
+	}
+	if outType != 0 {
+		node.Attribute = append(node.Attribute, intAttr("output_type", outType))
 	}
 	e := &edit{drop: c.drop, insert: []*onnxpb.NodeProto{node}, pastK: p.pastK, pastV: p.pastV,
 		presK: p.presK, presV: p.presV, kNew: kNew, replace: map[int]*onnxpb.NodeProto{}}
@@ -370,6 +382,12 @@ func (c *chain) decomposedEnd(ti int, kEnd, vEnd string, vi int, kNew, vNew stri
 	}
 	if n == nil {
 		return nil, c.why
+	}
+	if isOp(n, "Cast") { // fp16 exports widen the scores before the mask
+		x = c.take(i)
+		if i, n = c.next(x); n == nil {
+			return nil, c.why
+		}
 	}
 	mode, mask, low := int64(maskNone), "", ""
 	in := n.GetInput()
