@@ -26,14 +26,8 @@ LOGIT_ATOL = 1e-4
 
 
 # known gaps (strict xfails): the genai export of Gemma 2 uses window-sized GroupQueryAttention
-# buffers (sliding_window_cache=1, refused by the rule); the Gemma 2/3 exports' sliding-window
-# layers run on a state (window derived from the mask) but diverge from onnxruntime once the
-# context passes twice the window (8): not understood yet.
-UNMATCHED: Dict[str, str] = {
-    "gemma2-genai": "GroupQueryAttention sliding_window_cache=1 is refused by the rule",
-    **{f"gemma{v}-{e}": "sliding-window layers diverge past twice the window"
-       for v in (2, 3) for e in ("dynamo", "optimum", "torchscript")},
-}
+# buffers (sliding_window_cache=1), which the rule refuses.
+UNMATCHED: Dict[str, str] = {"gemma2-genai": "GroupQueryAttention sliding_window_cache=1 is refused by the rule"}
 
 
 def _params() -> List[Any]:

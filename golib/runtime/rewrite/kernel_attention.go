@@ -29,6 +29,7 @@ type cacheAttention struct {
 	ktReshape      int          // index of the two Reshape targets of a batched K^T (0: none)
 	padInput       int          // index of the graph's attention_mask input (0: none)
 	outType        tensor.DType // the output's type when the graph widened V (0: Q's)
+	maskValue      string       // the mask's value name (keys its verdict within a run)
 }
 
 func newCacheAttention(n *ops.Node) (ops.Kernel, error) {
@@ -46,6 +47,9 @@ func newCacheAttention(n *ops.Node) (ops.Kernel, error) {
 	k.ktReshape = get("kt_reshape")
 	k.padInput = get("padding_input")
 	k.outType = tensor.DType(get("output_type"))
+	if k.maskValue, err = n.Attrs.String("mask_value", ""); err != nil {
+		return nil, err
+	}
 	if k.signs, _, err = n.Attrs.Ints("factor_signs"); err != nil {
 		return nil, err
 	}

@@ -38,7 +38,7 @@ func (k *cacheAttention) padding(ctx *ops.Context, bind Binding, g geometry, kv 
 		return nil, 0, nil
 	}
 	P := bind.PastLength()
-	key := memoKey{data: unsafe.SliceData(m.Bytes()), mode: k.maskMode, causal: k.causal, past: P, s: g.s}
+	key := memoKey{value: k.maskValue, data: unsafe.SliceData(m.Bytes()), mode: k.maskMode, causal: k.causal, past: P, s: g.s}
 	v, ok := bind.Memo()[key].(verdict)
 	if !ok {
 		held := make([]int, g.b)
@@ -81,6 +81,7 @@ type verdict struct {
 
 // memoKey identifies one mask verdict within a run.
 type memoKey struct {
+	value   string // the mask's value name: buffers are reused within a run
 	data    *byte
 	mode    int
 	causal  bool

@@ -109,6 +109,12 @@ func describe(n interface {
 // exporters name it): its zeros say where each sequence's left padding
 // ends, which a sliding-window mask alone does not.
 func withPaddingInput(ix *index, n *onnxpb.NodeProto, mode int64) {
+	if len(n.Input) > 3 && n.Input[3] != "" {
+		// the mask's value name keys its verdict within a run (its buffer
+		// may be reused by another mask of the same run)
+		n.Attribute = append(n.Attribute, &onnxpb.AttributeProto{Name: ptr("mask_value"),
+			Type: onnxpb.AttributeProto_STRING.Enum(), S: []byte(n.Input[3])})
+	}
 	if mode < maskAttention || !ix.isGraphInput("attention_mask") || ix.captured["attention_mask"] {
 		return
 	}
