@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 
 import _gen_common as gc
+import _ort_compare as oc
 
 olkv = pytest.importorskip("onnx_light_kv")
 
@@ -74,9 +76,15 @@ def test_state_options() -> None:
         pytest.skip("this build's InferenceSession has no cache path")
     half = olkv.generate(sess, gc.PROMPT, max_new_tokens=4, state_options={"dtype": "float16"})
     assert half.stats.runner == "state" and half.new_tokens.shape == (1, 4)
-    with pytest.raises(NotImplementedError, match="tensor path"):  # GPT-2's Concat pasts are not rewritten
-        olkv.generate(gc.ours("gpt2"), gc.PROMPT, max_new_tokens=2, state_options={})
-    assert olkv.generate(gc.ours("gpt2"), gc.PROMPT, max_new_tokens=2).stats.runner == "tensor"
+    # a model the cache rewrite refuses (a present also read by another node) stays on the tensor path
+    refused = gc.model("llama")
+    refused.graph.node.append(onnx.helper.make_node("Identity", ["present.0.key"], ["observed"]))
+    refused.graph.output.append(onnx.helper.make_tensor_value_info("observed", onnx.TensorProto.FLOAT, None))
+    rsess = oc.ours(refused)
+    with pytest.raises(NotImplementedError, match="tensor path"):
+        olkv.generate(rsess, gc.PROMPT, max_new_tokens=2, state_options={})
+    assert olkv.generate(rsess, gc.PROMPT, max_new_tokens=2).stats.runner == "tensor"
+    assert olkv.generate(gc.ours("gpt2"), gc.PROMPT, max_new_tokens=2).stats.runner == "state"  # Concat pasts
     with pytest.raises(NotImplementedError, match="create_state"):
         olkv.generate(gc.ort("llama"), gc.PROMPT, max_new_tokens=2, state_options={})
     with pytest.raises(TypeError, match="state_options"):
