@@ -2,9 +2,10 @@
 
 Import from test files as ``import _fixtures as fx`` (pytest puts ``tests/`` on sys.path).
 
-* :func:`manifest` / :func:`names` / :func:`entry`: the manifest and its fixtures.
-* :func:`model_path`: the decompressed ``.onnx`` of a fixture, written once per test session to a
-  temporary folder (removed at exit) and checked against the manifest's sha256.
+* :func:`manifest` / :func:`names` / :func:`entry` / :func:`entries`: the manifest and its fixtures.
+* :func:`model_bytes`: a fixture's decompressed model, checked against the manifest's sha256;
+  :func:`model_path`: the same written once per test session to a temporary folder (removed at exit).
+* :func:`atol`: the fixture's tolerance vs onnxruntime (by its float type).
 * :func:`missing_ops`: the fixture's ops (with the model's opset of their domain) that
   ``supported_ops()`` does not list.
 * :class:`Decoder`: greedy generation on the tensor path with any session object that has
@@ -53,6 +54,22 @@ def entry(name: str) -> Dict[str, Any]:
     return manifest()["fixtures"][name]
 
 
+def entries() -> List[Dict[str, Any]]:
+    """Every fixture's manifest entry with its ``name`` added, in name order."""
+    return [dict(entry(n), name=n) for n in names()]
+
+
+def model_bytes(name: str) -> bytes:
+    """The fixture's decompressed ONNX model, checked against the manifest's sha256."""
+    e = entry(name)
+    with open(os.path.join(FIXTURE_DIR, e["file"]), "rb") as f:
+        data = lzma.decompress(f.read())
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != e["sha256"]:
+        raise ValueError(f"fixture {name}: sha256 {digest} does not match the manifest's {e['sha256']}")
+    return data
+
+
 @functools.lru_cache(maxsize=1)
 def _tmpdir() -> str:
     d = tempfile.mkdtemp(prefix="olkv-fixtures-")
@@ -63,16 +80,20 @@ def _tmpdir() -> str:
 @functools.lru_cache(maxsize=None)
 def model_path(name: str) -> str:
     """Path of the fixture's decompressed .onnx file (decompressed once per session)."""
-    e = entry(name)
-    with open(os.path.join(FIXTURE_DIR, e["file"]), "rb") as f:
-        data = lzma.decompress(f.read())
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != e["sha256"]:
-        raise ValueError(f"fixture {name}: sha256 {digest} does not match the manifest's {e['sha256']}")
-    path = os.path.join(_tmpdir(), e["file"][: -len(".xz")])
+    path = os.path.join(_tmpdir(), entry(name)["file"][: -len(".xz")])
     with open(path, "wb") as f:
-        f.write(data)
+        f.write(model_bytes(name))
     return path
+
+
+# absolute tolerance of logits and presents vs onnxruntime, by the model's float type (see
+# test_fixture_models.py for the observed differences)
+ATOL = {"float32": 1e-4, "float16": 2e-2}
+
+
+def atol(name: str) -> float:
+    """The fixture's tolerance vs onnxruntime: ``ATOL`` of its logits' dtype."""
+    return ATOL[next(o["dtype"] for o in entry(name)["outputs"] if o["name"] == "logits")]
 
 
 _SUPPORTED = re.compile(r"^(.*?)/(\S+) \[(\d+), (\d+)\]$")
@@ -150,12 +171,15 @@ class Decoder:
         d = self.drive
         return int(d.get("past_capacity", {}).get(past, d["max_length"])) if d.get("shared_buffer") else 0
 
-    def feeds(self, tokens: np.ndarray, mask: np.ndarray) -> Dict[str, np.ndarray]:
+    def feeds(self, tokens: np.ndarray, mask: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
         """The run's feeds for ``tokens`` ([batch, seq]) after ``past_len`` positions, ``mask`` being
-        the attention mask over all of them ([batch, past_len + seq], 0 = padding). Position ids
-        count the unmasked positions before each one (padding gets 1, as transformers does)."""
+        the attention mask over all of them ([batch, past_len + seq], 0 = padding; default: no
+        padding). Position ids count the unmasked positions before each one (padding gets 1, as
+        transformers does)."""
         b, s = tokens.shape
         total = self.past_len + s
+        if mask is None:
+            mask = np.ones((b, total), dtype=np.int64)
         if self.drive.get("shared_buffer") and total > self.drive["max_length"]:
             raise ValueError(f"{total} positions exceed the shared buffer's max_length {self.drive['max_length']}")
         pos = np.arange(self.past_len, total, dtype=np.int64)
