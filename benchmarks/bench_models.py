@@ -198,8 +198,11 @@ def vocab_of(ort_session: Any) -> int:
 
 
 def make_sessions(data: bytes, threads: int) -> Tuple[Any, Any]:
-    import onnxruntime
+    """Our session and onnxruntime's (sequential, ``threads`` intra-op threads) of one model."""
     import onnx_light_kv
+    from onnx_light_kv._optional import require
+
+    onnxruntime = require("onnxruntime")  # ImportError naming the 'ort' extra when missing
     so = onnxruntime.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1

@@ -130,11 +130,19 @@ def _np_dtype(type_str: str) -> Any:
 
 @dataclass
 class Step:
-    """One run: the feeds' token ids, every output by name, and the past length before it."""
+    """One run: the feeds' token ids, every output by name, the past length before it, and per
+    batch row the index (along the run's tokens) of its last real token (-1: the last one)."""
 
     past_len: int
     tokens: np.ndarray
     outputs: Dict[str, np.ndarray] = field(default_factory=dict)
+    last: Optional[np.ndarray] = None
+
+    def next_tokens(self) -> np.ndarray:
+        """The greedy choice of each row: argmax of the logits at its last real token ([batch])."""
+        logits = self.outputs["logits"]
+        last = np.full(logits.shape[0], -1) if self.last is None else self.last
+        return np.argmax(logits[np.arange(logits.shape[0]), last], axis=-1).astype(np.int64)
 
 
 class Decoder:
@@ -207,12 +215,15 @@ class Decoder:
 
     def run(self, tokens: np.ndarray, new_mask: Optional[np.ndarray] = None) -> Step:
         """One step: run, feed the presents back as pasts, advance the past length.
-        ``new_mask`` ([batch, seq]) marks padding among ``tokens`` (default: none)."""
+        ``new_mask`` ([batch, seq]) marks padding among ``tokens`` (default: none), on the left
+        (exports fed attention_mask + position_ids) or on the right (GroupQueryAttention's
+        shared buffer: seqlens_k counts the real tokens)."""
         if new_mask is None:
             new_mask = np.ones(tokens.shape, dtype=np.int64)
         mask = np.concatenate([self.mask, new_mask.astype(np.int64)], axis=1)
         res = self.session.run(None, self.feeds(tokens, mask))
-        step = Step(self.past_len, tokens, dict(zip(self.output_names, res)))
+        last = tokens.shape[1] - 1 - np.argmax(new_mask[:, ::-1] != 0, axis=1)
+        step = Step(self.past_len, tokens, dict(zip(self.output_names, res)), last)
         for past, present in self.pairs:
             self.state[past] = step.outputs[present]
         self.past_len += tokens.shape[1]
@@ -220,27 +231,27 @@ class Decoder:
         return step
 
     def generate(self, prompt: np.ndarray, steps: int, prompt_mask: Optional[np.ndarray] = None) -> List[Step]:
-        """Prefill ``prompt`` ([batch, seq], ``prompt_mask`` 0 at left padding) then ``steps`` greedy
-        steps (argmax of the last logits)."""
+        """Prefill ``prompt`` ([batch, seq], ``prompt_mask`` 0 at padding) then ``steps`` greedy
+        steps (argmax of the logits at each row's last real token)."""
         self.start(prompt.shape[0])
         out = [self.run(prompt, prompt_mask)]
         for _ in range(steps):
-            nxt = np.argmax(out[-1].outputs["logits"][:, -1, :], axis=-1).astype(np.int64)[:, None]
-            out.append(self.run(nxt))
+            out.append(self.run(out[-1].next_tokens()[:, None]))
         return out
 
     def written(self, past: str, present: np.ndarray) -> List[np.ndarray]:
         """Per batch row, the positions of ``past``'s present that hold a real token's K/V
         ([kv_heads, n, head_dim]). Growing pasts: the unpadded ones. Shared buffers: rows
-        ``[0, min(past_len, capacity))`` (a windowed buffer whose capacity is the window keeps the
-        most recent positions there; the rest of a buffer is never written)."""
+        ``[0, min(T, capacity))``, T the row's real tokens (GroupQueryAttention stores them from
+        row 0; a windowed buffer whose capacity is the window keeps the most recent ones there;
+        the rest of a buffer is never written)."""
         if self.drive.get("shared_buffer"):
-            n = min(self.past_len, self.capacity(past))
-            return [present[b][:, :n] for b in range(present.shape[0])]
+            cap = self.capacity(past)
+            return [present[b][:, :min(int(self.mask[b].sum()), cap)] for b in range(present.shape[0])]
         return [present[b][:, np.flatnonzero(self.mask[b])] for b in range(present.shape[0])]
 
 
 def greedy_tokens(steps: Sequence[Step]) -> np.ndarray:
     """The tokens chosen after each run ([batch, len(steps)])."""
-    return np.stack([np.argmax(s.outputs["logits"][:, -1, :], axis=-1) for s in steps], axis=1)
+    return np.stack([s.next_tokens() for s in steps], axis=1)
 

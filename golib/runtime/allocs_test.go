@@ -58,7 +58,9 @@ func TestExecutorAllocsPerNode(t *testing.T) {
 		allocs[n] = testing.AllocsPerRun(50, run)
 	}
 	t.Logf("allocations per run: %v (8 links), %v (96 links)", allocs[8], allocs[96])
-	if allocs[96] > allocs[8] {
+	// One allocation per node would add 88; the race detector's runtime
+	// adds one now and then.
+	if allocs[96]-allocs[8] > 2 {
 		t.Errorf("allocations per run: %v with 8 links, %v with 96: the executor allocates per node", allocs[8], allocs[96])
 	}
 }
