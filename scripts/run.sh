@@ -40,12 +40,13 @@ setup() {
   command -v gcc >/dev/null || { echo "error: gcc is required for the cgo build" >&2; exit 1; }
   "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
     || { echo "error: $PY is older than Python 3.10" >&2; exit 1; }
-  # build + test dependencies (pinned lower bounds; onnxruntime is the comparator)
-  if ! "$PY" -c "import numpy, ml_dtypes, onnx, onnxruntime, pytest, pybindgen, matplotlib, tqdm, build" 2>/dev/null; then
+  # build + test dependencies (pinned lower bounds; onnxruntime is the comparator; tokenizers and
+  # tqdm are the optional 'generate' extra, installed so that its tests run)
+  if ! "$PY" -c "import numpy, ml_dtypes, onnx, onnxruntime, pytest, pybindgen, matplotlib, tokenizers, tqdm, build" 2>/dev/null; then
     phase "installing Python dependencies (first run: about a minute)"
     "$PY" -m pip install --quiet --disable-pip-version-check \
       "numpy>=1.24" "ml_dtypes>=0.3" "onnx>=1.18" "onnxruntime>=1.22" "pytest>=7" \
-      "pybindgen==0.22.1" "matplotlib>=3.7" "tqdm>=4.60" "setuptools>=77" wheel build
+      "pybindgen==0.22.1" "matplotlib>=3.7" "tokenizers>=0.15" "tqdm>=4.60" "setuptools>=77" wheel build
   fi
   phase "downloading Go modules"
   go mod download

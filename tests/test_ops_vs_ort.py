@@ -428,6 +428,86 @@ def _positions_graph() -> Case:
     return graph_model(nodes, inputs, ["pos"], inits=["ax0", "one"])
 
 
+# ---------------------------------------------------------------- ops the exporters emit
+# GatherND (torch.onnx dynamo's padding-mask lookup) over opsets 11/12/13+, index dtypes, negative
+# indices and batch_dims; the com.microsoft Skip norms of the onnxruntime-genai builder with their
+# optional inputs and outputs.
+_GND = [("2d-tuples", (4, 5), np.array([[0, 1], [3, -1], [-4, 2]]), 0),
+        ("slices", (4, 3, 2), np.array([[[1], [-1]], [[0], [2]]]), 0),
+        ("full-tuple-3d", (2, 3, 4), np.array([[1, 2, 3], [0, -3, -4]]), 0),
+        ("batch1", (2, 3, 4), np.array([[[1], [2]], [[0], [-1]]]), 1),
+        ("batch2", (2, 3, 4, 5), np.array([[[1, 2], [0, 0], [3, -1]], [[2, 2], [1, 4], [0, 3]]]), 2),
+        ("empty", (3, 4), np.zeros((0, 2), np.int64), 0)]
+for _nm, _ds, _ix, _bd in _GND:
+    for _opset in ((11, 12, 13, 23) if _bd == 0 else (12, 13, 23)):
+        _add(f"GatherND-{_nm}-opset{_opset}", "exact",
+             lambda ds=_ds, ix=_ix, bd=_bd, op=_opset: node_model(
+                 "GatherND", [("d", _r(ds, F32, -9, 9)), ("i", ix.astype(I64))], opset=op, **({"batch_dims": bd} if bd else {})))
+for _dt in (F16, I64, I32, np.int8, np.uint8, np.bool_):
+    _add(f"GatherND-{np.dtype(_dt).name}", "exact",
+         lambda dt=_dt: node_model("GatherND", [("d", _r((3, 4, 2), dt, -9, 9)), ("i", np.array([[2, -1], [0, 1]], I64))], opset=13))
+
+_SKIP_SHAPES = [((2, 5, 32), (2, 5, 32)), ((2, 5, 32), (1, 5, 32)), ((2, 5, 32), (5, 32)), ((7, 48), (7, 48))]
+for _dt in (F32, F16):
+    _n = np.dtype(_dt).name
+    for _xs, _ss in _SKIP_SHAPES:
+        _h = _xs[-1]
+        _add(f"SkipLayerNormalization-{_n}-{_xs}+{_ss}-beta-bias-all-outputs", "reduce",
+             lambda dt=_dt, xs=_xs, ss=_ss, h=_h: node_model(
+                 "SkipLayerNormalization", [("x", _r(xs, dt)), ("s", _r(ss, dt, seed=1)), ("g", _r((h,), dt, 0.5, 1.5, 2)),
+                                            ("b", _r((h,), dt, seed=3)), ("bias", _r((h,), dt, seed=4))],
+                 n_out=4, domain="com.microsoft", epsilon=1e-5))
+        _add(f"SkipSimplifiedLayerNormalization-{_n}-{_xs}+{_ss}-bias-all-outputs", "reduce",
+             lambda dt=_dt, xs=_xs, ss=_ss, h=_h: node_model(
+                 "SkipSimplifiedLayerNormalization", [("x", _r(xs, dt)), ("s", _r(ss, dt, seed=1)), ("g", _r((h,), dt, 0.5, 1.5, 2)),
+                                                      ("bias", _r((h,), dt, seed=4))],
+                 n_out=4, domain="com.microsoft", epsilon=1e-6))
+    _add(f"SkipLayerNormalization-{_n}-no-beta-output-only", "reduce",
+         lambda dt=_dt: node_model("SkipLayerNormalization", [("x", _r((3, 4, 64), dt)), ("s", _r((3, 4, 64), dt, seed=1)),
+                                                              ("g", _r((64,), dt, seed=2))], domain="com.microsoft"))
+    _add(f"SkipLayerNormalization-{_n}-bias-no-beta-sum-output", "reduce",
+         lambda dt=_dt: _sum_only("SkipLayerNormalization", dt))
+    _add(f"SkipSimplifiedLayerNormalization-{_n}-default-epsilon", "reduce",
+         lambda dt=_dt: node_model("SkipSimplifiedLayerNormalization", [("x", _r((1, 1, 96), dt)), ("s", _r((1, 1, 96), dt, seed=1)),
+                                                                        ("g", _r((96,), dt, seed=2))], inits=["g"], domain="com.microsoft"))
+    _add(f"SkipSimplifiedLayerNormalization-{_n}-sum-output", "reduce",
+         lambda dt=_dt: _sum_only("SkipSimplifiedLayerNormalization", dt))
+
+
+@pytest.mark.parametrize("name,ds,ix,bd", _GND, ids=[g[0] for g in _GND])
+def test_gathernd_int32_indices_match_onnxruntime_int64(name: str, ds: Tuple[int, ...], ix: np.ndarray, bd: int) -> None:
+    """onnxruntime's GatherND takes int64 indices only; ours also takes int32 (as Gather does) and must
+    give what onnxruntime gives for the same indices in int64."""
+    data = _r(ds, F32, -9, 9)
+    extra = {"batch_dims": bd} if bd else {}
+    want = node_model("GatherND", [("d", data), ("i", ix.astype(I64))], opset=13, **extra)
+    expected = oc.ort(want.model).run(None, want.feeds)[0]
+    node = helper.make_node("GatherND", ["d", "i"], ["y0"], **extra)
+    model = helper.make_model(helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("d", TensorProto.FLOAT, list(ds)),
+                      helper.make_tensor_value_info("i", TensorProto.INT32, list(ix.shape))],
+        [helper.make_tensor_value_info("y0", TensorProto.FLOAT, None)]), opset_imports=[helper.make_opsetid("", 13)], ir_version=10)
+    got = oc.ours(model).run(None, {"d": data, "i": ix.astype(I32)})[0]
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("idx", [np.array([[0, 4]]), np.array([[-5, 0]]), np.array([[0, 0, 0, 0]])], ids=["past-end", "too-negative", "tuple-too-long"])
+def test_gathernd_bad_indices_raise_value_error(idx: np.ndarray) -> None:
+    """Indices outside [-dim, dim) or tuples longer than the data's rank are errors, never a crash."""
+    c = node_model("GatherND", [("d", _r((4, 4), F32)), ("i", np.array([[0, 1]], I64))], opset=13)
+    sess = oc.ours(c.model)
+    with pytest.raises(ValueError):
+        sess.run(None, {"d": c.feeds["d"], "i": idx.astype(I64)})
+
+
+def _sum_only(op: str, dt: Any) -> Case:
+    """Outputs 0 and 3 (the residual sum the next layer consumes), 1 and 2 omitted, as the builder emits."""
+    names = ["x", "s", "g"] + (["", "bias"] if op == "SkipLayerNormalization" else ["bias"])
+    node = helper.make_node(op, names, ["y0", "", "", "y3"], domain="com.microsoft", epsilon=1e-6)
+    return graph_model([node], [("x", _r((2, 3, 40), dt)), ("s", _r((2, 3, 40), dt, seed=1)), ("g", _r((40,), dt, seed=2)),
+                                ("bias", _r((40,), dt, seed=3))], ["y0", "y3"], extra_opsets=[("com.microsoft", 1)])
+
+
 # ---------------------------------------------------------------- large tensors, two threads
 # Sizes past SIMD widths and parallel thresholds, odd tails; run with threads=2.
 

@@ -13,6 +13,10 @@ type Options struct {
 	// Window, when > 0, limits each query at absolute position p to the keys
 	// at positions max(0, p-Window+1) .. p (sliding-window attention).
 	Window int
+	// Threads, when > 0, bounds the threads of this call below the pool's
+	// (SetThreads), for callers with a thread budget of their own (an
+	// InferenceSession's). It never changes the result.
+	Threads int
 }
 
 // Attention semantics (every kernel implements exactly this):

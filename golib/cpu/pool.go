@@ -109,6 +109,9 @@ func (p *pool) run(s *shape, dst, q []float32, v cache.View, ops *kernelOps) err
 	bytes *= int64(s.kvHeads * (s.dk + s.dv) * s.elem.Size())
 
 	threads := p.threads
+	if s.threads > 0 {
+		threads = min(threads, s.threads)
+	}
 	if bytes < serialBytes {
 		threads = 1
 	}

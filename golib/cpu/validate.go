@@ -19,6 +19,7 @@ type shape struct {
 	scale                        float32
 	softcap                      float32
 	window                       int
+	threads                      int // 0: the pool's
 }
 
 // checkArgs validates an attention call against the semantics documented in
@@ -45,6 +46,8 @@ func checkArgs(dst, q []float32, qLen, qHeads int, v cache.View, o Options) (sha
 			cache.ErrInvalidArgument, qHeads, s.kvHeads)
 	case o.Window < 0:
 		return s, fmt.Errorf("%w: negative window %d", cache.ErrInvalidArgument, o.Window)
+	case o.Threads < 0:
+		return s, fmt.Errorf("%w: negative thread bound %d", cache.ErrInvalidArgument, o.Threads)
 	case o.Softcap < 0 || o.Softcap != o.Softcap:
 		return s, fmt.Errorf("%w: softcap %v must be >= 0", cache.ErrInvalidArgument, o.Softcap)
 	case o.Scale != o.Scale || o.Scale < 0:
@@ -75,7 +78,7 @@ func checkArgs(dst, q []float32, qLen, qHeads int, v cache.View, o Options) (sha
 	if s.scale == 0 {
 		s.scale = float32(1 / sqrt64(float64(s.dk)))
 	}
-	s.softcap, s.window = o.Softcap, o.Window
+	s.softcap, s.window, s.threads = o.Softcap, o.Window, o.Threads
 	return s, nil
 }
 

@@ -308,9 +308,14 @@ func CacheInfoJSON(h int64) (s string, err error) {
 	if err != nil {
 		return "", classify(err)
 	}
-	in := c.Info()
+	b, err := json.Marshal(cacheInfoMap(c.Info()))
+	return string(b), classify(err)
+}
+
+// cacheInfoMap is a cache's Info as the JSON object the Python wrapper reads.
+func cacheInfoMap(in cache.Info) map[string]any {
 	ct := in.Counters
-	b, err := json.Marshal(map[string]any{
+	return map[string]any{
 		"dtype": in.Elem.String(), "layout": in.Layout, "batch": in.Batch, "kv_heads": in.KVHeads,
 		"head_dim_k": in.HeadDimK, "head_dim_v": in.HeadDimV, "capacity": in.Capacity,
 		"lengths": in.Lengths, "window_starts": in.WindowStarts,
@@ -321,6 +326,5 @@ func CacheInfoJSON(h int64) (s string, err error) {
 			"export_bytes": ct.ExportBytes, "copy_bytes": ct.CopyBytes,
 			"attention_bytes": ct.AttentionBytes, "attention_calls": ct.AttentionCalls,
 		},
-	})
-	return string(b), classify(err)
+	}
 }

@@ -236,6 +236,17 @@ func sessionRun(h int64, feedNames string, n int, desc uintptr, nDesc int, outNa
 	if err != nil {
 		return "", classify(err)
 	}
+	return runAndDescribe(h, sess.DefaultState(), feedNames, n, desc, nDesc, outNames, lendMin,
+		func(feeds map[string]*tensor.Tensor, names []string) ([]*tensor.Tensor, *runtime.RunStats, error) {
+			return sess.Run(feeds, names)
+		})
+}
+
+// runAndDescribe decodes the feeds and output names, runs, and describes
+// the outputs for Python (see SessionRun); st is the state whose pool the
+// outputs come from.
+func runAndDescribe(h int64, st *runtime.State, feedNames string, n int, desc uintptr, nDesc int, outNames string, lendMin int,
+	run func(map[string]*tensor.Tensor, []string) ([]*tensor.Tensor, *runtime.RunStats, error)) (string, error) {
 	feeds, err := buildFeeds(feedNames, n, desc, nDesc)
 	if err != nil {
 		return "", classify(err)
@@ -246,8 +257,7 @@ func sessionRun(h int64, feedNames string, n int, desc uintptr, nDesc int, outNa
 			return "", classify(fmt.Errorf("%w: output names: %v", errs.ErrInvalidArgument, err))
 		}
 	}
-	st := sess.DefaultState()
-	outs, stats, err := sess.Run(feeds, names)
+	outs, stats, err := run(feeds, names)
 	if err != nil {
 		return "", classify(err)
 	}
@@ -297,7 +307,8 @@ func LentOutputs() int { return lent.len() }
 
 // SessionLastStatsJSON returns the figures of session h's latest run:
 // {"peak_bytes", "allocated_bytes", "events": [{"node", "op", "dur_ns",
-// "bytes"}...] (events only when profiling)}; {} before the first run.
+// "bytes"}...] (events only when profiling), "run_ns" (the run's wall time
+// inside the executor)}; {} before the first run.
 func SessionLastStatsJSON(h int64) (s string, err error) {
 	defer recoverTo(&err)
 	if _, err := sessions.get(h); err != nil {
@@ -312,7 +323,8 @@ func SessionLastStatsJSON(h int64) (s string, err error) {
 	for i, e := range stats.Events {
 		events[i] = eventJSON{Node: e.Node, Op: e.OpType, DurNs: e.Duration.Nanoseconds(), Bytes: e.BytesAllocated}
 	}
-	b, err := json.Marshal(map[string]any{"peak_bytes": stats.PeakBytes, "allocated_bytes": stats.AllocatedBytes, "events": events})
+	b, err := json.Marshal(map[string]any{"peak_bytes": stats.PeakBytes, "allocated_bytes": stats.AllocatedBytes, "events": events,
+		"run_ns": stats.Duration.Nanoseconds()})
 	return string(b), classify(err)
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/ops"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/rewrite"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
 
@@ -29,6 +30,10 @@ type RunStats struct {
 	AllocatedBytes int64
 	// Events holds one record per executed node when profiling is on.
 	Events []Event
+	// Duration is the wall time of the run inside the executor (from the
+	// checked feeds to the collected outputs); with Events it gives the
+	// executor's own share of a run (Duration minus the kernels' time).
+	Duration time.Duration
 }
 
 // runScope is the ops.Scope of a run: what a subgraph needs from the run
@@ -43,27 +48,89 @@ type runScope struct {
 	// subgraphs, whose values may outlive a body iteration in ways the
 	// release schedule does not see).
 	alloc ops.Allocator
+	// binding is the generation state of a cache-path run (nil otherwise).
+	binding rewrite.Binding
+	// fr holds the run's values by slot.
+	fr *frame
 }
+
+// CacheBinding returns the generation state of a cache-path run (nil for
+// tensor-path runs); the rewritten cache kernels read it.
+func (sc *runScope) CacheBinding() rewrite.Binding { return sc.binding }
 
 // memTracker counts the references a run's values hold on kernel-allocated
 // buffers, by buffer, so aliases (Reshape, Identity) are counted once, the
 // peak of live bytes is known, and a pooled buffer goes back to its pool
 // exactly when the last value referencing it is released.
+//
+// A state keeps its tracker between runs (begin resets it), so the maps
+// and entries are reused rather than allocated per run.
 type memTracker struct {
+	// bufs holds the entries of buffers that are not pooled (a pooled
+	// buffer's entry hangs off the buffer itself); all holds every live
+	// entry.
 	bufs map[*byte]*memEntry
+	all  []*memEntry
 	pool *bufferPool // nil: no pooled buffers
 	live int64
 	peak int64
+	// spare entries, and settle's scratch map.
+	spare []*memEntry
+	held  map[*memEntry][]*tensor.Tensor
 }
 
 type memEntry struct {
+	key   *byte // the buffer's first byte
 	bytes int64
 	refs  int
 	buf   *poolBuf // the pooled buffer, nil for other allocations
+	idx   int      // position in memTracker.all
 }
 
 func newMemTracker(pool *bufferPool) *memTracker {
-	return &memTracker{bufs: map[*byte]*memEntry{}, pool: pool}
+	return &memTracker{bufs: map[*byte]*memEntry{}, pool: pool, held: map[*memEntry][]*tensor.Tensor{}}
+}
+
+// begin starts a run's tracking.
+func (m *memTracker) begin() {
+	for len(m.all) > 0 {
+		m.remove(m.all[len(m.all)-1])
+	}
+	m.live, m.peak = 0, 0
+}
+
+// add tracks a new buffer with one reference.
+func (m *memTracker) add(key *byte, bytes int64, buf *poolBuf) *memEntry {
+	var e *memEntry
+	if n := len(m.spare); n > 0 {
+		e = m.spare[n-1]
+		m.spare = m.spare[:n-1]
+	} else {
+		e = &memEntry{}
+	}
+	*e = memEntry{key: key, bytes: bytes, refs: 1, buf: buf, idx: len(m.all)}
+	m.all = append(m.all, e)
+	if buf != nil {
+		buf.ent = e
+	} else {
+		m.bufs[key] = e
+	}
+	return e
+}
+
+// remove stops tracking e's buffer (without returning it to the pool).
+func (m *memTracker) remove(e *memEntry) {
+	last := m.all[len(m.all)-1]
+	m.all[e.idx], last.idx = last, e.idx
+	m.all[len(m.all)-1] = nil
+	m.all = m.all[:len(m.all)-1]
+	if e.buf != nil {
+		e.buf.ent = nil
+	} else {
+		delete(m.bufs, e.key)
+	}
+	*e = memEntry{}
+	m.spare = append(m.spare, e)
 }
 
 func bufKey(t *tensor.Tensor) *byte {
@@ -74,46 +141,64 @@ func bufKey(t *tensor.Tensor) *byte {
 }
 
 // entry finds the tracked buffer holding t's bytes: by its first byte, or,
-// for a view into a pooled buffer, through the pool. It returns the key the
-// buffer is tracked under and the pooled buffer, if any.
+// for a view into a pooled buffer, through the pool. It returns t's first
+// byte and the pooled buffer, if any.
 func (m *memTracker) entry(t *tensor.Tensor) (*byte, *memEntry, *poolBuf) {
 	k := bufKey(t)
 	if k == nil {
 		return nil, nil, nil
 	}
-	if e, ok := m.bufs[k]; ok {
-		return k, e, e.buf
+	if len(m.bufs) > 0 {
+		if e, ok := m.bufs[k]; ok {
+			return k, e, nil
+		}
 	}
 	if m.pool != nil {
 		if b := m.pool.lookup(k); b != nil {
-			base := unsafe.SliceData(b.data)
-			return base, m.bufs[base], b
+			return k, b.ent, b
 		}
 	}
 	return k, nil, nil
 }
 
-// produced records a node output.
-func (m *memTracker) produced(t *tensor.Tensor, inputs []*tensor.Tensor) {
+// produced records a node output and returns the entry of its buffer (nil
+// when the run does not track it).
+func (m *memTracker) produced(t *tensor.Tensor, inputs []*tensor.Tensor) *memEntry {
 	k, e, b := m.entry(t)
 	if k == nil {
-		return
+		return nil
 	}
 	if e != nil {
 		e.refs++
-		return
+		return e
 	}
 	if b == nil {
 		for _, in := range inputs {
 			if bufKey(in) == k {
-				return // aliases a feed, initializer or captured value
+				return nil // aliases a feed, initializer or captured value
 			}
 		}
 	}
-	m.bufs[k] = &memEntry{bytes: int64(t.NumBytes()), refs: 1, buf: b}
-	m.live += int64(t.NumBytes())
+	e = m.add(k, int64(t.NumBytes()), b)
+	m.live += e.bytes
 	if m.live > m.peak {
 		m.peak = m.live
+	}
+	return e
+}
+
+// releasedEntry drops a reference to a tracked buffer; the last one frees
+// the buffer's bytes from the live count and returns a pooled buffer to its
+// pool.
+func (m *memTracker) releasedEntry(e *memEntry) {
+	if e.refs--; e.refs == 0 {
+		m.live -= e.bytes
+		if b := e.buf; b != nil {
+			m.remove(e)
+			m.pool.put(b)
+			return
+		}
+		m.remove(e)
 	}
 }
 
@@ -125,19 +210,10 @@ func (m *memTracker) retain(t *tensor.Tensor) {
 	}
 }
 
-// released drops a reference; the last one frees the buffer's bytes from
-// the live count and returns a pooled buffer to its pool.
+// released drops a reference to t's buffer, found by lookup.
 func (m *memTracker) released(t *tensor.Tensor) {
-	k, e, _ := m.entry(t)
-	if e == nil {
-		return
-	}
-	if e.refs--; e.refs == 0 {
-		m.live -= e.bytes
-		delete(m.bufs, k)
-		if e.buf != nil {
-			m.pool.put(e.buf)
-		}
+	if _, e, _ := m.entry(t); e != nil {
+		m.releasedEntry(e)
 	}
 }
 
@@ -146,10 +222,8 @@ func (m *memTracker) released(t *tensor.Tensor) {
 // stay with them, and every other pooled buffer still tracked (unrequested
 // outputs, the values of a failed run) goes back to the pool.
 func (m *memTracker) settle(outs []*tensor.Tensor, keep []*tensor.Tensor) {
-	if m.pool == nil {
-		return
-	}
-	held := map[*memEntry][]*tensor.Tensor{}
+	held := m.held
+	defer clear(held)
 	for _, t := range outs {
 		if _, e, _ := m.entry(t); e != nil && e.buf != nil {
 			held[e] = append(held[e], t)
@@ -160,24 +234,24 @@ func (m *memTracker) settle(outs []*tensor.Tensor, keep []*tensor.Tensor) {
 			held[e] = nil
 		}
 	}
-	for k, e := range m.bufs {
-		delete(m.bufs, k)
-		if e.buf == nil {
-			continue
-		}
+	for len(m.all) > 0 {
+		e := m.all[len(m.all)-1]
+		b := e.buf
 		ts, ok := held[e]
+		m.remove(e)
 		switch {
+		case b == nil:
 		case !ok:
-			m.pool.put(e.buf)
+			m.pool.put(b)
 		case len(ts) > 0:
-			m.pool.lend(e.buf, ts)
+			m.pool.lend(b, ts)
 		}
 	}
 }
 
-// execute runs p's actions on ctx.
+// execute runs p's actions on the values of sc.fr.
 func (p *Plan) execute(sc *runScope) (err error) {
-	ctx := sc.ctx
+	fr := sc.fr
 	cur := -1
 	defer func() {
 		if r := recover(); r != nil {
@@ -188,22 +262,23 @@ func (p *Plan) execute(sc *runScope) (err error) {
 			err = fmt.Errorf("runtime: internal error in %s: %v", where, r)
 		}
 	}()
-	for _, a := range p.Actions {
+	if fr.shapes != nil {
+		fr.shapes.begin()
+	}
+	for i := range p.Actions {
+		a := &p.Actions[i]
 		switch a.Kind {
 		case ActExecute:
 			cur = a.Node
-			if err := p.executeNode(sc, p.Nodes[a.Node]); err != nil {
+			if err := p.executeNode(sc, a.Node); err != nil {
 				return err
 			}
 		case ActRelease:
-			for _, v := range a.Values {
-				if t, ok := ctx.tensors[v]; ok {
-					sc.mem.released(t)
-					delete(ctx.tensors, v)
-				}
+			for _, s := range a.slots {
+				fr.drop(sc.mem, s)
 			}
 		case ActCacheDelete:
-			if c, ok := ctx.RemoveCache(a.Cache); ok {
+			if c, ok := sc.ctx.RemoveCache(a.Cache); ok {
 				c.Close()
 			}
 		case ActCacheCreate:
@@ -213,27 +288,84 @@ func (p *Plan) execute(sc *runScope) (err error) {
 	return nil
 }
 
-func (p *Plan) executeNode(sc *runScope, n *PlanNode) error {
-	ctx := sc.ctx
-	inputs := make([]*tensor.Tensor, len(n.Inputs))
-	for i, name := range n.Inputs {
-		if name == "" {
+// drop releases the value in slot s.
+func (f *frame) drop(mem *memTracker, s int32) {
+	if t := f.vals[s]; t != nil {
+		switch {
+		case f.ent[s] != nil:
+			mem.releasedEntry(f.ent[s])
+		case !f.detached[s]:
+			mem.released(t) // placed without store: a feed, a subgraph input
+		}
+		f.vals[s], f.detached[s], f.ent[s] = nil, false, nil
+	}
+}
+
+// store puts output t of a node reading inputs (from slots in) in slot s;
+// detached values are not tracked (the shape cache owns them). An output
+// starting at a tracked input's first byte (Reshape, Squeeze, Identity)
+// shares that input's entry without a lookup.
+func (f *frame) store(mem *memTracker, s int32, t *tensor.Tensor, inputs []*tensor.Tensor, in []int32, detached bool) {
+	f.drop(mem, s)
+	f.vals[s], f.detached[s] = t, detached
+	if detached {
+		return
+	}
+	if k := bufKey(t); k != nil {
+		for j, x := range inputs {
+			if e := f.ent[max(in[j], 0)]; x != nil && e != nil && bufKey(x) == k {
+				e.refs++
+				f.ent[s] = e
+				return
+			}
+		}
+	}
+	f.ent[s] = mem.produced(t, inputs)
+}
+
+func (p *Plan) executeNode(sc *runScope, i int) error {
+	n := p.Nodes[i]
+	fr := sc.fr
+	inputs := fr.inputs[i]
+	for k, s := range n.in {
+		if s < 0 {
 			continue
 		}
-		t, ok := ctx.Tensor(name)
-		if !ok {
-			if _, isSeq := ctx.Sequence(name); isSeq {
+		t := fr.value(p, s)
+		if t == nil {
+			name := n.Inputs[k]
+			if _, isSeq := sc.ctx.Sequence(name); isSeq {
 				return withNode(n, fmt.Errorf("%w: sequence input %q", errs.ErrNotImplemented, name))
 			}
 			return withNode(n, fmt.Errorf("%w: value %q is not available", errs.ErrMissingInput, name))
 		}
-		inputs[i] = t
+		inputs[k] = t
 	}
-	wanted := n.Info.OutputPresent
-	kctx := ops.NewContext(inputs, wanted, sc.threads, sc)
-	if sc.alloc != nil {
-		kctx.SetAllocator(sc.alloc)
+	sh := fr.shapes
+	geometry := sh != nil && n.geometry
+	if n.castTo != tensor.Undefined && !geometry && inputs[0] != nil && inputs[0].DType() == n.castTo && n.out[0] >= 0 {
+		fr.store(sc.mem, n.out[0], inputs[0], inputs, n.in, false) // a Cast to the type it has: the input itself
+		return nil
 	}
+	if geometry && sh.reusable(i, n, inputs) {
+		for k, s := range n.out {
+			if s >= 0 {
+				fr.store(sc.mem, s, sh.outs[i][k], inputs, n.in, true)
+			}
+		}
+		return nil
+	}
+	for _, name := range n.Captures {
+		if s, ok := p.slots[name]; ok && fr.vals[s] != nil {
+			sc.ctx.PutTensor(name, fr.vals[s]) // subgraphs read outer values by name
+		}
+	}
+	var alloc ops.Allocator
+	if sc.alloc != nil && !geometry { // cached values must not come from the pool
+		alloc = sc.alloc
+	}
+	kctx := &fr.kctx[i]
+	kctx.Reset(inputs, n.Info.OutputPresent, sc.threads, sc, alloc)
 	var start time.Time
 	if sc.profile {
 		start = time.Now()
@@ -246,19 +378,19 @@ func (p *Plan) executeNode(sc *runScope, n *PlanNode) error {
 			Duration: time.Since(start), BytesAllocated: kctx.Allocated})
 	}
 	sc.stats.AllocatedBytes += kctx.Allocated
-	for i, name := range n.Outputs {
-		if name == "" {
+	if geometry {
+		sh.update(i, n, kctx) // before storing: an unchanged output is replaced by the kept one
+	}
+	kept := geometry && sh.outs[i] != nil
+	for k, s := range n.out {
+		if s < 0 {
 			continue
 		}
-		t := kctx.Output(i)
+		t := kctx.Output(k)
 		if t == nil {
-			return withNode(n, fmt.Errorf("runtime: kernel produced no value for output %d (%q)", i, name))
+			return withNode(n, fmt.Errorf("runtime: kernel produced no value for output %d (%q)", k, n.Outputs[k]))
 		}
-		if old, ok := ctx.tensors[name]; ok {
-			sc.mem.released(old)
-		}
-		ctx.tensors[name] = t
-		sc.mem.produced(t, inputs)
+		fr.store(sc.mem, s, t, inputs, n.in, kept)
 	}
 	return nil
 }

@@ -54,6 +54,7 @@ type Action struct {
 	Node   int      // ActExecute: index into Plan.Nodes
 	Values []string // ActRelease: values whose last use just happened
 	Cache  string   // cache actions: cache name
+	slots  []int32  // ActRelease: the slots of Values
 }
 
 // PlanNode is a node with its kernel resolved.
@@ -67,6 +68,22 @@ type PlanNode struct {
 	Captures []string
 	Kernel   ops.Kernel
 	Info     *ops.Node
+	// subgraphs is set when the node has graph attributes.
+	subgraphs bool
+	// in and out are the slots of Inputs and Outputs (-1: omitted).
+	in, out []int32
+	// Shape cache (shapecache.go): geometry nodes compute a function of
+	// constants and input shapes only; keep is set when the cache may hold
+	// their outputs; gin are the slots of their inputs made by geometry
+	// nodes; shapeRead is the index of a Shape/Size node among the shape
+	// reads, -1 otherwise.
+	geometry bool
+	keep     bool
+	// castTo is the target type of a Cast node (Undefined otherwise): a
+	// Cast whose input already has it passes the input through at run time.
+	castTo    tensor.DType
+	gin       []int32
+	shapeRead int
 }
 
 // Plan is an ExecutionPlan: a graph's nodes in topological order with their
@@ -83,6 +100,18 @@ type Plan struct {
 	kinds    map[string]ValueKind
 	// defaults are graph inputs that have an initializer (optional feeds).
 	defaults map[string]bool
+	// Slots (slots.go): slots maps value names to slots, slotNames the
+	// reverse; base holds the initializers by slot; outSlots and
+	// captureSlots are the slots of Outputs and Captures.
+	slots        map[string]int32
+	slotNames    []string
+	base         []*tensor.Tensor
+	outSlots     []int32
+	captureSlots []int32
+	// geom describes the shape reads of a main plan (shapecache.go).
+	geom geometryInfo
+	// main is set for the plan of a model's main graph.
+	main bool
 }
 
 // Kind returns the runtime kind of a value (ValueTensor if unknown).
@@ -92,14 +121,19 @@ func (p *Plan) Kind(name string) ValueKind { return p.kinds[name] }
 type builder struct {
 	opsets map[string]int
 	depth  int
+	// noFold disables folding and the shape cache (Options.DisableFolding).
+	noFold bool
 }
 
-// BuildPlan builds the plan of a loaded model's main graph.
-func BuildPlan(m *model.Model) (*Plan, error) {
+// BuildPlan builds the plan of a loaded model's main graph, folded (see
+// fold.go).
+func BuildPlan(m *model.Model) (*Plan, error) { return buildPlan(m, true) }
+
+func buildPlan(m *model.Model, fold bool) (*Plan, error) {
 	if errsReg := ops.RegistryErrors(); len(errsReg) > 0 {
 		return nil, fmt.Errorf("op registry is inconsistent: %v", errsReg[0])
 	}
-	b := &builder{opsets: m.Opsets}
+	b := &builder{opsets: m.Opsets, noFold: !fold}
 	return b.build(m.Graph, nil)
 }
 
@@ -164,6 +198,11 @@ func (b *builder) build(g *model.Graph, outer map[string]bool) (*Plan, error) {
 		p.Nodes = append(p.Nodes, nodes[i])
 	}
 	produced := map[string]bool{}
+	if outer == nil && !b.noFold {
+		if err := foldPlan(p, g); err != nil {
+			return nil, err
+		}
+	}
 	for _, n := range p.Nodes {
 		for _, o := range n.Outputs {
 			if o != "" {
@@ -177,6 +216,11 @@ func (b *builder) build(g *model.Graph, outer map[string]bool) (*Plan, error) {
 		}
 	}
 	p.Actions = releaseSchedule(p, g)
+	p.resolveSlots()
+	if outer == nil && !b.noFold {
+		p.main = true
+		p.analyzeGeometry()
+	}
 	return p, nil
 }
 
@@ -221,6 +265,7 @@ func (b *builder) node(g *model.Graph, np *onnxpb.NodeProto, scope func() map[st
 			return nil, err
 		}
 		captures = append(captures, sp.Captures...)
+		pn.subgraphs = true
 		return &subgraph{plan: sp}, nil
 	})
 	if err != nil {

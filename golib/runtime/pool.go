@@ -42,6 +42,10 @@ type poolBuf struct {
 	class int
 	idle  uint64 // run at which it was last put back
 	dirty bool   // handed out before: contents unspecified
+	// ent is the run's tracking entry while a run's values reference the
+	// buffer (read and written by the executor under the state's run
+	// lock).
+	ent *memEntry
 }
 
 // lease is a buffer referenced by outputs a caller holds.
@@ -55,7 +59,7 @@ type lease struct {
 // (a caller may release outputs while another run of the state starts).
 type bufferPool struct {
 	mu     sync.Mutex
-	free   map[int][]*poolBuf
+	free   [][]*poolBuf // by size class
 	leases map[*tensor.Tensor]*lease
 	run    uint64
 	closed bool
@@ -86,7 +90,7 @@ type PoolStats struct {
 }
 
 func newBufferPool() *bufferPool {
-	return &bufferPool{free: map[int][]*poolBuf{}, leases: map[*tensor.Tensor]*lease{}, issued: map[*byte]*poolBuf{},
+	return &bufferPool{leases: map[*tensor.Tensor]*lease{}, issued: map[*byte]*poolBuf{},
 		lo: ^uintptr(0)}
 }
 
@@ -124,11 +128,7 @@ func (p *bufferPool) beginRun() {
 			kept = append(kept, b)
 		}
 		clear(list[len(kept):])
-		if len(kept) == 0 {
-			delete(p.free, c)
-		} else {
-			p.free[c] = kept
-		}
+		p.free[c] = kept
 	}
 }
 
@@ -141,7 +141,8 @@ func (p *bufferPool) Alloc(n int) ([]byte, bool) {
 	class, size := sizeClass(n)
 	p.mu.Lock()
 	var b *poolBuf
-	if list := p.free[class]; len(list) > 0 {
+	if class < len(p.free) && len(p.free[class]) > 0 {
+		list := p.free[class]
 		b = list[len(list)-1]
 		list[len(list)-1] = nil
 		p.free[class] = list[:len(list)-1]
@@ -150,15 +151,13 @@ func (p *bufferPool) Alloc(n int) ([]byte, bool) {
 	} else {
 		p.stats.Allocated++
 		p.stats.AllocatedBytes += int64(size)
-	}
-	p.mu.Unlock()
-	if b == nil {
+		p.mu.Unlock()
 		words := make([]uint64, size/8) // class sizes are multiples of 8
 		b = &poolBuf{data: unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), size), class: class}
+		p.mu.Lock()
 	}
 	zeroed := !b.dirty
 	b.dirty = true
-	p.mu.Lock()
 	p.issued[&b.data[0]] = b
 	base := uintptr(unsafe.Pointer(&b.data[0]))
 	p.lo, p.hi = min(p.lo, base), max(p.hi, base+uintptr(len(b.data)))
@@ -178,6 +177,9 @@ func (p *bufferPool) putLocked(b *poolBuf) {
 		return
 	}
 	b.idle = p.run
+	for b.class >= len(p.free) {
+		p.free = append(p.free, nil)
+	}
 	p.free[b.class] = append(p.free[b.class], b)
 	p.stats.Recycled++
 	p.stats.FreeBytes += int64(len(b.data))
@@ -239,7 +241,10 @@ func (p *bufferPool) trim() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.stats.Dropped += int64(p.countFree())
-	clear(p.free)
+	for c := range p.free {
+		clear(p.free[c])
+		p.free[c] = p.free[c][:0]
+	}
 	p.stats.FreeBytes = 0
 }
 

@@ -12,7 +12,7 @@ func releaseSchedule(p *Plan, g *model.Graph) []Action {
 	for _, o := range g.Outputs {
 		keep[o.Name] = true
 	}
-	for name := range g.Initializers {
+	for name := range p.Initializers {
 		keep[name] = true
 	}
 	for _, c := range p.Captures {

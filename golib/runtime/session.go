@@ -6,10 +6,12 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/model"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/rewrite"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
 
@@ -25,6 +27,13 @@ type Options struct {
 	// (0: unlimited). Cache memory outlives runs and never uses the
 	// per-run temporaries counted in RunStats.
 	CacheBudget int64
+	// CachePairs maps past input names to present output names for the
+	// cache rewrite, where the model's names follow no exporter convention.
+	CachePairs map[string]string
+	// DisableFolding runs the graph as written: no constant folding, no
+	// dropped Identity/Cast nodes and no shape cache (for differential
+	// tests and debugging; onnxruntime's ORT_DISABLE_ALL).
+	DisableFolding bool
 }
 
 // Session is a RuntimeSession: built once per model (kernels resolved and
@@ -39,6 +48,8 @@ type Session struct {
 	profile bool
 
 	arena *cache.Arena
+	// cache is the cache-aware plan (rewrite verdicts, state-run plan).
+	cache *cachePath
 
 	mu     sync.Mutex
 	def    *State
@@ -56,10 +67,30 @@ type State struct {
 	mu   sync.Mutex
 	ctx  *Context
 	pool *bufferPool
+	// plan and fr are the main plan last run on the state and its frame
+	// (values by slot, per-node scratch, shape cache), kept between runs.
+	plan *Plan
+	fr   *frame
+	mem  *memTracker
+}
+
+// frame returns the state's frame for p, making a new one (with an empty
+// shape cache) when the state last ran another plan.
+func (st *State) frame(p *Plan) *frame {
+	if st.plan != p || st.fr == nil {
+		st.plan, st.fr = p, newFrame(p)
+		if p.main {
+			st.fr.shapes = newShapeCache(p)
+		}
+	}
+	return st.fr
 }
 
 // NewState returns an empty request state.
-func NewState() *State { return &State{ctx: NewContext(), pool: newBufferPool()} }
+func NewState() *State {
+	pool := newBufferPool()
+	return &State{ctx: NewContext(), pool: pool, mem: newMemTracker(pool)}
+}
 
 // Context returns the state's root context (for cache management).
 func (st *State) Context() *Context { return st.ctx }
@@ -70,6 +101,7 @@ func (st *State) Reset() error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.pool.trim()
+	st.plan, st.fr = nil, nil
 	return st.ctx.ResetState()
 }
 
@@ -111,7 +143,7 @@ func NewSessionFromBytes(b []byte, opt Options) (*Session, error) {
 // node's kernel is resolved here: an unsupported op fails now, naming the
 // op, its domain and opset version.
 func NewSessionFromModel(m *model.Model, opt Options) (*Session, error) {
-	p, err := BuildPlan(m)
+	p, err := buildPlan(m, !opt.DisableFolding)
 	if err != nil {
 		return nil, err
 	}
@@ -131,7 +163,11 @@ func NewSessionFromModel(m *model.Model, opt Options) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Session{model: m, plan: p, threads: threads, profile: opt.Profile, def: NewState(), arena: arena}, nil
+	cp, err := newCachePath(m, opt.CachePairs)
+	if err != nil {
+		return nil, err
+	}
+	return &Session{model: m, plan: p, threads: threads, profile: opt.Profile, def: NewState(), arena: arena, cache: cp}, nil
 }
 
 // Arena returns the session's persistent-state arena: KVCache values of the
@@ -188,6 +224,15 @@ func (s *Session) Run(feeds map[string]*tensor.Tensor, outputNames []string) ([]
 // lets later runs reuse their buffers instead of allocating (outputs never
 // released are simply left to the garbage collector).
 func (s *Session) RunState(st *State, feeds map[string]*tensor.Tensor, outputNames []string) ([]*tensor.Tensor, *RunStats, error) {
+	return s.runOn(s.plan, st, feeds, outputNames, nil)
+}
+
+// runOn runs plan p (the session's plan, or its cache path's) on st. bind,
+// when not nil, is called under the state's lock and returns the run's
+// cache binding and the function that commits (true) or rolls back (false)
+// the generation state's changes.
+func (s *Session) runOn(p *Plan, st *State, feeds map[string]*tensor.Tensor, outputNames []string,
+	bind func() (rewrite.Binding, func(bool) error, error)) ([]*tensor.Tensor, *RunStats, error) {
 	s.mu.Lock()
 	closed := s.closed
 	s.mu.Unlock()
@@ -201,38 +246,65 @@ func (s *Session) RunState(st *State, feeds map[string]*tensor.Tensor, outputNam
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := s.checkFeeds(feeds); err != nil {
+	if err := s.checkFeeds(p, feeds); err != nil {
 		return nil, nil, err
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	var binding rewrite.Binding
+	end := func(bool) error { return nil }
+	if bind != nil {
+		var err error
+		if binding, end, err = bind(); err != nil {
+			return nil, nil, err
+		}
+	}
+	start := time.Now()
 	ctx := st.ctx
 	ctx.ClearValues()
-	defer ctx.ClearValues() // drop references to borrowed feeds and temporaries
-	ctx.SetInitializers(s.plan.Initializers)
+	defer ctx.ClearValues()             // drop references to borrowed feeds and temporaries
+	ctx.SetInitializers(p.Initializers) // read by subgraphs through their contexts
+	fr := st.frame(p)
+	defer fr.clear()
 	for name, t := range feeds {
-		ctx.PutTensor(name, t)
+		if slot, ok := p.slots[name]; ok { // an unread initializer default has none
+			fr.vals[slot] = t
+		}
 	}
 	stats := &RunStats{}
+	if s.profile {
+		stats.Events = make([]Event, 0, len(p.Nodes))
+	}
 	st.pool.beginRun()
-	mem := newMemTracker(st.pool)
-	sc := &runScope{ctx: ctx, threads: s.threads, profile: s.profile, mem: mem, stats: stats, alloc: st.pool}
-	if err := s.plan.execute(sc); err != nil {
+	mem := st.mem
+	mem.begin()
+	sc := &runScope{ctx: ctx, threads: s.threads, profile: s.profile, mem: mem, stats: stats, alloc: st.pool, fr: fr, binding: binding}
+	if err := p.execute(sc); err != nil {
+		if fr.shapes != nil {
+			fr.shapes.forget()
+		}
 		mem.settle(nil, persistentTensors(ctx))
+		if e := end(false); e != nil {
+			err = fmt.Errorf("%w (restoring the state also failed: %v)", err, e)
+		}
 		return nil, nil, err
 	}
 	stats.PeakBytes = mem.peak
 	outs := make([]*tensor.Tensor, len(outIdx))
 	for i, k := range outIdx {
-		name := s.plan.Outputs[k].Name
-		t, ok := ctx.Tensor(name)
-		if !ok {
+		t := fr.value(p, p.outSlots[k])
+		if t == nil {
 			mem.settle(nil, persistentTensors(ctx))
-			return nil, nil, fmt.Errorf("%w: output %q was not produced", errs.ErrNotFound, name)
+			_ = end(false)
+			return nil, nil, fmt.Errorf("%w: output %q was not produced", errs.ErrNotFound, p.Outputs[k].Name)
 		}
 		outs[i] = t
 	}
 	mem.settle(outs, persistentTensors(ctx))
+	if err := end(true); err != nil {
+		return nil, nil, err
+	}
+	stats.Duration = time.Since(start)
 	return outs, stats, nil
 }
 
@@ -283,9 +355,9 @@ func (s *Session) outputList() string {
 
 // checkFeeds verifies that every required input is fed, no unknown name is
 // fed, and each feed matches its declared element type, rank and fixed dims.
-func (s *Session) checkFeeds(feeds map[string]*tensor.Tensor) error {
+func (s *Session) checkFeeds(p *Plan, feeds map[string]*tensor.Tensor) error {
 	declared := map[string]model.ValueInfo{}
-	for _, in := range s.plan.Inputs {
+	for _, in := range p.Inputs {
 		declared[in.Name] = in
 		if feeds[in.Name] == nil {
 			return fmt.Errorf("%w: input %q is required but was not fed", errs.ErrMissingInput, in.Name)
@@ -295,7 +367,7 @@ func (s *Session) checkFeeds(feeds map[string]*tensor.Tensor) error {
 	for name, t := range feeds {
 		vi, ok := declared[name]
 		if !ok {
-			if s.plan.defaults[name] {
+			if p.defaults[name] {
 				continue // overrides an initializer default
 			}
 			unknown = append(unknown, name)

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/internal/onnxtest"
@@ -56,4 +57,37 @@ func mustBytes(b *testing.B) []byte {
 		b.Fatal("cannot serialize the test model")
 	}
 	return data
+}
+
+// BenchmarkExecutorPerNode runs a chain of 256 Neg nodes on one float: the
+// kernels do almost nothing, so ns/op divided by 256 is the executor's cost
+// per node (dispatch, value slots, memory tracking, pooled output).
+func BenchmarkExecutorPerNode(b *testing.B) {
+	const n = 256
+	nodes := make([]*onnxpb.NodeProto, n)
+	prev := "x"
+	for i := range nodes {
+		out := fmt.Sprintf("v%d", i)
+		if i == n-1 {
+			out = "y"
+		}
+		nodes[i] = onnxtest.Node("Neg", []string{prev}, []string{out})
+		prev = out
+	}
+	g := onnxtest.Graph(nodes, []vi{onnxtest.Info("x", 1, 1)}, []vi{onnxtest.Info("y", 1, 1)})
+	s, err := NewSessionFromBytes(onnxtest.Bytes(onnxtest.Model(17, g, nil)), Options{Threads: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	x, _ := tensor.FromSlice(tensor.Shape{1}, []float32{1})
+	feeds := map[string]*tensor.Tensor{"x": x}
+	b.ReportAllocs()
+	for b.Loop() {
+		outs, _, err := s.Run(feeds, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		s.DefaultState().Release(outs...)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/node")
 }

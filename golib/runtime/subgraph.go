@@ -47,29 +47,43 @@ func (s *subgraph) Run(parent ops.Scope, inputs []*tensor.Tensor) ([]*tensor.Ten
 	}
 	child := ps.ctx.NewChild()
 	child.SetInitializers(s.plan.Initializers)
+	fr := newFrame(s.plan)
 	for i, in := range s.plan.Inputs {
-		child.PutTensor(in.Name, inputs[i])
+		fr.vals[s.plan.slots[in.Name]] = inputs[i]
 		ps.mem.retain(inputs[i]) // the body's plan releases its inputs after their last use
+	}
+	for k, c := range s.plan.Captures {
+		if t, ok := child.Tensor(c); ok {
+			fr.vals[s.plan.captureSlots[k]] = t
+		}
 	}
 	// No pool inside subgraphs: a body's values may be carried into the
 	// next iteration or returned by the calling kernel, past what the
 	// body's release schedule sees.
-	sc := &runScope{ctx: child, threads: ps.threads, profile: ps.profile, mem: ps.mem, stats: ps.stats}
+	sc := &runScope{ctx: child, threads: ps.threads, profile: ps.profile, mem: ps.mem, stats: ps.stats, fr: fr}
 	if err := s.plan.execute(sc); err != nil {
 		return nil, err
 	}
 	out := make([]*tensor.Tensor, len(s.plan.Outputs))
 	for i, o := range s.plan.Outputs {
-		t, ok := child.Tensor(o.Name)
-		if !ok {
+		t := fr.value(s.plan, s.plan.outSlots[i])
+		if t == nil {
 			return nil, fmt.Errorf("%w: subgraph output %q was not produced", errs.ErrMissingInput, o.Name)
 		}
 		out[i] = t
 	}
-	// The child context ends here: drop its references (retained inputs
-	// included) so the calling node accounts for the outputs it keeps.
-	for _, t := range child.tensors {
-		sc.mem.released(t)
+	// The body's frame ends here: drop its references (retained inputs
+	// included, captured values excluded; initializers are never in the
+	// frame's own slots) so the calling node accounts for the outputs it
+	// keeps.
+	captured := make(map[int32]bool, len(s.plan.captureSlots))
+	for _, c := range s.plan.captureSlots {
+		captured[c] = true
+	}
+	for k, t := range fr.vals {
+		if t != nil && !captured[int32(k)] {
+			sc.mem.released(t)
+		}
 	}
 	return out, nil
 }

@@ -28,8 +28,8 @@ from ._kernel import read_bandwidth, stream_read
 __all__ = [
     "Arena", "KVCache", "Checkpoint", "default_arena", "attention", "set_threads", "get_threads",
     "set_kernel", "read_bandwidth", "stream_read", "InferenceSession", "SessionOptions", "NodeArg", "ModelMetadata",
-    "GraphOptimizationLevel", "ExecutionMode", "models", "BudgetError", "CapacityError", "StaleCheckpointError",
-    "bfloat16", "build_info", "__version__",
+    "GraphOptimizationLevel", "ExecutionMode", "GenerationState", "models", "BudgetError", "CapacityError",
+    "StaleCheckpointError", "bfloat16", "build_info", "generate", "Generator", "GenerationOutput", "__version__",
 ]
 
 
@@ -71,8 +71,13 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return importlib.import_module(".models", __name__)
+    if name in ("generate", "Generator", "GenerationOutput", "generation"):
+        import importlib
+
+        gen = importlib.import_module(".generation", __name__)
+        return gen if name == "generation" else getattr(gen, name)
     if name in ("InferenceSession", "SessionOptions", "NodeArg", "ModelMetadata", "GraphOptimizationLevel",
-                "ExecutionMode"):
+                "ExecutionMode", "GenerationState"):
         from . import session
 
         return getattr(session, name)

@@ -2,6 +2,7 @@
 
   python -m onnx_light_kv info [--bandwidth]   build, CPU and kernel paths
   python -m onnx_light_kv demo [options]       generation and KV-cache demo
+  python -m onnx_light_kv generate MODEL ...   generate tokens with a decoder .onnx model
   python -m onnx_light_kv --version
 
 Also installed as the ``onnx-light-kv`` command.
@@ -42,7 +43,7 @@ def _info(bandwidth: bool) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the command line (subcommands ``info`` and ``demo``)."""
+    """The argument parser of the command line (subcommands ``info``, ``demo`` and ``generate``)."""
     from . import __version__
 
     p = argparse.ArgumentParser(prog="onnx-light-kv", description=_DESCRIPTION, formatter_class=HelpFormatter,
@@ -61,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .demo import add_arguments
 
     add_arguments(d)
+    from .generation import cli as generate_cli
+
+    generate_cli.add_arguments(sub.add_parser("generate", help="generate tokens with a decoder .onnx model",
+                                              formatter_class=HelpFormatter))
     return p
 
 
@@ -68,6 +73,10 @@ def _main(argv: Optional[Sequence[str]]) -> int:
     args = build_parser().parse_args(argv)
     if args.cmd == "info":
         return _info(args.bandwidth)
+    if args.cmd == "generate":
+        from .generation import cli as generate_cli
+
+        return generate_cli.run(args)
     from .demo import run
 
     return run(args)

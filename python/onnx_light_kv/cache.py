@@ -98,11 +98,14 @@ class Checkpoint:
     It is released when garbage-collected or by :meth:`release`.
     """
 
-    def __init__(self, cache: "KVCache", ck_id: int, lengths: np.ndarray) -> None:
+    def __init__(self, cache: Any, ck_id: int, lengths: np.ndarray, release: Optional[tuple] = None) -> None:
+        # cache: the KVCache (or GenerationState) it belongs to; release:
+        # (function, handle) that forgets it, the cache's by default
         self._cache = weakref.ref(cache)
         self.id = ck_id
         self.lengths = lengths
-        self._finalizer = weakref.finalize(self, _lib.ext.kvgo_CacheReleaseCheckpoint, cache._h, ck_id)
+        fn, h = release if release is not None else (_lib.ext.kvgo_CacheReleaseCheckpoint, cache._h)
+        self._finalizer = weakref.finalize(self, fn, h, ck_id)
 
     def release(self) -> None:
         """Forget the checkpoint; a later rollback to it raises StaleCheckpointError."""

@@ -1,9 +1,10 @@
 """The demo job, in two parts.
 
-1. Generation: greedy decoding with the built-in Llama-style ONNX decoder
-   (``onnx_light_kv.models``) through :class:`InferenceSession` on the
-   standard tensor past/present path, side by side with onnxruntime when it
-   is installed: identical tokens are checked, per-step latencies printed.
+1. Generation: greedy decoding with :func:`onnx_light_kv.generate` and the
+   :class:`onnx_light_kv.Generator` on the built-in Llama-style ONNX decoder
+   (``onnx_light_kv.models``): our cache path (GenerationState) and tensor
+   path side by side with onnxruntime when it is installed: identical tokens
+   are checked, per-step latencies printed and plotted against the context.
 2. KV cache: a synthetic decode loop over a :class:`KVCache` as a
    cache-aware generation loop drives it (prefill, then one token per
    step), with decode attention each step checked against numpy on a sample
@@ -14,6 +15,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 import time
 from typing import Any
 
@@ -37,6 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random model weights and data")
     p.add_argument("--gen-steps", type=int, default=32, help="greedy tokens in the generation part (0: skip it)")
     p.add_argument("--gen-prompt", type=int, default=64, help="prompt tokens in the generation part")
+    p.add_argument("--plot", default=os.path.join(tempfile.gettempdir(), "onnx_light_kv_demo_generation.png"),
+                   help="PNG of the generation part's step latency vs context ('' for none)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
                    help="progress bars on stderr (needs the 'progress' extra, tqdm; default: when stderr is a terminal)")
 
@@ -65,24 +70,52 @@ def reference_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: floa
     return np.einsum("bhqk,bhkd->bhqd", p, vv).astype(np.float32)
 
 
-class _Timed:
-    """Wraps a session and records the wall time of every run call."""
+def _timed_generation(session: Any, prompt: np.ndarray, n: int, state_options: Any) -> Any:
+    """Greedy generation step by step with the :class:`~onnx_light_kv.Generator`: returns the
+    tokens, the prefill time and the time of each later step (model run + the Python loop)."""
+    import onnx_light_kv as olkv
 
-    def __init__(self, session: Any) -> None:
-        self.session, self.times = session, []
-
-    def get_inputs(self) -> Any:
-        return self.session.get_inputs()
-
-    def run(self, names: Any, feeds: Any) -> Any:
+    g = olkv.Generator(session, max_length=prompt.shape[1] + n, state_options=state_options)
+    t = time.perf_counter()
+    g.append_tokens(prompt)
+    prefill = time.perf_counter() - t
+    g.generate_next_token()  # from the prefill's logits
+    steps = []
+    while not g.is_done():
         t = time.perf_counter()
-        out = self.session.run(names, feeds)
-        self.times.append(time.perf_counter() - t)
-        return out
+        g.generate_next_token()
+        steps.append(time.perf_counter() - t)
+    kind = g.runner_kind
+    tokens = g.sequences[0, prompt.shape[1]:]
+    g.close()
+    return tokens, prefill, np.array(steps), kind
+
+
+def _plot(path: str, prompt_len: int, series: Any) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("  (matplotlib not installed: no plot; pip install 'onnx-light-kv[plot]' adds it)")
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, steps in series.items():
+        ax.plot(np.arange(prompt_len + 2, prompt_len + 2 + steps.size), steps * 1e3, label=name, lw=1)
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylabel("decode step (ms)")
+    ax.set_title("greedy decode step latency vs context")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"  plot: {path}")
 
 
 def run_generation(args: Any) -> bool:
-    """Part 1: greedy generation on the built-in decoder, ours vs onnxruntime."""
+    """Part 1: greedy generation on the built-in decoder with ``generate`` / ``Generator``:
+    our cache path and tensor path vs onnxruntime (tensor path), tokens checked identical."""
     import onnx_light_kv as olkv
     from onnx_light_kv import models
 
@@ -92,15 +125,19 @@ def run_generation(args: Any) -> bool:
     data = models.model_bytes(model)
     print(f"\n[1] greedy generation: built-in Llama-style decoder ({cfg.layers} layers, hidden {cfg.hidden}, "
           f"{cfg.q_heads}/{cfg.kv_heads} heads x {cfg.head_dim}, vocab {cfg.vocab}, "
-          f"{len(data) / 2**20:.1f} MiB), prompt {args.gen_prompt}, {args.gen_steps} new tokens, tensor past/present")
+          f"{len(data) / 2**20:.1f} MiB), prompt {args.gen_prompt}, {args.gen_steps} new tokens")
     prompt = np.random.default_rng(args.seed).integers(0, cfg.vocab, size=(1, args.gen_prompt))
-    runs = {}
     try:
-        ours = _Timed(olkv.InferenceSession(data, threads=args.threads or None))
+        ours = olkv.InferenceSession(data, threads=args.threads or None)
     except NotImplementedError as e:  # the runtime does not run this model yet
         print(f"  skipped: {e}")
         return True
-    runs["onnx-light-kv"] = (ours, models.greedy_generate(ours, model, prompt, args.gen_steps))
+    out = olkv.generate(ours, prompt, max_new_tokens=args.gen_steps)
+    print(f"  generate(): {out.stats.summary()} [{out.stats.runner} path]")
+    runs = {}
+    if hasattr(ours, "create_state"):
+        runs["onnx-light-kv cache path"] = _timed_generation(ours, prompt, args.gen_steps, None)
+    runs["onnx-light-kv tensor path"] = _timed_generation(ours, prompt, args.gen_steps, False)
     try:
         import onnxruntime as ort
     except ImportError:
@@ -109,22 +146,22 @@ def run_generation(args: Any) -> bool:
         so = ort.SessionOptions()
         so.intra_op_num_threads = olkv.get_threads()
         so.inter_op_num_threads = 1
-        theirs = _Timed(ort.InferenceSession(data, so, providers=["CPUExecutionProvider"]))
-        runs["onnxruntime"] = (theirs, models.greedy_generate(theirs, model, prompt, args.gen_steps))
-    print(f"  {'runtime':<14} {'prefill ms':>10} {'step ms median':>15} {'p90':>7} {'tokens/s':>9}")
-    for name, (timed, _) in runs.items():
-        steps = np.array(timed.times[1:]) * 1e3
-        print(f"  {name:<14} {timed.times[0] * 1e3:10.2f} {np.median(steps):15.2f} {np.percentile(steps, 90):7.2f} "
-              f"{1e3 / np.median(steps):9.1f}")
-    tokens = runs["onnx-light-kv"][1].tokens[0]
+        theirs = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+        runs["onnxruntime"] = _timed_generation(theirs, prompt, args.gen_steps, False)
+    print(f"  {'runtime / path':<26} {'prefill ms':>10} {'step ms median':>15} {'p90':>7} {'tokens/s':>9}")
+    for name, (_, prefill, steps, _) in runs.items():
+        ms = steps * 1e3
+        print(f"  {name:<26} {prefill * 1e3:10.2f} {np.median(ms):15.2f} {np.percentile(ms, 90):7.2f} "
+              f"{1e3 / np.median(ms):9.1f}")
+    tokens = out.new_tokens[0]
     print(f"  tokens: {' '.join(map(str, tokens[:16]))}{' ...' if len(tokens) > 16 else ''}")
+    if args.plot:
+        _plot(args.plot, args.gen_prompt, {k: v[2] for k, v in runs.items()})
+    same = all(np.array_equal(tokens, r[0]) for r in runs.values())
+    names = ", ".join(runs)
+    print(f"  check: identical greedy tokens from generate() and {names}: {same} -> {'OK' if same else 'FAILED'}")
     if "onnxruntime" not in runs:
         print("  (onnxruntime not installed: no comparison; pip install 'onnx-light-kv[ort]' adds it)")
-        return True
-    same = np.array_equal(tokens, runs["onnxruntime"][1].tokens[0])
-    diff = float(np.max(np.abs(runs["onnx-light-kv"][1].logits - runs["onnxruntime"][1].logits)))
-    print(f"  check vs onnxruntime: identical greedy tokens: {same}; max |logit diff| = {diff:.2e} -> "
-          f"{'OK' if same else 'FAILED'}")
     return same
 
 

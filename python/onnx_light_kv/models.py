@@ -682,7 +682,12 @@ def greedy_generate(session_like: Any, model_config: Union[DecoderConfig, onnx.M
                     prompt_ids: Any, steps: int, feed_present_back: bool = True, *,
                     kind: Optional[str] = None, capacity: Optional[int] = None,
                     input_names: Optional[Sequence[str]] = None) -> GenerationResult:
-    """Greedy decoding: one prefill run on the prompt, then ``steps`` single-token runs.
+    """Greedy decoding: one prefill run on the prompt, then ``steps`` single-token runs, so
+    ``steps + 1`` tokens per row (the prefill chooses the first; ``steps`` counts decode runs).
+
+    This is the built-in models' differential-test harness: it also returns every run's logits
+    and the final presents. To generate text use :func:`onnx_light_kv.generate`, whose
+    ``max_new_tokens`` counts new tokens exactly and which drives any decoder export.
 
     ``session_like``: any object with ``run(output_names, feeds) -> list of arrays``.
     ``model_config``: the built ``ModelProto`` (config and kind read from its metadata) or a

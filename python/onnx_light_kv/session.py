@@ -23,13 +23,14 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from . import _lib
-from ._dtypes import bfloat16
+from ._dtypes import CODES, bfloat16, cache_dtype
 from ._format import html_table, summary
 from ._session_options import (CPU_PROVIDER, ExecutionMode, GraphOptimizationLevel, ModelMetadata, SessionOptions,
                                check_providers)
+from .state import GenerationState
 
 __all__ = ["InferenceSession", "SessionOptions", "NodeArg", "ModelMetadata", "GraphOptimizationLevel", "ExecutionMode",
-           "supported_ops", "LEND_MIN_BYTES"]
+           "GenerationState", "supported_ops", "LEND_MIN_BYTES"]
 
 #: Outputs of at least this many bytes are lent (wrapped, not copied); below
 #: it a copy is cheaper than the wrapper object and its release call.
@@ -112,6 +113,8 @@ class InferenceSession:
         self._feed_json = "[]"
         self._out_keys: tuple = ()
         self._out_json = "[]"
+        self._cache_plan: Optional[List[Dict[str, Any]]] = None
+        self._past_names = frozenset(n for d in self._plan() for n in (d["past_key"], d["past_value"]))
 
     # -- onnxruntime-compatible surface --------------------------------------------------
     def get_inputs(self) -> List[NodeArg]:
@@ -145,17 +148,35 @@ class InferenceSession:
                                   "outputs without a copy, so feed the outputs of one run to the next directly")
 
     def run(self, output_names: Optional[Sequence[str]], input_feed: Mapping[str, Any],
-            run_options: Any = None) -> List[np.ndarray]:
+            run_options: Any = None, *, state: Optional[GenerationState] = None) -> List[np.ndarray]:
         """Run the model; return the requested outputs (all if None) as numpy arrays.
 
         Outputs of at least ``LEND_MIN_BYTES`` wrap the session's own buffer
         (no copy): they stay valid as long as they are referenced, and the
         buffer is reused by later runs only after the array and all its views
-        are gone. Feeding them back (present -> past) costs no copy either."""
+        are gone. Feeding them back (present -> past) costs no copy either.
+
+        With ``state`` (from :meth:`create_state`) the model runs on its cache
+        path: ``input_feed`` holds only the new tokens' inputs (feeding a past
+        raises ValueError naming it), the new K/V are appended to the state's
+        caches and attention reads them in place; a present is exported from
+        the cache only when ``output_names`` names it. A failed run leaves the
+        state unchanged."""
         if not self._h:
             raise ValueError("the session is closed")
         if not isinstance(input_feed, Mapping):
             raise TypeError("input_feed must be a dict of name -> array")
+        sh = 0
+        if state is not None:
+            if not isinstance(state, GenerationState):
+                raise TypeError(f"state must be a GenerationState, got {type(state).__name__}")
+            if state._session is not self:
+                raise ValueError("the state belongs to another session")
+            fed = sorted(str(k) for k in input_feed if k in self._past_names)
+            if fed:
+                raise ValueError(f"past input(s) {', '.join(fed)} must not be fed with a state "
+                                 "(the state holds the caches)")
+            sh = state._handle()
         keys = tuple(input_feed)
         if keys != self._feed_keys:  # the JSON of the names is reused across runs
             self._feed_keys, self._feed_json = keys, json.dumps([str(k) for k in keys])
@@ -175,8 +196,12 @@ class InferenceSession:
             if names != self._out_keys:
                 self._out_keys, self._out_json = names, json.dumps([str(o) for o in names])
             out_json = self._out_json
-        meta = _lib.call(_RUN_LEND, self._h, self._feed_json, len(arrays), addr(d) if d.size else 0, int(d.size),
-                         out_json, LEND_MIN_BYTES).split("|")
+        if sh:
+            meta = _lib.call(_RUN_STATE_LEND, self._h, sh, self._feed_json, len(arrays), addr(d) if d.size else 0,
+                             int(d.size), out_json, LEND_MIN_BYTES).split("|")
+        else:
+            meta = _lib.call(_RUN_LEND, self._h, self._feed_json, len(arrays), addr(d) if d.size else 0,
+                             int(d.size), out_json, LEND_MIN_BYTES).split("|")
         rh = int(meta[0])
         outs: List[np.ndarray] = []
         refs = np.zeros(len(meta) - 1, dtype=np.int64)
@@ -201,11 +226,60 @@ class InferenceSession:
         del arrays  # feeds had to stay alive until the copy above
         return outs
 
+    # -- cache path ---------------------------------------------------------------------
+    def cache_plan(self) -> List[Dict[str, Any]]:
+        """The cache rewrite's verdict, one dict per past/present pair (layer order):
+        ``layer``, ``past_key``, ``past_value``, ``present_key``, ``present_value``,
+        ``rewritten`` (bool), ``rule`` (the rule that rewrote it) and ``reason`` (why the
+        layer stays on the tensor path; empty when rewritten)."""
+        return [dict(d) for d in self._plan()]
+
+    def create_state(self, *, batch: int = 1, max_length: Optional[int] = None, dtype: Any = None,
+                     budget: Optional[int] = None) -> GenerationState:
+        """A new :class:`GenerationState` for :meth:`run` ``(..., state=)``: one KVCache per
+        rewritten layer, ``batch`` sequences.
+
+        Args:
+            batch: sequences (or beams) of the request.
+            max_length: tokens reserved per sequence; None lets the caches grow on demand
+                (each growth copies the stored rows once and makes checkpoints stale).
+            dtype: cache storage type ("float32", "float16", "bfloat16"); None: the model's
+                K/V type. A float16/bfloat16 cache may serve a float32 model.
+            budget: bytes the state's caches may take (an arena of its own); None: the
+                session's arena.
+
+        Raises:
+            NotImplementedError: the model stays on the tensor path (the reasons of
+                :meth:`cache_plan` are in the message).
+            ValueError: bad sizes. TypeError: unsupported dtype.
+            BudgetError: the budget cannot hold the caches.
+        """
+        if not self._h:
+            raise ValueError("the session is closed")
+        for name, v in (("batch", batch), ("max_length", 0 if max_length is None else max_length),
+                        ("budget", 0 if budget is None else budget)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+                raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+        if batch < 1 or (max_length is not None and max_length < 1) or (budget is not None and budget < 1):
+            raise ValueError(f"batch, max_length and budget must be positive (got {batch}, {max_length}, {budget})")
+        code = -1 if dtype is None else CODES[cache_dtype(dtype)]
+        h = _lib.call(_lib.fn("StateNew"), self._h, int(batch), int(max_length or 0), code, int(budget or 0))
+        info = json.loads(_lib.call(_lib.fn("StateInfoJSON"), h))
+        dt = cache_dtype(info["dtype"])
+        return GenerationState(self, h, int(batch), dt, self._plan())
+
+    def _plan(self) -> List[Dict[str, Any]]:
+        if self._cache_plan is None:
+            self._cache_plan = json.loads(_lib.call(_lib.fn("SessionCachePlanJSON"), self._h))
+        return self._cache_plan
+
     @property
     def last_run_stats(self) -> Dict[str, Any]:
         """Figures of the latest run: ``peak_bytes`` (largest live total of
-        kernel-allocated tensors), ``allocated_bytes``, and ``events`` (one
-        dict per node: node, op, dur_ns, bytes) when profiling is on."""
+        kernel-allocated tensors), ``allocated_bytes``, ``run_ns`` (the run's
+        wall time inside the Go executor, binding excluded) and ``events``
+        (one dict per node: node, op, dur_ns, bytes) when profiling is on;
+        ``run_ns`` minus the events' ``dur_ns`` is the executor's own time."""
         if not self._h:
             return {}
         return json.loads(_lib.call(_lib.fn("SessionLastStatsJSON"), self._h))
@@ -279,6 +353,7 @@ class _Lent:
 
 
 _RUN_LEND = _lib.fn("SessionRunLend")
+_RUN_STATE_LEND = _lib.fn("SessionRunStateLend")
 _COPY_AND_FREE = _lib.fn("ResultCopyAndFree")
 _OUTPUT_RELEASE = _lib.fn("OutputRelease")
 _U16 = np.dtype(np.uint16)

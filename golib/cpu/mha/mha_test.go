@@ -22,6 +22,7 @@ type tcase struct {
 	maskFalseRow         int // >= 0: bool mask row (all batches/heads) set to false
 	nonpad               []int64
 	wantQK, wantPresents bool
+	sinks                bool // random per-head sink logits (with attrs.SmoothSoftmax)
 }
 
 func base(name string) tcase {
@@ -153,6 +154,18 @@ func cases() []tcase {
 		c.hq, c.hkv, c.s, c.l, c.p, c.dk, c.dv = 3, 1, 1, 1, 67, 20, 12
 	})
 	add(base("causal one query over three new keys"), func(c *tcase) { c.s, c.l, c.p, c.attrs.IsCausal = 1, 3, 4, true })
+	add(base("smooth softmax"), func(c *tcase) { c.attrs.SmoothSoftmax, c.attrs.IsCausal = true, true })
+	add(base("smooth softmax head sinks gqa window nonpad"), func(c *tcase) {
+		c.hq, c.hkv, c.s, c.l, c.sinks, c.attrs.SmoothSoftmax, c.attrs.IsCausal = 4, 2, 2, 9, true, true, true
+		c.attrs.SlidingWindow, c.attrs.LeftWindow, c.attrs.RightWindow = true, 3, -1
+		c.nonpad = []int64{9, 5}
+	})
+	add(base("smooth softmax double precision softcap"), func(c *tcase) {
+		c.sinks, c.attrs.SmoothSoftmax, c.attrs.SoftmaxPrecision, c.attrs.Softcap = true, true, PrecisionDouble, 3
+	})
+	add(base("smooth softmax decode past 200"), func(c *tcase) {
+		c.s, c.l, c.p, c.hq, c.hkv, c.sinks, c.attrs.SmoothSoftmax = 1, 1, 200, 8, 2, true, true
+	})
 	add(base("empty batch"), func(c *tcase) { c.b = 0 })
 	add(base("empty query"), func(c *tcase) { c.s = 0 })
 	add(base("no keys at all"), func(c *tcase) { c.l, c.p = 0, 0 })
@@ -224,6 +237,9 @@ func testCases(t *testing.T, threads int) {
 			g.Threads = threads
 			in := Inputs{Q: randVec(r, prod(sh.Q)), K: randVec(r, prod(sh.K)), V: randVec(r, prod(sh.V)),
 				NonpadKVSeqlen: c.nonpad}
+			if c.sinks {
+				in.HeadSink = randVec(r, c.hq)
+			}
 			if c.p >= 0 {
 				in.PastKey, in.PastValue = randVec(r, prod(sh.PastKey)), randVec(r, prod(sh.PastValue))
 			}

@@ -75,6 +75,12 @@ type Attrs struct {
 	// all -Inf are zeroed (a float mask of -MaxFloat32 then gives a uniform
 	// row).
 	InfMasking bool
+	// SmoothSoftmax adds one more logit to every softmax row, a "sink"
+	// that takes weight but contributes no value: p_j = e^(s_j-m) /
+	// (e^(sink-m) + sum_k e^(s_k-m)) with m = max(sink, max_k s_k). The
+	// sink is 0, or Inputs.HeadSink[h] per query head when given
+	// (onnxruntime's GroupQueryAttention smooth_softmax and head_sink).
+	SmoothSoftmax bool
 }
 
 // Shapes are the input shapes; nil marks an omitted optional input.

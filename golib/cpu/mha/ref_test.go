@@ -113,9 +113,16 @@ func reference(g *Geometry, in Inputs) (y, pk, pv, qk []float64) {
 				for _, s := range sc {
 					mx = math.Max(mx, s)
 				}
-				var sum float64
+				var sum, sink float64
+				if g.SmoothSoftmax { // one more logit that takes weight only
+					if in.HeadSink != nil {
+						sink = float64(in.HeadSink[h])
+					}
+					mx = math.Max(mx, sink)
+					sum = math.Exp(sink - mx)
+				}
 				for j, s := range sc {
-					if mx <= low {
+					if mx <= low && !g.SmoothSoftmax {
 						sc[j] = 0
 						continue
 					}

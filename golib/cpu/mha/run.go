@@ -23,6 +23,9 @@ type Inputs struct {
 	Mask               Mask
 	PastKey, PastValue []float32
 	NonpadKVSeqlen     []int64
+	// HeadSink, with Attrs.SmoothSoftmax, holds the sink logit of each
+	// query head (nil: 0 for every head).
+	HeadSink []float32
 }
 
 // Outputs receive the results. Y is required; PresentKey, PresentValue and
@@ -137,6 +140,9 @@ func (g *Geometry) checkData(in Inputs, out Outputs) error {
 		}
 		n := len(in.Mask.Float) + len(in.Mask.Bool)
 		errs = append(errs, check("attn_mask", n, g.maskDims[:]))
+	}
+	if in.HeadSink != nil && (!g.SmoothSoftmax || len(in.HeadSink) != g.QHeads) {
+		return fmt.Errorf("%w: head_sink has %d values, want one per query head (%d) with SmoothSoftmax", ErrShape, len(in.HeadSink), g.QHeads)
 	}
 	if g.HasNonpad {
 		if len(in.NonpadKVSeqlen) != g.Batch {

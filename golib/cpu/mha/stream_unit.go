@@ -46,15 +46,16 @@ var goStreamKernels = streamKernels{dots: dotsGo, accum: accumGo}
 
 // streamMath reports whether the call is plain softmax attention with a
 // causal rule (if any) aligned to the end of the keys: no mask, nonpad
-// lengths, window, softcap, qk_matmul_output or float64 softmax, and either
-// one query token without is_causal or as many new keys as query tokens
-// (then query row i sees keys up to PastLen+i, the end-aligned rule).
+// lengths, window, softcap, smooth softmax, qk_matmul_output or float64
+// softmax, and either one query token without is_causal or as many new keys
+// as query tokens (then query row i sees keys up to PastLen+i, the
+// end-aligned rule).
 //
 // Under these conditions the last query row sees every position (causal
 // rows need KVLen == QLen), so a streaming unit copies all of its head into
 // the present outputs; the Attention op relies on it and does not zero them.
 func (g *Geometry) streamMath(out Outputs) bool {
-	return !g.HasMask && !g.HasNonpad && !g.SlidingWindow && out.QK == nil &&
+	return !g.HasMask && !g.HasNonpad && !g.SlidingWindow && !g.SmoothSoftmax && out.QK == nil &&
 		g.Softcap == 0 && g.Scale > 0 && g.SoftmaxPrecision != PrecisionDouble &&
 		g.QLen >= 1 && g.QLen <= g.TotalLen &&
 		((g.QLen == 1 && !g.IsCausal) || (g.IsCausal && g.KVLen == g.QLen))

@@ -128,9 +128,16 @@ func (g *Geometry) unit(in Inputs, out Outputs, keys, values []float32, sp span,
 		if g.QKMode == 2 && qk != nil {
 			copy(qk, row)
 		}
-		if g.SoftmaxPrecision == PrecisionDouble {
+		switch {
+		case g.SmoothSoftmax:
+			var sink float32
+			if in.HeadSink != nil {
+				sink = in.HeadSink[h]
+			}
+			softmaxSink(row, ex, sink, g.SoftmaxPrecision == PrecisionDouble)
+		case g.SoftmaxPrecision == PrecisionDouble:
 			softmax64(row, allMasked)
-		} else {
+		default:
 			softmax32(row, ex, allMasked)
 		}
 		if g.QKMode == 3 && qk != nil {
@@ -197,6 +204,37 @@ func softmax32(row []float32, ex expFunc, allMasked float32) {
 		return
 	}
 	inv := float32(1 / ex(row, mx))
+	for j := range row {
+		row[j] *= inv
+	}
+}
+
+// softmaxSink is the smooth softmax (see Attrs.SmoothSoftmax): the row
+// and one extra logit sink, which absorbs weight but is not part of the
+// output. A row is never all-masked (the sink always takes part), so an
+// excluded row gives zeros. wide computes the exponentials in float64.
+func softmaxSink(row []float32, ex expFunc, sink float32, wide bool) {
+	mx := sink
+	for _, v := range row {
+		if v > mx {
+			mx = v
+		}
+	}
+	if wide {
+		var sum float64
+		e := make([]float64, len(row))
+		for j, v := range row {
+			e[j] = math.Exp(float64(v) - float64(mx))
+			sum += e[j]
+		}
+		sum += math.Exp(float64(sink) - float64(mx))
+		for j := range row {
+			row[j] = float32(e[j] / sum)
+		}
+		return
+	}
+	sum := ex(row, mx) + float64(exp32(sink-mx))
+	inv := float32(1 / sum)
 	for j := range row {
 		row[j] *= inv
 	}

@@ -9,25 +9,50 @@ import (
 )
 
 func init() {
-	Register("", "LayerNormalization", 17, 0, newNorm(false, true))
-	Register("", "RMSNormalization", 23, 0, newNorm(true, false))
+	Register("", "LayerNormalization", 17, 0, newNorm(normSpec{bias: 2, skipBias: -1, mean: 1, inv: 2, sum: -1}))
+	Register("", "RMSNormalization", 23, 0, newNorm(normSpec{rms: true, bias: -1, skipBias: -1, mean: -1, inv: -1, sum: -1}))
 	// onnxruntime registers its contrib SimplifiedLayerNormalization (RMS
-	// norm with an optional inv_std_var output) in the default domain.
-	Register("", "SimplifiedLayerNormalization", 1, 0, newNorm(true, false))
-	Register("com.microsoft", "SimplifiedLayerNormalization", 1, 0, newNorm(true, false))
+	// norm with an optional inv_std_var output) in the default domain, where
+	// the onnxruntime-genai builder emits it.
+	simplified := normSpec{rms: true, bias: -1, skipBias: -1, mean: -1, inv: 1, sum: -1}
+	Register("", "SimplifiedLayerNormalization", 1, 0, newNorm(simplified))
+	Register("com.microsoft", "SimplifiedLayerNormalization", 1, 0, newNorm(simplified))
+	// The Skip variants add a residual (and an optional bias) first:
+	// inputs (input, skip, gamma, beta?, bias?) and (input, skip, gamma,
+	// bias?); outputs (output, mean?, inv_std_var?, input_skip_bias_sum?).
+	Register("com.microsoft", "SkipLayerNormalization", 1, 0,
+		newNorm(normSpec{skip: true, bias: 3, skipBias: 4, mean: 1, inv: 2, sum: 3, defaultEps: 1e-12}))
+	Register("com.microsoft", "SkipSimplifiedLayerNormalization", 1, 0,
+		newNorm(normSpec{rms: true, skip: true, bias: -1, skipBias: 3, mean: 1, inv: 2, sum: 3, defaultEps: 1e-12}))
 }
 
-// newNorm builds LayerNormalization (rms=false: subtract the mean, optional
-// bias input 2, outputs Y, Mean, InvStdDev) and the RMS variants (rms=true:
-// no mean, outputs Y and, for SimplifiedLayerNormalization, InvStdDev as
-// output 1). Statistics are accumulated in float64 and applied in float32.
-func newNorm(rms, hasBias bool) Factory {
+// normSpec describes one member of the normalization family by the
+// positions of its optional inputs and outputs (-1: the op has none).
+type normSpec struct {
+	rms  bool // no mean subtraction (RMS norm)
+	skip bool // input 1 is a residual added to input 0 first
+	// bias is the input added after scaling (LayerNormalization B, beta);
+	// skipBias the input added with the residual before normalizing.
+	bias, skipBias int
+	// mean, inv and sum are the output slots of the statistics and of
+	// input+skip+bias (the RMS Skip op reports a zero mean, as onnxruntime).
+	mean, inv, sum int
+	defaultEps     float32 // 0: 1e-5
+}
+
+// newNorm builds a kernel of the normalization family. Statistics are
+// accumulated in float64 and applied in float32.
+func newNorm(sp normSpec) Factory {
 	return func(n *Node) (Kernel, error) {
 		axis, err := n.Attrs.Int("axis", -1)
 		if err != nil {
 			return nil, err
 		}
-		eps, err := n.Attrs.Float("epsilon", 1e-5)
+		def := sp.defaultEps
+		if def == 0 {
+			def = 1e-5
+		}
+		eps, err := n.Attrs.Float("epsilon", def)
 		if err != nil {
 			return nil, err
 		}
@@ -38,43 +63,103 @@ func newNorm(rms, hasBias bool) Factory {
 		if stash != 1 {
 			return nil, fmt.Errorf("%w: %s stash_type=%d", errs.ErrNotImplemented, n.OpType, stash)
 		}
-		return KernelFunc(func(ctx *Context) error { return normCompute(ctx, int(axis), eps, rms, hasBias) }), nil
+		if sp.skip {
+			axis = -1 // the Skip ops normalize the hidden (last) axis
+		}
+		return KernelFunc(func(ctx *Context) error { return normCompute(ctx, int(axis), eps, sp) }), nil
 	}
 }
 
-func normCompute(ctx *Context, axis int, eps float32, rms, hasBias bool) error {
-	x, scale, err := twoInputs(ctx)
+// normInput returns optional input i (nil when the op has none or it is
+// omitted).
+func normInput(ctx *Context, i int) *tensor.Tensor {
+	if i < 0 {
+		return nil
+	}
+	return ctx.Input(i)
+}
+
+// normParam returns a scale/bias input as float32 with its index map onto
+// the normalized shape (nil map: identity).
+func normParam(t *tensor.Tensor, normShape tensor.Shape, name string) ([]float32, []int, error) {
+	if t == nil {
+		return nil, nil, nil
+	}
+	idx, err := paramIndex(t, normShape)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", name, err)
+	}
+	v, err := tensor.AsFloat32(t)
+	if err != nil {
+		return nil, nil, err
+	}
+	return v, idx, nil
+}
+
+// skipOperand checks that the residual repeats over the leading dimensions
+// of x (same shape, or a suffix of it of rank >= 2 with leading 1s, as
+// onnxruntime accepts) and returns it as float32.
+func skipOperand(x, skip *tensor.Tensor) ([]float32, error) {
+	xs, ss := x.Shape(), skip.Shape()
+	if skip.DType() != x.DType() {
+		return nil, fmt.Errorf("%w: skip %v, input %v", errs.ErrType, skip.DType(), x.DType())
+	}
+	trim := ss
+	for len(trim) > 0 && trim[0] == 1 && len(trim) > 1 {
+		trim = trim[1:]
+	}
+	ok := len(ss) == len(xs) || len(ss) >= 2
+	if ok && (len(trim) > len(xs) || !tensor.Shape(xs[len(xs)-len(trim):]).Equal(trim)) {
+		ok = false
+	}
+	if !ok || len(ss) > len(xs) {
+		return nil, fmt.Errorf("%w: skip %v does not match input %v (same shape, or [1, S, H] / [S, H])", errs.ErrShape, ss, xs)
+	}
+	return tensor.AsFloat32(skip)
+}
+
+func normCompute(ctx *Context, axis int, eps float32, sp normSpec) error {
+	x, err := ctx.RequireInput(0)
 	if err != nil {
 		return err
 	}
-	var bias *tensor.Tensor
-	if hasBias {
-		bias = ctx.Input(2)
+	scaleIn := 1
+	var skipV []float32
+	if sp.skip {
+		skip, err := ctx.RequireInput(1)
+		if err != nil {
+			return err
+		}
+		if skipV, err = skipOperand(x, skip); err != nil {
+			return err
+		}
+		scaleIn = 2
+	}
+	scale, err := ctx.RequireInput(scaleIn)
+	if err != nil {
+		return err
 	}
 	sh := x.Shape()
+	if sp.skip && len(sh) < 2 {
+		return fmt.Errorf("%w: input must have 2 or 3 dimensions, got %v", errs.ErrShape, sh)
+	}
 	ax, err := tensor.NormAxis(axis, len(sh))
 	if err != nil {
 		return err
 	}
 	normShape := sh[ax:]
 	rows, cols := tensor.Shape(sh[:ax]).Size(), normShape.Size()
-	sIdx, err := paramIndex(scale, normShape)
-	if err != nil {
-		return fmt.Errorf("scale: %w", err)
-	}
-	sv, err := tensor.AsFloat32(scale)
+	sv, sIdx, err := normParam(scale, normShape, "scale")
 	if err != nil {
 		return err
 	}
-	var bIdx []int
-	var bv []float32
-	if bias != nil {
-		if bIdx, err = paramIndex(bias, normShape); err != nil {
-			return fmt.Errorf("bias: %w", err)
-		}
-		if bv, err = tensor.AsFloat32(bias); err != nil {
-			return err
-		}
+	bv, bIdx, err := normParam(normInput(ctx, sp.bias), normShape, "bias")
+	if err != nil {
+		return err
+	}
+	pre, preIdx, err := normParam(normInput(ctx, sp.skipBias), normShape, "bias")
+	if err != nil {
+		return err
 	}
 	y, err := ctx.NewOutputUninit(0, x.DType(), sh)
 	if err != nil {
@@ -85,19 +170,15 @@ func normCompute(ctx *Context, axis int, eps float32, rms, hasBias bool) error {
 		statShape = append(statShape, 1)
 	}
 	var meanOut, invOut []float32
-	invSlot := 2
-	if rms {
-		invSlot = 1
-	}
-	if !rms && ctx.OutputWanted(1) {
-		t, err := ctx.NewOutput(1, tensor.Float32, statShape)
+	if sp.mean >= 0 && ctx.OutputWanted(sp.mean) {
+		t, err := ctx.NewOutput(sp.mean, tensor.Float32, statShape)
 		if err != nil {
 			return err
 		}
 		meanOut = t.Float32()
 	}
-	if ctx.OutputWanted(invSlot) {
-		t, err := ctx.NewOutput(invSlot, tensor.Float32, statShape)
+	if sp.inv >= 0 && ctx.OutputWanted(sp.inv) {
+		t, err := ctx.NewOutput(sp.inv, tensor.Float32, statShape)
 		if err != nil {
 			return err
 		}
@@ -107,43 +188,35 @@ func normCompute(ctx *Context, axis int, eps float32, rms, hasBias bool) error {
 	if err != nil {
 		return err
 	}
+	var sumT *tensor.Tensor
+	var sum []float32 // input + skip + bias: the rows that are normalized
+	if sp.skip {
+		if sp.sum >= 0 && ctx.OutputWanted(sp.sum) {
+			if sumT, err = ctx.NewOutputUninit(sp.sum, x.DType(), sh); err != nil {
+				return err
+			}
+			sum = f32Result(sumT)
+		} else {
+			sum = make([]float32, len(src))
+		}
+	}
 	dst := f32Result(y)
 	err = ctx.ParallelFor(rows, 16, func(lo, hi int) {
 		for r := lo; r < hi; r++ {
 			row, out := src[r*cols:(r+1)*cols], dst[r*cols:(r+1)*cols]
-			var mean, sq float64
-			if !rms {
-				for _, v := range row {
-					mean += float64(v)
-				}
-				mean /= float64(cols)
-			}
-			for _, v := range row {
-				d := float64(v) - mean
-				sq += d * d
-			}
-			inv := 1 / math.Sqrt(sq/float64(cols)+float64(eps))
-			m32, inv32 := float32(mean), float32(inv)
-			switch {
-			case sIdx == nil && bv == nil: // the common case: plain scale
-				sc := sv[:len(row)]
+			if sum != nil {
+				s := sum[r*cols : (r+1)*cols]
+				base := (r * cols) % len(skipV)
 				for i, v := range row {
-					out[i] = (v - m32) * inv32 * sc[i]
-				}
-			case sIdx == nil && bIdx == nil:
-				sc, bb := sv[:len(row)], bv[:len(row)]
-				for i, v := range row {
-					out[i] = (v-m32)*inv32*sc[i] + bb[i]
-				}
-			default:
-				for i, v := range row {
-					o := (v - m32) * inv32 * sv[at(sIdx, i)]
-					if bv != nil {
-						o += bv[at(bIdx, i)]
+					v += skipV[base+i]
+					if pre != nil {
+						v += pre[at(preIdx, i)]
 					}
-					out[i] = o
+					s[i] = v
 				}
+				row = s
 			}
+			m32, inv32 := normRow(row, out, sv, sIdx, bv, bIdx, eps, sp.rms)
 			if meanOut != nil {
 				meanOut[r] = m32
 			}
@@ -155,7 +228,52 @@ func normCompute(ctx *Context, axis int, eps float32, rms, hasBias bool) error {
 	if err != nil {
 		return err
 	}
+	if sumT != nil {
+		if err := storeF32Result(sumT, sum); err != nil {
+			return err
+		}
+	}
 	return storeF32Result(y, dst)
+}
+
+// normRow normalizes one row into out (scale, then bias) and returns the
+// mean (0 for RMS) and the inverse standard deviation.
+func normRow(row, out, sv []float32, sIdx []int, bv []float32, bIdx []int, eps float32, rms bool) (float32, float32) {
+	cols := len(row)
+	var mean, sq float64
+	if !rms {
+		for _, v := range row {
+			mean += float64(v)
+		}
+		mean /= float64(cols)
+	}
+	for _, v := range row {
+		d := float64(v) - mean
+		sq += d * d
+	}
+	inv := 1 / math.Sqrt(sq/float64(cols)+float64(eps))
+	m32, inv32 := float32(mean), float32(inv)
+	switch {
+	case sIdx == nil && bv == nil: // the common case: plain scale
+		sc := sv[:len(row)]
+		for i, v := range row {
+			out[i] = (v - m32) * inv32 * sc[i]
+		}
+	case sIdx == nil && bIdx == nil:
+		sc, bb := sv[:len(row)], bv[:len(row)]
+		for i, v := range row {
+			out[i] = (v-m32)*inv32*sc[i] + bb[i]
+		}
+	default:
+		for i, v := range row {
+			o := (v - m32) * inv32 * sv[at(sIdx, i)]
+			if bv != nil {
+				o += bv[at(bIdx, i)]
+			}
+			out[i] = o
+		}
+	}
+	return m32, inv32
 }
 
 // at is idx[i], or i for the identity mapping (nil idx).

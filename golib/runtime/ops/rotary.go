@@ -166,18 +166,30 @@ func rotaryCompute(ctx *Context, x, cosT, sinT, pos *tensor.Tensor, a rotaryAttr
 				} else {
 					off = (b*S+s)*H*D + h*D
 				}
-				in, o := src[off:off+rd], dst[off:off+rd]
-				for i := 0; i < half; i++ {
-					i1, i2 := i, i+half
-					if a.interleaved {
-						i1, i2 = 2*i, 2*i+1
-					}
-					x1, x2 := in[i1], in[i2]
-					o[i1] = c[i]*x1 - sn[i]*x2
-					o[i2] = sn[i]*x1 + c[i]*x2
-				}
+				rotateHead(dst[off:off+rd], src[off:off+rd], c, sn, a.interleaved)
 			}
 		}
 	}
 	return storeF32Result(out, dst)
+}
+
+// RotateHead is rotateHead for the cache path's rewritten attention
+// (GroupQueryAttention's in-op rotary), so both paths rotate alike.
+func RotateHead(o, in, c, sn []float32, interleaved bool) { rotateHead(o, in, c, sn, interleaved) }
+
+// rotateHead writes the rotary embedding of the first 2*len(c) elements of
+// one head's row in into o (which may be in itself): pairs (x1, x2) are
+// (i, i+half), or (2i, 2i+1) when interleaved, rotated by the angle whose
+// cosine and sine are c[i] and sn[i].
+func rotateHead(o, in, c, sn []float32, interleaved bool) {
+	half := len(c)
+	for i := 0; i < half; i++ {
+		i1, i2 := i, i+half
+		if interleaved {
+			i1, i2 = 2*i, 2*i+1
+		}
+		x1, x2 := in[i1], in[i2]
+		o[i1] = c[i]*x1 - sn[i]*x2
+		o[i2] = sn[i]*x1 + c[i]*x2
+	}
 }

@@ -1,0 +1,142 @@
+"""Tokens/s of ``onnx_light_kv.generate`` on the built-in Llama decoder: our cache path, our tensor
+path and onnxruntime, plus the Python loop's share of a decode step.
+
+Every side runs through the same ``generate()`` loop (same feeds, same token choice), so the
+comparison is between the runtimes; onnxruntime runs the standard model on its tensor path
+(presents fed back as pasts). onnxruntime-genai, the comparator the generation issue names, is
+used when it is installed and the model has a GroupQueryAttention export; otherwise the table
+says so. Cases: greedy at several prompt lengths, beam search (4 beams), speculative decoding
+with a 1-layer draft (same vocabulary, other weights: a low acceptance rate, reported), each at
+1 and 2 threads. Sides alternate (ours-state, ours-tensor, ort, ...) with a pause before each,
+``--repeat`` times; the table reports the median decode tokens/s (new tokens after the first,
+over the decode time) and the ratios.
+
+The Python overhead is measured on the cache path: a proxy session times every ``run`` call;
+overhead = 1 - (time inside run) / (decode time).
+
+Output: a table, and raw figures + environment in ``benchmarks/results/generate-<stamp>.json``.
+Run: ``python benchmarks/bench_generate.py --quick`` (seconds) or without ``--quick`` (the issue's
+grid: prompts 128 / 1024 / 4096, 128 new tokens, 4 layers hidden 1024; minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any, Dict, List
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+
+
+class _TimedSession:
+    """Forwards to a session and sums the wall time of its ``run`` calls."""
+
+    def __init__(self, session: Any) -> None:
+        self.session, self.run_s, self.calls = session, 0.0, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.session, name)
+
+    def run(self, *args: Any, **kw: Any) -> Any:
+        t = time.perf_counter()
+        out = self.session.run(*args, **kw)
+        self.run_s += time.perf_counter() - t
+        self.calls += 1
+        return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--repeat", type=int, default=2)
+    args = ap.parse_args()
+
+    import onnxruntime as ort
+
+    import onnx_light_kv as olkv
+    from onnx_light_kv import models
+
+    if args.quick:
+        cfg = models.DecoderConfig(layers=2, hidden=256, q_heads=8, kv_heads=4, head_dim=32, vocab=4096,
+                                   max_positions=1024)
+        prompts, new, beam_prompt = [64, 512], 32, 256
+    else:
+        cfg = models.DecoderConfig(layers=4, hidden=1024, q_heads=16, kv_heads=8, head_dim=64, vocab=32000,
+                                   max_positions=4096 + 160)
+        prompts, new, beam_prompt = [128, 1024, 4096], 128, 1024
+    data = models.model_bytes(models.build("llama", cfg))
+    draft = models.model_bytes(models.build("llama", cfg.replace(layers=1, seed=1)))
+    try:
+        import onnxruntime_genai  # noqa: F401
+        genai = "installed, but no GroupQueryAttention export of this model is built here: not measured"
+    except ImportError:
+        genai = "not installed: onnxruntime (tensor path, same generate() loop) is the comparator"
+    print(f"model: {cfg.layers} layers, hidden {cfg.hidden}, {cfg.q_heads}/{cfg.kv_heads} heads x {cfg.head_dim}, "
+          f"vocab {cfg.vocab}; {new} new tokens; onnxruntime-genai {genai}")
+    rng = np.random.default_rng(0)
+    cases: List[Dict[str, Any]] = [{"case": f"greedy p{p}", "prompt": p, "kw": {}} for p in prompts]
+    cases.append({"case": f"beams4 p{beam_prompt}", "prompt": beam_prompt, "kw": {"num_beams": 4}})
+    cases.append({"case": f"draft(1 layer) k4 p{prompts[0]}", "prompt": prompts[0], "kw": {"draft": True}})
+    rows: List[Dict[str, Any]] = []
+    raw: List[Dict[str, Any]] = []
+    for threads in args.threads:
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        sides = {
+            "state": (olkv.InferenceSession(data, threads=threads), None),
+            "tensor": (olkv.InferenceSession(data, threads=threads), False),
+            "ort": (ort.InferenceSession(data, so, providers=["CPUExecutionProvider"]), False),
+        }
+        drafts = {"state": olkv.InferenceSession(draft, threads=threads),
+                  "tensor": olkv.InferenceSession(draft, threads=threads),
+                  "ort": ort.InferenceSession(draft, so, providers=["CPUExecutionProvider"])}
+        for case in cases:
+            prompt = rng.integers(0, cfg.vocab, size=(1, case["prompt"]))
+            kw = dict(case["kw"])
+            tps: Dict[str, List[float]] = {k: [] for k in sides}
+            tokens: Dict[str, Any] = {}
+            overhead: List[float] = []
+            accepted = ""
+            for _ in range(args.repeat):
+                for name, (sess, opt) in sides.items():
+                    time.sleep(0.05)
+                    timed = _TimedSession(sess)
+                    extra = {"draft_session": drafts[name]} if kw.get("draft") else {}
+                    out = olkv.generate(timed, prompt, max_new_tokens=new, state_options=opt,
+                                        num_beams=kw.get("num_beams", 1), **extra)
+                    s = out.stats
+                    tps[name].append(s.decode_tokens_per_s)
+                    tokens[name] = out.sequences
+                    if name == "state" and not kw:
+                        prefill_s = s.prefill_ms / 1e3
+                        overhead.append(1.0 - (timed.run_s - prefill_s) / (s.decode_ms / 1e3))
+                    if s.draft_tokens:
+                        accepted = f"{s.accepted_draft_tokens}/{s.draft_tokens}"
+                    raw.append({"threads": threads, "case": case["case"], "side": name, "stats": vars(s).copy(),
+                                "runner": s.runner})
+            same = all(np.array_equal(tokens["ort"], t) for t in tokens.values())
+            med = {k: float(np.median(v)) for k, v in tps.items()}
+            rows.append({"threads": threads, "case": case["case"], "state tok/s": med["state"],
+                         "tensor tok/s": med["tensor"], "ort tok/s": med["ort"],
+                         "state/ort": med["state"] / med["ort"], "tensor/ort": med["tensor"] / med["ort"],
+                         "py overhead": f"{100 * float(np.median(overhead)):.1f}%" if overhead else "",
+                         "drafts kept": accepted, "same tokens": same})
+            print(_common.format_table(rows[-1:], floatfmt="{:.2f}"), flush=True)
+    print()
+    print(_common.format_table(rows, floatfmt="{:.2f}"))
+    path = _common.write_json("generate", {"environment": _common.environment(extra={"genai": genai}),
+                                           "config": vars(cfg) if hasattr(cfg, "__dict__") else str(cfg),
+                                           "new_tokens": new, "rows": rows, "raw": raw})
+    print(f"\nraw: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

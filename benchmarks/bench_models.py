@@ -1,0 +1,301 @@
+"""Decode-step and prefill latency of whole decoder models: ours vs onnxruntime.
+
+Models: the committed fixture exports (``tests/fixtures/manifest.json``: torch.onnx, optimum,
+onnxruntime-genai builder; tiny random-weight Hugging Face decoders) and the built-in
+decoders (``onnx_light_kv.models``: Llama with position ids, Llama with positions derived
+from the past by Shape/Range arithmetic, GPT-2 with decomposed attention).
+
+Per model and thread count (1 and 2 by default), on the tensor path (past in, present out):
+
+- **decode**: a real decode loop: ``--past`` tokens of random past, then each step feeds one
+  token and the previous step's presents as the next past, so every step sees a past one
+  token longer (nothing about its geometry repeats, as in generation). Each runtime runs
+  bursts of ``--block`` steps restarting from the same feeds, alternating ours / onnxruntime
+  with a pause before each burst (``_common.blocked``: its first call per burst is a settling
+  call, not recorded).
+- **prefill**: a ``--prompt``-token prompt with an empty past, fixed feeds, same blocks.
+- **executor share**: a second, profiled session of ours runs the same decode loop; per step,
+  ``1 - sum(kernel times) / run_ns`` from ``last_run_stats`` (``run_ns``: the run's wall time
+  inside the Go executor; profiling adds two clock reads per node). ``binding`` is the share
+  of the Python call spent outside the executor (feed and output conversion).
+
+Speed-up is onnxruntime's median time / ours (above 1: we are faster). Output: a table, and
+raw samples plus the environment in ``benchmarks/results/models-<timestamp>.json``.
+``--quick`` takes fewer samples and only thread count 1.
+
+Run: ``python benchmarks/bench_models.py [--quick] [--models NAME ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+
+# --------------------------------------------------------------------------------------------
+# models
+
+
+def builtin_models() -> List[Tuple[str, bytes, Dict[str, Any]]]:
+    """(name, model bytes, info) of the built-in decoders (a small configuration)."""
+    from onnx_light_kv import models
+    cfg = models.DecoderConfig(layers=2, hidden=128, q_heads=4, kv_heads=2, head_dim=32, vocab=512,
+                               max_positions=1024)
+    out = []
+    for name, kind, kw in (("builtin-llama", "llama", {}),
+                           ("builtin-llama-derived-pos", "llama", {"position_ids_input": False}),
+                           ("builtin-gpt2", "gpt2", {})):
+        out.append((name, models.model_bytes(models.build(kind, cfg, **kw)),
+                    {"source": "onnx_light_kv.models", "kind": kind, "config": cfg, **kw}))
+    return out
+
+
+def _fixtures_module() -> Any:
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    try:
+        import _fixtures  # type: ignore
+    except ImportError:
+        return None
+    return _fixtures
+
+
+def fixture_models() -> List[Tuple[str, bytes, Dict[str, Any]]]:
+    """(name, model bytes, manifest entry) of the fixture exports, when they are present."""
+    fx = _fixtures_module()
+    if fx is None or not os.path.exists(os.path.join(FIXTURES, "manifest.json")):
+        return []
+    out = []
+    for name in fx.names():
+        with open(fx.model_path(name), "rb") as f:
+            out.append((name, f.read(), {"fixture": name, **fx.entry(name)}))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# driving a decoder generically (tensor path)
+
+
+class BuiltinDecoder:
+    """The built-in decoders' feeds (``input_ids``, optional ``attention_mask`` and
+    ``position_ids``, pasts ``[B, kv_heads, P, D]``), with the interface of the fixtures'
+    ``_fixtures.Decoder`` that :class:`Stepper` uses: ``start``, ``feeds``, ``run``, ``state``,
+    ``past_len``."""
+
+    def __init__(self, session: Any, info: Dict[str, Any]) -> None:
+        from onnx_light_kv import models
+        self.session = session
+        self.cfg = info["config"]
+        self.names = {i.name for i in session.get_inputs()}
+        self.pairs = list(zip(models.past_names(self.cfg.layers), models.present_names(self.cfg.layers)))
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.kv = self.cfg.kv_heads if info["kind"] != "gpt2" else self.cfg.q_heads
+        self.state: Dict[str, np.ndarray] = {}
+        self.past_len = 0
+
+    def start(self, batch: int) -> None:
+        self.past_len = 0
+        self.state = {p: np.zeros((batch, self.kv, 0, self.cfg.head_dim), np.float32) for p, _ in self.pairs}
+
+    def feeds(self, tokens: np.ndarray) -> Dict[str, np.ndarray]:
+        s = tokens.shape[1]
+        f: Dict[str, np.ndarray] = {"input_ids": tokens.astype(np.int64), **self.state}
+        if "position_ids" in self.names:
+            f["position_ids"] = np.arange(self.past_len, self.past_len + s, dtype=np.int64)[None]
+        if "attention_mask" in self.names:
+            f["attention_mask"] = np.ones((1, self.past_len + s), np.int64)
+        return f
+
+    def run(self, tokens: np.ndarray) -> Dict[str, np.ndarray]:
+        res = dict(zip(self.output_names, self.session.run(None, self.feeds(tokens))))
+        for past, present in self.pairs:
+            self.state[past] = res[present]
+        self.past_len += tokens.shape[1]
+        return res
+
+
+def make_decoder(name: str, session: Any, info: Dict[str, Any]) -> Any:
+    """The fixture's generic driver, or the built-in decoders' one."""
+    if "fixture" in info:
+        return _fixtures_module().Decoder(name, session)
+    return BuiltinDecoder(session, info)
+
+
+def logits_of(res: Any) -> np.ndarray:
+    return np.asarray(res.outputs["logits"] if hasattr(res, "outputs") else res["logits"])
+
+
+class Stepper:
+    """One greedy decode step per call, restarting from a fixed past state every ``period``
+    calls (``_common.blocked`` calls it ``period`` times per block), so each burst sees pasts
+    of ``start_len``, ``start_len + 1``, ... tokens on both runtimes."""
+
+    def __init__(self, dec: Any, state: Dict[str, np.ndarray], start_len: int, token: np.ndarray, period: int) -> None:
+        self.dec, self.state0, self.len0, self.tok0, self.period = dec, state, start_len, token, period
+        self.i, self.tok = 0, token
+
+    def __call__(self) -> Any:
+        if self.i % self.period == 0:
+            self.dec.state, self.dec.past_len, self.tok = dict(self.state0), self.len0, self.tok0
+        self.i += 1
+        res = self.dec.run(self.tok)
+        self.tok = np.argmax(logits_of(res)[:, -1, :], axis=-1).astype(np.int64)[:, None]
+        return res
+
+
+def start_state(name: str, ort: Any, info: Dict[str, Any], past: int, vocab: int) -> Tuple[Dict[str, np.ndarray], np.ndarray]:
+    """The past after an onnxruntime prefill of ``past`` random tokens, and the next token."""
+    dec = make_decoder(name, ort, info)
+    dec.start(1)
+    rng = np.random.default_rng(7)
+    res = dec.run(rng.integers(vocab, size=(1, past)).astype(np.int64))
+    tok = np.argmax(logits_of(res)[:, -1, :], axis=-1).astype(np.int64)[:, None]
+    return dict(dec.state), tok
+
+
+def vocab_of(ort_session: Any) -> int:
+    shape = ort_session.get_outputs()[0].shape
+    return int(shape[-1]) if isinstance(shape[-1], int) else 256
+
+
+# --------------------------------------------------------------------------------------------
+# measurement
+
+
+def make_sessions(data: bytes, threads: int) -> Tuple[Any, Any]:
+    import onnxruntime
+    import onnx_light_kv
+    so = onnxruntime.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    ort = onnxruntime.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+    ours = onnx_light_kv.InferenceSession(data, threads=threads)
+    return ours, ort
+
+
+def executor_share(name: str, data: bytes, info: Dict[str, Any], threads: int, state: Dict[str, np.ndarray],
+                   past: int, tok: np.ndarray, steps: int) -> Dict[str, Any]:
+    """Median shares of a profiled decode loop: executor (outside kernels, of run_ns) and
+    binding (outside the executor, of the Python call); nodes run per step."""
+    import onnx_light_kv
+    sess = onnx_light_kv.InferenceSession(data, threads=threads, profile=True)
+    dec = make_decoder(name, sess, info)
+    dec.state, dec.past_len = dict(state), past
+    ex, bind, ran, run_ms = [], [], [], []
+    for i in range(steps + 2):
+        t0 = time.perf_counter_ns()
+        res = dec.run(tok)
+        wall = time.perf_counter_ns() - t0
+        st = sess.last_run_stats
+        tok = np.argmax(logits_of(res)[:, -1, :], axis=-1).astype(np.int64)[:, None]
+        if i < 2:
+            continue
+        kernels = sum(e["dur_ns"] for e in st.get("events", []))
+        run_ns = st.get("run_ns", 0) or wall
+        ex.append(1.0 - kernels / run_ns)
+        bind.append(1.0 - run_ns / wall)
+        ran.append(len(st.get("events", [])))
+        run_ms.append(run_ns / 1e6)
+    return {"executor_share": float(np.median(ex)), "binding_share": float(np.median(bind)),
+            "nodes_run": int(np.median(ran)), "profiled_run_ms": float(np.median(run_ms))}
+
+
+def node_counts(data: bytes) -> int:
+    import onnx
+    return len(onnx.load_from_string(data).graph.node)
+
+
+def measure(name: str, data: bytes, info: Dict[str, Any], args: argparse.Namespace) -> List[Dict[str, Any]]:
+    rows: List[Dict[str, Any]] = []
+    for threads in args.threads:
+        try:
+            ours, ort = make_sessions(data, threads)
+            vocab = vocab_of(ort)
+            state, tok = start_state(name, ort, info, args.past, vocab)
+        except Exception as e:  # unsupported op, bad model: reported in the table
+            rows.append({"model": name, "threads": threads, "error": f"{type(e).__name__}: {str(e)[:160]}"})
+            print(fmt_row(rows[-1]), flush=True)
+            continue
+        sides = {"ours": ours, "ort": ort}
+        decs = {k: make_decoder(name, s, info) for k, s in sides.items()}
+        dec = _common.blocked({k: Stepper(d, state, args.past, tok, args.block) for k, d in decs.items()},
+                              repeat=args.samples, warmup=args.block, block=args.block)
+        prompt = np.random.default_rng(8).integers(vocab, size=(1, args.prompt)).astype(np.int64)
+        pre_fns = {}
+        for k, d in decs.items():
+            d.start(1)
+            feeds = d.feeds(prompt)
+            pre_fns[k] = (lambda s, f: lambda: s.run(None, f))(sides[k], feeds)
+        pre = _common.blocked(pre_fns, repeat=max(10, args.samples // 2), warmup=2, block=args.block)
+        share = executor_share(name, data, info, threads, state, args.past, tok, args.share_steps)
+        row = {"model": name, "threads": threads, "nodes": node_counts(data), **share,
+               "decode": {k: _common.summarize(v) for k, v in dec.items()},
+               "prefill": {k: _common.summarize(v) for k, v in pre.items()},
+               "samples": {"decode": dec, "prefill": pre},
+               "info": {k: v for k, v in info.items() if isinstance(v, (str, int, float, bool))}}
+        for phase in ("decode", "prefill"):
+            row[f"{phase}_speedup"] = row[phase]["ort"]["median"] / row[phase]["ours"]["median"]
+        rows.append(row)
+        print(fmt_row(row), flush=True)
+    return rows
+
+
+HEADER = (f"{'model':<34} {'thr':>3} {'nodes':>5} {'ran':>4} | {'decode ours':>11} {'ort':>7} {'x':>5} | "
+          f"{'prefill ours':>12} {'ort':>7} {'x':>5} | {'exec':>5} {'bind':>5}")
+
+
+def fmt_row(r: Dict[str, Any]) -> str:
+    if "error" in r:
+        return f"{r['model']:<34} {r['threads']:>3} {r['error']}"
+    d, p = r["decode"], r["prefill"]
+    return (f"{r['model']:<34} {r['threads']:>3} {r['nodes']:>5} {r['nodes_run']:>4} | "
+            f"{d['ours']['median']:>9.3f}ms {d['ort']['median']:>7.3f} {r['decode_speedup']:>5.2f} | "
+            f"{p['ours']['median']:>10.3f}ms {p['ort']['median']:>7.3f} {r['prefill_speedup']:>5.2f} | "
+            f"{100 * r['executor_share']:>4.0f}% {100 * r['binding_share']:>4.0f}%")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer samples, one thread")
+    ap.add_argument("--threads", type=int, nargs="+", default=None)
+    ap.add_argument("--past", type=int, default=32, help="past tokens at the start of each decode burst")
+    ap.add_argument("--prompt", type=int, default=16, help="prefill prompt tokens")
+    ap.add_argument("--samples", type=int, default=None, help="timed decode steps per runtime")
+    ap.add_argument("--block", type=int, default=9, help="calls per block (first one untimed)")
+    ap.add_argument("--share-steps", type=int, default=24, help="profiled steps for the executor share")
+    ap.add_argument("--models", nargs="*", default=None, help="regular expressions selecting models")
+    ap.add_argument("--no-builtin", action="store_true")
+    args = ap.parse_args(argv)
+    args.threads = args.threads or ([1] if args.quick else [1, 2])
+    args.samples = args.samples or (24 if args.quick else 96)
+    import onnx_light_kv  # noqa: F401  (fail early without the extension)
+
+    todo = fixture_models() + ([] if args.no_builtin else builtin_models())
+    if args.models:
+        todo = [m for m in todo if any(re.search(p, m[0]) for p in args.models)]
+    env = _common.environment(threads=None, extra={"threads_measured": args.threads})
+    print(HEADER)
+    rows: List[Dict[str, Any]] = []
+    for name, data, info in todo:
+        rows.extend(measure(name, data, info, args))
+    payload = {"benchmark": "models", "args": vars(args), "environment": env, "rows": rows}
+    path = _common.write_json("models", payload)
+    print(f"\nx: onnxruntime median / ours (above 1: ours faster). exec: executor share of a step "
+          f"(outside kernels); bind: binding share of the Python call.\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

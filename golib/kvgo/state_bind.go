@@ -1,0 +1,310 @@
+package kvgo
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+// Generation-state bindings: python/onnx_light_kv/state.py drives these.
+// A state handle names a runtime.CacheState (one KVCache per rewritten
+// layer); SessionRunStateLend runs the session's cache path on it.
+
+var states = newRegistry[*runtime.CacheState]("generation state")
+
+type layerJSON struct {
+	Layer        int    `json:"layer"`
+	PastKey      string `json:"past_key"`
+	PastValue    string `json:"past_value"`
+	PresentKey   string `json:"present_key"`
+	PresentValue string `json:"present_value"`
+	Rewritten    bool   `json:"rewritten"`
+	Rule         string `json:"rule"`
+	Reason       string `json:"reason"`
+}
+
+// SessionCachePlanJSON returns the cache rewrite's verdict per layer as a
+// JSON list of {layer, past_key, past_value, present_key, present_value,
+// rewritten, rule, reason}.
+func SessionCachePlanJSON(h int64) (s string, err error) {
+	defer recoverTo(&err)
+	sess, err := sessions.get(h)
+	if err != nil {
+		return "", classify(err)
+	}
+	out := []layerJSON{}
+	for _, l := range sess.CachePlan() {
+		out = append(out, layerJSON{Layer: l.Index, PastKey: l.PastKey, PastValue: l.PastValue, PresentKey: l.PresentKey,
+			PresentValue: l.PresentValue, Rewritten: l.Rewritten, Rule: l.Rule, Reason: l.Reason})
+	}
+	b, err := json.Marshal(out)
+	return string(b), classify(err)
+}
+
+// StateNew creates a generation state on session h: batch sequences,
+// maxLength tokens reserved per sequence (0: grow on demand), elem the
+// cache element code (-1: the model's K/V type), budget the bytes of an
+// arena of the state's own (0: the session's arena).
+func StateNew(h int64, batch, maxLength, elem int, budget int64) (sh int64, err error) {
+	defer recoverTo(&err)
+	sess, err := sessions.get(h)
+	if err != nil {
+		return 0, classify(err)
+	}
+	cfg := runtime.StateConfig{Batch: batch, MaxLength: maxLength, Budget: budget}
+	if elem >= 0 {
+		if cfg.Elem, err = elemOf(elem); err != nil {
+			return 0, classify(err)
+		}
+	}
+	cs, err := sess.NewCacheState(cfg)
+	if err != nil {
+		return 0, classify(err)
+	}
+	return states.put(cs), nil
+}
+
+// StateFree closes a state and releases its caches. Unknown handles are
+// ignored (a finalizer may run after an explicit close).
+func StateFree(sh int64) (err error) {
+	defer recoverTo(&err)
+	if cs, ok := states.take(sh); ok {
+		cs.Close()
+	}
+	return nil
+}
+
+// LiveStates returns the number of states not yet freed.
+func LiveStates() int { return states.len() }
+
+// StateFork copies a state and returns the copy's handle.
+func StateFork(sh int64) (f int64, err error) {
+	defer recoverTo(&err)
+	cs, err := states.get(sh)
+	if err != nil {
+		return 0, classify(err)
+	}
+	c, err := cs.Fork()
+	if err != nil {
+		return 0, classify(err)
+	}
+	return states.put(c), nil
+}
+
+// StateReorder reorders every layer's sequences by the n int64 beam indices
+// at ptr.
+func StateReorder(sh int64, ptr uintptr, n int) (err error) {
+	defer recoverTo(&err)
+	cs, err := states.get(sh)
+	if err != nil {
+		return classify(err)
+	}
+	idx, err := int64sAt(ptr, n)
+	if err != nil {
+		return classify(err)
+	}
+	ints := make([]int, n)
+	for i, v := range idx {
+		ints[i] = int(v)
+	}
+	return classify(cs.Reorder(ints))
+}
+
+// StateTruncate sets the state's logical length to n.
+func StateTruncate(sh int64, n int) (err error) {
+	defer recoverTo(&err)
+	cs, err := states.get(sh)
+	if err != nil {
+		return classify(err)
+	}
+	return classify(cs.Truncate(n))
+}
+
+// StateCheckpoint snapshots the state and returns the checkpoint id.
+func StateCheckpoint(sh int64) (id int64, err error) {
+	defer recoverTo(&err)
+	cs, err := states.get(sh)
+	if err != nil {
+		return 0, classify(err)
+	}
+	id, err = cs.Checkpoint()
+	return id, classify(err)
+}
+
+// StateRollback restores checkpoint id.
+func StateRollback(sh, id int64) (err error) {
+	defer recoverTo(&err)
+	cs, err := states.get(sh)
+	if err != nil {
+		return classify(err)
+	}
+	return classify(cs.Rollback(id))
+}
+
+// StateReleaseCheckpoint forgets checkpoint id.
+func StateReleaseCheckpoint(sh, id int64) (err error) {
+	defer recoverTo(&err)
+	if cs, e := states.get(sh); e == nil {
+		cs.ReleaseCheckpoint(id)
+	}
+	return nil
+}
+
+// StateReset empties the state.
+func StateReset(sh int64) (err error) {
+	defer recoverTo(&err)
+	cs, err := states.get(sh)
+	if err != nil {
+		return classify(err)
+	}
+	return classify(cs.Reset())
+}
+
+// StateLength returns the state's logical length (positions run so far).
+func StateLength(sh int64) (n int, err error) {
+	defer recoverTo(&err)
+	cs, err := states.get(sh)
+	if err != nil {
+		return 0, classify(err)
+	}
+	return cs.Length(), nil
+}
+
+// StateLengths writes the tokens stored per sequence into the n int64s at
+// ptr (n must be the batch).
+func StateLengths(sh int64, ptr uintptr, n int) (err error) {
+	defer recoverTo(&err)
+	cs, err := states.get(sh)
+	if err != nil {
+		return classify(err)
+	}
+	if n != cs.Batch() {
+		return classify(fmt.Errorf("%w: %d lengths for batch %d", errInvalid, n, cs.Batch()))
+	}
+	dst, err := int64sAt(ptr, n)
+	if err != nil {
+		return classify(err)
+	}
+	for i, l := range cs.Lengths() {
+		dst[i] = int64(l)
+	}
+	return nil
+}
+
+// StateInfoJSON returns {"batch", "length", "dtype", "layers": [per-layer
+// cache info with "layer", "slot", "present_key", "present_value"; layers
+// whose cache the first run creates are absent before it], "totals":
+// {committed_bytes, live_bytes, counters...}}.
+func StateInfoJSON(sh int64) (s string, err error) {
+	defer recoverTo(&err)
+	cs, err := states.get(sh)
+	if err != nil {
+		return "", classify(err)
+	}
+	var layers []map[string]any
+	totals := map[string]int64{}
+	for i, c := range cs.Caches() {
+		if c == nil {
+			continue // created by the first run
+		}
+		in := c.Info()
+		m := cacheInfoMap(in)
+		l := cs.Layers()[i]
+		m["layer"], m["slot"], m["present_key"], m["present_value"] = l.Index, i, l.PresentKey, l.PresentValue
+		layers = append(layers, m)
+		totals["committed_bytes"] += in.CommittedBytes
+		totals["live_bytes"] += in.LiveBytes
+		ct := in.Counters
+		totals["append_bytes"] += ct.AppendBytes
+		totals["append_calls"] += ct.AppendCalls
+		totals["export_bytes"] += ct.ExportBytes
+		totals["copy_bytes"] += ct.CopyBytes
+		totals["attention_bytes"] += ct.AttentionBytes
+		totals["attention_calls"] += ct.AttentionCalls
+	}
+	b, err := json.Marshal(map[string]any{"batch": cs.Batch(), "length": cs.Length(), "dtype": cs.Elem().String(),
+		"closed": cs.Closed(), "layers": layers, "totals": totals})
+	return string(b), classify(err)
+}
+
+// StateResetCounters zeroes every layer cache's work counters.
+func StateResetCounters(sh int64) (err error) {
+	defer recoverTo(&err)
+	cs, err := states.get(sh)
+	if err != nil {
+		return classify(err)
+	}
+	for _, c := range cs.Caches() {
+		if c != nil {
+			c.ResetCounters()
+		}
+	}
+	return nil
+}
+
+// StateExportLen returns the sequence axis of layer slot's exported
+// presents (its longest stored sequence).
+func StateExportLen(sh int64, layer int) (n int, err error) {
+	defer recoverTo(&err)
+	c, err := stateCache(sh, layer)
+	if err != nil {
+		return 0, classify(err)
+	}
+	return c.MaxLen(), nil
+}
+
+// StateExport writes layer slot's cache as present tensors [B, kv_heads,
+// L, head_dim] of element code dst into the numpy buffers at kPtr and vPtr.
+func StateExport(sh int64, layer int, kPtr uintptr, kBytes int, vPtr uintptr, vBytes int, dst, L int) (err error) {
+	defer recoverTo(&err)
+	c, err := stateCache(sh, layer)
+	if err != nil {
+		return classify(err)
+	}
+	dt, err := elemOf(dst)
+	if err != nil {
+		return classify(err)
+	}
+	k, err := bytesAt(kPtr, kBytes)
+	if err != nil {
+		return classify(err)
+	}
+	v, err := bytesAt(vPtr, vBytes)
+	if err != nil {
+		return classify(err)
+	}
+	return classify(c.Export(k, v, dt, L))
+}
+
+func stateCache(sh int64, layer int) (*cache.KVCache, error) {
+	cs, err := states.get(sh)
+	if err != nil {
+		return nil, err
+	}
+	cc := cs.Caches()
+	if layer < 0 || layer >= len(cc) || cc[layer] == nil {
+		return nil, fmt.Errorf("%w: layer slot %d of %d has no cache yet", errInvalid, layer, len(cc))
+	}
+	return cc[layer], nil
+}
+
+// SessionRunStateLend is SessionRunLend on the cache path of state sh:
+// feeds without the pasts; presents exported only when named.
+func SessionRunStateLend(h, sh int64, feedNames string, n int, desc uintptr, nDesc int, outNames string, lendMin int) (s string, err error) {
+	defer recoverTo(&err)
+	sess, err := sessions.get(h)
+	if err != nil {
+		return "", classify(err)
+	}
+	cs, err := states.get(sh)
+	if err != nil {
+		return "", classify(err)
+	}
+	return runAndDescribe(h, cs.State(), feedNames, n, desc, nDesc, outNames, lendMin,
+		func(feeds map[string]*tensor.Tensor, names []string) ([]*tensor.Tensor, *runtime.RunStats, error) {
+			return sess.RunCache(cs, feeds, names)
+		})
+}

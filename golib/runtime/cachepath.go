@@ -1,0 +1,70 @@
+package runtime
+
+import (
+	"fmt"
+	"maps"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/model"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/rewrite"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+// cachePath is a session's cache-aware plan: the rewrite's verdict per
+// layer and, when every layer was rewritten, the plan runs on a
+// CacheState use. The session's own plan (the tensor path) is untouched.
+type cachePath struct {
+	layers []rewrite.Layer
+	plan   *Plan // nil: the model runs on the tensor path only
+	// presentSlot maps present output names to layer slots; pasts lists
+	// the past inputs a state run must not be fed.
+	presentSlot map[string]int
+	pasts       map[string]bool
+	elem        tensor.DType // the pasts' declared element type
+}
+
+// newCachePath rewrites m's main graph (a copy: m is not changed) and
+// plans the result. A rewrite whose plan fails to build keeps the model
+// on the tensor path, with the error as every layer's reason.
+func newCachePath(m *model.Model, pairs map[string]string) (*cachePath, error) {
+	res, err := rewrite.Rewrite(m.Graph, m.Opsets, rewrite.Options{Pairs: pairs})
+	if err != nil {
+		return nil, err
+	}
+	cp := &cachePath{layers: res.Layers, presentSlot: map[string]int{}, pasts: map[string]bool{}}
+	for _, l := range res.Layers {
+		cp.pasts[l.PastKey], cp.pasts[l.PastValue] = true, true
+	}
+	for _, in := range m.Graph.Inputs {
+		if cp.pasts[in.Name] && cp.elem == tensor.Undefined {
+			cp.elem = in.DType
+		}
+	}
+	if !res.Rewritten() {
+		return cp, nil
+	}
+	rm := *m
+	rm.Graph = res.Graph
+	rm.Opsets = maps.Clone(m.Opsets)
+	rm.Opsets[rewrite.Domain] = rewrite.Version
+	p, err := BuildPlan(&rm)
+	if err != nil {
+		for i := range cp.layers {
+			cp.layers[i].Rewritten, cp.layers[i].Slot = false, -1
+			cp.layers[i].Reason = fmt.Sprintf("the rewritten graph does not plan: %v", err)
+		}
+		return cp, nil
+	}
+	cp.plan = p
+	for _, l := range cp.layers {
+		cp.presentSlot[l.PresentKey], cp.presentSlot[l.PresentValue] = l.Slot, l.Slot
+	}
+	return cp, nil
+}
+
+// CachePlan returns the cache rewrite's verdict for every past/present
+// pair of the model, in layer order (empty for a model without pasts).
+func (s *Session) CachePlan() []rewrite.Layer { return append([]rewrite.Layer(nil), s.cache.layers...) }
+
+// CacheRewritten reports whether the model runs on generation states
+// (every layer rewritten).
+func (s *Session) CacheRewritten() bool { return s.cache.plan != nil }

@@ -1,0 +1,521 @@
+package runtime
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/rewrite"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+// StateConfig configures a CacheState.
+type StateConfig struct {
+	// Batch is the number of sequences (>= 1).
+	Batch int
+	// MaxLength is the tokens reserved per sequence; 0 lets the caches
+	// grow on demand (each growth copies the valid rows once, and makes the
+	// state's checkpoints stale).
+	MaxLength int
+	// Elem is the caches' storage type (0: the model's K/V type).
+	Elem cache.ElemType
+	// Budget, when > 0, gives the state an arena of its own with that byte
+	// budget; otherwise the caches come from the session's arena.
+	Budget int64
+}
+
+// initialGrowCapacity is the first reservation of a growable state.
+const initialGrowCapacity = 256
+
+// CacheState is a generation state: one KVCache per rewritten layer, the
+// logical length (positions run so far, padding included) and the State
+// whose context and buffer pool its runs use. Runs on one CacheState are
+// serialized; different CacheStates of a session may run concurrently.
+type CacheState struct {
+	sess   *Session
+	st     *State
+	layers []rewrite.Layer
+	caches []*cache.KVCache
+	arena  *cache.Arena
+	own    bool // the arena is the state's
+	cfg    StateConfig
+	length int
+	cks    map[int64]stateCheckpoint
+	nextCk int64
+	closed bool
+
+	// per run (guarded by st.mu)
+	saved  [][]int
+	wanted []bool
+	step   int
+	memo   map[any]any
+}
+
+// stateCheckpoint is a checkpoint of every layer's cache.
+type stateCheckpoint struct {
+	ids    []uint64
+	length int
+}
+
+// NewCacheState creates a generation state for the session's cache path.
+// It fails with errs.ErrNotImplemented, naming the reasons, when the model
+// stays on the tensor path, and with a *cache.BudgetError when the budget
+// cannot hold the caches.
+func (s *Session) NewCacheState(cfg StateConfig) (*CacheState, error) {
+	if s.cache.plan == nil {
+		var why []string
+		for _, l := range s.cache.layers {
+			if !l.Rewritten {
+				why = append(why, fmt.Sprintf("layer %d: %s", l.Index, l.Reason))
+			}
+		}
+		if len(why) == 0 {
+			why = append(why, "the model has no past/present pairs")
+		}
+		return nil, fmt.Errorf("%w: the model runs on the tensor path only (%s)", errs.ErrNotImplemented, strings.Join(why, "; "))
+	}
+	if cfg.Batch < 1 || cfg.MaxLength < 0 {
+		return nil, fmt.Errorf("%w: batch %d must be >= 1 and max_length %d >= 0", errs.ErrInvalidArgument, cfg.Batch, cfg.MaxLength)
+	}
+	if cfg.Elem == 0 {
+		e, ok := elemOfDType(s.cache.elem)
+		if !ok {
+			return nil, fmt.Errorf("%w: the model's K/V type %v has no cache storage type", errs.ErrNotImplemented, s.cache.elem)
+		}
+		cfg.Elem = e
+	}
+	cs := &CacheState{sess: s, st: NewState(), layers: s.cache.layers, cfg: cfg, arena: s.arena, cks: map[int64]stateCheckpoint{}}
+	if cfg.Budget > 0 {
+		a, err := cache.NewArena(cfg.Budget)
+		if err != nil {
+			return nil, err
+		}
+		cs.arena, cs.own = a, true
+	}
+	for _, l := range cs.layers {
+		if l.KVHeads == 0 || l.HeadDimK == 0 || l.HeadDimV == 0 {
+			// the graph does not declare the geometry: the first run's
+			// kernel creates the cache from its inputs
+			cs.caches = append(cs.caches, nil)
+			continue
+		}
+		c, err := cs.newCache(l.KVHeads, l.HeadDimK, l.HeadDimV)
+		if err != nil {
+			cs.Close()
+			return nil, err
+		}
+		cs.caches = append(cs.caches, c)
+	}
+	cs.saved = make([][]int, len(cs.caches))
+	cs.wanted = make([]bool, len(cs.caches))
+	return cs, nil
+}
+
+// newCache creates one layer's cache with the state's batch, capacity and
+// storage type.
+func (cs *CacheState) newCache(kvHeads, dk, dv int) (*cache.KVCache, error) {
+	capacity := cs.cfg.MaxLength
+	if capacity == 0 {
+		capacity = initialGrowCapacity
+	}
+	return cache.New(cs.arena, cache.Config{Batch: cs.cfg.Batch, KVHeads: kvHeads, HeadDimK: dk,
+		HeadDimV: dv, Capacity: capacity, Elem: cs.cfg.Elem})
+}
+
+// live returns the caches created so far (a layer whose geometry the graph
+// does not declare gets its cache on the first run).
+func (cs *CacheState) live() []*cache.KVCache {
+	out := make([]*cache.KVCache, 0, len(cs.caches))
+	for _, c := range cs.caches {
+		if c != nil {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func elemOfDType(dt tensor.DType) (cache.ElemType, bool) {
+	switch dt {
+	case tensor.Float32:
+		return cache.Float32, true
+	case tensor.Float16:
+		return cache.Float16, true
+	case tensor.BFloat16:
+		return cache.BFloat16, true
+	}
+	return 0, false
+}
+
+// RunCache runs the cache path on cs: feeds carry only the new tokens'
+// inputs (feeding a past is an error naming it); every layer appends its
+// new K/V to its cache and attends over it in place; a present is exported
+// only when outputNames names it (nil: all outputs, presents included).
+// A failed run leaves the state as it was before.
+func (s *Session) RunCache(cs *CacheState, feeds map[string]*tensor.Tensor, outputNames []string) ([]*tensor.Tensor, *RunStats, error) {
+	if cs == nil || cs.sess != s {
+		return nil, nil, fmt.Errorf("%w: the state does not belong to this session", errs.ErrInvalidArgument)
+	}
+	var pasts []string
+	for name := range feeds {
+		if s.cache.pasts[name] {
+			pasts = append(pasts, name)
+		}
+	}
+	if len(pasts) > 0 {
+		sort.Strings(pasts)
+		return nil, nil, fmt.Errorf("%w: past input(s) %s must not be fed with a generation state (the state holds the caches)",
+			errs.ErrInvalidArgument, strings.Join(pasts, ", "))
+	}
+	return s.runOn(s.cache.plan, cs.st, feeds, outputNames, func() (rewrite.Binding, func(bool) error, error) {
+		return cs.begin(outputNames)
+	})
+}
+
+// begin prepares a run: the closed check, the lengths to restore on
+// failure and the presents to export. It returns the binding and the
+// function that ends the run (committing or rolling back).
+func (cs *CacheState) begin(outputNames []string) (rewrite.Binding, func(bool) error, error) {
+	if cs.closed {
+		return nil, nil, fmt.Errorf("%w: the generation state is closed", errs.ErrClosed)
+	}
+	for i, c := range cs.caches {
+		cs.saved[i] = cs.saved[i][:0]
+		if c != nil {
+			cs.saved[i] = append(cs.saved[i], c.Lengths()...)
+		}
+		cs.wanted[i] = outputNames == nil
+	}
+	for _, n := range outputNames {
+		if slot, ok := cs.sess.cache.presentSlot[n]; ok {
+			cs.wanted[slot] = true
+		}
+	}
+	cs.step = 0
+	if cs.memo == nil {
+		cs.memo = map[any]any{}
+	}
+	clear(cs.memo)
+	return (*stateBinding)(cs), cs.end, nil
+}
+
+// end commits a successful run (the logical length advances) or restores
+// every cache's lengths after a failed one.
+func (cs *CacheState) end(ok bool) error {
+	if ok {
+		cs.length += cs.step
+		return nil
+	}
+	var first error
+	for i, c := range cs.caches {
+		var err error
+		switch {
+		case c == nil:
+		case len(cs.saved[i]) == 0: // created by this run
+			err = c.Reset()
+		default:
+			err = c.Truncate(cs.saved[i])
+		}
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// stateBinding is the rewrite.Binding of a run on a CacheState.
+type stateBinding CacheState
+
+// Cache returns layer's cache with room for n more tokens when the state
+// grows on demand.
+func (b *stateBinding) Cache(layer, n int, geom [3]int) (*cache.KVCache, error) {
+	cs := (*CacheState)(b)
+	if layer < 0 || layer >= len(cs.caches) {
+		return nil, fmt.Errorf("%w: layer slot %d of %d", errs.ErrInvalidArgument, layer, len(cs.caches))
+	}
+	if cs.caches[layer] == nil {
+		if geom[0] <= 0 {
+			return nil, fmt.Errorf("%w: the cache of layer %d is not created yet (its geometry comes from the first run)",
+				errs.ErrInvalidArgument, cs.layers[layer].Index)
+		}
+		c, err := cs.newCache(geom[0], geom[1], geom[2])
+		if err != nil {
+			return nil, err
+		}
+		cs.caches[layer] = c
+	}
+	if n > 0 {
+		if cs.step != 0 && cs.step != n {
+			return nil, fmt.Errorf("%w: layers append %d and %d tokens in one run", errs.ErrShape, cs.step, n)
+		}
+		cs.step = n
+	}
+	c := cs.caches[layer]
+	if cs.cfg.MaxLength == 0 && c.MaxLen()+n > c.Config().Capacity {
+		g, err := grown(c, cs.arena, c.MaxLen()+n)
+		if err != nil {
+			return nil, err
+		}
+		c.Close()
+		cs.caches[layer] = g
+		c = g
+	}
+	return c, nil
+}
+
+// PastLength is the state's logical length.
+func (b *stateBinding) PastLength() int { return b.length }
+
+// Batch is the state's batch.
+func (b *stateBinding) Batch() int { return b.cfg.Batch }
+
+// Memo is the run's memo map.
+func (b *stateBinding) Memo() map[any]any { return b.memo }
+
+// ExportWanted reports whether this run's caller asked for layer's presents.
+func (b *stateBinding) ExportWanted(layer int) bool { return b.wanted[layer] }
+
+// grown returns a copy of c with room for need tokens (at least double the
+// capacity): its valid rows are copied once.
+func grown(c *cache.KVCache, a *cache.Arena, need int) (*cache.KVCache, error) {
+	cfg := c.Config()
+	cfg.Capacity = max(2*cfg.Capacity, need)
+	g, err := cache.New(a, cfg)
+	if err != nil {
+		return nil, err
+	}
+	lens := c.Lengths()
+	L := c.MaxLen()
+	if L > 0 {
+		es := cfg.Elem.Size()
+		k := make([]byte, cfg.Batch*cfg.KVHeads*L*cfg.HeadDimK*es)
+		v := make([]byte, cfg.Batch*cfg.KVHeads*L*cfg.HeadDimV*es)
+		err := c.Export(k, v, cfg.Elem, L)
+		if err == nil {
+			err = g.Append(k, v, cfg.Elem, L, lens)
+		}
+		if err != nil {
+			g.Close()
+			return nil, err
+		}
+	}
+	return g, nil
+}
+
+// Length returns the state's logical length: positions run so far.
+func (cs *CacheState) Length() int { return cs.length }
+
+// Batch returns the number of sequences.
+func (cs *CacheState) Batch() int { return cs.cfg.Batch }
+
+// Caches returns the state's caches, one per rewritten layer (owned by the
+// state; valid until the next run or operation on it). An entry is nil
+// until the first run for a layer whose graph declares no cache geometry.
+func (cs *CacheState) Caches() []*cache.KVCache { return cs.caches }
+
+// Layers returns the rewritten layers, in slot order.
+func (cs *CacheState) Layers() []rewrite.Layer { return cs.layers }
+
+// Elem returns the caches' storage type.
+func (cs *CacheState) Elem() cache.ElemType { return cs.cfg.Elem }
+
+// Arena returns the arena the caches live in.
+func (cs *CacheState) Arena() *cache.Arena { return cs.arena }
+
+// Lengths returns the tokens stored per sequence (padding is not stored).
+func (cs *CacheState) Lengths() []int {
+	cs.st.mu.Lock()
+	defer cs.st.mu.Unlock()
+	live := cs.live()
+	if len(live) == 0 || cs.closed {
+		return make([]int, cs.cfg.Batch)
+	}
+	return live[0].Lengths()
+}
+
+// locked runs fn under the state's run lock after the closed check.
+func (cs *CacheState) locked(fn func() error) error {
+	cs.st.mu.Lock()
+	defer cs.st.mu.Unlock()
+	if cs.closed {
+		return fmt.Errorf("%w: the generation state is closed", errs.ErrClosed)
+	}
+	return fn()
+}
+
+// Fork returns an independent copy of the state (its caches copied, valid
+// rows only; same arena). Checkpoints are not carried over.
+func (cs *CacheState) Fork() (*CacheState, error) {
+	var f *CacheState
+	err := cs.locked(func() error {
+		f = &CacheState{sess: cs.sess, st: NewState(), layers: cs.layers, arena: cs.arena, cfg: cs.cfg,
+			length: cs.length, cks: map[int64]stateCheckpoint{}}
+		f.cfg.Budget = 0 // shares the arena, which it does not own
+		for _, c := range cs.caches {
+			if c == nil {
+				f.caches = append(f.caches, nil)
+				continue
+			}
+			g, err := c.Fork()
+			if err != nil {
+				for _, x := range f.live() {
+					x.Close()
+				}
+				return err
+			}
+			f.caches = append(f.caches, g)
+		}
+		f.saved = make([][]int, len(f.caches))
+		f.wanted = make([]bool, len(f.caches))
+		return nil
+	})
+	return f, err
+}
+
+// Reorder makes sequence b of every layer a copy of old sequence idx[b]
+// (beam search). Checkpoints become stale.
+func (cs *CacheState) Reorder(idx []int) error {
+	return cs.locked(func() error {
+		for _, c := range cs.live() {
+			if err := c.Reorder(idx); err != nil {
+				return err
+			}
+		}
+		clear(cs.cks)
+		return nil
+	})
+}
+
+// Truncate drops the last positions so that the logical length becomes n
+// (0 <= n <= Length); each sequence loses those of them it stores.
+func (cs *CacheState) Truncate(n int) error {
+	return cs.locked(func() error {
+		if n < 0 || n > cs.length {
+			return fmt.Errorf("%w: cannot truncate a state of length %d to %d", errs.ErrInvalidArgument, cs.length, n)
+		}
+		drop := cs.length - n
+		for _, c := range cs.live() {
+			lens := c.Lengths()
+			for b := range lens {
+				lens[b] = max(0, lens[b]-drop)
+			}
+			if err := c.Truncate(lens); err != nil {
+				return err
+			}
+		}
+		cs.length = n
+		return nil
+	})
+}
+
+// Checkpoint snapshots every layer's lengths and the logical length; it
+// returns the checkpoint's id for Rollback.
+func (cs *CacheState) Checkpoint() (int64, error) {
+	var id int64
+	err := cs.locked(func() error {
+		ck := stateCheckpoint{length: cs.length}
+		for _, c := range cs.live() {
+			cid, err := c.Checkpoint()
+			if err != nil {
+				return err
+			}
+			ck.ids = append(ck.ids, cid)
+		}
+		cs.nextCk++
+		id = cs.nextCk
+		cs.cks[id] = ck
+		return nil
+	})
+	return id, err
+}
+
+// Rollback restores checkpoint id (tokens appended since are dropped). A
+// checkpoint that was released, or made stale by Reorder, Reset, a cache
+// growth or an overwrite, returns an error wrapping cache.ErrStaleCheckpoint
+// and changes nothing.
+func (cs *CacheState) Rollback(id int64) error {
+	return cs.locked(func() error {
+		live := cs.live()
+		ck, ok := cs.cks[id]
+		if !ok || len(ck.ids) != len(live) {
+			return fmt.Errorf("%w: state checkpoint %d was released or invalidated", cache.ErrStaleCheckpoint, id)
+		}
+		before := make([][]int, len(live))
+		for i, c := range live {
+			before[i] = c.Lengths()
+		}
+		for i, c := range live {
+			if err := c.Rollback(ck.ids[i]); err != nil {
+				for j := 0; j < i; j++ { // undo the layers already restored
+					_ = live[j].Truncate(before[j])
+				}
+				if errors.Is(err, cache.ErrStaleCheckpoint) {
+					return err
+				}
+				return fmt.Errorf("%w: %w", cache.ErrStaleCheckpoint, err)
+			}
+		}
+		cs.length = ck.length
+		return nil
+	})
+}
+
+// ReleaseCheckpoint forgets checkpoint id (unknown ids are ignored).
+func (cs *CacheState) ReleaseCheckpoint(id int64) {
+	_ = cs.locked(func() error {
+		if ck, ok := cs.cks[id]; ok {
+			for i, c := range cs.live() {
+				if i < len(ck.ids) {
+					c.ReleaseCheckpoint(ck.ids[i])
+				}
+			}
+			delete(cs.cks, id)
+		}
+		return nil
+	})
+}
+
+// Reset empties every cache (their memory stays reserved) and drops the
+// checkpoints.
+func (cs *CacheState) Reset() error {
+	return cs.locked(func() error {
+		for _, c := range cs.live() {
+			if err := c.Reset(); err != nil {
+				return err
+			}
+		}
+		clear(cs.cks)
+		cs.length = 0
+		return nil
+	})
+}
+
+// Close releases the caches (and the state's own arena). Closing twice is
+// a no-op.
+func (cs *CacheState) Close() {
+	cs.st.mu.Lock()
+	defer cs.st.mu.Unlock()
+	if cs.closed {
+		return
+	}
+	cs.closed = true
+	for _, c := range cs.live() {
+		c.Close()
+	}
+	cs.st.pool.close()
+	if cs.own {
+		cs.arena.Close()
+	}
+}
+
+// Closed reports whether Close was called.
+func (cs *CacheState) Closed() bool {
+	cs.st.mu.Lock()
+	defer cs.st.mu.Unlock()
+	return cs.closed
+}
+
+// State returns the runtime State the runs use (for releasing outputs).
+func (cs *CacheState) State() *State { return cs.st }

@@ -1,0 +1,169 @@
+package runtime
+
+import (
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/internal/onnxtest"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/onnxpb"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+// attnLayer is a one-layer graph: Attention over q, k, v with a past, and
+// Shape of the past (the past length exporters derive positions from).
+// variant changes one thing that makes the layer illegal for the rewrite.
+func attnLayer(variant string) []byte {
+	type vi = *onnxpb.ValueInfoProto
+	causal := int64(1)
+	if variant == "noncausal" {
+		causal = 0
+	}
+	mask := ""
+	inputs := []vi{onnxtest.Info("q", 1, 1, 4, -1, 8), onnxtest.Info("k", 1, 1, 2, -1, 8), onnxtest.Info("v", 1, 1, 2, -1, 8),
+		onnxtest.Info("past_key_values.0.key", 1, 1, 2, -1, 8), onnxtest.Info("past_key_values.0.value", 1, 1, 2, -1, 8)}
+	if variant == "mask" {
+		mask = "m"
+		inputs = append(inputs, onnxtest.Info("m", 9, 1, 1, -1, -1))
+	}
+	nodes := []*onnxpb.NodeProto{
+		onnxtest.Node("Attention", []string{"q", "k", "v", mask, "past_key_values.0.key", "past_key_values.0.value"},
+			[]string{"y", "present.0.key", "present.0.value"}, onnxtest.AttrInt("is_causal", causal)),
+		onnxtest.Node("Shape", []string{"past_key_values.0.key"}, []string{"plen"}, onnxtest.AttrInt("start", 2), onnxtest.AttrInt("end", 3)),
+	}
+	outputs := []vi{onnxtest.Info("y", 1, 1, 4, -1, 8), onnxtest.Info("plen", 7, 1),
+		onnxtest.Info("present.0.key", 1, 1, 2, -1, 8), onnxtest.Info("present.0.value", 1, 1, 2, -1, 8)}
+	switch variant {
+	case "present_read":
+		nodes = append(nodes, onnxtest.Node("Identity", []string{"present.0.key"}, []string{"seen"}))
+		outputs = append(outputs, onnxtest.Info("seen", 1, 1, 2, -1, 8))
+	case "past_read":
+		nodes = append(nodes, onnxtest.Node("Neg", []string{"past_key_values.0.value"}, []string{"seen"}))
+		outputs = append(outputs, onnxtest.Info("seen", 1, 1, 2, -1, 8))
+	}
+	return onnxtest.Bytes(onnxtest.Model(23, onnxtest.Graph(nodes, inputs, outputs), nil))
+}
+
+func TestCachePlanLegality(t *testing.T) {
+	cases := []struct {
+		variant string
+		reason  string // "" : rewritten
+	}{
+		{"ok", ""},
+		{"noncausal", "is_causal=0"},
+		{"present_read", `present "present.0.key" is also read by Identity`},
+		{"past_read", `past "past_key_values.0.value" is read by`},
+		{"mask", ""}, // read at run time and checked
+	}
+	for _, c := range cases {
+		s, err := NewSessionFromBytes(attnLayer(c.variant), Options{Threads: 1})
+		if err != nil {
+			t.Fatalf("%s: %v", c.variant, err)
+		}
+		plan := s.CachePlan()
+		if len(plan) != 1 || plan[0].PastKey != "past_key_values.0.key" || plan[0].PresentValue != "present.0.value" {
+			t.Fatalf("%s: plan %+v", c.variant, plan)
+		}
+		l := plan[0]
+		if c.reason == "" {
+			if !l.Rewritten || l.Reason != "" || !s.CacheRewritten() {
+				t.Errorf("%s: not rewritten: %q", c.variant, l.Reason)
+			}
+		} else {
+			if l.Rewritten || !strings.Contains(l.Reason, c.reason) {
+				t.Errorf("%s: reason %q, want it to contain %q", c.variant, l.Reason, c.reason)
+			}
+			if _, err := s.NewCacheState(StateConfig{Batch: 1}); err == nil {
+				t.Errorf("%s: a state was created for a tensor-path model", c.variant)
+			}
+		}
+		s.Close()
+	}
+}
+
+func randTensor(t *testing.T, rng *rand.Rand, shape ...int) *tensor.Tensor {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(rng.NormFloat64())
+	}
+	x, err := tensor.FromSlice(tensor.Shape(shape), v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+// TestRunCacheEqualsTensorPath runs steps of 5, 1, 1, 23 and 2 new tokens
+// on a state and on the tensor path (presents fed back) and compares Y and
+// the past length Shape reports; a failed step leaves the state unchanged.
+func TestRunCacheEqualsTensorPath(t *testing.T) {
+	s, err := NewSessionFromBytes(attnLayer("ok"), Options{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	cs, err := s.NewCacheState(StateConfig{Batch: 1, MaxLength: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	rng := rand.New(rand.NewPCG(1, 2))
+	pk, _ := tensor.New(tensor.Float32, tensor.Shape{1, 2, 0, 8})
+	pv, _ := tensor.New(tensor.Float32, tensor.Shape{1, 2, 0, 8})
+	past := 0
+	for _, n := range []int{5, 1, 1, 23, 2} {
+		q, k, v := randTensor(t, rng, 1, 4, n, 8), randTensor(t, rng, 1, 2, n, 8), randTensor(t, rng, 1, 2, n, 8)
+		want, _, err := s.Run(map[string]*tensor.Tensor{"q": q, "k": k, "v": v,
+			"past_key_values.0.key": pk, "past_key_values.0.value": pv}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _, err := s.RunCache(cs, map[string]*tensor.Tensor{"q": q, "k": k, "v": v}, []string{"y", "plen"})
+		if err != nil {
+			t.Fatalf("step of %d: %v", n, err)
+		}
+		if p := got[1].Int64()[0]; p != int64(past) {
+			t.Errorf("step of %d: Shape(past) = %d, want %d", n, p, past)
+		}
+		for i, w := range want[0].Float32() {
+			if g := got[0].Float32()[i]; math.Abs(float64(g-w)) > 1e-5 {
+				t.Fatalf("step of %d: y[%d] = %v, want %v", n, i, g, w)
+			}
+		}
+		pk, pv = want[2].Clone(), want[3].Clone()
+		past += n
+		if cs.Length() != past || cs.Lengths()[0] != past {
+			t.Fatalf("state length %d / %v, want %d", cs.Length(), cs.Lengths(), past)
+		}
+	}
+	if c := cs.Caches()[0].Counters(); c.ExportBytes != 0 || c.AppendBytes != int64(past*2*2*8*4) {
+		t.Errorf("counters %+v: want %d append bytes and no export", c, past*2*2*8*4)
+	}
+	// a step that fails (K with the wrong head count) changes nothing
+	q, k, v := randTensor(t, rng, 1, 4, 1, 8), randTensor(t, rng, 1, 3, 1, 8), randTensor(t, rng, 1, 3, 1, 8)
+	if _, _, err := s.RunCache(cs, map[string]*tensor.Tensor{"q": q, "k": k, "v": v}, nil); err == nil {
+		t.Fatal("a K of 3 heads for a cache of 2: no error")
+	}
+	if cs.Length() != past || cs.Lengths()[0] != past {
+		t.Errorf("after a failed step: length %d / %v, want %d", cs.Length(), cs.Lengths(), past)
+	}
+	// feeding a past with a state is refused, naming it
+	_, _, err = s.RunCache(cs, map[string]*tensor.Tensor{"q": q, "k": k, "v": v, "past_key_values.0.key": pk}, nil)
+	if err == nil || !strings.Contains(err.Error(), "past_key_values.0.key") {
+		t.Errorf("past fed with a state: %v", err)
+	}
+	// presents are exported when asked for
+	q, k, v = randTensor(t, rng, 1, 4, 1, 8), randTensor(t, rng, 1, 2, 1, 8), randTensor(t, rng, 1, 2, 1, 8)
+	got, _, err := s.RunCache(cs, map[string]*tensor.Tensor{"q": q, "k": k, "v": v}, []string{"present.0.key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sh := got[0].Shape(); sh[2] != past+1 {
+		t.Errorf("exported present shape %v, want %d positions", sh, past+1)
+	}
+}

@@ -1,0 +1,184 @@
+package rewrite
+
+import (
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/model"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/onnxpb"
+)
+
+// index is what the rules ask of a graph: who produces and who consumes
+// each value, which names subgraphs read, which names are graph outputs.
+type index struct {
+	g         *model.Graph
+	opsets    map[string]int
+	producer  map[string]int   // value -> node index
+	consumers map[string][]int // value -> node indices (a node once per value)
+	captured  map[string]bool  // values read inside some node's subgraph
+	outputs   map[string]bool
+	inputs    map[string]model.ValueInfo
+}
+
+func newIndex(g *model.Graph, opsets map[string]int) *index {
+	ix := &index{g: g, opsets: opsets, producer: map[string]int{}, consumers: map[string][]int{},
+		captured: map[string]bool{}, outputs: map[string]bool{}, inputs: map[string]model.ValueInfo{}}
+	for i, n := range g.Nodes {
+		seen := map[string]bool{}
+		for _, in := range n.GetInput() {
+			if in != "" && !seen[in] {
+				seen[in] = true
+				ix.consumers[in] = append(ix.consumers[in], i)
+			}
+		}
+		for _, o := range n.GetOutput() {
+			if o != "" {
+				ix.producer[o] = i
+			}
+		}
+		for _, a := range n.GetAttribute() {
+			if a.GetG() != nil {
+				markCaptured(a.GetG(), ix.captured)
+			}
+			for _, sg := range a.GetGraphs() {
+				markCaptured(sg, ix.captured)
+			}
+		}
+	}
+	for _, o := range g.Outputs {
+		ix.outputs[o.Name] = true
+	}
+	for _, in := range g.Inputs {
+		ix.inputs[in.Name] = in
+	}
+	return ix
+}
+
+// markCaptured records every name a subgraph's nodes read (a superset of
+// its outer-scope captures: the rules only need "never read inside").
+func markCaptured(g *onnxpb.GraphProto, dst map[string]bool) {
+	for _, n := range g.GetNode() {
+		for _, in := range n.GetInput() {
+			dst[in] = true
+		}
+		for _, a := range n.GetAttribute() {
+			if a.GetG() != nil {
+				markCaptured(a.GetG(), dst)
+			}
+			for _, sg := range a.GetGraphs() {
+				markCaptured(sg, dst)
+			}
+		}
+	}
+}
+
+// node returns node i.
+func (ix *index) node(i int) *onnxpb.NodeProto { return ix.g.Nodes[i] }
+
+// producerOf returns the node producing name (nil for inputs, initializers).
+func (ix *index) producerOf(name string) *onnxpb.NodeProto {
+	if i, ok := ix.producer[name]; ok {
+		return ix.g.Nodes[i]
+	}
+	return nil
+}
+
+// isGraphInput reports whether name is a fed graph input (not an
+// initializer).
+func (ix *index) isGraphInput(name string) bool {
+	_, in := ix.inputs[name]
+	_, init := ix.g.Initializers[name]
+	return in && !init
+}
+
+// fixedDims returns the declared KV heads (axis 1) and head dim (axis 3) of
+// a 4-D past input, 0 where not fixed.
+func (ix *index) fixedDims(name string) (heads, dim int) {
+	vi, ok := ix.inputs[name]
+	if !ok || len(vi.Shape) != 4 {
+		return 0, 0
+	}
+	if d := vi.Shape[1].Value; d > 0 {
+		heads = int(d)
+	}
+	if d := vi.Shape[3].Value; d > 0 {
+		dim = int(d)
+	}
+	return heads, dim
+}
+
+// isShapeOnly reports whether n reads only the shape of its input.
+func isShapeOnly(n *onnxpb.NodeProto) bool {
+	d := n.GetDomain()
+	return (d == "" || d == "ai.onnx") && (n.GetOpType() == "Shape" || n.GetOpType() == "Size") && len(n.GetInput()) == 1
+}
+
+// attrInt returns an int attribute of n (def when absent).
+func attrInt(n *onnxpb.NodeProto, name string, def int64) int64 {
+	for _, a := range n.GetAttribute() {
+		if a.GetName() == name && a.GetType() == onnxpb.AttributeProto_INT {
+			return a.GetI()
+		}
+	}
+	return def
+}
+
+// attrInts returns an ints attribute of n (nil when absent).
+func attrInts(n *onnxpb.NodeProto, name string) []int64 {
+	for _, a := range n.GetAttribute() {
+		if a.GetName() == name && a.GetType() == onnxpb.AttributeProto_INTS {
+			return a.GetInts()
+		}
+	}
+	return nil
+}
+
+// hasAttr reports whether n sets the attribute name.
+func hasAttr(n *onnxpb.NodeProto, name string) bool {
+	for _, a := range n.GetAttribute() {
+		if a.GetName() == name {
+			return true
+		}
+	}
+	return false
+}
+
+// isOp reports whether n is op in the default domain.
+func isOp(n *onnxpb.NodeProto, op string) bool {
+	d := n.GetDomain()
+	return n != nil && (d == "" || d == "ai.onnx") && n.GetOpType() == op
+}
+
+// constInts returns the int64 values of an initializer or Constant node
+// output (nil when name is neither).
+func (ix *index) constInts(name string) []int64 {
+	if t, ok := ix.g.Initializers[name]; ok {
+		return t.Int64()
+	}
+	n := ix.producerOf(name)
+	if !isOp(n, "Constant") {
+		return nil
+	}
+	for _, a := range n.GetAttribute() {
+		switch a.GetName() {
+		case "value_ints":
+			return a.GetInts()
+		case "value_int":
+			return []int64{a.GetI()}
+		case "value":
+			if t := a.GetT(); t != nil && t.GetDataType() == int32(onnxpb.TensorProto_INT64) {
+				if len(t.GetInt64Data()) > 0 {
+					return t.GetInt64Data()
+				}
+				raw := t.GetRawData()
+				out := make([]int64, len(raw)/8)
+				for i := range out {
+					var v uint64
+					for b := 7; b >= 0; b-- {
+						v = v<<8 | uint64(raw[8*i+b])
+					}
+					out[i] = int64(v)
+				}
+				return out
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,167 @@
+"""Beam search with transformers' scoring, length penalty and early-stopping rule.
+
+All ``batch * num_beams`` beams live in one runner; each step the chosen beams are gathered
+with ``runner.reorder`` (the prompt is run once per row and then expanded to the beams).
+Per step and row: the ``2 * num_beams`` best continuations of all beams (summed
+log-probabilities after the logits processors) are scanned in order; an eos continuation
+ranked among the first ``num_beams`` becomes a finished hypothesis scored
+``sum_logprobs / generated_len ** length_penalty`` (the eos counted), the others continue
+until ``num_beams`` beams are found. A row is done when it holds ``num_beams`` hypotheses
+and: ``early_stopping=True``; ``False``: the best running score normalized at the current
+length cannot beat the worst kept hypothesis; ``"never"``: the same bound taken at the
+longest possible length when ``length_penalty > 0``.
+At the end, running beams of unfinished rows are added as hypotheses, and each row returns
+its ``num_return_sequences`` best.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Tuple, Union
+
+import numpy as np
+
+from . import logits_process as lp
+from .options import SamplingOptions, StopCondition
+
+__all__ = ["BeamHypotheses", "beam_search", "BeamResult"]
+
+
+@dataclass
+class BeamHypotheses:
+    """The best finished hypotheses of one row: ``(score, generated tokens, sum_logprobs)``."""
+
+    num_beams: int
+    length_penalty: float
+    early_stopping: Union[bool, str]
+    max_new_tokens: int
+    hyps: List[Tuple[float, np.ndarray, float]] = field(default_factory=list)
+
+    @property
+    def worst_score(self) -> float:
+        """The lowest kept score (``+inf`` while fewer than ``num_beams`` are kept)."""
+        return min(h[0] for h in self.hyps) if len(self.hyps) >= self.num_beams else float("inf")
+
+    def add(self, tokens: np.ndarray, sum_logprobs: float) -> None:
+        """Offer a finished hypothesis (its generated tokens, eos included)."""
+        score = sum_logprobs / (max(len(tokens), 1) ** self.length_penalty)
+        if len(self.hyps) < self.num_beams or score > self.worst_score:
+            self.hyps.append((score, tokens, sum_logprobs))
+            if len(self.hyps) > self.num_beams:
+                worst = min(range(len(self.hyps)), key=lambda i: self.hyps[i][0])
+                del self.hyps[worst]
+
+    def is_done(self, best_sum_logprobs: float, generated_len: int) -> bool:
+        """Whether no running beam can still enter the kept hypotheses."""
+        if len(self.hyps) < self.num_beams:
+            return False
+        if self.early_stopping is True:
+            return True
+        if self.early_stopping == "never" and self.length_penalty > 0:
+            best = best_sum_logprobs / (self.max_new_tokens ** self.length_penalty)
+        else:
+            best = best_sum_logprobs / (max(generated_len, 1) ** self.length_penalty)
+        return self.worst_score >= best
+
+
+@dataclass
+class BeamResult:
+    """Per returned sequence: generated tokens, score; plus per-step log-probabilities."""
+
+    tokens: List[np.ndarray]
+    scores: np.ndarray
+    step_scores: List[np.ndarray]
+
+
+def _top(scores: np.ndarray, n: int) -> np.ndarray:
+    """Indices of the ``n`` largest entries of each row, best first (ties: lower index first)."""
+    part = np.argpartition(-scores, n - 1, axis=-1)[:, :n] if n < scores.shape[1] else \
+        np.tile(np.arange(scores.shape[1]), (scores.shape[0], 1))
+    vals = np.take_along_axis(scores, part, axis=-1)
+    order = np.lexsort((part, -vals), axis=-1)
+    return np.take_along_axis(part, order, axis=-1)
+
+
+def beam_search(runner: Any, prompt: np.ndarray, mask: np.ndarray, opts: SamplingOptions, stop: StopCondition,
+                max_new_tokens: int, num_beams: int, length_penalty: float, early_stopping: Union[bool, str],
+                num_return_sequences: int, pad_token_id: int, return_scores: bool = False,
+                on_step: Any = None) -> BeamResult:
+    """Run beam search on ``runner`` (holding nothing yet) from ``prompt [batch, s]``.
+
+    ``runner`` holds ``batch`` rows (the prompt runs once per row and is copied to the beams
+    by ``reorder``) or, when its row count is fixed, ``batch * num_beams`` rows.
+    Returns, for each row in order, its ``num_return_sequences`` best hypotheses (generated
+    tokens only) and their scores. ``on_step()`` is called after each model run."""
+    if opts.do_sample:
+        raise NotImplementedError("beam sampling (num_beams > 1 with do_sample=True) is not implemented")
+    if stop.stop_sequences:
+        raise NotImplementedError("stop_sequences with beam search are not implemented (use eos_token_id)")
+    batch, k = prompt.shape[0], num_beams
+    rows = np.repeat(np.arange(batch), k)
+    if runner.batch == batch * k and k > 1:  # a runner of fixed rows: every beam runs the prompt
+        logits = np.asarray(runner.run(prompt[rows], mask[rows])[:, -1, :], dtype=np.float32)
+    else:  # run the prompt once per row, then copy it to the beams
+        logits = np.asarray(runner.run(prompt, mask)[:, -1, :], dtype=np.float32)
+        runner.reorder(rows)
+        logits = logits[rows]
+    if on_step is not None:
+        on_step()
+    seq_prompt, mask_prompt = prompt[rows], mask[rows]
+    gen = np.zeros((batch * k, 0), np.int64)
+    beam_scores = np.zeros((batch, k), np.float64)
+    beam_scores[:, 1:] = -1e9
+    beam_scores = beam_scores.reshape(-1)
+    hyps = [BeamHypotheses(k, length_penalty, early_stopping, max_new_tokens) for _ in range(batch)]
+    done = np.zeros(batch, bool)
+    step_scores: List[np.ndarray] = []
+    eos = set(stop.eos)
+    vocab = logits.shape[-1]
+    for step in range(max_new_tokens):
+        full = np.concatenate([seq_prompt, gen], axis=1)
+        full_mask = np.concatenate([mask_prompt, np.ones_like(gen)], axis=1)
+        logprobs = lp.log_softmax(logits)
+        processed = lp.repetition_penalty(logprobs, full, opts.repetition_penalty, full_mask)
+        if return_scores:
+            step_scores.append(processed)
+        total = (processed.astype(np.float64) + beam_scores[:, None]).reshape(batch, k * vocab)
+        best = _top(total, 2 * k)
+        new_beam = np.repeat(np.arange(batch) * k, k)
+        new_tok = np.full(batch * k, pad_token_id, np.int64)
+        new_score = np.zeros(batch * k, np.float64)
+        for b in range(batch):
+            if done[b]:
+                continue
+            n = 0
+            for rank, flat in enumerate(best[b]):
+                src, tok = b * k + int(flat) // vocab, int(flat) % vocab
+                score = float(total[b, flat])
+                if tok in eos:
+                    if rank < k:
+                        hyps[b].add(np.append(gen[src], tok), score)
+                    continue
+                new_beam[b * k + n], new_tok[b * k + n], new_score[b * k + n] = src, tok, score
+                n += 1
+                if n == k:
+                    break
+            new_score[b * k + n:(b + 1) * k] = -1e9  # (only when eos ids fill the candidates)
+            done[b] = hyps[b].is_done(float(total[b, best[b, 0]]), step + 1)
+        gen = np.concatenate([gen[new_beam], new_tok[:, None]], axis=1)
+        beam_scores = new_score
+        if done.all() or step == max_new_tokens - 1:
+            break
+        runner.reorder(new_beam)
+        logits = np.asarray(runner.run(new_tok[:, None])[:, -1, :], dtype=np.float32)
+        if on_step is not None:
+            on_step()
+    for b in range(batch):
+        if not done[b]:
+            for j in range(k):
+                hyps[b].add(gen[b * k + j].copy(), float(beam_scores[b * k + j]))
+    tokens: List[np.ndarray] = []
+    scores: List[float] = []
+    for b in range(batch):
+        ranked = sorted(hyps[b].hyps, key=lambda h: -h[0])[:num_return_sequences]
+        for score, toks, _ in ranked:
+            tokens.append(toks)
+            scores.append(score)
+    return BeamResult(tokens=tokens, scores=np.array(scores, np.float32), step_scores=step_scores)

@@ -1,0 +1,69 @@
+"""``python -m onnx_light_kv generate MODEL.onnx ...``: stream a generation, then a summary line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, List, Optional
+
+import numpy as np
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Register the generate subcommand's options."""
+    p.add_argument("model", help="decoder .onnx file with past/present inputs")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt-ids", type=int, nargs="+", metavar="ID", help="prompt token ids")
+    src.add_argument("--prompt", help="prompt text (needs --tokenizer)")
+    p.add_argument("--tokenizer", help="tokenizer.json (Hugging Face tokenizers; optional dependency)")
+    p.add_argument("--max-new-tokens", type=int, required=True, help="number of tokens to generate")
+    p.add_argument("--sample", action="store_true", help="sample instead of greedy choice")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (with --sample)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: smallest set of tokens with this probability")
+    p.add_argument("--seed", type=int, default=None, help="random seed for sampling (None: fresh entropy)")
+    p.add_argument("--num-beams", type=int, default=1, help="beam search with this many beams (1: no beam search)")
+    p.add_argument("--eos", type=int, nargs="+", default=None, metavar="ID", help="end-of-sequence id(s)")
+    p.add_argument("--draft", help="draft decoder .onnx for speculative decoding")
+    p.add_argument("--num-draft-tokens", type=int, default=4, help="tokens the draft model proposes per step")
+    p.add_argument("--prompt-lookup", type=int, default=0, metavar="N", help="prompt-lookup drafts per step")
+    p.add_argument("--threads", type=int, default=None, help="threads of the session (None: all CPUs)")
+
+
+def run(args: Any, out: Any = None) -> int:
+    """Run the subcommand; returns the exit code."""
+    from .. import InferenceSession
+    from .generate import generate
+
+    out = out or sys.stdout
+    if args.prompt is not None and not args.tokenizer:
+        print("error: --prompt needs --tokenizer (or give --prompt-ids)", file=sys.stderr)
+        return 2
+    sess = InferenceSession(args.model, threads=args.threads)
+    draft = InferenceSession(args.draft, threads=args.threads) if args.draft else None
+    tok = None
+    if args.tokenizer:
+        from .text import load_tokenizer
+
+        tok = load_tokenizer(args.tokenizer)
+    prompt: Any = args.prompt if args.prompt is not None else np.array(args.prompt_ids, np.int64)
+    first = [True]
+
+    def stream(tokens: np.ndarray, text: Optional[List[str]]) -> None:
+        piece = text[0] if text is not None else ("" if first[0] else " ") + str(int(tokens[0]))
+        first[0] = False
+        out.write(piece)
+        out.flush()
+
+    res = generate(sess, prompt, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
+                   temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                   num_beams=args.num_beams, eos_token_id=args.eos, draft_session=draft,
+                   num_draft_tokens=args.num_draft_tokens, prompt_lookup=args.prompt_lookup,
+                   streamer=stream if args.num_beams == 1 else None, tokenizer=tok)
+    if args.num_beams > 1:  # beams are known only at the end
+        out.write(res.text[0] if res.text else " ".join(map(str, res.new_tokens[0])))
+    out.write("\n")
+    print(res.stats.summary(), file=out)
+    return 0

@@ -1,0 +1,193 @@
+"""What a decoder model takes and returns, discovered from its inputs and outputs.
+
+:class:`DecoderIO` is built once per session from ``get_inputs()`` / ``get_outputs()`` (our
+:class:`~onnx_light_kv.InferenceSession` and ``onnxruntime.InferenceSession`` both have them).
+Recognized inputs (anything else raises ``ValueError`` naming it):
+
+* ``input_ids`` int64 ``[batch, seq]`` (required);
+* ``attention_mask`` int ``[batch, past + seq]``: 1 for tokens, 0 for (left) padding;
+* ``position_ids`` int64 ``[batch, seq]``: counted over the attention mask, as transformers does;
+* ``cache_position`` int64 ``[seq]``: ``past .. past + seq - 1``;
+* ``use_cache_branch`` bool ``[1]`` (optimum's merged decoders): true once there is a past;
+* past inputs per layer, named ``past_key_values.N.key/value`` (torch.onnx, optimum,
+  onnxruntime-genai), ``past.N.key/value``, ``past_key_N`` / ``past_value_N`` or
+  ``past_key_values_N_key/value``, ``[batch, kv_heads, past, head_dim]``.
+
+Recognized outputs: ``logits`` ``[batch, seq, vocab]`` (or the only output that is not a
+present) and one present per past, named ``present.N.key/value``, ``present_key_values.N.key/
+value``, ``present_key_N`` / ``present_value_N`` or ``present_N_key/value``.
+
+A past whose sequence dimension has the same symbolic name (or the same fixed size) as its
+present's is a pre-allocated buffer shared between steps (onnxruntime's GroupQueryAttention
+exports): the runner allocates it with the generation's capacity once and the attention mask
+says how much of it is valid.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .._dtypes import bfloat16
+
+__all__ = ["DecoderIO", "KVInput"]
+
+Dim = Union[int, str, None]
+
+_PAST = [re.compile(p) for p in (
+    r"^past_key_values\.(\d+)\.(key|value)$",
+    r"^past\.(\d+)\.(key|value)$",
+    r"^past_key_values_(\d+)_(key|value)$",
+    r"^past_(key|value)_(\d+)$",
+    r"^past_(key|value)s?\.(\d+)$",
+)]
+_PRESENT = [re.compile(p) for p in (
+    r"^present\.(\d+)\.(key|value)$",
+    r"^present_key_values\.(\d+)\.(key|value)$",
+    r"^present_(\d+)_(key|value)$",
+    r"^present_(key|value)_(\d+)$",
+    r"^present_(key|value)s?\.(\d+)$",
+)]
+_DTYPES = {"tensor(float)": np.dtype(np.float32), "tensor(float16)": np.dtype(np.float16),
+           "tensor(bfloat16)": np.dtype(bfloat16), "tensor(double)": np.dtype(np.float64)}
+_INT_TYPES = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
+_KNOWN = ("input_ids", "attention_mask", "position_ids", "cache_position", "use_cache_branch")
+
+
+def _layer_kind(name: str, patterns: Sequence["re.Pattern[str]"]) -> Optional[Tuple[int, str]]:
+    for p in patterns:
+        m = p.match(name)
+        if m:
+            a, b = m.groups()
+            return (int(a), b) if a.isdigit() else (int(b), a)
+    return None
+
+
+@dataclass(frozen=True)
+class KVInput:
+    """One past input and the present output that feeds it on the next step.
+
+    ``shape`` is the past's declared shape ``[batch, kv_heads, past, head_dim]`` (ints or
+    symbolic names); ``kv_heads`` / ``head_dim`` are its fixed sizes; ``shared_buffer`` is true
+    when past and present are one pre-allocated buffer of fixed capacity."""
+
+    layer: int
+    kind: str
+    past: str
+    present: str
+    shape: Tuple[Dim, ...]
+    kv_heads: int
+    head_dim: int
+    dtype: np.dtype
+    shared_buffer: bool
+
+
+@dataclass(frozen=True)
+class DecoderIO:
+    """The feeds and fetches of one decoder model (see the module docstring for the names)."""
+
+    input_ids: str
+    attention_mask: Optional[str]
+    position_ids: Optional[str]
+    cache_position: Optional[str]
+    use_cache_branch: Optional[str]
+    logits: str
+    kv: Tuple[KVInput, ...]
+    int_types: Dict[str, Any]
+
+    @property
+    def output_names(self) -> List[str]:
+        """The fetch list of every step: logits, then the presents in :attr:`kv` order."""
+        return [self.logits] + [kv.present for kv in self.kv]
+
+    @property
+    def layers(self) -> int:
+        """Number of decoder layers (distinct layer indices among the pasts)."""
+        return len({kv.layer for kv in self.kv})
+
+    @property
+    def shared_buffer(self) -> bool:
+        """True when the pasts are fixed-capacity buffers shared with the presents."""
+        return bool(self.kv) and self.kv[0].shared_buffer
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The past/present element type."""
+        return self.kv[0].dtype
+
+    @classmethod
+    def from_session(cls, session: Any) -> "DecoderIO":
+        """Describe ``session`` (anything with ``get_inputs()`` and ``get_outputs()``).
+
+        Raises ``ValueError`` naming every input that is not recognized, a past without its
+        present, or a K/V dimension that is not fixed."""
+        if not (hasattr(session, "get_inputs") and hasattr(session, "get_outputs")):
+            raise TypeError(f"session must have get_inputs() and get_outputs(), got {type(session).__name__}")
+        inputs = {i.name: i for i in session.get_inputs()}
+        outputs = {o.name: o for o in session.get_outputs()}
+        if "input_ids" not in inputs:
+            raise ValueError(f"the model has no input_ids input (inputs: {sorted(inputs)}); "
+                             "generation needs a decoder taking token ids")
+        presents: Dict[Tuple[int, str], Any] = {}
+        for name, o in outputs.items():
+            lk = _layer_kind(name, _PRESENT)
+            if lk is not None:
+                presents[lk] = o
+        kv: List[KVInput] = []
+        unknown: List[str] = []
+        for name, i in inputs.items():
+            if name in _KNOWN:
+                continue
+            lk = _layer_kind(name, _PAST)
+            if lk is None:
+                unknown.append(name)
+                continue
+            if lk not in presents:
+                raise ValueError(f"past input {name!r} has no matching present output "
+                                 f"(outputs: {sorted(outputs)})")
+            kv.append(_kv_input(lk, i, presents[lk]))
+        if unknown:
+            raise ValueError(
+                f"the model needs inputs generation does not know how to feed: {unknown}; recognized are "
+                f"{list(_KNOWN)} and per-layer pasts named past_key_values.N.key/value (or past.N.key/value, "
+                "past_key_N/past_value_N)")
+        if not kv:
+            raise ValueError("the model has no past key/value inputs (past_key_values.N.key/value): "
+                             "generation needs a decoder exported with its KV cache")
+        kv.sort(key=lambda k: (k.layer, k.kind != "key"))
+        if len({k.shared_buffer for k in kv}) > 1:
+            raise ValueError("some pasts are shared fixed-capacity buffers and some are not; "
+                             "generation needs one convention for all layers")
+        logits = "logits" if "logits" in outputs else None
+        if logits is None:
+            rest = [n for n in outputs if _layer_kind(n, _PRESENT) is None]
+            if len(rest) != 1:
+                raise ValueError(f"cannot tell which output is the logits (no output named logits; candidates {rest})")
+            logits = rest[0]
+        ints = {n: _INT_TYPES.get(inputs[n].type, np.int64) for n in _KNOWN if n in inputs}
+        return cls(input_ids="input_ids",
+                   attention_mask="attention_mask" if "attention_mask" in inputs else None,
+                   position_ids="position_ids" if "position_ids" in inputs else None,
+                   cache_position="cache_position" if "cache_position" in inputs else None,
+                   use_cache_branch="use_cache_branch" if "use_cache_branch" in inputs else None,
+                   logits=logits, kv=tuple(kv), int_types=ints)
+
+
+def _kv_input(lk: Tuple[int, str], past: Any, present: Any) -> KVInput:
+    shape = tuple(past.shape) if past.shape is not None else ()
+    if len(shape) != 4:
+        raise ValueError(f"past input {past.name!r} has shape {list(shape) if shape else None}; "
+                         "generation needs [batch, kv_heads, past_sequence, head_dim]")
+    heads, dim = shape[1], shape[3]
+    if not isinstance(heads, (int, np.integer)) or not isinstance(dim, (int, np.integer)):
+        raise ValueError(f"past input {past.name!r} has shape {list(shape)}: kv_heads and head_dim "
+                         "must be fixed sizes for generation to build the empty past")
+    if past.type not in _DTYPES:
+        raise ValueError(f"past input {past.name!r} has type {past.type}; expected a float tensor")
+    pshape = tuple(present.shape) if present.shape is not None else ()
+    shared = len(pshape) == 4 and pshape[2] is not None and pshape[2] == shape[2]
+    return KVInput(layer=lk[0], kind=lk[1], past=past.name, present=present.name, shape=shape,
+                   kv_heads=int(heads), head_dim=int(dim), dtype=_DTYPES[past.type], shared_buffer=shared)

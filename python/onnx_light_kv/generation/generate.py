@@ -1,0 +1,323 @@
+"""``generate``: transformers' ``generate`` arguments over any decoder session.
+
+A thin wiring of the strategies: greedy and sampling run through :class:`.Generator`, beam
+search through :func:`.beam_search.beam_search`, speculative decoding (a draft model or prompt
+lookup) through :func:`.speculative.speculative_decode`; all of them on a runner
+(:mod:`.runner`). Rows of a batch run together, except for speculative decoding and for
+left-padded batches on a model that cannot mask padding (no ``attention_mask`` input, or
+fixed-capacity past buffers): those rows run one after another, each on its own prompt, and
+give the same tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .beam_search import beam_search
+from .decoder_io import DecoderIO
+from .generator import Generator
+from .options import SamplingOptions, StopCondition
+from .output import GenerationOutput, GenerationStats
+from .runner import make_runner
+from .speculative import DraftModel, PromptLookup, speculative_decode
+from .text import Progress, Streamer, default_pad_id, encode, load_tokenizer
+
+__all__ = ["generate"]
+
+
+def _prompt(input_ids: Any, attention_mask: Any, tokenizer: Any,
+            pad_token_id: Optional[int]) -> Tuple[np.ndarray, np.ndarray]:
+    if isinstance(input_ids, str) or (isinstance(input_ids, (list, tuple)) and input_ids
+                                      and all(isinstance(t, str) for t in input_ids)):
+        if tokenizer is None:
+            raise ValueError("text input needs a tokenizer (a tokenizers.Tokenizer or a tokenizer.json path)")
+        if attention_mask is not None:
+            raise ValueError("attention_mask is computed from the text; pass token ids to give your own")
+        pad = pad_token_id if pad_token_id is not None else (default_pad_id(tokenizer) or 0)
+        return encode(tokenizer, input_ids, pad)
+    ids = np.asarray(input_ids)
+    if ids.dtype.kind not in "iu":
+        raise TypeError(f"input_ids must be integer token ids, got dtype {ids.dtype}")
+    ids = ids.astype(np.int64)
+    if ids.ndim == 1:
+        ids = ids[None, :]
+    if ids.ndim != 2 or ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be [batch, s] or [s] with batch, s > 0, got shape {ids.shape}")
+    if ids.min() < 0:
+        raise ValueError("input_ids must be non-negative")
+    if attention_mask is None:
+        return ids, np.ones_like(ids)
+    mask = np.asarray(attention_mask)
+    if mask.ndim == 1:
+        mask = mask[None, :]
+    if mask.shape != ids.shape:
+        raise ValueError(f"attention_mask shape {mask.shape} differs from input_ids shape {ids.shape}")
+    mask = (mask != 0).astype(np.int64)
+    if not mask[:, -1].all():
+        raise ValueError("attention_mask must use left padding: every row's last position must be 1")
+    if (np.diff(mask, axis=1) < 0).any():
+        raise ValueError("attention_mask must use left padding: zeros only before a row's first token")
+    return ids, mask
+
+
+def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mask: Any = None,
+             do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+             min_p: float = 0.0, repetition_penalty: float = 1.0, num_beams: int = 1, length_penalty: float = 1.0,
+             early_stopping: Union[bool, str] = False, num_return_sequences: int = 1,
+             eos_token_id: Union[int, Sequence[int], None] = None, pad_token_id: Optional[int] = None,
+             stop_sequences: Optional[Sequence[Sequence[int]]] = None, seed: Optional[int] = None,
+             draft_session: Any = None, num_draft_tokens: int = 4, prompt_lookup: int = 0, streamer: Any = None,
+             progress: bool = False, return_scores: bool = False,
+             state_options: Union[None, bool, Dict[str, Any]] = None,
+             tokenizer: Any = None) -> GenerationOutput:
+    """Generate up to ``max_new_tokens`` tokens per row after ``input_ids`` with ``session``.
+
+    ``session``: our ``InferenceSession`` or an ``onnxruntime.InferenceSession`` of a decoder
+    with past/present inputs (recognized names: :mod:`onnx_light_kv.generation.decoder_io`).
+    ``input_ids``: ``[batch, s]`` or ``[s]`` ids, left-padded when ``attention_mask`` has
+    zeros; or a str / list of str with ``tokenizer`` (a ``tokenizers.Tokenizer`` or a
+    ``tokenizer.json`` path; then ``text`` holds the decoded new tokens).
+    Exactly ``max_new_tokens`` new tokens unless a row stops on ``eos_token_id`` (int or list)
+    or on one of ``stop_sequences`` (lists of ids; the stopping tokens are kept); stopped rows
+    are padded with ``pad_token_id`` (default: the first eos id, else 0).
+    ``do_sample`` with ``temperature``, ``top_k``, ``top_p``, ``min_p``; ``repetition_penalty``
+    applies to greedy choice too; ``seed`` seeds a ``numpy.random.Generator``.
+    ``num_beams > 1``: beam search with ``length_penalty`` and ``early_stopping`` (True, False or
+    "never"), returning ``num_return_sequences`` per row (with sampling,
+    ``num_return_sequences`` samples per row).
+    Speculative decoding: ``draft_session`` (a smaller decoder with the same vocabulary)
+    proposes ``num_draft_tokens`` per verification step, or ``prompt_lookup=n`` proposes up to
+    ``n`` tokens copied from after the latest earlier match of the sequence's last 3-, 2- or
+    1-gram (transformers' ``prompt_lookup_num_tokens``); greedy output is the greedy output
+    token for token, sampled output keeps the target's distribution.
+    ``streamer``: transformers-style ``put``/``end`` object or ``callable(tokens, text)`` (see
+    :class:`~onnx_light_kv.generation.text.Streamer`); ``progress=True``: a tqdm bar.
+    ``return_scores``: per-step log-probabilities in ``scores``. ``state_options``: None runs
+    on the session's cache path (``create_state``) when it rewrites every layer, else on the
+    tensor path; False forces the tensor path; a dict of ``create_state`` keyword arguments
+    (``dtype``, ``budget``, ``max_length``) requires the cache path. Both give the same tokens.
+    Returns a :class:`GenerationOutput`.
+    """
+    if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    max_new_tokens = int(max_new_tokens)
+    tok = load_tokenizer(tokenizer) if tokenizer is not None else None
+    ids, mask = _prompt(input_ids, attention_mask, tok, pad_token_id)
+    opts = SamplingOptions(bool(do_sample), float(temperature), int(top_k), float(top_p), float(min_p),
+                           float(repetition_penalty))
+    stop = StopCondition.of(eos_token_id, stop_sequences)
+    pad = int(pad_token_id if pad_token_id is not None else (stop.eos[0] if stop.eos else 0))
+    for name, v in (("num_beams", num_beams), ("num_return_sequences", num_return_sequences),
+                    ("num_draft_tokens", num_draft_tokens)):
+        if not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    if not isinstance(prompt_lookup, (int, np.integer)) or prompt_lookup < 0:
+        raise ValueError(f"prompt_lookup must be an int >= 0, got {prompt_lookup!r}")
+    if early_stopping not in (True, False, "never"):
+        raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
+    speculative = draft_session is not None or prompt_lookup > 0
+    if num_beams > 1:
+        if speculative:
+            raise ValueError("speculative decoding (draft_session / prompt_lookup) does not combine with num_beams > 1")
+        if num_return_sequences > num_beams:
+            raise ValueError(f"num_return_sequences={num_return_sequences} exceeds num_beams={num_beams}")
+        if streamer is not None:
+            raise ValueError("a streamer cannot be used with beam search (beams change until the end)")
+    elif num_return_sequences > 1:
+        if not opts.do_sample:
+            raise ValueError("greedy search returns one sequence per row: num_return_sequences > 1 needs "
+                             "do_sample=True or num_beams > 1")
+        rows = np.repeat(np.arange(ids.shape[0]), num_return_sequences)
+        ids, mask = ids[rows], mask[rows]
+    if speculative and return_scores:
+        raise NotImplementedError("return_scores with speculative decoding is not implemented")
+    if draft_session is not None and prompt_lookup > 0:
+        raise ValueError("give either draft_session or prompt_lookup, not both")
+
+    io = DecoderIO.from_session(session)
+    draft_io = DecoderIO.from_session(draft_session) if draft_session is not None else None
+    padded = not mask.all()
+    per_row = speculative or (padded and not (io.attention_mask is not None and not io.shared_buffer))
+    groups = [np.array([r]) for r in range(ids.shape[0])] if per_row else [np.arange(ids.shape[0])]
+    rng = np.random.default_rng(seed)
+    stats = GenerationStats()
+    bar = Progress(progress, max_new_tokens * len(groups))
+    results: List[np.ndarray] = []
+    scores_per_group: List[List[np.ndarray]] = []
+    seq_scores: Optional[np.ndarray] = None
+    try:
+        for g in groups:
+            g_ids, g_mask = ids[g], mask[g]
+            if per_row:
+                g_ids = g_ids[:, g_mask[0] != 0]
+                g_mask = np.ones_like(g_ids)
+            stream = Streamer(streamer, tok, len(g)) if streamer is not None else None
+            if stream is not None:
+                stream.prompt(g_ids)
+            capacity = g_ids.shape[1] + max_new_tokens + (num_draft_tokens if speculative else 0)
+            if speculative:
+                gen = _speculative(session, io, draft_session, draft_io, g_ids[0], opts, stop, max_new_tokens,
+                                   num_draft_tokens, prompt_lookup, rng, capacity, state_options, stream, bar, stats)
+                results.append(gen[None, :])
+            elif num_beams > 1:
+                gen, bscores, step_scores = _beams(session, io, g_ids, g_mask, opts, stop, max_new_tokens, num_beams,
+                                                   length_penalty, early_stopping, num_return_sequences, pad,
+                                                   return_scores, capacity, state_options, bar, stats)
+                results.append(gen)
+                seq_scores = bscores if seq_scores is None else np.concatenate([seq_scores, bscores])
+                scores_per_group.append(step_scores)
+            else:
+                gen, step_scores = _greedy_or_sample(session, g_ids, g_mask, opts, eos_token_id, stop_sequences, pad,
+                                                     max_new_tokens, rng, return_scores, state_options, stream, bar,
+                                                     stats)
+                results.append(gen)
+                scores_per_group.append(step_scores)
+            if stream is not None:
+                stream.end()
+    finally:
+        bar.close()
+    new = _pad_right(results, pad)
+    sequences = np.concatenate([np.repeat(ids, num_return_sequences, axis=0) if num_beams > 1 else ids, new], axis=1)
+    out = GenerationOutput(sequences=sequences, stats=stats, prompt_length=ids.shape[1], sequences_scores=seq_scores)
+    if return_scores:
+        out.scores = _merge_scores(scores_per_group)
+    if tok is not None:
+        out.text = [tok.decode([int(t) for t in _strip(row, stop, pad)], skip_special_tokens=True) for row in new]
+    return out
+
+
+def _strip(row: np.ndarray, stop: StopCondition, pad: int) -> np.ndarray:
+    """The new tokens of a row up to where it stopped (the padding after removed)."""
+    for i in range(row.size):
+        if stop.hit(row[:i + 1]):
+            return row[:i + 1]
+    return row
+
+
+def _pad_right(parts: List[np.ndarray], pad: int) -> np.ndarray:
+    width = max(p.shape[1] for p in parts)
+    rows = sum(p.shape[0] for p in parts)
+    out = np.full((rows, width), pad, np.int64)
+    r = 0
+    for p in parts:
+        out[r:r + p.shape[0], :p.shape[1]] = p
+        r += p.shape[0]
+    return out
+
+
+def _merge_scores(groups: List[List[np.ndarray]]) -> List[np.ndarray]:
+    if len(groups) == 1:
+        return groups[0]
+    steps = max(len(g) for g in groups)
+    vocab = next(s.shape[1] for g in groups for s in g)
+    merged = []
+    for t in range(steps):
+        merged.append(np.concatenate([g[t] if t < len(g) else np.full((g[0].shape[0], vocab), -np.inf, np.float32)
+                                      for g in groups]))
+    return merged
+
+
+def _greedy_or_sample(session: Any, ids: np.ndarray, mask: np.ndarray, opts: SamplingOptions, eos: Any, stops: Any,
+                      pad: int, max_new: int, rng: np.random.Generator, return_scores: bool, state_options: Any,
+                      stream: Optional[Streamer], bar: Progress,
+                      stats: GenerationStats) -> Tuple[np.ndarray, List[np.ndarray]]:
+    g = Generator(session, max_length=ids.shape[1] + max_new, do_sample=opts.do_sample, temperature=opts.temperature,
+                  top_k=opts.top_k, top_p=opts.top_p, min_p=opts.min_p, repetition_penalty=opts.repetition_penalty,
+                  eos_token_id=eos, stop_sequences=stops, pad_token_id=pad, state_options=state_options)
+    g.rng = rng  # one random stream for the whole call
+    scores: List[np.ndarray] = []
+    try:
+        g.append_tokens(ids, mask)
+        while not g.is_done():
+            g.generate_next_token()
+            if return_scores:
+                scores.append(g.last_scores)
+            if stream is not None:
+                stream.put(g.get_next_tokens())
+            bar.update(1)
+        stats.prefill_ms += g.timings["prefill_s"] * 1e3
+        stats.decode_ms += g.timings["decode_s"] * 1e3
+        stats.model_runs += 1 + int(g.timings["decode_runs"])
+        new = g.sequences[:, ids.shape[1]:]
+        stats.decode_tokens += int(sum(max(len(_strip(r, g.stop, pad)) - 1, 0) for r in new))
+        stats.cache_bytes = max(stats.cache_bytes, g.cache_bytes())
+        stats.runner = g.runner_kind
+    finally:
+        g.close()
+    return new, scores
+
+
+def _beams(session: Any, io: DecoderIO, ids: np.ndarray, mask: np.ndarray, opts: SamplingOptions, stop: StopCondition,
+           max_new: int, num_beams: int, length_penalty: float, early_stopping: Any, nrs: int, pad: int,
+           return_scores: bool, capacity: int, state_options: Any, bar: Progress,
+           stats: GenerationStats) -> Tuple[np.ndarray, np.ndarray, List[np.ndarray]]:
+    runner = make_runner(session, io, ids.shape[0], capacity, state_options)
+    if not runner.resizable:  # the cache path's row count is fixed: one row per beam from the start
+        runner.close()
+        runner = make_runner(session, io, ids.shape[0] * num_beams, capacity, state_options)
+    stats.runner = runner.kind
+    marks: List[float] = [time.perf_counter()]
+    peak = [0]
+
+    def on_step() -> None:
+        marks.append(time.perf_counter())
+        peak[0] = max(peak[0], runner.cache_bytes())
+        bar.update(1)
+
+    try:
+        res = beam_search(runner, ids, mask, opts, stop, max_new, num_beams, length_penalty, early_stopping, nrs, pad,
+                          return_scores, on_step)
+    finally:
+        runner.close()
+    stats.prefill_ms += (marks[1] - marks[0]) * 1e3
+    stats.decode_ms += (marks[-1] - marks[1]) * 1e3
+    stats.model_runs += len(marks) - 1
+    stats.decode_tokens += (len(marks) - 2) * ids.shape[0]
+    stats.cache_bytes = max(stats.cache_bytes, peak[0])
+    return _pad_right([t[None, :] for t in res.tokens], pad), res.scores, res.step_scores
+
+
+def _speculative(session: Any, io: DecoderIO, draft_session: Any, draft_io: Optional[DecoderIO], prompt: np.ndarray,
+                 opts: SamplingOptions, stop: StopCondition, max_new: int, k: int, prompt_lookup: int,
+                 rng: np.random.Generator, capacity: int, state_options: Any, stream: Optional[Streamer],
+                 bar: Progress, stats: GenerationStats) -> np.ndarray:
+    target = make_runner(session, io, 1, capacity, state_options)
+    stats.runner = target.kind
+    if draft_session is not None:
+        assert draft_io is not None
+        proposer: Any = DraftModel(make_runner(draft_session, draft_io, 1, capacity, state_options), opts)
+    else:
+        proposer = PromptLookup(max_ngram=3)
+        k = prompt_lookup
+    t0 = time.perf_counter()
+    t_prefill = [t0]
+    peak = [0]
+
+    def on_prefill() -> None:
+        t_prefill[0] = time.perf_counter()
+
+    def emit(tokens: List[int]) -> None:
+        peak[0] = max(peak[0], target.cache_bytes() + proposer.cache_bytes())
+        bar.update(len(tokens))
+        if stream is not None:
+            for t in tokens:
+                stream.put(np.array([t], np.int64))
+
+    try:
+        gen, counts = speculative_decode(target, proposer, prompt, opts, stop, max_new, k, rng, emit, on_prefill)
+    finally:
+        target.close()
+        if isinstance(proposer, DraftModel):
+            proposer.runner.close()
+    t1 = time.perf_counter()
+    stats.prefill_ms += (t_prefill[0] - t0) * 1e3
+    stats.decode_ms += (t1 - t_prefill[0]) * 1e3
+    stats.model_runs += 1 + counts["verify_steps"]
+    stats.decode_tokens += max(gen.size - 1, 0)
+    stats.draft_tokens += counts["draft_tokens"]
+    stats.accepted_draft_tokens += counts["accepted_draft_tokens"]
+    stats.cache_bytes = max(stats.cache_bytes, peak[0])
+    return gen

@@ -1,0 +1,236 @@
+"""Step-by-step generation with onnxruntime-genai's verbs (greedy and sampling).
+
+``Generator(session, **options)`` keeps the rows' token sequences and their KV state between
+calls: ``append_tokens`` runs the model over new tokens (a prompt, or the next turn of a chat:
+the history is never recomputed), ``generate_next_token`` picks one token per row,
+``rewind_to`` drops positions from the end. :func:`~onnx_light_kv.generate` drives the same
+class for greedy and sampled generation.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Optional, Sequence, Union
+
+import numpy as np
+
+from . import logits_process as lp
+from .decoder_io import DecoderIO
+from .options import SamplingOptions, StopCondition
+from .runner import make_runner
+
+__all__ = ["Generator"]
+
+
+class Generator:
+    """Step-by-step generation over one decoder session (onnxruntime-genai's ``og.Generator``).
+
+    ``session``: our :class:`~onnx_light_kv.InferenceSession` or an ``onnxruntime``
+    session of a decoder with past/present inputs (see :mod:`.decoder_io`).
+    ``max_length``: most positions per row, prompt included (generation is done there; needed
+    for models whose pasts are fixed-capacity buffers). ``do_sample``, ``temperature``,
+    ``top_k``, ``top_p``, ``min_p``, ``repetition_penalty``: as in transformers. ``eos_token_id``
+    (int or list) and ``stop_sequences`` (lists of ids) finish a row; ``pad_token_id`` (default:
+    the first eos id, else 0) is what finished rows produce. ``seed`` seeds the numpy
+    ``Generator`` used for sampling. ``state_options``: None uses the session's cache path
+    (``create_state``) when it rewrites every layer, else the tensor path; False forces the
+    tensor path; a dict of ``create_state`` keyword arguments requires the cache path.
+
+    Rows advance together: ``append_tokens`` takes ``[batch, n]`` ids; the first call may pass
+    an ``attention_mask`` with zeros for left padding (models with an ``attention_mask`` input).
+    """
+
+    def __init__(self, session: Any, *, max_length: Optional[int] = None, do_sample: bool = False,
+                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+                 repetition_penalty: float = 1.0, eos_token_id: Union[int, Sequence[int], None] = None,
+                 stop_sequences: Optional[Sequence[Sequence[int]]] = None, pad_token_id: Optional[int] = None,
+                 seed: Optional[int] = None, state_options: Union[None, bool, Dict[str, Any]] = None) -> None:
+        self.session = session
+        self.io = DecoderIO.from_session(session)
+        if max_length is not None and (not isinstance(max_length, (int, np.integer)) or max_length <= 0):
+            raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
+        self.max_length = None if max_length is None else int(max_length)
+        self.options = SamplingOptions(bool(do_sample), float(temperature), int(top_k), float(top_p),
+                                       float(min_p), float(repetition_penalty))
+        self.stop = StopCondition.of(eos_token_id, stop_sequences)
+        default_pad = self.stop.eos[0] if self.stop.eos else 0
+        self.pad_token_id = int(pad_token_id if pad_token_id is not None else default_pad)
+        self.rng = np.random.default_rng(seed)
+        self._state_options = state_options
+        self._runner: Any = None
+        self._seq = np.zeros((0, 0), np.int64)
+        self._mask = np.zeros((0, 0), np.int64)
+        self._done = np.zeros(0, bool)
+        self._logits: Optional[np.ndarray] = None
+        self._last_processed: Optional[np.ndarray] = None
+        self.timings: Dict[str, float] = {"prefill_s": 0.0, "decode_s": 0.0, "decode_runs": 0}
+
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def batch(self) -> int:
+        """Number of rows (0 before the first ``append_tokens``)."""
+        return int(self._seq.shape[0])
+
+    @property
+    def length(self) -> int:
+        """Positions per row so far (padding included)."""
+        return int(self._seq.shape[1])
+
+    @property
+    def sequences(self) -> np.ndarray:
+        """``[batch, length]`` int64 ids of every row so far (a copy)."""
+        return self._seq.copy()
+
+    @property
+    def attention_mask(self) -> np.ndarray:
+        """``[batch, length]`` int64: 0 marks left padding (a copy)."""
+        return self._mask.copy()
+
+    @property
+    def last_scores(self) -> Optional[np.ndarray]:
+        """Log-probabilities ``[batch, vocab]`` (after the logits processors) that the latest
+        ``generate_next_token`` chose from (computed on first access)."""
+        if self._last_processed is None:
+            return None
+        return lp.log_softmax(self._last_processed)
+
+    @property
+    def runner_kind(self) -> str:
+        """"state" (the session's cache path) or "tensor" (past/present fed back); "" before
+        the first ``append_tokens``."""
+        return self._runner.kind if self._runner is not None else ""
+
+    def cache_bytes(self) -> int:
+        """Bytes of K/V the rows hold now."""
+        return self._runner.cache_bytes() if self._runner is not None else 0
+
+    # -- onnxruntime-genai verbs ---------------------------------------------------------
+    def append_tokens(self, tokens: Any, attention_mask: Any = None) -> None:
+        """Run the model over ``tokens`` (``[batch, n]`` or ``[n]`` for one row) after what the
+        rows hold; ``attention_mask`` (same shape, first call only) marks left padding with 0."""
+        ids = np.asarray(tokens)
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"tokens must be integer ids, got dtype {ids.dtype}")
+        ids = ids.astype(np.int64)
+        if ids.ndim == 1:
+            ids = ids[None, :]
+        if ids.ndim != 2 or ids.shape[1] == 0:
+            raise ValueError(f"tokens must be [batch, n] or [n] with n > 0, got shape {ids.shape}")
+        first = self._runner is None or self.length == 0
+        if not first and ids.shape[0] != self.batch:
+            raise ValueError(f"tokens have {ids.shape[0]} rows; this generator has {self.batch}")
+        if attention_mask is None:
+            mask = np.ones_like(ids)
+        else:
+            if not first:
+                raise ValueError("attention_mask is accepted only with the first tokens (left padding)")
+            mask = np.asarray(attention_mask).astype(np.int64)
+            if mask.ndim == 1:
+                mask = mask[None, :]
+            if mask.shape != ids.shape:
+                raise ValueError(f"attention_mask shape {mask.shape} differs from tokens shape {ids.shape}")
+            if not mask[:, -1].all():
+                raise ValueError("attention_mask must use left padding: every row's last position must be 1")
+        if self.max_length is not None and self.length + ids.shape[1] > self.max_length:
+            raise ValueError(f"{self.length + ids.shape[1]} positions exceed max_length={self.max_length}")
+        if self._runner is None or self._runner.batch != ids.shape[0]:
+            if self._runner is not None:
+                self._runner.close()
+            self._runner = make_runner(self.session, self.io, ids.shape[0], self.max_length, self._state_options)
+            self._seq = np.zeros((ids.shape[0], 0), np.int64)
+            self._mask = np.zeros((ids.shape[0], 0), np.int64)
+        vocab_check = self._runner.length == 0
+        self._seq = np.concatenate([self._seq, ids], axis=1)
+        self._mask = np.concatenate([self._mask, mask], axis=1)
+        self._done = np.zeros(self.batch, bool)
+        t = time.perf_counter()
+        self._compute()
+        dt = time.perf_counter() - t
+        self.timings["prefill_s" if vocab_check else "decode_s"] += dt
+
+    def generate_next_token(self) -> None:
+        """Choose one token per row from the current logits (after the processors) and append
+        it; finished rows get ``pad_token_id``. Raises ``RuntimeError`` when :meth:`is_done`."""
+        if self._runner is None or self.length == 0:
+            raise RuntimeError("append_tokens must come before generate_next_token")
+        if self.is_done():
+            raise RuntimeError("generation is done (every row finished or max_length reached)")
+        if self._logits is None:
+            t = time.perf_counter()
+            self._compute()
+            self.timings["decode_s"] += time.perf_counter() - t
+            self.timings["decode_runs"] += 1
+        processed = lp.process(self._logits, self.options, self._seq, self._mask)
+        self._last_processed = processed
+        tok = lp.choose(processed, self.options.do_sample, self.rng)
+        tok[self._done] = self.pad_token_id
+        self._seq = np.concatenate([self._seq, tok[:, None]], axis=1)
+        self._mask = np.concatenate([self._mask, np.ones((self.batch, 1), np.int64)], axis=1)
+        self._done |= self.stop.hits(self._seq)
+        self._logits = None
+
+    def get_next_tokens(self) -> np.ndarray:
+        """``[batch]`` int64: the newest token of each row."""
+        if self.length == 0:
+            raise RuntimeError("no tokens yet")
+        return self._seq[:, -1].copy()
+
+    def get_sequence(self, index: int) -> np.ndarray:
+        """Row ``index``'s ids so far, without its left padding."""
+        if not -self.batch <= index < self.batch:
+            raise IndexError(f"row {index} out of range for batch {self.batch}")
+        return self._seq[index][self._mask[index] != 0].copy()
+
+    def is_done(self) -> bool:
+        """True when every row finished or the rows reached ``max_length``."""
+        if self.batch == 0:
+            return False
+        return bool(self._done.all()) or (self.max_length is not None and self.length >= self.max_length)
+
+    def done_rows(self) -> np.ndarray:
+        """``[batch]`` bool: which rows finished (eos or a stop sequence)."""
+        return self._done.copy()
+
+    def get_logits(self) -> np.ndarray:
+        """``[batch, vocab]`` float32 logits (before the processors) for the next position."""
+        if self._runner is None or self.length == 0:
+            raise RuntimeError("append_tokens must come before get_logits")
+        if self._logits is None:
+            self._compute()
+        return self._logits.copy()
+
+    def rewind_to(self, length: int) -> None:
+        """Drop every position from ``length`` on (0 empties the rows); the next token is then
+        computed from the kept ones, as if the dropped ones had never been appended."""
+        if not isinstance(length, (int, np.integer)) or not 0 <= length <= self.length:
+            raise ValueError(f"rewind length must be an int in [0, {self.length}], got {length!r}")
+        if length == self.length:
+            return
+        self._seq = self._seq[:, :length]
+        self._mask = self._mask[:, :length]
+        keep = max(length - 1, 0)
+        if self._runner.length > keep:
+            self._runner.truncate(keep)
+        self._done = self.stop.hits(self._seq) if length else np.zeros(self.batch, bool)
+        self._logits = None
+
+    def close(self) -> None:
+        """Release the KV state."""
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+
+    def __repr__(self) -> str:
+        from .._format import human_bytes, summary
+
+        rows = int(self._seq.shape[0])
+        return summary("Generator", runner=self.runner_kind or None, rows=rows, length=int(self._seq.shape[1]),
+                       max_length=self.max_length, done=f"{int(self._done.sum())}/{rows}" if rows else None,
+                       cache=human_bytes(self.cache_bytes()) if self._runner is not None else None)
+
+    # -- internals -------------------------------------------------------------------------
+    def _compute(self) -> None:
+        """Run the positions the runner does not hold yet; keep the last position's logits."""
+        start = self._runner.length
+        logits = self._runner.run(self._seq[:, start:], self._mask[:, start:])
+        self._logits = np.asarray(logits[:, -1, :], dtype=np.float32)

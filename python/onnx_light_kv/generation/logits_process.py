@@ -1,0 +1,114 @@
+"""Logits processors as plain numpy functions over ``[rows, vocab]`` float32 arrays.
+
+They follow transformers' processors and warpers of the same names, applied in transformers'
+order by :func:`process`: repetition penalty, then (when sampling) temperature, top-k, top-p and
+min-p. Filtered tokens get ``-inf``; at least one token always survives.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from .options import SamplingOptions
+
+__all__ = ["repetition_penalty", "temperature", "top_k", "top_p", "min_p", "log_softmax", "softmax", "process",
+           "choose", "sample"]
+
+
+def repetition_penalty(logits: np.ndarray, sequences: np.ndarray, penalty: float,
+                       mask: Optional[np.ndarray] = None) -> np.ndarray:
+    """Divide positive (multiply negative) logits of the tokens already in each row by ``penalty``.
+
+    ``sequences [rows, length]`` are the ids so far; ``mask`` (same shape, 0 for padding)
+    excludes padding positions. Returns a new array (``logits`` itself when ``penalty == 1``)."""
+    if penalty == 1.0 or sequences.shape[1] == 0:
+        return logits
+    out = np.array(logits, dtype=np.float32, copy=True)
+    for r in range(out.shape[0]):
+        ids = sequences[r] if mask is None else sequences[r][mask[r] != 0]
+        ids = np.unique(ids)
+        v = out[r, ids]
+        out[r, ids] = np.where(v < 0, v * penalty, v / penalty)
+    return out
+
+
+def temperature(logits: np.ndarray, t: float) -> np.ndarray:
+    """``logits / t``."""
+    return logits if t == 1.0 else logits / np.float32(t)
+
+
+def top_k(logits: np.ndarray, k: int) -> np.ndarray:
+    """Keep the ``k`` largest logits of each row (ties with the k-th are kept), others ``-inf``."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = np.partition(logits, -k, axis=-1)[:, -k][:, None]
+    return np.where(logits < kth, -np.inf, logits).astype(np.float32)
+
+
+def top_p(logits: np.ndarray, p: float) -> np.ndarray:
+    """Nucleus filtering: keep the smallest set of most probable tokens whose probability
+    reaches ``p`` (transformers' rule: drop the tokens whose ascending cumulative probability
+    is at most ``1 - p``; the most probable token is always kept)."""
+    if p >= 1.0:
+        return logits
+    order = np.argsort(logits, axis=-1, kind="stable")
+    sorted_logits = np.take_along_axis(logits, order, axis=-1)
+    cum = np.cumsum(softmax(sorted_logits).astype(np.float64), axis=-1)
+    drop_sorted = cum <= 1.0 - p
+    drop_sorted[:, -1] = False
+    drop = np.zeros_like(drop_sorted)
+    np.put_along_axis(drop, order, drop_sorted, axis=-1)
+    return np.where(drop, -np.inf, logits).astype(np.float32)
+
+
+def min_p(logits: np.ndarray, p: float) -> np.ndarray:
+    """Drop tokens whose probability is below ``p`` times the row's largest probability."""
+    if p <= 0.0:
+        return logits
+    probs = softmax(logits)
+    thresh = p * probs.max(axis=-1, keepdims=True)
+    return np.where(probs < thresh, -np.inf, logits).astype(np.float32)
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax in float64 (``-inf`` logits get probability 0)."""
+    x = np.asarray(logits, dtype=np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    e = np.exp(x)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax, float32 (computed in float64)."""
+    x = np.asarray(logits, dtype=np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return (x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))).astype(np.float32)
+
+
+def process(logits: np.ndarray, opts: SamplingOptions, sequences: np.ndarray,
+            mask: Optional[np.ndarray] = None, sampling: Optional[bool] = None) -> np.ndarray:
+    """The processed logits that greedy choice or sampling reads.
+
+    The repetition penalty always applies; temperature, top-k, top-p and min-p only when
+    sampling (``sampling`` defaults to ``opts.do_sample``), as in transformers."""
+    out = repetition_penalty(logits, sequences, opts.repetition_penalty, mask)
+    if opts.do_sample if sampling is None else sampling:
+        out = min_p(top_p(top_k(temperature(out, opts.temperature), opts.top_k), opts.top_p), opts.min_p)
+    return out
+
+
+def choose(processed: np.ndarray, do_sample: bool, rng: np.random.Generator) -> np.ndarray:
+    """The next token of each row: argmax, or a draw from ``softmax(processed)`` with ``rng``."""
+    if not do_sample:
+        return np.argmax(processed, axis=-1).astype(np.int64)
+    return sample(softmax(processed), rng)
+
+
+def sample(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One draw per row from ``probs [rows, vocab]`` (rows sum to 1) with ``rng``."""
+    cum = np.cumsum(probs, axis=-1)
+    u = rng.random(probs.shape[0]) * cum[:, -1]
+    idx = (cum > u[:, None]).argmax(axis=-1)
+    return idx.astype(np.int64)

@@ -1,0 +1,248 @@
+"""Runners: how one generation step executes a decoder session.
+
+A runner owns the KV state of ``batch`` rows (sequences or beams) and exposes the operations the
+strategies need; every strategy is written against these only:
+
+* ``run(ids, mask=None)``: append ``ids [batch, s]`` (with their attention-mask columns, 1 by
+  default) and return the logits ``[batch, s, vocab]``;
+* ``reorder(rows)``: the new row ``i`` is old row ``rows[i]`` (beam search; also expands a
+  prefilled batch into beams);
+* ``truncate(n)``: keep the first ``n`` positions (speculative decoding undoes rejected drafts);
+* ``length``, ``cache_bytes()``, ``close()``.
+
+:class:`StateRunner` is the cache path (``session.create_state``): feeds without pasts, the
+state's caches hold the K/V. Both give the same tokens.
+
+:class:`TensorRunner` is the standard tensor path: the presents of one run are fed back as the
+next run's pasts (the arrays the session returned, without a copy), ``reorder`` takes along the
+batch axis and ``truncate`` slices the pasts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Union
+
+import numpy as np
+
+from .decoder_io import DecoderIO
+
+__all__ = ["TensorRunner", "StateRunner", "make_runner", "cache_path_available", "step_feeds"]
+
+
+def _prepare(runner: Any, ids: Any, mask: Optional[np.ndarray]) -> Any:
+    """Validate a run's ids and new mask columns; return (ids, full mask, total length)."""
+    ids = np.asarray(ids)
+    if ids.ndim != 2 or ids.shape[0] != runner.batch or ids.shape[1] == 0:
+        raise ValueError(f"ids must be [{runner.batch}, s] with s > 0, got shape {ids.shape}")
+    s = ids.shape[1]
+    if mask is None:
+        new_mask = np.ones((runner.batch, s), np.int64)
+    else:
+        new_mask = np.asarray(mask, dtype=np.int64)
+        if new_mask.shape != ids.shape:
+            raise ValueError(f"mask shape {new_mask.shape} differs from ids shape {ids.shape}")
+        if not runner.supports_padding and not new_mask.all():
+            raise ValueError("this model cannot run padded rows (it has no attention_mask input or its pasts "
+                             "are fixed-capacity buffers); run the rows separately")
+    full = np.concatenate([runner._mask, new_mask], axis=1) if runner.length else new_mask
+    return ids, full, runner.length + s
+
+
+def step_feeds(io: DecoderIO, ids: np.ndarray, full_mask: np.ndarray, length: int) -> Dict[str, Any]:
+    """The feeds of one run except the pasts: ``ids [batch, s]`` after ``length`` positions,
+    ``full_mask [batch, length + s]`` the attention mask of all positions (0: left padding).
+    Positions count only unpadded tokens (transformers' rule); padding positions get 0."""
+    s = ids.shape[1]
+    feeds: Dict[str, Any] = {io.input_ids: ids.astype(io.int_types["input_ids"], copy=False)}
+    if io.attention_mask is not None:
+        feeds[io.attention_mask] = full_mask.astype(io.int_types["attention_mask"], copy=False)
+    if io.position_ids is not None:
+        pos = np.cumsum(full_mask[:, length:], axis=1) + full_mask[:, :length].sum(axis=1, keepdims=True) - 1
+        feeds[io.position_ids] = np.maximum(pos, 0).astype(io.int_types["position_ids"], copy=False)
+    if io.cache_position is not None:
+        feeds[io.cache_position] = np.arange(length, length + s, dtype=io.int_types["cache_position"])
+    if io.use_cache_branch is not None:
+        feeds[io.use_cache_branch] = np.array([length > 0])
+    return feeds
+
+
+class TensorRunner:
+    """Runs a decoder on the tensor past/present path (see the module docstring).
+
+    ``capacity`` is the most positions the rows will hold; it sizes the pre-allocated past
+    buffers of shared-buffer models (onnxruntime GroupQueryAttention exports) and is checked on
+    every run for them."""
+
+    resizable = True
+    kind = "tensor"
+
+    def __init__(self, session: Any, io: DecoderIO, batch: int, capacity: Optional[int] = None) -> None:
+        if batch <= 0:
+            raise ValueError(f"batch must be positive, got {batch}")
+        if io.shared_buffer and not capacity:
+            raise ValueError("this model's pasts are fixed-capacity buffers: the generation needs a capacity "
+                             "(max_length)")
+        self.session, self.io, self.batch, self.capacity = session, io, batch, capacity
+        self.length = 0
+        self._mask = np.zeros((batch, 0), np.int64)
+        self._pasts: Dict[str, np.ndarray] = {}
+        self._empty_pasts()
+        self._outputs = io.output_names
+
+    def _empty_pasts(self) -> None:
+        n = self.capacity if self.io.shared_buffer else 0
+        self._pasts = {kv.past: np.zeros((self.batch, kv.kv_heads, n, kv.head_dim), kv.dtype) for kv in self.io.kv}
+
+    @property
+    def supports_padding(self) -> bool:
+        """True when rows of different lengths (left padding) can share a run: the model takes
+        an attention mask and its pasts grow with the sequence."""
+        return self.io.attention_mask is not None and not self.io.shared_buffer
+
+    def run(self, ids: np.ndarray, mask: Optional[np.ndarray] = None) -> np.ndarray:
+        """Append ``ids [batch, s]`` and return the logits ``[batch, s, vocab]`` of the new positions.
+
+        ``mask [batch, s]`` marks padding (0) among the new tokens; only models with an
+        ``attention_mask`` input and growing pasts accept zeros."""
+        io = self.io
+        ids, full, total = _prepare(self, ids, mask)
+        if io.shared_buffer and total > self.capacity:
+            raise ValueError(f"{total} positions exceed the past buffers' capacity {self.capacity}")
+        feeds = step_feeds(io, ids, full, self.length)
+        feeds.update(self._pasts)
+        outs = self.session.run(self._outputs, feeds)
+        self._pasts = {kv.past: outs[j + 1] for j, kv in enumerate(io.kv)}
+        self._mask = full
+        self.length = total
+        return np.asarray(outs[0])
+
+    def reorder(self, rows: np.ndarray) -> None:
+        """Row ``i`` becomes old row ``rows[i]``; the number of rows may change (beam expansion)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.ndim != 1 or rows.size == 0:
+            raise ValueError(f"rows must be a non-empty 1-D index array, got shape {rows.shape}")
+        if rows.min() < 0 or rows.max() >= self.batch:
+            raise IndexError(f"row index out of range [0, {self.batch})")
+        if rows.size == self.batch and np.array_equal(rows, np.arange(self.batch)):
+            return
+        self._pasts = {n: np.take(a, rows, axis=0) for n, a in self._pasts.items()}
+        self._mask = self._mask[rows]
+        self.batch = int(rows.size)
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` positions of every row."""
+        if not 0 <= n <= self.length:
+            raise ValueError(f"truncate length {n} outside [0, {self.length}]")
+        if n == self.length:
+            return
+        if not self.io.shared_buffer:
+            self._pasts = {name: a[:, :, :n] for name, a in self._pasts.items()}
+        self._mask = self._mask[:, :n]
+        self.length = n
+
+    def cache_bytes(self) -> int:
+        """Bytes of the K/V the rows hold now (the past tensors or buffers)."""
+        return int(sum(a.nbytes for a in self._pasts.values()))
+
+    def close(self) -> None:
+        """Drop the pasts (the runner can run again from an empty state)."""
+        self.length = 0
+        self._mask = np.zeros((self.batch, 0), np.int64)
+        self._empty_pasts()
+
+
+class StateRunner:
+    """Runs a decoder on its cache path: one ``GenerationState`` (``session.create_state``)
+    holds the rows' KV caches; runs feed only the new tokens (``session.run(..., state=)``),
+    ``reorder`` / ``truncate`` are the state's own (no copy of the whole past for a
+    permutation, none at all for a truncation). The number of rows is fixed at creation."""
+
+    resizable = False
+    kind = "state"
+
+    def __init__(self, session: Any, io: DecoderIO, batch: int, capacity: Optional[int],
+                 options: Dict[str, Any]) -> None:
+        opts = dict(options)
+        if capacity and "max_length" not in opts:
+            opts["max_length"] = int(capacity)
+        self.session, self.io, self.batch = session, io, batch
+        self.state = session.create_state(batch=batch, **opts)
+        self.length = 0
+        self._mask = np.zeros((batch, 0), np.int64)
+        self._outputs = [io.logits]
+
+    @property
+    def supports_padding(self) -> bool:
+        """True when the model takes an attention mask (the state stores no padding)."""
+        return self.io.attention_mask is not None
+
+    def run(self, ids: np.ndarray, mask: Optional[np.ndarray] = None) -> np.ndarray:
+        """Append ``ids [batch, s]`` to the state and return the logits ``[batch, s, vocab]``."""
+        ids, full, total = _prepare(self, ids, mask)
+        out = self.session.run(self._outputs, step_feeds(self.io, ids, full, self.length), state=self.state)
+        self._mask = full
+        self.length = total
+        return np.asarray(out[0])
+
+    def reorder(self, rows: np.ndarray) -> None:
+        """Row ``i`` becomes old row ``rows[i]`` (``batch`` indices: the row count is fixed)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.ndim != 1 or rows.size != self.batch:
+            raise ValueError(f"a state of {self.batch} rows reorders with {self.batch} indices, got shape {rows.shape}")
+        if np.array_equal(rows, np.arange(self.batch)):
+            return
+        self.state.reorder(rows)
+        self._mask = self._mask[rows]
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` positions of every row."""
+        if not 0 <= n <= self.length:
+            raise ValueError(f"truncate length {n} outside [0, {self.length}]")
+        if n == self.length:
+            return
+        self.state.truncate(int(n))
+        self._mask = self._mask[:, :n]
+        self.length = n
+
+    def cache_bytes(self) -> int:
+        """Bytes the state's caches have committed."""
+        return int(self.state.info()["totals"].get("committed_bytes", 0))
+
+    def close(self) -> None:
+        """Release the state's caches."""
+        self.state.close()
+
+
+def cache_path_available(session: Any) -> bool:
+    """True when ``session`` has the cache path (``create_state``) and its ``cache_plan()``
+    rewrites every layer."""
+    if not hasattr(session, "create_state") or not hasattr(session, "cache_plan"):
+        return False
+    plan = session.cache_plan()
+    return bool(plan) and all(p.get("rewritten") for p in plan)
+
+
+def make_runner(session: Any, io: DecoderIO, batch: int, capacity: Optional[int],
+                state_options: Union[None, bool, Dict[str, Any]] = None) -> Union[TensorRunner, StateRunner]:
+    """The runner for ``session``.
+
+    ``state_options``: None picks the cache path when :func:`cache_path_available`, else the
+    tensor path; False forces the tensor path; a dict (keyword arguments of
+    ``session.create_state``: ``dtype``, ``budget``, ``max_length``) requires the cache path
+    and raises ``NotImplementedError`` when the session has none (``create_state``'s own
+    ``NotImplementedError`` gives the layers' reasons)."""
+    if state_options is False:
+        return TensorRunner(session, io, batch, capacity)
+    if state_options is None or state_options is True:
+        if cache_path_available(session):
+            return StateRunner(session, io, batch, capacity, {})
+        if state_options is None:
+            return TensorRunner(session, io, batch, capacity)
+        state_options = {}
+    if not isinstance(state_options, dict):
+        raise TypeError(f"state_options must be None, a bool or a dict, got {type(state_options).__name__}")
+    if not hasattr(session, "create_state"):
+        raise NotImplementedError(
+            f"state_options needs the cache path, but {type(session).__name__} has no create_state(); "
+            "leave state_options=None to run on the tensor past/present path")
+    return StateRunner(session, io, batch, capacity, state_options)

@@ -1,0 +1,131 @@
+"""Text in and out (Hugging Face ``tokenizers``), streaming and the progress bar.
+
+``tokenizers`` and ``tqdm`` are optional dependencies (``pip install onnx-light-kv[generate]``),
+imported only when a tokenizer or ``progress=True`` is used.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+__all__ = ["load_tokenizer", "encode", "Streamer", "Progress"]
+
+_PAD_NAMES = ("<pad>", "[PAD]", "<|pad|>", "<|endoftext|>", "</s>", "<eos>")
+
+
+def load_tokenizer(tokenizer: Any) -> Any:
+    """A ``tokenizers.Tokenizer``: given one, or loaded from a ``tokenizer.json`` path."""
+    if isinstance(tokenizer, (str, os.PathLike)):
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as e:
+            raise ImportError("a tokenizer path needs the optional 'tokenizers' package "
+                              "(pip install 'onnx-light-kv[generate]' or pip install tokenizers)") from e
+        path = os.fspath(tokenizer)
+        if os.path.isdir(path):
+            path = os.path.join(path, "tokenizer.json")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"tokenizer file not found: {path}")
+        return Tokenizer.from_file(path)
+    if not (hasattr(tokenizer, "encode_batch") and hasattr(tokenizer, "decode")):
+        raise TypeError("tokenizer must be a tokenizers.Tokenizer or a tokenizer.json path, "
+                        f"got {type(tokenizer).__name__}")
+    return tokenizer
+
+
+def default_pad_id(tokenizer: Any) -> Optional[int]:
+    """The id of the tokenizer's padding (or end-of-text) token, if it has one of the usual names."""
+    for name in _PAD_NAMES:
+        i = tokenizer.token_to_id(name)
+        if i is not None:
+            return int(i)
+    return None
+
+
+def encode(tokenizer: Any, text: Union[str, Sequence[str]], pad_token_id: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Token ids ``[batch, s]`` (left-padded with ``pad_token_id``) and their attention mask."""
+    texts = [text] if isinstance(text, str) else list(text)
+    if not texts or not all(isinstance(t, str) for t in texts):
+        raise TypeError("text input must be a str or a non-empty list of str")
+    rows = [enc.ids for enc in tokenizer.encode_batch(texts)]
+    if any(len(r) == 0 for r in rows):
+        raise ValueError("a prompt encodes to no tokens")
+    width = max(len(r) for r in rows)
+    ids = np.full((len(rows), width), pad_token_id, np.int64)
+    mask = np.zeros((len(rows), width), np.int64)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = r
+        mask[i, width - len(r):] = 1
+    return ids, mask
+
+
+class Streamer:
+    """Hands new tokens (and text pieces) to the user's ``streamer`` as they are produced.
+
+    ``streamer`` is either an object with ``put(tokens)`` / ``end()`` (transformers'
+    streamer protocol: ``put`` first gets the prompt ``[rows, s]``, then each step's new tokens
+    ``[rows]``) or a callable ``streamer(tokens, text)`` called per step with the ``[rows]``
+    new token ids and, with a tokenizer, the list of new text pieces per row (else None)."""
+
+    def __init__(self, streamer: Any, tokenizer: Any, rows: int) -> None:
+        self.streamer, self.tokenizer = streamer, tokenizer
+        self._protocol = hasattr(streamer, "put") and hasattr(streamer, "end")
+        if not self._protocol and not callable(streamer):
+            raise TypeError("streamer must have put()/end() or be callable(tokens, text)")
+        self._tokens: List[List[int]] = [[] for _ in range(rows)]
+        self._text = [""] * rows
+
+    def prompt(self, ids: np.ndarray) -> None:
+        """Announce the prompt (transformers' protocol only)."""
+        if self._protocol:
+            self.streamer.put(ids.copy())
+
+    def put(self, tokens: np.ndarray) -> None:
+        """One new token per row."""
+        if self._protocol:
+            self.streamer.put(tokens.copy())
+            return
+        pieces = None
+        if self.tokenizer is not None:
+            pieces = []
+            for r, t in enumerate(tokens):
+                self._tokens[r].append(int(t))
+                full = self.tokenizer.decode(self._tokens[r], skip_special_tokens=True)
+                if full.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
+                    pieces.append("")
+                    continue
+                pieces.append(full[len(self._text[r]):])
+                self._text[r] = full
+        self.streamer(tokens.copy(), pieces)
+
+    def end(self) -> None:
+        """Generation finished."""
+        if self._protocol:
+            self.streamer.end()
+
+
+class Progress:
+    """A tqdm bar over the new tokens, showing tokens/s (no-op when disabled)."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.bar = None
+        if enabled:
+            try:
+                from tqdm.auto import tqdm
+            except ImportError as e:
+                raise ImportError("progress=True needs the optional 'tqdm' package "
+                                  "(pip install 'onnx-light-kv[generate]' or pip install tqdm)") from e
+            self.bar = tqdm(total=total, unit="tok", desc="generate")
+
+    def update(self, n: int = 1) -> None:
+        """``n`` more tokens."""
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        """Close the bar."""
+        if self.bar is not None:
+            self.bar.close()

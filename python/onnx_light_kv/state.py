@@ -1,0 +1,201 @@
+"""Generation state: the KV caches of one request on the cache path of a session.
+
+``InferenceSession.create_state(...)`` returns a :class:`GenerationState` holding one
+:class:`~onnx_light_kv.KVCache`-like cache per rewritten attention layer;
+``sess.run(output_names, feeds, state=state)`` feeds only the new tokens, appends their K/V to the
+caches (only those rows are copied) and attends over the caches in place.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence
+
+import numpy as np
+
+from . import _lib
+from ._dtypes import CODES
+from ._format import html_table, human_bytes, human_count, summary
+from .cache import Checkpoint, _i64
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .session import InferenceSession
+
+__all__ = ["GenerationState"]
+
+_call = _lib.call
+_f = _lib.fn
+
+
+class GenerationState:
+    """The caches of one request (one KVCache per rewritten layer), created by
+    :meth:`InferenceSession.create_state`.
+
+    Positions are logical: :attr:`length` counts every position run so far (left padding
+    included), :attr:`lengths` the tokens each sequence stores (padding is never stored).
+    One state is used by one caller at a time; several states of one session may run
+    concurrently from several threads. Operations that fail change nothing.
+    """
+
+    def __init__(self, session: "InferenceSession", handle: int, batch: int, dtype: np.dtype,
+                 plan: List[Dict[str, Any]]) -> None:
+        self._session = session
+        self._h = handle
+        self._batch = batch
+        self._dtype = dtype
+        self._plan = plan
+        self._finalizer = weakref.finalize(self, _lib.ext.kvgo_StateFree, handle)
+
+    # -- properties ---------------------------------------------------------
+    @property
+    def batch(self) -> int:
+        """Number of sequences."""
+        return self._batch
+
+    @property
+    def dtype(self) -> np.dtype:
+        """Storage dtype of the caches."""
+        return self._dtype
+
+    @property
+    def length(self) -> int:
+        """Logical positions run so far (the past length a tensor-path run would see)."""
+        return int(_call(_f("StateLength"), self._handle()))
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens stored per sequence (int64 ``[batch]``; left padding is not stored)."""
+        out = np.empty(self._batch, dtype=np.int64)
+        _call(_f("StateLengths"), self._handle(), out.ctypes.data, self._batch)
+        return out
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return not self._finalizer.alive
+
+    # -- operations ---------------------------------------------------------
+    def info(self) -> Dict[str, Any]:
+        """Per-layer cache metadata (``layers``: geometry, lengths, committed/live bytes,
+        counters) and ``totals`` over the layers (committed/live bytes, append/export/copy/
+        attention bytes and calls), plus ``batch``, ``length`` and ``dtype``."""
+        return json.loads(_call(_f("StateInfoJSON"), self._handle()))
+
+    def reset_counters(self) -> None:
+        """Zero every layer cache's work counters."""
+        _call(_f("StateResetCounters"), self._handle())
+
+    def fork(self) -> "GenerationState":
+        """An independent copy (valid rows copied; same arena). Checkpoints are not copied.
+
+        Raises:
+            BudgetError: the arena cannot hold the copy.
+        """
+        h = _call(_f("StateFork"), self._handle())
+        return GenerationState(self._session, h, self._batch, self._dtype, self._plan)
+
+    clone = fork
+
+    def reorder(self, beam_indices: Sequence[int]) -> None:
+        """Beam search: sequence ``b`` of every layer becomes old sequence ``beam_indices[b]``.
+        Checkpoints become stale.
+
+        Raises:
+            IndexError: an index outside ``0..batch-1``. ValueError: not ``batch`` indices.
+        """
+        a = _i64(beam_indices, "beam_indices")
+        if a.size != self._batch:
+            raise ValueError(f"reorder needs {self._batch} beam indices, got {a.size}")
+        _call(_f("StateReorder"), self._handle(), a.ctypes.data, a.size)
+
+    def truncate(self, n: int) -> None:
+        """Drop the last positions so that :attr:`length` becomes ``n`` (``0 <= n <= length``,
+        else ValueError)."""
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
+            raise TypeError(f"n must be an int, got {type(n).__name__}")
+        _call(_f("StateTruncate"), self._handle(), int(n))
+
+    def checkpoint(self) -> Checkpoint:
+        """Snapshot every layer for speculative decoding (see :meth:`rollback`)."""
+        h = self._handle()
+        ck = _call(_f("StateCheckpoint"), h)
+        return Checkpoint(self, ck, self.lengths, release=(_lib.ext.kvgo_StateReleaseCheckpoint, h))
+
+    def rollback(self, checkpoint: Checkpoint) -> None:
+        """Restore a checkpoint of this state: tokens appended since are dropped.
+
+        Raises:
+            StaleCheckpointError: released, or made stale by reorder/reset, a cache growth
+            (create the state with ``max_length`` to avoid those) or an overwrite.
+        """
+        if not isinstance(checkpoint, Checkpoint):
+            raise TypeError(f"rollback expects a Checkpoint, got {type(checkpoint).__name__}")
+        if checkpoint._cache() is not self:
+            raise ValueError("checkpoint belongs to another state or cache")
+        _call(_f("StateRollback"), self._handle(), checkpoint.id)
+
+    def reset(self) -> None:
+        """Empty every cache (memory stays reserved); drops checkpoints."""
+        _call(_f("StateReset"), self._handle())
+
+    def export(self, dtype: Any = None) -> Dict[str, np.ndarray]:
+        """The caches as present tensors, by present output name: ``[batch, kv_heads, L,
+        head_dim]`` with ``L`` the longest stored sequence (shorter sequences are zero-filled
+        at the end). ``dtype`` defaults to the cache dtype. This copies the whole cache."""
+        h = self._handle()
+        dt = self._dtype if dtype is None else np.dtype(dtype)
+        if dt not in CODES:
+            raise TypeError(f"unsupported export dtype {dt}: use float32, float16 or bfloat16")
+        info = self.info()
+        out: Dict[str, np.ndarray] = {}
+        for layer in info["layers"]:
+            slot = layer["slot"]
+            L = _call(_f("StateExportLen"), h, slot)
+            k = np.empty((self._batch, layer["kv_heads"], L, layer["head_dim_k"]), dtype=dt)
+            v = np.empty((self._batch, layer["kv_heads"], L, layer["head_dim_v"]), dtype=dt)
+            _call(_f("StateExport"), h, slot, k.ctypes.data, k.nbytes, v.ctypes.data, v.nbytes, CODES[dt], L)
+            out[layer["present_key"]] = k
+            out[layer["present_value"]] = v
+        return out
+
+    def close(self) -> None:
+        """Release the caches now (also done when the state is collected)."""
+        self._finalizer()
+
+    def __enter__(self) -> "GenerationState":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _handle(self) -> int:
+        if not self._finalizer.alive:
+            raise ValueError("the generation state is closed")
+        return self._h
+
+    # -- display ------------------------------------------------------------
+    def __repr__(self) -> str:
+        if self.closed:
+            return "GenerationState(closed)"
+        i = self.info()
+        t = i["totals"]
+        return summary("GenerationState", batch=i["batch"], length=i["length"], lengths=self.lengths,
+                       layers=len(i["layers"]), dtype=i["dtype"], committed=human_bytes(t.get("committed_bytes", 0)))
+
+    def _repr_html_(self) -> str:
+        if self.closed:
+            return "<b>GenerationState</b> (closed)"
+        i = self.info()
+        t = i["totals"]
+        lengths = self.lengths.tolist()
+        shown = ", ".join(map(str, lengths[:8])) + (f", ... ({len(lengths)} sequences)" if len(lengths) > 8 else "")
+        sections = {"state": [("batch", i["batch"]), ("length", i["length"]), ("lengths", shown),
+                              ("dtype", i["dtype"]), ("layers", len(i["layers"])),
+                              ("committed", human_bytes(t.get("committed_bytes", 0))),
+                              ("live", human_bytes(t.get("live_bytes", 0)))],
+                    "layers": [(f"{l.get('layer')}: {l.get('present_key')}",
+                                f"capacity {human_count(l.get('capacity') or 0)}, committed "
+                                f"{human_bytes(l.get('committed_bytes') or 0)}, live {human_bytes(l.get('live_bytes') or 0)}")
+                               for l in i["layers"]]}
+        return html_table("GenerationState", sections)

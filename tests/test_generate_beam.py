@@ -1,0 +1,111 @@
+"""Beam search equals a plain reference beam search (transformers' scoring, length penalty and
+early-stopping rule) that recomputes every beam from an empty past with onnxruntime."""
+
+from __future__ import annotations
+
+from typing import Any, List, Tuple
+
+import numpy as np
+import pytest
+
+import _gen_common as gc
+
+olkv = pytest.importorskip("onnx_light_kv")
+
+
+def reference_beam_search(mp: Any, prompt: np.ndarray, num_beams: int, max_new: int, eos: List[int],
+                          length_penalty: float, early_stopping: Any, nrs: int) -> List[Tuple[float, List[int]]]:
+    """Plain loops: every candidate of every beam, sorted; transformers' BeamHypotheses rules."""
+    sess = gc.ort("llama")
+    beams = [(0.0, [])] + [(-1e9, []) for _ in range(num_beams - 1)]
+    finished: List[Tuple[float, List[int]]] = []
+    done = False
+    vocab = gc.CFG.vocab
+    for step in range(max_new):
+        cands = []
+        for b, (score, toks) in enumerate(beams):
+            lp = gc.full_logprobs(sess, mp, list(prompt) + toks)
+            cands += [(score + lp[t], b, t) for t in range(vocab)]
+        cands.sort(key=lambda c: (-c[0], c[1] * vocab + c[2]))
+        top = cands[:2 * num_beams]
+        new = []
+        for rank, (score, b, t) in enumerate(top):
+            if t in eos:
+                if rank < num_beams:
+                    finished.append((score / (step + 1) ** length_penalty, beams[b][1] + [t]))
+                    finished = sorted(finished, key=lambda f: -f[0])[:num_beams]
+                continue
+            new.append((score, beams[b][1] + [t]))
+            if len(new) == num_beams:
+                break
+        if len(finished) >= num_beams:
+            worst = finished[-1][0]
+            if early_stopping is True:
+                done = True
+            else:
+                length = max_new if (early_stopping == "never" and length_penalty > 0) else step + 1
+                done = worst >= top[0][0] / length ** length_penalty
+        beams = new
+        if done:
+            break
+    if not done:
+        for score, toks in beams:
+            finished.append((score / len(toks) ** length_penalty, toks))
+        finished = sorted(finished, key=lambda f: -f[0])[:num_beams]
+    return sorted(finished, key=lambda f: -f[0])[:nrs]
+
+
+def _eos_candidates() -> List[int]:
+    """Tokens that beam search meets early on this prompt, so hypotheses finish mid-way."""
+    greedy = gc.ort_greedy(gc.model("llama"), gc.PROMPT, 6)
+    return [int(greedy[2]), int(greedy[4])]
+
+
+@pytest.mark.parametrize("num_beams,length_penalty,early_stopping,nrs,use_eos", [
+    (3, 1.0, False, 1, False),
+    (3, 1.0, False, 3, True),
+    (4, 0.5, True, 2, True),
+    (2, 2.0, "never", 2, True),
+    (3, -1.0, False, 2, True),
+])
+def test_beam_search_equals_reference(num_beams: int, length_penalty: float, early_stopping: Any, nrs: int,
+                                      use_eos: bool) -> None:
+    max_new = 6
+    eos = _eos_candidates() if use_eos else []
+    want = reference_beam_search(gc.model("llama"), gc.PROMPT, num_beams, max_new, eos, length_penalty,
+                                 early_stopping, nrs)
+    for sess in (gc.ours("llama"), gc.ort("llama")):
+        out = olkv.generate(sess, gc.PROMPT, max_new_tokens=max_new, num_beams=num_beams, length_penalty=length_penalty,
+                            early_stopping=early_stopping, num_return_sequences=nrs, eos_token_id=eos or None,
+                            pad_token_id=0)
+        assert out.sequences.shape[0] == nrs
+        for r, (score, toks) in enumerate(want):
+            row = out.new_tokens[r]
+            np.testing.assert_array_equal(row[:len(toks)], toks, err_msg=f"sequence {r}")
+            assert (row[len(toks):] == 0).all()
+            assert out.sequences_scores[r] == pytest.approx(score, abs=2e-4)
+        np.testing.assert_array_equal(out.sequences[:, :gc.PROMPT.size], np.tile(gc.PROMPT, (nrs, 1)))
+
+
+def test_beam_search_batch_rows_are_independent() -> None:
+    ids, mask = gc.padded(gc.PROMPTS[:2])
+    both = olkv.generate(gc.ours("llama-mask"), ids, attention_mask=mask, max_new_tokens=5, num_beams=3,
+                         num_return_sequences=2, return_scores=True)
+    assert both.sequences.shape == (4, ids.shape[1] + 5)
+    assert len(both.scores) == 5 and both.scores[0].shape == (6, gc.CFG.vocab)
+    for r, p in enumerate(gc.PROMPTS[:2]):
+        one = olkv.generate(gc.ours("llama"), p, max_new_tokens=5, num_beams=3, num_return_sequences=2)
+        np.testing.assert_array_equal(both.new_tokens[2 * r:2 * r + 2], one.new_tokens)
+        np.testing.assert_allclose(both.sequences_scores[2 * r:2 * r + 2], one.sequences_scores, atol=1e-4)
+
+
+def test_beam_search_one_beam_is_greedy_and_errors() -> None:
+    sess = gc.ours("llama")
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        olkv.generate(sess, gc.PROMPT, max_new_tokens=3, num_beams=2, num_return_sequences=3)
+    with pytest.raises(ValueError, match="streamer"):
+        olkv.generate(sess, gc.PROMPT, max_new_tokens=3, num_beams=2, streamer=lambda t, s: None)
+    with pytest.raises(NotImplementedError, match="beam sampling"):
+        olkv.generate(sess, gc.PROMPT, max_new_tokens=3, num_beams=2, do_sample=True)
+    with pytest.raises(ValueError, match="early_stopping"):
+        olkv.generate(sess, gc.PROMPT, max_new_tokens=3, num_beams=2, early_stopping="sometimes")

@@ -1,0 +1,225 @@
+"""generate(): greedy tokens equal a hand-written onnxruntime loop; feeds from the model's names;
+stop conditions; errors."""
+
+from __future__ import annotations
+
+from typing import Any, List
+
+import numpy as np
+import onnx
+import pytest
+
+import _gen_common as gc
+import _ort_compare as oc
+
+olkv = pytest.importorskip("onnx_light_kv")
+from onnx_light_kv.generation import DecoderIO  # noqa: E402
+
+N = 12
+
+
+@pytest.mark.parametrize("variant,dtype", [
+    ("llama", "float32"), ("llama-mask", "float32"), ("llama-derived-positions", "float32"),
+    ("llama-opset24", "float32"), ("gpt2", "float32"), ("gpt2-derived-positions", "float32"),
+    ("llama", "float16"), ("gpt2", "float16"),
+])
+def test_greedy_batch1_equals_onnxruntime_loop(variant: str, dtype: str) -> None:
+    want = gc.ort_greedy(gc.model(variant, dtype), gc.PROMPT, N)
+    got = olkv.generate(gc.ours(variant, dtype), gc.PROMPT, max_new_tokens=N)
+    assert got.sequences.shape == (1, gc.PROMPT.size + N)
+    assert got.sequences.dtype == np.int64
+    np.testing.assert_array_equal(got.sequences[0, :gc.PROMPT.size], gc.PROMPT)
+    np.testing.assert_array_equal(got.new_tokens[0], want)
+    # the same generate() drives an onnxruntime session too
+    on_ort = olkv.generate(gc.ort(variant, dtype), gc.PROMPT, max_new_tokens=N)
+    np.testing.assert_array_equal(on_ort.new_tokens[0], want)
+
+
+def test_greedy_gqa_shared_buffer_export_on_onnxruntime() -> None:
+    """The GroupQueryAttention export (fixed-capacity past buffers) run by onnxruntime gives the
+    Llama model's greedy tokens (same weights)."""
+    want = gc.ort_greedy(gc.model("llama"), gc.PROMPT, N)
+    io = DecoderIO.from_session(gc.ort("llama-gqa-ort"))
+    assert io.shared_buffer and io.attention_mask == "attention_mask" and io.position_ids is None
+    got = olkv.generate(gc.ort("llama-gqa-ort"), gc.PROMPT, max_new_tokens=N)
+    np.testing.assert_array_equal(got.new_tokens[0], want)
+
+
+@pytest.mark.parametrize("variant", ["llama-mask", "gpt2", "llama", "llama-gqa-ort"])
+def test_left_padded_batch_of_3_equals_per_sequence_runs(variant: str) -> None:
+    """llama-mask pads in one batched run; the others (no attention_mask input, or fixed
+    buffers) run the rows one after another; every row equals its own greedy run."""
+    ids, mask = gc.padded(gc.PROMPTS, pad=0)
+    sess = gc.ort(variant) if variant == "llama-gqa-ort" else gc.ours(variant)
+    ref_model = gc.model("llama") if variant == "llama-gqa-ort" else gc.model(variant)
+    got = olkv.generate(sess, ids, attention_mask=mask, max_new_tokens=N)
+    assert got.sequences.shape == (3, ids.shape[1] + N)
+    np.testing.assert_array_equal(got.sequences[:, :ids.shape[1]], ids)
+    for r, p in enumerate(gc.PROMPTS):
+        np.testing.assert_array_equal(got.new_tokens[r], gc.ort_greedy(ref_model, p, N), err_msg=f"row {r}")
+
+
+@pytest.mark.parametrize("n", [1, 2, 7])
+def test_max_new_tokens_exact(n: int) -> None:
+    out = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=n)
+    assert out.new_tokens.shape == (1, n)
+    assert out.stats.model_runs == n  # the prefill gives the first token; no run after the last
+    np.testing.assert_array_equal(out.new_tokens[0], gc.ort_greedy(gc.model("llama"), gc.PROMPT, n))
+
+
+def test_eos_single_and_list_each_row_stops_on_its_own() -> None:
+    refs = [gc.ort_greedy(gc.model("llama-mask"), p, N) for p in gc.PROMPTS]
+    eos = int(refs[1][3])  # row 1 stops after 4 tokens (unless eos appears earlier elsewhere)
+    ids, mask = gc.padded(gc.PROMPTS)
+    for eos_arg in (eos, [999, eos]):
+        out = olkv.generate(gc.ours("llama-mask"), ids, attention_mask=mask, max_new_tokens=N, eos_token_id=eos_arg,
+                            pad_token_id=255)
+        for r, ref in enumerate(refs):
+            hits = np.flatnonzero(ref == eos)
+            row = out.new_tokens[r]
+            if hits.size:
+                k = int(hits[0])
+                np.testing.assert_array_equal(row[:k + 1], ref[:k + 1])
+                assert (row[k + 1:] == 255).all(), f"row {r} not padded after eos: {row}"
+            else:
+                np.testing.assert_array_equal(row[:ref.size], ref)
+    # the batch is as wide as its longest row: max_new_tokens unless every row stopped
+    ends = [int(np.flatnonzero(ref == eos)[0]) + 1 if (ref == eos).any() else N for ref in refs]
+    assert out.new_tokens.shape[1] == max(ends)
+
+
+def test_eos_everywhere_ends_early_and_pads_with_eos() -> None:
+    ref = gc.ort_greedy(gc.model("llama"), gc.PROMPT, N)
+    out = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=N, eos_token_id=int(ref[2]))
+    k = int(np.flatnonzero(ref == ref[2])[0])
+    np.testing.assert_array_equal(out.new_tokens[0], ref[:k + 1])
+
+
+def test_stop_sequences() -> None:
+    ref = gc.ort_greedy(gc.model("llama"), gc.PROMPT, N)
+    stop = [int(ref[4]), int(ref[5])]
+    out = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=N, stop_sequences=[[7, 7, 7], stop])
+    np.testing.assert_array_equal(out.new_tokens[0], ref[:6])
+    assert out.stats.decode_tokens == 5
+
+
+def _rename(mp: onnx.ModelProto, mapping: dict) -> onnx.ModelProto:
+    m = onnx.ModelProto()
+    m.CopyFrom(mp)
+    for node in m.graph.node:
+        node.input[:] = [mapping.get(n, n) for n in node.input]
+        node.output[:] = [mapping.get(n, n) for n in node.output]
+    for vi in list(m.graph.input) + list(m.graph.output):
+        vi.name = mapping.get(vi.name, vi.name)
+    return m
+
+
+def test_other_naming_conventions_and_cache_position() -> None:
+    """past_key_N / present_key_N names (older torch exports) and an unused cache_position input."""
+    base = gc.model("llama")
+    mapping = {}
+    for i in range(gc.CFG.layers):
+        for kv in ("key", "value"):
+            mapping[f"past_key_values.{i}.{kv}"] = f"past_{kv}_{i}"
+            mapping[f"present.{i}.{kv}"] = f"present_{kv}_{i}"
+    m = _rename(base, mapping)
+    m.graph.input.append(onnx.helper.make_tensor_value_info("cache_position", onnx.TensorProto.INT64, ["seq"]))
+    io = DecoderIO.from_session(oc.ort(m))
+    assert io.cache_position == "cache_position" and io.layers == gc.CFG.layers
+    assert [k.past for k in io.kv[:2]] == ["past_key_0", "past_value_0"]
+    got = olkv.generate(oc.ours(m), gc.PROMPT, max_new_tokens=N)
+    np.testing.assert_array_equal(got.new_tokens[0], gc.ort_greedy(base, gc.PROMPT, N))
+
+
+def test_unrecognized_input_is_named() -> None:
+    m = onnx.ModelProto()
+    m.CopyFrom(gc.model("llama"))
+    m.graph.input.append(onnx.helper.make_tensor_value_info("token_type_ids", onnx.TensorProto.INT64, ["b", "s"]))
+    with pytest.raises(ValueError, match="token_type_ids"):
+        olkv.generate(oc.ort(m), gc.PROMPT, max_new_tokens=2)
+
+
+class _FakeArg:
+    def __init__(self, name: str, shape: Any, type_: str = "tensor(float)") -> None:
+        self.name, self.shape, self.type = name, shape, type_
+
+
+class _FakeSession:
+    def __init__(self, inputs: List[_FakeArg], outputs: List[_FakeArg]) -> None:
+        self._i, self._o = inputs, outputs
+
+    def get_inputs(self) -> List[_FakeArg]:
+        return self._i
+
+    def get_outputs(self) -> List[_FakeArg]:
+        return self._o
+
+
+@pytest.mark.parametrize("past,present", [
+    ("past_key_values.{i}.{kv}", "present.{i}.{kv}"),
+    ("past.{i}.{kv}", "present_key_values.{i}.{kv}"),
+    ("past_key_values_{i}_{kv}", "present_{i}_{kv}"),
+])
+def test_decoder_io_naming(past: str, present: str) -> None:
+    ins = [_FakeArg("input_ids", ["b", "s"], "tensor(int64)"), _FakeArg("use_cache_branch", [1], "tensor(bool)")]
+    outs = [_FakeArg("logits", ["b", "s", 32])]
+    for i in range(2):
+        for kv in ("key", "value"):
+            ins.append(_FakeArg(past.format(i=i, kv=kv), ["b", 4, "past", 8], "tensor(float16)"))
+            outs.append(_FakeArg(present.format(i=i, kv=kv), ["b", 4, "total", 8], "tensor(float16)"))
+    io = DecoderIO.from_session(_FakeSession(ins, outs))
+    assert io.layers == 2 and io.dtype == np.float16 and not io.shared_buffer
+    assert io.use_cache_branch == "use_cache_branch"
+    assert [(k.layer, k.kind) for k in io.kv] == [(0, "key"), (0, "value"), (1, "key"), (1, "value")]
+    assert io.output_names[0] == "logits"
+
+
+def test_decoder_io_errors() -> None:
+    ids = _FakeArg("input_ids", ["b", "s"], "tensor(int64)")
+    logits = _FakeArg("logits", ["b", "s", 32])
+    with pytest.raises(ValueError, match="no matching present"):
+        DecoderIO.from_session(_FakeSession([ids, _FakeArg("past_key_values.0.key", ["b", 4, "p", 8])], [logits]))
+    with pytest.raises(ValueError, match="kv_heads and head_dim"):
+        DecoderIO.from_session(_FakeSession([ids, _FakeArg("past_key_values.0.key", ["b", "h", "p", 8])],
+                                            [logits, _FakeArg("present.0.key", ["b", "h", "t", 8])]))
+    with pytest.raises(ValueError, match="no past key/value"):
+        DecoderIO.from_session(_FakeSession([ids], [logits]))
+    with pytest.raises(ValueError, match="input_ids"):
+        DecoderIO.from_session(_FakeSession([], [logits]))
+    with pytest.raises(TypeError):
+        DecoderIO.from_session(object())
+
+
+def test_argument_errors() -> None:
+    sess = gc.ours("llama")
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        olkv.generate(sess, gc.PROMPT, max_new_tokens=0)
+    with pytest.raises(ValueError, match="left padding"):
+        olkv.generate(sess, [[1, 2, 3]], attention_mask=[[1, 1, 0]], max_new_tokens=2)
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        olkv.generate(sess, gc.PROMPT, max_new_tokens=2, num_return_sequences=2)
+    with pytest.raises(TypeError, match="integer"):
+        olkv.generate(sess, np.array([1.0, 2.0]), max_new_tokens=2)
+    with pytest.raises(ValueError, match="tokenizer"):
+        olkv.generate(sess, "hello", max_new_tokens=2)
+    with pytest.raises(ValueError, match="temperature"):
+        olkv.generate(sess, gc.PROMPT, max_new_tokens=2, do_sample=True, temperature=0.0)
+    with pytest.raises(ValueError, match="top_p"):
+        olkv.generate(sess, gc.PROMPT, max_new_tokens=2, do_sample=True, top_p=1.5)
+
+
+def test_stats_and_scores() -> None:
+    out = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=5, return_scores=True, state_options=False)
+    s = out.stats
+    assert s.runner == "tensor"
+    assert s.prefill_ms > 0 and s.decode_ms > 0 and s.decode_tokens == 4 and s.decode_tokens_per_s > 0
+    cfg = gc.CFG
+    # pasts held at the end: prompt + 4 fed tokens, K and V, all layers, float32
+    assert s.cache_bytes == 2 * cfg.layers * cfg.kv_heads * cfg.head_dim * 4 * (gc.PROMPT.size + 4)
+    assert "tokens/s" in s.summary()
+    assert len(out.scores) == 5 and out.scores[0].shape == (1, cfg.vocab)
+    want = gc.ort_logits_loop(gc.model("llama"), gc.PROMPT, out.new_tokens[0][:4])
+    want = want - want.max(-1, keepdims=True)
+    want = want - np.log(np.exp(want).sum(-1, keepdims=True))
+    np.testing.assert_allclose(np.concatenate(out.scores), want, atol=2e-3)
+    assert all(np.exp(sc).sum() == pytest.approx(1.0, abs=1e-4) for sc in out.scores)

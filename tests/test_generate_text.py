@@ -1,0 +1,103 @@
+"""Text in and out (a tokenizer built locally with ``tokenizers``), streaming, progress, CLI."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, List
+
+import numpy as np
+import pytest
+
+import _gen_common as gc
+
+olkv = pytest.importorskip("onnx_light_kv")
+from onnx_light_kv.__main__ import main  # noqa: E402
+
+N = 6
+
+
+def _tokenizer() -> Any:
+    tokenizers = pytest.importorskip("tokenizers", reason="tokenizers (optional extra 'generate') is not installed")
+    vocab = {f"w{i}": i for i in range(255)}
+    vocab["<pad>"] = 255
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<pad>"])
+    return tok
+
+
+def _words(ids: Any) -> str:
+    return " ".join(f"w{int(i)}" for i in ids)
+
+
+def test_text_in_text_out_and_streamed_pieces(tmp_path: Any) -> None:
+    tok = _tokenizer()
+    want = gc.ort_greedy(gc.model("llama"), gc.PROMPT, N)
+    pieces: List[str] = []
+    seen: List[int] = []
+
+    def streamer(tokens: np.ndarray, text: Any) -> None:
+        seen.extend(int(t) for t in tokens)
+        pieces.append(text[0])
+
+    out = olkv.generate(gc.ours("llama"), _words(gc.PROMPT), tokenizer=tok, max_new_tokens=N, streamer=streamer)
+    np.testing.assert_array_equal(out.new_tokens[0], want)
+    assert out.text == [_words(want)]
+    assert seen == list(want) and "".join(pieces) == out.text[0]
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    again = olkv.generate(gc.ours("llama"), [_words(gc.PROMPT), _words(gc.PROMPTS[2])], tokenizer=str(path),
+                          max_new_tokens=N)
+    assert again.text[0] == out.text[0]
+    assert again.sequences[1, 0] == 255  # left-padded with the tokenizer's <pad>
+    assert again.text[1] == _words(gc.ort_greedy(gc.model("llama"), gc.PROMPTS[2], N))
+
+
+def test_transformers_style_streamer_protocol() -> None:
+    calls: List[Any] = []
+
+    class Recorder:
+        def put(self, value: np.ndarray) -> None:
+            calls.append(value)
+
+        def end(self) -> None:
+            calls.append("end")
+
+    out = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=N, streamer=Recorder())
+    np.testing.assert_array_equal(calls[0], gc.PROMPT[None, :])
+    assert [int(c[0]) for c in calls[1:-1]] == list(out.new_tokens[0]) and calls[-1] == "end"
+
+
+def test_progress_bar(capsys: Any) -> None:
+    pytest.importorskip("tqdm", reason="tqdm (optional extra 'generate') is not installed")
+    out = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=N, progress=True)
+    assert out.new_tokens.shape == (1, N)
+    assert "tok" in capsys.readouterr().err
+
+
+def test_cli_generate_ids_and_text(tmp_path: Any, capsys: Any) -> None:
+    path = os.fspath(tmp_path / "llama.onnx")
+    gc.M.save_model(gc.model("llama"), path)
+    want = gc.ort_greedy(gc.model("llama"), gc.PROMPT, N)
+    args = ["generate", path, "--prompt-ids", *map(str, gc.PROMPT), "--max-new-tokens", str(N), "--threads", "1"]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].split() == [str(t) for t in want]
+    assert "prefill" in lines[1] and "tokens/s" in lines[1] and "cache" in lines[1]
+    assert main(args + ["--num-beams", "2"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 2
+    assert main(args + ["--draft", path]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].split() == [str(t) for t in want] and "drafts accepted" in lines[1]
+
+
+def test_cli_generate_text(tmp_path: Any, capsys: Any) -> None:
+    path = os.fspath(tmp_path / "llama.onnx")
+    gc.M.save_model(gc.model("llama"), path)
+    want = gc.ort_greedy(gc.model("llama"), gc.PROMPT, N)
+    tok = _tokenizer()
+    tpath = os.fspath(tmp_path / "tokenizer.json")
+    tok.save(tpath)
+    assert main(["generate", path, "--prompt", _words(gc.PROMPT), "--tokenizer", tpath,
+                 "--max-new-tokens", str(N)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == _words(want)

@@ -1,0 +1,110 @@
+"""Generator: onnxruntime-genai's verbs; step-by-step equals generate(); rewind and multi-turn."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import _gen_common as gc
+
+olkv = pytest.importorskip("onnx_light_kv")
+
+N = 10
+
+
+def test_step_by_step_equals_generate_and_onnxruntime() -> None:
+    g = olkv.Generator(gc.ours("llama"), max_length=gc.PROMPT.size + N)
+    g.append_tokens(gc.PROMPT)
+    got = []
+    while not g.is_done():
+        g.generate_next_token()
+        got.append(int(g.get_next_tokens()[0]))
+    assert len(got) == N and g.length == gc.PROMPT.size + N
+    np.testing.assert_array_equal(got, gc.ort_greedy(gc.model("llama"), gc.PROMPT, N))
+    np.testing.assert_array_equal(g.get_sequence(0), np.concatenate([gc.PROMPT, got]))
+    with pytest.raises(RuntimeError, match="done"):
+        g.generate_next_token()
+    g.close()
+
+
+def test_get_logits_matches_onnxruntime() -> None:
+    g = olkv.Generator(gc.ours("llama"))
+    g.append_tokens(gc.PROMPT)
+    toks = []
+    for _ in range(3):
+        g.generate_next_token()
+        toks.append(int(g.get_next_tokens()[0]))
+    want = gc.ort_logits_loop(gc.model("llama"), gc.PROMPT, toks)
+    np.testing.assert_allclose(g.get_logits()[0], want[-1], atol=2e-3)
+    assert g.get_logits().shape == (1, gc.CFG.vocab)
+
+
+@pytest.mark.parametrize("variant", ["llama", "gpt2"])
+def test_rewind_then_regenerate_gives_the_same_tokens(variant: str) -> None:
+    g = olkv.Generator(gc.ours(variant))
+    g.append_tokens(gc.PROMPT)
+    for _ in range(N):
+        g.generate_next_token()
+    first = g.sequences
+    for keep in (gc.PROMPT.size + 4, gc.PROMPT.size, gc.PROMPT.size + 1):
+        g.rewind_to(keep)
+        assert g.length == keep
+        while g.length < first.shape[1]:
+            g.generate_next_token()
+        np.testing.assert_array_equal(g.sequences, first, err_msg=f"after rewind_to({keep})")
+    g.rewind_to(0)
+    g.append_tokens(gc.PROMPT)
+    for _ in range(N):
+        g.generate_next_token()
+    np.testing.assert_array_equal(g.sequences, first)
+    with pytest.raises(ValueError, match="rewind"):
+        g.rewind_to(first.shape[1] + 1)
+
+
+def test_multi_turn_keeps_the_history() -> None:
+    """Turn 2 appended to the same state equals a fresh run over the whole history."""
+    sess = gc.ours("llama")
+    g = olkv.Generator(sess)
+    g.append_tokens(gc.PROMPT)
+    for _ in range(5):
+        g.generate_next_token()
+    turn2 = np.array([11, 12, 13])
+    g.append_tokens(turn2)
+    for _ in range(5):
+        g.generate_next_token()
+    history = np.concatenate([g.sequences[0, :gc.PROMPT.size + 5], turn2])
+    fresh = olkv.generate(sess, history, max_new_tokens=5)
+    np.testing.assert_array_equal(g.sequences[0], fresh.sequences[0])
+
+
+def test_padded_batch_and_eos() -> None:
+    ids, mask = gc.padded(gc.PROMPTS)
+    refs = [gc.ort_greedy(gc.model("llama-mask"), p, N) for p in gc.PROMPTS]
+    eos = int(refs[2][1])
+    g = olkv.Generator(gc.ours("llama-mask"), max_length=ids.shape[1] + N, eos_token_id=eos, pad_token_id=0)
+    g.append_tokens(ids, attention_mask=mask)
+    while not g.is_done():
+        g.generate_next_token()
+    for r, ref in enumerate(refs):
+        row = g.get_sequence(r)[len(gc.PROMPTS[r]):]
+        stop = int(np.flatnonzero(ref == eos)[0]) + 1 if (ref == eos).any() else N
+        np.testing.assert_array_equal(row[:stop], ref[:stop])
+        assert (row[stop:] == 0).all()
+        assert g.done_rows()[r] == (ref == eos).any()
+
+
+def test_errors() -> None:
+    g = olkv.Generator(gc.ours("llama"), max_length=gc.PROMPT.size + 1)
+    with pytest.raises(RuntimeError, match="append_tokens"):
+        g.generate_next_token()
+    with pytest.raises(TypeError):
+        g.append_tokens(np.array([1.5]))
+    with pytest.raises(ValueError, match="max_length"):
+        g.append_tokens(np.arange(gc.PROMPT.size + 2))
+    g.append_tokens(gc.PROMPT)
+    with pytest.raises(ValueError, match="rows"):
+        g.append_tokens(np.ones((2, 1), np.int64))
+    with pytest.raises(IndexError):
+        g.get_sequence(3)
+    with pytest.raises(ValueError, match="max_length"):
+        olkv.Generator(gc.ours("llama"), max_length=0)
