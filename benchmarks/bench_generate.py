@@ -1,11 +1,12 @@
 """Tokens/s of ``onnx_light_kv.generate`` on the built-in Llama decoder: our cache path, our tensor
 path and onnxruntime, plus the Python loop's share of a decode step.
 
-Every side runs through the same ``generate()`` loop (same feeds, same token choice), so the
-comparison is between the runtimes; onnxruntime runs the standard model on its tensor path
-(presents fed back as pasts). onnxruntime-genai, the comparator the generation issue names, is
-used when it is installed and the model has a GroupQueryAttention export; otherwise the table
-says so. Cases: greedy at several prompt lengths, beam search (4 beams), speculative decoding
+Our sides and onnxruntime run through the same ``generate()`` loop (same feeds, same token
+choice), so the comparison is between the runtimes; onnxruntime runs the standard model on its
+tensor path (presents fed back as pasts). onnxruntime-genai (when installed) runs its own
+``og.Generator`` loop on the GroupQueryAttention export of the same weights (past and present
+sharing one buffer; beam search copies the chosen beams), greedy and beam cases only; "genai
+same" says whether its tokens equal ours (``pip install onnxruntime-genai``; optional). Cases: greedy at several prompt lengths, beam search (4 beams), speculative decoding
 with a 1-layer draft (same vocabulary, other weights: a low acceptance rate, reported), each at
 1 and 2 threads. Sides alternate (ours-state, ours-tensor, ort, ...) with a pause before each,
 ``--repeat`` times; the table reports the median decode tokens/s (new tokens after the first,
@@ -22,7 +23,9 @@ grid: prompts 128 / 1024 / 4096, 128 new tokens, 4 layers hidden 1024; minutes).
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import tempfile
 import sys
 import time
 from typing import Any, Dict, List
@@ -31,6 +34,56 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
+
+
+def _genai_dir(models: Any, cfg: Any, threads: int, root: str) -> str:
+    """A folder onnxruntime-genai loads: the GroupQueryAttention export of the same weights
+    (written once) and a genai_config.json with ``threads`` intra-op threads."""
+    model = os.path.join(root, "model.onnx")
+    if not os.path.exists(model):
+        models.save_model(models.build("llama_gqa_ort", cfg), model, external_data=True)
+    d = os.path.join(root, f"t{threads}")
+    os.makedirs(d, exist_ok=True)
+    for f in ("model.onnx", "model.onnx.data"):
+        if not os.path.exists(os.path.join(d, f)):
+            os.symlink(os.path.join(root, f), os.path.join(d, f))
+    conf = {"model": {"bos_token_id": 1, "context_length": cfg.max_positions, "eos_token_id": cfg.vocab - 1,
+                      "pad_token_id": 0, "type": "llama", "vocab_size": cfg.vocab,
+                      "decoder": {"session_options": {"log_id": "bench", "provider_options": [],
+                                                      "intra_op_num_threads": threads, "inter_op_num_threads": 1},
+                                  "filename": "model.onnx", "head_size": cfg.head_dim, "hidden_size": cfg.hidden,
+                                  "num_attention_heads": cfg.q_heads, "num_hidden_layers": cfg.layers,
+                                  "num_key_value_heads": cfg.kv_heads,
+                                  "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask",
+                                             "past_key_names": "past_key_values.%d.key",
+                                             "past_value_names": "past_key_values.%d.value"},
+                                  "outputs": {"logits": "logits", "present_key_names": "present.%d.key",
+                                              "present_value_names": "present.%d.value"}}},
+            "search": {"do_sample": False, "max_length": cfg.max_positions, "num_beams": 1, "top_k": 1,
+                       "past_present_share_buffer": True, "early_stopping": False, "length_penalty": 1.0}}
+    with open(os.path.join(d, "genai_config.json"), "w") as f:
+        json.dump(conf, f)
+    return d
+
+
+def _genai_generate(og: Any, model: Any, prompt: np.ndarray, new: int, num_beams: int) -> Any:
+    """onnxruntime-genai's own loop: decode tokens/s (after the first token) and the tokens."""
+    params = og.GeneratorParams(model)
+    total = prompt.shape[1] + new
+    opts: Dict[str, Any] = {"max_length": total, "min_length": total}  # eos never ends it early
+    if num_beams > 1:  # past_present_share_buffer does not apply to beams (og copies the chosen beams)
+        opts.update(num_beams=num_beams, num_return_sequences=1, early_stopping=False)
+    params.set_search_options(**opts)
+    g = og.Generator(model, params)
+    g.append_tokens(prompt.astype(np.int32))
+    g.generate_next_token()
+    t = time.perf_counter()
+    steps = 0
+    while not g.is_done():
+        g.generate_next_token()
+        steps += 1
+    dt = time.perf_counter() - t
+    return steps / dt if dt > 0 else 0.0, np.asarray(g.get_sequence(0), np.int64)
 
 
 class _TimedSession:
@@ -73,10 +126,12 @@ def main() -> int:
     data = models.model_bytes(models.build("llama", cfg))
     draft = models.model_bytes(models.build("llama", cfg.replace(layers=1, seed=1)))
     try:
-        import onnxruntime_genai  # noqa: F401
-        genai = "installed, but no GroupQueryAttention export of this model is built here: not measured"
+        import onnxruntime_genai as og
+        genai = f"{og.__version__} (its own loop on the GroupQueryAttention export of the same weights)"
     except ImportError:
-        genai = "not installed: onnxruntime (tensor path, same generate() loop) is the comparator"
+        og = None
+        genai = "not installed: not measured"
+    genai_root = tempfile.mkdtemp(prefix="olkv-bench-genai-")
     print(f"model: {cfg.layers} layers, hidden {cfg.hidden}, {cfg.q_heads}/{cfg.kv_heads} heads x {cfg.head_dim}, "
           f"vocab {cfg.vocab}; {new} new tokens; onnxruntime-genai {genai}")
     rng = np.random.default_rng(0)
@@ -97,9 +152,12 @@ def main() -> int:
         drafts = {"state": olkv.InferenceSession(draft, threads=threads),
                   "tensor": olkv.InferenceSession(draft, threads=threads),
                   "ort": ort.InferenceSession(draft, so, providers=["CPUExecutionProvider"])}
+        og_model = og.Model(_genai_dir(models, cfg, threads, genai_root)) if og is not None else None
         for case in cases:
             prompt = rng.integers(0, cfg.vocab, size=(1, case["prompt"]))
             kw = dict(case["kw"])
+            genai_tps: List[float] = []
+            genai_same = None
             tps: Dict[str, List[float]] = {k: [] for k in sides}
             tokens: Dict[str, Any] = {}
             overhead: List[float] = []
@@ -121,11 +179,19 @@ def main() -> int:
                         accepted = f"{s.accepted_draft_tokens}/{s.draft_tokens}"
                     raw.append({"threads": threads, "case": case["case"], "side": name, "stats": vars(s).copy(),
                                 "runner": s.runner})
+                if og_model is not None and not kw.get("draft"):
+                    time.sleep(0.05)
+                    rate, seq = _genai_generate(og, og_model, prompt, new, kw.get("num_beams", 1))
+                    genai_tps.append(rate)
+                    genai_same = bool(np.array_equal(seq, tokens["state"][0]))
             same = all(np.array_equal(tokens["ort"], t) for t in tokens.values())
             med = {k: float(np.median(v)) for k, v in tps.items()}
             rows.append({"threads": threads, "case": case["case"], "state tok/s": med["state"],
                          "tensor tok/s": med["tensor"], "ort tok/s": med["ort"],
+                         "genai tok/s": float(np.median(genai_tps)) if genai_tps else float("nan"),
                          "state/ort": med["state"] / med["ort"], "tensor/ort": med["tensor"] / med["ort"],
+                         "state/genai": med["state"] / float(np.median(genai_tps)) if genai_tps else float("nan"),
+                         "genai same": "" if genai_same is None else genai_same,
                          "py overhead": f"{100 * float(np.median(overhead)):.1f}%" if overhead else "",
                          "drafts kept": accepted, "same tokens": same})
             print(_common.format_table(rows[-1:], floatfmt="{:.2f}"), flush=True)

@@ -101,6 +101,11 @@ def test_stop_sequences() -> None:
     out = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=N, stop_sequences=[[7, 7, 7], stop])
     np.testing.assert_array_equal(out.new_tokens[0], ref[:6])
     assert out.stats.decode_tokens == 5
+    # a stop sequence may start in the prompt
+    across = [[int(gc.PROMPT[-1]), int(ref[0])]]
+    out = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=N, stop_sequences=across)
+    np.testing.assert_array_equal(out.new_tokens[0], ref[:1])
+    assert out.stats.decode_tokens == 0
 
 
 def _rename(mp: onnx.ModelProto, mapping: dict) -> onnx.ModelProto:

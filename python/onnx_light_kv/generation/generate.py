@@ -94,7 +94,8 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
     1-gram (transformers' ``prompt_lookup_num_tokens``); greedy output is the greedy output
     token for token, sampled output keeps the target's distribution.
     ``streamer``: transformers-style ``put``/``end`` object or ``callable(tokens, text)`` (see
-    :class:`~onnx_light_kv.generation.text.Streamer`); ``progress=True``: a tqdm bar.
+    :class:`~onnx_light_kv.generation.text.Streamer`; rows that run one after another stream one
+    after another, each with its own prompt and ``end``); ``progress=True``: a tqdm bar.
     ``return_scores``: per-step log-probabilities in ``scores``. ``state_options``: None runs
     on the session's cache path (``create_state``) when it rewrites every layer, else on the
     tensor path; False forces the tensor path; a dict of ``create_state`` keyword arguments
@@ -185,14 +186,18 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
     if return_scores:
         out.scores = _merge_scores(scores_per_group)
     if tok is not None:
-        out.text = [tok.decode([int(t) for t in _strip(row, stop, pad)], skip_special_tokens=True) for row in new]
+        out.text = [tok.decode([int(t) for t in _strip(row, stop, ids[r][mask[r] != 0])], skip_special_tokens=True)
+                    for r, row in enumerate(new)]
     return out
 
 
-def _strip(row: np.ndarray, stop: StopCondition, pad: int) -> np.ndarray:
-    """The new tokens of a row up to where it stopped (the padding after removed)."""
+def _strip(row: np.ndarray, stop: StopCondition, prompt: np.ndarray) -> np.ndarray:
+    """The new tokens of a row up to where it stopped (the padding after removed); ``prompt``
+    is the row's prompt, which a stop sequence may start in."""
+    tail = prompt[-max((len(s) for s in stop.stop_sequences), default=1):]
+    full = np.concatenate([tail, row])
     for i in range(row.size):
-        if stop.hit(row[:i + 1]):
+        if stop.hit(full[:tail.size + i + 1]):
             return row[:i + 1]
     return row
 
@@ -242,7 +247,7 @@ def _greedy_or_sample(session: Any, ids: np.ndarray, mask: np.ndarray, opts: Sam
         stats.decode_ms += g.timings["decode_s"] * 1e3
         stats.model_runs += 1 + int(g.timings["decode_runs"])
         new = g.sequences[:, ids.shape[1]:]
-        stats.decode_tokens += int(sum(max(len(_strip(r, g.stop, pad)) - 1, 0) for r in new))
+        stats.decode_tokens += int(sum(max(len(_strip(row, g.stop, ids[r])) - 1, 0) for r, row in enumerate(new)))
         stats.cache_bytes = max(stats.cache_bytes, g.cache_bytes())
         stats.runner = g.runner_kind
     finally:

@@ -139,14 +139,14 @@ class Generator:
             self._runner = make_runner(self.session, self.io, ids.shape[0], self.max_length, self._state_options)
             self._seq = np.zeros((ids.shape[0], 0), np.int64)
             self._mask = np.zeros((ids.shape[0], 0), np.int64)
-        vocab_check = self._runner.length == 0
+        is_prefill = self._runner.length == 0
         self._seq = np.concatenate([self._seq, ids], axis=1)
         self._mask = np.concatenate([self._mask, mask], axis=1)
         self._done = np.zeros(self.batch, bool)
         t = time.perf_counter()
         self._compute()
         dt = time.perf_counter() - t
-        self.timings["prefill_s" if vocab_check else "decode_s"] += dt
+        self.timings["prefill_s" if is_prefill else "decode_s"] += dt
 
     def generate_next_token(self) -> None:
         """Choose one token per row from the current logits (after the processors) and append
