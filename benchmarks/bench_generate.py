@@ -10,7 +10,8 @@ same" says whether its tokens equal ours (``pip install onnxruntime-genai``; opt
 with a 1-layer draft (same vocabulary, other weights: a low acceptance rate, reported), each at
 1 and 2 threads. Sides alternate (ours-state, ours-tensor, ort, ...) with a pause before each,
 ``--repeat`` times; the table reports the median decode tokens/s (new tokens after the first,
-over the decode time) and the ratios.
+over the decode time) and the speed-ups (their time / our time: our tokens/s over theirs, > 1
+means we are faster).
 
 The Python overhead is measured on the cache path: a proxy session times every ``run`` call;
 overhead = 1 - (time inside run) / (decode time).
@@ -189,14 +190,16 @@ def main() -> int:
             rows.append({"threads": threads, "case": case["case"], "state tok/s": med["state"],
                          "tensor tok/s": med["tensor"], "ort tok/s": med["ort"],
                          "genai tok/s": float(np.median(genai_tps)) if genai_tps else float("nan"),
-                         "state/ort": med["state"] / med["ort"], "tensor/ort": med["tensor"] / med["ort"],
-                         "state/genai": med["state"] / float(np.median(genai_tps)) if genai_tps else float("nan"),
+                         # tokens/s ratios: ours / theirs = their time / our time, the one speed-up
+                         "speedup state": med["state"] / med["ort"], "speedup tensor": med["tensor"] / med["ort"],
+                         "speedup vs genai": med["state"] / float(np.median(genai_tps)) if genai_tps else float("nan"),
                          "genai same": "" if genai_same is None else genai_same,
                          "py overhead": f"{100 * float(np.median(overhead)):.1f}%" if overhead else "",
                          "drafts kept": accepted, "same tokens": same})
             print(_common.format_table(rows[-1:], floatfmt="{:.2f}"), flush=True)
     print()
     print(_common.format_table(rows, floatfmt="{:.2f}"))
+    print(f"speedup state/tensor: vs onnxruntime; {_common.SPEEDUP}")
     path = _common.write_json("generate", {"environment": _common.environment(extra={"genai": genai}),
                                            "config": vars(cfg) if hasattr(cfg, "__dict__") else str(cfg),
                                            "new_tokens": new, "rows": rows, "raw": raw})

@@ -7,8 +7,8 @@ the past on both sides). The decode step is one new token with the past filled t
 the prompt case writes ``context`` tokens into an empty buffer. Sides alternate in blocks after a
 pause (``_common.blocked``), with the same thread count.
 
-Outputs: a printed table (median ms, ORT/ours: > 1 means ours is faster) and raw samples plus the
-environment in ``benchmarks/results/gqa-op-<UTC>.json``.
+Outputs: a printed table (median ms, ``speedup`` = onnxruntime time / ours: > 1 means we are
+faster) and raw samples plus the environment in ``benchmarks/results/gqa-op-<UTC>.json``.
 
 Usage::
 
@@ -28,6 +28,7 @@ import onnx
 from onnx import TensorProto, helper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
 from _common import blocked, environment, format_table, summarize, write_json  # noqa: E402
 
 
@@ -94,7 +95,7 @@ def main() -> None:
                     s = blocked({"ours": lambda: ours.run(None, f), "ort": lambda: ref.run(None, f)}, repeat=args.repeat)
                     so_, sr = summarize(s["ours"]), summarize(s["ort"])
                     rows.append({"threads": threads, "dtype": np.dtype(dtype).name, "phase": phase, "context": ctx,
-                                 "ours_ms": so_["median"], "ort_ms": sr["median"], "ort/ours": sr["median"] / so_["median"],
+                                 "ours_ms": so_["median"], "ort_ms": sr["median"], "speedup": _common.speedup(so_["median"], sr["median"]),
                                  "max_abs_diff": err})
                     raw.append({**rows[-1], "samples": s})
                     print(format_table(rows[-1:]), flush=True)

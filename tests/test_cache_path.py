@@ -441,7 +441,7 @@ def test_fp16_cache_for_fp32_model_and_repr() -> None:
     np.testing.assert_array_equal(toks, ref.tokens)
     assert st.info()["layers"][0]["counters"]["append_bytes"] == (PROMPT.shape[1] + 8) * _row_bytes(cfg, 2)
     assert "GenerationState(batch=1" in repr(st)
-    assert "<table>" in st._repr_html_()
+    assert "<table" in st._repr_html_() and "KiB" in st._repr_html_()
     with pytest.raises(TypeError):
         sess.create_state(dtype="int8")
     with pytest.raises(ValueError):

@@ -41,6 +41,25 @@ def test_reprs_are_short_summaries() -> None:
     assert "budget=64.0 MiB" in repr(arena)
 
 
+def test_generation_reprs_are_short_summaries() -> None:
+    _, sess = _session()
+    out = olkv.generate(sess, np.arange(1, 17)[None], max_new_tokens=8, return_scores=True)
+    g = olkv.Generator(sess, max_length=32)
+    g.append_tokens(np.arange(1, 9)[None])
+    objs = [out, out.stats, g]
+    if hasattr(sess, "create_state"):
+        objs.append(sess.create_state(batch=2, max_length=64))
+    for o in objs:
+        r = repr(o)
+        assert len(r) <= MAX_REPR and "\n" not in r and r.startswith(type(o).__name__), r
+    assert "int64[1, 24]" in repr(out) and "<8 steps>" in repr(out) and "array(" not in repr(out)
+    h = out._repr_html_()
+    assert "stats" in h and "tokens/s" in h and "KiB" in h
+    assert "length=8" in repr(g) and "max_length=32" in repr(g)
+    if len(objs) == 4:
+        assert "KiB" in repr(objs[3]) and "committed" in objs[3]._repr_html_()
+
+
 def test_closed_objects_say_so() -> None:
     c = olkv.KVCache(1, 1, 8, capacity=4)
     c.close()

@@ -97,6 +97,8 @@ SMOKE = textwrap.dedent("""
     sess = olkv.InferenceSession(models.model_bytes(m), threads=1)
     r = models.greedy_generate(sess, m, prompt_ids=np.arange(5), steps=3)
     assert r.tokens.shape == (1, 4)
+    out = olkv.generate(sess, np.arange(1, 6)[None], max_new_tokens=3)
+    assert out.new_tokens.shape == (1, 3) and len(repr(out)) < 400
     print("ok", olkv.__version__)
 """)
 

@@ -4,7 +4,7 @@
 empty folder (so they cannot lean on the source tree or on each other).
 ``bash`` blocks: every line must be a ``bash scripts/run.sh COMMAND`` the
 script knows; the demo line is run (with this interpreter passed as
-``PYTHON``, about 5 seconds); the test line is what runs this test, so it is
+``PYTHON``, 5-20 seconds); the test line is what runs this test, so it is
 only checked to be a known command.
 """
 

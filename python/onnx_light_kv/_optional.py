@@ -9,6 +9,7 @@ extra          package             used for
 ``ort``        onnxruntime         side-by-side comparison (demo, benchmarks)
 ``plot``       matplotlib          benchmark plots (PNG)
 ``progress``   tqdm                progress bars (demo, long benchmark runs)
+``generate``   tokenizers, tqdm    text in/out and progress bars of ``generate()``
 =============  ==================  ==============================================
 """
 
@@ -25,6 +26,7 @@ EXTRAS = {
     "onnxruntime": ("ort", "comparison with onnxruntime"),
     "matplotlib": ("plot", "plots"),
     "tqdm": ("progress", "progress bars"),
+    "tokenizers": ("generate", "text in/out with a tokenizer"),
 }
 
 T = TypeVar("T")

@@ -98,7 +98,7 @@ def _plot(path: str, prompt_len: int, series: Any) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("  (matplotlib not installed: no plot)")
+        print("  (matplotlib not installed: no plot; pip install 'onnx-light-kv[plot]' adds it)")
         return
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, steps in series.items():

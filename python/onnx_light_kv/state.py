@@ -8,7 +8,6 @@ caches (only those rows are copied) and attends over the caches in place.
 
 from __future__ import annotations
 
-import html
 import json
 import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Sequence
@@ -17,6 +16,7 @@ import numpy as np
 
 from . import _lib
 from ._dtypes import CODES
+from ._format import html_table, human_bytes, human_count, summary
 from .cache import Checkpoint, _i64
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -180,17 +180,22 @@ class GenerationState:
             return "GenerationState(closed)"
         i = self.info()
         t = i["totals"]
-        return (f"GenerationState(batch={i['batch']}, length={i['length']}, lengths={self.lengths.tolist()}, "
-                f"layers={len(i['layers'])}, dtype={i['dtype']}, committed={t.get('committed_bytes', 0):,} B)")
+        return summary("GenerationState", batch=i["batch"], length=i["length"], lengths=self.lengths,
+                       layers=len(i["layers"]), dtype=i["dtype"], committed=human_bytes(t.get("committed_bytes", 0)))
 
     def _repr_html_(self) -> str:
         if self.closed:
             return "<b>GenerationState</b> (closed)"
         i = self.info()
-        head = (f"<b>GenerationState</b> batch={i['batch']} length={i['length']} dtype={html.escape(i['dtype'])}"
-                f" committed={i['totals'].get('committed_bytes', 0):,} B")
-        cols = ("layer", "present_key", "capacity", "lengths", "committed_bytes", "live_bytes")
-        rows = "".join("<tr>" + "".join(f"<td>{html.escape(str(l.get(c)))}</td>" for c in cols) + "</tr>"
-                       for l in i["layers"])
-        th = "".join(f"<th>{c}</th>" for c in cols)
-        return f"{head}<table><tr>{th}</tr>{rows}</table>"
+        t = i["totals"]
+        lengths = self.lengths.tolist()
+        shown = ", ".join(map(str, lengths[:8])) + (f", ... ({len(lengths)} sequences)" if len(lengths) > 8 else "")
+        sections = {"state": [("batch", i["batch"]), ("length", i["length"]), ("lengths", shown),
+                              ("dtype", i["dtype"]), ("layers", len(i["layers"])),
+                              ("committed", human_bytes(t.get("committed_bytes", 0))),
+                              ("live", human_bytes(t.get("live_bytes", 0)))],
+                    "layers": [(f"{l.get('layer')}: {l.get('present_key')}",
+                                f"capacity {human_count(l.get('capacity') or 0)}, committed "
+                                f"{human_bytes(l.get('committed_bytes') or 0)}, live {human_bytes(l.get('live_bytes') or 0)}")
+                               for l in i["layers"]]}
+        return html_table("GenerationState", sections)

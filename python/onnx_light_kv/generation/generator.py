@@ -220,6 +220,14 @@ class Generator:
             self._runner.close()
             self._runner = None
 
+    def __repr__(self) -> str:
+        from .._format import human_bytes, summary
+
+        rows = int(self._seq.shape[0])
+        return summary("Generator", runner=self.runner_kind or None, rows=rows, length=int(self._seq.shape[1]),
+                       max_length=self.max_length, done=f"{int(self._done.sum())}/{rows}" if rows else None,
+                       cache=human_bytes(self.cache_bytes()) if self._runner is not None else None)
+
     # -- internals -------------------------------------------------------------------------
     def _compute(self) -> None:
         """Run the positions the runner does not hold yet; keep the last position's logits."""

@@ -7,16 +7,12 @@ from typing import List, Optional
 
 import numpy as np
 
+from .._format import describe_array, html_table, human_bytes, human_count, summary
+
 __all__ = ["GenerationOutput", "GenerationStats"]
 
 
-def _fmt_bytes(n: int) -> str:
-    if n < 2**20:
-        return f"{n / 1024:.1f} KiB"
-    return f"{n / 2**20:.2f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
-
-
-@dataclass
+@dataclass(repr=False)
 class GenerationStats:
     """Figures of one ``generate`` call.
 
@@ -43,13 +39,28 @@ class GenerationStats:
     def summary(self) -> str:
         """One line: prefill ms, decode tokens/s, accepted drafts, cache bytes."""
         s = (f"prefill {self.prefill_ms:.1f} ms | decode {self.decode_tokens} tokens in {self.decode_ms:.1f} ms "
-             f"({self.decode_tokens_per_s:.1f} tokens/s) | cache {_fmt_bytes(self.cache_bytes)}")
+             f"({self.decode_tokens_per_s:.1f} tokens/s) | cache {human_bytes(self.cache_bytes)}")
         if self.draft_tokens:
             s += f" | drafts accepted {self.accepted_draft_tokens}/{self.draft_tokens}"
         return s
 
+    def __repr__(self) -> str:
+        return summary("GenerationStats", runner=self.runner, prefill=f"{self.prefill_ms:.2f} ms",
+                       decode=f"{self.decode_tokens} tokens in {self.decode_ms:.2f} ms",
+                       model_runs=self.model_runs, cache=human_bytes(self.cache_bytes),
+                       drafts=f"{self.accepted_draft_tokens}/{self.draft_tokens}" if self.draft_tokens else None)
 
-@dataclass
+    def _rows(self) -> list:
+        rows = [("runner", self.runner), ("prefill", f"{self.prefill_ms:.2f} ms"),
+                ("decode", f"{human_count(self.decode_tokens)} tokens in {self.decode_ms:.2f} ms"),
+                ("decode speed", f"{self.decode_tokens_per_s:.1f} tokens/s"),
+                ("model runs", human_count(self.model_runs)), ("cache (largest)", human_bytes(self.cache_bytes))]
+        if self.draft_tokens:
+            rows.append(("drafts accepted", f"{self.accepted_draft_tokens} of {self.draft_tokens}"))
+        return rows
+
+
+@dataclass(repr=False)
 class GenerationOutput:
     """Result of :func:`~onnx_light_kv.generate`.
 
@@ -72,3 +83,18 @@ class GenerationOutput:
     def new_tokens(self) -> np.ndarray:
         """``[rows, new]``: the generated part of :attr:`sequences`."""
         return self.sequences[:, self.prompt_length:]
+
+    def __repr__(self) -> str:
+        # a summary: the arrays are attributes, printing them here would bury the figures
+        return summary("GenerationOutput", sequences=describe_array(self.sequences), prompt_length=self.prompt_length,
+                       scores=f"<{len(self.scores)} steps>" if self.scores is not None else None,
+                       text=f"<{len(self.text)} strings>" if self.text is not None else None,
+                       stats=self.stats.summary())
+
+    def _repr_html_(self) -> str:
+        rows, new = self.sequences.shape[0], self.sequences.shape[1] - self.prompt_length
+        out = [("sequences", describe_array(self.sequences)), ("rows", rows), ("prompt tokens", self.prompt_length),
+               ("new tokens per row", new)]
+        if self.scores is not None:
+            out.append(("scores", f"{len(self.scores)} steps"))
+        return html_table("GenerationOutput", {"output": out, "stats": self.stats._rows()})
