@@ -40,25 +40,51 @@ def _generic(name: str) -> bool:
     return not fx.entry(name)["drive"].get("shared_buffer")
 
 
-@pytest.mark.parametrize("name", [n for n in fx.names() if _generic(n)])
-def test_fixture_greedy_batch1_and_padded_batch(name: str) -> None:
+def _windowed(name: str) -> bool:
+    """Sliding-window fixtures: the cache path rewrites their layers, then refuses the window mask
+    at run time (tests/test_cache_fixtures.py fails the same way), so generate() on the default
+    runner fails there until the cache path handles windows or leaves them on the tensor path."""
+    return bool(fx.entry(name).get("config", {}).get("sliding_window"))
+
+
+def _params() -> list:
+    out = []
+    for name in fx.names():
+        if not _generic(name):
+            continue
+        for runner in ("tensor", "default"):
+            marks = ([pytest.mark.xfail(strict=True, raises=ValueError,
+                                        reason="the cache path refuses the sliding-window mask at run time")]
+                     if runner == "default" and _windowed(name) else [])
+            out.append(pytest.param(name, runner, marks=marks, id=f"{name}-{runner}"))
+    return out
+
+
+def _options(runner: str) -> object:
+    return False if runner == "tensor" else None
+
+
+@pytest.mark.parametrize("name,runner", _params())
+def test_fixture_greedy_batch1_and_padded_batch(name: str, runner: str) -> None:
     sess = _session(name)
-    got = olkv.generate(sess, PROMPTS[0], max_new_tokens=STEPS)
+    got = olkv.generate(sess, PROMPTS[0], max_new_tokens=STEPS, state_options=_options(runner))
     np.testing.assert_array_equal(got.new_tokens[0], _reference(name, PROMPTS[0]))
     ids, mask = padded(PROMPTS)
-    batch = olkv.generate(sess, ids, attention_mask=mask, max_new_tokens=STEPS)
+    batch = olkv.generate(sess, ids, attention_mask=mask, max_new_tokens=STEPS, state_options=_options(runner))
     for r, p in enumerate(PROMPTS):
         np.testing.assert_array_equal(batch.new_tokens[r], _reference(name, p), err_msg=f"{name} row {r}")
 
 
-@pytest.mark.parametrize("name", [n for n in fx.names() if _generic(n)])
-def test_fixture_speculative_and_beam_run(name: str) -> None:
+@pytest.mark.parametrize("name,runner", _params())
+def test_fixture_speculative_and_beam_run(name: str, runner: str) -> None:
     sess = _session(name)
     want = _reference(name, PROMPTS[0])
-    spec = olkv.generate(sess, PROMPTS[0], max_new_tokens=STEPS, draft_session=sess, num_draft_tokens=3)
+    spec = olkv.generate(sess, PROMPTS[0], max_new_tokens=STEPS, draft_session=sess, num_draft_tokens=3,
+                         state_options=_options(runner))
     np.testing.assert_array_equal(spec.new_tokens[0], want)
     assert spec.stats.accepted_draft_tokens > 0
-    beams = olkv.generate(sess, PROMPTS[0], max_new_tokens=4, num_beams=2, num_return_sequences=2)
+    beams = olkv.generate(sess, PROMPTS[0], max_new_tokens=4, num_beams=2, num_return_sequences=2,
+                          state_options=_options(runner))
     assert beams.sequences.shape == (2, PROMPTS[0].size + 4)
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 
 import _gen_common as gc
+import _ort_compare as oc
 
 olkv = pytest.importorskip("onnx_light_kv")
 
@@ -74,9 +76,18 @@ def test_state_options() -> None:
         pytest.skip("this build's InferenceSession has no cache path")
     half = olkv.generate(sess, gc.PROMPT, max_new_tokens=4, state_options={"dtype": "float16"})
     assert half.stats.runner == "state" and half.new_tokens.shape == (1, 4)
-    with pytest.raises(NotImplementedError, match="tensor path"):  # GPT-2's Concat pasts are not rewritten
-        olkv.generate(gc.ours("gpt2"), gc.PROMPT, max_new_tokens=2, state_options={})
-    assert olkv.generate(gc.ours("gpt2"), gc.PROMPT, max_new_tokens=2).stats.runner == "tensor"
+    # a present that another node reads keeps the model on the tensor path
+    m = onnx.ModelProto()
+    m.CopyFrom(gc.model("llama"))
+    m.graph.node.append(onnx.helper.make_node("Identity", ["present.0.key"], ["present_copy"]))
+    m.graph.output.append(onnx.helper.make_tensor_value_info("present_copy", onnx.TensorProto.FLOAT, None))
+    kept = oc.ours(m)
+    assert not all(p["rewritten"] for p in kept.cache_plan())
+    with pytest.raises(NotImplementedError, match="tensor path"):
+        olkv.generate(kept, gc.PROMPT, max_new_tokens=2, state_options={})
+    out = olkv.generate(kept, gc.PROMPT, max_new_tokens=N)
+    assert out.stats.runner == "tensor"
+    np.testing.assert_array_equal(out.new_tokens[0], gc.ort_greedy(gc.model("llama"), gc.PROMPT, N))
     with pytest.raises(NotImplementedError, match="create_state"):
         olkv.generate(gc.ort("llama"), gc.PROMPT, max_new_tokens=2, state_options={})
     with pytest.raises(TypeError, match="state_options"):

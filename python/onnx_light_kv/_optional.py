@@ -9,6 +9,7 @@ extra          package             used for
 ``ort``        onnxruntime         side-by-side comparison (demo, benchmarks)
 ``plot``       matplotlib          benchmark plots (PNG)
 ``progress``   tqdm                progress bars (demo, long benchmark runs)
+``generate``   tokenizers, tqdm    text in and out of ``generate()``, its bar
 =============  ==================  ==============================================
 """
 
@@ -25,6 +26,7 @@ EXTRAS = {
     "onnxruntime": ("ort", "comparison with onnxruntime"),
     "matplotlib": ("plot", "plots"),
     "tqdm": ("progress", "progress bars"),
+    "tokenizers": ("generate", "text in and out of generate()"),
 }
 
 T = TypeVar("T")

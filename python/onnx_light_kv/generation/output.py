@@ -7,13 +7,9 @@ from typing import List, Optional
 
 import numpy as np
 
+from .._format import human_bytes
+
 __all__ = ["GenerationOutput", "GenerationStats"]
-
-
-def _fmt_bytes(n: int) -> str:
-    if n < 2**20:
-        return f"{n / 1024:.1f} KiB"
-    return f"{n / 2**20:.2f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
 
 
 @dataclass
@@ -43,7 +39,7 @@ class GenerationStats:
     def summary(self) -> str:
         """One line: prefill ms, decode tokens/s, accepted drafts, cache bytes."""
         s = (f"prefill {self.prefill_ms:.1f} ms | decode {self.decode_tokens} tokens in {self.decode_ms:.1f} ms "
-             f"({self.decode_tokens_per_s:.1f} tokens/s) | cache {_fmt_bytes(self.cache_bytes)}")
+             f"({self.decode_tokens_per_s:.1f} tokens/s) | cache {human_bytes(self.cache_bytes)}")
         if self.draft_tokens:
             s += f" | drafts accepted {self.accepted_draft_tokens}/{self.draft_tokens}"
         return s
