@@ -260,7 +260,9 @@ def plot_series(path: str, series: Mapping[str, Mapping[str, Sequence[float]]], 
     ``ratio[label] = (x, values)`` adds a lower panel of speed-ups (:data:`SPEEDUP`) with a 1.0 line.
     Returns ``path``.
     """
-    import matplotlib
+    from onnx_light_kv._optional import require
+
+    matplotlib = require("matplotlib")  # ImportError naming the 'plot' extra when missing
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

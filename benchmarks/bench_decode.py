@@ -173,7 +173,9 @@ class OrtStep:
 
     def __init__(self, c: Case, past_k: np.ndarray, past_v: np.ndarray, q: np.ndarray, k: np.ndarray,
                  v: np.ndarray):
-        import onnxruntime as ort
+        from onnx_light_kv._optional import require
+
+        ort = require("onnxruntime")  # ImportError naming the 'ort' extra when missing
 
         so = ort.SessionOptions()
         so.intra_op_num_threads = c.threads

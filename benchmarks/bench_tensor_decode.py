@@ -61,7 +61,9 @@ def load_models() -> Any:
 def make_session(runtime: str, model_bytes: bytes, threads: int) -> Any:
     """A session of ``runtime`` ("ours" or "ort") with ``threads`` intra-op threads."""
     if runtime == "ort":
-        import onnxruntime
+        from onnx_light_kv._optional import require
+
+        onnxruntime = require("onnxruntime")  # ImportError naming the 'ort' extra when missing
         so = onnxruntime.SessionOptions()
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1

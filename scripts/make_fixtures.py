@@ -4,11 +4,14 @@ Run with a Python environment that has torch, transformers, optimum-onnx, onnxru
 onnxscript, tokenizers, onnx and onnxruntime (not needed by CI, which only reads the committed
 files)::
 
-    python -m venv fx && fx/bin/pip install torch transformers optimum-onnx onnxruntime-genai onnxscript \
-        tokenizers onnx onnxruntime
-    # optimum-onnx pins transformers < 4.58, the genai builder needs a newer one: a second venv that sees
-    # the first one's packages (a .pth file naming its site-packages) with `pip install -U transformers
-    # onnxruntime-genai`, named by GENAI_PYTHON
+    # the versions the committed fixtures were made with (the manifest records them per export)
+    python -m venv fx && fx/bin/pip install torch==2.15.0 transformers==4.57.6 optimum-onnx==0.1.0 \
+        optimum==2.1.0 onnxscript==0.7.2 tokenizers==0.22.2 onnx==1.23.2 onnxruntime==1.32.0
+    # optimum-onnx pins transformers < 4.58, the genai builder needs a newer one: a second venv that
+    # sees the first one's packages (a .pth file naming its site-packages), named by GENAI_PYTHON
+    python -m venv fx-genai && echo "$PWD/fx/lib/python3.11/site-packages" \
+        > fx-genai/lib/python3.11/site-packages/fx.pth && \
+        fx-genai/bin/pip install transformers==5.24.0 onnxruntime-genai==0.18.0
     GENAI_PYTHON=fx-genai/bin/python fx/bin/python scripts/make_fixtures.py   # every architecture and exporter
     python scripts/make_fixtures.py --arch llama gpt2  # a subset (the manifest keeps the others)
     python scripts/make_fixtures.py --exporter optimum
@@ -84,6 +87,14 @@ ARCHS: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
     "gpt2": ("GPT2Config", "GPT2LMHeadModel",
              dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=MAX_POS, n_inner=128,
                   bos_token_id=1, eos_token_id=2, tie_word_embeddings=True)),
+}
+# what is known about exports that do not match transformers (manifest "note"; found by reading the graphs)
+NOTES = {
+    "mistral-genai": "the builder applies sliding_window only to layers whose layer_types say sliding_attention; "
+                     "Mistral's config has no layer_types, so every GroupQueryAttention has local_window_size=-1 "
+                     "(no window): equal to transformers until the context exceeds the window",
+    "phi3-genai": "the builder wires lm_head to layer 0's post_attention_layernorm output; layer 1 and the final "
+                  "norm are computed but unused, so the logits differ from transformers from the first token",
 }
 EXPORTERS = ["dynamo", "dynamo23", "torchscript", "optimum", "genai", "dynamo23-fp16", "torchscript-fp16"]
 # the float16 exports (the model cast with .half() before a torch exporter runs) are made for these only
@@ -469,6 +480,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 blob = lzma.compress(data, preset=9 | lzma.PRESET_EXTREME)
                 with open(os.path.join(OUT_DIR, fname), "wb") as f:
                     f.write(blob)
+                if name in NOTES:
+                    entry["note"] = NOTES[name]
                 entry.update({"file": fname, "onnx_bytes": len(data), "xz_bytes": len(blob),
                               "sha256": hashlib.sha256(data).hexdigest()})
                 manifest["fixtures"][name] = entry

@@ -55,7 +55,7 @@ setup() {
   so=$("$PY" -c 'import sysconfig; print("python/onnx_light_kv/_native/_kvgo" + sysconfig.get_config_var("EXT_SUFFIX"))')
   if [ ! -f "$so" ] || [ -n "$(find golib go.mod -newer "$so" \( -name '*.go' ! -name '*_test.go' -o -name '*.s' -o -name go.mod -o -name VERSION \) | head -n1)" ] \
      || ! "$PY" -c "import onnx_light_kv" 2>/dev/null; then
-    phase "building the Go extension (pip install -e .; a cold Go build takes 1-3 minutes)"
+    phase "building the Go extension (pip install -e .; a cold Go build takes 3-4 minutes)"
     "$PY" -m pip install --quiet --disable-pip-version-check -e .
   fi
 }
@@ -100,9 +100,9 @@ go_tests() {
   if [ -n "$unformatted" ]; then echo "gofmt needed on: $unformatted" >&2; exit 1; fi
   GOEXPERIMENT=simd go vet ./...
   go vet ./...
-  phase "go test -race, SIMD build (archsimd kernels and their Go twins; about 2 minutes on 2 cores)"
+  phase "go test -race, SIMD build (archsimd kernels and their Go twins; 2-4 minutes on 2 cores)"
   GOEXPERIMENT=simd go_test_pkgs "SIMD build" -race
-  phase "go test -race, portable build (pure-Go kernels only; about 2 minutes on 2 cores)"
+  phase "go test -race, portable build (pure-Go kernels only; 2-3 minutes on 2 cores)"
   go_test_pkgs "portable build" -race
 }
 

@@ -2,9 +2,10 @@
 
 Import from test files as ``import _fixtures as fx`` (pytest puts ``tests/`` on sys.path).
 
-* :func:`manifest` / :func:`names` / :func:`entry`: the manifest and its fixtures.
-* :func:`model_path`: the decompressed ``.onnx`` of a fixture, written once per test session to a
-  temporary folder (removed at exit) and checked against the manifest's sha256.
+* :func:`manifest` / :func:`names` / :func:`entry` / :func:`entries`: the manifest and its fixtures.
+* :func:`model_bytes`: a fixture's decompressed model, checked against the manifest's sha256;
+  :func:`model_path`: the same written once per test session to a temporary folder (removed at exit).
+* :func:`atol`: the fixture's tolerance vs onnxruntime (by its float type).
 * :func:`missing_ops`: the fixture's ops (with the model's opset of their domain) that
   ``supported_ops()`` does not list.
 * :class:`Decoder`: greedy generation on the tensor path with any session object that has
@@ -53,6 +54,22 @@ def entry(name: str) -> Dict[str, Any]:
     return manifest()["fixtures"][name]
 
 
+def entries() -> List[Dict[str, Any]]:
+    """Every fixture's manifest entry with its ``name`` added, in name order."""
+    return [dict(entry(n), name=n) for n in names()]
+
+
+def model_bytes(name: str) -> bytes:
+    """The fixture's decompressed ONNX model, checked against the manifest's sha256."""
+    e = entry(name)
+    with open(os.path.join(FIXTURE_DIR, e["file"]), "rb") as f:
+        data = lzma.decompress(f.read())
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != e["sha256"]:
+        raise ValueError(f"fixture {name}: sha256 {digest} does not match the manifest's {e['sha256']}")
+    return data
+
+
 @functools.lru_cache(maxsize=1)
 def _tmpdir() -> str:
     d = tempfile.mkdtemp(prefix="olkv-fixtures-")
@@ -63,16 +80,20 @@ def _tmpdir() -> str:
 @functools.lru_cache(maxsize=None)
 def model_path(name: str) -> str:
     """Path of the fixture's decompressed .onnx file (decompressed once per session)."""
-    e = entry(name)
-    with open(os.path.join(FIXTURE_DIR, e["file"]), "rb") as f:
-        data = lzma.decompress(f.read())
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != e["sha256"]:
-        raise ValueError(f"fixture {name}: sha256 {digest} does not match the manifest's {e['sha256']}")
-    path = os.path.join(_tmpdir(), e["file"][: -len(".xz")])
+    path = os.path.join(_tmpdir(), entry(name)["file"][: -len(".xz")])
     with open(path, "wb") as f:
-        f.write(data)
+        f.write(model_bytes(name))
     return path
+
+
+# absolute tolerance of logits and presents vs onnxruntime, by the model's float type (see
+# test_fixture_models.py for the observed differences)
+ATOL = {"float32": 1e-4, "float16": 2e-2}
+
+
+def atol(name: str) -> float:
+    """The fixture's tolerance vs onnxruntime: ``ATOL`` of its logits' dtype."""
+    return ATOL[next(o["dtype"] for o in entry(name)["outputs"] if o["name"] == "logits")]
 
 
 _SUPPORTED = re.compile(r"^(.*?)/(\S+) \[(\d+), (\d+)\]$")
@@ -109,11 +130,19 @@ def _np_dtype(type_str: str) -> Any:
 
 @dataclass
 class Step:
-    """One run: the feeds' token ids, every output by name, and the past length before it."""
+    """One run: the feeds' token ids, every output by name, the past length before it, and per
+    batch row the index (along the run's tokens) of its last real token (-1: the last one)."""
 
     past_len: int
     tokens: np.ndarray
     outputs: Dict[str, np.ndarray] = field(default_factory=dict)
+    last: Optional[np.ndarray] = None
+
+    def next_tokens(self) -> np.ndarray:
+        """The greedy choice of each row: argmax of the logits at its last real token ([batch])."""
+        logits = self.outputs["logits"]
+        last = np.full(logits.shape[0], -1) if self.last is None else self.last
+        return np.argmax(logits[np.arange(logits.shape[0]), last], axis=-1).astype(np.int64)
 
 
 class Decoder:
@@ -150,12 +179,15 @@ class Decoder:
         d = self.drive
         return int(d.get("past_capacity", {}).get(past, d["max_length"])) if d.get("shared_buffer") else 0
 
-    def feeds(self, tokens: np.ndarray, mask: np.ndarray) -> Dict[str, np.ndarray]:
+    def feeds(self, tokens: np.ndarray, mask: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
         """The run's feeds for ``tokens`` ([batch, seq]) after ``past_len`` positions, ``mask`` being
-        the attention mask over all of them ([batch, past_len + seq], 0 = padding). Position ids
-        count the unmasked positions before each one (padding gets 1, as transformers does)."""
+        the attention mask over all of them ([batch, past_len + seq], 0 = padding; default: no
+        padding). Position ids count the unmasked positions before each one (padding gets 1, as
+        transformers does)."""
         b, s = tokens.shape
         total = self.past_len + s
+        if mask is None:
+            mask = np.ones((b, total), dtype=np.int64)
         if self.drive.get("shared_buffer") and total > self.drive["max_length"]:
             raise ValueError(f"{total} positions exceed the shared buffer's max_length {self.drive['max_length']}")
         pos = np.arange(self.past_len, total, dtype=np.int64)
@@ -183,12 +215,15 @@ class Decoder:
 
     def run(self, tokens: np.ndarray, new_mask: Optional[np.ndarray] = None) -> Step:
         """One step: run, feed the presents back as pasts, advance the past length.
-        ``new_mask`` ([batch, seq]) marks padding among ``tokens`` (default: none)."""
+        ``new_mask`` ([batch, seq]) marks padding among ``tokens`` (default: none), on the left
+        (exports fed attention_mask + position_ids) or on the right (GroupQueryAttention's
+        shared buffer: seqlens_k counts the real tokens)."""
         if new_mask is None:
             new_mask = np.ones(tokens.shape, dtype=np.int64)
         mask = np.concatenate([self.mask, new_mask.astype(np.int64)], axis=1)
         res = self.session.run(None, self.feeds(tokens, mask))
-        step = Step(self.past_len, tokens, dict(zip(self.output_names, res)))
+        last = tokens.shape[1] - 1 - np.argmax(new_mask[:, ::-1] != 0, axis=1)
+        step = Step(self.past_len, tokens, dict(zip(self.output_names, res)), last)
         for past, present in self.pairs:
             self.state[past] = step.outputs[present]
         self.past_len += tokens.shape[1]
@@ -196,27 +231,27 @@ class Decoder:
         return step
 
     def generate(self, prompt: np.ndarray, steps: int, prompt_mask: Optional[np.ndarray] = None) -> List[Step]:
-        """Prefill ``prompt`` ([batch, seq], ``prompt_mask`` 0 at left padding) then ``steps`` greedy
-        steps (argmax of the last logits)."""
+        """Prefill ``prompt`` ([batch, seq], ``prompt_mask`` 0 at padding) then ``steps`` greedy
+        steps (argmax of the logits at each row's last real token)."""
         self.start(prompt.shape[0])
         out = [self.run(prompt, prompt_mask)]
         for _ in range(steps):
-            nxt = np.argmax(out[-1].outputs["logits"][:, -1, :], axis=-1).astype(np.int64)[:, None]
-            out.append(self.run(nxt))
+            out.append(self.run(out[-1].next_tokens()[:, None]))
         return out
 
     def written(self, past: str, present: np.ndarray) -> List[np.ndarray]:
         """Per batch row, the positions of ``past``'s present that hold a real token's K/V
         ([kv_heads, n, head_dim]). Growing pasts: the unpadded ones. Shared buffers: rows
-        ``[0, min(past_len, capacity))`` (a windowed buffer whose capacity is the window keeps the
-        most recent positions there; the rest of a buffer is never written)."""
+        ``[0, min(T, capacity))``, T the row's real tokens (GroupQueryAttention stores them from
+        row 0; a windowed buffer whose capacity is the window keeps the most recent ones there;
+        the rest of a buffer is never written)."""
         if self.drive.get("shared_buffer"):
-            n = min(self.past_len, self.capacity(past))
-            return [present[b][:, :n] for b in range(present.shape[0])]
+            cap = self.capacity(past)
+            return [present[b][:, :min(int(self.mask[b].sum()), cap)] for b in range(present.shape[0])]
         return [present[b][:, np.flatnonzero(self.mask[b])] for b in range(present.shape[0])]
 
 
 def greedy_tokens(steps: Sequence[Step]) -> np.ndarray:
     """The tokens chosen after each run ([batch, len(steps)])."""
-    return np.stack([np.argmax(s.outputs["logits"][:, -1, :], axis=-1) for s in steps], axis=1)
+    return np.stack([s.next_tokens() for s in steps], axis=1)
 

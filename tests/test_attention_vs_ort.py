@@ -14,7 +14,7 @@ Tolerances (``|got - want| <= atol + rtol * |want|``):
   bfloat16.
 * present_key / present_value are copies of past and new K/V: exact in every dtype.
 
-onnxruntime's observed behaviour is the target (SPEC section 4): is_causal with a past is
+onnxruntime's observed behaviour is the target: is_causal with a past is
 aligned to the end of the cache, is_causal plus an explicit mask applies both, zero-length
 past is accepted. onnxruntime requires the mask's query axis to equal the query length, so
 masks broadcast only over batch and heads here. ``test_onnxruntime_agrees_with_onnx_reference``

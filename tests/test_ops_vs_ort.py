@@ -316,8 +316,8 @@ for _upper in (0, 1):
 _add("Trilu-int64-square", "exact", lambda: node_model("Trilu", [("x", _r((5, 5), I64, -9, 9)), ("k", np.array(1, I64))], inits=["k"]))
 _add("Trilu-float16", "exact", lambda: node_model("Trilu", [("x", _r((3, 7), F16))], upper=1))
 
-# ---------------------------------------------------------------- beyond the list
-# Ops the runtime registers in addition to the list; same contract.
+# ---------------------------------------------------------------- beyond the core decoder list
+# Ops the runtime registers in addition to the core decoder ops; same contract.
 for _dt in (F32, F16):
     n = np.dtype(_dt).name
     for _op in ("Floor", "Ceil", "Round"):

@@ -15,7 +15,9 @@ type Options struct {
 	Window int
 	// Threads, when > 0, bounds the threads of this call below the pool's
 	// (SetThreads), for callers with a thread budget of their own (an
-	// InferenceSession's). It never changes the result.
+	// InferenceSession's), and runs the call's tasks on the products'
+	// worker pool (package gemm) instead of this package's helpers, so one
+	// pool serves every op of a session's step. It never changes the result.
 	Threads int
 }
 

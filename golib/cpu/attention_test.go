@@ -113,7 +113,7 @@ func restoreKernel(t *testing.T) {
 	}
 }
 
-// TestAttentionGrid is the grid: every path against the reference
+// TestAttentionGrid is the full grid of shapes: every path against the reference
 // over head layouts, head dims, lengths around the block size, storage
 // types, softcap and window, batches of 1-3 sequences of different lengths
 // and q_len in 1..16. Under -race or -short a representative subset runs.

@@ -1,12 +1,14 @@
 package cpu
 
 import (
+	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/gemm"
 )
 
 // Tuning of the worker pool.
@@ -130,6 +132,15 @@ func (p *pool) run(s *shape, dst, q []float32, v cache.View, ops *kernelOps) err
 	if len(p.states) < threads {
 		p.states = append(p.states, make([]unitState, threads-len(p.states))...)
 	}
+	if s.threads > 0 && threads > 1 {
+		// A call bounded by a session's threads runs its tasks on the
+		// products' worker pool (package gemm), whose helpers are already
+		// polling between the ops of a step: this pool's own helpers would
+		// compete with them for the cores.
+		p.next.Store(0)
+		gemm.ForThreads(threads, threads, p.workSafe)
+		return p.finish(s, dst, v, bytes)
+	}
 	for len(p.helpers) < threads-1 {
 		h := &helper{idx: len(p.helpers) + 1, wake: make(chan struct{}, 1)}
 		p.helpers = append(p.helpers, h)
@@ -164,6 +175,14 @@ func (p *pool) run(s *shape, dst, q []float32, v cache.View, ops *kernelOps) err
 		}
 	}
 
+	return p.finish(s, dst, v, bytes)
+}
+
+// finish merges split-KV partial states and ends the call.
+func (p *pool) finish(s *shape, dst []float32, v cache.View, bytes int64) error {
+	rows := s.group * s.qLen
+	units := s.batch * s.kvHeads
+	nsplit := p.nsplit
 	if p.err == nil && nsplit > 1 {
 		stride := nsplit * rows * (s.dv + 2)
 		for u := 0; u < units; u++ {
@@ -212,6 +231,21 @@ func (p *pool) work(idx int) {
 			p.errMu.Unlock()
 		}
 	}
+}
+
+// workSafe is work for a goroutine of another pool: a panic becomes the
+// call's error instead of ending the process.
+func (p *pool) workSafe(idx int) {
+	defer func() {
+		if r := recover(); r != nil {
+			p.errMu.Lock()
+			if p.err == nil {
+				p.err = fmt.Errorf("cpu: internal error in attention task: %v", r)
+			}
+			p.errMu.Unlock()
+		}
+	}()
+	p.work(idx)
 }
 
 // helperLoop is the body of one persistent helper goroutine.

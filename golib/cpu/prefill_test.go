@@ -27,6 +27,9 @@ func TestAttentionPrefill(t *testing.T) {
 		{cache.Float16, 4, 4, 64, 64, []int{50}, 50, Options{Softcap: 5}},
 		{cache.BFloat16, 6, 3, 16, 16, []int{90, 120}, 45, Options{Window: 20}},
 		{cache.Float32, 2, 1, 8, 8, []int{5}, 5, Options{}},
+		{cache.Float32, 8, 2, 32, 32, []int{300}, 40, Options{Threads: 1}},
+		{cache.Float32, 8, 2, 32, 32, []int{300, 200}, 40, Options{Threads: 2}},
+		{cache.Float16, 8, 1, 64, 64, []int{900}, 4, Options{Threads: 2}},
 	}
 	for ci, c := range cases {
 		rng := rand.New(rand.NewPCG(uint64(ci), 11))

@@ -46,7 +46,7 @@ func newBenchCache(b *testing.B, kvh, d, L int) *cache.KVCache {
 // BenchmarkDecodeBW times one fp32 decode step (q_len 1, head_dim 128) of
 // GQA 32/8 and MHA 32/32 over a real cache at contexts around and beyond
 // the L3, 1 and 2 threads, and reports the effective K+V read bandwidth in
-// GB/s (1e9 bytes/s), the figure the 85%-of-streaming-read target
+// GB/s (1e9 bytes/s), the figure the 85%-of-streaming-read target
 // is about (compare with BenchmarkStreamRead / ReadBandwidth).
 func BenchmarkDecodeBW(b *testing.B) {
 	defer SetThreads(Threads())

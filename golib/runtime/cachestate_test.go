@@ -3,6 +3,7 @@ package runtime
 import (
 	"math"
 	"math/rand/v2"
+	goruntime "runtime"
 	"strings"
 	"testing"
 
@@ -166,4 +167,51 @@ func TestRunCacheEqualsTensorPath(t *testing.T) {
 	if sh := got[0].Shape(); sh[2] != past+1 {
 		t.Errorf("exported present shape %v, want %d positions", sh, past+1)
 	}
+}
+
+// TestRunCacheAllocationNotProportionalToContext measures the bytes a
+// decode step allocates at two contexts: they must not grow with the
+// context (the past is never copied or materialized).
+func TestRunCacheAllocationNotProportionalToContext(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocation measurement")
+	}
+	s, err := NewSessionFromBytes(attnLayer("ok"), Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	rng := rand.New(rand.NewPCG(5, 6))
+	perStep := func(context int) float64 {
+		cs, err := s.NewCacheState(StateConfig{Batch: 1, MaxLength: context + 64})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cs.Close()
+		feeds := func(n int) map[string]*tensor.Tensor {
+			return map[string]*tensor.Tensor{"q": randTensor(t, rng, 1, 4, n, 8), "k": randTensor(t, rng, 1, 2, n, 8),
+				"v": randTensor(t, rng, 1, 2, n, 8)}
+		}
+		if _, _, err := s.RunCache(cs, feeds(context), []string{"y"}); err != nil {
+			t.Fatal(err)
+		}
+		step := feeds(1)
+		var before, after goruntime.MemStats
+		goruntime.ReadMemStats(&before)
+		const n = 32
+		for i := 0; i < n; i++ {
+			outs, _, err := s.RunCache(cs, step, []string{"y"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs.State().Release(outs...)
+		}
+		goruntime.ReadMemStats(&after)
+		return float64(after.TotalAlloc-before.TotalAlloc) / n
+	}
+	small, large := perStep(64), perStep(1024)
+	if large > small+2048 {
+		t.Errorf("a decode step allocates %.0f bytes at context 1024 and %.0f at 64: it grows with the context", large, small)
+	}
+	t.Logf("bytes allocated per decode step: %.0f at context 64, %.0f at 1024", small, large)
 }

@@ -190,3 +190,43 @@ func TestShapeCacheBatch(t *testing.T) {
 		}
 	}
 }
+
+// TestShapeCacheAfterFailedRun: a run that fails half-way forgets the shape
+// cache, so later runs (same geometry as before, or new) compute right.
+func TestShapeCacheAfterFailedRun(t *testing.T) {
+	// y = Reshape(x, Concat(Shape(x)[0], 5)): fails unless x has 5 values per row.
+	nodes := []*onnxpb.NodeProto{
+		onnxtest.Node("Shape", []string{"x"}, []string{"s"}),
+		constNode("i0", 0),
+		onnxtest.Node("Gather", []string{"s", "i0"}, []string{"b"}, onnxtest.AttrInt("axis", 0)),
+		constNode("five", 5),
+		onnxtest.Node("Concat", []string{"b", "five"}, []string{"t"}, onnxtest.AttrInt("axis", 0)),
+		onnxtest.Node("Reshape", []string{"x", "t"}, []string{"y"}),
+	}
+	g := onnxtest.Graph(nodes, []vi{onnxtest.Info("x", 1, -1, -1)}, []vi{onnxtest.Info("y", 1, -1, -1)})
+	s, err := NewSessionFromBytes(onnxtest.Bytes(onnxtest.Model(17, g, nil)), Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		shape tensor.Shape
+		fails bool
+	}{{tensor.Shape{2, 5}, false}, {tensor.Shape{2, 3}, true}, {tensor.Shape{2, 5}, false},
+		{tensor.Shape{4, 3}, true}, {tensor.Shape{3, 5}, false}, {tensor.Shape{3, 5}, false}}
+	for i, c := range cases {
+		x, _ := tensor.New(tensor.Float32, c.shape)
+		out, _, err := s.Run(map[string]*tensor.Tensor{"x": x}, nil)
+		if c.fails {
+			if err == nil {
+				t.Fatalf("run %d: x %v: no error", i, c.shape)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("run %d: x %v: %v", i, c.shape, err)
+		}
+		if got, want := fmt.Sprint(out[0].Shape()), fmt.Sprint(tensor.Shape{c.shape[0], 5}); got != want {
+			t.Errorf("run %d: x %v: y has shape %s, want %s", i, c.shape, got, want)
+		}
+	}
+}

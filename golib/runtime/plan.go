@@ -100,11 +100,10 @@ type Plan struct {
 	kinds    map[string]ValueKind
 	// defaults are graph inputs that have an initializer (optional feeds).
 	defaults map[string]bool
-	// Slots (slots.go): slots maps value names to slots, slotNames the
-	// reverse; base holds the initializers by slot; outSlots and
-	// captureSlots are the slots of Outputs and Captures.
+	// Slots (slots.go): slots maps value names to slots; base holds the
+	// initializers by slot; outSlots and captureSlots are the slots of
+	// Outputs and Captures.
 	slots        map[string]int32
-	slotNames    []string
 	base         []*tensor.Tensor
 	outSlots     []int32
 	captureSlots []int32

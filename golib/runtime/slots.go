@@ -81,7 +81,6 @@ func (p *Plan) resolveSlots() {
 		}
 	}
 	p.slots = x.byName
-	p.slotNames = x.names
 }
 
 // frame is the storage of one run of a plan: the values by slot and, per

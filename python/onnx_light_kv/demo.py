@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gen-prompt", type=int, default=64, help="prompt tokens in the generation part")
     p.add_argument("--plot", default=os.path.join(tempfile.gettempdir(), "onnx_light_kv_demo_generation.png"),
                    help="PNG of the generation part's step latency vs context ('' for none)")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
                    help="progress bars on stderr (needs the 'progress' extra, tqdm; default: when stderr is a terminal)")
 
 

@@ -317,6 +317,9 @@ class InferenceSession:
                        threads=self._threads)
 
     def _repr_html_(self) -> str:
+        if not hasattr(self, "_outputs"):  # creation failed
+            return "<b>InferenceSession</b> (closed)"
+
         def arg(a: NodeArg) -> tuple:
             shape = "?" if a.shape is None else "[" + ", ".join("?" if d is None else str(d) for d in a.shape) + "]"
             return a.name, f"{a.type} {shape}"

@@ -150,7 +150,7 @@ type gqaCall struct {
 	posBase      []int
 	ends         []int // T_b, the absolute length after the step
 	pastK, pastV *tensor.Tensor
-	pos          func(b, s int) (int, error)
+	positions    []int // rotary position of token (b, s), with do_rotary
 }
 
 func gqaCompute(ctx *Context, a *gqaAttrs) error {
@@ -304,7 +304,8 @@ func (c *gqaCall) resident(T int) int {
 	return T - g*((T-C+g-1)/g)
 }
 
-// planRotary checks the cos/sin caches and position_ids and sets c.pos.
+// planRotary checks the cos/sin caches and position_ids and sets
+// c.positions, the rotary position of each new token ([B, S]).
 func (c *gqaCall) planRotary(ctx *Context) error {
 	cosT, sinT, pid := ctx.Input(gqaCos), ctx.Input(gqaSin), ctx.Input(gqaPositionIDs)
 	if !c.rotary {
@@ -332,20 +333,23 @@ func (c *gqaCall) planRotary(ctx *Context) error {
 		}
 		ids = pid.Int64()
 	}
-	c.pos = func(b, s int) (int, error) {
-		var p int64
-		switch {
-		case ids != nil && c.first: // onnxruntime reads only the first id then
-			p = ids[0] + int64(s)
-		case ids != nil:
-			p = ids[b*c.seq+s]
-		default:
-			p = int64(c.posBase[b] + s)
+	c.positions = make([]int, c.batch*c.seq)
+	for b := range c.batch {
+		for s := range c.seq {
+			var p int64
+			switch {
+			case ids != nil && c.first: // onnxruntime reads only the first id then
+				p = ids[0] + int64(s)
+			case ids != nil:
+				p = ids[b*c.seq+s]
+			default:
+				p = int64(c.posBase[b] + s)
+			}
+			if p < 0 || p >= int64(rows) {
+				return fmt.Errorf("%w: rotary position %d outside the cos/sin caches of %d rows", errs.ErrInvalidArgument, p, rows)
+			}
+			c.positions[b*c.seq+s] = int(p)
 		}
-		if p < 0 || p >= int64(rows) {
-			return 0, fmt.Errorf("%w: rotary position %d outside the cos/sin caches of %d rows", errs.ErrInvalidArgument, p, rows)
-		}
-		return int(p), nil
 	}
 	return nil
 }

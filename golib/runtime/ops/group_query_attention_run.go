@@ -46,7 +46,7 @@ func (c *gqaCall) run(ctx *Context, ar *f32Arena) error {
 	if err != nil {
 		return err
 	}
-	if err := c.assembleKeys(op); err != nil {
+	if err := c.assembleKeys(ctx, op); err != nil {
 		return err
 	}
 	if c.windowCache {
@@ -62,7 +62,7 @@ func (c *gqaCall) run(ctx *Context, ar *f32Arena) error {
 	if y.Len() == 0 {
 		return nil
 	}
-	qf, err := c.queries(op, ar)
+	qf, err := c.queries(ctx, op, ar)
 	if err != nil {
 		return err
 	}
@@ -82,7 +82,9 @@ func (c *gqaCall) run(ctx *Context, ar *f32Arena) error {
 		return err
 	}
 	if c.seq != 1 {
-		c.toTokenMajor(dst, res)
+		if err := c.toTokenMajor(ctx, dst, res); err != nil {
+			return err
+		}
 	}
 	return storeF32Result(y, dst)
 }
@@ -165,20 +167,26 @@ func (c *gqaCall) operands(ctx *Context, ar *f32Arena) (*gqaOperands, error) {
 // assembleKeys writes the key buffer, per (sequence, KV head): the past's
 // first offsets[b] rows, the S new rows (K rotated) and zeros up to the end
 // of the buffer, as onnxruntime does for separate past and present buffers.
-func (c *gqaCall) assembleKeys(op *gqaOperands) error {
-	B, S, D, kvh, C := c.batch, c.seq, c.head, c.kvHeads, c.keyLen
-	es := c.dt.Size()
-	row := D * es
+// (Sequence, KV head) pairs are split over the threads.
+func (c *gqaCall) assembleKeys(ctx *Context, op *gqaOperands) error {
+	S, D, kvh, C := c.seq, c.head, c.kvHeads, c.keyLen
+	row := D * c.dt.Size()
 	var pk, pv []byte
 	if c.past > 0 {
-		pk, pv = c.pastBytes()
+		pk, pv = c.pastK.Bytes(), c.pastV.Bytes()
 	}
-	tmp := make([]float32, D)
-	for b := range B {
-		off := c.offsets[b]
-		for kh := range kvh {
-			head := b*kvh + kh
-			for i, dst := range [][]byte{op.keyK.Bytes(), op.keyV.Bytes()} {
+	kb, vb := op.keyK.Bytes(), op.keyV.Bytes()
+	kf, vf := op.keyK.Float32(), op.keyV.Float32() // float32 buffers are written directly
+	grain := max(1, (1<<16)/max(1, C*row))
+	return ctx.ParallelFor(c.batch*kvh, grain, func(lo, hi int) {
+		var tmp []float32
+		if kf == nil {
+			tmp = make([]float32, D)
+		}
+		for head := lo; head < hi; head++ {
+			b, kh := head/kvh, head%kvh
+			off := c.offsets[b]
+			for i, dst := range [][]byte{kb, vb} {
 				d := dst[head*C*row : (head+1)*C*row]
 				if off > 0 {
 					src := pk
@@ -192,22 +200,25 @@ func (c *gqaCall) assembleKeys(op *gqaOperands) error {
 			for s := range S {
 				base := (b*S + s) * op.ldkv
 				kr := op.k[base+op.kOff+kh*D : base+op.kOff+(kh+1)*D]
-				if c.rotary {
-					p, err := c.pos(b, s)
-					if err != nil {
-						return err
-					}
-					copy(tmp, kr)
-					rotateHead(tmp, kr, op.cos[p*op.half:(p+1)*op.half], op.sin[p*op.half:(p+1)*op.half], c.interleaved)
-					kr = tmp
+				vr := op.v[base+op.vOff+kh*D : base+op.vOff+(kh+1)*D]
+				r := head*C + off + s
+				kd := tmp
+				if kf != nil {
+					kd = kf[r*D : (r+1)*D]
+					copy(vf[r*D:(r+1)*D], vr)
 				}
-				at := (head*C + off + s) * row
-				encodeRow(op.keyK.Bytes()[at:at+row], c.dt, kr)
-				encodeRow(op.keyV.Bytes()[at:at+row], c.dt, op.v[base+op.vOff+kh*D:base+op.vOff+(kh+1)*D])
+				copy(kd, kr)
+				if c.rotary {
+					p := c.positions[b*S+s]
+					rotateHead(kd, kr, op.cos[p*op.half:(p+1)*op.half], op.sin[p*op.half:(p+1)*op.half], c.interleaved)
+				}
+				if kf == nil {
+					encodeRow(kb[r*row:(r+1)*row], c.dt, kd)
+					encodeRow(vb[r*row:(r+1)*row], c.dt, vr)
+				}
 			}
 		}
-	}
-	return nil
+	})
 }
 
 // keepResident writes a window cache's presents: rows 0..L(T_b)-1 are the
@@ -257,11 +268,6 @@ func (c *gqaCall) rebaseBias(op *gqaOperands) {
 	op.bias, op.biasShape = out, tensor.Shape{c.batch, hb, S, K}
 }
 
-// pastBytes returns the raw bytes of past_key and past_value.
-func (c *gqaCall) pastBytes() (k, v []byte) {
-	return c.pastK.Bytes(), c.pastV.Bytes()
-}
-
 // encodeRow stores float32 values as dt (float32, float16 or bfloat16,
 // rounded to nearest even) into dst.
 func encodeRow(dst []byte, dt tensor.DType, src []float32) {
@@ -284,24 +290,22 @@ func encodeRow(dst []byte, dt tensor.DType, src []float32) {
 // queries returns Q as float32 [B, num_heads, S, D], rotated: the query
 // input itself when it already is (float32, one token, not packed, no
 // rotation).
-func (c *gqaCall) queries(op *gqaOperands, ar *f32Arena) ([]float32, error) {
+func (c *gqaCall) queries(ctx *Context, op *gqaOperands, ar *f32Arena) ([]float32, error) {
 	B, S, D, nh := c.batch, c.seq, c.head, c.numHeads
 	if S == 1 && !c.packed && !c.rotary {
 		return op.q, nil
 	}
 	qf := ar.buffer(B * nh * S * D)
-	for b := range B {
-		for s := range S {
+	err := ctx.ParallelFor(B*S, max(1, (1<<14)/(nh*D)), func(lo, hi int) {
+		for t := lo; t < hi; t++ {
+			b, s := t/S, t%S
 			var cs, sn []float32
 			if c.rotary {
-				p, err := c.pos(b, s)
-				if err != nil {
-					return nil, err
-				}
+				p := c.positions[t]
 				cs, sn = op.cos[p*op.half:(p+1)*op.half], op.sin[p*op.half:(p+1)*op.half]
 			}
 			for h := range nh {
-				src := op.q[(b*S+s)*op.ldq+h*D : (b*S+s)*op.ldq+(h+1)*D]
+				src := op.q[t*op.ldq+h*D : t*op.ldq+(h+1)*D]
 				dst := qf[((b*nh+h)*S+s)*D : ((b*nh+h)*S+s+1)*D]
 				copy(dst, src)
 				if c.rotary {
@@ -309,21 +313,22 @@ func (c *gqaCall) queries(op *gqaOperands, ar *f32Arena) ([]float32, error) {
 				}
 			}
 		}
-	}
-	return qf, nil
+	})
+	return qf, err
 }
 
 // toTokenMajor moves [B, num_heads, S, D] results into the [B, S,
 // num_heads*D] output.
-func (c *gqaCall) toTokenMajor(dst, res []float32) {
-	B, S, D, nh := c.batch, c.seq, c.head, c.numHeads
-	for b := range B {
-		for h := range nh {
+func (c *gqaCall) toTokenMajor(ctx *Context, dst, res []float32) error {
+	S, D, nh := c.seq, c.head, c.numHeads
+	return ctx.ParallelFor(c.batch*nh, max(1, (1<<14)/(S*D)), func(lo, hi int) {
+		for bh := lo; bh < hi; bh++ {
+			b, h := bh/nh, bh%nh
 			for s := range S {
-				copy(dst[((b*S+s)*nh+h)*D:((b*S+s)*nh+h+1)*D], res[((b*nh+h)*S+s)*D:((b*nh+h)*S+s+1)*D])
+				copy(dst[((b*S+s)*nh+h)*D:((b*S+s)*nh+h+1)*D], res[(bh*S+s)*D:(bh*S+s+1)*D])
 			}
 		}
-	}
+	})
 }
 
 // decodable reports whether the step fits the streaming decode kernel:

@@ -136,6 +136,7 @@ func (k *cacheAttention) Compute(ctx *ops.Context) error {
 	if err != nil {
 		return err
 	}
+	opts.Threads = ctx.Threads()
 	if k.ktReshape {
 		if err := checkBatchedTranspose(ctx, g, bind.PastLength()); err != nil {
 			return err

@@ -121,7 +121,9 @@ func (k *cacheGQA) Compute(ctx *ops.Context) error {
 	if counts != nil {
 		skip = make([]int, B) // right padding: rows counts[b].. are padding
 	}
-	err = runAttention(sc.o, sc.q, view, g, skip, counts, k.opts, sc)
+	opts := k.opts
+	opts.Threads = ctx.Threads()
+	err = runAttention(sc.o, sc.q, view, g, skip, counts, opts, sc)
 	kv.EndRead()
 	if err != nil {
 		return mapCacheErr(err)
