@@ -25,8 +25,9 @@ PROMPT = np.array([[5, 17, 42, 99, 7, 130]], dtype=np.int64)
 LOGIT_ATOL = 1e-4
 
 
-# exports whose attention pattern no rule matches (they stay on the tensor path): none at present
-UNMATCHED: Dict[str, str] = {}
+# known gaps (strict xfails): the genai export of Gemma 2 uses window-sized GroupQueryAttention
+# buffers (sliding_window_cache=1), which the rule refuses.
+UNMATCHED: Dict[str, str] = {"gemma2-genai": "GroupQueryAttention sliding_window_cache=1 is refused by the rule"}
 
 
 def _params() -> List[Any]:
@@ -65,8 +66,10 @@ def test_fixture_on_state_matches(name: str) -> None:
     ours_tensor = fx.Decoder(name, sess).generate(PROMPT, STEPS)
     got = _state_generate(name, sess, PROMPT, STEPS)
     for i, (g, w, t) in enumerate(zip(got, want, ours_tensor)):
-        oc.assert_close(f"{name} run {i} vs onnxruntime", g, w.outputs["logits"], rtol=0, atol=LOGIT_ATOL)
+        oc.assert_close(f"{name} run {i} vs onnxruntime", g, w.outputs["logits"], rtol=0, atol=fx.atol(name))
         tol = 1e-5 * max(1.0, float(np.abs(t.outputs["logits"]).max()))
+        if g.dtype == np.float16:
+            tol = fx.atol(name)  # the two paths round fp16 in different places
         oc.assert_close(f"{name} run {i} vs tensor path", g, t.outputs["logits"], rtol=0, atol=tol)
         assert np.array_equal(np.argmax(g[:, -1], -1), np.argmax(w.outputs["logits"][:, -1], -1))
 
@@ -94,7 +97,7 @@ def test_fixture_left_padded_batch(name: str) -> None:
         logits = sess.run(["logits"], feeds, state=st)[0]
         np.testing.assert_array_equal(st.lengths, [len(p) for p in prompts])
         for b, p in enumerate(prompts):
-            oc.assert_close(f"{name} padded prefill {b}", logits[b, S - len(p):], singles[b][0][0], rtol=0, atol=LOGIT_ATOL)
+            oc.assert_close(f"{name} padded prefill {b}", logits[b, S - len(p):], singles[b][0][0], rtol=0, atol=fx.atol(name))
         tok = np.argmax(logits[:, -1], -1)
         for i in range(4):
             mask = np.concatenate([mask, np.ones((2, 1), np.int64)], 1)
@@ -104,5 +107,5 @@ def test_fixture_left_padded_batch(name: str) -> None:
             logits = sess.run(["logits"], feeds, state=st)[0]
             for b in range(2):
                 oc.assert_close(f"{name} padded step {i} seq {b}", logits[b, -1], singles[b][i + 1][0, -1], rtol=0,
-                                atol=LOGIT_ATOL)
+                                atol=fx.atol(name))
             tok = np.argmax(logits[:, -1], -1)

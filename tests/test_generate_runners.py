@@ -88,6 +88,7 @@ def test_state_options() -> None:
     out = olkv.generate(kept, gc.PROMPT, max_new_tokens=N)
     assert out.stats.runner == "tensor"
     np.testing.assert_array_equal(out.new_tokens[0], gc.ort_greedy(gc.model("llama"), gc.PROMPT, N))
+    assert olkv.generate(gc.ours("gpt2"), gc.PROMPT, max_new_tokens=2).stats.runner == "state"  # Concat pasts
     with pytest.raises(NotImplementedError, match="create_state"):
         olkv.generate(gc.ort("llama"), gc.PROMPT, max_new_tokens=2, state_options={})
     with pytest.raises(TypeError, match="state_options"):

@@ -3,6 +3,7 @@ package ops
 import (
 	"fmt"
 	"math"
+	"sync"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
@@ -153,35 +154,59 @@ type gqaCall struct {
 	positions    []int // rotary position of token (b, s), with do_rotary
 }
 
+// gqaScratch is one call's state, recycled so that a decode step does not
+// allocate its bookkeeping anew.
+type gqaScratch struct {
+	call gqaCall
+	op   gqaOperands
+	ar   f32Arena
+}
+
+var gqaScratches = sync.Pool{New: func() any { return new(gqaScratch) }}
+
 func gqaCompute(ctx *Context, a *gqaAttrs) error {
-	c, err := planGQA(ctx, a)
-	if err != nil {
+	sc := gqaScratches.Get().(*gqaScratch)
+	defer gqaScratches.Put(sc)
+	c := &sc.call
+	if err := planGQA(ctx, a, c); err != nil {
 		return err
 	}
-	ar := &f32Arena{threads: ctx.Threads()}
-	defer ar.release()
-	return c.run(ctx, ar)
+	sc.ar = f32Arena{threads: ctx.Threads(), held: sc.ar.held[:0]}
+	defer sc.ar.release()
+	sc.op = gqaOperands{}
+	return c.run(ctx, &sc.ar, &sc.op)
+}
+
+// growInts returns b resized to n zeros, reallocating only when it is too small.
+func growInts(b []int, n int) []int {
+	if cap(b) < n {
+		return make([]int, n)
+	}
+	b = b[:n]
+	clear(b)
+	return b
 }
 
 // planGQA checks the inputs against the contract (see
-// newGroupQueryAttention) and derives the call's geometry.
-func planGQA(ctx *Context, a *gqaAttrs) (*gqaCall, error) {
+// newGroupQueryAttention) and derives the call's geometry into c (whose
+// slices it reuses).
+func planGQA(ctx *Context, a *gqaAttrs, c *gqaCall) error {
 	q, err := ctx.RequireInput(gqaQuery)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	c := &gqaCall{gqaAttrs: a, dt: q.DType()}
+	*c = gqaCall{gqaAttrs: a, dt: q.DType(), lens: c.lens, offsets: c.offsets, posBase: c.posBase, ends: c.ends, positions: c.positions}
 	if c.dt != tensor.Float32 && c.dt != tensor.Float16 && c.dt != tensor.BFloat16 {
-		return nil, fmt.Errorf("%w: query must be float32, float16 or bfloat16, got %v", errs.ErrType, c.dt)
+		return fmt.Errorf("%w: query must be float32, float16 or bfloat16, got %v", errs.ErrType, c.dt)
 	}
 	qs := q.Shape()
 	if len(qs) != 3 {
-		return nil, fmt.Errorf("%w: query must be 3D [batch, sequence, hidden], got %v", errs.ErrShape, qs)
+		return fmt.Errorf("%w: query must be 3D [batch, sequence, hidden], got %v", errs.ErrShape, qs)
 	}
 	c.batch, c.seq = qs[0], qs[1]
 	k, v := ctx.Input(gqaKey), ctx.Input(gqaValue)
 	if (k == nil) != (v == nil) {
-		return nil, fmt.Errorf("%w: key and value must be given together (or both omitted for packed QKV)", errs.ErrShape)
+		return fmt.Errorf("%w: key and value must be given together (or both omitted for packed QKV)", errs.ErrShape)
 	}
 	c.packed = k == nil
 	heads := a.numHeads
@@ -189,7 +214,7 @@ func planGQA(ctx *Context, a *gqaAttrs) (*gqaCall, error) {
 		heads += 2 * a.kvHeads
 	}
 	if qs[2]%heads != 0 || qs[2] == 0 {
-		return nil, fmt.Errorf("%w: query hidden size %d is not a multiple of %d heads", errs.ErrShape, qs[2], heads)
+		return fmt.Errorf("%w: query hidden size %d is not a multiple of %d heads", errs.ErrShape, qs[2], heads)
 	}
 	c.head = qs[2] / heads
 	want := tensor.Shape{c.batch, c.seq, a.kvHeads * c.head}
@@ -198,33 +223,30 @@ func planGQA(ctx *Context, a *gqaAttrs) (*gqaCall, error) {
 			continue
 		}
 		if t.DType() != c.dt {
-			return nil, fmt.Errorf("%w: key/value %v, query %v", errs.ErrType, t.DType(), c.dt)
+			return fmt.Errorf("%w: key/value %v, query %v", errs.ErrType, t.DType(), c.dt)
 		}
 		if !t.Shape().Equal(want) {
-			return nil, fmt.Errorf("%w: key/value %v, want %v", errs.ErrShape, t.Shape(), want)
+			return fmt.Errorf("%w: key/value %v, want %v", errs.ErrShape, t.Shape(), want)
 		}
 	}
 	pk, pv := ctx.Input(gqaPastKey), ctx.Input(gqaPastValue)
 	if (pk == nil) != (pv == nil) {
-		return nil, fmt.Errorf("%w: past_key and past_value must be given together", errs.ErrShape)
+		return fmt.Errorf("%w: past_key and past_value must be given together", errs.ErrShape)
 	}
 	if pk != nil {
 		ps := pk.Shape()
 		if pk.DType() != c.dt || pv.DType() != c.dt {
-			return nil, fmt.Errorf("%w: past_key/past_value %v/%v, query %v (quantized caches are not implemented)", errs.ErrType, pk.DType(), pv.DType(), c.dt)
+			return fmt.Errorf("%w: past_key/past_value %v/%v, query %v (quantized caches are not implemented)", errs.ErrType, pk.DType(), pv.DType(), c.dt)
 		}
 		if len(ps) != 4 || ps[0] != c.batch || ps[1] != a.kvHeads || ps[3] != c.head || !pv.Shape().Equal(ps) {
-			return nil, fmt.Errorf("%w: past_key %v and past_value %v, want [%d, %d, past, %d]", errs.ErrShape, ps, pv.Shape(), c.batch, a.kvHeads, c.head)
+			return fmt.Errorf("%w: past_key %v and past_value %v, want [%d, %d, past, %d]", errs.ErrShape, ps, pv.Shape(), c.batch, a.kvHeads, c.head)
 		}
 		c.past, c.pastK, c.pastV = ps[2], pk, pv
 	}
 	if err := c.planLengths(ctx); err != nil {
-		return nil, err
+		return err
 	}
-	if err := c.planRotary(ctx); err != nil {
-		return nil, err
-	}
-	return c, nil
+	return c.planRotary(ctx)
 }
 
 // planLengths reads seqlens_k and total_sequence_length.
@@ -268,7 +290,7 @@ func (c *gqaCall) planLengths(ctx *Context) error {
 		}
 		c.present, c.keyLen = c.past, 0
 	}
-	c.lens, c.offsets, c.posBase, c.ends = make([]int, c.batch), make([]int, c.batch), make([]int, c.batch), make([]int, c.batch)
+	c.lens, c.offsets, c.posBase, c.ends = growInts(c.lens, c.batch), growInts(c.offsets, c.batch), growInts(c.posBase, c.batch), growInts(c.ends, c.batch)
 	for b, v := range sk.Int32() {
 		T := int(v) + 1
 		if T < 1 || T > c.total {
@@ -333,7 +355,7 @@ func (c *gqaCall) planRotary(ctx *Context) error {
 		}
 		ids = pid.Int64()
 	}
-	c.positions = make([]int, c.batch*c.seq)
+	c.positions = growInts(c.positions, c.batch*c.seq)
 	for b := range c.batch {
 		for s := range c.seq {
 			var p int64

@@ -9,13 +9,14 @@ import (
 
 // BenchmarkGroupQueryAttention: one layer (32 query heads over 8 KV heads
 // of 128, rotary) of a decode step after 1023 tokens in a 1088-position
-// buffer, and of a 256-token prompt, in float32 and float16, one thread.
+// buffer, and of 256- and 1024-token prompts, in float32 and float16, one
+// thread.
 func BenchmarkGroupQueryAttention(b *testing.B) {
 	for _, c := range []struct {
 		name   string
 		s, ctx int
 		prompt bool
-	}{{"decode-1024", 1, 1024, false}, {"prompt-256", 256, 256, true}} {
+	}{{"decode-1024", 1, 1024, false}, {"prompt-256", 256, 256, true}, {"prompt-1024", 1024, 1024, true}} {
 		for _, dt := range []tensor.DType{tensor.Float32, tensor.Float16} {
 			b.Run(c.name+"/"+dt.String(), func(b *testing.B) {
 				gc := gqaCase{b: 1, s: c.s, nh: 32, kvh: 8, d: 128, past: c.ctx + 64, lens: []int{c.ctx}, dt: dt,

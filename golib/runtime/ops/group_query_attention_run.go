@@ -41,9 +41,8 @@ type gqaOperands struct {
 	elem            cache.ElemType
 }
 
-func (c *gqaCall) run(ctx *Context, ar *f32Arena) error {
-	op, err := c.operands(ctx, ar)
-	if err != nil {
+func (c *gqaCall) run(ctx *Context, ar *f32Arena, op *gqaOperands) error {
+	if err := c.operands(ctx, ar, op); err != nil {
 		return err
 	}
 	if err := c.assembleKeys(ctx, op); err != nil {
@@ -91,8 +90,7 @@ func (c *gqaCall) run(ctx *Context, ar *f32Arena) error {
 
 // operands converts the inputs to float32 (views for float32 data) and
 // allocates the present outputs.
-func (c *gqaCall) operands(ctx *Context, ar *f32Arena) (*gqaOperands, error) {
-	op := &gqaOperands{}
+func (c *gqaCall) operands(ctx *Context, ar *f32Arena, op *gqaOperands) error {
 	nh, kvh, D := c.numHeads, c.kvHeads, c.head
 	op.q = ar.f32(ctx.Input(gqaQuery))
 	if c.packed {
@@ -110,24 +108,24 @@ func (c *gqaCall) operands(ctx *Context, ar *f32Arena) (*gqaOperands, error) {
 	if b := ctx.Input(gqaBias); b != nil {
 		bs := b.Shape()
 		if b.DType() != c.dt {
-			return nil, fmt.Errorf("%w: attention_bias %v, query %v", errs.ErrType, b.DType(), c.dt)
+			return fmt.Errorf("%w: attention_bias %v, query %v", errs.ErrType, b.DType(), c.dt)
 		}
 		if len(bs) != 4 || (bs[0] != 1 && bs[0] != c.batch) || (bs[1] != 1 && bs[1] != nh) || bs[2] != c.seq || bs[3] != c.total {
-			return nil, fmt.Errorf("%w: attention_bias %v, want [%d or 1, %d or 1, %d, %d]", errs.ErrShape, bs, c.batch, nh, c.seq, c.total)
+			return fmt.Errorf("%w: attention_bias %v, want [%d or 1, %d or 1, %d, %d]", errs.ErrShape, bs, c.batch, nh, c.seq, c.total)
 		}
 		op.bias, op.biasShape = ar.f32(b), bs
 	}
 	if s := ctx.Input(gqaHeadSink); s != nil {
 		if c.smooth {
-			return nil, fmt.Errorf("%w: head_sink cannot be combined with smooth_softmax=1", errs.ErrInvalidArgument)
+			return fmt.Errorf("%w: head_sink cannot be combined with smooth_softmax=1", errs.ErrInvalidArgument)
 		}
 		if s.DType() != c.dt || !s.Shape().Equal(tensor.Shape{nh}) {
-			return nil, fmt.Errorf("%w: head_sink %v %v, want %v [%d]", errs.ErrShape, s.DType(), s.Shape(), c.dt, nh)
+			return fmt.Errorf("%w: head_sink %v %v, want %v [%d]", errs.ErrShape, s.DType(), s.Shape(), c.dt, nh)
 		}
 		op.sink = ar.f32(s)
 	}
 	if ar.err != nil {
-		return nil, ar.err
+		return ar.err
 	}
 	switch c.dt {
 	case tensor.Float32:
@@ -147,7 +145,7 @@ func (c *gqaCall) operands(ctx *Context, ar *f32Arena) (*gqaOperands, error) {
 			*dst, err = tensor.New(c.dt, shape)
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
 	}
 	op.keyK, op.keyV = op.presentK, op.presV
@@ -155,13 +153,13 @@ func (c *gqaCall) operands(ctx *Context, ar *f32Arena) (*gqaOperands, error) {
 		ks := tensor.Shape{c.batch, kvh, c.keyLen, D}
 		var err error
 		if op.keyK, err = tensor.New(c.dt, ks); err != nil {
-			return nil, err
+			return err
 		}
 		if op.keyV, err = tensor.New(c.dt, ks); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return op, nil
+	return nil
 }
 
 // assembleKeys writes the key buffer, per (sequence, KV head): the past's

@@ -6,6 +6,7 @@ import (
 	"math/rand"
 	"testing"
 
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
@@ -83,14 +84,13 @@ func (c gqaCase) data(rng *rand.Rand) gqaData {
 }
 
 func roundTo(dt tensor.DType, x float32) float64 {
-	t, _ := tensor.Float32Tensor(tensor.Shape{1}, []float32{x})
-	if dt != tensor.Float32 {
-		h, _ := tensor.New(dt, tensor.Shape{1})
-		_ = tensor.FromFloat32(h, []float32{x})
-		v, _ := tensor.AsFloat32(h)
-		return float64(v[0])
+	switch dt {
+	case tensor.Float16:
+		return float64(codec.F16ToF32(codec.F32ToF16(x)))
+	case tensor.BFloat16:
+		return float64(codec.BF16ToF32(codec.F32ToBF16(x)))
 	}
-	return float64(t.Float32()[0])
+	return float64(x)
 }
 
 func toTensor(dt tensor.DType, shape tensor.Shape, x []float64) *tensor.Tensor {

@@ -24,9 +24,12 @@ type cacheAttention struct {
 	qHeads, kvHead int // for 3-D inputs
 	opts           cpu.Options
 	maskMode       int
-	causal         bool    // the mask is combined with causal attention
-	signs          []int64 // run-time scale factors from input 5 on: +1 multiply, -1 divide
-	ktReshape      bool    // the last two inputs are the Reshape targets of a batched K^T
+	causal         bool         // the mask is combined with causal attention
+	signs          []int64      // run-time scale factors from input 5 on: +1 multiply, -1 divide
+	ktReshape      int          // index of the two Reshape targets of a batched K^T (0: none)
+	padInput       int          // index of the graph's attention_mask input (0: none)
+	outType        tensor.DType // the output's type when the graph widened V (0: Q's)
+	maskValue      string       // the mask's value name (keys its verdict within a run)
 }
 
 func newCacheAttention(n *ops.Node) (ops.Kernel, error) {
@@ -41,7 +44,12 @@ func newCacheAttention(n *ops.Node) (ops.Kernel, error) {
 	}
 	k.layer, k.qHeads, k.kvHead = get("layer"), get("q_num_heads"), get("kv_num_heads")
 	k.maskMode, k.causal = get("mask_mode"), get("causal") != 0
-	k.ktReshape = get("kt_reshape") != 0
+	k.ktReshape = get("kt_reshape")
+	k.padInput = get("padding_input")
+	k.outType = tensor.DType(get("output_type"))
+	if k.maskValue, err = n.Attrs.String("mask_value", ""); err != nil {
+		return nil, err
+	}
 	if k.signs, _, err = n.Attrs.Ints("factor_signs"); err != nil {
 		return nil, err
 	}
@@ -137,14 +145,17 @@ func (k *cacheAttention) Compute(ctx *ops.Context) error {
 		return err
 	}
 	opts.Threads = ctx.Threads()
-	if k.ktReshape {
-		if err := checkBatchedTranspose(ctx, g, bind.PastLength()); err != nil {
+	if k.ktReshape > 0 {
+		if err := checkBatchedTranspose(ctx, k.ktReshape, g, bind.PastLength()); err != nil {
 			return err
 		}
 	}
-	skip, err := k.padding(ctx, bind, g, kv)
+	skip, window, err := k.padding(ctx, bind, g, kv)
 	if err != nil {
 		return err
+	}
+	if window > 0 {
+		opts.Window = window
 	}
 	sc := scratchPool.Get().(*scratch)
 	defer scratchPool.Put(sc)
@@ -155,7 +166,14 @@ func (k *cacheAttention) Compute(ctx *ops.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := k.attend(ctx, sc, kv, qf, q.DType(), g, skip, opts); err != nil {
+	outType := q.DType()
+	if k.outType != 0 {
+		if _, ok := elemOf(k.outType); !ok {
+			return fmt.Errorf("%w: CacheAttention: output type %v", errs.ErrType, k.outType)
+		}
+		outType = k.outType
+	}
+	if err := k.attend(ctx, sc, kv, qf, outType, g, skip, opts); err != nil {
 		return err
 	}
 	return k.presents(ctx, bind, kv, kt.DType(), g)
@@ -291,15 +309,14 @@ func (k *cacheAttention) options(ctx *ops.Context) (cpu.Options, error) {
 // Reshape(s1) -> Transpose(0, 2, 1) -> Reshape(s2) over K [B, H, T, D],
 // is the transpose the kernel computes: s1 resolves to [B*H, T, D] and
 // s2 (on [B*H, D, T]) to [B, H, D, T], with H the query heads.
-func checkBatchedTranspose(ctx *ops.Context, g geometry, past int) error {
-	n := ctx.NumInputs()
+func checkBatchedTranspose(ctx *ops.Context, at int, g geometry, past int) error {
 	T := past + g.s
 	in := []int{g.b, g.hq, T, g.dk}
 	mid := []int{g.b * g.hq, T, g.dk}
 	want := [][]int{mid, {g.b, g.hq, g.dk, T}}
 	from := [][]int{in, {g.b * g.hq, g.dk, T}}
 	for i := 0; i < 2; i++ {
-		st := ctx.Input(n - 2 + i)
+		st := ctx.Input(at + i)
 		if st == nil || st.DType() != tensor.Int64 {
 			return fmt.Errorf("%w: CacheAttention: the K^T Reshape target %d is missing or not int64", errs.ErrNotImplemented, i)
 		}

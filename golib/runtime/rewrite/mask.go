@@ -18,105 +18,200 @@ const blockedBelow = -1e4
 
 // padding reads the step's mask (input 3, as mask_mode says) and returns,
 // per sequence, how many of the new tokens are left padding (nil when none
-// is). The kernel implements causal attention over the stored tokens, and
-// the cache stores no padding, so the mask must be exactly that: for every
-// real query row i (position P+i) it attends the positions first_b .. P+i,
-// where first_b is the sequence's first attended position; and the
-// positions before P it attends must be the tokens the state holds. Rows
-// of padding queries are not checked (their outputs are zeros). Anything
-// else fails with errs.ErrNotImplemented before the state is touched. The
-// verdict is computed once per mask tensor and run.
-func (k *cacheAttention) padding(ctx *ops.Context, bind Binding, g geometry, kv *cache.KVCache) ([]int, error) {
+// is), and the sliding window the mask applies (0: none). The kernel
+// implements causal attention over the stored tokens, optionally within a
+// window, and the cache stores no padding, so the mask must be exactly
+// that: for every real query row i (position P+i) it attends the positions
+// max(pad_b, P+i-window+1) .. P+i, where pad_b is the sequence's first
+// real position (from the attention_mask input when the graph has one,
+// else from the tokens the state holds, else the first position the last
+// row attends); and the positions before P it attends must be the tokens
+// the state holds. Rows of padding queries are not checked (their outputs
+// are zeros). Anything else fails with errs.ErrNotImplemented before the
+// state is touched. The verdict is computed once per mask tensor and run.
+func (k *cacheAttention) padding(ctx *ops.Context, bind Binding, g geometry, kv *cache.KVCache) ([]int, int, error) {
 	m := ctx.Input(3)
 	if k.maskMode == maskNone || m == nil {
 		if k.maskMode != maskNone && k.maskMode != maskAttention && k.maskMode != maskPadding {
-			return nil, fmt.Errorf("%w: CacheAttention: the mask input is missing", errs.ErrMissingInput)
+			return nil, 0, fmt.Errorf("%w: CacheAttention: the mask input is missing", errs.ErrMissingInput)
 		}
-		return nil, nil
+		return nil, 0, nil
 	}
 	P := bind.PastLength()
-	key := memoKey{data: unsafe.SliceData(m.Bytes()), mode: k.maskMode, causal: k.causal, past: P, s: g.s}
-	firsts, ok := bind.Memo()[key].([]int)
+	key := memoKey{value: k.maskValue, data: unsafe.SliceData(m.Bytes()), mode: k.maskMode, causal: k.causal, past: P, s: g.s}
+	v, ok := bind.Memo()[key].(verdict)
 	if !ok {
-		var err error
-		if firsts, err = k.firstAttended(ctx, m, g, P); err != nil {
-			return nil, err
+		held := make([]int, g.b)
+		for b := range held {
+			held[b] = kv.SeqLen(b)
 		}
-		bind.Memo()[key] = firsts
+		var err error
+		if v, err = k.verdict(ctx, m, g, P, held); err != nil {
+			return nil, 0, err
+		}
+		bind.Memo()[key] = v
 	}
 	skip := make([]int, g.b)
 	padded := false
-	for b, first := range firsts {
+	for b, first := range v.firsts {
 		held := kv.SeqLen(b)
 		if first < P && P-first != held {
-			return nil, fmt.Errorf("%w: the attention mask of sequence %d attends %d past positions, the state holds %d tokens of it",
+			return nil, 0, fmt.Errorf("%w: the attention mask of sequence %d attends %d past positions, the state holds %d tokens of it",
 				errs.ErrInvalidArgument, b, P-first, held)
 		}
 		if first >= P && held != 0 {
-			return nil, fmt.Errorf("%w: the attention mask of sequence %d masks the %d tokens the state holds of it",
+			return nil, 0, fmt.Errorf("%w: the attention mask of sequence %d masks the %d tokens the state holds of it",
 				errs.ErrNotImplemented, b, held)
 		}
 		skip[b] = max(0, min(first, P+g.s)-P)
 		padded = padded || skip[b] > 0
 	}
 	if !padded {
-		return nil, nil
+		skip = nil
 	}
-	return skip, nil
+	return skip, v.window, nil
+}
+
+// verdict is a mask's structure: each sequence's first real position and
+// the sliding window (0: none).
+type verdict struct {
+	firsts []int
+	window int
 }
 
 // memoKey identifies one mask verdict within a run.
 type memoKey struct {
+	value   string // the mask's value name: buffers are reused within a run
 	data    *byte
 	mode    int
 	causal  bool
 	past, s int
 }
 
-// firstAttended checks the mask's structure and returns each sequence's
-// first attended position (T when none).
-func (k *cacheAttention) firstAttended(ctx *ops.Context, m *tensor.Tensor, g geometry, P int) ([]int, error) {
+// verdict checks the mask's structure (see padding).
+func (k *cacheAttention) verdict(ctx *ops.Context, m *tensor.Tensor, g geometry, P int, held []int) (verdict, error) {
 	T := P + g.s
 	at, err := k.maskReader(ctx, m, g, T)
 	if err != nil {
-		return nil, err
+		return verdict{}, err
 	}
 	attends := func(b, i, t int) (bool, error) {
 		a, err := at(b, i, t)
 		return a && (!k.causal || t <= P+i), err
 	}
-	firsts := make([]int, g.b)
+	pads, err := k.padStarts(ctx, g, T, P, held)
+	if err != nil {
+		return verdict{}, err
+	}
+	refuse := func(b, i, t int, a bool) error {
+		return fmt.Errorf("%w: the attention mask is not causal plus left padding (and a sliding window) "+
+			"(sequence %d, query %d, key %d: attends=%v): the cache path supports those masks only",
+			errs.ErrNotImplemented, b, i, t, a)
+	}
+	v := verdict{firsts: make([]int, g.b)}
+	span := 0 // the longest range a row attends from its sequence's start
 	for b := 0; b < g.b; b++ {
-		first := T
-		for t := 0; t < T; t++ {
-			a, err := attends(b, g.s-1, t)
-			if err != nil {
-				return nil, err
-			}
-			if a {
-				first = t
-				break
+		pad := pads[b]
+		if pad < 0 { // from the last row
+			pad = T
+			for t := 0; t < T; t++ {
+				a, err := attends(b, g.s-1, t)
+				if err != nil {
+					return verdict{}, err
+				}
+				if a {
+					pad = t
+					break
+				}
 			}
 		}
-		firsts[b] = first
+		v.firsts[b] = pad
 		for i := 0; i < g.s; i++ {
-			if P+i < first {
+			p := P + i
+			if p < pad {
 				continue // a padding query
 			}
-			for t := 0; t < T; t++ {
+			lo := -1
+			for t := 0; t <= p; t++ {
 				a, err := attends(b, i, t)
 				if err != nil {
-					return nil, err
+					return verdict{}, err
 				}
-				if want := t >= first && t <= P+i; a != want {
-					return nil, fmt.Errorf("%w: the attention mask is not causal plus left padding "+
-						"(sequence %d, query %d, key %d: attends=%v): the cache path supports those masks only",
-						errs.ErrNotImplemented, b, i, t, a)
+				if a {
+					lo = t
+					break
 				}
+			}
+			if lo < pad {
+				return verdict{}, refuse(b, i, max(lo, 0), lo >= 0)
+			}
+			for t := lo; t < T; t++ {
+				a, err := attends(b, i, t)
+				if err != nil {
+					return verdict{}, err
+				}
+				if a != (t <= p) {
+					return verdict{}, refuse(b, i, t, a)
+				}
+			}
+			if lo > pad {
+				w := p - lo + 1
+				if v.window != 0 && v.window != w {
+					return verdict{}, refuse(b, i, lo, true)
+				}
+				v.window = w
+			} else {
+				span = max(span, p-pad+1)
 			}
 		}
 	}
-	return firsts, nil
+	if v.window != 0 && span > v.window {
+		return verdict{}, fmt.Errorf("%w: the attention mask's rows span %d positions beyond a sliding window of %d",
+			errs.ErrNotImplemented, span, v.window)
+	}
+	return v, nil
+}
+
+// padStarts returns each sequence's first real position: from the
+// attention_mask input when the node has one (a row must be zeros then
+// ones), else P - stored tokens for a sequence the state holds tokens of,
+// else -1 (taken from the mask's last row).
+func (k *cacheAttention) padStarts(ctx *ops.Context, g geometry, T, P int, held []int) ([]int, error) {
+	pads := make([]int, g.b)
+	var am *tensor.Tensor
+	if k.padInput > 0 {
+		am = ctx.Input(k.padInput)
+	}
+	if am != nil {
+		if am.Rank() != 2 || am.Shape()[0] != g.b || am.Shape()[1] != T {
+			return nil, fmt.Errorf("%w: attention_mask has shape %v, want [%d, %d]", errs.ErrShape, am.Shape(), g.b, T)
+		}
+		at, err := attendAt(am, false, false)
+		if err != nil {
+			return nil, err
+		}
+		for b := range pads {
+			pads[b] = T
+			for t := 0; t < T; t++ {
+				a, _ := at(b*T + t)
+				if a && pads[b] == T {
+					pads[b] = t
+				}
+				if !a && pads[b] < T {
+					return nil, fmt.Errorf("%w: attention_mask row %d has a zero at position %d after its first one: "+
+						"the cache path supports left padding only", errs.ErrNotImplemented, b, t)
+				}
+			}
+		}
+		return pads, nil
+	}
+	for b := range pads {
+		pads[b] = -1
+		if held[b] > 0 {
+			pads[b] = P - held[b]
+		}
+	}
+	return pads, nil
 }
 
 // maskReader returns "query i of sequence b attends key t" for the mask

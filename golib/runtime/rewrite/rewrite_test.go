@@ -121,40 +121,43 @@ func TestMaskVerdict(t *testing.T) {
 		return m
 	}
 	firsts := []int{0, 3} // sequence 1 is left-padded by 3 positions
+	held := []int{2, 0}   // the tokens the state holds of each
 	causalPad := func(b, i, tt int) bool { return tt >= firsts[b] && tt <= P+i }
 	cases := []struct {
 		name   string
 		attend func(b, i, t int) bool
 		want   []int // nil: refused
+		window int
 	}{
-		{"causal + left padding", causalPad, firsts},
+		{"causal + left padding", causalPad, firsts, 0},
 		{"padding queries unmasked", func(b, i, tt int) bool {
 			if P+i < firsts[b] {
 				return true // exporters unmask fully masked rows
 			}
 			return causalPad(b, i, tt)
-		}, firsts},
-		{"bidirectional", func(b, i, tt int) bool { return tt >= firsts[b] }, nil},
-		{"sliding window of 2", func(b, i, tt int) bool { return causalPad(b, i, tt) && tt > P+i-2 }, nil},
-		{"padding in the middle", func(b, i, tt int) bool { return causalPad(b, i, tt) && !(b == 0 && tt == 1) }, nil},
+		}, firsts, 0},
+		{"bidirectional", func(b, i, tt int) bool { return tt >= firsts[b] }, nil, 0},
+		{"sliding window of 2", func(b, i, tt int) bool { return causalPad(b, i, tt) && tt > P+i-2 }, firsts, 2},
+		{"two windows", func(b, i, tt int) bool { return causalPad(b, i, tt) && tt > P+i-2-i%2 }, nil, 0},
+		{"padding in the middle", func(b, i, tt int) bool { return causalPad(b, i, tt) && !(b == 0 && tt == 1) }, nil, 0},
 	}
 	k := &cacheAttention{maskMode: maskAdditive}
 	g := geometry{b: B, s: S}
 	for _, c := range cases {
 		ctx := ops.NewContext([]*tensor.Tensor{nil, nil, nil, build(c.attend)}, nil, 1, nil)
-		got, err := k.firstAttended(ctx, ctx.Input(3), g, P)
+		got, err := k.verdict(ctx, ctx.Input(3), g, P, held)
 		switch {
 		case c.want == nil && !errors.Is(err, errs.ErrNotImplemented):
 			t.Errorf("%s: err %v, want a NotImplemented refusal", c.name, err)
-		case c.want != nil && (err != nil || !equalInts(got, c.want)):
-			t.Errorf("%s: %v, %v; want %v", c.name, got, err, c.want)
+		case c.want != nil && (err != nil || !equalInts(got.firsts, c.want) || got.window != c.window):
+			t.Errorf("%s: %+v, %v; want %v window %d", c.name, got, err, c.want, c.window)
 		}
 	}
 	// an additive value that is neither 0 nor blocking is refused
 	bad := build(causalPad)
 	bad.Float32()[0] = -3
 	ctx := ops.NewContext([]*tensor.Tensor{nil, nil, nil, bad}, nil, 1, nil)
-	if _, err := k.firstAttended(ctx, bad, g, P); !errors.Is(err, errs.ErrNotImplemented) {
+	if _, err := k.verdict(ctx, bad, g, P, held); !errors.Is(err, errs.ErrNotImplemented) {
 		t.Errorf("additive value -3: err %v", err)
 	}
 }

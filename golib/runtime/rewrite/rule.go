@@ -3,6 +3,8 @@ package rewrite
 import (
 	"fmt"
 	"strings"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/onnxpb"
 )
 
 // Rule is one cache rewrite pattern. Match either returns the edit that
@@ -100,4 +102,25 @@ func describe(n interface {
 		return fmt.Sprintf("%s node %q", n.GetOpType(), n.GetName())
 	}
 	return n.GetOpType() + " node"
+}
+
+// withPaddingInput gives a CacheAttention node whose mask is read as a
+// whole the graph's attention_mask input too (when the graph has one, as
+// exporters name it): its zeros say where each sequence's left padding
+// ends, which a sliding-window mask alone does not.
+func withPaddingInput(ix *index, n *onnxpb.NodeProto, mode int64) {
+	if len(n.Input) > 3 && n.Input[3] != "" {
+		// the mask's value name keys its verdict within a run (its buffer
+		// may be reused by another mask of the same run)
+		n.Attribute = append(n.Attribute, &onnxpb.AttributeProto{Name: ptr("mask_value"),
+			Type: onnxpb.AttributeProto_STRING.Enum(), S: []byte(n.Input[3])})
+	}
+	if mode < maskAttention || !ix.isGraphInput("attention_mask") || ix.captured["attention_mask"] {
+		return
+	}
+	if vi := ix.inputs["attention_mask"]; vi.Shape != nil && len(vi.Shape) != 2 {
+		return
+	}
+	n.Attribute = append(n.Attribute, intAttr("padding_input", int64(len(n.Input))))
+	n.Input = append(n.Input, "attention_mask")
 }

@@ -96,6 +96,7 @@ func (attentionRule) Match(ix *index, p *pair) (*edit, string) {
 		Output:    []string{at(out, 0), p.presK, p.presV},
 		Attribute: attrs,
 	}
+	withPaddingInput(ix, node, mode)
 	return &edit{drop: []int{ik}, insert: []*onnxpb.NodeProto{node}, pastK: p.pastK, pastV: p.pastV,
 		presK: p.presK, presV: p.presV, kNew: at(in, 1)}, ""
 }

@@ -26,7 +26,8 @@ import (
 // shapes) and are multiplied at run time. Masks are read at run time and
 // must be causal plus left padding, which the kernel implements; any
 // other mask fails the run with a NotImplementedError and leaves the state
-// unchanged. Every intermediate value must be read by its chain only;
+// unchanged. Casts of the scores (fp16 exports) are allowed before the
+// mask and around the Softmax. Every intermediate value must be read by its chain only;
 // presents may also be read by Shape/Size.
 type concatRule struct{}
 
@@ -221,6 +222,14 @@ func (concatRule) Match(ix *index, p *pair) (*edit, string) {
 	if c.why != "" {
 		return nil, c.why
 	}
+	outType := int64(0) // fp16 exports widen V (and so the output) to float
+	if vn := ix.node(vi); isOp(vn, "Cast") {
+		outType = attrInt(vn, "to", 0)
+		vEnd = c.take(vi)
+		if vi, _ = c.next(vEnd); c.why != "" {
+			return nil, c.why
+		}
+	}
 	var node *onnxpb.NodeProto
 	if n := ix.node(ki); isOp(n, "Attention") {
 		node, why = c.attentionEnd(ki, kEnd, vEnd, vi, kNew, vNew, p)
@@ -229,6 +238,9 @@ func (concatRule) Match(ix *index, p *pair) (*edit, string) {
 	}
 	if why != "" {
 		return nil, why
+	}
+	if outType != 0 {
+		node.Attribute = append(node.Attribute, intAttr("output_type", outType))
 	}
 	e := &edit{drop: c.drop, insert: []*onnxpb.NodeProto{node}, pastK: p.pastK, pastV: p.pastV,
 		presK: p.presK, presV: p.presV, kNew: kNew, replace: map[int]*onnxpb.NodeProto{}}
@@ -278,8 +290,10 @@ func (c *chain) attentionEnd(ai int, kEnd, vEnd string, vi int, kNew, vNew strin
 			attrs = append(attrs, a)
 		}
 	}
-	return &onnxpb.NodeProto{Name: ptr(n.GetName() + "/cache"), OpType: ptr(opAttention), Domain: ptr(Domain),
-		Input: []string{at(in, 0), kNew, vNew, mask}, Output: []string{out[0], p.presK, p.presV}, Attribute: attrs}, ""
+	node := &onnxpb.NodeProto{Name: ptr(n.GetName() + "/cache"), OpType: ptr(opAttention), Domain: ptr(Domain),
+		Input: []string{at(in, 0), kNew, vNew, mask}, Output: []string{out[0], p.presK, p.presV}, Attribute: attrs}
+	withPaddingInput(c.ix, node, mode)
+	return node, ""
 }
 
 // decomposedEnd matches MatMul-(scale)-(mask)-Softmax-MatMul.
@@ -369,6 +383,12 @@ func (c *chain) decomposedEnd(ti int, kEnd, vEnd string, vi int, kNew, vNew stri
 	if n == nil {
 		return nil, c.why
 	}
+	if isOp(n, "Cast") { // fp16 exports widen the scores before the mask
+		x = c.take(i)
+		if i, n = c.next(x); n == nil {
+			return nil, c.why
+		}
+	}
 	mode, mask, low := int64(maskNone), "", ""
 	in := n.GetInput()
 	switch {
@@ -430,13 +450,19 @@ func (c *chain) decomposedEnd(ti int, kEnd, vEnd string, vi int, kNew, vNew stri
 		signs[k] = f.sign
 		inputs = append(inputs, f.name)
 	}
+	ktAt := 0 // index of the first K^T Reshape target (0: none)
+	if len(ktShapes) > 0 {
+		ktAt = len(inputs)
+	}
 	inputs = append(inputs, ktShapes...)
 	attrs := []*onnxpb.AttributeProto{intAttr("layer", 0), intAttr("mask_mode", mode), intAttr("causal", 0),
 		{Name: ptr("scale"), Type: onnxpb.AttributeProto_FLOAT.Enum(), F: ptr(float32(1))},
 		{Name: ptr("factor_signs"), Type: onnxpb.AttributeProto_INTS.Enum(), Ints: signs},
-		intAttr("kt_reshape", int64(len(ktShapes)/2))}
-	return &onnxpb.NodeProto{Name: ptr(n.GetName() + "/cache"), OpType: ptr(opAttention), Domain: ptr(Domain),
-		Input: inputs, Output: []string{n.GetOutput()[0], p.presK, p.presV}, Attribute: attrs}, ""
+		intAttr("kt_reshape", int64(ktAt))}
+	node := &onnxpb.NodeProto{Name: ptr(n.GetName() + "/cache"), OpType: ptr(opAttention), Domain: ptr(Domain),
+		Input: inputs, Output: []string{n.GetOutput()[0], p.presK, p.presV}, Attribute: attrs}
+	withPaddingInput(c.ix, node, mode)
+	return node, ""
 }
 
 // nanGuard skips Where(IsNaN(p), 0, p) after the Softmax output p (the
