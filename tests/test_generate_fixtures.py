@@ -40,24 +40,9 @@ def _generic(name: str) -> bool:
     return not fx.entry(name)["drive"].get("shared_buffer")
 
 
-def _windowed(name: str) -> bool:
-    """Sliding-window fixtures: the cache path rewrites their layers, then refuses the window mask
-    at run time (tests/test_cache_fixtures.py fails the same way), so generate() on the default
-    runner fails there until the cache path handles windows or leaves them on the tensor path."""
-    return bool(fx.entry(name).get("config", {}).get("sliding_window"))
-
-
 def _params() -> list:
-    out = []
-    for name in fx.names():
-        if not _generic(name):
-            continue
-        for runner in ("tensor", "default"):
-            marks = ([pytest.mark.xfail(strict=True, raises=ValueError,
-                                        reason="the cache path refuses the sliding-window mask at run time")]
-                     if runner == "default" and _windowed(name) else [])
-            out.append(pytest.param(name, runner, marks=marks, id=f"{name}-{runner}"))
-    return out
+    return [pytest.param(name, runner, id=f"{name}-{runner}")
+            for name in fx.names() if _generic(name) for runner in ("tensor", "default")]
 
 
 def _options(runner: str) -> object:
