@@ -40,25 +40,36 @@ def _generic(name: str) -> bool:
     return not fx.entry(name)["drive"].get("shared_buffer")
 
 
-@pytest.mark.parametrize("name", [n for n in fx.names() if _generic(n)])
-def test_fixture_greedy_batch1_and_padded_batch(name: str) -> None:
+def _params() -> list:
+    return [pytest.param(name, runner, id=f"{name}-{runner}")
+            for name in fx.names() if _generic(name) for runner in ("tensor", "default")]
+
+
+def _options(runner: str) -> object:
+    return False if runner == "tensor" else None
+
+
+@pytest.mark.parametrize("name,runner", _params())
+def test_fixture_greedy_batch1_and_padded_batch(name: str, runner: str) -> None:
     sess = _session(name)
-    got = olkv.generate(sess, PROMPTS[0], max_new_tokens=STEPS)
+    got = olkv.generate(sess, PROMPTS[0], max_new_tokens=STEPS, state_options=_options(runner))
     np.testing.assert_array_equal(got.new_tokens[0], _reference(name, PROMPTS[0]))
     ids, mask = padded(PROMPTS)
-    batch = olkv.generate(sess, ids, attention_mask=mask, max_new_tokens=STEPS)
+    batch = olkv.generate(sess, ids, attention_mask=mask, max_new_tokens=STEPS, state_options=_options(runner))
     for r, p in enumerate(PROMPTS):
         np.testing.assert_array_equal(batch.new_tokens[r], _reference(name, p), err_msg=f"{name} row {r}")
 
 
-@pytest.mark.parametrize("name", [n for n in fx.names() if _generic(n)])
-def test_fixture_speculative_and_beam_run(name: str) -> None:
+@pytest.mark.parametrize("name,runner", _params())
+def test_fixture_speculative_and_beam_run(name: str, runner: str) -> None:
     sess = _session(name)
     want = _reference(name, PROMPTS[0])
-    spec = olkv.generate(sess, PROMPTS[0], max_new_tokens=STEPS, draft_session=sess, num_draft_tokens=3)
+    spec = olkv.generate(sess, PROMPTS[0], max_new_tokens=STEPS, draft_session=sess, num_draft_tokens=3,
+                         state_options=_options(runner))
     np.testing.assert_array_equal(spec.new_tokens[0], want)
     assert spec.stats.accepted_draft_tokens > 0
-    beams = olkv.generate(sess, PROMPTS[0], max_new_tokens=4, num_beams=2, num_return_sequences=2)
+    beams = olkv.generate(sess, PROMPTS[0], max_new_tokens=4, num_beams=2, num_return_sequences=2,
+                          state_options=_options(runner))
     assert beams.sequences.shape == (2, PROMPTS[0].size + 4)
 
 

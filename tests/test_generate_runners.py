@@ -76,14 +76,18 @@ def test_state_options() -> None:
         pytest.skip("this build's InferenceSession has no cache path")
     half = olkv.generate(sess, gc.PROMPT, max_new_tokens=4, state_options={"dtype": "float16"})
     assert half.stats.runner == "state" and half.new_tokens.shape == (1, 4)
-    # a model the cache rewrite refuses (a present also read by another node) stays on the tensor path
-    refused = gc.model("llama")
-    refused.graph.node.append(onnx.helper.make_node("Identity", ["present.0.key"], ["observed"]))
-    refused.graph.output.append(onnx.helper.make_tensor_value_info("observed", onnx.TensorProto.FLOAT, None))
-    rsess = oc.ours(refused)
+    # a present that another node reads keeps the model on the tensor path
+    m = onnx.ModelProto()
+    m.CopyFrom(gc.model("llama"))
+    m.graph.node.append(onnx.helper.make_node("Identity", ["present.0.key"], ["present_copy"]))
+    m.graph.output.append(onnx.helper.make_tensor_value_info("present_copy", onnx.TensorProto.FLOAT, None))
+    kept = oc.ours(m)
+    assert not all(p["rewritten"] for p in kept.cache_plan())
     with pytest.raises(NotImplementedError, match="tensor path"):
-        olkv.generate(rsess, gc.PROMPT, max_new_tokens=2, state_options={})
-    assert olkv.generate(rsess, gc.PROMPT, max_new_tokens=2).stats.runner == "tensor"
+        olkv.generate(kept, gc.PROMPT, max_new_tokens=2, state_options={})
+    out = olkv.generate(kept, gc.PROMPT, max_new_tokens=N)
+    assert out.stats.runner == "tensor"
+    np.testing.assert_array_equal(out.new_tokens[0], gc.ort_greedy(gc.model("llama"), gc.PROMPT, N))
     assert olkv.generate(gc.ours("gpt2"), gc.PROMPT, max_new_tokens=2).stats.runner == "state"  # Concat pasts
     with pytest.raises(NotImplementedError, match="create_state"):
         olkv.generate(gc.ort("llama"), gc.PROMPT, max_new_tokens=2, state_options={})

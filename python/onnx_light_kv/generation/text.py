@@ -1,7 +1,7 @@
 """Text in and out (Hugging Face ``tokenizers``), streaming and the progress bar.
 
-``tokenizers`` and ``tqdm`` are optional dependencies (``pip install onnx-light-kv[generate]``),
-imported only when a tokenizer or ``progress=True`` is used.
+``tokenizers`` and ``tqdm`` are optional dependencies (``pip install 'onnx-light-kv[generate]'``),
+imported only when a tokenizer path or ``progress=True`` is used (:mod:`onnx_light_kv._optional`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .._optional import require
+
 __all__ = ["load_tokenizer", "encode", "Streamer", "Progress"]
 
 _PAD_NAMES = ("<pad>", "[PAD]", "<|pad|>", "<|endoftext|>", "</s>", "<eos>")
@@ -19,17 +21,13 @@ _PAD_NAMES = ("<pad>", "[PAD]", "<|pad|>", "<|endoftext|>", "</s>", "<eos>")
 def load_tokenizer(tokenizer: Any) -> Any:
     """A ``tokenizers.Tokenizer``: given one, or loaded from a ``tokenizer.json`` path."""
     if isinstance(tokenizer, (str, os.PathLike)):
-        try:
-            from tokenizers import Tokenizer
-        except ImportError as e:
-            raise ImportError("a tokenizer path needs the optional 'tokenizers' package "
-                              "(pip install 'onnx-light-kv[generate]' or pip install tokenizers)") from e
+        tokenizer_cls = require("tokenizers").Tokenizer
         path = os.fspath(tokenizer)
         if os.path.isdir(path):
             path = os.path.join(path, "tokenizer.json")
         if not os.path.exists(path):
             raise FileNotFoundError(f"tokenizer file not found: {path}")
-        return Tokenizer.from_file(path)
+        return tokenizer_cls.from_file(path)
     if not (hasattr(tokenizer, "encode_batch") and hasattr(tokenizer, "decode")):
         raise TypeError("tokenizer must be a tokenizers.Tokenizer or a tokenizer.json path, "
                         f"got {type(tokenizer).__name__}")
@@ -112,13 +110,8 @@ class Progress:
 
     def __init__(self, enabled: bool, total: int) -> None:
         self.bar = None
-        if enabled:
-            try:
-                from tqdm.auto import tqdm
-            except ImportError as e:
-                raise ImportError("progress=True needs the optional 'tqdm' package "
-                                  "(pip install 'onnx-light-kv[generate]' or pip install tqdm)") from e
-            self.bar = tqdm(total=total, unit="tok", desc="generate")
+        if enabled:  # asked for explicitly: a missing tqdm is an error naming its extra
+            self.bar = require("tqdm.auto").tqdm(total=total, unit="tok", desc="generate")
 
     def update(self, n: int = 1) -> None:
         """``n`` more tokens."""
