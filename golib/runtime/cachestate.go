@@ -81,7 +81,7 @@ func (s *Session) NewCacheState(cfg StateConfig) (*CacheState, error) {
 		return nil, fmt.Errorf("%w: batch %d must be >= 1 and max_length %d >= 0", errs.ErrInvalidArgument, cfg.Batch, cfg.MaxLength)
 	}
 	if cfg.Elem == 0 {
-		e, ok := elemOfDType(s.cache.elem)
+		e, ok := rewrite.ElemOf(s.cache.elem)
 		if !ok {
 			return nil, fmt.Errorf("%w: the model's K/V type %v has no cache storage type", errs.ErrNotImplemented, s.cache.elem)
 		}
@@ -135,18 +135,6 @@ func (cs *CacheState) live() []*cache.KVCache {
 		}
 	}
 	return out
-}
-
-func elemOfDType(dt tensor.DType) (cache.ElemType, bool) {
-	switch dt {
-	case tensor.Float32:
-		return cache.Float32, true
-	case tensor.Float16:
-		return cache.Float16, true
-	case tensor.BFloat16:
-		return cache.BFloat16, true
-	}
-	return 0, false
 }
 
 // RunCache runs the cache path on cs: feeds carry only the new tokens'

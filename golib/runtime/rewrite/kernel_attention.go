@@ -120,7 +120,7 @@ func (k *cacheAttention) Compute(ctx *ops.Context) error {
 	if err != nil {
 		return err
 	}
-	elem, ok := elemOf(kt.DType())
+	elem, ok := ElemOf(kt.DType())
 	if !ok || vt.DType() != kt.DType() || !q.DType().IsFloat() {
 		return fmt.Errorf("%w: CacheAttention: Q, K, V must be float32, float16 or bfloat16 with K and V alike (got %v, %v, %v)",
 			errs.ErrType, q.DType(), kt.DType(), vt.DType())
@@ -168,7 +168,7 @@ func (k *cacheAttention) Compute(ctx *ops.Context) error {
 	}
 	outType := q.DType()
 	if k.outType != 0 {
-		if _, ok := elemOf(k.outType); !ok {
+		if _, ok := ElemOf(k.outType); !ok {
 			return fmt.Errorf("%w: CacheAttention: output type %v", errs.ErrType, k.outType)
 		}
 		outType = k.outType
@@ -270,7 +270,7 @@ func (k *cacheAttention) presents(ctx *ops.Context, bind Binding, kv *cache.KVCa
 	if L == 0 {
 		return nil
 	}
-	elem, _ := elemOf(dt)
+	elem, _ := ElemOf(dt)
 	return mapCacheErr(kv.Export(pk.Bytes(), pv.Bytes(), elem, L))
 }
 
@@ -375,8 +375,9 @@ func f32Bytes(f []float32) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(f))), 4*len(f))
 }
 
-// elemOf maps a tensor type to the cache storage type.
-func elemOf(dt tensor.DType) (cache.ElemType, bool) {
+// ElemOf maps a tensor type to the cache storage type (false: a type no
+// cache stores).
+func ElemOf(dt tensor.DType) (cache.ElemType, bool) {
 	switch dt {
 	case tensor.Float32:
 		return cache.Float32, true

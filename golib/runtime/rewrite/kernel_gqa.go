@@ -72,7 +72,7 @@ func (k *cacheGQA) Compute(ctx *ops.Context) error {
 	if len(qs) != 3 || qs[2] == 0 || qs[2]%heads != 0 || (kt == nil) != (vt == nil) {
 		return fmt.Errorf("%w: CacheGroupQueryAttention: query %v for %d heads", errs.ErrShape, qs, heads)
 	}
-	if _, ok := elemOf(q.DType()); !ok {
+	if _, ok := ElemOf(q.DType()); !ok {
 		return fmt.Errorf("%w: CacheGroupQueryAttention: query type %v", errs.ErrType, q.DType())
 	}
 	B, S, D := qs[0], qs[1], qs[2]/heads
