@@ -1,4 +1,5 @@
-"""Hostile inputs at the boundary: bounded model reading, refused opsets."""
+"""Hostile inputs at the boundary: bounded model reading, refused opsets,
+atomic export under concurrent mutation."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -99,3 +101,67 @@ def test_newer_opset_is_refused_naming_both_versions(domain: str, version: int, 
 @pytest.mark.parametrize("opsets", [[("", 25)], [("", 13), ("com.microsoft", 1)], [("", 17), ("ai.onnx.ml", 5)]])
 def test_known_opsets_load(opsets: list[tuple[str, int]]) -> None:
     olkv.InferenceSession(_identity_model(opsets))
+
+
+# -- atomic export ---------------------------------------------------------------
+
+def test_export_is_atomic_under_concurrent_append_and_reset() -> None:
+    """Another thread appends and resets while this one exports: every export
+    is one consistent state (the length and the rows agree, no zero rows at
+    the end, every row holds the value appended)."""
+    cap = 64
+    cache = olkv.KVCache(1, 2, 8, capacity=cap)
+    row = np.ones((1, 2, 1, 8), np.float32)
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def mutate() -> None:
+        i = 0
+        try:
+            while not stop.is_set():
+                if cache.lengths[0] >= cap or i % 13 == 0:
+                    cache.reset()
+                cache.append(row, 2 * row)
+                i += 1
+        except BaseException as e:  # reported by the main thread
+            failures.append(e)
+
+    t = threading.Thread(target=mutate)
+    t.start()
+    exports = 0
+    try:
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and exports < 3000:
+            k, v = cache.export()
+            n = k.shape[2]
+            assert k.shape == (1, 2, n, 8) and v.shape == (1, 2, n, 8)
+            assert (k == 1).all() and (v == 2).all(), f"export of length {n} holds other values"
+            exports += 1
+    finally:
+        stop.set()
+        t.join()
+    assert not failures, failures
+    assert exports > 0
+
+
+def test_export_after_growth_between_length_and_copy() -> None:
+    """The Go export reports the length it saw under the lock; the wrapper
+    retries when the cache grew after its first length probe."""
+    from onnx_light_kv.cache import _export_presents
+
+    cache = olkv.KVCache(2, 1, 4, capacity=16)
+    cache.append(np.ones((2, 1, 5, 4), np.float32), np.ones((2, 1, 5, 4), np.float32))
+    h = cache._h
+    calls = []
+
+    def export(*a):
+        calls.append(a[-1])
+        return olkv.cache._call(olkv.cache._f("CacheExport"), h, *a)
+
+    k, v = _export_presents(export, 2, (2, 1, 4), (2, 1, 4), np.dtype(np.float32))  # stale hint 2 < 5
+    assert calls == [2, 5]
+    assert k.shape == (2, 1, 5, 4) and (k == 1).all() and (v == 1).all()
+    # a cache that shrank exports only its valid rows, into the bigger buffer's prefix
+    cache.truncate(3)
+    k, v = _export_presents(export, 5, (2, 1, 4), (2, 1, 4), np.dtype(np.float32))
+    assert k.shape == (2, 1, 3, 4) and (k == 1).all()

@@ -29,6 +29,30 @@ def _i64(values: Union[int, Sequence[int], np.ndarray], name: str) -> np.ndarray
     return np.ascontiguousarray(a.astype(np.int64, copy=False).ravel())
 
 
+def _export_presents(export: Any, hint: int, geom_k: tuple[int, int, int], geom_v: tuple[int, int, int],
+                    dt: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Present tensors ``(k, v)`` of shape ``(batch, kv_heads, L, head_dim)`` from one
+    atomic Go export.
+
+    ``export(k_ptr, k_bytes, v_ptr, v_bytes, code, max_len)`` reads the length ``L``
+    under the cache's lock and writes the tensors into the leading bytes of the
+    buffers when ``L <= max_len`` (returning ``L``), else writes nothing and returns
+    ``L``. ``hint`` (a length read earlier) sizes the first try; a cache that grew in
+    between is exported again into buffers for the reported length, so the result
+    is always one consistent state of the cache.
+    """
+    bound = hint
+    while True:
+        k = np.empty(geom_k[0] * geom_k[1] * bound * geom_k[2], dtype=dt)
+        v = np.empty(geom_v[0] * geom_v[1] * bound * geom_v[2], dtype=dt)
+        n = export(k.ctypes.data, k.nbytes, v.ctypes.data, v.nbytes, CODES[dt], bound)
+        if n <= bound:
+            sk = (geom_k[0], geom_k[1], n, geom_k[2])
+            sv = (geom_v[0], geom_v[1], n, geom_v[2])
+            return k[:int(np.prod(sk))].reshape(sk), v[:int(np.prod(sv))].reshape(sv)
+        bound = max(n, 2 * bound)
+
+
 class Arena:
     """Persistent memory that caches live in, with a byte budget.
 
@@ -262,14 +286,15 @@ class KVCache:
         a sliding window, are zeros. ``dtype`` defaults to the cache dtype.
 
         This is the only operation that copies the whole cache; generation
-        loops that do not observe present tensors never need it.
+        loops that do not observe present tensors never need it. The length
+        and the rows are read in one Go call under the cache's lock, so an
+        append or reset from another thread yields either the state before
+        it or the state after it, never a mix.
         """
         dt = self._dtype if dtype is None else cache_dtype(dtype)
-        L = _call(_f("CacheMaxLen"), self._h)
-        k = np.empty((self._batch, self._kv_heads, L, self._dk), dtype=dt)
-        v = np.empty((self._batch, self._kv_heads, L, self._dv), dtype=dt)
-        _call(_f("CacheExport"), self._h, k.ctypes.data, k.nbytes, v.ctypes.data, v.nbytes, CODES[dt], L)
-        return k, v
+        h = self._h
+        return _export_presents(lambda *a: _call(_f("CacheExport"), h, *a), _call(_f("CacheMaxLen"), h),
+                                (self._batch, self._kv_heads, self._dk), (self._batch, self._kv_heads, self._dv), dt)
 
     def reset(self) -> None:
         """Empty every sequence (keeps the reserved memory); drops checkpoints."""

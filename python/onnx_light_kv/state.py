@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _lib
 from ._dtypes import CODES
-from .cache import Checkpoint, _i64
+from .cache import Checkpoint, _export_presents, _i64
 
 if TYPE_CHECKING:  # pragma: no cover
     from .session import InferenceSession
@@ -151,10 +151,10 @@ class GenerationState:
         out: Dict[str, np.ndarray] = {}
         for layer in info["layers"]:
             slot = layer["slot"]
-            L = _call(_f("StateExportLen"), h, slot)
-            k = np.empty((self._batch, layer["kv_heads"], L, layer["head_dim_k"]), dtype=dt)
-            v = np.empty((self._batch, layer["kv_heads"], L, layer["head_dim_v"]), dtype=dt)
-            _call(_f("StateExport"), h, slot, k.ctypes.data, k.nbytes, v.ctypes.data, v.nbytes, CODES[dt], L)
+            k, v = _export_presents(lambda *a, s=slot: _call(_f("StateExport"), h, s, *a),
+                                   _call(_f("StateExportLen"), h, slot),
+                                   (self._batch, layer["kv_heads"], layer["head_dim_k"]),
+                                   (self._batch, layer["kv_heads"], layer["head_dim_v"]), dt)
             out[layer["present_key"]] = k
             out[layer["present_value"]] = v
         return out
