@@ -1,5 +1,5 @@
 """Hostile inputs at the boundary: bounded model reading, refused opsets,
-atomic export under concurrent mutation."""
+atomic export under concurrent mutation, checkpoint limits."""
 
 from __future__ import annotations
 
@@ -165,3 +165,25 @@ def test_export_after_growth_between_length_and_copy() -> None:
     cache.truncate(3)
     k, v = _export_presents(export, 5, (2, 1, 4), (2, 1, 4), np.dtype(np.float32))
     assert k.shape == (2, 1, 3, 4) and (k == 1).all()
+
+
+# -- checkpoint limit ---------------------------------------------------------------
+
+def test_checkpoint_dropped_past_64_says_so() -> None:
+    cache = olkv.KVCache(1, 1, 4, capacity=8)
+    cache.append(np.ones((1, 1, 2, 4), np.float32), np.ones((1, 1, 2, 4), np.float32))
+    cks = [cache.checkpoint() for _ in range(64)]
+    cache.rollback(cks[0])  # 64 live: the oldest still restores
+    cks.append(cache.checkpoint())
+    with pytest.raises(olkv.StaleCheckpointError) as ei:
+        cache.rollback(cks[0])
+    msg = str(ei.value)
+    assert "dropped" in msg and "64 newest" in msg and "64 newer" in msg, msg
+    cache.rollback(cks[1])
+    released = cks[2]
+    released.release()
+    with pytest.raises(olkv.StaleCheckpointError, match="released"):
+        cache.rollback(released)
+    cache.reset()
+    with pytest.raises(olkv.StaleCheckpointError, match="invalidated by reset/reorder"):
+        cache.rollback(cks[-1])

@@ -9,7 +9,7 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 
 from . import _lib
-from ._errors import convert
+from ._errors import StaleCheckpointError, convert
 from ._dtypes import CODES, DTypeLike, as_float_array, cache_dtype
 from ._format import html_table, human_bytes, human_count, summary
 
@@ -346,7 +346,12 @@ class KVCache:
         _call(_f("CacheEvict"), self._h, int(keep_last))
 
     def checkpoint(self) -> Checkpoint:
-        """Snapshot the lengths for speculative decoding (see :meth:`rollback`)."""
+        """Snapshot the lengths for speculative decoding (see :meth:`rollback`).
+
+        At most 64 checkpoints stay live per cache: taking a 65th drops the
+        oldest live one, and rolling back to it raises
+        :class:`StaleCheckpointError` saying so.
+        """
         ck = _call(_f("CacheCheckpoint"), self._h)
         return Checkpoint(self, ck, self.lengths)
 
@@ -355,12 +360,15 @@ class KVCache:
         dropped; tokens truncated since come back if not overwritten).
 
         Raises:
-            StaleCheckpointError: released, invalidated by reset/reorder, or overwritten.
+            StaleCheckpointError: released, dropped because 64 newer checkpoints
+                were taken after it, invalidated by reset/reorder, or overwritten.
         """
         if not isinstance(checkpoint, Checkpoint):
             raise TypeError(f"rollback expects a Checkpoint, got {type(checkpoint).__name__}")
         if checkpoint._cache() is not self:
             raise ValueError("checkpoint belongs to another cache")
+        if not checkpoint._finalizer.alive:
+            raise StaleCheckpointError(f"checkpoint {checkpoint.id} was released")
         _call(_f("CacheRollback"), self._h, checkpoint.id)
 
     def reset_counters(self) -> None:
