@@ -1,5 +1,9 @@
 """Hostile inputs at the boundary: bounded model reading, refused opsets,
-atomic export under concurrent mutation, checkpoint limits."""
+atomic export under concurrent mutation, checkpoint limits, overlapping
+output buffers.
+
+Argument validation (one rule per argument kind) is in test_validation.py.
+"""
 
 from __future__ import annotations
 
@@ -187,3 +191,55 @@ def test_checkpoint_dropped_past_64_says_so() -> None:
     cache.reset()
     with pytest.raises(olkv.StaleCheckpointError, match="invalidated by reset/reorder"):
         cache.rollback(cks[-1])
+
+
+# -- overlapping output -------------------------------------------------------------
+
+def _cache_for_attention(d: int = 8) -> olkv.KVCache:
+    rng = np.random.default_rng(5)
+    cache = olkv.KVCache(1, 2, d, capacity=16)
+    cache.append(rng.standard_normal((1, 2, 6, d)).astype(np.float32),
+                 rng.standard_normal((1, 2, 6, d)).astype(np.float32))
+    return cache
+
+
+@pytest.mark.parametrize("kernel", ["auto", "reference"])
+@pytest.mark.parametrize("shift", [1, 8, 32, -8, -32])
+def test_out_partially_overlapping_q_is_computed_through_a_temporary(shift: int, kernel: str) -> None:
+    """``out`` a view ``shift`` floats into q's buffer (either direction): the
+    result equals the non-overlapping one (without the temporary, positive
+    shifts gave errors near 1.0)."""
+    cache = _cache_for_attention()
+    shape = (1, 4, 2, 8)
+    n = int(np.prod(shape))
+    rng = np.random.default_rng(7)
+    buf = np.zeros(n + abs(shift), np.float32)
+    qoff, ooff = (0, shift) if shift > 0 else (-shift, 0)
+    q = buf[qoff:qoff + n].reshape(shape)
+    q[...] = rng.standard_normal(shape).astype(np.float32)
+    want = olkv.attention(q.copy(), cache, kernel="reference")
+    out = buf[ooff:ooff + n].reshape(shape)
+    assert np.shares_memory(out, q) and out.ctypes.data != q.ctypes.data
+    got = olkv.attention(q, cache, out=out, kernel=kernel)
+    assert got is out
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_out_is_q_computes_in_place() -> None:
+    cache = _cache_for_attention()
+    q = np.random.default_rng(3).standard_normal((1, 4, 2, 8)).astype(np.float32)
+    for kernel in ("auto", "reference"):
+        want = olkv.attention(q.copy(), cache, kernel="reference")
+        qq = q.copy()
+        got = olkv.attention(qq, cache, out=qq, kernel=kernel)
+        assert got is qq
+        np.testing.assert_allclose(qq, want, rtol=1e-5, atol=1e-5)
+
+
+def test_out_disjoint_views_of_one_buffer_need_no_temporary() -> None:
+    cache = _cache_for_attention()
+    buf = np.random.default_rng(4).standard_normal(2 * 64).astype(np.float32)
+    q, out = buf[:64].reshape(1, 4, 2, 8), buf[64:].reshape(1, 4, 2, 8)
+    want = olkv.attention(q.copy(), cache, kernel="reference")
+    assert olkv.attention(q, cache, out=out, kernel="reference") is out
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)

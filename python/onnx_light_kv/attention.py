@@ -51,7 +51,12 @@ def attention(
         kernel: "auto" (the streaming SIMD kernel) or "reference" (the plain
             oracle implementation, for tests).
         out: optional float32 C-contiguous output ``[batch, q_heads, q_len,
-            head_dim_v]`` to write into (saves an allocation per step).
+            head_dim_v]`` to write into (saves an allocation per step). It
+            may be ``q`` itself (computed in place). If it partially
+            overlaps ``q`` (views into one buffer that are not the same
+            array memory), the result is computed into a temporary and then
+            copied into ``out``, so it is always correct; that case costs
+            one allocation.
 
     Causal alignment is to the end of the cache: query row ``i`` of
     sequence ``b`` sits at position ``len_b - q_len + i`` and attends keys
@@ -71,11 +76,15 @@ def attention(
     b, hq, lq, d = q.shape
     if b != cache._batch or d != cache._dk:
         raise ValueError(f"q shape {q.shape} does not match the cache (batch={cache._batch}, head_dim={cache._dk})")
+    dest = None
     if out is None:
         out = np.empty((b, hq, lq, cache._dv), dtype=_F32)
-    elif (type(out) is not np.ndarray or out.dtype != _F32 or not out.flags.c_contiguous
-          or not out.flags.writeable or out.shape != (b, hq, lq, cache._dv)):
-        raise ValueError(f"out must be a writeable C-contiguous float32 array of shape {(b, hq, lq, cache._dv)}")
+    else:
+        if (type(out) is not np.ndarray or out.dtype != _F32 or not out.flags.c_contiguous
+                or not out.flags.writeable or out.shape != (b, hq, lq, cache._dv)):
+            raise ValueError(f"out must be a writeable C-contiguous float32 array of shape {(b, hq, lq, cache._dv)}")
+        if (out.ctypes.data != q.ctypes.data or out.nbytes != q.nbytes) and np.shares_memory(out, q):
+            dest, out = out, np.empty_like(out)  # partial overlap: compute through a temporary
     if kernel not in ("auto", "reference"):
         raise ValueError(f"kernel must be 'auto' or 'reference', got {kernel!r}")
     if window is not None and window <= 0:
@@ -85,6 +94,9 @@ def attention(
               0.0 if scale is None else float(scale), float(softcap), window or 0, kernel == "reference")
     except RuntimeError as e:
         raise convert(e) from None
+    if dest is not None:
+        dest[...] = out
+        return dest
     return out
 
 
