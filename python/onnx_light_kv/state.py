@@ -18,6 +18,7 @@ import numpy as np
 from . import _lib
 from ._dtypes import CODES
 from .cache import Checkpoint, _export_presents, _i64
+from ._validate import integer
 
 if TYPE_CHECKING:  # pragma: no cover
     from .session import InferenceSession
@@ -111,10 +112,8 @@ class GenerationState:
 
     def truncate(self, n: int) -> None:
         """Drop the last positions so that :attr:`length` becomes ``n`` (``0 <= n <= length``,
-        else ValueError)."""
-        if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
-            raise TypeError(f"n must be an int, got {type(n).__name__}")
-        _call(_f("StateTruncate"), self._handle(), int(n))
+        else ValueError; TypeError if ``n`` is not an integer)."""
+        _call(_f("StateTruncate"), self._handle(), integer(n, "n", lo=0))
 
     def checkpoint(self) -> Checkpoint:
         """Snapshot every layer for speculative decoding (see :meth:`rollback`)."""
