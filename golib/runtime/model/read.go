@@ -86,10 +86,13 @@ func readModelFile(f *os.File, name string, limit int64) ([]byte, error) {
 }
 
 // frameScanner checks the top-level fields of a ModelProto as its bytes
-// arrive: each tag must name a ModelProto field with its wire type, and each
-// length must fit in the limit. It is a fast early rejection of streams that
-// cannot be a model (zeros, random bytes); full decoding still validates
-// everything. Unknown top-level fields are refused on streams only.
+// arrive: the first must be ir_version (protobuf serializers write fields in
+// number order, and a model without ir_version is refused anyway), each tag
+// must name a ModelProto field with its wire type, and each length must fit
+// in the limit. It is a fast early rejection of streams that cannot be a
+// model (zeros, random bytes: a random stream passes the first field with
+// probability about 1/256 and a long length field far more rarely); full
+// decoding still validates everything. These rules apply to streams only.
 type frameScanner struct {
 	pos int64 // offset of the next unread top-level tag
 }
@@ -105,6 +108,9 @@ func (s *frameScanner) advance(buf []byte, limit int64) error {
 				return nil // tag split across reads
 			}
 			return fmt.Errorf("bad field tag at byte %d", s.pos)
+		}
+		if s.pos == 0 && (num != irVersionField || typ != protowire.VarintType) {
+			return fmt.Errorf("byte 0: field %d with wire type %d: a model stream must start with ir_version (field 1)", num, typ)
 		}
 		fd := modelFields.ByNumber(num)
 		if fd == nil || wireType(fd) != typ {
@@ -136,6 +142,9 @@ func (s *frameScanner) advance(buf []byte, limit int64) error {
 	}
 	return nil
 }
+
+// irVersionField is ModelProto.ir_version's field number.
+const irVersionField = 1
 
 // binaryMaxVarint is the longest varint encoding (10 bytes).
 const binaryMaxVarint = 10

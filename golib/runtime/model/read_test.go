@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 
+	"google.golang.org/protobuf/encoding/protowire"
+
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/internal/onnxtest"
 )
@@ -58,6 +60,9 @@ func TestLoadDevicesBounded(t *testing.T) {
 // oversized one fails with ErrLimit while reading, garbage fails early.
 func TestLoadPipe(t *testing.T) {
 	valid := modelBytes()
+	if _, err := LoadBytes(reordered(valid), Options{}); err != nil {
+		t.Fatalf("the reordered model must be valid protobuf: %v", err)
+	}
 	cases := []struct {
 		name  string
 		data  []byte
@@ -69,7 +74,8 @@ func TestLoadPipe(t *testing.T) {
 		{"over the limit", valid, int64(len(valid)) - 1, errs.ErrLimit},
 		{"zeros", make([]byte, 1<<16), 0, errs.ErrInvalidModel},
 		{"unknown field", append([]byte{0x78, 0x01}, valid...), 0, errs.ErrInvalidModel},
-		{"huge length", []byte{0x3a, 0xff, 0xff, 0xff, 0xff, 0x0f}, 1 << 20, errs.ErrInvalidModel},
+		{"huge length", []byte{0x08, 0x0a, 0x3a, 0xff, 0xff, 0xff, 0xff, 0x0f}, 1 << 20, errs.ErrInvalidModel},
+		{"graph before ir_version", reordered(valid), 0, errs.ErrInvalidModel},
 		{"truncated", valid[:len(valid)/2], 0, errs.ErrInvalidModel},
 		{"empty", nil, 0, errs.ErrInvalidModel},
 	}
@@ -108,6 +114,13 @@ func TestLoadPipe(t *testing.T) {
 			}
 		})
 	}
+}
+
+// reordered moves the first top-level field (ir_version) of a serialized
+// model to the end: still a valid protobuf, but not in field order.
+func reordered(b []byte) []byte {
+	_, _, n := protowire.ConsumeField(b)
+	return append(append([]byte(nil), b[n:]...), b[:n]...)
 }
 
 // modelBytes is a small valid serialized model.
