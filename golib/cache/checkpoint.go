@@ -3,7 +3,8 @@ package cache
 import "fmt"
 
 // MaxCheckpoints is how many checkpoints a cache keeps alive at once; taking
-// one more makes the oldest stale.
+// one more drops the oldest live one, and rolling back to a dropped one
+// fails with ErrStaleCheckpoint saying so.
 const MaxCheckpoints = 64
 
 // checkpoint is a restorable snapshot of the sequence lengths. floor[b] is
@@ -21,11 +22,35 @@ type checkpoint struct {
 type checkpoints struct {
 	next uint64
 	list []*checkpoint
+	// invalidated is the newest id when all checkpoints were last
+	// invalidated (reset, reorder); dropped the newest id dropped because
+	// MaxCheckpoints newer ones were taken. Ids in (invalidated, dropped]
+	// that are not live were dropped that way (or released before).
+	invalidated, dropped uint64
 }
 
 func (cs *checkpoints) live() int { return len(cs.list) }
 
-func (cs *checkpoints) invalidateAll() { cs.list = cs.list[:0] }
+func (cs *checkpoints) invalidateAll() {
+	cs.list = cs.list[:0]
+	cs.invalidated = cs.next
+}
+
+// staleReason explains why id, which is not live, cannot be restored.
+func (cs *checkpoints) staleReason(id uint64) error {
+	switch {
+	case id == 0 || id > cs.next:
+		return fmt.Errorf("%w: checkpoint %d was never taken on this cache", ErrStaleCheckpoint, id)
+	case id > cs.invalidated && id <= cs.dropped:
+		return fmt.Errorf("%w: checkpoint %d was dropped: a cache keeps only the %d newest checkpoints live and %d newer ones were taken after it",
+			ErrStaleCheckpoint, id, MaxCheckpoints, cs.next-id)
+	case id <= cs.dropped:
+		return fmt.Errorf("%w: checkpoint %d was released, dropped (only the %d newest stay live) or invalidated by reset/reorder",
+			ErrStaleCheckpoint, id, MaxCheckpoints)
+	default:
+		return fmt.Errorf("%w: checkpoint %d was released or invalidated by reset/reorder", ErrStaleCheckpoint, id)
+	}
+}
 
 // noteWrite records that sequence b was written from position pos on.
 func (cs *checkpoints) noteWrite(b, pos int) {
@@ -46,7 +71,8 @@ func (cs *checkpoints) find(id uint64) *checkpoint {
 // Checkpoint snapshots the sequence lengths for speculative decoding and
 // returns its id. Rollback(id) restores them as long as no append has
 // overwritten a row the snapshot covers; Reorder and Reset invalidate all
-// checkpoints. At most MaxCheckpoints stay alive (the oldest is dropped).
+// checkpoints. At most MaxCheckpoints stay alive: taking one more drops the
+// oldest live one.
 func (c *KVCache) Checkpoint() (uint64, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -65,6 +91,7 @@ func (c *KVCache) Checkpoint() (uint64, error) {
 		ck.floor[b] = c.cfg.Capacity
 	}
 	if len(cs.list) == MaxCheckpoints {
+		cs.dropped = cs.list[0].id
 		copy(cs.list, cs.list[1:])
 		cs.list = cs.list[:len(cs.list)-1]
 	}
@@ -85,7 +112,7 @@ func (c *KVCache) Rollback(id uint64) error {
 	}
 	ck := c.cks.find(id)
 	if ck == nil {
-		return fmt.Errorf("%w: checkpoint %d was released or invalidated by reset/reorder", ErrStaleCheckpoint, id)
+		return c.cks.staleReason(id)
 	}
 	for b, l := range ck.lens {
 		if ck.floor[b] < l {

@@ -26,6 +26,46 @@ func (c *KVCache) Export(k, v []byte, dt ElemType, L int) error {
 	if c.closed {
 		return ErrClosed
 	}
+	return c.exportLocked(k, v, dt, L)
+}
+
+// ExportUpTo is Export with the length read under the same lock as the
+// copy, so a concurrent Append or Reset cannot make the two disagree. It
+// reads L = MaxLen() and, when L <= maxL, writes the present tensors
+// [Batch, KVHeads, L, HeadDim] into the leading bytes of k and v (which
+// must hold them) and returns L. When L > maxL it writes nothing and
+// returns L, so the caller can retry with buffers for that length.
+func (c *KVCache) ExportUpTo(k, v []byte, dt ElemType, maxL int) (int, error) {
+	c.mu.Lock() // exclusive: it updates counters
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, ErrClosed
+	}
+	if dt.Size() == 0 {
+		return 0, fmt.Errorf("%w: unsupported export type %v", ErrInvalidArgument, dt)
+	}
+	if maxL < 0 {
+		return 0, fmt.Errorf("%w: negative export length bound %d", ErrInvalidArgument, maxL)
+	}
+	L := 0
+	for _, l := range c.lens {
+		L = max(L, l)
+	}
+	if L > maxL {
+		return L, nil
+	}
+	cfg, ds := c.cfg, dt.Size()
+	nk := cfg.Batch * cfg.KVHeads * L * cfg.HeadDimK * ds
+	nv := cfg.Batch * cfg.KVHeads * L * cfg.HeadDimV * ds
+	if len(k) < nk || len(v) < nv {
+		return 0, fmt.Errorf("%w: export of length %d needs k of %d bytes and v of %d bytes, got %d and %d",
+			ErrInvalidArgument, L, nk, nv, len(k), len(v))
+	}
+	return L, c.exportLocked(k[:nk], v[:nv], dt, L)
+}
+
+// exportLocked is Export's body; c.mu is held exclusively.
+func (c *KVCache) exportLocked(k, v []byte, dt ElemType, L int) error {
 	cfg := c.cfg
 	if dt.Size() == 0 {
 		return fmt.Errorf("%w: unsupported export type %v", ErrInvalidArgument, dt)

@@ -143,27 +143,35 @@ func CacheAppend(h int64, kPtr uintptr, kBytes int, vPtr uintptr, vBytes int, sr
 	return classify(c.Append(k, v, st, n, counts))
 }
 
-// CacheExport writes present tensors of sequence length L and element type
-// dst into numpy buffers k and v.
-func CacheExport(h int64, kPtr uintptr, kBytes int, vPtr uintptr, vBytes int, dst, L int) (err error) {
+// CacheExport writes present tensors of element type dst, of sequence
+// length L = the longest sequence read under the cache's lock, into the
+// leading bytes of the numpy buffers k and v, and returns L. When L > maxL
+// it writes nothing and returns L (the caller retries with larger buffers).
+func CacheExport(h int64, kPtr uintptr, kBytes int, vPtr uintptr, vBytes int, dst, maxL int) (L int, err error) {
 	defer recoverTo(&err)
 	c, err := caches.get(h)
 	if err != nil {
-		return classify(err)
+		return 0, classify(err)
 	}
+	return exportUpTo(c, kPtr, kBytes, vPtr, vBytes, dst, maxL)
+}
+
+// exportUpTo is the body of CacheExport and StateExport.
+func exportUpTo(c *cache.KVCache, kPtr uintptr, kBytes int, vPtr uintptr, vBytes int, dst, maxL int) (int, error) {
 	dt, err := elemOf(dst)
 	if err != nil {
-		return classify(err)
+		return 0, classify(err)
 	}
 	k, err := bytesAt(kPtr, kBytes)
 	if err != nil {
-		return classify(err)
+		return 0, classify(err)
 	}
 	v, err := bytesAt(vPtr, vBytes)
 	if err != nil {
-		return classify(err)
+		return 0, classify(err)
 	}
-	return classify(c.Export(k, v, dt, L))
+	L, err := c.ExportUpTo(k, v, dt, maxL)
+	return L, classify(err)
 }
 
 // CacheMaxLen returns the longest sequence length.

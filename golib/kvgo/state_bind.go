@@ -257,26 +257,16 @@ func StateExportLen(sh int64, layer int) (n int, err error) {
 }
 
 // StateExport writes layer slot's cache as present tensors [B, kv_heads,
-// L, head_dim] of element code dst into the numpy buffers at kPtr and vPtr.
-func StateExport(sh int64, layer int, kPtr uintptr, kBytes int, vPtr uintptr, vBytes int, dst, L int) (err error) {
+// L, head_dim] of element code dst into the leading bytes of the numpy
+// buffers at kPtr and vPtr, with L read under the cache's lock, and returns
+// L; when L > maxL it writes nothing and returns L (see CacheExport).
+func StateExport(sh int64, layer int, kPtr uintptr, kBytes int, vPtr uintptr, vBytes int, dst, maxL int) (L int, err error) {
 	defer recoverTo(&err)
 	c, err := stateCache(sh, layer)
 	if err != nil {
-		return classify(err)
+		return 0, classify(err)
 	}
-	dt, err := elemOf(dst)
-	if err != nil {
-		return classify(err)
-	}
-	k, err := bytesAt(kPtr, kBytes)
-	if err != nil {
-		return classify(err)
-	}
-	v, err := bytesAt(vPtr, vBytes)
-	if err != nil {
-		return classify(err)
-	}
-	return classify(c.Export(k, v, dt, L))
+	return exportUpTo(c, kPtr, kBytes, vPtr, vBytes, dst, maxL)
 }
 
 func stateCache(sh int64, layer int) (*cache.KVCache, error) {

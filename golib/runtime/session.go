@@ -11,6 +11,7 @@ import (
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/model"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/ops"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/rewrite"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
@@ -141,8 +142,12 @@ func NewSessionFromBytes(b []byte, opt Options) (*Session, error) {
 
 // NewSessionFromModel builds a session for an already loaded model. Every
 // node's kernel is resolved here: an unsupported op fails now, naming the
-// op, its domain and opset version.
+// op, its domain and opset version, and so does an opset import newer than
+// the runtime knows (ops.CheckOpsets).
 func NewSessionFromModel(m *model.Model, opt Options) (*Session, error) {
+	if err := ops.CheckOpsets(m.Opsets); err != nil {
+		return nil, err
+	}
 	p, err := buildPlan(m, !opt.DisableFolding)
 	if err != nil {
 		return nil, err

@@ -24,8 +24,10 @@ class CapacityError(ValueError):
 
 
 class StaleCheckpointError(ValueError):
-    """A checkpoint can no longer be restored (released, invalidated by
-    ``reset``/``reorder``, or its rows were overwritten by a later append)."""
+    """A checkpoint can no longer be restored: released, dropped because a
+    cache keeps only its 64 newest checkpoints live, invalidated by
+    ``reset``/``reorder``, or its rows were overwritten by a later append.
+    The message names the reason."""
 
 
 _CLASSES: dict[str, type[Exception]] = {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _lib
+from ._validate import integer
 
 __all__ = ["read_bandwidth", "stream_read"]
 
@@ -22,11 +23,13 @@ def read_bandwidth(mib: int = 1024, threads: int = 1, iters: int = 5) -> float:
     the L3 (the default 1 GiB) to measure DRAM.
 
     Raises:
+        TypeError: a non-integer argument.
         ValueError: ``mib`` < 1 or more than the memory available,
             ``threads`` outside 1..1024, or ``iters`` < 1.
         MemoryError: the buffer cannot be mapped.
     """
-    return float(_lib.call(_lib.fn("ReadBandwidth"), int(mib), int(threads), int(iters)))
+    return float(_lib.call(_lib.fn("ReadBandwidth"), integer(mib, "mib", lo=1),
+                           integer(threads, "threads", lo=1, hi=1024), integer(iters, "iters", lo=1)))
 
 
 def stream_read(buf: np.ndarray, threads: int = 1) -> float:
@@ -38,7 +41,8 @@ def stream_read(buf: np.ndarray, threads: int = 1) -> float:
     the bandwidth it compares a kernel with is measured at the same moment.
 
     Raises:
-        TypeError: ``buf`` is not a float32 numpy array.
+        TypeError: ``buf`` is not a float32 numpy array, or ``threads`` is
+            not an integer.
         ValueError: ``buf`` is empty or not C-contiguous, or ``threads`` is
             outside 1..1024.
     """
@@ -47,6 +51,5 @@ def stream_read(buf: np.ndarray, threads: int = 1) -> float:
                         + (f" of {buf.dtype}" if isinstance(buf, np.ndarray) else ""))
     if buf.size == 0 or not buf.flags.c_contiguous:
         raise ValueError("stream_read needs a non-empty C-contiguous array")
-    if not 1 <= int(threads) <= 1024:
-        raise ValueError(f"threads must be in 1..1024, got {threads}")
-    return float(_lib.call(_lib.fn("StreamRead"), buf.ctypes.data, buf.size, int(threads)))
+    n = integer(threads, "threads", lo=1, hi=1024)
+    return float(_lib.call(_lib.fn("StreamRead"), buf.ctypes.data, buf.size, n))

@@ -16,6 +16,7 @@ import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from ._format import summary
+from ._validate import integer
 
 __all__ = ["SessionOptions", "GraphOptimizationLevel", "ExecutionMode", "ExecutionOrder", "ModelMetadata",
            "CPU_PROVIDER", "check_providers"]
@@ -85,15 +86,11 @@ def _convert(name: str, value: Any, kind: Any) -> Any:
         if not isinstance(value, str):
             raise TypeError(f"SessionOptions.{name} must be a str, got {type(value).__name__}")
         return value
-    try:  # ints and enums, including onnxruntime's own enum values
-        iv = int(getattr(value, "value", value))
-    except (TypeError, ValueError):
-        raise TypeError(f"SessionOptions.{name} must be an int, got {value!r}") from None
-    if isinstance(value, (float, bool)) or (isinstance(value, str)):
-        raise TypeError(f"SessionOptions.{name} must be an int, got {value!r}")
+    # ints and enums, including onnxruntime's own enum values
+    iv = integer(getattr(value, "value", value), f"SessionOptions.{name}")
     if kind is int:
-        if iv < 0 and name.endswith("num_threads"):
-            raise ValueError(f"SessionOptions.{name} must be >= 0, got {iv}")
+        if name.endswith("num_threads"):
+            return integer(iv, f"SessionOptions.{name}", lo=0, hi=1024)
         return iv
     try:
         return kind(iv)

@@ -11,6 +11,7 @@ import numpy as np
 from . import _lib
 from ._errors import convert
 from .cache import KVCache
+from ._validate import FLOAT32_MAX, choice, instance, optional_integer, real
 
 __all__ = ["attention", "set_threads", "get_threads", "set_kernel"]
 
@@ -45,13 +46,20 @@ def attention(
             head ``h`` reads KV head ``h // (q_heads // kv_heads)``).
         cache: the :class:`KVCache`; its last ``q_len`` tokens of each
             sequence must be the keys/values of these queries (append first).
-        scale: factor on q.k; default ``1/sqrt(head_dim)``.
-        softcap: if > 0, scores become ``softcap * tanh(score / softcap)``.
-        window: if set, each query sees only its last ``window`` positions.
+        scale: factor on q.k, a finite float32 value; default ``1/sqrt(head_dim)``.
+        softcap: if > 0, scores become ``softcap * tanh(score / softcap)``
+            (finite, >= 0; 0 disables it).
+        window: if set, each query sees only its last ``window`` positions
+            (an integer >= 1).
         kernel: "auto" (the streaming SIMD kernel) or "reference" (the plain
             oracle implementation, for tests).
         out: optional float32 C-contiguous output ``[batch, q_heads, q_len,
-            head_dim_v]`` to write into (saves an allocation per step).
+            head_dim_v]`` to write into (saves an allocation per step). It
+            may be ``q`` itself (computed in place). If it partially
+            overlaps ``q`` (views into one buffer that are not the same
+            array memory), the result is computed into a temporary and then
+            copied into ``out``, so it is always correct; that case costs
+            one allocation.
 
     Causal alignment is to the end of the cache: query row ``i`` of
     sequence ``b`` sits at position ``len_b - q_len + i`` and attends keys
@@ -61,9 +69,15 @@ def attention(
         float32 ``[batch, q_heads, q_len, head_dim_v]``.
 
     Raises:
-        TypeError: non-float q. ValueError: shape mismatch, a sequence shorter
-        than ``q_len``, ``q_heads`` not a multiple of ``kv_heads``, bad window.
+        TypeError: non-float q, ``cache`` not a KVCache, ``out`` not a numpy
+            array, non-number ``scale``/``softcap``, non-integer ``window``,
+            non-str ``kernel``.
+        ValueError: shape mismatch, a sequence shorter than ``q_len``,
+            ``q_heads`` not a multiple of ``kv_heads``, ``window`` < 1,
+            non-finite or out-of-float32-range ``scale``/``softcap``, negative
+            ``softcap``, an unknown ``kernel``, a bad ``out``.
     """
+    instance(cache, "cache", KVCache)
     if type(q) is not np.ndarray or q.dtype is not _F32 or not q.flags.c_contiguous:
         q = _prep_q(q)
     if q.ndim != 4:
@@ -71,20 +85,28 @@ def attention(
     b, hq, lq, d = q.shape
     if b != cache._batch or d != cache._dk:
         raise ValueError(f"q shape {q.shape} does not match the cache (batch={cache._batch}, head_dim={cache._dk})")
+    sc = 0.0 if scale is None else real(scale, "scale", float32=True)
+    cap = real(softcap, "softcap", lo=0.0, hi=FLOAT32_MAX)
+    win = optional_integer(window, "window", lo=1) or 0
+    reference = choice(kernel, "kernel", ("auto", "reference")) == "reference"
+    dest = None
     if out is None:
         out = np.empty((b, hq, lq, cache._dv), dtype=_F32)
-    elif (type(out) is not np.ndarray or out.dtype != _F32 or not out.flags.c_contiguous
-          or not out.flags.writeable or out.shape != (b, hq, lq, cache._dv)):
-        raise ValueError(f"out must be a writeable C-contiguous float32 array of shape {(b, hq, lq, cache._dv)}")
-    if kernel not in ("auto", "reference"):
-        raise ValueError(f"kernel must be 'auto' or 'reference', got {kernel!r}")
-    if window is not None and window <= 0:
-        raise ValueError(f"window must be positive, got {window}")
+    else:
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+        if (type(out) is not np.ndarray or out.dtype != _F32 or not out.flags.c_contiguous
+                or not out.flags.writeable or out.shape != (b, hq, lq, cache._dv)):
+            raise ValueError(f"out must be a writeable C-contiguous float32 array of shape {(b, hq, lq, cache._dv)}")
+        if (out.ctypes.data != q.ctypes.data or out.nbytes != q.nbytes) and np.shares_memory(out, q):
+            dest, out = out, np.empty_like(out)  # partial overlap: compute through a temporary
     try:
-        _attn(cache._h, _addr(q), q.size, _addr(out), out.size, hq, lq,
-              0.0 if scale is None else float(scale), float(softcap), window or 0, kernel == "reference")
+        _attn(cache._h, _addr(q), q.size, _addr(out), out.size, hq, lq, sc, cap, win, reference)
     except RuntimeError as e:
         raise convert(e) from None
+    if dest is not None:
+        dest[...] = out
+        return dest
     return out
 
 
@@ -92,9 +114,10 @@ def set_threads(n: Optional[int] = None) -> None:
     """Set the kernel worker threads (None or <= 0: one per CPU).
 
     Raises:
+        TypeError: ``n`` is not an integer (``1.5``, ``"2"``, ``True``).
         ValueError: ``n`` > 1024.
     """
-    _lib.call(_lib.fn("SetThreads"), 0 if n is None else int(n))
+    _lib.call(_lib.fn("SetThreads"), optional_integer(n, "n", hi=1024) or 0)
 
 
 def get_threads() -> int:
@@ -102,9 +125,20 @@ def get_threads() -> int:
     return int(_lib.fn("Threads")())
 
 
+KERNEL_PATHS = ("auto", "go", "avx2", "avx512")
+"""The names :func:`set_kernel` accepts."""
+
+
 def set_kernel(name: str) -> None:
     """Force the attention kernel path: "auto", "go", "avx2" or "avx512"
-    (ValueError if the CPU or build lacks it). The OLKV_KERNEL environment
-    variable does the same at start-up."""
-    _lib.call(_lib.fn("SetKernel"), name)
+    (case and surrounding blanks are ignored).
+    The OLKV_KERNEL environment variable does the same at start-up.
+
+    Raises:
+        TypeError: ``name`` is not a str.
+        ValueError: another name (``""`` included), or a path the CPU or
+            build lacks.
+    """
+    key = name.strip().lower() if isinstance(name, str) else name
+    _lib.call(_lib.fn("SetKernel"), choice(key, "name", KERNEL_PATHS))
     logging.getLogger("onnx_light_kv").info("attention kernel path set to %s", name)

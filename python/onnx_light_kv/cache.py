@@ -9,9 +9,10 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 
 from . import _lib
-from ._errors import convert
+from ._errors import StaleCheckpointError, convert
 from ._dtypes import CODES, DTypeLike, as_float_array, cache_dtype
 from ._format import html_table, human_bytes, human_count, summary
+from ._validate import INT64_MAX, instance, integer, optional_integer
 
 __all__ = ["Arena", "KVCache", "Checkpoint", "default_arena"]
 
@@ -22,11 +23,48 @@ _append = _lib.fn("CacheAppend")
 
 
 def _i64(values: Union[int, Sequence[int], np.ndarray], name: str) -> np.ndarray:
-    """Integer argument(s) as a contiguous int64 array (TypeError otherwise)."""
-    a = np.asarray(values)
+    """Integer argument(s) as a contiguous int64 array.
+
+    A scalar follows :func:`._validate.integer`; a sequence or array must hold
+    integers (TypeError: floats, bools, strings) that fit int64 (ValueError:
+    e.g. ``2**63`` or ``10**30``, which numpy would keep as uint64 or object).
+    """
+    if isinstance(values, (list, tuple)):
+        return np.array([integer(x, f"{name} entry") for x in values], dtype=np.int64)
+    if not isinstance(values, np.ndarray):
+        return np.array([integer(values, name)], dtype=np.int64)
+    a = values
+    if a.dtype == object:
+        return np.array([integer(x, f"{name} entry") for x in a.ravel()], dtype=np.int64)
     if a.dtype.kind not in "iu":
         raise TypeError(f"{name} must be integers, got dtype {a.dtype}")
+    if a.dtype.kind == "u" and a.size and int(a.max()) > INT64_MAX:
+        raise ValueError(f"{name} entries must be at most {INT64_MAX} (int64), got {int(a.max())}")
     return np.ascontiguousarray(a.astype(np.int64, copy=False).ravel())
+
+
+def _export_presents(export: Any, hint: int, geom_k: tuple[int, int, int], geom_v: tuple[int, int, int],
+                    dt: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Present tensors ``(k, v)`` of shape ``(batch, kv_heads, L, head_dim)`` from one
+    atomic Go export.
+
+    ``export(k_ptr, k_bytes, v_ptr, v_bytes, code, max_len)`` reads the length ``L``
+    under the cache's lock and writes the tensors into the leading bytes of the
+    buffers when ``L <= max_len`` (returning ``L``), else writes nothing and returns
+    ``L``. ``hint`` (a length read earlier) sizes the first try; a cache that grew in
+    between is exported again into buffers for the reported length, so the result
+    is always one consistent state of the cache.
+    """
+    bound = hint
+    while True:
+        k = np.empty(geom_k[0] * geom_k[1] * bound * geom_k[2], dtype=dt)
+        v = np.empty(geom_v[0] * geom_v[1] * bound * geom_v[2], dtype=dt)
+        n = export(k.ctypes.data, k.nbytes, v.ctypes.data, v.nbytes, CODES[dt], bound)
+        if n <= bound:
+            sk = (geom_k[0], geom_k[1], n, geom_k[2])
+            sv = (geom_v[0], geom_v[1], n, geom_v[2])
+            return k[:int(np.prod(sk))].reshape(sk), v[:int(np.prod(sv))].reshape(sv)
+        bound = max(n, 2 * bound)
 
 
 class Arena:
@@ -38,10 +76,14 @@ class Arena:
 
     Args:
         budget: maximum bytes the arena hands out; ``None`` or 0 = unlimited.
+
+    Raises:
+        TypeError: ``budget`` is not an integer (``"3"``, ``1.5``, ``True``).
+        ValueError: ``budget`` is negative or above ``2**63 - 1``.
     """
 
     def __init__(self, budget: Optional[int] = None) -> None:
-        b = 0 if budget is None else int(budget)
+        b = optional_integer(budget, "budget", lo=0) or 0
         self._h: int = _call(_f("ArenaNew"), b)
         self._finalizer = weakref.finalize(self, _lib.ext.kvgo_ArenaFree, self._h)
 
@@ -52,7 +94,7 @@ class Arena:
 
     @budget.setter
     def budget(self, value: Optional[int]) -> None:
-        _call(_f("ArenaSetBudget"), self._h, 0 if value is None else int(value))
+        _call(_f("ArenaSetBudget"), self._h, optional_integer(value, "budget", lo=0) or 0)
 
     def stats(self) -> dict[str, Any]:
         """Accounting: budget, allocated/pooled/committed/peak/live bytes,
@@ -134,7 +176,10 @@ class KVCache:
         arena: the :class:`Arena` to allocate from (default: :func:`default_arena`).
 
     Raises:
-        ValueError: non-positive sizes. TypeError: unsupported dtype.
+        TypeError: a size that is not an integer (floats, strings, bools),
+            an unsupported dtype, or an ``arena`` that is not an :class:`Arena`.
+        ValueError: a size below 1 or beyond the limits of the Go side
+            (geometries no model has, sizes above ``2**63 - 1``).
         BudgetError: the arena's budget cannot hold the cache.
     """
 
@@ -150,14 +195,12 @@ class KVCache:
         arena: Optional[Arena] = None,
     ) -> None:
         self._dtype = cache_dtype(dtype)
-        for name, v in (("batch", batch), ("kv_heads", kv_heads), ("head_dim", head_dim), ("capacity", capacity)):
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
-                raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-        if head_dim_v is None:
-            head_dim_v = head_dim
-        self._arena = arena if arena is not None else default_arena()
-        self._batch, self._kv_heads = int(batch), int(kv_heads)
-        self._dk, self._dv, self._capacity = int(head_dim), int(head_dim_v), int(capacity)
+        self._batch = integer(batch, "batch", lo=1)
+        self._kv_heads = integer(kv_heads, "kv_heads", lo=1)
+        self._dk = integer(head_dim, "head_dim", lo=1)
+        self._dv = self._dk if head_dim_v is None else integer(head_dim_v, "head_dim_v", lo=1)
+        self._capacity = integer(capacity, "capacity", lo=1)
+        self._arena = default_arena() if arena is None else instance(arena, "arena", Arena)
         h = _call(_f("CacheNew"), self._arena._h, self._batch, self._kv_heads, self._dk, self._dv,
                   self._capacity, CODES[self._dtype])
         self._adopt(h)
@@ -262,14 +305,15 @@ class KVCache:
         a sliding window, are zeros. ``dtype`` defaults to the cache dtype.
 
         This is the only operation that copies the whole cache; generation
-        loops that do not observe present tensors never need it.
+        loops that do not observe present tensors never need it. The length
+        and the rows are read in one Go call under the cache's lock, so an
+        append or reset from another thread yields either the state before
+        it or the state after it, never a mix.
         """
         dt = self._dtype if dtype is None else cache_dtype(dtype)
-        L = _call(_f("CacheMaxLen"), self._h)
-        k = np.empty((self._batch, self._kv_heads, L, self._dk), dtype=dt)
-        v = np.empty((self._batch, self._kv_heads, L, self._dv), dtype=dt)
-        _call(_f("CacheExport"), self._h, k.ctypes.data, k.nbytes, v.ctypes.data, v.nbytes, CODES[dt], L)
-        return k, v
+        h = self._h
+        return _export_presents(lambda *a: _call(_f("CacheExport"), h, *a), _call(_f("CacheMaxLen"), h),
+                                (self._batch, self._kv_heads, self._dk), (self._batch, self._kv_heads, self._dv), dt)
 
     def reset(self) -> None:
         """Empty every sequence (keeps the reserved memory); drops checkpoints."""
@@ -315,13 +359,20 @@ class KVCache:
 
     def evict(self, keep_last: int) -> None:
         """Sliding window: keep only the last ``keep_last`` tokens of each
-        sequence readable by attention and export."""
-        if keep_last < 0:
-            raise ValueError(f"keep_last must be >= 0, got {keep_last}")
-        _call(_f("CacheEvict"), self._h, int(keep_last))
+        sequence readable by attention and export.
+
+        Raises:
+            TypeError: ``keep_last`` is not an integer. ValueError: negative.
+        """
+        _call(_f("CacheEvict"), self._h, integer(keep_last, "keep_last", lo=0))
 
     def checkpoint(self) -> Checkpoint:
-        """Snapshot the lengths for speculative decoding (see :meth:`rollback`)."""
+        """Snapshot the lengths for speculative decoding (see :meth:`rollback`).
+
+        At most 64 checkpoints stay live per cache: taking a 65th drops the
+        oldest live one, and rolling back to it raises
+        :class:`StaleCheckpointError` saying so.
+        """
         ck = _call(_f("CacheCheckpoint"), self._h)
         return Checkpoint(self, ck, self.lengths)
 
@@ -330,12 +381,15 @@ class KVCache:
         dropped; tokens truncated since come back if not overwritten).
 
         Raises:
-            StaleCheckpointError: released, invalidated by reset/reorder, or overwritten.
+            StaleCheckpointError: released, dropped because 64 newer checkpoints
+                were taken after it, invalidated by reset/reorder, or overwritten.
         """
         if not isinstance(checkpoint, Checkpoint):
             raise TypeError(f"rollback expects a Checkpoint, got {type(checkpoint).__name__}")
         if checkpoint._cache() is not self:
             raise ValueError("checkpoint belongs to another cache")
+        if not checkpoint._finalizer.alive:
+            raise StaleCheckpointError(f"checkpoint {checkpoint.id} was released")
         _call(_f("CacheRollback"), self._h, checkpoint.id)
 
     def reset_counters(self) -> None:

@@ -28,6 +28,7 @@ from ._format import html_table, summary
 from ._session_options import (CPU_PROVIDER, ExecutionMode, GraphOptimizationLevel, ModelMetadata, SessionOptions,
                                check_providers)
 from .state import GenerationState
+from ._validate import integer, optional_integer
 
 __all__ = ["InferenceSession", "SessionOptions", "NodeArg", "ModelMetadata", "GraphOptimizationLevel", "ExecutionMode",
            "GenerationState", "supported_ops", "LEND_MIN_BYTES"]
@@ -91,8 +92,7 @@ class InferenceSession:
         self._options = opts
         if threads is None:
             threads = opts.intra_op_num_threads or 0
-        if not isinstance(threads, (int, np.integer)) or threads < 0:
-            raise ValueError(f"threads must be a non-negative int or None, got {threads!r}")
+        threads = integer(threads, "threads", lo=0, hi=1024)
         prof = bool(opts.enable_profiling if profile is None else profile)
         if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
             buf = np.frombuffer(path_or_bytes, dtype=np.uint8)
@@ -256,14 +256,11 @@ class InferenceSession:
         """
         if not self._h:
             raise ValueError("the session is closed")
-        for name, v in (("batch", batch), ("max_length", 0 if max_length is None else max_length),
-                        ("budget", 0 if budget is None else budget)):
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
-                raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-        if batch < 1 or (max_length is not None and max_length < 1) or (budget is not None and budget < 1):
-            raise ValueError(f"batch, max_length and budget must be positive (got {batch}, {max_length}, {budget})")
+        batch = integer(batch, "batch", lo=1)
+        max_len = optional_integer(max_length, "max_length", lo=1) or 0
+        bud = optional_integer(budget, "budget", lo=1) or 0
         code = -1 if dtype is None else CODES[cache_dtype(dtype)]
-        h = _lib.call(_lib.fn("StateNew"), self._h, int(batch), int(max_length or 0), code, int(budget or 0))
+        h = _lib.call(_lib.fn("StateNew"), self._h, batch, max_len, code, bud)
         info = json.loads(_lib.call(_lib.fn("StateInfoJSON"), h))
         dt = cache_dtype(info["dtype"])
         return GenerationState(self, h, int(batch), dt, self._plan())

@@ -17,7 +17,8 @@ import numpy as np
 from . import _lib
 from ._dtypes import CODES
 from ._format import html_table, human_bytes, human_count, summary
-from .cache import Checkpoint, _i64
+from ._validate import integer
+from .cache import Checkpoint, _export_presents, _i64
 
 if TYPE_CHECKING:  # pragma: no cover
     from .session import InferenceSession
@@ -111,10 +112,8 @@ class GenerationState:
 
     def truncate(self, n: int) -> None:
         """Drop the last positions so that :attr:`length` becomes ``n`` (``0 <= n <= length``,
-        else ValueError)."""
-        if not isinstance(n, (int, np.integer)) or isinstance(n, bool):
-            raise TypeError(f"n must be an int, got {type(n).__name__}")
-        _call(_f("StateTruncate"), self._handle(), int(n))
+        else ValueError; TypeError if ``n`` is not an integer)."""
+        _call(_f("StateTruncate"), self._handle(), integer(n, "n", lo=0))
 
     def checkpoint(self) -> Checkpoint:
         """Snapshot every layer for speculative decoding (see :meth:`rollback`)."""
@@ -151,10 +150,10 @@ class GenerationState:
         out: Dict[str, np.ndarray] = {}
         for layer in info["layers"]:
             slot = layer["slot"]
-            L = _call(_f("StateExportLen"), h, slot)
-            k = np.empty((self._batch, layer["kv_heads"], L, layer["head_dim_k"]), dtype=dt)
-            v = np.empty((self._batch, layer["kv_heads"], L, layer["head_dim_v"]), dtype=dt)
-            _call(_f("StateExport"), h, slot, k.ctypes.data, k.nbytes, v.ctypes.data, v.nbytes, CODES[dt], L)
+            k, v = _export_presents(lambda *a, s=slot: _call(_f("StateExport"), h, s, *a),
+                                   _call(_f("StateExportLen"), h, slot),
+                                   (self._batch, layer["kv_heads"], layer["head_dim_k"]),
+                                   (self._batch, layer["kv_heads"], layer["head_dim_v"]), dt)
             out[layer["present_key"]] = k
             out[layer["present_value"]] = v
         return out

@@ -6,9 +6,7 @@
 package model
 
 import (
-	"bytes"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 
@@ -59,31 +57,19 @@ type Model struct {
 }
 
 // Load reads and decodes the model at path. External data files are resolved
-// relative to the model's folder and may not escape it.
+// relative to the model's folder and may not escape it. The size limit is
+// enforced on the bytes read, so devices and pipes are read with bounded
+// memory (see readModelFile).
 func Load(path string, opt Options) (*Model, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}
 	defer f.Close()
-	limit := opt.maxModel()
-	st, err := f.Stat()
+	b, err := readModelFile(f, path, opt.maxModel())
 	if err != nil {
-		return nil, fmt.Errorf("model: %w", err)
+		return nil, err
 	}
-	if st.IsDir() {
-		return nil, fmt.Errorf("%w: %s is a directory", errs.ErrInvalidModel, path)
-	}
-	if st.Size() > limit {
-		return nil, fmt.Errorf("%w: model file %s is %s, limit %s", errs.ErrLimit, path, units.Bytes(st.Size()), units.Bytes(limit))
-	}
-	// Sized from Stat: io.ReadAll would grow (clear and copy) its buffer
-	// step by step, several times the model's size for a large file.
-	buf := bytes.NewBuffer(make([]byte, 0, st.Size()+bytes.MinRead))
-	if _, err := buf.ReadFrom(io.LimitReader(f, limit+1)); err != nil {
-		return nil, fmt.Errorf("model: reading %s: %w", path, err)
-	}
-	b := buf.Bytes()
 	if opt.BaseDir == "" {
 		opt.BaseDir = filepath.Dir(path)
 	}
