@@ -124,3 +124,31 @@ func withPaddingInput(ix *index, n *onnxpb.NodeProto, mode int64) {
 	n.Attribute = append(n.Attribute, intAttr("padding_input", int64(len(n.Input))))
 	n.Input = append(n.Input, "attention_mask")
 }
+
+// argAt is s[i], or "" past its end (an omitted optional input or output).
+func argAt(s []string, i int) string {
+	if i < len(s) {
+		return s[i]
+	}
+	return ""
+}
+
+// wiredToPair checks that attention node n takes the pair's pasts as its
+// inputs pastIn and pastIn+1, produces its presents as outputs 1 and 2,
+// and that nothing but the caller (and Shape/Size) reads those presents;
+// it returns the reason when not ("" when it is).
+func wiredToPair(ix *index, n *onnxpb.NodeProto, node int, p *pair, pastIn int) string {
+	in, out := n.GetInput(), n.GetOutput()
+	if argAt(in, pastIn) != p.pastK || argAt(in, pastIn+1) != p.pastV {
+		return fmt.Sprintf("the pasts are not %s's past_key/past_value inputs", describe(n))
+	}
+	if argAt(out, 1) != p.presK || argAt(out, 2) != p.presV {
+		return fmt.Sprintf("%s's present outputs are not the paired presents", describe(n))
+	}
+	for _, pr := range []string{p.presK, p.presV} {
+		if why := presentFree(ix, pr, node); why != "" {
+			return why
+		}
+	}
+	return ""
+}

@@ -41,31 +41,17 @@ func (attentionRule) Match(ix *index, p *pair) (*edit, string) {
 		return nil, fmt.Sprintf("Attention opset %d (the rule covers 23 and 24)", v)
 	}
 	in, out := n.GetInput(), n.GetOutput()
-	at := func(s []string, i int) string {
-		if i < len(s) {
-			return s[i]
-		}
-		return ""
+	if why := wiredToPair(ix, n, ik, p, 4); why != "" {
+		return nil, why
 	}
-	if at(in, 4) != p.pastK || at(in, 5) != p.pastV {
-		return nil, fmt.Sprintf("the pasts are not %s's past_key/past_value inputs", describe(n))
-	}
-	if at(out, 1) != p.presK || at(out, 2) != p.presV {
-		return nil, fmt.Sprintf("%s's present outputs are not the paired presents", describe(n))
-	}
-	for _, pr := range []string{p.presK, p.presV} {
-		if why := presentFree(ix, pr, ik); why != "" {
-			return nil, why
-		}
-	}
-	if at(out, 3) != "" {
+	if argAt(out, 3) != "" {
 		return nil, fmt.Sprintf("%s outputs qk_matmul_output (it observes the past's scores)", describe(n))
 	}
-	if at(in, 6) != "" {
+	if argAt(in, 6) != "" {
 		return nil, fmt.Sprintf("%s takes nonpad_kv_seqlen (not supported on the cache path)", describe(n))
 	}
 	causal := attrInt(n, "is_causal", 0)
-	mask, mode := at(in, 3), int64(maskNone)
+	mask, mode := argAt(in, 3), int64(maskNone)
 	if mask == "" && causal != 1 {
 		return nil, fmt.Sprintf("%s is not causal (is_causal=0) and has no mask: the cache path runs causal attention only", describe(n))
 	}
@@ -92,13 +78,13 @@ func (attentionRule) Match(ix *index, p *pair) (*edit, string) {
 		Name:      ptr(n.GetName() + "/cache"),
 		OpType:    ptr(opAttention),
 		Domain:    ptr(Domain),
-		Input:     []string{at(in, 0), at(in, 1), at(in, 2), mask},
-		Output:    []string{at(out, 0), p.presK, p.presV},
+		Input:     []string{argAt(in, 0), argAt(in, 1), argAt(in, 2), mask},
+		Output:    []string{argAt(out, 0), p.presK, p.presV},
 		Attribute: attrs,
 	}
 	withPaddingInput(ix, node, mode)
 	return &edit{drop: []int{ik}, insert: []*onnxpb.NodeProto{node}, pastK: p.pastK, pastV: p.pastV,
-		presK: p.presK, presV: p.presV, kNew: at(in, 1)}, ""
+		presK: p.presK, presV: p.presV, kNew: argAt(in, 1)}, ""
 }
 
 // paddingMaskSource proves that mask is a key-padding mask built from an

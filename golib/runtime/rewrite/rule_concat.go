@@ -257,23 +257,17 @@ func (concatRule) Match(ix *index, p *pair) (*edit, string) {
 func (c *chain) attentionEnd(ai int, kEnd, vEnd string, vi int, kNew, vNew string, p *pair) (*onnxpb.NodeProto, string) {
 	n := c.ix.node(ai)
 	in, out := n.GetInput(), n.GetOutput()
-	at := func(s []string, i int) string {
-		if i < len(s) {
-			return s[i]
-		}
-		return ""
-	}
-	if at(in, 1) != kEnd || at(in, 2) != vEnd || vi != ai {
+	if argAt(in, 1) != kEnd || argAt(in, 2) != vEnd || vi != ai {
 		return nil, fmt.Sprintf("%s does not read the presents as its K and V", describe(n))
 	}
-	if at(in, 4) != "" || at(in, 5) != "" || at(in, 6) != "" || at(out, 1) != "" || at(out, 2) != "" || at(out, 3) != "" {
+	if argAt(in, 4) != "" || argAt(in, 5) != "" || argAt(in, 6) != "" || argAt(out, 1) != "" || argAt(out, 2) != "" || argAt(out, 3) != "" {
 		return nil, fmt.Sprintf("%s has past/present, nonpad_kv_seqlen or qk_matmul_output besides the Concat pasts", describe(n))
 	}
 	if v := c.ix.opsets[""]; v < 23 || v > 24 {
 		return nil, fmt.Sprintf("Attention opset %d (the rule covers 23 and 24)", v)
 	}
 	causal := attrInt(n, "is_causal", 0)
-	mask := at(in, 3)
+	mask := argAt(in, 3)
 	if mask == "" && causal != 1 {
 		return nil, fmt.Sprintf("%s is neither causal nor masked", describe(n))
 	}
@@ -291,7 +285,7 @@ func (c *chain) attentionEnd(ai int, kEnd, vEnd string, vi int, kNew, vNew strin
 		}
 	}
 	node := &onnxpb.NodeProto{Name: ptr(n.GetName() + "/cache"), OpType: ptr(opAttention), Domain: ptr(Domain),
-		Input: []string{at(in, 0), kNew, vNew, mask}, Output: []string{out[0], p.presK, p.presV}, Attribute: attrs}
+		Input: []string{argAt(in, 0), kNew, vNew, mask}, Output: []string{out[0], p.presK, p.presV}, Attribute: attrs}
 	withPaddingInput(c.ix, node, mode)
 	return node, ""
 }

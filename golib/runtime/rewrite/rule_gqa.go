@@ -38,30 +38,16 @@ func (gqaRule) Match(ix *index, p *pair) (*edit, string) {
 		}
 	}
 	in, out := n.GetInput(), n.GetOutput()
-	at := func(s []string, i int) string {
-		if i < len(s) {
-			return s[i]
-		}
-		return ""
-	}
-	if at(in, 3) != p.pastK || at(in, 4) != p.pastV {
-		return nil, fmt.Sprintf("the pasts are not %s's past_key/past_value inputs", describe(n))
-	}
-	if at(out, 1) != p.presK || at(out, 2) != p.presV {
-		return nil, fmt.Sprintf("%s's present outputs are not the paired presents", describe(n))
-	}
-	for _, pr := range []string{p.presK, p.presV} {
-		if why := presentFree(ix, pr, ik); why != "" {
-			return nil, why
-		}
+	if why := wiredToPair(ix, n, ik, p, 3); why != "" {
+		return nil, why
 	}
 	for i, name := range map[int]string{10: "attention_bias", 11: "head_sink", 12: "k_scale", 13: "v_scale",
 		14: "q_norm_weight", 15: "k_norm_weight", 16: "query_seqlens"} {
-		if at(in, i) != "" {
+		if argAt(in, i) != "" {
 			return nil, fmt.Sprintf("%s uses the %s input (not supported on the cache path)", describe(n), name)
 		}
 	}
-	if at(out, 3) != "" || attrInt(n, "qk_output", 0) != 0 {
+	if argAt(out, 3) != "" || attrInt(n, "qk_output", 0) != 0 {
 		return nil, fmt.Sprintf("%s outputs output_qk", describe(n))
 	}
 	for name, want := range map[string]int64{"causal": 1, "smooth_softmax": 0, "sliding_window_cache": 0, "kv_cache_bit_width": 0} {
@@ -85,9 +71,9 @@ func (gqaRule) Match(ix *index, p *pair) (*edit, string) {
 	inputs[3], inputs[4] = "", ""
 	node := &onnxpb.NodeProto{Name: ptr(n.GetName() + "/cache"), OpType: ptr(opGQA), Domain: ptr(Domain),
 		Input: inputs, Output: []string{out[0], p.presK, p.presV}, Attribute: attrs}
-	kNew := at(in, 1)
+	kNew := argAt(in, 1)
 	if kNew == "" {
-		kNew = at(in, 0) // packed QKV: the sequence axis is the query's
+		kNew = argAt(in, 0) // packed QKV: the sequence axis is the query's
 	}
 	return &edit{drop: []int{ik}, insert: []*onnxpb.NodeProto{node}, pastK: p.pastK, pastV: p.pastV,
 		presK: p.presK, presV: p.presV, kNew: kNew}, ""
