@@ -116,8 +116,6 @@ KNOWN_GAPS: Dict[str, str] = {
     "test_mul_uint16": "element type uint16 is not a runtime dtype",
     "test_mul_uint32": "element type uint32 is not a runtime dtype",
     "test_mul_uint64": "element type uint64 is not a runtime dtype",
-    "test_reflect_pad": "Pad reflect/wrap modes are not implemented",
-    "test_wrap_pad": "Pad reflect/wrap modes are not implemented",
     "test_pow_types_float32_uint64": "element type uint64 is not a runtime dtype",
     "test_pow_types_float32_uint32": "element type uint32 is not a runtime dtype",
     "test_sub_int16": "element type int16 is not a runtime dtype",

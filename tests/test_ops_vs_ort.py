@@ -351,6 +351,12 @@ for _red in ("add", "mul", "max", "min"):
     _add(f"ScatterND-{_red}-elements", "ew",
          lambda red=_red: node_model("ScatterND", [("x", _r((3, 4), F32)), ("i", np.array([[0, 1], [2, 3], [0, 1]], I64)),
                                                    ("u", _r((3,), F32, seed=2))], opset=18, reduction=red))
+for _mode, _pads in (("constant", [0, 2, 1, 0, 1, 3]), ("edge", [1, 0, 2, 2, 1, 0]), ("reflect", [1, 2, 0, 1, 2, 3]),
+                     ("reflect", [0, -1, 1, 1, 1, -2]), ("wrap", [1, 2, 4, 1, 3, 5])):
+    for _dt in (F32, I64):
+        _add(f"Pad-{_mode}-{'-'.join(map(str, _pads))}-{np.dtype(_dt).name}", "exact",
+             lambda mode=_mode, pads=_pads, dt=_dt: node_model("Pad", [("x", _r((2, 3, 4), dt, -5, 5)), ("p", np.array(pads, I64))],
+                                                               inits=["p"], opset=19, mode=mode))
 for _op in ("ReduceMax", "ReduceMin"):
     _add(f"{_op}-bool", "exact", lambda op=_op: node_model(op, [("x", _r((3, 4, 5), np.bool_)), ("a", np.array([1], I64))],
                                                           inits=["a"], opset=20, keepdims=0))
