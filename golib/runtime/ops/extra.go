@@ -17,7 +17,8 @@ func init() {
 }
 
 // newDropout is inference-mode Dropout: the identity, and an all-true mask
-// when the second output is used. Training mode is not implemented.
+// when the second output is used. Training mode with ratio 0 is the same;
+// training mode with a nonzero ratio (random) is not implemented.
 func newDropout(n *Node) (Kernel, error) {
 	return KernelFunc(func(ctx *Context) error {
 		x, err := ctx.RequireInput(0)
@@ -25,7 +26,17 @@ func newDropout(n *Node) (Kernel, error) {
 			return err
 		}
 		if tm := ctx.Input(2); tm != nil && tm.Bool() != nil && tm.Len() == 1 && tm.Bool()[0] {
-			return fmt.Errorf("%w: Dropout in training mode", errs.ErrNotImplemented)
+			ratio := float32(0.5)
+			if r := ctx.Input(1); r != nil {
+				v, err := tensor.AsFloat32(r)
+				if err != nil || len(v) != 1 {
+					return fmt.Errorf("%w: Dropout ratio must be a float scalar, got %v", errs.ErrInvalidArgument, r)
+				}
+				ratio = v[0]
+			}
+			if ratio != 0 {
+				return fmt.Errorf("%w: Dropout in training mode with ratio %g", errs.ErrNotImplemented, ratio)
+			}
 		}
 		if err := ctx.SetOutput(0, x); err != nil {
 			return err

@@ -17,6 +17,8 @@ func TestExtraOps(t *testing.T) {
 	runCases(t, []opCase{
 		{name: "dropout identity", op: "Dropout", opset: 13, in: []*tensor.Tensor{x}, shape: tensor.Shape{2, 2}, want: "[1 2 3 4]"},
 		{name: "dropout mask", op: "Dropout", opset: 13, in: []*tensor.Tensor{x}, nOut: 2, outIdx: 1, shape: tensor.Shape{2, 2}, want: "[true true true true]", dtype: boolT},
+		{name: "dropout training ratio 0", op: "Dropout", opset: 13, in: []*tensor.Tensor{x, tensor.Scalar(float32(0)), tensor.Scalar(true)}, nOut: 2, shape: tensor.Shape{2, 2}, want: "[1 2 3 4]"},
+		{name: "dropout training ratio 0 mask", op: "Dropout", opset: 13, in: []*tensor.Tensor{x, tensor.Scalar(float32(0)), tensor.Scalar(true)}, nOut: 2, outIdx: 1, shape: tensor.Shape{2, 2}, want: "[true true true true]", dtype: boolT},
 		{name: "isnan", op: "IsNaN", opset: 13, in: []*tensor.Tensor{odd}, shape: tensor.Shape{3}, want: "[true false false]", dtype: boolT},
 		{name: "isinf", op: "IsInf", opset: 13, in: []*tensor.Tensor{odd}, shape: tensor.Shape{3}, want: "[false true false]", dtype: boolT},
 		{name: "gatherelements", op: "GatherElements", opset: 13, attrs: attrs(intA("axis", 1)), in: []*tensor.Tensor{x, it(tensor.Shape{2, 3}, 1, 0, -1, 0, 0, 1)},
@@ -35,6 +37,9 @@ func TestExtraOps(t *testing.T) {
 		{name: "pad wrap", op: "Pad", opset: 19, attrs: attrs(strA("mode", "wrap")), in: []*tensor.Tensor{row, it(tensor.Shape{4}, 0, 2, 0, 3)},
 			shape: tensor.Shape{1, 8}, want: "[2 3 1 2 3 1 2 3]"},
 	})
+	if _, err := call("Dropout", 13, nil, 1, x, tensor.Scalar(float32(0.5)), tensor.Scalar(true)); !errors.Is(err, errs.ErrNotImplemented) {
+		t.Errorf("Dropout training ratio 0.5: %v", err)
+	}
 	if _, err := call("Pad", 18, attrs(strA("mode", "mirror")), 1, x, it(tensor.Shape{4}, 0, 0, 0, 0)); !errors.Is(err, errs.ErrInvalidArgument) {
 		t.Errorf("Pad mode mirror: %v", err)
 	}
