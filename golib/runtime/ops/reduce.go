@@ -182,6 +182,12 @@ func reduceIdentity(kind reduceKind, dt tensor.DType) (float64, error) {
 		lo, hi = 0, math.MaxUint8
 	case tensor.Int8:
 		lo, hi = math.MinInt8, math.MaxInt8
+	case tensor.Int16:
+		lo, hi = math.MinInt16, math.MaxInt16
+	case tensor.Uint16:
+		lo, hi = 0, math.MaxUint16
+	case tensor.Uint32:
+		lo, hi = 0, math.MaxUint32
 	case tensor.Int32:
 		lo, hi = math.MinInt32, math.MaxInt32
 	case tensor.Int64:
