@@ -341,6 +341,37 @@ for _op in ("And", "Or", "Xor"):
     _add(f"{_op}-bool", "exact", lambda op=_op: node_model(op, [("a", _r((3, 4), np.bool_)), ("b", _r((4,), np.bool_, seed=1))]))
 _add("Not-bool", "exact", lambda: node_model("Not", [("x", _r((2, 5), np.bool_))]))
 _add("Mod-int64", "exact", lambda: node_model("Mod", [("a", np.array([-7, 7, -8, 9, 5], I64)), ("b", np.array([3, -3, 3, 4, 5], I64))]))
+for _red in ("add", "mul", "max", "min"):
+    for _dt in (F32, I64):
+        # repeated indices: the updates combine in order (onnxruntime has no float16 reductions;
+        # ours is covered by the onnx backend cases)
+        _add(f"ScatterND-{_red}-{np.dtype(_dt).name}", "ew" if _dt != I64 else "exact",
+             lambda red=_red, dt=_dt: node_model("ScatterND", [("x", _r((4, 3, 2), dt, -3, 3)), ("i", np.array([[1], [3], [1]], I64)),
+                                                               ("u", _r((3, 3, 2), dt, -3, 3, 1))], opset=18, reduction=red))
+    _add(f"ScatterND-{_red}-elements", "ew",
+         lambda red=_red: node_model("ScatterND", [("x", _r((3, 4), F32)), ("i", np.array([[0, 1], [2, 3], [0, 1]], I64)),
+                                                   ("u", _r((3,), F32, seed=2))], opset=18, reduction=red))
+for _dt in (np.int16, np.uint16, np.uint32):
+    # onnxruntime has no 16-bit Max/Min (the onnx backend cases cover ours)
+    for _op in ("Add", "Sub", "Mul", "Div", "Equal", "Less", "Greater") + (("Max", "Min") if _dt == np.uint32 else ()):
+        _add(f"{_op}-{np.dtype(_dt).name}", "exact",
+             lambda op=_op, dt=_dt: node_model(op, [("a", _r((3, 4), dt, 1, 60)), ("b", _r((4,), dt, 1, 9, 1))], opset=14
+                                               if op not in ("Equal", "Less", "Greater") else 19))
+    _add(f"Cast-float-to-{np.dtype(_dt).name}", "exact",
+         lambda dt=_dt: node_model("Cast", [("x", _r((3, 4), F32, 0, 300))], to=int(helper.np_dtype_to_tensor_dtype(np.dtype(dt)))))
+for _mode, _pads in (("constant", [0, 2, 1, 0, 1, 3]), ("edge", [1, 0, 2, 2, 1, 0]), ("reflect", [1, 2, 0, 1, 2, 3]),
+                     ("reflect", [0, -1, 1, 1, 1, -2]), ("wrap", [1, 2, 4, 1, 3, 5])):
+    for _dt in (F32, I64):
+        _add(f"Pad-{_mode}-{'-'.join(map(str, _pads))}-{np.dtype(_dt).name}", "exact",
+             lambda mode=_mode, pads=_pads, dt=_dt: node_model("Pad", [("x", _r((2, 3, 4), dt, -5, 5)), ("p", np.array(pads, I64))],
+                                                               inits=["p"], opset=19, mode=mode))
+for _op in ("ReduceMax", "ReduceMin"):
+    _add(f"{_op}-bool", "exact", lambda op=_op: node_model(op, [("x", _r((3, 4, 5), np.bool_)), ("a", np.array([1], I64))],
+                                                          inits=["a"], opset=20, keepdims=0))
+    for _dt in (F32, I64):  # onnxruntime refuses an empty bool set (onnx backend cases cover it)
+        _add(f"{_op}-empty-{np.dtype(_dt).name}", "exact",
+             lambda op=_op, dt=_dt: node_model(op, [("x", np.zeros((2, 0, 4), dt)), ("a", np.array([1], I64))],
+                                               inits=["a"], opset=20))
 _add("Mod-int64-fmod", "exact", lambda: node_model("Mod", [("a", np.array([-7, 7, -8, 9], I64)), ("b", np.array([3, -3, 3, 4], I64))], fmod=1))
 _add("Mod-float32-fmod", "ew", lambda: node_model("Mod", [("a", _r((6,), F32, -9, 9)), ("b", np.array([2.5], F32))], fmod=1))
 _add("Tile-float32", "exact", lambda: node_model("Tile", [("x", _r((2, 3), F32)), ("r", np.array([2, 3], I64))], inits=["r"]))

@@ -41,7 +41,7 @@ LEND_MIN_BYTES = 128 * 1024
 _TO_CODE: Dict[np.dtype, int] = {
     np.dtype(np.float32): 1, np.dtype(np.uint8): 2, np.dtype(np.int8): 3, np.dtype(np.int32): 6,
     np.dtype(np.int64): 7, np.dtype(np.bool_): 9, np.dtype(np.float16): 10, np.dtype(np.float64): 11,
-    bfloat16: 16,
+    np.dtype(np.uint16): 4, np.dtype(np.int16): 5, np.dtype(np.uint32): 12, bfloat16: 16,
 }
 _FROM_CODE: Dict[int, np.dtype] = {v: k for k, v in _TO_CODE.items()}
 

@@ -13,6 +13,7 @@ import (
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/internal/onnxtest"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/onnxpb"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
 
 func f32raw(v ...float32) []byte {
@@ -75,6 +76,10 @@ func TestTypedFields(t *testing.T) {
 		{&onnxpb.TensorProto{DataType: proto.Int32(10), Dims: []int64{1}, Int32Data: []int32{0x3c00}}, "[15360]"},
 		{&onnxpb.TensorProto{DataType: proto.Int32(11), Dims: []int64{}, DoubleData: []float64{2.5}}, "[2.5]"},
 		{&onnxpb.TensorProto{DataType: proto.Int32(9), Dims: []int64{2}, RawData: []byte{0, 7}}, "[false true]"},
+		{&onnxpb.TensorProto{DataType: proto.Int32(5), Dims: []int64{2}, Int32Data: []int32{-32768, 7}}, "[-32768 7]"},
+		{&onnxpb.TensorProto{DataType: proto.Int32(4), Dims: []int64{2}, Int32Data: []int32{65535, 1}}, "[65535 1]"},
+		{&onnxpb.TensorProto{DataType: proto.Int32(12), Dims: []int64{2}, Uint64Data: []uint64{4294967295, 3}}, "[4294967295 3]"},
+		{&onnxpb.TensorProto{DataType: proto.Int32(4), Dims: []int64{1}, RawData: []byte{0x34, 0x12}}, "[4660]"},
 	}
 	for _, c := range cases {
 		x, err := TensorFromProto(c.tp)
@@ -91,6 +96,12 @@ func TestTypedFields(t *testing.T) {
 			got = sprint(x.Float16())
 		case x.Float64() != nil:
 			got = sprint(x.Float64())
+		case x.DType() == tensor.Int16:
+			got = sprint(tensor.Data[int16](x))
+		case x.DType() == tensor.Uint16:
+			got = sprint(tensor.Data[uint16](x))
+		case x.DType() == tensor.Uint32:
+			got = sprint(tensor.Data[uint32](x))
 		}
 		if got != c.want {
 			t.Errorf("%v: got %s want %s", c.tp.GetDataType(), got, c.want)

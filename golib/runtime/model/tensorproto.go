@@ -97,7 +97,9 @@ func typedFields(tp *onnxpb.TensorProto, dt tensor.DType, shape tensor.Shape, n 
 		count = len(tp.GetDoubleData())
 	case tensor.Int64:
 		count = len(tp.GetInt64Data())
-	default: // int32, int8, uint8, bool, float16, bfloat16 live in int32_data
+	case tensor.Uint32:
+		count = len(tp.GetUint64Data())
+	default: // int32, int16, uint16, int8, uint8, bool, float16, bfloat16 live in int32_data
 		count = len(tp.GetInt32Data())
 	}
 	if count != n {
@@ -131,6 +133,30 @@ func typedFields(tp *onnxpb.TensorProto, dt tensor.DType, shape tensor.Shape, n 
 				return nil, fmt.Errorf("%w: uint8 value %d out of range", errs.ErrInvalidModel, v)
 			}
 			d[i] = uint8(v)
+		}
+	case tensor.Int16:
+		d := tensor.Data[int16](t)
+		for i, v := range tp.GetInt32Data() {
+			if v < math.MinInt16 || v > math.MaxInt16 {
+				return nil, fmt.Errorf("%w: int16 value %d out of range", errs.ErrInvalidModel, v)
+			}
+			d[i] = int16(v)
+		}
+	case tensor.Uint16:
+		d := tensor.Data[uint16](t)
+		for i, v := range tp.GetInt32Data() {
+			if v < 0 || v > math.MaxUint16 {
+				return nil, fmt.Errorf("%w: uint16 value %d out of range", errs.ErrInvalidModel, v)
+			}
+			d[i] = uint16(v)
+		}
+	case tensor.Uint32:
+		d := tensor.Data[uint32](t)
+		for i, v := range tp.GetUint64Data() {
+			if v > math.MaxUint32 {
+				return nil, fmt.Errorf("%w: uint32 value %d out of range", errs.ErrInvalidModel, v)
+			}
+			d[i] = uint32(v)
 		}
 	case tensor.Bool:
 		d := t.Bool()

@@ -152,6 +152,12 @@ func storeInt64(out *tensor.Tensor, v []int64) error {
 		tensor.ConvertSlice(out.Int8(), v)
 	case tensor.Uint8:
 		tensor.ConvertSlice(out.Uint8(), v)
+	case tensor.Int16:
+		tensor.ConvertSlice(tensor.Data[int16](out), v)
+	case tensor.Uint16:
+		tensor.ConvertSlice(tensor.Data[uint16](out), v)
+	case tensor.Uint32:
+		tensor.ConvertSlice(tensor.Data[uint32](out), v)
 	default:
 		return fmt.Errorf("%w: integer result into %v", errs.ErrType, out.DType())
 	}

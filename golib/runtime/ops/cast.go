@@ -159,6 +159,21 @@ func storeFloat64(out *tensor.Tensor, v []float64) error {
 		for i, e := range v {
 			d[i] = uint8(floatToInt32(e))
 		}
+	case tensor.Int16:
+		d := tensor.Data[int16](out)
+		for i, e := range v {
+			d[i] = int16(floatToInt32(e))
+		}
+	case tensor.Uint16:
+		d := tensor.Data[uint16](out)
+		for i, e := range v {
+			d[i] = uint16(floatToInt32(e))
+		}
+	case tensor.Uint32:
+		d := tensor.Data[uint32](out)
+		for i, e := range v {
+			d[i] = uint32(floatToInt64(e))
+		}
 	default:
 		return fmt.Errorf("%w: cast to %v", errs.ErrType, out.DType())
 	}

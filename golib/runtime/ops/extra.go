@@ -17,7 +17,8 @@ func init() {
 }
 
 // newDropout is inference-mode Dropout: the identity, and an all-true mask
-// when the second output is used. Training mode is not implemented.
+// when the second output is used. Training mode with ratio 0 is the same;
+// training mode with a nonzero ratio (random) is not implemented.
 func newDropout(n *Node) (Kernel, error) {
 	return KernelFunc(func(ctx *Context) error {
 		x, err := ctx.RequireInput(0)
@@ -25,7 +26,17 @@ func newDropout(n *Node) (Kernel, error) {
 			return err
 		}
 		if tm := ctx.Input(2); tm != nil && tm.Bool() != nil && tm.Len() == 1 && tm.Bool()[0] {
-			return fmt.Errorf("%w: Dropout in training mode", errs.ErrNotImplemented)
+			ratio := float32(0.5)
+			if r := ctx.Input(1); r != nil {
+				v, err := tensor.AsFloat32(r)
+				if err != nil || len(v) != 1 {
+					return fmt.Errorf("%w: Dropout ratio must be a float scalar, got %v", errs.ErrInvalidArgument, r)
+				}
+				ratio = v[0]
+			}
+			if ratio != 0 {
+				return fmt.Errorf("%w: Dropout in training mode with ratio %g", errs.ErrNotImplemented, ratio)
+			}
 		}
 		if err := ctx.SetOutput(0, x); err != nil {
 			return err
@@ -149,13 +160,44 @@ func newGatherElements(n *Node) (Kernel, error) {
 
 // newPad implements Pad-13+ in "constant" and "edge" modes (pads may be
 // negative, cropping); "reflect" and "wrap" are not implemented.
+// padSource maps an output position s (relative to the input's start, outside
+// [0, n)) to the input position it copies in a non-constant Pad mode: the
+// nearest edge ("edge"), the mirror image without repeating the edge
+// ("reflect", numpy's reflect), or the periodic repetition ("wrap").
+func padSource(mode string, s, n int) int {
+	switch mode {
+	case "reflect":
+		if n == 1 {
+			return 0
+		}
+		p := 2 * (n - 1)
+		s %= p
+		if s < 0 {
+			s += p
+		}
+		if s >= n {
+			s = p - s
+		}
+		return s
+	case "wrap":
+		s %= n
+		if s < 0 {
+			s += n
+		}
+		return s
+	}
+	return max(0, min(s, n-1))
+}
+
 func newPad(n *Node) (Kernel, error) {
 	mode, err := n.Attrs.String("mode", "constant")
 	if err != nil {
 		return nil, err
 	}
-	if mode != "constant" && mode != "edge" {
-		return nil, fmt.Errorf("%w: Pad mode %q", errs.ErrNotImplemented, mode)
+	switch mode {
+	case "constant", "edge", "reflect", "wrap":
+	default:
+		return nil, fmt.Errorf("%w: Pad mode %q", errs.ErrInvalidArgument, mode)
 	}
 	return KernelFunc(func(ctx *Context) error {
 		x, err := ctx.RequireInput(0)
@@ -195,7 +237,7 @@ func newPad(n *Node) (Kernel, error) {
 		outShape := make(tensor.Shape, r)
 		for d := range outShape {
 			outShape[d] = x.Shape()[d] + before[d] + after[d]
-			if outShape[d] < 0 || (x.Shape()[d] == 0 && outShape[d] > 0 && mode == "edge") {
+			if outShape[d] < 0 || (x.Shape()[d] == 0 && outShape[d] > 0 && mode != "constant") {
 				return fmt.Errorf("%w: Pad of %v by %v", errs.ErrInvalidArgument, x.Shape(), pads)
 			}
 		}
@@ -223,7 +265,7 @@ func newPad(n *Node) (Kernel, error) {
 						inside = false
 						break
 					}
-					s = max(0, min(s, x.Shape()[d]-1))
+					s = padSource(mode, s, x.Shape()[d])
 				}
 				off += s * xs[d]
 			}

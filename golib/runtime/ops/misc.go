@@ -194,14 +194,36 @@ func newCumSum(n *Node) (Kernel, error) {
 	}), nil
 }
 
+// floorMod is Mod with fmod=0 on floats: the remainder takes the divisor's
+// sign (numpy.mod, Python's %). A zero remainder is a zero of the divisor's
+// sign; x mod 0 and inf mod y are NaN; x mod inf is x when the signs agree
+// (else inf with the divisor's sign), as in numpy.
+func floorMod(x, y float64) float64 {
+	m := math.Mod(x, y)
+	if y == 0 {
+		return m
+	}
+	if m == 0 {
+		return math.Copysign(0, y)
+	}
+	if (m < 0) != (y < 0) {
+		m += y
+	}
+	return m
+}
+
 func newMod(n *Node) (Kernel, error) {
 	fmod, err := n.Attrs.Int("fmod", 0)
 	if err != nil {
 		return nil, err
 	}
+	fmodF64 := math.Mod
+	if fmod == 0 {
+		fmodF64 = floorMod
+	}
 	op := binaryOp{
-		f32: func(x, y float32) float32 { return float32(math.Mod(float64(x), float64(y))) },
-		f64: math.Mod,
+		f32: func(x, y float32) float32 { return float32(fmodF64(float64(x), float64(y))) },
+		f64: fmodF64,
 		i64: func(x, y int64) (int64, error) {
 			if y == 0 {
 				return 0, errDivZero
@@ -220,9 +242,6 @@ func newMod(n *Node) (Kernel, error) {
 		}
 		if a.DType() != b.DType() {
 			return errOperandTypes("Mod", a, b)
-		}
-		if a.DType().IsFloat() && fmod == 0 {
-			return fmt.Errorf("%w: Mod on floats requires fmod=1", errs.ErrInvalidArgument)
 		}
 		out, err := newBroadcastOutput(ctx, a.DType(), a, b)
 		if err != nil {

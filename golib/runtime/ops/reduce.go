@@ -99,8 +99,9 @@ func reduceCompute(ctx *Context, x *tensor.Tensor, axes []int64, keep bool, kind
 	if outShape == nil {
 		outShape = tensor.Shape{}
 	}
-	if (kind == reduceMax || kind == reduceMin) && x.Len() == 0 {
-		return fmt.Errorf("%w: ReduceMax/Min of an empty tensor", errs.ErrInvalidArgument)
+	isBool := x.DType() == tensor.Bool
+	if isBool && kind != reduceMax && kind != reduceMin {
+		return fmt.Errorf("%w: %s of bool", errs.ErrType, kind)
 	}
 	out, err := ctx.NewOutput(0, x.DType(), outShape)
 	if err != nil {
@@ -114,14 +115,14 @@ func reduceCompute(ctx *Context, x *tensor.Tensor, axes []int64, keep bool, kind
 		return err
 	}
 	acc := make([]float64, out.Len())
-	switch kind {
-	case reduceMax:
-		for i := range acc {
-			acc[i] = math.Inf(-1)
+	if kind == reduceMax || kind == reduceMin {
+		// The identity is what a reduction over an empty set yields.
+		id, err := reduceIdentity(kind, x.DType())
+		if err != nil {
+			return err
 		}
-	case reduceMin:
 		for i := range acc {
-			acc[i] = math.Inf(1)
+			acc[i] = id
 		}
 	}
 	idx := make([]int, len(src))
@@ -148,11 +149,56 @@ func reduceCompute(ctx *Context, x *tensor.Tensor, axes []int64, keep bool, kind
 	if x.DType().IsFloat() {
 		return storeFloat64(out, acc)
 	}
+	if isBool {
+		dst := out.Bool()
+		for i, v := range acc {
+			dst[i] = v != 0
+		}
+		return nil
+	}
 	iv := make([]int64, len(acc))
 	for i, v := range acc {
-		iv[i] = int64(v)
+		iv[i] = tensor.SaturateInt(v, math.MinInt64, math.MaxInt64)
 	}
 	return storeInt64(out, iv)
+}
+
+// String names the reduction as its ONNX op.
+func (k reduceKind) String() string {
+	return [...]string{"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"}[k]
+}
+
+// reduceIdentity is the start value of ReduceMax/ReduceMin, the result over
+// an empty set: the lowest (highest) value of dt, -inf (+inf) for floats,
+// false (true) for bool.
+func reduceIdentity(kind reduceKind, dt tensor.DType) (float64, error) {
+	var lo, hi float64
+	switch dt {
+	case tensor.Float32, tensor.Float16, tensor.BFloat16, tensor.Float64:
+		lo, hi = math.Inf(-1), math.Inf(1)
+	case tensor.Bool:
+		lo, hi = 0, 1
+	case tensor.Uint8:
+		lo, hi = 0, math.MaxUint8
+	case tensor.Int8:
+		lo, hi = math.MinInt8, math.MaxInt8
+	case tensor.Int16:
+		lo, hi = math.MinInt16, math.MaxInt16
+	case tensor.Uint16:
+		lo, hi = 0, math.MaxUint16
+	case tensor.Uint32:
+		lo, hi = 0, math.MaxUint32
+	case tensor.Int32:
+		lo, hi = math.MinInt32, math.MaxInt32
+	case tensor.Int64:
+		lo, hi = math.MinInt64, math.MaxInt64
+	default:
+		return 0, fmt.Errorf("%w: %s of %v", errs.ErrType, kind, dt)
+	}
+	if kind == reduceMax {
+		return lo, nil
+	}
+	return hi, nil
 }
 
 // reduceSource widens x to float64 (exact for every supported type except
@@ -177,6 +223,12 @@ func reduceSource(x *tensor.Tensor) ([]float64, error) {
 		}
 		for i, e := range v {
 			out[i] = float64(e)
+		}
+	case x.DType() == tensor.Bool:
+		for i, b := range x.Bool() {
+			if b {
+				out[i] = 1
+			}
 		}
 	default:
 		return nil, fmt.Errorf("%w: reduction of %v", errs.ErrType, x.DType())

@@ -12,15 +12,18 @@ func init() {
 }
 
 // newScatterND copies data and overwrites the slices addressed by the
-// last axis of indices with updates (reduction "none" only; exporters use
-// it for in-place KV-cache updates).
+// last axis of indices with updates (exporters use it for in-place KV-cache
+// updates), or combines them with reduction add, mul, max or min, in update
+// order.
 func newScatterND(n *Node) (Kernel, error) {
 	red, err := n.Attrs.String("reduction", "none")
 	if err != nil {
 		return nil, err
 	}
-	if red != "none" {
-		return nil, fmt.Errorf("%w: ScatterND reduction=%q", errs.ErrNotImplemented, red)
+	switch red {
+	case "none", "add", "mul", "max", "min":
+	default:
+		return nil, fmt.Errorf("%w: ScatterND reduction=%q", errs.ErrInvalidArgument, red)
 	}
 	return KernelFunc(func(ctx *Context) error {
 		data, it, upd, err := threeInputs(ctx)
@@ -53,7 +56,8 @@ func newScatterND(n *Node) (Kernel, error) {
 		strides := ds.Strides()
 		dst, src := out.Bytes(), upd.Bytes()
 		nUpd := tensor.Shape(is[:len(is)-1]).Size()
-		for u := 0; u < nUpd; u++ {
+		offs := make([]int, nUpd)
+		for u := range offs {
 			off := 0
 			for j := 0; j < k; j++ {
 				v, err := normIndex("ScatterND", idx[u*k+j], int64(ds[j]))
@@ -62,8 +66,72 @@ func newScatterND(n *Node) (Kernel, error) {
 				}
 				off += int(v) * strides[j]
 			}
-			copy(dst[off*es:off*es+slice], src[u*slice:(u+1)*slice])
+			offs[u] = off
 		}
-		return nil
+		if red == "none" {
+			for u, off := range offs {
+				copy(dst[off*es:off*es+slice], src[u*slice:(u+1)*slice])
+			}
+			return nil
+		}
+		return scatterReduce(out, upd, offs, slice/es, red)
 	}), nil
+}
+
+// scatterReduce combines upd's slices of n elements into out at the element
+// offsets offs with reduction red (add, mul, max, min); float16/bfloat16
+// compute in float32.
+func scatterReduce(out, upd *tensor.Tensor, offs []int, n int, red string) error {
+	switch out.DType() {
+	case tensor.Float32:
+		scatterCombine(out.Float32(), upd.Float32(), offs, n, red)
+	case tensor.Float64:
+		scatterCombine(out.Float64(), upd.Float64(), offs, n, red)
+	case tensor.Int64:
+		scatterCombine(out.Int64(), upd.Int64(), offs, n, red)
+	case tensor.Int32:
+		scatterCombine(out.Int32(), upd.Int32(), offs, n, red)
+	case tensor.Int8:
+		scatterCombine(out.Int8(), upd.Int8(), offs, n, red)
+	case tensor.Uint8:
+		scatterCombine(out.Uint8(), upd.Uint8(), offs, n, red)
+	case tensor.Float16, tensor.BFloat16:
+		o, err := tensor.AsFloat32(out)
+		if err != nil {
+			return err
+		}
+		u, err := tensor.AsFloat32(upd)
+		if err != nil {
+			return err
+		}
+		scatterCombine(o, u, offs, n, red)
+		return tensor.FromFloat32(out, o)
+	default:
+		return fmt.Errorf("%w: ScatterND reduction=%q of %v", errs.ErrType, red, out.DType())
+	}
+	return nil
+}
+
+func scatterCombine[T int64 | int32 | int8 | uint8 | float32 | float64](dst, src []T, offs []int, n int, red string) {
+	for u, off := range offs {
+		d, s := dst[off:off+n], src[u*n:(u+1)*n]
+		switch red {
+		case "add":
+			for i, v := range s {
+				d[i] += v
+			}
+		case "mul":
+			for i, v := range s {
+				d[i] *= v
+			}
+		case "max":
+			for i, v := range s {
+				d[i] = max(d[i], v)
+			}
+		case "min":
+			for i, v := range s {
+				d[i] = min(d[i], v)
+			}
+		}
+	}
 }

@@ -48,6 +48,12 @@ func ToFloat32(t *Tensor, dst []float32) error {
 		ConvertSlice(dst, t.Int8())
 	case Uint8:
 		ConvertSlice(dst, t.Uint8())
+	case Int16:
+		ConvertSlice(dst, Data[int16](t))
+	case Uint16:
+		ConvertSlice(dst, Data[uint16](t))
+	case Uint32:
+		ConvertSlice(dst, Data[uint32](t))
 	case Bool:
 		for i, v := range t.Bool() {
 			if v {
@@ -92,6 +98,12 @@ func FromFloat32(t *Tensor, src []float32) error {
 		saturateInto(t.Int8(), src, math.MinInt8, math.MaxInt8)
 	case Uint8:
 		saturateInto(t.Uint8(), src, 0, math.MaxUint8)
+	case Int16:
+		saturateInto(Data[int16](t), src, math.MinInt16, math.MaxInt16)
+	case Uint16:
+		saturateInto(Data[uint16](t), src, 0, math.MaxUint16)
+	case Uint32:
+		saturateInto(Data[uint32](t), src, 0, math.MaxUint32)
 	case Bool:
 		d := t.Bool()
 		for i, v := range src {
@@ -104,9 +116,10 @@ func FromFloat32(t *Tensor, src []float32) error {
 }
 
 // Number is the element types that Go converts between with a plain
-// conversion (every Elem but bool and the 16-bit float bit patterns).
+// conversion (every Elem but bool and the 16-bit float bit patterns; uint16
+// without ~, so that Float16Bits and BFloat16Bits stay out).
 type Number interface {
-	~float32 | ~float64 | ~int64 | ~int32 | ~int8 | ~uint8
+	~float32 | ~float64 | ~int64 | ~int32 | ~int8 | ~uint8 | ~int16 | uint16 | ~uint32
 }
 
 // ConvertSlice sets dst[i] = D(src[i]) for every element of src (dst is at
@@ -122,7 +135,7 @@ func ConvertSlice[D, S Number](dst []D, src []S) {
 
 // saturateInto sets dst[i] to src[i] truncated toward zero and clamped to
 // [lo, hi], the range of D (see SaturateInt).
-func saturateInto[D int64 | int32 | int8 | uint8](dst []D, src []float32, lo, hi int64) {
+func saturateInto[D int64 | int32 | int8 | uint8 | int16 | uint16 | uint32](dst []D, src []float32, lo, hi int64) {
 	dst = dst[:len(src)]
 	for i, v := range src {
 		dst[i] = D(SaturateInt(float64(v), lo, hi))
@@ -169,6 +182,12 @@ func Int64Values(t *Tensor) ([]int64, error) {
 		ConvertSlice(out, t.Int8())
 	case Uint8:
 		ConvertSlice(out, t.Uint8())
+	case Int16:
+		ConvertSlice(out, Data[int16](t))
+	case Uint16:
+		ConvertSlice(out, Data[uint16](t))
+	case Uint32:
+		ConvertSlice(out, Data[uint32](t))
 	default:
 		return nil, fmt.Errorf("%w: want an integer tensor, got %v", errs.ErrType, t.dtype)
 	}

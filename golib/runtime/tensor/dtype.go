@@ -16,11 +16,14 @@ const (
 	Float32   DType = 1
 	Uint8     DType = 2
 	Int8      DType = 3
+	Uint16    DType = 4
+	Int16     DType = 5
 	Int32     DType = 6
 	Int64     DType = 7
 	Bool      DType = 9
 	Float16   DType = 10
 	Float64   DType = 11
+	Uint32    DType = 12
 	BFloat16  DType = 16
 )
 
@@ -28,13 +31,13 @@ const (
 // type.
 func (d DType) Size() int {
 	switch d {
-	case Float32, Int32:
+	case Float32, Int32, Uint32:
 		return 4
 	case Uint8, Int8, Bool:
 		return 1
 	case Int64, Float64:
 		return 8
-	case Float16, BFloat16:
+	case Float16, BFloat16, Int16, Uint16:
 		return 2
 	}
 	return 0
@@ -50,18 +53,24 @@ func (d DType) IsFloat() bool {
 
 // IsInt reports whether d is an integer type (bool excluded).
 func (d DType) IsInt() bool {
-	return d == Int64 || d == Int32 || d == Int8 || d == Uint8
+	switch d {
+	case Int64, Int32, Int8, Uint8, Int16, Uint16, Uint32:
+		return true
+	}
+	return false
 }
 
 var dtypeNames = map[DType]string{
 	Float32: "float32", Uint8: "uint8", Int8: "int8", Int32: "int32", Int64: "int64",
 	Bool: "bool", Float16: "float16", Float64: "float64", BFloat16: "bfloat16",
+	Int16: "int16", Uint16: "uint16", Uint32: "uint32",
 }
 
 // onnxNames are the onnxruntime NodeArg type strings ("tensor(float)").
 var onnxNames = map[DType]string{
 	Float32: "float", Uint8: "uint8", Int8: "int8", Int32: "int32", Int64: "int64",
 	Bool: "bool", Float16: "float16", Float64: "double", BFloat16: "bfloat16",
+	Int16: "int16", Uint16: "uint16", Uint32: "uint32",
 }
 
 // String returns the numpy-style name ("float32", "bfloat16", ...).
@@ -89,7 +98,7 @@ type BFloat16Bits uint16
 
 // Elem is the set of Go element types a typed view can have.
 type Elem interface {
-	float32 | float64 | int64 | int32 | int8 | uint8 | bool | Float16Bits | BFloat16Bits
+	float32 | float64 | int64 | int32 | int8 | uint8 | int16 | uint16 | uint32 | bool | Float16Bits | BFloat16Bits
 }
 
 // DTypeOf returns the DType whose elements are stored as T.
@@ -108,6 +117,12 @@ func DTypeOf[T Elem]() DType {
 		return Int8
 	case uint8:
 		return Uint8
+	case int16:
+		return Int16
+	case uint16:
+		return Uint16
+	case uint32:
+		return Uint32
 	case bool:
 		return Bool
 	case Float16Bits:
