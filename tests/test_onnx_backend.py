@@ -52,8 +52,9 @@ _TRAINING_DOMAINS = {"ai.onnx.preview.training"}
 
 # Claimed cases that fail today: case name -> reason. Each runs as xfail(strict=True), so a fix
 # that makes one pass fails the suite until its entry is removed.
-_QK_CAUSAL = ("Attention qk_matmul_output_mode=1 lacks the causal mask's -inf "
-              "(onnx: Q*K^T + bias + causal mask; the kernel applies is_causal after writing it)")
+_QK_CAUSAL = ("Attention qk_matmul_output_mode=1 with is_causal: onnx's expected output includes the causal "
+              "mask's -inf, onnxruntime 1.32 (which this runtime matches, tests/test_attention_vs_ort.py) "
+              "writes Q*K^T + bias without it")
 KNOWN_GAPS: Dict[str, str] = {
     "test_add_uint64": "element type uint64 is not a runtime dtype",
     "test_attention_4d_with_past_and_present_qk_matmul_bias_3d_mask_causal": _QK_CAUSAL,
