@@ -82,7 +82,7 @@ KNOWN_GAPS: Dict[str, str] = {
 
 
 # Bump when Case, the exclusion rules or the conversion change (the disk cache is keyed on it).
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -128,8 +128,20 @@ def _graphs(g: "onnx.GraphProto"):
                     yield from _graphs(sub)
 
 
+def _newest_opsets() -> Dict[str, int]:
+    """The newest opset of each versioned domain the runtime knows ("" = ai.onnx)."""
+    known = olkv.build_info()["newest_opsets"]
+    return {("" if d == "ai.onnx" else d): int(v) for d, v in known.items()}
+
+
 def exclusion_reason(model: "onnx.ModelProto") -> Optional[str]:
     """The documented-unsupported feature the model uses, or None."""
+    newest = _newest_opsets()
+    for o in model.opset_import:
+        d = "" if o.domain == "ai.onnx" else o.domain
+        if d in newest and o.version > newest[d]:
+            return (f"opset {o.version} of {o.domain or 'ai.onnx'} is newer than the runtime knows "
+                    f"({newest[d]}): such models are refused at session creation")
     if len(model.functions):
         return "model-local functions are not supported"
     for g in _graphs(model.graph):
@@ -212,7 +224,8 @@ def astuple_shallow(c: Case) -> tuple:
 def _cache_path() -> Path:
     base = os.environ.get("OLKV_ONNX_BACKEND_CACHE")
     d = Path(base) if base else Path(__file__).resolve().parent.parent / ".pytest_cache" / "onnx_backend"
-    return d / f"cases-{onnx.__version__}-v{_CACHE_FORMAT}.pkl"
+    known = "-".join(f"{k or 'ai.onnx'}{v}" for k, v in sorted(_newest_opsets().items()))
+    return d / f"cases-{onnx.__version__}-{known}-v{_CACHE_FORMAT}.pkl"
 
 
 @functools.lru_cache(maxsize=1)

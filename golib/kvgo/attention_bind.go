@@ -7,6 +7,7 @@ import (
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/ops"
 )
 
 // Attention runs decode attention of q (float32 [batch, qHeads, qLen,
@@ -61,6 +62,16 @@ func SetKernel(name string) (err error) {
 	return classify(cpu.SetKernel(name))
 }
 
+// newestOpsets names the default domain "ai.onnx" for readers outside Go.
+func newestOpsets() map[string]int {
+	out := ops.NewestOpsets()
+	if v, ok := out[""]; ok {
+		delete(out, "")
+		out["ai.onnx"] = v
+	}
+	return out
+}
+
 // InfoJSON describes the build and the machine: versions, CPU features and
 // the active kernel paths.
 func InfoJSON() (s string, err error) {
@@ -80,6 +91,7 @@ func InfoJSON() (s string, err error) {
 		"threads":           cpu.Threads(),
 		"attention_kernel":  active,
 		"attention_kernels": avail,
+		"newest_opsets":     newestOpsets(),
 	}
 	if e := cpu.KernelStartupError(); e != nil {
 		info["kernel_startup_error"] = e.Error()

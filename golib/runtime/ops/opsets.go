@@ -27,6 +27,16 @@ func NewestOpset(domain string) (int, bool) {
 	return v, ok
 }
 
+// NewestOpsets returns a copy of the newest known opset of every versioned
+// standard domain ("" is the default domain).
+func NewestOpsets() map[string]int {
+	out := make(map[string]int, len(newestOpsets))
+	for d, v := range newestOpsets {
+		out[d] = v
+	}
+	return out
+}
+
 // CheckOpsets returns an error wrapping errs.ErrNotImplemented, naming the
 // domain and both versions, when an opset import of a standard domain is
 // newer than NewestOpset.
