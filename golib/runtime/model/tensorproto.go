@@ -119,37 +119,13 @@ func typedFields(tp *onnxpb.TensorProto, dt tensor.DType, shape tensor.Shape, n 
 	case tensor.Int32:
 		copy(t.Int32(), tp.GetInt32Data())
 	case tensor.Int8:
-		d := t.Int8()
-		for i, v := range tp.GetInt32Data() {
-			if v < math.MinInt8 || v > math.MaxInt8 {
-				return nil, fmt.Errorf("%w: int8 value %d out of range", errs.ErrInvalidModel, v)
-			}
-			d[i] = int8(v)
-		}
+		err = narrowInts(t.Int8(), tp.GetInt32Data(), math.MinInt8, math.MaxInt8, "int8")
 	case tensor.Uint8:
-		d := t.Uint8()
-		for i, v := range tp.GetInt32Data() {
-			if v < 0 || v > math.MaxUint8 {
-				return nil, fmt.Errorf("%w: uint8 value %d out of range", errs.ErrInvalidModel, v)
-			}
-			d[i] = uint8(v)
-		}
+		err = narrowInts(t.Uint8(), tp.GetInt32Data(), 0, math.MaxUint8, "uint8")
 	case tensor.Int16:
-		d := tensor.Data[int16](t)
-		for i, v := range tp.GetInt32Data() {
-			if v < math.MinInt16 || v > math.MaxInt16 {
-				return nil, fmt.Errorf("%w: int16 value %d out of range", errs.ErrInvalidModel, v)
-			}
-			d[i] = int16(v)
-		}
+		err = narrowInts(tensor.Data[int16](t), tp.GetInt32Data(), math.MinInt16, math.MaxInt16, "int16")
 	case tensor.Uint16:
-		d := tensor.Data[uint16](t)
-		for i, v := range tp.GetInt32Data() {
-			if v < 0 || v > math.MaxUint16 {
-				return nil, fmt.Errorf("%w: uint16 value %d out of range", errs.ErrInvalidModel, v)
-			}
-			d[i] = uint16(v)
-		}
+		err = narrowInts(tensor.Data[uint16](t), tp.GetInt32Data(), 0, math.MaxUint16, "uint16")
 	case tensor.Uint32:
 		d := tensor.Data[uint32](t)
 		for i, v := range tp.GetUint64Data() {
@@ -174,5 +150,20 @@ func typedFields(tp *onnxpb.TensorProto, dt tensor.DType, shape tensor.Shape, n 
 			d[i] = tensor.BFloat16Bits(uint16(v))
 		}
 	}
+	if err != nil {
+		return nil, err
+	}
 	return t, nil
+}
+
+// narrowInts stores int32_data values into dst, refusing any value outside
+// [lo, hi] (name is the element type, for the message).
+func narrowInts[D int8 | uint8 | int16 | uint16](dst []D, src []int32, lo, hi int32, name string) error {
+	for i, v := range src {
+		if v < lo || v > hi {
+			return fmt.Errorf("%w: %s value %d out of range", errs.ErrInvalidModel, name, v)
+		}
+		dst[i] = D(v)
+	}
+	return nil
 }
