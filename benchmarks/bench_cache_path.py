@@ -131,12 +131,7 @@ def decode_case(M: Any, cfg: Any, model: Any, threads: int, context: int, args: 
     info = state.info()["totals"]
     kv_bytes = cfg.layers * 2 * cfg.kv_heads * cfg.head_dim * context * np.dtype(cfg.np_dtype).itemsize
     wbytes = weight_bytes(model)
-    row: Dict[str, Any] = {"threads": threads, "context": context}
-    for k, v in samples.items():
-        row[k] = _common.summarize(v)["median"]
-    for k in fns:
-        if k != "ours-cache":
-            row[f"speedup vs {k}"] = _common.speedup(row["ours-cache"], row[k])
+    row = _median_row(threads, context, samples)
     step_bytes = wbytes + kv_bytes
     row["cache GB/s"] = step_bytes / (row["ours-cache"] / 1e3) / 1e9
     extra = {"weight_bytes": wbytes, "kv_bytes": kv_bytes, "step_bytes": step_bytes,
@@ -145,6 +140,17 @@ def decode_case(M: Any, cfg: Any, model: Any, threads: int, context: int, args: 
     state.close()
     return {"row": row, "samples": samples, "figures": extra,
             "summary": {k: _common.summarize(v) for k, v in samples.items()}}
+
+
+def _median_row(threads: int, context: int, samples: Dict[str, List[float]]) -> Dict[str, Any]:
+    """The table row of one case: each side's median ms and the cache path's speed-up over each other side."""
+    row: Dict[str, Any] = {"threads": threads, "context": context}
+    for k, v in samples.items():
+        row[k] = _common.summarize(v)["median"]
+    for k in samples:
+        if k != "ours-cache":
+            row[f"speedup vs {k}"] = _common.speedup(row["ours-cache"], row[k])
+    return row
 
 
 def prefill_case(M: Any, cfg: Any, model: Any, threads: int, context: int, args: argparse.Namespace,
@@ -168,12 +174,7 @@ def prefill_case(M: Any, cfg: Any, model: Any, threads: int, context: int, args:
         ort_std = ort_session(mb, threads)
         fns["ort-tensor"] = lambda: ort_std.run(["logits"], feeds)
     samples = _common.blocked(fns, repeat=args.repeat, warmup=1, block=args.block)
-    row: Dict[str, Any] = {"threads": threads, "context": context}
-    for k, v in samples.items():
-        row[k] = _common.summarize(v)["median"]
-    for k in fns:
-        if k != "ours-cache":
-            row[f"speedup vs {k}"] = _common.speedup(row["ours-cache"], row[k])
+    row = _median_row(threads, context, samples)
     return {"row": row, "samples": samples, "summary": {k: _common.summarize(v) for k, v in samples.items()}}
 
 
