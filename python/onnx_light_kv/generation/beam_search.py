@@ -84,12 +84,18 @@ class BeamResult:
 
 
 def _top(scores: np.ndarray, n: int) -> np.ndarray:
-    """Indices of the ``n`` largest entries of each row, best first (ties: lower index first)."""
-    part = np.argpartition(-scores, n - 1, axis=-1)[:, :n] if n < scores.shape[1] else \
-        np.tile(np.arange(scores.shape[1]), (scores.shape[0], 1))
-    vals = np.take_along_axis(scores, part, axis=-1)
-    order = np.lexsort((part, -vals), axis=-1)
-    return np.take_along_axis(part, order, axis=-1)
+    """Indices of the ``n`` largest entries of each row, best first (ties: lower index first).
+
+    A value partition finds each row's n-th largest score; the entries at or above it (ties
+    included) are then ranked, so ties at the boundary keep the lower indices."""
+    rows, width = scores.shape
+    n = min(n, width)
+    out = np.empty((rows, n), np.int64)
+    for r, row in enumerate(scores):
+        th = np.partition(row, width - n)[width - n]
+        idx = np.flatnonzero(row >= th)
+        out[r] = idx[np.lexsort((idx, -row[idx]))][:n]
+    return out
 
 
 def _sampled(scores: np.ndarray, n: int, rng: np.random.Generator) -> List[np.ndarray]:
@@ -98,7 +104,7 @@ def _sampled(scores: np.ndarray, n: int, rng: np.random.Generator) -> List[np.nd
     zero in float64 (a low temperature underflows), the rest are the best-scoring remaining
     finite candidates (the draw's limit as the probabilities vanish); filtered candidates
     (``-inf``) are never taken, so a row may get fewer than ``n``."""
-    probs = lp.softmax(scores)
+    probs = lp.softmax(scores.astype(np.float32))
     out: List[np.ndarray] = []
     for row, p in zip(scores, probs):
         m = min(n, int(np.count_nonzero(p)))
