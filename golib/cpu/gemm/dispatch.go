@@ -34,6 +34,9 @@ type kernels struct {
 	// panel adds sum_l a[i][l]*p[l*packNR+j] to out[i][j] for i < m over
 	// one packed sliver p of k rows (a k-block of PackB's layout).
 	panel func(m, k int, a *[skinnyRows][]float32, p []float32, out *[skinnyRows][packNR]float32)
+	// panelHalf, when set, is panel over a 16-bit sliver (PackBHalf) of
+	// encoding kind; without it the sliver is widened first (cvt16).
+	panelHalf func(kind Half, m, k int, a *[skinnyRows][]float32, p []uint16, out *[skinnyRows][packNR]float32)
 }
 
 // registry lists the variants this build and CPU can run, portable first.

@@ -171,3 +171,34 @@ func BenchmarkPanel(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPanelHalf is BenchmarkPanel over a float16 sliver (16 KiB):
+// the variant's panelHalf kernel, or the widening plus panel it replaces.
+func BenchmarkPanelHalf(b *testing.B) {
+	for _, ks := range registry {
+		for _, m := range []int{1, 4} {
+			b.Run(fmt.Sprintf("%s/m%d", ks.name, m), func(b *testing.B) {
+				r := rand.New(rand.NewPCG(7, 9))
+				ph := make([]uint16, kcBlock*packNR)
+				for i := range ph {
+					ph[i] = uint16(r.Uint32()&0x3fff) | 0x2000
+				}
+				var a [skinnyRows][]float32
+				for i := range m {
+					a[i] = randSlice(r, kcBlock)
+				}
+				var out [skinnyRows][packNR]float32
+				wide := make([]float32, len(ph))
+				b.SetBytes(int64(2 * len(ph)))
+				for b.Loop() {
+					if ks.panelHalf != nil {
+						ks.panelHalf(Float16, m, kcBlock, &a, ph, &out)
+						continue
+					}
+					ks.cvt16(Float16, wide, ph)
+					ks.panel(m, kcBlock, &a, wide, &out)
+				}
+			})
+		}
+	}
+}

@@ -104,3 +104,36 @@ func panelAVX2(m, k int, a *[skinnyRows][]float32, p []float32, out *[skinnyRows
 		panel2asm(k, a0, unsafe.SliceData(a[i+1][:k]), pp, &out[i][0])
 	}
 }
+
+//go:noescape
+func panel1f16asm(k int, a *float32, p *uint16, out *float32)
+
+//go:noescape
+func panel2f16asm(k int, a0, a1 *float32, p *uint16, out *float32)
+
+//go:noescape
+func panel1bf16asm(k int, a *float32, p *uint16, out *float32)
+
+//go:noescape
+func panel2bf16asm(k int, a0, a1 *float32, p *uint16, out *float32)
+
+// panelHalfAVX2 is panelAVX2 over a 16-bit sliver, widened in registers
+// (F16C for float16): rows two at a time as there.
+func panelHalfAVX2(kind Half, m, k int, a *[skinnyRows][]float32, p []uint16, out *[skinnyRows][packNR]float32) {
+	if k <= 0 {
+		return
+	}
+	p1, p2 := panel1f16asm, panel2f16asm
+	if kind == BFloat16 {
+		p1, p2 = panel1bf16asm, panel2bf16asm
+	}
+	pp := unsafe.SliceData(p[:k*packNR])
+	for i := 0; i < m; i += 2 {
+		a0 := unsafe.SliceData(a[i][:k])
+		if i+1 == m {
+			p1(k, a0, pp, &out[i][0])
+			continue
+		}
+		p2(k, a0, unsafe.SliceData(a[i+1][:k]), pp, &out[i][0])
+	}
+}
