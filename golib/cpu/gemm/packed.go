@@ -129,8 +129,8 @@ func roundUp(x, m int) int { return (x + m - 1) / m * m }
 
 // PackedServes reports whether SgemmPacked takes m rows of op(A): up to
 // PackedRows always, more when the active micro kernel's B sliver is
-// packNR wide (the AVX-512 path), which the blocked algorithm then reads
-// straight from the packed blocks.
+// packNR wide (the AVX-512 and AVX2 paths), which the blocked algorithm reads
+// straight from the packed blocks (widening a 16-bit pack block by block).
 func PackedServes(m int) bool { return m <= PackedRows || active().nr == packNR }
 
 // PackedRows is the largest number of rows of op(A) SgemmPacked accepts.
