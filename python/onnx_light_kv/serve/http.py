@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
 import os
@@ -76,9 +77,20 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="olkv-engine", daemon=True)
         self._thread.start()
 
-    def submit(self, input_ids: Any, sink: Callable[[Any], None], **options: Any) -> int:
+    @property
+    def max_length(self) -> int:
+        """The engine's positions per sequence."""
+        return self.engine.max_length
+
+    def stats(self) -> Dict[str, Any]:
+        """The engine's :meth:`~Engine.stats` plus ``step_errors``."""
+        return dict(self.engine.stats(), step_errors=self.step_errors)
+
+    def submit(self, input_ids: Any, sink: Callable[[Any], None], session: Optional[str] = None,
+               **options: Any) -> int:
         """Add a request (``Engine.add_request`` options); ``sink`` receives ``(StepOutput,
-        logprobs, top_logprobs, finish_reason)`` tuples, or an exception if the engine fails."""
+        logprobs, top_logprobs, finish_reason)`` tuples, or an exception if the engine fails.
+        ``session`` (a conversation id) only matters to backends with several engines."""
         with self._lock:
             rid = self.engine.add_request(input_ids, **options)
             self._sinks[rid] = sink
@@ -155,7 +167,13 @@ def _number(body: Dict[str, Any], name: str, default: float, lo: float, hi: floa
 class _Params:
     """The sampling and output parameters of one completions or chat request."""
 
-    def __init__(self, body: Dict[str, Any], chat: bool, max_length: int, prompt_len: int) -> None:
+    def __init__(self, body: Dict[str, Any], chat: bool, max_length: int, prompt_len: int,
+                 session: Optional[str] = None) -> None:
+        user = body.get("user")
+        if user is not None and not isinstance(user, str):
+            raise RequestError("'user' must be a string", "user")
+        #: the conversation key for session-affinity routing (x-session-id header, else 'user')
+        self.session = session or user
         room = max_length - prompt_len
         default = 16 if not chat else room
         key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
@@ -333,11 +351,12 @@ class _Server:
         return list(ids)
 
     # -- running -------------------------------------------------------------------------------
-    def start(self, prompt: List[int], opts: Dict[str, Any]) -> Tuple[int, "asyncio.Queue[Any]"]:
+    def start(self, prompt: List[int], opts: Dict[str, Any], session: Optional[str]) -> Tuple[int, "asyncio.Queue[Any]"]:
         loop = asyncio.get_running_loop()
         q: "asyncio.Queue[Any]" = asyncio.Queue()
         try:
-            rid = self.loop.submit(prompt, lambda item: loop.call_soon_threadsafe(q.put_nowait, item), **opts)
+            rid = self.loop.submit(prompt, lambda item: loop.call_soon_threadsafe(q.put_nowait, item),
+                                   session=session, **opts)
         except (ValueError, TypeError) as e:
             raise RequestError(str(e)) from None
         return rid, q
@@ -356,7 +375,7 @@ class _Server:
         pumps = []
         try:
             for i, prompt, j in runs:
-                rid, q = self.start(prompt, params.engine_options(j, self.eos))
+                rid, q = self.start(prompt, params.engine_options(j, self.eos), params.session)
                 rids[i] = rid
 
                 async def pump(i: int = i, q: "asyncio.Queue[Any]" = q) -> None:
@@ -405,12 +424,16 @@ class _Server:
         return self.tok.decode([t], skip_special_tokens=False)
 
 
-def create_app(engine: Engine, tokenizer: Any, *, model_name: str = "model", chat_template: Optional[str] = None,
+def create_app(engine: Any, tokenizer: Any, *, model_name: str = "model", chat_template: Optional[str] = None,
                engine_factory: Optional[Callable[[], Engine]] = None) -> Any:
     """The Starlette application serving ``engine`` (see the module docstring). The engine's
     steps run on a thread the app starts at startup and stops at shutdown. ``tokenizer``: a
     ``tokenizers.Tokenizer`` or a ``tokenizer.json`` path (a ``tokenizer_config.json`` next to it
-    supplies the chat template unless ``chat_template`` is given)."""
+    supplies the chat template unless ``chat_template`` is given).
+
+    ``engine`` may also be a backend with :class:`EngineLoop`'s interface (``submit``, ``abort``,
+    ``stats``, ``close``, ``max_length``), such as the Ray Serve router of
+    :mod:`onnx_light_kv.serve.ray`, which spreads requests over several engines."""
     starlette = require("starlette")
     del starlette
     from starlette.applications import Starlette
@@ -427,7 +450,8 @@ def create_app(engine: Engine, tokenizer: Any, *, model_name: str = "model", cha
 
     def server() -> _Server:
         if "server" not in state:
-            state["server"] = _Server(EngineLoop(engine, engine_factory), tok, model_name, chat_template)
+            backend = EngineLoop(engine, engine_factory) if isinstance(engine, Engine) else engine
+            state["server"] = _Server(backend, tok, model_name, chat_template)
         return state["server"]
 
     def count(route: str, status: int) -> None:
@@ -465,7 +489,8 @@ def create_app(engine: Engine, tokenizer: Any, *, model_name: str = "model", cha
         try:
             body = await body_of(request)
             prompts = [srv.chat_prompt(body)] if chat else srv.completion_prompts(body)
-            params = _Params(body, chat, engine.max_length, max(len(p) for p in prompts))
+            params = _Params(body, chat, srv.loop.max_length, max(len(p) for p in prompts),
+                             request.headers.get("x-session-id"))
         except RequestError as e:
             return error(route, e)
         cid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
@@ -528,7 +553,10 @@ def create_app(engine: Engine, tokenizer: Any, *, model_name: str = "model", cha
         return JSONResponse({"status": "ok"})
 
     async def metrics(request: Request) -> Response:
-        return PlainTextResponse(_metrics(server()), media_type="text/plain; version=0.0.4")
+        st = server().loop.stats()
+        if inspect.isawaitable(st):  # a backend of remote engines
+            st = await st
+        return PlainTextResponse(_metrics(server(), st), media_type="text/plain; version=0.0.4")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -606,8 +634,7 @@ def _chat_logprobs(srv: _Server, entries: List[Any]) -> Dict[str, Any]:
     return {"content": content}
 
 
-def _metrics(srv: _Server) -> str:
-    st = srv.loop.engine.stats()
+def _metrics(srv: _Server, st: Dict[str, Any]) -> str:
     lines: List[str] = []
 
     def metric(name: str, kind: str, help_: str, value: Any, labels: str = "") -> None:
@@ -637,7 +664,7 @@ def _metrics(srv: _Server) -> str:
     metric("olkv_prefix_cache_hits_total", "counter", "Prompt prefixes reused from the prefix cache.", st["prefix_hits"])
     metric("olkv_admission_paused_total", "counter", "Steps that left requests queued for the cache budget.",
            st["admission_paused"])
-    metric("olkv_engine_step_errors_total", "counter", "Engine steps that raised.", srv.loop.step_errors)
+    metric("olkv_engine_step_errors_total", "counter", "Engine steps that raised.", st.get("step_errors", 0))
     for (route, status), n in sorted(srv.http.items()):
         metric("olkv_http_requests_total", "counter", "HTTP requests by route and status.", n,
                f'{{route="{route}",status="{status}"}}')
