@@ -169,6 +169,7 @@ def test_models_health_metrics(server: Server, client: Any) -> None:
                  "olkv_cache_blocks_used", "olkv_prefix_cache_hits_total", "olkv_http_requests_total"):
         assert f"# TYPE {name} " in text, name
     assert 'olkv_http_requests_total{route="/v1/completions",status="200"}' in text
+    assert "\nolkv_cache_blocks_used NaN\n" in text  # contiguous layout: no blocks
 
 
 @pytest.mark.parametrize("path,body,status,needle", [

@@ -293,6 +293,9 @@ class Engine:
     def _admit(self) -> None:
         while self._queue and len(self._rows) + len(self._prefilling) < self.max_batch:
             if self.budget is not None and self._reserved() + self._request_bytes > self.budget:
+                if self._request_bytes > self.budget:  # learnt from the first run: nothing ever fits
+                    raise BudgetError(f"budget of {self.budget} bytes cannot hold one request's caches: "
+                                      f"{self._request_bytes} bytes for max_length={self.max_length}")
                 self._counts["admission_paused"] += 1
                 return
             req = self._queue[0]
@@ -336,6 +339,8 @@ class Engine:
     def _join(self, req: Request) -> None:
         state = req._runner.state
         req._runner = None
+        if not self._request_bytes:  # caches whose geometry only the first run told
+            self._request_bytes = int(state.info()["totals"].get("committed_bytes", 0))
         if self._state is None:
             self._state = state
         else:

@@ -641,7 +641,8 @@ def _metrics(srv: _Server, st: Dict[str, Any]) -> str:
         if not any(l.startswith(f"# HELP {name} ") for l in lines):
             lines.append(f"# HELP {name} {help_}")
             lines.append(f"# TYPE {name} {kind}")
-        lines.append(f"{name}{labels} {float(value) if value is not None else float('nan'):g}")
+        v = float("nan") if value is None else float(value)
+        lines.append(f"{name}{labels} {'NaN' if v != v else format(v, 'g')}")
 
     metric("olkv_requests_total", "counter", "Requests added to the engine.", st["requests"])
     for reason, n in st["finished"].items():
