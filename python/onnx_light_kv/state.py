@@ -110,6 +110,42 @@ class GenerationState:
             raise ValueError(f"reorder needs {self._batch} beam indices, got {a.size}")
         _call(_f("StateReorder"), self._handle(), a.ctypes.data, a.size)
 
+    def select(self, indices: Sequence[int]) -> None:
+        """Keep a subset of the sequences: sequence ``b`` becomes old sequence ``indices[b]``
+        and :attr:`batch` becomes ``len(indices)``. No K/V is copied; the storage of the
+        dropped sequences goes back to the arena. :attr:`length` becomes the longest kept
+        sequence's stored length. Checkpoints become stale.
+
+        Raises:
+            IndexError: an index outside ``0..batch-1``. ValueError: no index, or one twice.
+        """
+        a = _i64(indices, "indices")
+        if a.size == 0:
+            raise ValueError("select keeps at least one sequence")
+        if np.unique(a).size != a.size:
+            raise ValueError("select keeps a subset: an index appears twice (use fork or reorder to copy)")
+        _call(_f("StateSelect"), self._handle(), a.ctypes.data, a.size)
+        self._batch = int(a.size)
+
+    def adopt(self, other: "GenerationState") -> None:
+        """Move every sequence of ``other`` (a state of the same session, created with the same
+        ``max_length`` and ``dtype``, on the same arena, run at least once) to the end of this
+        one and close ``other``. No K/V is copied. :attr:`length` becomes the larger of the two
+        lengths (the shorter state's sequences gain left padding, which is not stored).
+        Checkpoints become stale.
+
+        Raises:
+            TypeError: ``other`` is not a GenerationState. ValueError: another session, the
+            state itself, a different geometry, max_length (or none), dtype or arena.
+        """
+        if not isinstance(other, GenerationState):
+            raise TypeError(f"adopt expects a GenerationState, got {type(other).__name__}")
+        if other is self:
+            raise ValueError("a state cannot adopt itself")
+        _call(_f("StateAdopt"), self._handle(), other._handle())
+        self._batch += other._batch
+        other._finalizer()
+
     def truncate(self, n: int) -> None:
         """Drop the last positions so that :attr:`length` becomes ``n`` (``0 <= n <= length``,
         else ValueError; TypeError if ``n`` is not an integer)."""
