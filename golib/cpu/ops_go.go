@@ -42,10 +42,15 @@ func goDots(s, q, k []float32, d int) {
 
 func goMax(s []float32) float32 {
 	m := s[0]
-	for _, x := range s[1:] {
+	var z float32 // sum of x*0: NaN as soon as one x is NaN or infinite
+	for _, x := range s {
 		if x > m {
 			m = x
 		}
+		z += x * 0
+	}
+	if z != 0 {
+		return z
 	}
 	return m
 }
