@@ -17,13 +17,15 @@
 // float32 products overflow (q = 3e38) give the finite float64 result.
 //
 // The fast paths compute in float32 and detect every departure: maxOf
-// returns NaN for a block with a non-finite score, tanhCap keeps NaN, and
+// returns NaN for a block with a non-finite score, tanhCap turns NaN and
+// ±Inf inputs into NaN (a dot product that overflowed says nothing about
+// the sign of the true score), and
 // at the end of a row the online-softmax state (m, l) and the accumulator
 // are checked (sum(0*acc) is NaN exactly when acc holds a NaN or an
 // infinity). A row that fails the check is recomputed by the reference's
 // float64 code (exactRow): slow and allocating, but only such rows pay.
 // A new path must keep these three properties (maxOf: NaN when any score
-// is NaN or ±Inf; tanhCap: NaN stays NaN; dots: IEEE products and sums,
+// is NaN or ±Inf; tanhCap: NaN for NaN or ±Inf; dots: IEEE products and sums,
 // no clamping); TestNonFiniteEveryPath runs every registered path.
 package cpu
 

@@ -192,8 +192,8 @@ type nonFiniteShape struct {
 
 func nonFiniteShapes() []nonFiniteShape {
 	long := 1500
-	if raceEnabled || testing.Short() {
-		long = 600
+	if raceEnabled || asanEnabled || testing.Short() {
+		long = 300 // still split on 3 threads (one unit, 300 >= 2 x minSplitTokens)
 	}
 	return []nonFiniteShape{
 		{cache.Float32, 4, 1, 64, 64, []int{40}, 1, 0},         // GQA 4: four-row loops
@@ -358,5 +358,47 @@ func TestNonFiniteReferenceRule(t *testing.T) {
 	o := run([]float32{1, 1, 1, 1})
 	if !isNaN(o[1]) || isNaN(o[0]) || isNaN(o[2]) {
 		t.Errorf("NaN in V column 1: reference gives %v", o)
+	}
+}
+
+// TestFiniteStaysFast checks that finite inputs never take the exact path
+// (which would be correct but slow) on any kernel path, and that a NaN does.
+func TestFiniteStaysFast(t *testing.T) {
+	_, paths := KernelPaths()
+	defer restoreKernel(t)
+	defer SetThreads(Threads())
+	for si, sh := range nonFiniteShapes() {
+		rng := rand.New(rand.NewPCG(uint64(si), 77))
+		tv := newTestView(rng, sh.elem, sh.kvh, sh.dk, sh.dv, sh.lens)
+		tv.page = sh.page
+		rows := len(sh.lens) * sh.qHeads * sh.qLen
+		q := randVec(rng, rows*sh.dk, 3)
+		got := make([]float32, rows*sh.dv)
+		for _, path := range paths {
+			if err := SetKernel(path); err != nil {
+				t.Fatal(err)
+			}
+			for _, th := range []int{1, 3} {
+				SetThreads(th)
+				for _, o := range []Options{{}, {Softcap: 5}, {Window: 7}} {
+					before := exactRows.Load()
+					if err := Attention(got, q, sh.qLen, sh.qHeads, tv, o); err != nil {
+						t.Fatal(err)
+					}
+					if n := exactRows.Load() - before; n != 0 {
+						t.Errorf("shape %d path=%s threads=%d %+v: %d finite rows took the exact path", si, path, th, o, n)
+					}
+				}
+			}
+			q[0] = nan
+			before := exactRows.Load()
+			if err := Attention(got, q, sh.qLen, sh.qHeads, tv, Options{}); err != nil {
+				t.Fatal(err)
+			}
+			if exactRows.Load() == before {
+				t.Errorf("shape %d path=%s: a NaN query did not take the exact path", si, path)
+			}
+			q[0] = 1
+		}
 	}
 }

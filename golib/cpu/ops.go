@@ -15,8 +15,9 @@ type kernelOps struct {
 	maxOf func(s []float32) float32
 	// expSub sets s[t] = exp(s[t]-m) and returns the sum of the results.
 	expSub func(s []float32, m float32) float32
-	// tanhCap sets s[t] = c*tanh(s[t]); a NaN s[t] must stay NaN (an
-	// infinite one may give ±c or NaN) so that maxOf sees it.
+	// tanhCap sets s[t] = c*tanh(s[t]); a NaN or infinite s[t] must give
+	// NaN (an overflowed dot product says nothing about the true score's
+	// sign) so that maxOf sees it.
 	tanhCap func(s []float32, c float32)
 	// scale sets dst[i] = src[i]*f (len(dst) >= len(src)): query scaling
 	// and output normalization, a fixed cost of every call.

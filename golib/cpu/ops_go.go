@@ -67,7 +67,9 @@ func goExpSub(s []float32, m float32) float32 {
 
 func goTanhCap(s []float32, c float32) {
 	for i, x := range s {
-		s[i] = c * float32(math.Tanh(float64(x)))
+		// + x*0: an infinite x (a dot product that overflowed, whatever
+		// the sign of the true sum) becomes NaN, so the row is recomputed
+		s[i] = c*float32(math.Tanh(float64(x))) + x*0
 	}
 }
 

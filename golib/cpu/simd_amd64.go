@@ -286,7 +286,7 @@ func tanhCap16(s []float32, c float32) {
 		x := archsimd.LoadFloat32x16Slice(s[i:])
 		e := exp16(x.Add(x))
 		th := tanhSmall16(x).Merge(one.Sub(two.Div(e.Add(one))), x.Mul(x).Less(archsimd.BroadcastFloat32x16(tanhSmallSq)))
-		// + x*0 keeps a NaN score NaN (exp's clamp would make it finite)
+		// + x*0: a NaN or infinite x gives NaN (exp's clamp would hide it)
 		x.MulAdd(archsimd.BroadcastFloat32x16(0), th.Mul(cv)).StoreSlice(s[i:])
 	}
 	goTanhCap(s[i:], c)
@@ -511,7 +511,7 @@ func tanhCap8(s []float32, c float32) {
 		x := archsimd.LoadFloat32x8Slice(s[i:])
 		e := exp8(x.Add(x))
 		th := tanhSmall8(x).Merge(one.Sub(two.Div(e.Add(one))), x.Mul(x).Less(archsimd.BroadcastFloat32x8(tanhSmallSq)))
-		// + x*0 keeps a NaN score NaN (exp's clamp would make it finite)
+		// + x*0: a NaN or infinite x gives NaN (exp's clamp would hide it)
 		x.MulAdd(archsimd.BroadcastFloat32x8(0), th.Mul(cv)).StoreSlice(s[i:])
 	}
 	goTanhCap(s[i:], c)
