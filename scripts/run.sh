@@ -42,11 +42,11 @@ setup() {
     || { echo "error: $PY is older than Python 3.10" >&2; exit 1; }
   # build + test dependencies (pinned lower bounds; onnxruntime is the comparator; tokenizers and
   # tqdm are the optional 'generate' extra, starlette, uvicorn and jinja2 the 'serve' extra, httpx and
-  # openai the server tests' clients, installed so that their tests run)
-  if ! "$PY" -c "import numpy, ml_dtypes, onnx, onnxruntime, pytest, pybindgen, matplotlib, tokenizers, tqdm, build, starlette, uvicorn, jinja2, httpx, openai" 2>/dev/null; then
+  # openai the server tests' clients, hypothesis the property-based tests, installed so that their tests run)
+  if ! "$PY" -c "import numpy, ml_dtypes, onnx, onnxruntime, pytest, hypothesis, pybindgen, matplotlib, tokenizers, tqdm, build, starlette, uvicorn, jinja2, httpx, openai" 2>/dev/null; then
     phase "installing Python dependencies (first run: about a minute)"
     "$PY" -m pip install --quiet --disable-pip-version-check \
-      "numpy>=1.24" "ml_dtypes>=0.3" "onnx>=1.18" "onnxruntime>=1.22" "pytest>=7" \
+      "numpy>=1.24" "ml_dtypes>=0.3" "onnx>=1.18" "onnxruntime>=1.22" "pytest>=7" "hypothesis>=6.100" \
       "pybindgen==0.22.1" "matplotlib>=3.7" "tokenizers>=0.15" "tqdm>=4.60" "setuptools>=77" wheel build \
       "starlette>=0.37" "uvicorn>=0.23" "jinja2>=3.1" "httpx>=0.25" "openai>=1.0"
   fi
@@ -69,7 +69,7 @@ setup() {
 go_test_pkgs() {
   local label=$1; shift
   local pkgs n i=0 failed=() log start
-  pkgs=$(go list ./...)
+  pkgs=${GO_TEST_PKGS:-$(go list ./...)}
   n=$(echo "$pkgs" | wc -l)
   log=$(mktemp -d)
   for p in $pkgs; do
@@ -108,11 +108,51 @@ go_tests() {
   go_test_pkgs "portable build" -race
 }
 
+# asan_tests: golib/cache and golib/cpu (the unsafe views over foreign and
+# mapped memory) under AddressSanitizer, -short and a bounded selection of
+# tests; skipped with the reason when gcc cannot link -fsanitize=address.
+asan_tests() {
+  phase "go test -asan: golib/cache, golib/cpu (AddressSanitizer; about a minute on 2 cores)"
+  local probe
+  probe=$(mktemp -d)
+  if ! printf 'int main(void) { return 0; }\n' | gcc -fsanitize=address -x c - -o "$probe/a" >/dev/null 2>&1; then
+    rm -rf "$probe"
+    echo "   skipped: gcc cannot link -fsanitize=address here (libasan missing; Debian/Ubuntu: apt-get install libasan8)"
+    return 0
+  fi
+  rm -rf "$probe"
+  GO_TEST_PKGS=./golib/cache GOEXPERIMENT=simd go_test_pkgs "ASan build" -asan -short -timeout 300s
+  GO_TEST_PKGS=./golib/cpu GOEXPERIMENT=simd go_test_pkgs "ASan build" -asan -short -timeout 300s \
+    -run 'TestAttention(Segments|SplitKV|QLen|Prefill|OverTensorView|ThreadBound)|TestOps|TestStream|TestFiniteStaysFast'
+}
+
+# fuzz_tests: each fuzz target for a bounded time (OLKV_FUZZTIME, default
+# 10s; 0 skips), SIMD build; a crasher fails the run and is written under the
+# package's testdata/fuzz (commit it: plain go test then replays it).
+fuzz_tests() {
+  local t=${OLKV_FUZZTIME:-10s} pkg target start log
+  if [ "$t" = 0 ]; then echo "   fuzzing skipped (OLKV_FUZZTIME=0)"; return 0; fi
+  phase "go test -fuzz: 3 targets, $t each"
+  log=$(mktemp)
+  for spec in ./golib/cache:FuzzCacheOps ./golib/cpu:FuzzAttention ./golib/runtime/model:FuzzLoadBytes; do
+    pkg=${spec%%:*} target=${spec##*:} start=$SECONDS
+    printf '   %s %s\n' "${pkg#./}" "$target"
+    if ! GOEXPERIMENT=simd go test -count=1 -run '^$' -fuzz "^$target\$" -fuzztime "$t" "$pkg" >"$log" 2>&1; then
+      cat "$log"
+      rm -f "$log"
+      echo "FAILED: $target found a failing input (written under $pkg/testdata/fuzz/$target)" >&2
+      return 1
+    fi
+    printf '        ok (%ds): %s\n' $((SECONDS - start)) "$(grep -o 'execs: [0-9]*' "$log" | tail -n1)"
+  done
+  rm -f "$log"
+}
+
 case "${1:-}" in
   setup) setup ;;
   demo) shift; setup; exec "$PY" -m onnx_light_kv demo "$@" ;;
   test)
-    shift; setup; go_tests
+    shift; setup; go_tests; asan_tests; fuzz_tests
     phase "pytest"
     "$PY" -m pytest -q "$@" tests
     phase "done"

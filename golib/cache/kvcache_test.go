@@ -2,6 +2,7 @@ package cache
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -140,88 +141,97 @@ var geometries = []Config{
 func TestRandomOperations(t *testing.T) {
 	for gi, cfg := range geometries {
 		for seed := range uint64(6) {
-			r := rand.New(rand.NewPCG(seed, uint64(gi)))
-			a, _ := NewArena(0)
-			c := mustNew(t, a, cfg)
-			m := newModel(c.Config())
-			type ck struct {
-				id uint64
-				m  *model
+			randomOps(t, cfg, rand.New(rand.NewPCG(seed, uint64(gi))), 60, fmt.Sprintf("cfg %d seed %d", gi, seed))
+		}
+	}
+}
+
+// randomOps applies steps operations drawn from r (append, truncate,
+// reorder, checkpoint, rollback, evict) to a fresh cache of cfg and to the
+// model, and compares the two after every step; label names the run in
+// failures. TestRandomOperations and FuzzCacheOps share it.
+func randomOps(t *testing.T, cfg Config, r *rand.Rand, steps int, label string) {
+	a, _ := NewArena(0)
+	defer a.Close()
+	c := mustNew(t, a, cfg)
+	defer c.Close()
+	m := newModel(c.Config())
+	type ck struct {
+		id uint64
+		m  *model
+	}
+	var cks []ck
+	for step := range steps {
+		switch op := r.IntN(8); op {
+		case 0, 1, 2: // append
+			n := r.IntN(4)
+			k, v := randKV(r, c.Config(), n)
+			err := c.Append(asBytes(k), asBytes(v), Float32, n, nil)
+			fits := slices.Max(m.lens())+n <= cfg.Capacity
+			if fits != (err == nil) || (err != nil && !errors.Is(err, ErrCapacity)) {
+				t.Fatalf("%s step %d: append %d: err=%v fits=%v", label, step, n, err, fits)
 			}
-			var cks []ck
-			for step := range 60 {
-				switch op := r.IntN(8); op {
-				case 0, 1, 2: // append
-					n := r.IntN(4)
-					k, v := randKV(r, c.Config(), n)
-					err := c.Append(asBytes(k), asBytes(v), Float32, n, nil)
-					fits := slices.Max(m.lens())+n <= cfg.Capacity
-					if fits != (err == nil) || (err != nil && !errors.Is(err, ErrCapacity)) {
-						t.Fatalf("cfg %d seed %d step %d: append %d: err=%v fits=%v", gi, seed, step, n, err, fits)
-					}
-					if err == nil {
-						m.append(k, v, n)
-					}
-				case 3: // truncate all to a random valid length
-					lo := slices.Max(m.winStart)
-					hi := slices.Min(m.lens())
-					if hi < lo {
-						continue
-					}
-					n := lo + r.IntN(hi-lo+1)
-					if err := c.Truncate([]int{n}); err != nil {
-						t.Fatal(err)
-					}
-					for b := range m.k {
-						for h := range m.k[b] {
-							m.k[b][h] = m.k[b][h][:n]
-							m.v[b][h] = m.v[b][h][:n]
-						}
-					}
-				case 4: // reorder with repeats
-					idx := make([]int, cfg.Batch)
-					for i := range idx {
-						idx[i] = r.IntN(cfg.Batch)
-					}
-					if err := c.Reorder(idx); err != nil {
-						t.Fatal(err)
-					}
-					old := m.clone()
-					for b, i := range idx {
-						m.k[b], m.v[b] = old.clone().k[i], old.clone().v[i]
-						m.winStart[b] = old.winStart[i]
-					}
-					cks = nil
-				case 5: // checkpoint
-					id, err := c.Checkpoint()
-					if err != nil {
-						t.Fatal(err)
-					}
-					cks = append(cks, ck{id, m.clone()})
-				case 6: // rollback to a random checkpoint, valid iff model rows intact
-					if len(cks) == 0 {
-						continue
-					}
-					x := cks[r.IntN(len(cks))]
-					err := c.Rollback(x.id)
-					if err == nil {
-						// the restored content must equal the snapshot
-						m = x.m.clone()
-					} else if !errors.Is(err, ErrStaleCheckpoint) {
-						t.Fatal(err)
-					}
-				case 7: // evict
-					keep := r.IntN(6)
-					if err := c.Evict(keep); err != nil {
-						t.Fatal(err)
-					}
-					for b, l := range m.lens() {
-						m.winStart[b] = max(m.winStart[b], l-keep)
-					}
+			if err == nil {
+				m.append(k, v, n)
+			}
+		case 3: // truncate all to a random valid length
+			lo := slices.Max(m.winStart)
+			hi := slices.Min(m.lens())
+			if hi < lo {
+				continue
+			}
+			n := lo + r.IntN(hi-lo+1)
+			if err := c.Truncate([]int{n}); err != nil {
+				t.Fatal(err)
+			}
+			for b := range m.k {
+				for h := range m.k[b] {
+					m.k[b][h] = m.k[b][h][:n]
+					m.v[b][h] = m.v[b][h][:n]
 				}
-				m.check(t, c)
+			}
+		case 4: // reorder with repeats
+			idx := make([]int, cfg.Batch)
+			for i := range idx {
+				idx[i] = r.IntN(cfg.Batch)
+			}
+			if err := c.Reorder(idx); err != nil {
+				t.Fatal(err)
+			}
+			old := m.clone()
+			for b, i := range idx {
+				m.k[b], m.v[b] = old.clone().k[i], old.clone().v[i]
+				m.winStart[b] = old.winStart[i]
+			}
+			cks = nil
+		case 5: // checkpoint
+			id, err := c.Checkpoint()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cks = append(cks, ck{id, m.clone()})
+		case 6: // rollback to a random checkpoint, valid iff model rows intact
+			if len(cks) == 0 {
+				continue
+			}
+			x := cks[r.IntN(len(cks))]
+			err := c.Rollback(x.id)
+			if err == nil {
+				// the restored content must equal the snapshot
+				m = x.m.clone()
+			} else if !errors.Is(err, ErrStaleCheckpoint) {
+				t.Fatal(err)
+			}
+		case 7: // evict
+			keep := r.IntN(6)
+			if err := c.Evict(keep); err != nil {
+				t.Fatal(err)
+			}
+			for b, l := range m.lens() {
+				m.winStart[b] = max(m.winStart[b], l-keep)
 			}
 		}
+		m.check(t, c)
 	}
 }
 

@@ -1,6 +1,32 @@
 // Package cpu holds the CPU kernels: decode attention over a cache.View
 // (reference and streaming SIMD variants), the worker pool and CPU feature
 // dispatch.
+//
+// # Non-finite values
+//
+// Every kernel path (KernelPaths) returns what ReferenceAttention computes
+// in float64, and only that: the rule is IEEE propagation through
+// s = scale*q.k (then softcap*tanh(s/softcap)), softmax with the row
+// maximum subtracted, and the weighted sum of V. Consequences: a NaN in a
+// query row, in a visible K row, or an infinite score (inf - inf in the
+// softmax) makes the whole output row NaN; a NaN in V, or an infinity whose
+// weight is 0 or that meets the opposite infinity, makes NaN in its column
+// only; an infinity in V with a positive weight gives that infinity in its
+// column; positions outside the window or before the window start are
+// never read, so nothing stored there can leak. Huge finite inputs whose
+// float32 products overflow (q = 3e38) give the finite float64 result.
+//
+// The fast paths compute in float32 and detect every departure: maxOf
+// returns NaN for a block with a non-finite score, tanhCap turns NaN and
+// ±Inf inputs into NaN (a dot product that overflowed says nothing about
+// the sign of the true score), and
+// at the end of a row the online-softmax state (m, l) and the accumulator
+// are checked (sum(0*acc) is NaN exactly when acc holds a NaN or an
+// infinity). A row that fails the check is recomputed by the reference's
+// float64 code (exactRow): slow and allocating, but only such rows pay.
+// A new path must keep these three properties (maxOf: NaN when any score
+// is NaN or ±Inf; tanhCap: NaN for NaN or ±Inf; dots: IEEE products and sums,
+// no clamping); TestNonFiniteEveryPath runs every registered path.
 package cpu
 
 // Options are the attention parameters shared by every kernel.

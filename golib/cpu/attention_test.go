@@ -294,8 +294,8 @@ func TestSetKernel(t *testing.T) {
 // TestAttentionNoAllocs proves that a warm decode step does not allocate,
 // on one thread and with the pool.
 func TestAttentionNoAllocs(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the race detector allocates")
+	if raceEnabled || asanEnabled {
+		t.Skip("the race detector and the address sanitizer allocate")
 	}
 	defer SetThreads(Threads())
 	for _, c := range []attnCase{

@@ -8,11 +8,16 @@ type kernelOps struct {
 	name string
 	// dots sets s[t] = dot(q, k[t*d:(t+1)*d]) for t < len(s).
 	dots func(s, q, k []float32, d, pf int)
-	// maxOf returns the largest element of s (len(s) > 0).
+	// maxOf returns the largest element of s (len(s) > 0), or NaN when an
+	// element is not finite (NaN or ±Inf): such a row leaves the float32
+	// path and is recomputed exactly (see "Non-finite values" in the
+	// package doc).
 	maxOf func(s []float32) float32
 	// expSub sets s[t] = exp(s[t]-m) and returns the sum of the results.
 	expSub func(s []float32, m float32) float32
-	// tanhCap sets s[t] = c*tanh(s[t]).
+	// tanhCap sets s[t] = c*tanh(s[t]); a NaN or infinite s[t] must give
+	// NaN (an overflowed dot product says nothing about the true score's
+	// sign) so that maxOf sees it.
 	tanhCap func(s []float32, c float32)
 	// scale sets dst[i] = src[i]*f (len(dst) >= len(src)): query scaling
 	// and output normalization, a fixed cost of every call.

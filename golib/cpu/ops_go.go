@@ -42,10 +42,15 @@ func goDots(s, q, k []float32, d int) {
 
 func goMax(s []float32) float32 {
 	m := s[0]
-	for _, x := range s[1:] {
+	var z float32 // sum of x*0: NaN as soon as one x is NaN or infinite
+	for _, x := range s {
 		if x > m {
 			m = x
 		}
+		z += x * 0
+	}
+	if z != 0 {
+		return z
 	}
 	return m
 }
@@ -62,7 +67,9 @@ func goExpSub(s []float32, m float32) float32 {
 
 func goTanhCap(s []float32, c float32) {
 	for i, x := range s {
-		s[i] = c * float32(math.Tanh(float64(x)))
+		// + x*0: an infinite x (a dot product that overflowed, whatever
+		// the sign of the true sum) becomes NaN, so the row is recomputed
+		s[i] = c*float32(math.Tanh(float64(x))) + x*0
 	}
 }
 

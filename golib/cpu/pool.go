@@ -188,7 +188,10 @@ func (p *pool) finish(s *shape, dst []float32, v cache.View, bytes int64) error 
 		for u := 0; u < units; u++ {
 			b, h := u/s.kvHeads, u%s.kvHeads
 			q0 := (b*s.qHeads + h*s.group) * s.qLen
-			mergeParts(dst, p.parts[u*stride:(u+1)*stride], s, q0, nsplit)
+			if err := mergeParts(dst, p.parts[u*stride:(u+1)*stride], s, q0, nsplit, p.q, v, b, h); err != nil {
+				p.err = err
+				break
+			}
 		}
 	}
 	err := p.err

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"sync/atomic"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
@@ -49,6 +50,27 @@ func ReferenceAttention(dst, q []float32, qLen, qHeads int, v cache.View, o Opti
 	v.AddBytesRead(read)
 	return nil
 }
+
+// exactRow computes output row out of query row q (row i of the q_len new
+// tokens of sequence b, reading KV head h) with the reference's float64
+// math. The streaming kernels fall back to it for a row whose float32
+// computation met a non-finite value, so that every path gives the
+// reference's result there (package doc, "Non-finite values"). It
+// allocates; only such rows pay for it.
+func exactRow(out, q []float32, v cache.View, s *shape, b, h, i int) error {
+	exactRows.Add(1)
+	lo, hi := s.rowRange(v.SeqLen(b), v.WindowStart(b), i)
+	keys, vals, err := loadRows(v.AppendSegments(nil, b, h, lo, hi), lo, hi, s.dk, s.dv, s.elem)
+	if err != nil {
+		return err
+	}
+	referenceRow(out, q, keys, vals, s)
+	return nil
+}
+
+// exactRows counts the rows exactRow computed (tests check that finite
+// inputs never take that path).
+var exactRows atomic.Int64
 
 // referenceRow computes one query row over its visible keys.
 func referenceRow(out, q []float32, keys, vals [][]float32, s *shape) {

@@ -176,15 +176,32 @@ func max16(s []float32) float32 {
 	m := s[0]
 	if n >= 16 {
 		mv := archsimd.LoadFloat32x16Slice(s)
+		z := mv.Mul(archsimd.BroadcastFloat32x16(0)) // NaN lanes: a non-finite score
 		for i = 16; i+16 <= n; i += 16 {
-			mv = mv.Max(archsimd.LoadFloat32x16Slice(s[i:]))
+			x := archsimd.LoadFloat32x16Slice(s[i:])
+			mv = mv.Max(x)
+			z = x.MulAdd(archsimd.BroadcastFloat32x16(0), z)
 		}
 		m8 := mv.GetLo().Max(mv.GetHi())
 		m4 := m8.GetLo().Max(m8.GetHi())
 		m = max(max(m4.GetElem(0), m4.GetElem(1)), max(m4.GetElem(2), m4.GetElem(3)))
+		if zs := hsum8(z.GetLo().Add(z.GetHi())); zs != 0 {
+			return zs
+		}
 	}
-	for ; i < n; i++ {
-		m = max(m, s[i])
+	return maxTail(m, s[i:])
+}
+
+// maxTail folds the elements of s into the running maximum m with the
+// contract of maxOf (NaN when one of them is not finite).
+func maxTail(m float32, s []float32) float32 {
+	var z float32
+	for _, x := range s {
+		m = max(m, x)
+		z += x * 0
+	}
+	if z != 0 {
+		return z
 	}
 	return m
 }
@@ -227,6 +244,38 @@ func expSub16(s []float32, m float32) float32 {
 	return sum
 }
 
+// tanhSmallSq bounds x*x for the odd polynomial of tanhSmall16/8: below
+// |x| = 0.25, 1 - 2/(e^2x + 1) loses up to 1e-7 absolutely (relative error
+// 1e-3 at x = 1e-4, wrong scores with a large softcap); the polynomial's
+// truncation error there is below 1e-8 relative.
+const tanhSmallSq = 0.0625
+
+// Taylor coefficients of tanh: x - x^3/3 + 2x^5/15 - 17x^7/315 + 62x^9/2835.
+const (
+	tanhC3 = -1.0 / 3
+	tanhC5 = 2.0 / 15
+	tanhC7 = -17.0 / 315
+	tanhC9 = 62.0 / 2835
+)
+
+func tanhSmall16(x archsimd.Float32x16) archsimd.Float32x16 {
+	x2 := x.Mul(x)
+	p := archsimd.BroadcastFloat32x16(tanhC9)
+	p = p.MulAdd(x2, archsimd.BroadcastFloat32x16(tanhC7))
+	p = p.MulAdd(x2, archsimd.BroadcastFloat32x16(tanhC5))
+	p = p.MulAdd(x2, archsimd.BroadcastFloat32x16(tanhC3))
+	return p.Mul(x2).MulAdd(x, x)
+}
+
+func tanhSmall8(x archsimd.Float32x8) archsimd.Float32x8 {
+	x2 := x.Mul(x)
+	p := archsimd.BroadcastFloat32x8(tanhC9)
+	p = p.MulAdd(x2, archsimd.BroadcastFloat32x8(tanhC7))
+	p = p.MulAdd(x2, archsimd.BroadcastFloat32x8(tanhC5))
+	p = p.MulAdd(x2, archsimd.BroadcastFloat32x8(tanhC3))
+	return p.Mul(x2).MulAdd(x, x)
+}
+
 func tanhCap16(s []float32, c float32) {
 	n := len(s)
 	cv := archsimd.BroadcastFloat32x16(c)
@@ -236,8 +285,9 @@ func tanhCap16(s []float32, c float32) {
 	for ; i+16 <= n; i += 16 {
 		x := archsimd.LoadFloat32x16Slice(s[i:])
 		e := exp16(x.Add(x))
-		th := one.Sub(two.Div(e.Add(one)))
-		th.Mul(cv).StoreSlice(s[i:])
+		th := tanhSmall16(x).Merge(one.Sub(two.Div(e.Add(one))), x.Mul(x).Less(archsimd.BroadcastFloat32x16(tanhSmallSq)))
+		// + x*0: a NaN or infinite x gives NaN (exp's clamp would hide it)
+		x.MulAdd(archsimd.BroadcastFloat32x16(0), th.Mul(cv)).StoreSlice(s[i:])
 	}
 	goTanhCap(s[i:], c)
 }
@@ -390,16 +440,19 @@ func max8(s []float32) float32 {
 	m := s[0]
 	if n >= 8 {
 		mv := archsimd.LoadFloat32x8Slice(s)
+		z := mv.Mul(archsimd.BroadcastFloat32x8(0)) // NaN lanes: a non-finite score
 		for i = 8; i+8 <= n; i += 8 {
-			mv = mv.Max(archsimd.LoadFloat32x8Slice(s[i:]))
+			x := archsimd.LoadFloat32x8Slice(s[i:])
+			mv = mv.Max(x)
+			z = x.MulAdd(archsimd.BroadcastFloat32x8(0), z)
 		}
 		m4 := mv.GetLo().Max(mv.GetHi())
 		m = max(max(m4.GetElem(0), m4.GetElem(1)), max(m4.GetElem(2), m4.GetElem(3)))
+		if zs := hsum8(z); zs != 0 {
+			return zs
+		}
 	}
-	for ; i < n; i++ {
-		m = max(m, s[i])
-	}
-	return m
+	return maxTail(m, s[i:])
 }
 
 // exp8 is the 8-lane twin of exp16.
@@ -457,8 +510,9 @@ func tanhCap8(s []float32, c float32) {
 	for ; i+8 <= n; i += 8 {
 		x := archsimd.LoadFloat32x8Slice(s[i:])
 		e := exp8(x.Add(x))
-		th := one.Sub(two.Div(e.Add(one)))
-		th.Mul(cv).StoreSlice(s[i:])
+		th := tanhSmall8(x).Merge(one.Sub(two.Div(e.Add(one))), x.Mul(x).Less(archsimd.BroadcastFloat32x8(tanhSmallSq)))
+		// + x*0: a NaN or infinite x gives NaN (exp's clamp would hide it)
+		x.MulAdd(archsimd.BroadcastFloat32x8(0), th.Mul(cv)).StoreSlice(s[i:])
 	}
 	goTanhCap(s[i:], c)
 }

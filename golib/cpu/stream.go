@@ -79,6 +79,8 @@ type unitState struct {
 	vbuf   []float32 // widened V block
 	segs   []cache.Segment
 	alpha  [4]float32 // per-row rescale factors of one block
+	zero   []float32  // dv zeros, never written (the finiteness check)
+	chk    []float32  // per-row finiteness check of acc
 }
 
 func growF(b []float32, n int) []float32 {
@@ -170,8 +172,19 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 	}
 
 	if dst != nil {
+		// chk[r] = sum(0*acc[r]): NaN exactly when the row's accumulator
+		// holds a NaN or an infinity (u.zero is never written).
+		u.zero = growF(u.zero, dv)
+		u.chk = growF(u.chk, rows)
+		ops.dots(u.chk, u.zero, u.acc[:rows*dv], dv, 0)
 		for r := 0; r < rows; r++ {
 			e := q0 + s.extRow(r)
+			if !finiteState(u.m[r], u.l[r]) || u.chk[r] != 0 {
+				if err := exactRow(dst[e*dv:(e+1)*dv], q[e*dk:(e+1)*dk], v, s, b, h, r/s.group); err != nil {
+					return err
+				}
+				continue
+			}
 			ops.scale(dst[e*dv:(e+1)*dv], u.acc[r*dv:(r+1)*dv], 1/u.l[r])
 		}
 		return nil
@@ -298,8 +311,10 @@ func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, kh, vh []u
 
 // mergeParts combines nsplit partial states of one unit into dst rows
 // [q0, q0+rows): m = max m_i, l = sum l_i e^(m_i-m), o = sum o_i e^(m_i-m) / l.
-// Partial rows are in the internal order of runUnit.
-func mergeParts(dst, parts []float32, s *shape, q0, nsplit int) {
+// Partial rows are in the internal order of runUnit. A row that met a
+// non-finite value is recomputed exactly (exactRow) from q and v; b and h
+// are the unit's sequence and KV head.
+func mergeParts(dst, parts []float32, s *shape, q0, nsplit int, q []float32, v cache.View, b, h int) error {
 	rows, dv := s.group*s.qLen, s.dv
 	stride := rows * (dv + 2)
 	for r := 0; r < rows; r++ {
@@ -323,11 +338,24 @@ func mergeParts(dst, parts []float32, s *shape, q0, nsplit int) {
 			}
 		}
 		inv := 1 / l
+		var z float32
 		for i := range out {
 			out[i] *= inv
+			z += out[i] * 0
+		}
+		if !finiteState(m, l) || z != 0 {
+			if err := exactRow(out, q[e*s.dk:(e+1)*s.dk], v, s, b, h, r/s.group); err != nil {
+				return err
+			}
 		}
 	}
+	return nil
 }
+
+// finiteState reports whether a row's online-softmax state (max score m,
+// sum of weights l) stayed finite: maxOf makes m NaN when a score was not
+// finite, and l >= 1 whenever m is finite.
+func finiteState(m, l float32) bool { return m-m == 0 && l-l == 0 && l > 0 }
 
 // extRow maps runUnit's internal row r = i*group + g (query position i,
 // head g of the group) to the row g*qLen + i of the q/dst layout.

@@ -170,6 +170,8 @@ class InferenceSession:
             raise ValueError("the session is closed")
         if not isinstance(input_feed, Mapping):
             raise TypeError("input_feed must be a dict of name -> array")
+        if isinstance(output_names, (str, bytes)):
+            raise TypeError(f"output_names must be a list of output names or None, not {type(output_names).__name__}")
         sh = 0
         if state is not None:
             if not isinstance(state, GenerationState):

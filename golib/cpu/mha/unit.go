@@ -194,10 +194,16 @@ func softcap(row []float32, c float32) {
 // attendable key and becomes zeros.
 func softmax32(row []float32, ex expFunc, allMasked float32) {
 	mx := float32(math.Inf(-1))
+	nan := false
 	for _, v := range row {
 		if v > mx {
 			mx = v
 		}
+		nan = nan || v != v
+	}
+	if nan {
+		fillNaN(row)
+		return
 	}
 	if mx <= allMasked {
 		clear(row)
@@ -215,10 +221,16 @@ func softmax32(row []float32, ex expFunc, allMasked float32) {
 // excluded row gives zeros. wide computes the exponentials in float64.
 func softmaxSink(row []float32, ex expFunc, sink float32, wide bool) {
 	mx := sink
+	nan := false
 	for _, v := range row {
 		if v > mx {
 			mx = v
 		}
+		nan = nan || v != v
+	}
+	if nan {
+		fillNaN(row)
+		return
 	}
 	if wide {
 		var sum float64
@@ -240,11 +252,25 @@ func softmaxSink(row []float32, ex expFunc, sink float32, wide bool) {
 	}
 }
 
+// fillNaN makes every probability of a row with a NaN score NaN: IEEE
+// propagation through the softmax's max, as the float64 definition computes
+// it (a NaN row is not an all-masked row, which becomes zeros).
+func fillNaN(row []float32) {
+	nan := float32(math.NaN())
+	for j := range row {
+		row[j] = nan
+	}
+}
+
 // softmax64 is softmax32 computed in float64 (softmax_precision = double).
 func softmax64(row []float32, allMasked float32) {
 	mx := math.Inf(-1)
 	for _, v := range row {
 		mx = math.Max(mx, float64(v))
+	}
+	if mx != mx {
+		fillNaN(row)
+		return
 	}
 	if mx <= float64(allMasked) {
 		clear(row)

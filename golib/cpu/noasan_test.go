@@ -1,0 +1,5 @@
+//go:build !asan
+
+package cpu
+
+const asanEnabled = false
