@@ -23,7 +23,8 @@ type Arena struct {
 	live      int64 // bytes of valid (written, not truncated) K/V data, reported by caches
 	allocs    int64 // number of successful allocations
 	free      map[int][][]byte
-	closed    bool // no more pooling: freed buffers go straight back to the OS
+	closed    bool               // no more pooling: freed buffers go straight back to the OS
+	pools     map[int]*blockPool // the paged layout's block pools, by block bytes
 }
 
 // ArenaStats is a snapshot of an arena's accounting.
@@ -200,7 +201,9 @@ func (a *Arena) Stats() ArenaStats {
 		Committed: a.allocated + a.pooled, Peak: a.peak, Live: a.live, Allocations: a.allocs,
 	}
 	if a.allocated > 0 {
-		s.Fragmentation = 1 - float64(a.live)/float64(a.allocated)
+		// shared paged blocks count once in allocated but once per
+		// sequence in live: fragmentation never goes below zero
+		s.Fragmentation = max(0, 1-float64(a.live)/float64(a.allocated))
 	}
 	return s
 }
