@@ -23,8 +23,8 @@ type Arena struct {
 	live      int64 // bytes of valid (written, not truncated) K/V data, reported by caches
 	allocs    int64 // number of successful allocations
 	free      map[int][][]byte
-	closed    bool               // no more pooling: freed buffers go straight back to the OS
-	pools     map[int]*blockPool // the paged layout's block pools, by block bytes
+	closed    bool                   // no more pooling: freed buffers go straight back to the OS
+	pools     map[poolKey]*blockPool // the paged layout's block pools, by geometry
 }
 
 // ArenaStats is a snapshot of an arena's accounting.

@@ -3,70 +3,170 @@ package cache
 import "sync"
 
 // block is one page of the paged layout: BlockSize tokens of K and V for
-// every KV head of a cache geometry, laid out as
-// K[KVHeads][BlockSize][HeadDimK] then V[KVHeads][BlockSize][HeadDimV], so
-// that each (head, block) is one token-major Segment of K and one of V.
+// every KV head, in slot slot of a slab.
 type block struct {
-	buf  []byte
-	refs int32 // page-table entries (and prefix-store entries) that point here; guarded by the pool's lock
+	s    *slab
+	slot int
+	refs int32 // page-table entries that point here; guarded by the pool's lock
 }
 
-// blockPool hands out blocks of one byte size for an arena and counts
-// their references. The bytes come from the arena (its budget, its free
-// list of same-size buffers): memory is committed when a block is taken and
-// goes back to the arena's free list when its last reference is dropped.
+// slab is one arena buffer holding slots blocks, laid out head-major so
+// that consecutive slots form one contiguous run per head:
+// K[KVHeads][slots][BlockSize][HeadDimK] then V[KVHeads][slots][BlockSize][HeadDimV].
+// A sequence whose consecutive logical blocks sit in consecutive slots is
+// read by the kernel as one segment per run (up to a slab), not one per
+// block; slabs of 2 MiB or more are backed by huge pages (see osAlloc).
+type slab struct {
+	buf    []byte
+	blocks []block // one per slot
+	used   int     // slots with refs > 0
+}
+
+// poolKey is the geometry a block pool serves.
+type poolKey struct{ bs, kvHeads, rowK, rowV int }
+
+// blockPool hands out blocks of one geometry for an arena and counts their
+// references. Slabs come from the arena (its budget, its free list of
+// same-size buffers): memory is committed a slab at a time when blocks are
+// taken, and a slab goes back to the arena when its last block is released.
 //
 // blockPool is safe for concurrent use; a block is written only by a cache
 // that holds its only reference (copy-on-write otherwise).
 type blockPool struct {
-	mu     sync.Mutex
-	arena  *Arena
-	size   int   // bytes per block
-	used   int64 // blocks with refs > 0
-	shared int64 // blocks with refs > 1
-	spare  []*block
+	mu           sync.Mutex
+	arena        *Arena
+	key          poolKey
+	slots        int // blocks per slab
+	kHead, vHead int // bytes of one head's K (V) rows in one block
+	blockBytes   int
+	slabBytes    int
+	slabs        []*slab
+	used         int64 // blocks with refs > 0
+	shared       int64 // blocks with refs > 1
 }
 
-// blockPool returns the arena's pool of blocks of size bytes, creating it
-// on first use.
-func (a *Arena) blockPool(size int) *blockPool {
+// slabTokens is the tokens of one slab run: the decode kernel's largest
+// tile (512 tokens), so a run of consecutive slots streams like the
+// contiguous layout.
+const slabTokens = 512
+
+// maxSlabBlocks bounds the slots of a slab (commit granularity).
+const maxSlabBlocks = 64
+
+// blockPool returns the arena's pool for blocks of bs tokens of kvHeads
+// heads with K and V rows of rowK and rowV bytes, creating it on first use.
+func (a *Arena) blockPool(bs, kvHeads, rowK, rowV int) *blockPool {
+	key := poolKey{bs, kvHeads, rowK, rowV}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.pools == nil {
-		a.pools = map[int]*blockPool{}
+		a.pools = map[poolKey]*blockPool{}
 	}
-	p := a.pools[size]
+	p := a.pools[key]
 	if p == nil {
-		p = &blockPool{arena: a, size: size}
-		a.pools[size] = p
+		p = &blockPool{arena: a, key: key, kHead: bs * rowK, vHead: bs * rowV}
+		p.blockBytes = kvHeads * (p.kHead + p.vHead)
+		// one kernel tile per run, and at least a huge page per slab
+		p.slots = min(maxSlabBlocks, max(slabTokens/bs, (hugePageBytes+p.blockBytes-1)/p.blockBytes))
+		p.slabBytes = p.slots * p.blockBytes
+		a.pools[key] = p
 	}
 	return p
 }
 
-// take returns n fresh zeroed blocks with one reference each, all or
-// nothing: a *BudgetError leaves the pool and the arena as they were.
-func (p *blockPool) take(n int, dst []*block) ([]*block, error) {
-	if n == 0 {
+// hugePageBytes is the slab size worth reaching so that slabs are backed
+// by transparent huge pages.
+const hugePageBytes = 2 << 20
+
+// kRows returns the K bytes of rows [r0, r1) of head h of blk.
+func (p *blockPool) kRows(blk *block, h, r0, r1 int) []byte {
+	base := (h*p.slots + blk.slot) * p.kHead
+	return blk.s.buf[base+r0*p.key.rowK : base+r1*p.key.rowK]
+}
+
+// vRows returns the V bytes of rows [r0, r1) of head h of blk.
+func (p *blockPool) vRows(blk *block, h, r0, r1 int) []byte {
+	base := p.key.kvHeads*p.slots*p.kHead + (h*p.slots+blk.slot)*p.vHead
+	return blk.s.buf[base+r0*p.key.rowV : base+r1*p.key.rowV]
+}
+
+// adjacent reports whether b2 directly follows b1 in memory (the next slot
+// of the same slab), so their rows form one run per head.
+func adjacent(b1, b2 *block) bool { return b2.s == b1.s && b2.slot == b1.slot+1 }
+
+// takeReq is one block wanted by take: the block it should follow in its
+// sequence (nil: none), or chain to follow the block of the previous
+// request.
+type takeReq struct {
+	after *block
+	chain bool
+}
+
+// take returns one fresh block per request (one reference each), all or
+// nothing: when the free slots do not suffice, the slabs still needed are
+// taken from the arena in one allocation, and a *BudgetError leaves the
+// pool and the arena as they were. A request gets the slot after the
+// block it follows when that slot is free.
+func (p *blockPool) take(reqs []takeReq, dst []*block) ([]*block, error) {
+	if len(reqs) == 0 {
 		return dst, nil
-	}
-	bufs, err := p.arena.allocMany(p.size, n)
-	if err != nil {
-		return dst, err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, b := range bufs {
-		var blk *block
-		if k := len(p.spare); k > 0 {
-			blk, p.spare = p.spare[k-1], p.spare[:k-1]
-		} else {
-			blk = &block{}
-		}
-		blk.buf, blk.refs = b, 1
-		dst = append(dst, blk)
+	free := 0
+	for _, s := range p.slabs {
+		free += p.slots - s.used
 	}
-	p.used += int64(n)
+	if need := len(reqs) - free; need > 0 {
+		bufs, err := p.arena.allocMany(p.slabBytes, (need+p.slots-1)/p.slots)
+		if err != nil {
+			return dst, err
+		}
+		for _, b := range bufs {
+			s := &slab{buf: b, blocks: make([]block, p.slots)}
+			for i := range s.blocks {
+				s.blocks[i] = block{s: s, slot: i}
+			}
+			p.slabs = append(p.slabs, s)
+		}
+	}
+	var prev *block
+	for _, r := range reqs {
+		after := r.after
+		if r.chain {
+			after = prev
+		}
+		blk := p.pickLocked(after)
+		blk.refs = 1
+		blk.s.used++
+		p.used++
+		dst = append(dst, blk)
+		prev = blk
+	}
 	return dst, nil
+}
+
+// pickLocked returns a free block: the slot after after when free, else
+// the lowest free slot of the fullest slab that has one (which keeps
+// partly used slabs filling up and empty ones free to go back).
+func (p *blockPool) pickLocked(after *block) *block {
+	if after != nil && after.s != nil && after.slot+1 < p.slots {
+		if b := &after.s.blocks[after.slot+1]; b.refs == 0 {
+			return b
+		}
+	}
+	var best *slab
+	for _, s := range p.slabs {
+		if s.used < p.slots && (best == nil || s.used > best.used) {
+			best = s
+		}
+	}
+	for i := range best.blocks {
+		if best.blocks[i].refs == 0 {
+			return &best.blocks[i]
+		}
+	}
+	panic("cache: block pool accounting out of step") // unreachable: take counted the free slots
 }
 
 // retain adds one reference to every non-nil block.
@@ -84,8 +184,8 @@ func (p *blockPool) retain(blks []*block) {
 	}
 }
 
-// release drops one reference from every non-nil block; blocks left with
-// none go back to the arena.
+// release drops one reference from every non-nil block; a slab left with
+// no referenced block goes back to the arena.
 func (p *blockPool) release(blks []*block) {
 	var free [][]byte
 	p.mu.Lock()
@@ -99,15 +199,28 @@ func (p *blockPool) release(blks []*block) {
 			p.shared--
 		case 0:
 			p.used--
-			free = append(free, b.buf)
-			b.buf = nil
-			p.spare = append(p.spare, b)
+			if b.s.used--; b.s.used == 0 {
+				free = append(free, p.dropSlabLocked(b.s))
+			}
 		}
 	}
 	p.mu.Unlock()
 	if len(free) > 0 {
 		p.arena.release(free...)
 	}
+}
+
+// dropSlabLocked removes an unused slab from the pool and returns its buffer.
+func (p *blockPool) dropSlabLocked(s *slab) []byte {
+	for i, x := range p.slabs {
+		if x == s {
+			p.slabs = append(p.slabs[:i], p.slabs[i+1:]...)
+			break
+		}
+	}
+	buf := s.buf
+	s.buf = nil
+	return buf
 }
 
 // exclusive reports whether b has a single reference (the caller's), so
@@ -127,28 +240,33 @@ func (p *blockPool) refsOf(b *block) int32 {
 
 // BlockPoolStats is a snapshot of one block pool of an arena.
 type BlockPoolStats struct {
+	BlockSize  int   // tokens per block
 	BlockBytes int   // bytes per block
+	SlabBlocks int   // blocks per slab (the unit memory is committed in)
 	Used       int64 // blocks referenced by some cache
 	Shared     int64 // blocks referenced more than once
-	Free       int64 // freed blocks the arena keeps for reuse
+	Free       int64 // unreferenced blocks of the slabs held
 }
 
 // BlockPools returns the accounting of the arena's block pools, one entry
-// per block byte size in use.
+// per geometry in use.
 func (a *Arena) BlockPools() []BlockPoolStats {
 	a.mu.Lock()
 	pools := make([]*blockPool, 0, len(a.pools))
-	free := map[int]int64{}
-	for size, p := range a.pools {
+	for _, p := range a.pools {
 		pools = append(pools, p)
-		free[size] = int64(len(a.free[size]))
 	}
 	a.mu.Unlock()
 	out := make([]BlockPoolStats, 0, len(pools))
 	for _, p := range pools {
-		p.mu.Lock()
-		out = append(out, BlockPoolStats{BlockBytes: p.size, Used: p.used, Shared: p.shared, Free: free[p.size]})
-		p.mu.Unlock()
+		out = append(out, p.stats())
 	}
 	return out
+}
+
+func (p *blockPool) stats() BlockPoolStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return BlockPoolStats{BlockSize: p.key.bs, BlockBytes: p.blockBytes, SlabBlocks: p.slots,
+		Used: p.used, Shared: p.shared, Free: int64(len(p.slabs)*p.slots) - p.used}
 }

@@ -93,7 +93,7 @@ func New(a *Arena, cfg Config) (*KVCache, error) {
 		rowV: cfg.HeadDimV * cfg.Elem.Size(),
 	}
 	if cfg.Layout == Paged {
-		c.pg = newPagedStore(a.blockPool(blockBytes(cfg, c.rowK, c.rowV)), cfg, c.rowK, c.rowV)
+		c.pg = newPagedStore(a.blockPool(cfg.BlockSize, cfg.KVHeads, c.rowK, c.rowV), cfg)
 		c.initMeta()
 		return c, nil
 	}

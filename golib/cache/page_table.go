@@ -7,51 +7,37 @@ package cache
 type pagedStore struct {
 	pool        *blockPool
 	bs          int        // tokens per block
-	kHead       int        // bytes of one head's K rows in a block (bs*rowK)
-	vHead       int        // bytes of one head's V rows in a block (bs*rowV)
-	vBase       int        // offset of V in a block (KVHeads*kHead)
 	tables      [][]*block // per sequence
 	spareTables [][]*block // the tables Reorder builds into (swapped with tables)
 	fresh       []*block   // scratch for Append and the copy-on-write of shared blocks
+	reqs        []takeReq  // scratch: the blocks Append asks the pool for
 	need        []int      // scratch: blocks Append takes per sequence
 }
 
-func newPagedStore(pool *blockPool, cfg Config, rowK, rowV int) *pagedStore {
-	ps := &pagedStore{pool: pool, bs: cfg.BlockSize, kHead: cfg.BlockSize * rowK, vHead: cfg.BlockSize * rowV}
-	ps.vBase = cfg.KVHeads * ps.kHead
-	ps.tables = make([][]*block, cfg.Batch)
-	ps.need = make([]int, cfg.Batch)
-	return ps
-}
-
-// blockBytes is the size of one block for geometry cfg.
-func blockBytes(cfg Config, rowK, rowV int) int {
-	return cfg.BlockSize * cfg.KVHeads * (rowK + rowV)
-}
-
-// kRows returns the K bytes of head h of blk from row r0 to row r1.
-func (ps *pagedStore) kRows(blk *block, h, r0, r1, rowK int) []byte {
-	base := h * ps.kHead
-	return blk.buf[base+r0*rowK : base+r1*rowK]
-}
-
-// vRows returns the V bytes of head h of blk from row r0 to row r1.
-func (ps *pagedStore) vRows(blk *block, h, r0, r1, rowV int) []byte {
-	base := ps.vBase + h*ps.vHead
-	return blk.buf[base+r0*rowV : base+r1*rowV]
+func newPagedStore(pool *blockPool, cfg Config) *pagedStore {
+	return &pagedStore{pool: pool, bs: cfg.BlockSize, tables: make([][]*block, cfg.Batch), need: make([]int, cfg.Batch)}
 }
 
 // segments appends the segments of positions [from, to) of sequence b,
-// head h: one per block.
-func (ps *pagedStore) segments(dst []Segment, b, h, from, to, rowK, rowV int) []Segment {
+// head h: one per run of blocks in consecutive slots of a slab.
+func (ps *pagedStore) segments(dst []Segment, b, h, from, to int) []Segment {
 	t := ps.tables[b]
+	p := ps.pool
 	for pos := from; pos < to; {
 		i := pos / ps.bs
 		r0 := pos - i*ps.bs
-		r1 := min(ps.bs, to-i*ps.bs)
-		blk := t[i]
-		dst = append(dst, Segment{Start: pos, Len: r1 - r0, K: ps.kRows(blk, h, r0, r1, rowK), V: ps.vRows(blk, h, r0, r1, rowV)})
-		pos += r1 - r0
+		j := i // the run is blocks i..j
+		for (j+1)*ps.bs < to && adjacent(t[j], t[j+1]) {
+			j++
+		}
+		r1 := min(ps.bs, to-j*ps.bs) // end row within block j
+		first := t[i]
+		k0 := p.kRows(first, h, r0, r0)
+		v0 := p.vRows(first, h, r0, r0)
+		n := (j-i)*ps.bs + r1 - r0
+		dst = append(dst, Segment{Start: pos, Len: n,
+			K: k0[: n*p.key.rowK : n*p.key.rowK], V: v0[: n*p.key.rowV : n*p.key.rowV]})
+		pos += n
 	}
 	return dst
 }

@@ -11,7 +11,7 @@ package cache
 // taken before anything changes: a *BudgetError leaves the cache as it was.
 func (c *KVCache) pagedReserveLocked(n int, counts []int) error {
 	ps := c.pg
-	total := 0
+	ps.reqs = ps.reqs[:0]
 	for b := range c.cfg.Batch {
 		cnt := n
 		if counts != nil {
@@ -23,17 +23,25 @@ func (c *KVCache) pagedReserveLocked(n int, counts []int) error {
 		}
 		t := ps.tables[b]
 		pos := c.lens[b]
+		chained := false
 		for i := pos / ps.bs; i <= (pos+cnt-1)/ps.bs; i++ {
-			if i >= len(t) || t[i] == nil || !ps.pool.exclusive(t[i]) {
-				ps.need[b]++
+			if i < len(t) && t[i] != nil && ps.pool.exclusive(t[i]) {
+				chained = false
+				continue
 			}
+			r := takeReq{chain: chained}
+			if !chained && i > 0 && i-1 < len(t) {
+				r.after = t[i-1]
+			}
+			ps.reqs = append(ps.reqs, r)
+			ps.need[b]++
+			chained = true
 		}
-		total += ps.need[b]
 	}
-	if total == 0 {
+	if len(ps.reqs) == 0 {
 		return nil
 	}
-	fresh, err := ps.pool.take(total, ps.fresh[:0])
+	fresh, err := ps.pool.take(ps.reqs, ps.fresh[:0])
 	ps.fresh = fresh
 	if err != nil {
 		return err
@@ -67,8 +75,8 @@ func (c *KVCache) pagedReserveLocked(n int, counts []int) error {
 				// by a checkpoint): copy them once
 				if rows := pos - i*ps.bs; rows > 0 {
 					for h := range c.cfg.KVHeads {
-						copied += int64(copy(ps.kRows(nb, h, 0, rows, c.rowK), ps.kRows(old, h, 0, rows, c.rowK)))
-						copied += int64(copy(ps.vRows(nb, h, 0, rows, c.rowV), ps.vRows(old, h, 0, rows, c.rowV)))
+						copied += int64(copy(ps.pool.kRows(nb, h, 0, rows), ps.pool.kRows(old, h, 0, rows)))
+						copied += int64(copy(ps.pool.vRows(nb, h, 0, rows), ps.pool.vRows(old, h, 0, rows)))
 					}
 				}
 				ps.pool.release(t[i : i+1])
@@ -98,8 +106,8 @@ func (c *KVCache) pagedWriteLocked(b, pos, cnt int, k, v []byte, src ElemType, n
 			i := p / ps.bs
 			r0 := p - i*ps.bs
 			rows := min(ps.bs-r0, cnt-done)
-			convertRows(ps.kRows(t[i], h, r0, r0+rows, c.rowK), cfg.Elem, srcK[done*cfg.HeadDimK*ss:], src, rows*cfg.HeadDimK, scratch)
-			convertRows(ps.vRows(t[i], h, r0, r0+rows, c.rowV), cfg.Elem, srcV[done*cfg.HeadDimV*ss:], src, rows*cfg.HeadDimV, scratch)
+			convertRows(ps.pool.kRows(t[i], h, r0, r0+rows), cfg.Elem, srcK[done*cfg.HeadDimK*ss:], src, rows*cfg.HeadDimK, scratch)
+			convertRows(ps.pool.vRows(t[i], h, r0, r0+rows), cfg.Elem, srcV[done*cfg.HeadDimV*ss:], src, rows*cfg.HeadDimV, scratch)
 			done += rows
 		}
 	}
@@ -170,12 +178,9 @@ func (c *KVCache) pagedInfoLocked(in *Info) {
 			in.BlocksShared++
 		}
 	}
-	in.CommittedBytes = in.BlocksUsed * int64(ps.pool.size)
+	in.CommittedBytes = in.BlocksUsed * int64(ps.pool.blockBytes)
 	in.PageTableBytes += int64(8 * entries)
-	for _, st := range c.arena.BlockPools() {
-		if st.BlockBytes == ps.pool.size {
-			in.BlocksFree = st.Free
-			in.BlocksTotal = st.Used + st.Free
-		}
-	}
+	st := ps.pool.stats()
+	in.BlocksFree = st.Free
+	in.BlocksTotal = st.Used + st.Free
 }

@@ -317,11 +317,14 @@ func TestPagedCommitsOnDemand(t *testing.T) {
 	if got := a.Stats().Allocated; got != 0 {
 		t.Fatalf("creation committed %d bytes", got)
 	}
-	blockB := int64(64 * 2 * (8 + 8) * 4)
+	used := func() int64 { return a.BlockPools()[0].Used }
 	fill(t, r, c, 4096)
-	one := a.Stats().Allocated
-	if one != 64*blockB {
-		t.Fatalf("4096 tokens committed %d bytes, want %d", one, 64*blockB)
+	if got := used(); got != 64 {
+		t.Fatalf("4096 tokens take %d blocks, want 64", got)
+	}
+	slab := int64(a.BlockPools()[0].SlabBlocks * a.BlockPools()[0].BlockBytes)
+	if got := a.Stats().Allocated; got != (64+int64(a.BlockPools()[0].SlabBlocks)-1)/int64(a.BlockPools()[0].SlabBlocks)*slab {
+		t.Fatalf("4096 tokens commit %d bytes, not whole slabs of %d", got, slab)
 	}
 	var forks []*KVCache
 	for range 16 {
@@ -329,25 +332,25 @@ func TestPagedCommitsOnDemand(t *testing.T) {
 		mustOK(t, err)
 		forks = append(forks, f)
 	}
-	if got := a.Stats().Allocated; got != one {
-		t.Fatalf("16 forks sharing 4096 tokens commit %d bytes, want one sequence's %d", got, one)
+	if got := used(); got != 64 {
+		t.Fatalf("16 forks sharing 4096 tokens use %d blocks, want 64", got)
 	}
 	for _, f := range forks {
 		fill(t, r, f, 1) // 4096 is a block multiple: one private block each
 	}
-	if got := a.Stats().Allocated; got != one+16*blockB {
-		t.Fatalf("16 forks with one token each commit %d bytes, want %d", got, one+16*blockB)
+	if got := used(); got != 64+16 {
+		t.Fatalf("16 forks with one token each use %d blocks, want 80", got)
 	}
 	for _, f := range forks {
 		f.Close()
 	}
 	mustOK(t, c.Evict(1000))
-	if got := a.Stats().Allocated; got != int64((1000+63)/64+1)*blockB && got != int64((1000+63)/64)*blockB {
-		t.Fatalf("a window of 1000 tokens keeps %d bytes (%d blocks)", got, got/blockB)
+	if got := used(); got != 16 { // positions 3096..4095 lie in blocks 48..63
+		t.Fatalf("a window of 1000 tokens keeps %d blocks, want 16", got)
 	}
 	mustOK(t, c.Truncate([]int{4096 - 500}))
-	if got := a.Stats().Allocated; got > int64((500+63)/64+1)*blockB {
-		t.Fatalf("truncate kept %d blocks", got/blockB)
+	if got := used(); got != 16-7 {
+		t.Fatalf("truncate kept %d blocks, want 9", got)
 	}
 }
 
@@ -357,9 +360,10 @@ func TestPagedCommitsOnDemand(t *testing.T) {
 // byte-identical, with the same lengths and counters of live bytes.
 func TestPagedBudgetExhaustion(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
-	blockB := int64(16 * 2 * (8 + 8) * 4)
-	a, _ := NewArena(10 * blockB)
-	c := mustNew(t, a, pagedCfg(2, 16, 1000))
+	probe, _ := NewArena(0)
+	p := probe.blockPool(16, 2, 8*4, 8*4)
+	a, _ := NewArena(int64(p.slabBytes)) // one slab
+	c := mustNew(t, a, pagedCfg(2, 16, 2000))
 	fill(t, r, c, 40) // 3 blocks per sequence: 6 taken
 	f, err := c.Fork()
 	mustOK(t, err)
@@ -385,12 +389,13 @@ func TestPagedBudgetExhaustion(t *testing.T) {
 			t.Fatalf("%s: lengths or live bytes changed", what)
 		}
 	}
-	k, v := randKV(r, c.Config(), 80) // 5 more blocks per sequence
-	check("append", c.Append(asBytes(k), asBytes(v), Float32, 80, nil))
-	check("fork append", f.Append(asBytes(k), asBytes(v), Float32, 80, nil))
+	big := p.slots * 16 // a slab's worth of tokens per sequence
+	k, v := randKV(r, c.Config(), big)
+	check("append", c.Append(asBytes(k), asBytes(v), Float32, big, nil))
+	check("fork append", f.Append(asBytes(k), asBytes(v), Float32, big, nil))
 	mustOK(t, f.Reorder([]int{1, 1}))
 	before, lens = snap(), f.Lengths()
-	check("reorder append", f.Append(asBytes(k), asBytes(v), Float32, 80, nil))
+	check("reorder append", f.Append(asBytes(k), asBytes(v), Float32, big, nil))
 	// within the budget it works again
 	k, v = randKV(r, c.Config(), 8)
 	mustOK(t, f.Append(asBytes(k), asBytes(v), Float32, 8, nil))

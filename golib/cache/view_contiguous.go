@@ -44,7 +44,7 @@ func (c *KVCache) AppendSegments(dst []Segment, b, h, from, to int) []Segment {
 		return dst
 	}
 	if c.pg != nil {
-		return c.pg.segments(dst, b, h, from, to, c.rowK, c.rowV)
+		return c.pg.segments(dst, b, h, from, to)
 	}
 	s := c.seqs[b]
 	baseK := h * c.cfg.Capacity * c.rowK

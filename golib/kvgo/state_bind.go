@@ -67,6 +67,27 @@ func StateNew(h int64, batch, maxLength, elem int, budget int64) (sh int64, err 
 	return states.put(cs), nil
 }
 
+// StateNewPaged is StateNew for the paged cache layout with blocks of
+// blockSize tokens (0: the default).
+func StateNewPaged(h int64, batch, maxLength, elem int, budget int64, blockSize int) (sh int64, err error) {
+	defer recoverTo(&err)
+	sess, err := sessions.get(h)
+	if err != nil {
+		return 0, classify(err)
+	}
+	cfg := runtime.StateConfig{Batch: batch, MaxLength: maxLength, Budget: budget, Layout: cache.Paged, BlockSize: blockSize}
+	if elem >= 0 {
+		if cfg.Elem, err = elemOf(elem); err != nil {
+			return 0, classify(err)
+		}
+	}
+	cs, err := sess.NewCacheState(cfg)
+	if err != nil {
+		return 0, classify(err)
+	}
+	return states.put(cs), nil
+}
+
 // StateFree closes a state and releases its caches. Unknown handles are
 // ignored (a finalizer may run after an explicit close).
 func StateFree(sh int64) (err error) {

@@ -25,7 +25,18 @@ type StateConfig struct {
 	// Budget, when > 0, gives the state an arena of its own with that byte
 	// budget; otherwise the caches come from the session's arena.
 	Budget int64
+	// Layout is the caches' layout (cache.Contiguous, the zero value, or
+	// cache.Paged); BlockSize the paged layout's tokens per block (0: the
+	// default). A paged state with MaxLength 0 never grows: its capacity is
+	// a limit (pagedGrowCapacity), its memory taken block by block.
+	Layout    cache.Layout
+	BlockSize int
 }
+
+// pagedGrowCapacity is the token limit per sequence of a paged state whose
+// MaxLength is 0: paged caches commit blocks as tokens arrive, so the limit
+// costs nothing.
+const pagedGrowCapacity = 1 << 20
 
 // initialGrowCapacity is the first reservation of a growable state.
 const initialGrowCapacity = 256
@@ -120,9 +131,12 @@ func (cs *CacheState) newCache(kvHeads, dk, dv int) (*cache.KVCache, error) {
 	capacity := cs.cfg.MaxLength
 	if capacity == 0 {
 		capacity = initialGrowCapacity
+		if cs.cfg.Layout == cache.Paged {
+			capacity = pagedGrowCapacity
+		}
 	}
 	return cache.New(cs.arena, cache.Config{Batch: cs.cfg.Batch, KVHeads: kvHeads, HeadDimK: dk,
-		HeadDimV: dv, Capacity: capacity, Elem: cs.cfg.Elem})
+		HeadDimV: dv, Capacity: capacity, Elem: cs.cfg.Elem, Layout: cs.cfg.Layout, BlockSize: cs.cfg.BlockSize})
 }
 
 // live returns the caches created so far (a layer whose geometry the graph

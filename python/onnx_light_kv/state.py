@@ -110,6 +110,16 @@ class GenerationState:
             raise ValueError(f"reorder needs {self._batch} beam indices, got {a.size}")
         _call(_f("StateReorder"), self._handle(), a.ctypes.data, a.size)
 
+    def reuse_prefix(self, token_ids: Sequence[int]) -> int:
+        """Attach the longest prefix of ``token_ids`` registered by earlier states of the
+        session (paged layout, ``prefix_cache=True``) and return how many tokens it covers,
+        so the caller feeds only the rest.
+
+        Raises:
+            NotImplementedError: prefix sharing across states is not implemented yet.
+        """
+        raise NotImplementedError("reuse_prefix: prefix sharing across states is not implemented yet")
+
     def truncate(self, n: int) -> None:
         """Drop the last positions so that :attr:`length` becomes ``n`` (``0 <= n <= length``,
         else ValueError; TypeError if ``n`` is not an integer)."""
