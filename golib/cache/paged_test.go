@@ -363,7 +363,7 @@ func TestPagedBudgetExhaustion(t *testing.T) {
 	probe, _ := NewArena(0)
 	p := probe.blockPool(16, 2, 8*4, 8*4)
 	a, _ := NewArena(int64(p.slabBytes)) // one slab
-	c := mustNew(t, a, pagedCfg(2, 16, 2000))
+	c := mustNew(t, a, pagedCfg(2, 16, 8192))
 	fill(t, r, c, 40) // 3 blocks per sequence: 6 taken
 	f, err := c.Fork()
 	mustOK(t, err)
