@@ -271,3 +271,26 @@ def test_prefix_cache_not_implemented() -> None:
         st.reuse_prefix(PROMPT[0].tolist())
     with pytest.raises(ValueError):
         sess.create_state(layout="paged", block_size=20)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_state_select_keeps_sequences(layout: str) -> None:
+    """select() on a state of 3 sequences keeps the chosen ones: the next steps' logits equal
+    those of a state that ran only those sequences."""
+    sess = _llama()
+    ids = np.array([[5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]], np.int64)
+    pos = np.arange(4)[None].repeat(3, 0)
+    with sess.create_state(batch=3, layout=layout) as st, sess.create_state(batch=2, layout=layout) as ref:
+        sess.run(["logits"], {"input_ids": ids, "position_ids": pos}, state=st)
+        sess.run(["logits"], {"input_ids": ids[[2, 0]], "position_ids": pos[:2]}, state=ref)
+        st.select([2, 0])
+        assert st.batch == 2 and st.lengths.tolist() == [4, 4]
+        nxt = np.array([[1], [2]], np.int64)
+        got = sess.run(["logits"], {"input_ids": nxt, "position_ids": np.full((2, 1), 4)}, state=st)[0]
+        want = sess.run(["logits"], {"input_ids": nxt, "position_ids": np.full((2, 1), 4)}, state=ref)[0]
+        np.testing.assert_array_equal(got, want)
+        with pytest.raises(IndexError):
+            st.select([5])
+        with pytest.raises(ValueError):
+            st.select([0, 0])
+        assert st.batch == 2

@@ -115,6 +115,20 @@ func StateFork(sh int64) (f int64, err error) {
 	return states.put(c), nil
 }
 
+// StateSelect keeps the sequences given by n distinct int64 indices at ptr.
+func StateSelect(sh int64, ptr uintptr, n int) (err error) {
+	defer recoverTo(&err)
+	cs, err := states.get(sh)
+	if err != nil {
+		return classify(err)
+	}
+	idx, err := ints(ptr, n)
+	if err != nil {
+		return classify(err)
+	}
+	return classify(cs.Select(idx))
+}
+
 // StateReorder reorders every layer's sequences by the n int64 beam indices
 // at ptr.
 func StateReorder(sh int64, ptr uintptr, n int) (err error) {

@@ -390,6 +390,48 @@ func (cs *CacheState) Reorder(idx []int) error {
 	})
 }
 
+// Select keeps the sequences idx (distinct indices, in the order given) of
+// every layer and drops the others (finished beams or requests leave the
+// batch); Batch becomes len(idx). Checkpoints become stale. Invalid indices
+// change nothing.
+func (cs *CacheState) Select(idx []int) error {
+	return cs.locked(func() error {
+		// every cache has the same batch: the first one's validation
+		// decides for all, so a refusal changes nothing
+		for _, c := range cs.live() {
+			if err := c.Select(idx); err != nil {
+				return err
+			}
+		}
+		if len(cs.live()) == 0 {
+			if err := validSelection(idx, cs.cfg.Batch); err != nil {
+				return err
+			}
+		}
+		cs.cfg.Batch = len(idx)
+		clear(cs.cks)
+		return nil
+	})
+}
+
+// validSelection checks select indices for a batch without caches yet.
+func validSelection(idx []int, batch int) error {
+	if len(idx) == 0 || len(idx) > batch {
+		return fmt.Errorf("%w: select keeps 1..%d sequences, got %d indices", cache.ErrInvalidArgument, batch, len(idx))
+	}
+	seen := make([]bool, batch)
+	for _, i := range idx {
+		if i < 0 || i >= batch {
+			return fmt.Errorf("%w: sequence index %d outside 0..%d", cache.ErrOutOfRange, i, batch-1)
+		}
+		if seen[i] {
+			return fmt.Errorf("%w: sequence index %d is selected twice", cache.ErrInvalidArgument, i)
+		}
+		seen[i] = true
+	}
+	return nil
+}
+
 // Truncate drops the last positions so that the logical length becomes n
 // (0 <= n <= Length); each sequence loses those of them it stores.
 func (cs *CacheState) Truncate(n int) error {

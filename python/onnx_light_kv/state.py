@@ -110,6 +110,22 @@ class GenerationState:
             raise ValueError(f"reorder needs {self._batch} beam indices, got {a.size}")
         _call(_f("StateReorder"), self._handle(), a.ctypes.data, a.size)
 
+    def select(self, indices: Sequence[int]) -> None:
+        """Keep only the sequences ``indices`` (distinct, in the order given) of every layer
+        and drop the others, as transformers' ``batch_select_indices`` does (finished beams or
+        requests leave the batch): :attr:`batch` becomes ``len(indices)``, no kept row is
+        copied, checkpoints become stale.
+
+        Raises:
+            IndexError: an index outside ``0..batch-1``.
+            ValueError: no index, more than ``batch``, or a repeated index.
+        """
+        a = _i64(indices, "indices")
+        if a.size == 0:
+            raise ValueError("select keeps at least one sequence")
+        _call(_f("StateSelect"), self._handle(), a.ctypes.data, a.size)
+        self._batch = int(a.size)
+
     def reuse_prefix(self, token_ids: Sequence[int]) -> int:
         """Attach the longest prefix of ``token_ids`` registered by earlier states of the
         session (paged layout, ``prefix_cache=True``) and return how many tokens it covers,
