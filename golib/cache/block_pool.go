@@ -1,6 +1,9 @@
 package cache
 
-import "sync"
+import (
+	"fmt"
+	"sync"
+)
 
 // block is one page of the paged layout: BlockSize tokens of K and V for
 // every KV head, in slot slot of a slab.
@@ -134,12 +137,21 @@ func (p *blockPool) take(reqs []takeReq, dst []*block) ([]*block, error) {
 		}
 	}
 	var prev *block
+	start := len(dst)
 	for _, r := range reqs {
 		after := r.after
 		if r.chain {
 			after = prev
 		}
 		blk := p.pickLocked(after)
+		if blk == nil { // cannot happen: the free slots were counted above
+			for _, b := range dst[start:] {
+				b.refs = 0
+				b.s.used--
+				p.used--
+			}
+			return dst[:start], fmt.Errorf("%w: block pool accounting out of step", ErrBudget)
+		}
 		blk.refs = 1
 		blk.s.used++
 		p.used++
@@ -149,10 +161,11 @@ func (p *blockPool) take(reqs []takeReq, dst []*block) ([]*block, error) {
 	return dst, nil
 }
 
-// pickLocked returns a free block: the slot after after when free, else a
-// slot that leaves the sequence room to grow into consecutive slots: the
-// start of the longest free run when nothing precedes it, else the middle of
-// that run (the slots before stay free for the block that precedes them).
+// pickLocked returns a free block (nil when there is none): the slot after
+// after when free, else a slot that leaves the sequence room to grow into
+// consecutive slots: the start of the longest free run when nothing
+// precedes it, else the middle of that run (the slots before stay free for
+// the block that precedes them).
 func (p *blockPool) pickLocked(after *block) *block {
 	if after != nil && after.s != nil && after.slot+1 < p.slots {
 		if b := &after.s.blocks[after.slot+1]; b.refs == 0 {
@@ -178,7 +191,7 @@ func (p *blockPool) pickLocked(after *block) *block {
 		}
 	}
 	if best == nil {
-		panic("cache: block pool accounting out of step") // unreachable: take counted the free slots
+		return nil
 	}
 	if bestStart > 0 {
 		bestStart += bestLen / 2
