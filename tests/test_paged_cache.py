@@ -263,12 +263,70 @@ def test_generate_beam_search_on_paged_state() -> None:
     np.testing.assert_allclose(got.sequences_scores, want.sequences_scores, atol=1e-5)
 
 
-def test_prefix_cache_not_implemented() -> None:
+def _long_llama() -> olkv.InferenceSession:
+    cfg = M.DecoderConfig(layers=2, hidden=64, q_heads=4, kv_heads=2, head_dim=16, vocab=256, dtype="float32",
+                          max_positions=2304)
+    return olkv.InferenceSession(M.model_bytes(M.llama_decoder(cfg)), threads=2)
+
+
+def _run(sess: olkv.InferenceSession, st: olkv.GenerationState, ids: np.ndarray, start: int) -> np.ndarray:
+    pos = np.arange(start, start + ids.shape[1], dtype=np.int64)[None]
+    return sess.run(["logits"], {"input_ids": ids, "position_ids": pos}, state=st)[0]
+
+
+def test_prefix_reuse_of_a_2k_prompt_equals_cold_prefill() -> None:
+    sess = _long_llama()
+    rng = np.random.default_rng(5)
+    prompt = rng.integers(1, 256, size=(1, 2048 + 5), dtype=np.int64)
+    with sess.create_state() as cold:
+        want = _run(sess, cold, prompt, 0)[:, -1]
+    with sess.create_state(layout="paged", prefix_cache=True) as first:
+        _run(sess, first, prompt, 0)
+        assert first.info()["prefix_cache"]["shared_blocks"] == 2048 // 64
+    with sess.create_state(layout="paged", prefix_cache=True) as st:
+        n = st.reuse_prefix(prompt[0])
+        assert n == 2048 and st.length == 2048
+        got = _run(sess, st, prompt[:, n:], n)[:, -1]
+        tol = 1e-5 * max(1.0, float(np.abs(want).max()))
+        assert float(np.abs(got - want).max()) <= tol
+        info = st.info()
+        assert info["prefix_cache"]["hits"] == 1 and info["prefix_cache"]["tokens_reused"] == 2048
+        assert all(x["blocks_shared"] == 32 and x["counters"]["copy_bytes"] == 0 for x in info["layers"])
+    other = prompt.copy()
+    other[0, 100] += 1  # differs in block 1: only block 0 matches
+    with sess.create_state(layout="paged", prefix_cache=True) as st:
+        assert st.reuse_prefix(other[0]) == 64
+
+
+def test_generate_reuses_prefixes() -> None:
+    sess = _long_llama()
+    prompt = np.random.default_rng(6).integers(1, 256, size=(1, 300), dtype=np.int64)
+    want = olkv.generate(sess, prompt, max_new_tokens=6)
+    opts = {"layout": "paged", "block_size": 32, "prefix_cache": True}
+    a = olkv.generate(sess, prompt, max_new_tokens=6, state_options=opts)
+    b = olkv.generate(sess, prompt, max_new_tokens=6, state_options=opts)
+    np.testing.assert_array_equal(a.sequences, want.sequences)
+    np.testing.assert_array_equal(b.sequences, want.sequences)
+    with sess.create_state(layout="paged", block_size=32, prefix_cache=True) as st:
+        stats = st.info()["prefix_cache"]
+        assert stats["hits"] >= 1 and stats["tokens_reused"] >= 288
+
+
+def test_prefix_cache_errors() -> None:
     sess = _llama()
-    with pytest.raises(NotImplementedError):
-        sess.create_state(layout="paged", prefix_cache=True)
-    with sess.create_state(layout="paged") as st, pytest.raises(NotImplementedError):
+    with pytest.raises(ValueError):
+        sess.create_state(prefix_cache=True)  # contiguous
+    with pytest.raises(ValueError):
+        sess.create_state(layout="paged", prefix_cache=True, budget=1 << 24)
+    with pytest.raises(TypeError):
+        sess.create_state(layout="paged", prefix_cache=1)
+    with sess.create_state(layout="paged") as st, pytest.raises(ValueError):
         st.reuse_prefix(PROMPT[0].tolist())
+    with sess.create_state(layout="paged", prefix_cache=True) as st:
+        assert st.reuse_prefix(PROMPT[0].tolist()) == 0  # nothing registered yet
+        _greedy(sess, st, 1)
+        with pytest.raises(ValueError):
+            st.reuse_prefix(PROMPT[0].tolist())  # not empty
     with pytest.raises(ValueError):
         sess.create_state(layout="paged", block_size=20)
 

@@ -25,6 +25,25 @@ type Arena struct {
 	free      map[int][][]byte
 	closed    bool                   // no more pooling: freed buffers go straight back to the OS
 	pools     map[poolKey]*blockPool // the paged layout's block pools, by geometry
+	reclaimer func() bool            // frees unreferenced shared memory (a prefix store), see SetReclaimer
+}
+
+// SetReclaimer installs f, called (without the arena's lock) when a paged
+// append finds the budget exhausted: f frees one unit of memory nobody
+// references (PrefixStore.EvictOne) and reports whether it did; the append
+// retries until it fits or f frees nothing. nil removes it.
+func (a *Arena) SetReclaimer(f func() bool) {
+	a.mu.Lock()
+	a.reclaimer = f
+	a.mu.Unlock()
+}
+
+// reclaim runs the reclaimer, if any.
+func (a *Arena) reclaim() bool {
+	a.mu.Lock()
+	f := a.reclaimer
+	a.mu.Unlock()
+	return f != nil && f()
 }
 
 // ArenaStats is a snapshot of an arena's accounting.

@@ -1,5 +1,11 @@
 package cache
 
+import (
+	"errors"
+	"fmt"
+	"slices"
+)
+
 // The paged layout's side of the KVCache operations. Every method here runs
 // with c.mu held exclusively and c.pg != nil.
 
@@ -42,6 +48,10 @@ func (c *KVCache) pagedReserveLocked(n int, counts []int) error {
 		return nil
 	}
 	fresh, err := ps.pool.take(ps.reqs, ps.fresh[:0])
+	// under budget pressure, unreferenced shared prefixes go first
+	for err != nil && errors.Is(err, ErrBudget) && c.arena.reclaim() {
+		fresh, err = ps.pool.take(ps.reqs, ps.fresh[:0])
+	}
 	ps.fresh = fresh
 	if err != nil {
 		return err
@@ -183,4 +193,50 @@ func (c *KVCache) pagedInfoLocked(in *Info) {
 	st := ps.pool.stats()
 	in.BlocksFree = st.Free
 	in.BlocksTotal = st.Used + st.Free
+}
+
+// retainPrefix returns the first n blocks of sequence 0 with one more
+// reference each (the caller owns it), for a prefix store.
+func (c *KVCache) retainPrefix(n int) ([]*block, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	ps := c.pg
+	if c.winStart[0] != 0 || c.lens[0] < n*ps.bs || len(ps.tables[0]) < n {
+		return nil, fmt.Errorf("%w: sequence 0 holds %d tokens from %d, not %d full blocks", ErrInvalidArgument,
+			c.lens[0], c.winStart[0], n)
+	}
+	blks := slices.Clone(ps.tables[0][:n])
+	ps.pool.retain(blks)
+	return blks, nil
+}
+
+// attachPrefix makes blks the first blocks of every (empty) sequence.
+func (c *KVCache) attachPrefix(blks []*block) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	ps := c.pg
+	n := len(blks) * ps.bs
+	if n > c.cfg.Capacity {
+		return fmt.Errorf("%w: a prefix of %d tokens exceeds the capacity %d", ErrCapacity, n, c.cfg.Capacity)
+	}
+	for b := range c.lens {
+		if c.lens[b] != 0 {
+			return fmt.Errorf("%w: a prefix attaches only to an empty cache", ErrInvalidArgument)
+		}
+	}
+	ps.releaseAll()
+	for b := range c.lens {
+		ps.tables[b] = append(ps.tables[b][:0], blks...)
+		ps.pool.retain(blks)
+		c.winStart[b] = 0
+		c.setLenLocked(b, n)
+	}
+	c.cks.invalidateAll()
+	return nil
 }

@@ -31,6 +31,11 @@ type StateConfig struct {
 	// a limit (pagedGrowCapacity), its memory taken block by block.
 	Layout    cache.Layout
 	BlockSize int
+	// PrefixCache shares the full blocks of prompts across the session's
+	// paged states (see prefix.go): batch-1 paged states on the session's
+	// arena register what they run, ReusePrefix attaches a registered
+	// prefix.
+	PrefixCache bool
 }
 
 // pagedGrowCapacity is the token limit per sequence of a paged state whose
@@ -57,6 +62,8 @@ type CacheState struct {
 	cks    map[int64]stateCheckpoint
 	nextCk int64
 	closed bool
+
+	tokens []int64 // input ids of positions 0..length-1 (prefix-cache states)
 
 	// per run (guarded by st.mu)
 	saved  [][]int
@@ -97,6 +104,11 @@ func (s *Session) NewCacheState(cfg StateConfig) (*CacheState, error) {
 			return nil, fmt.Errorf("%w: the model's K/V type %v has no cache storage type", errs.ErrNotImplemented, s.cache.elem)
 		}
 		cfg.Elem = e
+	}
+	if cfg.PrefixCache {
+		if err := s.enablePrefixes(cfg); err != nil {
+			return nil, err
+		}
 	}
 	cs := &CacheState{sess: s, st: NewState(), layers: s.cache.layers, cfg: cfg, arena: s.arena, cks: map[int64]stateCheckpoint{}}
 	if cfg.Budget > 0 {
@@ -171,9 +183,14 @@ func (s *Session) RunCache(cs *CacheState, feeds map[string]*tensor.Tensor, outp
 		return nil, nil, fmt.Errorf("%w: past input(s) %s must not be fed with a generation state (the state holds the caches)",
 			errs.ErrInvalidArgument, strings.Join(pasts, ", "))
 	}
-	return s.runOn(s.cache.plan, cs.st, feeds, outputNames, func() (rewrite.Binding, func(bool) error, error) {
+	prev := cs.length
+	out, stats, err := s.runOn(s.cache.plan, cs.st, feeds, outputNames, func() (rewrite.Binding, func(bool) error, error) {
 		return cs.begin(outputNames)
 	})
+	if err == nil && cs.cfg.PrefixCache {
+		cs.registerPrefix(prev, feeds)
+	}
+	return out, stats, err
 }
 
 // begin prepares a run: the closed check, the lengths to restore on

@@ -255,8 +255,13 @@ class InferenceSession:
                 tables instead of copying beams).
             block_size: tokens per block of the paged layout (16, 32, 64, 128 or 256; None:
                 :data:`onnx_light_kv.cache.DEFAULT_BLOCK_SIZE`).
-            prefix_cache: share the blocks of prompt prefixes across states. Not implemented
-                yet: True raises NotImplementedError.
+            prefix_cache: share the full blocks of prompts across the session's paged states:
+                a batch-1 state registers the blocks of the ``input_ids`` it runs (keyed by a
+                chained hash of the token ids), :meth:`GenerationState.reuse_prefix` attaches the
+                longest registered prefix by reference, and :func:`generate` does so by itself.
+                Unreferenced registered blocks are evicted least recently used when an append
+                finds the budget full. Needs ``layout="paged"`` and the session's arena (no
+                ``budget``).
 
         Raises:
             NotImplementedError: the model stays on the tensor path (the reasons of
@@ -271,13 +276,15 @@ class InferenceSession:
         bud = optional_integer(budget, "budget", lo=1) or 0
         code = -1 if dtype is None else CODES[cache_dtype(dtype)]
         layout = check_layout(layout, block_size)
-        if prefix_cache:
-            raise NotImplementedError("prefix_cache=True: prefix sharing across states is not implemented yet")
+        if not isinstance(prefix_cache, bool):
+            raise TypeError(f"prefix_cache must be a bool, got {type(prefix_cache).__name__}")
+        if prefix_cache and layout != "paged":
+            raise ValueError("prefix_cache=True needs layout='paged'")
         if layout == "paged":
             bs = DEFAULT_BLOCK_SIZE if block_size is None else integer(block_size, "block_size", lo=1)
             if bs not in BLOCK_SIZES:
                 raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {bs}")
-            h = _lib.call(_lib.fn("StateNewPaged"), self._h, batch, max_len, code, bud, bs)
+            h = _lib.call(_lib.fn("StateNewPaged"), self._h, batch, max_len, code, bud, bs, int(prefix_cache))
         else:
             h = _lib.call(_lib.fn("StateNew"), self._h, batch, max_len, code, bud)
         info = json.loads(_lib.call(_lib.fn("StateInfoJSON"), h))
