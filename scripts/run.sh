@@ -41,12 +41,14 @@ setup() {
   "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
     || { echo "error: $PY is older than Python 3.10" >&2; exit 1; }
   # build + test dependencies (pinned lower bounds; onnxruntime is the comparator; tokenizers and
-  # tqdm are the optional 'generate' extra, installed so that its tests run)
-  if ! "$PY" -c "import numpy, ml_dtypes, onnx, onnxruntime, pytest, pybindgen, matplotlib, tokenizers, tqdm, build" 2>/dev/null; then
+  # tqdm are the optional 'generate' extra, starlette, uvicorn and jinja2 the 'serve' extra, httpx and
+  # openai the server tests' clients, installed so that their tests run)
+  if ! "$PY" -c "import numpy, ml_dtypes, onnx, onnxruntime, pytest, pybindgen, matplotlib, tokenizers, tqdm, build, starlette, uvicorn, jinja2, httpx, openai" 2>/dev/null; then
     phase "installing Python dependencies (first run: about a minute)"
     "$PY" -m pip install --quiet --disable-pip-version-check \
       "numpy>=1.24" "ml_dtypes>=0.3" "onnx>=1.18" "onnxruntime>=1.22" "pytest>=7" \
-      "pybindgen==0.22.1" "matplotlib>=3.7" "tokenizers>=0.15" "tqdm>=4.60" "setuptools>=77" wheel build
+      "pybindgen==0.22.1" "matplotlib>=3.7" "tokenizers>=0.15" "tqdm>=4.60" "setuptools>=77" wheel build \
+      "starlette>=0.37" "uvicorn>=0.23" "jinja2>=3.1" "httpx>=0.25" "openai>=1.0"
   fi
   phase "downloading Go modules"
   go mod download

@@ -497,3 +497,57 @@ func TestSelectValidation(t *testing.T) {
 		}
 	}
 }
+
+// TestPagedAdopt: adopting a paged cache moves its page tables (no byte
+// copied, blocks still shared with a fork of the source); the result
+// exports as the two caches did; everything goes back to the pool.
+func TestPagedAdopt(t *testing.T) {
+	r := rand.New(rand.NewPCG(41, 42))
+	a, _ := NewArena(0)
+	c := mustNew(t, a, pagedCfg(2, 16, 256))
+	src := mustNew(t, a, pagedCfg(1, 16, 256))
+	fill(t, r, c, 20)
+	fill(t, r, src, 37)
+	f, err := src.Fork()
+	mustOK(t, err)
+	ck, cv := exportF32(t, c)
+	sk, sv := exportF32(t, src)
+	mustOK(t, c.Adopt(src))
+	if !src.Closed() || c.Config().Batch != 3 || c.Counters().CopyBytes != 0 {
+		t.Fatalf("after adopt: src closed %v, batch %d, copied %d", src.Closed(), c.Config().Batch, c.Counters().CopyBytes)
+	}
+	if got := c.Lengths(); !slices.Equal(got, []int{20, 20, 37}) {
+		t.Fatalf("lengths %v", got)
+	}
+	k, v := exportF32(t, c)
+	L := 37
+	for b := range 3 {
+		for h := range 2 {
+			for p := range L {
+				var wk, wv []float32
+				if b < 2 && p < 20 {
+					o := ((b*2+h)*20 + p) * 8
+					wk, wv = ck[o:o+8], cv[o:o+8]
+				} else if b == 2 {
+					o := (h*37 + p) * 8
+					wk, wv = sk[o:o+8], sv[o:o+8]
+				} else {
+					wk, wv = make([]float32, 8), make([]float32, 8)
+				}
+				o := ((b*2+h)*L + p) * 8
+				if !slices.Equal(k[o:o+8], wk) || !slices.Equal(v[o:o+8], wv) {
+					t.Fatalf("b %d h %d p %d differs", b, h, p)
+				}
+			}
+		}
+	}
+	fill(t, r, c, 1) // writes into the block shared with the fork: copy-on-write
+	if fk, _ := exportF32(t, f); !slices.Equal(fk, sk) {
+		t.Fatal("the fork changed after a write into the adopting cache")
+	}
+	f.Close()
+	c.Close()
+	if st := a.Stats(); st.Allocated != 0 || st.Live != 0 {
+		t.Fatalf("after close allocated=%d live=%d", st.Allocated, st.Live)
+	}
+}

@@ -133,20 +133,6 @@ func StateReusePrefix(sh int64, ptr uintptr, n int) (covered int, err error) {
 	return covered, classify(err)
 }
 
-// StateSelect keeps the sequences given by n distinct int64 indices at ptr.
-func StateSelect(sh int64, ptr uintptr, n int) (err error) {
-	defer recoverTo(&err)
-	cs, err := states.get(sh)
-	if err != nil {
-		return classify(err)
-	}
-	idx, err := ints(ptr, n)
-	if err != nil {
-		return classify(err)
-	}
-	return classify(cs.Select(idx))
-}
-
 // StateReorder reorders every layer's sequences by the n int64 beam indices
 // at ptr.
 func StateReorder(sh int64, ptr uintptr, n int) (err error) {
@@ -164,6 +150,40 @@ func StateReorder(sh int64, ptr uintptr, n int) (err error) {
 		ints[i] = int(v)
 	}
 	return classify(cs.Reorder(ints))
+}
+
+// StateSelect keeps the n sequences whose int64 indices are at ptr
+// (distinct; sequence b becomes old sequence idx[b]); no K/V is copied.
+func StateSelect(sh int64, ptr uintptr, n int) (err error) {
+	defer recoverTo(&err)
+	cs, err := states.get(sh)
+	if err != nil {
+		return classify(err)
+	}
+	idx, err := int64sAt(ptr, n)
+	if err != nil {
+		return classify(err)
+	}
+	ints := make([]int, n)
+	for i, v := range idx {
+		ints[i] = int(v)
+	}
+	return classify(cs.Select(ints))
+}
+
+// StateAdopt moves every sequence of state src to the end of state sh and
+// closes src; no K/V is copied.
+func StateAdopt(sh, src int64) (err error) {
+	defer recoverTo(&err)
+	cs, err := states.get(sh)
+	if err != nil {
+		return classify(err)
+	}
+	other, err := states.get(src)
+	if err != nil {
+		return classify(err)
+	}
+	return classify(cs.Adopt(other))
 }
 
 // StateTruncate sets the state's logical length to n.

@@ -407,46 +407,79 @@ func (cs *CacheState) Reorder(idx []int) error {
 	})
 }
 
-// Select keeps the sequences idx (distinct indices, in the order given) of
-// every layer and drops the others (finished beams or requests leave the
-// batch); Batch becomes len(idx). Checkpoints become stale. Invalid indices
-// change nothing.
-func (cs *CacheState) Select(idx []int) error {
+// Select keeps the sequences rows (sequence b becomes old sequence
+// rows[b]; distinct indices, at least one): the batch becomes len(rows),
+// no K/V is copied and the storage of the others goes back to the arena.
+// The logical length becomes the longest kept sequence's stored length
+// (the padding before it is not stored, so none is lost). Checkpoints
+// become stale. Nothing changes on error.
+func (cs *CacheState) Select(rows []int) error {
 	return cs.locked(func() error {
-		// every cache has the same batch: the first one's validation
-		// decides for all, so a refusal changes nothing
-		for _, c := range cs.live() {
-			if err := c.Select(idx); err != nil {
+		live := cs.live()
+		if len(live) != len(cs.caches) {
+			return fmt.Errorf("%w: select needs every layer's cache (run the state once first)", errs.ErrInvalidArgument)
+		}
+		for _, c := range live {
+			if err := c.Select(rows); err != nil {
+				// validation is the same for every layer: only the
+				// first can fail, before any layer changed
 				return err
 			}
 		}
-		if len(cs.live()) == 0 {
-			if err := validSelection(idx, cs.cfg.Batch); err != nil {
-				return err
-			}
+		cs.cfg.Batch = len(rows)
+		cs.length = 0
+		for _, n := range live[0].Lengths() {
+			cs.length = max(cs.length, n)
 		}
-		cs.cfg.Batch = len(idx)
 		clear(cs.cks)
 		return nil
 	})
 }
 
-// validSelection checks select indices for a batch without caches yet.
-func validSelection(idx []int, batch int) error {
-	if len(idx) == 0 || len(idx) > batch {
-		return fmt.Errorf("%w: select keeps 1..%d sequences, got %d indices", cache.ErrInvalidArgument, batch, len(idx))
+// Adopt moves every sequence of src to the end of cs (src's rows follow
+// cs's) and closes src; no K/V is copied. Both states must belong to the
+// same session, have run at least once, and share the storage type,
+// capacity (max_length) and arena. The logical length becomes the larger
+// of the two: the shorter state's sequences gain left padding, which is not
+// stored. Checkpoints of cs become stale. Nothing changes on error.
+func (cs *CacheState) Adopt(src *CacheState) error {
+	if src == nil || src == cs || src.sess != cs.sess {
+		return fmt.Errorf("%w: a state adopts another state of the same session", errs.ErrInvalidArgument)
 	}
-	seen := make([]bool, batch)
-	for _, i := range idx {
-		if i < 0 || i >= batch {
-			return fmt.Errorf("%w: sequence index %d outside 0..%d", cache.ErrOutOfRange, i, batch-1)
+	return cs.locked(func() error {
+		src.st.mu.Lock()
+		defer src.st.mu.Unlock()
+		if src.closed {
+			return fmt.Errorf("%w: the adopted generation state is closed", errs.ErrClosed)
 		}
-		if seen[i] {
-			return fmt.Errorf("%w: sequence index %d is selected twice", cache.ErrInvalidArgument, i)
+		if cs.cfg.MaxLength == 0 || cs.cfg.MaxLength != src.cfg.MaxLength || cs.cfg.Elem != src.cfg.Elem || cs.arena != src.arena {
+			return fmt.Errorf("%w: adopting needs states of one fixed max_length, storage type and arena (max_length %d and %d)",
+				errs.ErrInvalidArgument, cs.cfg.MaxLength, src.cfg.MaxLength)
 		}
-		seen[i] = true
-	}
-	return nil
+		a, b := cs.live(), src.live()
+		if len(a) != len(cs.caches) || len(b) != len(src.caches) {
+			return fmt.Errorf("%w: adopting needs every layer's cache (run both states once first)", errs.ErrInvalidArgument)
+		}
+		for i := range a {
+			x, y := a[i].Config(), b[i].Config()
+			x.Batch, y.Batch = 0, 0
+			if x != y {
+				return fmt.Errorf("%w: layer slot %d has cache geometry %+v here and %+v in the adopted state",
+					errs.ErrInvalidArgument, i, a[i].Config(), b[i].Config())
+			}
+		}
+		for i := range a {
+			if err := a[i].Adopt(b[i]); err != nil {
+				return err // checked above: cannot fail past the first layer
+			}
+		}
+		cs.cfg.Batch += src.cfg.Batch
+		cs.length = max(cs.length, src.length)
+		clear(cs.cks)
+		src.closed = true
+		src.st.pool.close() // src's arena is cs's, so src owns none
+		return nil
+	})
 }
 
 // Truncate drops the last positions so that the logical length becomes n

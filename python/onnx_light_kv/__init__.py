@@ -30,6 +30,7 @@ __all__ = [
     "set_kernel", "read_bandwidth", "stream_read", "InferenceSession", "SessionOptions", "NodeArg", "ModelMetadata",
     "GraphOptimizationLevel", "ExecutionMode", "GenerationState", "models", "BudgetError", "CapacityError",
     "StaleCheckpointError", "bfloat16", "build_info", "generate", "Generator", "GenerationOutput", "__version__",
+    "Engine",
 ]
 
 
@@ -76,6 +77,10 @@ def __getattr__(name: str) -> Any:
 
         gen = importlib.import_module(".generation", __name__)
         return gen if name == "generation" else getattr(gen, name)
+    if name == "Engine":
+        from .serve.engine import Engine
+
+        return Engine
     if name in ("InferenceSession", "SessionOptions", "NodeArg", "ModelMetadata", "GraphOptimizationLevel",
                 "ExecutionMode", "GenerationState"):
         from . import session

@@ -3,6 +3,7 @@
   python -m onnx_light_kv info [--bandwidth]   build, CPU and kernel paths
   python -m onnx_light_kv demo [options]       generation and KV-cache demo
   python -m onnx_light_kv generate MODEL ...   generate tokens with a decoder .onnx model
+  python -m onnx_light_kv serve MODEL ...      OpenAI-compatible HTTP server (extra 'serve')
   python -m onnx_light_kv --version
 
 Also installed as the ``onnx-light-kv`` command.
@@ -66,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     generate_cli.add_arguments(sub.add_parser("generate", help="generate tokens with a decoder .onnx model",
                                               formatter_class=HelpFormatter))
+    from .serve import http as serve_http
+
+    serve_http.add_arguments(sub.add_parser("serve", help="OpenAI-compatible HTTP server with continuous batching",
+                                            description="Serve a decoder .onnx model over an OpenAI-compatible "
+                                                        "HTTP API (/v1/completions, /v1/chat/completions, "
+                                                        "/v1/models, /health, /metrics).",
+                                            formatter_class=HelpFormatter))
     return p
 
 
@@ -77,6 +85,10 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         from .generation import cli as generate_cli
 
         return generate_cli.run(args)
+    if args.cmd == "serve":
+        from .serve import http as serve_http
+
+        return serve_http.run(args)
     from .demo import run
 
     return run(args)

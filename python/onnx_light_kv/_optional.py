@@ -10,6 +10,9 @@ extra          package             used for
 ``plot``       matplotlib          benchmark plots (PNG)
 ``progress``   tqdm                progress bars (demo, long benchmark runs)
 ``generate``   tokenizers, tqdm    text in/out and progress bars of ``generate()``
+``serve``      starlette, uvicorn, the OpenAI-compatible HTTP server (``serve``)
+               jinja2, tokenizers
+``ray``        ray[serve]          scale-out on Ray Serve (``serve.ray``)
 =============  ==================  ==============================================
 """
 
@@ -27,6 +30,10 @@ EXTRAS = {
     "matplotlib": ("plot", "plots"),
     "tqdm": ("progress", "progress bars"),
     "tokenizers": ("generate", "text in/out with a tokenizer"),
+    "starlette": ("serve", "the HTTP server"),
+    "uvicorn": ("serve", "the HTTP server"),
+    "jinja2": ("serve", "chat templates of the HTTP server"),
+    "ray": ("ray", "scale-out on Ray Serve"),
 }
 
 T = TypeVar("T")

@@ -113,20 +113,40 @@ class GenerationState:
         _call(_f("StateReorder"), self._handle(), a.ctypes.data, a.size)
 
     def select(self, indices: Sequence[int]) -> None:
-        """Keep only the sequences ``indices`` (distinct, in the order given) of every layer
-        and drop the others, as transformers' ``batch_select_indices`` does (finished beams or
-        requests leave the batch): :attr:`batch` becomes ``len(indices)``, no kept row is
-        copied, checkpoints become stale.
+        """Keep a subset of the sequences: sequence ``b`` becomes old sequence ``indices[b]``
+        and :attr:`batch` becomes ``len(indices)``. No K/V is copied; the storage of the
+        dropped sequences goes back to the arena. :attr:`length` becomes the longest kept
+        sequence's stored length. Checkpoints become stale.
 
         Raises:
-            IndexError: an index outside ``0..batch-1``.
-            ValueError: no index, more than ``batch``, or a repeated index.
+            IndexError: an index outside ``0..batch-1``. ValueError: no index, or one twice.
         """
         a = _i64(indices, "indices")
         if a.size == 0:
             raise ValueError("select keeps at least one sequence")
+        if np.unique(a).size != a.size:
+            raise ValueError("select keeps a subset: an index appears twice (use fork or reorder to copy)")
         _call(_f("StateSelect"), self._handle(), a.ctypes.data, a.size)
         self._batch = int(a.size)
+
+    def adopt(self, other: "GenerationState") -> None:
+        """Move every sequence of ``other`` (a state of the same session, created with the same
+        ``max_length`` and ``dtype``, on the same arena, run at least once) to the end of this
+        one and close ``other``. No K/V is copied. :attr:`length` becomes the larger of the two
+        lengths (the shorter state's sequences gain left padding, which is not stored).
+        Checkpoints become stale.
+
+        Raises:
+            TypeError: ``other`` is not a GenerationState. ValueError: another session, the
+            state itself, a different geometry, max_length (or none), dtype or arena.
+        """
+        if not isinstance(other, GenerationState):
+            raise TypeError(f"adopt expects a GenerationState, got {type(other).__name__}")
+        if other is self:
+            raise ValueError("a state cannot adopt itself")
+        _call(_f("StateAdopt"), self._handle(), other._handle())
+        self._batch += other._batch
+        other._finalizer()
 
     def reuse_prefix(self, token_ids: Sequence[int]) -> int:
         """Attach the longest prefix of ``token_ids`` registered by earlier states of the

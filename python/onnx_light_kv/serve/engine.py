@@ -1,0 +1,468 @@
+"""Continuous batching: many requests share one model call per step.
+
+:class:`Engine` keeps the running requests' KV caches as the rows of ONE generation state
+(``session.create_state``) and runs every decode step as one ``session.run(..., state=)``
+over all of them, so the weights are read once per step for the whole batch. Rows have their
+own lengths: a row's left padding (up to the state's logical length) is masked and not stored.
+
+A new request's prompt is prefilled on a state of its own, in chunks of at most
+``max_tokens_per_step`` tokens per step (separate model calls, after the step's decode call);
+when its prompt is done its first token is chosen and its state joins the running one
+(:meth:`GenerationState.adopt`: no K/V copy). Finished and aborted rows leave with
+:meth:`GenerationState.select` (no copy either). Token choice reuses the generation package's
+logits processors (:mod:`onnx_light_kv.generation.logits_process`) and stop conditions, one
+request at a time with its own options and random stream, so each request gets exactly the
+tokens ``generate`` gives it alone.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .._errors import BudgetError
+from .._validate import integer, optional_integer
+from ..generation import logits_process as lp
+from ..generation.decoder_io import DecoderIO
+from ..generation.options import SamplingOptions, StopCondition
+from ..generation.runner import StateRunner, cache_path_available, step_feeds
+
+__all__ = ["Engine", "StepOutput", "Request"]
+
+
+class StepOutput(NamedTuple):
+    """What one request produced in one :meth:`Engine.step`."""
+
+    request_id: int
+    """The id :meth:`Engine.add_request` returned."""
+    tokens: List[int]
+    """The new token ids of this step (one, or none for a request still prefilling or aborted)."""
+    finished: bool
+    """True on the request's last output (see :attr:`Request.finish_reason`)."""
+
+
+@dataclass
+class Request:
+    """One request's prompt, options and progress (read it with :meth:`Engine.request`)."""
+
+    request_id: int
+    prompt: np.ndarray
+    max_new_tokens: int
+    options: SamplingOptions
+    stop: StopCondition
+    logprobs: Optional[int]
+    rng: np.random.Generator
+    tokens: List[int] = field(default_factory=list)
+    """Generated token ids so far."""
+    token_logprobs: List[float] = field(default_factory=list)
+    """With ``logprobs``: the log-probability of each generated token under the model's
+    distribution (log-softmax of the raw logits, before the sampling processors)."""
+    top_logprobs: List[Dict[int, float]] = field(default_factory=list)
+    """With ``logprobs=n > 0``: the ``n`` most probable tokens and their log-probabilities per step."""
+    finish_reason: Optional[str] = None
+    """None while running; "stop" (eos or a stop sequence), "length" (``max_new_tokens``) or
+    "abort" when done."""
+    arrival: float = 0.0
+    first_token_time: Optional[float] = None
+    finish_time: Optional[float] = None
+    # internal
+    _runner: Any = None
+    _prefilled: int = 0
+    _seq: Optional[np.ndarray] = None
+
+    @property
+    def finished(self) -> bool:
+        """True once :attr:`finish_reason` is set."""
+        return self.finish_reason is not None
+
+
+def _paged_supported(session: Any) -> bool:
+    try:
+        return "layout" in inspect.signature(session.create_state).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+        return False
+
+
+class Engine:
+    """Continuous batching over one decoder :class:`~onnx_light_kv.InferenceSession`.
+
+    ``session`` must run on the cache path (``session.cache_plan()`` rewrites every layer) and
+    take an ``attention_mask`` input (rows of different lengths are left-padded in the mask).
+
+    Args:
+        max_batch: most requests running (decoding) or prefilling at once; more wait in a queue.
+        max_tokens_per_step: most prompt tokens prefilled per step (over all new requests;
+            a longer prompt is prefilled in chunks over several steps).
+        budget: bytes the running requests' KV caches may reserve (None: no limit but the
+            machine's). When the next request does not fit, admission pauses (it waits in the
+            queue) and running requests are never failed.
+        max_length: positions per sequence, prompt included; every request reserves its
+            caches for this many positions (the contiguous layout), so a request whose
+            ``prompt + max_new_tokens`` exceeds it is refused with ``ValueError``.
+        block_size: the paged cache layout's block size; None uses contiguous caches.
+            Not implemented yet (``NotImplementedError``).
+        prefix_cache: share the caches of a common prompt prefix between requests; needs the
+            paged layout: not implemented yet (``NotImplementedError``).
+        state_options: more ``create_state`` keyword arguments (``dtype`` of the caches).
+
+    Thread safety: :meth:`add_request`, :meth:`abort`, :meth:`stats` and :meth:`request` may be
+    called from any thread while one thread runs :meth:`step`; requests added or aborted during
+    a step take effect at the next one.
+    """
+
+    def __init__(self, session: Any, *, max_batch: int = 16, max_tokens_per_step: int = 2048,
+                 budget: Optional[int] = None, max_length: int = 2048, block_size: Optional[int] = None,
+                 prefix_cache: bool = False, state_options: Optional[Dict[str, Any]] = None) -> None:
+        self.max_batch = integer(max_batch, "max_batch", lo=1, hi=4096)
+        self.max_tokens_per_step = integer(max_tokens_per_step, "max_tokens_per_step", lo=1)
+        self.max_length = integer(max_length, "max_length", lo=2)
+        self.budget = optional_integer(budget, "budget", lo=1)
+        if block_size is not None:
+            integer(block_size, "block_size", lo=1)
+            raise NotImplementedError(
+                "block_size: the Engine on the paged cache layout is not implemented yet"
+                + ("" if _paged_supported(session) else " (this build has no paged layout: create_state takes no layout)")
+                + "; block_size=None runs on contiguous caches")
+        if prefix_cache:
+            raise NotImplementedError("prefix_cache=True needs the paged cache layout, which the Engine does not use "
+                                      "yet; pass prefix_cache=False")
+        opts = dict(state_options or {})
+        for k in ("max_length", "budget", "batch"):
+            if k in opts:
+                raise ValueError(f"state_options must not set {k!r}: the Engine manages it")
+        self.session = session
+        self.io = DecoderIO.from_session(session)
+        if not cache_path_available(session):
+            raise NotImplementedError("the Engine batches requests on the cache path (session.create_state), and "
+                                      "this session has none or does not rewrite every layer (see cache_plan())")
+        if self.io.attention_mask is None:
+            raise NotImplementedError("the Engine batches sequences of different lengths through the attention mask; "
+                                      "this model has no attention_mask input")
+        self._state_options = opts
+        probe = session.create_state(batch=1, max_length=self.max_length, **opts)
+        try:
+            self._request_bytes = int(probe.info()["totals"].get("committed_bytes", 0))
+        finally:
+            probe.close()
+        if self.budget is not None and self._request_bytes > self.budget:
+            raise BudgetError(f"budget of {self.budget} bytes cannot hold one request's caches: "
+                              f"{self._request_bytes} bytes for max_length={self.max_length}")
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._inbox: Deque[Tuple[str, Any]] = collections.deque()
+        self._requests: Dict[int, Request] = {}
+        self._queue: Deque[Request] = collections.deque()
+        self._prefilling: List[Request] = []
+        self._rows: List[Request] = []  # the running requests, in the state's row order
+        self._state: Any = None
+        self._counts = collections.Counter()
+        self._recent: Deque[Tuple[float, int]] = collections.deque(maxlen=64)
+        self._closed = False
+
+    # -- requests -------------------------------------------------------------------------
+    def add_request(self, input_ids: Any, *, max_new_tokens: int = 16, do_sample: bool = False,
+                    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+                    repetition_penalty: float = 1.0, eos_token_id: Union[int, Sequence[int], None] = None,
+                    stop_sequences: Optional[Sequence[Sequence[int]]] = None, seed: Optional[int] = None,
+                    logprobs: Optional[int] = None) -> int:
+        """Queue a request: ``input_ids`` (1-D ids, or ``[1, n]``) and ``generate``'s options of
+        the same names (``max_new_tokens``, sampling, ``eos_token_id``, ``stop_sequences``,
+        ``seed``); ``logprobs=n`` records each token's log-probability and the ``n`` most
+        probable alternatives (0: the chosen token's only). Returns the request id.
+
+        Raises:
+            ValueError: bad options, or a prompt that can never fit (``prompt + max_new_tokens
+            > max_length``). TypeError: ids that are not integers.
+        """
+        ids = np.asarray(input_ids)
+        if ids.size == 0:
+            raise ValueError("input_ids must hold at least one token")
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"input_ids must be integer token ids, got dtype {ids.dtype}")
+        if ids.ndim == 2 and ids.shape[0] == 1:
+            ids = ids[0]
+        if ids.ndim != 1 or ids.size == 0:
+            raise ValueError(f"input_ids must be one non-empty sequence ([n] or [1, n]), got shape {ids.shape}")
+        ids = ids.astype(np.int64)
+        if ids.min() < 0:
+            raise ValueError("input_ids must be non-negative")
+        max_new = integer(max_new_tokens, "max_new_tokens", lo=1)
+        if ids.size + max_new > self.max_length:
+            raise ValueError(f"the request can never fit: {ids.size} prompt tokens + max_new_tokens={max_new} "
+                             f"exceed the engine's max_length={self.max_length}")
+        opts = SamplingOptions(bool(do_sample), float(temperature), int(top_k), float(top_p), float(min_p),
+                               float(repetition_penalty))
+        stop = StopCondition.of(eos_token_id, stop_sequences)
+        lpn = optional_integer(logprobs, "logprobs", lo=0, hi=20)
+        rid = next(self._ids)
+        req = Request(rid, ids, max_new, opts, stop, lpn, np.random.default_rng(seed), arrival=time.perf_counter())
+        with self._lock:
+            if self._closed:
+                raise ValueError("the engine is closed")
+            self._requests[rid] = req
+            self._inbox.append(("add", req))
+        return rid
+
+    def abort(self, request_id: int) -> bool:
+        """Stop a request (its caches are freed at the next step, which reports it finished with
+        ``finish_reason="abort"``). Returns False when the id is unknown or already finished."""
+        with self._lock:
+            req = self._requests.get(request_id)
+            if req is None or req.finished:
+                return False
+            self._inbox.append(("abort", req))
+            return True
+
+    def request(self, request_id: int) -> Request:
+        """The :class:`Request` of an id (kept until :meth:`release`). Raises ``KeyError``."""
+        with self._lock:
+            return self._requests[request_id]
+
+    def release(self, request_id: int) -> None:
+        """Forget a finished request's record (unknown ids are ignored)."""
+        with self._lock:
+            req = self._requests.get(request_id)
+            if req is not None and req.finished:
+                del self._requests[request_id]
+
+    def has_work(self) -> bool:
+        """True while a request is queued, prefilling or running (or an add/abort is pending)."""
+        with self._lock:
+            return bool(self._inbox or self._queue or self._prefilling or self._rows)
+
+    # -- the step ---------------------------------------------------------------------------
+    def step(self) -> List[StepOutput]:
+        """Run one step: one model call over every running request (one new token each), then
+        prefill chunks of new requests (up to ``max_tokens_per_step`` prompt tokens), admitting
+        queued requests while ``max_batch`` and the budget allow. Returns each request's new
+        tokens and whether it finished (an aborted request is reported once, finished, with
+        no tokens)."""
+        outputs: Dict[int, StepOutput] = {}
+        self._drain(outputs)
+        t0 = time.perf_counter()
+        produced = 0
+        if self._rows:
+            produced += self._decode(outputs)
+        self._admit()
+        produced += self._prefill(outputs)
+        self._leave()
+        if produced:
+            self._recent.append((time.perf_counter(), produced))
+            self._counts["steps"] += 1
+            self._counts["step_ms"] += int((time.perf_counter() - t0) * 1e6)
+        return list(outputs.values())
+
+    def run_until_done(self) -> Dict[int, List[int]]:
+        """Step until no request is left; returns the generated tokens of every request that
+        finished meanwhile, by id."""
+        done: Dict[int, List[int]] = {}
+        while self.has_work():
+            for out in self.step():
+                if out.finished:
+                    done[out.request_id] = list(self._requests[out.request_id].tokens)
+        return done
+
+    def _drain(self, outputs: Dict[int, StepOutput]) -> None:
+        with self._lock:
+            items = list(self._inbox)
+            self._inbox.clear()
+        for kind, req in items:
+            if kind == "add":
+                self._queue.append(req)
+                self._counts["requests"] += 1
+            elif not req.finished:
+                self._finish(req, "abort")
+                outputs[req.request_id] = StepOutput(req.request_id, [], True)
+        self._queue = collections.deque(r for r in self._queue if not r.finished)
+        for r in [r for r in self._prefilling if r.finished]:
+            self._prefilling.remove(r)
+            r._runner.close()
+            r._runner = None
+        self._leave()  # aborted rows leave before the decode call
+
+    def _reserved(self) -> int:
+        return (len(self._rows) + len(self._prefilling)) * self._request_bytes
+
+    def _admit(self) -> None:
+        while self._queue and len(self._rows) + len(self._prefilling) < self.max_batch:
+            if self.budget is not None and self._reserved() + self._request_bytes > self.budget:
+                if self._request_bytes > self.budget:  # learnt from the first run: nothing ever fits
+                    raise BudgetError(f"budget of {self.budget} bytes cannot hold one request's caches: "
+                                      f"{self._request_bytes} bytes for max_length={self.max_length}")
+                self._counts["admission_paused"] += 1
+                return
+            req = self._queue[0]
+            try:
+                req._runner = StateRunner(self.session, self.io, 1, self.max_length, self._state_options)
+            except MemoryError:  # the machine (not our budget) is out of room: wait for rows to leave
+                if not self._rows and not self._prefilling:
+                    raise
+                self._counts["admission_paused"] += 1
+                return
+            self._queue.popleft()
+            req._seq = req.prompt.copy()
+            self._prefilling.append(req)
+
+    def _prefill(self, outputs: Dict[int, StepOutput]) -> int:
+        room = self.max_tokens_per_step
+        produced = 0
+        for req in list(self._prefilling):
+            if room <= 0:
+                break
+            start = req._prefilled
+            n = min(room, req.prompt.size - start)
+            logits = req._runner.run(req.prompt[None, start:start + n])
+            req._prefilled += n
+            room -= n
+            self._counts["prompt_tokens"] += n
+            if req._prefilled < req.prompt.size:
+                continue
+            self._prefilling.remove(req)
+            tok = self._choose(req, np.asarray(logits[0, -1], dtype=np.float32))
+            req.first_token_time = time.perf_counter()
+            produced += 1
+            if self._after_token(req, tok):
+                req._runner.close()
+                req._runner = None
+            else:
+                self._join(req)
+            outputs[req.request_id] = StepOutput(req.request_id, [tok], req.finished)
+        return produced
+
+    def _join(self, req: Request) -> None:
+        state = req._runner.state
+        req._runner = None
+        if not self._request_bytes:  # caches whose geometry only the first run told
+            self._request_bytes = int(state.info()["totals"].get("committed_bytes", 0))
+        if self._state is None:
+            self._state = state
+        else:
+            self._state.adopt(state)
+        self._rows.append(req)
+
+    def _decode(self, outputs: Dict[int, StepOutput]) -> int:
+        rows = self._rows
+        state = self._state
+        P = state.length
+        B = len(rows)
+        held = np.array([r._seq.size - 1 for r in rows], np.int64)
+        mask = (np.arange(P + 1)[None, :] >= (P - held)[:, None]).astype(np.int64)
+        ids = np.array([[r._seq[-1]] for r in rows], np.int64)
+        feeds = step_feeds(self.io, ids, mask, P)
+        logits, = self.session.run([self.io.logits], feeds, state=state)
+        logits = np.asarray(logits)
+        for b in range(B):
+            req = rows[b]
+            if req.finished:  # aborted meanwhile
+                continue
+            tok = self._choose(req, np.asarray(logits[b, -1], dtype=np.float32))
+            self._after_token(req, tok)
+            outputs[req.request_id] = StepOutput(req.request_id, [tok], req.finished)
+        self._counts["decode_rows"] += B
+        return B
+
+    def _choose(self, req: Request, logits: np.ndarray) -> int:
+        row = logits[None, :]
+        processed = lp.process(row, req.options, req._seq[None, :])
+        tok = int(lp.choose(processed, req.options.do_sample, req.rng)[0])
+        if req.logprobs is not None:
+            logp = lp.log_softmax(row)[0]
+            req.token_logprobs.append(float(logp[tok]))
+            if req.logprobs > 0:
+                top = np.argsort(-logp, kind="stable")[:req.logprobs]
+                req.top_logprobs.append({int(t): float(logp[t]) for t in top})
+        return tok
+
+    def _after_token(self, req: Request, tok: int) -> bool:
+        """Record ``tok``; finish the request when it stops. Returns True when finished."""
+        req._seq = np.append(req._seq, tok)
+        req.tokens.append(tok)
+        self._counts["generated_tokens"] += 1
+        if req.stop.hit(req._seq[-max([len(s) for s in req.stop.stop_sequences] + [1]):]):
+            self._finish(req, "stop")
+        elif len(req.tokens) >= req.max_new_tokens:
+            self._finish(req, "length")
+        return req.finished
+
+    def _finish(self, req: Request, reason: str) -> None:
+        req.finish_reason = reason
+        req.finish_time = time.perf_counter()
+        self._counts["finished_" + reason] += 1
+
+    def _leave(self) -> None:
+        keep = [i for i, r in enumerate(self._rows) if not r.finished]
+        if len(keep) == len(self._rows):
+            return
+        if not keep:
+            self._state.close()
+            self._state = None
+        else:
+            self._state.select(keep)
+        self._rows = [self._rows[i] for i in keep]
+
+    # -- figures ------------------------------------------------------------------------------
+    def stats(self) -> Dict[str, Any]:
+        """Counters and gauges: ``running``, ``prefilling``, ``queued``, ``requests`` (added),
+        ``finished`` (by reason), ``prompt_tokens``, ``generated_tokens``, ``steps``,
+        ``mean_step_ms``, ``tokens_per_s`` (over the recent steps), ``cache_reserved_bytes`` /
+        ``cache_committed_bytes`` (the running requests' caches), ``budget``,
+        ``request_bytes`` (what one request reserves), ``admission_paused`` (steps that left
+        requests queued for the budget), ``cache_blocks_used`` / ``cache_blocks_free`` and
+        ``prefix_hits`` (None/0: contiguous layout, no prefix cache)."""
+        with self._lock:
+            pending = sum(1 for k, _ in self._inbox if k == "add")
+        c = self._counts
+        recent = list(self._recent)
+        tps = 0.0
+        if len(recent) >= 2 and recent[-1][0] > recent[0][0]:
+            tps = sum(n for _, n in recent[1:]) / (recent[-1][0] - recent[0][0])
+        state = self._state
+        committed = 0
+        if state is not None and not state.closed:
+            try:
+                committed = int(state.info()["totals"].get("committed_bytes", 0))
+            except ValueError:  # closed by a concurrent step
+                committed = 0
+        return {"running": len(self._rows), "prefilling": len(self._prefilling), "queued": len(self._queue) + pending,
+                "requests": c["requests"] + pending,
+                "finished": {r: c["finished_" + r] for r in ("stop", "length", "abort")},
+                "prompt_tokens": c["prompt_tokens"], "generated_tokens": c["generated_tokens"],
+                "steps": c["steps"], "mean_step_ms": (c["step_ms"] / 1e3 / c["steps"]) if c["steps"] else 0.0,
+                "tokens_per_s": tps, "cache_reserved_bytes": self._reserved(), "cache_committed_bytes": committed,
+                "budget": self.budget, "request_bytes": self._request_bytes,
+                "admission_paused": c["admission_paused"], "max_batch": self.max_batch,
+                "cache_blocks_used": None, "cache_blocks_free": None, "prefix_hits": 0}
+
+    def close(self) -> None:
+        """Abort everything and release the caches."""
+        with self._lock:
+            self._closed = True
+        for req in list(self._queue) + list(self._prefilling) + list(self._rows):
+            if not req.finished:
+                self._finish(req, "abort")
+            if req._runner is not None:
+                req._runner.close()
+                req._runner = None
+        self._queue.clear()
+        self._prefilling.clear()
+        self._rows.clear()
+        if self._state is not None:
+            self._state.close()
+            self._state = None
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Engine(running={len(self._rows)}, prefilling={len(self._prefilling)}, queued={len(self._queue)}, "
+                f"max_batch={self.max_batch}, max_length={self.max_length})")

@@ -1,0 +1,729 @@
+"""An OpenAI-compatible HTTP server over an :class:`~onnx_light_kv.serve.Engine`.
+
+``python -m onnx_light_kv serve MODEL.onnx --tokenizer tokenizer.json`` (extra ``serve``:
+starlette, uvicorn, jinja2) serves
+
+* ``POST /v1/completions`` and ``POST /v1/chat/completions``: ``max_tokens``, ``temperature``
+  (0: greedy), ``top_p``, ``stop`` (strings), ``seed``, ``n``, ``logprobs`` (completions: the
+  number of alternatives, 0-5; chat: ``logprobs`` + ``top_logprobs``), ``stream`` (server-sent
+  events ending with ``data: [DONE]``); token-id prompts are accepted by completions;
+* ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text format).
+
+Chat prompts use the ``chat_template`` of the ``tokenizer_config.json`` next to the tokenizer
+when there is one (rendered with jinja2, ``add_generation_prompt=True``), else the default
+:data:`DEFAULT_CHAT_TEMPLATE`: one ``role: content`` line per message, then ``assistant:``.
+
+Errors use OpenAI's body (``{"error": {"message", "type", "param", "code"}}``): malformed JSON
+or parameters get 400, an unknown model 404. One thread runs the engine's steps; the event loop
+only queues requests and streams tokens, so a client that disconnects has its request aborted
+at the next step and nothing a client sends reaches another request's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple
+
+from .._optional import require
+from .engine import Engine, StepOutput
+
+__all__ = ["EngineLoop", "create_app", "serve", "DEFAULT_CHAT_TEMPLATE", "add_arguments", "run"]
+
+_log = logging.getLogger("onnx_light_kv")
+
+#: the chat template used when the tokenizer has none (jinja2 syntax, documented in the README)
+DEFAULT_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+class RequestError(Exception):
+    """A client error: HTTP ``status`` with OpenAI's error body."""
+
+    def __init__(self, message: str, param: Optional[str] = None, status: int = 400,
+                 code: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.message, self.param, self.status, self.code = message, param, status, code
+
+    def body(self) -> Dict[str, Any]:
+        """The JSON error body."""
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+class EngineLoop:
+    """Runs ``engine.step()`` on a thread of its own while there is work and hands each
+    request's outputs to the callback it was submitted with (called on the loop thread).
+
+    ``factory`` makes a fresh engine when a step raises: the requests in flight then get the
+    error (their callback receives it) and the server keeps serving.
+    """
+
+    def __init__(self, engine: Engine, factory: Optional[Callable[[], Engine]] = None) -> None:
+        self.engine = engine
+        self._factory = factory
+        self._lock = threading.Lock()
+        self._sinks: Dict[int, Callable[[Any], None]] = {}
+        self._wake = threading.Event()
+        self._stop = False
+        self.step_errors = 0
+        self._thread = threading.Thread(target=self._run, name="olkv-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def max_length(self) -> int:
+        """The engine's positions per sequence."""
+        return self.engine.max_length
+
+    def stats(self) -> Dict[str, Any]:
+        """The engine's :meth:`~Engine.stats` plus ``step_errors``."""
+        return dict(self.engine.stats(), step_errors=self.step_errors)
+
+    def submit(self, input_ids: Any, sink: Callable[[Any], None], session: Optional[str] = None,
+               **options: Any) -> int:
+        """Add a request (``Engine.add_request`` options); ``sink`` receives ``(StepOutput,
+        logprobs, top_logprobs, finish_reason)`` tuples, or an exception if the engine fails.
+        ``session`` (a conversation id) only matters to backends with several engines."""
+        with self._lock:
+            rid = self.engine.add_request(input_ids, **options)
+            self._sinks[rid] = sink
+        self._wake.set()
+        return rid
+
+    def abort(self, rid: int) -> None:
+        """Abort a request (no more outputs are delivered for it)."""
+        with self._lock:
+            self._sinks.pop(rid, None)
+            self.engine.abort(rid)
+        self._wake.set()
+
+    def close(self) -> None:
+        """Stop the thread and close the engine."""
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+        self.engine.close()
+
+    def _run(self) -> None:
+        while not self._stop:
+            if not self.engine.has_work():
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            try:
+                outs = self.engine.step()
+            except Exception as e:  # a model failure must not end the server
+                _log.exception("engine step failed; failing the requests in flight")
+                self.step_errors += 1
+                with self._lock:
+                    sinks, self._sinks = self._sinks, {}
+                    old = self.engine
+                    if self._factory is not None:
+                        self.engine = self._factory()
+                old.close()
+                for sink in sinks.values():
+                    sink(e)
+                continue
+            with self._lock:
+                for out in outs:
+                    sink = self._sinks.get(out.request_id)
+                    req = self.engine.request(out.request_id)
+                    if sink is not None:
+                        n = len(out.tokens)
+                        lps = req.token_logprobs[len(req.token_logprobs) - n:] if req.logprobs is not None else None
+                        tops = req.top_logprobs[len(req.top_logprobs) - n:] if req.logprobs else None
+                        sink((out, lps, tops, req.finish_reason))
+                    if out.finished:
+                        self._sinks.pop(out.request_id, None)
+                        self.engine.release(out.request_id)
+
+
+# -- request parsing ---------------------------------------------------------------------------
+def _get(body: Dict[str, Any], name: str, kinds: Tuple[type, ...], default: Any, what: str) -> Any:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) and bool not in kinds:
+        raise RequestError(f"'{name}' must be {what}, got {json.dumps(v)}", name)
+    if not isinstance(v, kinds):
+        raise RequestError(f"'{name}' must be {what}, got {type(v).__name__}", name)
+    return v
+
+
+def _number(body: Dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
+    v = float(_get(body, name, (int, float), default, "a number"))
+    if not lo <= v <= hi:
+        raise RequestError(f"'{name}' must be in [{lo}, {hi}], got {v}", name)
+    return v
+
+
+class _Params:
+    """The sampling and output parameters of one completions or chat request."""
+
+    def __init__(self, body: Dict[str, Any], chat: bool, max_length: int, prompt_len: int,
+                 session: Optional[str] = None) -> None:
+        user = body.get("user")
+        if user is not None and not isinstance(user, str):
+            raise RequestError("'user' must be a string", "user")
+        #: the conversation key for session-affinity routing (x-session-id header, else 'user')
+        self.session = session or user
+        room = max_length - prompt_len
+        default = 16 if not chat else room
+        key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+        self.max_tokens = int(_get(body, key, (int,), default, "an integer"))
+        if self.max_tokens < 1:
+            raise RequestError(f"'{key}' must be >= 1, got {self.max_tokens}", key)
+        if self.max_tokens > room:
+            raise RequestError(f"this model's maximum context length is {max_length} tokens; the prompt has "
+                               f"{prompt_len} and '{key}' asks for {self.max_tokens} more", key,
+                               code="context_length_exceeded")
+        self.temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+        self.top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+        if self.top_p == 0.0:
+            raise RequestError("'top_p' must be > 0", "top_p")
+        self.n = int(_get(body, "n", (int,), 1, "an integer"))
+        if not 1 <= self.n <= 16:
+            raise RequestError(f"'n' must be in [1, 16], got {self.n}", "n")
+        self.seed = _get(body, "seed", (int,), None, "an integer")
+        if self.seed is not None and not 0 <= self.seed < 2 ** 63:
+            raise RequestError("'seed' must be in [0, 2**63)", "seed")
+        stop = body.get("stop")
+        if stop is None:
+            self.stop: List[str] = []
+        elif isinstance(stop, str):
+            self.stop = [stop]
+        elif isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= 4:
+            self.stop = list(stop)
+        else:
+            raise RequestError("'stop' must be a string or a list of at most 4 strings", "stop")
+        if any(s == "" for s in self.stop):
+            raise RequestError("'stop' strings must not be empty", "stop")
+        self.stream = bool(_get(body, "stream", (bool,), False, "a boolean"))
+        for name in ("presence_penalty", "frequency_penalty"):
+            if _number(body, name, 0.0, -2.0, 2.0) != 0.0:
+                raise RequestError(f"'{name}' is not supported by this server (only 0)", name)
+        if chat:
+            self.logprobs = bool(_get(body, "logprobs", (bool,), False, "a boolean"))
+            top = int(_get(body, "top_logprobs", (int,), 0, "an integer"))
+            if not 0 <= top <= 20:
+                raise RequestError("'top_logprobs' must be in [0, 20]", "top_logprobs")
+            if top and not self.logprobs:
+                raise RequestError("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+            self.top = top
+        else:
+            lp = _get(body, "logprobs", (int,), None, "an integer")
+            if lp is not None and not 0 <= lp <= 5:
+                raise RequestError("'logprobs' must be in [0, 5]", "logprobs")
+            self.logprobs, self.top = lp is not None, int(lp or 0)
+            if _get(body, "echo", (bool,), False, "a boolean"):
+                raise RequestError("'echo' is not supported by this server", "echo")
+            if body.get("suffix") is not None:
+                raise RequestError("'suffix' is not supported by this server", "suffix")
+
+    def engine_options(self, i: int, eos: List[int]) -> Dict[str, Any]:
+        """``Engine.add_request`` options of choice ``i`` (seeds ``seed + i``)."""
+        sample = self.temperature > 0
+        return dict(max_new_tokens=self.max_tokens, do_sample=sample, temperature=self.temperature if sample else 1.0,
+                    top_p=self.top_p if sample else 1.0, seed=None if self.seed is None else self.seed + i,
+                    eos_token_id=eos or None, logprobs=self.top if self.logprobs else None)
+
+
+class _TextStream:
+    """Incremental detokenization with stop strings: ``push(tokens)`` returns the new text
+    (held back while it may be the start of a stop string) and whether a stop string ended it."""
+
+    def __init__(self, tokenizer: Any, stop: List[str]) -> None:
+        self.tok, self.stop = tokenizer, stop
+        self.ids: List[int] = []
+        self.sent = 0
+        self.text = ""
+        self.stopped = False
+
+    def push(self, tokens: List[int], final: bool = False) -> str:
+        self.ids.extend(tokens)
+        text = self.tok.decode(self.ids, skip_special_tokens=True)
+        if not final and text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for more
+            return ""
+        for s in self.stop:
+            at = text.find(s, max(0, self.sent - len(s)))
+            if at >= 0:
+                text = text[:at]
+                self.stopped = True
+        hold = 0
+        if not self.stopped and not final:
+            for s in self.stop:
+                for k in range(min(len(s) - 1, len(text)), 0, -1):
+                    if text.endswith(s[:k]):
+                        hold = max(hold, k)
+                        break
+        end = max(self.sent, len(text) - hold)
+        piece = text[self.sent:end]
+        self.sent = end
+        self.text = text[:end]
+        return piece
+
+
+def _sse(data: Any) -> bytes:
+    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+class _Server:
+    """The app's state: engine loop, tokenizer, model name, chat template and counters."""
+
+    def __init__(self, loop: EngineLoop, tokenizer: Any, model_name: str, chat_template: Optional[str]) -> None:
+        self.loop, self.tok, self.model = loop, tokenizer, model_name
+        jinja2 = require("jinja2")
+        env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+
+        def raise_exception(msg: str) -> None:
+            raise RequestError(f"chat template: {msg}", "messages")
+
+        env.globals["raise_exception"] = raise_exception
+        self.template = env.from_string(chat_template or DEFAULT_CHAT_TEMPLATE)
+        self.eos = [i for i in (tokenizer.token_to_id(t) for t in ("</s>", "<|endoftext|>", "<eos>", "<|im_end|>",
+                                                                     "<|eot_id|>")) if i is not None]
+        self.http = {}  # (route, status) -> count
+        self.started = time.time()
+
+    # -- prompts -------------------------------------------------------------------------------
+    def completion_prompts(self, body: Dict[str, Any]) -> List[List[int]]:
+        p = body.get("prompt")
+        if isinstance(p, str):
+            prompts = [p]
+        elif isinstance(p, list) and p and all(isinstance(x, str) for x in p):
+            prompts = list(p)
+        elif isinstance(p, list) and p and all(isinstance(x, int) and not isinstance(x, bool) for x in p):
+            return [self._check_ids(p)]
+        elif isinstance(p, list) and p and all(isinstance(x, list) for x in p):
+            return [self._check_ids(x) for x in p]
+        else:
+            raise RequestError("'prompt' must be a string, a list of strings, a list of token ids or a list of "
+                               "such lists (non-empty)", "prompt")
+        if len(prompts) > 16:
+            raise RequestError("at most 16 prompts per request", "prompt")
+        out = []
+        for text in prompts:
+            ids = self.tok.encode(text).ids
+            if not ids:
+                raise RequestError("a prompt encodes to no tokens", "prompt")
+            out.append(list(ids))
+        return out
+
+    def _check_ids(self, ids: List[Any]) -> List[int]:
+        vocab = self.tok.get_vocab_size()
+        if not ids or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < vocab for x in ids):
+            raise RequestError(f"token-id prompts must be non-empty lists of ints in [0, {vocab})", "prompt")
+        return list(ids)
+
+    def chat_prompt(self, body: Dict[str, Any]) -> List[int]:
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise RequestError("'messages' must be a non-empty list", "messages")
+        clean = []
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise RequestError(f"messages[{i}] must be an object with a 'role' string", "messages")
+            c = m.get("content")
+            if isinstance(c, list):  # content parts: text only
+                if not all(isinstance(x, dict) and x.get("type") == "text" and isinstance(x.get("text"), str)
+                           for x in c):
+                    raise RequestError(f"messages[{i}].content: only text parts are supported", "messages")
+                c = "".join(x["text"] for x in c)
+            if not isinstance(c, str):
+                raise RequestError(f"messages[{i}].content must be a string", "messages")
+            clean.append({"role": m["role"], "content": c})
+        try:
+            text = self.template.render(messages=clean, add_generation_prompt=True, bos_token="", eos_token="")
+        except RequestError:
+            raise
+        except Exception as e:
+            raise RequestError(f"chat template failed on these messages: {e}", "messages") from None
+        ids = self.tok.encode(text, add_special_tokens=False).ids
+        if not ids:
+            raise RequestError("the messages encode to no tokens", "messages")
+        return list(ids)
+
+    # -- running -------------------------------------------------------------------------------
+    def start(self, prompt: List[int], opts: Dict[str, Any], session: Optional[str]) -> Tuple[int, "asyncio.Queue[Any]"]:
+        loop = asyncio.get_running_loop()
+        q: "asyncio.Queue[Any]" = asyncio.Queue()
+        try:
+            rid = self.loop.submit(prompt, lambda item: loop.call_soon_threadsafe(q.put_nowait, item),
+                                   session=session, **opts)
+        except (ValueError, TypeError) as e:
+            raise RequestError(str(e)) from None
+        return rid, q
+
+    async def choices(self, prompts: List[List[int]], params: _Params, request: Any
+                      ) -> AsyncIterator[Tuple[int, str, Optional[List[Any]], Optional[str], int]]:
+        """Yield ``(choice index, text delta, logprob entries, finish_reason, tokens)`` as the
+        engine produces them; aborts every request of the call when the consumer stops."""
+        runs = []
+        for pi, prompt in enumerate(prompts):
+            for j in range(params.n):
+                runs.append((len(runs), prompt, j))
+        merged: "asyncio.Queue[Any]" = asyncio.Queue()
+        rids: Dict[int, int] = {}
+        streams = {i: _TextStream(self.tok, params.stop) for i, _, _ in runs}
+        pumps = []
+        try:
+            for i, prompt, j in runs:
+                rid, q = self.start(prompt, params.engine_options(j, self.eos), params.session)
+                rids[i] = rid
+
+                async def pump(i: int = i, q: "asyncio.Queue[Any]" = q) -> None:
+                    while True:
+                        item = await q.get()
+                        await merged.put((i, item))
+                        if isinstance(item, Exception) or item[0].finished:
+                            return
+
+                pumps.append(asyncio.ensure_future(pump()))
+            left = len(runs)
+            while left:
+                try:
+                    i, item = await asyncio.wait_for(merged.get(), timeout=1.0)
+                except asyncio.TimeoutError:
+                    if request is not None and await request.is_disconnected():
+                        return
+                    continue
+                if isinstance(item, Exception):
+                    raise RequestError(f"the model failed: {item}", status=500)
+                out, lps, tops, reason = item
+                ts = streams[i]
+                piece = ts.push(list(out.tokens), final=out.finished)
+                entries = None
+                if lps is not None:
+                    entries = [(t, lp, top) for t, lp, top in zip(out.tokens, lps, tops or [None] * len(lps))]
+                if ts.stopped and not out.finished:
+                    self.loop.abort(rids[i])
+                    left -= 1
+                    rids.pop(i)
+                    yield i, piece, entries, "stop", len(out.tokens)
+                    continue
+                if out.finished:
+                    left -= 1
+                    rids.pop(i)
+                    yield i, piece, entries, "stop" if (ts.stopped or reason == "stop") else "length", len(out.tokens)
+                elif piece or entries:
+                    yield i, piece, entries, None, len(out.tokens)
+        finally:
+            for rid in rids.values():
+                self.loop.abort(rid)
+            for p in pumps:
+                p.cancel()
+
+    def token_text(self, t: int) -> str:
+        return self.tok.decode([t], skip_special_tokens=False)
+
+
+def create_app(engine: Any, tokenizer: Any, *, model_name: str = "model", chat_template: Optional[str] = None,
+               engine_factory: Optional[Callable[[], Engine]] = None) -> Any:
+    """The Starlette application serving ``engine`` (see the module docstring). The engine's
+    steps run on a thread the app starts at startup and stops at shutdown. ``tokenizer``: a
+    ``tokenizers.Tokenizer`` or a ``tokenizer.json`` path (a ``tokenizer_config.json`` next to it
+    supplies the chat template unless ``chat_template`` is given).
+
+    ``engine`` may also be a backend with :class:`EngineLoop`'s interface (``submit``, ``abort``,
+    ``stats``, ``close``, ``max_length``), such as the Ray Serve router of
+    :mod:`onnx_light_kv.serve.ray`, which spreads requests over several engines."""
+    starlette = require("starlette")
+    del starlette
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    from ..generation.text import load_tokenizer
+
+    if chat_template is None and isinstance(tokenizer, (str, os.PathLike)):
+        chat_template = _template_next_to(os.fspath(tokenizer))
+    tok = load_tokenizer(tokenizer)
+    state: Dict[str, Any] = {}
+
+    def server() -> _Server:
+        if "server" not in state:
+            backend = EngineLoop(engine, engine_factory) if isinstance(engine, Engine) else engine
+            state["server"] = _Server(backend, tok, model_name, chat_template)
+        return state["server"]
+
+    def count(route: str, status: int) -> None:
+        key = (route, status)
+        srv = server()
+        srv.http[key] = srv.http.get(key, 0) + 1
+
+    def error(route: str, e: RequestError) -> JSONResponse:
+        count(route, e.status)
+        return JSONResponse(e.body(), status_code=e.status)
+
+    async def body_of(request: Request) -> Dict[str, Any]:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise RequestError(f"the request body is not valid JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise RequestError("the request body must be a JSON object")
+        m = body.get("model")
+        if m is not None and m != model_name:
+            raise RequestError(f"the model '{m}' does not exist (this server serves '{model_name}')", "model",
+                               status=404, code="model_not_found")
+        return body
+
+    async def completions(request: Request) -> Response:
+        return await _generate(request, chat=False)
+
+    async def chat(request: Request) -> Response:
+        return await _generate(request, chat=True)
+
+    async def _generate(request: Request, chat: bool) -> Response:
+        route = "/v1/chat/completions" if chat else "/v1/completions"
+        srv = server()
+        try:
+            body = await body_of(request)
+            prompts = [srv.chat_prompt(body)] if chat else srv.completion_prompts(body)
+            params = _Params(body, chat, srv.loop.max_length, max(len(p) for p in prompts),
+                             request.headers.get("x-session-id"))
+        except RequestError as e:
+            return error(route, e)
+        cid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        created = int(time.time())
+        nchoices = len(prompts) * params.n
+        usage = {"prompt_tokens": sum(len(p) for p in prompts) * params.n}
+        if params.stream:
+            gen = srv.choices(prompts, params, None)
+            # start the requests now, so that a refused one is a 400, not a broken stream
+            try:
+                first = await gen.__anext__()
+            except StopAsyncIteration:
+                first = None
+            except RequestError as e:
+                return error(route, e)
+            count(route, 200)
+            return StreamingResponse(_stream(srv, gen, first, cid, created, chat, nchoices),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        texts = [""] * nchoices
+        reasons: List[Optional[str]] = [None] * nchoices
+        lps: List[List[Any]] = [[] for _ in range(nchoices)]
+        ntok = 0
+        gen = srv.choices(prompts, params, request)
+        try:
+            async for i, piece, entries, reason, n in gen:
+                texts[i] += piece
+                ntok += n
+                if entries:
+                    lps[i].extend(entries)
+                if reason is not None:
+                    reasons[i] = reason
+        except RequestError as e:
+            return error(route, e)
+        finally:
+            await gen.aclose()
+        if any(r is None for r in reasons):  # the client went away
+            count(route, 499)
+            return Response(status_code=499)
+        usage["completion_tokens"] = ntok
+        usage["total_tokens"] = usage["prompt_tokens"] + ntok
+        choices = []
+        for i in range(nchoices):
+            if chat:
+                c = {"index": i, "message": {"role": "assistant", "content": texts[i]},
+                     "logprobs": _chat_logprobs(srv, lps[i]) if params.logprobs else None, "finish_reason": reasons[i]}
+            else:
+                c = {"index": i, "text": texts[i], "logprobs": _completion_logprobs(srv, lps[i]) if params.logprobs
+                     else None, "finish_reason": reasons[i]}
+            choices.append(c)
+        count(route, 200)
+        return JSONResponse({"id": cid, "object": "chat.completion" if chat else "text_completion",
+                             "created": created, "model": model_name, "choices": choices, "usage": usage})
+
+    async def models(request: Request) -> Response:
+        count("/v1/models", 200)
+        return JSONResponse({"object": "list", "data": [{"id": model_name, "object": "model",
+                                                         "created": int(server().started), "owned_by": "onnx-light-kv"}]})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def metrics(request: Request) -> Response:
+        st = server().loop.stats()
+        if inspect.isawaitable(st):  # a backend of remote engines
+            st = await st
+        return PlainTextResponse(_metrics(server(), st), media_type="text/plain; version=0.0.4")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        server()  # starts the engine's thread
+        try:
+            yield
+        finally:
+            if "server" in state:
+                state["server"].loop.close()
+
+    app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]),
+                            Route("/v1/chat/completions", chat, methods=["POST"]),
+                            Route("/v1/models", models, methods=["GET"]),
+                            Route("/health", health, methods=["GET"]),
+                            Route("/metrics", metrics, methods=["GET"])],
+                    lifespan=lifespan)
+    app.state.olkv = state
+    return app
+
+
+async def _stream(srv: _Server, gen: Any, first: Any, cid: str, created: int, chat: bool,
+                  nchoices: int) -> AsyncIterator[bytes]:
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(i: int, piece: str, entries: Any, reason: Optional[str], role: bool = False) -> bytes:
+        if chat:
+            delta: Dict[str, Any] = {"role": "assistant", "content": piece} if role else (
+                {"content": piece} if piece or reason is None else {})
+            c: Dict[str, Any] = {"index": i, "delta": delta, "logprobs": _chat_logprobs(srv, entries) if entries
+                                 else None, "finish_reason": reason}
+        else:
+            c = {"index": i, "text": piece, "logprobs": _completion_logprobs(srv, entries) if entries else None,
+                 "finish_reason": reason}
+        return _sse({"id": cid, "object": obj, "created": created, "model": srv.model, "choices": [c]})
+
+    try:
+        if chat:
+            for i in range(nchoices):
+                yield chunk(i, "", None, None, role=True)
+        item = first
+        while item is not None:
+            i, piece, entries, reason, _ = item
+            yield chunk(i, piece, entries, reason)
+            try:
+                item = await gen.__anext__()
+            except StopAsyncIteration:
+                item = None
+        yield b"data: [DONE]\n\n"
+    except RequestError as e:
+        yield _sse(e.body())
+    finally:
+        await gen.aclose()  # a disconnect cancels this generator: abort its requests
+
+
+def _completion_logprobs(srv: _Server, entries: List[Any]) -> Dict[str, Any]:
+    tokens, lps, tops, offsets = [], [], [], []
+    off = 0
+    for t, lp, top in entries:
+        s = srv.token_text(t)
+        tokens.append(s)
+        lps.append(lp)
+        tops.append({srv.token_text(k): v for k, v in top.items()} if top else None)
+        offsets.append(off)
+        off += len(s)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _chat_logprobs(srv: _Server, entries: List[Any]) -> Dict[str, Any]:
+    content = []
+    for t, lp, top in entries:
+        s = srv.token_text(t)
+        content.append({"token": s, "logprob": lp, "bytes": list(s.encode()),
+                        "top_logprobs": [{"token": srv.token_text(k), "logprob": v,
+                                          "bytes": list(srv.token_text(k).encode())} for k, v in (top or {}).items()]})
+    return {"content": content}
+
+
+def _metrics(srv: _Server, st: Dict[str, Any]) -> str:
+    lines: List[str] = []
+
+    def metric(name: str, kind: str, help_: str, value: Any, labels: str = "") -> None:
+        if not any(l.startswith(f"# HELP {name} ") for l in lines):
+            lines.append(f"# HELP {name} {help_}")
+            lines.append(f"# TYPE {name} {kind}")
+        v = float("nan") if value is None else float(value)
+        lines.append(f"{name}{labels} {'NaN' if v != v else format(v, 'g')}")
+
+    metric("olkv_requests_total", "counter", "Requests added to the engine.", st["requests"])
+    for reason, n in st["finished"].items():
+        metric("olkv_requests_finished_total", "counter", "Requests finished, by reason.", n, f'{{reason="{reason}"}}')
+    metric("olkv_requests_running", "gauge", "Requests decoding.", st["running"])
+    metric("olkv_requests_prefilling", "gauge", "Requests whose prompt is being prefilled.", st["prefilling"])
+    metric("olkv_queue_depth", "gauge", "Requests waiting for admission.", st["queued"])
+    metric("olkv_prompt_tokens_total", "counter", "Prompt tokens prefilled.", st["prompt_tokens"])
+    metric("olkv_generation_tokens_total", "counter", "Tokens generated.", st["generated_tokens"])
+    metric("olkv_tokens_per_second", "gauge", "Tokens generated per second over the recent steps.", st["tokens_per_s"])
+    metric("olkv_engine_steps_total", "counter", "Engine steps run.", st["steps"])
+    metric("olkv_cache_reserved_bytes", "gauge", "KV cache bytes reserved by running requests.",
+           st["cache_reserved_bytes"])
+    metric("olkv_cache_committed_bytes", "gauge", "KV cache bytes committed by the batched state.",
+           st["cache_committed_bytes"])
+    metric("olkv_cache_blocks_used", "gauge", "Paged cache blocks in use (NaN: contiguous layout).",
+           st["cache_blocks_used"])
+    metric("olkv_cache_blocks_free", "gauge", "Paged cache blocks free (NaN: contiguous layout).",
+           st["cache_blocks_free"])
+    metric("olkv_prefix_cache_hits_total", "counter", "Prompt prefixes reused from the prefix cache.", st["prefix_hits"])
+    metric("olkv_admission_paused_total", "counter", "Steps that left requests queued for the cache budget.",
+           st["admission_paused"])
+    metric("olkv_engine_step_errors_total", "counter", "Engine steps that raised.", st.get("step_errors", 0))
+    for (route, status), n in sorted(srv.http.items()):
+        metric("olkv_http_requests_total", "counter", "HTTP requests by route and status.", n,
+               f'{{route="{route}",status="{status}"}}')
+    return "\n".join(lines) + "\n"
+
+
+def _template_next_to(tokenizer_path: str) -> Optional[str]:
+    folder = tokenizer_path if os.path.isdir(tokenizer_path) else os.path.dirname(tokenizer_path)
+    cfg = os.path.join(folder, "tokenizer_config.json")
+    if not os.path.exists(cfg):
+        return None
+    with open(cfg) as f:
+        t = json.load(f).get("chat_template")
+    if isinstance(t, list):  # named templates: the default one
+        t = next((x.get("template") for x in t if isinstance(x, dict) and x.get("name") == "default"), None)
+    return t if isinstance(t, str) else None
+
+
+# -- command line --------------------------------------------------------------------------------
+def add_arguments(p: Any) -> None:
+    """Register the serve subcommand's options."""
+    p.add_argument("model", help="decoder .onnx file (cache path with an attention_mask input)")
+    p.add_argument("--tokenizer", required=True, help="tokenizer.json (a tokenizer_config.json next to it may give "
+                                                      "the chat template)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
+    p.add_argument("--max-batch", type=int, default=16, help="requests decoding at once (one model call per step)")
+    p.add_argument("--max-length", type=int, default=2048, help="positions per sequence, prompt included")
+    p.add_argument("--max-tokens-per-step", type=int, default=2048, help="prompt tokens prefilled per step")
+    p.add_argument("--budget", type=int, default=None, help="bytes the running requests' caches may reserve")
+    p.add_argument("--threads", type=int, default=None, help="threads of the session (None: all CPUs)")
+    p.add_argument("--model-name", default=None, help="the model id clients send (default: the file's name)")
+
+
+def serve(model: str, tokenizer: str, *, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 16,
+          max_length: int = 2048, max_tokens_per_step: int = 2048, budget: Optional[int] = None,
+          threads: Optional[int] = None, model_name: Optional[str] = None) -> None:
+    """Load ``model`` and serve it with uvicorn until interrupted."""
+    uvicorn = require("uvicorn")
+    from .. import InferenceSession
+
+    sess = InferenceSession(model, threads=threads)
+
+    def factory() -> Engine:
+        return Engine(sess, max_batch=max_batch, max_length=max_length, max_tokens_per_step=max_tokens_per_step,
+                      budget=budget)
+
+    name = model_name or os.path.splitext(os.path.basename(model))[0]
+    app = create_app(factory(), tokenizer, model_name=name, engine_factory=factory)
+    uvicorn.run(app, host=host, port=port, log_level="info")
+
+
+def run(args: Any) -> int:
+    """Run the serve subcommand; returns the exit code."""
+    serve(args.model, args.tokenizer, host=args.host, port=args.port, max_batch=args.max_batch,
+          max_length=args.max_length, max_tokens_per_step=args.max_tokens_per_step, budget=args.budget,
+          threads=args.threads, model_name=args.model_name)
+    return 0
+
+
+__all__ += ["RequestError", "StepOutput"]

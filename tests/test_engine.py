@@ -1,0 +1,302 @@
+"""onnx_light_kv.Engine (continuous batching): every request gets exactly the tokens generate()
+gives it alone (greedy and seeded sampling, stop rules, requests joining and leaving mid-run,
+abort, budget pressure), with one model call per step over all running requests."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import numpy as np
+import pytest
+
+import _fixtures as fx
+import _ort_compare as oc
+from _gen_common import ours
+
+olkv = pytest.importorskip("onnx_light_kv")
+from onnx_light_kv.serve import Engine  # noqa: E402
+
+MODEL = "llama-mask"
+
+#: (prompt, options) of requests that differ in length, new tokens, sampling and stop rules
+REQUESTS: List[Dict[str, Any]] = [
+    dict(input_ids=[3, 17, 42, 5, 99, 7, 250], max_new_tokens=12),
+    dict(input_ids=[1, 1, 2, 3], max_new_tokens=5),
+    dict(input_ids=[200, 9], max_new_tokens=9, do_sample=True, temperature=0.9, top_p=0.9, seed=7),
+    dict(input_ids=[8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 4], max_new_tokens=7, do_sample=True, top_k=20, seed=3),
+    dict(input_ids=[11, 12, 13], max_new_tokens=10, repetition_penalty=1.3),
+    dict(input_ids=[60, 61], max_new_tokens=8, do_sample=True, min_p=0.05, seed=11),
+]
+
+
+def _alone(sess: Any, req: Dict[str, Any]) -> List[int]:
+    """The request's new tokens from generate() on its own, up to where it stopped."""
+    kw = dict(req)
+    ids = np.array(kw.pop("input_ids"))
+    out = olkv.generate(sess, ids, **kw)
+    new = [int(t) for t in out.new_tokens[0]]
+    stop = olkv.generation.StopCondition.of(kw.get("eos_token_id"), kw.get("stop_sequences"))
+    seq = list(ids)
+    for i, t in enumerate(new):
+        seq.append(t)
+        if stop.hit(np.array(seq)):
+            return new[:i + 1]
+    return new
+
+
+def _with_stops(sess: Any) -> List[Dict[str, Any]]:
+    """REQUESTS plus stop rules taken from their own greedy/sampled runs (so they do fire)."""
+    reqs = [dict(r) for r in REQUESTS]
+    first = _alone(sess, reqs[0])
+    reqs[0]["eos_token_id"] = [first[5]]           # stops at (the first occurrence of) token 6
+    third = _alone(sess, reqs[4])
+    reqs[4]["stop_sequences"] = [third[2:4], [255, 254, 253]]
+    return reqs
+
+
+def _run(engine: Engine, reqs: List[Dict[str, Any]], add_at: Dict[int, int]) -> Dict[int, List[int]]:
+    """Step the engine, adding request i at step add_at[i]; returns the tokens by request index,
+    checking that the step outputs stream exactly the request's tokens."""
+    ids: Dict[int, int] = {}
+    streamed: Dict[int, List[int]] = {}
+    finished: Dict[int, bool] = {}
+    step = 0
+    while len(ids) < len(reqs) or engine.has_work():
+        for i, at in add_at.items():
+            if at == step:
+                kw = dict(reqs[i])
+                ids[engine.add_request(np.array(kw.pop("input_ids")), **kw)] = i
+        for out in engine.step():
+            assert not finished.get(out.request_id), "output after the finished one"
+            streamed.setdefault(out.request_id, []).extend(out.tokens)
+            finished[out.request_id] = out.finished
+        step += 1
+        assert step < 500
+    assert all(finished.values()) and set(finished) == set(ids)
+    got = {}
+    for rid, i in ids.items():
+        assert engine.request(rid).tokens == streamed[rid]
+        got[i] = streamed[rid]
+    return got
+
+
+@pytest.mark.parametrize("max_batch", [1, 3, 16])
+def test_concurrent_requests_equal_generate_alone(max_batch: int) -> None:
+    sess = ours(MODEL)
+    reqs = _with_stops(sess)
+    want = [_alone(sess, r) for r in reqs]
+    assert len(want[0]) == 6 and len(want[4]) <= 4  # the stop rules fire
+    with Engine(sess, max_batch=max_batch, max_length=64) as eng:
+        got = _run(eng, reqs, {i: 0 for i in range(len(reqs))})
+        st = eng.stats()
+    for i in range(len(reqs)):
+        assert got[i] == want[i], f"request {i}"
+    assert st["running"] == st["queued"] == st["prefilling"] == 0
+    assert st["finished"]["stop"] == 2 and st["finished"]["length"] == len(reqs) - 2
+    assert st["generated_tokens"] == sum(len(w) for w in want)
+
+
+def test_requests_join_and_leave_mid_run() -> None:
+    sess = ours(MODEL)
+    reqs = _with_stops(sess)
+    want = [_alone(sess, r) for r in reqs]
+    with Engine(sess, max_batch=4, max_length=64) as eng:
+        got = _run(eng, reqs, {0: 0, 1: 0, 2: 2, 3: 3, 4: 9, 5: 10})
+    for i in range(len(reqs)):
+        assert got[i] == want[i], f"request {i}"
+
+
+def test_chunked_prefill_equals_generate() -> None:
+    sess = ours(MODEL)
+    reqs = [dict(r) for r in REQUESTS[:4]]
+    want = [_alone(sess, r) for r in reqs]
+    with Engine(sess, max_batch=4, max_tokens_per_step=3, max_length=64) as eng:
+        got = _run(eng, reqs, {0: 0, 1: 0, 2: 1, 3: 1})
+        assert eng.stats()["prompt_tokens"] == sum(len(r["input_ids"]) for r in reqs)
+    for i in range(len(reqs)):
+        assert got[i] == want[i], f"request {i}"
+
+
+class _Counting:
+    """A session proxy that records the batch of every state run."""
+
+    def __init__(self, sess: Any) -> None:
+        self._sess = sess
+        self.batches: List[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sess, name)
+
+    def run(self, names: Any, feeds: Any, state: Any = None) -> Any:
+        self.batches.append(feeds["input_ids"].shape[0])
+        return self._sess.run(names, feeds, state=state)
+
+
+def test_one_model_call_per_step_over_all_running_rows() -> None:
+    sess = _Counting(ours(MODEL))
+    with Engine(sess, max_batch=8, max_length=64) as eng:
+        for r in REQUESTS[:4]:
+            kw = dict(r)
+            kw.update(max_new_tokens=6)
+            eng.add_request(kw.pop("input_ids"), **kw)
+        eng.step()  # the four prefills (batch 1 each)
+        assert sess.batches == [1, 1, 1, 1]
+        sess.batches.clear()
+        outs = eng.step()
+        assert sess.batches == [4] and len(outs) == 4 and all(len(o.tokens) == 1 for o in outs)
+        assert eng.stats()["running"] == 4
+        info = eng._state.info()["totals"]
+        assert info["copy_bytes"] == 0  # joins moved the rows, nothing was copied
+
+
+def test_abort() -> None:
+    sess = ours(MODEL)
+    reqs = [dict(r, max_new_tokens=10) for r in REQUESTS[:3]]
+    want = [_alone(sess, r) for r in reqs]
+    with Engine(sess, max_batch=4, max_length=64) as eng:
+        rids = [eng.add_request(np.array(r["input_ids"]), **{k: v for k, v in r.items() if k != "input_ids"})
+                for r in reqs]
+        queued = eng.add_request([5, 6, 7], max_new_tokens=4)
+        assert eng.abort(queued)
+        streamed: Dict[int, List[int]] = {r: [] for r in rids}
+        for _ in range(3):
+            for o in eng.step():
+                assert o.request_id != queued or (o.finished and not o.tokens)
+                if o.request_id in streamed:
+                    streamed[o.request_id].extend(o.tokens)
+        assert eng.abort(rids[1]) and not eng.abort(rids[1] + 100)
+        outs = eng.step()
+        ab = [o for o in outs if o.request_id == rids[1]]
+        assert ab == [(rids[1], [], True)]
+        assert eng.stats()["running"] == 2
+        for o in outs:
+            if o.request_id in streamed:
+                streamed[o.request_id].extend(o.tokens)
+        while eng.has_work():
+            for o in eng.step():
+                streamed[o.request_id].extend(o.tokens)
+        assert eng.request(rids[1]).finish_reason == "abort"
+        assert not eng.abort(rids[1])
+    assert streamed[rids[0]] == want[0] and streamed[rids[2]] == want[2]
+    assert streamed[rids[1]] == want[1][:len(streamed[rids[1]])] and len(streamed[rids[1]]) == 3
+
+
+def test_budget_pressure_queues_instead_of_failing() -> None:
+    sess = ours(MODEL)
+    reqs = [dict(r) for r in REQUESTS]
+    want = [_alone(sess, r) for r in reqs]
+    probe = Engine(sess, max_length=64)
+    per = probe.stats()["request_bytes"]
+    probe.close()
+    assert per > 0
+    with Engine(sess, max_batch=16, max_length=64, budget=2 * per + per // 2) as eng:
+        ids = {eng.add_request(np.array(r["input_ids"]), **{k: v for k, v in r.items() if k != "input_ids"}): i
+               for i, r in enumerate(reqs)}
+        got: Dict[int, List[int]] = {i: [] for i in ids.values()}
+        peak = 0
+        while eng.has_work():
+            for o in eng.step():
+                got[ids[o.request_id]].extend(o.tokens)
+            st = eng.stats()
+            peak = max(peak, st["running"] + st["prefilling"])
+            assert st["cache_reserved_bytes"] <= eng.budget
+        assert peak == 2 and eng.stats()["admission_paused"] > 0
+    for i in range(len(reqs)):
+        assert got[i] == want[i], f"request {i}"
+
+
+def test_refusals() -> None:
+    sess = ours(MODEL)
+    with Engine(sess, max_length=16) as eng:
+        with pytest.raises(ValueError, match="can never fit"):
+            eng.add_request(list(range(10)), max_new_tokens=7)
+        with pytest.raises(TypeError):
+            eng.add_request(np.array([1.5, 2.0]))
+        with pytest.raises(ValueError):
+            eng.add_request([])
+        with pytest.raises(ValueError):
+            eng.add_request([1, 2], temperature=0.0, do_sample=True)
+        with pytest.raises(ValueError):
+            eng.add_request([1, 2], max_new_tokens=0)
+        per = eng.stats()["request_bytes"]
+    with pytest.raises(olkv.BudgetError):
+        Engine(sess, max_length=16, budget=per - 1)
+    with pytest.raises(NotImplementedError, match="paged"):
+        Engine(sess, block_size=16)
+    with pytest.raises(NotImplementedError, match="paged"):
+        Engine(sess, prefix_cache=True)
+    with pytest.raises(NotImplementedError, match="attention_mask"):
+        Engine(ours("llama"))
+    with pytest.raises(NotImplementedError, match="cache path"):
+        Engine(oc.ort(_gen_model()))
+
+
+def _gen_model() -> Any:
+    from _gen_common import model
+
+    return model(MODEL)
+
+
+def test_logprobs_are_the_model_log_softmax() -> None:
+    sess = ours(MODEL)
+    prompt = np.array(REQUESTS[0]["input_ids"])
+    ref = olkv.generate(sess, prompt, max_new_tokens=5, return_scores=True)
+    with Engine(sess, max_length=64) as eng:
+        rid = eng.add_request(prompt, max_new_tokens=5, logprobs=3)
+        eng.run_until_done()
+        req = eng.request(rid)
+    assert req.tokens == [int(t) for t in ref.new_tokens[0]]
+    for t, (tok, lp, top) in enumerate(zip(req.tokens, req.token_logprobs, req.top_logprobs)):
+        scores = ref.scores[t][0]
+        assert lp == pytest.approx(float(scores[tok]), abs=1e-5)
+        assert len(top) == 3 and tok in top  # greedy: the chosen token is the most probable
+        assert max(top.values()) == pytest.approx(lp, abs=1e-6)
+
+
+FIXTURES = ["llama-dynamo", "qwen2-optimum", "gpt2-torchscript"]
+
+
+@pytest.mark.parametrize("name", [n for n in FIXTURES if n in fx.names()])
+def test_fixture_models(name: str) -> None:
+    try:
+        sess = oc.ours(fx.model_path(name))
+    except NotImplementedError as e:
+        pytest.skip(f"{name}: {e}")
+    io = olkv.generation.DecoderIO.from_session(sess)
+    if io.attention_mask is None or not olkv.generation.runner.cache_path_available(sess):
+        pytest.skip(f"{name}: no attention_mask input or no cache path")
+    reqs = [dict(input_ids=[5, 17, 42, 99, 7, 130], max_new_tokens=8),
+            dict(input_ids=[1, 2, 3], max_new_tokens=6, do_sample=True, seed=5, top_k=10),
+            dict(input_ids=[200, 9, 9, 4, 8], max_new_tokens=7)]
+    want = [_alone(sess, r) for r in reqs]
+    with Engine(sess, max_batch=3, max_length=32) as eng:
+        got = _run(eng, reqs, {0: 0, 1: 2, 2: 3})
+    for i in range(len(reqs)):
+        assert got[i] == want[i], f"{name} request {i}"
+
+
+def test_state_select_and_adopt() -> None:
+    sess = ours(MODEL)
+    feeds = lambda n: {"input_ids": np.arange(1, n + 1)[None], "position_ids": np.arange(n)[None],  # noqa: E731
+                       "attention_mask": np.ones((1, n), np.int64)}
+    a, b = sess.create_state(max_length=32), sess.create_state(max_length=32)
+    sess.run(["logits"], feeds(4), state=a)
+    sess.run(["logits"], feeds(6), state=b)
+    with pytest.raises(TypeError):
+        a.adopt("x")
+    with pytest.raises(ValueError):
+        a.adopt(a)
+    odd = sess.create_state(max_length=16)
+    sess.run(["logits"], feeds(2), state=odd)
+    with pytest.raises(ValueError, match="max_length"):
+        a.adopt(odd)
+    assert not odd.closed and a.batch == 1
+    a.adopt(b)
+    assert b.closed and a.batch == 2 and a.length == 6 and a.lengths.tolist() == [4, 6]
+    with pytest.raises(ValueError, match="twice"):
+        a.select([1, 1])
+    with pytest.raises(IndexError):
+        a.select([2])
+    a.select([1])
+    assert a.batch == 1 and a.length == 6 and a.lengths.tolist() == [6]
+    assert a.info()["totals"]["copy_bytes"] == 0

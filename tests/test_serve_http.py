@@ -1,0 +1,317 @@
+"""The OpenAI-compatible server over real HTTP on 127.0.0.1 (started and stopped by the tests):
+the official openai client and raw httpx; every response checked against generate() alone."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Dict, Iterator, List
+
+import numpy as np
+import pytest
+
+from _gen_common import model, ours
+
+olkv = pytest.importorskip("onnx_light_kv")
+pytest.importorskip("starlette", reason="starlette (optional extra 'serve') is not installed")
+uvicorn = pytest.importorskip("uvicorn", reason="uvicorn (optional extra 'serve') is not installed")
+httpx = pytest.importorskip("httpx", reason="httpx (the tests' HTTP client) is not installed")
+tokenizers = pytest.importorskip("tokenizers", reason="tokenizers (optional extra 'generate') is not installed")
+
+from onnx_light_kv.serve import Engine  # noqa: E402
+from onnx_light_kv.serve.http import DEFAULT_CHAT_TEMPLATE, create_app  # noqa: E402
+
+MODEL = "llama-mask"
+NAME = "tiny-llama"
+MAX_LENGTH = 96
+
+
+def _tokenizer() -> Any:
+    vocab = {f"w{i}": i for i in range(255)}
+    vocab["<pad>"] = 255
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<pad>"])
+    return tok
+
+
+TOK = _tokenizer()
+
+
+def words(ids: Any) -> str:
+    return " ".join(f"w{int(i)}" for i in ids)
+
+
+def expected(prompt: Any, max_tokens: int, **kw: Any) -> List[int]:
+    """generate() alone on the same ids."""
+    ids = np.array(TOK.encode(prompt).ids if isinstance(prompt, str) else prompt, np.int64)
+    return [int(t) for t in olkv.generate(ours(MODEL), ids, max_new_tokens=max_tokens, **kw).new_tokens[0]]
+
+
+def expected_text(prompt: Any, max_tokens: int, **kw: Any) -> str:
+    return TOK.decode(expected(prompt, max_tokens, **kw))
+
+
+class Server:
+    """uvicorn serving the app on a free loopback port, on a thread of the test process."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        sock.close()
+        cfg = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(cfg)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 20
+        while not self.server.started:
+            assert time.time() < deadline, "the server did not start"
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    @property
+    def engine(self) -> Engine:
+        return self.app.state.olkv["server"].loop.engine
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: Any) -> Iterator[Server]:
+    eng = Engine(ours(MODEL), max_batch=16, max_length=MAX_LENGTH)
+    srv = Server(create_app(eng, TOK, model_name=NAME))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> Any:
+    openai = pytest.importorskip("openai", reason="the openai client is not installed")
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+
+P1, P2 = words([3, 17, 42, 5, 99, 7, 250]), words([200, 9])
+
+
+def test_completions_openai_client(client: Any) -> None:
+    r = client.completions.create(model=NAME, prompt=P1, max_tokens=10, temperature=0)
+    assert r.choices[0].text == expected_text(P1, 10)
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens == 7 and r.usage.completion_tokens == 10
+    parts = [c.choices[0].text for c in client.completions.create(model=NAME, prompt=P2, max_tokens=8,
+                                                                   temperature=0, stream=True)]
+    assert "".join(parts) == expected_text(P2, 8) and len(parts) >= 8
+
+
+def test_completions_sampling_seed_n_and_logprobs(client: Any) -> None:
+    r = client.completions.create(model=NAME, prompt=P1, max_tokens=9, temperature=0.8, top_p=0.9, seed=5, n=2)
+    for i, c in enumerate(sorted(r.choices, key=lambda c: c.index)):
+        assert c.text == expected_text(P1, 9, do_sample=True, temperature=0.8, top_p=0.9, seed=5 + i)
+    r = client.completions.create(model=NAME, prompt=[P1, P2], max_tokens=4, temperature=0, logprobs=2)
+    assert [c.text for c in sorted(r.choices, key=lambda c: c.index)] == [expected_text(P1, 4), expected_text(P2, 4)]
+    lp = r.choices[0].logprobs
+    assert lp.tokens == expected_text(P1, 4).split() and len(lp.token_logprobs) == 4
+    assert all(len(t) == 2 and max(t.values()) == pytest.approx(v) for t, v in zip(lp.top_logprobs, lp.token_logprobs))
+    ids = [3, 17, 42]
+    r = client.completions.create(model=NAME, prompt=ids, max_tokens=5, temperature=0)
+    assert r.choices[0].text == expected_text(ids, 5)
+
+
+def test_stop_strings(client: Any) -> None:
+    full = expected_text(P1, 12).split()
+    stop = full[4]
+    first = full.index(stop)
+    r = client.completions.create(model=NAME, prompt=P1, max_tokens=12, temperature=0, stop=[stop, "zz"])
+    assert r.choices[0].text == " ".join(full[:first]) + " " and r.choices[0].finish_reason == "stop"
+    parts = [c.choices[0] for c in client.completions.create(model=NAME, prompt=P1, max_tokens=12, temperature=0,
+                                                              stop=stop, stream=True)]
+    assert "".join(p.text for p in parts) == r.choices[0].text and parts[-1].finish_reason == "stop"
+
+
+def _chat_ids(messages: List[Dict[str, str]], template: str = DEFAULT_CHAT_TEMPLATE) -> List[int]:
+    import jinja2
+
+    text = jinja2.Environment().from_string(template).render(messages=messages, add_generation_prompt=True)
+    return TOK.encode(text, add_special_tokens=False).ids
+
+
+def test_chat_openai_client(client: Any) -> None:
+    msgs = [{"role": "system", "content": "w1 w2"}, {"role": "user", "content": P2}]
+    want = expected_text(_chat_ids(msgs), 7)
+    r = client.chat.completions.create(model=NAME, messages=msgs, max_tokens=7, temperature=0)
+    assert r.choices[0].message.content == want and r.choices[0].message.role == "assistant"
+    chunks = list(client.chat.completions.create(model=NAME, messages=msgs, max_tokens=7, temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want
+    assert chunks[-1].choices[0].finish_reason == "length"
+    r = client.chat.completions.create(model=NAME, messages=msgs, max_tokens=3, temperature=0, logprobs=True,
+                                       top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert [c.token for c in content] == want.split()[:3] and all(len(c.top_logprobs) == 2 for c in content)
+
+
+def test_models_health_metrics(server: Server, client: Any) -> None:
+    assert [m.id for m in client.models.list().data] == [NAME]
+    with httpx.Client(base_url=server.url, timeout=30) as h:
+        assert h.get("/health").json() == {"status": "ok"}
+        text = h.get("/metrics").text
+    for name in ("olkv_requests_total", "olkv_tokens_per_second", "olkv_queue_depth", "olkv_cache_reserved_bytes",
+                 "olkv_cache_blocks_used", "olkv_prefix_cache_hits_total", "olkv_http_requests_total"):
+        assert f"# TYPE {name} " in text, name
+    assert 'olkv_http_requests_total{route="/v1/completions",status="200"}' in text
+    assert "\nolkv_cache_blocks_used NaN\n" in text  # contiguous layout: no blocks
+
+
+@pytest.mark.parametrize("path,body,status,needle", [
+    ("/v1/completions", b"{not json", 400, "not valid JSON"),
+    ("/v1/completions", b"[1, 2]", 400, "JSON object"),
+    ("/v1/completions", {"prompt": P1, "temperature": "hot"}, 400, "'temperature' must be a number"),
+    ("/v1/completions", {"prompt": P1, "temperature": 7}, 400, "'temperature' must be in"),
+    ("/v1/completions", {"prompt": P1, "n": 0}, 400, "'n' must be in"),
+    ("/v1/completions", {"prompt": P1, "max_tokens": 10 ** 9}, 400, "maximum context length"),
+    ("/v1/completions", {"prompt": P1, "max_tokens": -1}, 400, "'max_tokens' must be >= 1"),
+    ("/v1/completions", {"prompt": P1, "max_tokens": True}, 400, "'max_tokens' must be an integer"),
+    ("/v1/completions", {"prompt": 5}, 400, "'prompt' must be"),
+    ("/v1/completions", {"prompt": [1, 100000]}, 400, "token-id prompts"),
+    ("/v1/completions", {"prompt": P1, "stop": [1]}, 400, "'stop' must be"),
+    ("/v1/completions", {"prompt": P1, "logprobs": 9}, 400, "'logprobs' must be in"),
+    ("/v1/completions", {"prompt": P1, "model": "gpt-9"}, 404, "does not exist"),
+    ("/v1/chat/completions", {"messages": []}, 400, "'messages' must be"),
+    ("/v1/chat/completions", {"messages": [{"content": "x"}]}, 400, "'role'"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]}, 400, "content must be a string"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}], "top_logprobs": 2}, 400,
+     "needs 'logprobs'"),
+])
+def test_malformed_requests(server: Server, path: str, body: Any, status: int, needle: str) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as h:
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        r = h.post(path, content=content, headers={"content-type": "application/json"})
+        assert r.status_code == status, r.text
+        err = r.json()["error"]
+        assert needle in err["message"] and err["type"] == "invalid_request_error"
+        assert h.get("/health").status_code == 200
+
+
+def _wait(cond: Any, what: str, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, what
+        time.sleep(0.02)
+
+
+def test_client_disconnect_aborts(server: Server) -> None:
+    eng = server.engine
+    aborted = eng.stats()["finished"]["abort"]
+    with httpx.Client(base_url=server.url, timeout=30) as h:
+        with h.stream("POST", "/v1/completions", json={"prompt": P1, "max_tokens": 80, "stream": True}) as r:
+            assert r.status_code == 200
+            it = r.iter_lines()
+            got = [next(it) for _ in range(3)]
+            assert all(g.startswith("data: ") or g == "" for g in got)
+    _wait(lambda: eng.stats()["finished"]["abort"] > aborted and eng.stats()["running"] == 0,
+          "the disconnected request was not aborted")
+    assert eng.stats()["generated_tokens"] < 10 ** 6
+    # the server keeps serving
+    with httpx.Client(base_url=server.url, timeout=30) as h:
+        r = h.post("/v1/completions", json={"prompt": P2, "max_tokens": 3, "temperature": 0})
+        assert r.json()["choices"][0]["text"] == expected_text(P2, 3)
+
+
+def test_32_concurrent_streaming_clients(server: Server) -> None:
+    rng = np.random.default_rng(0)
+    cases = []
+    for i in range(32):
+        prompt = words(rng.integers(0, 255, size=int(rng.integers(2, 20))))
+        n = int(rng.integers(4, 24))
+        sampled = i % 3 == 0
+        kw = dict(do_sample=True, temperature=0.7, seed=i) if sampled else {}
+        cases.append((prompt, n, sampled, expected_text(prompt, n, **kw)))
+
+    async def one(h: Any, prompt: str, n: int, sampled: bool, i: int) -> str:
+        body = {"prompt": prompt, "max_tokens": n, "stream": True, "temperature": 0.7 if sampled else 0}
+        if sampled:
+            body["seed"] = i
+        text = []
+        async with h.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            done = False
+            async for line in r.aiter_lines():
+                if not line:
+                    continue
+                assert line.startswith("data: ")
+                if line == "data: [DONE]":
+                    done = True
+                    break
+                text.append(json.loads(line[6:])["choices"][0]["text"])
+            assert done
+        return "".join(text)
+
+    async def all_of() -> List[str]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60,
+                                     limits=httpx.Limits(max_connections=64)) as h:
+            return await asyncio.gather(*(one(h, p, n, s, i) for i, (p, n, s, _) in enumerate(cases)))
+
+    t0 = time.time()
+    got = asyncio.run(asyncio.wait_for(all_of(), timeout=120))
+    assert time.time() - t0 < 120
+    for i, (g, (_, _, _, want)) in enumerate(zip(got, cases)):
+        assert g == want, f"client {i}"
+
+
+def test_chat_template_from_tokenizer_config(tmp_path: Any) -> None:
+    TOK.save(str(tmp_path / "tokenizer.json"))
+    template = "{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w7{% endif %}"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    eng = Engine(ours(MODEL), max_batch=4, max_length=MAX_LENGTH)
+    srv = Server(create_app(eng, str(tmp_path / "tokenizer.json"), model_name=NAME))
+    try:
+        msgs = [{"role": "user", "content": "w4 w5 w6"}]
+        assert _chat_ids(msgs, template) == [4, 5, 6, 7]
+        with httpx.Client(base_url=srv.url, timeout=30) as h:
+            r = h.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 5, "temperature": 0})
+        assert r.json()["choices"][0]["message"]["content"] == expected_text([4, 5, 6, 7], 5)
+    finally:
+        srv.stop()
+
+
+def test_cli_serve(tmp_path: Any) -> None:
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model(MODEL).SerializeToString())
+    TOK.save(str(tmp_path / "tokenizer.json"))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "onnx_light_kv", "serve", str(path), "--tokenizer",
+                             str(tmp_path / "tokenizer.json"), "--port", str(port), "--max-batch", "4",
+                             "--max-length", "64", "--threads", "1"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 60
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, proc.stdout.read().decode()
+            assert time.time() < deadline, "the CLI server did not come up"
+            time.sleep(0.2)
+        r = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": P2, "max_tokens": 4, "temperature": 0},
+                       timeout=30)
+        assert r.json()["choices"][0]["text"] == expected_text(P2, 4)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
