@@ -33,6 +33,11 @@ Usage::
     python benchmarks/bench_decode.py            # the full grid
     python benchmarks/bench_decode.py --quick    # small subset, about a minute
     python benchmarks/bench_decode.py --target   # the target cases only (fp32 GQA 32/8 d128)
+    python benchmarks/bench_decode.py --layout contiguous paged   # + a paged cache, side by side
+
+With ``--layout contiguous paged`` a fourth side joins the alternating blocks: the same step on a
+``KVCache(layout="paged", block_size=--block-size)`` holding the same rows; rows report
+``paged_ms`` and ``paged_ratio`` (paged time / contiguous time; the target is <= 1.05).
 """
 
 from __future__ import annotations
@@ -213,7 +218,8 @@ class OrtStep:
 
 # ---------------------------------------------------------------- one case
 
-def run_case(c: Case, repeat: int, warmup: int, rng: np.random.Generator) -> Dict[str, Any]:
+def run_case(c: Case, repeat: int, warmup: int, rng: np.random.Generator,
+             layouts: tuple = ("contiguous",), block_size: Optional[int] = None) -> Dict[str, Any]:
     import onnx_light_kv as olkv
 
     np_dt = np.float16 if c.dtype == "float16" else np.float32
@@ -266,6 +272,23 @@ def run_case(c: Case, repeat: int, warmup: int, rng: np.random.Generator) -> Dic
         ort_step = None
 
     fns = {"ours": ours}
+    paged = None
+    if "paged" in layouts:
+        paged = olkv.KVCache(c.batch, c.kv_heads, d, dtype=c.dtype, capacity=cap, layout="paged",
+                             block_size=block_size)
+        if L > 1:
+            paged.append(past_k[:, :, :L - 1].astype(np.float32), past_v[:, :, :L - 1].astype(np.float32))
+        out_p = np.empty_like(out)
+
+        def ours_paged() -> None:
+            paged.append(k, v)
+            olkv.attention(q, paged, out=out_p)
+            paged.truncate(L - 1)
+
+        ours_paged()
+        ours()
+        row["paged_max_abs_diff"] = float(np.max(np.abs(out_p - out)))
+        fns["paged"] = ours_paged
     if ort_step is not None:
         fns["ort"] = ort_step
     buf = probe_buffer()
@@ -288,10 +311,16 @@ def run_case(c: Case, repeat: int, warmup: int, rng: np.random.Generator) -> Dic
     row["ours_GBps"] = c.kv_bytes / (s_ours["median"] / 1e3) / 1e9
     if "ort_ms" in row:
         row["ort_GBps"] = c.kv_bytes / (row["ort_ms"] / 1e3) / 1e9
+    if "paged" in samples:
+        s_p = summarize(samples["paged"])
+        row.update({"paged_ms": s_p["median"], "paged_p10": s_p["p10"], "paged_p90": s_p["p90"],
+                    "paged_ratio": s_p["median"] / s_ours["median"]})
     if ort_note:
         row["note"] = ort_note
     counters = dict(cache.counters)
     cache.close()
+    if paged is not None:
+        paged.close()
     del ort_step, cache, past_k, past_v
     gc.collect()
     return {"case": asdict(c), "row": row, "samples": samples, "cache_counters": counters}
@@ -311,6 +340,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--max-gib", type=float, default=2.0,
                     help="skip cases whose K+V exceed this many GiB per side (RAM guard)")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--layout", nargs="+", choices=["contiguous", "paged"], default=["contiguous"],
+                    help="cache layouts to time side by side (contiguous is always the reference)")
+    ap.add_argument("--block-size", type=int, default=None, help="paged layout block size (default: the library's)")
     args = ap.parse_args(argv)
 
     import onnx_light_kv as olkv
@@ -329,7 +361,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if c.kv_bytes > args.max_gib * 2 ** 30:
             print(f"skip {c.label} L={c.context}: K+V {c.kv_bytes / 2**30:.1f} GiB > --max-gib")
             continue
-        r = run_case(c, repeat, args.warmup, rng)
+        r = run_case(c, repeat, args.warmup, rng, tuple(args.layout), args.block_size)
         row = r["row"]
         row["bw_frac"] = row["ours_GBps"] / bw[c.threads]["gbps"]
         if "bw_paired_GBps" in row:
@@ -342,10 +374,12 @@ def main(argv: Optional[List[str]] = None) -> int:
               + f"  {row['ours_GBps']:6.1f} GB/s ({row['bw_frac'] * 100:4.0f}%"
               + (f", {row['bw_frac_paired'] * 100:4.0f}% of {row['bw_paired_GBps']:.1f} paired)"
                  if "bw_frac_paired" in row else ")")
+              + (f"  paged {row['paged_ms']:8.3f} ms ({row['paged_ratio']:4.2f}x)" if "paged_ms" in row else "")
               + (f"  [{row['note']}]" if "note" in row else ""), flush=True)
 
     cols = ["case", "context", "kv_MB", "ours_ms", "ours_p10", "ours_p90", "ort_ms", "ort_p10", "ort_p90",
-            "speedup", "ours_GBps", "bw_frac", "bw_paired_GBps", "bw_frac_paired", "beyond_llc", "note"]
+            "speedup", "ours_GBps", "bw_frac", "bw_paired_GBps", "bw_frac_paired", "beyond_llc",
+            "paged_ms", "paged_ratio", "note"]
     print()
     print(format_table(rows, [c for c in cols if any(c in r for r in rows)]))
     print(_common.SPEEDUP)
@@ -358,6 +392,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         worst = min(r["speedup"] for r in tgt)
         print(f"\ntarget speed-up >= 1.25 (fp32 GQA 32/8 d128, L >= 1k): worst {worst:.2f} "
               f"over {len(tgt)} cases -> {'met' if worst >= 1.25 else 'NOT met'}")
+    paged_rows = [r for r in rows if "paged_ratio" in r and r["context"] >= 1024]
+    if paged_rows:
+        worst = max(r["paged_ratio"] for r in paged_rows)
+        print(f"\npaged / contiguous decode time (L >= 1k, target <= 1.05): worst {worst:.2f}, median "
+              f"{np.median([r['paged_ratio'] for r in paged_rows]):.2f} over {len(paged_rows)} cases")
     # Bandwidth fractions beyond the LLC, per configuration (the target is the fp32
     # GQA 32/8 d128 one; MQA is compute-bound and far below by nature).
     by_cfg: Dict[str, List[Dict[str, Any]]] = {}

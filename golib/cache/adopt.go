@@ -8,9 +8,8 @@ import "fmt"
 // nothing changes. No K/V byte is copied. Checkpoints of both are
 // invalidated. c.Adopt(src) must not run concurrently with src.Adopt(c).
 //
-// Each sequence's storage (the contiguous layout's reserved rows) moves
-// with it; a layout that keeps sequences in page tables over a shared block
-// pool moves the tables instead.
+// Each sequence's storage moves with it: the contiguous layout's reserved
+// rows, the paged layout's page tables (with their block references).
 func (c *KVCache) Adopt(src *KVCache) error {
 	if src == nil || src == c {
 		return fmt.Errorf("%w: a cache adopts the sequences of another, non-nil cache", ErrInvalidArgument)
@@ -32,6 +31,14 @@ func (c *KVCache) Adopt(src *KVCache) error {
 		return fmt.Errorf("%w: batch %d + %d exceeds %d", ErrInvalidArgument, c.cfg.Batch, src.cfg.Batch, maxBatch)
 	}
 	c.seqs = append(c.seqs, src.seqs...)
+	if c.pg != nil {
+		// same geometry and arena: the same block pool; the page tables
+		// (and their references) move
+		c.pg.tables = append(c.pg.tables, src.pg.tables...)
+		c.pg.spareTables = nil
+		c.pg.need = make([]int, c.cfg.Batch+src.cfg.Batch)
+		src.pg.tables = nil
+	}
 	c.lens = append(c.lens, src.lens...)
 	c.winStart = append(c.winStart, src.winStart...)
 	c.cfg.Batch += src.cfg.Batch

@@ -10,8 +10,9 @@ import "fmt"
 // skipped), for ragged prefill.
 //
 // Only the new rows are copied: the work is proportional to the appended
-// tokens, never to the existing length. On any error (shape, capacity)
-// nothing is written.
+// tokens, never to the existing length. The paged layout takes the blocks the
+// new rows need first (and copies a shared, partially filled last block:
+// copy-on-write). On any error (shape, capacity, budget) nothing is written.
 func (c *KVCache) Append(k, v []byte, src ElemType, n int, counts []int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -48,6 +49,11 @@ func (c *KVCache) Append(k, v []byte, src ElemType, n int, counts []int) error {
 				ErrCapacity, b, c.lens[b], cfg.Capacity, cnt)
 		}
 	}
+	if c.pg != nil {
+		if err := c.pagedReserveLocked(n, counts); err != nil {
+			return err
+		}
+	}
 	var scratch []float32
 	if src != Float32 && src != cfg.Elem && cfg.Elem != Float32 {
 		scratch = make([]float32, 1024)
@@ -62,6 +68,13 @@ func (c *KVCache) Append(k, v []byte, src ElemType, n int, counts []int) error {
 			continue
 		}
 		pos := c.lens[b]
+		if c.pg != nil {
+			c.pagedWriteLocked(b, pos, cnt, k, v, src, n, scratch)
+			written += int64(cnt) * int64(cfg.KVHeads) * int64(c.rowK+c.rowV)
+			c.cks.noteWrite(b, pos)
+			c.lens[b] = pos + cnt
+			continue
+		}
 		s := c.seqs[b]
 		for h := range cfg.KVHeads {
 			unit := b*cfg.KVHeads + h

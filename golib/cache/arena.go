@@ -23,7 +23,27 @@ type Arena struct {
 	live      int64 // bytes of valid (written, not truncated) K/V data, reported by caches
 	allocs    int64 // number of successful allocations
 	free      map[int][][]byte
-	closed    bool // no more pooling: freed buffers go straight back to the OS
+	closed    bool                   // no more pooling: freed buffers go straight back to the OS
+	pools     map[poolKey]*blockPool // the paged layout's block pools, by geometry
+	reclaimer func() bool            // frees unreferenced shared memory (a prefix store), see SetReclaimer
+}
+
+// SetReclaimer installs f, called (without the arena's lock) when a paged
+// append finds the budget exhausted: f frees one unit of memory nobody
+// references (PrefixStore.EvictOne) and reports whether it did; the append
+// retries until it fits or f frees nothing. nil removes it.
+func (a *Arena) SetReclaimer(f func() bool) {
+	a.mu.Lock()
+	a.reclaimer = f
+	a.mu.Unlock()
+}
+
+// reclaim runs the reclaimer, if any.
+func (a *Arena) reclaim() bool {
+	a.mu.Lock()
+	f := a.reclaimer
+	a.mu.Unlock()
+	return f != nil && f()
 }
 
 // ArenaStats is a snapshot of an arena's accounting.
@@ -200,7 +220,9 @@ func (a *Arena) Stats() ArenaStats {
 		Committed: a.allocated + a.pooled, Peak: a.peak, Live: a.live, Allocations: a.allocs,
 	}
 	if a.allocated > 0 {
-		s.Fragmentation = 1 - float64(a.live)/float64(a.allocated)
+		// shared paged blocks count once in allocated but once per
+		// sequence in live: fragmentation never goes below zero
+		s.Fragmentation = max(0, 1-float64(a.live)/float64(a.allocated))
 	}
 	return s
 }

@@ -96,6 +96,7 @@ func (c *KVCache) Checkpoint() (uint64, error) {
 		cs.list = cs.list[:len(cs.list)-1]
 	}
 	cs.list = append(cs.list, ck)
+	c.trimLocked() // the dropped checkpoint may have held blocks
 	return ck.id, nil
 }
 
@@ -124,6 +125,7 @@ func (c *KVCache) Rollback(id uint64) error {
 		c.setLenLocked(b, ck.lens[b])
 		c.setWinLocked(b, ck.winStart[b])
 	}
+	c.trimLocked()
 	return nil
 }
 
@@ -134,6 +136,7 @@ func (c *KVCache) ReleaseCheckpoint(id uint64) {
 	for i, ck := range c.cks.list {
 		if ck.id == id {
 			c.cks.list = append(c.cks.list[:i], c.cks.list[i+1:]...)
+			c.trimLocked()
 			return
 		}
 	}

@@ -90,16 +90,16 @@ func (c *KVCache) exportLocked(k, v []byte, dt ElemType, L int) error {
 	var written int64
 	for b := range cfg.Batch {
 		lo, hi := c.winStart[b], c.lens[b]
-		s := c.seqs[b]
 		for h := range cfg.KVHeads {
 			unit := b*cfg.KVHeads + h
 			dk := k[unit*L*rowKd : (unit+1)*L*rowKd]
 			dv := v[unit*L*rowVd : (unit+1)*L*rowVd]
 			clear(dk[:lo*rowKd])
 			clear(dv[:lo*rowVd])
-			if hi > lo {
-				convertRows(dk[lo*rowKd:], dt, s.k[(h*cfg.Capacity+lo)*c.rowK:], cfg.Elem, (hi-lo)*cfg.HeadDimK, scratch)
-				convertRows(dv[lo*rowVd:], dt, s.v[(h*cfg.Capacity+lo)*c.rowV:], cfg.Elem, (hi-lo)*cfg.HeadDimV, scratch)
+			c.segs = c.AppendSegments(c.segs[:0], b, h, lo, hi)
+			for _, sg := range c.segs {
+				convertRows(dk[sg.Start*rowKd:], dt, sg.K, cfg.Elem, sg.Len*cfg.HeadDimK, scratch)
+				convertRows(dv[sg.Start*rowVd:], dt, sg.V, cfg.Elem, sg.Len*cfg.HeadDimV, scratch)
 			}
 			clear(dk[hi*rowKd:])
 			clear(dv[hi*rowVd:])

@@ -15,8 +15,12 @@ type Config struct {
 	KVHeads  int      // key/value heads
 	HeadDimK int      // elements per K row
 	HeadDimV int      // elements per V row (0: same as HeadDimK)
-	Capacity int      // tokens reserved per sequence
+	Capacity int      // tokens per sequence: reserved (contiguous) or a limit (paged)
 	Elem     ElemType // storage type of K and V
+	Layout   Layout   // Contiguous (the zero value) or Paged
+	// BlockSize is the paged layout's tokens per block (16, 32, 64, 128 or
+	// 256; 0: DefaultBlockSize). The contiguous layout ignores it.
+	BlockSize int
 }
 
 // Counters are the work figures a cache keeps. They are logical metadata:
@@ -61,17 +65,24 @@ type KVCache struct {
 	attnBytes, attnCalls                             atomic.Int64
 
 	cks    checkpoints
-	reused []int // scratch for Reorder
+	reused []int       // scratch for Reorder
+	pg     *pagedStore // the paged layout's page tables; nil when contiguous
+	segs   []Segment   // scratch for Export
 }
 
-// New creates a cache in arena a. Its whole capacity is reserved from the
-// arena at once; a *BudgetError is returned when the budget cannot hold it.
+// New creates a cache in arena a. In the contiguous layout its whole
+// capacity is reserved from the arena at once; a *BudgetError is returned
+// when the budget cannot hold it. The paged layout reserves nothing: blocks
+// are taken from the arena's block pool as tokens are appended.
 func New(a *Arena, cfg Config) (*KVCache, error) {
 	if a == nil {
 		return nil, fmt.Errorf("%w: nil arena", ErrInvalidArgument)
 	}
 	if cfg.HeadDimV == 0 {
 		cfg.HeadDimV = cfg.HeadDimK
+	}
+	if cfg.Layout == Paged && cfg.BlockSize == 0 {
+		cfg.BlockSize = DefaultBlockSize
 	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -80,6 +91,11 @@ func New(a *Arena, cfg Config) (*KVCache, error) {
 		cfg: cfg, arena: a,
 		rowK: cfg.HeadDimK * cfg.Elem.Size(),
 		rowV: cfg.HeadDimV * cfg.Elem.Size(),
+	}
+	if cfg.Layout == Paged {
+		c.pg = newPagedStore(a.blockPool(cfg.BlockSize, cfg.KVHeads, c.rowK, c.rowV), cfg)
+		c.initMeta()
+		return c, nil
 	}
 	kBytes := cfg.KVHeads * cfg.Capacity * c.rowK
 	vBytes := cfg.KVHeads * cfg.Capacity * c.rowV
@@ -98,10 +114,15 @@ func New(a *Arena, cfg Config) (*KVCache, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.lens = make([]int, cfg.Batch)
-	c.winStart = make([]int, cfg.Batch)
-	c.reused = make([]int, cfg.Batch)
+	c.initMeta()
 	return c, nil
+}
+
+// initMeta allocates the per-sequence metadata of a new cache.
+func (c *KVCache) initMeta() {
+	c.lens = make([]int, c.cfg.Batch)
+	c.winStart = make([]int, c.cfg.Batch)
+	c.reused = make([]int, c.cfg.Batch)
 }
 
 // allocSeparate reserves K and V buffers of different sizes, all or nothing.
@@ -142,6 +163,10 @@ func (cfg Config) validate() error {
 		return fmt.Errorf("%w: capacity must be positive (got %d)", ErrInvalidArgument, cfg.Capacity)
 	case cfg.Elem.Size() == 0:
 		return fmt.Errorf("%w: unsupported element type %v", ErrInvalidArgument, cfg.Elem)
+	case cfg.Layout != Contiguous && cfg.Layout != Paged:
+		return fmt.Errorf("%w: unknown layout %v", ErrInvalidArgument, cfg.Layout)
+	case cfg.Layout == Paged && !validBlockSize(cfg.BlockSize):
+		return fmt.Errorf("%w: block size must be 16, 32, 64, 128 or 256 tokens (got %d)", ErrInvalidArgument, cfg.BlockSize)
 	case cfg.Batch > maxBatch || cfg.KVHeads > maxKVHeads || cfg.HeadDimK > maxHeadDim || cfg.HeadDimV > maxHeadDim:
 		// per-sequence state and buffers scale with these before any byte
 		// of K/V: absurd values must not reach an allocation
@@ -157,8 +182,12 @@ func (cfg Config) validate() error {
 	return nil
 }
 
-// Config returns the cache's geometry.
-func (c *KVCache) Config() Config { return c.cfg }
+// Config returns the cache's geometry (Batch changes with Select).
+func (c *KVCache) Config() Config {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.cfg
+}
 
 // Lengths returns a copy of the per-sequence valid lengths.
 func (c *KVCache) Lengths() []int {
@@ -177,6 +206,9 @@ func (c *KVCache) Close() {
 	}
 	c.closed = true
 	c.arena.addLive(-c.liveBytesLocked())
+	if c.pg != nil {
+		c.pg.releaseAll()
+	}
 	for _, s := range c.seqs {
 		c.arena.release(s.k, s.v)
 	}
@@ -228,10 +260,17 @@ type Info struct {
 	WindowStarts   []int
 	CommittedBytes int64 // bytes reserved for this cache
 	LiveBytes      int64 // bytes of valid rows
-	PageTableBytes int64 // bookkeeping bytes (lengths, window starts)
+	PageTableBytes int64 // bookkeeping bytes (lengths, window starts, page tables)
 	Checkpoints    int   // live checkpoints
-	Counters       Counters
-	Closed         bool
+	// The paged layout's figures (zero for contiguous): BlocksUsed are the
+	// distinct blocks this cache references, BlocksShared those of them
+	// that other references (forks, beams, prefixes) share, BlocksFree and
+	// BlocksTotal the pool's free and total (used + free) blocks.
+	BlocksUsed, BlocksShared, BlocksFree, BlocksTotal int64
+	// Fragmentation is the share of committed bytes holding no valid row.
+	Fragmentation float64
+	Counters      Counters
+	Closed        bool
 }
 
 // Info returns the cache's metadata and counters.
@@ -240,17 +279,25 @@ func (c *KVCache) Info() Info {
 	defer c.mu.RUnlock()
 	in := Info{
 		Config:       c.cfg,
-		Layout:       "contiguous",
+		Layout:       c.cfg.Layout.String(),
 		Lengths:      append([]int(nil), c.lens...),
 		WindowStarts: append([]int(nil), c.winStart...),
 		Closed:       c.closed,
 		Checkpoints:  c.cks.live(),
 		Counters:     c.countersLocked(),
 	}
-	if !c.closed {
+	if c.closed {
+		return in
+	}
+	in.LiveBytes = c.liveBytesLocked()
+	in.PageTableBytes = int64(2 * 8 * c.cfg.Batch)
+	if c.pg != nil {
+		c.pagedInfoLocked(&in)
+	} else {
 		in.CommittedBytes = int64(c.cfg.Batch) * int64(c.cfg.KVHeads) * int64(c.cfg.Capacity) * int64(c.rowK+c.rowV)
-		in.LiveBytes = c.liveBytesLocked()
-		in.PageTableBytes = int64(2 * 8 * c.cfg.Batch)
+	}
+	if in.CommittedBytes > 0 {
+		in.Fragmentation = max(0, 1-float64(in.LiveBytes)/float64(in.CommittedBytes))
 	}
 	return in
 }

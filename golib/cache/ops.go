@@ -2,8 +2,9 @@ package cache
 
 import "fmt"
 
-// Reset empties every sequence and drops all checkpoints; the reserved
-// memory stays with the cache for reuse.
+// Reset empties every sequence and drops all checkpoints; the contiguous
+// layout keeps its reserved memory for reuse, the paged layout gives every
+// block back to the pool.
 func (c *KVCache) Reset() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -15,6 +16,9 @@ func (c *KVCache) Reset() error {
 		c.setLenLocked(b, 0)
 	}
 	c.cks.invalidateAll()
+	if c.pg != nil {
+		c.pg.releaseAll()
+	}
 	return nil
 }
 
@@ -22,7 +26,9 @@ func (c *KVCache) Reset() error {
 // sequences when len(n) == 1). A length may only shrink, and not below the
 // sliding-window start; otherwise nothing changes and an ErrInvalidArgument
 // error is returned. Rows past the new length are not cleared: a checkpoint
-// taken before the truncate can restore them until they are overwritten.
+// taken before the truncate can restore them until they are overwritten (the
+// paged layout gives back the whole blocks past the new length that no live
+// checkpoint covers).
 func (c *KVCache) Truncate(n []int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -47,13 +53,16 @@ func (c *KVCache) Truncate(n []int) error {
 	for b := range c.lens {
 		c.setLenLocked(b, at(b))
 	}
+	c.trimLocked()
 	return nil
 }
 
 // Evict applies a sliding window: every sequence keeps at most its last
 // keep tokens readable; older positions become unreadable (attention starts
 // at WindowStart). In the contiguous layout the rows stay reserved; the paged
-// layout reclaims whole pages.
+// layout gives back the whole blocks that left every sequence's window (and
+// that no live checkpoint covers); a window that is not a multiple of the
+// block size leaves the first block partly unread.
 func (c *KVCache) Evict(keep int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -68,12 +77,15 @@ func (c *KVCache) Evict(keep int) error {
 			c.setWinLocked(b, w)
 		}
 	}
+	c.trimLocked()
 	return nil
 }
 
 // Fork returns an independent copy of the cache in the same arena: same
-// geometry and valid rows, no shared writable storage. Only valid rows are
-// copied (counted in this cache's CopyBytes).
+// geometry and valid rows, no shared writable storage. The contiguous layout
+// copies the valid rows (counted in this cache's CopyBytes); the paged layout
+// shares every block by reference and copies none: the first write into a
+// shared, partially filled block copies that block (copy-on-write).
 func (c *KVCache) Fork() (*KVCache, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -83,6 +95,10 @@ func (c *KVCache) Fork() (*KVCache, error) {
 	f, err := New(c.arena, c.cfg)
 	if err != nil {
 		return nil, err
+	}
+	if c.pg != nil {
+		c.pagedForkLocked(f)
+		return f, nil
 	}
 	var copied int64
 	for b := range c.lens {
@@ -114,8 +130,10 @@ func (c *KVCache) copySeqLocked(dst, src seqStore, lo, hi int) int64 {
 
 // Reorder makes sequence b a copy of old sequence idx[b] (beam search
 // reordering). A permutation moves no data: storage is handed over by
-// reference. Only sequences chosen more than once are copied, into the
-// storage of sequences chosen by nobody. Indices outside 0..Batch-1 return
+// reference. In the contiguous layout, sequences chosen more than once are
+// copied into the storage of sequences chosen by nobody; the paged layout
+// copies nothing: page tables are permuted and blocks shared by reference
+// count (the next write into a shared partial block copies that one block). Indices outside 0..Batch-1 return
 // ErrOutOfRange and change nothing. Checkpoints are invalidated.
 func (c *KVCache) Reorder(idx []int) error {
 	c.mu.Lock()
@@ -131,6 +149,22 @@ func (c *KVCache) Reorder(idx []int) error {
 		if i < 0 || i >= B {
 			return fmt.Errorf("%w: beam index %d at position %d outside 0..%d", ErrOutOfRange, i, b, B-1)
 		}
+	}
+	if c.pg != nil {
+		// the lengths and windows move with the tables (scratch slices:
+		// a beam step allocates nothing)
+		lens, wins := c.reused, c.pg.need
+		for b, i := range idx {
+			lens[b], wins[b] = c.lens[i], c.winStart[i]
+		}
+		live := c.liveBytesLocked()
+		copy(c.lens, lens)
+		copy(c.winStart, wins)
+		c.arena.addLive(c.liveBytesLocked() - live)
+		c.pagedReorderLocked(idx)
+		c.cks.invalidateAll()
+		c.trimLocked()
+		return nil
 	}
 	// reused[i] counts how often old sequence i is taken.
 	for i := range c.reused {

@@ -2,12 +2,14 @@ package cache
 
 import "fmt"
 
-// Select keeps a subset of the sequences: sequence b becomes old sequence
-// idx[b] and the batch becomes len(idx) (1 <= len(idx) <= Batch). Indices
-// must be distinct and in 0..Batch-1 (else ErrOutOfRange or
-// ErrInvalidArgument, and nothing changes). No K/V byte is copied: kept
-// sequences hand their storage over by reference and the storage of the
-// others goes back to the arena. Checkpoints are invalidated.
+// Select keeps the sequences idx (distinct indices in 0..Batch-1, in the
+// order given) and drops the others: finished beams or requests leave the
+// batch, the counterpart of transformers' batch_select_indices. Batch
+// becomes len(idx). The dropped sequences' memory goes back to the arena
+// (the contiguous layout's reserved rows, the paged layout's blocks that no
+// one else references); no kept row is copied. Checkpoints are invalidated.
+// Invalid indices return ErrInvalidArgument or ErrOutOfRange and change
+// nothing.
 func (c *KVCache) Select(idx []int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -16,36 +18,55 @@ func (c *KVCache) Select(idx []int) error {
 	}
 	B := c.cfg.Batch
 	if len(idx) == 0 || len(idx) > B {
-		return fmt.Errorf("%w: select keeps 1..%d sequences, got %d", ErrInvalidArgument, B, len(idx))
+		return fmt.Errorf("%w: select keeps 1..%d sequences, got %d indices", ErrInvalidArgument, B, len(idx))
 	}
-	for i := range c.reused {
-		c.reused[i] = 0
-	}
+	seen := make([]bool, B)
 	for p, i := range idx {
 		if i < 0 || i >= B {
 			return fmt.Errorf("%w: sequence index %d at position %d outside 0..%d", ErrOutOfRange, i, p, B-1)
 		}
-		if c.reused[i]++; c.reused[i] > 1 {
-			return fmt.Errorf("%w: sequence %d selected twice (select keeps a subset; use Reorder or Fork to copy)",
-				ErrInvalidArgument, i)
+		if seen[i] {
+			return fmt.Errorf("%w: sequence index %d is selected twice", ErrInvalidArgument, i)
 		}
+		seen[i] = true
 	}
-	seqs := make([]seqStore, len(idx))
-	lens := make([]int, len(idx))
-	win := make([]int, len(idx))
-	for b, i := range idx {
-		seqs[b], lens[b], win[b] = c.seqs[i], c.lens[i], c.winStart[i]
+	live := c.liveBytesLocked()
+	n := len(idx)
+	lens := make([]int, n)
+	wins := make([]int, n)
+	for p, i := range idx {
+		lens[p], wins[p] = c.lens[i], c.winStart[i]
 	}
-	for i, n := range c.reused {
-		if n == 0 {
-			c.setWinLocked(i, 0)
-			c.setLenLocked(i, 0)
-			c.arena.release(c.seqs[i].k, c.seqs[i].v)
+	if c.pg != nil {
+		tables := make([][]*block, n)
+		for p, i := range idx {
+			tables[p] = c.pg.tables[i]
 		}
+		for i, t := range c.pg.tables {
+			if !seen[i] {
+				c.pg.pool.release(t)
+			}
+		}
+		c.pg.tables = tables
+		c.pg.spareTables = nil
+		c.pg.need = make([]int, n)
+	} else {
+		seqs := make([]seqStore, n)
+		for p, i := range idx {
+			seqs[p] = c.seqs[i]
+		}
+		for i, s := range c.seqs {
+			if !seen[i] {
+				c.arena.release(s.k, s.v)
+			}
+		}
+		c.seqs = seqs
 	}
-	c.seqs, c.lens, c.winStart = seqs, lens, win
-	c.reused = make([]int, len(idx))
-	c.cfg.Batch = len(idx)
+	c.cfg.Batch = n
+	c.lens, c.winStart = lens, wins
+	c.reused = make([]int, n)
+	c.arena.addLive(c.liveBytesLocked() - live)
 	c.cks.invalidateAll()
+	c.trimLocked()
 	return nil
 }

@@ -100,6 +100,41 @@ func CacheNew(ah int64, batch, kvHeads, headDimK, headDimV, capacity, elem int) 
 	return caches.put(c), nil
 }
 
+// CachePagedNew creates a KVCache in the paged layout (blocks of blockSize
+// tokens, 0 for the default; capacity is a limit) in arena ah and returns
+// its handle.
+func CachePagedNew(ah int64, batch, kvHeads, headDimK, headDimV, capacity, elem, blockSize int) (h int64, err error) {
+	defer recoverTo(&err)
+	a, err := arenas.get(ah)
+	if err != nil {
+		return 0, classify(err)
+	}
+	e, err := elemOf(elem)
+	if err != nil {
+		return 0, classify(err)
+	}
+	c, err := cache.New(a, cache.Config{Batch: batch, KVHeads: kvHeads, HeadDimK: headDimK, HeadDimV: headDimV,
+		Capacity: capacity, Elem: e, Layout: cache.Paged, BlockSize: blockSize})
+	if err != nil {
+		return 0, classify(err)
+	}
+	return caches.put(c), nil
+}
+
+// CacheSelect keeps the sequences given by n distinct int64 indices at ptr.
+func CacheSelect(h int64, ptr uintptr, n int) (err error) {
+	defer recoverTo(&err)
+	c, err := caches.get(h)
+	if err != nil {
+		return classify(err)
+	}
+	idx, err := ints(ptr, n)
+	if err != nil {
+		return classify(err)
+	}
+	return classify(c.Select(idx))
+}
+
 // CacheClose releases a cache's memory to its arena and forgets the handle.
 func CacheClose(h int64) (err error) {
 	defer recoverTo(&err)
@@ -329,6 +364,8 @@ func cacheInfoMap(in cache.Info) map[string]any {
 		"lengths": in.Lengths, "window_starts": in.WindowStarts,
 		"committed_bytes": in.CommittedBytes, "live_bytes": in.LiveBytes,
 		"page_table_bytes": in.PageTableBytes, "checkpoints": in.Checkpoints, "closed": in.Closed,
+		"block_size": in.BlockSize, "blocks_used": in.BlocksUsed, "blocks_shared": in.BlocksShared,
+		"blocks_free": in.BlocksFree, "blocks_total": in.BlocksTotal, "fragmentation": in.Fragmentation,
 		"counters": map[string]int64{
 			"append_bytes": ct.AppendBytes, "append_calls": ct.AppendCalls,
 			"export_bytes": ct.ExportBytes, "copy_bytes": ct.CopyBytes,

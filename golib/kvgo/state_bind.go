@@ -67,6 +67,29 @@ func StateNew(h int64, batch, maxLength, elem int, budget int64) (sh int64, err 
 	return states.put(cs), nil
 }
 
+// StateNewPaged is StateNew for the paged cache layout with blocks of
+// blockSize tokens (0: the default); prefixCache != 0 shares prompt
+// prefixes through the session's prefix store.
+func StateNewPaged(h int64, batch, maxLength, elem int, budget int64, blockSize, prefixCache int) (sh int64, err error) {
+	defer recoverTo(&err)
+	sess, err := sessions.get(h)
+	if err != nil {
+		return 0, classify(err)
+	}
+	cfg := runtime.StateConfig{Batch: batch, MaxLength: maxLength, Budget: budget, Layout: cache.Paged, BlockSize: blockSize,
+		PrefixCache: prefixCache != 0}
+	if elem >= 0 {
+		if cfg.Elem, err = elemOf(elem); err != nil {
+			return 0, classify(err)
+		}
+	}
+	cs, err := sess.NewCacheState(cfg)
+	if err != nil {
+		return 0, classify(err)
+	}
+	return states.put(cs), nil
+}
+
 // StateFree closes a state and releases its caches. Unknown handles are
 // ignored (a finalizer may run after an explicit close).
 func StateFree(sh int64) (err error) {
@@ -92,6 +115,22 @@ func StateFork(sh int64) (f int64, err error) {
 		return 0, classify(err)
 	}
 	return states.put(c), nil
+}
+
+// StateReusePrefix attaches the longest registered prefix of the n int64
+// token ids at ptr to the empty state and returns the tokens it covers.
+func StateReusePrefix(sh int64, ptr uintptr, n int) (covered int, err error) {
+	defer recoverTo(&err)
+	cs, err := states.get(sh)
+	if err != nil {
+		return 0, classify(err)
+	}
+	ids, err := int64sAt(ptr, n)
+	if err != nil {
+		return 0, classify(err)
+	}
+	covered, err = cs.ReusePrefix(append([]int64(nil), ids...))
+	return covered, classify(err)
 }
 
 // StateReorder reorders every layer's sequences by the n int64 beam indices
@@ -259,8 +298,15 @@ func StateInfoJSON(sh int64) (s string, err error) {
 		totals["attention_bytes"] += ct.AttentionBytes
 		totals["attention_calls"] += ct.AttentionCalls
 	}
-	b, err := json.Marshal(map[string]any{"batch": cs.Batch(), "length": cs.Length(), "dtype": cs.Elem().String(),
-		"closed": cs.Closed(), "layers": layers, "totals": totals})
+	info := map[string]any{"batch": cs.Batch(), "length": cs.Length(), "dtype": cs.Elem().String(),
+		"closed": cs.Closed(), "layers": layers, "totals": totals}
+	if cs.PrefixCache() {
+		ps := cs.Session().PrefixStats()
+		info["prefix_cache"] = map[string]int64{"lookups": ps.Lookups, "hits": ps.Hits,
+			"tokens_reused": ps.TokensReused, "bytes_saved": ps.BytesSaved, "shared_blocks": ps.Entries,
+			"evicted": ps.Evicted}
+	}
+	b, err := json.Marshal(info)
 	return string(b), classify(err)
 }
 

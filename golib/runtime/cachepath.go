@@ -3,6 +3,9 @@ package runtime
 import (
 	"fmt"
 	"maps"
+	"sync"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/model"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/rewrite"
@@ -20,6 +23,9 @@ type cachePath struct {
 	presentSlot map[string]int
 	pasts       map[string]bool
 	elem        tensor.DType // the pasts' declared element type
+
+	prefixMu sync.Mutex
+	prefixes *cache.PrefixStore // shared prompt prefixes of paged states (prefix.go); nil until first used
 }
 
 // newCachePath rewrites m's main graph (a copy: m is not changed) and

@@ -25,7 +25,23 @@ type StateConfig struct {
 	// Budget, when > 0, gives the state an arena of its own with that byte
 	// budget; otherwise the caches come from the session's arena.
 	Budget int64
+	// Layout is the caches' layout (cache.Contiguous, the zero value, or
+	// cache.Paged); BlockSize the paged layout's tokens per block (0: the
+	// default). A paged state with MaxLength 0 never grows: its capacity is
+	// a limit (pagedGrowCapacity), its memory taken block by block.
+	Layout    cache.Layout
+	BlockSize int
+	// PrefixCache shares the full blocks of prompts across the session's
+	// paged states (see prefix.go): batch-1 paged states on the session's
+	// arena register what they run, ReusePrefix attaches a registered
+	// prefix.
+	PrefixCache bool
 }
+
+// pagedGrowCapacity is the token limit per sequence of a paged state whose
+// MaxLength is 0: paged caches commit blocks as tokens arrive, so the limit
+// costs nothing.
+const pagedGrowCapacity = 1 << 20
 
 // initialGrowCapacity is the first reservation of a growable state.
 const initialGrowCapacity = 256
@@ -46,6 +62,8 @@ type CacheState struct {
 	cks    map[int64]stateCheckpoint
 	nextCk int64
 	closed bool
+
+	tokens []int64 // input ids of positions 0..length-1 (prefix-cache states)
 
 	// per run (guarded by st.mu)
 	saved  [][]int
@@ -87,6 +105,11 @@ func (s *Session) NewCacheState(cfg StateConfig) (*CacheState, error) {
 		}
 		cfg.Elem = e
 	}
+	if cfg.PrefixCache {
+		if err := s.enablePrefixes(cfg); err != nil {
+			return nil, err
+		}
+	}
 	cs := &CacheState{sess: s, st: NewState(), layers: s.cache.layers, cfg: cfg, arena: s.arena, cks: map[int64]stateCheckpoint{}}
 	if cfg.Budget > 0 {
 		a, err := cache.NewArena(cfg.Budget)
@@ -120,9 +143,12 @@ func (cs *CacheState) newCache(kvHeads, dk, dv int) (*cache.KVCache, error) {
 	capacity := cs.cfg.MaxLength
 	if capacity == 0 {
 		capacity = initialGrowCapacity
+		if cs.cfg.Layout == cache.Paged {
+			capacity = pagedGrowCapacity
+		}
 	}
 	return cache.New(cs.arena, cache.Config{Batch: cs.cfg.Batch, KVHeads: kvHeads, HeadDimK: dk,
-		HeadDimV: dv, Capacity: capacity, Elem: cs.cfg.Elem})
+		HeadDimV: dv, Capacity: capacity, Elem: cs.cfg.Elem, Layout: cs.cfg.Layout, BlockSize: cs.cfg.BlockSize})
 }
 
 // live returns the caches created so far (a layer whose geometry the graph
@@ -157,9 +183,14 @@ func (s *Session) RunCache(cs *CacheState, feeds map[string]*tensor.Tensor, outp
 		return nil, nil, fmt.Errorf("%w: past input(s) %s must not be fed with a generation state (the state holds the caches)",
 			errs.ErrInvalidArgument, strings.Join(pasts, ", "))
 	}
-	return s.runOn(s.cache.plan, cs.st, feeds, outputNames, func() (rewrite.Binding, func(bool) error, error) {
+	prev := cs.length
+	out, stats, err := s.runOn(s.cache.plan, cs.st, feeds, outputNames, func() (rewrite.Binding, func(bool) error, error) {
 		return cs.begin(outputNames)
 	})
+	if err == nil && cs.cfg.PrefixCache {
+		cs.registerPrefix(prev, feeds)
+	}
+	return out, stats, err
 }
 
 // begin prepares a run: the closed check, the lengths to restore on

@@ -210,6 +210,9 @@ func (s *Session) Close() error {
 	s.closed = true
 	err := s.def.Reset()
 	s.def.pool.close()
+	if s.cache != nil {
+		s.cache.closePrefixes()
+	}
 	s.arena.Trim()
 	return err
 }

@@ -158,13 +158,42 @@ class Checkpoint:
                        released=True if not self._finalizer.alive else None)
 
 
+#: Tokens per block of the paged layout when ``block_size`` is not given
+#: (chosen by measuring decode attention against the contiguous layout).
+DEFAULT_BLOCK_SIZE = 64
+
+#: Block sizes the paged layout takes.
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+
+#: Cache layouts.
+LAYOUTS = ("contiguous", "paged")
+
+
+def _layout(layout: Any, block_size: Any) -> str:
+    """Validate a ``layout`` / ``block_size`` pair and return the layout."""
+    if not isinstance(layout, str):
+        raise TypeError(f"layout must be a str, got {type(layout).__name__}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if block_size is not None and layout != "paged":
+        raise ValueError("block_size applies to layout='paged' only")
+    return layout
+
+
 class KVCache:
     """Persistent KV cache of one attention layer of one request.
 
-    Contiguous layout: each of the ``batch`` sequences reserves ``capacity``
-    tokens for every KV head when the cache is created, so appending never
-    moves or copies the past. K rows are ``head_dim`` elements and V rows
-    ``head_dim_v`` elements of ``dtype``; math on them is float32.
+    Contiguous layout (the default): each of the ``batch`` sequences reserves
+    ``capacity`` tokens for every KV head when the cache is created, so
+    appending never moves or copies the past. Paged layout
+    (``layout="paged"``): memory is taken from the arena's block pool in
+    blocks of ``block_size`` tokens as tokens arrive, and ``capacity`` is only
+    a limit; :meth:`fork` shares every block (the first write into a shared,
+    partially filled block copies that block), :meth:`reorder` permutes page
+    tables (at most one partial block copied per beam at the next append),
+    and truncate/evict give whole blocks back. Attention reads both layouts
+    in place. K rows are ``head_dim`` elements and V rows ``head_dim_v``
+    elements of ``dtype``; math on them is float32.
 
     Args:
         batch: sequences (or beams) in the request.
@@ -172,14 +201,20 @@ class KVCache:
         head_dim: elements per K row (and per V row unless ``head_dim_v``).
         head_dim_v: elements per V row, if different from ``head_dim``.
         dtype: storage type: "float32", "float16" or "bfloat16".
-        capacity: tokens reserved per sequence (required).
+        capacity: tokens per sequence (required): reserved up front by the
+            contiguous layout, a limit for the paged one.
         arena: the :class:`Arena` to allocate from (default: :func:`default_arena`).
+        layout: ``"contiguous"`` or ``"paged"``.
+        block_size: tokens per block of the paged layout: 16, 32, 64, 128 or
+            256 (default: :data:`DEFAULT_BLOCK_SIZE`); only with ``layout="paged"``.
 
     Raises:
         TypeError: a size that is not an integer (floats, strings, bools),
             an unsupported dtype, or an ``arena`` that is not an :class:`Arena`.
         ValueError: a size below 1 or beyond the limits of the Go side
-            (geometries no model has, sizes above ``2**63 - 1``).
+            (geometries no model has, sizes above ``2**63 - 1``), an unknown
+            ``layout``, a ``block_size`` not in the list or given with the
+            contiguous layout.
         BudgetError: the arena's budget cannot hold the cache.
     """
 
@@ -193,7 +228,10 @@ class KVCache:
         dtype: DTypeLike = "float32",
         capacity: int,
         arena: Optional[Arena] = None,
+        layout: str = "contiguous",
+        block_size: Optional[int] = None,
     ) -> None:
+        self._layout = _layout(layout, block_size)
         self._dtype = cache_dtype(dtype)
         self._batch = integer(batch, "batch", lo=1)
         self._kv_heads = integer(kv_heads, "kv_heads", lo=1)
@@ -201,8 +239,15 @@ class KVCache:
         self._dv = self._dk if head_dim_v is None else integer(head_dim_v, "head_dim_v", lo=1)
         self._capacity = integer(capacity, "capacity", lo=1)
         self._arena = default_arena() if arena is None else instance(arena, "arena", Arena)
-        h = _call(_f("CacheNew"), self._arena._h, self._batch, self._kv_heads, self._dk, self._dv,
-                  self._capacity, CODES[self._dtype])
+        if self._layout == "paged":
+            bs = DEFAULT_BLOCK_SIZE if block_size is None else integer(block_size, "block_size", lo=1)
+            if bs not in BLOCK_SIZES:
+                raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {bs}")
+            h = _call(_f("CachePagedNew"), self._arena._h, self._batch, self._kv_heads, self._dk, self._dv,
+                      self._capacity, CODES[self._dtype], bs)
+        else:
+            h = _call(_f("CacheNew"), self._arena._h, self._batch, self._kv_heads, self._dk, self._dv,
+                      self._capacity, CODES[self._dtype])
         self._adopt(h)
 
     def _adopt(self, h: int) -> None:
@@ -237,8 +282,18 @@ class KVCache:
 
     @property
     def capacity(self) -> int:
-        """Tokens reserved per sequence."""
+        """Tokens per sequence: reserved (contiguous) or a limit (paged)."""
         return self._capacity
+
+    @property
+    def layout(self) -> str:
+        """``"contiguous"`` or ``"paged"``."""
+        return self._layout
+
+    @property
+    def block_size(self) -> Optional[int]:
+        """Tokens per block of the paged layout (None for contiguous)."""
+        return self.info()["block_size"] if self._layout == "paged" else None
 
     @property
     def lengths(self) -> np.ndarray:
@@ -357,6 +412,23 @@ class KVCache:
             raise ValueError(f"reorder needs {self._batch} beam indices, got {a.size}")
         _call(_f("CacheReorder"), self._h, a.ctypes.data, a.size)
 
+    def select(self, indices: Sequence[int]) -> None:
+        """Keep only the sequences ``indices`` (distinct, in the order given)
+        and drop the others, as transformers' ``batch_select_indices`` does:
+        finished beams or requests leave the batch, :attr:`batch` becomes
+        ``len(indices)`` and the dropped sequences' memory goes back to the
+        arena. No kept row is copied; checkpoints are invalidated.
+
+        Raises:
+            IndexError: an index outside ``0..batch-1``.
+            ValueError: no index, more than ``batch``, or a repeated index.
+        """
+        a = _i64(indices, "indices")
+        if a.size == 0:
+            raise ValueError("select keeps at least one sequence")
+        _call(_f("CacheSelect"), self._h, a.ctypes.data, a.size)
+        self._batch = int(a.size)
+
     def evict(self, keep_last: int) -> None:
         """Sliding window: keep only the last ``keep_last`` tokens of each
         sequence readable by attention and export.
@@ -398,8 +470,15 @@ class KVCache:
 
     def info(self) -> dict[str, Any]:
         """Logical metadata: dtype, layout, geometry, lengths, window starts,
-        committed/live/page-table bytes, live checkpoints and counters (bytes
-        copied by append/export/fork+reorder, bytes read by attention)."""
+        committed/live/page-table bytes, fragmentation (share of committed
+        bytes holding no valid row), live checkpoints and counters (bytes
+        copied by append/export/fork+reorder, bytes read by attention).
+
+        The paged layout also reports ``block_size``, ``blocks_used``
+        (distinct blocks this cache references), ``blocks_shared`` (those
+        also referenced by a fork, another beam or a prefix),
+        ``blocks_free`` and ``blocks_total`` (the arena's pool of blocks of
+        this geometry: free ones kept for reuse, used + free)."""
         return json.loads(_call(_f("CacheInfoJSON"), self._h))
 
     @property

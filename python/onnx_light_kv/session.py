@@ -27,6 +27,7 @@ from ._dtypes import CODES, bfloat16, cache_dtype
 from ._format import html_table, summary
 from ._session_options import (CPU_PROVIDER, ExecutionMode, GraphOptimizationLevel, ModelMetadata, SessionOptions,
                                check_providers)
+from .cache import BLOCK_SIZES, DEFAULT_BLOCK_SIZE, _layout as check_layout
 from .state import GenerationState
 from ._validate import integer, optional_integer
 
@@ -241,7 +242,8 @@ class InferenceSession:
         return [dict(d) for d in self._plan()]
 
     def create_state(self, *, batch: int = 1, max_length: Optional[int] = None, dtype: Any = None,
-                     budget: Optional[int] = None) -> GenerationState:
+                     budget: Optional[int] = None, layout: str = "contiguous",
+                     block_size: Optional[int] = None, prefix_cache: bool = False) -> GenerationState:
         """A new :class:`GenerationState` for :meth:`run` ``(..., state=)``: one KVCache per
         rewritten layer, ``batch`` sequences.
 
@@ -253,11 +255,24 @@ class InferenceSession:
                 K/V type. A float16/bfloat16 cache may serve a float32 model.
             budget: bytes the state's caches may take (an arena of its own); None: the
                 session's arena.
+            layout: the caches' layout: "contiguous" (``max_length`` tokens reserved per
+                sequence) or "paged" (blocks of ``block_size`` tokens taken as tokens arrive;
+                ``max_length`` is a limit and None never regrows; beam reorder permutes page
+                tables instead of copying beams).
+            block_size: tokens per block of the paged layout (16, 32, 64, 128 or 256; None:
+                :data:`onnx_light_kv.cache.DEFAULT_BLOCK_SIZE`).
+            prefix_cache: share the full blocks of prompts across the session's paged states:
+                a batch-1 state registers the blocks of the ``input_ids`` it runs (keyed by a
+                chained hash of the token ids), :meth:`GenerationState.reuse_prefix` attaches the
+                longest registered prefix by reference, and :func:`generate` does so by itself.
+                Unreferenced registered blocks are evicted least recently used when an append
+                finds the budget full. Needs ``layout="paged"`` and the session's arena (no
+                ``budget``).
 
         Raises:
             NotImplementedError: the model stays on the tensor path (the reasons of
                 :meth:`cache_plan` are in the message).
-            ValueError: bad sizes. TypeError: unsupported dtype.
+            ValueError: bad sizes, an unknown layout or block size. TypeError: unsupported dtype.
             BudgetError: the budget cannot hold the caches.
         """
         if not self._h:
@@ -266,7 +281,18 @@ class InferenceSession:
         max_len = optional_integer(max_length, "max_length", lo=1) or 0
         bud = optional_integer(budget, "budget", lo=1) or 0
         code = -1 if dtype is None else CODES[cache_dtype(dtype)]
-        h = _lib.call(_lib.fn("StateNew"), self._h, batch, max_len, code, bud)
+        layout = check_layout(layout, block_size)
+        if not isinstance(prefix_cache, bool):
+            raise TypeError(f"prefix_cache must be a bool, got {type(prefix_cache).__name__}")
+        if prefix_cache and layout != "paged":
+            raise ValueError("prefix_cache=True needs layout='paged'")
+        if layout == "paged":
+            bs = DEFAULT_BLOCK_SIZE if block_size is None else integer(block_size, "block_size", lo=1)
+            if bs not in BLOCK_SIZES:
+                raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {bs}")
+            h = _lib.call(_lib.fn("StateNewPaged"), self._h, batch, max_len, code, bud, bs, int(prefix_cache))
+        else:
+            h = _lib.call(_lib.fn("StateNew"), self._h, batch, max_len, code, bud)
         info = json.loads(_lib.call(_lib.fn("StateInfoJSON"), h))
         dt = cache_dtype(info["dtype"])
         return GenerationState(self, h, int(batch), dt, self._plan())

@@ -80,7 +80,9 @@ class GenerationState:
     def info(self) -> Dict[str, Any]:
         """Per-layer cache metadata (``layers``: geometry, lengths, committed/live bytes,
         counters) and ``totals`` over the layers (committed/live bytes, append/export/copy/
-        attention bytes and calls), plus ``batch``, ``length`` and ``dtype``."""
+        attention bytes and calls), plus ``batch``, ``length`` and ``dtype``. A
+        ``prefix_cache`` state adds ``prefix_cache``: the session store's ``lookups``,
+        ``hits``, ``tokens_reused``, ``bytes_saved``, ``shared_blocks`` and ``evicted``."""
         return json.loads(_call(_f("StateInfoJSON"), self._handle()))
 
     def reset_counters(self) -> None:
@@ -145,6 +147,19 @@ class GenerationState:
         _call(_f("StateAdopt"), self._handle(), other._handle())
         self._batch += other._batch
         other._finalizer()
+
+    def reuse_prefix(self, token_ids: Sequence[int]) -> int:
+        """Attach the longest prefix of ``token_ids`` registered by earlier states of the
+        session (``create_state(layout="paged", prefix_cache=True)``) and return how many
+        tokens it covers, so the caller feeds only the rest (from position ``n``). The prefix
+        is shared by reference in whole blocks, and always leaves the last token to be run so
+        that the next run yields its logits. 0 means nothing was attached.
+
+        Raises:
+            ValueError: the state was not created with ``prefix_cache=True`` or is not empty.
+        """
+        a = _i64(token_ids, "token_ids")
+        return int(_call(_f("StateReusePrefix"), self._handle(), a.ctypes.data, a.size))
 
     def truncate(self, n: int) -> None:
         """Drop the last positions so that :attr:`length` becomes ``n`` (``0 <= n <= length``,

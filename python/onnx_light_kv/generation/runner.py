@@ -167,6 +167,7 @@ class StateRunner:
             opts["max_length"] = int(capacity)
         self.session, self.io, self.batch = session, io, batch
         self.state = session.create_state(batch=batch, **opts)
+        self._prefix = bool(opts.get("prefix_cache"))
         self.length = 0
         self._mask = np.zeros((batch, 0), np.int64)
         self._outputs = [io.logits]
@@ -178,7 +179,18 @@ class StateRunner:
         return self.io.attention_mask is not None and not self.io.group_query_attention
 
     def run(self, ids: np.ndarray, mask: Optional[np.ndarray] = None) -> np.ndarray:
-        """Append ``ids [batch, s]`` to the state and return the logits ``[batch, s, vocab]``."""
+        """Append ``ids [batch, s]`` to the state and return the logits ``[batch, s, vocab]``.
+        On a ``prefix_cache`` state the first run of one unpadded row reuses a registered
+        prefix of ``ids`` and returns the logits of the positions it ran (the last one always)."""
+        if self._prefix and self.length == 0 and self.batch == 1 and (mask is None or np.all(mask)):
+            arr = np.asarray(ids)
+            if arr.ndim == 2 and arr.shape[1] > 1:
+                n = self.state.reuse_prefix(arr[0])
+                if n:
+                    self._mask = np.ones((1, n), np.int64)
+                    self.length = n
+                    ids = arr[:, n:]
+                    mask = None if mask is None else np.asarray(mask)[:, n:]
         ids, full, total = _prepare(self, ids, mask)
         out = self.session.run(self._outputs, step_feeds(self.io, ids, full, self.length), state=self.state)
         self._mask = full

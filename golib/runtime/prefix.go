@@ -1,0 +1,119 @@
+package runtime
+
+import (
+	"fmt"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+// prefixInput is the feed whose token ids key the prefix store.
+const prefixInput = "input_ids"
+
+// enablePrefixes checks a prefix-cache state's configuration and creates
+// the session's prefix store on first use; unreferenced registered blocks
+// are evicted (LRU) when an append finds the session arena's budget full.
+func (s *Session) enablePrefixes(cfg StateConfig) error {
+	switch {
+	case cfg.Layout != cache.Paged:
+		return fmt.Errorf("%w: prefix_cache needs layout=\"paged\"", errs.ErrInvalidArgument)
+	case cfg.Budget > 0:
+		return fmt.Errorf("%w: prefix_cache shares blocks through the session's arena: a state budget of its own is not supported", errs.ErrInvalidArgument)
+	}
+	cp := s.cache
+	cp.prefixMu.Lock()
+	defer cp.prefixMu.Unlock()
+	if cp.prefixes == nil {
+		cp.prefixes = cache.NewPrefixStore()
+		s.arena.SetReclaimer(cp.prefixes.EvictOne)
+	}
+	return nil
+}
+
+// prefixStore returns the session's prefix store (nil when no state asked
+// for one).
+func (cp *cachePath) prefixStore() *cache.PrefixStore {
+	cp.prefixMu.Lock()
+	defer cp.prefixMu.Unlock()
+	return cp.prefixes
+}
+
+// closePrefixes releases every registered block (session close).
+func (cp *cachePath) closePrefixes() {
+	if p := cp.prefixStore(); p != nil {
+		p.Close()
+	}
+}
+
+// registerPrefix records the token ids of a successful run (positions
+// prev..length-1) and registers the state's full blocks. Only batch-1
+// states whose every position came with an input_ids feed register; any
+// other run stops the state's registration until it is reset.
+func (cs *CacheState) registerPrefix(prev int, feeds map[string]*tensor.Tensor) {
+	store := cs.sess.cache.prefixStore()
+	ids, ok := feeds[prefixInput]
+	caches := cs.live()
+	if prev == 0 {
+		cs.tokens = cs.tokens[:0] // a new sequence (first run, reset)
+	}
+	if len(cs.tokens) > prev {
+		cs.tokens = cs.tokens[:prev] // truncated since
+	}
+	if store == nil || !ok || ids.DType() != tensor.Int64 || cs.cfg.Batch != 1 || len(caches) != len(cs.caches) ||
+		len(cs.tokens) != prev || prev+ids.Len() != cs.length {
+		cs.tokens = cs.tokens[:0] // out of step (until the state is reset)
+		return
+	}
+	cs.tokens = append(cs.tokens, ids.Int64()...)
+	if bs := caches[0].Config().BlockSize; prev/bs == cs.length/bs {
+		return // no block was completed by this run
+	}
+	_ = store.Register(caches, cs.tokens) // best effort: a refusal only means no sharing
+}
+
+// ReusePrefix attaches to the empty state the longest prefix of tokens
+// that the session's prefix store holds (whole blocks, leaving at least the
+// last token to be run, so the next run yields its logits) and returns the
+// tokens covered: the state's length becomes that and the caller runs only
+// tokens[n:]. 0 means nothing was attached.
+func (cs *CacheState) ReusePrefix(tokens []int64) (int, error) {
+	var n int
+	err := cs.locked(func() error {
+		if !cs.cfg.PrefixCache {
+			return fmt.Errorf("%w: reuse_prefix needs a state created with prefix_cache=True", errs.ErrInvalidArgument)
+		}
+		if cs.length != 0 {
+			return fmt.Errorf("%w: reuse_prefix needs an empty state (length %d)", errs.ErrInvalidArgument, cs.length)
+		}
+		caches := cs.live()
+		store := cs.sess.cache.prefixStore()
+		if store == nil || len(caches) != len(cs.caches) || len(tokens) < 2 {
+			return nil
+		}
+		var err error
+		if n, err = store.Attach(caches, tokens, len(tokens)-1); err != nil {
+			return err
+		}
+		cs.length = n
+		cs.tokens = append(cs.tokens[:0], tokens[:n]...)
+		clear(cs.cks)
+		return nil
+	})
+	return n, err
+}
+
+// PrefixStats returns the session's prefix-store figures (zero when no
+// state uses one).
+func (s *Session) PrefixStats() cache.PrefixStats {
+	if p := s.cache.prefixStore(); p != nil {
+		return p.Stats()
+	}
+	return cache.PrefixStats{}
+}
+
+// PrefixCache reports whether the state shares prompt prefixes.
+func (cs *CacheState) PrefixCache() bool { return cs.cfg.PrefixCache }
+
+// Session returns the session the state belongs to.
+func (cs *CacheState) Session() *Session { return cs.sess }

@@ -1,0 +1,354 @@
+"""The paged KV cache layout (``KVCache(..., layout="paged")``, ``create_state(layout="paged")``).
+
+Paged and contiguous caches driven through the same random operations must both equal the
+numpy model of test_cache_api exactly; attention over both layouts agrees within 1e-6; the copy
+counters prove that fork copies nothing until a write and that a beam step copies at most one
+block per beam; generation on a paged state gives the same tokens and logits as on a
+contiguous one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import onnx_light_kv as olkv
+from onnx_light_kv import models as M
+from test_cache_api import DTYPES, Model, check
+
+BS = 16  # small blocks: the tests cross many block boundaries
+
+
+def _pair(B: int, H: int, dk: int, dv: int, dtype: str, cap: int, **kw):
+    return (olkv.KVCache(B, H, dk, head_dim_v=dv, dtype=dtype, capacity=cap, **kw),
+            olkv.KVCache(B, H, dk, head_dim_v=dv, dtype=dtype, capacity=cap, layout="paged", block_size=BS, **kw))
+
+
+@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_random_operations_match_numpy_model(seed: int, dtype: str) -> None:
+    rng = np.random.default_rng(1000 + seed)
+    B, H = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+    dk = int(rng.integers(1, 9))
+    dv = dk if seed % 2 else int(rng.integers(1, 9))
+    cap = int(rng.integers(40, 120))
+    caches = _pair(B, H, dk, dv, dtype, cap)
+    m = Model(B, H, dk, dv, cap, dtype)
+    cks: list = []
+    for _ in range(50):
+        op = int(rng.integers(0, 10))
+        if op <= 2:
+            n = int(rng.integers(0, 2 * BS))
+            k = rng.standard_normal((m.B, H, n, dk)).astype(np.float32)
+            v = rng.standard_normal((m.B, H, n, dv)).astype(np.float32)
+            for c in caches:
+                if max(m.lengths()) + n > cap:
+                    with pytest.raises(olkv.CapacityError):
+                        c.append(k, v)
+                else:
+                    c.append(k, v)
+            if max(m.lengths()) + n <= cap:
+                m.append(k, v)
+        elif op == 3:
+            lo, hi = max(m.win), min(m.lengths())
+            if hi >= lo:
+                n = int(rng.integers(lo, hi + 1))
+                for c in caches:
+                    c.truncate(n)
+                m.k = [x[:, :n] for x in m.k]
+                m.v = [x[:, :n] for x in m.v]
+        elif op == 4:
+            idx = rng.integers(0, m.B, size=m.B)
+            for c in caches:
+                c.reorder(idx)
+            old = m.copy()
+            m.k = [old.k[i].copy() for i in idx]
+            m.v = [old.v[i].copy() for i in idx]
+            m.win = [old.win[i] for i in idx]
+            cks = []
+        elif op == 5:
+            cks.append(([c.checkpoint() for c in caches], m.copy()))
+        elif op == 6 and cks:
+            pair, snap = cks[int(rng.integers(0, len(cks)))]
+            ok = []
+            for c, ck in zip(caches, pair):
+                try:
+                    c.rollback(ck)
+                    ok.append(True)
+                except olkv.StaleCheckpointError:
+                    ok.append(False)
+            assert ok[0] == ok[1]
+            if ok[0]:
+                m = snap.copy()
+        elif op == 7:
+            keep = int(rng.integers(0, 3 * BS))
+            for c in caches:
+                c.evict(keep)
+            m.win = [max(w, n - keep) for w, n in zip(m.win, m.lengths())]
+        elif op == 8:
+            idx = rng.permutation(m.B)[:int(rng.integers(1, m.B + 1))]
+            for c in caches:
+                c.select(idx)
+                assert c.batch == idx.size
+            old = m.copy()
+            m.B = idx.size
+            m.k = [old.k[i] for i in idx]
+            m.v = [old.v[i] for i in idx]
+            m.win = [old.win[i] for i in idx]
+            cks = []
+        elif op == 9:
+            for c in caches:
+                f = c.fork()
+                check(f, m)
+                f.close()
+        for c in caches:
+            check(c, m)
+    for c in caches:
+        c.close()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2), (6, 1)])  # MHA, GQA, MQA
+def test_attention_paged_equals_contiguous(dtype: str, hq: int, hkv: int) -> None:
+    rng = np.random.default_rng(hq + hkv)
+    lens = [BS - 1 + 16, BS + 16, 3 * BS + 5 + 16]  # ragged, around block boundaries
+    B, dk, dv, n = len(lens), 16, 12, max(lens)
+    caches = _pair(B, hkv, dk, dv, dtype, 4 * BS + 40)
+    k = rng.standard_normal((B, hkv, n, dk)).astype(np.float32)
+    v = rng.standard_normal((B, hkv, n, dv)).astype(np.float32)
+    for c in caches:
+        c.append(k, v, counts=lens)
+    for keep in (None, 37):
+        if keep:
+            for c in caches:
+                c.evict(keep)
+        for lq in (1, 5, 16):
+            q = rng.standard_normal((B, hq, lq, dk)).astype(np.float32)
+            for kw in ({}, {"window": 21}, {"softcap": 2.0}):
+                got = [olkv.attention(q, c, **kw) for c in caches]
+                np.testing.assert_allclose(got[1], got[0], rtol=1e-6, atol=1e-6)
+    reads = []
+    for c in caches:
+        c.reset_counters()
+        olkv.attention(rng.standard_normal((B, hq, 1, dk)).astype(np.float32), c)
+        reads.append(c.counters["attention_bytes"])
+    assert reads[0] == reads[1]  # the kernel reads K+V once from both: no gather
+
+
+def test_paged_commits_blocks_and_reports_info() -> None:
+    arena = olkv.Arena()
+    c = olkv.KVCache(1, 2, 8, capacity=1 << 16, layout="paged", block_size=32, arena=arena)
+    i = c.info()
+    assert (i["layout"], i["block_size"], i["committed_bytes"], i["blocks_used"]) == ("paged", 32, 0, 0)
+    assert c.layout == "paged" and c.block_size == 32
+    row = 2 * (8 + 8) * 4
+    c.append(np.ones((1, 2, 100, 8), np.float32), np.ones((1, 2, 100, 8), np.float32))
+    i = c.info()
+    assert i["blocks_used"] == 4 and i["committed_bytes"] == 4 * 32 * row
+    assert i["live_bytes"] == 100 * row
+    assert i["fragmentation"] == pytest.approx(1 - 100 / 128)
+    assert i["blocks_total"] == i["blocks_used"] + i["blocks_free"]
+    f = c.fork()
+    assert f.counters["copy_bytes"] == 0 and c.counters["copy_bytes"] == 0
+    assert f.info()["blocks_shared"] == 4
+    f.append(np.zeros((1, 2, 1, 8), np.float32), np.zeros((1, 2, 1, 8), np.float32))
+    assert f.counters["copy_bytes"] == 4 * row  # the 4 valid rows of the shared last block
+    assert f.info()["blocks_shared"] == 3
+    k0, _ = c.export()
+    assert (k0 == 1).all()
+    f.close()
+    c.evict(40)  # window 60..99: block 0 goes back
+    assert c.info()["blocks_used"] == 3
+    c.close()
+
+
+def test_paged_beam_reorder_copies_at_most_one_block_per_beam() -> None:
+    c = olkv.KVCache(4, 2, 8, capacity=5000, layout="paged", block_size=32)
+    rng = np.random.default_rng(0)
+    c.append(rng.standard_normal((4, 2, 4096 + 7, 8)).astype(np.float32),
+             rng.standard_normal((4, 2, 4096 + 7, 8)).astype(np.float32))
+    block = 32 * 2 * (8 + 8) * 4
+    for idx in ([0, 0, 1, 1], [3, 3, 3, 3], [1, 0, 3, 2]):
+        c.reset_counters()
+        c.reorder(idx)
+        assert c.counters["copy_bytes"] == 0
+        c.append(np.zeros((4, 2, 1, 8), np.float32), np.zeros((4, 2, 1, 8), np.float32))
+        assert c.counters["copy_bytes"] <= 4 * block
+
+
+def test_paged_budget_exhaustion_leaves_caches_identical() -> None:
+    arena = olkv.Arena(budget=1 << 20)
+    c = olkv.KVCache(2, 2, 16, capacity=1 << 14, layout="paged", block_size=16, arena=arena)
+    rng = np.random.default_rng(3)
+    c.append(rng.standard_normal((2, 2, 40, 16)).astype(np.float32),
+             rng.standard_normal((2, 2, 40, 16)).astype(np.float32))
+    f = c.fork()
+    f.reorder([1, 1])
+    before = [x.export() for x in (c, f)]
+    big = rng.standard_normal((2, 2, 8000, 16)).astype(np.float32)
+    for x in (c, f):
+        with pytest.raises(olkv.BudgetError):
+            x.append(big, big)
+    for x, (k, v) in zip((c, f), before):
+        k2, v2 = x.export()
+        np.testing.assert_array_equal(k2, k)
+        np.testing.assert_array_equal(v2, v)
+    assert arena.stats()["live_bytes"] == 2 * 2 * 40 * 2 * (16 + 16) * 4
+
+
+@pytest.mark.parametrize("kw,exc", [
+    ({"layout": "blocked"}, ValueError),
+    ({"layout": 3}, TypeError),
+    ({"layout": "paged", "block_size": 48}, ValueError),
+    ({"block_size": 32}, ValueError),
+])
+def test_layout_validation(kw: dict, exc: type) -> None:
+    with pytest.raises(exc):
+        olkv.KVCache(1, 1, 4, capacity=8, **kw)
+
+
+def test_select_validation() -> None:
+    for layout in ("contiguous", "paged"):
+        c = olkv.KVCache(3, 1, 4, capacity=64, layout=layout)
+        for bad, exc in (([], ValueError), ([0, 0], ValueError), ([3], IndexError), ([0, 1, 2, 0], ValueError)):
+            with pytest.raises(exc):
+                c.select(bad)
+        assert c.batch == 3
+        c.select([2])
+        assert c.batch == 1 and c.lengths.tolist() == [0]
+
+
+# -- generation states ------------------------------------------------------------------------
+
+PROMPT = np.array([[3, 17, 42, 5, 99, 7, 250, 31, 8, 64, 120, 77, 1, 200, 13, 90, 45, 6, 150, 22]], dtype=np.int64)
+
+
+def _llama() -> olkv.InferenceSession:
+    cfg = M.DecoderConfig(layers=2, hidden=64, q_heads=4, kv_heads=2, head_dim=16, vocab=256, dtype="float32",
+                          max_positions=256)
+    return olkv.InferenceSession(M.model_bytes(M.llama_decoder(cfg)), threads=2)
+
+
+def _greedy(sess: olkv.InferenceSession, st: olkv.GenerationState, steps: int):
+    logits = sess.run(["logits"], {"input_ids": PROMPT, "position_ids": np.arange(PROMPT.shape[1])[None]},
+                      state=st)[0]
+    out, toks = [logits[:, -1]], [int(np.argmax(logits[0, -1]))]
+    for i in range(steps):
+        pos = np.array([[PROMPT.shape[1] + i]], np.int64)
+        logits = sess.run(["logits"], {"input_ids": np.array([[toks[-1]]], np.int64), "position_ids": pos},
+                          state=st)[0]
+        out.append(logits[:, -1])
+        toks.append(int(np.argmax(logits[0, -1])))
+    return toks, np.stack(out)
+
+
+def test_paged_state_equals_contiguous_state() -> None:
+    sess = _llama()
+    with sess.create_state() as a, sess.create_state(layout="paged", block_size=16) as b:
+        ta, la = _greedy(sess, a, 40)
+        tb, lb = _greedy(sess, b, 40)
+        assert ta == tb
+        np.testing.assert_allclose(lb, la, rtol=1e-6, atol=1e-5)
+        layers = b.info()["layers"]
+        assert all(x["layout"] == "paged" and x["block_size"] == 16 for x in layers)
+        assert all(x["blocks_used"] == -(-(PROMPT.shape[1] + 40) // 16) for x in layers)
+
+
+def test_generate_beam_search_on_paged_state() -> None:
+    sess = _llama()
+    want = olkv.generate(sess, PROMPT, max_new_tokens=8, num_beams=4, num_return_sequences=2)
+    got = olkv.generate(sess, PROMPT, max_new_tokens=8, num_beams=4, num_return_sequences=2,
+                        state_options={"layout": "paged", "block_size": 16})
+    np.testing.assert_array_equal(got.sequences, want.sequences)
+    np.testing.assert_allclose(got.sequences_scores, want.sequences_scores, atol=1e-5)
+
+
+def _long_llama() -> olkv.InferenceSession:
+    cfg = M.DecoderConfig(layers=2, hidden=64, q_heads=4, kv_heads=2, head_dim=16, vocab=256, dtype="float32",
+                          max_positions=2304)
+    return olkv.InferenceSession(M.model_bytes(M.llama_decoder(cfg)), threads=2)
+
+
+def _run(sess: olkv.InferenceSession, st: olkv.GenerationState, ids: np.ndarray, start: int) -> np.ndarray:
+    pos = np.arange(start, start + ids.shape[1], dtype=np.int64)[None]
+    return sess.run(["logits"], {"input_ids": ids, "position_ids": pos}, state=st)[0]
+
+
+def test_prefix_reuse_of_a_2k_prompt_equals_cold_prefill() -> None:
+    sess = _long_llama()
+    rng = np.random.default_rng(5)
+    prompt = rng.integers(1, 256, size=(1, 2048 + 5), dtype=np.int64)
+    with sess.create_state() as cold:
+        want = _run(sess, cold, prompt, 0)[:, -1]
+    with sess.create_state(layout="paged", prefix_cache=True) as first:
+        _run(sess, first, prompt, 0)
+        assert first.info()["prefix_cache"]["shared_blocks"] == 2048 // 64
+    with sess.create_state(layout="paged", prefix_cache=True) as st:
+        n = st.reuse_prefix(prompt[0])
+        assert n == 2048 and st.length == 2048
+        got = _run(sess, st, prompt[:, n:], n)[:, -1]
+        tol = 1e-5 * max(1.0, float(np.abs(want).max()))
+        assert float(np.abs(got - want).max()) <= tol
+        info = st.info()
+        assert info["prefix_cache"]["hits"] == 1 and info["prefix_cache"]["tokens_reused"] == 2048
+        assert all(x["blocks_shared"] == 32 and x["counters"]["copy_bytes"] == 0 for x in info["layers"])
+    other = prompt.copy()
+    other[0, 100] += 1  # differs in block 1: only block 0 matches
+    with sess.create_state(layout="paged", prefix_cache=True) as st:
+        assert st.reuse_prefix(other[0]) == 64
+
+
+def test_generate_reuses_prefixes() -> None:
+    sess = _long_llama()
+    prompt = np.random.default_rng(6).integers(1, 256, size=(1, 300), dtype=np.int64)
+    want = olkv.generate(sess, prompt, max_new_tokens=6)
+    opts = {"layout": "paged", "block_size": 32, "prefix_cache": True}
+    a = olkv.generate(sess, prompt, max_new_tokens=6, state_options=opts)
+    b = olkv.generate(sess, prompt, max_new_tokens=6, state_options=opts)
+    np.testing.assert_array_equal(a.sequences, want.sequences)
+    np.testing.assert_array_equal(b.sequences, want.sequences)
+    with sess.create_state(layout="paged", block_size=32, prefix_cache=True) as st:
+        stats = st.info()["prefix_cache"]
+        assert stats["hits"] >= 1 and stats["tokens_reused"] >= 288
+
+
+def test_prefix_cache_errors() -> None:
+    sess = _llama()
+    with pytest.raises(ValueError):
+        sess.create_state(prefix_cache=True)  # contiguous
+    with pytest.raises(ValueError):
+        sess.create_state(layout="paged", prefix_cache=True, budget=1 << 24)
+    with pytest.raises(TypeError):
+        sess.create_state(layout="paged", prefix_cache=1)
+    with sess.create_state(layout="paged") as st, pytest.raises(ValueError):
+        st.reuse_prefix(PROMPT[0].tolist())
+    with sess.create_state(layout="paged", prefix_cache=True) as st:
+        assert st.reuse_prefix(PROMPT[0].tolist()) == 0  # nothing registered yet
+        _greedy(sess, st, 1)
+        with pytest.raises(ValueError):
+            st.reuse_prefix(PROMPT[0].tolist())  # not empty
+    with pytest.raises(ValueError):
+        sess.create_state(layout="paged", block_size=20)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_state_select_keeps_sequences(layout: str) -> None:
+    """select() on a state of 3 sequences keeps the chosen ones: the next steps' logits equal
+    those of a state that ran only those sequences."""
+    sess = _llama()
+    ids = np.array([[5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]], np.int64)
+    pos = np.arange(4)[None].repeat(3, 0)
+    with sess.create_state(batch=3, layout=layout) as st, sess.create_state(batch=2, layout=layout) as ref:
+        sess.run(["logits"], {"input_ids": ids, "position_ids": pos}, state=st)
+        sess.run(["logits"], {"input_ids": ids[[2, 0]], "position_ids": pos[:2]}, state=ref)
+        st.select([2, 0])
+        assert st.batch == 2 and st.lengths.tolist() == [4, 4]
+        nxt = np.array([[1], [2]], np.int64)
+        got = sess.run(["logits"], {"input_ids": nxt, "position_ids": np.full((2, 1), 4)}, state=st)[0]
+        want = sess.run(["logits"], {"input_ids": nxt, "position_ids": np.full((2, 1), 4)}, state=ref)[0]
+        np.testing.assert_array_equal(got, want)
+        with pytest.raises(IndexError):
+            st.select([5])
+        with pytest.raises(ValueError):
+            st.select([0, 0])
+        assert st.batch == 2
