@@ -64,6 +64,7 @@ var avx2Ops = kernelOps{
 	name:    "avx2",
 	dots:    dotsAVX2,
 	maxOf:   max8,
+	readSum: readSum8,
 	expSub:  expSubAVX2,
 	tanhCap: tanhCap8,
 	scale:   scale8,

@@ -41,6 +41,7 @@ var avx512Ops = kernelOps{
 	name:    "avx512",
 	dots:    dots16,
 	maxOf:   max16,
+	readSum: readSum16,
 	expSub:  expSubx16,
 	tanhCap: tanhCap16,
 	scale:   scale16,
