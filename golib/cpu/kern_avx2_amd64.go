@@ -55,6 +55,17 @@ func cvtF16avx2(dst *float32, src *uint16, n int)
 //go:noescape
 func cvtBF16avx2(dst *float32, src *uint16, n int)
 
+// Prefetch distance: the loops prefetch prefetchTokens rows ahead (64,
+// shared with the AVX-512 path). Measured on this path forced on a Zen 4
+// (a shared machine under load), BenchmarkPrefetchDistance, one thread,
+// 16k tokens, medians of four interleaved runs, K+V GB/s: fp32 GQA 32/8
+// 0 rows 2.0-2.9 (one run), 16 rows 3.3 (one run), 32: 4.7, 64: 4.5,
+// 128: 4.6, 256: 4.9; fp16 GQA 32: 2.9, 64: 4.2, 128: 6.2, 256: 3.5; fp32
+// MHA 32/32 32-128: 5.4-5.5, 256: 4.4. Runs spread by +-40%, so 32-256 rows
+// cannot be told apart; 0 and 16 are clearly slower. Prefetching each
+// whole V row in the first 16-dim pass of axpy4/axpy1 (instead of one line
+// per pass) measured 20-40% slower in interleaved A/B runs and was dropped.
+//
 // avx2Ops is the AVX2 + FMA + F16C path (16 ymm registers): the score and
 // accumulation loops in assembly for head dims that are a multiple of 16
 // (scores, four-row accumulation) or 32 (one-row accumulation, 16-bit rows
