@@ -220,32 +220,54 @@ def axpy4(kind):
 def axpy1(kind):
     es, gt, cb = KINDS[kind]
     name = f"axpy1{kind}avx2"
-    vstep = 4 * cb  # V bytes of one 32-dim pass
     w(f"// func {name}(acc *float32, rb int, p *float32, v *{gt}, n int, alpha float32, pfd int)")
     w("//")
     w("// acc = alpha*acc + sum_{t<n} p[t]*v_t, acc of rb/4 float32 (rb a multiple of 128),")
-    w(f"// v_t at v + t*rb*{es}/4 bytes, n >= 1. Passes of 32 dims, tokens alternating between")
-    w("// two accumulator sets (Y0-Y3, Y4-Y7) so the FMA latency is hidden; V prefetched pfd")
-    w("// bytes ahead.")
+    w(f"// v_t at v + t*rb*{es}/4 bytes, n >= 1. Passes of 64 dims (Y0-Y7: eight independent")
+    w("// FMA chains per token hide the latency), then one pass of 32 dims (Y0-Y3, tokens")
+    w("// alternating with Y4-Y7) when rb/4 is an odd multiple of 32. Each pass reads its")
+    w("// part of every V row (256 bytes of a float32 row) and prefetches it pfd bytes ahead:")
+    w("// passes of 32 dims over head dim 128 read DRAM in strides of a row, and MHA decode")
+    w("// measured about 0.6x the AVX-512 path's speed with them.")
     w(f"TEXT ·{name}(SB), NOSPLIT, $0-56")
     ins("MOVQ acc+0(FP), DI", "MOVQ rb+8(FP), DX", "MOVQ p+16(FP), R8", "MOVQ v+24(FP), SI",
         "MOVQ n+32(FP), AX", "VBROADCASTSS alpha+40(FP), Y15", "MOVQ pfd+48(FP), R9",
-        "SHLQ $2, AX", "XORQ CX, CX")
+        "SHLQ $2, AX", "XORQ CX, CX", "LEAQ -255(DX), R11")
     if es == 4:
         ins("MOVQ DX, R10")
     else:
         ins("MOVQ DX, R10", "SHRQ $1, R10")
+    ins("CMPQ CX, R11", f"JGE {name}half")
     w(f"{name}pass:")
+    for j in range(8):
+        ins(f"VMULPS {off(32*j)}(DI)(CX*1), Y15, Y{j}")
+    ins("MOVQ SI, BX", "XORQ R12, R12")
+    w(f"{name}t:")
+    for l in range(8 * cb // 64):
+        ins(f"PREFETCHT1 {off(64*l)}(BX)(R9*1)")
+    ins("VBROADCASTSS (R8)(R12*1), Y8")
+    for j in range(8):
+        if kind == "f32":
+            ins(f"VFMADD231PS {off(cb*j)}(BX), Y8, Y{j}")
+        else:
+            t = f"Y{9+j%4}"
+            ins(*load(kind, f"{off(cb*j)}(BX)", t))
+            ins(f"VFMADD231PS {t}, Y8, Y{j}")
+    ins("ADDQ R10, BX", "ADDQ $4, R12", "CMPQ R12, AX", f"JLT {name}t")
+    for j in range(8):
+        ins(f"VMOVUPS Y{j}, {off(32*j)}(DI)(CX*1)")
+    ins(f"ADDQ ${8*cb}, SI", "ADDQ $256, CX", "CMPQ CX, R11", f"JLT {name}pass")
+    w(f"{name}half:")
+    ins("CMPQ CX, DX", f"JGE {name}done")
     for j in range(4):
         ins(f"VMULPS {off(32*j)}(DI)(CX*1), Y15, Y{j}")
     for j in range(4):
         ins(f"VXORPS Y{4+j}, Y{4+j}, Y{4+j}")
     ins("MOVQ SI, BX", "XORQ R12, R12")
-    w(f"{name}t:")
+    w(f"{name}ht:")
     for s in range(2):
-        ins("PREFETCHT1 (BX)(R9*1)")
-        if vstep > 64:
-            ins("PREFETCHT1 64(BX)(R9*1)")
+        for l in range(max(1, 4 * cb // 64)):
+            ins(f"PREFETCHT1 {off(64*l)}(BX)(R9*1)")
         ins(f"VBROADCASTSS (R8)(R12*1), Y{8+s}")
         for j in range(4):
             acc = f"Y{4*s+j}"
@@ -255,13 +277,13 @@ def axpy1(kind):
                 ins(*load(kind, f"{off(cb*j)}(BX)", f"Y{10+j}"))
                 ins(f"VFMADD231PS Y{10+j}, Y{8+s}, {acc}")
         ins("ADDQ R10, BX", "ADDQ $4, R12", "CMPQ R12, AX")
-        ins(f"JGE {name}store" if s == 0 else f"JLT {name}t")
-    w(f"{name}store:")
+        ins(f"JGE {name}hstore" if s == 0 else f"JLT {name}ht")
+    w(f"{name}hstore:")
     for j in range(4):
         ins(f"VADDPS Y{4+j}, Y{j}, Y{j}")
     for j in range(4):
         ins(f"VMOVUPS Y{j}, {off(32*j)}(DI)(CX*1)")
-    ins(f"ADDQ ${vstep}, SI", "ADDQ $128, CX", "CMPQ CX, DX", f"JLT {name}pass")
+    w(f"{name}done:")
     ins("VZEROUPPER", "RET")
     w()
 
