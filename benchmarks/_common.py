@@ -86,15 +86,17 @@ KERNEL_CHOICES = ("auto", "go", "avx2", "avx512")
 
 
 def kernel_paths() -> Dict[str, Any]:
-    """The installed package's attention kernel paths: ``{"active": name, "available": [names]}``
-    (portable Go twin first, best last), or ``{}`` when the package cannot be imported."""
+    """The installed package's attention kernel paths: ``{"active": name, "available": [names],
+    "gemm": the matrix kernels' path}`` (portable Go twin first, best last), or ``{}`` when the
+    package cannot be imported."""
     try:
         import onnx_light_kv
 
         info = onnx_light_kv.build_info()
     except Exception:  # the benchmark may run without our package (onnxruntime alone)
         return {}
-    return {"active": info.get("attention_kernel"), "available": list(info.get("attention_kernels", []))}
+    return {"active": info.get("attention_kernel"), "available": list(info.get("attention_kernels", [])),
+            "gemm": info.get("gemm_kernel")}
 
 
 def kernel_runs(requested: Sequence[str]) -> List[Tuple[str, str]]:
@@ -128,7 +130,8 @@ def isa_line() -> str:
     model, flags = _cpuinfo()
     paths = kernel_paths()
     return (f"CPU: {model}; flags: {' '.join(f for f in KEY_FLAGS if f in flags)}; kernel paths: "
-            f"{', '.join(paths.get('available', [])) or 'n/a'} (default {paths.get('active', 'n/a')})")
+            f"{', '.join(paths.get('available', [])) or 'n/a'} (default {paths.get('active', 'n/a')}, "
+            f"gemm {paths.get('gemm', 'n/a')})")
 
 
 def environment(threads: Optional[int] = None, extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:

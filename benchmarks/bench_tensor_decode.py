@@ -23,10 +23,11 @@ plus environment in ``benchmarks/results/tensor-decode-<timestamp>.json`` and a 
 it. ``--quick`` uses a small model and short contexts (seconds); the default is 4 layers,
 hidden 1024, 16/8 heads, head_dim 64, vocab 32000, contexts 128..4096, threads 1 and 2.
 ``--runtimes ort`` measures onnxruntime alone (while our InferenceSession is not available).
-``--kernel avx2 avx512`` runs our session once per named attention kernel path, side by side in
-the same alternating rounds (runtimes ``ours-avx2``, ``ours-avx512``; one speed-up column per
-path); the output and the JSON name the CPU, its flags and the paths (``auto``, the default,
-keeps the single runtime ``ours`` on the best path).
+``--kernel avx2 avx512 go auto`` runs our session on each named kernel path (attention and
+matrix kernels, as ``onnx_light_kv.set_kernel``), side by side in the same alternating rounds
+(runtimes ``ours-avx2``, ``ours-avx512``; one speed-up column per path); ``auto`` alone, the
+default, keeps the single runtime ``ours`` on the best path. The output and the JSON name the
+CPU, its flags and the attention and matrix kernel paths that ran.
 
 Run: ``python benchmarks/bench_tensor_decode.py --quick``.
 """
@@ -201,7 +202,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--runtimes", default="ours,ort", help="comma list of ours, ort")
     p.add_argument("--kernel", nargs="+", default=["auto"], choices=_common.KERNEL_CHOICES,
-                   help="our attention kernel paths, run side by side (default: auto, the best one)")
+                   help="our kernel paths (attention and GEMM, as onnx_light_kv.set_kernel), run side by "
+                        "side (default: auto, the best one)")
     p.add_argument("--name", default="tensor-decode", help="results file prefix")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--profile", action="store_true",
@@ -229,9 +231,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     out_names = ["logits"] + models.present_names(cfg.layers)
     rng = np.random.default_rng(0)
 
-    env_start = _common.environment(threads=None, extra={"threads_measured": args.threads})
+    kernels = None
     if ours_names:
+        import onnx_light_kv
+        kernels = {}
+        for r in ours_names:
+            onnx_light_kv.set_kernel(kernel_of.get(r, "auto"))
+            info = onnx_light_kv.build_info()
+            kernels[r] = {"requested": kernel_of.get(r, "auto"), "attention": info.get("attention_kernel"),
+                          "gemm": info.get("gemm_kernel")}
+            print(f"{r}: attention kernel {kernels[r]['attention']}, gemm {kernels[r]['gemm']}", flush=True)
+        onnx_light_kv.set_kernel("auto")
         print(_common.isa_line(), flush=True)
+    env_start = _common.environment(threads=None, extra={"threads_measured": args.threads, "kernels": kernels})
     rows: List[Dict[str, Any]] = []
     raw: List[Dict[str, Any]] = []
     for threads in args.threads:
