@@ -81,11 +81,65 @@ def _version(module: str) -> Optional[str]:
         return None
 
 
+#: The attention kernel paths a benchmark's ``--kernel`` option accepts ("auto": the best one).
+KERNEL_CHOICES = ("auto", "go", "avx2", "avx512")
+
+
+def kernel_paths() -> Dict[str, Any]:
+    """The installed package's attention kernel paths: ``{"active": name, "available": [names],
+    "gemm": the matrix kernels' path}`` (portable Go twin first, best last), or ``{}`` when the
+    package cannot be imported."""
+    try:
+        import onnx_light_kv
+
+        info = onnx_light_kv.build_info()
+    except Exception:  # the benchmark may run without our package (onnxruntime alone)
+        return {}
+    return {"active": info.get("attention_kernel"), "available": list(info.get("attention_kernels", [])),
+            "gemm": info.get("gemm_kernel")}
+
+
+def kernel_runs(requested: Sequence[str]) -> List[Tuple[str, str]]:
+    """``(requested name, path that runs)`` for each name of ``--kernel`` the CPU and build have
+    ("auto" resolves to the best available path); unavailable ones are reported and left out."""
+    paths = kernel_paths()
+    avail = paths.get("available", [])
+    out: List[Tuple[str, str]] = []
+    for name in requested:
+        run = avail[-1] if name == "auto" and avail else name
+        if run not in avail:
+            print(f"kernel path {name!r} is not available on this CPU/build (available: {', '.join(avail)}): skipped")
+            continue
+        if all(r != run for _, r in out):
+            out.append((name, run))
+    return out
+
+
+def on_kernel(path: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` run on attention kernel path ``path`` (selected before each call; a pointer store)."""
+    import onnx_light_kv
+
+    def call() -> Any:
+        onnx_light_kv.set_kernel(path)
+        return fn()
+    return call
+
+
+def isa_line() -> str:
+    """One line naming the CPU, its kernel-relevant flags and the kernel paths, for tables."""
+    model, flags = _cpuinfo()
+    paths = kernel_paths()
+    return (f"CPU: {model}; flags: {' '.join(f for f in KEY_FLAGS if f in flags)}; kernel paths: "
+            f"{', '.join(paths.get('available', [])) or 'n/a'} (default {paths.get('active', 'n/a')}, "
+            f"gemm {paths.get('gemm', 'n/a')})")
+
+
 def environment(threads: Optional[int] = None, extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """Machine and software description to store next to the samples.
 
     ``threads``: the thread count the benchmark uses (recorded as given). ``extra``: merged in.
-    Keys: timestamp_utc, cpu_model, cpu_key_flags, cpu_flags, logical_cpus, affinity_cpus,
+    Keys: timestamp_utc, cpu_model, cpu_key_flags, cpu_flags, kernel_paths (see
+    :func:`kernel_paths`), logical_cpus, affinity_cpus,
     memory_gib, load_average_1_5_15 (other work on the machine skews samples), os, python, versions {numpy, onnx, onnxruntime, onnx_light_kv, matplotlib},
     onnx_light_kv_build (``build_info()`` when the package provides it), go, git {rev, dirty},
     env (thread-related variables).
@@ -101,6 +155,7 @@ def environment(threads: Optional[int] = None, extra: Optional[Mapping[str, Any]
         "cpu_model": model,
         "cpu_key_flags": [f for f in KEY_FLAGS if f in flags],
         "cpu_flags": flags,
+        "kernel_paths": kernel_paths(),
         "logical_cpus": os.cpu_count(),
         "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "memory_gib": mem,

@@ -33,11 +33,22 @@ Usage::
     python benchmarks/bench_decode.py            # the full grid
     python benchmarks/bench_decode.py --quick    # small subset, about a minute
     python benchmarks/bench_decode.py --target   # the target cases only (fp32 GQA 32/8 d128)
+    python benchmarks/bench_decode.py --kernel avx2 avx512 --dtypes float32 --heads 32/8 32/32 \
+        --head-dims 128 64 --batches 1 4 --contexts 1024 4096 16384 32768
+
+``--kernel`` names the attention kernel paths to run (``auto go avx2 avx512``, default ``auto``):
+each one is a side of the same alternating blocks, so the paths are compared at the same moment,
+each row names the path it ran (``kernel``), and the output starts with the CPU, its flags and
+the paths available (also in the JSON's ``env``). On an AVX-512 machine ``avx2`` forces the AVX2
+path. The paired bandwidth probe always reads with the best path. ``--dtypes``, ``--heads``,
+``--head-dims`` and ``--batches`` replace the preset grid by their cross product (bfloat16 has
+no onnxruntime CPU comparator: ours only).
     python benchmarks/bench_decode.py --layout contiguous paged   # + a paged cache, side by side
 
-With ``--layout contiguous paged`` a fourth side joins the alternating blocks: the same step on a
-``KVCache(layout="paged", block_size=--block-size)`` holding the same rows; rows report
-``paged_ms`` and ``paged_ratio`` (paged time / contiguous time; the target is <= 1.05).
+With ``--layout contiguous paged`` another side joins the alternating blocks: the same step on a
+``KVCache(layout="paged", block_size=--block-size)`` holding the same rows, on the first
+``--kernel`` path; that path's rows report ``paged_ms`` and ``paged_ratio`` (paged time /
+contiguous time; the target is <= 1.05).
 """
 
 from __future__ import annotations
@@ -61,7 +72,7 @@ from _common import blocked, environment, format_table, plot_series, summarize, 
 @dataclass(frozen=True)
 class Case:
     threads: int
-    dtype: str  # "float32" or "float16"
+    dtype: str  # "float32", "float16" or "bfloat16" (ours only)
     batch: int
     q_heads: int
     kv_heads: int
@@ -75,19 +86,23 @@ class Case:
 
     @property
     def kv_bytes(self) -> int:
-        esize = 2 if self.dtype == "float16" else 4
+        esize = 4 if self.dtype == "float32" else 2
         return self.batch * self.kv_heads * self.context * 2 * self.head_dim * esize
 
 
-def grid(quick: bool, contexts: Optional[List[int]], threads: List[int], target: bool = False) -> List[Case]:
-    """The full grid of cases (or the quick subset, or the target configuration), in plotting order."""
+def grid(quick: bool, contexts: Optional[List[int]], threads: List[int], target: bool = False,
+         custom: Optional[List[tuple]] = None) -> List[Case]:
+    """The full grid of cases (or the quick subset, the target configuration, or the ``custom``
+    configurations ``(dtype, batch, q_heads, kv_heads, head_dim)``), in plotting order."""
     ctx = contexts or ([256, 1024, 4096, 16384] if quick else [256, 1024, 4096, 16384, 32768])
     if target and not contexts:
         ctx = [1024, 4096, 16384, 32768]
     cases: List[Case] = []
     for t in threads:
         configs = [("float32", 1, 32, 8, 128)]
-        if target:
+        if custom:
+            configs = list(custom)
+        elif target:
             configs.append(("float32", 4, 32, 8, 128))
         elif not quick:
             configs += [("float32", 4, 32, 8, 128), ("float32", 1, 32, 32, 128), ("float32", 4, 32, 32, 128),
@@ -219,10 +234,22 @@ class OrtStep:
 # ---------------------------------------------------------------- one case
 
 def run_case(c: Case, repeat: int, warmup: int, rng: np.random.Generator,
-             layouts: tuple = ("contiguous",), block_size: Optional[int] = None) -> Dict[str, Any]:
+             kernels: Optional[List[tuple]] = None, layouts: tuple = ("contiguous",),
+             block_size: Optional[int] = None) -> Dict[str, Any]:
+    """One case: our step on each kernel path of ``kernels`` (``(requested, path)`` pairs, default
+    the best path), onnxruntime, the paired probe and (``layouts`` with "paged") the same step on a
+    paged cache with the first path, in alternating blocks. Returns the case, one
+    row per kernel path (``rows``) and the raw samples."""
     import onnx_light_kv as olkv
 
-    np_dt = np.float16 if c.dtype == "float16" else np.float32
+    kernels = kernels or [("auto", olkv.build_info()["attention_kernels"][-1])]
+    olkv.set_kernel("auto")
+    if c.dtype == "bfloat16":
+        import ml_dtypes
+
+        np_dt: Any = ml_dtypes.bfloat16
+    else:
+        np_dt = np.float16 if c.dtype == "float16" else np.float32
     L, d = c.context, c.head_dim
     cap = L + 1
     # The shared ORT buffer doubles as the source of our cache's past rows.
@@ -249,6 +276,8 @@ def run_case(c: Case, repeat: int, warmup: int, rng: np.random.Generator,
     ort_step: Optional[OrtStep] = None
     ort_note = ""
     try:
+        if c.dtype == "bfloat16":
+            raise NotImplementedError("onnxruntime's CPU GroupQueryAttention has no bfloat16")
         q_ort = q.transpose(0, 2, 1, 3).reshape(c.batch, 1, c.q_heads * d).astype(np_dt)
         k_ort = np.ascontiguousarray(k.transpose(0, 2, 1, 3).reshape(c.batch, 1, c.kv_heads * d).astype(np_dt))
         v_ort = np.ascontiguousarray(v.transpose(0, 2, 1, 3).reshape(c.batch, 1, c.kv_heads * d).astype(np_dt))
@@ -258,20 +287,27 @@ def run_case(c: Case, repeat: int, warmup: int, rng: np.random.Generator,
             ort_note = "ORT did not write into the shared buffer (silent copy): invalid comparator"
             ort_step = None
         else:
-            # Same inputs, same answer: the comparison is between equal computations.
-            ours()
-            got = out.transpose(0, 2, 1, 3).reshape(c.batch, 1, c.q_heads * d)
+            # Same inputs, same answer on every path: the comparison is between equal computations.
             want = ort_step.out.numpy().astype(np.float32)
             tol = 2e-2 if c.dtype == "float16" else 1e-3
-            err = float(np.max(np.abs(got - want)))
+            err = 0.0
+            for _, path in kernels:
+                olkv.set_kernel(path)
+                ours()
+                got = out.transpose(0, 2, 1, 3).reshape(c.batch, 1, c.q_heads * d)
+                err = max(err, float(np.max(np.abs(got - want))))
+            olkv.set_kernel("auto")
             row["max_abs_diff"] = err
             if err > tol:
                 ort_note = f"outputs differ by {err:.3g} (tolerance {tol})"
+    except NotImplementedError as e:
+        ort_note = str(e)
+        ort_step = None
     except Exception as e:  # noqa: BLE001 - an unsupported ORT case is reported, not fatal
         ort_note = f"onnxruntime failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
         ort_step = None
 
-    fns = {"ours": ours}
+    fns = {f"ours:{path}": _common.on_kernel(path, ours) for _, path in kernels}
     paged = None
     if "paged" in layouts:
         paged = olkv.KVCache(c.batch, c.kv_heads, d, dtype=c.dtype, capacity=cap, layout="paged",
@@ -288,13 +324,15 @@ def run_case(c: Case, repeat: int, warmup: int, rng: np.random.Generator,
         ours_paged()
         ours()
         row["paged_max_abs_diff"] = float(np.max(np.abs(out_p - out)))
-        fns["paged"] = ours_paged
+        fns["paged"] = _common.on_kernel(kernels[0][1], ours_paged)
     if ort_step is not None:
         fns["ort"] = ort_step
     buf = probe_buffer()
     if buf is not None:
-        fns["probe"] = lambda: olkv.stream_read(buf, c.threads)
+        # the probe reads with the best path, whichever path our step ran last
+        fns["probe"] = _common.on_kernel("auto", lambda: olkv.stream_read(buf, c.threads))
     samples = blocked(fns, repeat=repeat, warmup=warmup)
+    olkv.set_kernel("auto")
     if "probe" in samples:
         # The recorded calls only (not the settling ones), as for the other two sides.
         probe_gbps = [buf.nbytes / (ms * 1e6) for ms in samples.pop("probe")]
@@ -302,28 +340,32 @@ def run_case(c: Case, repeat: int, warmup: int, rng: np.random.Generator,
         row["bw_paired_p10"] = float(np.percentile(probe_gbps, 10))
         row["bw_paired_p90"] = float(np.percentile(probe_gbps, 90))
         samples["probe_GBps"] = probe_gbps
-    s_ours = summarize(samples["ours"])
-    row.update({"ours_ms": s_ours["median"], "ours_p10": s_ours["p10"], "ours_p90": s_ours["p90"]})
     if "ort" in samples:
         s_ort = summarize(samples["ort"])
         row.update({"ort_ms": s_ort["median"], "ort_p10": s_ort["p10"], "ort_p90": s_ort["p90"],
-                    "speedup": _common.speedup(s_ours["median"], s_ort["median"])})
-    row["ours_GBps"] = c.kv_bytes / (s_ours["median"] / 1e3) / 1e9
-    if "ort_ms" in row:
-        row["ort_GBps"] = c.kv_bytes / (row["ort_ms"] / 1e3) / 1e9
-    if "paged" in samples:
-        s_p = summarize(samples["paged"])
-        row.update({"paged_ms": s_p["median"], "paged_p10": s_p["p10"], "paged_p90": s_p["p90"],
-                    "paged_ratio": s_p["median"] / s_ours["median"]})
+                    "ort_GBps": c.kv_bytes / (s_ort["median"] / 1e3) / 1e9})
     if ort_note:
         row["note"] = ort_note
+    rows = []
+    for _, path in kernels:
+        s_ours = summarize(samples[f"ours:{path}"])
+        r = {"case": row["case"], "kernel": path, **{k: v for k, v in row.items() if k != "case"}}
+        r.update({"ours_ms": s_ours["median"], "ours_p10": s_ours["p10"], "ours_p90": s_ours["p90"],
+                  "ours_GBps": c.kv_bytes / (s_ours["median"] / 1e3) / 1e9})
+        if "ort_ms" in row:
+            r["speedup"] = _common.speedup(s_ours["median"], row["ort_ms"])
+        rows.append(r)
+    if "paged" in samples:  # timed on the first kernel path
+        s_p = summarize(samples["paged"])
+        rows[0].update({"paged_ms": s_p["median"], "paged_p10": s_p["p10"], "paged_p90": s_p["p90"],
+                        "paged_ratio": s_p["median"] / rows[0]["ours_ms"]})
     counters = dict(cache.counters)
     cache.close()
     if paged is not None:
         paged.close()
     del ort_step, cache, past_k, past_v
     gc.collect()
-    return {"case": asdict(c), "row": row, "samples": samples, "cache_counters": counters}
+    return {"case": asdict(c), "rows": rows, "samples": samples, "cache_counters": counters}
 
 
 # ---------------------------------------------------------------- main
@@ -339,11 +381,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--max-gib", type=float, default=2.0,
                     help="skip cases whose K+V exceed this many GiB per side (RAM guard)")
+    ap.add_argument("--kernel", nargs="+", default=["auto"], choices=_common.KERNEL_CHOICES,
+                    help="attention kernel paths to run side by side (default: auto, the best one)")
+    ap.add_argument("--dtypes", nargs="+", choices=["float32", "float16", "bfloat16"], default=None,
+                    help="with --heads/--head-dims/--batches: replace the preset grid by the cross product")
+    ap.add_argument("--heads", nargs="+", default=None, help="q_heads/kv_heads pairs, e.g. 32/8 32/32")
+    ap.add_argument("--head-dims", type=int, nargs="+", default=None)
+    ap.add_argument("--batches", type=int, nargs="+", default=None)
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--layout", nargs="+", choices=["contiguous", "paged"], default=["contiguous"],
                     help="cache layouts to time side by side (contiguous is always the reference)")
     ap.add_argument("--block-size", type=int, default=None, help="paged layout block size (default: the library's)")
     args = ap.parse_args(argv)
+    custom = None
+    if args.dtypes or args.heads or args.head_dims or args.batches:
+        heads = [tuple(int(x) for x in h.split("/")) for h in (args.heads or ["32/8"])]
+        custom = [(dt, b, hq, hkv, d) for dt in (args.dtypes or ["float32"]) for hq, hkv in heads
+                  for d in (args.head_dims or [128]) for b in (args.batches or [1])]
 
     import onnx_light_kv as olkv
 
@@ -353,45 +407,55 @@ def main(argv: Optional[List[str]] = None) -> int:
     bw = {t: read_bandwidth(t) for t in sorted(set(args.threads))}
     for t, b in bw.items():
         print(f"streaming read, {t} thread(s): {b['gbps']:.1f} GB/s ({b['method']})")
-    print(f"kernel path: {build.get('attention_kernel')}  LLC: {llc / 2**20:.0f} MiB")
+    kernels = _common.kernel_runs(args.kernel)
+    if not kernels:
+        print("none of the kernel paths asked for is available")
+        return 2
+    print(_common.isa_line())
+    print(f"kernel paths run: {', '.join(p for _, p in kernels)}  LLC: {llc / 2**20:.0f} MiB "
+          "(bandwidth probes read with the best path)")
 
     rng = np.random.default_rng(0)
     results, rows = [], []
-    for c in _common.progress(grid(args.quick, args.contexts, args.threads, args.target), desc="cases"):
+    row_cases: List[Dict[str, Any]] = []  # the case of each row
+    for c in _common.progress(grid(args.quick, args.contexts, args.threads, args.target, custom), desc="cases"):
         if c.kv_bytes > args.max_gib * 2 ** 30:
             print(f"skip {c.label} L={c.context}: K+V {c.kv_bytes / 2**30:.1f} GiB > --max-gib")
             continue
-        r = run_case(c, repeat, args.warmup, rng, tuple(args.layout), args.block_size)
-        row = r["row"]
-        row["bw_frac"] = row["ours_GBps"] / bw[c.threads]["gbps"]
-        if "bw_paired_GBps" in row:
-            row["bw_frac_paired"] = row["ours_GBps"] / row["bw_paired_GBps"]
-        row["beyond_llc"] = c.kv_bytes > llc
-        rows.append(row)
+        r = run_case(c, repeat, args.warmup, rng, kernels, tuple(args.layout), args.block_size)
         results.append(r)
-        print(f"{row['case']:<28} L={c.context:>6}  ours {row['ours_ms']:8.3f} ms"
-              + (f"  ort {row['ort_ms']:8.3f} ms  speedup {row['speedup']:5.2f}" if "speedup" in row else "")
-              + f"  {row['ours_GBps']:6.1f} GB/s ({row['bw_frac'] * 100:4.0f}%"
-              + (f", {row['bw_frac_paired'] * 100:4.0f}% of {row['bw_paired_GBps']:.1f} paired)"
-                 if "bw_frac_paired" in row else ")")
-              + (f"  paged {row['paged_ms']:8.3f} ms ({row['paged_ratio']:4.2f}x)" if "paged_ms" in row else "")
-              + (f"  [{row['note']}]" if "note" in row else ""), flush=True)
+        for row in r["rows"]:
+            row["bw_frac"] = row["ours_GBps"] / bw[c.threads]["gbps"]
+            if "bw_paired_GBps" in row:
+                row["bw_frac_paired"] = row["ours_GBps"] / row["bw_paired_GBps"]
+            row["beyond_llc"] = c.kv_bytes > llc
+            rows.append(row)
+            row_cases.append(r["case"])
+            print(f"{row['case']:<28} {row['kernel']:<6} L={c.context:>6}  ours {row['ours_ms']:8.3f} ms"
+                  + (f"  ort {row['ort_ms']:8.3f} ms  speedup {row['speedup']:5.2f}" if "speedup" in row else "")
+                  + f"  {row['ours_GBps']:6.1f} GB/s ({row['bw_frac'] * 100:4.0f}%"
+                  + (f", {row['bw_frac_paired'] * 100:4.0f}% of {row['bw_paired_GBps']:.1f} paired)"
+                     if "bw_frac_paired" in row else ")")
+                  + (f"  paged {row['paged_ms']:8.3f} ms ({row['paged_ratio']:4.2f}x)" if "paged_ms" in row else "")
+                  + (f"  [{row['note']}]" if "note" in row else ""), flush=True)
 
-    cols = ["case", "context", "kv_MB", "ours_ms", "ours_p10", "ours_p90", "ort_ms", "ort_p10", "ort_p90",
+    cols = ["case", "kernel", "context", "kv_MB", "ours_ms", "ours_p10", "ours_p90", "ort_ms", "ort_p10", "ort_p90",
             "speedup", "ours_GBps", "bw_frac", "bw_paired_GBps", "bw_frac_paired", "beyond_llc",
             "paged_ms", "paged_ratio", "note"]
     print()
+    print(_common.isa_line())
     print(format_table(rows, [c for c in cols if any(c in r for r in rows)]))
     print(_common.SPEEDUP)
 
     # Target check: fp32 GQA 32/8 d128, contexts >= 1k, 1 and 2 threads, speed-up >= 1.25.
-    tgt = [r for r, res in zip(rows, results)
-           if res["case"]["dtype"] == "float32" and res["case"]["q_heads"] == 32 and res["case"]["kv_heads"] == 8
-           and res["case"]["head_dim"] == 128 and res["case"]["context"] >= 1024 and "speedup" in r]
-    if tgt:
-        worst = min(r["speedup"] for r in tgt)
-        print(f"\ntarget speed-up >= 1.25 (fp32 GQA 32/8 d128, L >= 1k): worst {worst:.2f} "
-              f"over {len(tgt)} cases -> {'met' if worst >= 1.25 else 'NOT met'}")
+    for _, path in kernels:
+        tgt = [r for r, rc in zip(rows, row_cases)
+               if r["kernel"] == path and rc["dtype"] == "float32" and rc["q_heads"] == 32 and rc["kv_heads"] == 8
+               and rc["head_dim"] == 128 and rc["context"] >= 1024 and "speedup" in r]
+        if tgt:
+            worst = min(r["speedup"] for r in tgt)
+            print(f"\n{path}: target speed-up >= 1.25 (fp32 GQA 32/8 d128, L >= 1k): worst {worst:.2f} "
+                  f"over {len(tgt)} cases -> {'met' if worst >= 1.25 else 'NOT met'}")
     paged_rows = [r for r in rows if "paged_ratio" in r and r["context"] >= 1024]
     if paged_rows:
         worst = max(r["paged_ratio"] for r in paged_rows)
@@ -402,17 +466,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     by_cfg: Dict[str, List[Dict[str, Any]]] = {}
     for r in rows:
         if r["beyond_llc"]:
-            by_cfg.setdefault(r["case"], []).append(r)
+            by_cfg.setdefault(f"{r['case']} {r['kernel']}", []).append(r)
     if by_cfg:
         print("\nfraction of the streaming-read bandwidth where K+V > LLC (target 85%), min / median:")
         for label, rs in by_cfg.items():
             parts = [f"{what} {min(r[key] for r in rs) * 100:.0f}% / {np.median([r[key] for r in rs]) * 100:.0f}%"
                      for key, what in (("bw_frac", "start probe"), ("bw_frac_paired", "paired probe"))
                      if all(key in r for r in rs)]
-            print(f"  {label:<28} " + ", ".join(parts))
+            print(f"  {label:<35} " + ", ".join(parts))
 
     payload = {"benchmark": "decode", "env": environment(threads=max(args.threads)),
-               "args": vars(args), "read_bandwidth": bw, "llc_bytes": llc, "rows": rows, "results": results}
+               "kernels_run": [p for _, p in kernels], "args": vars(args), "read_bandwidth": bw, "llc_bytes": llc, "rows": rows, "results": results}
     path = write_json("decode", payload)
     print(f"\nraw samples: {path}")
     if not args.no_plot and rows:
@@ -422,13 +486,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             for side in ("ours", "ort"):
                 if f"{side}_ms" not in r:
                     continue
-                s = series.setdefault(f"{side} {r['case']}", {"x": [], "median": [], "p10": [], "p90": []})
+                if side == "ort" and r["kernel"] != kernels[0][1]:
+                    continue  # one onnxruntime series per case
+                name = f"ours {r['kernel']} {r['case']}" if side == "ours" else f"ort {r['case']}"
+                s = series.setdefault(name, {"x": [], "median": [], "p10": [], "p90": []})
                 s["x"].append(r["context"])
                 s["median"].append(r[f"{side}_ms"])
                 s["p10"].append(r[f"{side}_p10"])
                 s["p90"].append(r[f"{side}_p90"])
             if "speedup" in r:
-                x, vals = ratio.setdefault(r["case"], ([], []))
+                x, vals = ratio.setdefault(f"{r['kernel']} {r['case']}", ([], []))
                 x.append(r["context"])
                 vals.append(r["speedup"])
         png = plot_series(path[:-5] + ".png", series, "context (tokens)", "decode step (ms)",

@@ -23,8 +23,11 @@ plus environment in ``benchmarks/results/tensor-decode-<timestamp>.json`` and a 
 it. ``--quick`` uses a small model and short contexts (seconds); the default is 4 layers,
 hidden 1024, 16/8 heads, head_dim 64, vocab 32000, contexts 128..4096, threads 1 and 2.
 ``--runtimes ort`` measures onnxruntime alone (while our InferenceSession is not available).
-``--kernel avx2|avx512|go|auto`` forces our kernel path (attention and matrix kernels, as
-``onnx_light_kv.set_kernel``); the table header and the JSON name the paths that ran.
+``--kernel avx2 avx512 go auto`` runs our session on each named kernel path (attention and
+matrix kernels, as ``onnx_light_kv.set_kernel``), side by side in the same alternating rounds
+(runtimes ``ours-avx2``, ``ours-avx512``; one speed-up column per path); ``auto`` alone, the
+default, keeps the single runtime ``ours`` on the best path. The output and the JSON name the
+CPU, its flags and the attention and matrix kernel paths that ran.
 
 Run: ``python benchmarks/bench_tensor_decode.py --quick``.
 """
@@ -73,6 +76,30 @@ def make_session(runtime: str, model_bytes: bytes, threads: int) -> Any:
         return onnxruntime.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
     import onnx_light_kv
     return onnx_light_kv.InferenceSession(model_bytes, threads=threads)
+
+
+class OnKernel:
+    """A session whose ``run`` first selects attention kernel path ``path`` (a pointer store)."""
+
+    def __init__(self, sess: Any, path: str):
+        self.sess, self.path = sess, path
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        import onnx_light_kv
+        onnx_light_kv.set_kernel(self.path)
+        return self.sess.run(*args, **kwargs)
+
+
+def expand_runtimes(runtimes: List[str], kernel: List[str]) -> Tuple[List[str], Dict[str, str]]:
+    """The runtime names with ``ours`` replaced by one ``ours-<path>`` per kernel path of
+    ``kernel`` (kept as ``ours`` for the default ``auto`` alone), and the path of each."""
+    if "ours" not in runtimes or kernel == ["auto"]:
+        return runtimes, {}
+    paths = {f"ours-{run}": run for _, run in _common.kernel_runs(kernel)}
+    out: List[str] = []
+    for r in runtimes:
+        out.extend(paths if r == "ours" else [r])
+    return out, paths
 
 
 def prefill_feeds(models: Any, cfg: Any, prompt: int, rng: np.random.Generator) -> Dict[str, np.ndarray]:
@@ -174,13 +201,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         "contexts are prompt lengths, run with an empty past")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--runtimes", default="ours,ort", help="comma list of ours, ort")
+    p.add_argument("--kernel", nargs="+", default=["auto"], choices=_common.KERNEL_CHOICES,
+                   help="our kernel paths (attention and GEMM, as onnx_light_kv.set_kernel), run side by "
+                        "side (default: auto, the best one)")
     p.add_argument("--name", default="tensor-decode", help="results file prefix")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--profile", action="store_true",
                    help="also record our per-op time per step (a separate profiled session, 1 thread)")
     p.add_argument("--results-dir", default=_common.RESULTS_DIR)
-    p.add_argument("--kernel", choices=["auto", "avx2", "avx512", "go"], default="auto",
-                   help="our kernel path (attention and GEMM), as onnx_light_kv.set_kernel")
     a = p.parse_args(argv)
     if a.quick:
         a.layers, a.hidden, a.q_heads, a.kv_heads, a.head_dim, a.vocab = 2, 256, 4, 2, 64, 4000
@@ -193,6 +221,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     models = load_models()
     runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
+    runtimes, kernel_of = expand_runtimes(runtimes, args.kernel)
+    ours_names = [r for r in runtimes if r.startswith("ours")]
     cfg = models.DecoderConfig(layers=args.layers, hidden=args.hidden, q_heads=args.q_heads, kv_heads=args.kv_heads,
                                head_dim=args.head_dim, vocab=args.vocab, dtype=args.dtype,
                                max_positions=max(args.contexts) + 2 * (args.samples + args.warmup) + 2)
@@ -202,18 +232,25 @@ def main(argv: Optional[List[str]] = None) -> int:
     rng = np.random.default_rng(0)
 
     kernels = None
-    if "ours" in runtimes:
+    if ours_names:
         import onnx_light_kv
-        onnx_light_kv.set_kernel(args.kernel)  # ValueError when this CPU or build lacks the path
-        info = onnx_light_kv.build_info()
-        kernels = {"requested": args.kernel, "attention": info.get("attention_kernel"), "gemm": info.get("gemm_kernel")}
-        print(f"our kernel paths: attention {kernels['attention']}, gemm {kernels['gemm']} (--kernel {args.kernel})",
-              flush=True)
+        kernels = {}
+        for r in ours_names:
+            onnx_light_kv.set_kernel(kernel_of.get(r, "auto"))
+            info = onnx_light_kv.build_info()
+            kernels[r] = {"requested": kernel_of.get(r, "auto"), "attention": info.get("attention_kernel"),
+                          "gemm": info.get("gemm_kernel")}
+            print(f"{r}: attention kernel {kernels[r]['attention']}, gemm {kernels[r]['gemm']}", flush=True)
+        onnx_light_kv.set_kernel("auto")
+        print(_common.isa_line(), flush=True)
     env_start = _common.environment(threads=None, extra={"threads_measured": args.threads, "kernels": kernels})
     rows: List[Dict[str, Any]] = []
     raw: List[Dict[str, Any]] = []
     for threads in args.threads:
-        sessions = {r: make_session(r, model_bytes, threads) for r in runtimes}
+        sessions = {r: make_session(r, model_bytes, threads) for r in runtimes if r not in kernel_of}
+        if kernel_of:  # one session, run on each path
+            ours_sess = make_session("ours", model_bytes, threads)
+            sessions = {r: (OnKernel(ours_sess, kernel_of[r]) if r in kernel_of else sessions[r]) for r in runtimes}
         for context in _common.progress(args.contexts, desc=f"{threads} thread(s)"):
             feeds = (prefill_feeds if args.mode == "prefill" else decode_feeds)(models, cfg, context, rng)
             if args.mode in ("fixed", "prefill"):
@@ -227,16 +264,19 @@ def main(argv: Optional[List[str]] = None) -> int:
                 row.update({f"{r}_median_ms": st["median"], f"{r}_p10_ms": st["p10"], f"{r}_p90_ms": st["p90"]})
                 raw.append({"runtime": r, "mode": args.mode, "threads": threads, "context": context,
                             "samples_ms": samples[r], **st})
-            if "ours" in samples and "ort" in samples:
-                row["speedup"] = _common.speedup(row["ours_median_ms"], row["ort_median_ms"])
+            for r in ours_names:
+                if "ort" in samples:
+                    key = "speedup" if r == "ours" else f"speedup_{kernel_of[r]}"
+                    row[key] = _common.speedup(row[f"{r}_median_ms"], row["ort_median_ms"])
             rows.append(row)
             print(_common.format_table([row]).splitlines()[-1], flush=True)
         del sessions
 
-    profile = op_profile(models, cfg, model_bytes, args, out_names) if args.profile and "ours" in runtimes else None
+    profile = op_profile(models, cfg, model_bytes, args, out_names) if args.profile and ours_names else None
     print()
     print(_common.format_table(rows))
-    if "ours" in runtimes and "ort" in runtimes:
+    if ours_names and "ort" in runtimes:
+        print(_common.isa_line())
         print(_common.SPEEDUP)
     if profile:
         print("\nour per-op time per step (ms, profiled session, 1 thread):")
@@ -246,7 +286,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "config": {k: getattr(cfg, k) for k in ("layers", "hidden", "q_heads", "kv_heads", "head_dim", "vocab", "dtype")}
         | {"intermediate": cfg.ffn("llama"), "batch": 1, "samples": args.samples, "warmup": args.warmup,
            "contexts": args.contexts, "threads": args.threads, "runtimes": runtimes, "quick": args.quick,
-           "mode": args.mode},
+           "mode": args.mode, "kernel_paths_run": kernel_of or None},
         "environment": env_start,
         "load_average_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "rows": rows,
@@ -264,10 +304,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                 sel = [x for x in raw if x["runtime"] == r and x["threads"] == t]
                 series[f"{r} {t}T"] = {"x": [x["context"] for x in sel], "median": [x["median"] for x in sel],
                                        "p10": [x["p10"] for x in sel], "p90": [x["p90"] for x in sel]}
-        if "ours" in runtimes and "ort" in runtimes:
+        if ours_names and "ort" in runtimes:
             for t in args.threads:
                 sel = [x for x in rows if x["threads"] == t]
-                ratio[f"{t}T"] = ([x["context"] for x in sel], [x["speedup"] for x in sel])
+                for r in ours_names:
+                    key = "speedup" if r == "ours" else f"speedup_{kernel_of[r]}"
+                    label = f"{t}T" if r == "ours" else f"{kernel_of[r]} {t}T"
+                    ratio[label] = ([x["context"] for x in sel], [x[key] for x in sel])
         xlabel, ylabel = (("prompt tokens", "ms per prefill") if args.mode == "prefill"
                           else ("context (past tokens)", "ms per decode step"))
         png = _common.plot_series(path[:-5] + ".png", series, xlabel, ylabel,

@@ -74,3 +74,23 @@ def test_bench_tensor_decode_smoke(tmp_path: Any, capsys: Any) -> None:
     assert [r["context"] for r in data["rows"]] == [16, 32]
     assert all(len(r["samples_ms"]) == 3 for r in data["raw"])
     assert "ort_median_ms" in capsys.readouterr().out
+
+
+def test_kernel_paths_and_runs(capsys: Any) -> None:
+    """``--kernel`` names resolve to the paths the CPU has ("auto": the best), once each;
+    unavailable ones are reported and left out; the environment records the paths."""
+    paths = _common.kernel_paths()
+    avail = paths["available"]
+    assert avail[0] == "go" and paths["active"] in avail
+    want = [("auto", avail[-1])] + ([("go", "go")] if len(avail) > 1 else [])
+    assert _common.kernel_runs(["auto", "go", avail[-1]]) == want
+    missing = [k for k in ("avx2", "avx512") if k not in avail]
+    if missing:
+        assert _common.kernel_runs(missing) == []
+        assert "not available" in capsys.readouterr().out
+    assert _common.environment()["kernel_paths"] == paths
+    assert "kernel paths: " + ", ".join(avail) in _common.isa_line()
+    runtimes, kernel_of = bench_tensor_decode.expand_runtimes(["ours", "ort"], ["go", "auto"])
+    assert runtimes == list(dict.fromkeys(["ours-go", f"ours-{avail[-1]}"])) + ["ort"]
+    assert kernel_of["ours-go"] == "go"
+    assert bench_tensor_decode.expand_runtimes(["ours", "ort"], ["auto"]) == (["ours", "ort"], {})

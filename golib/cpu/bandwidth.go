@@ -54,7 +54,9 @@ const (
 )
 
 // StreamRead reads buf once with threads goroutines, each streaming its
-// contiguous share with the active SIMD path, and returns the rate in GB/s.
+// contiguous share with the active path's read loop (plain vector loads of
+// that path's width into eight accumulators: no prefetch, no non-temporal
+// hint, the speed of a plain C summing loop), and returns the rate in GB/s.
 // Benchmarks call it on a buffer they keep, between the calls they time, so
 // that the bandwidth they compare a kernel with is measured at the same
 // moment (shared machines drift by tens of percent within minutes).
@@ -75,7 +77,7 @@ func StreamRead(buf []float32, threads int) (float64, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sinks[w] += ops.maxOf(part)
+			sinks[w] += ops.readSum(part)
 		}()
 	}
 	wg.Wait()

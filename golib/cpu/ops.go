@@ -13,6 +13,9 @@ type kernelOps struct {
 	// path and is recomputed exactly (see "Non-finite values" in the
 	// package doc).
 	maxOf func(s []float32) float32
+	// readSum returns the sum of s in an unspecified order: the bandwidth
+	// probe's streaming read (plain loads, several accumulators).
+	readSum func(s []float32) float32
 	// expSub sets s[t] = exp(s[t]-m) and returns the sum of the results.
 	expSub func(s []float32, m float32) float32
 	// tanhCap sets s[t] = c*tanh(s[t]); a NaN or infinite s[t] must give

@@ -11,6 +11,7 @@ var goOps = kernelOps{
 	name:    "go",
 	dots:    func(s, q, k []float32, d, _ int) { goDots(s, q, k, d) },
 	maxOf:   goMax,
+	readSum: goReadSum,
 	expSub:  goExpSub,
 	tanhCap: goTanhCap,
 	scale:   goScale,
@@ -53,6 +54,27 @@ func goMax(s []float32) float32 {
 		return z
 	}
 	return m
+}
+
+// goReadSum sums s with eight independent accumulators.
+func goReadSum(s []float32) float32 {
+	var a [8]float32
+	i := 0
+	for ; i+8 <= len(s); i += 8 {
+		c := s[i : i+8 : i+8]
+		a[0] += c[0]
+		a[1] += c[1]
+		a[2] += c[2]
+		a[3] += c[3]
+		a[4] += c[4]
+		a[5] += c[5]
+		a[6] += c[6]
+		a[7] += c[7]
+	}
+	for ; i < len(s); i++ {
+		a[0] += s[i]
+	}
+	return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
 }
 
 func goExpSub(s []float32, m float32) float32 {

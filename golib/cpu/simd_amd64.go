@@ -5,6 +5,8 @@ package cpu
 import (
 	"simd/archsimd"
 	"unsafe"
+
+	"github.com/klauspost/cpuid/v2"
 )
 
 // The inner loops address rows through unsafe pointers: slice expressions
@@ -30,15 +32,16 @@ func st8(v archsimd.Float32x8, p unsafe.Pointer, off int) {
 
 func f32p(s []float32) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(s)) }
 
-// avx512Ops and avx2Ops are the simd/archsimd inner loops: 16- and 8-lane
-// float32 vectors with FMA. Half and bfloat16 rows are widened with integer
-// shifts (archsimd has no F16C or BF16 conversion intrinsics yet); the
-// AVX-512 path uses VCVTPH2PS in assembly (kern_avx512_amd64.s). Results
+// avx512Ops is the AVX-512 path: assembly inner loops (kern_avx512_amd64.s)
+// and the simd/archsimd loops of this file (16-lane float32 vectors with
+// FMA) for the shapes the assembly does not take. The 8-lane loops in the
+// "AVX2" section below are avx2Ops' fallbacks (kern_avx2_amd64.go). Results
 // equal the scalar codec (a signalling NaN may come back quieted).
 var avx512Ops = kernelOps{
 	name:    "avx512",
 	dots:    dots16,
 	maxOf:   max16,
+	readSum: readSum16,
 	expSub:  expSubx16,
 	tanhCap: tanhCap16,
 	scale:   scale16,
@@ -51,23 +54,11 @@ var avx512Ops = kernelOps{
 	half:    &half16Ops,
 }
 
-var avx2Ops = kernelOps{
-	name:    "avx2",
-	dots:    func(s, q, k []float32, d, _ int) { dots8(s, q, k, d) },
-	maxOf:   max8,
-	expSub:  expSub8,
-	tanhCap: tanhCap8,
-	scale:   scale8,
-	axpy:    func(acc, p, v []float32, alpha float32, _ int) { axpy8(acc, p, v, alpha) },
-	dots4:   func(s, q, k []float32, d, _ int) { dots4x8(s, q, k, d) },
-	axpy4:   func(acc, p, v []float32, alpha *[4]float32, _ int) { axpy4x8(acc, p, v, alpha) },
-	cvtF16:  cvtF16x8,
-	cvtBF16: cvtBF16x8,
-}
-
 func registerSIMD() {
 	x := archsimd.X86
-	if x.AVX2() && x.FMA() {
+	// The AVX2 path widens fp16 with VCVTPH2PS: it needs F16C too
+	// (archsimd does not report it; cpuid does).
+	if x.AVX2() && x.FMA() && cpuid.CPU.Supports(cpuid.F16C) {
 		kernelVariants = append(kernelVariants, &avx2Ops)
 	}
 	if x.AVX512() && x.FMA() {
@@ -474,33 +465,6 @@ func exp8(x archsimd.Float32x8) archsimd.Float32x8 {
 	return p.Mul(pow)
 }
 
-func expSub8(s []float32, m float32) float32 {
-	n := len(s)
-	mv := archsimd.BroadcastFloat32x8(m)
-	var acc archsimd.Float32x8
-	i := 0
-	for ; i+8 <= n; i += 8 {
-		e := exp8(archsimd.LoadFloat32x8Slice(s[i:]).Sub(mv))
-		e.StoreSlice(s[i:])
-		acc = acc.Add(e)
-	}
-	sum := hsum8(acc)
-	if r := n - i; r > 0 {
-		// the tail on a padded copy (see expSubx16)
-		var t [8]float32
-		copy(t[:], s[i:])
-		for j := r; j < 8; j++ {
-			t[j] = m
-		}
-		exp8(archsimd.LoadFloat32x8Slice(t[:]).Sub(mv)).StoreSlice(t[:])
-		for j, e := range t[:r] {
-			s[i+j] = e
-			sum += e
-		}
-	}
-	return sum
-}
-
 func tanhCap8(s []float32, c float32) {
 	n := len(s)
 	cv := archsimd.BroadcastFloat32x8(c)
@@ -573,38 +537,6 @@ func axpy8(acc, p, v []float32, alpha float32) {
 			x += p[t] * v[t*d+i]
 		}
 		acc[i] = x
-	}
-}
-
-func cvtBF16x8(dst []float32, src []uint16) {
-	n := len(src)
-	i := 0
-	for ; i+8 <= n; i += 8 {
-		archsimd.LoadUint16x8Slice(src[i:]).ExtendToUint32().ShiftAllLeft(16).AsFloat32x8().StoreSlice(dst[i:])
-	}
-	for ; i < n; i++ {
-		dst[i] = bf16f(src[i])
-	}
-}
-
-func cvtF16x8(dst []float32, src []uint16) {
-	n := len(src)
-	em := archsimd.BroadcastUint32x8(0x7fff)
-	sm := archsimd.BroadcastUint32x8(0x8000)
-	infm := archsimd.BroadcastUint32x8(0x7c00)
-	expAll := archsimd.BroadcastUint32x8(0x7f800000)
-	magic := archsimd.BroadcastFloat32x8(0x1p112)
-	i := 0
-	for ; i+8 <= n; i += 8 {
-		h := archsimd.LoadUint16x8Slice(src[i:]).ExtendToUint32()
-		o := h.And(em).ShiftAllLeft(13)
-		f := o.AsFloat32x8().Mul(magic).AsUint32x8()
-		special := h.And(infm).Equal(infm)
-		f = o.Or(expAll).Merge(f, special)
-		f.Or(h.And(sm).ShiftAllLeft(16)).AsFloat32x8().StoreSlice(dst[i:])
-	}
-	for ; i < n; i++ {
-		dst[i] = goF16(src[i])
 	}
 }
 

@@ -11,16 +11,21 @@ import (
 )
 
 // newBenchCache returns a float32 cache of one sequence filled with L random
-// tokens. Unlike testView it lives in the cache package's own buffers
+// tokens (newBenchCacheOf: of another storage type). Unlike testView it lives in the cache package's own buffers
 // (2 MiB-aligned, advised for transparent huge pages), so the measured
 // bandwidth is what the Python decode step sees.
 func newBenchCache(b *testing.B, kvh, d, L int) *cache.KVCache {
+	b.Helper()
+	return newBenchCacheOf(b, cache.Float32, kvh, d, L)
+}
+
+func newBenchCacheOf(b *testing.B, elem cache.ElemType, kvh, d, L int) *cache.KVCache {
 	b.Helper()
 	a, err := cache.NewArena(0)
 	if err != nil {
 		b.Fatal(err)
 	}
-	c, err := cache.New(a, cache.Config{Batch: 1, KVHeads: kvh, HeadDimK: d, Capacity: L, Elem: cache.Float32})
+	c, err := cache.New(a, cache.Config{Batch: 1, KVHeads: kvh, HeadDimK: d, Capacity: L, Elem: elem})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -74,6 +79,53 @@ func BenchmarkDecodeBW(b *testing.B) {
 					}
 					b.ReportMetric(float64(bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 				})
+			}
+		}
+	}
+}
+
+// BenchmarkPrefetchDistance sweeps prefetchTokens (how many rows ahead the
+// assembly loops prefetch K and V) on the SIMD paths, GQA 32/8 and MHA 32/32
+// d128 at 16k tokens (beyond the L3), fp32 and fp16, one thread, reporting
+// K+V GB/s. The distances of one run are measured one after another:
+// repeat whole runs (one distance each, -test.bench .../pf64$) to
+// interleave them on a shared machine.
+func BenchmarkPrefetchDistance(b *testing.B) {
+	defer SetThreads(Threads())
+	defer SetKernel("auto")
+	defer func(pf int) { prefetchTokens = pf }(prefetchTokens)
+	const d, L = 128, 16384
+	for _, hd := range [][2]int{{32, 8}, {32, 32}} {
+		for _, e := range []cache.ElemType{cache.Float32, cache.Float16} {
+			c := newBenchCacheOf(b, e, hd[1], d, L)
+			rng := rand.New(rand.NewPCG(3, 5))
+			q := randVec(rng, hd[0]*d, 1)
+			dst := make([]float32, hd[0]*d)
+			bytes := int64(L * hd[1] * 2 * d * e.Size())
+			for _, path := range []string{"avx2", "avx512"} {
+				if SetKernel(path) != nil {
+					continue
+				}
+				for _, pf := range []int{0, 16, 32, 64, 128, 256} {
+					b.Run(fmt.Sprintf("h%d-%d/%v/%s/pf%d", hd[0], hd[1], e, path, pf), func(b *testing.B) {
+						SetThreads(1)
+						if err := SetKernel(path); err != nil {
+							b.Fatal(err)
+						}
+						prefetchTokens = pf
+						v, err := c.BeginRead()
+						if err != nil {
+							b.Fatal(err)
+						}
+						defer c.EndRead()
+						for b.Loop() {
+							if err := Attention(dst, q, 1, hd[0], v, Options{}); err != nil {
+								b.Fatal(err)
+							}
+						}
+						b.ReportMetric(float64(bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+					})
+				}
 			}
 		}
 	}

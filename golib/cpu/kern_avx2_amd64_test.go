@@ -1,0 +1,191 @@
+//go:build goexperiment.simd && amd64
+
+package cpu
+
+import (
+	"bytes"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
+)
+
+// needAVX2 skips a test where the CPU has no AVX2 path.
+func needAVX2(t *testing.T) {
+	t.Helper()
+	for _, k := range kernelVariants {
+		if k == &avx2Ops {
+			return
+		}
+	}
+	t.Skip("no AVX2 + FMA + F16C")
+}
+
+// TestAsmgenAVX2InSync checks that kern_avx2_amd64.s is what asmgen_avx2.py
+// writes (run `go generate` after editing the script).
+func TestAsmgenAVX2InSync(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not found")
+	}
+	got, err := exec.Command(py, "asmgen_avx2.py").Output()
+	if err != nil {
+		t.Fatalf("asmgen_avx2.py: %v", err)
+	}
+	want, err := os.ReadFile("kern_avx2_amd64.s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("kern_avx2_amd64.s differs from the output of asmgen_avx2.py: run go generate ./golib/cpu")
+	}
+}
+
+// closeTo reports |got-want| <= 1e-5*(1+|want|).
+func closeTo(got, want float32) bool {
+	return math.Abs(float64(got)-float64(want)) <= 1e-5*(1+math.Abs(float64(want)))
+}
+
+// TestAVX2Ops checks the AVX2 assembly loops against the portable twin on
+// head dims the assembly takes and the ones it leaves to archsimd, and
+// token counts around its steps (pairs, quads, odd tails).
+func TestAVX2Ops(t *testing.T) {
+	needAVX2(t)
+	rng := rand.New(rand.NewPCG(11, 12))
+	alpha := [4]float32{0.5, 1, 0, 2}
+	for _, d := range []int{8, 16, 24, 32, 48, 64, 80, 96, 128, 144, 256} {
+		for _, n := range []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 31, 64, 67} {
+			q := randVec(rng, 4*d, 1)
+			k := randVec(rng, n*d, 1)
+			p := randVec(rng, 4*n, 1)
+			acc0 := randVec(rng, 4*d, 1)
+			for _, pf := range []int{0, 64} {
+				want, got := make([]float32, 4*n), make([]float32, 4*n)
+				goOps.dots4(want, q, k, d, pf)
+				avx2Ops.dots4(got, q, k, d, pf)
+				for i := range want {
+					if !closeTo(got[i], want[i]) {
+						t.Fatalf("dots4 d=%d n=%d: s[%d] = %v, want %v", d, n, i, got[i], want[i])
+					}
+				}
+				goOps.dots(want[:n], q, k, d, pf)
+				avx2Ops.dots(got[:n], q, k, d, pf)
+				for i := range want[:n] {
+					if !closeTo(got[i], want[i]) {
+						t.Fatalf("dots d=%d n=%d: s[%d] = %v, want %v", d, n, i, got[i], want[i])
+					}
+				}
+				wa, ga := append([]float32(nil), acc0...), append([]float32(nil), acc0...)
+				goOps.axpy4(wa, p, k, &alpha, pf)
+				avx2Ops.axpy4(ga, p, k, &alpha, pf)
+				for i := range wa {
+					if !closeTo(ga[i], wa[i]) {
+						t.Fatalf("axpy4 d=%d n=%d: acc[%d] = %v, want %v", d, n, i, ga[i], wa[i])
+					}
+				}
+				wa, ga = append(wa[:0], acc0[:d]...), append(ga[:0], acc0[:d]...)
+				goOps.axpy(wa, p[:n], k, 0.25, pf)
+				avx2Ops.axpy(ga, p[:n], k, 0.25, pf)
+				for i := range wa {
+					if !closeTo(ga[i], wa[i]) {
+						t.Fatalf("axpy d=%d n=%d: acc[%d] = %v, want %v", d, n, i, ga[i], wa[i])
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestAVX2HalfOps checks the fp16/bf16 loops that read 16-bit rows in place
+// against the portable twin on the widened rows.
+func TestAVX2HalfOps(t *testing.T) {
+	needAVX2(t)
+	rng := rand.New(rand.NewPCG(13, 14))
+	alpha := [4]float32{1, 0.75, 0, 3}
+	h := avx2Ops.half
+	for _, bf := range []bool{false, true} {
+		for _, d := range []int{32, 64, 96, 128, 160, 256} {
+			if !h.ok(d, d) {
+				t.Fatalf("half.ok(%d) = false", d)
+			}
+			for _, n := range []int{1, 2, 3, 4, 5, 7, 8, 9, 33, 64, 66} {
+				q := randVec(rng, 4*d, 1)
+				kf := randVec(rng, n*d, 1)
+				kh := make([]uint16, n*d)
+				if bf {
+					codec.EncodeBF16(kh, kf)
+					codec.DecodeBF16(kf, kh)
+				} else {
+					codec.EncodeF16(kh, kf)
+					codec.DecodeF16(kf, kh)
+				}
+				p := randVec(rng, 4*n, 1)
+				acc0 := randVec(rng, 4*d, 1)
+				want, got := make([]float32, 4*n), make([]float32, 4*n)
+				goOps.dots4(want, q, kf, d, 0)
+				h.dots4(got, q, kh, d, 64, bf)
+				for i := range want {
+					if !closeTo(got[i], want[i]) {
+						t.Fatalf("bf=%v dots4 d=%d n=%d: s[%d] = %v, want %v", bf, d, n, i, got[i], want[i])
+					}
+				}
+				goOps.dots(want[:n], q, kf, d, 0)
+				h.dots(got[:n], q, kh, d, 64, bf)
+				for i := range want[:n] {
+					if !closeTo(got[i], want[i]) {
+						t.Fatalf("bf=%v dots d=%d n=%d: s[%d] = %v, want %v", bf, d, n, i, got[i], want[i])
+					}
+				}
+				wa, ga := append([]float32(nil), acc0...), append([]float32(nil), acc0...)
+				goOps.axpy4(wa, p, kf, &alpha, 0)
+				h.axpy4(ga, p, kh, &alpha, 64, bf)
+				for i := range wa {
+					if !closeTo(ga[i], wa[i]) {
+						t.Fatalf("bf=%v axpy4 d=%d n=%d: acc[%d] = %v, want %v", bf, d, n, i, ga[i], wa[i])
+					}
+				}
+				wa, ga = append(wa[:0], acc0[:d]...), append(ga[:0], acc0[:d]...)
+				goOps.axpy(wa, p[:n], kf, 2, 0)
+				h.axpy(ga, p[:n], kh, 2, 64, bf)
+				for i := range wa {
+					if !closeTo(ga[i], wa[i]) {
+						t.Fatalf("bf=%v axpy d=%d n=%d: acc[%d] = %v, want %v", bf, d, n, i, ga[i], wa[i])
+					}
+				}
+			}
+		}
+	}
+	for _, odd := range [][2]int{{80, 80}, {64, 48}, {17, 32}} {
+		if h.ok(odd[0], odd[1]) {
+			t.Errorf("half.ok(%d, %d) = true, want the widened path", odd[0], odd[1])
+		}
+	}
+}
+
+// TestAVX2ExpSub checks the assembly exp against the scalar expf on lengths
+// around the vector width and inputs below the clamp.
+func TestAVX2ExpSub(t *testing.T) {
+	needAVX2(t)
+	rng := rand.New(rand.NewPCG(15, 16))
+	for _, n := range []int{1, 7, 8, 9, 16, 63, 128, 131} {
+		a := make([]float32, n)
+		for i := range a {
+			a[i] = float32(rng.NormFloat64() * 30)
+		}
+		a[0] = -200
+		b := append([]float32(nil), a...)
+		sa := goExpSub(a, 3)
+		sb := expSubAVX2(b, 3)
+		for i := range a {
+			if d := math.Abs(float64(a[i] - b[i])); d > 1e-6*math.Abs(float64(a[i])) {
+				t.Fatalf("n=%d element %d: asm %v, scalar %v", n, i, b[i], a[i])
+			}
+		}
+		if d := math.Abs(float64(sa - sb)); d > 1e-5*math.Abs(float64(sa)) {
+			t.Fatalf("n=%d sum: asm %v, scalar %v", n, sb, sa)
+		}
+	}
+}
