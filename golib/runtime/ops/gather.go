@@ -83,14 +83,14 @@ func newExpand(n *Node) (Kernel, error) {
 		if err != nil {
 			return err
 		}
-		target := make(tensor.Shape, len(dims))
+		target := ctx.ScratchShape(len(dims))
 		for i, d := range dims {
 			if d < 0 || d > tensor.MaxElements {
 				return fmt.Errorf("%w: Expand dimension %d", errs.ErrInvalidArgument, d)
 			}
 			target[i] = int(d)
 		}
-		outShape, err := tensor.BroadcastShapes(x.Shape(), target)
+		outShape, err := ctx.BroadcastShapes(x.Shape(), target)
 		if err != nil {
 			return err
 		}
@@ -105,7 +105,14 @@ func newExpand(n *Node) (Kernel, error) {
 // broadcastInto fills out with x broadcast to out's shape, row by row
 // (broadcast dimensions have stride 0), without an index per element.
 func broadcastInto(out, x *tensor.Tensor) error {
-	st, err := tensor.BroadcastStrides(x.Shape(), out.Shape())
+	var buf [stackRank]int
+	st := buf[:0]
+	if r := out.Rank(); r <= stackRank {
+		st = buf[:r]
+	} else {
+		st = make([]int, r)
+	}
+	st, err := tensor.BroadcastStridesTo(st, x.Shape(), out.Shape())
 	if err != nil {
 		return err
 	}
@@ -126,7 +133,7 @@ func newWhere(n *Node) (Kernel, error) {
 		if c.DType() != tensor.Bool || x.DType() != y.DType() {
 			return fmt.Errorf("%w: Where(%v, %v, %v)", errs.ErrType, c.DType(), x.DType(), y.DType())
 		}
-		outShape, err := tensor.BroadcastShapes(c.Shape(), x.Shape(), y.Shape())
+		outShape, err := ctx.BroadcastShapes(c.Shape(), x.Shape(), y.Shape())
 		if err != nil {
 			return err
 		}
@@ -135,7 +142,7 @@ func newWhere(n *Node) (Kernel, error) {
 			return err
 		}
 		n := out.Len()
-		ci, xi, yi := make([]int, n), make([]int, n), make([]int, n)
+		ci, xi, yi := ctx.Ints(n), ctx.Ints(n), ctx.Ints(n)
 		for _, p := range []struct {
 			s   tensor.Shape
 			idx []int

@@ -23,12 +23,12 @@ func newTranspose(n *Node) (Kernel, error) {
 			return err
 		}
 		r := x.Rank()
-		p := make([]int, r)
+		p := ctx.Ints(r)
 		if hasPerm {
 			if len(perm) != r {
 				return fmt.Errorf("%w: Transpose perm %v for rank %d", errs.ErrInvalidArgument, perm, r)
 			}
-			seen := make([]bool, r)
+			seen := ctx.Bools(r)
 			for i, v := range perm {
 				if v < 0 || int(v) >= r || seen[v] {
 					return fmt.Errorf("%w: Transpose perm %v is not a permutation", errs.ErrInvalidArgument, perm)
@@ -41,9 +41,13 @@ func newTranspose(n *Node) (Kernel, error) {
 				p[i] = r - 1 - i
 			}
 		}
-		inStrides := x.Shape().Strides()
-		outShape := make(tensor.Shape, r)
-		strides := make([]int, r)
+		inStrides := ctx.Ints(r)
+		for i, acc := r-1, 1; i >= 0; i-- {
+			inStrides[i] = acc
+			acc *= x.Shape()[i]
+		}
+		outShape := ctx.ScratchShape(r)
+		strides := ctx.Ints(r)
 		for i, a := range p {
 			outShape[i] = x.Shape()[a]
 			strides[i] = inStrides[a]
