@@ -219,9 +219,10 @@ func (p *bufferPool) putLocked(b *poolBuf) {
 
 // lookup returns the buffer handed out during this run that holds the
 // bytes at ptr (the first byte, or any byte for a view with an offset).
+// issued, lo and hi are written only by beginRun and Alloc and read only
+// here, all on the run path under the state's run lock, so lookup (called
+// for every node output) takes no pool lock.
 func (p *bufferPool) lookup(ptr *byte) *poolBuf {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	if b, ok := p.issued[ptr]; ok {
 		return b
 	}

@@ -62,6 +62,22 @@ func newMatMul(n *Node) (Kernel, error) {
 	}), nil
 }
 
+// minSplitWork is the multiply-adds per thread below which the batched
+// path keeps the products on one thread (waking a second costs more than
+// it saves): the bound cpu/gemm applies to the threads of one product.
+const minSplitWork = 1 << 18
+
+// attentionThreads bounds the threads of an attention call of rows query
+// rows over keys positions with dims multiply-adds per row and position
+// (head_dim of K plus V) by the same rule: one thread below
+// 2*minSplitWork (a decode step of a small model).
+func attentionThreads(threads, rows, keys, dims int) int {
+	if float64(rows)*float64(keys)*float64(dims) < 2*minSplitWork {
+		return 1
+	}
+	return threads
+}
+
 func isHalf(dt tensor.DType) bool { return dt == tensor.Float16 || dt == tensor.BFloat16 }
 
 // matmulPlan is a MatMul broadcast: batches products of m x k by k x n.
@@ -157,8 +173,9 @@ func (g *matmulPlan) runF32(threads int, a, b *tensor.Tensor, out *tensor.Tensor
 	switch {
 	case g.fold:
 		err = bm.mul(threads, false, false, batches*m, n, k, 1, af, max(k, 1), 0, max(n, 1), 0, dst, max(n, 1))
-	case batches >= 2*threads && threads > 1:
-		// Many small products (decomposed attention): one thread each.
+	case batches >= 2*threads && threads > 1 && float64(batches)*float64(m)*float64(n)*float64(k) >= 2*minSplitWork:
+		// Many small products (decomposed attention): one thread each,
+		// when there is enough work for a second thread to pay.
 		errc := make(chan error, 1)
 		gemm.ForThreads(threads, batches, func(i int) {
 			if e := g.one(1, i, af, bm, dst); e != nil {
