@@ -58,6 +58,7 @@ type growingDriver struct {
 	outNames []string
 	held     []*tensor.Tensor
 	ints     map[string]*tensor.Tensor
+	stats    *RunStats // the last step's
 }
 
 func newGrowingDriver(tb testing.TB, s *Session) (*growingDriver, bool) {
@@ -125,10 +126,11 @@ func (d *growingDriver) run(tb testing.TB, n int) {
 				d.feeds[in.Name], _ = tensor.FromSlice(tensor.Shape{1, d.past + 1}, m)
 			}
 		}
-		outs, _, err := d.s.Run(d.feeds, d.outNames)
+		outs, stats, err := d.s.Run(d.feeds, d.outNames)
 		if err != nil {
 			tb.Fatal(err)
 		}
+		d.stats = stats
 		d.s.DefaultState().Release(d.held...)
 		d.held = outs
 		for i, o := range d.outNames {

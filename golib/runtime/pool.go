@@ -71,6 +71,9 @@ type bufferPool struct {
 	// current run to the buffer (read by the executor, under the state's
 	// run lock).
 	issued map[*byte]*poolBuf
+	// last is the buffer issued last: a node's output is looked up right
+	// after its kernel allocated it, so lookup checks it before the map.
+	last *poolBuf
 	// lo and hi bound the addresses of the issued buffers, so a pointer
 	// outside them (a feed, an initializer) skips the scan in lookup.
 	lo, hi uintptr
@@ -124,6 +127,7 @@ func (p *bufferPool) beginRun() {
 	defer p.mu.Unlock()
 	p.run++
 	clear(p.issued)
+	p.last = nil
 	p.lo, p.hi = ^uintptr(0), 0
 	for t, l := range p.leases {
 		if p.run-l.run > poolMaxLeaseRuns {
@@ -191,6 +195,7 @@ func (p *bufferPool) Alloc(n int) ([]byte, bool) {
 	zeroed := !b.dirty
 	b.dirty = true
 	p.issued[&b.data[0]] = b
+	p.last = b
 	base := uintptr(unsafe.Pointer(&b.data[0]))
 	p.lo, p.hi = min(p.lo, base), max(p.hi, base+uintptr(len(b.data)))
 	p.mu.Unlock()
@@ -219,10 +224,13 @@ func (p *bufferPool) putLocked(b *poolBuf) {
 
 // lookup returns the buffer handed out during this run that holds the
 // bytes at ptr (the first byte, or any byte for a view with an offset).
-// issued, lo and hi are written only by beginRun and Alloc and read only
+// issued, last, lo and hi are written only by beginRun and Alloc and read only
 // here, all on the run path under the state's run lock, so lookup (called
 // for every node output) takes no pool lock.
 func (p *bufferPool) lookup(ptr *byte) *poolBuf {
+	if b := p.last; b != nil && ptr == &b.data[0] {
+		return b
+	}
 	if b, ok := p.issued[ptr]; ok {
 		return b
 	}
