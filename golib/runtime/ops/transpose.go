@@ -52,6 +52,9 @@ func newTranspose(n *Node) (Kernel, error) {
 			outShape[i] = x.Shape()[a]
 			strides[i] = inStrides[a]
 		}
+		if keepsOrder(x.Shape(), p) {
+			return ctx.SetReshaped(0, x, outShape) // same bytes in the same order: a view
+		}
 		out, err := ctx.NewOutputUninit(0, x.DType(), outShape)
 		if err != nil {
 			return err
@@ -63,6 +66,24 @@ func newTranspose(n *Node) (Kernel, error) {
 		})
 		return nil
 	}), nil
+}
+
+// keepsOrder reports whether perm moves only axes of size 1 relative to
+// the others (the [B, 1, H, D] -> [B, H, 1, D] transposes of a decode
+// step): the transposed tensor then has the input's bytes in the input's
+// order.
+func keepsOrder(shape tensor.Shape, perm []int) bool {
+	last := -1
+	for _, a := range perm {
+		if shape[a] == 1 {
+			continue
+		}
+		if a < last {
+			return false
+		}
+		last = a
+	}
+	return true
 }
 
 func newTrilu(n *Node) (Kernel, error) {
