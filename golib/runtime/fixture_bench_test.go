@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -27,7 +28,7 @@ func BenchmarkFixtureDecode(b *testing.B) {
 	}
 	for _, path := range strings.Split(paths, ",") {
 		for _, threads := range []int{1, 2} {
-			b.Run(strings.TrimSuffix(filepath.Base(path), ".onnx")+"/threads="+string(rune('0'+threads)), func(b *testing.B) {
+			b.Run(fmt.Sprintf("%s/threads=%d", strings.TrimSuffix(filepath.Base(path), ".onnx"), threads), func(b *testing.B) {
 				s, err := NewSession(path, Options{Threads: threads})
 				if err != nil {
 					b.Fatal(err)
@@ -57,13 +58,11 @@ type growingDriver struct {
 	pairs    map[string]string // present output -> past input
 	outNames []string
 	held     []*tensor.Tensor
-	ints     map[string]*tensor.Tensor
 	stats    *RunStats // the last step's
 }
 
 func newGrowingDriver(tb testing.TB, s *Session) (*growingDriver, bool) {
-	d := &growingDriver{s: s, start: 32, feeds: map[string]*tensor.Tensor{}, pairs: map[string]string{},
-		ints: map[string]*tensor.Tensor{}}
+	d := &growingDriver{s: s, start: 32, feeds: map[string]*tensor.Tensor{}, pairs: map[string]string{}}
 	for _, o := range s.Outputs() {
 		d.outNames = append(d.outNames, o.Name)
 	}
