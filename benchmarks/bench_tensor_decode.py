@@ -23,6 +23,8 @@ plus environment in ``benchmarks/results/tensor-decode-<timestamp>.json`` and a 
 it. ``--quick`` uses a small model and short contexts (seconds); the default is 4 layers,
 hidden 1024, 16/8 heads, head_dim 64, vocab 32000, contexts 128..4096, threads 1 and 2.
 ``--runtimes ort`` measures onnxruntime alone (while our InferenceSession is not available).
+``--kernel avx2|avx512|go|auto`` forces our kernel path (attention and matrix kernels, as
+``onnx_light_kv.set_kernel``); the table header and the JSON name the paths that ran.
 
 Run: ``python benchmarks/bench_tensor_decode.py --quick``.
 """
@@ -177,6 +179,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true",
                    help="also record our per-op time per step (a separate profiled session, 1 thread)")
     p.add_argument("--results-dir", default=_common.RESULTS_DIR)
+    p.add_argument("--kernel", choices=["auto", "avx2", "avx512", "go"], default="auto",
+                   help="our kernel path (attention and GEMM), as onnx_light_kv.set_kernel")
     a = p.parse_args(argv)
     if a.quick:
         a.layers, a.hidden, a.q_heads, a.kv_heads, a.head_dim, a.vocab = 2, 256, 4, 2, 64, 4000
@@ -197,7 +201,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     out_names = ["logits"] + models.present_names(cfg.layers)
     rng = np.random.default_rng(0)
 
-    env_start = _common.environment(threads=None, extra={"threads_measured": args.threads})
+    kernels = None
+    if "ours" in runtimes:
+        import onnx_light_kv
+        onnx_light_kv.set_kernel(args.kernel)  # ValueError when this CPU or build lacks the path
+        info = onnx_light_kv.build_info()
+        kernels = {"requested": args.kernel, "attention": info.get("attention_kernel"), "gemm": info.get("gemm_kernel")}
+        print(f"our kernel paths: attention {kernels['attention']}, gemm {kernels['gemm']} (--kernel {args.kernel})",
+              flush=True)
+    env_start = _common.environment(threads=None, extra={"threads_measured": args.threads, "kernels": kernels})
     rows: List[Dict[str, Any]] = []
     raw: List[Dict[str, Any]] = []
     for threads in args.threads:

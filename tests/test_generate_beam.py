@@ -3,7 +3,7 @@ early-stopping rule) that recomputes every beam from an empty past with onnxrunt
 
 from __future__ import annotations
 
-from typing import Any, List, Tuple
+from typing import Any, List, Sequence, Tuple
 
 import numpy as np
 import pytest
@@ -14,8 +14,10 @@ olkv = pytest.importorskip("onnx_light_kv")
 
 
 def reference_beam_search(mp: Any, prompt: np.ndarray, num_beams: int, max_new: int, eos: List[int],
-                          length_penalty: float, early_stopping: Any, nrs: int) -> List[Tuple[float, List[int]]]:
-    """Plain loops: every candidate of every beam, sorted; transformers' BeamHypotheses rules."""
+                          length_penalty: float, early_stopping: Any, nrs: int,
+                          stops: Sequence[Sequence[int]] = ()) -> List[Tuple[float, List[int]]]:
+    """Plain loops: every candidate of every beam, sorted; transformers' BeamHypotheses rules.
+    A candidate that ends with one of ``stops`` (prompt included) finishes like eos."""
     sess = gc.ort("llama")
     beams = [(0.0, [])] + [(-1e9, []) for _ in range(num_beams - 1)]
     finished: List[Tuple[float, List[int]]] = []
@@ -30,7 +32,8 @@ def reference_beam_search(mp: Any, prompt: np.ndarray, num_beams: int, max_new: 
         top = cands[:2 * num_beams]
         new = []
         for rank, (score, b, t) in enumerate(top):
-            if t in eos:
+            seq = list(prompt) + beams[b][1] + [t]
+            if t in eos or any(len(q) <= len(seq) and seq[-len(q):] == list(q) for q in stops):
                 if rank < num_beams:
                     finished.append((score / (step + 1) ** length_penalty, beams[b][1] + [t]))
                     finished = sorted(finished, key=lambda f: -f[0])[:num_beams]
@@ -87,6 +90,45 @@ def test_beam_search_equals_reference(num_beams: int, length_penalty: float, ear
         np.testing.assert_array_equal(out.sequences[:, :gc.PROMPT.size], np.tile(gc.PROMPT, (nrs, 1)))
 
 
+def test_beam_search_stop_sequences_equal_reference() -> None:
+    """A continuation completing a stop sequence is a finished hypothesis, like eos; one stop
+    sequence starts in the prompt."""
+    greedy = gc.ort_greedy(gc.model("llama"), gc.PROMPT, 6)
+    stops = [[int(greedy[1]), int(greedy[2])], [int(gc.PROMPT[-1]), int(greedy[0])]]
+    want = reference_beam_search(gc.model("llama"), gc.PROMPT, 3, 6, [], 1.0, False, 3, stops)
+    assert any(len(toks) < 6 for _, toks in want), "the stop sequences must end some hypotheses early"
+    out = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=6, num_beams=3, num_return_sequences=3,
+                        stop_sequences=stops, pad_token_id=0)
+    for r, (score, toks) in enumerate(want):
+        row = out.new_tokens[r]
+        np.testing.assert_array_equal(row[:len(toks)], toks, err_msg=f"sequence {r}")
+        assert (row[len(toks):] == 0).all()
+        assert out.sequences_scores[r] == pytest.approx(score, abs=2e-4)
+
+
+def test_beam_sampling_seeded_and_limits() -> None:
+    """Beam sampling: a seed fixes the output, seeds differ; top_k=1 leaves one candidate per
+    step (the greedy continuation); a temperature near 0 ranks candidates as beam search does."""
+    sess = gc.ours("llama")
+    kw = dict(max_new_tokens=6, num_beams=3, num_return_sequences=2, do_sample=True)
+    a = olkv.generate(sess, gc.PROMPT, seed=7, **kw)
+    b = olkv.generate(sess, gc.PROMPT, seed=7, **kw)
+    np.testing.assert_array_equal(a.sequences, b.sequences)
+    np.testing.assert_array_equal(a.sequences_scores, b.sequences_scores)
+    # (this model is confident: a high temperature spreads the candidates)
+    outs = {olkv.generate(sess, gc.PROMPT, seed=s, temperature=8.0, **kw).new_tokens[0].tobytes() for s in range(8)}
+    assert len(outs) > 1, "different seeds should sample different beams"
+    greedy = gc.ort_greedy(gc.model("llama"), gc.PROMPT, 6)
+    one = olkv.generate(sess, gc.PROMPT, max_new_tokens=6, num_beams=3, do_sample=True, top_k=1, seed=1)
+    np.testing.assert_array_equal(one.new_tokens[0], greedy[:6])
+    beams = olkv.generate(sess, gc.PROMPT, max_new_tokens=6, num_beams=3, num_return_sequences=3)
+    cold = olkv.generate(sess, gc.PROMPT, max_new_tokens=6, num_beams=3, num_return_sequences=3, do_sample=True,
+                         temperature=1e-5, seed=3)
+    np.testing.assert_array_equal(cold.new_tokens, beams.new_tokens)
+    # the scores are those of the warped (temperature-divided) log-probabilities, as in transformers
+    np.testing.assert_allclose(cold.sequences_scores * 1e-5, beams.sequences_scores, rtol=1e-3)
+
+
 def test_beam_search_batch_rows_are_independent() -> None:
     ids, mask = gc.padded(gc.PROMPTS[:2])
     both = olkv.generate(gc.ours("llama-mask"), ids, attention_mask=mask, max_new_tokens=5, num_beams=3,
@@ -105,7 +147,5 @@ def test_beam_search_one_beam_is_greedy_and_errors() -> None:
         olkv.generate(sess, gc.PROMPT, max_new_tokens=3, num_beams=2, num_return_sequences=3)
     with pytest.raises(ValueError, match="streamer"):
         olkv.generate(sess, gc.PROMPT, max_new_tokens=3, num_beams=2, streamer=lambda t, s: None)
-    with pytest.raises(NotImplementedError, match="beam sampling"):
-        olkv.generate(sess, gc.PROMPT, max_new_tokens=3, num_beams=2, do_sample=True)
     with pytest.raises(ValueError, match="early_stopping"):
         olkv.generate(sess, gc.PROMPT, max_new_tokens=3, num_beams=2, early_stopping="sometimes")

@@ -8,9 +8,11 @@ run generate() on onnxruntime's session, which still checks the feeds built from
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 
 import _fixtures as fx
@@ -36,8 +38,16 @@ def _reference(name: str, prompt: np.ndarray) -> np.ndarray:
 
 
 def _generic(name: str) -> bool:
-    """Fixtures whose K/V sizes are fixed in the graph (the genai builder names head_dim symbolically)."""
-    return not fx.entry(name)["drive"].get("shared_buffer")
+    """Fixtures generation drives: all but the genai builder's exports with a sliding window
+    (window-sized shared buffers per layer are not built; the genai builder names head_dim
+    symbolically, which generation reads from the model's GroupQueryAttention nodes)."""
+    return not (fx.entry(name)["drive"].get("shared_buffer") and _gqa_window(name))
+
+
+def _gqa_window(name: str) -> int:
+    m = onnx.load_from_string(fx.model_bytes(name))
+    return max([a.i for n in m.graph.node if n.op_type == "GroupQueryAttention" for a in n.attribute
+                if a.name == "local_window_size"] + [0])
 
 
 def _params() -> list:
@@ -74,6 +84,23 @@ def test_fixture_speculative_and_beam_run(name: str, runner: str) -> None:
 
 
 @pytest.mark.parametrize("name", [n for n in fx.names() if not _generic(n)])
-def test_genai_export_with_symbolic_head_size_is_refused_clearly(name: str) -> None:
+def test_genai_export_with_windowed_group_query_attention_is_refused_clearly(name: str) -> None:
+    for sess in (oc.ort(fx.model_path(name)), _session(name)):
+        with pytest.raises(NotImplementedError, match="local_window_size"):
+            olkv.generate(sess, PROMPTS[0], max_new_tokens=2)
+
+
+def test_symbolic_head_dim_from_genai_config_or_graph(tmp_path: Any) -> None:
+    """A symbolic head_dim comes from genai_config.json beside the model when there is one,
+    else from the GroupQueryAttention geometry; a session made from bytes cannot tell."""
+    from onnx_light_kv.generation.decoder_io import DecoderIO
+
+    name = next(n for n in fx.names() if fx.entry(n)["exporter"] == "genai" and _generic(n))
+    want = fx.entry(name)["drive"]["head_dim"]
+    path = tmp_path / "model.onnx"
+    path.write_bytes(fx.model_bytes(name))
+    assert {kv.head_dim for kv in DecoderIO.from_session(olkv.InferenceSession(str(path))).kv} == {want}
+    (tmp_path / "genai_config.json").write_text(json.dumps({"model": {"decoder": {"head_size": 2 * want}}}))
+    assert {kv.head_dim for kv in DecoderIO.from_session(oc.ort(str(path))).kv} == {2 * want}
     with pytest.raises(ValueError, match="head_dim"):
-        olkv.generate(oc.ort(fx.model_path(name)), PROMPTS[0], max_new_tokens=2)
+        DecoderIO.from_session(olkv.InferenceSession(fx.model_bytes(name)))

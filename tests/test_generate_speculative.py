@@ -81,5 +81,25 @@ def test_speculative_errors() -> None:
         olkv.generate(sess, gc.PROMPT, max_new_tokens=3, num_beams=2, draft_session=sess)
     with pytest.raises(ValueError, match="either"):
         olkv.generate(sess, gc.PROMPT, max_new_tokens=3, draft_session=sess, prompt_lookup=2)
-    with pytest.raises(NotImplementedError, match="return_scores"):
-        olkv.generate(sess, gc.PROMPT, max_new_tokens=3, prompt_lookup=2, return_scores=True)
+
+
+@pytest.mark.parametrize("how", ["draft", "lookup"])
+def test_speculative_scores_equal_greedy_scores(how: str) -> None:
+    """return_scores with speculative decoding: per token, the target's processed
+    log-probabilities at that position, as plain greedy decoding reports them; a padded batch
+    merges its rows' steps (a row that stopped earlier reads -inf)."""
+    sess = gc.ours("llama")
+    kw = dict(draft_session=sess) if how == "draft" else dict(prompt_lookup=3)
+    ids, mask = gc.padded(gc.PROMPTS[:2])
+    eos = int(gc.ort_greedy(gc.model("llama"), gc.PROMPTS[1], 4)[3])
+    want = olkv.generate(sess, ids, attention_mask=mask, max_new_tokens=8, return_scores=True, repetition_penalty=1.3,
+                         eos_token_id=eos, pad_token_id=0)
+    got = olkv.generate(sess, ids, attention_mask=mask, max_new_tokens=8, return_scores=True, repetition_penalty=1.3,
+                        eos_token_id=eos, pad_token_id=0, num_draft_tokens=3, **kw)
+    np.testing.assert_array_equal(got.sequences, want.sequences)
+    assert got.scores is not None and want.scores is not None and len(got.scores) == len(want.scores)
+    for step, (g, w) in enumerate(zip(got.scores, want.scores)):
+        assert g.shape == w.shape == (2, gc.CFG.vocab)
+        live = np.isfinite(w)
+        np.testing.assert_array_equal(np.isfinite(g), live, err_msg=f"step {step}")
+        np.testing.assert_allclose(g[live], w[live], atol=2e-4, err_msg=f"step {step}")

@@ -218,6 +218,16 @@ def test_set_kernel_ignores_case() -> None:
         olkv.set_kernel(before)
 
 
+def test_set_kernel_switches_the_matrix_kernels_too() -> None:
+    info = olkv.build_info()
+    try:
+        for name in info["attention_kernels"]:
+            olkv.set_kernel(name)
+            assert olkv.build_info()["gemm_kernel"] == name
+    finally:
+        olkv.set_kernel(info["attention_kernel"])
+
+
 @pytest.mark.parametrize("kw,exc", [({"mib": 1.5}, TypeError), ({"mib": 0}, ValueError), ({"threads": "1"}, TypeError),
                                     ({"threads": 0}, ValueError), ({"iters": 2**63}, ValueError),
                                     ({"threads": 10**30}, ValueError)])

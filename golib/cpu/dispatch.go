@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/gemm"
 )
 
 // KernelEnv is the environment variable that forces a kernel path at start-up:
@@ -28,7 +29,7 @@ func init() {
 	registerSIMD()
 	active.Store(kernelVariants[len(kernelVariants)-1])
 	if env := strings.TrimSpace(os.Getenv(KernelEnv)); env != "" {
-		if err := SetKernel(env); err != nil {
+		if err := selectKernel(env); err != nil { // gemm reads the variable itself
 			startupErr = fmt.Errorf("%s=%q ignored: %w", KernelEnv, env, err)
 		}
 	}
@@ -46,9 +47,19 @@ func KernelPaths() (activeName string, available []string) {
 }
 
 // SetKernel selects the kernel path Attention uses: "auto" (the best one
-// available) or one of the names KernelPaths lists. An unavailable path is
+// available) or one of the names KernelPaths lists. The matrix kernels
+// (cpu/gemm) switch to the same instruction set. An unavailable path is
 // an error wrapping cache.ErrInvalidArgument and leaves the selection as is.
 func SetKernel(name string) error {
+	if err := selectKernel(name); err != nil {
+		return err
+	}
+	gemm.SetPath(activeOps().name) // the matrix kernels follow the same choice
+	return nil
+}
+
+// selectKernel is SetKernel for the attention kernels alone.
+func selectKernel(name string) error {
 	name = strings.ToLower(strings.TrimSpace(name))
 	if name == "auto" || name == "" {
 		active.Store(kernelVariants[len(kernelVariants)-1])

@@ -7,6 +7,7 @@ import (
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/gemm"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/ops"
 )
 
@@ -73,7 +74,7 @@ func newestOpsets() map[string]int {
 }
 
 // InfoJSON describes the build and the machine: versions, CPU features and
-// the active kernel paths.
+// the active kernel paths (attention and matrix kernels).
 func InfoJSON() (s string, err error) {
 	defer recoverTo(&err)
 	f := cpu.DetectFeatures()
@@ -91,6 +92,7 @@ func InfoJSON() (s string, err error) {
 		"threads":           cpu.Threads(),
 		"attention_kernel":  active,
 		"attention_kernels": avail,
+		"gemm_kernel":       gemm.Path(),
 		"newest_opsets":     newestOpsets(),
 	}
 	if e := cpu.KernelStartupError(); e != nil {

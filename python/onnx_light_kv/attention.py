@@ -131,8 +131,10 @@ KERNEL_PATHS = ("auto", "go", "avx2", "avx512")
 
 def set_kernel(name: str) -> None:
     """Force the attention kernel path: "auto", "go", "avx2" or "avx512"
-    (case and surrounding blanks are ignored).
-    The OLKV_KERNEL environment variable does the same at start-up.
+    (case and surrounding blanks are ignored). The matrix kernels (MatMul,
+    Gemm) switch to the same instruction set (``build_info()["gemm_kernel"]``).
+    The OLKV_KERNEL environment variable does the same at start-up
+    (OLKV_GEMM, when set, overrides it for the matrix kernels).
 
     Raises:
         TypeError: ``name`` is not a str.

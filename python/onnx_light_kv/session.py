@@ -84,6 +84,9 @@ class InferenceSession:
                  threads: Optional[int] = None, profile: Optional[bool] = None,
                  external_data_dir: Optional[str] = None) -> None:
         self._h = 0
+        # the file it came from (onnxruntime's sessions keep the same private attribute): generation
+        # reads sizes a graph leaves symbolic from it (see generation.decoder_io)
+        self._model_path: Optional[str] = None
         if sess_options is not None and not isinstance(sess_options, SessionOptions):
             raise TypeError(f"sess_options must be an onnx_light_kv.SessionOptions, got {type(sess_options).__name__}")
         self._providers = check_providers(providers, provider_options)
@@ -100,6 +103,7 @@ class InferenceSession:
                                 external_data_dir or "", int(threads), prof)
         elif isinstance(path_or_bytes, (str, os.PathLike)):
             self._h = _lib.call(_lib.fn("SessionNewPath"), os.fspath(path_or_bytes), int(threads), prof)
+            self._model_path = os.fspath(path_or_bytes)
         else:
             raise TypeError(f"InferenceSession takes a path or the model bytes, got {type(path_or_bytes).__name__}")
         io = json.loads(_lib.call(_lib.fn("SessionIOJSON"), self._h))

@@ -62,7 +62,7 @@ func (p *product) block(bufs *packBufs, i0, i1, j0, j1 int) {
 		p.packA(bufs.a, i0, mc, l0, kc, mr)
 		bb := bufs.b
 		if p.pb != nil {
-			bb = p.pb.slab(j0/ncBlock, l0, kc)
+			bb = p.pb.slabInto(ks, j0/ncBlock, l0, kc, bufs.b)
 		} else {
 			p.packB(bb, j0, nc, l0, kc, nr)
 		}

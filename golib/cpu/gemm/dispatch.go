@@ -34,6 +34,9 @@ type kernels struct {
 	// panel adds sum_l a[i][l]*p[l*packNR+j] to out[i][j] for i < m over
 	// one packed sliver p of k rows (a k-block of PackB's layout).
 	panel func(m, k int, a *[skinnyRows][]float32, p []float32, out *[skinnyRows][packNR]float32)
+	// panelHalf, when set, is panel over a 16-bit sliver (PackBHalf) of
+	// encoding kind; without it the sliver is widened first (cvt16).
+	panelHalf func(kind Half, m, k int, a *[skinnyRows][]float32, p []uint16, out *[skinnyRows][packNR]float32)
 }
 
 // registry lists the variants this build and CPU can run, portable first.
@@ -41,9 +44,30 @@ var registry = []*kernels{&goKernels}
 
 var current atomic.Pointer[kernels]
 
+// PathEnv forces the variant at start-up: auto, go, avx2 or avx512. When it
+// is unset, KernelEnv (the attention kernels' variable) decides, so one
+// setting selects the instruction set of every kernel.
+const PathEnv = "OLKV_GEMM"
+
+// KernelEnv is the cpu package's kernel-path variable (cpu.KernelEnv, which
+// this package cannot import: cpu imports it).
+const KernelEnv = "OLKV_KERNEL"
+
 func init() {
 	registry = append(registry, simdKernels()...)
-	current.Store(choose(os.Getenv("OLKV_GEMM")))
+	current.Store(choose(startupPath(os.Getenv)))
+}
+
+// startupPath returns the variant the environment asks for: PathEnv, else
+// KernelEnv, else auto.
+func startupPath(getenv func(string) string) string {
+	if v := strings.TrimSpace(getenv(PathEnv)); v != "" {
+		return v
+	}
+	if v := strings.TrimSpace(getenv(KernelEnv)); v != "" {
+		return v
+	}
+	return "auto"
 }
 
 // choose returns the variant named by want, or the fastest one available

@@ -14,7 +14,9 @@
 // Each kernel has a portable Go twin and, when built with GOEXPERIMENT=simd
 // on amd64, AVX2+FMA and AVX-512 variants written with simd/archsimd. The
 // variant is chosen once at init from cpuid; the environment variable
-// OLKV_GEMM=auto|go|avx2|avx512 forces one (an unavailable choice falls back
-// to auto). Work is split over row or column blocks on a small persistent
+// OLKV_GEMM=auto|go|avx2|avx512 forces one, and when it is unset
+// OLKV_KERNEL (which selects the attention kernels) does (an unavailable
+// choice falls back to auto). The AVX2 micro and decode-step kernels are
+// assembly (micro_avx2_amd64.s), as is the AVX-512 micro kernel. Work is split over row or column blocks on a small persistent
 // worker pool (see For).
 package gemm

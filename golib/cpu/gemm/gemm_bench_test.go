@@ -148,3 +148,57 @@ func BenchmarkDecodeStep(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPanel times each variant's decode-step panel kernel alone on
+// one packed sliver of kcBlock rows (32 KiB, in L1/L2): the ceiling of the
+// packed decode path on one thread, in sliver bytes per second.
+func BenchmarkPanel(b *testing.B) {
+	for _, ks := range registry {
+		for _, m := range []int{1, 2, 4} {
+			b.Run(fmt.Sprintf("%s/m%d", ks.name, m), func(b *testing.B) {
+				r := rand.New(rand.NewPCG(7, 9))
+				p := randSlice(r, kcBlock*packNR)
+				var a [skinnyRows][]float32
+				for i := range m {
+					a[i] = randSlice(r, kcBlock)
+				}
+				var out [skinnyRows][packNR]float32
+				b.SetBytes(int64(4 * len(p)))
+				for b.Loop() {
+					ks.panel(m, kcBlock, &a, p, &out)
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkPanelHalf is BenchmarkPanel over a float16 sliver (16 KiB):
+// the variant's panelHalf kernel, or the widening plus panel it replaces.
+func BenchmarkPanelHalf(b *testing.B) {
+	for _, ks := range registry {
+		for _, m := range []int{1, 4} {
+			b.Run(fmt.Sprintf("%s/m%d", ks.name, m), func(b *testing.B) {
+				r := rand.New(rand.NewPCG(7, 9))
+				ph := make([]uint16, kcBlock*packNR)
+				for i := range ph {
+					ph[i] = uint16(r.Uint32()&0x3fff) | 0x2000
+				}
+				var a [skinnyRows][]float32
+				for i := range m {
+					a[i] = randSlice(r, kcBlock)
+				}
+				var out [skinnyRows][packNR]float32
+				wide := make([]float32, len(ph))
+				b.SetBytes(int64(2 * len(ph)))
+				for b.Loop() {
+					if ks.panelHalf != nil {
+						ks.panelHalf(Float16, m, kcBlock, &a, ph, &out)
+						continue
+					}
+					ks.cvt16(Float16, wide, ph)
+					ks.panel(m, kcBlock, &a, wide, &out)
+				}
+			})
+		}
+	}
+}

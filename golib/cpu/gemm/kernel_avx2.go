@@ -9,8 +9,8 @@ import (
 
 var avx2Kernels = kernels{
 	name:  "avx2",
-	mr:    4,
-	nr:    16,
+	mr:    6,
+	nr:    32,
 	micro: microAVX2,
 	axpy4: axpy4AVX2,
 	axpy:  axpyAVX2,
@@ -25,46 +25,24 @@ func load8(s []float32) f8 { return archsimd.LoadFloat32x8((*[8]float32)(s[:8]))
 
 func bcast8(v float32) f8 { return archsimd.BroadcastFloat32x8(v) }
 
-// microAVX2 keeps a 4x16 tile in 8 ymm accumulators (amd64 Go code has 15
-// usable vector registers: X15 is reserved as zero). Loads use pointer
-// arithmetic after one bounds check.
+//go:noescape
+func micro6x16asm(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int)
+
+// microAVX2 is the 6 x 32 tile as two passes of the assembly 6 x 16 kernel
+// (micro6x16asm: twelve ymm accumulators, the most 16 registers hold with
+// two B vectors and the broadcasts) over the two 16-column halves of the
+// B sliver, with the A panel in L1 for both. A sliver packNR wide lets the
+// blocked algorithm read PackB's panels on this path too. The archsimd
+// 4 x 16 tile it replaces broadcast A through registers and could not hold
+// more accumulators (Go code has 15 usable vector registers).
 func microAVX2(kc int, ap, bp []float32, alpha float32, c []float32, ldc int) {
 	if kc <= 0 {
 		return
 	}
-	_, _ = ap[4*kc-1], bp[16*kc-1]
-	pa, pb := unsafe.Pointer(unsafe.SliceData(ap)), unsafe.Pointer(unsafe.SliceData(bp))
-	var c00, c01, c10, c11, c20, c21, c30, c31 f8
-	for l := range kc {
-		b := unsafe.Add(pb, l*64)
-		b0 := archsimd.LoadFloat32x8((*[8]float32)(b))
-		b1 := archsimd.LoadFloat32x8((*[8]float32)(unsafe.Add(b, 32)))
-		a := (*[4]float32)(unsafe.Add(pa, l*16))
-		a0 := bcast8(a[0])
-		c00 = b0.MulAdd(a0, c00)
-		c01 = b1.MulAdd(a0, c01)
-		a1 := bcast8(a[1])
-		c10 = b0.MulAdd(a1, c10)
-		c11 = b1.MulAdd(a1, c11)
-		a2 := bcast8(a[2])
-		c20 = b0.MulAdd(a2, c20)
-		c21 = b1.MulAdd(a2, c21)
-		a3 := bcast8(a[3])
-		c30 = b0.MulAdd(a3, c30)
-		c31 = b1.MulAdd(a3, c31)
-	}
-	al := bcast8(alpha)
-	store8x2(c[0*ldc:], al, c00, c01)
-	store8x2(c[1*ldc:], al, c10, c11)
-	store8x2(c[2*ldc:], al, c20, c21)
-	store8x2(c[3*ldc:], al, c30, c31)
-}
-
-// store8x2 does c[0:16] += alpha * (v0, v1).
-func store8x2(c []float32, al, v0, v1 f8) {
-	c = c[:16]
-	v0.MulAdd(al, load8(c[:8])).Store((*[8]float32)(c[:8]))
-	v1.MulAdd(al, load8(c[8:])).Store((*[8]float32)(c[8:]))
+	_, _, _ = ap[6*kc-1], bp[32*kc-1], c[5*ldc+31]
+	a, b := unsafe.SliceData(ap), unsafe.SliceData(bp)
+	micro6x16asm(kc, a, b, 4*32, alpha, unsafe.SliceData(c), ldc)
+	micro6x16asm(kc, a, &bp[16], 4*32, alpha, &c[16], ldc)
 }
 
 func axpy4AVX2(a0, a1, a2, a3 float32, x0, x1, x2, x3, y []float32) {

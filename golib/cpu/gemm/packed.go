@@ -3,6 +3,8 @@ package gemm
 import (
 	"fmt"
 	"sync"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
 )
 
 // Packed B. A decode step multiplies one to a few rows by every weight
@@ -26,6 +28,10 @@ const packNR = 32
 type PackedB struct {
 	k, n int
 	p    []float32 // the slivers, in the layout above
+	// h replaces p for a 16-bit B (PackBHalf): the same layout, half the
+	// bytes; kernels widen each k-block of slivers as they read it.
+	h    []uint16
+	half Half
 }
 
 // K returns the inner dimension of the packed matrix.
@@ -52,20 +58,79 @@ func PackB(transB bool, k, n int, b []float32, ldb int) (*PackedB, error) {
 	return pb, nil
 }
 
+// PackBHalf is PackB for a B stored as 16-bit floats of encoding kind: the
+// panels keep that encoding (a decode step streams half the bytes of a
+// float32 pack) and are widened, exactly, a k-block at a time as they are
+// read. NaN payloads may come back quieted, which no product can observe.
+func PackBHalf(kind Half, transB bool, k, n int, b []uint16, ldb int) (*PackedB, error) {
+	if kind != Float16 && kind != BFloat16 {
+		return nil, fmt.Errorf("%w: unknown 16-bit encoding %d", ErrShape, kind)
+	}
+	if err := checkLens(false, transB, 0, n, k, 0, max(k, 1), len(b), ldb, 0, max(n, 1)); err != nil {
+		return nil, err
+	}
+	pb := &PackedB{k: k, n: n, h: make([]uint16, k*roundUp(n, packNR)), half: kind}
+	p := product{transB: transB, n: n, k: k, bh: b, half: kind, ldb: ldb, ks: active()}
+	bufs := bufPool.Get().(*packBufs)
+	defer bufPool.Put(bufs)
+	for j0 := 0; j0 < n; j0 += ncBlock {
+		for l0 := 0; l0 < k; l0 += kcBlock {
+			kc := min(kcBlock, k-l0)
+			dst := pb.slabHalf(j0/ncBlock, l0, kc)
+			tmp := bufs.b[:len(dst)]
+			p.packB(tmp, j0, min(ncBlock, n-j0), l0, kc, packNR)
+			narrow(kind, dst, tmp) // exact: every value came from kind
+		}
+	}
+	return pb, nil
+}
+
+// narrow stores float32 values that are exactly representable in kind.
+func narrow(kind Half, dst []uint16, src []float32) {
+	if kind == BFloat16 {
+		codec.EncodeBF16(dst, src)
+		return
+	}
+	codec.EncodeF16(dst, src)
+}
+
+// slabOffset is the start and length, in values, of slab (jb, l0, kc).
+func (b *PackedB) slabOffset(jb, l0, kc int) (int, int) {
+	w := min(ncBlock, roundUp(b.n-jb*ncBlock, packNR))
+	return jb*ncBlock*b.k + l0*w, kc * w
+}
+
+// slabHalf is slab for a 16-bit pack.
+func (b *PackedB) slabHalf(jb, l0, kc int) []uint16 {
+	off, n := b.slabOffset(jb, l0, kc)
+	return b.h[off : off+n]
+}
+
+// slabInto returns slab (jb, l0, kc) as float32: the pack itself, or for a
+// 16-bit pack the slab widened into buf (which must hold it).
+func (b *PackedB) slabInto(ks *kernels, jb, l0, kc int, buf []float32) []float32 {
+	if b.h == nil {
+		return b.slab(jb, l0, kc)
+	}
+	src := b.slabHalf(jb, l0, kc)
+	dst := buf[:len(src)]
+	ks.cvt16(b.half, dst, src)
+	return dst
+}
+
 // slab returns the packed B block of column block jb (ncBlock columns
 // from jb*ncBlock) and rows l0..l0+kc: its slivers one after another.
 func (b *PackedB) slab(jb, l0, kc int) []float32 {
-	w := min(ncBlock, roundUp(b.n-jb*ncBlock, packNR))
-	off := jb*ncBlock*b.k + l0*w
-	return b.p[off : off+kc*w]
+	off, n := b.slabOffset(jb, l0, kc)
+	return b.p[off : off+n]
 }
 
 func roundUp(x, m int) int { return (x + m - 1) / m * m }
 
 // PackedServes reports whether SgemmPacked takes m rows of op(A): up to
 // PackedRows always, more when the active micro kernel's B sliver is
-// packNR wide (the AVX-512 path), which the blocked algorithm then reads
-// straight from the packed blocks.
+// packNR wide (the AVX-512 and AVX2 paths), which the blocked algorithm reads
+// straight from the packed blocks (widening a 16-bit pack block by block).
 func PackedServes(m int) bool { return m <= PackedRows || active().nr == packNR }
 
 // PackedRows is the largest number of rows of op(A) SgemmPacked accepts.
@@ -147,6 +212,8 @@ const slabSlivers = ncBlock / packNR
 type sliverScratch struct {
 	acc [slabSlivers][skinnyRows][packNR]float32
 	sub [skinnyRows][]float32
+	// wide holds one widened sliver of a 16-bit pack.
+	wide [kcBlock * packNR]float32
 }
 
 var sliverScratchPool = sync.Pool{New: func() any { return new(sliverScratch) }}
@@ -174,10 +241,27 @@ func packedSlivers(ks *kernels, b *PackedB, m int, rows *[skinnyRows][]float32, 
 		}
 		for l0 := 0; l0 < k; l0 += kcBlock {
 			kc := min(kcBlock, k-l0)
-			slab := b.slab(jb, l0, kc)
 			for i := range m {
 				sub[i] = rows[i][l0 : l0+kc]
 			}
+			if b.h != nil {
+				// Widened in registers by panelHalf, or one sliver at a
+				// time into L1 for the float32 panel kernel.
+				slab := b.slabHalf(jb, l0, kc)
+				for q := s; q < e; q++ {
+					jr := (q - jb*slabSlivers) * packNR
+					ph := slab[jr*kc : (jr+packNR)*kc]
+					if ks.panelHalf != nil {
+						ks.panelHalf(b.half, m, kc, sub, ph, &acc[q-s])
+						continue
+					}
+					w := sc.wide[:kc*packNR]
+					ks.cvt16(b.half, w, ph)
+					ks.panel(m, kc, sub, w, &acc[q-s])
+				}
+				continue
+			}
+			slab := b.slab(jb, l0, kc)
 			for q := s; q < e; q++ {
 				jr := (q - jb*slabSlivers) * packNR
 				ks.panel(m, kc, sub, slab[jr*kc:(jr+packNR)*kc], &acc[q-s])

@@ -80,73 +80,60 @@ func panelAVX512(m, k int, a *[skinnyRows][]float32, p []float32, out *[skinnyRo
 	}
 }
 
-// panelAVX2 is panelAVX512 with ymm vectors: one row keeps its 32 columns
-// in four accumulators; more rows take the panel in two 16-column halves,
-// four rows at a time (eight accumulators; amd64 Go code has 15 usable
-// vector registers).
+//go:noescape
+func panel1asm(k int, a *float32, p *float32, out *float32)
+
+//go:noescape
+func panel2asm(k int, a0, a1 *float32, p *float32, out *float32)
+
+// panelAVX2 runs the assembly panel kernels: one row keeps its 32 columns
+// in eight accumulators (two steps in flight), two rows share every load
+// of the sliver; three and four rows are two passes (rows 0-1, then the
+// rest), the second reading the sliver from L2.
 func panelAVX2(m, k int, a *[skinnyRows][]float32, p []float32, out *[skinnyRows][packNR]float32) {
-	p = p[:k*packNR]
-	pb := unsafe.Pointer(unsafe.SliceData(p))
-	ld := func(off int) f8 {
-		return archsimd.LoadFloat32x8((*[8]float32)(unsafe.Add(pb, off*4)))
-	}
-	if m == 1 {
-		a0 := a[0][:k]
-		var c0, c1, c2, c3 f8
-		for l, av := range a0 {
-			v := bcast8(av)
-			o := l * packNR
-			c0 = ld(o).MulAdd(v, c0)
-			c1 = ld(o+8).MulAdd(v, c1)
-			c2 = ld(o+16).MulAdd(v, c2)
-			c3 = ld(o+24).MulAdd(v, c3)
-		}
-		o0 := (*[8]float32)(out[0][0:8])
-		c0.Add(archsimd.LoadFloat32x8(o0)).Store(o0)
-		o1 := (*[8]float32)(out[0][8:16])
-		c1.Add(archsimd.LoadFloat32x8(o1)).Store(o1)
-		o2 := (*[8]float32)(out[0][16:24])
-		c2.Add(archsimd.LoadFloat32x8(o2)).Store(o2)
-		o3 := (*[8]float32)(out[0][24:32])
-		c3.Add(archsimd.LoadFloat32x8(o3)).Store(o3)
+	if k <= 0 {
 		return
 	}
-	var r [4][]float32
-	for i := range 4 {
-		r[i] = a[min(i, m-1)][:k]
-	}
-	r0, r1, r2, r3 := r[0], r[1], r[2], r[3]
-	var tile [4][packNR]float32
-	for h := 0; h < packNR; h += 16 {
-		var c00, c01, c10, c11, c20, c21, c30, c31 f8
-		for l := range k {
-			o := l*packNR + h
-			b0, b1 := ld(o), ld(o+8)
-			v := bcast8(r0[l])
-			c00 = b0.MulAdd(v, c00)
-			c01 = b1.MulAdd(v, c01)
-			v = bcast8(r1[l])
-			c10 = b0.MulAdd(v, c10)
-			c11 = b1.MulAdd(v, c11)
-			v = bcast8(r2[l])
-			c20 = b0.MulAdd(v, c20)
-			c21 = b1.MulAdd(v, c21)
-			v = bcast8(r3[l])
-			c30 = b0.MulAdd(v, c30)
-			c31 = b1.MulAdd(v, c31)
+	pp := unsafe.SliceData(p[:k*packNR])
+	for i := 0; i < m; i += 2 {
+		a0 := unsafe.SliceData(a[i][:k])
+		if i+1 == m {
+			panel1asm(k, a0, pp, &out[i][0])
+			continue
 		}
-		c00.Store((*[8]float32)(tile[0][h : h+8]))
-		c01.Store((*[8]float32)(tile[0][h+8 : h+16]))
-		c10.Store((*[8]float32)(tile[1][h : h+8]))
-		c11.Store((*[8]float32)(tile[1][h+8 : h+16]))
-		c20.Store((*[8]float32)(tile[2][h : h+8]))
-		c21.Store((*[8]float32)(tile[2][h+8 : h+16]))
-		c30.Store((*[8]float32)(tile[3][h : h+8]))
-		c31.Store((*[8]float32)(tile[3][h+8 : h+16]))
+		panel2asm(k, a0, unsafe.SliceData(a[i+1][:k]), pp, &out[i][0])
 	}
-	for i := range m {
-		for j := range packNR {
-			out[i][j] += tile[i][j]
+}
+
+//go:noescape
+func panel1f16asm(k int, a *float32, p *uint16, out *float32)
+
+//go:noescape
+func panel2f16asm(k int, a0, a1 *float32, p *uint16, out *float32)
+
+//go:noescape
+func panel1bf16asm(k int, a *float32, p *uint16, out *float32)
+
+//go:noescape
+func panel2bf16asm(k int, a0, a1 *float32, p *uint16, out *float32)
+
+// panelHalfAVX2 is panelAVX2 over a 16-bit sliver, widened in registers
+// (F16C for float16): rows two at a time as there.
+func panelHalfAVX2(kind Half, m, k int, a *[skinnyRows][]float32, p []uint16, out *[skinnyRows][packNR]float32) {
+	if k <= 0 {
+		return
+	}
+	p1, p2 := panel1f16asm, panel2f16asm
+	if kind == BFloat16 {
+		p1, p2 = panel1bf16asm, panel2bf16asm
+	}
+	pp := unsafe.SliceData(p[:k*packNR])
+	for i := 0; i < m; i += 2 {
+		a0 := unsafe.SliceData(a[i][:k])
+		if i+1 == m {
+			p1(k, a0, pp, &out[i][0])
+			continue
 		}
+		p2(k, a0, unsafe.SliceData(a[i+1][:k]), pp, &out[i][0])
 	}
 }

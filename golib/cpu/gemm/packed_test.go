@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
 )
 
 // TestSgemmPacked checks the packed path against the naive loop over odd
@@ -146,4 +148,65 @@ func BenchmarkDecodeStepPacked(b *testing.B) {
 			})
 		}
 	}
+}
+
+// TestSgemmPackedHalf checks PackBHalf products (both encodings, B as
+// stored and transposed) against the naive loop on the widened values:
+// decode-shaped rows (the per-sliver widening) and longer products (the
+// blocked algorithm widening each packed k-block), with sizes that cross
+// the sliver, column and inner-dimension blocks.
+func TestSgemmPackedHalf(t *testing.T) {
+	withPath(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(21, 22))
+		sizes := [][3]int{{1, 33, 17}, {2, 1, 300}, {3, 530, 257}, {4, 64, 1}, {9, 1100, 520}, {70, 40, 300}}
+		if testing.Short() || raceEnabled {
+			sizes = [][3]int{{1, 33, 17}, {3, 40, 257}, {9, 40, 300}}
+		}
+		for _, kind := range []Half{Float16, BFloat16} {
+			for _, sz := range sizes {
+				for _, transB := range []bool{false, true} {
+					m, n, k := sz[0], sz[1], sz[2]
+					br, bc := k, n
+					if transB {
+						br, bc = n, k
+					}
+					ldb := bc + 3
+					bh := make([]uint16, br*ldb)
+					for i := range bh {
+						bh[i] = codec.F32ToF16(float32(r.NormFloat64()))
+						if kind == BFloat16 {
+							bh[i] = codec.F32ToBF16(float32(r.NormFloat64()))
+						}
+					}
+					bf := make([]float32, len(bh))
+					cvt16Go(kind, bf, bh)
+					a := randSlice(r, m*k)
+					c := randSlice(r, m*n)
+					want := append([]float32(nil), c...)
+					naive(false, transB, m, n, k, 0.5, a, k, bf, ldb, 0.25, want, n)
+					pb, err := PackBHalf(kind, transB, k, n, bh, ldb)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !PackedServes(m) {
+						continue
+					}
+					if err := SgemmPacked(2, false, m, 0.5, a, k, pb, 0.25, c, n); err != nil {
+						t.Fatal(err)
+					}
+					for i := range want {
+						if d := c[i] - want[i]; d > 1e-4*float32(k) || -d > 1e-4*float32(k) {
+							t.Fatalf("kind %d m%d n%d k%d transB %v: C[%d] = %v, want %v", kind, m, n, k, transB, i, c[i], want[i])
+						}
+					}
+				}
+			}
+		}
+		if _, err := PackBHalf(Half(7), false, 2, 2, make([]uint16, 4), 2); !errors.Is(err, ErrShape) {
+			t.Fatalf("unknown encoding: err %v, want ErrShape", err)
+		}
+		if _, err := PackBHalf(Float16, false, 2, 2, make([]uint16, 3), 2); !errors.Is(err, ErrShape) {
+			t.Fatalf("short B: err %v, want ErrShape", err)
+		}
+	})
 }

@@ -215,26 +215,27 @@ func (g *matmulPlan) runPacked(threads int, a *tensor.Tensor, pb *gemm.PackedB, 
 	return storeF32Result(out, dst)
 }
 
-// constPack is a constant float32 2D B input packed for gemm.SgemmPacked
-// when the session is built, as onnxruntime prepacks its weights: the
-// decode steps stream the packed slivers and longer products read them as
-// their packed B blocks, so no run packs the weights (the pack costs a copy
-// of them in memory). A kernel value is shared by concurrent runs; the
-// pack is read-only.
+// constPack is a constant float32, float16 or bfloat16 2D B input packed
+// for gemm.SgemmPacked when the session is built, as onnxruntime prepacks
+// its weights: the decode steps stream the packed slivers and longer
+// products read them as their packed B blocks, so no run packs the weights
+// (the pack costs a copy of them in memory; a 16-bit B keeps its encoding
+// in the pack and is widened as it is read). A kernel value is shared by
+// concurrent runs; the pack is read-only.
 type constPack struct {
 	src *tensor.Tensor
 	pb  *gemm.PackedB
 }
 
-// newConstPack returns the pack of input i of n when it is a float32 2D
-// constant, nil otherwise (or when packing fails: the products then read
-// B as stored).
+// newConstPack returns the pack of input i of n when it is a float32,
+// float16 or bfloat16 2D constant, nil otherwise (or when packing fails:
+// the products then read B as stored).
 func newConstPack(n *Node, i int, transB bool) *constPack {
 	if i >= len(n.Constants) {
 		return nil
 	}
 	t := n.Constants[i]
-	if t == nil || t.DType() != tensor.Float32 || t.Rank() != 2 {
+	if t == nil || (t.DType() != tensor.Float32 && !isHalf(t.DType())) || t.Rank() != 2 {
 		return nil
 	}
 	s := t.Shape()
@@ -245,7 +246,16 @@ func newConstPack(n *Node, i int, transB bool) *constPack {
 	if k == 0 || nn == 0 {
 		return nil
 	}
-	pb, err := gemm.PackB(transB, k, nn, t.Float32(), max(s[1], 1))
+	var pb *gemm.PackedB
+	var err error
+	if isHalf(t.DType()) {
+		var op gemmOperand
+		if op, err = gemmB(t); err == nil {
+			pb, err = gemm.PackBHalf(op.kind, transB, k, nn, op.bits, max(s[1], 1))
+		}
+	} else {
+		pb, err = gemm.PackB(transB, k, nn, t.Float32(), max(s[1], 1))
+	}
 	if err != nil {
 		return nil
 	}
@@ -255,11 +265,10 @@ func newConstPack(n *Node, i int, transB bool) *constPack {
 // get returns the packed B when b is the constant it was built from (the
 // same values in the same shape), nil otherwise.
 func (c *constPack) get(b *tensor.Tensor) *gemm.PackedB {
-	if c == nil || b.DType() != tensor.Float32 || !b.Shape().Equal(c.src.Shape()) {
+	if c == nil || b.DType() != c.src.DType() || !b.Shape().Equal(c.src.Shape()) || b.Len() == 0 {
 		return nil
 	}
-	bf, sf := b.Float32(), c.src.Float32()
-	if len(bf) != len(sf) || len(bf) == 0 || unsafe.SliceData(bf) != unsafe.SliceData(sf) {
+	if unsafe.SliceData(b.Bytes()) != unsafe.SliceData(c.src.Bytes()) {
 		return nil
 	}
 	return c.pb

@@ -2,6 +2,7 @@ package ops
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -35,7 +36,9 @@ func runWithConstB(t *testing.T, op string, attrs Attributes, inputs ...*tensor.
 		if err := k.Compute(ctx); err != nil {
 			t.Fatal(err)
 		}
-		got = ctx.Output(0).Float32()
+		if got, err = tensor.AsFloat32(ctx.Output(0)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return got
 }
@@ -94,6 +97,56 @@ func TestGemmConstBPacked(t *testing.T) {
 					if got[i] != want[i] {
 						t.Fatalf("transA=%d transB=%d m=%d: out[%d] = %v, want %v", ta, tb, m, i, got[i], want[i])
 					}
+				}
+			}
+		}
+	}
+}
+
+// toHalf returns x converted to dt (float16 or bfloat16).
+func toHalf(t *testing.T, x *tensor.Tensor, dt tensor.DType) *tensor.Tensor {
+	t.Helper()
+	h, err := tensor.New(dt, x.Shape())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tensor.FromFloat32(h, x.Float32()); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// TestMatMulConstHalfBPacked checks MatMul and Gemm with a constant
+// float16/bfloat16 B (packed in its encoding: the decode rows widen each
+// sliver, longer products each k-block) against the same op with B not
+// marked constant (streamed as stored).
+func TestMatMulConstHalfBPacked(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for _, dt := range []tensor.DType{tensor.Float16, tensor.BFloat16} {
+		for _, k := range []int{1, 17, 300} {
+			for _, n := range []int{1, 33, 530} {
+				for _, as := range []tensor.Shape{{1, k}, {4, k}, {2, 3, k}, {70, k}} {
+					t.Run(fmt.Sprintf("%v_a%v_n%d", dt, as, n), func(t *testing.T) {
+						a, b := toHalf(t, randT(r, as), dt), toHalf(t, randT(r, tensor.Shape{k, n}), dt)
+						outs, err := call("MatMul", 13, nil, 1, a, b)
+						if err != nil {
+							t.Fatal(err)
+						}
+						want, err := tensor.AsFloat32(outs[0])
+						if err != nil {
+							t.Fatal(err)
+						}
+						got := runWithConstB(t, "MatMul", nil, a, b)
+						tol := 1e-2
+						if dt == tensor.BFloat16 {
+							tol = 1e-1
+						}
+						for i := range want {
+							if d := math.Abs(float64(got[i] - want[i])); d > tol*(1+math.Abs(float64(want[i]))) {
+								t.Fatalf("out[%d] = %v, want %v", i, got[i], want[i])
+							}
+						}
+					})
 				}
 			}
 		}

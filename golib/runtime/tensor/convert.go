@@ -3,6 +3,7 @@ package tensor
 import (
 	"fmt"
 	"math"
+	"unsafe"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
@@ -31,13 +32,9 @@ func ToFloat32(t *Tensor, dst []float32) error {
 	case Float32:
 		copy(dst, t.Float32())
 	case Float16:
-		for i, v := range t.Float16() {
-			dst[i] = codec.F16ToF32(uint16(v))
-		}
+		codec.DecodeF16(dst, bits16(t.Float16()))
 	case BFloat16:
-		for i, v := range t.BFloat16() {
-			dst[i] = codec.BF16ToF32(uint16(v))
-		}
+		codec.DecodeBF16(dst, bits16(t.BFloat16()))
 	case Float64:
 		ConvertSlice(dst, t.Float64())
 	case Int64:
@@ -79,15 +76,9 @@ func FromFloat32(t *Tensor, src []float32) error {
 	case Float32:
 		copy(t.Float32(), src)
 	case Float16:
-		d := t.Float16()
-		for i, v := range src {
-			d[i] = Float16Bits(codec.F32ToF16(v))
-		}
+		codec.EncodeF16(bits16(t.Float16()), src)
 	case BFloat16:
-		d := t.BFloat16()
-		for i, v := range src {
-			d[i] = BFloat16Bits(codec.F32ToBF16(v))
-		}
+		codec.EncodeBF16(bits16(t.BFloat16()), src)
 	case Float64:
 		ConvertSlice(t.Float64(), src)
 	case Int64:
@@ -200,4 +191,10 @@ func Int64ValuesTo(out []int64, t *Tensor) ([]int64, error) {
 		return nil, fmt.Errorf("%w: want an integer tensor, got %v", errs.ErrType, t.dtype)
 	}
 	return out, nil
+}
+
+// bits16 views 16-bit float elements as their bits, for the codec slice
+// conversions (vectorized where the CPU allows).
+func bits16[T Float16Bits | BFloat16Bits](x []T) []uint16 {
+	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(x))), len(x))
 }

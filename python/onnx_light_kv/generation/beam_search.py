@@ -12,12 +12,22 @@ length cannot beat the worst kept hypothesis; ``"never"``: the same bound taken 
 longest possible length when ``length_penalty > 0``.
 At the end, running beams of unfinished rows are added as hypotheses, and each row returns
 its ``num_return_sequences`` best.
+
+A continuation that ends with one of the stop sequences (which may start in the prompt) is
+finished like an eos continuation, its stop tokens kept.
+
+Beam sampling (``do_sample=True``) follows transformers: the log-probabilities go through the
+repetition penalty and the sampling warpers (temperature, top-k, top-p, min-p), the beams'
+running scores are added, and the ``2 * num_beams`` candidates of a row are drawn without
+replacement from the softmax of those summed scores over all its beams' continuations, then
+ranked by score (see :func:`_sampled` for rows with fewer than ``2 * num_beams`` candidates of
+non-zero probability). The rest is as above.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Tuple, Union
+from typing import Any, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -74,28 +84,51 @@ class BeamResult:
 
 
 def _top(scores: np.ndarray, n: int) -> np.ndarray:
-    """Indices of the ``n`` largest entries of each row, best first (ties: lower index first)."""
-    part = np.argpartition(-scores, n - 1, axis=-1)[:, :n] if n < scores.shape[1] else \
-        np.tile(np.arange(scores.shape[1]), (scores.shape[0], 1))
-    vals = np.take_along_axis(scores, part, axis=-1)
-    order = np.lexsort((part, -vals), axis=-1)
-    return np.take_along_axis(part, order, axis=-1)
+    """Indices of the ``n`` largest entries of each row, best first (ties: lower index first).
+
+    A value partition finds each row's n-th largest score; the entries at or above it (ties
+    included) are then ranked, so ties at the boundary keep the lower indices."""
+    rows, width = scores.shape
+    n = min(n, width)
+    out = np.empty((rows, n), np.int64)
+    for r, row in enumerate(scores):
+        th = np.partition(row, width - n)[width - n]
+        idx = np.flatnonzero(row >= th)
+        out[r] = idx[np.lexsort((idx, -row[idx]))][:n]
+    return out
+
+
+def _sampled(scores: np.ndarray, n: int, rng: np.random.Generator) -> List[np.ndarray]:
+    """Per row, ``n`` indices drawn without replacement from ``softmax(row)``, ranked by score,
+    best first (ties: lower index first). When fewer than ``n`` have a probability that is not
+    zero in float64 (a low temperature underflows), the rest are the best-scoring remaining
+    finite candidates (the draw's limit as the probabilities vanish); filtered candidates
+    (``-inf``) are never taken, so a row may get fewer than ``n``."""
+    probs = lp.softmax(scores.astype(np.float32))
+    out: List[np.ndarray] = []
+    for row, p in zip(scores, probs):
+        m = min(n, int(np.count_nonzero(p)))
+        picked = rng.choice(p.size, size=m, replace=False, p=p)
+        if m < n:
+            rest = row.copy()
+            rest[picked] = -np.inf
+            more = _top(rest[None, :], min(n - m, rest.size))[0]
+            picked = np.concatenate([picked, more[np.isfinite(rest[more])]])
+        out.append(picked[np.lexsort((picked, -row[picked]))])
+    return out
 
 
 def beam_search(runner: Any, prompt: np.ndarray, mask: np.ndarray, opts: SamplingOptions, stop: StopCondition,
                 max_new_tokens: int, num_beams: int, length_penalty: float, early_stopping: Union[bool, str],
                 num_return_sequences: int, pad_token_id: int, return_scores: bool = False,
-                on_step: Any = None) -> BeamResult:
+                on_step: Any = None, rng: Optional[np.random.Generator] = None) -> BeamResult:
     """Run beam search on ``runner`` (holding nothing yet) from ``prompt [batch, s]``.
 
     ``runner`` holds ``batch`` rows (the prompt runs once per row and is copied to the beams
     by ``reorder``) or, when its row count is fixed, ``batch * num_beams`` rows.
     Returns, for each row in order, its ``num_return_sequences`` best hypotheses (generated
-    tokens only) and their scores. ``on_step()`` is called after each model run."""
-    if opts.do_sample:
-        raise NotImplementedError("beam sampling (num_beams > 1 with do_sample=True) is not implemented")
-    if stop.stop_sequences:
-        raise NotImplementedError("stop_sequences with beam search are not implemented (use eos_token_id)")
+    tokens only) and their scores. ``on_step()`` is called after each model run. ``rng`` draws
+    the candidates when ``opts.do_sample``."""
     batch, k = prompt.shape[0], num_beams
     rows = np.repeat(np.arange(batch), k)
     if runner.batch == batch * k and k > 1:  # a runner of fixed rows: every beam runs the prompt
@@ -116,15 +149,28 @@ def beam_search(runner: Any, prompt: np.ndarray, mask: np.ndarray, opts: Samplin
     step_scores: List[np.ndarray] = []
     eos = set(stop.eos)
     vocab = logits.shape[-1]
+    if opts.do_sample and rng is None:
+        rng = np.random.default_rng()
+    # the prompt tails a stop sequence may start in (padding removed)
+    longest = max((len(q) for q in stop.stop_sequences), default=0)
+    tails = [prompt[b][mask[b] != 0][-longest:] if longest > 1 else prompt[b, :0] for b in range(batch)]
+
+    def finishes(b: int, src: int, tok: int) -> bool:
+        if tok in eos:
+            return True
+        if not stop.stop_sequences:
+            return False
+        return stop.hit(np.concatenate([tails[b], gen[src], [tok]]))
+
     for step in range(max_new_tokens):
         full = np.concatenate([seq_prompt, gen], axis=1)
         full_mask = np.concatenate([mask_prompt, np.ones_like(gen)], axis=1)
         logprobs = lp.log_softmax(logits)
-        processed = lp.repetition_penalty(logprobs, full, opts.repetition_penalty, full_mask)
+        processed = lp.process(logprobs, opts, full, full_mask)
         if return_scores:
             step_scores.append(processed)
         total = (processed.astype(np.float64) + beam_scores[:, None]).reshape(batch, k * vocab)
-        best = _top(total, 2 * k)
+        best = _sampled(total, 2 * k, rng) if opts.do_sample else _top(total, 2 * k)
         new_beam = np.repeat(np.arange(batch) * k, k)
         new_tok = np.full(batch * k, pad_token_id, np.int64)
         new_score = np.zeros(batch * k, np.float64)
@@ -135,7 +181,7 @@ def beam_search(runner: Any, prompt: np.ndarray, mask: np.ndarray, opts: Samplin
             for rank, flat in enumerate(best[b]):
                 src, tok = b * k + int(flat) // vocab, int(flat) % vocab
                 score = float(total[b, flat])
-                if tok in eos:
+                if finishes(b, src, tok):
                     if rank < k:
                         hyps[b].add(np.append(gen[src], tok), score)
                     continue
@@ -144,7 +190,7 @@ def beam_search(runner: Any, prompt: np.ndarray, mask: np.ndarray, opts: Samplin
                 if n == k:
                     break
             new_score[b * k + n:(b + 1) * k] = -1e9  # (only when eos ids fill the candidates)
-            done[b] = hyps[b].is_done(float(total[b, best[b, 0]]), step + 1)
+            done[b] = hyps[b].is_done(float(total[b, best[b][0]]), step + 1)
         gen = np.concatenate([gen[new_beam], new_tok[:, None]], axis=1)
         beam_scores = new_score
         if done.all() or step == max_new_tokens - 1:

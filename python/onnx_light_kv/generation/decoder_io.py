@@ -17,6 +17,15 @@ Recognized outputs: ``logits`` ``[batch, seq, vocab]`` (or the only output that 
 present) and one present per past, named ``present.N.key/value``, ``present_key_values.N.key/
 value``, ``present_key_N`` / ``present_value_N`` or ``present_N_key/value``.
 
+A past whose ``head_dim`` is symbolic (the onnxruntime-genai builder names it ``kv_cache_dim``)
+takes its size from the model's files when the session was created from a path (ours and
+onnxruntime's keep it): ``head_size`` of a ``genai_config.json`` beside the model, else the
+model's GroupQueryAttention geometry (its ``kv_num_heads`` and the key projection's width
+from ONNX shape inference). Otherwise it raises ``ValueError``. Such a model whose
+GroupQueryAttention has a sliding window (``local_window_size``, e.g. Gemma 2) raises
+``NotImplementedError``: onnxruntime-genai drives it with window-sized shared buffers per
+layer, which generation does not build yet.
+
 A past whose sequence dimension has the same symbolic name (or the same fixed size) as its
 present's is a pre-allocated buffer shared between steps (onnxruntime's GroupQueryAttention
 exports): the runner allocates it with the generation's capacity once and the attention mask
@@ -25,6 +34,8 @@ says how much of it is valid.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -97,6 +108,15 @@ class DecoderIO:
     logits: str
     kv: Tuple[KVInput, ...]
     int_types: Dict[str, Any]
+    group_query_attention: bool = False
+
+    @property
+    def left_padding(self) -> bool:
+        """True when rows of different lengths can share a run as left padding: the model takes
+        an attention mask, its pasts grow with the sequence, and its attention is not
+        com.microsoft GroupQueryAttention (which reads the mask as a per-row length, i.e. right
+        padding)."""
+        return self.attention_mask is not None and not self.shared_buffer and not self.group_query_attention
 
     @property
     def output_names(self) -> List[str]:
@@ -138,6 +158,7 @@ class DecoderIO:
                 presents[lk] = o
         kv: List[KVInput] = []
         unknown: List[str] = []
+        sizes: Optional[Dict[str, int]] = None
         for name, i in inputs.items():
             if name in _KNOWN:
                 continue
@@ -148,7 +169,14 @@ class DecoderIO:
             if lk not in presents:
                 raise ValueError(f"past input {name!r} has no matching present output "
                                  f"(outputs: {sorted(outputs)})")
-            kv.append(_kv_input(lk, i, presents[lk]))
+            if sizes is None and i.shape is not None and len(i.shape) == 4 and isinstance(i.shape[3], str):
+                sizes = _model_sizes(session)
+            kv.append(_kv_input(lk, i, presents[lk], sizes or {}))
+        if sizes and sizes.get("local_window", 0) > 0:
+            raise NotImplementedError(
+                f"this model's GroupQueryAttention has a sliding window (local_window_size="
+                f"{sizes['local_window']}) on pasts of symbolic size: onnxruntime-genai drives such layers with "
+                "window-sized shared buffers per layer, which generation does not build yet")
         if unknown:
             raise ValueError(
                 f"the model needs inputs generation does not know how to feed: {unknown}; recognized are "
@@ -173,18 +201,98 @@ class DecoderIO:
                    position_ids="position_ids" if "position_ids" in inputs else None,
                    cache_position="cache_position" if "cache_position" in inputs else None,
                    use_cache_branch="use_cache_branch" if "use_cache_branch" in inputs else None,
-                   logits=logits, kv=tuple(kv), int_types=ints)
+                   logits=logits, kv=tuple(kv), int_types=ints,
+                   group_query_attention=_uses_group_query_attention(session, sizes))
 
 
-def _kv_input(lk: Tuple[int, str], past: Any, present: Any) -> KVInput:
+def _uses_group_query_attention(session: Any, sizes: Optional[Dict[str, int]]) -> bool:
+    """Whether the model's attention is com.microsoft GroupQueryAttention, as far as the session
+    tells: its model file was read (``sizes``), or our session's cache plan names the rule."""
+    if sizes and sizes.get("group_query_attention"):
+        return True
+    plan = getattr(session, "cache_plan", None)
+    if callable(plan):
+        try:
+            return any("group-query-attention" in str(d.get("rule", "")) for d in plan())
+        except Exception:  # a session without a plan: nothing to tell
+            return False
+    return False
+
+
+def _model_sizes(session: Any) -> Dict[str, int]:
+    """What the model's files fix that its inputs leave symbolic: ``head_dim`` (from
+    ``genai_config.json`` beside the model, else from its GroupQueryAttention nodes) and
+    ``local_window`` (the largest GroupQueryAttention ``local_window_size``; 0 for none).
+    ``{}`` when the session has no model file."""
+    path = getattr(session, "_model_path", None)
+    if not isinstance(path, str) or not os.path.isfile(path):
+        return {}
+    head, window, gqa = _gqa_geometry(path)
+    sizes = {"local_window": window, "group_query_attention": int(gqa)}
+    if head:
+        sizes["head_dim"] = head
+    config = os.path.join(os.path.dirname(os.path.abspath(path)), "genai_config.json")
+    if os.path.isfile(config):
+        try:
+            with open(config) as f:
+                size = json.load(f)["model"]["decoder"]["head_size"]
+            if isinstance(size, int) and size > 0:
+                sizes["head_dim"] = size
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return sizes
+
+
+def _gqa_geometry(path: str) -> Tuple[Optional[int], int, bool]:
+    """The K/V head size of the first com.microsoft GroupQueryAttention node of the model at
+    ``path`` (weights not loaded: the key input's width over ``kv_num_heads``, or for a packed
+    QKV input its width over ``num_heads + 2 * kv_num_heads``; None when not determinable) and
+    the largest ``local_window_size`` of those nodes (0 when none has a window), and whether
+    there is such a node."""
+    import onnx
+
+    try:
+        model = onnx.load(path, load_external_data=False)
+        nodes = [n for n in model.graph.node if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"]
+        if not nodes:
+            return None, 0, False
+        attrs = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in nodes]
+        window = max(max(int(a.get("local_window_size", -1)), 0) for a in attrs)
+        heads, kv_heads = int(attrs[0].get("num_heads", 0)), int(attrs[0].get("kv_num_heads", 0))
+        if heads <= 0 or kv_heads <= 0:
+            return None, window, True
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # a model onnx cannot read or infer: the caller reports the symbolic size
+        return None, 0, False
+    widths = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input):
+        dims = vi.type.tensor_type.shape.dim
+        if dims and dims[-1].HasField("dim_value"):
+            widths[vi.name] = dims[-1].dim_value
+    node = nodes[0]
+    key = node.input[1] if len(node.input) > 1 else ""
+    if key:
+        width, parts = widths.get(key), kv_heads
+    else:
+        width, parts = widths.get(node.input[0]), heads + 2 * kv_heads
+    if not width or width % parts:
+        return None, window, True
+    return width // parts, window, True
+
+
+def _kv_input(lk: Tuple[int, str], past: Any, present: Any, sizes: Dict[str, int]) -> KVInput:
     shape = tuple(past.shape) if past.shape is not None else ()
     if len(shape) != 4:
         raise ValueError(f"past input {past.name!r} has shape {list(shape) if shape else None}; "
                          "generation needs [batch, kv_heads, past_sequence, head_dim]")
     heads, dim = shape[1], shape[3]
+    if isinstance(dim, str) and "head_dim" in sizes:
+        dim = sizes["head_dim"]
     if not isinstance(heads, (int, np.integer)) or not isinstance(dim, (int, np.integer)):
         raise ValueError(f"past input {past.name!r} has shape {list(shape)}: kv_heads and head_dim "
-                         "must be fixed sizes for generation to build the empty past")
+                         "must be fixed sizes for generation to build the empty past (a symbolic head_dim "
+                         "is read from genai_config.json beside the model or from its GroupQueryAttention "
+                         "nodes when the session was created from a file path)")
     if past.type not in _DTYPES:
         raise ValueError(f"past input {past.name!r} has type {past.type}; expected a float tensor")
     pshape = tuple(present.shape) if present.shape is not None else ()

@@ -86,8 +86,10 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
     ``do_sample`` with ``temperature``, ``top_k``, ``top_p``, ``min_p``; ``repetition_penalty``
     applies to greedy choice too; ``seed`` seeds a ``numpy.random.Generator``.
     ``num_beams > 1``: beam search with ``length_penalty`` and ``early_stopping`` (True, False or
-    "never"), returning ``num_return_sequences`` per row (with sampling,
-    ``num_return_sequences`` samples per row).
+    "never"), returning ``num_return_sequences`` per row; with ``do_sample`` it is beam
+    sampling (transformers' rule: the candidates of each step are drawn from the softmax of the
+    warped, summed beam scores). Without beams, ``num_return_sequences`` with ``do_sample``
+    gives that many samples per row.
     Speculative decoding: ``draft_session`` (a smaller decoder with the same vocabulary)
     proposes ``num_draft_tokens`` per verification step, or ``prompt_lookup=n`` proposes up to
     ``n`` tokens copied from after the latest earlier match of the sequence's last 3-, 2- or
@@ -133,15 +135,13 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
                              "do_sample=True or num_beams > 1")
         rows = np.repeat(np.arange(ids.shape[0]), num_return_sequences)
         ids, mask = ids[rows], mask[rows]
-    if speculative and return_scores:
-        raise NotImplementedError("return_scores with speculative decoding is not implemented")
     if draft_session is not None and prompt_lookup > 0:
         raise ValueError("give either draft_session or prompt_lookup, not both")
 
     io = DecoderIO.from_session(session)
     draft_io = DecoderIO.from_session(draft_session) if draft_session is not None else None
     padded = not mask.all()
-    per_row = speculative or (padded and not (io.attention_mask is not None and not io.shared_buffer))
+    per_row = speculative or (padded and not io.left_padding)
     groups = [np.array([r]) for r in range(ids.shape[0])] if per_row else [np.arange(ids.shape[0])]
     rng = np.random.default_rng(seed)
     stats = GenerationStats()
@@ -160,13 +160,16 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
                 stream.prompt(g_ids)
             capacity = g_ids.shape[1] + max_new_tokens + (num_draft_tokens if speculative else 0)
             if speculative:
+                spec_scores: Optional[List[np.ndarray]] = [] if return_scores else None
                 gen = _speculative(session, io, draft_session, draft_io, g_ids[0], opts, stop, max_new_tokens,
-                                   num_draft_tokens, prompt_lookup, rng, capacity, state_options, stream, bar, stats)
+                                   num_draft_tokens, prompt_lookup, rng, capacity, state_options, stream, bar, stats,
+                                   spec_scores)
                 results.append(gen[None, :])
+                scores_per_group.append(spec_scores or [])
             elif num_beams > 1:
                 gen, bscores, step_scores = _beams(session, io, g_ids, g_mask, opts, stop, max_new_tokens, num_beams,
                                                    length_penalty, early_stopping, num_return_sequences, pad,
-                                                   return_scores, capacity, state_options, bar, stats)
+                                                   return_scores, capacity, state_options, bar, stats, rng)
                 results.append(gen)
                 seq_scores = bscores if seq_scores is None else np.concatenate([seq_scores, bscores])
                 scores_per_group.append(step_scores)
@@ -258,7 +261,7 @@ def _greedy_or_sample(session: Any, ids: np.ndarray, mask: np.ndarray, opts: Sam
 def _beams(session: Any, io: DecoderIO, ids: np.ndarray, mask: np.ndarray, opts: SamplingOptions, stop: StopCondition,
            max_new: int, num_beams: int, length_penalty: float, early_stopping: Any, nrs: int, pad: int,
            return_scores: bool, capacity: int, state_options: Any, bar: Progress,
-           stats: GenerationStats) -> Tuple[np.ndarray, np.ndarray, List[np.ndarray]]:
+           stats: GenerationStats, rng: np.random.Generator) -> Tuple[np.ndarray, np.ndarray, List[np.ndarray]]:
     runner = make_runner(session, io, ids.shape[0], capacity, state_options)
     if not runner.resizable:  # the cache path's row count is fixed: one row per beam from the start
         runner.close()
@@ -274,7 +277,7 @@ def _beams(session: Any, io: DecoderIO, ids: np.ndarray, mask: np.ndarray, opts:
 
     try:
         res = beam_search(runner, ids, mask, opts, stop, max_new, num_beams, length_penalty, early_stopping, nrs, pad,
-                          return_scores, on_step)
+                          return_scores, on_step, rng)
     finally:
         runner.close()
     stats.prefill_ms += (marks[1] - marks[0]) * 1e3
@@ -288,7 +291,8 @@ def _beams(session: Any, io: DecoderIO, ids: np.ndarray, mask: np.ndarray, opts:
 def _speculative(session: Any, io: DecoderIO, draft_session: Any, draft_io: Optional[DecoderIO], prompt: np.ndarray,
                  opts: SamplingOptions, stop: StopCondition, max_new: int, k: int, prompt_lookup: int,
                  rng: np.random.Generator, capacity: int, state_options: Any, stream: Optional[Streamer],
-                 bar: Progress, stats: GenerationStats) -> np.ndarray:
+                 bar: Progress, stats: GenerationStats,
+                 scores: Optional[List[np.ndarray]]) -> np.ndarray:
     target = make_runner(session, io, 1, capacity, state_options)
     stats.runner = target.kind
     if draft_session is not None:
@@ -312,7 +316,8 @@ def _speculative(session: Any, io: DecoderIO, draft_session: Any, draft_io: Opti
                 stream.put(np.array([t], np.int64))
 
     try:
-        gen, counts = speculative_decode(target, proposer, prompt, opts, stop, max_new, k, rng, emit, on_prefill)
+        gen, counts = speculative_decode(target, proposer, prompt, opts, stop, max_new, k, rng, emit, on_prefill,
+                                           scores)
     finally:
         target.close()
         if isinstance(proposer, DraftModel):

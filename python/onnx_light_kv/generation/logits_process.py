@@ -72,19 +72,29 @@ def min_p(logits: np.ndarray, p: float) -> np.ndarray:
     return np.where(probs < thresh, -np.inf, logits).astype(np.float32)
 
 
+def _shifted(logits: np.ndarray) -> np.ndarray:
+    """``logits - rowmax`` in float32 (float64 stays float64): numpy's float32 ``exp`` is
+    vectorized and an order of magnitude faster than float64's, which matters at vocabularies
+    of 32k-256k on every generated token."""
+    x = np.asarray(logits)
+    if x.dtype != np.float64:
+        x = x.astype(np.float32, copy=False)
+    return x - x.max(axis=-1, keepdims=True)
+
+
 def softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise softmax in float64 (``-inf`` logits get probability 0)."""
-    x = np.asarray(logits, dtype=np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    e = np.exp(x)
-    return e / e.sum(axis=-1, keepdims=True)
+    """Row-wise softmax, float64 (``-inf`` logits get probability 0). The exponentials are
+    taken in the input's precision (float32 unless float64) and summed in float64."""
+    e = np.exp(_shifted(logits))
+    return e / e.sum(axis=-1, keepdims=True, dtype=np.float64)
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax, float32 (computed in float64)."""
-    x = np.asarray(logits, dtype=np.float64)
-    m = x.max(axis=-1, keepdims=True)
-    return (x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))).astype(np.float32)
+    """Row-wise log-softmax, float32 (exponentials in the input's precision, sums in float64;
+    within 2e-6 of a float64 computation for float32 logits)."""
+    d = _shifted(logits)
+    lse = np.log(np.exp(d).sum(axis=-1, keepdims=True, dtype=np.float64))
+    return (d - lse).astype(np.float32)
 
 
 def process(logits: np.ndarray, opts: SamplingOptions, sequences: np.ndarray,

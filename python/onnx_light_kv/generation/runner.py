@@ -95,9 +95,9 @@ class TensorRunner:
 
     @property
     def supports_padding(self) -> bool:
-        """True when rows of different lengths (left padding) can share a run: the model takes
-        an attention mask and its pasts grow with the sequence."""
-        return self.io.attention_mask is not None and not self.io.shared_buffer
+        """True when rows of different lengths (left padding) can share a run
+        (:attr:`DecoderIO.left_padding`)."""
+        return self.io.left_padding
 
     def run(self, ids: np.ndarray, mask: Optional[np.ndarray] = None) -> np.ndarray:
         """Append ``ids [batch, s]`` and return the logits ``[batch, s, vocab]`` of the new positions.
@@ -173,8 +173,9 @@ class StateRunner:
 
     @property
     def supports_padding(self) -> bool:
-        """True when the model takes an attention mask (the state stores no padding)."""
-        return self.io.attention_mask is not None
+        """True when the model takes an attention mask (the state stores no padding) and is not
+        a GroupQueryAttention model (its mask is a per-row length)."""
+        return self.io.attention_mask is not None and not self.io.group_query_attention
 
     def run(self, ids: np.ndarray, mask: Optional[np.ndarray] = None) -> np.ndarray:
         """Append ``ids [batch, s]`` to the state and return the logits ``[batch, s, vocab]``."""

@@ -118,17 +118,23 @@ class PromptLookup:
 
 def speculative_decode(target: Any, proposer: Any, prompt: np.ndarray, opts: SamplingOptions, stop: StopCondition,
                        max_new_tokens: int, num_draft_tokens: int, rng: np.random.Generator,
-                       emit: Callable[[List[int]], None], on_prefill: Callable[[], None]) -> Tuple[np.ndarray, dict]:
+                       emit: Callable[[List[int]], None], on_prefill: Callable[[], None],
+                       scores: Optional[List[np.ndarray]] = None) -> Tuple[np.ndarray, dict]:
     """Generate up to ``max_new_tokens`` after the 1-D ``prompt`` on the one-row runner ``target``.
 
     ``emit(tokens)`` receives the tokens each verification step adds; ``on_prefill()`` is
-    called after the prompt run. Returns the generated tokens and counts
+    called after the prompt run. ``scores``, when a list, receives per generated token the
+    target's log-probabilities ``[1, vocab]`` after the logits processors at that position
+    (what non-speculative decoding reports). Returns the generated tokens and counts
     ``{"draft_tokens", "accepted_draft_tokens", "verify_steps"}``."""
     stats = {"draft_tokens": 0, "accepted_draft_tokens": 0, "verify_steps": 0}
     seq = prompt.astype(np.int64)
     logits = target.run(seq[None, :])[:, -1, :].astype(np.float32)
     on_prefill()
-    first = lp.choose(lp.process(logits, opts, seq[None, :]), opts.do_sample, rng)
+    processed = lp.process(logits, opts, seq[None, :])
+    first = lp.choose(processed, opts.do_sample, rng)
+    if scores is not None:
+        scores.append(lp.log_softmax(processed))
     seq = np.append(seq, first[0])
     new = 1
     emit([int(first[0])])
@@ -141,7 +147,9 @@ def speculative_decode(target: Any, proposer: Any, prompt: np.ndarray, opts: Sam
         stats["verify_steps"] += 1
         stats["draft_tokens"] += len(drafts)
         # processed target rows, each given the drafts before it (only read when those were accepted)
-        rows = [lp.process(out[i:i + 1], opts, np.append(seq, drafts[:i])[None, :])[0] for i in range(len(drafts) + 1)]
+        # (np.append of an empty list would turn the ids into float64)
+        rows = [lp.process(out[i:i + 1], opts, np.append(seq, np.asarray(drafts[:i], np.int64))[None, :])[0]
+                for i in range(len(drafts) + 1)]
         if opts.do_sample:
             p = lp.softmax(np.stack(rows))
             if q is None:  # prompt lookup: point masses
@@ -154,11 +162,13 @@ def speculative_decode(target: Any, proposer: Any, prompt: np.ndarray, opts: Sam
         stats["accepted_draft_tokens"] += len(accepted)
         produced = accepted + [nxt]
         kept: List[int] = []
-        for t in produced:
+        for i, t in enumerate(produced):
             if new >= max_new_tokens:
                 break
             seq = np.append(seq, t)
             kept.append(t)
+            if scores is not None:
+                scores.append(lp.log_softmax(rows[i][None, :]))
             new += 1
             if stop.hit(seq):
                 finished = True

@@ -1,0 +1,135 @@
+"""One MatMul with a constant weight, ours vs onnxruntime (MLAS), per kernel path.
+
+The model is ``Y = MatMul(X, W)`` with ``W`` (k x n) an initializer, as every projection of an
+exported decoder: both runtimes pack it once when the session is built. Shapes are a decode
+step (1 and 4 rows: the GEMV, bound by reading the weights) and prefills (128 and 512 rows:
+the blocked GEMM, bound by the FMA units), float32 and float16 (onnxruntime's CPU provider
+computes float16 MatMul by inserting casts to float32).
+
+Each (shape, dtype, threads) is timed with ``_common.blocked`` (sides alternating in blocks of
+calls after a pause). Output: a table with medians, p10, GFLOP/s (2*m*n*k per call, at the
+median) and ``speedup`` (onnxruntime's median / ours, > 1: we are faster), and raw samples
+plus the environment in ``benchmarks/results/matmul-<timestamp>.json``. ``--kernel
+avx2|avx512|go|auto`` forces our path (``onnx_light_kv.set_kernel``: attention and matrix
+kernels), so the AVX2 kernels can be measured on an AVX-512 machine.
+
+Run: ``python benchmarks/bench_matmul.py [--quick] [--kernel avx2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SHAPES: List[Tuple[int, int, int]] = [(1, 1024, 4096), (1, 4096, 1024), (4, 1024, 4096), (1, 1024, 32000),
+                                      (128, 1024, 1024), (512, 1024, 4096)]
+QUICK_SHAPES: List[Tuple[int, int, int]] = [(1, 1024, 4096), (4, 1024, 4096), (128, 1024, 1024)]
+
+
+def matmul_model(k: int, n: int, dtype: str, seed: int = 0) -> bytes:
+    """Serialized ``Y = MatMul(X, W)``, X [m, k] with a symbolic m, W [k, n] a constant."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    elem = TensorProto.FLOAT if dtype == "float32" else TensorProto.FLOAT16
+    w = (np.random.default_rng(seed).standard_normal((k, n)) / np.sqrt(k)).astype(dtype)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"])], "matmul",
+        [helper.make_tensor_value_info("X", elem, ["m", k])],
+        [helper.make_tensor_value_info("Y", elem, ["m", n])],
+        [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def sessions(model: bytes, threads: int) -> Dict[str, Any]:
+    """Our session and onnxruntime's, ``threads`` intra-op threads each."""
+    import onnx_light_kv
+    import onnxruntime
+
+    so = onnxruntime.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    return {"ours": onnx_light_kv.InferenceSession(model, threads=threads),
+            "ort": onnxruntime.InferenceSession(model, so, providers=["CPUExecutionProvider"])}
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="three shapes, float32, one thread, few samples")
+    p.add_argument("--kernel", choices=["auto", "avx2", "avx512", "go"], default="auto",
+                   help="our kernel path (attention and GEMM), as onnx_light_kv.set_kernel")
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--dtypes", nargs="+", choices=["float32", "float16"], default=["float32", "float16"])
+    p.add_argument("--samples", type=int, default=40, help="timed calls per side")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--name", default="matmul", help="results file prefix")
+    p.add_argument("--results-dir", default=_common.RESULTS_DIR)
+    a = p.parse_args(argv)
+    a.shapes = QUICK_SHAPES if a.quick else SHAPES
+    if a.quick:
+        a.threads, a.dtypes, a.samples = [1], ["float32"], min(a.samples, 15)
+    return a
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    import onnx_light_kv
+
+    onnx_light_kv.set_kernel(args.kernel)  # ValueError when this CPU or build lacks the path
+    info = onnx_light_kv.build_info()
+    kernels = {"requested": args.kernel, "attention": info.get("attention_kernel"), "gemm": info.get("gemm_kernel")}
+    print(f"our gemm kernel path: {kernels['gemm']} (--kernel {args.kernel}); cpu: {info.get('cpu')}", flush=True)
+    env = _common.environment(threads=None, extra={"threads_measured": args.threads, "kernels": kernels})
+    rng = np.random.default_rng(1)
+    rows: List[Dict[str, Any]] = []
+    raw: List[Dict[str, Any]] = []
+    for dtype in args.dtypes:
+        for m, k, n in args.shapes:
+            model = matmul_model(k, n, dtype)
+            x = rng.standard_normal((m, k)).astype(dtype)
+            for threads in args.threads:
+                sess = sessions(model, threads)
+                fns = {r: (lambda s=s: s.run(["Y"], {"X": x})) for r, s in sess.items()}
+                got, want = (np.asarray(fns[r]()[0], np.float32) for r in ("ours", "ort"))
+                err = float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-30))
+                samples = _common.blocked(fns, repeat=args.samples, warmup=args.warmup)
+                row: Dict[str, Any] = {"dtype": dtype, "m": m, "k": k, "n": n, "threads": threads}
+                for r in ("ours", "ort"):
+                    st = _common.summarize(samples[r])
+                    row.update({f"{r}_median_ms": st["median"], f"{r}_p10_ms": st["p10"],
+                                f"{r}_gflops": 2 * m * n * k / (st["median"] * 1e6)})
+                    raw.append({"runtime": r, "dtype": dtype, "m": m, "k": k, "n": n, "threads": threads,
+                                "samples_ms": samples[r], **st})
+                row["speedup"] = _common.speedup(row["ours_median_ms"], row["ort_median_ms"])
+                row["max_rel_diff"] = err
+                rows.append(row)
+                print(_common.format_table([row]).splitlines()[-1], flush=True)
+                del sess
+    print()
+    print(_common.format_table(rows))
+    print(_common.SPEEDUP)
+    payload = {"benchmark": "MatMul with a constant weight, ours vs onnxruntime", "kernels": kernels,
+               "config": {"shapes": args.shapes, "dtypes": args.dtypes, "threads": args.threads,
+                          "samples": args.samples, "warmup": args.warmup, "quick": args.quick},
+               "environment": env,
+               "load_average_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+               "rows": rows, "raw": raw}
+    path = _common.write_json(f"{args.name}-{kernels['gemm']}", payload, args.results_dir)
+    print(f"\nresults: {os.path.relpath(path, ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

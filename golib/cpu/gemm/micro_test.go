@@ -1,0 +1,161 @@
+package gemm
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestMicroKernels checks every variant's register-tile kernel alone
+// against a float64 loop over the packed panels: inner dimensions of one,
+// odd and even steps (the unrolled loops' tails), a full kcBlock, a C
+// stride wider than the tile (untouched padding) and alpha != 1.
+func TestMicroKernels(t *testing.T) {
+	for _, ks := range registry {
+		for _, kc := range []int{1, 2, 3, 7, 16, 255, kcBlock} {
+			t.Run(fmt.Sprintf("%s/kc%d", ks.name, kc), func(t *testing.T) {
+				r := rand.New(rand.NewPCG(uint64(kc), 17))
+				mr, nr := ks.mr, ks.nr
+				ap, bp := randSlice(r, mr*kc), randSlice(r, nr*kc)
+				ldc := nr + 5
+				c := randSlice(r, mr*ldc)
+				want := append([]float32(nil), c...)
+				const alpha = -0.75
+				for i := range mr {
+					for j := range nr {
+						var s float64
+						for l := range kc {
+							s += float64(ap[l*mr+i]) * float64(bp[l*nr+j])
+						}
+						want[i*ldc+j] = float32(float64(want[i*ldc+j]) + alpha*s)
+					}
+				}
+				ks.micro(kc, ap, bp, alpha, c, ldc)
+				tol := 1e-5 * math.Sqrt(float64(kc)) * 8
+				for i := range mr {
+					for j := range ldc {
+						g, w := c[i*ldc+j], want[i*ldc+j]
+						if j >= nr {
+							if g != w {
+								t.Fatalf("padding C[%d][%d] changed", i, j)
+							}
+							continue
+						}
+						if math.Abs(float64(g-w)) > tol*(1+math.Abs(float64(w))) {
+							t.Fatalf("C[%d][%d] = %v, want %v", i, j, g, w)
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestPanelKernels checks every variant's decode-step panel kernel (one to
+// four rows over one packed sliver) against a float64 loop: it must add
+// into out, leave the rows past m alone, and handle odd k.
+func TestPanelKernels(t *testing.T) {
+	for _, ks := range registry {
+		for m := 1; m <= skinnyRows; m++ {
+			for _, k := range []int{1, 2, 3, 5, 64, 255, kcBlock} {
+				t.Run(fmt.Sprintf("%s/m%d/k%d", ks.name, m, k), func(t *testing.T) {
+					r := rand.New(rand.NewPCG(uint64(m), uint64(k)))
+					p := randSlice(r, k*packNR)
+					var a [skinnyRows][]float32
+					for i := range m {
+						a[i] = randSlice(r, k)
+					}
+					var out, want [skinnyRows][packNR]float32
+					for i := range skinnyRows {
+						for j := range packNR {
+							out[i][j] = float32(r.NormFloat64())
+						}
+					}
+					want = out
+					for i := range m {
+						for j := range packNR {
+							var s float64
+							for l := range k {
+								s += float64(a[i][l]) * float64(p[l*packNR+j])
+							}
+							want[i][j] = float32(float64(want[i][j]) + s)
+						}
+					}
+					ks.panel(m, k, &a, p, &out)
+					tol := 1e-5 * math.Sqrt(float64(k)) * 8
+					for i := range skinnyRows {
+						for j := range packNR {
+							g, w := out[i][j], want[i][j]
+							if i >= m {
+								if g != w {
+									t.Fatalf("row %d past m changed", i)
+								}
+								continue
+							}
+							if math.Abs(float64(g-w)) > tol*(1+math.Abs(float64(w))) {
+								t.Fatalf("out[%d][%d] = %v, want %v", i, j, g, w)
+							}
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestPanelHalfKernels checks every variant's 16-bit panel kernel, where it
+// has one, against the float32 portable panel kernel on the widened sliver:
+// both encodings, one to four rows, odd k, rows past m untouched.
+func TestPanelHalfKernels(t *testing.T) {
+	for _, ks := range registry {
+		if ks.panelHalf == nil {
+			continue
+		}
+		for _, kind := range []Half{Float16, BFloat16} {
+			for m := 1; m <= skinnyRows; m++ {
+				for _, k := range []int{1, 2, 3, 64, 255, kcBlock} {
+					t.Run(fmt.Sprintf("%s/kind%d/m%d/k%d", ks.name, kind, m, k), func(t *testing.T) {
+						r := rand.New(rand.NewPCG(uint64(m), uint64(k)+99))
+						ph := make([]uint16, k*packNR)
+						for i := range ph {
+							ph[i] = uint16(r.Uint32()&0x3fff) | 0x2000 // finite normal halves, both signs below
+							if i%3 == 0 {
+								ph[i] |= 0x8000
+							}
+						}
+						p := make([]float32, len(ph))
+						cvt16Go(kind, p, ph)
+						var a [skinnyRows][]float32
+						for i := range m {
+							a[i] = randSlice(r, k)
+						}
+						var out [skinnyRows][packNR]float32
+						for i := range skinnyRows {
+							for j := range packNR {
+								out[i][j] = float32(r.NormFloat64())
+							}
+						}
+						want := out
+						panelGo(m, k, &a, p, &want)
+						ks.panelHalf(kind, m, k, &a, ph, &out)
+						for i := range skinnyRows {
+							for j := range packNR {
+								g, w := out[i][j], want[i][j]
+								if i >= m {
+									if g != w {
+										t.Fatalf("row %d past m changed", i)
+									}
+									continue
+								}
+								if d := math.Abs(float64(g - w)); d > 1e-4*(1+math.Abs(float64(w)))*math.Sqrt(float64(k)) {
+									t.Fatalf("out[%d][%d] = %v, want %v", i, j, g, w)
+								}
+							}
+						}
+					})
+				}
+			}
+		}
+	}
+}
