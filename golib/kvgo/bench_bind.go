@@ -1,6 +1,7 @@
 package kvgo
 
 import (
+	"runtime/metrics"
 	"time"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu"
@@ -67,4 +68,18 @@ func AppendLoop(h int64, kPtr uintptr, kBytes int, vPtr uintptr, vBytes int, src
 		}
 	}
 	return time.Since(start).Nanoseconds(), nil
+}
+
+// HeapAllocs returns how many Go heap objects the process has allocated so
+// far (runtime/metrics "/gc/heap/allocs:objects", read without stopping the
+// world). Benchmarks divide a difference over many calls by the call count;
+// the counter is flushed per memory span, so single-call differences are
+// coarse.
+func HeapAllocs() int64 {
+	s := []metrics.Sample{{Name: "/gc/heap/allocs:objects"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return -1
+	}
+	return int64(s[0].Value.Uint64())
 }

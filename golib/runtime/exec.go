@@ -224,6 +224,15 @@ func (m *memTracker) released(t *tensor.Tensor) {
 func (m *memTracker) settle(outs []*tensor.Tensor, keep []*tensor.Tensor) {
 	held := m.held
 	defer clear(held)
+	// Headers that outlive the run are never recycled (tensor.Recycle).
+	for _, t := range outs {
+		if t != nil {
+			t.Pin()
+		}
+	}
+	for _, t := range keep {
+		t.Pin()
+	}
 	for _, t := range outs {
 		if _, e, _ := m.entry(t); e != nil && e.buf != nil {
 			held[e] = append(held[e], t)

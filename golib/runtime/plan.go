@@ -201,6 +201,9 @@ func (b *builder) build(g *model.Graph, outer map[string]bool) (*Plan, error) {
 		if err := foldPlan(p, g); err != nil {
 			return nil, err
 		}
+		if err := b.fusePlan(p, g); err != nil {
+			return nil, err
+		}
 	}
 	for _, n := range p.Nodes {
 		for _, o := range n.Outputs {

@@ -34,6 +34,10 @@ const (
 	poolMaxLeaseRuns = 4
 	// poolMinClass is the smallest class size in bytes.
 	poolMinClass = 64
+	// poolReach is how many classes above its own a request may take a
+	// free buffer from, and how many classes ahead a buffer for a growing
+	// tensor is sized (see Alloc).
+	poolReach = 2
 )
 
 // poolBuf is one pooled buffer.
@@ -67,6 +71,9 @@ type bufferPool struct {
 	// current run to the buffer (read by the executor, under the state's
 	// run lock).
 	issued map[*byte]*poolBuf
+	// last is the buffer issued last: a node's output is looked up right
+	// after its kernel allocated it, so lookup checks it before the map.
+	last *poolBuf
 	// lo and hi bound the addresses of the issued buffers, so a pointer
 	// outside them (a feed, an initializer) skips the scan in lookup.
 	lo, hi uintptr
@@ -105,12 +112,22 @@ func sizeClass(n int) (class, size int) {
 	return 1 + (e-7)*8 + k, 1<<(e-1) + (k+1)*step
 }
 
+// classSize returns the capacity of class c (the inverse of sizeClass).
+func classSize(c int) int {
+	if c == 0 {
+		return poolMinClass
+	}
+	e, k := (c-1)/8+7, (c-1)%8
+	return 1<<(e-1) + (k+1)<<(e-4)
+}
+
 // beginRun starts a run: it forgets old leases and drops idle buffers.
 func (p *bufferPool) beginRun() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.run++
 	clear(p.issued)
+	p.last = nil
 	p.lo, p.hi = ^uintptr(0), 0
 	for t, l := range p.leases {
 		if p.run-l.run > poolMaxLeaseRuns {
@@ -132,33 +149,53 @@ func (p *bufferPool) beginRun() {
 	}
 }
 
-// Alloc implements ops.Allocator: a buffer of n bytes from the free list of
-// n's class, or a new one.
+// Alloc implements ops.Allocator: a free buffer of n's class (or of one of
+// the poolReach classes above it, wasting at most about a third), or a new
+// one.
+//
+// In a decode loop, the presents and everything derived from the past grow
+// by one token per run, so a tensor's request moves up one class every few
+// runs and would find its class empty each time: a miss for which a free
+// buffer of a class just below exists (the same tensor's buffer from the
+// last runs, most likely) is taken as growth, and the new buffer is sized
+// poolReach classes ahead, so it serves the next classes too.
 func (p *bufferPool) Alloc(n int) ([]byte, bool) {
 	if n == 0 {
 		return []byte{}, true
 	}
-	class, size := sizeClass(n)
+	class, _ := sizeClass(n)
 	p.mu.Lock()
 	var b *poolBuf
-	if class < len(p.free) && len(p.free[class]) > 0 {
-		list := p.free[class]
-		b = list[len(list)-1]
-		list[len(list)-1] = nil
-		p.free[class] = list[:len(list)-1]
-		p.stats.Reused++
-		p.stats.FreeBytes -= int64(len(b.data))
-	} else {
+	for c := class; c <= class+poolReach && c < len(p.free); c++ {
+		if list := p.free[c]; len(list) > 0 {
+			b = list[len(list)-1]
+			list[len(list)-1] = nil
+			p.free[c] = list[:len(list)-1]
+			p.stats.Reused++
+			p.stats.FreeBytes -= int64(len(b.data))
+			break
+		}
+	}
+	if b == nil {
+		c := class
+		for d := 1; d <= poolReach; d++ {
+			if class-d >= 0 && class-d < len(p.free) && len(p.free[class-d]) > 0 {
+				c = class + poolReach // growing
+				break
+			}
+		}
+		size := classSize(c)
 		p.stats.Allocated++
 		p.stats.AllocatedBytes += int64(size)
 		p.mu.Unlock()
 		words := make([]uint64, size/8) // class sizes are multiples of 8
-		b = &poolBuf{data: unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), size), class: class}
+		b = &poolBuf{data: unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), size), class: c}
 		p.mu.Lock()
 	}
 	zeroed := !b.dirty
 	b.dirty = true
 	p.issued[&b.data[0]] = b
+	p.last = b
 	base := uintptr(unsafe.Pointer(&b.data[0]))
 	p.lo, p.hi = min(p.lo, base), max(p.hi, base+uintptr(len(b.data)))
 	p.mu.Unlock()
@@ -187,9 +224,13 @@ func (p *bufferPool) putLocked(b *poolBuf) {
 
 // lookup returns the buffer handed out during this run that holds the
 // bytes at ptr (the first byte, or any byte for a view with an offset).
+// issued, last, lo and hi are written only by beginRun and Alloc and read only
+// here, all on the run path under the state's run lock, so lookup (called
+// for every node output) takes no pool lock.
 func (p *bufferPool) lookup(ptr *byte) *poolBuf {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	if b := p.last; b != nil && ptr == &b.data[0] {
+		return b
+	}
 	if b, ok := p.issued[ptr]; ok {
 		return b
 	}

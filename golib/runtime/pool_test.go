@@ -310,3 +310,46 @@ func TestTrackerOffsetViews(t *testing.T) {
 		t.Fatalf("tracker not empty: live %d, %d buffers", m.live, len(m.bufs))
 	}
 }
+
+// TestPoolGrowingTensor: a tensor one token larger every run (a present in
+// a decode loop) moves up a size class every few runs; the pool sizes the
+// buffer of a growing request poolReach classes ahead and lets requests
+// take free buffers up to poolReach classes above theirs, so it allocates
+// about once per poolReach+1 classes instead of once per class, and never
+// hands out a buffer more than about a third larger than asked.
+func TestPoolGrowingTensor(t *testing.T) {
+	for c := 0; c < 60; c++ {
+		if _, size := sizeClass(classSize(c)); size != classSize(c) {
+			t.Fatalf("classSize(%d) = %d is not the capacity of its own class", c, classSize(c))
+		}
+		if got, _ := sizeClass(classSize(c)); got != c {
+			t.Fatalf("classSize(%d) = %d lies in class %d", c, classSize(c), got)
+		}
+	}
+	p := newBufferPool()
+	const lo, hi, step = 4096, 16384, 64
+	for n := lo; n <= hi; n += step {
+		p.beginRun()
+		b, _ := p.Alloc(n)
+		if len(b) != n {
+			t.Fatalf("Alloc(%d) returned %d bytes", n, len(b))
+		}
+		pb := p.lookup(&b[0])
+		if pb == nil {
+			t.Fatalf("Alloc(%d): buffer not issued", n)
+		}
+		if c := len(pb.data); c < n || float64(c) > 1.45*float64(n) {
+			t.Fatalf("Alloc(%d) used a buffer of %d bytes", n, c)
+		}
+		p.put(pb)
+	}
+	classes := 0
+	for c, _ := sizeClass(lo); c <= func() int { c, _ := sizeClass(hi); return c }(); c++ {
+		classes++
+	}
+	st := p.snapshot()
+	t.Logf("%d runs over %d classes: %d buffers allocated, %d reused", (hi-lo)/step+1, classes, st.Allocated, st.Reused)
+	if st.Allocated > int64(classes/(poolReach+1)+2) {
+		t.Errorf("%d allocations for a tensor growing over %d classes", st.Allocated, classes)
+	}
+}

@@ -137,7 +137,7 @@ func attentionCompute(ctx *Context, a mha.Attrs, withNonpad bool) error {
 	if err != nil {
 		return err
 	}
-	g.Threads = ctx.Threads()
+	g.Threads = attentionThreads(ctx.Threads(), g.Batch*g.QHeads*g.QLen, g.TotalLen, g.HeadDimK+g.HeadDimV)
 
 	ar := &f32Arena{threads: ctx.Threads()}
 	defer ar.release()

@@ -4,6 +4,10 @@ import (
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
 
+// stackRank is the largest rank whose per-dimension temporaries (strides,
+// counters) kernels keep in arrays on their stacks.
+const stackRank = 8
+
 // bcastRows walks the output of a two-operand numpy broadcast row by row:
 // for each run of out's innermost dimension it calls row(o, ia, ib, sa, sb,
 // n) with the output offset, the operands' offsets and their inner strides
@@ -26,18 +30,23 @@ func bcastRows(as, bs, out tensor.Shape, row func(o, ia, ib, sa, sb, n int)) err
 		row(0, 0, 0, 0, 1, n)
 		return nil
 	}
-	sta, err := tensor.BroadcastStrides(as, out)
-	if err != nil {
-		return err
-	}
-	stb, err := tensor.BroadcastStrides(bs, out)
-	if err != nil {
-		return err
-	}
 	rank := len(out)
+	// strides and counters on the stack for the ranks decoders use
+	var buf [3 * stackRank]int
+	var sta, stb, ctr []int
+	if rank <= stackRank {
+		sta, stb, ctr = buf[:rank], buf[stackRank:stackRank+rank], buf[2*stackRank:2*stackRank+rank]
+	} else {
+		sta, stb, ctr = make([]int, rank), make([]int, rank), make([]int, rank)
+	}
+	if _, err := tensor.BroadcastStridesTo(sta, as, out); err != nil {
+		return err
+	}
+	if _, err := tensor.BroadcastStridesTo(stb, bs, out); err != nil {
+		return err
+	}
 	inner := out[rank-1]
 	sa, sb := sta[rank-1], stb[rank-1]
-	ctr := make([]int, rank)
 	ia, ib := 0, 0
 	for o := 0; o < n; o += inner {
 		row(o, ia, ib, sa, sb, inner)

@@ -37,7 +37,7 @@ func newConcat(n *Node) (Kernel, error) {
 		if err != nil {
 			return err
 		}
-		outShape := first.Shape().Clone()
+		outShape := append(ctx.ScratchShape(first.Rank())[:0], first.Shape()...)
 		outShape[ax] = 0
 		for _, t := range ins {
 			if t.DType() != first.DType() || t.Rank() != r {

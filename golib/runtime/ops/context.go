@@ -46,6 +46,12 @@ type Context struct {
 	// Allocated counts the bytes of outputs allocated through NewOutput,
 	// for profiling and peak-memory accounting.
 	Allocated int64
+	// scratch holds the call's temporary shapes, strides and index lists
+	// (scratch.go), reused by the node's later calls.
+	scratch scratch
+	// hdrs holds, per output, the tensor header the last call with an
+	// allocator made (recycled by the next such call, see tensor.Recycle).
+	hdrs []*tensor.Tensor
 }
 
 // NewContext prepares a context for one Compute call. inputs may contain nil
@@ -119,13 +125,49 @@ func (c *Context) newOutput(i int, dt tensor.DType, shape tensor.Shape, zero boo
 		if zero && !zeroed {
 			clear(b)
 		}
-		if t, err = tensor.FromBytes(dt, shape, b); err != nil {
+		if t, err = c.header(i, dt, shape, b); err != nil {
 			return nil, err
 		}
 	}
 	c.outputs[i] = t
 	c.Allocated += int64(t.NumBytes())
 	return t, nil
+}
+
+// header returns a tensor header for output i over b: with an allocator
+// (the runtime's main-plan runs, whose headers do not outlive the run
+// unless the runtime pins them), the one the last call made, recycled.
+func (c *Context) header(i int, dt tensor.DType, shape tensor.Shape, b []byte) (*tensor.Tensor, error) {
+	if c.alloc == nil {
+		return tensor.FromBytes(dt, shape, b)
+	}
+	if len(c.hdrs) != len(c.outputs) {
+		c.hdrs = make([]*tensor.Tensor, len(c.outputs))
+	}
+	t, err := tensor.Recycle(c.hdrs[i], dt, shape, b)
+	if err == nil {
+		c.hdrs[i] = t
+	}
+	return t, err
+}
+
+// SetReshaped sets output i to x viewed in shape (no copy); shape must
+// have x's element count.
+func (c *Context) SetReshaped(i int, x *tensor.Tensor, shape tensor.Shape) error {
+	if i < 0 || i >= len(c.outputs) {
+		return fmt.Errorf("%w: output %d of %d", errs.ErrInvalidArgument, i, len(c.outputs))
+	}
+	if n, err := shape.NumElements(); err != nil {
+		return err
+	} else if n != x.Len() {
+		return fmt.Errorf("%w: cannot reshape %v (%d elements) to %v", errs.ErrShape, x.Shape(), x.Len(), shape)
+	}
+	y, err := c.header(i, x.DType(), shape, x.Bytes())
+	if err != nil {
+		return err
+	}
+	c.outputs[i] = y
+	return nil
 }
 
 // SetOutput stores t as output i (for outputs that alias an input, such as
@@ -166,7 +208,7 @@ func (c *Context) ParallelFor(n, grain int, fn func(lo, hi int)) error {
 // products use), not on goroutines started per call: one pool whose
 // helpers are already polling between the ops of a step, instead of a
 // second set of goroutines competing with them for the processors.
-func ParallelFor(threads, n, grain int, fn func(lo, hi int)) (err error) {
+func ParallelFor(threads, n, grain int, fn func(lo, hi int)) error {
 	if n <= 0 {
 		return nil
 	}
@@ -178,13 +220,26 @@ func ParallelFor(threads, n, grain int, fn func(lo, hi int)) (err error) {
 		chunks = threads
 	}
 	if chunks <= 1 {
-		defer recoverErr(&err)
-		fn(0, n)
-		return nil
+		return serialCall(fn, n)
 	}
+	return parallelChunks(threads, chunks, n, fn)
+}
+
+// serialCall runs fn(0, n) on the caller's goroutine, a panic returned as
+// an error (kept apart from parallelChunks so the error of the common
+// serial call is not moved to the heap).
+func serialCall(fn func(lo, hi int), n int) (err error) {
+	defer recoverErr(&err)
+	fn(0, n)
+	return nil
+}
+
+// parallelChunks runs fn over [0, n) in chunks on the worker pool.
+func parallelChunks(threads, chunks, n int, fn func(lo, hi int)) error {
 	step := (n + chunks - 1) / chunks
 	chunks = (n + step - 1) / step
 	var mu sync.Mutex
+	var err error
 	gemm.ForThreads(threads, chunks, func(c int) {
 		lo := c * step
 		hi := min(lo+step, n)

@@ -16,5 +16,6 @@ func (c *Context) Reset(inputs []*tensor.Tensor, wanted []bool, threads int, sco
 	} else {
 		c.outputs = make([]*tensor.Tensor, len(wanted))
 	}
+	c.scratch.reset()
 	c.inputs, c.wanted, c.threads, c.scope, c.alloc, c.Allocated = inputs, wanted, threads, scope, alloc, 0
 }

@@ -85,7 +85,13 @@ func walkStrided(dims []int, base int, strides []int, row func(o, i, s, n int)) 
 		return
 	}
 	inner := dims[r-1]
-	ctr := make([]int, r)
+	var buf [stackRank]int
+	var ctr []int
+	if r <= stackRank {
+		ctr = buf[:r]
+	} else {
+		ctr = make([]int, r)
+	}
 	off := base
 	for o := 0; o < total; o += inner {
 		row(o, off, strides[r-1], inner)

@@ -84,15 +84,21 @@ func floatTest(ctx *Context, f func(float64) bool) error {
 	if !x.DType().IsFloat() {
 		return fmt.Errorf("%w: want a float tensor, got %v", errs.ErrType, x.DType())
 	}
-	v, err := reduceSource(x)
-	if err != nil {
-		return err
-	}
-	out, err := ctx.NewOutput(0, tensor.Bool, x.Shape())
+	out, err := ctx.NewOutputUninit(0, tensor.Bool, x.Shape())
 	if err != nil {
 		return err
 	}
 	d := out.Bool()
+	if x.DType() == tensor.Float32 { // in place: float64(v) keeps NaN and the infinities
+		for i, e := range x.Float32() {
+			d[i] = f(float64(e))
+		}
+		return nil
+	}
+	v, err := reduceSource(x)
+	if err != nil {
+		return err
+	}
 	for i, e := range v {
 		d[i] = f(e)
 	}

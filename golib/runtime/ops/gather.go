@@ -1,6 +1,8 @@
 package ops
 
 import (
+	"unsafe"
+
 	"fmt"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
@@ -83,14 +85,14 @@ func newExpand(n *Node) (Kernel, error) {
 		if err != nil {
 			return err
 		}
-		target := make(tensor.Shape, len(dims))
+		target := ctx.ScratchShape(len(dims))
 		for i, d := range dims {
 			if d < 0 || d > tensor.MaxElements {
 				return fmt.Errorf("%w: Expand dimension %d", errs.ErrInvalidArgument, d)
 			}
 			target[i] = int(d)
 		}
-		outShape, err := tensor.BroadcastShapes(x.Shape(), target)
+		outShape, err := ctx.BroadcastShapes(x.Shape(), target)
 		if err != nil {
 			return err
 		}
@@ -105,7 +107,14 @@ func newExpand(n *Node) (Kernel, error) {
 // broadcastInto fills out with x broadcast to out's shape, row by row
 // (broadcast dimensions have stride 0), without an index per element.
 func broadcastInto(out, x *tensor.Tensor) error {
-	st, err := tensor.BroadcastStrides(x.Shape(), out.Shape())
+	var buf [stackRank]int
+	st := buf[:0]
+	if r := out.Rank(); r <= stackRank {
+		st = buf[:r]
+	} else {
+		st = make([]int, r)
+	}
+	st, err := tensor.BroadcastStridesTo(st, x.Shape(), out.Shape())
 	if err != nil {
 		return err
 	}
@@ -126,7 +135,7 @@ func newWhere(n *Node) (Kernel, error) {
 		if c.DType() != tensor.Bool || x.DType() != y.DType() {
 			return fmt.Errorf("%w: Where(%v, %v, %v)", errs.ErrType, c.DType(), x.DType(), y.DType())
 		}
-		outShape, err := tensor.BroadcastShapes(c.Shape(), x.Shape(), y.Shape())
+		outShape, err := ctx.BroadcastShapes(c.Shape(), x.Shape(), y.Shape())
 		if err != nil {
 			return err
 		}
@@ -134,8 +143,11 @@ func newWhere(n *Node) (Kernel, error) {
 		if err != nil {
 			return err
 		}
+		if whereFlat(c, x, y, out) {
+			return nil
+		}
 		n := out.Len()
-		ci, xi, yi := make([]int, n), make([]int, n), make([]int, n)
+		ci, xi, yi := ctx.Ints(n), ctx.Ints(n), ctx.Ints(n)
 		for _, p := range []struct {
 			s   tensor.Shape
 			idx []int
@@ -163,4 +175,60 @@ func newWhere(n *Node) (Kernel, error) {
 		}
 		return nil
 	}), nil
+}
+
+// whereFlat is Where's path when every operand has out's size or a single
+// element (the masks of exported decoders): an operand with out's element
+// count that broadcasts to out has out's layout, so each one is read with a
+// stride of 1 or 0, without index lists or a copy call per element. It
+// reports whether it applied.
+func whereFlat(c, x, y, out *tensor.Tensor) bool {
+	n := out.Len()
+	stride := func(t *tensor.Tensor) (int, bool) {
+		switch t.Len() {
+		case n:
+			return 1, true
+		case 1:
+			return 0, true
+		}
+		return 0, false
+	}
+	sc, ok1 := stride(c)
+	sx, ok2 := stride(x)
+	sy, ok3 := stride(y)
+	if !ok1 || !ok2 || !ok3 || n == 0 {
+		return false
+	}
+	cond := c.Bool()
+	switch x.DType().Size() {
+	case 1:
+		whereCopy(out.Bytes(), x.Bytes(), y.Bytes(), cond, sc, sx, sy)
+	case 2:
+		whereCopy(elems[uint16](out), elems[uint16](x), elems[uint16](y), cond, sc, sx, sy)
+	case 4:
+		whereCopy(elems[uint32](out), elems[uint32](x), elems[uint32](y), cond, sc, sx, sy)
+	case 8:
+		whereCopy(elems[uint64](out), elems[uint64](x), elems[uint64](y), cond, sc, sx, sy)
+	default:
+		return false
+	}
+	return true
+}
+
+// elems views t's bytes as elements of T's size (tensor buffers are
+// aligned to their element size).
+func elems[T uint16 | uint32 | uint64](t *tensor.Tensor) []T {
+	b := t.Bytes()
+	var z T
+	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/int(unsafe.Sizeof(z)))
+}
+
+func whereCopy[T any](dst, xs, ys []T, cond []bool, sc, sx, sy int) {
+	for i := range dst {
+		if cond[i*sc] {
+			dst[i] = xs[i*sx]
+		} else {
+			dst[i] = ys[i*sy]
+		}
+	}
 }

@@ -73,7 +73,7 @@ func (c *gqaCall) run(ctx *Context, ar *f32Arena, op *gqaOperands) error {
 		res = ar.buffer(len(dst))
 	}
 	if c.decodable(op) {
-		err = c.decode(op, qf, res, ctx.Threads())
+		err = c.decode(op, qf, res, attentionThreads(ctx.Threads(), c.batch*c.numHeads*c.seq, c.keyLen, 2*c.head))
 	} else {
 		err = c.prefill(ctx, op, ar, qf, res)
 	}

@@ -32,7 +32,8 @@ func newMatMul(n *Node) (Kernel, error) {
 		if a.DType() != b.DType() {
 			return errOperandTypes("MatMul", a, b)
 		}
-		g, err := planMatMul(a.Shape(), b.Shape())
+		var g matmulPlan
+		err = g.plan(ctx, a.Shape(), b.Shape())
 		if err != nil {
 			return err
 		}
@@ -49,16 +50,32 @@ func newMatMul(n *Node) (Kernel, error) {
 			}
 			return g.runF32(ctx.Threads(), a, b, out)
 		case tensor.Float64:
-			matmulLoop(g, a.Float64(), b.Float64(), out.Float64())
+			matmulLoop(&g, a.Float64(), b.Float64(), out.Float64())
 		case tensor.Int64:
-			matmulLoop(g, a.Int64(), b.Int64(), out.Int64())
+			matmulLoop(&g, a.Int64(), b.Int64(), out.Int64())
 		case tensor.Int32:
-			matmulLoop(g, a.Int32(), b.Int32(), out.Int32())
+			matmulLoop(&g, a.Int32(), b.Int32(), out.Int32())
 		default:
 			return fmt.Errorf("%w: MatMul does not support %v", errs.ErrType, a.DType())
 		}
 		return nil
 	}), nil
+}
+
+// minSplitWork is the multiply-adds per thread below which the batched
+// path keeps the products on one thread (waking a second costs more than
+// it saves): the bound cpu/gemm applies to the threads of one product.
+const minSplitWork = 1 << 18
+
+// attentionThreads bounds the threads of an attention call of rows query
+// rows over keys positions with dims multiply-adds per row and position
+// (head_dim of K plus V) by the same rule: one thread below
+// 2*minSplitWork (a decode step of a small model).
+func attentionThreads(threads, rows, keys, dims int) int {
+	if float64(rows)*float64(keys)*float64(dims) < 2*minSplitWork {
+		return 1
+	}
+	return threads
 }
 
 func isHalf(dt tensor.DType) bool { return dt == tensor.Float16 || dt == tensor.BFloat16 }
@@ -74,10 +91,19 @@ type matmulPlan struct {
 }
 
 func planMatMul(as, bs tensor.Shape) (*matmulPlan, error) {
-	if len(as) == 0 || len(bs) == 0 {
-		return nil, fmt.Errorf("%w: MatMul needs inputs of rank >= 1, got %v and %v", errs.ErrShape, as, bs)
-	}
 	g := &matmulPlan{}
+	if err := g.plan(nil, as, bs); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// plan fills g for as x bs, its slices carved from ctx's scratch (nil:
+// fresh slices).
+func (g *matmulPlan) plan(ctx *Context, as, bs tensor.Shape) error {
+	if len(as) == 0 || len(bs) == 0 {
+		return fmt.Errorf("%w: MatMul needs inputs of rank >= 1, got %v and %v", errs.ErrShape, as, bs)
+	}
 	var aBatch, bBatch tensor.Shape
 	ka, kb := as[len(as)-1], bs[0]
 	g.m = 1
@@ -89,29 +115,36 @@ func planMatMul(as, bs tensor.Shape) (*matmulPlan, error) {
 		kb, g.n, bBatch = bs[len(bs)-2], bs[len(bs)-1], bs[:len(bs)-2]
 	}
 	if ka != kb {
-		return nil, fmt.Errorf("%w: MatMul inner dimensions differ: %v x %v", errs.ErrShape, as, bs)
+		return fmt.Errorf("%w: MatMul inner dimensions differ: %v x %v", errs.ErrShape, as, bs)
 	}
 	g.k = ka
-	batch, err := tensor.BroadcastShapes(aBatch, bBatch)
+	batch, err := ctx.BroadcastShapes(aBatch, bBatch)
 	if err != nil {
-		return nil, fmt.Errorf("MatMul %v x %v: %w", as, bs, err)
+		return fmt.Errorf("MatMul %v x %v: %w", as, bs, err)
 	}
 	g.batch = batch
-	if g.aStrides, err = tensor.BroadcastStrides(aBatch, batch); err != nil {
-		return nil, err
+	if g.aStrides, err = ctx.BroadcastStrides(aBatch, batch); err != nil {
+		return err
 	}
-	if g.bStrides, err = tensor.BroadcastStrides(bBatch, batch); err != nil {
-		return nil, err
+	if g.bStrides, err = ctx.BroadcastStrides(bBatch, batch); err != nil {
+		return err
 	}
 	g.fold = bBatch.Size() == 1 && len(aBatch) == len(batch)
-	g.out = append(tensor.Shape{}, batch...)
+	rank := len(batch)
+	if len(as) > 1 {
+		rank++
+	}
+	if len(bs) > 1 {
+		rank++
+	}
+	g.out = append(ctx.ScratchShape(rank)[:0], batch...)
 	if len(as) > 1 {
 		g.out = append(g.out, g.m)
 	}
 	if len(bs) > 1 {
 		g.out = append(g.out, g.n)
 	}
-	return g, nil
+	return nil
 }
 
 // offsets returns the matrix index in A and B of output batch i.
@@ -140,8 +173,9 @@ func (g *matmulPlan) runF32(threads int, a, b *tensor.Tensor, out *tensor.Tensor
 	switch {
 	case g.fold:
 		err = bm.mul(threads, false, false, batches*m, n, k, 1, af, max(k, 1), 0, max(n, 1), 0, dst, max(n, 1))
-	case batches >= 2*threads && threads > 1:
-		// Many small products (decomposed attention): one thread each.
+	case batches >= 2*threads && threads > 1 && float64(batches)*float64(m)*float64(n)*float64(k) >= 2*minSplitWork:
+		// Many small products (decomposed attention): one thread each,
+		// when there is enough work for a second thread to pay.
 		errc := make(chan error, 1)
 		gemm.ForThreads(threads, batches, func(i int) {
 			if e := g.one(1, i, af, bm, dst); e != nil {

@@ -126,3 +126,23 @@ func TestMatMulErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestAttentionThreads: attention calls and batched products of a small
+// model's decode step stay on one thread; calls with enough work for a
+// second thread keep the caller's count.
+func TestAttentionThreads(t *testing.T) {
+	for _, c := range []struct {
+		threads, rows, keys, dims, want int
+	}{
+		{2, 4, 33, 32, 1},     // tiny export: 4 heads, 33 positions, head_dim 16
+		{2, 32, 4096, 256, 2}, // 32 heads over 4k positions
+		{8, 1, 1 << 18, 1, 1}, // 2^18 multiply-adds: under 2*minSplitWork
+		{8, 1, 1 << 18, 2, 8}, // exactly 2*minSplitWork
+		{1, 32, 4096, 256, 1}, // one thread asked
+		{2, 0, 4096, 256, 1},  // no rows
+	} {
+		if got := attentionThreads(c.threads, c.rows, c.keys, c.dims); got != c.want {
+			t.Errorf("attentionThreads(%d, %d, %d, %d) = %d, want %d", c.threads, c.rows, c.keys, c.dims, got, c.want)
+		}
+	}
+}

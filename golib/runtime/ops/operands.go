@@ -40,7 +40,7 @@ func errOperandTypes(op string, a, b *tensor.Tensor) error {
 // broadcast to (numpy rules). Its contents are unspecified: every caller
 // writes each element (binaryApply and binaryCompute do).
 func newBroadcastOutput(ctx *Context, dt tensor.DType, a, b *tensor.Tensor) (*tensor.Tensor, error) {
-	shape, err := tensor.BroadcastShapes(a.Shape(), b.Shape())
+	shape, err := ctx.BroadcastShapes(a.Shape(), b.Shape())
 	if err != nil {
 		return nil, err
 	}
@@ -54,5 +54,5 @@ func optionalInt64s(ctx *Context, i int) ([]int64, error) {
 	if t == nil {
 		return nil, nil
 	}
-	return tensor.Int64Values(t)
+	return ctx.Int64Values(t)
 }

@@ -70,7 +70,7 @@ func newReduce(kind reduceKind, axesInput bool) Factory {
 
 func reduceCompute(ctx *Context, x *tensor.Tensor, axes []int64, keep bool, kind reduceKind) error {
 	sh := x.Shape()
-	red := make([]bool, len(sh))
+	red := ctx.Bools(len(sh))
 	if len(axes) == 0 {
 		for i := range red {
 			red[i] = true
@@ -83,8 +83,8 @@ func reduceCompute(ctx *Context, x *tensor.Tensor, axes []int64, keep bool, kind
 		}
 		red[ax] = true
 	}
-	keepShape := make(tensor.Shape, len(sh))
-	var outShape tensor.Shape
+	keepShape := ctx.ScratchShape(len(sh))
+	outShape := ctx.ScratchShape(len(sh))[:0]
 	for i, d := range sh {
 		keepShape[i] = d
 		if red[i] {
@@ -109,6 +109,9 @@ func reduceCompute(ctx *Context, x *tensor.Tensor, axes []int64, keep bool, kind
 	}
 	if !x.DType().IsFloat() && kind == reduceMean {
 		return fmt.Errorf("%w: ReduceMean of %v", errs.ErrNotImplemented, x.DType())
+	}
+	if reduceTrailingF32(x, red, out, kind) {
+		return nil
 	}
 	src, err := reduceSource(x)
 	if err != nil {
@@ -161,6 +164,44 @@ func reduceCompute(ctx *Context, x *tensor.Tensor, axes []int64, keep bool, kind
 		iv[i] = tensor.SaturateInt(v, math.MinInt64, math.MaxInt64)
 	}
 	return storeInt64(out, iv)
+}
+
+// reduceTrailingF32 is the path of the normalizations of exported decoders
+// (ReduceMean over the last axis of a float32 tensor): a sum or mean over
+// trailing axes, read in place. It computes what the general path does (a
+// float64 sum in index order, divided by the count, rounded to float32)
+// without widening the input or an index per element, and reports whether
+// it applied.
+func reduceTrailingF32(x *tensor.Tensor, red []bool, out *tensor.Tensor, kind reduceKind) bool {
+	if x.DType() != tensor.Float32 || (kind != reduceSum && kind != reduceMean) {
+		return false
+	}
+	sh := x.Shape()
+	k := len(sh)
+	for k > 0 && red[k-1] {
+		k--
+	}
+	for _, r := range red[:k] {
+		if r {
+			return false // a reduced axis before a kept one
+		}
+	}
+	inner := tensor.Shape(sh[k:]).Size()
+	if inner == 0 || k == len(sh) {
+		return false
+	}
+	src, dst := x.Float32(), out.Float32()
+	for o := range dst {
+		var acc float64
+		for _, v := range src[o*inner : (o+1)*inner] {
+			acc += float64(v)
+		}
+		if kind == reduceMean {
+			acc /= float64(inner)
+		}
+		dst[o] = float32(acc)
+	}
+	return true
 }
 
 // String names the reduction as its ONNX op.

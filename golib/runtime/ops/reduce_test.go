@@ -1,6 +1,7 @@
 package ops
 
 import (
+	"math"
 	"testing"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
@@ -58,4 +59,93 @@ func TestNarrowIntTypes(t *testing.T) {
 		{name: "float to uint16", op: "Cast", opset: 13, attrs: attrs(intA("to", 4)), in: []*tensor.Tensor{ft(tensor.Shape{2}, 3.7, 65535)}, shape: tensor.Shape{2}, want: "[3 65535]", dtype: tensor.Uint16},
 		{name: "int64 to int16 wraps", op: "Cast", opset: 13, attrs: attrs(intA("to", 5)), in: []*tensor.Tensor{it(tensor.Shape{2}, 32768, -1)}, shape: tensor.Shape{2}, want: "[-32768 -1]", dtype: tensor.Int16},
 	})
+}
+
+// TestReduceSumMeanF32 compares ReduceSum and ReduceMean of float32 inputs
+// with a naive reference (a float64 sum in index order, divided by the
+// count, rounded to float32: the kernel's definition) over shapes and axes
+// that take the trailing-axes path (RMSNorm's ReduceMean over the last
+// axis) and the general one, bit for bit.
+func TestReduceSumMeanF32(t *testing.T) {
+	cases := []struct {
+		shape tensor.Shape
+		axes  []int64
+	}{
+		{tensor.Shape{1, 1, 64}, []int64{-1}},
+		{tensor.Shape{2, 3, 5}, []int64{2}},
+		{tensor.Shape{2, 3, 5}, []int64{1, 2}},
+		{tensor.Shape{2, 3, 5}, nil},
+		{tensor.Shape{2, 3, 5}, []int64{0}},
+		{tensor.Shape{2, 3, 5}, []int64{1}},
+		{tensor.Shape{2, 3, 5}, []int64{0, 2}},
+		{tensor.Shape{4, 0, 3}, []int64{2}},
+		{tensor.Shape{7}, []int64{0}},
+	}
+	for _, c := range cases {
+		n := c.shape.Size()
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(i%7)*0.37 - 1.1 + float32(i)*1e-3
+		}
+		x := ft(c.shape, v...)
+		red := make([]bool, len(c.shape))
+		for _, a := range c.axes {
+			red[(int(a)+len(c.shape))%len(c.shape)] = true
+		}
+		if c.axes == nil {
+			for i := range red {
+				red[i] = true
+			}
+		}
+		for _, op := range []string{"ReduceSum", "ReduceMean"} {
+			for _, keep := range []int64{0, 1} {
+				var outShape, keepShape tensor.Shape
+				for i, d := range c.shape {
+					if red[i] {
+						keepShape = append(keepShape, 1)
+						if keep == 1 {
+							outShape = append(outShape, 1)
+						}
+					} else {
+						keepShape = append(keepShape, d)
+						outShape = append(outShape, d)
+					}
+				}
+				acc := make([]float64, keepShape.Size())
+				idx := make([]int, n)
+				if err := tensor.BroadcastIndex(keepShape, c.shape, idx); err != nil {
+					t.Fatal(err)
+				}
+				for i, e := range v {
+					acc[idx[i]] += float64(e)
+				}
+				want := make([]float32, len(acc))
+				for i, a := range acc {
+					if op == "ReduceMean" && len(acc) > 0 {
+						a /= float64(n / len(acc))
+					}
+					want[i] = float32(a)
+				}
+				ins := []*tensor.Tensor{x}
+				if c.axes != nil {
+					ins = append(ins, it(tensor.Shape{len(c.axes)}, c.axes...))
+				}
+				outs, err := call(op, 18, attrs(intA("keepdims", keep)), 1, ins...)
+				if err != nil {
+					t.Fatalf("%s %v axes %v: %v", op, c.shape, c.axes, err)
+				}
+				got := outs[0]
+				if !got.Shape().Equal(outShape) {
+					t.Errorf("%s %v axes %v keepdims %d: shape %v, want %v", op, c.shape, c.axes, keep, got.Shape(), outShape)
+					continue
+				}
+				for i, w := range want {
+					if g := got.Float32()[i]; math.Float32bits(g) != math.Float32bits(w) && !(w != w && g != g) {
+						t.Errorf("%s %v axes %v: [%d] = %v, want %v", op, c.shape, c.axes, i, g, w)
+						break
+					}
+				}
+			}
+		}
+	}
 }

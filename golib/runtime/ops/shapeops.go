@@ -30,7 +30,7 @@ func shapeInput(ctx *Context, i int) ([]int64, error) {
 	if t.Rank() > 1 {
 		return nil, fmt.Errorf("%w: shape input must be 1D, got %v", errs.ErrShape, t.Shape())
 	}
-	return tensor.Int64Values(t)
+	return ctx.Int64Values(t)
 }
 
 func newReshape(n *Node) (Kernel, error) {
@@ -47,7 +47,7 @@ func newReshape(n *Node) (Kernel, error) {
 		if err != nil {
 			return err
 		}
-		shape, err := reshapeTarget(x.Shape(), spec, allowZero != 0)
+		shape, err := reshapeTarget(ctx, x.Shape(), spec, allowZero != 0)
 		if err != nil {
 			return err
 		}
@@ -57,8 +57,8 @@ func newReshape(n *Node) (Kernel, error) {
 
 // reshapeTarget resolves Reshape's 0 (copy the input dim, unless allowzero)
 // and -1 (inferred) entries.
-func reshapeTarget(in tensor.Shape, spec []int64, allowZero bool) (tensor.Shape, error) {
-	out := make(tensor.Shape, len(spec))
+func reshapeTarget(ctx *Context, in tensor.Shape, spec []int64, allowZero bool) (tensor.Shape, error) {
+	out := ctx.ScratchShape(len(spec))
 	infer, known := -1, 1
 	for i, d := range spec {
 		switch {
@@ -136,7 +136,7 @@ func axesArg(ctx *Context, n *Node, fromInput bool) ([]int64, error) {
 
 // newAxesReshape builds Unsqueeze and Squeeze: output 0 is input 0 viewed
 // (no copy) in the shape target computes from its shape and the axes.
-func newAxesReshape(fromInput bool, target func(in tensor.Shape, axes []int64) (tensor.Shape, error)) Factory {
+func newAxesReshape(fromInput bool, target func(ctx *Context, in tensor.Shape, axes []int64) (tensor.Shape, error)) Factory {
 	return func(n *Node) (Kernel, error) {
 		return KernelFunc(func(ctx *Context) error {
 			x, err := ctx.RequireInput(0)
@@ -147,7 +147,7 @@ func newAxesReshape(fromInput bool, target func(in tensor.Shape, axes []int64) (
 			if err != nil {
 				return err
 			}
-			shape, err := target(x.Shape(), axes)
+			shape, err := target(ctx, x.Shape(), axes)
 			if err != nil {
 				return err
 			}
@@ -158,9 +158,9 @@ func newAxesReshape(fromInput bool, target func(in tensor.Shape, axes []int64) (
 
 // unsqueezeShape inserts a dimension of 1 at each of axes (axes index the
 // result).
-func unsqueezeShape(in tensor.Shape, axes []int64) (tensor.Shape, error) {
+func unsqueezeShape(ctx *Context, in tensor.Shape, axes []int64) (tensor.Shape, error) {
 	r := len(in) + len(axes)
-	ins := make([]bool, r)
+	ins := ctx.Bools(r)
 	for _, a := range axes {
 		ax, err := tensor.NormAxis(int(a), r)
 		if err != nil {
@@ -171,7 +171,7 @@ func unsqueezeShape(in tensor.Shape, axes []int64) (tensor.Shape, error) {
 		}
 		ins[ax] = true
 	}
-	shape := make(tensor.Shape, 0, r)
+	shape := ctx.ScratchShape(r)[:0]
 	k := 0
 	for i := 0; i < r; i++ {
 		if ins[i] {
@@ -186,8 +186,8 @@ func unsqueezeShape(in tensor.Shape, axes []int64) (tensor.Shape, error) {
 
 // squeezeShape drops axes, which must have size 1 (no axes: every
 // dimension of size 1).
-func squeezeShape(in tensor.Shape, axes []int64) (tensor.Shape, error) {
-	drop := make([]bool, len(in))
+func squeezeShape(ctx *Context, in tensor.Shape, axes []int64) (tensor.Shape, error) {
+	drop := ctx.Bools(len(in))
 	for _, a := range axes {
 		ax, err := tensor.NormAxis(int(a), len(in))
 		if err != nil {
@@ -198,7 +198,7 @@ func squeezeShape(in tensor.Shape, axes []int64) (tensor.Shape, error) {
 		}
 		drop[ax] = true
 	}
-	shape := tensor.Shape{}
+	shape := ctx.ScratchShape(len(in))[:0]
 	for i, d := range in {
 		if (len(axes) == 0 && d == 1) || drop[i] {
 			continue
@@ -210,11 +210,7 @@ func squeezeShape(in tensor.Shape, axes []int64) (tensor.Shape, error) {
 
 // setReshaped sets output 0 to x viewed in shape (no copy).
 func setReshaped(ctx *Context, x *tensor.Tensor, shape tensor.Shape) error {
-	y, err := x.Reshaped(shape)
-	if err != nil {
-		return err
-	}
-	return ctx.SetOutput(0, y)
+	return ctx.SetReshaped(0, x, shape)
 }
 
 func newShape(n *Node) (Kernel, error) {

@@ -33,13 +33,13 @@ func newSlice(n *Node) (Kernel, error) {
 		}
 		r := x.Rank()
 		sh := x.Shape()
-		begin := make([]int, r)
-		step := make([]int, r)
-		outShape := sh.Clone()
+		begin := ctx.Ints(r)
+		step := ctx.Ints(r)
+		outShape := append(ctx.ScratchShape(len(sh))[:0], sh...)
 		for i := range step {
 			step[i] = 1
 		}
-		seen := make([]bool, r)
+		seen := ctx.Bools(r)
 		for i := range starts {
 			a := i
 			if axes != nil {
@@ -65,9 +65,13 @@ func newSlice(n *Node) (Kernel, error) {
 		if err != nil {
 			return err
 		}
-		inStrides := sh.Strides()
+		inStrides := ctx.Ints(r)
+		for d, acc := r-1, 1; d >= 0; d-- {
+			inStrides[d] = acc
+			acc *= sh[d]
+		}
 		base := 0
-		strides := make([]int, r)
+		strides := ctx.Ints(r)
 		for d := 0; d < r; d++ {
 			base += begin[d] * inStrides[d]
 			strides[d] = step[d] * inStrides[d]

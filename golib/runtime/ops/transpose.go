@@ -23,12 +23,12 @@ func newTranspose(n *Node) (Kernel, error) {
 			return err
 		}
 		r := x.Rank()
-		p := make([]int, r)
+		p := ctx.Ints(r)
 		if hasPerm {
 			if len(perm) != r {
 				return fmt.Errorf("%w: Transpose perm %v for rank %d", errs.ErrInvalidArgument, perm, r)
 			}
-			seen := make([]bool, r)
+			seen := ctx.Bools(r)
 			for i, v := range perm {
 				if v < 0 || int(v) >= r || seen[v] {
 					return fmt.Errorf("%w: Transpose perm %v is not a permutation", errs.ErrInvalidArgument, perm)
@@ -41,12 +41,19 @@ func newTranspose(n *Node) (Kernel, error) {
 				p[i] = r - 1 - i
 			}
 		}
-		inStrides := x.Shape().Strides()
-		outShape := make(tensor.Shape, r)
-		strides := make([]int, r)
+		inStrides := ctx.Ints(r)
+		for i, acc := r-1, 1; i >= 0; i-- {
+			inStrides[i] = acc
+			acc *= x.Shape()[i]
+		}
+		outShape := ctx.ScratchShape(r)
+		strides := ctx.Ints(r)
 		for i, a := range p {
 			outShape[i] = x.Shape()[a]
 			strides[i] = inStrides[a]
+		}
+		if keepsOrder(x.Shape(), p) {
+			return ctx.SetReshaped(0, x, outShape) // same bytes in the same order: a view
 		}
 		out, err := ctx.NewOutputUninit(0, x.DType(), outShape)
 		if err != nil {
@@ -59,6 +66,24 @@ func newTranspose(n *Node) (Kernel, error) {
 		})
 		return nil
 	}), nil
+}
+
+// keepsOrder reports whether perm moves only axes of size 1 relative to
+// the others (the [B, 1, H, D] -> [B, H, 1, D] transposes of a decode
+// step): the transposed tensor then has the input's bytes in the input's
+// order.
+func keepsOrder(shape tensor.Shape, perm []int) bool {
+	last := -1
+	for _, a := range perm {
+		if shape[a] == 1 {
+			continue
+		}
+		if a < last {
+			return false
+		}
+		last = a
+	}
+	return true
 }
 
 func newTrilu(n *Node) (Kernel, error) {

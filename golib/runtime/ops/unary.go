@@ -64,6 +64,17 @@ func newUnary(name string, op unaryOp) Factory {
 	}
 }
 
+// unaryF32 maps src into dst with bulk, or element by element with op.
+func unaryF32(bulk func(dst, src []float32), op unaryOp, dst, src []float32) {
+	if bulk != nil {
+		bulk(dst, src)
+		return
+	}
+	for i := range src {
+		dst[i] = op.f32(src[i])
+	}
+}
+
 func unaryCompute(ctx *Context, name string, op unaryOp) error {
 	x, err := ctx.RequireInput(0)
 	if err != nil {
@@ -77,14 +88,13 @@ func unaryCompute(ctx *Context, name string, op unaryOp) error {
 	case dt == tensor.Float32:
 		src, dst := x.Float32(), out.Float32()
 		bulk := bulkF32[name]
-		return ctx.ParallelFor(len(src), 1<<14, func(lo, hi int) {
-			if bulk != nil {
-				bulk(dst[lo:hi], src[lo:hi])
-				return
-			}
-			for i := lo; i < hi; i++ {
-				dst[i] = op.f32(src[i])
-			}
+		const grain = 1 << 14
+		if len(src) <= grain || ctx.Threads() == 1 {
+			unaryF32(bulk, op, dst, src) // no closure for the usual decode-step sizes
+			return nil
+		}
+		return ctx.ParallelFor(len(src), grain, func(lo, hi int) {
+			unaryF32(bulk, op, dst[lo:hi], src[lo:hi])
 		})
 	case dt == tensor.Float64:
 		src, dst := x.Float64(), out.Float64()

@@ -163,7 +163,15 @@ func Float32Tensor(shape Shape, src []float32) (*Tensor, error) {
 // Int64Values returns an integer tensor's values as int64 (a copy), for
 // shape-like inputs (Reshape shape, Slice starts, Gather indices...).
 func Int64Values(t *Tensor) ([]int64, error) {
-	out := make([]int64, t.Len())
+	return Int64ValuesTo(make([]int64, t.Len()), t)
+}
+
+// Int64ValuesTo is Int64Values writing into out, which must have t.Len()
+// elements.
+func Int64ValuesTo(out []int64, t *Tensor) ([]int64, error) {
+	if len(out) != t.Len() {
+		return nil, fmt.Errorf("%w: %d values for a tensor of %d", errs.ErrInvalidArgument, len(out), t.Len())
+	}
 	switch t.dtype {
 	case Int64:
 		copy(out, t.Int64())

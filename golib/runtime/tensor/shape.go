@@ -113,16 +113,23 @@ func NormAxis(axis, rank int) (int, error) {
 func BroadcastShapes(shapes ...Shape) (Shape, error) {
 	rank := 0
 	for _, s := range shapes {
-		if len(s) > rank {
-			rank = len(s)
-		}
+		rank = max(rank, len(s))
 	}
-	out := make(Shape, rank)
+	return BroadcastShapesTo(make(Shape, rank), shapes...)
+}
+
+// BroadcastShapesTo is BroadcastShapes writing into out, whose length must
+// be the largest rank of shapes (kernels pass scratch memory).
+func BroadcastShapesTo(out Shape, shapes ...Shape) (Shape, error) {
+	rank := len(out)
 	for i := range out {
 		out[i] = 1
 	}
 	for _, s := range shapes {
 		off := rank - len(s)
+		if off < 0 {
+			return nil, fmt.Errorf("%w: broadcast of rank %d into rank %d", errs.ErrInvalidArgument, len(s), rank)
+		}
 		for i, d := range s {
 			o := out[off+i]
 			switch {
@@ -130,7 +137,9 @@ func BroadcastShapes(shapes ...Shape) (Shape, error) {
 			case o == 1:
 				out[off+i] = d
 			default:
-				return nil, fmt.Errorf("%w: cannot broadcast shapes %v", errs.ErrShape, shapes)
+				// a copy, so shapes does not escape (callers' variadic
+				// arrays stay on their stacks)
+				return nil, fmt.Errorf("%w: cannot broadcast shapes %v", errs.ErrShape, append([]Shape(nil), shapes...))
 			}
 		}
 	}
@@ -144,10 +153,15 @@ func BroadcastShapes(shapes ...Shape) (Shape, error) {
 // stride of the source along each of dst's dimensions (0 where the source is
 // broadcast). It fails when src does not broadcast to dst.
 func BroadcastStrides(src, dst Shape) ([]int, error) {
-	if len(src) > len(dst) {
+	return BroadcastStridesTo(make([]int, len(dst)), src, dst)
+}
+
+// BroadcastStridesTo is BroadcastStrides writing into st, which must have
+// len(dst) zeroed elements.
+func BroadcastStridesTo(st []int, src, dst Shape) ([]int, error) {
+	if len(src) > len(dst) || len(st) != len(dst) {
 		return nil, fmt.Errorf("%w: cannot broadcast %v to %v", errs.ErrShape, src, dst)
 	}
-	st := make([]int, len(dst))
 	off := len(dst) - len(src)
 	acc := 1
 	for i := len(src) - 1; i >= 0; i-- {
@@ -169,7 +183,14 @@ func BroadcastStrides(src, dst Shape) ([]int, error) {
 // dst, for a source of shape src broadcast to dst. It is the slow, general
 // path; kernels use it when no fast path applies. len(idx) must be dst's size.
 func BroadcastIndex(src, dst Shape, idx []int) error {
-	st, err := BroadcastStrides(src, dst)
+	var sbuf [8]int
+	st := sbuf[:0]
+	if len(dst) <= len(sbuf) {
+		st = sbuf[:len(dst)]
+	} else {
+		st = make([]int, len(dst))
+	}
+	st, err := BroadcastStridesTo(st, src, dst)
 	if err != nil {
 		return err
 	}
@@ -185,7 +206,13 @@ func BroadcastIndex(src, dst Shape, idx []int) error {
 		idx[0] = 0
 		return nil
 	}
-	ctr := make([]int, rank)
+	var buf [8]int // the counters, on the stack for the usual ranks
+	ctr := buf[:0]
+	if rank <= len(buf) {
+		ctr = buf[:rank]
+	} else {
+		ctr = make([]int, rank)
+	}
 	off := 0
 	inner := dst[rank-1]
 	sInner := st[rank-1]

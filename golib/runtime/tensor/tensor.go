@@ -2,6 +2,7 @@ package tensor
 
 import (
 	"fmt"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
@@ -18,6 +19,29 @@ type Tensor struct {
 	dtype DType
 	shape Shape
 	data  []byte
+	// dims holds the shape of tensors of rank <= inlineRank, so making a
+	// tensor header is one allocation, not two (the executor makes
+	// hundreds per decode step).
+	dims [inlineRank]int
+	// pinned marks a header that is held beyond the run that made it (see
+	// Recycle).
+	pinned atomic.Bool
+}
+
+// inlineRank is the largest rank whose dimensions a Tensor keeps in its own
+// header.
+const inlineRank = 6
+
+// header returns a new tensor header holding a copy of shape.
+func header(dt DType, shape Shape, data []byte) *Tensor {
+	t := &Tensor{dtype: dt, data: data}
+	if n := len(shape); n <= inlineRank {
+		copy(t.dims[:n], shape)
+		t.shape = t.dims[:n:n]
+	} else {
+		t.shape = shape.Clone()
+	}
+	return t
 }
 
 // New allocates a zero-filled tensor. The buffer is 8-byte aligned so every
@@ -34,7 +58,38 @@ func New(dt DType, shape Shape) (*Tensor, error) {
 	} else {
 		data = []byte{}
 	}
-	return &Tensor{dtype: dt, shape: shape.Clone(), data: data}, nil
+	return header(dt, shape, data), nil
+}
+
+// Recycle returns a tensor of dt and shape over b, with FromBytes's
+// checks, reusing the header prev when it is not nil and not pinned (its
+// old dtype, shape and bytes are overwritten), else a new one. The runtime
+// keeps the headers each node made in its last run and recycles them in the
+// next: a node makes the same outputs step after step, and a header is a
+// heap allocation. The caller guarantees that nothing reads prev any more
+// unless it was pinned.
+func Recycle(prev *Tensor, dt DType, shape Shape, b []byte) (*Tensor, error) {
+	if prev == nil || prev.pinned.Load() || len(shape) > inlineRank {
+		return FromBytes(dt, shape, b)
+	}
+	if err := checkBytes(dt, shape, b); err != nil {
+		return nil, err
+	}
+	if b == nil {
+		b = []byte{}
+	}
+	prev.dtype, prev.data = dt, b
+	copy(prev.dims[:len(shape)], shape)
+	prev.shape = prev.dims[:len(shape):len(shape)]
+	return prev, nil
+}
+
+// Pin marks t as held beyond the run that made it (an output handed to the
+// caller, a persistent value): Recycle never reuses its header.
+func (t *Tensor) Pin() {
+	if !t.pinned.Load() {
+		t.pinned.Store(true)
+	}
 }
 
 // ByteSize returns the bytes a tensor of dt and shape needs, with the
@@ -57,20 +112,13 @@ func ByteSize(dt DType, shape Shape) (int, error) {
 // shape's size times the element size, and b must be aligned to the element
 // size. The caller keeps b alive and unmodified while the tensor is in use.
 func FromBytes(dt DType, shape Shape, b []byte) (*Tensor, error) {
-	n, err := check(dt, shape)
-	if err != nil {
+	if err := checkBytes(dt, shape, b); err != nil {
 		return nil, err
-	}
-	if want, ok := checkedMul(n, dt.Size()); !ok || want != len(b) {
-		return nil, fmt.Errorf("%w: %d bytes for a %v tensor of shape %v (want %d)", errs.ErrShape, len(b), dt, shape, n*dt.Size())
-	}
-	if len(b) > 0 && uintptr(unsafe.Pointer(&b[0]))%uintptr(dt.Size()) != 0 {
-		return nil, fmt.Errorf("%w: buffer for %v is not %d-byte aligned", errs.ErrInvalidArgument, dt, dt.Size())
 	}
 	if b == nil {
 		b = []byte{}
 	}
-	return &Tensor{dtype: dt, shape: shape.Clone(), data: b}, nil
+	return header(dt, shape, b), nil
 }
 
 // FromSlice wraps data as a tensor without copying.
@@ -87,6 +135,22 @@ func FromSlice[T Elem](shape Shape, data []T) (*Tensor, error) {
 func Scalar[T Elem](v T) *Tensor {
 	t, _ := FromSlice(Shape{}, []T{v}) // cannot fail: one element, aligned
 	return t
+}
+
+// checkBytes checks that b holds a tensor of dt and shape: its length and
+// alignment.
+func checkBytes(dt DType, shape Shape, b []byte) error {
+	n, err := check(dt, shape)
+	if err != nil {
+		return err
+	}
+	if want, ok := checkedMul(n, dt.Size()); !ok || want != len(b) {
+		return fmt.Errorf("%w: %d bytes for a %v tensor of shape %v (want %d)", errs.ErrShape, len(b), dt, shape, n*dt.Size())
+	}
+	if len(b) > 0 && uintptr(unsafe.Pointer(&b[0]))%uintptr(dt.Size()) != 0 {
+		return fmt.Errorf("%w: buffer for %v is not %d-byte aligned", errs.ErrInvalidArgument, dt, dt.Size())
+	}
+	return nil
 }
 
 func check(dt DType, shape Shape) (int, error) {
@@ -124,7 +188,7 @@ func (t *Tensor) Reshaped(shape Shape) (*Tensor, error) {
 	if n != t.Len() {
 		return nil, fmt.Errorf("%w: cannot reshape %v (%d elements) to %v", errs.ErrShape, t.shape, t.Len(), shape)
 	}
-	return &Tensor{dtype: t.dtype, shape: shape.Clone(), data: t.data}, nil
+	return header(t.dtype, shape, t.data), nil
 }
 
 // Clone returns a deep copy with its own buffer.

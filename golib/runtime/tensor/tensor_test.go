@@ -3,6 +3,7 @@ package tensor
 import (
 	"errors"
 	"testing"
+	"unsafe"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 )
@@ -191,5 +192,59 @@ func TestMaxBytes(t *testing.T) {
 	}
 	if SetMaxBytes(0); MaxBytes() != defaultMaxBytes() || MaxBytes() <= 0 {
 		t.Fatalf("default limit %d", MaxBytes())
+	}
+}
+
+// TestRecycle: Recycle reuses a header only when it is not pinned and the
+// rank fits in the header, applies FromBytes's checks, and the recycled
+// header describes the new tensor only.
+func TestRecycle(t *testing.T) {
+	buf := make([]float32, 12)
+	b := unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), 48)
+	for _, c := range []struct {
+		name  string
+		prev  func() *Tensor
+		dt    DType
+		shape Shape
+		data  []byte
+		same  bool
+		fails bool
+	}{
+		{"nil", func() *Tensor { return nil }, Float32, Shape{3, 4}, b, false, false},
+		{"free", func() *Tensor { x, _ := New(Int64, Shape{2}); return x }, Float32, Shape{3, 4}, b, true, false},
+		{"pinned", func() *Tensor { x, _ := New(Int64, Shape{2}); x.Pin(); return x }, Float32, Shape{3, 4}, b, false, false},
+		{"rank 7", func() *Tensor { x, _ := New(Int64, Shape{2}); return x }, Float32, Shape{1, 1, 1, 3, 1, 4, 1}, b, false, false},
+		{"scalar", func() *Tensor { x, _ := New(Int64, Shape{2}); return x }, Int32, Shape{}, b[:4], true, false},
+		{"short", func() *Tensor { x, _ := New(Int64, Shape{2}); return x }, Float32, Shape{3, 5}, b, false, true},
+		{"misaligned", func() *Tensor { x, _ := New(Int64, Shape{2}); return x }, Float32, Shape{11}, b[2:46], false, true},
+	} {
+		prev := c.prev()
+		got, err := Recycle(prev, c.dt, c.shape, c.data)
+		if c.fails {
+			if err == nil {
+				t.Errorf("%s: no error", c.name)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if (got == prev) != c.same {
+			t.Errorf("%s: reused = %v, want %v", c.name, got == prev, c.same)
+		}
+		if got.DType() != c.dt || !got.Shape().Equal(c.shape) || got.NumBytes() != len(c.data) {
+			t.Errorf("%s: got %v with %d bytes", c.name, got, got.NumBytes())
+		}
+		if prev != nil && !c.same && (prev.DType() != Int64 || !prev.Shape().Equal(Shape{2})) {
+			t.Errorf("%s: the unreused header changed to %v", c.name, prev)
+		}
+	}
+	// The header owns its dimensions: changing the caller's shape later
+	// changes nothing.
+	s := Shape{3, 4}
+	x, _ := FromBytes(Float32, s, b)
+	s[0] = 99
+	if !x.Shape().Equal(Shape{3, 4}) {
+		t.Errorf("the header shares the caller's shape: %v", x.Shape())
 	}
 }

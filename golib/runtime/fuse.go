@@ -1,0 +1,187 @@
+package runtime
+
+import (
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/model"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/onnxpb"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+// Session-creation fusions of the main graph (fusePlan), after folding:
+// exporters decompose some ops into chains of small nodes (torch.onnx and
+// optimum write an RMSNorm as seven), each a kernel call and an executor
+// step per run. A fusion rule matches such a chain exactly, checks every
+// side condition (constants, attributes, single consumers, no graph output
+// or captured value inside the chain), and replaces the chain by one node
+// of an op the runtime implements, placed where the chain's last node was
+// (its inputs are all available there). One rule per file (fuse_*.go),
+// listed in fusions.
+
+// fusion is one rule: match looks at the chain ending at p.Nodes[i] and
+// returns the fused node and the indices of the chain's nodes (i
+// included), or ok false.
+type fusion struct {
+	name  string
+	match func(fc *fuseContext, i int) (fused *onnxpb.NodeProto, chain []int, ok bool)
+}
+
+// fusions are tried in order at every node.
+var fusions = []fusion{
+	{name: "rmsnorm", match: matchRMSNorm},
+}
+
+// fuseContext is what the rules read: the plan, its constants, and who
+// produces and reads each value.
+type fuseContext struct {
+	p        *Plan
+	consts   map[string]*tensor.Tensor
+	producer map[string]int // value -> index of the node making it
+	readers  map[string]int // value -> number of reading nodes (inputs and captures)
+	pinned   map[string]bool
+}
+
+func newFuseContext(p *Plan, g *model.Graph) *fuseContext {
+	fc := &fuseContext{p: p, consts: map[string]*tensor.Tensor{}, producer: map[string]int{},
+		readers: map[string]int{}, pinned: map[string]bool{}}
+	for name, t := range p.Initializers {
+		if !isOverridable(g, name) {
+			fc.consts[name] = t
+		}
+	}
+	for i, n := range p.Nodes {
+		for _, o := range n.Outputs {
+			if o != "" {
+				fc.producer[o] = i
+			}
+		}
+		for _, in := range n.Inputs {
+			if in != "" {
+				fc.readers[in]++
+			}
+		}
+		for _, c := range n.Captures {
+			fc.pinned[c] = true
+		}
+	}
+	for _, o := range g.Outputs {
+		fc.pinned[o.Name] = true
+	}
+	return fc
+}
+
+// node returns the producer of value v when it is a single-output node of
+// the default domain with the given op type.
+func (fc *fuseContext) node(v, opType string) (int, *PlanNode, bool) {
+	i, ok := fc.producer[v]
+	if !ok {
+		return 0, nil, false
+	}
+	n := fc.p.Nodes[i]
+	if n.OpType != opType || n.Domain != "" || len(n.Outputs) != 1 {
+		return 0, nil, false
+	}
+	return i, n, true
+}
+
+// internal reports whether v may disappear inside a fused node: exactly one
+// node reads it and it is neither a graph output nor captured.
+func (fc *fuseContext) internal(v string) bool {
+	return fc.readers[v] == 1 && !fc.pinned[v]
+}
+
+// scalar returns the value of v when it is a one-element float constant.
+func (fc *fuseContext) scalar(v string) (float64, bool) {
+	t, ok := fc.consts[v]
+	if !ok || t.Len() != 1 || !t.DType().IsFloat() {
+		return 0, false
+	}
+	f, err := tensor.AsFloat32(t)
+	if err != nil {
+		return 0, false
+	}
+	return float64(f[0]), true
+}
+
+// other returns the input of a two-input node that is not v ("" when
+// neither or both are v).
+func other(n *PlanNode, v string) string {
+	if len(n.Inputs) != 2 {
+		return ""
+	}
+	switch {
+	case n.Inputs[0] == v && n.Inputs[1] != v:
+		return n.Inputs[1]
+	case n.Inputs[1] == v && n.Inputs[0] != v:
+		return n.Inputs[0]
+	}
+	return ""
+}
+
+// fusePlan applies the fusions to p (a main plan after folding) in place.
+func (b *builder) fusePlan(p *Plan, g *model.Graph) error {
+	fc := newFuseContext(p, g)
+	drop := map[int]bool{}
+	replace := map[int]*PlanNode{}
+	for i := range p.Nodes {
+		if drop[i] {
+			continue
+		}
+		for _, f := range fusions {
+			np, chain, ok := f.match(fc, i)
+			if !ok || overlaps(chain, drop) {
+				continue
+			}
+			pn, err := b.node(g, np, nil)
+			if err != nil {
+				continue // the fused op refuses (an attribute out of range): keep the chain
+			}
+			if err := rebuildWithConstants(pn, fc.consts); err != nil {
+				continue
+			}
+			for _, k := range chain {
+				drop[k] = true
+			}
+			delete(drop, i)
+			replace[i] = pn
+			break
+		}
+	}
+	if len(replace) == 0 {
+		return nil
+	}
+	kept := p.Nodes[:0]
+	for i, n := range p.Nodes {
+		switch {
+		case replace[i] != nil:
+			kept = append(kept, replace[i])
+		case !drop[i]:
+			kept = append(kept, n)
+		}
+	}
+	clear(p.Nodes[len(kept):])
+	p.Nodes = kept
+	return nil
+}
+
+func overlaps(chain []int, drop map[int]bool) bool {
+	for _, k := range chain {
+		if drop[k] {
+			return true
+		}
+	}
+	return false
+}
+
+// fusedNode builds the description of a fused node (of the default domain).
+func fusedNode(opType, name string, inputs, outputs []string, attrs ...*onnxpb.AttributeProto) *onnxpb.NodeProto {
+	return &onnxpb.NodeProto{OpType: &opType, Name: &name, Input: inputs, Output: outputs, Attribute: attrs}
+}
+
+func attrInt(name string, v int64) *onnxpb.AttributeProto {
+	t := onnxpb.AttributeProto_INT
+	return &onnxpb.AttributeProto{Name: &name, Type: &t, I: &v}
+}
+
+func attrFloat(name string, v float32) *onnxpb.AttributeProto {
+	t := onnxpb.AttributeProto_FLOAT
+	return &onnxpb.AttributeProto{Name: &name, Type: &t, F: &v}
+}

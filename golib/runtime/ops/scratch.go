@@ -1,0 +1,103 @@
+package ops
+
+import "github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+
+// A kernel call needs small temporaries: broadcast shapes and strides, the
+// values of a shape or axes input, index counters. Allocated fresh they
+// were most of the Go allocations of a decode step (a few per node, for
+// hundreds of nodes). The runtime keeps one Context per node and state, so
+// a Context keeps slabs that its calls carve those temporaries from; Reset
+// rewinds them. A slab that runs out is replaced by one twice as large (the
+// slices already handed out keep the old one), so after the first calls of
+// a shape a node's calls allocate nothing.
+//
+// Scratch slices are valid until the next Reset of the Context: a kernel
+// must not keep them in an output or anywhere else beyond its call (output
+// shapes are copied into the tensor header, so passing one to NewOutput is
+// fine).
+
+// minScratch is the first slab's length, in elements; requests above
+// maxScratch elements (index lists of a large prefill) are fresh slices, so
+// a node does not keep a large slab for the rest of the state's life.
+const (
+	minScratch = 64
+	maxScratch = 1 << 14
+)
+
+// scratch is a Context's pair of bump allocators.
+type scratch struct {
+	ints    []int
+	intsOff int
+	i64     []int64
+	i64Off  int
+	bools   []bool
+	boolOff int
+}
+
+func (s *scratch) reset() { s.intsOff, s.i64Off, s.boolOff = 0, 0, 0 }
+
+// carve returns n elements of *slab from *off on, zeroed, replacing the slab
+// when it is too short.
+func carve[T int | int64 | bool](slab *[]T, off *int, n int) []T {
+	if n > maxScratch {
+		return make([]T, n)
+	}
+	if *off+n > len(*slab) {
+		*slab = make([]T, max(2*len(*slab), n, minScratch))
+		*off = 0
+	}
+	out := (*slab)[*off : *off+n : *off+n]
+	*off += n
+	clear(out)
+	return out
+}
+
+// Ints returns a zeroed []int of length n that lives until the next Reset
+// (a nil Context returns a fresh slice).
+func (c *Context) Ints(n int) []int {
+	if c == nil {
+		return make([]int, n)
+	}
+	return carve(&c.scratch.ints, &c.scratch.intsOff, n)
+}
+
+// Int64s returns a zeroed []int64 of length n that lives until the next
+// Reset (a nil Context returns a fresh slice).
+func (c *Context) Int64s(n int) []int64 {
+	if c == nil {
+		return make([]int64, n)
+	}
+	return carve(&c.scratch.i64, &c.scratch.i64Off, n)
+}
+
+// Bools returns a []bool of length n, all false, that lives until the next
+// Reset (a nil Context returns a fresh slice).
+func (c *Context) Bools(n int) []bool {
+	if c == nil {
+		return make([]bool, n)
+	}
+	return carve(&c.scratch.bools, &c.scratch.boolOff, n)
+}
+
+// ScratchShape returns a zeroed shape of rank n from the scratch slabs.
+func (c *Context) ScratchShape(n int) tensor.Shape { return tensor.Shape(c.Ints(n)) }
+
+// BroadcastShapes is tensor.BroadcastShapes into scratch.
+func (c *Context) BroadcastShapes(shapes ...tensor.Shape) (tensor.Shape, error) {
+	rank := 0
+	for _, s := range shapes {
+		rank = max(rank, len(s))
+	}
+	return tensor.BroadcastShapesTo(c.ScratchShape(rank), shapes...)
+}
+
+// BroadcastStrides is tensor.BroadcastStrides into scratch.
+func (c *Context) BroadcastStrides(src, dst tensor.Shape) ([]int, error) {
+	return tensor.BroadcastStridesTo(c.Ints(len(dst)), src, dst)
+}
+
+// Int64Values is tensor.Int64Values into scratch: t's values widened to
+// int64, in a slice the caller may modify.
+func (c *Context) Int64Values(t *tensor.Tensor) ([]int64, error) {
+	return tensor.Int64ValuesTo(c.Int64s(t.Len()), t)
+}
