@@ -13,7 +13,9 @@ Per trained export (TorchScript and torch.onnx dynamo at opset 23, fp32):
 * (dynamo export, whose Attention nodes take the rotated queries) the attention rows on held-out
   text, computed with numpy from those queries and the keys exported from the cache path's state
   (checked against onnxruntime's presents), are far from uniform: some head's mean row entropy is
-  below half of ``log(context)``, the entropy of uniform causal attention.
+  below a quarter of ``log(context)``, the entropy of uniform causal attention (rows with 64-255
+  positions: the committed model's heads range from 0.09 to 0.65 of it; a model trained for 3
+  steps gives 0.998 for every head).
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def test_heldout_perplexity(name: str) -> None:
     sess = olkv.InferenceSession(fx.model_path(name), threads=2)
     ppl = tr.perplexity(name, sess, tr.heldout_ids(name))
     assert abs(ppl / recorded - 1.0) < 0.01, (ppl, recorded)
-    assert ppl <= 1.2 * recorded and ppl < vocab / 5, (ppl, recorded, vocab)
+    assert ppl <= 1.2 * recorded and ppl < vocab / 10, (ppl, recorded, vocab)
 
 
 def _with_query_outputs(name: str) -> Tuple[bytes, List[str], float]:
@@ -118,4 +120,4 @@ def test_attention_is_not_uniform() -> None:
         assert np.all(h <= np.log(np.arange(n) + 1.0) + 1e-9)
         ratios.append(h[:, start:].mean(-1) / uniform.mean())  # per head
     r = np.stack(ratios)  # [layers, heads]
-    assert r.min() < 0.5, f"every head attends almost uniformly: entropy / log(context) per layer and head {r}"
+    assert r.min() < 0.25, f"every head attends almost uniformly: entropy / log(context) per layer and head {r}"
