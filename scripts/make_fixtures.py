@@ -397,6 +397,49 @@ def describe(m: onnx.ModelProto, arch: str, exporter: str, cfg: Dict[str, Any], 
     }
 
 
+# -- storage (shared with scripts/train_fixture.py) --------------------------------------------
+MANIFEST_PATH = os.path.join(OUT_DIR, "manifest.json")
+ABOUT = ("Tiny decoders exported by scripts/make_fixtures.py (random weights) and scripts/train_fixture.py "
+         "(entries with trained: true); each fixture is "
+         "<name>.onnx.xz (one self-contained ONNX file). 'drive' says how to feed it: "
+         "past inputs start empty (or, with shared_buffer, as zeros of past_capacity positions: max_length, "
+         "or the window for sliding_window_cache layers), "
+         "attention_mask covers past + new tokens, position_ids count from the past length.")
+
+
+def load_manifest() -> Dict[str, Any]:
+    """tests/fixtures/manifest.json as it is (or an empty one), with the current ``about`` text."""
+    os.makedirs(OUT_DIR, exist_ok=True)
+    manifest: Dict[str, Any] = {"fixtures": {}, "failures": []}
+    if os.path.exists(MANIFEST_PATH):
+        with open(MANIFEST_PATH) as f:
+            manifest = json.load(f)
+    manifest["about"] = ABOUT
+    return manifest
+
+
+def store_fixture(manifest: Dict[str, Any], name: str, data: bytes, entry: Dict[str, Any]) -> Dict[str, Any]:
+    """Write ``<name>.onnx.xz`` (xz -9e of the serialized model ``data``) and record ``entry`` with
+    its file, sizes and sha256 under ``manifest["fixtures"][name]``; returns the entry."""
+    fname = f"{name}.onnx.xz"
+    blob = lzma.compress(data, preset=9 | lzma.PRESET_EXTREME)
+    with open(os.path.join(OUT_DIR, fname), "wb") as f:
+        f.write(blob)
+    entry.update({"file": fname, "onnx_bytes": len(data), "xz_bytes": len(blob),
+                  "sha256": hashlib.sha256(data).hexdigest()})
+    manifest["fixtures"][name] = entry
+    return entry
+
+
+def save_manifest(manifest: Dict[str, Any]) -> None:
+    """Write the manifest, fixtures and failures sorted by name."""
+    manifest["fixtures"] = dict(sorted(manifest["fixtures"].items()))
+    manifest["failures"].sort(key=lambda x: x["name"])
+    with open(MANIFEST_PATH, "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.write("\n")
+
+
 # -- driver ------------------------------------------------------------------------------------
 def run_export(arch: str, exporter: str, model: Any, folder: str, work: str) -> Tuple[onnx.ModelProto, Optional[dict]]:
     out = os.path.join(work, exporter)
@@ -429,17 +472,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--exporter", nargs="*", default=EXPORTERS, choices=EXPORTERS)
     args = ap.parse_args(argv)
 
-    os.makedirs(OUT_DIR, exist_ok=True)
-    man_path = os.path.join(OUT_DIR, "manifest.json")
-    manifest: Dict[str, Any] = {"fixtures": {}, "failures": []}
-    if os.path.exists(man_path):
-        with open(man_path) as f:
-            manifest = json.load(f)
-    manifest["about"] = ("Tiny random-weight decoders exported by scripts/make_fixtures.py; each fixture is "
-                         "<name>.onnx.xz (one self-contained ONNX file). 'drive' says how to feed it: "
-                         "past inputs start empty (or, with shared_buffer, as zeros of past_capacity positions: max_length, "
-                         "or the window for sliding_window_cache layers), "
-                         "attention_mask covers past + new tokens, position_ids count from the past length.")
+    manifest = load_manifest()
     for arch in args.arch:
         model = build_model(arch)
         want = hf_greedy(model)
@@ -477,23 +510,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                                                  "error": _error_line(exc)})
                     print(f"   FAILED ({stage}): {_error_line(exc)}", flush=True)
                     continue
-                blob = lzma.compress(data, preset=9 | lzma.PRESET_EXTREME)
-                with open(os.path.join(OUT_DIR, fname), "wb") as f:
-                    f.write(blob)
                 if name in NOTES:
                     entry["note"] = NOTES[name]
-                entry.update({"file": fname, "onnx_bytes": len(data), "xz_bytes": len(blob),
-                              "sha256": hashlib.sha256(data).hexdigest()})
-                manifest["fixtures"][name] = entry
+                store_fixture(manifest, name, data, entry)
                 chk = entry["matches_transformers"]
-                print(f"   ok: {len(m.graph.node)} nodes, {len(data)} B -> {len(blob)} B xz; vs transformers: tokens "
+                print(f"   ok: {len(m.graph.node)} nodes, {len(data)} B -> {entry['xz_bytes']} B xz; vs transformers: tokens "
                       f"{'equal' if chk['tokens_equal'] else 'DIFFER'}, max logit diff {chk['max_abs_logit_diff']:.2g}",
                       flush=True)
-    manifest["fixtures"] = dict(sorted(manifest["fixtures"].items()))
-    manifest["failures"].sort(key=lambda x: x["name"])
-    with open(man_path, "w") as f:
-        json.dump(manifest, f, indent=1)
-        f.write("\n")
+    save_manifest(manifest)
     return 0
 
 
