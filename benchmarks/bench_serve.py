@@ -16,9 +16,9 @@ Cases, all on one session (same threads) in one run:
   time for one running request, measured alternately (``--http-repeat`` rounds each).
 * ``model steps``: the model's decode step alone (``session.run`` on a state of N rows), timed
   in alternating blocks over the batch sizes: the Engine step's cost before its Python work.
-* ``memory``: committed cache bytes of 16 requests sharing a ``--shared-prefix``-token prompt
-  prefix; prefix sharing needs the paged layout, which the Engine does not use yet, so only the
-  unshared figure is measured (the shared one is reported as not implemented).
+* ``memory``: peak committed cache bytes of 16 requests sharing a ``--shared-prefix``-token
+  prompt prefix, held at once: contiguous caches, paged caches (``--block-size``) and paged
+  caches with the prefix cache (``Engine(prefix_cache=True)``).
 
 The default model is the cache-aware execution benchmark's (``bench_cache_path.py``: 8 layers,
 hidden 1024, 32/8 heads of 128, vocab 32000) with an ``attention_mask`` input. The issue asks for
@@ -247,27 +247,37 @@ def run_http(sess: Any, args: argparse.Namespace, vocab: int) -> Dict[str, Any]:
 
 
 def run_memory(sess: Any, args: argparse.Namespace, vocab: int) -> Dict[str, Any]:
+    """Peak committed cache bytes of 16 requests sharing a prefix, held at once: contiguous
+    caches, paged caches without and with the prefix cache."""
     from onnx_light_kv.serve import Engine
 
     rng = np.random.default_rng(5)
     prefix = rng.integers(0, vocab, size=args.shared_prefix)
-    # every prompt prefilled in the first step, so that the 16 requests' caches are all held at once
-    eng = Engine(sess, max_batch=16, max_length=args.shared_prefix + 16 + 4,
-                 max_tokens_per_step=16 * (args.shared_prefix + 16))
-    try:
-        for i in range(16):
-            eng.add_request(np.concatenate([prefix, rng.integers(0, vocab, size=16)]), max_new_tokens=4)
-        peak = 0
-        while eng.has_work():
-            eng.step()
-            peak = max(peak, eng.stats()["cache_committed_bytes"])
-        return {"requests": 16, "prefix_tokens": args.shared_prefix, "committed_bytes_unshared": peak,
-                "request_bytes": eng.stats()["request_bytes"],
-                "committed_bytes_shared": None,
-                "note": "prefix sharing needs the paged cache layout (Engine(prefix_cache=True) raises "
-                        "NotImplementedError)"}
-    finally:
-        eng.close()
+    prompts = [np.concatenate([prefix, rng.integers(0, vocab, size=16)]) for _ in range(16)]
+
+    def peak(**kw: Any) -> Dict[str, int]:
+        # every prompt prefilled in the first step, so that the 16 requests' caches are all held at once
+        eng = Engine(sess, max_batch=16, max_length=args.shared_prefix + 16 + 4,
+                     max_tokens_per_step=16 * (args.shared_prefix + 16), **kw)
+        try:
+            for p in prompts:
+                eng.add_request(p, max_new_tokens=4)
+            top = 0
+            while eng.has_work():
+                eng.step()
+                top = max(top, eng.stats()["cache_committed_bytes"])
+            return {"committed_bytes": top, "prefix_tokens": eng.stats()["prefix_tokens"]}
+        finally:
+            eng.close()
+
+    contiguous = peak()
+    paged = peak(block_size=args.block_size)
+    shared = peak(block_size=args.block_size, prefix_cache=True)
+    return {"requests": 16, "prefix_tokens": args.shared_prefix, "block_size": args.block_size,
+            "committed_bytes_contiguous": contiguous["committed_bytes"],
+            "committed_bytes_unshared": paged["committed_bytes"],
+            "committed_bytes_shared": shared["committed_bytes"], "reused_tokens": shared["prefix_tokens"],
+            "shared_over_unshared": shared["committed_bytes"] / max(paged["committed_bytes"], 1)}
 
 
 def main() -> int:
@@ -284,6 +294,7 @@ def main() -> int:
     ap.add_argument("--http-repeat", type=int, default=3)
     ap.add_argument("--step-repeat", type=int, default=6, help="timed model steps per batch size")
     ap.add_argument("--shared-prefix", type=int, default=1024)
+    ap.add_argument("--block-size", type=int, default=16, help="paged block size of the memory case")
     ap.add_argument("--skip", nargs="*", default=[], choices=["http", "memory", "sequential", "engine", "steps"])
     args = ap.parse_args()
     if args.quick:
@@ -328,8 +339,11 @@ def main() -> int:
     if "memory" not in args.skip:
         mem = run_memory(sess, args, vocab)
         results["memory"] = mem
-        print(f"memory: 16 requests sharing a {mem['prefix_tokens']}-token prefix: committed "
-              f"{mem['committed_bytes_unshared'] / 2**20:.1f} MiB unshared; shared: not implemented ({mem['note']})")
+        print(f"memory: 16 requests sharing a {mem['prefix_tokens']}-token prefix, peak committed cache: "
+              f"contiguous {mem['committed_bytes_contiguous'] / 2**20:.1f} MiB, paged (block {mem['block_size']}) "
+              f"{mem['committed_bytes_unshared'] / 2**20:.1f} MiB, paged + prefix cache "
+              f"{mem['committed_bytes_shared'] / 2**20:.1f} MiB = {mem['shared_over_unshared']:.2f}x unshared "
+              f"({mem['reused_tokens']} prompt tokens attached instead of prefilled)")
     if "http" not in args.skip:
         h = run_http(sess, args, vocab)
         results["http"] = h

@@ -96,6 +96,49 @@ def test_concurrent_requests_equal_generate_alone(max_batch: int) -> None:
     assert st["generated_tokens"] == sum(len(w) for w in want)
 
 
+@pytest.mark.parametrize("block_size,prefix_cache", [(16, False), (16, True), (None, True)])
+def test_paged_engine_equals_generate_alone(block_size: Any, prefix_cache: bool) -> None:
+    """On the paged layout (with and without the prefix cache) requests joining at different
+    steps get generate()'s tokens; with the prefix cache, requests sharing a long prompt prefix
+    attach it instead of prefilling it, and the blocks gauges are filled."""
+    sess = ours(MODEL)
+    reqs = _with_stops(sess)
+    shared = list(range(30, 70))  # 40 tokens: two full 16-token blocks
+    reqs += [dict(input_ids=shared + [5, 6], max_new_tokens=6), dict(input_ids=shared + [7], max_new_tokens=5),
+             dict(input_ids=shared + [8, 9, 10], max_new_tokens=4, do_sample=True, seed=5)]
+    want = [_alone(sess, r) for r in reqs]
+    with Engine(sess, max_batch=4, max_length=64, block_size=block_size, prefix_cache=prefix_cache) as eng:
+        assert eng.paged and (eng.block_size == 16 or block_size is None)
+        got = _run(eng, reqs, {0: 0, 1: 0, 2: 2, 3: 3, 4: 9, 5: 10, 6: 0, 7: 12, 8: 14})
+        st = eng.stats()
+        reused = [eng.request(rid).reused_tokens for rid in sorted(eng._requests)]
+    for i in range(len(reqs)):
+        assert got[i] == want[i], f"request {i}"
+    if prefix_cache:
+        bs = eng.block_size
+        assert st["prefix_tokens"] >= 2 * (len(shared) // bs) * bs and max(reused) >= (len(shared) // bs) * bs
+    else:
+        assert st["prefix_tokens"] == 0 and not any(reused)
+
+
+def test_paged_engine_budget_counts_blocks_not_max_length() -> None:
+    """Paged admission counts prompt + max_new_tokens in whole blocks: a budget that cannot hold
+    max_length positions still runs short requests; a request bigger than the budget raises."""
+    sess = ours(MODEL)
+    with Engine(sess, max_length=64) as eng:
+        per_position = eng.stats()["request_bytes"] // 64
+    req = dict(input_ids=[3, 17, 42, 5], max_new_tokens=4)  # 8 positions: one 16-token block
+    want = _alone(sess, req)
+    with Engine(sess, max_length=64, block_size=16, budget=2 * 16 * per_position) as eng:
+        got = _run(eng, [req, req, req], {0: 0, 1: 0, 2: 0})
+        assert eng.stats()["admission_paused"] > 0  # two fit at once, the third waited
+    assert got == {0: want, 1: want, 2: want}
+    with Engine(sess, max_length=64, block_size=16, budget=16 * per_position) as eng:
+        eng.add_request(list(range(20)), max_new_tokens=4)
+        with pytest.raises(olkv.BudgetError):
+            eng.run_until_done()
+
+
 def test_requests_join_and_leave_mid_run() -> None:
     sess = ours(MODEL)
     reqs = _with_stops(sess)
@@ -221,10 +264,12 @@ def test_refusals() -> None:
         per = eng.stats()["request_bytes"]
     with pytest.raises(olkv.BudgetError):
         Engine(sess, max_length=16, budget=per - 1)
-    with pytest.raises(NotImplementedError, match="paged"):
-        Engine(sess, block_size=16)
-    with pytest.raises(NotImplementedError, match="paged"):
-        Engine(sess, prefix_cache=True)
+    with pytest.raises(ValueError, match="block_size"):
+        Engine(sess, block_size=24)
+    with pytest.raises(TypeError, match="prefix_cache"):
+        Engine(sess, prefix_cache="yes")
+    with pytest.raises(ValueError, match="layout"):
+        Engine(sess, state_options={"layout": "paged"})
     with pytest.raises(NotImplementedError, match="attention_mask"):
         Engine(ours("llama"))
     with pytest.raises(NotImplementedError, match="cache path"):

@@ -185,10 +185,8 @@ class StateRunner:
         if self._prefix and self.length == 0 and self.batch == 1 and (mask is None or np.all(mask)):
             arr = np.asarray(ids)
             if arr.ndim == 2 and arr.shape[1] > 1:
-                n = self.state.reuse_prefix(arr[0])
+                n = self.reuse_prefix(arr[0])
                 if n:
-                    self._mask = np.ones((1, n), np.int64)
-                    self.length = n
                     ids = arr[:, n:]
                     mask = None if mask is None else np.asarray(mask)[:, n:]
         ids, full, total = _prepare(self, ids, mask)
@@ -196,6 +194,19 @@ class StateRunner:
         self._mask = full
         self.length = total
         return np.asarray(out[0])
+
+    def reuse_prefix(self, ids: np.ndarray) -> int:
+        """On an empty ``prefix_cache`` state of one row: attach the longest registered prefix
+        of the 1-D ``ids`` (see ``GenerationState.reuse_prefix``; it always leaves the last
+        token to run) and return how many positions it covers; 0 otherwise. The runner then
+        holds those positions, so the next :meth:`run` feeds ``ids[n:]``."""
+        if not (self._prefix and self.length == 0 and self.batch == 1):
+            return 0
+        n = int(self.state.reuse_prefix(np.asarray(ids, np.int64)))
+        if n:
+            self._mask = np.ones((1, n), np.int64)
+            self.length = n
+        return n
 
     def reorder(self, rows: np.ndarray) -> None:
         """Row ``i`` becomes old row ``rows[i]`` (``batch`` indices: the row count is fixed)."""

@@ -76,11 +76,21 @@ class Request:
     _runner: Any = None
     _prefilled: int = 0
     _seq: Optional[np.ndarray] = None
+    _cost: int = 0  # the cache bytes admission counts for it
+    reused_tokens: int = 0
+    """Prompt tokens attached from the prefix cache instead of being prefilled."""
 
     @property
     def finished(self) -> bool:
         """True once :attr:`finish_reason` is set."""
         return self.finish_reason is not None
+
+
+def _position_bytes(info: Dict[str, Any]) -> int:
+    """Bytes one cached position takes over every layer of a state, from its ``info()``."""
+    size = {"float32": 4, "float16": 2, "bfloat16": 2}
+    return sum(int(layer["kv_heads"]) * (int(layer["head_dim_k"]) + int(layer["head_dim_v"]))
+               * size.get(str(layer["dtype"]), 4) for layer in info["layers"])
 
 
 def _paged_supported(session: Any) -> bool:
@@ -103,13 +113,19 @@ class Engine:
         budget: bytes the running requests' KV caches may reserve (None: no limit but the
             machine's). When the next request does not fit, admission pauses (it waits in the
             queue) and running requests are never failed.
-        max_length: positions per sequence, prompt included; every request reserves its
-            caches for this many positions (the contiguous layout), so a request whose
-            ``prompt + max_new_tokens`` exceeds it is refused with ``ValueError``.
-        block_size: the paged cache layout's block size; None uses contiguous caches.
-            Not implemented yet (``NotImplementedError``).
-        prefix_cache: share the caches of a common prompt prefix between requests; needs the
-            paged layout: not implemented yet (``NotImplementedError``).
+        max_length: positions per sequence, prompt included: a request whose
+            ``prompt + max_new_tokens`` exceeds it is refused with ``ValueError``. On
+            contiguous caches every request reserves (and the budget counts) this many
+            positions.
+        block_size: tokens per block of the paged cache layout (16, 32, 64, 128 or 256):
+            caches take blocks as tokens arrive, and the budget counts each request's
+            ``prompt + max_new_tokens`` rounded up to whole blocks. None: contiguous caches
+            (or, with ``prefix_cache``, the paged layout's default block size).
+        prefix_cache: share the full blocks of common prompt prefixes between requests (the
+            paged layout; ``create_state(prefix_cache=True)``): a new request attaches the
+            longest prefix of its prompt that earlier requests registered and prefills only
+            the rest (:attr:`Request.reused_tokens`). Admission still counts a reused prefix
+            as the request's own, so the budget is never exceeded by a shared block's release.
         state_options: more ``create_state`` keyword arguments (``dtype`` of the caches).
 
     Thread safety: :meth:`add_request`, :meth:`abort`, :meth:`stats` and :meth:`request` may be
@@ -124,17 +140,15 @@ class Engine:
         self.max_tokens_per_step = integer(max_tokens_per_step, "max_tokens_per_step", lo=1)
         self.max_length = integer(max_length, "max_length", lo=2)
         self.budget = optional_integer(budget, "budget", lo=1)
-        if block_size is not None:
-            integer(block_size, "block_size", lo=1)
-            raise NotImplementedError(
-                "block_size: the Engine on the paged cache layout is not implemented yet"
-                + ("" if _paged_supported(session) else " (this build has no paged layout: create_state takes no layout)")
-                + "; block_size=None runs on contiguous caches")
-        if prefix_cache:
-            raise NotImplementedError("prefix_cache=True needs the paged cache layout, which the Engine does not use "
-                                      "yet; pass prefix_cache=False")
+        if not isinstance(prefix_cache, (bool, np.bool_)):
+            raise TypeError(f"prefix_cache must be a bool, got {type(prefix_cache).__name__}")
+        self.paged = block_size is not None or bool(prefix_cache)
+        self.prefix_cache = bool(prefix_cache)
+        if self.paged and not _paged_supported(session):
+            raise NotImplementedError("block_size/prefix_cache need the paged cache layout: this session's "
+                                      "create_state takes no layout")
         opts = dict(state_options or {})
-        for k in ("max_length", "budget", "batch"):
+        for k in ("max_length", "budget", "batch", "layout", "block_size", "prefix_cache"):
             if k in opts:
                 raise ValueError(f"state_options must not set {k!r}: the Engine manages it")
         self.session = session
@@ -145,13 +159,25 @@ class Engine:
         if self.io.attention_mask is None:
             raise NotImplementedError("the Engine batches sequences of different lengths through the attention mask; "
                                       "this model has no attention_mask input")
-        self._state_options = opts
         probe = session.create_state(batch=1, max_length=self.max_length, **opts)
         try:
             self._request_bytes = int(probe.info()["totals"].get("committed_bytes", 0))
         finally:
             probe.close()
-        if self.budget is not None and self._request_bytes > self.budget:
+        # bytes per cached position (all layers), from the contiguous probe's reservation
+        self._position_bytes = self._request_bytes // self.max_length
+        self.block_size: Optional[int] = None
+        if self.paged:
+            opts.update(layout="paged", prefix_cache=self.prefix_cache)
+            if block_size is not None:
+                opts["block_size"] = integer(block_size, "block_size", lo=1)
+            probe = session.create_state(batch=1, max_length=self.max_length, **opts)  # checks block_size
+            try:
+                self.block_size = int(probe.info()["layers"][0]["block_size"])
+            finally:
+                probe.close()
+        self._state_options = opts
+        if self.budget is not None and not self.paged and self._request_bytes > self.budget:
             raise BudgetError(f"budget of {self.budget} bytes cannot hold one request's caches: "
                               f"{self._request_bytes} bytes for max_length={self.max_length}")
         self._ids = itertools.count(1)
@@ -288,17 +314,26 @@ class Engine:
         self._leave()  # aborted rows leave before the decode call
 
     def _reserved(self) -> int:
-        return (len(self._rows) + len(self._prefilling)) * self._request_bytes
+        return sum(r._cost for r in self._rows) + sum(r._cost for r in self._prefilling)
+
+    def _cost_of(self, req: Request) -> int:
+        """The cache bytes admission counts for ``req``: ``max_length`` positions on contiguous
+        caches; its ``prompt + max_new_tokens`` in whole blocks on paged ones."""
+        if not self.paged or not self._position_bytes:
+            return self._request_bytes
+        bs = self.block_size or 1
+        return -(-(req.prompt.size + req.max_new_tokens) // bs) * bs * self._position_bytes
 
     def _admit(self) -> None:
         while self._queue and len(self._rows) + len(self._prefilling) < self.max_batch:
-            if self.budget is not None and self._reserved() + self._request_bytes > self.budget:
-                if self._request_bytes > self.budget:  # learnt from the first run: nothing ever fits
+            req = self._queue[0]
+            cost = self._cost_of(req)
+            if self.budget is not None and self._reserved() + cost > self.budget:
+                if cost > self.budget:  # learnt from the first run: nothing ever fits
                     raise BudgetError(f"budget of {self.budget} bytes cannot hold one request's caches: "
-                                      f"{self._request_bytes} bytes for max_length={self.max_length}")
+                                      f"{cost} bytes for max_length={self.max_length}")
                 self._counts["admission_paused"] += 1
                 return
-            req = self._queue[0]
             try:
                 req._runner = StateRunner(self.session, self.io, 1, self.max_length, self._state_options)
             except MemoryError:  # the machine (not our budget) is out of room: wait for rows to leave
@@ -307,6 +342,7 @@ class Engine:
                 self._counts["admission_paused"] += 1
                 return
             self._queue.popleft()
+            req._cost = cost
             req._seq = req.prompt.copy()
             self._prefilling.append(req)
 
@@ -316,6 +352,9 @@ class Engine:
         for req in list(self._prefilling):
             if room <= 0:
                 break
+            if self.prefix_cache and req._prefilled == 0 and req._runner.length == 0:
+                req.reused_tokens = req._prefilled = req._runner.reuse_prefix(req.prompt)
+                self._counts["prefix_tokens"] += req.reused_tokens
             start = req._prefilled
             n = min(room, req.prompt.size - start)
             logits = req._runner.run(req.prompt[None, start:start + n])
@@ -340,7 +379,9 @@ class Engine:
         state = req._runner.state
         req._runner = None
         if not self._request_bytes:  # caches whose geometry only the first run told
-            self._request_bytes = int(state.info()["totals"].get("committed_bytes", 0))
+            self._position_bytes = _position_bytes(state.info())
+            self._request_bytes = self._position_bytes * self.max_length
+            req._cost = self._cost_of(req)
         if self._state is None:
             self._state = state
         else:
@@ -424,12 +465,18 @@ class Engine:
         if len(recent) >= 2 and recent[-1][0] > recent[0][0]:
             tps = sum(n for _, n in recent[1:]) / (recent[-1][0] - recent[0][0])
         state = self._state
-        committed = 0
+        committed, used, free, hits = 0, None, None, 0
         if state is not None and not state.closed:
             try:
-                committed = int(state.info()["totals"].get("committed_bytes", 0))
+                info = state.info()
             except ValueError:  # closed by a concurrent step
-                committed = 0
+                info = None
+            if info is not None:
+                committed = int(info["totals"].get("committed_bytes", 0))
+                if self.paged:
+                    used = sum(int(layer.get("blocks_used", 0)) for layer in info["layers"])
+                    free = sum(int(layer.get("blocks_free", 0)) for layer in info["layers"])
+                    hits = int((info.get("prefix_cache") or {}).get("hits", 0))
         return {"running": len(self._rows), "prefilling": len(self._prefilling), "queued": len(self._queue) + pending,
                 "requests": c["requests"] + pending,
                 "finished": {r: c["finished_" + r] for r in ("stop", "length", "abort")},
@@ -438,7 +485,8 @@ class Engine:
                 "tokens_per_s": tps, "cache_reserved_bytes": self._reserved(), "cache_committed_bytes": committed,
                 "budget": self.budget, "request_bytes": self._request_bytes,
                 "admission_paused": c["admission_paused"], "max_batch": self.max_batch,
-                "cache_blocks_used": None, "cache_blocks_free": None, "prefix_hits": 0}
+                "cache_blocks_used": used, "cache_blocks_free": free, "prefix_hits": hits,
+                "prefix_tokens": c["prefix_tokens"]}
 
     def close(self) -> None:
         """Abort everything and release the caches."""

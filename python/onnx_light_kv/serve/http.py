@@ -698,12 +698,18 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--budget", type=int, default=None, help="bytes the running requests' caches may reserve")
     p.add_argument("--threads", type=int, default=None, help="threads of the session (None: all CPUs)")
     p.add_argument("--model-name", default=None, help="the model id clients send (default: the file's name)")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="paged cache blocks of this many tokens (default: contiguous caches)")
+    p.add_argument("--prefix-cache", action="store_true",
+                   help="share the caches of common prompt prefixes between requests (paged layout)")
 
 
 def serve(model: str, tokenizer: str, *, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 16,
           max_length: int = 2048, max_tokens_per_step: int = 2048, budget: Optional[int] = None,
-          threads: Optional[int] = None, model_name: Optional[str] = None) -> None:
-    """Load ``model`` and serve it with uvicorn until interrupted."""
+          threads: Optional[int] = None, model_name: Optional[str] = None, block_size: Optional[int] = None,
+          prefix_cache: bool = False) -> None:
+    """Load ``model`` and serve it with uvicorn until interrupted (``block_size`` /
+    ``prefix_cache``: the :class:`Engine` options of those names)."""
     uvicorn = require("uvicorn")
     from .. import InferenceSession
 
@@ -711,7 +717,7 @@ def serve(model: str, tokenizer: str, *, host: str = "127.0.0.1", port: int = 80
 
     def factory() -> Engine:
         return Engine(sess, max_batch=max_batch, max_length=max_length, max_tokens_per_step=max_tokens_per_step,
-                      budget=budget)
+                      budget=budget, block_size=block_size, prefix_cache=prefix_cache)
 
     name = model_name or os.path.splitext(os.path.basename(model))[0]
     app = create_app(factory(), tokenizer, model_name=name, engine_factory=factory)
@@ -722,7 +728,8 @@ def run(args: Any) -> int:
     """Run the serve subcommand; returns the exit code."""
     serve(args.model, args.tokenizer, host=args.host, port=args.port, max_batch=args.max_batch,
           max_length=args.max_length, max_tokens_per_step=args.max_tokens_per_step, budget=args.budget,
-          threads=args.threads, model_name=args.model_name)
+          threads=args.threads, model_name=args.model_name, block_size=args.block_size,
+          prefix_cache=args.prefix_cache)
     return 0
 
 

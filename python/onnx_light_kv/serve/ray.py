@@ -11,8 +11,9 @@ an engine:
   OpenAI ``user`` field) go to the engine that served that key first (kept for the most recent
   ``affinity_size`` keys);
 * other requests go to the engine with the fewest requests in flight from this ingress (Ray
-  Serve's own router cannot be told to prefer a replica by prompt prefix here, and the engines
-  do not share prefixes yet, so there is no prefix affinity).
+  Serve's own router cannot be told to prefer a replica by prompt prefix here; an engine made
+  with ``prefix_cache=True`` shares prefixes among its own requests only, so there is no
+  prefix affinity across replicas).
 
 Each engine is its own deployment with one replica, so that the ingress can address it; tokens
 stream from the engine to the ingress through a streaming ``DeploymentHandle`` call, and a client
