@@ -73,50 +73,88 @@ def test_random_operations_match_numpy_model(seed: int, dtype: str) -> None:
     dk = int(rng.integers(1, 9))
     dv = dk if seed % 2 else int(rng.integers(1, 9))
     cap = int(rng.integers(4, 24))
-    cache = olkv.KVCache(B, H, dk, head_dim_v=dv, dtype=dtype, capacity=cap)
-    m = Model(B, H, dk, dv, cap, dtype)
-    cks: list[tuple[olkv.Checkpoint, Model]] = []
-    for _ in range(40):
-        op = rng.integers(0, 8)
+    drive_random_ops([olkv.KVCache(B, H, dk, head_dim_v=dv, dtype=dtype, capacity=cap)],
+                     Model(B, H, dk, dv, cap, dtype), rng, 40, 2)
+
+
+def drive_random_ops(caches: list, m: Model, rng: np.random.Generator, steps: int, block: int) -> None:
+    """Apply ``steps`` random operations (append, truncate, reorder with repeats, checkpoint and
+    rollback, evict, select, fork) to every cache of ``caches`` (of one geometry, empty) and to the
+    model ``m``, checking every cache against the model after each step; ``block`` sizes the
+    appends (up to ``2 * block`` tokens) and windows (up to ``3 * block``). Closes the caches."""
+    cks: list = []
+    for _ in range(steps):
+        op = int(rng.integers(0, 10))
         if op <= 2:
-            n = int(rng.integers(0, 4))
-            k = rng.standard_normal((B, H, n, dk)).astype(np.float32)
-            v = rng.standard_normal((B, H, n, dv)).astype(np.float32)
-            if max(m.lengths()) + n > cap:
-                with pytest.raises(olkv.CapacityError):
-                    cache.append(k, v)
-            else:
-                cache.append(k, v)
+            n = int(rng.integers(0, 2 * block))
+            k = rng.standard_normal((m.B, m.H, n, m.dk)).astype(np.float32)
+            v = rng.standard_normal((m.B, m.H, n, m.dv)).astype(np.float32)
+            for c in caches:
+                if max(m.lengths()) + n > m.cap:
+                    with pytest.raises(olkv.CapacityError):
+                        c.append(k, v)
+                else:
+                    c.append(k, v)
+            if max(m.lengths()) + n <= m.cap:
                 m.append(k, v)
         elif op == 3:
             lo, hi = max(m.win), min(m.lengths())
             if hi >= lo:
                 n = int(rng.integers(lo, hi + 1))
-                cache.truncate(n)
+                for c in caches:
+                    c.truncate(n)
                 m.k = [x[:, :n] for x in m.k]
                 m.v = [x[:, :n] for x in m.v]
         elif op == 4:
-            idx = rng.integers(0, B, size=B)
-            cache.reorder(idx)
+            idx = rng.integers(0, m.B, size=m.B)
+            for c in caches:
+                c.reorder(idx)
             old = m.copy()
             m.k = [old.k[i].copy() for i in idx]
             m.v = [old.v[i].copy() for i in idx]
             m.win = [old.win[i] for i in idx]
             cks = []
         elif op == 5:
-            cks.append((cache.checkpoint(), m.copy()))
+            cks.append(([c.checkpoint() for c in caches], m.copy()))
         elif op == 6 and cks:
-            ck, snap = cks[int(rng.integers(0, len(cks)))]
-            try:
-                cache.rollback(ck)
+            pair, snap = cks[int(rng.integers(0, len(cks)))]
+            ok = []
+            for c, ck in zip(caches, pair):
+                try:
+                    c.rollback(ck)
+                    ok.append(True)
+                except olkv.StaleCheckpointError:
+                    ok.append(False)
+            assert len(set(ok)) == 1, ok
+            if ok[0]:
                 m = snap.copy()
-            except olkv.StaleCheckpointError:
-                pass
         elif op == 7:
-            keep = int(rng.integers(0, 6))
-            cache.evict(keep)
+            keep = int(rng.integers(0, 3 * block))
+            for c in caches:
+                c.evict(keep)
             m.win = [max(w, n - keep) for w, n in zip(m.win, m.lengths())]
-        check(cache, m)
+        elif op == 8:
+            idx = rng.permutation(m.B)[:int(rng.integers(1, m.B + 1))]
+            for c in caches:
+                c.select(idx)
+                assert c.batch == idx.size
+            old = m.copy()
+            m.B = idx.size
+            m.k = [old.k[i] for i in idx]
+            m.v = [old.v[i] for i in idx]
+            m.win = [old.win[i] for i in idx]
+            cks = []
+        elif op == 9:
+            for c in caches:
+                f = c.fork()
+                check(f, m)
+                f.close()
+        for c in caches:
+            check(c, m)
+    for c in caches:
+        c.close()
+
+
 
 
 def ref_attention(q, K, V, lengths, win_starts=None, scale=None, softcap=0.0, window=None):

@@ -14,7 +14,7 @@ import pytest
 
 import onnx_light_kv as olkv
 from onnx_light_kv import models as M
-from test_cache_api import DTYPES, Model, check
+from test_cache_api import DTYPES, Model, check, drive_random_ops
 
 BS = 16  # small blocks: the tests cross many block boundaries
 
@@ -32,79 +32,7 @@ def test_random_operations_match_numpy_model(seed: int, dtype: str) -> None:
     dk = int(rng.integers(1, 9))
     dv = dk if seed % 2 else int(rng.integers(1, 9))
     cap = int(rng.integers(40, 120))
-    caches = _pair(B, H, dk, dv, dtype, cap)
-    m = Model(B, H, dk, dv, cap, dtype)
-    cks: list = []
-    for _ in range(50):
-        op = int(rng.integers(0, 10))
-        if op <= 2:
-            n = int(rng.integers(0, 2 * BS))
-            k = rng.standard_normal((m.B, H, n, dk)).astype(np.float32)
-            v = rng.standard_normal((m.B, H, n, dv)).astype(np.float32)
-            for c in caches:
-                if max(m.lengths()) + n > cap:
-                    with pytest.raises(olkv.CapacityError):
-                        c.append(k, v)
-                else:
-                    c.append(k, v)
-            if max(m.lengths()) + n <= cap:
-                m.append(k, v)
-        elif op == 3:
-            lo, hi = max(m.win), min(m.lengths())
-            if hi >= lo:
-                n = int(rng.integers(lo, hi + 1))
-                for c in caches:
-                    c.truncate(n)
-                m.k = [x[:, :n] for x in m.k]
-                m.v = [x[:, :n] for x in m.v]
-        elif op == 4:
-            idx = rng.integers(0, m.B, size=m.B)
-            for c in caches:
-                c.reorder(idx)
-            old = m.copy()
-            m.k = [old.k[i].copy() for i in idx]
-            m.v = [old.v[i].copy() for i in idx]
-            m.win = [old.win[i] for i in idx]
-            cks = []
-        elif op == 5:
-            cks.append(([c.checkpoint() for c in caches], m.copy()))
-        elif op == 6 and cks:
-            pair, snap = cks[int(rng.integers(0, len(cks)))]
-            ok = []
-            for c, ck in zip(caches, pair):
-                try:
-                    c.rollback(ck)
-                    ok.append(True)
-                except olkv.StaleCheckpointError:
-                    ok.append(False)
-            assert ok[0] == ok[1]
-            if ok[0]:
-                m = snap.copy()
-        elif op == 7:
-            keep = int(rng.integers(0, 3 * BS))
-            for c in caches:
-                c.evict(keep)
-            m.win = [max(w, n - keep) for w, n in zip(m.win, m.lengths())]
-        elif op == 8:
-            idx = rng.permutation(m.B)[:int(rng.integers(1, m.B + 1))]
-            for c in caches:
-                c.select(idx)
-                assert c.batch == idx.size
-            old = m.copy()
-            m.B = idx.size
-            m.k = [old.k[i] for i in idx]
-            m.v = [old.v[i] for i in idx]
-            m.win = [old.win[i] for i in idx]
-            cks = []
-        elif op == 9:
-            for c in caches:
-                f = c.fork()
-                check(f, m)
-                f.close()
-        for c in caches:
-            check(c, m)
-    for c in caches:
-        c.close()
+    drive_random_ops(list(_pair(B, H, dk, dv, dtype, cap)), Model(B, H, dk, dv, cap, dtype), rng, 50, BS)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

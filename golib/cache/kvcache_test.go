@@ -141,62 +141,91 @@ var geometries = []Config{
 func TestRandomOperations(t *testing.T) {
 	for gi, cfg := range geometries {
 		for seed := range uint64(6) {
-			randomOps(t, cfg, rand.New(rand.NewPCG(seed, uint64(gi))), 60, fmt.Sprintf("cfg %d seed %d", gi, seed))
+			randomOps(t, cfg, []Layout{Contiguous}, rand.New(rand.NewPCG(seed, uint64(gi))), 60, fmt.Sprintf("cfg %d seed %d", gi, seed))
 		}
 	}
 }
 
-// randomOps applies steps operations drawn from r (append, truncate,
-// reorder, checkpoint, rollback, evict) to a fresh cache of cfg and to the
-// model, and compares the two after every step; label names the run in
-// failures. TestRandomOperations and FuzzCacheOps share it.
-func randomOps(t *testing.T, cfg Config, r *rand.Rand, steps int, label string) {
+// randomOps applies steps random operations drawn from r (append, sometimes
+// ragged; truncate; reorder with repeats; checkpoint and rollback; evict
+// with windows that are not block multiples; fork with a write into the
+// fork; select; reset) to one fresh cache of cfg per layout and to the
+// model, and compares every cache with the model after every step; at the
+// end the arena holds nothing (every block back in its pool). label names
+// the run in failures. TestRandomOperations, TestPagedRandomOperations and
+// FuzzCacheOps share it.
+func randomOps(t *testing.T, cfg Config, layouts []Layout, r *rand.Rand, steps int, label string) {
 	a, _ := NewArena(0)
 	defer a.Close()
-	c := mustNew(t, a, cfg)
-	defer c.Close()
-	m := newModel(c.Config())
+	var caches []*KVCache
+	for _, l := range layouts {
+		c := cfg
+		c.Layout = l
+		caches = append(caches, mustNew(t, a, c))
+	}
+	cfg = caches[len(caches)-1].Config() // the block size a paged layout chose
+	if cfg.BlockSize == 0 {
+		cfg.BlockSize = 4 // sizes appends and windows on contiguous-only runs
+	}
+	m := newModel(caches[0].Config())
 	type ck struct {
-		id uint64
-		m  *model
+		ids []uint64
+		m   *model
 	}
 	var cks []ck
 	for step := range steps {
-		switch op := r.IntN(8); op {
-		case 0, 1, 2: // append
-			n := r.IntN(4)
-			k, v := randKV(r, c.Config(), n)
-			err := c.Append(asBytes(k), asBytes(v), Float32, n, nil)
-			fits := slices.Max(m.lens())+n <= cfg.Capacity
-			if fits != (err == nil) || (err != nil && !errors.Is(err, ErrCapacity)) {
-				t.Fatalf("%s step %d: append %d: err=%v fits=%v", label, step, n, err, fits)
+		B := m.cfg.Batch
+		switch op := r.IntN(11); op {
+		case 0, 1, 2: // append, sometimes ragged
+			n := r.IntN(2 * cfg.BlockSize)
+			k, v := randKV(r, m.cfg, n)
+			var counts []int
+			if r.IntN(3) == 0 {
+				counts = make([]int, B)
+				for b := range counts {
+					counts[b] = r.IntN(n + 1)
+				}
 			}
-			if err == nil {
-				m.append(k, v, n)
+			lens := m.lens()
+			fits := true
+			for b := range B {
+				cnt := n
+				if counts != nil {
+					cnt = counts[b]
+				}
+				fits = fits && lens[b]+cnt <= cfg.Capacity
 			}
-		case 3: // truncate all to a random valid length
-			lo := slices.Max(m.winStart)
-			hi := slices.Min(m.lens())
-			if hi < lo {
-				continue
+			for _, c := range caches {
+				err := c.Append(asBytes(k), asBytes(v), Float32, n, counts)
+				if fits != (err == nil) || (err != nil && !errors.Is(err, ErrCapacity)) {
+					t.Fatalf("%s step %d: %v append %d: err=%v fits=%v", label, step, c.cfg.Layout, n, err, fits)
+				}
 			}
-			n := lo + r.IntN(hi-lo+1)
-			if err := c.Truncate([]int{n}); err != nil {
-				t.Fatal(err)
+			if fits {
+				m.appendRagged(k, v, n, counts)
+			}
+		case 3: // truncate every sequence to a random valid length
+			n := make([]int, B)
+			lens := m.lens()
+			for b := range n {
+				n[b] = m.winStart[b] + r.IntN(lens[b]-m.winStart[b]+1)
+			}
+			for _, c := range caches {
+				mustOK(t, c.Truncate(n))
 			}
 			for b := range m.k {
 				for h := range m.k[b] {
-					m.k[b][h] = m.k[b][h][:n]
-					m.v[b][h] = m.v[b][h][:n]
+					m.k[b][h] = m.k[b][h][:n[b]]
+					m.v[b][h] = m.v[b][h][:n[b]]
 				}
 			}
 		case 4: // reorder with repeats
-			idx := make([]int, cfg.Batch)
+			idx := make([]int, B)
 			for i := range idx {
-				idx[i] = r.IntN(cfg.Batch)
+				idx[i] = r.IntN(B)
 			}
-			if err := c.Reorder(idx); err != nil {
-				t.Fatal(err)
+			for _, c := range caches {
+				mustOK(t, c.Reorder(idx))
 			}
 			old := m.clone()
 			for b, i := range idx {
@@ -205,33 +234,81 @@ func randomOps(t *testing.T, cfg Config, r *rand.Rand, steps int, label string) 
 			}
 			cks = nil
 		case 5: // checkpoint
-			id, err := c.Checkpoint()
-			if err != nil {
-				t.Fatal(err)
+			var ids []uint64
+			for _, c := range caches {
+				id, err := c.Checkpoint()
+				mustOK(t, err)
+				ids = append(ids, id)
 			}
-			cks = append(cks, ck{id, m.clone()})
-		case 6: // rollback to a random checkpoint, valid iff model rows intact
+			cks = append(cks, ck{ids, m.clone()})
+		case 6: // rollback: every layout agrees on whether it is stale
 			if len(cks) == 0 {
 				continue
 			}
 			x := cks[r.IntN(len(cks))]
-			err := c.Rollback(x.id)
-			if err == nil {
-				// the restored content must equal the snapshot
-				m = x.m.clone()
-			} else if !errors.Is(err, ErrStaleCheckpoint) {
-				t.Fatal(err)
+			e0 := caches[0].Rollback(x.ids[0])
+			for i, c := range caches[1:] {
+				if e := c.Rollback(x.ids[i+1]); (e0 == nil) != (e == nil) {
+					t.Fatalf("%s step %d: rollback %v: %v, %v: %v", label, step, caches[0].cfg.Layout, e0, c.cfg.Layout, e)
+				}
 			}
-		case 7: // evict
-			keep := r.IntN(6)
-			if err := c.Evict(keep); err != nil {
-				t.Fatal(err)
+			if e0 == nil {
+				m = x.m.clone()
+			} else if !errors.Is(e0, ErrStaleCheckpoint) {
+				t.Fatal(e0)
+			}
+		case 7: // evict: windows that are not block multiples
+			keep := r.IntN(3 * cfg.BlockSize)
+			for _, c := range caches {
+				mustOK(t, c.Evict(keep))
 			}
 			for b, l := range m.lens() {
 				m.winStart[b] = max(m.winStart[b], l-keep)
 			}
+		case 8: // fork, write into the fork, check it, drop it
+			for _, c := range caches {
+				f, err := c.Fork()
+				mustOK(t, err)
+				fm := m.clone()
+				n := r.IntN(cfg.BlockSize)
+				if slices.Max(fm.lens())+n <= cfg.Capacity {
+					k, v := randKV(r, m.cfg, n)
+					mustOK(t, f.Append(asBytes(k), asBytes(v), Float32, n, nil))
+					fm.append(k, v, n)
+				}
+				fm.check(t, f)
+				f.Close()
+			}
+		case 9: // select a subset
+			perm := r.Perm(B)[:1+r.IntN(B)]
+			for _, c := range caches {
+				mustOK(t, c.Select(perm))
+			}
+			m = m.selectSeqs(perm)
+			cks = nil
+		case 10:
+			if r.IntN(4) == 0 {
+				for _, c := range caches {
+					mustOK(t, c.Reset())
+				}
+				m = newModel(m.cfg)
+				cks = nil
+			}
 		}
-		m.check(t, c)
+		for _, c := range caches {
+			m.check(t, c)
+		}
+	}
+	for _, c := range caches {
+		c.Close()
+	}
+	if st := a.Stats(); st.Allocated != 0 || st.Live != 0 {
+		t.Fatalf("%s: after close allocated=%d live=%d", label, st.Allocated, st.Live)
+	}
+	for _, p := range a.BlockPools() {
+		if p.Used != 0 || p.Shared != 0 {
+			t.Fatalf("%s: pool not empty after close: %+v", label, p)
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package cache
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -30,162 +31,14 @@ func (m *model) selectSeqs(idx []int) *model {
 }
 
 // TestPagedRandomOperations drives a contiguous and a paged cache and the
-// model through the same random sequences of every operation (append with
-// ragged counts, truncate, reorder, checkpoint/rollback, evict with windows
-// that are not block multiples, fork, select, reset) and compares both with
-// the model after every step; the paged cache's blocks all go back to the
-// pool at the end.
+// model through the same random sequences of every operation (randomOps)
+// and compares both with the model after every step; the paged cache's
+// blocks all go back to the pool at the end.
 func TestPagedRandomOperations(t *testing.T) {
 	for gi, cfg := range pagedGeometries {
 		for seed := range uint64(12) {
 			r := rand.New(rand.NewPCG(seed, uint64(gi)+100))
-			a, _ := NewArena(0)
-			cc := cfg
-			cc.Layout = Contiguous
-			pc := cfg
-			pc.Layout = Paged
-			caches := []*KVCache{mustNew(t, a, cc), mustNew(t, a, pc)}
-			m := newModel(caches[0].Config())
-			type ck struct {
-				ids []uint64
-				m   *model
-			}
-			var cks []ck
-			for step := range 80 {
-				B := m.cfg.Batch
-				switch op := r.IntN(11); op {
-				case 0, 1, 2: // append, sometimes ragged
-					n := r.IntN(2 * cfg.BlockSize)
-					k, v := randKV(r, m.cfg, n)
-					var counts []int
-					if r.IntN(3) == 0 {
-						counts = make([]int, B)
-						for b := range counts {
-							counts[b] = r.IntN(n + 1)
-						}
-					}
-					lens := m.lens()
-					fits := true
-					for b := range B {
-						cnt := n
-						if counts != nil {
-							cnt = counts[b]
-						}
-						fits = fits && lens[b]+cnt <= cfg.Capacity
-					}
-					for _, c := range caches {
-						err := c.Append(asBytes(k), asBytes(v), Float32, n, counts)
-						if fits != (err == nil) || (err != nil && !errors.Is(err, ErrCapacity)) {
-							t.Fatalf("cfg %d seed %d step %d: %v append %d: err=%v fits=%v", gi, seed, step, c.cfg.Layout, n, err, fits)
-						}
-					}
-					if fits {
-						m.appendRagged(k, v, n, counts)
-					}
-				case 3: // truncate every sequence to a random valid length
-					n := make([]int, B)
-					lens := m.lens()
-					for b := range n {
-						n[b] = m.winStart[b] + r.IntN(lens[b]-m.winStart[b]+1)
-					}
-					for _, c := range caches {
-						mustOK(t, c.Truncate(n))
-					}
-					for b := range m.k {
-						for h := range m.k[b] {
-							m.k[b][h] = m.k[b][h][:n[b]]
-							m.v[b][h] = m.v[b][h][:n[b]]
-						}
-					}
-				case 4: // reorder with repeats
-					idx := make([]int, B)
-					for i := range idx {
-						idx[i] = r.IntN(B)
-					}
-					for _, c := range caches {
-						mustOK(t, c.Reorder(idx))
-					}
-					old := m.clone()
-					for b, i := range idx {
-						m.k[b], m.v[b] = old.clone().k[i], old.clone().v[i]
-						m.winStart[b] = old.winStart[i]
-					}
-					cks = nil
-				case 5: // checkpoint
-					var ids []uint64
-					for _, c := range caches {
-						id, err := c.Checkpoint()
-						mustOK(t, err)
-						ids = append(ids, id)
-					}
-					cks = append(cks, ck{ids, m.clone()})
-				case 6: // rollback: both layouts agree on whether it is stale
-					if len(cks) == 0 {
-						continue
-					}
-					x := cks[r.IntN(len(cks))]
-					e0, e1 := caches[0].Rollback(x.ids[0]), caches[1].Rollback(x.ids[1])
-					if (e0 == nil) != (e1 == nil) {
-						t.Fatalf("cfg %d seed %d step %d: rollback contiguous=%v paged=%v", gi, seed, step, e0, e1)
-					}
-					if e0 == nil {
-						m = x.m.clone()
-					} else if !errors.Is(e0, ErrStaleCheckpoint) {
-						t.Fatal(e0)
-					}
-				case 7: // evict: windows that are not block multiples
-					keep := r.IntN(3 * cfg.BlockSize)
-					for _, c := range caches {
-						mustOK(t, c.Evict(keep))
-					}
-					for b, l := range m.lens() {
-						m.winStart[b] = max(m.winStart[b], l-keep)
-					}
-				case 8: // fork, write into the fork, check it, drop it
-					for _, c := range caches {
-						f, err := c.Fork()
-						mustOK(t, err)
-						fm := m.clone()
-						n := r.IntN(cfg.BlockSize)
-						if slices.Max(fm.lens())+n <= cfg.Capacity {
-							k, v := randKV(r, m.cfg, n)
-							mustOK(t, f.Append(asBytes(k), asBytes(v), Float32, n, nil))
-							fm.append(k, v, n)
-						}
-						fm.check(t, f)
-						f.Close()
-					}
-				case 9: // select a subset
-					perm := r.Perm(B)[:1+r.IntN(B)]
-					for _, c := range caches {
-						mustOK(t, c.Select(perm))
-					}
-					m = m.selectSeqs(perm)
-					cks = nil
-				case 10:
-					if r.IntN(4) == 0 {
-						for _, c := range caches {
-							mustOK(t, c.Reset())
-						}
-						m = newModel(m.cfg)
-						cks = nil
-					}
-				}
-				for _, c := range caches {
-					m.check(t, c)
-				}
-			}
-			for _, c := range caches {
-				c.Close()
-			}
-			if st := a.Stats(); st.Allocated != 0 || st.Live != 0 {
-				t.Fatalf("cfg %d seed %d: after close allocated=%d live=%d", gi, seed, st.Allocated, st.Live)
-			}
-			for _, p := range a.BlockPools() {
-				if p.Used != 0 || p.Shared != 0 {
-					t.Fatalf("cfg %d seed %d: pool not empty after close: %+v", gi, seed, p)
-				}
-			}
+			randomOps(t, cfg, []Layout{Contiguous, Paged}, r, 80, fmt.Sprintf("cfg %d seed %d", gi, seed))
 		}
 	}
 }

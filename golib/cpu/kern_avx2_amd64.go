@@ -150,26 +150,7 @@ func axpy4AVX2(acc, p, v []float32, alpha *[4]float32, pf int) {
 
 // expSubAVX2 runs the assembly exp over runs of 8 and a shorter tail on a
 // padded copy (padding m: exp(0)), as expSubx16 does.
-func expSubAVX2(s []float32, m float32) float32 {
-	n8 := len(s) &^ 7
-	var sum float32
-	if n8 > 0 {
-		sum = expSubavx2(unsafe.SliceData(s), n8, m)
-	}
-	if r := len(s) - n8; r > 0 {
-		var t [8]float32
-		copy(t[:], s[n8:])
-		for i := r; i < 8; i++ {
-			t[i] = m
-		}
-		expSubavx2(&t[0], 8, m)
-		for i, e := range t[:r] {
-			s[n8+i] = e
-			sum += e
-		}
-	}
-	return sum
-}
+func expSubAVX2(s []float32, m float32) float32 { return expSubRuns(s, m, 8, expSubavx2) }
 
 // cvtF16AVX2 widens halves with VCVTPH2PS in runs of 32, the scalar codec
 // for the tail.

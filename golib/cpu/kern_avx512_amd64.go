@@ -115,21 +115,26 @@ func axpy4x16k(acc, p, v []float32, alpha *[4]float32, pf int, next []float32) {
 // same assembly on a padded copy (padding m: exp(0), no subnormal work)
 // instead of the scalar expf, which takes about 15 ns per score: every row
 // of a short context or of a block's end has such a tail.
-func expSubx16(s []float32, m float32) float32 {
-	n16 := len(s) &^ 15
+func expSubx16(s []float32, m float32) float32 { return expSubRuns(s, m, 16, expSubasm) }
+
+// expSubRuns runs the assembly exp kernel (over multiples of lanes scores)
+// on the whole runs of s and on a copy of the tail padded with m, whose
+// exp(0) lanes are dropped. lanes is 8 or 16.
+func expSubRuns(s []float32, m float32, lanes int, kernel func(s *float32, n int, m float32) float32) float32 {
+	n := len(s) &^ (lanes - 1)
 	var sum float32
-	if n16 > 0 {
-		sum = expSubasm(unsafe.SliceData(s), n16, m)
+	if n > 0 {
+		sum = kernel(unsafe.SliceData(s), n, m)
 	}
-	if r := len(s) - n16; r > 0 {
+	if r := len(s) - n; r > 0 {
 		var t [16]float32
-		copy(t[:], s[n16:])
-		for i := r; i < 16; i++ {
+		copy(t[:], s[n:])
+		for i := r; i < lanes; i++ {
 			t[i] = m
 		}
-		expSubasm(&t[0], 16, m)
+		kernel(&t[0], lanes, m)
 		for i, e := range t[:r] {
-			s[n16+i] = e
+			s[n+i] = e
 			sum += e
 		}
 	}

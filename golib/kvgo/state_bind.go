@@ -141,15 +141,11 @@ func StateReorder(sh int64, ptr uintptr, n int) (err error) {
 	if err != nil {
 		return classify(err)
 	}
-	idx, err := int64sAt(ptr, n)
+	idx, err := ints(ptr, n)
 	if err != nil {
 		return classify(err)
 	}
-	ints := make([]int, n)
-	for i, v := range idx {
-		ints[i] = int(v)
-	}
-	return classify(cs.Reorder(ints))
+	return classify(cs.Reorder(idx))
 }
 
 // StateSelect keeps the n sequences whose int64 indices are at ptr
@@ -160,15 +156,11 @@ func StateSelect(sh int64, ptr uintptr, n int) (err error) {
 	if err != nil {
 		return classify(err)
 	}
-	idx, err := int64sAt(ptr, n)
+	idx, err := ints(ptr, n)
 	if err != nil {
 		return classify(err)
 	}
-	ints := make([]int, n)
-	for i, v := range idx {
-		ints[i] = int(v)
-	}
-	return classify(cs.Select(ints))
+	return classify(cs.Select(idx))
 }
 
 // StateAdopt moves every sequence of state src to the end of state sh and
