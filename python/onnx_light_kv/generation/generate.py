@@ -21,7 +21,7 @@ from .decoder_io import DecoderIO
 from .generator import Generator
 from .options import SamplingOptions, StopCondition
 from .output import GenerationOutput, GenerationStats
-from .runner import make_runner
+from .runner import cache_path_available, make_runner, paged_states_available
 from .speculative import DraftModel, PromptLookup, speculative_decode
 from .text import Progress, Streamer, default_pad_id, encode, load_tokenizer
 
@@ -99,8 +99,9 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
     :class:`~onnx_light_kv.generation.text.Streamer`; rows that run one after another stream one
     after another, each with its own prompt and ``end``); ``progress=True``: a tqdm bar.
     ``return_scores``: per-step log-probabilities in ``scores``. ``state_options``: None runs
-    on the session's cache path (``create_state``) when it rewrites every layer, else on the
-    tensor path; False forces the tensor path; a dict of ``create_state`` keyword arguments
+    on the session's cache path (``create_state``) when it rewrites every layer (beam search on
+    paged caches, whose beam reorder shares blocks instead of copying duplicated beams), else on
+    the tensor path; False forces the tensor path; a dict of ``create_state`` keyword arguments
     (``dtype``, ``budget``, ``max_length``) requires the cache path. Both give the same tokens.
     Returns a :class:`GenerationOutput`.
     """
@@ -262,6 +263,10 @@ def _beams(session: Any, io: DecoderIO, ids: np.ndarray, mask: np.ndarray, opts:
            max_new: int, num_beams: int, length_penalty: float, early_stopping: Any, nrs: int, pad: int,
            return_scores: bool, capacity: int, state_options: Any, bar: Progress,
            stats: GenerationStats, rng: np.random.Generator) -> Tuple[np.ndarray, np.ndarray, List[np.ndarray]]:
+    if state_options is None and paged_states_available(session) and cache_path_available(session):
+        # the paged layout reorders beams by page-table permutation: a duplicated beam shares
+        # its blocks instead of being copied each step
+        state_options = {"layout": "paged"}
     runner = make_runner(session, io, ids.shape[0], capacity, state_options)
     if not runner.resizable:  # the cache path's row count is fixed: one row per beam from the start
         runner.close()

@@ -246,6 +246,16 @@ def cache_path_available(session: Any) -> bool:
     return bool(plan) and all(p.get("rewritten") for p in plan)
 
 
+def paged_states_available(session: Any) -> bool:
+    """True when ``session.create_state`` takes a ``layout`` (the paged cache layout)."""
+    import inspect
+
+    try:
+        return "layout" in inspect.signature(session.create_state).parameters
+    except (AttributeError, TypeError, ValueError):  # no create_state, or no signature to read
+        return False
+
+
 def make_runner(session: Any, io: DecoderIO, batch: int, capacity: Optional[int],
                 state_options: Union[None, bool, Dict[str, Any]] = None) -> Union[TensorRunner, StateRunner]:
     """The runner for ``session``.

@@ -18,7 +18,6 @@ tokens ``generate`` gives it alone.
 from __future__ import annotations
 
 import collections
-import inspect
 import itertools
 import threading
 import time
@@ -32,7 +31,7 @@ from .._validate import integer, optional_integer
 from ..generation import logits_process as lp
 from ..generation.decoder_io import DecoderIO
 from ..generation.options import SamplingOptions, StopCondition
-from ..generation.runner import StateRunner, cache_path_available, step_feeds
+from ..generation.runner import StateRunner, cache_path_available, paged_states_available, step_feeds
 
 __all__ = ["Engine", "StepOutput", "Request"]
 
@@ -93,13 +92,6 @@ def _position_bytes(info: Dict[str, Any]) -> int:
                * size.get(str(layer["dtype"]), 4) for layer in info["layers"])
 
 
-def _paged_supported(session: Any) -> bool:
-    try:
-        return "layout" in inspect.signature(session.create_state).parameters
-    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
-        return False
-
-
 class Engine:
     """Continuous batching over one decoder :class:`~onnx_light_kv.InferenceSession`.
 
@@ -144,7 +136,7 @@ class Engine:
             raise TypeError(f"prefix_cache must be a bool, got {type(prefix_cache).__name__}")
         self.paged = block_size is not None or bool(prefix_cache)
         self.prefix_cache = bool(prefix_cache)
-        if self.paged and not _paged_supported(session):
+        if self.paged and not paged_states_available(session):
             raise NotImplementedError("block_size/prefix_cache need the paged cache layout: this session's "
                                       "create_state takes no layout")
         opts = dict(state_options or {})
