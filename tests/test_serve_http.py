@@ -209,9 +209,16 @@ def _wait(cond: Any, what: str, timeout: float = 30) -> None:
         time.sleep(0.02)
 
 
-def test_client_disconnect_aborts(server: Server) -> None:
+def test_client_disconnect_aborts(server: Server, monkeypatch: Any) -> None:
     eng = server.engine
     aborted = eng.stats()["finished"]["abort"]
+    step = eng.step
+
+    def slow_step() -> Any:  # so that the 80 tokens cannot all be produced before the disconnect is seen
+        time.sleep(0.02)
+        return step()
+
+    monkeypatch.setattr(eng, "step", slow_step)
     with httpx.Client(base_url=server.url, timeout=30) as h:
         with h.stream("POST", "/v1/completions", json={"prompt": P1, "max_tokens": 80, "stream": True}) as r:
             assert r.status_code == 200
@@ -220,6 +227,7 @@ def test_client_disconnect_aborts(server: Server) -> None:
             assert all(g.startswith("data: ") or g == "" for g in got)
     _wait(lambda: eng.stats()["finished"]["abort"] > aborted and eng.stats()["running"] == 0,
           "the disconnected request was not aborted")
+    monkeypatch.undo()
     assert eng.stats()["generated_tokens"] < 10 ** 6
     # the server keeps serving
     with httpx.Client(base_url=server.url, timeout=30) as h:
