@@ -109,6 +109,10 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--cases", nargs="+", choices=["greedy", "beams", "draft"], default=["greedy", "beams", "draft"],
+                    help="which kinds of case to run")
+    ap.add_argument("--beam-prompts", type=int, nargs="+", default=None,
+                    help="prompt lengths of the 4-beam cases (default 1024; --quick 256)")
     args = ap.parse_args()
 
     import onnxruntime as ort
@@ -136,9 +140,14 @@ def main() -> int:
     print(f"model: {cfg.layers} layers, hidden {cfg.hidden}, {cfg.q_heads}/{cfg.kv_heads} heads x {cfg.head_dim}, "
           f"vocab {cfg.vocab}; {new} new tokens; onnxruntime-genai {genai}")
     rng = np.random.default_rng(0)
-    cases: List[Dict[str, Any]] = [{"case": f"greedy p{p}", "prompt": p, "kw": {}} for p in prompts]
-    cases.append({"case": f"beams4 p{beam_prompt}", "prompt": beam_prompt, "kw": {"num_beams": 4}})
-    cases.append({"case": f"draft(1 layer) k4 p{prompts[0]}", "prompt": prompts[0], "kw": {"draft": True}})
+    cases: List[Dict[str, Any]] = []
+    if "greedy" in args.cases:
+        cases += [{"case": f"greedy p{p}", "prompt": p, "kw": {}} for p in prompts]
+    if "beams" in args.cases:
+        cases += [{"case": f"beams4 p{p}", "prompt": p, "kw": {"num_beams": 4}}
+                  for p in (args.beam_prompts or [beam_prompt])]
+    if "draft" in args.cases:
+        cases.append({"case": f"draft(1 layer) k4 p{prompts[0]}", "prompt": prompts[0], "kw": {"draft": True}})
     rows: List[Dict[str, Any]] = []
     raw: List[Dict[str, Any]] = []
     for threads in args.threads:
