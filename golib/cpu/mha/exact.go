@@ -5,27 +5,6 @@ import (
 	"sync/atomic"
 )
 
-// Non-finite values
-//
-// Every unit path (streaming and general unit, every gemm path) returns
-// what exactRow computes in float64, the definition of the operator: IEEE
-// propagation through s = scale*q.k (softcap, masks as in the package
-// comment), the softmax with the row maximum subtracted (a row whose best
-// score is at most the excluded score gives zero probabilities) and the
-// product of the probabilities with every V row of the head, as
-// onnxruntime's P*V product computes it (a probability of 0 times a NaN or
-// an infinity in V is NaN). Huge finite inputs whose float32 products
-// overflow (q = 3e38) give the finite float64 result.
-//
-// The float32 paths detect every departure cheaply and recompute only the
-// rows concerned with exactRow: the general unit checks each row's raw
-// scores (any NaN or ±Inf), its output row, and the V rows past its last
-// scored column; the streaming unit makes a row's running maximum NaN when a
-// block holds a non-finite score and checks the online-softmax state and the
-// accumulator at the end of the row (sum(0*x) is NaN exactly when x holds a
-// NaN or an infinity). Finite inputs never take the fallback (exactRows
-// stays unchanged; TestFiniteNoFallback).
-
 // exactRows counts the rows the float32 units recomputed with exactRow.
 var exactRows atomic.Int64
 
