@@ -70,6 +70,10 @@ func poisons() []poison {
 		{"v-neg-inf", func(in *Inputs) { at(in.V, len(in.V)/2, -inf) }},
 		{"v-last-inf", func(in *Inputs) { at(in.V, -1, inf) }},
 		{"v-last-nan", func(in *Inputs) { at(in.V, -1, nan) }},
+		// The last V element of sequence 0 (of 2): past its nonpad length
+		// in the nonpad cases.
+		{"v-seq0-last-nan", func(in *Inputs) { at(in.V, len(in.V)/2-1, nan) }},
+		{"v-seq0-last-inf", func(in *Inputs) { at(in.V, len(in.V)/2-1, inf) }},
 		{"past-v-nan", func(in *Inputs) { at(in.PastValue, 1, nan) }},
 		{"past-v-neg-inf", func(in *Inputs) { at(in.PastValue, -1, -inf) }},
 		{"q-huge", func(in *Inputs) { fill(in.Q, 3e38) }},

@@ -42,7 +42,8 @@
 // The float32 units detect every departure cheaply and recompute only the
 // rows concerned with exactRow (slow and allocating): the general unit
 // checks each row's raw scores for NaN and ±Inf, its output row, and the V
-// rows past the block's last scored column; the streaming unit makes a
+// rows past the block's last scored column (those past a sequence's nonpad
+// length once per call and KV head); the streaming unit makes a
 // row's running maximum NaN when a block holds a non-finite score and
 // checks the online-softmax state and the accumulator at the end of the row
 // (sum(0*x) is NaN exactly when x holds a NaN or an infinity), and

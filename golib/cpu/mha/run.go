@@ -78,6 +78,10 @@ func (g *Geometry) Run(in Inputs, out Outputs) error {
 	if fused && inner == 1 && unitDecode && g.streamMath(out) {
 		sk = ks
 	}
+	var pad padCheck
+	if g.HasNonpad && out.QK == nil && sk == nil {
+		pad = make(padCheck, g.Batch*g.KVHeads)
+	}
 	errc := make(chan error, 1)
 	gemm.ForThreads(g.Threads, spans*blocks, func(u int) {
 		sp := g.span(u / blocks)
@@ -94,7 +98,7 @@ func (g *Geometry) Run(in Inputs, out Outputs) error {
 				g.concatHead(in.PastValue, in.V, values, g.HeadDimV, sp.b, sp.kvh)
 			}
 		}
-		if err := g.unit(in, out, keys, values, sp, r0, min(r0+rowBlock, rows), inner, ex, ks.nonFinite); err != nil {
+		if err := g.unit(in, out, keys, values, sp, r0, min(r0+rowBlock, rows), inner, ex, ks.nonFinite, pad); err != nil {
 			select {
 			case errc <- err:
 			default:
