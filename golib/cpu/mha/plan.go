@@ -22,6 +22,35 @@
 // Beyond onnxruntime (which rejects them) and as the ONNX text allows, a mask
 // whose last dimension is shorter than total_sequence_length is padded with
 // masked positions, and a rank-1 mask broadcasts like numpy.
+//
+// # Non-finite values
+//
+// Every unit path (the streaming and the general unit, on every gemm path)
+// returns what exactRow computes in float64, the definition the tests'
+// reference applies to every row: IEEE propagation through s = scale*q.k,
+// softcap and the masks above (an excluded position's score is replaced, so
+// a NaN score there has no effect), the softmax with the row maximum
+// subtracted, and the product of the probabilities with every V row of the
+// head, as onnxruntime's P*V product computes it. Consequences: a NaN score
+// at an attended position or an infinite one (inf - inf in the softmax)
+// makes the row NaN; a NaN or an infinity in V reaches its column of every
+// row of the head, excluded positions included (0 * NaN is NaN), and an
+// infinity with a positive weight gives that infinity; huge finite inputs
+// whose float32 products overflow (q = 3e38) give the finite float64
+// result.
+//
+// The float32 units detect every departure cheaply and recompute only the
+// rows concerned with exactRow (slow and allocating): the general unit
+// checks each row's raw scores for NaN and ±Inf, its output row, and the V
+// rows past the block's last scored column (those past a sequence's nonpad
+// length once per call and KV head); the streaming unit makes a
+// row's running maximum NaN when a block holds a non-finite score and
+// checks the online-softmax state and the accumulator at the end of the row
+// (sum(0*x) is NaN exactly when x holds a NaN or an infinity), and
+// recomputes every row of the unit when one failed and V is not finite
+// (causal rows stop before the last keys). Finite inputs never take the
+// fallback (TestFiniteNoFallback counts exactRows); with scale 0 the
+// products are skipped and Q and K themselves are checked.
 package mha
 
 import (

@@ -70,12 +70,17 @@ func (g *Geometry) Run(in Inputs, out Outputs) error {
 		inner = 1
 	}
 	ex := pickExp()
+	ks := pickStream()
 	var sk *streamKernels
 	// The streaming unit runs each (sequence, KV head) on one thread, so it
 	// is used when those units fill the threads; otherwise (one KV head,
 	// batch 1) the general unit's products spread over them.
 	if fused && inner == 1 && unitDecode && g.streamMath(out) {
-		sk = pickStream()
+		sk = ks
+	}
+	var pad padCheck
+	if g.HasNonpad && out.QK == nil && sk == nil {
+		pad = make(padCheck, g.Batch*g.KVHeads)
 	}
 	errc := make(chan error, 1)
 	gemm.ForThreads(g.Threads, spans*blocks, func(u int) {
@@ -93,7 +98,7 @@ func (g *Geometry) Run(in Inputs, out Outputs) error {
 				g.concatHead(in.PastValue, in.V, values, g.HeadDimV, sp.b, sp.kvh)
 			}
 		}
-		if err := g.unit(in, out, keys, values, sp, r0, min(r0+rowBlock, rows), inner, ex); err != nil {
+		if err := g.unit(in, out, keys, values, sp, r0, min(r0+rowBlock, rows), inner, ex, ks.nonFinite, pad); err != nil {
 			select {
 			case errc <- err:
 			default:

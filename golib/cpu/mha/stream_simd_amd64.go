@@ -3,6 +3,7 @@
 package mha
 
 import (
+	"math"
 	"simd/archsimd"
 	"unsafe"
 
@@ -21,9 +22,111 @@ func pickStream() *streamKernels {
 }
 
 var (
-	avx512StreamKernels = streamKernels{dots: dotsAVX512, accum: accumAVX512}
-	avx2StreamKernels   = streamKernels{dots: dotsAVX2, accum: accumAVX2}
+	avx512StreamKernels = streamKernels{dots: dotsAVX512, accum: accumAVX512, maxOf: maxOfAVX512, nonFinite: nonFiniteAVX512}
+	avx2StreamKernels   = streamKernels{dots: dotsAVX2, accum: accumAVX2, maxOf: maxOfAVX2, nonFinite: nonFiniteAVX2}
 )
+
+// maxOfAVX512 is maxOfGo with sixteen lanes: the running maximum and
+// sum(0*x) side by side.
+func maxOfAVX512(s []float32) float32 {
+	if len(s) < 16 {
+		return maxOfGo(s)
+	}
+	zero := archsimd.BroadcastFloat32x16(0)
+	m, z := load16(s), zero
+	i := 0
+	for ; i+16 <= len(s); i += 16 {
+		x := load16(s[i:])
+		m = m.Max(x)
+		z = x.MulAdd(zero, z)
+	}
+	if z.NotEqual(zero).ToBits() != 0 {
+		return float32(math.NaN())
+	}
+	var t [16]float32
+	m.Store(&t)
+	mx := t[0]
+	for _, x := range t[1:] {
+		mx = max(mx, x)
+	}
+	if i < len(s) {
+		r := maxOfGo(s[i:])
+		if r != r {
+			return r
+		}
+		mx = max(mx, r)
+	}
+	return mx
+}
+
+// maxOfAVX2 is maxOfAVX512 with eight lanes.
+func maxOfAVX2(s []float32) float32 {
+	if len(s) < 8 {
+		return maxOfGo(s)
+	}
+	zero := archsimd.BroadcastFloat32x8(0)
+	m, z := load8(s), zero
+	i := 0
+	for ; i+8 <= len(s); i += 8 {
+		x := load8(s[i:])
+		m = m.Max(x)
+		z = x.MulAdd(zero, z)
+	}
+	if z.NotEqual(zero).ToBits() != 0 {
+		return float32(math.NaN())
+	}
+	var t [8]float32
+	m.Store(&t)
+	mx := t[0]
+	for _, x := range t[1:] {
+		mx = max(mx, x)
+	}
+	if i < len(s) {
+		r := maxOfGo(s[i:])
+		if r != r {
+			return r
+		}
+		mx = max(mx, r)
+	}
+	return mx
+}
+
+// nonFiniteAVX512 is nonFiniteGo with sixteen lanes: sum(0*x), NaN exactly
+// when one x is NaN or infinite.
+func nonFiniteAVX512(s []float32) bool {
+	if len(s) < 16 {
+		return nonFiniteGo(s)
+	}
+	zero := archsimd.BroadcastFloat32x16(0)
+	z0, z1 := zero, zero
+	i := 0
+	for ; i+32 <= len(s); i += 32 {
+		z0 = load16(s[i:]).MulAdd(zero, z0)
+		z1 = load16(s[i+16:]).MulAdd(zero, z1)
+	}
+	for ; i+16 <= len(s); i += 16 {
+		z0 = load16(s[i:]).MulAdd(zero, z0)
+	}
+	return z0.Add(z1).NotEqual(zero).ToBits() != 0 || nonFiniteGo(s[i:])
+}
+
+// nonFiniteAVX2 is nonFiniteAVX512 with eight lanes.
+func nonFiniteAVX2(s []float32) bool {
+	if len(s) < 8 {
+		return nonFiniteGo(s)
+	}
+	zero := archsimd.BroadcastFloat32x8(0)
+	z0, z1 := zero, zero
+	i := 0
+	for ; i+16 <= len(s); i += 16 {
+		z0 = load8(s[i:]).MulAdd(zero, z0)
+		z1 = load8(s[i+8:]).MulAdd(zero, z1)
+	}
+	for ; i+8 <= len(s); i += 8 {
+		z0 = load8(s[i:]).MulAdd(zero, z0)
+	}
+	return z0.Add(z1).NotEqual(zero).ToBits() != 0 || nonFiniteGo(s[i:])
+}
 
 // hsum4x8 returns the lane sums of a, b, c and d: two rounds of pairwise
 // horizontal adds leave each sum split over the two 128-bit halves.

@@ -40,9 +40,28 @@ type streamKernels struct {
 	dots func(dst, q, k []float32, n, dk int)
 	// accum adds sum_t p[t]*v[t*dv:(t+1)*dv] to acc (len(acc) == dv).
 	accum func(acc, p, v []float32, n, dv int)
+	// maxOf returns the largest element of s (len(s) > 0), or NaN when s
+	// holds a NaN or an infinity.
+	maxOf func(s []float32) float32
+	// nonFinite reports whether s holds a NaN or an infinity.
+	nonFinite func(s []float32) bool
 }
 
-var goStreamKernels = streamKernels{dots: dotsGo, accum: accumGo}
+var goStreamKernels = streamKernels{dots: dotsGo, accum: accumGo, maxOf: maxOfGo, nonFinite: nonFiniteGo}
+
+// maxOfGo is the portable streamKernels.maxOf.
+func maxOfGo(s []float32) float32 {
+	m := s[0]
+	var z float32 // sum of x*0: NaN as soon as one x is NaN or infinite
+	for _, x := range s {
+		m = max(m, x)
+		z += x * 0
+	}
+	if z != 0 {
+		return z
+	}
+	return m
+}
 
 // streamMath reports whether the call is plain softmax attention with a
 // causal rule (if any) aligned to the end of the keys: no mask, nonpad
@@ -124,12 +143,17 @@ func (g *Geometry) streamUnit(in Inputs, out Outputs, keys, values []float32, sp
 			if n <= 0 {
 				continue
 			}
+			if st.m[r] != st.m[r] {
+				continue // met a non-finite score: recomputed at the end
+			}
 			s := st.sc[:n]
 			ks.dots(s, st.qs[r*dk:(r+1)*dk], kb[t0*dk:], n, dk)
-			mx := st.m[r]
-			for _, v := range s {
-				mx = max(mx, v)
+			bm := ks.maxOf(s)
+			if bm != bm { // a NaN or an infinite score
+				st.m[r] = bm
+				continue
 			}
+			mx := max(st.m[r], bm)
 			acc := st.acc[r*dv : (r+1)*dv]
 			if mx > st.m[r] && st.l[r] > 0 {
 				alpha := exp32(st.m[r] - mx)
@@ -143,14 +167,42 @@ func (g *Geometry) streamUnit(in Inputs, out Outputs, keys, values []float32, sp
 			ks.accum(acc, s, vb[t0*dv:], n, dv)
 		}
 	}
+	// A row whose state or accumulator is not finite met a non-finite
+	// score or V value (sum(0*acc) is NaN exactly when acc holds a NaN or
+	// an infinity): it is recomputed exactly. Rows that stop before the end
+	// (causal) did not read the later V rows, which the definition weighs
+	// by 0: when V holds a non-finite value, every row is recomputed.
+	bad, partial := false, false
 	for r := range rows {
+		acc := st.acc[r*dv : (r+1)*dv]
+		if !finiteState(st.m[r], st.l[r]) || ks.nonFinite(acc) {
+			st.m[r], bad = float32(math.NaN()), true
+			continue
+		}
+		partial = partial || st.lim[r] < total
 		y := out.Y[sp.yOff+r*sp.ldy : sp.yOff+r*sp.ldy+dv]
 		inv := 1 / st.l[r]
-		for j, v := range st.acc[r*dv : (r+1)*dv] {
+		for j, v := range acc {
 			y[j] = v * inv
 		}
 	}
+	if !bad {
+		return
+	}
+	all := partial && ks.nonFinite(vb)
+	for r := range rows {
+		if st.m[r] == st.m[r] && !all {
+			continue
+		}
+		y := out.Y[sp.yOff+r*sp.ldy : sp.yOff+r*sp.ldy+dv]
+		g.exactFallback(in, keys, values, sp.b, sp.h0+r/g.QLen, r%g.QLen, y, nil)
+	}
 }
+
+// finiteState reports whether a row's online-softmax state (max score m,
+// sum of weights l) stayed finite: m is NaN once a score was not finite,
+// and l >= 1 whenever m is finite.
+func finiteState(m, l float32) bool { return m-m == 0 && l-l == 0 && l > 0 }
 
 // dotsGo is the portable streamKernels.dots: four partial sums per key.
 func dotsGo(dst, q, k []float32, n, dk int) {

@@ -2,6 +2,7 @@ package mha
 
 import (
 	"math"
+	"sync/atomic"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/gemm"
 )
@@ -51,7 +52,12 @@ func (g *Geometry) span(s int) span {
 // unit computes rows [r0, r1) of a span: scores = scale * Q K^T, then
 // softcap, masks and softmax per row, then Y = P V, capturing
 // qk_matmul_output at the requested stage. threads bounds its products.
-func (g *Geometry) unit(in Inputs, out Outputs, keys, values []float32, sp span, r0, r1, threads int, ex expFunc) error {
+// Rows that meet a non-finite value are recomputed with exactRow: a raw
+// score that is NaN or ±Inf, a non-finite output row, or a non-finite
+// value in the V rows past the scored columns (which the definition weighs
+// by 0); nonFinite is the check, pad (nil without nonpad lengths) remembers
+// it for the V rows past each sequence's nonpad length.
+func (g *Geometry) unit(in Inputs, out Outputs, keys, values []float32, sp span, r0, r1, threads int, ex expFunc, nonFinite func([]float32) bool, pad padCheck) error {
 	rows := r1 - r0
 	total, dk, dv := g.TotalLen, g.HeadDimK, g.HeadDimV
 	kb := keys[sp.keys : sp.keys+total*dk]
@@ -96,12 +102,31 @@ func (g *Geometry) unit(in Inputs, out Outputs, keys, values []float32, sp span,
 			return err
 		}
 	}
+	// exact[r]: row r is recomputed by exactRow. With scale 0 the product
+	// is not computed (0 scores), so NaN and ±Inf are looked for in Q and K.
+	var exact [rowBlock]bool
+	all := false
+	if cols < total {
+		hi := total
+		if pad != nil && valid < total { // the padding: once per KV head
+			hi = valid
+			all = pad.nonFinite(sp.b*g.KVHeads+sp.kvh, vb[valid*dv:], nonFinite)
+		}
+		all = all || nonFinite(vb[cols*dv:hi*dv])
+	}
+	kBad := g.Scale == 0 && nonFinite(kb[:cols*dk])
 	for r := range rows {
 		h, i := sp.h0+(r0+r)/g.QLen, (r0+r)%g.QLen
 		row := s[r*total : r*total+cols]
 		var qk []float32
 		if out.QK != nil {
 			qk = out.QK[((sp.b*g.QHeads+h)*g.QLen+i)*total : ((sp.b*g.QHeads+h)*g.QLen+i+1)*total]
+		}
+		exact[r] = all || nonFinite(row) ||
+			(g.Scale == 0 && (kBad || nonFinite(in.Q[sp.qOff+(r0+r)*sp.ldq:][:dk])))
+		if exact[r] {
+			clear(row)
+			continue
 		}
 		if g.QKMode == 0 && qk != nil {
 			copy(qk, row)
@@ -145,7 +170,44 @@ func (g *Geometry) unit(in Inputs, out Outputs, keys, values []float32, sp span,
 		}
 	}
 	y := out.Y[sp.yOff+r0*sp.ldy:]
-	return gemm.SgemmThreads(threads, false, false, rows, dv, cols, 1, s, max(total, 1), vb, dv, 0, y, sp.ldy)
+	if err := gemm.SgemmThreads(threads, false, false, rows, dv, cols, 1, s, max(total, 1), vb, dv, 0, y, sp.ldy); err != nil {
+		return err
+	}
+	for r := range rows {
+		yr := y[r*sp.ldy : r*sp.ldy+dv]
+		if !exact[r] && !nonFinite(yr) {
+			continue
+		}
+		h, i := sp.h0+(r0+r)/g.QLen, (r0+r)%g.QLen
+		var qk []float32
+		if out.QK != nil {
+			qk = out.QK[((sp.b*g.QHeads+h)*g.QLen+i)*total : ((sp.b*g.QHeads+h)*g.QLen+i+1)*total]
+		}
+		g.exactFallback(in, keys, values, sp.b, h, i, yr, qk)
+	}
+	return nil
+}
+
+// padCheck holds, per (sequence, KV head), whether the V rows past the
+// nonpad length hold a NaN or an infinity: 0 not known yet, 1 no, 2 yes.
+// The units of one head may compute it concurrently; they store the same
+// value.
+type padCheck []atomic.Int32
+
+func (p padCheck) nonFinite(bh int, v []float32, check func([]float32) bool) bool {
+	switch p[bh].Load() {
+	case 1:
+		return false
+	case 2:
+		return true
+	}
+	bad := check(v)
+	if bad {
+		p[bh].Store(2)
+	} else {
+		p[bh].Store(1)
+	}
+	return bad
 }
 
 // mask adds the float mask or applies the bool mask to one score row, then
