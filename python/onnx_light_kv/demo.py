@@ -223,9 +223,9 @@ def run(args: Any) -> int:
     print(f"  attention bytes  {human_bytes(counters['attention_bytes'])} read in {counters['attention_calls']} calls")
     ta, tt = np.array(t_append) * 1e6, np.array(t_attn) * 1e6
     last_bytes = cap * row
-    print("\nper decode step (microseconds)      median      p90")
-    print(f"  append 1 token                 {np.median(ta):9.1f} {np.percentile(ta, 90):8.1f}")
-    print(f"  attention (len {args.prompt}..{cap}) {np.median(tt):9.1f} {np.percentile(tt, 90):8.1f}")
+    print(f"\n{'per decode step (microseconds)':<31}{'median':>9} {'p90':>8}")
+    print(f"  {'append 1 token':<29}{np.median(ta):9.1f} {np.percentile(ta, 90):8.1f}")
+    print(f"  {f'attention (len {args.prompt}..{cap})':<29}{np.median(tt):9.1f} {np.percentile(tt, 90):8.1f}")
     print(f"  effective K+V read at the last step: {last_bytes / (tt[-16:].mean() * 1e-6) / 1e9:.1f} GB/s")
     ok = worst <= tol
     print(f"\ncheck vs numpy reference: max |diff| = {worst:.2e} (tolerance {tol:g} for {args.dtype}) -> "
