@@ -34,6 +34,7 @@ says how much of it is valid.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -227,7 +228,8 @@ def _model_sizes(session: Any) -> Dict[str, int]:
     path = getattr(session, "_model_path", None)
     if not isinstance(path, str) or not os.path.isfile(path):
         return {}
-    head, window, gqa = _gqa_geometry(path)
+    st = os.stat(path)
+    head, window, gqa = _gqa_geometry(os.path.abspath(path), st.st_mtime_ns, st.st_size)
     sizes = {"local_window": window, "group_query_attention": int(gqa)}
     if head:
         sizes["head_dim"] = head
@@ -243,12 +245,14 @@ def _model_sizes(session: Any) -> Dict[str, int]:
     return sizes
 
 
-def _gqa_geometry(path: str) -> Tuple[Optional[int], int, bool]:
+@functools.lru_cache(maxsize=16)
+def _gqa_geometry(path: str, mtime_ns: int = 0, size: int = 0) -> Tuple[Optional[int], int, bool]:
     """The K/V head size of the first com.microsoft GroupQueryAttention node of the model at
     ``path`` (weights not loaded: the key input's width over ``kv_num_heads``, or for a packed
     QKV input its width over ``num_heads + 2 * kv_num_heads``; None when not determinable) and
     the largest ``local_window_size`` of those nodes (0 when none has a window), and whether
-    there is such a node."""
+    there is such a node. Cached per (path, mtime_ns, size): every ``generate`` call describes
+    its session again, and reading and inferring the graph costs more than a decode step."""
     import onnx
 
     try:
