@@ -21,6 +21,9 @@ type Config struct {
 	// BlockSize is the paged layout's tokens per block (16, 32, 64, 128 or
 	// 256; 0: DefaultBlockSize). The contiguous layout ignores it.
 	BlockSize int
+	// Quant quantizes rows older than a recent-token window (see
+	// QuantConfig); the zero value keeps every row in Elem.
+	Quant QuantConfig
 }
 
 // Counters are the work figures a cache keeps. They are logical metadata:
@@ -167,6 +170,8 @@ func (cfg Config) validate() error {
 		return fmt.Errorf("%w: unknown layout %v", ErrInvalidArgument, cfg.Layout)
 	case cfg.Layout == Paged && !validBlockSize(cfg.BlockSize):
 		return fmt.Errorf("%w: block size must be 16, 32, 64, 128 or 256 tokens (got %d)", ErrInvalidArgument, cfg.BlockSize)
+	case cfg.Quant.Enabled():
+		return fmt.Errorf("%w: quantized caches (%v) are not implemented yet", ErrInvalidArgument, cfg.Quant.Format)
 	case cfg.Batch > maxBatch || cfg.KVHeads > maxKVHeads || cfg.HeadDimK > maxHeadDim || cfg.HeadDimV > maxHeadDim:
 		// per-sequence state and buffers scale with these before any byte
 		// of K/V: absurd values must not reach an allocation

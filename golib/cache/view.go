@@ -15,6 +15,9 @@ type Segment struct {
 	Len   int    // number of rows
 	K     []byte // Len rows of K, RowBytesK each
 	V     []byte // Len rows of V, RowBytesV each
+	// Q says how the rows are stored when they are sealed (quantized); its
+	// zero value means native rows of the view's ElemType.
+	Q QuantSegment
 }
 
 // View is the block-iterator contract between a cache and the attention

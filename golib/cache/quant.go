@@ -1,0 +1,157 @@
+package cache
+
+import "fmt"
+
+// QuantFormat is the integer format of a cache's sealed (quantized) rows.
+// It is an explicit option of the cache descriptor (Config.Quant), never
+// inferred from tensor types.
+type QuantFormat int
+
+// Quantized row formats.
+const (
+	// QuantNone keeps every row in the cache's native ElemType.
+	QuantNone QuantFormat = iota
+	// QuantInt8 stores signed int8 values with symmetric float32 scales:
+	// x = scale * q, q in [-127, 127]. A row of d elements takes d bytes.
+	QuantInt8
+	// QuantInt4 stores unsigned 4-bit values with a float32 scale and a
+	// float32 zero (offset) per group: x = scale * q + zero, q in [0, 15].
+	// Two values share a byte: element 2i in the low nibble, 2i+1 in the
+	// high one; a row of d elements (d even) takes d/2 bytes.
+	QuantInt4
+)
+
+// String returns the option name of the format ("none", "int8", "int4").
+func (f QuantFormat) String() string {
+	switch f {
+	case QuantNone:
+		return "none"
+	case QuantInt8:
+		return "int8"
+	case QuantInt4:
+		return "int4"
+	}
+	return fmt.Sprintf("QuantFormat(%d)", int(f))
+}
+
+// ParseQuantFormat maps an option name ("", "none", "int8", "int4") to a
+// QuantFormat.
+func ParseQuantFormat(s string) (QuantFormat, error) {
+	switch s {
+	case "", "none":
+		return QuantNone, nil
+	case "int8":
+		return QuantInt8, nil
+	case "int4":
+		return QuantInt4, nil
+	}
+	return 0, fmt.Errorf("%w: unsupported cache quantization %q (want none, int8 or int4)", ErrInvalidArgument, s)
+}
+
+// RowBytes returns the bytes of one sealed row of d elements.
+func (f QuantFormat) RowBytes(d int) int {
+	switch f {
+	case QuantInt8:
+		return d
+	case QuantInt4:
+		return (d + 1) / 2
+	}
+	return 0
+}
+
+// KAxis says along which axis K's sealed rows share a scale. V is always
+// quantized per token.
+type KAxis int
+
+// K quantization axes.
+const (
+	// KPerChannel gives every channel (element of the head dim) of a sealed
+	// chunk its own scale (and zero), computed over the chunk's tokens.
+	// Outlier channels then cost only their own precision.
+	KPerChannel KAxis = iota
+	// KPerToken gives every K row its own scales, one per group of
+	// RowGroup(d, group) elements, like V.
+	KPerToken
+)
+
+// String returns the option name of the axis ("channel", "token").
+func (a KAxis) String() string {
+	switch a {
+	case KPerChannel:
+		return "channel"
+	case KPerToken:
+		return "token"
+	}
+	return fmt.Sprintf("KAxis(%d)", int(a))
+}
+
+// ParseKAxis maps an option name ("", "channel", "token") to a KAxis.
+func ParseKAxis(s string) (KAxis, error) {
+	switch s {
+	case "", "channel":
+		return KPerChannel, nil
+	case "token":
+		return KPerToken, nil
+	}
+	return 0, fmt.Errorf("%w: unsupported k_axis %q (want channel or token)", ErrInvalidArgument, s)
+}
+
+// QuantConfig is the quantization part of a cache descriptor.
+//
+// Tokens newer than the last Residual stay in the cache's native ElemType.
+// When Group tokens have left that window they are quantized once (sealed)
+// as one chunk, with scales computed from the chunk itself. A sealed chunk
+// is never re-quantized: truncating into it only shortens it.
+type QuantConfig struct {
+	Format QuantFormat
+	// Group is the number of tokens per sealed chunk (the span of a
+	// per-channel K scale) and the number of elements per per-token scale
+	// group along a row (see RowGroup). 32 or 64; 0 means DefaultQuantGroup.
+	Group int
+	KAxis KAxis
+	// Residual is the number of most recent tokens kept in the native type
+	// (0 allowed: rows are sealed as soon as a chunk is complete).
+	Residual int
+}
+
+// Defaults of QuantConfig.
+const (
+	DefaultQuantGroup    = 32
+	DefaultQuantResidual = 128
+)
+
+// Enabled reports whether the cache quantizes anything.
+func (q QuantConfig) Enabled() bool { return q.Format != QuantNone }
+
+// RowGroup returns the number of elements per scale group of a per-token
+// quantized row of d elements: group when it divides d, else the whole row.
+func RowGroup(d, group int) int {
+	if group > 0 && d%group == 0 {
+		return group
+	}
+	return d
+}
+
+// QuantSegment describes how a Segment's rows are stored when they are
+// sealed. The zero value (Format QuantNone) means native rows of the view's
+// ElemType. A quantized segment never spans two sealed chunks, so one set
+// of per-channel scales covers all its rows.
+//
+// Rows are token-major as for native segments: row r starts at byte
+// r*Format.RowBytes(HeadDimK) of Segment.K (HeadDimV for V).
+//
+//   - K per channel (KAxis == KPerChannel): KScale (and, for int4, KZero)
+//     hold HeadDimK values, one per channel, for every row of the segment.
+//   - K per token: KScale/KZero hold Len*(HeadDimK/KGroup) values, row r's
+//     groups at [r*ng, (r+1)*ng), where KGroup = RowGroup(HeadDimK, Group).
+//   - V is always per token: VScale/VZero hold Len*(HeadDimV/VGroup) values,
+//     VGroup = RowGroup(HeadDimV, Group).
+//
+// KZero and VZero are nil for int8 (symmetric).
+type QuantSegment struct {
+	Format         QuantFormat
+	KAxis          KAxis
+	KGroup, VGroup int // elements per scale group along a per-token row
+	KScale, KZero  []float32
+	VScale, VZero  []float32
+}
