@@ -49,6 +49,23 @@ With ``--layout contiguous paged`` another side joins the alternating blocks: th
 ``KVCache(layout="paged", block_size=--block-size)`` holding the same rows, on the first
 ``--kernel`` path; that path's rows report ``paged_ms`` and ``paged_ratio`` (paged time /
 contiguous time; the target is <= 1.05).
+
+Quantized caches (``--quant``): per geometry (GQA 32/8 d128 by default; ``--heads``,
+``--head-dims``, ``--batches`` change it) one set of alternating blocks holds our fp32, fp16 and
+bf16 caches, the int8 and int4 caches with residual 0 and 128 (native type ``--quant-dtype``,
+default float16; ``--quant-group``, ``--k-axis``; ``--variants`` picks some), onnxruntime's
+GroupQueryAttention with its int8 and with its int4 cache (shared IOBinding buffer, static
+``PER_CHANNEL`` scales calibrated on the past, ``--ort-quant-kind``) and the probe. Contexts are
+1k-32k plus the step's token (the cache holds a whole number of chunks before the step, so a
+step never seals). Each row: ms (median, p10/p90), the K+V bytes a step reads, scales included,
+from the cache's ``attention_bytes`` counter, GB/s and its fraction of the paired probe,
+``vs_fp16`` (our fp16 time / this cache's time), onnxruntime's time with the cache of the same
+bit width and ``speedup`` (its time / ours), and each output's max |difference| from our fp32
+cache's. ``--quick``: 1k and 4k, batch 1; ``--target``: 16k and 32k, batch 1 and 4, where the
+issue's targets are checked (int8 >= 1.7x / int4 >= 2.8x over fp16 on the AVX-512 path, 1.5x /
+2.2x on AVX2, onnxruntime/ours >= 1.5). JSON: ``benchmarks/results/decode-quant-<UTC>.json``.
+
+    python benchmarks/bench_decode.py --quant --target --threads 1 2
 """
 
 from __future__ import annotations
@@ -156,30 +173,104 @@ def probe_buffer() -> Optional[np.ndarray]:
 
 # ---------------------------------------------------------------- onnxruntime
 
-def gqa_model(c: Case, capacity: int) -> bytes:
-    import onnx
+@dataclass(frozen=True)
+class OrtQuant:
+    """onnxruntime's quantized GroupQueryAttention cache (CPU contract of onnxruntime 1.32).
+
+    ``bits`` 8: ``int8`` past/present, ``x = scale * q``, ``q`` in [-128, 127]. ``bits`` 4:
+    ``uint8`` past/present of ``head_dim / 2`` bytes per row, two signed 4-bit values per byte
+    stored with an offset of 8 (element ``2i`` in the low nibble, ``2i + 1`` in the high one),
+    ``x = scale * (nibble - 8)``. The scales are static inputs (``k_scale`` / ``v_scale``,
+    float32): ``PER_TENSOR`` one value (shape ``[1]``), ``PER_CHANNEL`` one per KV head and
+    channel (shape ``[1, kv_heads, 1, head_dim]``), calibrated offline (:func:`ort_scales`).
+    New tokens are quantized with those scales when the op writes them, and attention reads them
+    back quantized."""
+
+    bits: int  # 8 or 4
+    kind: str = "PER_CHANNEL"  # or "PER_TENSOR", for K and V alike
+
+    @property
+    def qmax(self) -> int:
+        """The largest quantized magnitude a scale maps ``max |x|`` to (127 or 7)."""
+        return 127 if self.bits == 8 else 7
+
+    @property
+    def np_dtype(self) -> Any:
+        """The numpy dtype of the past/present buffers (int8 or uint8)."""
+        return np.int8 if self.bits == 8 else np.uint8
+
+    def row_bytes(self, head_dim: int) -> int:
+        """Bytes of one stored row (the last axis of past/present)."""
+        return head_dim if self.bits == 8 else head_dim // 2
+
+
+def ort_scales(x: np.ndarray, quant: OrtQuant) -> np.ndarray:
+    """Static scales for onnxruntime's quantized cache calibrated on ``x``
+    (``[batch, kv_heads, seq, head_dim]``): ``max |x| / qmax`` over the whole tensor
+    (``PER_TENSOR``, shape ``[1]``) or per KV head and channel (``PER_CHANNEL``,
+    ``[1, kv_heads, 1, head_dim]``); zeros become 1 so that no scale divides by 0."""
+    a = np.abs(np.asarray(x, np.float32))
+    m = a.max(keepdims=True).reshape(1) if quant.kind == "PER_TENSOR" else a.max(axis=(0, 2), keepdims=True)
+    m = m / quant.qmax
+    return np.where(m > 0, m, 1.0).astype(np.float32)
+
+
+def ort_quantize(x: np.ndarray, scale: np.ndarray, quant: OrtQuant) -> np.ndarray:
+    """``x`` (``[..., head_dim]``, float) in onnxruntime's quantized cache format (see
+    :class:`OrtQuant`): round to nearest even, clamp to the format's range."""
+    q = np.rint(np.asarray(x, np.float32) / scale)
+    if quant.bits == 8:
+        return np.clip(q, -128, 127).astype(np.int8)
+    u = (np.clip(q, -8, 7) + 8).astype(np.uint8)
+    return (u[..., 0::2] | (u[..., 1::2] << 4)).astype(np.uint8)
+
+
+def ort_dequantize(q: np.ndarray, scale: np.ndarray, quant: OrtQuant) -> np.ndarray:
+    """The float32 values onnxruntime's quantized cache ``q`` stands for (inverse of
+    :func:`ort_quantize` up to rounding)."""
+    if quant.bits == 8:
+        return q.astype(np.float32) * scale
+    x = np.empty(q.shape[:-1] + (2 * q.shape[-1],), np.float32)
+    x[..., 0::2] = (q & 15).astype(np.float32) - 8
+    x[..., 1::2] = (q >> 4).astype(np.float32) - 8
+    return x * scale
+
+
+def gqa_model(c: Case, capacity: int, quant: Optional[OrtQuant] = None) -> bytes:
+    """The one-node ``com.microsoft.GroupQueryAttention`` decode model of case ``c`` whose
+    past/present hold ``capacity`` positions: float caches of ``c.dtype``, or with ``quant`` the
+    quantized cache (queries and new K/V stay ``c.dtype``; ``k_scale``/``v_scale`` inputs)."""
     from onnx import TensorProto, helper
 
     dt = TensorProto.FLOAT16 if c.dtype == "float16" else TensorProto.FLOAT
     d = c.head_dim
-    node = helper.make_node(
-        "GroupQueryAttention",
-        ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length"],
-        ["output", "present_key", "present_value"],
-        domain="com.microsoft", num_heads=c.q_heads, kv_num_heads=c.kv_heads)
+    names = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length"]
+    attrs: Dict[str, Any] = {}
+    cache_dt, row = dt, d
+    if quant is not None:
+        names += ["", "", "", "", "", "k_scale", "v_scale"]
+        attrs = {"k_quant_type": quant.kind, "v_quant_type": quant.kind, "kv_cache_bit_width": quant.bits}
+        cache_dt = TensorProto.INT8 if quant.bits == 8 else TensorProto.UINT8
+        row = quant.row_bytes(d)
+    node = helper.make_node("GroupQueryAttention", names, ["output", "present_key", "present_value"],
+                            domain="com.microsoft", num_heads=c.q_heads, kv_num_heads=c.kv_heads, **attrs)
     inputs = [
         helper.make_tensor_value_info("query", dt, [c.batch, 1, c.q_heads * d]),
         helper.make_tensor_value_info("key", dt, [c.batch, 1, c.kv_heads * d]),
         helper.make_tensor_value_info("value", dt, [c.batch, 1, c.kv_heads * d]),
-        helper.make_tensor_value_info("past_key", dt, [c.batch, c.kv_heads, capacity, d]),
-        helper.make_tensor_value_info("past_value", dt, [c.batch, c.kv_heads, capacity, d]),
+        helper.make_tensor_value_info("past_key", cache_dt, [c.batch, c.kv_heads, capacity, row]),
+        helper.make_tensor_value_info("past_value", cache_dt, [c.batch, c.kv_heads, capacity, row]),
         helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [c.batch]),
         helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
     ]
+    if quant is not None:
+        shape = [1] if quant.kind == "PER_TENSOR" else [1, c.kv_heads, 1, d]
+        inputs += [helper.make_tensor_value_info("k_scale", TensorProto.FLOAT, shape),
+                   helper.make_tensor_value_info("v_scale", TensorProto.FLOAT, shape)]
     outputs = [
         helper.make_tensor_value_info("output", dt, [c.batch, 1, c.q_heads * d]),
-        helper.make_tensor_value_info("present_key", dt, [c.batch, c.kv_heads, capacity, d]),
-        helper.make_tensor_value_info("present_value", dt, [c.batch, c.kv_heads, capacity, d]),
+        helper.make_tensor_value_info("present_key", cache_dt, [c.batch, c.kv_heads, capacity, row]),
+        helper.make_tensor_value_info("present_value", cache_dt, [c.batch, c.kv_heads, capacity, row]),
     ]
     graph = helper.make_graph([node], "gqa_decode", inputs, outputs)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
@@ -189,10 +280,15 @@ def gqa_model(c: Case, capacity: int) -> bytes:
 
 
 class OrtStep:
-    """One GQA decode step over a shared past/present buffer bound through IOBinding."""
+    """One GQA decode step over a shared past/present buffer bound through IOBinding.
+
+    ``past_k``/``past_v``: the shared ``[B, kv_heads, capacity, row]`` buffers (float, or in
+    ``quant``'s format with the static ``scales`` ``(k_scale, v_scale)``); ``q``/``k``/``v``: the
+    step's query and new K/V in onnxruntime's ``[B, 1, heads * head_dim]`` layout."""
 
     def __init__(self, c: Case, past_k: np.ndarray, past_v: np.ndarray, q: np.ndarray, k: np.ndarray,
-                 v: np.ndarray):
+                 v: np.ndarray, quant: Optional[OrtQuant] = None,
+                 scales: Optional[tuple] = None):
         from onnx_light_kv._optional import require
 
         ort = require("onnxruntime")  # ImportError naming the 'ort' extra when missing
@@ -202,13 +298,19 @@ class OrtStep:
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.sess = ort.InferenceSession(gqa_model(c, past_k.shape[2]), so, providers=["CPUExecutionProvider"])
+        self.sess = ort.InferenceSession(gqa_model(c, past_k.shape[2], quant), so,
+                                         providers=["CPUExecutionProvider"])
         ov = ort.OrtValue.ortvalue_from_numpy
         self.kbuf, self.vbuf = ov(past_k), ov(past_v)  # the shared buffers (share numpy memory)
         self.np_k, self.np_v = past_k, past_v
+        self.quant, self.scales = quant, scales
         self.inputs = {"query": ov(q), "key": ov(k), "value": ov(v),
                        "seqlens_k": ov(np.full(c.batch, c.context - 1, np.int32)),
                        "total_sequence_length": ov(np.array(c.context, np.int32))}
+        if quant is not None:
+            if scales is None:
+                raise ValueError("a quantized cache needs its (k_scale, v_scale)")
+            self.inputs["k_scale"], self.inputs["v_scale"] = ov(scales[0]), ov(scales[1])
         self.out = ov(np.zeros((c.batch, 1, c.q_heads * c.head_dim), q.dtype))
         b = self.sess.io_binding()
         for name, val in self.inputs.items():
@@ -225,8 +327,12 @@ class OrtStep:
 
     def shares_buffer(self, c: Case, k: np.ndarray) -> bool:
         """True when the new key of the last step sits at position L-1 of the shared buffer
-        (and the buffer is still the numpy memory we bound)."""
+        (quantized with the static scale for a quantized cache) and the buffer is still the numpy
+        memory we bound."""
         new = k.reshape(c.batch, c.kv_heads, c.head_dim)
+        if self.quant is not None:
+            assert self.scales is not None
+            new = ort_quantize(new[:, :, None, :], self.scales[0], self.quant)[:, :, 0]
         return bool(np.array_equal(self.np_k[:, :, c.context - 1, :], new)
                     and self.kbuf.data_ptr() == self.np_k.ctypes.data)
 
@@ -368,6 +474,286 @@ def run_case(c: Case, repeat: int, warmup: int, rng: np.random.Generator,
     return {"case": asdict(c), "rows": rows, "samples": samples, "cache_counters": counters}
 
 
+# ---------------------------------------------------------------- quantized caches (--quant)
+
+@dataclass(frozen=True)
+class CacheVariant:
+    """One of our caches in a ``--quant`` case: a native cache (``quant`` "none") or a quantized
+    one whose last ``residual`` tokens stay in ``dtype``."""
+
+    dtype: str
+    quant: str = "none"  # "none", "int8" or "int4"
+    residual: int = 0
+    group: int = 32
+    k_axis: str = "channel"
+
+    @property
+    def name(self) -> str:
+        """Short row label: ``fp32``, ``fp16``, ``bf16``, ``int8 r0``, ``int4 r128``, ..."""
+        if self.quant == "none":
+            return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[self.dtype]
+        return f"{self.quant} r{self.residual}"
+
+    def options(self) -> Dict[str, Any]:
+        """The ``KVCache`` keyword options of the variant."""
+        opts: Dict[str, Any] = {"dtype": self.dtype}
+        if self.quant != "none":
+            opts.update(quant=self.quant, quant_group=self.group, k_axis=self.k_axis, residual=self.residual)
+        return opts
+
+    def ort(self, kind: str) -> Optional[OrtQuant]:
+        """onnxruntime's cache of the same bit width (None for a native cache)."""
+        return None if self.quant == "none" else OrtQuant(8 if self.quant == "int8" else 4, kind)
+
+
+def quant_variants(group: int, k_axis: str, qdtype: str, names: Optional[List[str]] = None) -> List[CacheVariant]:
+    """The ``--quant`` caches: fp32, fp16, bf16, then int8 and int4 with residual 0 and 128
+    (native type ``qdtype``), or those of ``names``."""
+    vs = [CacheVariant("float32"), CacheVariant("float16"), CacheVariant("bfloat16")]
+    vs += [CacheVariant(qdtype, q, r, group, k_axis) for q in ("int8", "int4") for r in (0, 128)]
+    if names:
+        known = {v.name: v for v in vs}
+        missing = [n for n in names if n not in known]
+        if missing:
+            raise SystemExit(f"unknown --variants {missing}; known: {list(known)}")
+        vs = [known[n] for n in names]
+    return vs
+
+
+def quant_grid(quick: bool, target: bool, contexts: Optional[List[int]], threads: List[int],
+               batches: Optional[List[int]], heads: List[tuple], head_dims: List[int]) -> List[Case]:
+    """The ``--quant`` geometries (``Case.dtype`` unused). Contexts are nominal + 1 tokens after
+    the step: the cache holds a multiple of the group before it, so the step's append never
+    completes a chunk (sealing is amortized over ``group`` steps, not part of one)."""
+    ctx = contexts or ([1024, 4096] if quick else [16384, 32768] if target else [1024, 4096, 16384, 32768])
+    bs = batches or ([1] if quick else [1, 4])
+    return [Case(t, "float32", b, hq, hkv, d, L + 1) for t in threads for b in bs for hq, hkv in heads
+            for d in head_dims for L in ctx]
+
+
+def run_quant_case(c: Case, variants: List[CacheVariant], kernels: List[tuple], repeat: int, warmup: int,
+                   rng: np.random.Generator, ort_kind: str = "PER_CHANNEL") -> Dict[str, Any]:
+    """One ``--quant`` geometry: every variant's step on every kernel path, onnxruntime's int8 and
+    int4 GroupQueryAttention (shared IOBinding buffer, static per-channel scales calibrated on the
+    past) and the paired probe, in alternating blocks. Our step as in :func:`run_case` (append,
+    attention into ``out``, truncate back); the K+V bytes a step reads, scales included, come from
+    the cache's ``attention_bytes`` counter."""
+    import onnx_light_kv as olkv
+
+    olkv.set_kernel("auto")
+    L, d = c.context, c.head_dim
+    past_k = rng.standard_normal((c.batch, c.kv_heads, L - 1, d), np.float32)
+    past_v = rng.standard_normal((c.batch, c.kv_heads, L - 1, d), np.float32)
+    q = rng.standard_normal((c.batch, c.q_heads, 1, d), np.float32)
+    k = rng.standard_normal((c.batch, c.kv_heads, 1, d), np.float32)
+    v = rng.standard_normal((c.batch, c.kv_heads, 1, d), np.float32)
+    olkv.set_threads(c.threads)
+    fns: Dict[str, Any] = {}
+    notes: Dict[str, str] = {}
+    caches: Dict[str, Any] = {}
+    outs: Dict[str, np.ndarray] = {}
+    read: Dict[str, float] = {}
+    for var in variants:
+        try:
+            cache = olkv.KVCache(c.batch, c.kv_heads, d, capacity=L, **var.options())
+            if L > 1:
+                cache.append(past_k, past_v)
+        except (TypeError, ValueError, NotImplementedError) as e:
+            notes[var.name] = f"unavailable: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            continue
+        out = np.empty((c.batch, c.q_heads, 1, d), np.float32)
+
+        def ours(cache: Any = cache, out: np.ndarray = out) -> None:
+            cache.append(k, v)
+            olkv.attention(q, cache, out=out)
+            cache.truncate(L - 1)
+
+        ours()
+        cache.reset_counters()
+        ours()
+        ct = cache.counters
+        read[var.name] = ct["attention_bytes"] / max(ct["attention_calls"], 1)
+        caches[var.name], outs[var.name] = cache, out.copy()
+        for _, path in kernels:
+            fns[f"{var.name}:{path}"] = _common.on_kernel(path, ours)
+    ref = outs.get("fp32")
+    errs = {n: float(np.max(np.abs(o - ref))) for n, o in outs.items()} if ref is not None else {}
+    ort_steps: Dict[str, OrtStep] = {}
+    ort_info: Dict[str, Dict[str, Any]] = {}
+    for qname in dict.fromkeys(v.quant for v in variants if v.quant != "none"):
+        oq = next(v for v in variants if v.quant == qname).ort(ort_kind)
+        assert oq is not None
+        try:
+            ks = ort_scales(np.concatenate([past_k, k], axis=2), oq)
+            vs = ort_scales(np.concatenate([past_v, v], axis=2), oq)
+            pk = np.zeros((c.batch, c.kv_heads, L, oq.row_bytes(d)), oq.np_dtype)
+            pv = np.zeros_like(pk)
+            pk[:, :, :L - 1] = ort_quantize(past_k, ks, oq)
+            pv[:, :, :L - 1] = ort_quantize(past_v, vs, oq)
+            k_ort = np.ascontiguousarray(k.transpose(0, 2, 1, 3).reshape(c.batch, 1, c.kv_heads * d))
+            v_ort = np.ascontiguousarray(v.transpose(0, 2, 1, 3).reshape(c.batch, 1, c.kv_heads * d))
+            q_ort = np.ascontiguousarray(q.transpose(0, 2, 1, 3).reshape(c.batch, 1, c.q_heads * d))
+            step = OrtStep(c, pk, pv, q_ort, k_ort, v_ort, oq, (ks, vs))
+            step()
+            if not step.shares_buffer(c, k_ort):
+                notes[f"ort {qname}"] = "ORT did not write into the shared buffer (silent copy): invalid comparator"
+                continue
+            info: Dict[str, Any] = {"kv_bytes": 2 * pk.nbytes}
+            if ref is not None:
+                got = step.out.numpy().reshape(c.batch, 1, c.q_heads, d).transpose(0, 2, 1, 3)
+                info["max_abs_diff_vs_fp32"] = float(np.max(np.abs(got - ref)))
+            ort_steps[qname], ort_info[qname] = step, info
+            fns[f"ort {qname}"] = step
+        except Exception as e:  # noqa: BLE001 - an unsupported ORT case is reported, not fatal
+            notes[f"ort {qname}"] = f"onnxruntime failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    buf = probe_buffer()
+    if buf is not None:
+        fns["probe"] = _common.on_kernel("auto", lambda: olkv.stream_read(buf, c.threads))
+    samples = blocked(fns, repeat=repeat, warmup=warmup) if fns else {}
+    olkv.set_kernel("auto")
+    paired: Dict[str, float] = {}
+    if "probe" in samples:
+        probe_gbps = [buf.nbytes / (ms * 1e6) for ms in samples.pop("probe")]
+        paired = {"bw_paired_GBps": float(np.median(probe_gbps)),
+                  "bw_paired_p10": float(np.percentile(probe_gbps, 10)),
+                  "bw_paired_p90": float(np.percentile(probe_gbps, 90))}
+        samples["probe_GBps"] = probe_gbps
+    label = f"t{c.threads} b{c.batch} h{c.q_heads}/{c.kv_heads} d{c.head_dim}"
+    rows: List[Dict[str, Any]] = []
+    for _, path in kernels:
+        fp16_ms = summarize(samples["fp16:" + path])["median"] if "fp16:" + path in samples else None
+        for var in variants:
+            key = f"{var.name}:{path}"
+            r: Dict[str, Any] = {"case": label, "cache": var.name, "kernel": path, "context": L}
+            s = summarize(samples[key]) if key in samples else None
+            if s is None:
+                r["note"] = notes.get(var.name, "not run")
+            else:
+                r.update({"ours_ms": s["median"], "ours_p10": s["p10"], "ours_p90": s["p90"],
+                          "kv_read_MB": read[var.name] / 1e6,
+                          "ours_GBps": read[var.name] / (s["median"] / 1e3) / 1e9, **paired})
+                if paired:
+                    r["bw_frac_paired"] = r["ours_GBps"] / paired["bw_paired_GBps"]
+                if fp16_ms is not None:
+                    r["vs_fp16"] = _common.speedup(s["median"], fp16_ms)
+                if var.name in errs:
+                    r["max_abs_diff_vs_fp32"] = errs[var.name]
+            ok = f"ort {var.quant}"
+            if ok in samples:
+                so = summarize(samples[ok])
+                r.update({"ort_ms": so["median"], "ort_p10": so["p10"], "ort_p90": so["p90"],
+                          "ort_kv_MB": ort_info[var.quant]["kv_bytes"] / 1e6})
+                if "max_abs_diff_vs_fp32" in ort_info[var.quant]:
+                    r["ort_max_abs_diff_vs_fp32"] = ort_info[var.quant]["max_abs_diff_vs_fp32"]
+                if s is not None:
+                    r["speedup"] = _common.speedup(s["median"], so["median"])
+            elif ok in notes:
+                r["note"] = (r["note"] + "; " if "note" in r else "") + notes[ok]
+            rows.append(r)
+    counters = {n: dict(cch.counters) for n, cch in caches.items()}
+    for cch in caches.values():
+        cch.close()
+    del ort_steps, caches, past_k, past_v
+    gc.collect()
+    return {"case": asdict(c), "variants": [asdict(v) for v in variants], "rows": rows, "samples": samples,
+            "notes": notes, "cache_counters": counters, "ort": ort_info}
+
+
+#: The targets of the quantized cache (issue 13) beyond the L3 at 16k and 32k tokens:
+#: speed-up over our fp16 cache per kernel path, and onnxruntime's time over ours.
+QUANT_TARGETS = {"avx512": {"int8": 1.7, "int4": 2.8}, "avx2": {"int8": 1.5, "int4": 2.2}}
+ORT_QUANT_TARGET = 1.5
+
+
+def quant_target_lines(rows: List[Dict[str, Any]], llc: int) -> List[str]:
+    """The target check of the ``--quant`` rows (L >= 16k, K+V of the fp32 cache beyond the LLC):
+    worst speed-up over fp16 per format and path, worst onnxruntime/ours."""
+    lines = []
+    big = [r for r in rows if r["context"] > 16384 and "ours_ms" in r and r.get("beyond_llc")]
+    for path in dict.fromkeys(r["kernel"] for r in big):
+        for fmt in ("int8", "int4"):
+            rs = [r for r in big if r["kernel"] == path and r["cache"].startswith(fmt)]
+            want = QUANT_TARGETS.get(path, {}).get(fmt)
+            if rs and want and all("vs_fp16" in r for r in rs):
+                worst = min(r["vs_fp16"] for r in rs)
+                lines.append(f"{path} {fmt}: speed-up over our fp16 cache >= {want}: worst {worst:.2f}, median "
+                             f"{np.median([r['vs_fp16'] for r in rs]):.2f} over {len(rs)} rows -> "
+                             f"{'met' if worst >= want else 'NOT met'}")
+            ro = [r for r in rs if "speedup" in r]
+            if ro:
+                worst = min(r["speedup"] for r in ro)
+                lines.append(f"{path} {fmt}: onnxruntime/ours >= {ORT_QUANT_TARGET}: worst {worst:.2f}, median "
+                             f"{np.median([r['speedup'] for r in ro]):.2f} over {len(ro)} rows -> "
+                             f"{'met' if worst >= ORT_QUANT_TARGET else 'NOT met'}")
+    return lines
+
+
+def main_quant(args: argparse.Namespace, kernels: List[tuple], bw: Dict[int, Dict[str, Any]], llc: int) -> int:
+    """``--quant``: our fp32/fp16/bf16 caches and the int8/int4 ones side by side with
+    onnxruntime's int8/int4 GroupQueryAttention; table, target check, JSON (and PNG)."""
+    heads = [tuple(int(x) for x in h.split("/")) for h in (args.heads or ["32/8"])]
+    variants = quant_variants(args.quant_group, args.k_axis, args.quant_dtype, args.variants)
+    repeat = args.repeat or (10 if args.quick else 30)
+    rng = np.random.default_rng(0)
+    results, rows = [], []
+    for c in _common.progress(quant_grid(args.quick, args.target, args.contexts, args.threads, args.batches,
+                                         heads, args.head_dims or [128]), desc="cases"):
+        if c.kv_bytes > args.max_gib * 2 ** 30:
+            print(f"skip {c.label} L={c.context}: fp32 K+V {c.kv_bytes / 2**30:.1f} GiB > --max-gib")
+            continue
+        r = run_quant_case(c, variants, kernels, repeat, args.warmup, rng, args.ort_quant_kind)
+        results.append(r)
+        for row in r["rows"]:
+            row["beyond_llc"] = c.kv_bytes > llc
+            if "ours_GBps" in row:
+                row["bw_frac"] = row["ours_GBps"] / bw[c.threads]["gbps"]
+            rows.append(row)
+            if "ours_ms" not in row:
+                print(f"{row['case']:<20} {row['cache']:<9} {row['kernel']:<6} L={c.context:>6}"
+                      + (f"  ort {row['ort_ms']:8.3f} ms" if "ort_ms" in row else "") + f"  [{row.get('note')}]")
+                continue
+            print(f"{row['case']:<20} {row['cache']:<9} {row['kernel']:<6} L={c.context:>6}  ours {row['ours_ms']:8.3f} ms"
+                  + f"  {row['kv_read_MB']:8.2f} MB {row['ours_GBps']:6.1f} GB/s"
+                  + (f" ({row['bw_frac_paired'] * 100:4.0f}% paired)" if "bw_frac_paired" in row else "")
+                  + (f"  x{row['vs_fp16']:5.2f} vs fp16" if "vs_fp16" in row else "")
+                  + (f"  ort {row['ort_ms']:8.3f} ms  ort/ours {row['speedup']:5.2f}" if "speedup" in row else "")
+                  + (f"  [{row['note']}]" if "note" in row else ""), flush=True)
+    cols = ["case", "cache", "kernel", "context", "ours_ms", "ours_p10", "ours_p90", "kv_read_MB", "ours_GBps",
+            "bw_frac_paired", "vs_fp16", "ort_ms", "ort_p10", "ort_p90", "speedup", "max_abs_diff_vs_fp32",
+            "ort_max_abs_diff_vs_fp32", "note"]
+    print()
+    print(_common.isa_line())
+    print(format_table(rows, [c for c in cols if any(c in r for r in rows)]))
+    print(_common.SPEEDUP + "; vs_fp16 = our fp16 cache's time / this cache's time; speedup = onnxruntime's "
+          "int8/int4 GroupQueryAttention time / ours")
+    for line in quant_target_lines(rows, llc):
+        print(line)
+    payload = {"benchmark": "decode-quant", "env": environment(threads=max(args.threads)),
+               "kernels_run": [p for _, p in kernels], "args": vars(args), "read_bandwidth": bw, "llc_bytes": llc,
+               "variants": [asdict(v) for v in variants], "rows": rows, "results": results}
+    path = write_json("decode-quant", payload, args.results_dir)
+    print(f"\nraw samples: {path}")
+    if not args.no_plot and any("ours_ms" in r for r in rows):
+        series: Dict[str, Dict[str, List[float]]] = {}
+        ratio: Dict[str, Any] = {}
+        for r in rows:
+            if "ours_ms" not in r:
+                continue
+            s = series.setdefault(f"{r['cache']} {r['kernel']} {r['case']}", {"x": [], "median": [], "p10": [], "p90": []})
+            s["x"].append(r["context"])
+            for key, col in (("median", "ours_ms"), ("p10", "ours_p10"), ("p90", "ours_p90")):
+                s[key].append(r[col])
+            if "vs_fp16" in r and r["cache"] not in ("fp16",):
+                x, vals = ratio.setdefault(f"{r['cache']} {r['kernel']} {r['case']}", ([], []))
+                x.append(r["context"])
+                vals.append(r["vs_fp16"])
+        png = plot_series(path[:-5] + ".png", series, "context (tokens)", "decode step (ms)",
+                          title="decode step: quantized vs native caches (lower panel: x over fp16)",
+                          logy=True, ratio=ratio)
+        print(f"plot: {png}")
+    return 0
+
+
 # ---------------------------------------------------------------- main
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -392,9 +778,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--layout", nargs="+", choices=["contiguous", "paged"], default=["contiguous"],
                     help="cache layouts to time side by side (contiguous is always the reference)")
     ap.add_argument("--block-size", type=int, default=None, help="paged layout block size (default: the library's)")
+    ap.add_argument("--quant", action="store_true",
+                    help="quantized caches: fp32/fp16/bf16 vs int8/int4 (residual 0 and 128) and onnxruntime's "
+                         "int8/int4 GroupQueryAttention (--quick: 1k/4k batch 1; --target: 16k/32k)")
+    ap.add_argument("--variants", nargs="+", default=None,
+                    help="--quant: the caches to run (fp32 fp16 bf16 'int8 r0' 'int8 r128' 'int4 r0' 'int4 r128')")
+    ap.add_argument("--quant-group", type=int, default=32, help="--quant: tokens per sealed chunk (32 or 64)")
+    ap.add_argument("--k-axis", choices=["channel", "token"], default="channel", help="--quant: K scale axis")
+    ap.add_argument("--quant-dtype", choices=["float32", "float16", "bfloat16"], default="float16",
+                    help="--quant: native type of the quantized caches' residual window")
+    ap.add_argument("--ort-quant-kind", choices=["PER_CHANNEL", "PER_TENSOR"], default="PER_CHANNEL",
+                    help="--quant: onnxruntime's static scale kind (k_quant_type / v_quant_type)")
+    ap.add_argument("--results-dir", default=_common.RESULTS_DIR, help="where the JSON and PNG go")
     args = ap.parse_args(argv)
     custom = None
-    if args.dtypes or args.heads or args.head_dims or args.batches:
+    if (args.dtypes or args.heads or args.head_dims or args.batches) and not args.quant:
         heads = [tuple(int(x) for x in h.split("/")) for h in (args.heads or ["32/8"])]
         custom = [(dt, b, hq, hkv, d) for dt in (args.dtypes or ["float32"]) for hq, hkv in heads
                   for d in (args.head_dims or [128]) for b in (args.batches or [1])]
@@ -414,6 +812,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(_common.isa_line())
     print(f"kernel paths run: {', '.join(p for _, p in kernels)}  LLC: {llc / 2**20:.0f} MiB "
           "(bandwidth probes read with the best path)")
+
+    if args.quant:
+        return main_quant(args, kernels, bw, llc)
 
     rng = np.random.default_rng(0)
     results, rows = [], []
@@ -477,7 +878,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     payload = {"benchmark": "decode", "env": environment(threads=max(args.threads)),
                "kernels_run": [p for _, p in kernels], "args": vars(args), "read_bandwidth": bw, "llc_bytes": llc, "rows": rows, "results": results}
-    path = write_json("decode", payload)
+    path = write_json("decode", payload, args.results_dir)
     print(f"\nraw samples: {path}")
     if not args.no_plot and rows:
         series: Dict[str, Dict[str, List[float]]] = {}

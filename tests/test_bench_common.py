@@ -1,4 +1,4 @@
-"""The benchmark helpers (benchmarks/_common.py) and a smoke run of bench_tensor_decode.py."""
+"""The benchmark helpers (benchmarks/_common.py) and smoke runs of bench_tensor_decode.py and bench_decode.py --quant."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import _common  # noqa: E402
+import bench_decode  # noqa: E402
 import bench_tensor_decode  # noqa: E402
 
 
@@ -94,3 +95,31 @@ def test_kernel_paths_and_runs(capsys: Any) -> None:
     assert runtimes == list(dict.fromkeys(["ours-go", f"ours-{avail[-1]}"])) + ["ort"]
     assert kernel_of["ours-go"] == "go"
     assert bench_tensor_decode.expand_runtimes(["ours", "ort"], ["auto"]) == (["ours", "ort"], {})
+
+
+def test_bench_decode_quant_smoke(tmp_path: Any) -> None:
+    """``bench_decode.py --quant`` on a tiny geometry: a row per cache with its bytes read (from the
+    cache counters) and speed-up over fp16, onnxruntime's int8/int4 GroupQueryAttention timed beside
+    them, JSON with raw samples. Our quantized caches' part skips while KVCache has no ``quant``."""
+    rc = bench_decode.main(["--quant", "--quick", "--threads", "1", "--contexts", "256", "--heads", "4/2",
+                            "--head-dims", "64", "--repeat", "3", "--warmup", "1", "--no-plot",
+                            "--results-dir", str(tmp_path)])
+    assert rc == 0
+    files = [f for f in os.listdir(tmp_path) if f.startswith("decode-quant-") and f.endswith(".json")]
+    data = json.load(open(tmp_path / files[0]))
+    rows = {r["cache"]: r for r in data["rows"]}
+    assert list(rows) == ["fp32", "fp16", "bf16", "int8 r0", "int8 r128", "int4 r0", "int4 r128"]
+    assert all(r["context"] == 257 for r in rows.values())
+    assert rows["fp16"]["vs_fp16"] == 1.0 and rows["fp32"]["kv_read_MB"] == 2 * rows["fp16"]["kv_read_MB"]
+    assert rows["fp32"]["kv_read_MB"] * 1e6 == 2 * 257 * 2 * 64 * 4
+    for name in ("int8 r0", "int4 r0"):
+        assert rows[name]["ort_ms"] > 0 and rows[name]["ort_max_abs_diff_vs_fp32"] < 0.5
+        assert len(data["results"][0]["samples"][f"ort {name.split()[0]}"]) == 3
+    unavailable = [r["note"] for r in rows.values() if "unavailable" in r.get("note", "")]
+    if unavailable:
+        pytest.skip(f"our quantized caches are not available: {unavailable[0]}")
+    fp16 = rows["fp16"]["kv_read_MB"]
+    assert rows["int8 r0"]["kv_read_MB"] < 0.6 * fp16 and rows["int4 r0"]["kv_read_MB"] < 0.35 * fp16
+    assert rows["int8 r128"]["kv_read_MB"] > rows["int8 r0"]["kv_read_MB"]
+    for name in ("int8 r0", "int8 r128", "int4 r0", "int4 r128"):
+        assert rows[name]["speedup"] > 0 and rows[name]["max_abs_diff_vs_fp32"] < 0.5
