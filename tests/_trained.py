@@ -14,7 +14,8 @@ perplexity delta).
 * :func:`state_logits`: teacher-forced logits of a token sequence on the cache path
   (``create_state``), the sequence fed in chunks, in independent windows of the training length.
 * :func:`perplexity`: ``exp`` of the mean next-token negative log-likelihood from those logits.
-* :func:`state_greedy`: greedy decoding on the cache path (tokens and each run's logits).
+* :func:`state_greedy`: greedy decoding on the cache path (tokens and each run's logits);
+  :func:`state_decode`: the same with any decoder driver, greedy or teacher-forced.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def heldout_ids(name: Optional[str] = None) -> np.ndarray:
     return np.asarray(tokenizer(name).encode(heldout_text(name)).ids, dtype=np.int64)
 
 
-def _state_feeds(dec: fx.Decoder, tokens: np.ndarray) -> Dict[str, np.ndarray]:
+def _state_feeds(dec: Any, tokens: np.ndarray) -> Dict[str, np.ndarray]:
     pasts = {p for p, _ in dec.pairs}
     return {k: v for k, v in dec.feeds(tokens).items() if k not in pasts}
 
@@ -106,19 +107,28 @@ def perplexity(name: str, sess: Any, ids: np.ndarray, *, chunk: int = 64, window
     return float(np.exp(nll / count))
 
 
-def state_greedy(name: str, sess: Any, prompt: np.ndarray, steps: int,
+def state_decode(dec: Any, sess: Any, prompt: np.ndarray, steps: int, forced: Optional[np.ndarray] = None,
                  **state_options: Any) -> Tuple[List[int], List[np.ndarray]]:
-    """Greedy decoding of a 1-D prompt on the cache path: the tokens chosen after the prefill and
-    each of ``steps`` steps (``steps + 1``), and each run's logits (``[1, seq, vocab]``)."""
-    dec = fx.Decoder(name, sess)
+    """Decoding of a 1-D prompt on the cache path (``sess.create_state(**state_options)``) with the
+    feeds of the driver ``dec`` (a ``_fixtures.Decoder`` or any object with its ``start``,
+    ``feeds``, ``pairs`` and ``past_len``): the prefill, then ``steps`` one-token steps fed the
+    previous argmax (greedy) or, teacher-forced, ``forced[i]`` at step ``i + 1``. Returns the
+    argmax after each run (``steps + 1``) and each run's logits (``[1, seq, vocab]``)."""
     dec.start(1)
     tokens: List[int] = []
     logits: List[np.ndarray] = []
     with sess.create_state(batch=1, **state_options) as st:
         x = np.asarray(prompt, dtype=np.int64)[None]
-        for _ in range(steps + 1):
+        for i in range(steps + 1):
             logits.append(sess.run(["logits"], _state_feeds(dec, x), state=st)[0])
             dec.past_len += x.shape[1]
             tokens.append(int(np.argmax(logits[-1][0, -1])))
-            x = np.array([[tokens[-1]]], dtype=np.int64)
+            x = np.array([[tokens[-1] if forced is None else int(forced[i])]], dtype=np.int64)
     return tokens, logits
+
+
+def state_greedy(name: str, sess: Any, prompt: np.ndarray, steps: int,
+                 **state_options: Any) -> Tuple[List[int], List[np.ndarray]]:
+    """Greedy decoding of a 1-D prompt on the cache path: the tokens chosen after the prefill and
+    each of ``steps`` steps (``steps + 1``), and each run's logits (``[1, seq, vocab]``)."""
+    return state_decode(fx.Decoder(name, sess), sess, prompt, steps, **state_options)
