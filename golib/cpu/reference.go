@@ -112,6 +112,9 @@ func loadRows(segs []cache.Segment, from, to, dk, dv int, elem cache.ElemType) (
 	esize := elem.Size()
 	pos := from
 	for _, sg := range segs {
+		if sg.Q.Format != cache.QuantNone {
+			return nil, nil, fmt.Errorf("%w: attention over %v-quantized cache rows", cache.ErrNotImplemented, sg.Q.Format)
+		}
 		if sg.Start != pos || sg.Len < 0 || len(sg.K) < sg.Len*dk*esize || len(sg.V) < sg.Len*dv*esize {
 			return nil, nil, fmt.Errorf("%w: cache view returned a malformed segment (start %d len %d, expected start %d)",
 				cache.ErrInvalidArgument, sg.Start, sg.Len, pos)

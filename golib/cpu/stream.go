@@ -140,6 +140,9 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 	u.segs = v.AppendSegments(u.segs[:0], b, h, from, to)
 	pos := from
 	for _, sg := range u.segs {
+		if sg.Q.Format != cache.QuantNone {
+			return fmt.Errorf("%w: attention over %v-quantized cache rows", cache.ErrNotImplemented, sg.Q.Format)
+		}
 		if sg.Start != pos || sg.Len < 0 || len(sg.K) < sg.Len*dk*esize || len(sg.V) < sg.Len*dv*esize {
 			return fmt.Errorf("%w: cache view returned a malformed segment (start %d len %d, expected start %d)",
 				cache.ErrInvalidArgument, sg.Start, sg.Len, pos)

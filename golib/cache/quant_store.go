@@ -1,0 +1,376 @@
+package cache
+
+import (
+	"fmt"
+	"sort"
+)
+
+// quantSeq is the storage of one sequence of a quantized contiguous cache.
+//
+// Positions [0, sealed) are sealed: quantized rows in qk/qv at their
+// position (Capacity rows per head), cut into chunks whose start positions
+// are chunks (chunk i spans [chunks[i], chunks[i+1]), the last one up to
+// sealed). Positions [sealed, len) are native rows in a ring of ring rows
+// per head: position p lives in slot p % ring. sealed may exceed the
+// sequence's length after a truncate or rollback; the first append below
+// sealed cuts it there (cut), which only shortens the chunk it falls in.
+type quantSeq struct {
+	ringK, ringV []byte    // [KVHeads][ring] native rows
+	qk, qv       []byte    // [KVHeads][Capacity] sealed rows
+	kts, kzs     []float32 // per-token K scales/zeros: [KVHeads][Capacity][ngK]
+	vts, vzs     []float32 // V scales/zeros: [KVHeads][Capacity][ngV]
+	// kch holds the per-channel K scales of the chunks: chunk i, head h at
+	// [(i*KVHeads+h)*chStride:], HeadDimK scales then (int4) HeadDimK zeros.
+	// It is reserved (on the Go heap, like the chunk table) for
+	// Capacity/Group+1 chunks; truncations into sealed chunks can create more
+	// (shorter) chunks, and then it grows.
+	kch    []float32
+	chunks []int
+	sealed int
+}
+
+// quantGeom is the derived geometry of a quantized cache.
+type quantGeom struct {
+	q              QuantConfig
+	ring           int // native rows per (sequence, head)
+	qRowK, qRowV   int // bytes per sealed row
+	kGroup, vGroup int // elements per per-token scale group
+	ngK, ngV       int // per-token scales per row (ngK 0 for per-channel K)
+	zeros          bool
+	chStride       int // per-channel floats per (chunk, head): d or 2d; 0 per token
+	maxChunks      int // chunks the arena buffer has room for
+	seqBytes       int // one sequence's arena buffer
+}
+
+func newQuantGeom(cfg Config) quantGeom {
+	q := cfg.Quant
+	g := quantGeom{q: q, ring: min(cfg.Capacity, q.Residual+q.Group),
+		qRowK: q.Format.RowBytes(cfg.HeadDimK), qRowV: q.Format.RowBytes(cfg.HeadDimV),
+		kGroup: RowGroup(cfg.HeadDimK, q.Group), vGroup: RowGroup(cfg.HeadDimV, q.Group),
+		zeros: q.Format == QuantInt4}
+	g.ngV = cfg.HeadDimV / g.vGroup
+	if q.KAxis == KPerToken {
+		g.ngK = cfg.HeadDimK / g.kGroup
+	} else {
+		g.chStride = cfg.HeadDimK
+		if g.zeros {
+			g.chStride *= 2
+		}
+	}
+	g.maxChunks = (cfg.Capacity+q.Group-1)/q.Group + 1
+	g.seqBytes = 0
+	for _, n := range g.parts(cfg) {
+		g.seqBytes += align64(n)
+	}
+	return g
+}
+
+// parts are the byte sizes of a sequence's buffer, in the order carve
+// takes them.
+func (g quantGeom) parts(cfg Config) [8]int {
+	H, C, es := cfg.KVHeads, cfg.Capacity, cfg.Elem.Size()
+	z := 0
+	if g.zeros {
+		z = 1
+	}
+	return [8]int{
+		H * g.ring * cfg.HeadDimK * es, H * g.ring * cfg.HeadDimV * es,
+		H * C * g.qRowK, H * C * g.qRowV,
+		4 * H * C * g.ngK, 4 * H * C * g.ngK * z,
+		4 * H * C * g.ngV, 4 * H * C * g.ngV * z,
+	}
+}
+
+func align64(n int) int { return (n + 63) &^ 63 }
+
+// scaleBytesPerToken is the per-token scale and zero bytes of one token
+// (all heads), without the per-channel K scales.
+func (g quantGeom) scaleBytesPerToken(cfg Config) int {
+	n := 4 * cfg.KVHeads * (g.ngK + g.ngV)
+	if g.zeros {
+		n *= 2
+	}
+	return n
+}
+
+// bytesPerToken is the amortized storage of one sealed token, all heads,
+// K and V: rows, per-token scales and the per-channel K scales of a full
+// chunk shared by its Group tokens.
+func (g quantGeom) bytesPerToken(cfg Config) int64 {
+	return int64(cfg.KVHeads*(g.qRowK+g.qRowV)+g.scaleBytesPerToken(cfg)) +
+		int64(cfg.KVHeads*g.chStride*4/g.q.Group)
+}
+
+// carve splits one sequence's arena buffer into its parts.
+func (g quantGeom) carve(cfg Config, buf []byte) *quantSeq {
+	p := g.parts(cfg)
+	var off int
+	next := func(n int) []byte {
+		b := buf[off : off+n : off+n]
+		off += align64(n)
+		return b
+	}
+	s := &quantSeq{ringK: next(p[0]), ringV: next(p[1]), qk: next(p[2]), qv: next(p[3]),
+		kts: asF32(next(p[4])), kzs: asF32(next(p[5])), vts: asF32(next(p[6])), vzs: asF32(next(p[7]))}
+	if g.chStride > 0 {
+		s.kch = make([]float32, 0, g.maxChunks*cfg.KVHeads*g.chStride)
+	}
+	s.chunks = make([]int, 0, g.maxChunks)
+	return s
+}
+
+// validateQuant checks the quantization part of a (defaulted) Config.
+func (cfg Config) validateQuant() error {
+	q := cfg.Quant
+	switch {
+	case q.Format != QuantInt8 && q.Format != QuantInt4:
+		return fmt.Errorf("%w: unsupported cache quantization %v", ErrInvalidArgument, q.Format)
+	case q.Group != 32 && q.Group != 64:
+		return fmt.Errorf("%w: quant_group must be 32 or 64 (got %d)", ErrInvalidArgument, q.Group)
+	case q.KAxis != KPerChannel && q.KAxis != KPerToken:
+		return fmt.Errorf("%w: unsupported k_axis %v", ErrInvalidArgument, q.KAxis)
+	case q.Residual < 0 || q.Residual > maxResidual:
+		return fmt.Errorf("%w: residual must be in 0..%d tokens (got %d)", ErrInvalidArgument, maxResidual, q.Residual)
+	case q.Format == QuantInt4 && (cfg.HeadDimK%2 != 0 || cfg.HeadDimV%2 != 0):
+		return fmt.Errorf("%w: int4 packs two values per byte: head dims must be even (got %d and %d)",
+			ErrInvalidArgument, cfg.HeadDimK, cfg.HeadDimV)
+	case cfg.Layout == Paged:
+		return fmt.Errorf("%w: quantized caches in the paged layout", ErrNotImplemented)
+	}
+	return nil
+}
+
+// maxResidual bounds Residual (far above any useful window).
+const maxResidual = 1 << 20
+
+// newQuantSeqs reserves the storage of every sequence of a quantized
+// contiguous cache, all or nothing.
+func (c *KVCache) newQuantSeqs() error {
+	bufs, err := c.arena.allocMany(c.qg.seqBytes, c.cfg.Batch)
+	if err != nil {
+		return err
+	}
+	c.seqs = make([]seqStore, c.cfg.Batch)
+	for b := range c.seqs {
+		c.seqs[b] = seqStore{k: bufs[b], q: c.qg.carve(c.cfg, bufs[b])}
+	}
+	return nil
+}
+
+// cut makes pos the end of the sealed rows when it lies below it: chunks
+// starting at or after pos go, the one holding pos-1 becomes shorter. No
+// sealed value changes.
+func (s *quantSeq) cut(pos, heads, chStride int) {
+	if pos >= s.sealed {
+		return
+	}
+	s.sealed = pos
+	i := sort.SearchInts(s.chunks, pos)
+	s.chunks = s.chunks[:i]
+	s.kch = s.kch[:i*heads*chStride]
+}
+
+// reset empties the sealed area.
+func (s *quantSeq) reset() {
+	s.sealed = 0
+	s.chunks = s.chunks[:0]
+	s.kch = s.kch[:0]
+}
+
+// quantWriteLocked writes cnt new rows per head of sequence b from
+// position pos (Append's contract), sealing chunks as rows leave the
+// residual window. Rows go through the native ring in pieces that fit it,
+// so the ring never holds more than its size; each chunk is sealed once.
+func (c *KVCache) quantWriteLocked(b, pos, cnt int, k, v []byte, src ElemType, n int, scratch []float32) {
+	cfg, g := c.cfg, &c.qg
+	s := c.seqs[b].q
+	s.cut(pos, cfg.KVHeads, g.chStride)
+	ss := src.Size()
+	R := g.ring
+	for done := 0; done < cnt; {
+		p := pos + done
+		m := min(cnt-done, R-(p-s.sealed))
+		for h := range cfg.KVHeads {
+			unit := b*cfg.KVHeads + h
+			srcK := k[(unit*n+done)*cfg.HeadDimK*ss:]
+			srcV := v[(unit*n+done)*cfg.HeadDimV*ss:]
+			for w := 0; w < m; {
+				slot := (p + w) % R
+				r := min(m-w, R-slot)
+				convertRows(s.ringK[(h*R+slot)*c.rowK:], cfg.Elem, srcK[w*cfg.HeadDimK*ss:], src, r*cfg.HeadDimK, scratch)
+				convertRows(s.ringV[(h*R+slot)*c.rowV:], cfg.Elem, srcV[w*cfg.HeadDimV*ss:], src, r*cfg.HeadDimV, scratch)
+				w += r
+			}
+		}
+		done += m
+		for pos+done-s.sealed >= g.q.Residual+g.q.Group {
+			c.sealLocked(s)
+		}
+	}
+}
+
+// sealLocked quantizes the Group native rows after s.sealed, every head, as
+// one new chunk.
+func (c *KVCache) sealLocked(s *quantSeq) {
+	cfg, g := c.cfg, &c.qg
+	G, R, C := g.q.Group, g.ring, cfg.Capacity
+	dk, dv := cfg.HeadDimK, cfg.HeadDimV
+	s0 := s.sealed
+	ci := len(s.chunks)
+	s.chunks = append(s.chunks, s0)
+	if g.chStride > 0 {
+		need := cfg.KVHeads * g.chStride
+		if n := len(s.kch); cap(s.kch)-n >= need {
+			s.kch = s.kch[:n+need]
+		} else {
+			s.kch = append(s.kch, make([]float32, need)...)
+		}
+	}
+	xk, xv := c.qscratch[:G*dk], c.qscratch[G*dk:G*(dk+dv)]
+	var written int64
+	for h := range cfg.KVHeads {
+		for w := 0; w < G; {
+			slot := (s0 + w) % R
+			r := min(G-w, R-slot)
+			convertRows(asBytes(xk[w*dk:(w+r)*dk]), Float32, s.ringK[(h*R+slot)*c.rowK:], cfg.Elem, r*dk, nil)
+			convertRows(asBytes(xv[w*dv:(w+r)*dv]), Float32, s.ringV[(h*R+slot)*c.rowV:], cfg.Elem, r*dv, nil)
+			w += r
+		}
+		row := h*C + s0
+		dstK := s.qk[row*g.qRowK : (row+G)*g.qRowK]
+		if g.chStride > 0 {
+			off := (ci*cfg.KVHeads + h) * g.chStride
+			var zero []float32
+			if g.zeros {
+				zero = s.kch[off+dk : off+2*dk]
+			}
+			written += quantizePerChannel(g.q.Format, dstK, s.kch[off:off+dk], zero, xk, G, dk)
+		} else {
+			var zero []float32
+			if g.zeros {
+				zero = s.kzs[row*g.ngK : (row+G)*g.ngK]
+			}
+			written += quantizePerToken(g.q.Format, dstK, s.kts[row*g.ngK:(row+G)*g.ngK], zero, xk, G, dk, g.kGroup)
+		}
+		var zero []float32
+		if g.zeros {
+			zero = s.vzs[row*g.ngV : (row+G)*g.ngV]
+		}
+		written += quantizePerToken(g.q.Format, s.qv[row*g.qRowV:(row+G)*g.qRowV], s.vts[row*g.ngV:(row+G)*g.ngV], zero, xv, G, dv, g.vGroup)
+	}
+	s.sealed = s0 + G
+	c.sealBytes += written
+	c.sealCalls++
+}
+
+// quantSegments appends the segments of positions [from, to) of sequence
+// b, head h of a quantized contiguous cache: one per sealed chunk (with Q
+// filled), then the native rows of the ring (two segments when they wrap).
+func (c *KVCache) quantSegments(dst []Segment, b, h, from, to int) []Segment {
+	cfg, g := &c.cfg, &c.qg
+	s := c.seqs[b].q
+	C, R := cfg.Capacity, g.ring
+	sEnd := min(s.sealed, to)
+	pos := from
+	if pos < sEnd {
+		i := sort.SearchInts(s.chunks, pos+1) - 1
+		for ; pos < sEnd; i++ {
+			end := sEnd
+			if i+1 < len(s.chunks) {
+				end = min(end, s.chunks[i+1])
+			}
+			r0, r1 := h*C+pos, h*C+end
+			sg := Segment{Start: pos, Len: end - pos,
+				K: s.qk[r0*g.qRowK : r1*g.qRowK], V: s.qv[r0*g.qRowV : r1*g.qRowV],
+				Q: QuantSegment{Format: g.q.Format, KAxis: g.q.KAxis, KGroup: g.kGroup, VGroup: g.vGroup,
+					VScale: s.vts[r0*g.ngV : r1*g.ngV]}}
+			if g.zeros {
+				sg.Q.VZero = s.vzs[r0*g.ngV : r1*g.ngV]
+			}
+			if g.chStride > 0 {
+				off := (i*cfg.KVHeads + h) * g.chStride
+				sg.Q.KScale = s.kch[off : off+cfg.HeadDimK]
+				if g.zeros {
+					sg.Q.KZero = s.kch[off+cfg.HeadDimK : off+2*cfg.HeadDimK]
+				}
+			} else {
+				sg.Q.KScale = s.kts[r0*g.ngK : r1*g.ngK]
+				if g.zeros {
+					sg.Q.KZero = s.kzs[r0*g.ngK : r1*g.ngK]
+				}
+			}
+			dst = append(dst, sg)
+			pos = end
+		}
+	}
+	for pos < to {
+		slot := pos % R
+		n := min(to-pos, R-slot)
+		dst = append(dst, Segment{Start: pos, Len: n,
+			K: s.ringK[(h*R+slot)*c.rowK : (h*R+slot+n)*c.rowK],
+			V: s.ringV[(h*R+slot)*c.rowV : (h*R+slot+n)*c.rowV]})
+		pos += n
+	}
+	return dst
+}
+
+// copyQuantSeqLocked makes dst a copy of src's positions [lo, hi) (the
+// valid rows of a sequence) and returns the bytes copied: the sealed rows
+// and scales of [lo, min(hi, sealed)), the chunk table and per-channel
+// scales of the chunks below that, and the whole native ring.
+func (c *KVCache) copyQuantSeqLocked(dst, src *quantSeq, lo, hi int) int64 {
+	cfg, g := c.cfg, &c.qg
+	C := cfg.Capacity
+	dst.reset()
+	sEnd := min(src.sealed, hi)
+	var n int64
+	n += int64(copy(dst.ringK, src.ringK) + copy(dst.ringV, src.ringV))
+	if sEnd > lo {
+		for h := range cfg.KVHeads {
+			r0, r1 := h*C+lo, h*C+sEnd
+			n += int64(copy(dst.qk[r0*g.qRowK:r1*g.qRowK], src.qk[r0*g.qRowK:r1*g.qRowK]))
+			n += int64(copy(dst.qv[r0*g.qRowV:r1*g.qRowV], src.qv[r0*g.qRowV:r1*g.qRowV]))
+			n += 4 * int64(copy(dst.kts[r0*g.ngK:r1*g.ngK], src.kts[r0*g.ngK:r1*g.ngK]))
+			n += 4 * int64(copy(dst.vts[r0*g.ngV:r1*g.ngV], src.vts[r0*g.ngV:r1*g.ngV]))
+			if g.zeros {
+				n += 4 * int64(copy(dst.kzs[r0*g.ngK:r1*g.ngK], src.kzs[r0*g.ngK:r1*g.ngK]))
+				n += 4 * int64(copy(dst.vzs[r0*g.ngV:r1*g.ngV], src.vzs[r0*g.ngV:r1*g.ngV]))
+			}
+		}
+	}
+	nc := sort.SearchInts(src.chunks, sEnd)
+	dst.chunks = append(dst.chunks, src.chunks[:nc]...)
+	dst.kch = append(dst.kch, src.kch[:nc*cfg.KVHeads*g.chStride]...)
+	n += int64(4*nc*cfg.KVHeads*g.chStride + 8*nc)
+	dst.sealed = sEnd
+	return n
+}
+
+// quantTokens returns the sealed and native readable tokens over the
+// sequences.
+func (c *KVCache) quantTokensLocked() (sealed, native int64) {
+	for b, l := range c.lens {
+		s := c.seqs[b].q
+		ws := c.winStart[b]
+		se := min(s.sealed, l)
+		sealed += int64(max(0, se-ws))
+		native += int64(l - max(se, ws))
+	}
+	return sealed, native
+}
+
+// quantInfoLocked fills the quantization figures of in.
+func (c *KVCache) quantInfoLocked(in *Info) {
+	g := &c.qg
+	sealed, native := c.quantTokensLocked()
+	in.SealedTokens, in.NativeTokens = sealed, native
+	var chunkScales, heap int64
+	for _, sq := range c.seqs {
+		chunkScales += int64(4 * len(sq.q.kch))
+		heap += int64(4*cap(sq.q.kch) + 8*cap(sq.q.chunks))
+	}
+	in.ScaleBytes = sealed*int64(g.scaleBytesPerToken(c.cfg)) + chunkScales
+	in.BytesPerToken = g.bytesPerToken(c.cfg)
+	in.NativeBytesPerToken = int64(c.cfg.KVHeads * (c.rowK + c.rowV))
+	in.CommittedBytes = int64(c.cfg.Batch)*int64(g.seqBytes) + heap
+}
