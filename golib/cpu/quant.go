@@ -1,0 +1,289 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
+)
+
+// Quantized segments (cache.QuantSegment): the fused decode path.
+//
+// A sealed segment's rows are integers with float32 scales (and zeros for
+// int4); the kernel never widens them into a scratch block. The score and
+// accumulation loops dequantize in registers, x = s*q (+ z), and the online
+// softmax around them is the native path's (unitState.block):
+//
+//   - K per channel: one scale (and zero) per channel covers every row of
+//     the segment, so it is folded into the scaled query once per segment,
+//     q'_d = q_d*s_d, plus the constant c = sum_d q_d*z_d (int4): the loops
+//     then dot q' with the raw integers.
+//   - K per token and V (always per token): every row carries one scale (and
+//     zero) per group of elements, applied in registers as the row is
+//     loaded; a dequantized vector feeds every query row of the group.
+//
+// The result is that of dequantizing (dequantRow, the one definition of the
+// format on the kernels' side) and running the native path, up to float32
+// rounding. Non-finite scales, zeros or products reach maxOf or the
+// accumulator check and send the row to exactRow, which dequantizes the
+// same way (loadRows).
+
+// qmat is a run of quantized rows: n rows of rb bytes in b and, for per-token
+// scaling, ng scales (and zeros, int4) per row in s and z, g elements per
+// group. s == nil means raw integers (per-channel K, folded into q).
+type qmat struct {
+	b    []byte
+	f    cache.QuantFormat
+	rb   int // bytes per row
+	s, z []float32
+	ng   int // groups per row
+	g    int // elements per group
+}
+
+// rows returns rows [a, e) of m.
+func (m qmat) rows(a, e int) qmat {
+	r := m
+	r.b = m.b[a*m.rb : e*m.rb]
+	if m.s != nil {
+		r.s = m.s[a*m.ng : e*m.ng]
+		if m.f == cache.QuantInt4 {
+			r.z = m.z[a*m.ng : e*m.ng]
+		}
+	}
+	return r
+}
+
+// quantOps are the score and accumulation loops over quantized rows for one
+// instruction set, contracts as kernelOps' float32 ones with K/V rows given
+// as a qmat of len(s) (dots), len(s)/4 (dots4), len(p) (axpy) or len(p)/4
+// (axpy4) rows. pf is how many rows ahead the loops may prefetch.
+type quantOps struct {
+	dots  func(s, q []float32, k qmat, d, pf int)
+	dots4 func(s, q []float32, k qmat, d, pf int)
+	axpy  func(acc, p []float32, v qmat, alpha float32, pf int)
+	axpy4 func(acc, p []float32, v qmat, alpha *[4]float32, pf int)
+}
+
+// quantBlock is the state of the quantized segment runUnit is walking: while
+// on, unitState.block reads K and V through it instead of float32/16-bit rows.
+type quantBlock struct {
+	on  bool
+	ops *quantOps
+	q   []float32 // the query rows the K loops dot with (folded per channel)
+	kc  []float32 // per-row score constants (per-channel int4 zeros), or nil
+	// bad: a scale or zero of the segment is not finite, or a dequantized
+	// value could overflow float32 (|s|*qmax + |z|): its scores are made
+	// NaN so that the rows seeing it are recomputed by exactRow.
+	bad  bool
+	k, v qmat // the current block's rows
+}
+
+// dots computes the scores of rows [r, r+nr) (nr is 1 or 4) for the block's
+// tokens [a, e) into sc.
+func (qb *quantBlock) dots(sc []float32, r, nr, a, e, dk, pf int) {
+	k := qb.k.rows(a, e)
+	if nr == 4 {
+		qb.ops.dots4(sc, qb.q[r*dk:(r+4)*dk], k, dk, pf)
+	} else {
+		qb.ops.dots(sc, qb.q[r*dk:(r+1)*dk], k, dk, pf)
+	}
+	if qb.bad {
+		nan := float32(math.NaN())
+		for i := range sc[:nr*(e-a)] {
+			sc[i] = nan
+		}
+		return
+	}
+	if qb.kc != nil {
+		cnt := e - a
+		for j := 0; j < nr; j++ {
+			c := qb.kc[r+j]
+			for t := range sc[j*cnt : (j+1)*cnt] {
+				sc[j*cnt+t] += c
+			}
+		}
+	}
+}
+
+// axpy accumulates the block's V rows [a, e) into acc (nr rows).
+func (qb *quantBlock) axpy(acc, sc []float32, a, e, nr, pf int, alpha *[4]float32) {
+	v := qb.v.rows(a, e)
+	if nr == 4 {
+		qb.ops.axpy4(acc, sc, v, alpha, pf)
+	} else {
+		qb.ops.axpy(acc, sc, v, alpha[0], pf)
+	}
+}
+
+// quantSegment folds the rows of one quantized segment into the unit's
+// online-softmax state (the quantized counterpart of runUnit's block loop).
+func (u *unitState) quantSegment(ops *kernelOps, s *shape, sg *cache.Segment, rows, bt int) error {
+	if err := checkQuantSegment(sg, s.dk, s.dv); err != nil {
+		return err
+	}
+	dk, dv := s.dk, s.dv
+	qs := &sg.Q
+	qb := &u.qb
+	qb.ops = ops.quant
+	if qb.ops == nil {
+		qb.ops = &goQuantOps
+	}
+	k := qmat{b: sg.K, f: qs.Format, rb: qs.Format.RowBytes(dk)}
+	v := qmat{b: sg.V, f: qs.Format, rb: qs.Format.RowBytes(dv), s: qs.VScale, z: qs.VZero,
+		g: qs.VGroup, ng: dv / qs.VGroup}
+	qb.q, qb.kc = u.qs, nil
+	if qs.KAxis == cache.KPerChannel {
+		u.qq = growF(u.qq, rows*dk)
+		for r := 0; r < rows; r++ {
+			src, dst := u.qs[r*dk:(r+1)*dk], u.qq[r*dk:(r+1)*dk]
+			for j, x := range src {
+				dst[j] = x * qs.KScale[j]
+			}
+		}
+		qb.q = u.qq
+		if qs.Format == cache.QuantInt4 {
+			u.qc = growF(u.qc, rows)
+			ops.dots(u.qc, qs.KZero[:dk], u.qs[:rows*dk], dk, 0) // qc[r] = qs_r . zero
+			qb.kc = u.qc
+		}
+	} else {
+		k.s, k.z, k.g, k.ng = qs.KScale, qs.KZero, qs.KGroup, dk/qs.KGroup
+	}
+	qb.bad = !scalesSafe(qs, sg.Len, dk, dv)
+	u.read += quantBytes(sg, dk, dv)
+	qb.on = true
+	for off := 0; off < sg.Len; off += bt {
+		n := min(bt, sg.Len-off)
+		qb.k, qb.v = k.rows(off, off+n), v.rows(off, off+n)
+		u.block(ops, s, nil, nil, nil, nil, sg.Start+off, n, rows, prefetchTokens, nil)
+	}
+	qb.on = false
+	return nil
+}
+
+// scalesSafe reports whether every scale and zero of a segment of n rows is
+// finite and no dequantized value |s*q + z| can exceed float32's range, so
+// that folding the scales into q or dequantizing with a fused multiply-add
+// stays finite exactly when dequantRow does.
+func scalesSafe(qs *cache.QuantSegment, n, dk, dv int) bool {
+	qmax := float32(127)
+	int4 := qs.Format == cache.QuantInt4
+	if int4 {
+		qmax = 15
+	}
+	ok := func(s, z []float32) bool {
+		var acc float32 // Inf or NaN as soon as one bound is
+		for i, x := range s {
+			b := abs32(x) * qmax
+			if int4 {
+				b += abs32(z[i])
+			}
+			acc = max(acc, b) + b*0
+		}
+		return acc <= math.MaxFloat32
+	}
+	nk := dk
+	var kz, vz []float32
+	if qs.KAxis == cache.KPerToken {
+		nk = n * (dk / qs.KGroup)
+	}
+	nv := n * (dv / qs.VGroup)
+	if int4 {
+		kz, vz = qs.KZero[:nk], qs.VZero[:nv]
+	}
+	return ok(qs.KScale[:nk], kz) && ok(qs.VScale[:nv], vz)
+}
+
+func abs32(x float32) float32 { return math.Float32frombits(math.Float32bits(x) &^ (1 << 31)) }
+
+// quantBytes is what reading a quantized segment costs: its rows plus the
+// scales and zeros that cover them (per-channel ones once per segment).
+func quantBytes(sg *cache.Segment, dk, dv int) int64 {
+	qs := &sg.Q
+	n := int64(sg.Len)
+	per := int64(1)
+	if qs.Format == cache.QuantInt4 {
+		per = 2 // scale and zero
+	}
+	b := n * int64(qs.Format.RowBytes(dk)+qs.Format.RowBytes(dv))
+	b += 4 * per * n * int64(dv/qs.VGroup)
+	if qs.KAxis == cache.KPerChannel {
+		b += 4 * per * int64(dk)
+	} else {
+		b += 4 * per * n * int64(dk/qs.KGroup)
+	}
+	return b
+}
+
+// checkQuantSegment validates a quantized segment against the
+// cache.QuantSegment contract for head dims dk, dv.
+func checkQuantSegment(sg *cache.Segment, dk, dv int) error {
+	qs := &sg.Q
+	bad := func(what string) error {
+		return fmt.Errorf("%w: cache view returned a malformed quantized segment (start %d len %d, %s %s): %s",
+			cache.ErrInvalidArgument, sg.Start, sg.Len, qs.Format, qs.KAxis, what)
+	}
+	if qs.Format != cache.QuantInt8 && qs.Format != cache.QuantInt4 {
+		return bad("unknown format")
+	}
+	int4 := qs.Format == cache.QuantInt4
+	if sg.Len < 0 || len(sg.K) < sg.Len*qs.Format.RowBytes(dk) || len(sg.V) < sg.Len*qs.Format.RowBytes(dv) {
+		return bad("rows shorter than len")
+	}
+	if qs.VGroup <= 0 || dv%qs.VGroup != 0 || len(qs.VScale) < sg.Len*(dv/qs.VGroup) ||
+		(int4 && len(qs.VZero) < sg.Len*(dv/qs.VGroup)) {
+		return bad("V scales do not cover the rows")
+	}
+	switch qs.KAxis {
+	case cache.KPerChannel:
+		if len(qs.KScale) < dk || (int4 && len(qs.KZero) < dk) {
+			return bad("K channel scales shorter than head_dim_k")
+		}
+	case cache.KPerToken:
+		if qs.KGroup <= 0 || dk%qs.KGroup != 0 || len(qs.KScale) < sg.Len*(dk/qs.KGroup) ||
+			(int4 && len(qs.KZero) < sg.Len*(dk/qs.KGroup)) {
+			return bad("K scales do not cover the rows")
+		}
+	default:
+		return bad("unknown K axis")
+	}
+	return nil
+}
+
+// qint returns the stored integer of element j of a quantized row.
+func qint(row []byte, f cache.QuantFormat, j int) float32 {
+	if f == cache.QuantInt8 {
+		return float32(int8(row[j]))
+	}
+	b := row[j>>1]
+	if j&1 != 0 {
+		b >>= 4
+	}
+	return float32(b & 15)
+}
+
+// dequantRow writes row r of a quantized segment's K (isK) or V rows as
+// float32 into out (len d): x = scale*q for int8, x = scale*q + zero for int4,
+// each product and sum rounded to float32. It is the definition the fused
+// loops are tested against and the one exactRow uses.
+func dequantRow(out []float32, sg *cache.Segment, r, d int, isK bool) {
+	qs := &sg.Q
+	rb := qs.Format.RowBytes(d)
+	raw, sc, zr, g := sg.V[r*rb:(r+1)*rb], qs.VScale, qs.VZero, qs.VGroup
+	perChannel := false
+	if isK {
+		raw, sc, zr, g = sg.K[r*rb:(r+1)*rb], qs.KScale, qs.KZero, qs.KGroup
+		perChannel = qs.KAxis == cache.KPerChannel
+	}
+	for j := range out[:d] {
+		i := j
+		if !perChannel {
+			i = r*(d/g) + j/g
+		}
+		x := float32(sc[i] * qint(raw, qs.Format, j))
+		if qs.Format == cache.QuantInt4 {
+			x += zr[i]
+		}
+		out[j] = x
+	}
+}
