@@ -374,3 +374,71 @@ func (c *KVCache) quantInfoLocked(in *Info) {
 	in.NativeBytesPerToken = int64(c.cfg.KVHeads * (c.rowK + c.rowV))
 	in.CommittedBytes = int64(c.cfg.Batch)*int64(g.seqBytes) + heap
 }
+
+// Regrown returns a copy of a quantized cache with room for capacity
+// tokens per sequence (at least the current one): the same sealed chunks,
+// scales and native rows bit for bit, the same lengths and windows, in the
+// same arena; the copy is counted in this cache's CopyBytes. Growing a
+// quantized cache through Export and Append would quantize dequantized
+// values a second time; this copies the storage instead. Caches that are
+// not quantized return ErrInvalidArgument (their rows copy exactly through
+// Export and Append).
+func (c *KVCache) Regrown(capacity int) (*KVCache, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	if !c.qg.q.Enabled() {
+		return nil, fmt.Errorf("%w: Regrown copies quantized caches only", ErrInvalidArgument)
+	}
+	cfg := c.cfg
+	cfg.Capacity = max(capacity, cfg.Capacity)
+	g, err := New(c.arena, cfg)
+	if err != nil {
+		return nil, err
+	}
+	var copied int64
+	for b := range c.lens {
+		copied += c.regrowSeqLocked(g, b)
+		g.setWinLocked(b, c.winStart[b])
+		g.setLenLocked(b, c.lens[b])
+	}
+	c.copyBytes += copied
+	return g, nil
+}
+
+// regrowSeqLocked copies sequence b's readable rows into g (same geometry
+// but the capacity, which sets the strides and may set the ring size).
+func (c *KVCache) regrowSeqLocked(g *KVCache, b int) int64 {
+	src, dst := c.seqs[b].q, g.seqs[b].q
+	q, gq := &c.qg, &g.qg
+	lo, hi := c.winStart[b], c.lens[b]
+	sEnd := min(src.sealed, hi)
+	var n int64
+	for h := range c.cfg.KVHeads {
+		for p := lo; p < sEnd; p++ {
+			r, gr := h*c.cfg.Capacity+p, h*g.cfg.Capacity+p
+			n += int64(copy(dst.qk[gr*q.qRowK:(gr+1)*q.qRowK], src.qk[r*q.qRowK:(r+1)*q.qRowK]))
+			n += int64(copy(dst.qv[gr*q.qRowV:(gr+1)*q.qRowV], src.qv[r*q.qRowV:(r+1)*q.qRowV]))
+			n += 4 * int64(copy(dst.kts[gr*q.ngK:(gr+1)*q.ngK], src.kts[r*q.ngK:(r+1)*q.ngK]))
+			n += 4 * int64(copy(dst.vts[gr*q.ngV:(gr+1)*q.ngV], src.vts[r*q.ngV:(r+1)*q.ngV]))
+			if q.zeros {
+				n += 4 * int64(copy(dst.kzs[gr*q.ngK:(gr+1)*q.ngK], src.kzs[r*q.ngK:(r+1)*q.ngK]))
+				n += 4 * int64(copy(dst.vzs[gr*q.ngV:(gr+1)*q.ngV], src.vzs[r*q.ngV:(r+1)*q.ngV]))
+			}
+		}
+		// every native row, also those below the window: a later seal's
+		// scales are computed over the whole chunk
+		for p := sEnd; p < hi; p++ {
+			s, gs := h*q.ring+p%q.ring, h*gq.ring+p%gq.ring
+			n += int64(copy(dst.ringK[gs*c.rowK:(gs+1)*c.rowK], src.ringK[s*c.rowK:(s+1)*c.rowK]))
+			n += int64(copy(dst.ringV[gs*c.rowV:(gs+1)*c.rowV], src.ringV[s*c.rowV:(s+1)*c.rowV]))
+		}
+	}
+	nc := sort.SearchInts(src.chunks, sEnd)
+	dst.chunks = append(dst.chunks[:0], src.chunks[:nc]...)
+	dst.kch = append(dst.kch[:0], src.kch[:nc*c.cfg.KVHeads*q.chStride]...)
+	dst.sealed = sEnd
+	return n + int64(4*nc*c.cfg.KVHeads*q.chStride+8*nc)
+}
