@@ -170,19 +170,20 @@ CONFIGS = [
 ]
 
 
-def new_pair(cfg) -> tuple[olkv.KVCache, QModel]:
+def new_pair(cfg, layout: str = "contiguous") -> tuple[olkv.KVCache, QModel]:
     B, H, dk, dv, cap, dtype, fmt, group, axis, res = cfg
     c = olkv.KVCache(B, H, dk, head_dim_v=dv, dtype=dtype, capacity=cap, quant=fmt, quant_group=group,
-                     k_axis=axis, residual=res)
+                     k_axis=axis, residual=res, layout=layout)
     return c, QModel(B, H, dk, dv, cap, dtype, fmt, group, axis, res)
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c[6]}-{c[8]}-g{c[7]}-r{c[9]}-{c[5]}")
-@pytest.mark.parametrize("seed", [0, 1])
-def test_random_operations(cfg, seed: int) -> None:
-    """Random sequences of every lifecycle operation, export compared after each."""
+@pytest.mark.parametrize("layout, seed", [("contiguous", 0), ("contiguous", 1), ("paged", 2)])
+def test_random_operations(cfg, layout: str, seed: int) -> None:
+    """Random sequences of every lifecycle operation, export compared after each (the model
+    does not know the layout)."""
     rng = np.random.default_rng(seed)
-    cache, m = new_pair(cfg)
+    cache, m = new_pair(cfg, layout)
     G = m.G
     cks: list[tuple[olkv.Checkpoint, dict]] = []
     for step in range(45):
@@ -341,7 +342,7 @@ def test_info_figures() -> None:
     (dict(quant="int8", residual=-1), ValueError),
     (dict(quant="int4", head_dim=63), ValueError),
     (dict(quant="int4", head_dim_v=7), ValueError),
-    (dict(quant="int8", layout="paged"), NotImplementedError),
+    (dict(quant="int8", layout="paged", block_size=64), ValueError),
 ])
 def test_option_errors(kwargs, exc) -> None:
     args = dict(batch=1, kv_heads=1, head_dim=64, capacity=64)
@@ -393,8 +394,30 @@ def test_create_state_and_generate_take_the_options() -> None:
     (dict(quant="int8", quant_group=48), ValueError),
     (dict(quant="int8", k_axis=1), TypeError),
     (dict(quant="int8", residual=-4), ValueError),
-    (dict(quant="int8", layout="paged"), NotImplementedError),
+    (dict(quant="int8", layout="paged", block_size=64), ValueError),
+    (dict(quant="int8", layout="paged", prefix_cache=True), NotImplementedError),
 ])
 def test_create_state_option_errors(kwargs, exc) -> None:
     with pytest.raises(exc):
         _decoder_session().create_state(max_length=64, **kwargs)
+
+
+def test_paged_blocks_are_the_sealed_chunks() -> None:
+    """layout="paged" with quant: blocks of quant_group tokens taken as chunks are sealed, shared by
+    fork without a copy, given back by evict; the state takes the same options."""
+    c = olkv.KVCache(2, 2, 64, dtype="float16", capacity=1 << 20, quant="int4", residual=32, layout="paged")
+    assert c.block_size == 32 and c.info()["committed_bytes"] < 1 << 20
+    rng = np.random.default_rng(5)
+    k, v = kv(rng, 2, 2, 200, 64, 64)
+    c.append(k, v)
+    assert c.info()["blocks_used"] == 2 * 5  # (200 - 32) // 32 chunks per sequence
+    f = c.fork()
+    assert f.info()["blocks_shared"] == 10
+    np.testing.assert_array_equal(f.export("float32")[0], c.export("float32")[0])
+    c.evict(64)
+    assert c.info()["blocks_used"] == 2
+    f.close()
+    c.close()
+    st = _decoder_session().create_state(max_length=128, quant="int8", layout="paged")
+    assert {layer["block_size"] for layer in st.info()["layers"]} == {32}
+    st.close()

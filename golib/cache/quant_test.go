@@ -136,8 +136,11 @@ func checkQuantSegments(t *testing.T, c *KVCache, m *qmodel, b, h int, label str
 // after every step.
 func TestQuantRandomOperations(t *testing.T) {
 	for gi, cfg := range quantConfigs {
-		for seed := range uint64(4) {
-			randomQuantOps(t, cfg, rand.New(rand.NewPCG(seed, 100+uint64(gi))), 70, fmt.Sprintf("qcfg %d seed %d", gi, seed))
+		for _, l := range []Layout{Contiguous, Paged} {
+			cfg.Layout = l
+			for seed := range uint64(3) {
+				randomQuantOps(t, cfg, rand.New(rand.NewPCG(seed, 100+uint64(gi))), 70, fmt.Sprintf("qcfg %d %v seed %d", gi, l, seed))
+			}
 		}
 	}
 }
@@ -284,7 +287,7 @@ func randomQuantOps(t *testing.T, cfg Config, r *rand.Rand, steps int, label str
 			}
 			ids, mcks = nil, nil
 		case 12: // regrow into a larger capacity (a growable state's growth)
-			if r.IntN(3) != 0 {
+			if r.IntN(3) != 0 || cfg.Layout == Paged {
 				continue
 			}
 			g, err := c.Regrown(c.cfg.Capacity + G + r.IntN(2*G))

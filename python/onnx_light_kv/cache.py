@@ -213,6 +213,14 @@ def _quant_options(quant: Any, quant_group: Any, k_axis: Any,
     return quant, group, k_axis, integer(residual, "residual", lo=0, hi=1 << 20)
 
 
+def _quant_block_size(block_size: Optional[int], group: int) -> int:
+    """The paged block size of a quantized cache: its blocks are the sealed chunks."""
+    if block_size is not None and block_size != group:
+        raise ValueError(f"a quantized paged cache's blocks are its sealed chunks: block_size must equal "
+                         f"quant_group ({group}), got {block_size}")
+    return group
+
+
 class KVCache:
     """Persistent KV cache of one attention layer of one request.
 
@@ -228,8 +236,7 @@ class KVCache:
     in place. K rows are ``head_dim`` elements and V rows ``head_dim_v``
     elements of ``dtype``; math on them is float32.
 
-    Quantized storage (``quant="int8"`` or ``"int4"``, contiguous layout
-    only): the last ``residual`` tokens of each sequence stay in ``dtype``;
+    Quantized storage (``quant="int8"`` or ``"int4"``): the last ``residual`` tokens of each sequence stay in ``dtype``;
     when ``quant_group`` more have left that window they are quantized once
     (sealed) as one chunk with scales computed from the chunk itself: int8
     symmetric (``x = scale * q``), int4 with a scale and a zero point
@@ -240,7 +247,11 @@ class KVCache:
     shortens it, and later appends are stored natively and sealed from the
     new end. A scale group holding a NaN or an infinity reads back as NaN.
     :meth:`export` returns the dequantized values of sealed rows;
-    :meth:`info` reports the figures under ``"quant"``. Attention over a
+    :meth:`info` reports the figures under ``"quant"``. In the paged layout
+    the blocks are the sealed chunks (``block_size`` equals ``quant_group``),
+    taken as chunks are sealed and shared by :meth:`fork` and
+    :meth:`reorder` without a copy; native rows stay in a private window of
+    ``residual + quant_group`` rows per sequence and head. Attention over a
     quantized cache is not implemented yet (NotImplementedError).
 
     Args:
@@ -254,7 +265,8 @@ class KVCache:
         arena: the :class:`Arena` to allocate from (default: :func:`default_arena`).
         layout: ``"contiguous"`` or ``"paged"``.
         block_size: tokens per block of the paged layout: 16, 32, 64, 128 or
-            256 (default: :data:`DEFAULT_BLOCK_SIZE`); only with ``layout="paged"``.
+            256 (default: :data:`DEFAULT_BLOCK_SIZE`; with ``quant``, it must be
+            ``quant_group``, its default); only with ``layout="paged"``.
         quant: None (every row in ``dtype``), ``"int8"`` or ``"int4"``.
         quant_group: tokens per sealed chunk and elements per per-token
             scale group: 32 or 64 (a row whose length it does not divide has
@@ -271,8 +283,8 @@ class KVCache:
             (geometries no model has, sizes above ``2**63 - 1``), an unknown
             ``layout``, a ``block_size`` not in the list or given with the
             contiguous layout, a ``quant``/``quant_group``/``k_axis`` not in
-            the lists, ``residual < 0``, an odd head dim with int4.
-        NotImplementedError: ``quant`` with ``layout="paged"``.
+            the lists, ``residual < 0``, an odd head dim with int4, a
+            ``block_size`` other than ``quant_group`` with ``quant``.
         BudgetError: the arena's budget cannot hold the cache.
     """
 
@@ -308,6 +320,8 @@ class KVCache:
             bs = DEFAULT_BLOCK_SIZE if block_size is None else integer(block_size, "block_size", lo=1)
             if bs not in BLOCK_SIZES:
                 raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {bs}")
+            if q is not None:
+                bs = _quant_block_size(block_size, q[1])
         if q is not None:
             h = _call(_f("CacheQuantNew"), self._arena._h, self._batch, self._kv_heads, self._dk, self._dv,
                       self._capacity, CODES[self._dtype], int(self._layout == "paged"), bs, *q)

@@ -28,7 +28,7 @@ from ._format import html_table, summary
 from ._session_options import (CPU_PROVIDER, ExecutionMode, GraphOptimizationLevel, ModelMetadata, SessionOptions,
                                check_providers)
 from .cache import BLOCK_SIZES, DEFAULT_BLOCK_SIZE, DEFAULT_QUANT_GROUP, DEFAULT_RESIDUAL, _layout as check_layout
-from .cache import _quant_options
+from .cache import _quant_block_size, _quant_options
 from .state import GenerationState
 from ._validate import integer, optional_integer
 
@@ -275,11 +275,13 @@ class InferenceSession:
                 :class:`onnx_light_kv.KVCache` takes them: None (every row in ``dtype``),
                 ``"int8"`` or ``"int4"``; tokens per sealed chunk (32 or 64); K scales per
                 ``"channel"`` or per ``"token"``; the most recent tokens kept in ``dtype``.
-                A growing state (``max_length=None``) copies the sealed chunks as they are.
+                A growing state (``max_length=None``) copies the sealed chunks as they are. With
+                ``layout="paged"`` the blocks are the sealed chunks (``block_size`` must equal
+                ``quant_group``, its default there); ``prefix_cache`` is not supported.
 
         Raises:
             NotImplementedError: the model stays on the tensor path (the reasons of
-                :meth:`cache_plan` are in the message); ``quant`` with ``layout="paged"``;
+                :meth:`cache_plan` are in the message); ``quant`` with ``prefix_cache``;
                 running a quantized state (attention over quantized rows is not implemented
                 yet).
             ValueError: bad sizes, an unknown layout or block size, bad quantization options
@@ -303,6 +305,8 @@ class InferenceSession:
             bs = DEFAULT_BLOCK_SIZE if block_size is None else integer(block_size, "block_size", lo=1)
             if bs not in BLOCK_SIZES:
                 raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {bs}")
+            if q is not None:
+                bs = _quant_block_size(block_size, q[1])
         if q is not None:
             h = _lib.call(_lib.fn("StateNewQuant"), self._h, batch, max_len, code, bud, int(layout == "paged"), bs,
                           int(prefix_cache), *q)
