@@ -54,6 +54,11 @@ func (c *KVCache) Append(k, v []byte, src ElemType, n int, counts []int) error {
 			return err
 		}
 	}
+	if c.qg.q.Enabled() && cfg.Layout == Paged {
+		if err := c.quantReserveLocked(n, counts); err != nil {
+			return err
+		}
+	}
 	var scratch []float32
 	if src != Float32 && src != cfg.Elem && cfg.Elem != Float32 {
 		scratch = make([]float32, 1024)

@@ -75,6 +75,7 @@ type KVCache struct {
 
 	qg                   quantGeom // quantized geometry (Quant enabled)
 	qscratch             []float32 // one chunk of K and V rows in float32, for sealing and export
+	qfresh               []*qchunk // chunk blocks reserved by the running Append (paged)
 	sealBytes, sealCalls int64
 
 	appendBytes, appendCalls, exportBytes, copyBytes int64
@@ -97,11 +98,14 @@ func New(a *Arena, cfg Config) (*KVCache, error) {
 	if cfg.HeadDimV == 0 {
 		cfg.HeadDimV = cfg.HeadDimK
 	}
-	if cfg.Layout == Paged && cfg.BlockSize == 0 {
-		cfg.BlockSize = DefaultBlockSize
-	}
 	if cfg.Quant.Enabled() && cfg.Quant.Group == 0 {
 		cfg.Quant.Group = DefaultQuantGroup
+	}
+	if cfg.Layout == Paged && cfg.BlockSize == 0 {
+		cfg.BlockSize = DefaultBlockSize
+		if cfg.Quant.Enabled() {
+			cfg.BlockSize = cfg.Quant.Group // its blocks are the sealed chunks
+		}
 	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -246,6 +250,9 @@ func (c *KVCache) Close() {
 	}
 	for _, s := range c.seqs {
 		c.arena.release(s.k, s.v)
+		if s.q != nil {
+			c.arena.releaseChunks(s.q.blks)
+		}
 	}
 	c.seqs = nil
 	c.cks.invalidateAll()

@@ -21,7 +21,7 @@ func (c *KVCache) Reset() error {
 	}
 	for _, s := range c.seqs {
 		if s.q != nil {
-			s.q.reset()
+			s.q.reset(c.arena)
 		}
 	}
 	return nil

@@ -263,3 +263,20 @@ func bf16RoundTrip(x float32) float32 {
 	codec.DecodeBF16(out[:], h[:])
 	return out[0]
 }
+
+// grow gives the model a larger capacity (Regrown): rows past the lengths
+// are not copied, so the sealed end drops to the length.
+func (m *qmodel) grow(capacity int) {
+	old := m.clone()
+	m.cfg.Capacity = capacity
+	m.resize(old.cfg.Batch)
+	for b := range old.cfg.Batch {
+		s := old.seq(b)
+		s.cut()
+		for h := range s.k {
+			s.k[h] = append(s.k[h], make([]float32, (capacity-old.cfg.Capacity)*m.cfg.HeadDimK)...)
+			s.v[h] = append(s.v[h], make([]float32, (capacity-old.cfg.Capacity)*m.cfg.HeadDimV)...)
+		}
+		m.setSeq(b, s)
+	}
+}

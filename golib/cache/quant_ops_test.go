@@ -195,7 +195,7 @@ func TestQuantValidation(t *testing.T) {
 		{QuantConfig{Format: 9, Group: 32}, nil, ErrInvalidArgument},
 		{QuantConfig{Format: QuantInt4, Group: 32}, func(c *Config) { c.HeadDimK = 63 }, ErrInvalidArgument},
 		{QuantConfig{Format: QuantInt4, Group: 32}, func(c *Config) { c.HeadDimV = 7 }, ErrInvalidArgument},
-		{QuantConfig{Format: QuantInt8, Group: 32}, func(c *Config) { c.Layout = Paged }, ErrNotImplemented},
+		{QuantConfig{Format: QuantInt8, Group: 32}, func(c *Config) { c.Layout, c.BlockSize = Paged, 64 }, ErrInvalidArgument},
 	}
 	a, _ := NewArena(0)
 	defer a.Close()
@@ -306,5 +306,82 @@ func TestQuantAppendCost(t *testing.T) {
 	// two chunks, two heads: K rows 32*64 + 64 scales, V rows 32*64 + 2*32 scales
 	if want := int64(2 * 2 * (32*64 + 64*4 + 32*64 + 64*4)); ct.SealCalls != 2 || ct.SealBytes != want {
 		t.Fatalf("seal calls %d bytes %d, want 2 and %d", ct.SealCalls, ct.SealBytes, want)
+	}
+}
+
+// TestQuantPagedBlocks: the paged layout's blocks are the sealed chunks:
+// taken as chunks are sealed (nothing proportional to the capacity is
+// reserved), shared by fork and reorder without a copy, given back by a
+// window and by close; a budget refusal mid-append changes nothing.
+func TestQuantPagedBlocks(t *testing.T) {
+	cfg := Config{Batch: 2, KVHeads: 2, HeadDimK: 64, Capacity: 1 << 20, Elem: Float16, Layout: Paged,
+		Quant: QuantConfig{Format: QuantInt8, Group: 32, Residual: 32}}
+	a, _ := NewArena(0)
+	defer a.Close()
+	big := mustNew(t, a, cfg)
+	if n := big.Info().CommittedBytes; n > 1<<20 {
+		t.Fatalf("an empty paged cache of capacity 1M commits %d bytes", n)
+	}
+	big.Close()
+	cfg.Capacity = 1024 // the model holds every position
+	c := mustNew(t, a, cfg)
+	if bs := c.Config().BlockSize; bs != 32 {
+		t.Fatalf("default block size %d, want the group", bs)
+	}
+	empty := c.Info().CommittedBytes
+	m := newQModel(c.Config())
+	r := rand.New(rand.NewPCG(4, 4))
+	k, v := randQKV(r, cfg, 200)
+	mustOK(t, c.Append(asBytes(k), asBytes(v), Float32, 200, nil))
+	m.appendRows(k, v, 200, nil)
+	in := c.Info()
+	if in.BlocksUsed != 2*5 || in.BlocksShared != 0 { // (200-32)/32 = 5 chunks per sequence
+		t.Fatalf("blocks used %d shared %d", in.BlocksUsed, in.BlocksShared)
+	}
+	chunk := int64(c.qg.chunkBytes(c.cfg))
+	if in.CommittedBytes != empty+10*chunk {
+		t.Fatalf("committed %d, want %d + 10 chunks of %d", in.CommittedBytes, empty, chunk)
+	}
+	f, err := c.Fork()
+	mustOK(t, err)
+	if fi := f.Info(); fi.BlocksShared != 10 || fi.Counters.CopyBytes != 0 {
+		t.Fatalf("fork shares %d blocks", fi.BlocksShared)
+	}
+	// the two rings (64 rows of K and V per head) and the page-table entries only
+	if cb := c.Info().Counters.CopyBytes; cb != 2*2*64*(64+64)*2+16*10 {
+		t.Fatalf("fork copied %d bytes", cb)
+	}
+	mustOK(t, c.Reorder([]int{1, 1}))
+	m.setSeq(0, m.seq(1))
+	m.qcheck(t, c, "after reorder")
+	mustOK(t, c.Evict(64)) // chunks below position 136 go: 4 of 5, shared by both beams
+	for b := range m.win {
+		m.win[b] = m.lens[b] - 64
+	}
+	m.qcheck(t, c, "after evict")
+	if in := c.Info(); in.BlocksUsed != 1 {
+		t.Fatalf("after evict %d blocks", in.BlocksUsed)
+	}
+	f.Close()
+	// a budget that holds the rings but not the next chunk: the append
+	// fails whole
+	b, _ := NewArena(int64(2*c.qg.seqBytes) + 4*chunk)
+	defer b.Close()
+	c2 := mustNew(t, b, cfg)
+	k2, v2 := randQKV(r, cfg, 64+32)
+	mustOK(t, c2.Append(asBytes(k2), asBytes(v2), Float32, 64+32, nil)) // 2 chunks (two per sequence)
+	m2 := newQModel(c2.Config())
+	m2.appendRows(k2, v2, 64+32, nil)
+	k3, v3 := randQKV(r, cfg, 40)
+	err = c2.Append(asBytes(k3), asBytes(v3), Float32, 40, nil)
+	var be *BudgetError
+	if !errors.As(err, &be) {
+		t.Fatalf("append past the budget: %v", err)
+	}
+	m2.qcheck(t, c2, "after refused append")
+	c.Close()
+	c2.Close()
+	if st := a.Stats(); st.Allocated != 0 {
+		t.Fatalf("%d bytes still allocated after close", st.Allocated)
 	}
 }

@@ -27,6 +27,9 @@ type quantSeq struct {
 	kch    []float32
 	chunks []int
 	sealed int
+	// blks are the paged layout's chunk blocks, one per entry of chunks
+	// (nil once a sliding window gave the chunk back).
+	blks []*qchunk
 }
 
 // quantGeom is the derived geometry of a quantized cache.
@@ -57,7 +60,9 @@ func newQuantGeom(cfg Config) quantGeom {
 			g.chStride *= 2
 		}
 	}
-	g.maxChunks = (cfg.Capacity+q.Group-1)/q.Group + 1
+	if cfg.Layout != Paged {
+		g.maxChunks = (cfg.Capacity+q.Group-1)/q.Group + 1
+	}
 	g.seqBytes = 0
 	for _, n := range g.parts(cfg) {
 		g.seqBytes += align64(n)
@@ -66,9 +71,13 @@ func newQuantGeom(cfg Config) quantGeom {
 }
 
 // parts are the byte sizes of a sequence's buffer, in the order carve
-// takes them.
+// takes them. The paged layout keeps only the ring there (sealed rows are
+// in chunk blocks).
 func (g quantGeom) parts(cfg Config) [8]int {
 	H, C, es := cfg.KVHeads, cfg.Capacity, cfg.Elem.Size()
+	if cfg.Layout == Paged {
+		C = 0
+	}
 	z := 0
 	if g.zeros {
 		z = 1
@@ -134,8 +143,9 @@ func (cfg Config) validateQuant() error {
 	case q.Format == QuantInt4 && (cfg.HeadDimK%2 != 0 || cfg.HeadDimV%2 != 0):
 		return fmt.Errorf("%w: int4 packs two values per byte: head dims must be even (got %d and %d)",
 			ErrInvalidArgument, cfg.HeadDimK, cfg.HeadDimV)
-	case cfg.Layout == Paged:
-		return fmt.Errorf("%w: quantized caches in the paged layout", ErrNotImplemented)
+	case cfg.Layout == Paged && cfg.BlockSize != q.Group:
+		return fmt.Errorf("%w: a quantized paged cache's blocks are its sealed chunks: block size must equal quant_group %d (got %d)",
+			ErrInvalidArgument, q.Group, cfg.BlockSize)
 	}
 	return nil
 }
@@ -160,21 +170,29 @@ func (c *KVCache) newQuantSeqs() error {
 // cut makes pos the end of the sealed rows when it lies below it: chunks
 // starting at or after pos go, the one holding pos-1 becomes shorter. No
 // sealed value changes.
-func (s *quantSeq) cut(pos, heads, chStride int) {
+func (s *quantSeq) cut(pos, heads, chStride int, a *Arena) {
 	if pos >= s.sealed {
 		return
 	}
 	s.sealed = pos
 	i := sort.SearchInts(s.chunks, pos)
 	s.chunks = s.chunks[:i]
-	s.kch = s.kch[:i*heads*chStride]
+	if n := i * heads * chStride; n <= len(s.kch) { // the contiguous layout's chunk scales
+		s.kch = s.kch[:n]
+	}
+	if i < len(s.blks) {
+		a.releaseChunks(s.blks[i:])
+		s.blks = s.blks[:i]
+	}
 }
 
-// reset empties the sealed area.
-func (s *quantSeq) reset() {
+// reset empties the sealed area (giving the paged layout's blocks back).
+func (s *quantSeq) reset(a *Arena) {
 	s.sealed = 0
 	s.chunks = s.chunks[:0]
 	s.kch = s.kch[:0]
+	a.releaseChunks(s.blks)
+	s.blks = s.blks[:0]
 }
 
 // quantWriteLocked writes cnt new rows per head of sequence b from
@@ -184,7 +202,7 @@ func (s *quantSeq) reset() {
 func (c *KVCache) quantWriteLocked(b, pos, cnt int, k, v []byte, src ElemType, n int, scratch []float32) {
 	cfg, g := c.cfg, &c.qg
 	s := c.seqs[b].q
-	s.cut(pos, cfg.KVHeads, g.chStride)
+	s.cut(pos, cfg.KVHeads, g.chStride, c.arena)
 	ss := src.Size()
 	R := g.ring
 	for done := 0; done < cnt; {
@@ -210,15 +228,17 @@ func (c *KVCache) quantWriteLocked(b, pos, cnt int, k, v []byte, src ElemType, n
 }
 
 // sealLocked quantizes the Group native rows after s.sealed, every head, as
-// one new chunk.
+// one new chunk (the paged layout's chunk block was reserved by Append).
 func (c *KVCache) sealLocked(s *quantSeq) {
 	cfg, g := c.cfg, &c.qg
-	G, R, C := g.q.Group, g.ring, cfg.Capacity
+	G, R := g.q.Group, g.ring
 	dk, dv := cfg.HeadDimK, cfg.HeadDimV
 	s0 := s.sealed
 	ci := len(s.chunks)
 	s.chunks = append(s.chunks, s0)
-	if g.chStride > 0 {
+	if c.cfg.Layout == Paged {
+		s.blks = append(s.blks, c.takeChunkLocked())
+	} else if g.chStride > 0 {
 		need := cfg.KVHeads * g.chStride
 		if n := len(s.kch); cap(s.kch)-n >= need {
 			s.kch = s.kch[:n+need]
@@ -236,40 +256,72 @@ func (c *KVCache) sealLocked(s *quantSeq) {
 			convertRows(asBytes(xv[w*dv:(w+r)*dv]), Float32, s.ringV[(h*R+slot)*c.rowV:], cfg.Elem, r*dv, nil)
 			w += r
 		}
-		row := h*C + s0
-		dstK := s.qk[row*g.qRowK : (row+G)*g.qRowK]
+		d := c.sealedAt(s, ci, h, s0, s0+G)
 		if g.chStride > 0 {
-			off := (ci*cfg.KVHeads + h) * g.chStride
-			var zero []float32
-			if g.zeros {
-				zero = s.kch[off+dk : off+2*dk]
-			}
-			written += quantizePerChannel(g.q.Format, dstK, s.kch[off:off+dk], zero, xk, G, dk)
+			written += quantizePerChannel(g.q.Format, d.qk, d.kScale, d.kZero, xk, G, dk)
 		} else {
-			var zero []float32
-			if g.zeros {
-				zero = s.kzs[row*g.ngK : (row+G)*g.ngK]
-			}
-			written += quantizePerToken(g.q.Format, dstK, s.kts[row*g.ngK:(row+G)*g.ngK], zero, xk, G, dk, g.kGroup)
+			written += quantizePerToken(g.q.Format, d.qk, d.kScale, d.kZero, xk, G, dk, g.kGroup)
 		}
-		var zero []float32
-		if g.zeros {
-			zero = s.vzs[row*g.ngV : (row+G)*g.ngV]
-		}
-		written += quantizePerToken(g.q.Format, s.qv[row*g.qRowV:(row+G)*g.qRowV], s.vts[row*g.ngV:(row+G)*g.ngV], zero, xv, G, dv, g.vGroup)
+		written += quantizePerToken(g.q.Format, d.qv, d.vScale, d.vZero, xv, G, dv, g.vGroup)
 	}
 	s.sealed = s0 + G
 	c.sealBytes += written
 	c.sealCalls++
 }
 
+// sealedRows is one head's storage of a run of sealed positions of one
+// chunk: rows, and the scales and zeros that go with them (zeros nil for
+// int8; per-channel K scales cover the whole chunk).
+type sealedRows struct {
+	qk, qv        []byte
+	kScale, kZero []float32
+	vScale, vZero []float32
+}
+
+// sealedAt returns head h's storage of positions [p0, p1) of chunk i of s:
+// in the contiguous layout rows sit at their position in arrays of
+// Capacity rows, in the paged layout at their offset in the chunk's block.
+func (c *KVCache) sealedAt(s *quantSeq, i, h, p0, p1 int) sealedRows {
+	g, dk := &c.qg, c.cfg.HeadDimK
+	var r0, r1 int
+	var qk, qv []byte
+	var kts, kzs, vts, vzs, kch []float32
+	if c.cfg.Layout == Paged {
+		blk, st := s.blks[i], s.chunks[i]
+		r0, r1 = h*g.q.Group+p0-st, h*g.q.Group+p1-st
+		qk, qv, kts, kzs, vts, vzs = blk.qk, blk.qv, blk.kts, blk.kzs, blk.vts, blk.vzs
+		kch = blk.kch[h*g.chStride : (h+1)*g.chStride]
+	} else {
+		r0, r1 = h*c.cfg.Capacity+p0, h*c.cfg.Capacity+p1
+		qk, qv, kts, kzs, vts, vzs = s.qk, s.qv, s.kts, s.kzs, s.vts, s.vzs
+		off := (i*c.cfg.KVHeads + h) * g.chStride
+		kch = s.kch[off : off+g.chStride]
+	}
+	d := sealedRows{qk: qk[r0*g.qRowK : r1*g.qRowK], qv: qv[r0*g.qRowV : r1*g.qRowV], vScale: vts[r0*g.ngV : r1*g.ngV]}
+	if g.zeros {
+		d.vZero = vzs[r0*g.ngV : r1*g.ngV]
+	}
+	if g.chStride > 0 {
+		d.kScale = kch[:dk]
+		if g.zeros {
+			d.kZero = kch[dk : 2*dk]
+		}
+	} else {
+		d.kScale = kts[r0*g.ngK : r1*g.ngK]
+		if g.zeros {
+			d.kZero = kzs[r0*g.ngK : r1*g.ngK]
+		}
+	}
+	return d
+}
+
 // quantSegments appends the segments of positions [from, to) of sequence
 // b, head h of a quantized contiguous cache: one per sealed chunk (with Q
 // filled), then the native rows of the ring (two segments when they wrap).
 func (c *KVCache) quantSegments(dst []Segment, b, h, from, to int) []Segment {
-	cfg, g := &c.cfg, &c.qg
+	g := &c.qg
 	s := c.seqs[b].q
-	C, R := cfg.Capacity, g.ring
+	R := g.ring
 	sEnd := min(s.sealed, to)
 	pos := from
 	if pos < sEnd {
@@ -279,27 +331,10 @@ func (c *KVCache) quantSegments(dst []Segment, b, h, from, to int) []Segment {
 			if i+1 < len(s.chunks) {
 				end = min(end, s.chunks[i+1])
 			}
-			r0, r1 := h*C+pos, h*C+end
-			sg := Segment{Start: pos, Len: end - pos,
-				K: s.qk[r0*g.qRowK : r1*g.qRowK], V: s.qv[r0*g.qRowV : r1*g.qRowV],
+			d := c.sealedAt(s, i, h, pos, end)
+			dst = append(dst, Segment{Start: pos, Len: end - pos, K: d.qk, V: d.qv,
 				Q: QuantSegment{Format: g.q.Format, KAxis: g.q.KAxis, KGroup: g.kGroup, VGroup: g.vGroup,
-					VScale: s.vts[r0*g.ngV : r1*g.ngV]}}
-			if g.zeros {
-				sg.Q.VZero = s.vzs[r0*g.ngV : r1*g.ngV]
-			}
-			if g.chStride > 0 {
-				off := (i*cfg.KVHeads + h) * g.chStride
-				sg.Q.KScale = s.kch[off : off+cfg.HeadDimK]
-				if g.zeros {
-					sg.Q.KZero = s.kch[off+cfg.HeadDimK : off+2*cfg.HeadDimK]
-				}
-			} else {
-				sg.Q.KScale = s.kts[r0*g.ngK : r1*g.ngK]
-				if g.zeros {
-					sg.Q.KZero = s.kzs[r0*g.ngK : r1*g.ngK]
-				}
-			}
-			dst = append(dst, sg)
+					KScale: d.kScale, KZero: d.kZero, VScale: d.vScale, VZero: d.vZero}})
 			pos = end
 		}
 	}
@@ -321,10 +356,19 @@ func (c *KVCache) quantSegments(dst []Segment, b, h, from, to int) []Segment {
 func (c *KVCache) copyQuantSeqLocked(dst, src *quantSeq, lo, hi int) int64 {
 	cfg, g := c.cfg, &c.qg
 	C := cfg.Capacity
-	dst.reset()
+	dst.reset(c.arena)
 	sEnd := min(src.sealed, hi)
 	var n int64
 	n += int64(copy(dst.ringK, src.ringK) + copy(dst.ringV, src.ringV))
+	if cfg.Layout == Paged {
+		// the chunk blocks are immutable: shared, not copied
+		nc := sort.SearchInts(src.chunks, sEnd)
+		dst.chunks = append(dst.chunks, src.chunks[:nc]...)
+		dst.blks = append(dst.blks, src.blks[:nc]...)
+		retainChunks(dst.blks)
+		dst.sealed = sEnd
+		return n + int64(16*nc)
+	}
 	if sEnd > lo {
 		for h := range cfg.KVHeads {
 			r0, r1 := h*C+lo, h*C+sEnd
@@ -369,8 +413,85 @@ func (c *KVCache) quantInfoLocked(in *Info) {
 		chunkScales += int64(4 * len(sq.q.kch))
 		heap += int64(4*cap(sq.q.kch) + 8*cap(sq.q.chunks))
 	}
+	if c.cfg.Layout == Paged {
+		chunkScales = 0
+		for _, sq := range c.seqs {
+			chunkScales += int64(4 * c.cfg.KVHeads * g.chStride * len(sq.q.chunks))
+		}
+	}
 	in.ScaleBytes = sealed*int64(g.scaleBytesPerToken(c.cfg)) + chunkScales
 	in.BytesPerToken = g.bytesPerToken(c.cfg)
 	in.NativeBytesPerToken = int64(c.cfg.KVHeads * (c.rowK + c.rowV))
 	in.CommittedBytes = int64(c.cfg.Batch)*int64(g.seqBytes) + heap
+	if c.cfg.Layout == Paged {
+		c.pagedQuantInfoLocked(in)
+	}
+}
+
+// Regrown returns a copy of a quantized cache with room for capacity
+// tokens per sequence (at least the current one): the same sealed chunks,
+// scales and native rows bit for bit, the same lengths and windows, in the
+// same arena; the copy is counted in this cache's CopyBytes. Growing a
+// quantized cache through Export and Append would quantize dequantized
+// values a second time; this copies the storage instead. Caches that are
+// not quantized return ErrInvalidArgument (their rows copy exactly through
+// Export and Append).
+func (c *KVCache) Regrown(capacity int) (*KVCache, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	if !c.qg.q.Enabled() || c.cfg.Layout == Paged {
+		return nil, fmt.Errorf("%w: Regrown copies quantized contiguous caches only (a paged cache's capacity is a limit)", ErrInvalidArgument)
+	}
+	cfg := c.cfg
+	cfg.Capacity = max(capacity, cfg.Capacity)
+	g, err := New(c.arena, cfg)
+	if err != nil {
+		return nil, err
+	}
+	var copied int64
+	for b := range c.lens {
+		copied += c.regrowSeqLocked(g, b)
+		g.setWinLocked(b, c.winStart[b])
+		g.setLenLocked(b, c.lens[b])
+	}
+	c.copyBytes += copied
+	return g, nil
+}
+
+// regrowSeqLocked copies sequence b's readable rows into g (same geometry
+// but the capacity, which sets the strides and may set the ring size).
+func (c *KVCache) regrowSeqLocked(g *KVCache, b int) int64 {
+	src, dst := c.seqs[b].q, g.seqs[b].q
+	q, gq := &c.qg, &g.qg
+	lo, hi := c.winStart[b], c.lens[b]
+	sEnd := min(src.sealed, hi)
+	var n int64
+	for h := range c.cfg.KVHeads {
+		for p := lo; p < sEnd; p++ {
+			r, gr := h*c.cfg.Capacity+p, h*g.cfg.Capacity+p
+			n += int64(copy(dst.qk[gr*q.qRowK:(gr+1)*q.qRowK], src.qk[r*q.qRowK:(r+1)*q.qRowK]))
+			n += int64(copy(dst.qv[gr*q.qRowV:(gr+1)*q.qRowV], src.qv[r*q.qRowV:(r+1)*q.qRowV]))
+			n += 4 * int64(copy(dst.kts[gr*q.ngK:(gr+1)*q.ngK], src.kts[r*q.ngK:(r+1)*q.ngK]))
+			n += 4 * int64(copy(dst.vts[gr*q.ngV:(gr+1)*q.ngV], src.vts[r*q.ngV:(r+1)*q.ngV]))
+			if q.zeros {
+				n += 4 * int64(copy(dst.kzs[gr*q.ngK:(gr+1)*q.ngK], src.kzs[r*q.ngK:(r+1)*q.ngK]))
+				n += 4 * int64(copy(dst.vzs[gr*q.ngV:(gr+1)*q.ngV], src.vzs[r*q.ngV:(r+1)*q.ngV]))
+			}
+		}
+		// every native row, also those below the window: a later seal's
+		// scales are computed over the whole chunk
+		for p := sEnd; p < hi; p++ {
+			s, gs := h*q.ring+p%q.ring, h*gq.ring+p%gq.ring
+			n += int64(copy(dst.ringK[gs*c.rowK:(gs+1)*c.rowK], src.ringK[s*c.rowK:(s+1)*c.rowK]))
+			n += int64(copy(dst.ringV[gs*c.rowV:(gs+1)*c.rowV], src.ringV[s*c.rowV:(s+1)*c.rowV]))
+		}
+	}
+	nc := sort.SearchInts(src.chunks, sEnd)
+	dst.chunks = append(dst.chunks[:0], src.chunks[:nc]...)
+	dst.kch = append(dst.kch[:0], src.kch[:nc*c.cfg.KVHeads*q.chStride]...)
+	dst.sealed = sEnd
+	return n + int64(4*nc*c.cfg.KVHeads*q.chStride+8*nc)
 }

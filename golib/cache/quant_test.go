@@ -136,8 +136,11 @@ func checkQuantSegments(t *testing.T, c *KVCache, m *qmodel, b, h int, label str
 // after every step.
 func TestQuantRandomOperations(t *testing.T) {
 	for gi, cfg := range quantConfigs {
-		for seed := range uint64(4) {
-			randomQuantOps(t, cfg, rand.New(rand.NewPCG(seed, 100+uint64(gi))), 70, fmt.Sprintf("qcfg %d seed %d", gi, seed))
+		for _, l := range []Layout{Contiguous, Paged} {
+			cfg.Layout = l
+			for seed := range uint64(3) {
+				randomQuantOps(t, cfg, rand.New(rand.NewPCG(seed, 100+uint64(gi))), 70, fmt.Sprintf("qcfg %d %v seed %d", gi, l, seed))
+			}
 		}
 	}
 }
@@ -154,7 +157,9 @@ func randomQuantOps(t *testing.T, cfg Config, r *rand.Rand, steps int, label str
 	for step := range steps {
 		B := m.cfg.Batch
 		at := fmt.Sprintf("%s step %d", label, step)
-		switch op := r.IntN(12); op {
+		op := r.IntN(13)
+		at += fmt.Sprintf(" op %d", op)
+		switch op {
 		case 0, 1, 2, 3: // append, sometimes ragged, sometimes long
 			n := r.IntN(G)
 			if r.IntN(3) == 0 {
@@ -281,6 +286,19 @@ func randomQuantOps(t *testing.T, cfg Config, r *rand.Rand, steps int, label str
 				}
 			}
 			ids, mcks = nil, nil
+		case 12: // regrow into a larger capacity (a growable state's growth)
+			if r.IntN(3) != 0 || cfg.Layout == Paged {
+				continue
+			}
+			g, err := c.Regrown(c.cfg.Capacity + G + r.IntN(2*G))
+			mustOK(t, err)
+			c.Close()
+			c = g
+			t.Cleanup(c.Close)
+			cfg.Capacity = c.cfg.Capacity
+			m.grow(cfg.Capacity)
+			g.sealCalls = m.seals // a new cache's counters start at zero
+			ids, mcks, m.cks = nil, nil, nil
 		case 11:
 			if r.IntN(4) == 0 {
 				mustOK(t, c.Reset())
