@@ -60,8 +60,10 @@ func (m qmat) rows(a, e int) qmat {
 type quantOps struct {
 	dots  func(s, q []float32, k qmat, d, pf int)
 	dots4 func(s, q []float32, k qmat, d, pf int)
-	axpy  func(acc, p []float32, v qmat, alpha float32, pf int)
+	axpy  func(acc, p []float32, v qmat, alpha *[4]float32, pf int) // alpha[0] scales the row
 	axpy4 func(acc, p []float32, v qmat, alpha *[4]float32, pf int)
+	// mul sets dst[i] = a[i]*b[i] (folding per-channel K scales into q).
+	mul func(dst, a, b []float32)
 }
 
 // quantBlock is the state of the quantized segment runUnit is walking: while
@@ -111,7 +113,7 @@ func (qb *quantBlock) axpy(acc, sc []float32, a, e, nr, pf int, alpha *[4]float3
 	if nr == 4 {
 		qb.ops.axpy4(acc, sc, v, alpha, pf)
 	} else {
-		qb.ops.axpy(acc, sc, v, alpha[0], pf)
+		qb.ops.axpy(acc, sc, v, alpha, pf)
 	}
 }
 
@@ -135,10 +137,7 @@ func (u *unitState) quantSegment(ops *kernelOps, s *shape, sg *cache.Segment, ro
 	if qs.KAxis == cache.KPerChannel {
 		u.qq = growF(u.qq, rows*dk)
 		for r := 0; r < rows; r++ {
-			src, dst := u.qs[r*dk:(r+1)*dk], u.qq[r*dk:(r+1)*dk]
-			for j, x := range src {
-				dst[j] = x * qs.KScale[j]
-			}
+			qb.ops.mul(u.qq[r*dk:(r+1)*dk], u.qs[r*dk:(r+1)*dk], qs.KScale[:dk])
 		}
 		qb.q = u.qq
 		if qs.Format == cache.QuantInt4 {
@@ -149,7 +148,7 @@ func (u *unitState) quantSegment(ops *kernelOps, s *shape, sg *cache.Segment, ro
 	} else {
 		k.s, k.z, k.g, k.ng = qs.KScale, qs.KZero, qs.KGroup, dk/qs.KGroup
 	}
-	qb.bad = !scalesSafe(qs, sg.Len, dk, dv)
+	qb.bad = !scalesSafe(ops, &u.ss, qs, sg.Len, dk, dv)
 	u.read += quantBytes(sg, dk, dv)
 	qb.on = true
 	for off := 0; off < sg.Len; off += bt {
@@ -162,39 +161,27 @@ func (u *unitState) quantSegment(ops *kernelOps, s *shape, sg *cache.Segment, ro
 }
 
 // scalesSafe reports whether every scale and zero of a segment of n rows is
-// finite and no dequantized value |s*q + z| can exceed float32's range, so
-// that folding the scales into q or dequantizing with a fused multiply-add
-// stays finite exactly when dequantRow does.
-func scalesSafe(qs *cache.QuantSegment, n, dk, dv int) bool {
-	qmax := float32(127)
-	int4 := qs.Format == cache.QuantInt4
-	if int4 {
-		qmax = 15
-	}
-	ok := func(s, z []float32) bool {
-		var acc float32 // Inf or NaN as soon as one bound is
-		for i, x := range s {
-			b := abs32(x) * qmax
-			if int4 {
-				b += abs32(z[i])
-			}
-			acc = max(acc, b) + b*0
-		}
-		return acc <= math.MaxFloat32
-	}
+// below 2^64 in magnitude (the sum of their squares is finite: NaN and
+// ±Inf fail too). Then no dequantized value |s*q + z| can leave float32's
+// range, so folding the scales into q or dequantizing with a fused
+// multiply-add stays finite exactly where dequantRow does. A segment that
+// fails sends the rows that see it to exactRow (always correct, only slow).
+func scalesSafe(ops *kernelOps, ss *[4]float32, qs *cache.QuantSegment, n, dk, dv int) bool {
 	nk := dk
-	var kz, vz []float32
 	if qs.KAxis == cache.KPerToken {
 		nk = n * (dk / qs.KGroup)
 	}
 	nv := n * (dv / qs.VGroup)
-	if int4 {
-		kz, vz = qs.KZero[:nk], qs.VZero[:nv]
+	*ss = [4]float32{}
+	ops.dots(ss[0:1], qs.KScale[:nk], qs.KScale[:nk], nk, 0)
+	ops.dots(ss[1:2], qs.VScale[:nv], qs.VScale[:nv], nv, 0)
+	if qs.Format == cache.QuantInt4 {
+		ops.dots(ss[2:3], qs.KZero[:nk], qs.KZero[:nk], nk, 0)
+		ops.dots(ss[3:4], qs.VZero[:nv], qs.VZero[:nv], nv, 0)
 	}
-	return ok(qs.KScale[:nk], kz) && ok(qs.VScale[:nv], vz)
+	t := ss[0] + ss[1] + ss[2] + ss[3]
+	return t-t == 0
 }
-
-func abs32(x float32) float32 { return math.Float32frombits(math.Float32bits(x) &^ (1 << 31)) }
 
 // quantBytes is what reading a quantized segment costs: its rows plus the
 // scales and zeros that cover them (per-channel ones once per segment).
@@ -219,35 +206,36 @@ func quantBytes(sg *cache.Segment, dk, dv int) int64 {
 // cache.QuantSegment contract for head dims dk, dv.
 func checkQuantSegment(sg *cache.Segment, dk, dv int) error {
 	qs := &sg.Q
-	bad := func(what string) error {
-		return fmt.Errorf("%w: cache view returned a malformed quantized segment (start %d len %d, %s %s): %s",
-			cache.ErrInvalidArgument, sg.Start, sg.Len, qs.Format, qs.KAxis, what)
-	}
 	if qs.Format != cache.QuantInt8 && qs.Format != cache.QuantInt4 {
-		return bad("unknown format")
+		return badQuantSegment(sg, "unknown format")
 	}
 	int4 := qs.Format == cache.QuantInt4
 	if sg.Len < 0 || len(sg.K) < sg.Len*qs.Format.RowBytes(dk) || len(sg.V) < sg.Len*qs.Format.RowBytes(dv) {
-		return bad("rows shorter than len")
+		return badQuantSegment(sg, "rows shorter than len")
 	}
 	if qs.VGroup <= 0 || dv%qs.VGroup != 0 || len(qs.VScale) < sg.Len*(dv/qs.VGroup) ||
 		(int4 && len(qs.VZero) < sg.Len*(dv/qs.VGroup)) {
-		return bad("V scales do not cover the rows")
+		return badQuantSegment(sg, "V scales do not cover the rows")
 	}
 	switch qs.KAxis {
 	case cache.KPerChannel:
 		if len(qs.KScale) < dk || (int4 && len(qs.KZero) < dk) {
-			return bad("K channel scales shorter than head_dim_k")
+			return badQuantSegment(sg, "K channel scales shorter than head_dim_k")
 		}
 	case cache.KPerToken:
 		if qs.KGroup <= 0 || dk%qs.KGroup != 0 || len(qs.KScale) < sg.Len*(dk/qs.KGroup) ||
 			(int4 && len(qs.KZero) < sg.Len*(dk/qs.KGroup)) {
-			return bad("K scales do not cover the rows")
+			return badQuantSegment(sg, "K scales do not cover the rows")
 		}
 	default:
-		return bad("unknown K axis")
+		return badQuantSegment(sg, "unknown K axis")
 	}
 	return nil
+}
+
+func badQuantSegment(sg *cache.Segment, what string) error {
+	return fmt.Errorf("%w: cache view returned a malformed quantized segment (start %d len %d, %s %s): %s",
+		cache.ErrInvalidArgument, sg.Start, sg.Len, sg.Q.Format, sg.Q.KAxis, what)
 }
 
 // qint returns the stored integer of element j of a quantized row.

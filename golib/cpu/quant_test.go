@@ -337,3 +337,41 @@ func TestQuantMalformedSegment(t *testing.T) {
 		}
 	}
 }
+
+// TestQuantNoAllocs: after warm-up a decode step over quantized segments
+// does not allocate, on every path and 1-2 threads.
+func TestQuantNoAllocs(t *testing.T) {
+	if raceEnabled || asanEnabled {
+		t.Skip("the race detector and the address sanitizer allocate")
+	}
+	defer restoreKernel(t)
+	defer SetThreads(Threads())
+	_, paths := KernelPaths()
+	for _, f := range quantFormats {
+		for _, ax := range kAxes {
+			c := quantCase{elem: cache.Float16, qHeads: 16, kvh: 4, dk: 128, dv: 128, lens: []int{1500}, qLen: 1,
+				cfg: cache.QuantConfig{Format: f, Group: 32, KAxis: ax, Residual: 128}}
+			qv, q, rows := c.setup(9)
+			dst := make([]float32, rows*c.dv)
+			for _, path := range paths {
+				if err := SetKernel(path); err != nil {
+					t.Fatal(err)
+				}
+				for _, th := range []int{1, 2} {
+					SetThreads(th)
+					if err := Attention(dst, q, c.qLen, c.qHeads, qv, c.opts); err != nil {
+						t.Fatal(err)
+					}
+					allocs := testing.AllocsPerRun(10, func() {
+						if err := Attention(dst, q, c.qLen, c.qHeads, qv, c.opts); err != nil {
+							t.Fatal(err)
+						}
+					})
+					if allocs != 0 {
+						t.Errorf("%v path=%s threads=%d: %v allocations per call, want 0", c, path, th, allocs)
+					}
+				}
+			}
+		}
+	}
+}

@@ -83,6 +83,7 @@ type unitState struct {
 	chk    []float32  // per-row finiteness check of acc
 	qq, qc []float32  // query rows folded with per-channel K scales, their zero constants
 	qb     quantBlock // the quantized segment being walked (quant.go)
+	ss     [4]float32 // scalesSafe's sums (a field: a local escapes through the indirect call)
 	read   int64      // K/V bytes (with scales) this state's units read in the current call
 }
 
