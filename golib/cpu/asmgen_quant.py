@@ -289,6 +289,105 @@ def axpy(rows, fmt, isa):
     w()
 
 
+def vnni():
+    """AVX-512 VNNI score loop for int8 K per channel: q (scales folded) quantized to int8
+    per row once per segment (qabsmax, qquant), integer dots by VPDPBUSD."""
+    w("// func qabsmaxavx512(q *float32, ks *float32, n int, out *[2]float32)")
+    w("//")
+    w("// out[0] = max |q[i]*ks[i]|, out[1] = sum (q[i]*ks[i])*0 (0 exactly when every product is")
+    w("// finite), i < n, n a multiple of 16.")
+    w("TEXT ·qabsmaxavx512(SB), NOSPLIT, $0-32")
+    ins("MOVQ q+0(FP), SI", "MOVQ ks+8(FP), R8", "MOVQ n+16(FP), CX", "MOVQ out+24(FP), DX",
+        "VXORPS Z1, Z1, Z1", "VXORPS Z3, Z3, Z3", "VXORPS Z4, Z4, Z4",
+        "MOVL $0x7fffffff, AX", "VPBROADCASTD AX, Z2", "XORQ R9, R9")
+    w("qabsmaxloop:")
+    ins("VMULPS (R8)(R9*4), Z4, Z0" if False else "VMOVUPS (SI)(R9*4), Z0", "VMULPS (R8)(R9*4), Z0, Z0",
+        "VFMADD231PS Z4, Z0, Z3", "VANDPS Z2, Z0, Z0", "VMAXPS Z0, Z1, Z1",
+        "ADDQ $16, R9", "CMPQ R9, CX", "JLT qabsmaxloop")
+    ins("VEXTRACTF64X4 $1, Z1, Y0", "VMAXPS Y0, Y1, Y1", "VEXTRACTF128 $1, Y1, X0", "VMAXPS X0, X1, X1",
+        "VPERMILPS $0x4e, X1, X0", "VMAXPS X0, X1, X1", "VPERMILPS $0xb1, X1, X0", "VMAXPS X0, X1, X1",
+        "VMOVSS X1, (DX)",
+        "VEXTRACTF64X4 $1, Z3, Y0", "VADDPS Y0, Y3, Y3", "VEXTRACTF128 $1, Y3, X0", "VADDPS X0, X3, X3",
+        "VHADDPS X3, X3, X3", "VHADDPS X3, X3, X3", "VMOVSS X3, 4(DX)", "VZEROUPPER", "RET")
+    w()
+    w("// func qquantavx512(dst *byte, q *float32, ks *float32, n int, inv float32) int")
+    w("//")
+    w("// dst[i] = round-to-even(q[i]*ks[i]*inv) as int8 (|q*ks*inv| <= 127), i < n (a multiple")
+    w("// of 16); returns the sum of the dst values.")
+    w("TEXT ·qquantavx512(SB), NOSPLIT, $0-48")
+    ins("MOVQ dst+0(FP), DI", "MOVQ q+8(FP), SI", "MOVQ ks+16(FP), R8", "MOVQ n+24(FP), CX",
+        "VBROADCASTSS inv+32(FP), Z2", "VPXORD Z1, Z1, Z1", "XORQ R9, R9")
+    w("qquantloop:")
+    ins("VMOVUPS (SI)(R9*4), Z0", "VMULPS (R8)(R9*4), Z0, Z0", "VMULPS Z2, Z0, Z0", "VCVTPS2DQ Z0, Z0",
+        "VPADDD Z0, Z1, Z1", "VPMOVSDB Z0, (DI)(R9*1)", "ADDQ $16, R9", "CMPQ R9, CX", "JLT qquantloop")
+    ins("VEXTRACTI64X4 $1, Z1, Y0", "VPADDD Y0, Y1, Y1", "VEXTRACTI128 $1, Y1, X0", "VPADDD X0, X1, X1",
+        "VPHADDD X1, X1, X1", "VPHADDD X1, X1, X1", "VMOVD X1, AX", "MOVLQSX AX, AX", "MOVQ AX, ret+40(FP)",
+        "VZEROUPPER", "RET")
+    w()
+    name = "qdots4i8vnni"
+    w(f"// func {name}(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)")
+    w("//")
+    w("// Scores of four rows from int8 query rows qi (qib bytes apart) and int8 K rows (krb bytes,")
+    w("// cpg chunks of 64): VPDPBUSD of the K bytes XOR 0x80 (unsigned k+128) with the signed q")
+    w("// bytes, then s = acc*scale + offset per row (offset = -128*scale*sum(q_r) undoes the")
+    w("// +128, plus the row's constant). Two tokens per step: a 4x2 block of int32 accumulators")
+    w("// Z0-Z7 (row r token u in Z(2r+u)), aff[0:8] scales and aff[8:16] offsets in the order of")
+    w("// the pair reduction ([r0 r0 r1 r1], [r2 r2 r3 r3]); an odd last token uses aff[16:20]")
+    w("// (scales of r0..r3) and aff[20:24] (offsets).")
+    w(f"TEXT ·{name}(SB), NOSPLIT, $0-80")
+    ins("MOVQ s+0(FP), DI", "MOVQ qi+16(FP), R8", "MOVQ qib+24(FP), DX", "LEAQ (R8)(DX*1), R9",
+        "LEAQ (R9)(DX*1), R10", "LEAQ (R10)(DX*1), R11", "MOVQ k+32(FP), SI", "MOVQ krb+40(FP), BX",
+        "MOVQ nt+48(FP), AX", "MOVQ aff+64(FP), R14",
+        "SHRQ $1, AX", f"JZ {name}odd")
+    w(f"{name}pair:")
+    ins("MOVL $0x80808080, CX", "VPBROADCASTD CX, Z15")  # the reduction below clobbers Y8-Y15
+    for i in range(8):
+        ins(f"VPXORD Z{i}, Z{i}, Z{i}")
+    ins("MOVQ pfd+72(FP), R12", "LEAQ (SI)(R12*1), R12", "PREFETCHT1 (R12)", "PREFETCHT1 64(R12)",
+        "PREFETCHT1 (R12)(BX*1)", "PREFETCHT1 64(R12)(BX*1)",
+        "XORQ CX, CX", "MOVQ SI, R12", "LEAQ (SI)(BX*1), R13", "MOVQ cpg+56(FP), R15")
+    w(f"{name}chunk:")
+    ins("VPXORD (R12), Z15, Z8", "VPXORD (R13), Z15, Z9")
+    qregs = ["R8", "R9", "R10", "R11"]
+    for r in range(4):
+        for u in range(2):
+            ins(f"VPDPBUSD ({qregs[r]})(CX*1), Z{8+u}, Z{2*r+u}")
+    ins("ADDQ $64, R12", "ADDQ $64, R13", "ADDQ $64, CX", "DECQ R15", f"JNZ {name}chunk")
+    for i in range(8):
+        ins(f"VCVTDQ2PS Z{i}, Z{i}")
+    for i in range(8):
+        ins(f"VEXTRACTF64X4 $1, Z{i}, Y{8+i}", f"VADDPS Y{8+i}, Y{i}, Y{i}")
+    ins("VHADDPS Y1, Y0, Y0", "VHADDPS Y3, Y2, Y2", "VHADDPS Y2, Y0, Y0",
+        "VEXTRACTF128 $1, Y0, X2", "VADDPS X2, X0, X0",
+        "VHADDPS Y5, Y4, Y4", "VHADDPS Y7, Y6, Y6", "VHADDPS Y6, Y4, Y4",
+        "VEXTRACTF128 $1, Y4, X6", "VADDPS X6, X4, X4",
+        "VMOVUPS (R14), X8", "VFMADD213PS 32(R14), X8, X0", "VMOVUPS 16(R14), X8", "VFMADD213PS 48(R14), X8, X4",
+        "MOVQ ldS+8(FP), R13", "LEAQ (R13)(R13*2), R15",
+        "VMOVLPS X0, (DI)", "VMOVHPS X0, (DI)(R13*1)", "VMOVLPS X4, (DI)(R13*2)", "VMOVHPS X4, (DI)(R15*1)",
+        "ADDQ $8, DI", "LEAQ (SI)(BX*2), SI", "DECQ AX", f"JNZ {name}pair")
+    w(f"{name}odd:")
+    ins("MOVQ nt+48(FP), AX", "ANDQ $1, AX", f"JZ {name}done")
+    ins("MOVL $0x80808080, CX", "VPBROADCASTD CX, Z15")
+    for i in range(4):
+        ins(f"VPXORD Z{i}, Z{i}, Z{i}")
+    ins("XORQ CX, CX", "MOVQ SI, R12", "MOVQ cpg+56(FP), R15")
+    w(f"{name}ochunk:")
+    ins("VPXORD (R12), Z15, Z8")
+    for r in range(4):
+        ins(f"VPDPBUSD ({qregs[r]})(CX*1), Z8, Z{r}")
+    ins("ADDQ $64, R12", "ADDQ $64, CX", "DECQ R15", f"JNZ {name}ochunk")
+    for i in range(4):
+        ins(f"VCVTDQ2PS Z{i}, Z{i}", f"VEXTRACTF64X4 $1, Z{i}, Y{8+i}", f"VADDPS Y{8+i}, Y{i}, Y{i}")
+    ins("VHADDPS Y1, Y0, Y0", "VHADDPS Y3, Y2, Y2", "VHADDPS Y2, Y0, Y0",
+        "VEXTRACTF128 $1, Y0, X1", "VADDPS X1, X0, X0",
+        "VMOVUPS 64(R14), X8", "VFMADD213PS 80(R14), X8, X0",
+        "MOVQ ldS+8(FP), BX", "LEAQ (BX)(BX*2), R15", "VMOVSS X0, (DI)", "VEXTRACTPS $1, X0, (DI)(BX*1)",
+        "VEXTRACTPS $2, X0, (DI)(BX*2)", "VEXTRACTPS $3, X0, (DI)(R15*1)")
+    w(f"{name}done:")
+    ins("VZEROUPPER", "RET")
+    w()
+
+
 w("//go:build goexperiment.simd && amd64")
 w()
 w("// Code generated by asmgen_quant.py; DO NOT EDIT.")
@@ -309,4 +408,5 @@ for isa in ("avx512", "avx2"):
             for scaled in (False, True):
                 dots(rows, fmt, scaled, isa)
             axpy(rows, fmt, isa)
+vnni()
 print("\n".join(out))

@@ -155,3 +155,51 @@ func qdotMags(q []float32, k qmat, d, rows, n int) []float64 {
 	}
 	return out
 }
+
+// TestQuantIntDotsOps checks the VNNI loop against the same integer dots
+// in scalar Go: intPrep's rounding is the only difference from float32.
+func TestQuantIntDotsOps(t *testing.T) {
+	if quant512Ops.intDots4 == nil {
+		t.Skip("no AVX-512 VNNI")
+	}
+	rng := rand.New(rand.NewPCG(8, 9))
+	for _, d := range []int{64, 128, 256} {
+		for _, n := range []int{1, 2, 3, 8, 33} {
+			k := randQmat(rng, cache.QuantInt8, n, d, d, false)
+			q := randVec(rng, 4*d, 1)
+			ks := randVec(rng, d, 0.02)
+			qi := make([]byte, 4*d)
+			var isc, ioff [4]float32
+			for r := 0; r < 4; r++ {
+				sc, sum, ok := intPrep512(qi[r*d:(r+1)*d], q[r*d:(r+1)*d], ks)
+				if !ok {
+					t.Fatal("intPrep failed on finite input")
+				}
+				isc[r], ioff[r] = sc, -128*sc*sum
+				var s32 int32
+				for j := 0; j < d; j++ {
+					want := math.RoundToEven(float64(q[r*d+j] * ks[j] * (127 / (sc * 127))))
+					if x := int8(qi[r*d+j]); math.Abs(float64(x)-want) > 1 {
+						t.Fatalf("d=%d row %d: qi[%d] = %d, want about %v", d, r, j, x, want)
+					}
+					s32 += int32(int8(qi[r*d+j]))
+				}
+				if float32(s32) != sum {
+					t.Fatalf("d=%d row %d: sum %v, want %d", d, r, sum, s32)
+				}
+			}
+			qb := quantBlock{ops: &quant512Ops, qi: qi, isc: isc[:], ioff: ioff[:], intOn: true}
+			got := make([]float32, 4*n)
+			qb.intScores(got, 0, 4, k, n, d, 0)
+			want := make([]float32, 4*n)
+			for r := 0; r < 4; r++ {
+				qb.intScores(want[r*n:(r+1)*n], r, 1, k, n, d, 0)
+			}
+			for i := range want {
+				if !closeToMag(got[i], want[i], float64(d)*127*127*float64(isc[i/n])) {
+					t.Fatalf("d=%d n=%d: s[%d] = %v, want %v", d, n, i, got[i], want[i])
+				}
+			}
+		}
+	}
+}

@@ -62,7 +62,9 @@ func newBenchQuantView(b *testing.B, f cache.QuantFormat, kvh, d, L, residual in
 // cache and over int8 and int4 sealed chunks (K per channel, V per token,
 // group 32, residual 128 fp16), on the active kernel path (OLKV_KERNEL
 // selects another). The three storages run one after the other inside each
-// (context, threads) pair, so -count=N alternates them; ratios of ns/op are
+// (context, threads) pair, so -count=N alternates them (int8-intdots: int8
+// with the integer score loop, SetQuantIntDots, where the CPU has AVX-512
+// VNNI); ratios of ns/op are
 // the figure to read (speed-up = fp16 time / quantized time). GB/s is the
 // bytes the kernel reports reading (quantized rows plus scales).
 func BenchmarkDecodeQuant(b *testing.B) {
@@ -70,10 +72,11 @@ func BenchmarkDecodeQuant(b *testing.B) {
 	const qh, kvh, d, res = 32, 8, 128, 128
 	for _, L := range []int{16384, 32768} {
 		fp16 := newBenchCacheOf(b, cache.Float16, kvh, d, L)
-		views := []struct {
+		type storage struct {
 			name string
 			v    func() (cache.View, func())
-		}{
+		}
+		views := []storage{
 			{"fp16", func() (cache.View, func()) {
 				v, err := fp16.BeginRead()
 				if err != nil {
@@ -84,10 +87,13 @@ func BenchmarkDecodeQuant(b *testing.B) {
 		}
 		for _, f := range quantFormats {
 			qv := newBenchQuantView(b, f, kvh, d, L, res)
-			views = append(views, struct {
-				name string
-				v    func() (cache.View, func())
-			}{f.String(), func() (cache.View, func()) { return qv, func() {} }})
+			views = append(views, storage{f.String(), func() (cache.View, func()) { return qv, func() {} }})
+			if f == cache.QuantInt8 && activeOps().quant != nil && activeOps().quant.intDots4 != nil {
+				views = append(views, storage{"int8-intdots", func() (cache.View, func()) {
+					SetQuantIntDots(true)
+					return qv, func() { SetQuantIntDots(false) }
+				}})
+			}
 		}
 		rng := rand.New(rand.NewPCG(3, 5))
 		q := randVec(rng, qh*d, 1)
