@@ -7,8 +7,16 @@ import "github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 var goQuantOps = quantOps{
 	dots:  func(s, q []float32, k qmat, d, _ int) { goQDots(s, q, k, d) },
 	dots4: func(s, q []float32, k qmat, d, _ int) { goQDots4(s, q, k, d) },
-	axpy:  func(acc, p []float32, v qmat, alpha float32, _ int) { goQAxpy(acc, p, v, alpha) },
+	axpy:  func(acc, p []float32, v qmat, alpha *[4]float32, _ int) { goQAxpy(acc, p, v, alpha[0]) },
 	axpy4: func(acc, p []float32, v qmat, alpha *[4]float32, _ int) { goQAxpy4(acc, p, v, alpha) },
+	mul:   goMul,
+}
+
+func goMul(dst, a, b []float32) {
+	b = b[:len(a)]
+	for i, x := range a {
+		dst[i] = x * b[i]
+	}
 }
 
 // goQRow dequantizes row t of m into out (len d): the raw integers when m

@@ -39,6 +39,7 @@ type quantCase struct {
 	opts        Options
 	qScale      float32
 	outliers    int
+	tol         [2]float64 // against the oracle (abs, rel); zero: the native tolerance
 }
 
 func (c quantCase) String() string {
@@ -95,6 +96,9 @@ func checkQuantPaths(t *testing.T, c quantCase, threads []int) float64 {
 		t.Errorf("%v: dequantized attention differs from float32 by %.3g, bound %.3g", c, errF32, b)
 	}
 	tol := tolerance[c.elem]
+	if c.tol != [2]float64{} {
+		tol = c.tol
+	}
 	_, paths := KernelPaths()
 	defer restoreKernel(t)
 	defer SetThreads(Threads())
@@ -120,6 +124,9 @@ func checkQuantPaths(t *testing.T, c quantCase, threads []int) float64 {
 			}
 			if r := qv.native.read.Swap(0); r < refRead || r > refRead+slack {
 				t.Errorf("%v path=%s threads=%d: bytes read %d, want %d", c, path, th, r, refRead)
+			}
+			if os.Getenv("OLKV_QUANT_ERRLOG") != "" {
+				fmt.Fprintf(os.Stderr, "QORACLE %s %s %s %.4g\n", path, c.cfg.Format, c.cfg.KAxis, maxAbsDiff(got, want))
 			}
 			for i := range got {
 				d := math.Abs(float64(got[i]) - float64(want[i]))
@@ -333,6 +340,78 @@ func TestQuantMalformedSegment(t *testing.T) {
 			}
 			if err := Attention(dst, q, c.qLen, c.qHeads, qv, c.opts); err == nil {
 				t.Errorf("case %d path=%s: malformed quantized segment accepted", mi, path)
+			}
+		}
+	}
+}
+
+// TestQuantNoAllocs: after warm-up a decode step over quantized segments
+// does not allocate, on every path and 1-2 threads.
+func TestQuantNoAllocs(t *testing.T) {
+	if raceEnabled || asanEnabled {
+		t.Skip("the race detector and the address sanitizer allocate")
+	}
+	defer restoreKernel(t)
+	defer SetThreads(Threads())
+	_, paths := KernelPaths()
+	for _, f := range quantFormats {
+		for _, ax := range kAxes {
+			c := quantCase{elem: cache.Float16, qHeads: 16, kvh: 4, dk: 128, dv: 128, lens: []int{1500}, qLen: 1,
+				cfg: cache.QuantConfig{Format: f, Group: 32, KAxis: ax, Residual: 128}}
+			qv, q, rows := c.setup(9)
+			dst := make([]float32, rows*c.dv)
+			for _, path := range paths {
+				if err := SetKernel(path); err != nil {
+					t.Fatal(err)
+				}
+				for _, th := range []int{1, 2} {
+					SetThreads(th)
+					if err := Attention(dst, q, c.qLen, c.qHeads, qv, c.opts); err != nil {
+						t.Fatal(err)
+					}
+					allocs := testing.AllocsPerRun(10, func() {
+						if err := Attention(dst, q, c.qLen, c.qHeads, qv, c.opts); err != nil {
+							t.Fatal(err)
+						}
+					})
+					if allocs != 0 {
+						t.Errorf("%v path=%s threads=%d: %v allocations per call, want 0", c, path, th, allocs)
+					}
+				}
+			}
+		}
+	}
+}
+
+// Tolerance of the integer (VNNI) score loop against the oracle: the
+// query rows are rounded to int8 per row (steps of max|q*s|/127), a score
+// error of up to half a step times sum|k|, which the softmax turns into
+// output errors about as large as those of int8 K itself. Observed up to
+// 7.0e-3 over TestQuantIntDots (max |got - want|, OLKV_QUANT_ERRLOG=1;
+// outputs of magnitude <= 1.7); set at about twice that.
+var intDotsTol = [2]float64{1.5e-2, 2e-5}
+
+// TestQuantIntDots runs the integer score loop (SetQuantIntDots) where the
+// CPU has it, against the oracle with intDotsTol and against float32 with
+// the int8 bound; on other CPUs the setting changes nothing and the
+// native tolerance holds.
+func TestQuantIntDots(t *testing.T) {
+	SetQuantIntDots(true)
+	defer SetQuantIntDots(false)
+	n := 0
+	for _, hd := range [][2]int{{16, 4}, {8, 1}, {32, 8}} {
+		for _, d := range []int{64, 128} {
+			for _, L := range []int{33, 200, 1000} {
+				n++
+				c := quantCase{elem: cache.Float16, qHeads: hd[0], kvh: hd[1], dk: d, dv: d, lens: []int{L, L/2 + 1},
+					qLen: 1 + n%3*2, cfg: cache.QuantConfig{Format: cache.QuantInt8, Group: 32, Residual: 16}, tol: intDotsTol}
+				switch n % 3 {
+				case 1:
+					c.opts.Softcap, c.qScale = 4, 3
+				case 2:
+					c.opts.Window = L / 3
+				}
+				checkQuantPaths(t, c, []int{1, 2})
 			}
 		}
 	}

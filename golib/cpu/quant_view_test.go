@@ -257,10 +257,10 @@ func (qv *quantView) AppendSegments(dst []cache.Segment, b, h, from, to int) []c
 			}
 		}
 		sg.Q = q
-		if qv.mutate != nil {
-			qv.mutate(&sg)
-		}
 		dst = append(dst, sg)
+		if qv.mutate != nil {
+			qv.mutate(&dst[len(dst)-1])
+		}
 		pos = end
 	}
 	if pos < to {

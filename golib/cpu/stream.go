@@ -82,7 +82,11 @@ type unitState struct {
 	zero   []float32  // dv zeros, never written (the finiteness check)
 	chk    []float32  // per-row finiteness check of acc
 	qq, qc []float32  // query rows folded with per-channel K scales, their zero constants
+	qi     []byte     // int8 query rows of the integer score loop
+	isc    []float32  // their scales
+	ioff   []float32  // their score offsets
 	qb     quantBlock // the quantized segment being walked (quant.go)
+	ss     [4]float32 // scalesSafe's sums (a field: a local escapes through the indirect call)
 	read   int64      // K/V bytes (with scales) this state's units read in the current call
 }
 
