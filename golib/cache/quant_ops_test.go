@@ -300,6 +300,10 @@ func TestQuantAppendCost(t *testing.T) {
 	k, v := randQKV(rand.New(rand.NewPCG(5, 5)), cfg, 96)
 	mustOK(t, c.Append(asBytes(k), asBytes(v), Float32, 96, nil))
 	ct := c.Counters()
+	// 64 sealed tokens (2 chunks) and 32 native ones of 2 heads
+	if in := c.Info(); in.LiveBytes != 64*in.BytesPerToken+32*2*2*64*4 {
+		t.Fatalf("live bytes %d", in.LiveBytes)
+	}
 	if ct.AppendBytes != 96*2*2*64*4 {
 		t.Fatalf("append bytes %d", ct.AppendBytes)
 	}

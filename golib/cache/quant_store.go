@@ -422,6 +422,9 @@ func (c *KVCache) quantInfoLocked(in *Info) {
 	in.ScaleBytes = sealed*int64(g.scaleBytesPerToken(c.cfg)) + chunkScales
 	in.BytesPerToken = g.bytesPerToken(c.cfg)
 	in.NativeBytesPerToken = int64(c.cfg.KVHeads * (c.rowK + c.rowV))
+	// the arena's live figure counts every token at the sealed rate; the
+	// cache's own figure tells the two kinds apart
+	in.LiveBytes = sealed*in.BytesPerToken + native*in.NativeBytesPerToken
 	in.CommittedBytes = int64(c.cfg.Batch)*int64(g.seqBytes) + heap
 	if c.cfg.Layout == Paged {
 		c.pagedQuantInfoLocked(in)
