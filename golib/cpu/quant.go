@@ -24,11 +24,11 @@ import (
 //     zero) per group of elements, applied in registers as the row is
 //     loaded; a dequantized vector feeds every query row of the group.
 //
-// The result is that of dequantizing (dequantRow, the one definition of the
-// format on the kernels' side) and running the native path, up to float32
+// The result is that of dequantizing (cache.DequantizeSegment, the one
+// definition of the formats) and running the native path, up to float32
 // rounding. Non-finite scales, zeros or products reach maxOf or the
-// accumulator check and send the row to exactRow, which dequantizes the
-// same way (loadRows).
+// accumulator check and send the row to exactRow, which dequantizes with
+// cache.DequantizeSegment (loadRows).
 
 // qmat is a run of quantized rows: n rows of rb bytes in b and, for per-token
 // scaling, ng scales (and zeros, int4) per row in s and z, g elements per
@@ -236,7 +236,7 @@ func (u *unitState) quantSegment(ops *kernelOps, s *shape, sg *cache.Segment, ro
 // below 2^64 in magnitude (the sum of their squares is finite: NaN and
 // ±Inf fail too). Then no dequantized value |s*q + z| can leave float32's
 // range, so folding the scales into q or dequantizing with a fused
-// multiply-add stays finite exactly where dequantRow does. A segment that
+// multiply-add stays finite exactly where cache.DequantizeSegment does. A segment that
 // fails sends the rows that see it to exactRow (always correct, only slow).
 func scalesSafe(ops *kernelOps, ss *[4]float32, qs *cache.QuantSegment, n, dk, dv int) bool {
 	nk := dk
@@ -308,44 +308,6 @@ func checkQuantSegment(sg *cache.Segment, dk, dv int) error {
 func badQuantSegment(sg *cache.Segment, what string) error {
 	return fmt.Errorf("%w: cache view returned a malformed quantized segment (start %d len %d, %s %s): %s",
 		cache.ErrInvalidArgument, sg.Start, sg.Len, sg.Q.Format, sg.Q.KAxis, what)
-}
-
-// qint returns the stored integer of element j of a quantized row.
-func qint(row []byte, f cache.QuantFormat, j int) float32 {
-	if f == cache.QuantInt8 {
-		return float32(int8(row[j]))
-	}
-	b := row[j>>1]
-	if j&1 != 0 {
-		b >>= 4
-	}
-	return float32(b & 15)
-}
-
-// dequantRow writes row r of a quantized segment's K (isK) or V rows as
-// float32 into out (len d): x = scale*q for int8, x = scale*q + zero for int4,
-// each product and sum rounded to float32. It is the definition the fused
-// loops are tested against and the one exactRow uses.
-func dequantRow(out []float32, sg *cache.Segment, r, d int, isK bool) {
-	qs := &sg.Q
-	rb := qs.Format.RowBytes(d)
-	raw, sc, zr, g := sg.V[r*rb:(r+1)*rb], qs.VScale, qs.VZero, qs.VGroup
-	perChannel := false
-	if isK {
-		raw, sc, zr, g = sg.K[r*rb:(r+1)*rb], qs.KScale, qs.KZero, qs.KGroup
-		perChannel = qs.KAxis == cache.KPerChannel
-	}
-	for j := range out[:d] {
-		i := j
-		if !perChannel {
-			i = r*(d/g) + j/g
-		}
-		x := float32(sc[i] * qint(raw, qs.Format, j))
-		if qs.Format == cache.QuantInt4 {
-			x += zr[i]
-		}
-		out[j] = x
-	}
 }
 
 func growB(b []byte, n int) []byte {

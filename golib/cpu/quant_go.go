@@ -20,7 +20,7 @@ func goMul(dst, a, b []float32) {
 }
 
 // goQRow dequantizes row t of m into out (len d): the raw integers when m
-// carries no scales, else s*q (+ z) per group, as dequantRow.
+// carries no scales, else s*q (+ z) per group, as cache.DequantizeSegment.
 func goQRow(out []float32, m qmat, t, d int) {
 	row := m.b[t*m.rb : (t+1)*m.rb]
 	out = out[:d]

@@ -122,28 +122,27 @@ func encodeF32(x []float32, elem cache.ElemType) []byte {
 	return out
 }
 
-// quantParams returns the scale and zero of a group whose values span
-// [lo, hi]: int8 symmetric (scale = max|x|/127, zero unused), int4
-// asymmetric (scale = (hi-lo)/15, zero = lo). A constant group gets scale 1.
+// quantParams and quantOne mirror the sealing formulas of the cache
+// (golib/cache/quant_codec.go, unexported there): int8 scale = max|x|/127,
+// int4 zero = min x and scale = (max-min)/15, a constant group scale 0;
+// rounding to nearest even. The test view seals its own chunks so that it
+// can present any segment layout (windows, evicted prefixes, malformed
+// segments); TestQuantRealCache runs the cache's own sealing.
 func quantParams(lo, hi float32, f cache.QuantFormat) (s, z float32) {
 	if f == cache.QuantInt8 {
-		m := max(-lo, hi)
-		if m == 0 {
-			return 1, 0
-		}
-		return m / 127, 0
-	}
-	if hi == lo {
-		return 1, lo
+		return max(-lo, hi) / 127, 0
 	}
 	return (hi - lo) / 15, lo
 }
 
 func quantOne(x, s, z float32, f cache.QuantFormat) int {
-	if f == cache.QuantInt8 {
-		return int(min(max(math.Round(float64(x/s)), -127), 127))
+	if s == 0 {
+		return 0
 	}
-	return int(min(max(math.Round(float64((x-z)/s)), 0), 15))
+	if f == cache.QuantInt8 {
+		return int(min(max(math.RoundToEven(float64(x/s)), -127), 127))
+	}
+	return int(min(max(math.RoundToEven(float64(float32(x-z)/s)), 0), 15))
 }
 
 // packRow stores the integers of one row in the format's byte layout.

@@ -117,11 +117,12 @@ func loadRows(segs []cache.Segment, from, to, dk, dv int, elem cache.ElemType) (
 			if err := checkQuantSegment(sg, dk, dv); err != nil {
 				return nil, nil, err
 			}
+			k, v := make([]float32, sg.Len*dk), make([]float32, sg.Len*dv)
+			if err := cache.DequantizeSegment(k, v, *sg, dk, dv); err != nil {
+				return nil, nil, err
+			}
 			for r := 0; r < sg.Len; r++ {
-				k, v := make([]float32, dk), make([]float32, dv)
-				dequantRow(k, sg, r, dk, true)
-				dequantRow(v, sg, r, dv, false)
-				keys, vals = append(keys, k), append(vals, v)
+				keys, vals = append(keys, k[r*dk:(r+1)*dk]), append(vals, v[r*dv:(r+1)*dv])
 			}
 			pos += sg.Len
 			continue

@@ -251,8 +251,8 @@ class KVCache:
     the blocks are the sealed chunks (``block_size`` equals ``quant_group``),
     taken as chunks are sealed and shared by :meth:`fork` and
     :meth:`reorder` without a copy; native rows stay in a private window of
-    ``residual + quant_group`` rows per sequence and head. Attention over a
-    quantized cache is not implemented yet (NotImplementedError).
+    ``residual + quant_group`` rows per sequence and head. Attention reads the
+    sealed rows in place (dequantized in registers by the fused kernels).
 
     Args:
         batch: sequences (or beams) in the request.

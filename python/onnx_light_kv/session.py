@@ -281,9 +281,7 @@ class InferenceSession:
 
         Raises:
             NotImplementedError: the model stays on the tensor path (the reasons of
-                :meth:`cache_plan` are in the message); ``quant`` with ``prefix_cache``;
-                running a quantized state (attention over quantized rows is not implemented
-                yet).
+                :meth:`cache_plan` are in the message); ``quant`` with ``prefix_cache``.
             ValueError: bad sizes, an unknown layout or block size, bad quantization options
                 (an odd head dim with int4). TypeError: unsupported dtype.
             BudgetError: the budget cannot hold the caches.
