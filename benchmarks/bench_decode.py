@@ -736,8 +736,9 @@ def main_quant(args: argparse.Namespace, kernels: List[tuple], bw: Dict[int, Dic
     if not args.no_plot and any("ours_ms" in r for r in rows):
         series: Dict[str, Dict[str, List[float]]] = {}
         ratio: Dict[str, Any] = {}
+        plotted = kernels[-1][1]  # one path per plot (the last one named), or it is unreadable
         for r in rows:
-            if "ours_ms" not in r:
+            if "ours_ms" not in r or r["kernel"] != plotted:
                 continue
             s = series.setdefault(f"{r['cache']} {r['kernel']} {r['case']}", {"x": [], "median": [], "p10": [], "p90": []})
             s["x"].append(r["context"])
@@ -748,7 +749,7 @@ def main_quant(args: argparse.Namespace, kernels: List[tuple], bw: Dict[int, Dic
                 x.append(r["context"])
                 vals.append(r["vs_fp16"])
         png = plot_series(path[:-5] + ".png", series, "context (tokens)", "decode step (ms)",
-                          title="decode step: quantized vs native caches (lower panel: x over fp16)",
+                          title=f"decode step ({plotted}): quantized vs native caches (lower panel: x over fp16)",
                           logy=True, ratio=ratio)
         print(f"plot: {png}")
     return 0
