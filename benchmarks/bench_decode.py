@@ -665,7 +665,7 @@ QUANT_TARGETS = {"avx512": {"int8": 1.7, "int4": 2.8}, "avx2": {"int8": 1.5, "in
 ORT_QUANT_TARGET = 1.5
 
 
-def quant_target_lines(rows: List[Dict[str, Any]], llc: int) -> List[str]:
+def quant_target_lines(rows: List[Dict[str, Any]]) -> List[str]:
     """The target check of the ``--quant`` rows (L >= 16k, K+V of the fp32 cache beyond the LLC):
     worst speed-up over fp16 per format and path, worst onnxruntime/ours."""
     lines = []
@@ -726,7 +726,7 @@ def main_quant(args: argparse.Namespace, kernels: List[tuple], bw: Dict[int, Dic
     print(format_table(rows, [c for c in cols if any(c in r for r in rows)]))
     print(_common.SPEEDUP + "; vs_fp16 = our fp16 cache's time / this cache's time; speedup = onnxruntime's "
           "int8/int4 GroupQueryAttention time / ours")
-    for line in quant_target_lines(rows, llc):
+    for line in quant_target_lines(rows):
         print(line)
     payload = {"benchmark": "decode-quant", "env": environment(threads=max(args.threads)),
                "kernels_run": [p for _, p in kernels], "args": vars(args), "read_bandwidth": bw, "llc_bytes": llc,
