@@ -18,15 +18,21 @@ import (
 
 // fusion is one rule: match looks at the chain ending at p.Nodes[i] and
 // returns the fused node and the indices of the chain's nodes (i
-// included), or ok false.
+// included), or ok false. A rule whose fused node is not a registered op
+// (its kernel holds the chain itself) sets plan instead, which returns the
+// planned node.
 type fusion struct {
 	name  string
 	match func(fc *fuseContext, i int) (fused *onnxpb.NodeProto, chain []int, ok bool)
+	plan  func(fc *fuseContext, i int) (fused *PlanNode, chain []int, ok bool)
 }
 
 // fusions are tried in order at every node.
 var fusions = []fusion{
 	{name: "rmsnorm", match: matchRMSNorm},
+	{name: "silu", match: matchSiLU},
+	{name: "matmul-bias", match: matchMatMulBias},
+	{name: "rotary", plan: matchRotary},
 }
 
 // fuseContext is what the rules read: the plan, its constants, and who
@@ -36,12 +42,13 @@ type fuseContext struct {
 	consts   map[string]*tensor.Tensor
 	producer map[string]int // value -> index of the node making it
 	readers  map[string]int // value -> number of reading nodes (inputs and captures)
+	reader   map[string]int // value -> index of the last node reading it as an input
 	pinned   map[string]bool
 }
 
 func newFuseContext(p *Plan, g *model.Graph) *fuseContext {
 	fc := &fuseContext{p: p, consts: map[string]*tensor.Tensor{}, producer: map[string]int{},
-		readers: map[string]int{}, pinned: map[string]bool{}}
+		readers: map[string]int{}, reader: map[string]int{}, pinned: map[string]bool{}}
 	for name, t := range p.Initializers {
 		if !isOverridable(g, name) {
 			fc.consts[name] = t
@@ -56,6 +63,7 @@ func newFuseContext(p *Plan, g *model.Graph) *fuseContext {
 		for _, in := range n.Inputs {
 			if in != "" {
 				fc.readers[in]++
+				fc.reader[in] = i
 			}
 		}
 		for _, c := range n.Captures {
@@ -86,6 +94,23 @@ func (fc *fuseContext) node(v, opType string) (int, *PlanNode, bool) {
 // node reads it and it is neither a graph output nor captured.
 func (fc *fuseContext) internal(v string) bool {
 	return fc.readers[v] == 1 && !fc.pinned[v]
+}
+
+// f32Weight returns the constant when v is a float32 2D constant.
+func (fc *fuseContext) f32Weight(v string) (*tensor.Tensor, bool) {
+	t, ok := fc.consts[v]
+	return t, ok && t.DType() == tensor.Float32 && t.Rank() == 2
+}
+
+// projection returns the MatMul making v when its B is a float32 2D
+// constant (so v is float32: MatMul's operands share their type).
+func (fc *fuseContext) projection(v string) (*PlanNode, *tensor.Tensor, bool) {
+	_, mm, ok := fc.node(v, "MatMul")
+	if !ok || len(mm.Inputs) != 2 || mm.Inputs[0] == "" {
+		return nil, nil, false
+	}
+	w, ok := fc.f32Weight(mm.Inputs[1])
+	return mm, w, ok
 }
 
 // scalar returns the value of v when it is a one-element float constant.
@@ -126,16 +151,26 @@ func (b *builder) fusePlan(p *Plan, g *model.Graph) error {
 			continue
 		}
 		for _, f := range fusions {
-			np, chain, ok := f.match(fc, i)
-			if !ok || overlaps(chain, drop) {
-				continue
-			}
-			pn, err := b.node(g, np, nil)
-			if err != nil {
-				continue // the fused op refuses (an attribute out of range): keep the chain
-			}
-			if err := rebuildWithConstants(pn, fc.consts); err != nil {
-				continue
+			var pn *PlanNode
+			var chain []int
+			if f.plan != nil {
+				var ok bool
+				if pn, chain, ok = f.plan(fc, i); !ok || overlaps(chain, drop) {
+					continue
+				}
+			} else {
+				np, ch, ok := f.match(fc, i)
+				if !ok || overlaps(ch, drop) {
+					continue
+				}
+				var err error
+				if pn, err = b.node(g, np, nil); err != nil {
+					continue // the fused op refuses (an attribute out of range): keep the chain
+				}
+				if err := rebuildWithConstants(pn, fc.consts); err != nil {
+					continue
+				}
+				chain = ch
 			}
 			for _, k := range chain {
 				drop[k] = true
