@@ -1,8 +1,13 @@
 package runtime
 
 import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/model"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/onnxpb"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/ops"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
 
@@ -30,6 +35,7 @@ type fusion struct {
 // fusions are tried in order at every node.
 var fusions = []fusion{
 	{name: "rmsnorm", match: matchRMSNorm},
+	{name: "rmsnorm-half", plan: matchRMSNormHalf},
 	{name: "silu", match: matchSiLU},
 	{name: "matmul-bias", match: matchMatMulBias},
 	{name: "rotary", plan: matchRotary},
@@ -219,4 +225,90 @@ func attrInt(name string, v int64) *onnxpb.AttributeProto {
 func attrFloat(name string, v float32) *onnxpb.AttributeProto {
 	t := onnxpb.AttributeProto_FLOAT
 	return &onnxpb.AttributeProto{Name: &name, Type: &t, F: &v}
+}
+
+// plannedNode makes the plan node of a fused op whose kernel the rule
+// built itself (a fusion's plan function): fused domain, one output, the
+// constant inputs recorded.
+func (fc *fuseContext) plannedNode(name, opType string, inputs []string, output string, k ops.Kernel) *PlanNode {
+	pn := &PlanNode{Name: name, OpType: opType, Domain: ops.FusedDomain, Inputs: inputs, Outputs: []string{output}, Kernel: k}
+	pn.Info = &ops.Node{Name: name, OpType: opType, Domain: ops.FusedDomain, Opset: 1,
+		NumInputs: len(inputs), NumOutputs: 1, InputPresent: make([]bool, len(inputs)),
+		OutputPresent: []bool{true}, Constants: make([]*tensor.Tensor, len(inputs))}
+	for j, in := range inputs {
+		pn.Info.InputPresent[j] = in != ""
+		pn.Info.Constants[j] = fc.consts[in]
+	}
+	return pn
+}
+
+// chainRun is the replaced chain of a fused node whose match is only
+// partly proven at plan time: the fused kernel runs it, node by node, on
+// the runs its own path does not cover, so those compute exactly what the
+// unfused graph does.
+type chainRun struct {
+	nodes  []*PlanNode               // in plan order; the last one makes the output
+	inputs []string                  // the fused node's input names (the chain's inputs)
+	consts map[string]*tensor.Tensor // the constants the chain's nodes read
+	// runs counts the runs that took the chain (tests read it).
+	runs atomic.Int64
+}
+
+// chainRun returns the chain of nodes at the given indices of the plan,
+// reading the fused node's inputs.
+func (fc *fuseContext) chainRun(chain []int, inputs []string) *chainRun {
+	in := map[int]bool{}
+	for _, c := range chain {
+		in[c] = true
+	}
+	cr := &chainRun{inputs: inputs, consts: map[string]*tensor.Tensor{}}
+	for j, n := range fc.p.Nodes {
+		if in[j] {
+			cr.nodes = append(cr.nodes, n)
+			for _, name := range n.Inputs {
+				if t, ok := fc.consts[name]; ok {
+					cr.consts[name] = t
+				}
+			}
+		}
+	}
+	return cr
+}
+
+// run computes the fused node's output 0 with the chain's own kernels.
+func (cr *chainRun) run(ctx *ops.Context) error {
+	cr.runs.Add(1)
+	vals := make(map[string]*tensor.Tensor, len(cr.consts)+len(cr.inputs)+len(cr.nodes))
+	for name, t := range cr.consts {
+		vals[name] = t
+	}
+	for j, name := range cr.inputs {
+		if name != "" {
+			vals[name] = ctx.Input(j)
+		}
+	}
+	var last *tensor.Tensor
+	for _, n := range cr.nodes {
+		in := make([]*tensor.Tensor, len(n.Inputs))
+		for j, name := range n.Inputs {
+			if name != "" {
+				if in[j] = vals[name]; in[j] == nil {
+					return fmt.Errorf("%w: value %q of the fused chain is not available", errs.ErrMissingInput, name)
+				}
+			}
+		}
+		c := ops.NewContext(in, n.Info.OutputPresent, ctx.Threads(), ctx.Scope())
+		if err := n.Kernel.Compute(c); err != nil {
+			return withNode(n, err)
+		}
+		for j, o := range n.Outputs {
+			if o != "" {
+				vals[o] = c.Output(j)
+			}
+		}
+		if last = c.Output(0); last == nil {
+			return fmt.Errorf("%w: node %q of the fused chain produced no value", errs.ErrInvalidModel, n.Name)
+		}
+	}
+	return ctx.SetOutput(0, last)
 }

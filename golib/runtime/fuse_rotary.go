@@ -1,10 +1,7 @@
 package runtime
 
 import (
-	"fmt"
-	"sync/atomic"
-
-	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/ops"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
@@ -25,7 +22,8 @@ import (
 // length), the concatenation along it, cos and sin of one shape that
 // broadcasts to x's without growing it. Then the kernel computes
 // float32(x*cos) + float32(r*sin) per element, the rounding steps of the
-// chain (bit-identical). Otherwise it runs the chain's own nodes, in
+// chain (bit-identical); float16 tensors likewise, each step rounded to
+// float16 as the chain's float16 kernels do. Otherwise it runs the chain's own nodes, in
 // order, so the result is the unfused graph's in every case. Every value
 // inside the chain must have one reader and be neither a graph output nor
 // captured.
@@ -73,27 +71,10 @@ func matchRotary(fc *fuseContext, i int) (*PlanNode, []int, bool) {
 				continue
 			}
 			chain := append([]int{i, pi, qi, ci}, core...)
-			// the chain's nodes in plan order, for the fallback
-			var nodes []*PlanNode
-			for j := 0; j <= i; j++ {
-				for _, c := range chain {
-					if c == j {
-						nodes = append(nodes, fc.p.Nodes[j])
-					}
-				}
-			}
 			inputs := append([]string{x, cos, sin}, sliceArgs(sl1)...)
 			inputs = append(inputs, sliceArgs(sl2)...)
-			pn := &PlanNode{Name: n.Name, OpType: "RotaryHalf", Domain: ops.FusedDomain, Inputs: inputs,
-				Outputs: []string{n.Outputs[0]}}
-			pn.Info = &ops.Node{Name: pn.Name, OpType: pn.OpType, Domain: pn.Domain, Opset: 1,
-				NumInputs: len(inputs), NumOutputs: 1, InputPresent: make([]bool, len(inputs)),
-				OutputPresent: []bool{true}, Constants: make([]*tensor.Tensor, len(inputs))}
-			for j, in := range inputs {
-				pn.Info.InputPresent[j] = in != ""
-				pn.Info.Constants[j] = fc.consts[in]
-			}
-			pn.Kernel = &rotaryHalf{axis: axis, chain: nodes, inputs: inputs}
+			k := &rotaryHalf{axis: axis, chain: fc.chainRun(chain, inputs)}
+			pn := fc.plannedNode(n.Name, "RotaryHalf", inputs, n.Outputs[0], k)
 			return pn, chain, true
 		}
 	}
@@ -135,11 +116,8 @@ func sliceArgs(s *PlanNode) []string {
 // first half's slice arguments (starts, ends, axes, steps) and the second
 // half's.
 type rotaryHalf struct {
-	axis   int64       // the Concat's axis
-	chain  []*PlanNode // the replaced nodes in plan order (the fallback)
-	inputs []string    // the fused node's input names
-	// fallbacks counts the runs that took the chain (tests read it).
-	fallbacks atomic.Int64
+	axis  int64 // the Concat's axis
+	chain *chainRun
 }
 
 // Compute runs the fused computation when this run's values allow it, else
@@ -147,22 +125,25 @@ type rotaryHalf struct {
 func (k *rotaryHalf) Compute(ctx *ops.Context) error {
 	x, cos, sin := ctx.Input(0), ctx.Input(1), ctx.Input(2)
 	if h, ok := k.fast(ctx, x, cos, sin); ok {
-		out, err := ctx.NewOutputUninit(0, tensor.Float32, x.Shape())
+		out, err := ctx.NewOutputUninit(0, x.DType(), x.Shape())
 		if err != nil {
 			return err
 		}
-		rotateHalfF32(out.Float32(), x, cos, sin, h)
+		if x.DType() == tensor.Float16 {
+			rotateHalfF16(out.Float16(), x, cos, sin, h)
+		} else {
+			rotateHalfF32(out.Float32(), x, cos, sin, h)
+		}
 		return nil
 	}
-	k.fallbacks.Add(1)
-	return k.fallback(ctx)
+	return k.chain.run(ctx)
 }
 
 // fast reports whether this run is the canonical rotate_half (see
 // matchRotary) and returns the half length.
 func (k *rotaryHalf) fast(ctx *ops.Context, x, cos, sin *tensor.Tensor) (int, bool) {
-	if x == nil || cos == nil || sin == nil || x.DType() != tensor.Float32 || cos.DType() != tensor.Float32 ||
-		sin.DType() != tensor.Float32 || x.Rank() == 0 || !cos.Shape().Equal(sin.Shape()) {
+	if x == nil || cos == nil || sin == nil || (x.DType() != tensor.Float32 && x.DType() != tensor.Float16) ||
+		cos.DType() != x.DType() || sin.DType() != x.DType() || x.Rank() == 0 || !cos.Shape().Equal(sin.Shape()) {
 		return 0, false
 	}
 	r := x.Rank()
@@ -240,80 +221,88 @@ func oneInt(t *tensor.Tensor) (int64, bool) {
 	return 0, false
 }
 
-// rotateHalfF32 writes x*cos + rotate_half(x)*sin into out, cos and sin
-// broadcast to x's shape (last axis of length 2h, not broadcast).
-func rotateHalfF32(out []float32, x, cos, sin *tensor.Tensor, h int) {
-	xs, c, s := x.Float32(), cos.Float32(), sin.Float32()
-	d := 2 * h
-	shape := x.Shape()
-	r := len(shape)
-	// the offset of each x row's cos/sin row, advanced like an odometer
-	var stBuf, idxBuf [8]int
-	st, idx := stBuf[:0], idxBuf[:0]
-	if r-1 > len(stBuf) {
-		st, idx = make([]int, 0, r-1), make([]int, 0, r-1)
+// bcastRows walks the rows (last axis) of a tensor of shape x and gives
+// the offset of the matching row of a tensor of shape c broadcast to x
+// (c's last axis is x's).
+type bcastRows struct {
+	shape    tensor.Shape
+	st, idx  []int
+	stb, idb [8]int
+	off      int
+}
+
+func newBcastRows(b *bcastRows, x, c tensor.Shape) {
+	r := len(x)
+	b.shape, b.st, b.idx, b.off = x, b.stb[:0], b.idb[:0], 0
+	if r-1 > len(b.stb) {
+		b.st, b.idx = make([]int, 0, r-1), make([]int, 0, r-1)
 	}
-	cs := cos.Shape()
 	for j := 0; j < r-1; j++ {
 		stride := 0
-		if cj := j - (r - len(cs)); cj >= 0 && cs[cj] != 1 {
+		if cj := j - (r - len(c)); cj >= 0 && c[cj] != 1 {
 			stride = 1
-			for _, v := range cs[cj+1:] {
+			for _, v := range c[cj+1:] {
 				stride *= v
 			}
 		}
-		st = append(st, stride)
-		idx = append(idx, 0)
+		b.st = append(b.st, stride)
+		b.idx = append(b.idx, 0)
 	}
-	off := 0
+}
+
+// next advances to the next row, like an odometer.
+func (b *bcastRows) next() {
+	for j := len(b.idx) - 1; j >= 0; j-- {
+		b.idx[j]++
+		b.off += b.st[j]
+		if b.idx[j] < b.shape[j] {
+			return
+		}
+		b.off -= b.st[j] * b.idx[j]
+		b.idx[j] = 0
+	}
+}
+
+// rotateHalfF32 writes x*cos + rotate_half(x)*sin into out, cos and sin
+// broadcast to x's shape (last axis of length 2h, not broadcast), with
+// the float32 roundings of the chain's Mul, Mul and Add.
+func rotateHalfF32(out []float32, x, cos, sin *tensor.Tensor, h int) {
+	xs, c, s := x.Float32(), cos.Float32(), sin.Float32()
+	d := 2 * h
+	var it bcastRows
+	newBcastRows(&it, x.Shape(), cos.Shape())
 	for row := 0; row*d < len(xs); row++ {
 		xr, o := xs[row*d:row*d+d], out[row*d:row*d+d]
-		cr, sr := c[off:off+d], s[off:off+d]
+		cr, sr := c[it.off:it.off+d], s[it.off:it.off+d]
 		for j := range h {
 			o[j] = float32(xr[j]*cr[j]) + float32(-xr[j+h]*sr[j])
 		}
 		for j := h; j < d; j++ {
 			o[j] = float32(xr[j]*cr[j]) + float32(xr[j-h]*sr[j])
 		}
-		for j := len(idx) - 1; j >= 0; j-- { // next row
-			idx[j]++
-			off += st[j]
-			if idx[j] < shape[j] {
-				break
-			}
-			off -= st[j] * idx[j]
-			idx[j] = 0
-		}
+		it.next()
 	}
 }
 
-// fallback runs the replaced chain node by node on this run's inputs.
-func (k *rotaryHalf) fallback(ctx *ops.Context) error {
-	vals := make(map[string]*tensor.Tensor, len(k.inputs)+len(k.chain))
-	for j, name := range k.inputs {
-		if name != "" {
-			vals[name] = ctx.Input(j)
+// rotateHalfF16 is rotateHalfF32 for float16 tensors: each of the chain's
+// steps computes in float32 and rounds to float16, as its float16 Mul and
+// Add kernels do.
+func rotateHalfF16(out []tensor.Float16Bits, x, cos, sin *tensor.Tensor, h int) {
+	xs, c, s := x.Float16(), cos.Float16(), sin.Float16()
+	d := 2 * h
+	f := func(v tensor.Float16Bits) float32 { return codec.F16ToF32(uint16(v)) }
+	r16 := func(v float32) float32 { return codec.F16ToF32(codec.F32ToF16(v)) }
+	var it bcastRows
+	newBcastRows(&it, x.Shape(), cos.Shape())
+	for row := 0; row*d < len(xs); row++ {
+		xr, o := xs[row*d:row*d+d], out[row*d:row*d+d]
+		cr, sr := c[it.off:it.off+d], s[it.off:it.off+d]
+		for j := range h {
+			o[j] = tensor.Float16Bits(codec.F32ToF16(r16(f(xr[j])*f(cr[j])) + r16(-f(xr[j+h])*f(sr[j]))))
 		}
+		for j := h; j < d; j++ {
+			o[j] = tensor.Float16Bits(codec.F32ToF16(r16(f(xr[j])*f(cr[j])) + r16(f(xr[j-h])*f(sr[j]))))
+		}
+		it.next()
 	}
-	var last *tensor.Tensor
-	for _, n := range k.chain {
-		in := make([]*tensor.Tensor, len(n.Inputs))
-		for j, name := range n.Inputs {
-			if name != "" {
-				if in[j] = vals[name]; in[j] == nil {
-					return fmt.Errorf("%w: rotary chain value %q is not available", errs.ErrMissingInput, name)
-				}
-			}
-		}
-		c := ops.NewContext(in, n.Info.OutputPresent, ctx.Threads(), ctx.Scope())
-		if err := n.Kernel.Compute(c); err != nil {
-			return withNode(n, err)
-		}
-		last = c.Output(0)
-		if last == nil {
-			return fmt.Errorf("%w: rotary chain node %q produced no value", errs.ErrInvalidModel, n.Name)
-		}
-		vals[n.Outputs[0]] = last
-	}
-	return ctx.SetOutput(0, last)
 }

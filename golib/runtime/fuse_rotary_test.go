@@ -24,6 +24,7 @@ type rotChain struct {
 	cosRank3   bool  // cos/sin fed as [b, s, d] directly (broadcast over heads from the left: no)
 	catOut     bool  // the concatenation is also a graph output
 	step2      bool  // the first slice has step 2
+	half       bool  // float16 q, cos and sin
 }
 
 func defaultRot() rotChain { return rotChain{div: 2, axis: 3, catAxis: -1} }
@@ -82,11 +83,15 @@ func (c rotChain) model() *onnxpb.ModelProto {
 		onnxtest.Node("Mul", pair("q", cos), []string{"qc"}),
 		onnxtest.Node("Mul", pair("rot", sin), []string{"rs"}),
 		onnxtest.Node("Add", pair("qc", "rs"), []string{"y"}))
-	inputs := []*onnxpb.ValueInfoProto{onnxtest.Info("q", 1, -1, 4, -1, rotD), onnxtest.Info("cos", 1, -1, -1, rotD),
-		onnxtest.Info("sin", 1, -1, -1, rotD)}
-	outputs := []*onnxpb.ValueInfoProto{onnxtest.Info("y", 1, -1, -1, -1, -1)}
+	dt := int32(1)
+	if c.half {
+		dt = 10
+	}
+	inputs := []*onnxpb.ValueInfoProto{onnxtest.Info("q", dt, -1, 4, -1, rotD), onnxtest.Info("cos", dt, -1, -1, rotD),
+		onnxtest.Info("sin", dt, -1, -1, rotD)}
+	outputs := []*onnxpb.ValueInfoProto{onnxtest.Info("y", dt, -1, -1, -1, -1)}
 	if c.catOut {
-		outputs = append(outputs, onnxtest.Info("rot", 1, -1, -1, -1, -1))
+		outputs = append(outputs, onnxtest.Info("rot", dt, -1, -1, -1, -1))
 	}
 	return onnxtest.Model(18, onnxtest.Graph(nodes, inputs, outputs, inits...), nil)
 }
@@ -104,6 +109,8 @@ func TestFuseRotary(t *testing.T) {
 	}{
 		{"torchscript (split from the shape)", func(*rotChain) {}, true, false},
 		{"dynamo (constant split, axis -1)", func(c *rotChain) { c.constSplit, c.axis = true, -1 }, true, false},
+		{"float16", func(c *rotChain) { c.half = true }, true, false},
+		{"float16, split at a quarter: the chain", func(c *rotChain) { c.half, c.div = true, 4 }, true, true},
 		{"operands swapped", func(c *rotChain) { c.swap = true }, true, false},
 		{"concat on axis 3", func(c *rotChain) { c.catAxis = 3 }, true, false},
 		{"split at a quarter: the chain", func(c *rotChain) { c.div = 4 }, true, true},
@@ -135,13 +142,21 @@ func TestFuseRotary(t *testing.T) {
 		}
 		for _, dims := range [][2]int{{1, 1}, {2, 3}, {1, 17}} {
 			bsz, seq := dims[0], dims[1]
-			q, _ := tensor.FromSlice(tensor.Shape{bsz, 4, seq, rotD}, randFloats(rng, bsz*4*seq*rotD))
 			cs := tensor.Shape{bsz, seq, rotD}
 			if rc.cosRank3 {
 				cs = tensor.Shape{seq, 1, rotD} // broadcasts over b and heads, not like [b, 1, s, d]
 			}
-			cos, _ := tensor.FromSlice(cs, randFloats(rng, cs.Size()))
-			sin, _ := tensor.FromSlice(cs, randFloats(rng, cs.Size()))
+			mk := func(shape tensor.Shape) *tensor.Tensor {
+				v := randFloats(rng, shape.Size())
+				if !rc.half {
+					t, _ := tensor.FromSlice(shape, v)
+					return t
+				}
+				t, _ := tensor.New(tensor.Float16, shape)
+				_ = tensor.FromFloat32(t, v)
+				return t
+			}
+			q, cos, sin := mk(tensor.Shape{bsz, 4, seq, rotD}), mk(cs), mk(cs)
 			feeds := map[string]*tensor.Tensor{"q": q, "cos": cos, "sin": sin}
 			got, _, err1 := s.Run(feeds, nil)
 			want, _, err2 := ref.Run(feeds, nil)
@@ -155,7 +170,8 @@ func TestFuseRotary(t *testing.T) {
 				if !got[k].Shape().Equal(want[k].Shape()) {
 					t.Fatalf("%s %v: shape %v, unfused %v", c.name, dims, got[k].Shape(), want[k].Shape())
 				}
-				g, w := got[k].Float32(), want[k].Float32()
+				g, _ := tensor.AsFloat32(got[k])
+				w, _ := tensor.AsFloat32(want[k])
 				for i := range w {
 					if math.Float32bits(g[i]) != math.Float32bits(w[i]) {
 						t.Fatalf("%s %v: output %d [%d] = %v, unfused %v", c.name, dims, k, i, g[i], w[i])
@@ -168,7 +184,7 @@ func TestFuseRotary(t *testing.T) {
 		}
 		for _, n := range s.Plan().Nodes {
 			if k, ok := n.Kernel.(*rotaryHalf); ok {
-				if fb := k.fallbacks.Load(); (fb > 0) != c.fallback {
+				if fb := k.chain.runs.Load(); (fb > 0) != c.fallback {
 					t.Errorf("%s: %d runs took the chain, want fallback %v", c.name, fb, c.fallback)
 				}
 			}
