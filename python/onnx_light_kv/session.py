@@ -164,7 +164,13 @@ class InferenceSession:
         raises ValueError naming it), the new K/V are appended to the state's
         caches and attention reads them in place; a present is exported from
         the cache only when ``output_names`` names it. A failed run leaves the
-        state unchanged."""
+        state unchanged.
+
+        The first run with a given set of feed names (in their order), output
+        names and path resolves and checks the names once (missing, unknown and
+        duplicate inputs, pasts fed with a state, unknown outputs raise there);
+        later runs with the same names pass only the arrays, whose dtypes,
+        ranks and fixed dimensions are checked on every run."""
         if not self._h:
             raise ValueError("the session is closed")
         if type(input_feed) is not dict and not isinstance(input_feed, Mapping):
