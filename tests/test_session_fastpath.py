@@ -156,3 +156,35 @@ def test_high_rank_and_lent_outputs() -> None:
         assert _lib.fn("LentOutputs")() == lent_before + 1
         del hi, big
     assert _lib.fn("LentOutputs")() == lent_before
+
+
+def test_concurrent_runs_while_signatures_cycle(decoder: bytes) -> None:
+    """Threads running many distinct output selections at once (more than the session keeps,
+    so signatures are dropped while others run) all get correct results."""
+    import threading
+
+    sess = InferenceSession(decoder, threads=1)
+    names = [o.name for o in sess.get_outputs()]
+    past = {p: np.zeros((1, CFG.kv_heads, 2, CFG.head_dim), np.float32) for p in models.past_names(CFG.layers)}
+    f = _feeds(past, 7, 2)
+    want = dict(zip(names, sess.run(None, f)))
+    sels = [[names[(i + k) % len(names)] for k in range(1 + i % 3)] + ["logits"] * (i // len(names))
+            for i in range(session._MAX_SIGNATURES + 20)]
+    errors: List[BaseException] = []
+
+    def worker(seed: int) -> None:
+        try:
+            for j in range(120):
+                sel = sels[(seed * 37 + j) % len(sels)]
+                for name, got in zip(sel, sess.run(sel, f)):
+                    assert np.array_equal(got, want[name])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors[0]
+    assert len(sess._signatures) <= session._MAX_SIGNATURES

@@ -239,9 +239,7 @@ class InferenceSession:
         n_out = len(self._outputs) if outs is None else len(outs)
         sig = _Signature(h, 1 + n_out * (4 + _META_RANK))
         if len(self._signatures) >= _MAX_SIGNATURES:  # a caller cycling through name sets: start over
-            for old in self._signatures.values():
-                _lib.call(_SIGNATURE_FREE, old.handle)
-            self._signatures.clear()
+            self._signatures.clear()  # each is freed once no run in flight holds it
         self._signatures[(keys, outs, cache_path)] = sig
         return sig
 
@@ -414,7 +412,9 @@ def _release(h: int) -> None:
 
 class _Signature:
     """A prepared run signature: its Go handle and spare output-description arrays
-    (taken and put back per run, so concurrent runs never share one)."""
+    (taken and put back per run, so concurrent runs never share one). The handle is
+    freed when the object goes (a run in flight keeps it); freeing the session frees
+    it too, and freeing it again does nothing."""
 
     __slots__ = ("handle", "meta_len", "meta")
 
@@ -422,6 +422,12 @@ class _Signature:
         self.handle = handle
         self.meta_len = meta_len
         self.meta: List[np.ndarray] = []
+
+    def __del__(self) -> None:
+        try:
+            _lib.call(_SIGNATURE_FREE, self.handle)
+        except Exception:
+            pass
 
 
 def _outputs(rh: int, m: List[int]) -> List[np.ndarray]:
