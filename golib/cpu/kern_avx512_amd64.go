@@ -115,13 +115,21 @@ func axpy4x16k(acc, p, v []float32, alpha *[4]float32, pf int, next []float32) {
 // same assembly on a padded copy (padding m: exp(0), no subnormal work)
 // instead of the scalar expf, which takes about 15 ns per score: every row
 // of a short context or of a block's end has such a tail.
-func expSubx16(s []float32, m float32) float32 { return expSubRuns(s, m, 16, expSubasm) }
+func expSubx16(s []float32, m float32) float32 { return expSubRuns(s, m, 16) }
 
-// expSubRuns runs the assembly exp kernel (over multiples of lanes scores)
-// on the whole runs of s and on a copy of the tail padded with m, whose
-// exp(0) lanes are dropped. lanes is 8 or 16.
-func expSubRuns(s []float32, m float32, lanes int, kernel func(s *float32, n int, m float32) float32) float32 {
+// expSubRuns runs the assembly exp kernel (over multiples of lanes scores:
+// 16, expSubasm, or 8, expSubavx2) on the whole runs of s and on a copy of
+// the tail padded with m, whose exp(0) lanes are dropped. The kernels are
+// called directly: through a function value the tail copy would escape to
+// the heap (one allocation per row with a tail).
+func expSubRuns(s []float32, m float32, lanes int) float32 {
 	n := len(s) &^ (lanes - 1)
+	kernel := func(p *float32, n int, m float32) float32 {
+		if lanes == 16 {
+			return expSubasm(p, n, m)
+		}
+		return expSubavx2(p, n, m)
+	}
 	var sum float32
 	if n > 0 {
 		sum = kernel(unsafe.SliceData(s), n, m)

@@ -132,6 +132,9 @@ func (p *pool) run(s *shape, dst, q []float32, v cache.View, ops *kernelOps) err
 	if len(p.states) < threads {
 		p.states = append(p.states, make([]unitState, threads-len(p.states))...)
 	}
+	for i := range p.states {
+		p.states[i].read = 0
+	}
 	if s.threads > 0 && threads > 1 {
 		// A call bounded by a session's threads runs its tasks on the
 		// products' worker pool (package gemm), whose helpers are already
@@ -139,7 +142,7 @@ func (p *pool) run(s *shape, dst, q []float32, v cache.View, ops *kernelOps) err
 		// compete with them for the cores.
 		p.next.Store(0)
 		gemm.ForThreads(threads, threads, p.workSafe)
-		return p.finish(s, dst, v, bytes)
+		return p.finish(s, dst, v)
 	}
 	for len(p.helpers) < threads-1 {
 		h := &helper{idx: len(p.helpers) + 1, wake: make(chan struct{}, 1)}
@@ -175,11 +178,11 @@ func (p *pool) run(s *shape, dst, q []float32, v cache.View, ops *kernelOps) err
 		}
 	}
 
-	return p.finish(s, dst, v, bytes)
+	return p.finish(s, dst, v)
 }
 
 // finish merges split-KV partial states and ends the call.
-func (p *pool) finish(s *shape, dst []float32, v cache.View, bytes int64) error {
+func (p *pool) finish(s *shape, dst []float32, v cache.View) error {
 	rows := s.group * s.qLen
 	units := s.batch * s.kvHeads
 	nsplit := p.nsplit
@@ -199,7 +202,13 @@ func (p *pool) finish(s *shape, dst []float32, v cache.View, bytes int64) error 
 	if err != nil {
 		return err
 	}
-	v.AddBytesRead(bytes)
+	// The units counted what they read (quantized rows and their scales
+	// included); bytes, the native estimate, only chose the thread count.
+	var read int64
+	for i := range p.states {
+		read += p.states[i].read
+	}
+	v.AddBytesRead(read)
 	return nil
 }
 

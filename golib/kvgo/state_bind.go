@@ -89,6 +89,36 @@ func StateNewPaged(h int64, batch, maxLength, elem int, budget int64, blockSize,
 	return states.put(cs), nil
 }
 
+// StateNewQuant is StateNew with quantized caches (see CacheQuantNew for
+// quant, group, kAxis and residual), in the contiguous (layout 0) or paged
+// (layout 1, blockSize, prefixCache as StateNewPaged) layout.
+func StateNewQuant(h int64, batch, maxLength, elem int, budget int64, layout, blockSize, prefixCache int,
+	quant string, group int, kAxis string, residual int) (sh int64, err error) {
+	defer recoverTo(&err)
+	sess, err := sessions.get(h)
+	if err != nil {
+		return 0, classify(err)
+	}
+	q, err := quantConfigOf(quant, group, kAxis, residual)
+	if err != nil {
+		return 0, classify(err)
+	}
+	cfg := runtime.StateConfig{Batch: batch, MaxLength: maxLength, Budget: budget, Quant: q}
+	if layout == 1 {
+		cfg.Layout, cfg.BlockSize, cfg.PrefixCache = cache.Paged, blockSize, prefixCache != 0
+	}
+	if elem >= 0 {
+		if cfg.Elem, err = elemOf(elem); err != nil {
+			return 0, classify(err)
+		}
+	}
+	cs, err := sess.NewCacheState(cfg)
+	if err != nil {
+		return 0, classify(err)
+	}
+	return states.put(cs), nil
+}
+
 // StateFree closes a state and releases its caches. Unknown handles are
 // ignored (a finalizer may run after an explicit close).
 func StateFree(sh int64) (err error) {
@@ -288,6 +318,8 @@ func StateInfoJSON(sh int64) (s string, err error) {
 		totals["copy_bytes"] += ct.CopyBytes
 		totals["attention_bytes"] += ct.AttentionBytes
 		totals["attention_calls"] += ct.AttentionCalls
+		totals["seal_bytes"] += ct.SealBytes
+		totals["seal_calls"] += ct.SealCalls
 	}
 	info := map[string]any{"batch": cs.Batch(), "length": cs.Length(), "dtype": cs.Elem().String(),
 		"closed": cs.Closed(), "layers": layers, "totals": totals}

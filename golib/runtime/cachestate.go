@@ -35,6 +35,9 @@ type StateConfig struct {
 	// arena register what they run, ReusePrefix attaches a registered
 	// prefix.
 	PrefixCache bool
+	// Quant quantizes the caches' rows older than a recent-token window
+	// (cache.QuantConfig; the zero value keeps every row in Elem).
+	Quant cache.QuantConfig
 }
 
 // pagedGrowCapacity is the token limit per sequence of a paged state whose
@@ -147,7 +150,8 @@ func (cs *CacheState) newCache(kvHeads, dk, dv int) (*cache.KVCache, error) {
 		}
 	}
 	return cache.New(cs.arena, cache.Config{Batch: cs.cfg.Batch, KVHeads: kvHeads, HeadDimK: dk,
-		HeadDimV: dv, Capacity: capacity, Elem: cs.cfg.Elem, Layout: cs.cfg.Layout, BlockSize: cs.cfg.BlockSize})
+		HeadDimV: dv, Capacity: capacity, Elem: cs.cfg.Elem, Layout: cs.cfg.Layout, BlockSize: cs.cfg.BlockSize,
+		Quant: cs.cfg.Quant})
 }
 
 // live returns the caches created so far (a layer whose geometry the graph
@@ -309,6 +313,11 @@ func (b *stateBinding) ExportWanted(layer int) bool { return b.wanted[layer] }
 func grown(c *cache.KVCache, a *cache.Arena, need int) (*cache.KVCache, error) {
 	cfg := c.Config()
 	cfg.Capacity = max(2*cfg.Capacity, need)
+	if cfg.Quant.Enabled() {
+		// copies the sealed chunks as they are instead of quantizing
+		// dequantized values again
+		return c.Regrown(cfg.Capacity)
+	}
 	g, err := cache.New(a, cfg)
 	if err != nil {
 		return nil, err

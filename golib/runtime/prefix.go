@@ -18,6 +18,8 @@ func (s *Session) enablePrefixes(cfg StateConfig) error {
 	switch {
 	case cfg.Layout != cache.Paged:
 		return fmt.Errorf("%w: prefix_cache needs layout=\"paged\"", errs.ErrInvalidArgument)
+	case cfg.Quant.Enabled():
+		return fmt.Errorf("%w: prefix_cache with a quantized cache", errs.ErrNotImplemented)
 	case cfg.Budget > 0:
 		return fmt.Errorf("%w: prefix_cache shares blocks through the session's arena: a state budget of its own is not supported", errs.ErrInvalidArgument)
 	}

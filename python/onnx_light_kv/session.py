@@ -27,7 +27,8 @@ from ._dtypes import CODES, bfloat16, cache_dtype
 from ._format import html_table, summary
 from ._session_options import (CPU_PROVIDER, ExecutionMode, GraphOptimizationLevel, ModelMetadata, SessionOptions,
                                check_providers)
-from .cache import BLOCK_SIZES, DEFAULT_BLOCK_SIZE, _layout as check_layout
+from .cache import BLOCK_SIZES, DEFAULT_BLOCK_SIZE, DEFAULT_QUANT_GROUP, DEFAULT_RESIDUAL, _layout as check_layout
+from .cache import _quant_block_size, _quant_options
 from .state import GenerationState
 from ._validate import integer, optional_integer
 
@@ -253,7 +254,9 @@ class InferenceSession:
 
     def create_state(self, *, batch: int = 1, max_length: Optional[int] = None, dtype: Any = None,
                      budget: Optional[int] = None, layout: str = "contiguous",
-                     block_size: Optional[int] = None, prefix_cache: bool = False) -> GenerationState:
+                     block_size: Optional[int] = None, prefix_cache: bool = False,
+                     quant: Optional[str] = None, quant_group: int = DEFAULT_QUANT_GROUP,
+                     k_axis: str = "channel", residual: int = DEFAULT_RESIDUAL) -> GenerationState:
         """A new :class:`GenerationState` for :meth:`run` ``(..., state=)``: one KVCache per
         rewritten layer, ``batch`` sequences.
 
@@ -278,11 +281,19 @@ class InferenceSession:
                 Unreferenced registered blocks are evicted least recently used when an append
                 finds the budget full. Needs ``layout="paged"`` and the session's arena (no
                 ``budget``).
+            quant, quant_group, k_axis, residual: quantized caches, as
+                :class:`onnx_light_kv.KVCache` takes them: None (every row in ``dtype``),
+                ``"int8"`` or ``"int4"``; tokens per sealed chunk (32 or 64); K scales per
+                ``"channel"`` or per ``"token"``; the most recent tokens kept in ``dtype``.
+                A growing state (``max_length=None``) copies the sealed chunks as they are. With
+                ``layout="paged"`` the blocks are the sealed chunks (``block_size`` must equal
+                ``quant_group``, its default there); ``prefix_cache`` is not supported.
 
         Raises:
             NotImplementedError: the model stays on the tensor path (the reasons of
-                :meth:`cache_plan` are in the message).
-            ValueError: bad sizes, an unknown layout or block size. TypeError: unsupported dtype.
+                :meth:`cache_plan` are in the message); ``quant`` with ``prefix_cache``.
+            ValueError: bad sizes, an unknown layout or block size, bad quantization options
+                (an odd head dim with int4). TypeError: unsupported dtype.
             BudgetError: the budget cannot hold the caches.
         """
         if not self._h:
@@ -296,10 +307,18 @@ class InferenceSession:
             raise TypeError(f"prefix_cache must be a bool, got {type(prefix_cache).__name__}")
         if prefix_cache and layout != "paged":
             raise ValueError("prefix_cache=True needs layout='paged'")
+        q = _quant_options(quant, quant_group, k_axis, residual)
+        bs = 0
         if layout == "paged":
             bs = DEFAULT_BLOCK_SIZE if block_size is None else integer(block_size, "block_size", lo=1)
             if bs not in BLOCK_SIZES:
                 raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {bs}")
+            if q is not None:
+                bs = _quant_block_size(block_size, q[1])
+        if q is not None:
+            h = _lib.call(_lib.fn("StateNewQuant"), self._h, batch, max_len, code, bud, int(layout == "paged"), bs,
+                          int(prefix_cache), *q)
+        elif layout == "paged":
             h = _lib.call(_lib.fn("StateNewPaged"), self._h, batch, max_len, code, bud, bs, int(prefix_cache))
         else:
             h = _lib.call(_lib.fn("StateNew"), self._h, batch, max_len, code, bud)
