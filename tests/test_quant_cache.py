@@ -375,10 +375,10 @@ def test_attention_over_quantized_rows(quant, k_axis, layout) -> None:
     f.close()
 
 
-def _decoder_session() -> olkv.InferenceSession:
+def _decoder_session(mask: bool = False) -> olkv.InferenceSession:
     from onnx_light_kv import models as M
     cfg = M.DecoderConfig(layers=2, hidden=64, q_heads=4, kv_heads=2, head_dim=16, vocab=256, max_positions=256)
-    return olkv.InferenceSession(M.model_bytes(M.build("llama", cfg)), threads=1)
+    return olkv.InferenceSession(M.model_bytes(M.llama_decoder(cfg, attention_mask_input=mask)), threads=1)
 
 
 def test_create_state_and_generate_take_the_options() -> None:
@@ -434,3 +434,25 @@ def test_paged_blocks_are_the_sealed_chunks() -> None:
     st = _decoder_session().create_state(max_length=128, quant="int8", layout="paged")
     assert {layer["block_size"] for layer in st.info()["layers"]} == {32}
     st.close()
+
+
+@pytest.mark.parametrize("block_size", [None, 32])
+def test_engine_takes_the_options(block_size) -> None:
+    """The serving Engine passes state_options' quantization to its states (contiguous, and paged with
+    the chunk-sized blocks); requests that stay in the native window decode like an unquantized Engine."""
+    from onnx_light_kv.serve import Engine
+    sess = _decoder_session(mask=True)
+    prompts = [np.array([3, 17, 42, 5], np.int64), np.array([9, 8, 7, 6, 5, 4], np.int64)]
+
+    def run(**opts):
+        with Engine(sess, max_batch=2, max_length=64, **opts) as eng:
+            ids = [eng.add_request(p, max_new_tokens=6) for p in prompts]
+            out = eng.run_until_done()
+            return [out[i] for i in ids]
+
+    want = run()
+    got = run(block_size=block_size, state_options={"quant": "int8", "residual": 32})
+    assert got == want
+    prompts = [np.arange(1, 41, dtype=np.int64)]  # 40 tokens: a chunk is sealed with residual 0
+    with pytest.raises(NotImplementedError):
+        run(block_size=block_size, state_options={"quant": "int8", "residual": 0})

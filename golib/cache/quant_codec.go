@@ -36,17 +36,17 @@ func groupParams(f QuantFormat, x []float32, off, stride, n int) (scale, zero fl
 		var amax float32
 		for i := 0; i < n; i++ {
 			a := x[off+i*stride]
-			if a != a || math.IsInf(float64(a), 0) {
+			if a-a != 0 { // NaN or an infinity
 				return nan, 0
 			}
-			amax = max(amax, float32(math.Abs(float64(a))))
+			amax = max(amax, math.Float32frombits(math.Float32bits(a)&^(1<<31)))
 		}
 		return amax / 127, 0
 	}
 	lo, hi := x[off], x[off]
 	for i := 0; i < n; i++ {
 		a := x[off+i*stride]
-		if a != a || math.IsInf(float64(a), 0) {
+		if a-a != 0 {
 			return nan, nan
 		}
 		lo, hi = min(lo, a), max(hi, a)
@@ -61,11 +61,65 @@ func quantValue(f QuantFormat, x, scale, zero float32) uint8 {
 		return 0
 	}
 	if f == QuantInt8 {
-		r := math.RoundToEven(float64(float32(x / scale)))
-		return uint8(int8(max(-127, min(127, r))))
+		return quantInt8(x, scale)
 	}
+	return quantInt4(x, scale, zero)
+}
+
+// quantInt8 is quantValue for int8 and a nonzero, finite scale.
+func quantInt8(x, scale float32) uint8 {
+	r := math.RoundToEven(float64(float32(x / scale)))
+	return uint8(int8(max(-127, min(127, r))))
+}
+
+// quantInt4 is quantValue for int4 and a nonzero, finite scale.
+func quantInt4(x, scale, zero float32) uint8 {
 	r := math.RoundToEven(float64(float32(float32(x-zero) / scale)))
 	return uint8(max(0, min(15, r)))
+}
+
+// quantGroup stores the n values x[xoff+i*xstride] of one group into
+// elements e0+i*estride of the rows dst[r*rb:] (r = i when rowStep, else
+// row 0 and elements along it): the loops of quantizePerToken and
+// quantizePerChannel without a per-element format test.
+func quantGroup(f QuantFormat, dst []byte, rb int, x []float32, xoff, xstride, n int, alongRow bool, e0 int, s, z float32) {
+	if s == 0 || s != s {
+		for i := 0; i < n; i++ {
+			if alongRow {
+				putQuant(f, dst, e0+i, 0)
+			} else {
+				putQuant(f, dst[i*rb:], e0, 0)
+			}
+		}
+		return
+	}
+	switch {
+	case f == QuantInt8 && alongRow:
+		row := dst[e0 : e0+n]
+		for i := range row {
+			row[i] = quantInt8(x[xoff+i*xstride], s)
+		}
+	case f == QuantInt8:
+		for i := 0; i < n; i++ {
+			dst[i*rb+e0] = quantInt8(x[xoff+i*xstride], s)
+		}
+	case alongRow && e0%2 == 0 && n%2 == 0:
+		row := dst[e0/2 : (e0+n)/2]
+		for i := range row {
+			lo := quantInt4(x[xoff+2*i*xstride], s, z)
+			hi := quantInt4(x[xoff+(2*i+1)*xstride], s, z)
+			row[i] = lo | hi<<4
+		}
+	default:
+		for i := 0; i < n; i++ {
+			q := quantInt4(x[xoff+i*xstride], s, z)
+			if alongRow {
+				putQuant(f, dst, e0+i, q)
+			} else {
+				putQuant(f, dst[i*rb:], e0, q)
+			}
+		}
+	}
 }
 
 // dequantValue reads back a stored integer q (as returned by quantValue).
@@ -115,9 +169,7 @@ func quantizePerToken(f QuantFormat, dst []byte, scale, zero, x []float32, n, d,
 			if zero != nil {
 				zero[r*ng+gi] = z
 			}
-			for i := 0; i < g; i++ {
-				putQuant(f, row, gi*g+i, quantValue(f, x[off+i], s, z))
-			}
+			quantGroup(f, row, rb, x, off, 1, g, true, gi*g, s, z)
 		}
 	}
 	sb := int64(n * ng * 4)
@@ -138,9 +190,7 @@ func quantizePerChannel(f QuantFormat, dst []byte, scale, zero, x []float32, n, 
 		if zero != nil {
 			zero[ch] = z
 		}
-		for r := 0; r < n; r++ {
-			putQuant(f, dst[r*rb:(r+1)*rb], ch, quantValue(f, x[r*d+ch], s, z))
-		}
+		quantGroup(f, dst, rb, x, ch, d, n, false, ch, s, z)
 	}
 	sb := int64(d * 4)
 	if zero != nil {

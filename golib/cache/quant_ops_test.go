@@ -300,6 +300,10 @@ func TestQuantAppendCost(t *testing.T) {
 	k, v := randQKV(rand.New(rand.NewPCG(5, 5)), cfg, 96)
 	mustOK(t, c.Append(asBytes(k), asBytes(v), Float32, 96, nil))
 	ct := c.Counters()
+	// 64 sealed tokens (2 chunks) and 32 native ones of 2 heads
+	if in := c.Info(); in.LiveBytes != 64*in.BytesPerToken+32*2*2*64*4 {
+		t.Fatalf("live bytes %d", in.LiveBytes)
+	}
 	if ct.AppendBytes != 96*2*2*64*4 {
 		t.Fatalf("append bytes %d", ct.AppendBytes)
 	}
@@ -383,5 +387,30 @@ func TestQuantPagedBlocks(t *testing.T) {
 	c2.Close()
 	if st := a.Stats(); st.Allocated != 0 {
 		t.Fatalf("%d bytes still allocated after close", st.Allocated)
+	}
+}
+
+// TestQuantPagedViewAllocs: the paged layout's view allocates nothing
+// either (its append takes one arena block per sealed chunk, so it
+// allocates once per Group tokens, not per token).
+func TestQuantPagedViewAllocs(t *testing.T) {
+	cfg := Config{Batch: 1, KVHeads: 2, HeadDimK: 64, Capacity: 4096, Elem: Float16, Layout: Paged,
+		Quant: QuantConfig{Format: QuantInt8, Group: 32, Residual: 16}}
+	a, _ := NewArena(0)
+	defer a.Close()
+	c := mustNew(t, a, cfg)
+	k, v := randQKV(rand.New(rand.NewPCG(1, 3)), cfg, 1000)
+	mustOK(t, c.Append(asBytes(k), asBytes(v), Float32, 1000, nil))
+	segs := make([]Segment, 0, 64)
+	if allocs := testing.AllocsPerRun(100, func() { segs = c.AppendSegments(segs[:0], 0, 1, 0, 1000) }); allocs != 0 {
+		t.Fatalf("%v allocations per view", allocs)
+	}
+	if len(segs) < 30 {
+		t.Fatalf("%d segments for 30 chunks and the ring", len(segs))
+	}
+	k1, v1 := asBytes(k[:2*64]), asBytes(v[:2*64]) // one token, two heads
+	allocs := testing.AllocsPerRun(320, func() { mustOK(t, c.Append(k1, v1, Float32, 1, nil)) })
+	if allocs > 0.2 {
+		t.Fatalf("%v allocations per one-token append", allocs)
 	}
 }

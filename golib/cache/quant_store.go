@@ -5,11 +5,12 @@ import (
 	"sort"
 )
 
-// quantSeq is the storage of one sequence of a quantized contiguous cache.
+// quantSeq is the storage of one sequence of a quantized cache.
 //
-// Positions [0, sealed) are sealed: quantized rows in qk/qv at their
-// position (Capacity rows per head), cut into chunks whose start positions
-// are chunks (chunk i spans [chunks[i], chunks[i+1]), the last one up to
+// Positions [0, sealed) are sealed: quantized rows, in the contiguous
+// layout in qk/qv at their position (Capacity rows per head), in the paged
+// layout in one block per chunk (blks; qk, qv and the per-token scale
+// arrays are then empty), cut into chunks whose start positions are chunks (chunk i spans [chunks[i], chunks[i+1]), the last one up to
 // sealed). Positions [sealed, len) are native rows in a ring of ring rows
 // per head: position p lives in slot p % ring. sealed may exceed the
 // sequence's length after a truncate or rollback; the first append below
@@ -316,7 +317,7 @@ func (c *KVCache) sealedAt(s *quantSeq, i, h, p0, p1 int) sealedRows {
 }
 
 // quantSegments appends the segments of positions [from, to) of sequence
-// b, head h of a quantized contiguous cache: one per sealed chunk (with Q
+// b, head h of a quantized cache: one per sealed chunk (with Q
 // filled), then the native rows of the ring (two segments when they wrap).
 func (c *KVCache) quantSegments(dst []Segment, b, h, from, to int) []Segment {
 	g := &c.qg
@@ -422,6 +423,9 @@ func (c *KVCache) quantInfoLocked(in *Info) {
 	in.ScaleBytes = sealed*int64(g.scaleBytesPerToken(c.cfg)) + chunkScales
 	in.BytesPerToken = g.bytesPerToken(c.cfg)
 	in.NativeBytesPerToken = int64(c.cfg.KVHeads * (c.rowK + c.rowV))
+	// the arena's live figure counts every token at the sealed rate; the
+	// cache's own figure tells the two kinds apart
+	in.LiveBytes = sealed*in.BytesPerToken + native*in.NativeBytesPerToken
 	in.CommittedBytes = int64(c.cfg.Batch)*int64(g.seqBytes) + heap
 	if c.cfg.Layout == Paged {
 		c.pagedQuantInfoLocked(in)

@@ -133,12 +133,17 @@ func checkQuantSegments(t *testing.T, c *KVCache, m *qmodel, b, h int, label str
 // the same random operations (ragged appends of up to two chunks, truncate
 // into sealed chunks, reorder with repeats, checkpoint/rollback, evict,
 // fork with a write into the fork, select, adopt, reset) and compares them
-// after every step.
+// after every step (one seed per geometry and layout under the race
+// detector, three otherwise).
 func TestQuantRandomOperations(t *testing.T) {
+	seeds := uint64(3)
+	if raceEnabled {
+		seeds = 1
+	}
 	for gi, cfg := range quantConfigs {
 		for _, l := range []Layout{Contiguous, Paged} {
 			cfg.Layout = l
-			for seed := range uint64(3) {
+			for seed := range seeds {
 				randomQuantOps(t, cfg, rand.New(rand.NewPCG(seed, 100+uint64(gi))), 70, fmt.Sprintf("qcfg %d %v seed %d", gi, l, seed))
 			}
 		}
