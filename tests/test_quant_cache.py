@@ -439,7 +439,7 @@ def test_paged_blocks_are_the_sealed_chunks() -> None:
 @pytest.mark.parametrize("block_size", [None, 32])
 def test_engine_takes_the_options(block_size) -> None:
     """The serving Engine passes state_options' quantization to its states (contiguous, and paged with
-    the chunk-sized blocks); requests that stay in the native window decode like an unquantized Engine."""
+    the chunk-sized blocks); requests that stay in the native window decode like an unquantized Engine, and requests whose prompt seals chunks decode too."""
     from onnx_light_kv.serve import Engine
     sess = _decoder_session(mask=True)
     prompts = [np.array([3, 17, 42, 5], np.int64), np.array([9, 8, 7, 6, 5, 4], np.int64)]
@@ -454,5 +454,7 @@ def test_engine_takes_the_options(block_size) -> None:
     got = run(block_size=block_size, state_options={"quant": "int8", "residual": 32})
     assert got == want
     prompts = [np.arange(1, 41, dtype=np.int64)]  # 40 tokens: a chunk is sealed with residual 0
-    (tokens,) = run(block_size=block_size, state_options={"quant": "int8", "residual": 0})
-    assert len(tokens) == 6  # attention reads the sealed chunk
+    sealed = run(block_size=block_size, state_options={"quant": "int8", "residual": 0})
+    vocab = sess.get_outputs()[0].shape[-1]
+    assert [len(t) for t in sealed] == [6]
+    assert all(0 <= int(t) < vocab for t in sealed[0])

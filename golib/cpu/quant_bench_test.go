@@ -3,7 +3,9 @@ package cpu
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 )
@@ -76,3 +78,70 @@ type readCounter struct {
 }
 
 func (r *readCounter) AddBytesRead(n int64) { r.n += n; r.View.AddBytesRead(n) }
+
+// BenchmarkDecodeQuantAB is BenchmarkDecodeQuant measured side by side on a
+// loaded machine: one iteration runs rounds of a few calls of every storage
+// in turn (fp16, int8, int8 with integer dots where available, int4) and
+// reports each one's median time per step (ms-<storage>) and the speed-ups
+// over fp16 (x-<storage> = fp16 median / storage median). Run it with
+// -benchtime=1x.
+func BenchmarkDecodeQuantAB(b *testing.B) {
+	defer SetThreads(Threads())
+	defer SetQuantIntDots(false)
+	const qh, kvh, d, res, rounds, calls = 32, 8, 128, 128, 15, 3
+	for _, L := range []int{16384, 32768} {
+		type storage struct {
+			name    string
+			c       *cache.KVCache
+			intDots bool
+		}
+		sts := []storage{{"fp16", newBenchCacheOf(b, cache.Float16, kvh, d, L), false}}
+		for _, f := range quantFormats {
+			c := newBenchCacheQ(b, cache.Float16, kvh, d, L, cache.QuantConfig{Format: f, Residual: res})
+			sts = append(sts, storage{f.String(), c, false})
+			if f == cache.QuantInt8 && activeOps().quant != nil && activeOps().quant.intDots4 != nil {
+				sts = append(sts, storage{"int8-intdots", c, true})
+			}
+		}
+		rng := rand.New(rand.NewPCG(3, 5))
+		q := randVec(rng, qh*d, 1)
+		dst := make([]float32, qh*d)
+		for _, th := range []int{1, 2} {
+			b.Run(fmt.Sprintf("L%d/t%d", L, th), func(b *testing.B) {
+				SetThreads(th)
+				for b.Loop() {
+					times := make([][]float64, len(sts))
+					for r := 0; r < rounds; r++ {
+						for i, st := range sts {
+							v, err := st.c.BeginRead()
+							if err != nil {
+								b.Fatal(err)
+							}
+							SetQuantIntDots(st.intDots)
+							if err := Attention(dst, q, 1, qh, v, Options{}); err != nil { // warm
+								b.Fatal(err)
+							}
+							t0 := time.Now()
+							for k := 0; k < calls; k++ {
+								if err := Attention(dst, q, 1, qh, v, Options{}); err != nil {
+									b.Fatal(err)
+								}
+							}
+							times[i] = append(times[i], float64(time.Since(t0).Nanoseconds())/calls)
+							st.c.EndRead()
+						}
+					}
+					med := make([]float64, len(sts))
+					for i := range sts {
+						slices.Sort(times[i])
+						med[i] = times[i][len(times[i])/2]
+						b.ReportMetric(med[i]/1e6, "ms-"+sts[i].name)
+					}
+					for i := 1; i < len(sts); i++ {
+						b.ReportMetric(med[0]/med[i], "x-"+sts[i].name)
+					}
+				}
+			})
+		}
+	}
+}

@@ -6,12 +6,11 @@ import (
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime"
-	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
 
 // Generation-state bindings: python/onnx_light_kv/state.py drives these.
 // A state handle names a runtime.CacheState (one KVCache per rewritten
-// layer); SessionRunStateLend runs the session's cache path on it.
+// layer); SessionRunPrepared runs the session's cache path on it.
 
 var states = newRegistry[*runtime.CacheState]("generation state")
 
@@ -383,22 +382,4 @@ func stateCache(sh int64, layer int) (*cache.KVCache, error) {
 		return nil, fmt.Errorf("%w: layer slot %d of %d has no cache yet", errInvalid, layer, len(cc))
 	}
 	return cc[layer], nil
-}
-
-// SessionRunStateLend is SessionRunLend on the cache path of state sh:
-// feeds without the pasts; presents exported only when named.
-func SessionRunStateLend(h, sh int64, feedNames string, n int, desc uintptr, nDesc int, outNames string, lendMin int) (s string, err error) {
-	defer recoverTo(&err)
-	sess, err := sessions.get(h)
-	if err != nil {
-		return "", classify(err)
-	}
-	cs, err := states.get(sh)
-	if err != nil {
-		return "", classify(err)
-	}
-	return runAndDescribe(h, cs.State(), feedNames, n, desc, nDesc, outNames, lendMin,
-		func(feeds map[string]*tensor.Tensor, names []string) ([]*tensor.Tensor, *runtime.RunStats, error) {
-			return sess.RunCache(cs, feeds, names)
-		})
 }
