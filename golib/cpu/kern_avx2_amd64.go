@@ -150,7 +150,7 @@ func axpy4AVX2(acc, p, v []float32, alpha *[4]float32, pf int) {
 
 // expSubAVX2 runs the assembly exp over runs of 8 and a shorter tail on a
 // padded copy (padding m: exp(0)), as expSubx16 does.
-func expSubAVX2(s []float32, m float32) float32 { return expSubRuns(s, m, 8, expSubavx2) }
+func expSubAVX2(s []float32, m float32) float32 { return expSubRuns(s, m, 8) }
 
 // cvtF16AVX2 widens halves with VCVTPH2PS in runs of 32, the scalar codec
 // for the tail.

@@ -115,16 +115,20 @@ func axpy4x16k(acc, p, v []float32, alpha *[4]float32, pf int, next []float32) {
 // same assembly on a padded copy (padding m: exp(0), no subnormal work)
 // instead of the scalar expf, which takes about 15 ns per score: every row
 // of a short context or of a block's end has such a tail.
-func expSubx16(s []float32, m float32) float32 { return expSubRuns(s, m, 16, expSubasm) }
+func expSubx16(s []float32, m float32) float32 { return expSubRuns(s, m, 16) }
 
-// expSubRuns runs the assembly exp kernel (over multiples of lanes scores)
-// on the whole runs of s and on a copy of the tail padded with m, whose
-// exp(0) lanes are dropped. lanes is 8 or 16.
-func expSubRuns(s []float32, m float32, lanes int, kernel func(s *float32, n int, m float32) float32) float32 {
+// expSubRuns runs the assembly exp kernel (over multiples of lanes scores:
+// 16 the AVX-512 kernel, 8 the AVX2 one) on the whole runs of s and on a
+// copy of the tail padded with m, whose exp(0) lanes are dropped. The kernels are called directly, not through a func value,
+// so the tail's stack copy does not escape (a call must not allocate).
+func expSubRuns(s []float32, m float32, lanes int) float32 {
 	n := len(s) &^ (lanes - 1)
 	var sum float32
-	if n > 0 {
-		sum = kernel(unsafe.SliceData(s), n, m)
+	switch {
+	case n > 0 && lanes == 8:
+		sum = expSubavx2(unsafe.SliceData(s), n, m)
+	case n > 0:
+		sum = expSubasm(unsafe.SliceData(s), n, m)
 	}
 	if r := len(s) - n; r > 0 {
 		var t [16]float32
@@ -132,7 +136,11 @@ func expSubRuns(s []float32, m float32, lanes int, kernel func(s *float32, n int
 		for i := r; i < lanes; i++ {
 			t[i] = m
 		}
-		kernel(&t[0], lanes, m)
+		if lanes == 8 {
+			expSubavx2(&t[0], lanes, m)
+		} else {
+			expSubasm(&t[0], lanes, m)
+		}
 		for i, e := range t[:r] {
 			s[n+i] = e
 			sum += e
