@@ -45,6 +45,16 @@ type Options struct {
 	// worker pool (package gemm) instead of this package's helpers, so one
 	// pool serves every op of a session's step. It never changes the result.
 	Threads int
+	// Exact, when set, replaces the float64 recomputation (exactRow) of the
+	// rows whose float32 computation met a non-finite value (see
+	// "Non-finite values"): the kernel calls it for such a row of sequence
+	// b, query head h, query position i (0-based among the q_len new
+	// tokens) with the row's output (head_dim_v values) to write, for a
+	// caller whose definition of those rows differs from the reference's
+	// (the tensor-path Attention op, package mha). It may be called from
+	// several goroutines at once, never twice for one row in a call.
+	// ReferenceAttention ignores it.
+	Exact func(out []float32, b, h, i int) error
 }
 
 // Attention semantics (every kernel implements exactly this):

@@ -137,34 +137,42 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 
 	esize := s.elem.Size()
 	half := s.elem != cache.Float32 && ops.half != nil && ops.half.ok(dk, dv)
-	u.segs = v.AppendSegments(u.segs[:0], b, h, from, to)
+	// Segments are asked for the whole range at once, or chunk by chunk
+	// from a view that does work per request (ChunkedView).
+	chunk := to - from
+	if cv, ok := v.(ChunkedView); ok && cv.SegmentChunk() > 0 {
+		chunk = max(cv.SegmentChunk()/bt, 1) * bt
+	}
 	pos := from
-	for _, sg := range u.segs {
-		if sg.Start != pos || sg.Len < 0 || len(sg.K) < sg.Len*dk*esize || len(sg.V) < sg.Len*dv*esize {
-			return fmt.Errorf("%w: cache view returned a malformed segment (start %d len %d, expected start %d)",
-				cache.ErrInvalidArgument, sg.Start, sg.Len, pos)
-		}
-		for off := 0; off < sg.Len; off += bt {
-			n := min(bt, sg.Len-off)
-			if half && aligned16(sg.K) && aligned16(sg.V) {
-				kh := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(sg.K))), sg.Len*dk)
-				vh := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(sg.V))), sg.Len*dv)
-				u.block(ops, s, nil, nil, kh[off*dk:(off+n)*dk], vh[off*dv:(off+n)*dv], pos+off, n, rows, prefetchTokens, nil)
-				continue
+	for c0 := from; c0 < to; c0 += chunk {
+		u.segs = v.AppendSegments(u.segs[:0], b, h, c0, min(c0+chunk, to))
+		for _, sg := range u.segs {
+			if sg.Start != pos || sg.Len < 0 || len(sg.K) < sg.Len*dk*esize || len(sg.V) < sg.Len*dv*esize {
+				return fmt.Errorf("%w: cache view returned a malformed segment (start %d len %d, expected start %d)",
+					cache.ErrInvalidArgument, sg.Start, sg.Len, pos)
 			}
-			kb := u.loadBlock(ops, &u.kbuf, sg.K, off, n, dk, s.elem)
-			vb := u.loadBlock(ops, &u.vbuf, sg.V, off, n, dv, s.elem)
-			pf := 0
-			var nk []float32 // the next K block in storage, for axpy4k to prefetch
-			if s.elem == cache.Float32 {
-				pf = prefetchTokens
-				if dk == dv && off+2*n <= sg.Len && uintptr(unsafe.Pointer(unsafe.SliceData(sg.K)))%4 == 0 {
-					nk = unsafe.Slice((*float32)(unsafe.Pointer(&sg.K[(off+n)*dk*4])), n*dk)
+			for off := 0; off < sg.Len; off += bt {
+				n := min(bt, sg.Len-off)
+				if half && aligned16(sg.K) && aligned16(sg.V) {
+					kh := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(sg.K))), sg.Len*dk)
+					vh := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(sg.V))), sg.Len*dv)
+					u.block(ops, s, nil, nil, kh[off*dk:(off+n)*dk], vh[off*dv:(off+n)*dv], pos+off, n, rows, prefetchTokens, nil)
+					continue
 				}
+				kb := u.loadBlock(ops, &u.kbuf, sg.K, off, n, dk, s.elem)
+				vb := u.loadBlock(ops, &u.vbuf, sg.V, off, n, dv, s.elem)
+				pf := 0
+				var nk []float32 // the next K block in storage, for axpy4k to prefetch
+				if s.elem == cache.Float32 {
+					pf = prefetchTokens
+					if dk == dv && off+2*n <= sg.Len && uintptr(unsafe.Pointer(unsafe.SliceData(sg.K)))%4 == 0 {
+						nk = unsafe.Slice((*float32)(unsafe.Pointer(&sg.K[(off+n)*dk*4])), n*dk)
+					}
+				}
+				u.block(ops, s, kb, vb, nil, nil, pos+off, n, rows, pf, nk)
 			}
-			u.block(ops, s, kb, vb, nil, nil, pos+off, n, rows, pf, nk)
+			pos += sg.Len
 		}
-		pos += sg.Len
 	}
 	if pos != to {
 		return fmt.Errorf("%w: cache view segments cover positions %d..%d, want %d..%d",
@@ -180,7 +188,7 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 		for r := 0; r < rows; r++ {
 			e := q0 + s.extRow(r)
 			if !finiteState(u.m[r], u.l[r]) || u.chk[r] != 0 {
-				if err := exactRow(dst[e*dv:(e+1)*dv], q[e*dk:(e+1)*dk], v, s, b, h, r/s.group); err != nil {
+				if err := s.exactRow(dst[e*dv:(e+1)*dv], q[e*dk:(e+1)*dk], v, b, h, r); err != nil {
 					return err
 				}
 				continue
@@ -195,6 +203,17 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 		copy(p[2:], u.acc[r*dv:(r+1)*dv])
 	}
 	return nil
+}
+
+// ChunkedView is a cache.View that does work per AppendSegments request
+// (the tensor-path Attention op's view fills its present outputs as they
+// are read): the streaming kernel asks it for SegmentChunk positions at a
+// time (rounded to whole K/V blocks), so each chunk is read right after it
+// was produced, while it is in cache; 0 or less: no chunks. Other views
+// are asked for a task's whole range at once.
+type ChunkedView interface {
+	cache.View
+	SegmentChunk() int
 }
 
 // loadBlock returns rows [off, off+n) of a segment's bytes as float32: a
@@ -344,12 +363,23 @@ func mergeParts(dst, parts []float32, s *shape, q0, nsplit int, q []float32, v c
 			z += out[i] * 0
 		}
 		if !finiteState(m, l) || z != 0 {
-			if err := exactRow(out, q[e*s.dk:(e+1)*s.dk], v, s, b, h, r/s.group); err != nil {
+			if err := s.exactRow(out, q[e*s.dk:(e+1)*s.dk], v, b, h, r); err != nil {
 				return err
 			}
 		}
 	}
 	return nil
+}
+
+// exactRow recomputes runUnit's internal row r of sequence b, KV head h
+// (query row q, output out) after its float32 computation met a
+// non-finite value: with the caller's Options.Exact when set, else with
+// the reference's float64 math.
+func (s *shape) exactRow(out, q []float32, v cache.View, b, h, r int) error {
+	if s.exact != nil {
+		return s.exact(out, b, h*s.group+r%s.group, r/s.group)
+	}
+	return exactRow(out, q, v, s, b, h, r/s.group)
 }
 
 // finiteState reports whether a row's online-softmax state (max score m,

@@ -20,6 +20,7 @@ type shape struct {
 	softcap                      float32
 	window                       int
 	threads                      int // 0: the pool's
+	exact                        func(out []float32, b, h, i int) error
 }
 
 // checkArgs validates an attention call against the semantics documented in
@@ -78,7 +79,7 @@ func checkArgs(dst, q []float32, qLen, qHeads int, v cache.View, o Options) (sha
 	if s.scale == 0 {
 		s.scale = float32(1 / sqrt64(float64(s.dk)))
 	}
-	s.softcap, s.window, s.threads = o.Softcap, o.Window, o.Threads
+	s.softcap, s.window, s.threads, s.exact = o.Softcap, o.Window, o.Threads, o.Exact
 	return s, nil
 }
 

@@ -1,0 +1,133 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
+)
+
+// chunkedView is a testView that asks to be read chunk positions at a
+// time (ChunkedView) and records the longest request it got.
+type chunkedView struct {
+	*testView
+	chunk   int
+	mu      sync.Mutex
+	longest int
+}
+
+func (c *chunkedView) SegmentChunk() int { return c.chunk }
+
+func (c *chunkedView) AppendSegments(dst []cache.Segment, b, h, from, to int) []cache.Segment {
+	c.mu.Lock()
+	c.longest = max(c.longest, to-from)
+	c.mu.Unlock()
+	return c.testView.AppendSegments(dst, b, h, from, to)
+}
+
+// TestChunkedView: a ChunkedView is asked for at most its chunk (rounded to
+// whole K/V blocks) positions per request, and the result is exactly the
+// one over the same rows read at once, on one thread and split over two.
+func TestChunkedView(t *testing.T) {
+	defer SetThreads(Threads())
+	c := attnCase{name: "chunks", elem: cache.Float32, qHeads: 8, kvh: 1, dk: 64, dv: 64, lens: []int{3000}, qLen: 2}
+	tv, q, rows := c.setup(21)
+	bt := blockTokens(c.dk, c.dv)
+	for _, th := range []int{1, 2} {
+		SetThreads(th)
+		want := make([]float32, rows*c.dv)
+		if err := Attention(want, q, c.qLen, c.qHeads, tv, c.opts); err != nil {
+			t.Fatal(err)
+		}
+		for _, chunk := range []int{0, 1, bt, 3*bt + 5} {
+			cv := &chunkedView{testView: tv, chunk: chunk}
+			got := make([]float32, rows*c.dv)
+			if err := Attention(got, q, c.qLen, c.qHeads, cv, c.opts); err != nil {
+				t.Fatal(err)
+			}
+			limit := max(chunk/bt, 1) * bt
+			if chunk <= 0 {
+				limit = c.lens[0]
+			}
+			if cv.longest > limit {
+				t.Errorf("threads %d chunk %d: a request of %d positions, want <= %d", th, chunk, cv.longest, limit)
+			}
+			for i := range want {
+				if got[i] != want[i] {
+					t.Fatalf("threads %d chunk %d: out[%d] = %v, want %v", th, chunk, i, got[i], want[i])
+				}
+			}
+		}
+	}
+}
+
+// TestExactHook: Options.Exact is called exactly for the rows whose float32
+// computation meets a non-finite value (a NaN in their query row, or in a
+// K row every row sees), with the row's coordinates, and what it writes is
+// the row's output; finite inputs never call it. One thread and split-KV
+// over two (the merge's recomputation) both go through it.
+func TestExactHook(t *testing.T) {
+	defer SetThreads(Threads())
+	// Three sequences of one KV head: two threads split every unit.
+	c := attnCase{name: "hook", elem: cache.Float32, qHeads: 4, kvh: 1, dk: 32, dv: 16, lens: []int{900, 700, 500}, qLen: 3}
+	for _, th := range []int{1, 2} {
+		for _, poison := range []string{"none", "q", "k"} {
+			SetThreads(th)
+			tv, q, rows := c.setup(31)
+			wantRow := map[[3]int]bool{}
+			switch poison {
+			case "q": // sequence 1, query head 3, position 2
+				q[((1*c.qHeads+3)*c.qLen+2)*c.dk+5] = float32(math.NaN())
+				wantRow[[3]int{1, 3, 2}] = true
+			case "k": // sequence 0, position 10: every head, every position
+				copy(tv.k[0][0][(10*c.dk+3)*4:], []byte{0xff, 0xff, 0xff, 0xff}) // a NaN
+				for h := range c.qHeads {
+					for i := range c.qLen {
+						wantRow[[3]int{0, h, i}] = true
+					}
+				}
+			}
+			var mu sync.Mutex
+			called := map[[3]int]int{}
+			o := c.opts
+			o.Exact = func(out []float32, b, h, i int) error {
+				mu.Lock()
+				called[[3]int{b, h, i}]++
+				mu.Unlock()
+				for j := range out {
+					out[j] = float32(1000*b + 100*h + 10*i)
+				}
+				return nil
+			}
+			got := make([]float32, rows*c.dv)
+			if err := Attention(got, q, c.qLen, c.qHeads, tv, o); err != nil {
+				t.Fatal(err)
+			}
+			name := fmt.Sprintf("threads %d poison %s", th, poison)
+			if len(called) != len(wantRow) {
+				t.Errorf("%s: hook called for %v, want %v", name, called, wantRow)
+			}
+			for k, n := range called {
+				if !wantRow[k] || n != 1 {
+					t.Errorf("%s: hook called %d times for row %v", name, n, k)
+				}
+			}
+			for b := range len(c.lens) {
+				for h := range c.qHeads {
+					for i := range c.qLen {
+						row := got[((b*c.qHeads+h)*c.qLen+i)*c.dv:][:c.dv]
+						if wantRow[[3]int{b, h, i}] {
+							if row[0] != float32(1000*b+100*h+10*i) {
+								t.Errorf("%s: row %d/%d/%d = %v, not the hook's", name, b, h, i, row[0])
+							}
+						} else if row[0] != row[0] {
+							t.Errorf("%s: row %d/%d/%d is NaN without the hook", name, b, h, i)
+						}
+					}
+				}
+			}
+		}
+	}
+}

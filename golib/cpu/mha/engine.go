@@ -1,0 +1,289 @@
+package mha
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu"
+)
+
+// Decode-shaped calls (a few query tokens against a past) are a bandwidth
+// problem: each K/V byte serves only the query heads of its group. They
+// run on the streaming engine of package cpu, the one that reads a
+// KVCache: the call's keys and values present themselves as a cache.View
+// (presentView), and cpu.Attention walks every (sequence, KV head) in
+// blocks of keys with all query rows of its group, the online softmax and
+// split-KV over the session's threads on the shared worker pool. Nothing of
+// the context's length is materialized; the present outputs, when wanted,
+// are filled block by block just before the engine reads the block.
+
+// unitDecode enables the streaming engine for the calls streamMath accepts
+// (tests and benchmarks turn it off to compare with the general unit).
+var unitDecode = true
+
+// streamMath reports whether the call is plain softmax attention with a
+// causal rule (if any) aligned to the end of the keys, which is what the
+// streaming engine computes: no mask, nonpad lengths, window, softcap,
+// smooth softmax, qk_matmul_output or float64 softmax, at most
+// cpu.MaxQLen query tokens, and either one query token without is_causal
+// or as many new keys as query tokens (then query row i sees keys up to
+// PastLen+i, the end-aligned rule).
+//
+// Under these conditions the last query row sees every position (causal
+// rows need KVLen == QLen), so the engine reads every row of every head and
+// the view fills all of the present outputs; the Attention op relies on it
+// and does not zero them.
+func (g *Geometry) streamMath(out Outputs) bool {
+	return !g.HasMask && !g.HasNonpad && !g.SlidingWindow && !g.SmoothSoftmax && out.QK == nil &&
+		g.Softcap == 0 && g.Scale > 0 && g.SoftmaxPrecision != PrecisionDouble &&
+		g.QLen >= 1 && g.QLen <= g.TotalLen && g.QLen <= cpu.MaxQLen &&
+		((g.QLen == 1 && !g.IsCausal) || (g.IsCausal && g.KVLen == g.QLen))
+}
+
+// presentView is the cache.View of one call's keys and values: sequence
+// b, KV head h holds the past's rows followed by the new tokens' (positions
+// 0 .. TotalLen-1). Without present buffers its segments point into the
+// inputs (one for the past rows, one for the new rows; nothing copied).
+// With present buffers (keys, values: [batch, kv_heads, total, dim]) a
+// request for positions [from, to) first copies them into the buffers and
+// returns a segment of the buffers, so the engine reads each block right
+// after it was written, while it is in cache; the copies are idempotent,
+// and the engine's tasks ask for disjoint ranges.
+type presentView struct {
+	g            *Geometry
+	past, pastV  []float32
+	cur, curV    []float32
+	keys, values []float32 // nil: zero-copy segments of the inputs
+}
+
+var _ cpu.ChunkedView = (*presentView)(nil)
+
+// copyBlock is the number of positions the view copies into the present
+// buffers per request: long copies stream faster, and a copied range of K
+// and V (2 x 128 KiB at 64 dims) is still in L2 when the engine reads it.
+const copyBlock = 512
+
+// SegmentChunk implements cpu.ChunkedView: chunks of copyBlock positions
+// when the view fills present buffers, else none (the inputs are read in
+// place).
+func (v *presentView) SegmentChunk() int {
+	if v.keys != nil {
+		return copyBlock
+	}
+	return 0
+}
+
+// ElemType implements cache.View: the unit computes in float32.
+func (v *presentView) ElemType() cache.ElemType { return cache.Float32 }
+
+// Batch implements cache.View.
+func (v *presentView) Batch() int { return v.g.Batch }
+
+// KVHeads implements cache.View.
+func (v *presentView) KVHeads() int { return v.g.KVHeads }
+
+// HeadDimK implements cache.View.
+func (v *presentView) HeadDimK() int { return v.g.HeadDimK }
+
+// HeadDimV implements cache.View.
+func (v *presentView) HeadDimV() int { return v.g.HeadDimV }
+
+// SeqLen implements cache.View: every sequence holds past + new tokens.
+func (v *presentView) SeqLen(int) int { return v.g.TotalLen }
+
+// WindowStart implements cache.View: nothing is evicted.
+func (v *presentView) WindowStart(int) int { return 0 }
+
+// AddBytesRead implements cache.View; the operator keeps no counter.
+func (v *presentView) AddBytesRead(int64) {}
+
+// AppendSegments implements cache.View.
+func (v *presentView) AppendSegments(dst []cache.Segment, b, h, from, to int) []cache.Segment {
+	if to <= from {
+		return dst
+	}
+	g := v.g
+	dk, dv, T, P := g.HeadDimK, g.HeadDimV, g.TotalLen, g.PastLen
+	bh := b*g.KVHeads + h
+	if v.keys != nil {
+		g.copyRange(v.past, v.cur, v.keys, dk, b, h, from, to)
+		g.copyRange(v.pastV, v.curV, v.values, dv, b, h, from, to)
+		return append(dst, cache.Segment{Start: from, Len: to - from,
+			K: f32Bytes(v.keys[(bh*T+from)*dk : (bh*T+to)*dk]),
+			V: f32Bytes(v.values[(bh*T+from)*dv : (bh*T+to)*dv])})
+	}
+	if from < P {
+		e := min(to, P)
+		dst = append(dst, cache.Segment{Start: from, Len: e - from,
+			K: f32Bytes(v.past[(bh*P+from)*dk : (bh*P+e)*dk]),
+			V: f32Bytes(v.pastV[(bh*P+from)*dv : (bh*P+e)*dv])})
+		from = e
+	}
+	if from < to { // new rows: [batch, kv_heads, kv_len, dim] (or 3D with kv_len 1, the same)
+		n, s, e := g.KVLen, from-P, to-P
+		dst = append(dst, cache.Segment{Start: from, Len: to - from,
+			K: f32Bytes(v.cur[(bh*n+s)*dk : (bh*n+e)*dk]),
+			V: f32Bytes(v.curV[(bh*n+s)*dv : (bh*n+e)*dv])})
+	}
+	return dst
+}
+
+// f32Bytes is the byte view of float32 elements (the View's segments are
+// bytes of the element type).
+func f32Bytes(f []float32) []byte {
+	if len(f) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(f))), 4*len(f))
+}
+
+// engineScratch is the per-call state of the engine path, pooled: the
+// view, for 3D inputs with several query tokens Q and Y in the engine's
+// [batch, q_heads, q_len, dim] layout, and what the non-finite rows need.
+type engineScratch struct {
+	view presentView
+	q, y []float32
+
+	g       *Geometry
+	in      Inputs
+	exactFn func(out []float32, b, h, i int) error // sc.exact, bound once
+	mu      sync.Mutex                             // keys, values (assembled once, when needed)
+	keys    []float32
+	values  []float32
+	bad     []bool // per (sequence, KV head): a row took exact
+}
+
+var engineScratches = sync.Pool{New: func() any { return new(engineScratch) }}
+
+// engine runs a call that streamMath accepts on cpu.Attention. The rows
+// whose float32 computation met a non-finite value are recomputed with this
+// package's definition (exactRow, see "Non-finite values" in the package
+// doc) through cpu.Options.Exact, and every row of their (sequence, KV
+// head) when V holds a NaN or an infinity: the definition's P*V product
+// spreads it to the causal rows that do not attend it.
+func (g *Geometry) engine(in Inputs, out Outputs, nonFinite func([]float32) bool) error {
+	sc := engineScratches.Get().(*engineScratch)
+	defer engineScratches.Put(sc)
+	v := &sc.view
+	*v = presentView{g: g, past: in.PastKey, pastV: in.PastValue, cur: in.K, curV: in.V,
+		keys: out.PresentKey, values: out.PresentValue}
+	if (v.keys == nil) != (v.values == nil) || (g.Input3D && g.KVLen > 1 && v.keys == nil) {
+		// One present wanted, or new rows strided by the hidden axis: the
+		// view assembles both in buffers (the other present, or scratch).
+		// (Without a past, 4D, a buffer may be the input itself: its copy
+		// is then a copy onto itself.)
+		v.keys = g.presentBuffer(in.K, out.PresentKey, g.HeadDimK)
+		v.values = g.presentBuffer(in.V, out.PresentValue, g.HeadDimV)
+	}
+	sc.g, sc.in, sc.keys, sc.values = g, in, v.keys, v.values
+	units := g.Batch * g.KVHeads
+	if cap(sc.bad) < units {
+		sc.bad = make([]bool, units)
+	}
+	sc.bad = sc.bad[:units]
+	clear(sc.bad)
+	if sc.exactFn == nil {
+		sc.exactFn = sc.exact
+	}
+	defer func() { sc.g, sc.in, sc.keys, sc.values, sc.view = nil, Inputs{}, nil, nil, presentView{} }()
+
+	q, y := in.Q, out.Y
+	gather := g.Input3D && g.QLen > 1
+	if gather {
+		sc.q, sc.y = grow(sc.q, len(in.Q)), grow(sc.y, len(out.Y))
+		q, y = sc.q, sc.y
+		g.toHeadMajor(q, in.Q, g.HeadDimK)
+	}
+	o := cpu.Options{Scale: g.Scale, Threads: g.Threads, Exact: sc.exactFn}
+	if err := cpu.Attention(y, q, g.QLen, g.QHeads, v, o); err != nil {
+		if errors.Is(err, cache.ErrInvalidArgument) {
+			return fmt.Errorf("%w: %w", ErrShape, err)
+		}
+		return err
+	}
+	if gather {
+		g.fromHeadMajor(out.Y, y, g.HeadDimV)
+	}
+	if !g.IsCausal || g.QLen == 1 {
+		return nil // every row attends every key
+	}
+	group := g.QHeads / g.KVHeads
+	T, dv := g.TotalLen, g.HeadDimV
+	for u, bad := range sc.bad {
+		if !bad || !nonFinite(sc.values[u*T*dv:(u+1)*T*dv]) {
+			continue
+		}
+		b, kvh := u/g.KVHeads, u%g.KVHeads
+		for h := kvh * group; h < (kvh+1)*group; h++ {
+			for i := range g.QLen {
+				g.exactFallback(in, sc.keys, sc.values, b, h, i, g.yRow(out.Y, b, h, i), nil)
+			}
+		}
+	}
+	return nil
+}
+
+// exact is the engine's cpu.Options.Exact: row (b, h, i) by exactRow, on
+// the present buffers (assembled on first use when the view reads the
+// inputs in place). out is a row of the engine's output layout.
+func (sc *engineScratch) exact(out []float32, b, h, i int) error {
+	g := sc.g
+	sc.mu.Lock()
+	if sc.keys == nil {
+		sc.keys, sc.values = g.present(sc.in, Outputs{})
+	}
+	keys, values := sc.keys, sc.values
+	sc.bad[b*g.KVHeads+h/(g.QHeads/g.KVHeads)] = true
+	sc.mu.Unlock()
+	g.exactFallback(sc.in, keys, values, b, h, i, out, nil)
+	return nil
+}
+
+// yRow is output row (sequence b, query head h, query position i) of Y.
+func (g *Geometry) yRow(y []float32, b, h, i int) []float32 {
+	dv := g.HeadDimV
+	if g.Input3D {
+		off := (b*g.QLen+i)*g.QHeads*dv + h*dv
+		return y[off : off+dv]
+	}
+	off := ((b*g.QHeads+h)*g.QLen + i) * dv
+	return y[off : off+dv]
+}
+
+// toHeadMajor copies 3D rows [batch, q_len, q_heads*dim] into dst as
+// [batch, q_heads, q_len, dim].
+func (g *Geometry) toHeadMajor(dst, src []float32, dim int) {
+	for b := range g.Batch {
+		for i := range g.QLen {
+			for h := range g.QHeads {
+				s := (b*g.QLen+i)*g.QHeads*dim + h*dim
+				d := ((b*g.QHeads+h)*g.QLen + i) * dim
+				copy(dst[d:d+dim], src[s:s+dim])
+			}
+		}
+	}
+}
+
+// fromHeadMajor is the inverse of toHeadMajor.
+func (g *Geometry) fromHeadMajor(dst, src []float32, dim int) {
+	for b := range g.Batch {
+		for i := range g.QLen {
+			for h := range g.QHeads {
+				d := (b*g.QLen+i)*g.QHeads*dim + h*dim
+				s := ((b*g.QHeads+h)*g.QLen + i) * dim
+				copy(dst[d:d+dim], src[s:s+dim])
+			}
+		}
+	}
+}
+
+// grow returns b resized to n, reallocating only when it is too small.
+func grow(b []float32, n int) []float32 {
+	if cap(b) < n {
+		return make([]float32, n)
+	}
+	return b[:n]
+}

@@ -1,0 +1,144 @@
+package mha
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"unsafe"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
+)
+
+// TestPresentViewSegments: without present buffers the view's segments
+// point into the inputs themselves (the past's rows, then the new rows,
+// split at the past length, nothing copied); with present buffers a
+// request copies exactly its positions into them and returns a segment of
+// the buffers.
+func TestPresentViewSegments(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	const B, H, P, L, dk, dv = 2, 3, 7, 2, 4, 5
+	g, err := Plan(Attrs{IsCausal: true}, Shapes{
+		Q: []int{B, 6, L, dk}, K: []int{B, H, L, dk}, V: []int{B, H, L, dv},
+		PastKey: []int{B, H, P, dk}, PastValue: []int{B, H, P, dv}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := Inputs{Q: randVec(r, B*6*L*dk), K: randVec(r, B*H*L*dk), V: randVec(r, B*H*L*dv),
+		PastKey: randVec(r, B*H*P*dk), PastValue: randVec(r, B*H*P*dv)}
+	addr := func(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+	faddr := func(f []float32) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(f))) }
+	v := &presentView{g: g, past: in.PastKey, pastV: in.PastValue, cur: in.K, curV: in.V}
+	if v.SegmentChunk() != 0 || v.SeqLen(1) != P+L || v.WindowStart(0) != 0 || v.ElemType() != cache.Float32 {
+		t.Fatalf("zero-copy view: chunk %d, len %d", v.SegmentChunk(), v.SeqLen(1))
+	}
+	for _, c := range []struct{ b, h, from, to int }{{0, 0, 0, P + L}, {1, 2, 3, P}, {1, 1, P, P + L}, {0, 2, P - 1, P + 1}, {1, 0, 4, 4}} {
+		segs := v.AppendSegments(nil, c.b, c.h, c.from, c.to)
+		pos := c.from
+		for _, sg := range segs {
+			if sg.Start != pos || sg.Len <= 0 || len(sg.K) != 4*sg.Len*dk || len(sg.V) != 4*sg.Len*dv {
+				t.Fatalf("%+v: segment start %d len %d (%d/%d bytes), want start %d", c, sg.Start, sg.Len, len(sg.K), len(sg.V), pos)
+			}
+			bh := c.b*H + c.h
+			wantK, wantV := faddr(in.PastKey[(bh*P+pos)*dk:]), faddr(in.PastValue[(bh*P+pos)*dv:])
+			if pos >= P {
+				wantK, wantV = faddr(in.K[(bh*L+pos-P)*dk:]), faddr(in.V[(bh*L+pos-P)*dv:])
+			} else if pos+sg.Len > P {
+				t.Fatalf("%+v: a segment crosses the past's end", c)
+			}
+			if addr(sg.K) != wantK || addr(sg.V) != wantV {
+				t.Fatalf("%+v: segment at %d does not point into the input", c, pos)
+			}
+			pos += sg.Len
+		}
+		if pos != c.to {
+			t.Fatalf("%+v: segments end at %d", c, pos)
+		}
+	}
+
+	pk, pv := nanVec(B*H*(P+L)*dk), nanVec(B*H*(P+L)*dv)
+	v.keys, v.values = pk, pv
+	if v.SegmentChunk() != copyBlock {
+		t.Fatalf("copying view: chunk %d", v.SegmentChunk())
+	}
+	segs := v.AppendSegments(nil, 1, 2, P-2, P+1)
+	bh := 1*H + 2
+	if len(segs) != 1 || segs[0].Start != P-2 || segs[0].Len != 3 || addr(segs[0].K) != faddr(pk[(bh*(P+L)+P-2)*dk:]) {
+		t.Fatalf("copying view: segments %+v", segs)
+	}
+	_, wk, _, _ := reference(g, in)
+	for i, x := range pk {
+		pos := (i / dk) % (P + L)
+		written := i/(dk*(P+L)) == bh && pos >= P-2 && pos < P+1
+		if written != (x == x) || written && float64(x) != wk[i] {
+			t.Fatalf("present_key[%d] (position %d) = %v, written %v, want %v", i, pos, x, written, wk[i])
+		}
+	}
+}
+
+// TestEngineGrid runs the calls streamMath accepts (on the streaming engine
+// of package cpu) over a grid of layouts, GQA groups, query lengths up to
+// the engine's limit, head dims, pasts and wanted presents against the
+// float64 reference.
+func TestEngineGrid(t *testing.T) {
+	type geo struct {
+		b, hq, hkv, s, p, dk, dv int
+		in3D, causal             bool
+	}
+	var grid []geo
+	for _, hd := range [][2]int{{8, 2}, {4, 4}, {6, 1}} {
+		for _, s := range []int{1, 3, 16} {
+			for _, p := range []int{0, 1, 700} {
+				for _, in3D := range []bool{false, true} {
+					grid = append(grid, geo{2, hd[0], hd[1], s, p, 64, 64, in3D, s > 1 || p%2 == 1})
+				}
+			}
+		}
+	}
+	grid = append(grid, geo{1, 4, 2, 2, 33, 16, 24, false, true}, geo{3, 2, 1, 1, 129, 128, 8, true, false})
+	for gi, c := range grid {
+		for _, presents := range []string{"none", "both", "key"} {
+			name := fmt.Sprintf("%+v/%s", c, presents)
+			r := rand.New(rand.NewPCG(uint64(gi), 11))
+			sh := Shapes{Q: []int{c.b, c.hq, c.s, c.dk}, K: []int{c.b, c.hkv, c.s, c.dk}, V: []int{c.b, c.hkv, c.s, c.dv}}
+			a := Attrs{IsCausal: c.causal}
+			if c.in3D {
+				sh = Shapes{Q: []int{c.b, c.s, c.hq * c.dk}, K: []int{c.b, c.s, c.hkv * c.dk}, V: []int{c.b, c.s, c.hkv * c.dv}}
+				a.QNumHeads, a.KVNumHeads = c.hq, c.hkv
+			}
+			if c.p > 0 {
+				sh.PastKey, sh.PastValue = []int{c.b, c.hkv, c.p, c.dk}, []int{c.b, c.hkv, c.p, c.dv}
+			}
+			g, err := Plan(a, sh)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			in := Inputs{Q: randVec(r, prod(sh.Q)), K: randVec(r, prod(sh.K)), V: randVec(r, prod(sh.V))}
+			if c.p > 0 {
+				in.PastKey, in.PastValue = randVec(r, prod(sh.PastKey)), randVec(r, prod(sh.PastValue))
+			}
+			out := Outputs{Y: nanVec(prod(g.YShape))}
+			if presents != "none" {
+				out.PresentKey = nanVec(prod(g.PresentKeyShape))
+			}
+			if presents == "both" {
+				out.PresentValue = nanVec(prod(g.PresentValueShape))
+			}
+			if !g.streamMath(out) {
+				t.Fatalf("%s: not on the engine", name)
+			}
+			if err := g.Run(in, out); err != nil {
+				t.Fatalf("%s: Run: %v", name, err)
+			}
+			y, pk, pv, _ := reference(g, in)
+			t.Run(name, func(t *testing.T) {
+				near(t, "Y", out.Y, y)
+				if out.PresentKey != nil {
+					near(t, "present_key", out.PresentKey, pk)
+				}
+				if out.PresentValue != nil {
+					near(t, "present_value", out.PresentValue, pv)
+				}
+			})
+		}
+	}
+}
