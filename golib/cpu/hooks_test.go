@@ -67,20 +67,27 @@ func TestChunkedView(t *testing.T) {
 // computation meets a non-finite value (a NaN in their query row, or in a
 // K row every row sees), with the row's coordinates, and what it writes is
 // the row's output; finite inputs never call it. One thread and split-KV
-// over two (the merge's recomputation) both go through it.
+// over two (the merge's recomputation) both go through it, and so do
+// AttentionPrefill's tiles (rows numbered among all query tokens).
 func TestExactHook(t *testing.T) {
 	defer SetThreads(Threads())
-	// Three sequences of one KV head: two threads split every unit.
-	c := attnCase{name: "hook", elem: cache.Float32, qHeads: 4, kvh: 1, dk: 32, dv: 16, lens: []int{900, 700, 500}, qLen: 3}
+	for _, qLen := range []int{3, 2*MaxQLen + 3} {
+		// Three sequences of one KV head: two threads split every unit.
+		c := attnCase{name: "hook", elem: cache.Float32, qHeads: 4, kvh: 1, dk: 32, dv: 16, lens: []int{900, 700, 500}, qLen: qLen}
+		testExactHook(t, c)
+	}
+}
+
+func testExactHook(t *testing.T, c attnCase) {
 	for _, th := range []int{1, 2} {
 		for _, poison := range []string{"none", "q", "k"} {
 			SetThreads(th)
 			tv, q, rows := c.setup(31)
 			wantRow := map[[3]int]bool{}
 			switch poison {
-			case "q": // sequence 1, query head 3, position 2
-				q[((1*c.qHeads+3)*c.qLen+2)*c.dk+5] = float32(math.NaN())
-				wantRow[[3]int{1, 3, 2}] = true
+			case "q": // sequence 1, query head 3, the last position
+				q[((1*c.qHeads+3)*c.qLen+c.qLen-1)*c.dk+5] = float32(math.NaN())
+				wantRow[[3]int{1, 3, c.qLen - 1}] = true
 			case "k": // sequence 0, position 10: every head, every position
 				copy(tv.k[0][0][(10*c.dk+3)*4:], []byte{0xff, 0xff, 0xff, 0xff}) // a NaN
 				for h := range c.qHeads {
@@ -102,10 +109,10 @@ func TestExactHook(t *testing.T) {
 				return nil
 			}
 			got := make([]float32, rows*c.dv)
-			if err := Attention(got, q, c.qLen, c.qHeads, tv, o); err != nil {
+			if err := AttentionPrefill(got, q, c.qLen, c.qHeads, tv, o); err != nil {
 				t.Fatal(err)
 			}
-			name := fmt.Sprintf("threads %d poison %s", th, poison)
+			name := fmt.Sprintf("q_len %d threads %d poison %s", c.qLen, th, poison)
 			if len(called) != len(wantRow) {
 				t.Errorf("%s: hook called for %v, want %v", name, called, wantRow)
 			}
@@ -119,7 +126,7 @@ func TestExactHook(t *testing.T) {
 					for i := range c.qLen {
 						row := got[((b*c.qHeads+h)*c.qLen+i)*c.dv:][:c.dv]
 						if wantRow[[3]int{b, h, i}] {
-							if row[0] != float32(1000*b+100*h+10*i) {
+							if row[0] != float32(1000*b+100*h+10*i) || row[c.dv-1] != row[0] {
 								t.Errorf("%s: row %d/%d/%d = %v, not the hook's", name, b, h, i, row[0])
 							}
 						} else if row[0] != row[0] {

@@ -46,7 +46,15 @@ func AttentionPrefill(dst, q []float32, qLen, qHeads int, v cache.View, o Option
 	sc.q = growF(sc.q, units*maxQLen*dk)
 	sc.o = growF(sc.o, units*maxQLen*dv)
 	sc.view = prefixView{View: v}
+	if o.Exact != nil { // its rows are numbered among all q_len tokens
+		if sc.exactFn == nil {
+			sc.exactFn = sc.exact
+		}
+		sc.user, o.Exact = o.Exact, sc.exactFn
+		defer func() { sc.user = nil }()
+	}
 	for c0 := 0; c0 < qLen; c0 += maxQLen {
+		sc.c0 = c0
 		n := min(maxQLen, qLen-c0)
 		tq, to := sc.q[:units*n*dk], sc.o[:units*n*dv]
 		for u := 0; u < units; u++ {
@@ -71,7 +79,15 @@ const MaxQLen = maxQLen
 type prefillTile struct {
 	q, o []float32
 	view prefixView
+
+	c0      int                                    // first query row of the tile
+	user    func(out []float32, b, h, i int) error // the caller's Options.Exact
+	exactFn func(out []float32, b, h, i int) error // sc.exact, bound once
 }
+
+// exact is the tile calls' Options.Exact: the caller's, with the row
+// numbered among all query tokens.
+func (sc *prefillTile) exact(out []float32, b, h, i int) error { return sc.user(out, b, h, sc.c0+i) }
 
 var tileScratch = sync.Pool{New: func() any { return new(prefillTile) }}
 

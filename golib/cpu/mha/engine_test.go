@@ -76,31 +76,36 @@ func TestPresentViewSegments(t *testing.T) {
 }
 
 // TestEngineGrid runs the calls streamMath accepts (on the streaming engine
-// of package cpu) over a grid of layouts, GQA groups, query lengths up to
-// the engine's limit, head dims, pasts and wanted presents against the
-// float64 reference.
+// of package cpu) over a grid of layouts, GQA groups, query lengths (up to
+// cpu.MaxQLen in one call, and prefills in tiles), head dims, pasts and
+// wanted presents against the float64 reference.
 func TestEngineGrid(t *testing.T) {
 	type geo struct {
 		b, hq, hkv, s, p, dk, dv int
 		in3D, causal             bool
+		softcap                  float32
 	}
 	var grid []geo
 	for _, hd := range [][2]int{{8, 2}, {4, 4}, {6, 1}} {
 		for _, s := range []int{1, 3, 16} {
 			for _, p := range []int{0, 1, 700} {
 				for _, in3D := range []bool{false, true} {
-					grid = append(grid, geo{2, hd[0], hd[1], s, p, 64, 64, in3D, s > 1 || p%2 == 1})
+					grid = append(grid, geo{2, hd[0], hd[1], s, p, 64, 64, in3D, s > 1 || p%2 == 1, 0})
 				}
 			}
 		}
 	}
-	grid = append(grid, geo{1, 4, 2, 2, 33, 16, 24, false, true}, geo{3, 2, 1, 1, 129, 128, 8, true, false})
+	grid = append(grid, geo{1, 4, 2, 2, 33, 16, 24, false, true, 0}, geo{3, 2, 1, 1, 129, 128, 8, true, false, 0},
+		// prefill: tiles of cpu.MaxQLen query rows
+		geo{2, 8, 2, 40, 0, 32, 32, false, true, 0}, geo{1, 4, 4, 37, 20, 64, 16, true, true, 0}, geo{2, 6, 1, 100, 3, 16, 16, false, true, 0},
+		// softcap
+		geo{2, 4, 2, 1, 300, 64, 64, false, false, 1.5}, geo{1, 4, 2, 24, 7, 32, 32, true, true, 20})
 	for gi, c := range grid {
 		for _, presents := range []string{"none", "both", "key"} {
 			name := fmt.Sprintf("%+v/%s", c, presents)
 			r := rand.New(rand.NewPCG(uint64(gi), 11))
 			sh := Shapes{Q: []int{c.b, c.hq, c.s, c.dk}, K: []int{c.b, c.hkv, c.s, c.dk}, V: []int{c.b, c.hkv, c.s, c.dv}}
-			a := Attrs{IsCausal: c.causal}
+			a := Attrs{IsCausal: c.causal, Softcap: c.softcap}
 			if c.in3D {
 				sh = Shapes{Q: []int{c.b, c.s, c.hq * c.dk}, K: []int{c.b, c.s, c.hkv * c.dk}, V: []int{c.b, c.s, c.hkv * c.dv}}
 				a.QNumHeads, a.KVNumHeads = c.hq, c.hkv

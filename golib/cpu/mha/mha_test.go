@@ -462,7 +462,7 @@ func TestStreamableCases(t *testing.T) {
 		}
 		got := g.streamMath(out)
 		excluded := c.mask != nil || c.wantQK || c.nonpad != nil || c.attrs.SlidingWindow ||
-			c.attrs.Softcap > 0 || c.attrs.SoftmaxPrecision == PrecisionDouble ||
+			c.attrs.SoftmaxPrecision == PrecisionDouble ||
 			c.attrs.IsCausal && c.s != c.l
 		if strings.HasPrefix(c.name, "stream ") && !got || excluded && got {
 			t.Errorf("%s: streamMath = %v", c.name, got)

@@ -9,7 +9,8 @@ import (
 )
 
 // nonFiniteCases are the cases of cases() plus shapes whose head sizes
-// reach the vector loops of the streaming unit (multiples of 16).
+// reach the vector loops of the streaming engine (multiples of 16), softcap
+// and prefill tiles on the engine.
 func nonFiniteCases() []tcase {
 	cs := cases()
 	c := base("stream decode dk64")
@@ -17,6 +18,13 @@ func nonFiniteCases() []tcase {
 	cs = append(cs, c)
 	c = base("stream causal multi-token dk32")
 	c.s, c.l, c.p, c.hq, c.hkv, c.dk, c.dv, c.attrs.IsCausal = 3, 3, 70, 4, 2, 32, 32, true
+	cs = append(cs, c)
+	c = base("stream softcap decode dk16")
+	c.s, c.l, c.p, c.hq, c.hkv, c.dk, c.dv, c.attrs.Softcap = 1, 1, 50, 4, 1, 16, 16, 2.5
+	cs = append(cs, c)
+	c = base("stream causal prefill tiles softcap dk16")
+	c.b, c.s, c.l, c.p, c.hq, c.hkv, c.dk, c.dv, c.attrs.IsCausal, c.attrs.Softcap = 1, 20, 20, 5, 4, 2, 16, 16, true, 30
+	c.wantPresents = true
 	cs = append(cs, c)
 	c = base("general causal blocks dk64")
 	c.b, c.s, c.l, c.p, c.hq, c.hkv, c.dk, c.dv, c.attrs.IsCausal = 1, 40, 40, 2, 2, 1, 64, 64, true
