@@ -55,6 +55,32 @@ type Options struct {
 	// several goroutines at once, never twice for one row in a call.
 	// ReferenceAttention ignores it.
 	Exact func(out []float32, b, h, i int) error
+	// Mask, when set, is an attention mask read alongside K (see Mask);
+	// it needs Exact, which defines the rows the float32 path cannot.
+	Mask *Mask
+}
+
+// Mask is a boolean or additive mask with one row per query row, read
+// block by block alongside K (nothing of the context's length is
+// materialized). Row (sequence b, query head h, query position i among
+// the q_len new tokens) starts at element b*StrideB + h*StrideH + i*StrideI
+// of Float or Bool and covers key positions 0 .. Len-1; positions from Len
+// on are excluded. A stride of 0 broadcasts that axis.
+//
+// The float32 path follows onnxruntime's conventions: an excluded position
+// (Bool false, beyond Len, or a Float value that takes a finite score
+// below the float32 range, -Inf included) scores -MaxFloat32 and
+// still takes part with weight 0 (so a NaN or an infinity in its V row
+// reaches the output, as in onnxruntime's P*V product), a Float value is
+// added to the (softcapped) score. A row that meets a non-finite value or
+// whose best score is -MaxFloat32 (no position it may attend) is handed to
+// Options.Exact, which defines what it holds (the mask conventions are the
+// caller's).
+type Mask struct {
+	Float                     []float32 // additive (exactly one of Float, Bool)
+	Bool                      []bool    // true: the position takes part
+	StrideB, StrideH, StrideI int
+	Len                       int
 }
 
 // Attention semantics (every kernel implements exactly this):

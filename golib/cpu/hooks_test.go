@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -136,5 +137,41 @@ func testExactHook(t *testing.T, c attnCase) {
 				}
 			}
 		}
+	}
+}
+
+// TestMaskArgs: a mask needs Exact and exactly one kind of data, its
+// strides and length must be >= 0 and its rows inside the data; the
+// reference takes none. Every error wraps cache.ErrInvalidArgument.
+func TestMaskArgs(t *testing.T) {
+	c := attnCase{name: "mask", elem: cache.Float32, qHeads: 4, kvh: 2, dk: 16, dv: 16, lens: []int{40, 30}, qLen: 2}
+	tv, q, rows := c.setup(41)
+	dst := make([]float32, rows*c.dv)
+	exact := func([]float32, int, int, int) error { return nil }
+	ok := Mask{Float: make([]float32, 2*4*2*40), StrideB: 4 * 2 * 40, StrideH: 2 * 40, StrideI: 40, Len: 40}
+	if err := Attention(dst, q, c.qLen, c.qHeads, tv, Options{Mask: &ok, Exact: exact}); err != nil {
+		t.Fatalf("valid mask: %v", err)
+	}
+	for _, bad := range []struct {
+		name  string
+		m     Mask
+		exact bool
+	}{
+		{"no exact", ok, false},
+		{"both kinds", Mask{Float: ok.Float, Bool: make([]bool, len(ok.Float)), Len: 1}, true},
+		{"no data", Mask{Len: 0}, true},
+		{"negative stride", Mask{Float: ok.Float, StrideB: -1, Len: 1}, true},
+		{"rows past the data", Mask{Float: ok.Float, StrideB: ok.StrideB, StrideH: ok.StrideH, StrideI: ok.StrideI, Len: 41}, true},
+	} {
+		o := Options{Mask: &bad.m}
+		if bad.exact {
+			o.Exact = exact
+		}
+		if err := Attention(dst, q, c.qLen, c.qHeads, tv, o); !errors.Is(err, cache.ErrInvalidArgument) {
+			t.Errorf("%s: error %v, want ErrInvalidArgument", bad.name, err)
+		}
+	}
+	if err := ReferenceAttention(dst, q, c.qLen, c.qHeads, tv, Options{Mask: &ok, Exact: exact}); !errors.Is(err, cache.ErrInvalidArgument) {
+		t.Errorf("reference with a mask: error %v, want ErrInvalidArgument", err)
 	}
 }

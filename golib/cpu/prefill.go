@@ -53,8 +53,21 @@ func AttentionPrefill(dst, q []float32, qLen, qHeads int, v cache.View, o Option
 		sc.user, o.Exact = o.Exact, sc.exactFn
 		defer func() { sc.user = nil }()
 	}
+	mask := o.Mask
+	if mask != nil {
+		o.Mask = &sc.mask
+		defer func() { sc.mask = Mask{} }()
+	}
 	for c0 := 0; c0 < qLen; c0 += maxQLen {
 		sc.c0 = c0
+		if mask != nil { // the tile's rows start c0 rows into the mask
+			sc.mask = *mask
+			if off := c0 * mask.StrideI; mask.Float != nil {
+				sc.mask.Float = mask.Float[min(off, len(mask.Float)):]
+			} else {
+				sc.mask.Bool = mask.Bool[min(off, len(mask.Bool)):]
+			}
+		}
 		n := min(maxQLen, qLen-c0)
 		tq, to := sc.q[:units*n*dk], sc.o[:units*n*dv]
 		for u := 0; u < units; u++ {
@@ -80,6 +93,7 @@ type prefillTile struct {
 	q, o []float32
 	view prefixView
 
+	mask    Mask                                   // the tile's rows of Options.Mask
 	c0      int                                    // first query row of the tile
 	user    func(out []float32, b, h, i int) error // the caller's Options.Exact
 	exactFn func(out []float32, b, h, i int) error // sc.exact, bound once

@@ -74,6 +74,7 @@ type unitState struct {
 	acc    []float32 // [rows][dv]
 	m, l   []float32 // online-softmax state per row
 	lo, hi []int     // visible key range per row
+	moff   []int     // start of each row's mask row (Options.Mask)
 	sc     []float32 // scores of one block
 	kbuf   []float32 // widened K block
 	vbuf   []float32 // widened V block
@@ -133,6 +134,12 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 		u.m[r] = negInf
 		u.l[r] = 0
 	}
+	if m := s.mask; m != nil {
+		u.moff = growI(u.moff, rows)
+		for r := 0; r < rows; r++ {
+			u.moff[r] = b*m.StrideB + (h*s.group+r%s.group)*m.StrideH + (r/s.group)*m.StrideI
+		}
+	}
 	clear(u.acc)
 
 	esize := s.elem.Size()
@@ -187,7 +194,7 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 		ops.dots(u.chk, u.zero, u.acc[:rows*dv], dv, 0)
 		for r := 0; r < rows; r++ {
 			e := q0 + s.extRow(r)
-			if !finiteState(u.m[r], u.l[r]) || u.chk[r] != 0 {
+			if !finiteState(u.m[r], u.l[r]) || u.chk[r] != 0 || (s.mask != nil && u.m[r] <= lowest) {
 				if err := s.exactRow(dst[e*dv:(e+1)*dv], q[e*dk:(e+1)*dk], v, b, h, r); err != nil {
 					return err
 				}
@@ -299,6 +306,9 @@ func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, kh, vh []u
 			if s.softcap > 0 {
 				ops.tanhCap(sj, s.softcap)
 			}
+			if s.mask != nil {
+				applyMask(sj, s.mask, u.moff[r+j], a)
+			}
 			mOld := u.m[r+j]
 			mNew := max(mOld, ops.maxOf(sj))
 			alpha[j] = 1
@@ -325,6 +335,41 @@ func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, kh, vh []u
 			ops.axpy(u.acc[r*dv:(r+1)*dv], sc, vb[(a-pos)*dv:(e-pos)*dv], alpha[0], pf)
 		}
 		r += nr
+	}
+}
+
+// lowest is the score of a position a mask excludes (onnxruntime's).
+const lowest = -math.MaxFloat32
+
+// applyMask applies mask m to the scores sc of the positions a, a+1, ...
+// of the row whose mask row starts at element off (see Mask): an excluded
+// position scores lowest (whatever its dot product gave), an additive value
+// is added, and a finite score plus a value that gives -Inf (-Inf itself,
+// or a sum below the float32 range such as -MaxFloat32 plus a negative
+// score) becomes lowest: its weight is 0 either way, and a row whose best
+// score is lowest goes to Exact. A NaN or an infinite score stays
+// non-finite, for the exact path.
+func applyMask(sc []float32, m *Mask, off, a int) {
+	n := min(len(sc), max(m.Len-a, 0)) // positions inside the mask row
+	switch {
+	case n == 0:
+	case m.Bool != nil:
+		for t, ok := range m.Bool[off+a : off+a+n] {
+			if !ok {
+				sc[t] = lowest
+			}
+		}
+	default:
+		for t, x := range m.Float[off+a : off+a+n] {
+			y := sc[t] + x
+			if y == negInf && sc[t]-sc[t] == 0 {
+				y = lowest // -Inf, or a finite sum below the float32 range
+			}
+			sc[t] = y
+		}
+	}
+	for t := n; t < len(sc); t++ {
+		sc[t] = lowest
 	}
 }
 
@@ -362,7 +407,7 @@ func mergeParts(dst, parts []float32, s *shape, q0, nsplit int, q []float32, v c
 			out[i] *= inv
 			z += out[i] * 0
 		}
-		if !finiteState(m, l) || z != 0 {
+		if !finiteState(m, l) || z != 0 || (s.mask != nil && m <= lowest) {
 			if err := s.exactRow(out, q[e*s.dk:(e+1)*s.dk], v, b, h, r); err != nil {
 				return err
 			}

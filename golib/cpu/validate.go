@@ -21,6 +21,7 @@ type shape struct {
 	window                       int
 	threads                      int // 0: the pool's
 	exact                        func(out []float32, b, h, i int) error
+	mask                         *Mask
 }
 
 // checkArgs validates an attention call against the semantics documented in
@@ -80,6 +81,12 @@ func checkArgs(dst, q []float32, qLen, qHeads int, v cache.View, o Options) (sha
 		s.scale = float32(1 / sqrt64(float64(s.dk)))
 	}
 	s.softcap, s.window, s.threads, s.exact = o.Softcap, o.Window, o.Threads, o.Exact
+	if m := o.Mask; m != nil {
+		if err := checkMask(m, &s, o.Exact != nil); err != nil {
+			return s, err
+		}
+		s.mask = m
+	}
 	return s, nil
 }
 
@@ -93,4 +100,25 @@ func (s *shape) rowRange(L, ws, i int) (lo, hi int) {
 		lo = p - s.window + 1
 	}
 	return lo, p + 1
+}
+
+// checkMask validates a mask against the call's geometry: one kind of
+// data, non-negative strides and length, every row inside the data, and an
+// Exact function to define the rows the float32 path hands over.
+func checkMask(m *Mask, s *shape, exact bool) error {
+	n := len(m.Float) + len(m.Bool)
+	switch {
+	case !exact:
+		return fmt.Errorf("%w: a mask needs Options.Exact", cache.ErrInvalidArgument)
+	case (m.Float == nil) == (m.Bool == nil):
+		return fmt.Errorf("%w: a mask needs exactly one of Float and Bool", cache.ErrInvalidArgument)
+	case m.StrideB < 0 || m.StrideH < 0 || m.StrideI < 0 || m.Len < 0:
+		return fmt.Errorf("%w: mask strides %d/%d/%d and length %d must be >= 0",
+			cache.ErrInvalidArgument, m.StrideB, m.StrideH, m.StrideI, m.Len)
+	}
+	last := (s.batch-1)*m.StrideB + (s.qHeads-1)*m.StrideH + (s.qLen-1)*m.StrideI + m.Len
+	if last > n {
+		return fmt.Errorf("%w: mask rows reach element %d of %d", cache.ErrInvalidArgument, last, n)
+	}
+	return nil
 }

@@ -27,8 +27,9 @@ var unitDecode = true
 
 // streamMath reports whether the call is plain softmax attention with a
 // causal rule (if any) aligned to the end of the keys, which is what the
-// streaming engine computes (softcap included): no mask, nonpad lengths,
-// window, smooth softmax, qk_matmul_output or float64 softmax, and either one query
+// streaming engine computes (softcap and attn_mask included, the mask read
+// alongside K as a cpu.Mask): no nonpad lengths, window, smooth softmax,
+// qk_matmul_output or float64 softmax, and either one query
 // token without is_causal or as many new keys as query tokens (then query
 // row i sees keys up to PastLen+i, the end-aligned rule). Beyond
 // cpu.MaxQLen query tokens (a prefill) the engine runs on tiles of query
@@ -41,7 +42,7 @@ var unitDecode = true
 // the view fills all of the present outputs; the Attention op relies on it
 // and does not zero them.
 func (g *Geometry) streamMath(out Outputs) bool {
-	return !g.HasMask && !g.HasNonpad && !g.SlidingWindow && !g.SmoothSoftmax && out.QK == nil &&
+	return !g.HasNonpad && !g.SlidingWindow && !g.InfMasking && !g.SmoothSoftmax && out.QK == nil &&
 		g.Scale > 0 && g.SoftmaxPrecision != PrecisionDouble &&
 		g.QLen >= 1 && g.QLen <= g.TotalLen &&
 		((g.QLen == 1 && !g.IsCausal) || (g.IsCausal && g.KVLen == g.QLen))
@@ -175,6 +176,7 @@ type engineScratch struct {
 	keys    []float32
 	values  []float32
 	bad     []bool // per (sequence, KV head): a row took exact
+	mask    cpu.Mask
 }
 
 var engineScratches = sync.Pool{New: func() any { return new(engineScratch) }}
@@ -210,7 +212,9 @@ func (g *Geometry) engine(in Inputs, out Outputs, nonFinite func([]float32) bool
 	if sc.exactFn == nil {
 		sc.exactFn = sc.exact
 	}
-	defer func() { sc.g, sc.in, sc.keys, sc.values, sc.view = nil, Inputs{}, nil, nil, presentView{} }()
+	defer func() {
+		sc.g, sc.in, sc.keys, sc.values, sc.view, sc.mask = nil, Inputs{}, nil, nil, presentView{}, cpu.Mask{}
+	}()
 
 	q, y := in.Q, out.Y
 	gather := g.Input3D && g.QLen > 1
@@ -223,6 +227,11 @@ func (g *Geometry) engine(in Inputs, out Outputs, nonFinite func([]float32) bool
 		v.fill()
 	}
 	o := cpu.Options{Scale: g.Scale, Softcap: g.Softcap, Threads: g.Threads, Exact: sc.exactFn}
+	if g.HasMask {
+		ms := g.maskStrides
+		sc.mask = cpu.Mask{Float: in.Mask.Float, Bool: in.Mask.Bool, StrideB: ms[0], StrideH: ms[1], StrideI: ms[2], Len: g.maskDims[3]}
+		o.Mask = &sc.mask
+	}
 	if err := cpu.AttentionPrefill(y, q, g.QLen, g.QHeads, v, o); err != nil {
 		if errors.Is(err, cache.ErrInvalidArgument) {
 			return fmt.Errorf("%w: %w", ErrShape, err)

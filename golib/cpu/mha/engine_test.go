@@ -2,6 +2,7 @@ package mha
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"unsafe"
@@ -144,6 +145,79 @@ func TestEngineGrid(t *testing.T) {
 					near(t, "present_value", out.PresentValue, pv)
 				}
 			})
+		}
+	}
+}
+
+// TestEngineMasks: attn_mask on the streaming engine (read alongside K as
+// a cpu.Mask) against the float64 reference: bool and float masks, full
+// and broadcast shapes, short masks, -Inf and -MaxFloat32 (padding as
+// exporters write it, whose sums with negative scores leave the float32
+// range) and fully masked rows, on decode steps, a multi-token causal step
+// and a causal prefill over tiles. Only fully masked rows may take the
+// float64 path.
+func TestEngineMasks(t *testing.T) {
+	type geo struct{ b, hq, hkv, s, p, dk int }
+	const low = -math.MaxFloat32
+	kinds := []string{"bool", "bool-row-false", "float", "float-inf", "float-lowest"}
+	for gi, c := range []geo{{2, 8, 2, 1, 300, 64}, {2, 4, 4, 1, 33, 16}, {1, 4, 2, 3, 40, 32}, {2, 4, 1, 21, 6, 16}} {
+		T := c.p + c.s
+		for _, mshape := range [][]int{{c.b, c.hq, c.s, T}, {c.b, 1, c.s, T}, {c.s, T}, {T}, {c.b, 1, 1, T - 5}} {
+			for _, kind := range kinds {
+				name := fmt.Sprintf("%+v/mask%v/%s", c, mshape, kind)
+				r := rand.New(rand.NewPCG(uint64(gi), uint64(len(mshape))))
+				sh := Shapes{Q: []int{c.b, c.hq, c.s, c.dk}, K: []int{c.b, c.hkv, c.s, c.dk}, V: []int{c.b, c.hkv, c.s, c.dk},
+					PastKey: []int{c.b, c.hkv, c.p, c.dk}, PastValue: []int{c.b, c.hkv, c.p, c.dk}, Mask: mshape}
+				g, err := Plan(Attrs{IsCausal: c.s > 1}, sh)
+				if err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				in := Inputs{Q: randVec(r, prod(sh.Q)), K: randVec(r, prod(sh.K)), V: randVec(r, prod(sh.V)),
+					PastKey: randVec(r, prod(sh.PastKey)), PastValue: randVec(r, prod(sh.PastValue))}
+				n, last := prod(mshape), mshape[len(mshape)-1]
+				fullyMasked := false
+				switch kind {
+				case "bool", "bool-row-false":
+					in.Mask.Bool = make([]bool, n)
+					for i := range n {
+						in.Mask.Bool[i] = r.IntN(3) != 0
+					}
+					if kind == "bool-row-false" {
+						for i := range last { // the first mask row: fully masked
+							in.Mask.Bool[i] = false
+						}
+						fullyMasked = true
+					}
+				default:
+					in.Mask.Float = randVec(r, n)
+					for i := range n {
+						switch {
+						case kind == "float-inf" && i%last < 3:
+							in.Mask.Float[i] = float32(math.Inf(-1))
+						case kind == "float-lowest" && i%last >= last-4:
+							in.Mask.Float[i] = low
+						}
+					}
+				}
+				out := Outputs{Y: nanVec(prod(g.YShape)), PresentKey: nanVec(prod(g.PresentKeyShape)),
+					PresentValue: nanVec(prod(g.PresentValueShape))}
+				if !g.streamMath(out) {
+					t.Fatalf("%s: not on the engine", name)
+				}
+				before := exactRows.Load()
+				if err := g.Run(in, out); err != nil {
+					t.Fatalf("%s: Run: %v", name, err)
+				}
+				if k := exactRows.Load() - before; k != 0 && !fullyMasked {
+					t.Errorf("%s: %d rows took the float64 path", name, k)
+				}
+				y, pk, pv, _ := reference(g, in)
+				t.Run(name, func(t *testing.T) {
+					near(t, "Y", out.Y, y)
+					near(t, "present_key", out.PresentKey, pk)
+					near(t, "present_value", out.PresentValue, pv)
+				})
+			}
 		}
 	}
 }

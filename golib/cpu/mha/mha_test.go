@@ -461,7 +461,7 @@ func TestStreamableCases(t *testing.T) {
 			out.QK = []float32{}
 		}
 		got := g.streamMath(out)
-		excluded := c.mask != nil || c.wantQK || c.nonpad != nil || c.attrs.SlidingWindow ||
+		excluded := c.wantQK || c.nonpad != nil || c.attrs.SlidingWindow ||
 			c.attrs.SoftmaxPrecision == PrecisionDouble ||
 			c.attrs.IsCausal && c.s != c.l
 		if strings.HasPrefix(c.name, "stream ") && !got || excluded && got {

@@ -26,6 +26,15 @@ func nonFiniteCases() []tcase {
 	c.b, c.s, c.l, c.p, c.hq, c.hkv, c.dk, c.dv, c.attrs.IsCausal, c.attrs.Softcap = 1, 20, 20, 5, 4, 2, 16, 16, true, 30
 	c.wantPresents = true
 	cs = append(cs, c)
+	c = base("stream decode bool mask dk16")
+	c.s, c.l, c.p, c.hq, c.hkv, c.dk, c.dv, c.mask, c.boolMask = 1, 1, 40, 4, 2, 16, 16, []int{2, 1, 1, 41}, true
+	cs = append(cs, c)
+	c = base("stream decode short float mask dk16")
+	c.s, c.l, c.p, c.hq, c.hkv, c.dk, c.dv, c.mask = 1, 1, 40, 4, 2, 16, 16, []int{2, 4, 1, 30}
+	cs = append(cs, c)
+	c = base("stream causal prefill tiles float mask dk16")
+	c.b, c.s, c.l, c.p, c.hq, c.hkv, c.dk, c.dv, c.attrs.IsCausal, c.mask = 1, 20, 20, 4, 4, 2, 16, 16, true, []int{20, 24}
+	cs = append(cs, c)
 	c = base("general causal blocks dk64")
 	c.b, c.s, c.l, c.p, c.hq, c.hkv, c.dk, c.dv, c.attrs.IsCausal = 1, 40, 40, 2, 2, 1, 64, 64, true
 	cs = append(cs, c)
