@@ -55,6 +55,11 @@ type Options struct {
 	// several goroutines at once, never twice for one row in a call.
 	// ReferenceAttention ignores it.
 	Exact func(out []float32, b, h, i int) error
+	// NonCausal, when set, lets every query row attend every stored
+	// position of its sequence (from the window start) instead of the
+	// end-aligned causal range; Window must be 0. (A mask may still exclude
+	// positions.)
+	NonCausal bool
 	// Mask, when set, is an attention mask read alongside K (see Mask);
 	// it needs Exact, which defines the rows the float32 path cannot.
 	Mask *Mask

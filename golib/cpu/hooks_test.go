@@ -175,3 +175,42 @@ func TestMaskArgs(t *testing.T) {
 		t.Errorf("reference with a mask: error %v, want ErrInvalidArgument", err)
 	}
 }
+
+// TestNonCausal: with Options.NonCausal every query row attends every
+// stored position, so row (b, h, i) of a call equals the reference's
+// one-token call with that row, for one call and for AttentionPrefill's
+// tiles, on one thread and split over two; a window is refused with it.
+func TestNonCausal(t *testing.T) {
+	defer SetThreads(Threads())
+	for _, qLen := range []int{1, 5, 2*MaxQLen + 7} {
+		c := attnCase{name: "noncausal", elem: cache.Float16, qHeads: 4, kvh: 2, dk: 32, dv: 32, lens: []int{300, 90}, qLen: qLen}
+		tv, q, rows := c.setup(51)
+		for _, th := range []int{1, 2} {
+			SetThreads(th)
+			got := make([]float32, rows*c.dv)
+			if err := AttentionPrefill(got, q, qLen, c.qHeads, tv, Options{NonCausal: true}); err != nil {
+				t.Fatal(err)
+			}
+			q1, want := make([]float32, len(c.lens)*c.qHeads*c.dk), make([]float32, len(c.lens)*c.qHeads*c.dv)
+			for i := range qLen {
+				for bh := range len(c.lens) * c.qHeads {
+					copy(q1[bh*c.dk:(bh+1)*c.dk], q[(bh*qLen+i)*c.dk:])
+				}
+				if err := ReferenceAttention(want, q1, 1, c.qHeads, tv, Options{}); err != nil {
+					t.Fatal(err)
+				}
+				for bh := range len(c.lens) * c.qHeads {
+					for d := range c.dv {
+						g, w := got[(bh*qLen+i)*c.dv+d], want[bh*c.dv+d]
+						if math.Abs(float64(g-w)) > 1e-4+1e-3*math.Abs(float64(w)) {
+							t.Fatalf("q_len %d threads %d: row %d/%d [%d] = %v, reference %v", qLen, th, bh, i, d, g, w)
+						}
+					}
+				}
+			}
+		}
+		if err := Attention(make([]float32, rows*c.dv)[:0], q[:0], 1, c.qHeads, tv, Options{NonCausal: true, Window: 4}); !errors.Is(err, cache.ErrInvalidArgument) {
+			t.Errorf("window with NonCausal: error %v", err)
+		}
+	}
+}

@@ -74,6 +74,9 @@ func AttentionPrefill(dst, q []float32, qLen, qHeads int, v cache.View, o Option
 			copy(tq[u*n*dk:(u+1)*n*dk], q[(u*qLen+c0)*dk:(u*qLen+c0+n)*dk])
 		}
 		sc.view.cut = qLen - (c0 + n)
+		if o.NonCausal {
+			sc.view.cut = 0 // every row sees every position
+		}
 		if err := Attention(to, tq, n, qHeads, &sc.view, o); err != nil {
 			return err
 		}

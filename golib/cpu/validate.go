@@ -22,6 +22,7 @@ type shape struct {
 	threads                      int // 0: the pool's
 	exact                        func(out []float32, b, h, i int) error
 	mask                         *Mask
+	nonCausal                    bool
 }
 
 // checkArgs validates an attention call against the semantics documented in
@@ -46,8 +47,8 @@ func checkArgs(dst, q []float32, qLen, qHeads int, v cache.View, o Options) (sha
 	case qHeads <= 0 || qHeads%s.kvHeads != 0:
 		return s, fmt.Errorf("%w: q_heads %d is not a positive multiple of kv_heads %d",
 			cache.ErrInvalidArgument, qHeads, s.kvHeads)
-	case o.Window < 0:
-		return s, fmt.Errorf("%w: negative window %d", cache.ErrInvalidArgument, o.Window)
+	case o.Window < 0 || (o.Window > 0 && o.NonCausal):
+		return s, fmt.Errorf("%w: window %d must be >= 0, and 0 with NonCausal", cache.ErrInvalidArgument, o.Window)
 	case o.Threads < 0:
 		return s, fmt.Errorf("%w: negative thread bound %d", cache.ErrInvalidArgument, o.Threads)
 	case o.Softcap < 0 || o.Softcap != o.Softcap:
@@ -80,7 +81,7 @@ func checkArgs(dst, q []float32, qLen, qHeads int, v cache.View, o Options) (sha
 	if s.scale == 0 {
 		s.scale = float32(1 / sqrt64(float64(s.dk)))
 	}
-	s.softcap, s.window, s.threads, s.exact = o.Softcap, o.Window, o.Threads, o.Exact
+	s.softcap, s.window, s.threads, s.exact, s.nonCausal = o.Softcap, o.Window, o.Threads, o.Exact, o.NonCausal
 	if m := o.Mask; m != nil {
 		if err := checkMask(m, &s, o.Exact != nil); err != nil {
 			return s, err
@@ -92,8 +93,11 @@ func checkArgs(dst, q []float32, qLen, qHeads int, v cache.View, o Options) (sha
 
 // rowRange returns the key positions [lo, hi) that query row i (0-based
 // among the qLen new tokens) of a sequence with L tokens and window start ws
-// attends.
+// attends: all of them with NonCausal.
 func (s *shape) rowRange(L, ws, i int) (lo, hi int) {
+	if s.nonCausal {
+		return ws, L
+	}
 	p := L - s.qLen + i
 	lo = ws
 	if s.window > 0 && p-s.window+1 > lo {

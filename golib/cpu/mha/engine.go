@@ -27,11 +27,12 @@ var unitDecode = true
 
 // streamMath reports whether the call is plain softmax attention with a
 // causal rule (if any) aligned to the end of the keys, which is what the
-// streaming engine computes (softcap and attn_mask included, the mask read
-// alongside K as a cpu.Mask): no nonpad lengths, window, smooth softmax,
-// qk_matmul_output or float64 softmax, and either one query
-// token without is_causal or as many new keys as query tokens (then query
-// row i sees keys up to PastLen+i, the end-aligned rule). Beyond
+// streaming engine computes (softcap, attn_mask read alongside K as a
+// cpu.Mask, and nonpad lengths as each sequence's length, see nonpadFits):
+// no window, smooth softmax, qk_matmul_output or float64 softmax, and
+// either no causal rule (every row attends every key, cpu's NonCausal) or
+// one aligned to the end of the keys: as many new keys as query tokens
+// (query row i sees keys up to PastLen+i) or the nonpad lengths' rule. Beyond
 // cpu.MaxQLen query tokens (a prefill) the engine runs on tiles of query
 // rows (cpu.AttentionPrefill), each K/V block serving a whole tile; measured
 // faster than the general unit's products for causal prefill (16/8 heads
@@ -42,10 +43,25 @@ var unitDecode = true
 // the view fills all of the present outputs; the Attention op relies on it
 // and does not zero them.
 func (g *Geometry) streamMath(out Outputs) bool {
-	return !g.HasNonpad && !g.SlidingWindow && !g.InfMasking && !g.SmoothSoftmax && out.QK == nil &&
+	return !g.SlidingWindow && !g.InfMasking && !g.SmoothSoftmax && out.QK == nil &&
 		g.Scale > 0 && g.SoftmaxPrecision != PrecisionDouble &&
-		g.QLen >= 1 && g.QLen <= g.TotalLen &&
-		((g.QLen == 1 && !g.IsCausal) || (g.IsCausal && g.KVLen == g.QLen))
+		g.Batch > 0 && g.QLen >= 1 && g.QLen <= g.TotalLen &&
+		(!g.IsCausal || g.KVLen == g.QLen || g.HasNonpad)
+}
+
+// nonpadFits reports whether every sequence's nonpad length holds the query
+// tokens (the engine's end-aligned rule needs them; shorter sequences have
+// rows with no key, which the general unit handles).
+func (g *Geometry) nonpadFits(in Inputs) bool {
+	if !g.HasNonpad {
+		return true
+	}
+	for _, n := range in.NonpadKVSeqlen {
+		if n < int64(g.QLen) {
+			return false
+		}
+	}
+	return true
 }
 
 // presentView is the cache.View of one call's keys and values: sequence
@@ -64,6 +80,7 @@ type presentView struct {
 	cur, curV    []float32
 	keys, values []float32 // nil: zero-copy segments of the inputs
 	filled       bool      // keys and values hold every row already
+	lens         []int64   // nonpad_kv_seqlen: sequence b's length (nil: TotalLen)
 }
 
 // fill copies every row into the present buffers at once (a prefill's
@@ -111,8 +128,13 @@ func (v *presentView) HeadDimK() int { return v.g.HeadDimK }
 // HeadDimV implements cache.View.
 func (v *presentView) HeadDimV() int { return v.g.HeadDimV }
 
-// SeqLen implements cache.View: every sequence holds past + new tokens.
-func (v *presentView) SeqLen(int) int { return v.g.TotalLen }
+// SeqLen implements cache.View: past + new tokens, or the nonpad length.
+func (v *presentView) SeqLen(b int) int {
+	if v.lens != nil {
+		return int(v.lens[b])
+	}
+	return v.g.TotalLen
+}
 
 // WindowStart implements cache.View: nothing is evicted.
 func (v *presentView) WindowStart(int) int { return 0 }
@@ -193,7 +215,7 @@ func (g *Geometry) engine(in Inputs, out Outputs, nonFinite func([]float32) bool
 	defer engineScratches.Put(sc)
 	v := &sc.view
 	*v = presentView{g: g, past: in.PastKey, pastV: in.PastValue, cur: in.K, curV: in.V,
-		keys: out.PresentKey, values: out.PresentValue}
+		keys: out.PresentKey, values: out.PresentValue, lens: in.NonpadKVSeqlen}
 	if (v.keys == nil) != (v.values == nil) || (g.Input3D && g.KVLen > 1 && v.keys == nil) {
 		// One present wanted, or new rows strided by the hidden axis: the
 		// view assembles both in buffers (the other present, or scratch).
@@ -223,10 +245,10 @@ func (g *Geometry) engine(in Inputs, out Outputs, nonFinite func([]float32) bool
 		q, y = sc.q, sc.y
 		g.toHeadMajor(q, in.Q, g.HeadDimK)
 	}
-	if g.QLen > cpu.MaxQLen && v.keys != nil {
-		v.fill()
+	if v.keys != nil && (g.QLen > cpu.MaxQLen || g.HasNonpad) {
+		v.fill() // (the engine reads no row past a nonpad length)
 	}
-	o := cpu.Options{Scale: g.Scale, Softcap: g.Softcap, Threads: g.Threads, Exact: sc.exactFn}
+	o := cpu.Options{Scale: g.Scale, Softcap: g.Softcap, Threads: g.Threads, Exact: sc.exactFn, NonCausal: !g.IsCausal}
 	if g.HasMask {
 		ms := g.maskStrides
 		sc.mask = cpu.Mask{Float: in.Mask.Float, Bool: in.Mask.Bool, StrideB: ms[0], StrideH: ms[1], StrideI: ms[2], Len: g.maskDims[3]}
@@ -241,14 +263,29 @@ func (g *Geometry) engine(in Inputs, out Outputs, nonFinite func([]float32) bool
 	if gather {
 		g.fromHeadMajor(out.Y, y, g.HeadDimV)
 	}
-	if !g.IsCausal || g.QLen == 1 {
-		return nil // every row attends every key
+	partial := g.IsCausal && g.QLen > 1 // rows that stop before the last keys
+	if !partial && !g.HasNonpad {
+		return nil // every row read every key
 	}
 	group := g.QHeads / g.KVHeads
 	T, dv := g.TotalLen, g.HeadDimV
 	for u, bad := range sc.bad {
-		if !bad || !nonFinite(sc.values[u*T*dv:(u+1)*T*dv]) {
+		// The V rows past a nonpad length were not read: they are checked
+		// here, once per head. Otherwise V was read by a row that failed.
+		all := false
+		if g.HasNonpad {
+			n := int(in.NonpadKVSeqlen[u/g.KVHeads])
+			if sc.values == nil {
+				all = nonFinite(g.cur(in.V, g.HeadDimV, u, n, T))
+			} else {
+				all = nonFinite(sc.values[(u*T+n)*dv : (u+1)*T*dv])
+			}
+		}
+		if !all && (!partial || !bad || !nonFinite(sc.values[u*T*dv:(u+1)*T*dv])) {
 			continue
+		}
+		if sc.keys == nil {
+			sc.keys, sc.values = g.present(in, Outputs{})
 		}
 		b, kvh := u/g.KVHeads, u%g.KVHeads
 		for h := kvh * group; h < (kvh+1)*group; h++ {
@@ -274,6 +311,13 @@ func (sc *engineScratch) exact(out []float32, b, h, i int) error {
 	sc.mu.Unlock()
 	g.exactFallback(sc.in, keys, values, b, h, i, out, nil)
 	return nil
+}
+
+// cur returns positions [from, to) of head u (sequence*KVHeads + KV head)
+// of the new rows when they are [batch, kv_heads, kv_len, dim] without a
+// past (the layout a nonpad call reads in place).
+func (g *Geometry) cur(x []float32, dim, u, from, to int) []float32 {
+	return x[(u*g.KVLen+from)*dim : (u*g.KVLen+to)*dim]
 }
 
 // yRow is output row (sequence b, query head h, query position i) of Y.

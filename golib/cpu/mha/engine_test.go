@@ -100,7 +100,9 @@ func TestEngineGrid(t *testing.T) {
 		// prefill: tiles of cpu.MaxQLen query rows
 		geo{2, 8, 2, 40, 0, 32, 32, false, true, 0}, geo{1, 4, 4, 37, 20, 64, 16, true, true, 0}, geo{2, 6, 1, 100, 3, 16, 16, false, true, 0},
 		// softcap
-		geo{2, 4, 2, 1, 300, 64, 64, false, false, 1.5}, geo{1, 4, 2, 24, 7, 32, 32, true, true, 20})
+		geo{2, 4, 2, 1, 300, 64, 64, false, false, 1.5}, geo{1, 4, 2, 24, 7, 32, 32, true, true, 20},
+		// no causal rule, several query tokens (one call, and tiles)
+		geo{2, 4, 2, 5, 9, 32, 32, false, false, 0}, geo{1, 6, 3, 30, 2, 16, 16, true, false, 0})
 	for gi, c := range grid {
 		for _, presents := range []string{"none", "both", "key"} {
 			name := fmt.Sprintf("%+v/%s", c, presents)
@@ -219,5 +221,70 @@ func TestEngineMasks(t *testing.T) {
 				})
 			}
 		}
+	}
+}
+
+// TestEngineNonpad: nonpad_kv_seqlen on the streaming engine (each
+// sequence's length) against the float64 reference, causal and one-token
+// steps, presents wanted or not, and a NaN in the padding's V rows (which
+// the definition spreads to every row of the head: the engine checks the
+// rows it does not read); a sequence shorter than the query keeps the
+// general unit.
+func TestEngineNonpad(t *testing.T) {
+	for ci, c := range []struct {
+		b, hq, hkv, s, l int
+		causal, present  bool
+		nonpad           []int64
+		poison           int // >= 0: V element set to NaN
+	}{
+		{2, 4, 2, 1, 40, false, false, []int64{17, 40}, -1},
+		{2, 4, 2, 3, 40, true, true, []int64{3, 29}, -1},
+		{1, 8, 2, 20, 50, true, false, []int64{33}, -1},
+		{2, 4, 1, 2, 40, true, false, []int64{10, 40}, 39 * 16},
+		{2, 4, 1, 2, 40, true, true, []int64{10, 40}, 39 * 16},
+	} {
+		name := fmt.Sprintf("%+v", c)
+		r := rand.New(rand.NewPCG(uint64(ci), 3))
+		sh := Shapes{Q: []int{c.b, c.hq, c.s, 16}, K: []int{c.b, c.hkv, c.l, 16}, V: []int{c.b, c.hkv, c.l, 16},
+			NonpadKVSeqlen: []int{c.b}}
+		g, err := Plan(Attrs{IsCausal: c.causal}, sh)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		in := Inputs{Q: randVec(r, prod(sh.Q)), K: randVec(r, prod(sh.K)), V: randVec(r, prod(sh.V)), NonpadKVSeqlen: c.nonpad}
+		if c.poison >= 0 {
+			in.V[c.poison] = float32(math.NaN())
+		}
+		out := Outputs{Y: nanVec(prod(g.YShape))}
+		if c.present {
+			out.PresentKey, out.PresentValue = nanVec(prod(g.PresentKeyShape)), nanVec(prod(g.PresentValueShape))
+		}
+		if !g.streamMath(out) || !g.nonpadFits(in) {
+			t.Fatalf("%s: not on the engine", name)
+		}
+		if err := g.Run(in, out); err != nil {
+			t.Fatalf("%s: Run: %v", name, err)
+		}
+		y, pk, pv, _ := reference(g, in)
+		for i := range y {
+			if !sameAsReference(out.Y[i], y[i]) {
+				t.Fatalf("%s: Y[%d] = %v, reference %v", name, i, out.Y[i], y[i])
+			}
+		}
+		if c.present {
+			near(t, name+" present_key", out.PresentKey, pk)
+			for i := range pv {
+				if !sameAsReference(out.PresentValue[i], pv[i]) {
+					t.Fatalf("%s: present_value[%d] = %v, want %v", name, i, out.PresentValue[i], pv[i])
+				}
+			}
+		}
+	}
+	g, err := Plan(Attrs{IsCausal: true}, Shapes{Q: []int{1, 2, 3, 8}, K: []int{1, 2, 5, 8}, V: []int{1, 2, 5, 8}, NonpadKVSeqlen: []int{1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.nonpadFits(Inputs{NonpadKVSeqlen: []int64{2}}) {
+		t.Error("nonpad length 2 < q_len 3 fits the engine")
 	}
 }

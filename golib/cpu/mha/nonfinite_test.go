@@ -35,6 +35,12 @@ func nonFiniteCases() []tcase {
 	c = base("stream causal prefill tiles float mask dk16")
 	c.b, c.s, c.l, c.p, c.hq, c.hkv, c.dk, c.dv, c.attrs.IsCausal, c.mask = 1, 20, 20, 4, 4, 2, 16, 16, true, []int{20, 24}
 	cs = append(cs, c)
+	c = base("stream nonpad causal dk16")
+	c.s, c.l, c.hq, c.hkv, c.dk, c.dv, c.attrs.IsCausal, c.nonpad = 2, 30, 4, 2, 16, 16, true, []int64{20, 30}
+	cs = append(cs, c)
+	c = base("stream noncausal prefill tiles mask dk16")
+	c.b, c.s, c.l, c.p, c.hq, c.hkv, c.dk, c.dv, c.mask = 1, 20, 20, 3, 4, 2, 16, 16, []int{20, 23}
+	cs = append(cs, c)
 	c = base("general causal blocks dk64")
 	c.b, c.s, c.l, c.p, c.hq, c.hkv, c.dk, c.dv, c.attrs.IsCausal = 1, 40, 40, 2, 2, 1, 64, 64, true
 	cs = append(cs, c)

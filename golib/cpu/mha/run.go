@@ -50,7 +50,7 @@ func (g *Geometry) Run(in Inputs, out Outputs) error {
 		return err
 	}
 	nonFinite := pickNonFinite()
-	if unitDecode && g.streamMath(out) {
+	if unitDecode && g.streamMath(out) && g.nonpadFits(in) {
 		return g.engine(in, out, nonFinite)
 	}
 	spans := g.Batch * (g.QHeads / g.spanHeads())
