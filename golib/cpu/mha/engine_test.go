@@ -8,7 +8,19 @@ import (
 	"unsafe"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/gemm"
 )
+
+// setPaths selects an instruction-set path for the products (gemm) and for
+// the streaming engine (cpu's kernels, which switch gemm too), so the
+// engine runs on every path the products do; a path cpu does not have
+// sets gemm alone.
+func setPaths(path string) {
+	if cpu.SetKernel(path) != nil {
+		gemm.SetPath(path)
+	}
+}
 
 // TestPresentViewSegments: without present buffers the view's segments
 // point into the inputs themselves (the past's rows, then the new rows,

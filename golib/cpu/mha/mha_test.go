@@ -131,7 +131,7 @@ func cases() []tcase {
 	add(base("inf masking fully masked bool row"), func(c *tcase) {
 		c.mask, c.boolMask, c.maskFalseRow, c.wantQK, c.attrs.QKMode, c.attrs.InfMasking = []int{3, 3}, true, 2, true, 3, true
 	})
-	// Decode shapes served by the streaming unit (see TestStreamableCases).
+	// Decode shapes served by the streaming engine (see TestStreamableCases).
 	add(base("stream decode 4D presents"), func(c *tcase) {
 		c.s, c.l, c.p, c.hq, c.hkv, c.wantPresents = 1, 1, 300, 4, 2, true
 	})
@@ -202,16 +202,14 @@ func randVec(r *rand.Rand, n int) []float32 {
 	return x
 }
 
-// TestAttentionCases runs every case on every kernel variant (gemm and
-// softmax exponential follow gemm.SetPath).
 // TestAttentionCases runs every case on every kernel variant: on one
-// thread (the decode cases on the streaming unit), on all threads, and with
-// the streaming unit off (the decode cases on the general unit).
+// thread (the streamable cases on the streaming engine), on all threads, and with
+// the engine off (every case on the general unit).
 func TestAttentionCases(t *testing.T) {
-	defer gemm.SetPath("auto")
+	defer setPaths("auto")
 	defer func() { unitDecode = true }()
 	for _, path := range gemm.Paths() {
-		gemm.SetPath(path)
+		setPaths(path)
 		for _, mode := range []struct {
 			name    string
 			threads int

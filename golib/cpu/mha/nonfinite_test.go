@@ -172,9 +172,8 @@ func sameAsReference(got float32, w float64) bool {
 	return math.Abs(gv-w) <= 2e-5+2e-5*math.Abs(w)
 }
 
-// TestNonFiniteEveryPath runs every case on every gemm path, with the
-// streaming unit (on one thread, so that every streamable case takes it)
-// and the general unit, after planting NaN, ±Inf or huge finite values
+// TestNonFiniteEveryPath runs every case on every kernel path, with the
+// streaming engine (on one thread) and the general unit, after planting NaN, ±Inf or huge finite values
 // (3e38, whose float32 products overflow) in Q, K, V, the past, the float
 // mask or the sinks, against the float64 reference (exactRow on every row):
 // Y, and qk_matmul_output where the case asks for it, are NaN exactly where
@@ -185,10 +184,10 @@ func sameAsReference(got float32, w float64) bool {
 // infinity meets excluded positions under onnxruntime's -MaxFloat32 (and
 // the opset-25 -Inf) masking, as the reference defines it.
 func TestNonFiniteEveryPath(t *testing.T) {
-	defer gemm.SetPath("auto")
+	defer setPaths("auto")
 	defer func() { unitDecode = true }()
 	for _, path := range gemm.Paths() {
-		gemm.SetPath(path)
+		setPaths(path)
 		for _, unit := range []bool{true, false} {
 			unitDecode = unit
 			for ci, c := range nonFiniteCases() {
@@ -223,10 +222,10 @@ func TestNonFiniteEveryPath(t *testing.T) {
 // TestFiniteNoFallback: finite inputs never take the float64 fallback on
 // any path (the counter exactRows does not move), and a planted NaN does.
 func TestFiniteNoFallback(t *testing.T) {
-	defer gemm.SetPath("auto")
+	defer setPaths("auto")
 	defer func() { unitDecode = true }()
 	for _, path := range gemm.Paths() {
-		gemm.SetPath(path)
+		setPaths(path)
 		for _, unit := range []bool{true, false} {
 			unitDecode = unit
 			poisoned := int64(0)
