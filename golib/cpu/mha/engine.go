@@ -28,11 +28,13 @@ var unitDecode = true
 // streamMath reports whether the call is plain softmax attention with a
 // causal rule (if any) aligned to the end of the keys, which is what the
 // streaming engine computes (softcap, attn_mask read alongside K as a
-// cpu.Mask, and nonpad lengths as each sequence's length, see nonpadFits):
-// no window, smooth softmax, qk_matmul_output or float64 softmax, and
-// either no causal rule (every row attends every key, cpu's NonCausal) or
-// one aligned to the end of the keys: as many new keys as query tokens
-// (query row i sees keys up to PastLen+i) or the nonpad lengths' rule. Beyond
+// cpu.Mask, nonpad lengths as each sequence's length, see nonpadFits, and
+// sliding windows that end at the query, as cpu's Window): no smooth
+// softmax, qk_matmul_output, float64 softmax or opset-25 masking with a
+// mask, and either no causal rule (every row attends every key, cpu's
+// NonCausal) or one aligned to the end of the keys: as many new keys as
+// query tokens (query row i sees keys up to PastLen+i) or the nonpad
+// lengths' rule. Beyond
 // cpu.MaxQLen query tokens (a prefill) the engine runs on tiles of query
 // rows (cpu.AttentionPrefill), each K/V block serving a whole tile; measured
 // faster than the general unit's products for causal prefill (16/8 heads
@@ -43,10 +45,25 @@ var unitDecode = true
 // the view fills all of the present outputs; the Attention op relies on it
 // and does not zero them.
 func (g *Geometry) streamMath(out Outputs) bool {
-	return !g.SlidingWindow && !g.InfMasking && !g.SmoothSoftmax && out.QK == nil &&
+	if g.SlidingWindow && !g.IsCausal && g.RightWindow != 0 {
+		return false // keys after the query: not the engine's window
+	}
+	return !(g.InfMasking && g.HasMask) && !g.SmoothSoftmax && out.QK == nil &&
 		g.Scale > 0 && g.SoftmaxPrecision != PrecisionDouble &&
 		g.Batch > 0 && g.QLen >= 1 && g.QLen <= g.TotalLen &&
-		(!g.IsCausal || g.KVLen == g.QLen || g.HasNonpad)
+		(!g.causal() || g.KVLen == g.QLen || g.HasNonpad)
+}
+
+// causal reports whether the engine runs the call with its causal rule: is_causal, or
+// a sliding window that ends at the query (right window 0).
+func (g *Geometry) causal() bool { return g.IsCausal || g.SlidingWindow }
+
+// window is the engine's cpu.Options.Window for a sliding window (0: none).
+func (g *Geometry) window() int {
+	if g.SlidingWindow && g.LeftWindow >= 0 {
+		return g.LeftWindow + 1
+	}
+	return 0
 }
 
 // nonpadFits reports whether every sequence's nonpad length holds the query
@@ -245,10 +262,12 @@ func (g *Geometry) engine(in Inputs, out Outputs, nonFinite func([]float32) bool
 		q, y = sc.q, sc.y
 		g.toHeadMajor(q, in.Q, g.HeadDimK)
 	}
-	if v.keys != nil && (g.QLen > cpu.MaxQLen || g.HasNonpad) {
-		v.fill() // (the engine reads no row past a nonpad length)
+	window := g.window()
+	if v.keys != nil && (g.QLen > cpu.MaxQLen || g.HasNonpad || window > 0) {
+		v.fill() // (the engine reads no row past a nonpad length or before a window)
 	}
-	o := cpu.Options{Scale: g.Scale, Softcap: g.Softcap, Threads: g.Threads, Exact: sc.exactFn, NonCausal: !g.IsCausal}
+	o := cpu.Options{Scale: g.Scale, Softcap: g.Softcap, Threads: g.Threads, Exact: sc.exactFn,
+		NonCausal: !g.causal(), Window: window}
 	if g.HasMask {
 		ms := g.maskStrides
 		sc.mask = cpu.Mask{Float: in.Mask.Float, Bool: in.Mask.Bool, StrideB: ms[0], StrideH: ms[1], StrideI: ms[2], Len: g.maskDims[3]}
@@ -263,17 +282,24 @@ func (g *Geometry) engine(in Inputs, out Outputs, nonFinite func([]float32) bool
 	if gather {
 		g.fromHeadMajor(out.Y, y, g.HeadDimV)
 	}
-	partial := g.IsCausal && g.QLen > 1 // rows that stop before the last keys
-	if !partial && !g.HasNonpad {
+	partial := g.causal() && g.QLen > 1 // rows that stop before the last keys
+	if !partial && !g.HasNonpad && window == 0 {
 		return nil // every row read every key
 	}
 	group := g.QHeads / g.KVHeads
 	T, dv := g.TotalLen, g.HeadDimV
 	for u, bad := range sc.bad {
-		// The V rows past a nonpad length were not read: they are checked
-		// here, once per head. Otherwise V was read by a row that failed.
+		// The V rows before a window or past a nonpad length were not
+		// read: they are checked here, once per head (a window: all of the
+		// head's rows, in the present buffers filled above). Otherwise V
+		// was read by a row that failed.
 		all := false
-		if g.HasNonpad {
+		switch {
+		case window > 0 && sc.values != nil:
+			all = nonFinite(sc.values[u*T*dv : (u+1)*T*dv])
+		case window > 0:
+			all = g.headNonFinite(in, u, nonFinite)
+		case g.HasNonpad:
 			n := int(in.NonpadKVSeqlen[u/g.KVHeads])
 			if sc.values == nil {
 				all = nonFinite(g.cur(in.V, g.HeadDimV, u, n, T))
@@ -318,6 +344,16 @@ func (sc *engineScratch) exact(out []float32, b, h, i int) error {
 // past (the layout a nonpad call reads in place).
 func (g *Geometry) cur(x []float32, dim, u, from, to int) []float32 {
 	return x[(u*g.KVLen+from)*dim : (u*g.KVLen+to)*dim]
+}
+
+// headNonFinite reports whether head u's V rows (the past's and the new
+// tokens', read in place) hold a NaN or an infinity.
+func (g *Geometry) headNonFinite(in Inputs, u int, nonFinite func([]float32) bool) bool {
+	dv := g.HeadDimV
+	if g.HasPast && nonFinite(in.PastValue[u*g.PastLen*dv:(u+1)*g.PastLen*dv]) {
+		return true
+	}
+	return nonFinite(g.cur(in.V, dv, u, 0, g.KVLen))
 }
 
 // yRow is output row (sequence b, query head h, query position i) of Y.
