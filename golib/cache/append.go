@@ -54,11 +54,16 @@ func (c *KVCache) Append(k, v []byte, src ElemType, n int, counts []int) error {
 			return err
 		}
 	}
+	if c.qg.q.Enabled() && cfg.Layout == Paged {
+		if err := c.quantReserveLocked(n, counts); err != nil {
+			return err
+		}
+	}
 	var scratch []float32
 	if src != Float32 && src != cfg.Elem && cfg.Elem != Float32 {
 		scratch = make([]float32, 1024)
 	}
-	var written int64
+	var written, tokens int64
 	for b := range cfg.Batch {
 		cnt := n
 		if counts != nil {
@@ -68,6 +73,14 @@ func (c *KVCache) Append(k, v []byte, src ElemType, n int, counts []int) error {
 			continue
 		}
 		pos := c.lens[b]
+		tokens += int64(cnt)
+		if c.qg.q.Enabled() {
+			c.quantWriteLocked(b, pos, cnt, k, v, src, n, scratch)
+			written += int64(cnt) * int64(cfg.KVHeads) * int64(c.rowK+c.rowV)
+			c.cks.noteWrite(b, pos)
+			c.lens[b] = pos + cnt
+			continue
+		}
 		if c.pg != nil {
 			c.pagedWriteLocked(b, pos, cnt, k, v, src, n, scratch)
 			written += int64(cnt) * int64(cfg.KVHeads) * int64(c.rowK+c.rowV)
@@ -89,9 +102,9 @@ func (c *KVCache) Append(k, v []byte, src ElemType, n int, counts []int) error {
 		c.cks.noteWrite(b, pos)
 		c.lens[b] = pos + cnt
 	}
-	// written is exactly the growth of the valid rows: one update of the
-	// arena's live figure per call instead of one locked update per sequence.
-	c.arena.addLive(written)
+	// one update of the arena's live figure per call instead of one locked
+	// update per sequence
+	c.arena.addLive(tokens * c.tokBytes)
 	c.appendBytes += written
 	c.appendCalls++
 	return nil

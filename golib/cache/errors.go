@@ -22,6 +22,10 @@ var (
 	ErrClosed = errors.New("cache is closed")
 	// ErrStaleCheckpoint: a checkpoint can no longer be restored.
 	ErrStaleCheckpoint = errors.New("stale checkpoint")
+	// ErrNotImplemented: a valid option combination that is not implemented
+	// yet (for example attention over quantized rows before the kernels
+	// read them).
+	ErrNotImplemented = errors.New("not implemented")
 )
 
 // BudgetError reports an allocation that the arena's budget refused, with the

@@ -16,7 +16,8 @@ func (c *KVCache) MaxLen() int {
 
 // Export writes the cache as standard present tensors: k becomes
 // [Batch, KVHeads, L, HeadDimK] and v [Batch, KVHeads, L, HeadDimV] in
-// element type dt, where L >= MaxLen(). Positions at or past a sequence's
+// element type dt, where L >= MaxLen(). Sealed (quantized) rows are written
+// as their dequantized values (DequantizeSegment). Positions at or past a sequence's
 // length, and positions evicted by a sliding window, are written as zeros.
 // Export is the only operation that materializes the whole cache; generation
 // loops that do not observe present tensors never call it.
@@ -98,6 +99,10 @@ func (c *KVCache) exportLocked(k, v []byte, dt ElemType, L int) error {
 			clear(dv[:lo*rowVd])
 			c.segs = c.AppendSegments(c.segs[:0], b, h, lo, hi)
 			for _, sg := range c.segs {
+				if sg.Q.Format != QuantNone {
+					c.exportSealed(dk[sg.Start*rowKd:], dv[sg.Start*rowVd:], dt, sg)
+					continue
+				}
 				convertRows(dk[sg.Start*rowKd:], dt, sg.K, cfg.Elem, sg.Len*cfg.HeadDimK, scratch)
 				convertRows(dv[sg.Start*rowVd:], dt, sg.V, cfg.Elem, sg.Len*cfg.HeadDimV, scratch)
 			}
@@ -108,4 +113,15 @@ func (c *KVCache) exportLocked(k, v []byte, dt ElemType, L int) error {
 	}
 	c.exportBytes += written
 	return nil
+}
+
+// exportSealed writes the dequantized rows of a sealed segment (at most one
+// chunk: qscratch holds it) to dk and dv in type dt.
+func (c *KVCache) exportSealed(dk, dv []byte, dt ElemType, sg Segment) {
+	dK, dV := c.cfg.HeadDimK, c.cfg.HeadDimV
+	xk, xv := c.qscratch[:sg.Len*dK], c.qscratch[sg.Len*dK:sg.Len*(dK+dV)]
+	// the segment comes from this cache's own view: well-formed
+	_ = DequantizeSegment(xk, xv, sg, dK, dV)
+	convertRows(dk, dt, asBytes(xk), Float32, len(xk), nil)
+	convertRows(dv, dt, asBytes(xv), Float32, len(xv), nil)
 }

@@ -57,3 +57,32 @@ func FuzzCacheOps(f *testing.F) {
 		randomOps(t, geometries[gi], []Layout{Contiguous}, rand.New(&bytesSource{b: data[1:]}), steps, fmt.Sprintf("geometry %d", gi))
 	})
 }
+
+// FuzzQuantCacheOps is FuzzCacheOps for quantized caches: the first byte
+// picks one of quantConfigs and the layout, the rest steers randomQuantOps
+// (at most 80 operations) against the model of the quantized storage. Each
+// input costs far more than a FuzzCacheOps one (every step exports and
+// checks every sealed segment), so it is a target of its own:
+//
+//	go test ./golib/cache -run '^$' -fuzz FuzzQuantCacheOps -fuzztime 60s
+func FuzzQuantCacheOps(f *testing.F) {
+	for seed := range uint64(4) {
+		r := rand.New(rand.NewPCG(seed, 2))
+		b := make([]byte, 8*40+1)
+		for i := range b {
+			b[i] = byte(r.Uint32())
+		}
+		b[0] = byte(3 * seed)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) == 0 {
+			return
+		}
+		qi := int(data[0]) % (2 * len(quantConfigs))
+		cfg := quantConfigs[qi/2]
+		cfg.Layout = Layout(qi % 2)
+		steps := min((len(data)-1)/8, 80)
+		randomQuantOps(t, cfg, rand.New(&bytesSource{b: data[1:]}), steps, fmt.Sprintf("quantized geometry %d %v", qi/2, cfg.Layout))
+	})
+}

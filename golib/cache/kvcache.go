@@ -36,6 +36,11 @@ type Counters struct {
 	CopyBytes      int64 // bytes copied by Fork and Reorder
 	AttentionBytes int64 // K/V bytes read by attention kernels
 	AttentionCalls int64
+	// SealBytes are the bytes (rows, scales and zeros) written by sealing
+	// native rows into quantized chunks, SealCalls the chunks sealed (one
+	// per sequence and Group tokens, every head at once).
+	SealBytes int64
+	SealCalls int64
 }
 
 // seqStore holds the K and V rows of one sequence for every KV head:
@@ -43,6 +48,9 @@ type Counters struct {
 // token-major (see Segment for why).
 type seqStore struct {
 	k, v []byte
+	// q is the quantized storage (nil when Config.Quant is off); k then is
+	// the sequence's whole arena buffer, which q's parts are carved from.
+	q *quantSeq
 }
 
 // KVCache is the persistent KV cache of one attention layer of one request,
@@ -60,9 +68,15 @@ type KVCache struct {
 	seqs     []seqStore
 	lens     []int
 	winStart []int
-	rowK     int // bytes per K row
-	rowV     int // bytes per V row
+	rowK     int   // bytes per K row
+	rowV     int   // bytes per V row
+	tokBytes int64 // storage bytes of one token, all heads: live-bytes accounting
 	closed   bool
+
+	qg                   quantGeom // quantized geometry (Quant enabled)
+	qscratch             []float32 // one chunk of K and V rows in float32, for sealing and export
+	qfresh               []*qchunk // chunk blocks reserved by the running Append (paged)
+	sealBytes, sealCalls int64
 
 	appendBytes, appendCalls, exportBytes, copyBytes int64
 	attnBytes, attnCalls                             atomic.Int64
@@ -84,8 +98,14 @@ func New(a *Arena, cfg Config) (*KVCache, error) {
 	if cfg.HeadDimV == 0 {
 		cfg.HeadDimV = cfg.HeadDimK
 	}
+	if cfg.Quant.Enabled() && cfg.Quant.Group == 0 {
+		cfg.Quant.Group = DefaultQuantGroup
+	}
 	if cfg.Layout == Paged && cfg.BlockSize == 0 {
 		cfg.BlockSize = DefaultBlockSize
+		if cfg.Quant.Enabled() {
+			cfg.BlockSize = cfg.Quant.Group // its blocks are the sealed chunks
+		}
 	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -94,6 +114,17 @@ func New(a *Arena, cfg Config) (*KVCache, error) {
 		cfg: cfg, arena: a,
 		rowK: cfg.HeadDimK * cfg.Elem.Size(),
 		rowV: cfg.HeadDimV * cfg.Elem.Size(),
+	}
+	c.tokBytes = int64(cfg.KVHeads) * int64(c.rowK+c.rowV)
+	if cfg.Quant.Enabled() {
+		c.qg = newQuantGeom(cfg)
+		c.tokBytes = c.qg.bytesPerToken(cfg)
+		c.qscratch = make([]float32, cfg.Quant.Group*(cfg.HeadDimK+cfg.HeadDimV))
+		if err := c.newQuantSeqs(); err != nil {
+			return nil, err
+		}
+		c.initMeta()
+		return c, nil
 	}
 	if cfg.Layout == Paged {
 		c.pg = newPagedStore(a.blockPool(cfg.BlockSize, cfg.KVHeads, c.rowK, c.rowV), cfg)
@@ -170,13 +201,16 @@ func (cfg Config) validate() error {
 		return fmt.Errorf("%w: unknown layout %v", ErrInvalidArgument, cfg.Layout)
 	case cfg.Layout == Paged && !validBlockSize(cfg.BlockSize):
 		return fmt.Errorf("%w: block size must be 16, 32, 64, 128 or 256 tokens (got %d)", ErrInvalidArgument, cfg.BlockSize)
-	case cfg.Quant.Enabled():
-		return fmt.Errorf("%w: quantized caches (%v) are not implemented yet", ErrInvalidArgument, cfg.Quant.Format)
 	case cfg.Batch > maxBatch || cfg.KVHeads > maxKVHeads || cfg.HeadDimK > maxHeadDim || cfg.HeadDimV > maxHeadDim:
 		// per-sequence state and buffers scale with these before any byte
 		// of K/V: absurd values must not reach an allocation
 		return fmt.Errorf("%w: batch <= %d, kv_heads <= %d and head dims <= %d (got batch=%d kv_heads=%d head_dim_k=%d head_dim_v=%d)",
 			ErrInvalidArgument, maxBatch, maxKVHeads, maxHeadDim, cfg.Batch, cfg.KVHeads, cfg.HeadDimK, cfg.HeadDimV)
+	}
+	if cfg.Quant.Enabled() {
+		if err := cfg.validateQuant(); err != nil {
+			return err
+		}
 	}
 	total := float64(cfg.Batch) * float64(cfg.KVHeads) * float64(cfg.Capacity) *
 		float64(cfg.HeadDimK+cfg.HeadDimV) * float64(cfg.Elem.Size())
@@ -216,6 +250,9 @@ func (c *KVCache) Close() {
 	}
 	for _, s := range c.seqs {
 		c.arena.release(s.k, s.v)
+		if s.q != nil {
+			c.arena.releaseChunks(s.q.blks)
+		}
 	}
 	c.seqs = nil
 	c.cks.invalidateAll()
@@ -232,7 +269,7 @@ func (c *KVCache) Closed() bool {
 func (c *KVCache) liveBytesLocked() int64 {
 	var n int64
 	for b, l := range c.lens {
-		n += int64(l-c.winStart[b]) * int64(c.cfg.KVHeads) * int64(c.rowK+c.rowV)
+		n += int64(l-c.winStart[b]) * c.tokBytes
 	}
 	return n
 }
@@ -240,7 +277,7 @@ func (c *KVCache) liveBytesLocked() int64 {
 // setLenLocked changes a sequence's length and keeps the arena's live figure
 // in step.
 func (c *KVCache) setLenLocked(b, n int) {
-	delta := int64(n-c.lens[b]) * int64(c.cfg.KVHeads) * int64(c.rowK+c.rowV)
+	delta := int64(n-c.lens[b]) * c.tokBytes
 	c.lens[b] = n
 	if delta != 0 {
 		c.arena.addLive(delta)
@@ -249,7 +286,7 @@ func (c *KVCache) setLenLocked(b, n int) {
 
 // setWinLocked changes a sequence's window start with the same accounting.
 func (c *KVCache) setWinLocked(b, w int) {
-	delta := int64(c.winStart[b]-w) * int64(c.cfg.KVHeads) * int64(c.rowK+c.rowV)
+	delta := int64(c.winStart[b]-w) * c.tokBytes
 	c.winStart[b] = w
 	if delta != 0 {
 		c.arena.addLive(delta)
@@ -276,6 +313,15 @@ type Info struct {
 	Fragmentation float64
 	Counters      Counters
 	Closed        bool
+	// The quantization figures (zero when Quant is off): SealedTokens and
+	// NativeTokens are the readable tokens held quantized and in the native
+	// type, over all sequences; ScaleBytes the scale and zero bytes of the
+	// sealed rows; BytesPerToken one sealed token's storage (all heads, K
+	// and V, scales included, per-channel K scales amortized over a chunk),
+	// NativeBytesPerToken the same for a native token.
+	SealedTokens, NativeTokens         int64
+	ScaleBytes                         int64
+	BytesPerToken, NativeBytesPerToken int64
 }
 
 // Info returns the cache's metadata and counters.
@@ -296,9 +342,12 @@ func (c *KVCache) Info() Info {
 	}
 	in.LiveBytes = c.liveBytesLocked()
 	in.PageTableBytes = int64(2 * 8 * c.cfg.Batch)
-	if c.pg != nil {
+	switch {
+	case c.qg.q.Enabled():
+		c.quantInfoLocked(&in)
+	case c.pg != nil:
 		c.pagedInfoLocked(&in)
-	} else {
+	default:
 		in.CommittedBytes = int64(c.cfg.Batch) * int64(c.cfg.KVHeads) * int64(c.cfg.Capacity) * int64(c.rowK+c.rowV)
 	}
 	if in.CommittedBytes > 0 {
@@ -312,6 +361,7 @@ func (c *KVCache) countersLocked() Counters {
 		AppendBytes: c.appendBytes, AppendCalls: c.appendCalls,
 		ExportBytes: c.exportBytes, CopyBytes: c.copyBytes,
 		AttentionBytes: c.attnBytes.Load(), AttentionCalls: c.attnCalls.Load(),
+		SealBytes: c.sealBytes, SealCalls: c.sealCalls,
 	}
 }
 
@@ -327,6 +377,7 @@ func (c *KVCache) ResetCounters() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.appendBytes, c.appendCalls, c.exportBytes, c.copyBytes = 0, 0, 0, 0
+	c.sealBytes, c.sealCalls = 0, 0
 	c.attnBytes.Store(0)
 	c.attnCalls.Store(0)
 }

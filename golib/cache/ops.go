@@ -19,6 +19,11 @@ func (c *KVCache) Reset() error {
 	if c.pg != nil {
 		c.pg.releaseAll()
 	}
+	for _, s := range c.seqs {
+		if s.q != nil {
+			s.q.reset(c.arena)
+		}
+	}
 	return nil
 }
 
@@ -113,6 +118,9 @@ func (c *KVCache) Fork() (*KVCache, error) {
 // copySeqLocked copies positions [lo, hi) of every head from src to dst and
 // returns the bytes copied.
 func (c *KVCache) copySeqLocked(dst, src seqStore, lo, hi int) int64 {
+	if src.q != nil {
+		return c.copyQuantSeqLocked(dst.q, src.q, lo, hi)
+	}
 	if hi <= lo {
 		return 0
 	}

@@ -129,6 +129,7 @@ func (c *KVCache) pagedWriteLocked(b, pos, cnt int, k, v []byte, src ElemType, n
 func (c *KVCache) trimLocked() {
 	ps := c.pg
 	if ps == nil {
+		c.quantTrimLocked()
 		return
 	}
 	for b := range c.lens {

@@ -58,6 +58,9 @@ func (c *KVCache) Select(idx []int) error {
 		for i, s := range c.seqs {
 			if !seen[i] {
 				c.arena.release(s.k, s.v)
+				if s.q != nil {
+					c.arena.releaseChunks(s.q.blks)
+				}
 			}
 		}
 		c.seqs = seqs

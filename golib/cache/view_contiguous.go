@@ -38,13 +38,17 @@ func (c *KVCache) SeqLen(b int) int { return c.lens[b] }
 func (c *KVCache) WindowStart(b int) int { return c.winStart[b] }
 
 // AppendSegments implements View: the contiguous layout has one segment per
-// (sequence, head) range, the paged layout one per block.
+// (sequence, head) range, the paged layout one per block, a quantized cache
+// one per sealed chunk (Q filled) and one or two for its native rows.
 func (c *KVCache) AppendSegments(dst []Segment, b, h, from, to int) []Segment {
 	if to <= from {
 		return dst
 	}
 	if c.pg != nil {
 		return c.pg.segments(dst, b, h, from, to)
+	}
+	if c.qg.q.Enabled() {
+		return c.quantSegments(dst, b, h, from, to)
 	}
 	s := c.seqs[b]
 	baseK := h * c.cfg.Capacity * c.rowK

@@ -118,17 +118,21 @@ func axpy4x16k(acc, p, v []float32, alpha *[4]float32, pf int, next []float32) {
 func expSubx16(s []float32, m float32) float32 { return expSubRuns(s, m, 16) }
 
 // expSubRuns runs the assembly exp kernel (over multiples of lanes scores:
-// 16 the AVX-512 kernel, 8 the AVX2 one) on the whole runs of s and on a
-// copy of the tail padded with m, whose exp(0) lanes are dropped. The kernels are called directly, not through a func value,
-// so the tail's stack copy does not escape (a call must not allocate).
+// 16, expSubasm, or 8, expSubavx2) on the whole runs of s and on a copy of
+// the tail padded with m, whose exp(0) lanes are dropped. The kernels are
+// called directly: through a function value the tail copy would escape to
+// the heap (one allocation per row with a tail).
 func expSubRuns(s []float32, m float32, lanes int) float32 {
 	n := len(s) &^ (lanes - 1)
+	kernel := func(p *float32, n int, m float32) float32 {
+		if lanes == 16 {
+			return expSubasm(p, n, m)
+		}
+		return expSubavx2(p, n, m)
+	}
 	var sum float32
-	switch {
-	case n > 0 && lanes == 8:
-		sum = expSubavx2(unsafe.SliceData(s), n, m)
-	case n > 0:
-		sum = expSubasm(unsafe.SliceData(s), n, m)
+	if n > 0 {
+		sum = kernel(unsafe.SliceData(s), n, m)
 	}
 	if r := len(s) - n; r > 0 {
 		var t [16]float32
@@ -136,11 +140,7 @@ func expSubRuns(s []float32, m float32, lanes int) float32 {
 		for i := r; i < lanes; i++ {
 			t[i] = m
 		}
-		if lanes == 8 {
-			expSubavx2(&t[0], lanes, m)
-		} else {
-			expSubasm(&t[0], lanes, m)
-		}
+		kernel(&t[0], lanes, m)
 		for i, e := range t[:r] {
 			s[n+i] = e
 			sum += e

@@ -49,6 +49,9 @@ type kernelOps struct {
 	// half, when set, reads fp16/bf16 rows straight from storage for the
 	// head dims half.ok accepts (no widened scratch block).
 	half *halfOps
+	// quant, when set, are the loops over quantized (sealed) rows; nil:
+	// the portable twin's (goQuantOps).
+	quant *quantOps
 }
 
 // halfOps are the score and accumulation loops over 16-bit K/V rows (bf:

@@ -20,6 +20,7 @@ var goOps = kernelOps{
 	axpy4:   func(acc, p, v []float32, alpha *[4]float32, _ int) { goAxpy4(acc, p, v, alpha) },
 	cvtF16:  codec.DecodeF16,
 	cvtBF16: codec.DecodeBF16,
+	quant:   &goQuantOps,
 }
 
 func goDots(s, q, k []float32, d int) {

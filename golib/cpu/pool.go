@@ -117,6 +117,9 @@ func (p *pool) run(s *shape, dst, q []float32, v cache.View, ops *kernelOps) err
 	if len(p.states) < threads {
 		p.states = append(p.states, make([]unitState, threads-len(p.states))...)
 	}
+	for i := range p.states {
+		p.states[i].read = 0
+	}
 	if p.workFn == nil {
 		p.workFn = p.workSafe
 	}
@@ -128,11 +131,11 @@ func (p *pool) run(s *shape, dst, q []float32, v cache.View, ops *kernelOps) err
 		// left; gemm's pool runs the indices on its helpers and the caller.
 		gemm.ForThreads(threads, threads, p.workFn)
 	}
-	return p.finish(s, dst, v, bytes)
+	return p.finish(s, dst, v)
 }
 
 // finish merges split-KV partial states and ends the call.
-func (p *pool) finish(s *shape, dst []float32, v cache.View, bytes int64) error {
+func (p *pool) finish(s *shape, dst []float32, v cache.View) error {
 	rows := s.group * s.qLen
 	units := s.batch * s.kvHeads
 	nsplit := p.nsplit
@@ -152,7 +155,13 @@ func (p *pool) finish(s *shape, dst []float32, v cache.View, bytes int64) error 
 	if err != nil {
 		return err
 	}
-	v.AddBytesRead(bytes)
+	// The units counted what they read (quantized rows and their scales
+	// included); bytes, the native estimate, only chose the thread count.
+	var read int64
+	for i := range p.states {
+		read += p.states[i].read
+	}
+	v.AddBytesRead(read)
 	return nil
 }
 

@@ -38,7 +38,7 @@ func ReferenceAttention(dst, q []float32, qLen, qHeads int, v cache.View, o Opti
 			if err != nil {
 				return err
 			}
-			read += int64(L-ulo) * int64((s.dk+s.dv)*esize)
+			read += segsBytes(segs, s.dk, s.dv, esize)
 			for g := 0; g < s.group; g++ {
 				qh := h*s.group + g
 				for i := 0; i < qLen; i++ {
@@ -114,7 +114,22 @@ func referenceRow(out, q []float32, keys, vals [][]float32, s *shape) {
 func loadRows(segs []cache.Segment, from, to, dk, dv int, elem cache.ElemType) (keys, vals [][]float32, err error) {
 	esize := elem.Size()
 	pos := from
-	for _, sg := range segs {
+	for i := range segs {
+		sg := &segs[i]
+		if sg.Q.Format != cache.QuantNone && sg.Start == pos {
+			if err := checkQuantSegment(sg, dk, dv); err != nil {
+				return nil, nil, err
+			}
+			k, v := make([]float32, sg.Len*dk), make([]float32, sg.Len*dv)
+			if err := cache.DequantizeSegment(k, v, *sg, dk, dv); err != nil {
+				return nil, nil, err
+			}
+			for r := 0; r < sg.Len; r++ {
+				keys, vals = append(keys, k[r*dk:(r+1)*dk]), append(vals, v[r*dv:(r+1)*dv])
+			}
+			pos += sg.Len
+			continue
+		}
 		if sg.Start != pos || sg.Len < 0 || len(sg.K) < sg.Len*dk*esize || len(sg.V) < sg.Len*dv*esize {
 			return nil, nil, fmt.Errorf("%w: cache view returned a malformed segment (start %d len %d, expected start %d)",
 				cache.ErrInvalidArgument, sg.Start, sg.Len, pos)
@@ -146,4 +161,18 @@ func decodeRow(b []byte, n int, elem cache.ElemType) []float32 {
 		}
 	}
 	return out
+}
+
+// segsBytes is what reading segs costs: native rows, or quantized rows with
+// their scales (quantBytes).
+func segsBytes(segs []cache.Segment, dk, dv, esize int) int64 {
+	var n int64
+	for i := range segs {
+		if segs[i].Q.Format != cache.QuantNone {
+			n += quantBytes(&segs[i], dk, dv)
+		} else {
+			n += int64(segs[i].Len * (dk + dv) * esize)
+		}
+	}
+	return n
 }

@@ -82,6 +82,13 @@ type unitState struct {
 	alpha  [4]float32 // per-row rescale factors of one block
 	zero   []float32  // dv zeros, never written (the finiteness check)
 	chk    []float32  // per-row finiteness check of acc
+	qq, qc []float32  // query rows folded with per-channel K scales, their zero constants
+	qi     []byte     // int8 query rows of the integer score loop
+	isc    []float32  // their scales
+	ioff   []float32  // their score offsets
+	qb     quantBlock // the quantized segment being walked (quant.go)
+	ss     [4]float32 // scalesSafe's sums (a field: a local escapes through the indirect call)
+	read   int64      // K/V bytes (with scales) this state's units read in the current call
 }
 
 func growF(b []float32, n int) []float32 {
@@ -153,7 +160,15 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 	pos := from
 	for c0 := from; c0 < to; c0 += chunk {
 		u.segs = v.AppendSegments(u.segs[:0], b, h, c0, min(c0+chunk, to))
-		for _, sg := range u.segs {
+		for i := range u.segs {
+			sg := &u.segs[i]
+			if sg.Q.Format != cache.QuantNone && sg.Start == pos {
+				if err := u.quantSegment(ops, s, sg, rows, bt); err != nil {
+					return err
+				}
+				pos += sg.Len
+				continue
+			}
 			if sg.Start != pos || sg.Len < 0 || len(sg.K) < sg.Len*dk*esize || len(sg.V) < sg.Len*dv*esize {
 				return fmt.Errorf("%w: cache view returned a malformed segment (start %d len %d, expected start %d)",
 					cache.ErrInvalidArgument, sg.Start, sg.Len, pos)
@@ -178,6 +193,7 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 				}
 				u.block(ops, s, kb, vb, nil, nil, pos+off, n, rows, pf, nk)
 			}
+			u.read += int64(sg.Len * (dk + dv) * esize)
 			pos += sg.Len
 		}
 	}
@@ -291,6 +307,8 @@ func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, kh, vh []u
 		cnt := e - a
 		sc := u.sc[:nr*cnt]
 		switch {
+		case u.qb.on:
+			u.qb.dots(sc, r, nr, a-pos, e-pos, dk, pf)
 		case kh != nil && nr == 4:
 			ops.half.dots4(sc, u.qs[r*dk:(r+4)*dk], kh[(a-pos)*dk:(e-pos)*dk], dk, pf, bf)
 		case kh != nil:
@@ -322,6 +340,8 @@ func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, kh, vh []u
 			u.m[r+j] = mNew
 		}
 		switch {
+		case u.qb.on:
+			u.qb.axpy(u.acc[r*dv:(r+nr)*dv], sc, a-pos, e-pos, nr, pf, alpha)
 		case vh != nil && nr == 4:
 			ops.half.axpy4(u.acc[r*dv:(r+4)*dv], sc, vh[(a-pos)*dv:(e-pos)*dv], alpha, pf, bf)
 		case vh != nil:

@@ -21,11 +21,17 @@ func newBenchCache(b *testing.B, kvh, d, L int) *cache.KVCache {
 
 func newBenchCacheOf(b *testing.B, elem cache.ElemType, kvh, d, L int) *cache.KVCache {
 	b.Helper()
+	return newBenchCacheQ(b, elem, kvh, d, L, cache.QuantConfig{})
+}
+
+// newBenchCacheQ is newBenchCacheOf with a quantization option (q).
+func newBenchCacheQ(b *testing.B, elem cache.ElemType, kvh, d, L int, q cache.QuantConfig) *cache.KVCache {
+	b.Helper()
 	a, err := cache.NewArena(0)
 	if err != nil {
 		b.Fatal(err)
 	}
-	c, err := cache.New(a, cache.Config{Batch: 1, KVHeads: kvh, HeadDimK: d, Capacity: L, Elem: elem})
+	c, err := cache.New(a, cache.Config{Batch: 1, KVHeads: kvh, HeadDimK: d, Capacity: L, Elem: elem, Quant: q})
 	if err != nil {
 		b.Fatal(err)
 	}

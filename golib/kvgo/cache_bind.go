@@ -121,6 +121,50 @@ func CachePagedNew(ah int64, batch, kvHeads, headDimK, headDimV, capacity, elem,
 	return caches.put(c), nil
 }
 
+// CacheQuantNew creates a quantized KVCache in arena ah and returns its
+// handle: layout 0 contiguous, 1 paged (blockSize tokens per block, 0 for
+// the default); quant "int8" or "int4", group 32 or 64 (0: the default),
+// kAxis "channel" or "token", residual the tokens kept in the native type.
+func CacheQuantNew(ah int64, batch, kvHeads, headDimK, headDimV, capacity, elem, layout, blockSize int,
+	quant string, group int, kAxis string, residual int) (h int64, err error) {
+	defer recoverTo(&err)
+	a, err := arenas.get(ah)
+	if err != nil {
+		return 0, classify(err)
+	}
+	e, err := elemOf(elem)
+	if err != nil {
+		return 0, classify(err)
+	}
+	q, err := quantConfigOf(quant, group, kAxis, residual)
+	if err != nil {
+		return 0, classify(err)
+	}
+	cfg := cache.Config{Batch: batch, KVHeads: kvHeads, HeadDimK: headDimK, HeadDimV: headDimV,
+		Capacity: capacity, Elem: e, Quant: q}
+	if layout == 1 {
+		cfg.Layout, cfg.BlockSize = cache.Paged, blockSize
+	}
+	c, err := cache.New(a, cfg)
+	if err != nil {
+		return 0, classify(err)
+	}
+	return caches.put(c), nil
+}
+
+// quantConfigOf maps the Python quantization options to a QuantConfig.
+func quantConfigOf(quant string, group int, kAxis string, residual int) (cache.QuantConfig, error) {
+	f, err := cache.ParseQuantFormat(quant)
+	if err != nil {
+		return cache.QuantConfig{}, err
+	}
+	ax, err := cache.ParseKAxis(kAxis)
+	if err != nil {
+		return cache.QuantConfig{}, err
+	}
+	return cache.QuantConfig{Format: f, Group: group, KAxis: ax, Residual: residual}, nil
+}
+
 // CacheSelect keeps the sequences given by n distinct int64 indices at ptr.
 func CacheSelect(h int64, ptr uintptr, n int) (err error) {
 	defer recoverTo(&err)
@@ -370,6 +414,22 @@ func cacheInfoMap(in cache.Info) map[string]any {
 			"append_bytes": ct.AppendBytes, "append_calls": ct.AppendCalls,
 			"export_bytes": ct.ExportBytes, "copy_bytes": ct.CopyBytes,
 			"attention_bytes": ct.AttentionBytes, "attention_calls": ct.AttentionCalls,
+			"seal_bytes": ct.SealBytes, "seal_calls": ct.SealCalls,
 		},
+		"quant": quantInfoMap(in),
+	}
+}
+
+// quantInfoMap is the quantization part of a cache's info (nil when the
+// cache keeps every row in its native type).
+func quantInfoMap(in cache.Info) map[string]any {
+	q := in.Quant
+	if !q.Enabled() {
+		return nil
+	}
+	return map[string]any{
+		"format": q.Format.String(), "group": q.Group, "k_axis": q.KAxis.String(), "residual": q.Residual,
+		"sealed_tokens": in.SealedTokens, "native_tokens": in.NativeTokens, "scale_bytes": in.ScaleBytes,
+		"bytes_per_token": in.BytesPerToken, "native_bytes_per_token": in.NativeBytesPerToken,
 	}
 }

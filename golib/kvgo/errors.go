@@ -47,6 +47,7 @@ var classifiers = []classifier{
 	{cache.ErrInvalidArgument, classValue},
 	{cache.ErrClosed, classValue},
 	{cache.ErrStaleCheckpoint, classValue},
+	{cache.ErrNotImplemented, classNotImpl},
 	{errTypeMismatch, classType},
 	{errNotImplemented, classNotImpl},
 	{errUnknownHandle, classValue},

@@ -47,6 +47,17 @@ func (r *registry[T]) take(h int64) (T, bool) {
 	return v, ok
 }
 
+// drop removes every object for which match is true.
+func (r *registry[T]) drop(match func(T) bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for h, v := range r.m {
+		if match(v) {
+			delete(r.m, h)
+		}
+	}
+}
+
 func (r *registry[T]) len() int {
 	r.mu.RLock()
 	defer r.mu.RUnlock()

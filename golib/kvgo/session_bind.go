@@ -4,10 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
-	"strconv"
-	"strings"
 	"sync"
-	"unsafe"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
@@ -17,17 +14,18 @@ import (
 )
 
 // Session bindings: python/onnx_light_kv/session.py drives these. A run is
-// two calls: SessionRun (or SessionRunLend) executes the graph and returns
-// the outputs' types and shapes with a result handle; Python allocates numpy
-// arrays and ResultCopyAndFree copies outputs into them once, then hands the
+// at most two calls (signature_bind.go): SessionRunPrepared executes the
+// graph for a prepared signature and writes the outputs' types and shapes
+// into an int64 array, with a result handle; Python allocates numpy arrays
+// and ResultCopyAndFree copies outputs into them once, then hands the
 // output buffers back to the session's pool. Arrays cross as array
 // references (arrayref.go), the cheapest way to name numpy memory.
 //
-// SessionRunLend skips that copy for large outputs: Python wraps the Go
-// buffer itself in a numpy array whose owner calls OutputRelease when the
-// array (and every view of it) is gone; only then may the pool reuse the
-// buffer. Go's collector does not move heap objects, and the lent registry
-// keeps the tensor reachable, so the address stays valid until the release.
+// Large outputs are lent instead of copied: Python wraps the Go buffer
+// itself in a numpy array whose owner calls OutputRelease when the array
+// (and every view of it) is gone; only then may the pool reuse the buffer.
+// Go's collector does not move heap objects, and the lent registry keeps
+// the tensor reachable, so the address stays valid until the release.
 
 var (
 	sessions = newRegistry[*runtime.Session]("session")
@@ -101,6 +99,7 @@ func SessionFree(h int64) (err error) {
 		return classify(fmt.Errorf("%w: session handle %d", errUnknownHandle, h))
 	}
 	lastStats.Delete(h)
+	signatures.drop(func(sg *runSignature) bool { return sg.h == h })
 	return classify(s.Close())
 }
 
@@ -207,90 +206,6 @@ type eventJSON struct {
 // so a run does not pay for encoding them.
 var lastStats sync.Map // session handle -> *runtime.RunStats
 
-// SessionRun runs session h. feedNames is a JSON list of n input names;
-// desc (an array reference, see arrayref.go) holds nDesc int64 values that
-// describe the feeds in order, each as [array reference of a C-contiguous
-// aligned array, ONNX element code, rank, dims...]. outNames is a JSON list
-// of output names ("" or "null": all outputs). Feed memory is borrowed: the
-// caller keeps the arrays alive until ResultCopyAndFree.
-//
-// It returns "result|code:d0,d1,...|code:...": the result handle, then each
-// output's element code and dims (nothing after ':' for a scalar).
-func SessionRun(h int64, feedNames string, n int, desc uintptr, nDesc int, outNames string) (s string, err error) {
-	defer recoverTo(&err)
-	return sessionRun(h, feedNames, n, desc, nDesc, outNames, -1)
-}
-
-// SessionRunLend is SessionRun that lends outputs of at least lendMin bytes
-// which come from the session's buffer pool instead of having them copied:
-// such an output's entry reads "code:dims:address:handle", where address is
-// the output's data (valid until OutputRelease(handle)) and ResultCopyAndFree
-// skips it (its reference there is ignored). lendMin < 0 lends nothing.
-func SessionRunLend(h int64, feedNames string, n int, desc uintptr, nDesc int, outNames string, lendMin int) (s string, err error) {
-	defer recoverTo(&err)
-	return sessionRun(h, feedNames, n, desc, nDesc, outNames, lendMin)
-}
-
-func sessionRun(h int64, feedNames string, n int, desc uintptr, nDesc int, outNames string, lendMin int) (string, error) {
-	sess, err := sessions.get(h)
-	if err != nil {
-		return "", classify(err)
-	}
-	return runAndDescribe(h, sess.DefaultState(), feedNames, n, desc, nDesc, outNames, lendMin,
-		func(feeds map[string]*tensor.Tensor, names []string) ([]*tensor.Tensor, *runtime.RunStats, error) {
-			return sess.Run(feeds, names)
-		})
-}
-
-// runAndDescribe decodes the feeds and output names, runs, and describes
-// the outputs for Python (see SessionRun); st is the state whose pool the
-// outputs come from.
-func runAndDescribe(h int64, st *runtime.State, feedNames string, n int, desc uintptr, nDesc int, outNames string, lendMin int,
-	run func(map[string]*tensor.Tensor, []string) ([]*tensor.Tensor, *runtime.RunStats, error)) (string, error) {
-	feeds, err := buildFeeds(feedNames, n, desc, nDesc)
-	if err != nil {
-		return "", classify(err)
-	}
-	var names []string
-	if o := strings.TrimSpace(outNames); o != "" && o != "null" {
-		if err := json.Unmarshal([]byte(o), &names); err != nil {
-			return "", classify(fmt.Errorf("%w: output names: %v", errs.ErrInvalidArgument, err))
-		}
-	}
-	outs, stats, err := run(feeds, names)
-	if err != nil {
-		return "", classify(err)
-	}
-	lastStats.Store(h, stats)
-	res := &runResult{st: st, outs: outs, lent: make([]int64, len(outs))}
-	buf := make([]byte, 0, 24+40*len(outs))
-	for i, t := range outs {
-		if lendMin >= 0 && t.NumBytes() > 0 && t.NumBytes() >= lendMin && st.Leased(t) {
-			res.lent[i] = lent.put(lentOutput{st: st, t: t})
-		}
-	}
-	rh := results.put(res)
-	buf = strconv.AppendInt(buf, rh, 10)
-	for i, t := range outs {
-		buf = append(buf, '|')
-		buf = strconv.AppendInt(buf, int64(t.DType()), 10)
-		buf = append(buf, ':')
-		for k, d := range t.Shape() {
-			if k > 0 {
-				buf = append(buf, ',')
-			}
-			buf = strconv.AppendInt(buf, int64(d), 10)
-		}
-		if res.lent[i] != 0 {
-			buf = append(buf, ':')
-			buf = strconv.AppendUint(buf, uint64(uintptr(unsafe.Pointer(unsafe.SliceData(t.Bytes())))), 10)
-			buf = append(buf, ':')
-			buf = strconv.AppendInt(buf, res.lent[i], 10)
-		}
-	}
-	return string(buf), nil
-}
-
 // OutputRelease ends Python's hold on a lent output (its numpy array is
 // gone): the buffer may be reused by later runs. Releasing an unknown or
 // already released handle does nothing.
@@ -328,62 +243,10 @@ func SessionLastStatsJSON(h int64) (s string, err error) {
 	return string(b), classify(err)
 }
 
-func buildFeeds(feedNames string, n int, desc uintptr, nDesc int) (map[string]*tensor.Tensor, error) {
-	var names []string
-	if err := json.Unmarshal([]byte(feedNames), &names); err != nil || len(names) != n {
-		return nil, fmt.Errorf("%w: feed names %q for %d feeds", errs.ErrInvalidArgument, feedNames, n)
-	}
-	ds, err := int64sAt(arrayData(desc), nDesc)
-	if err != nil {
-		return nil, err
-	}
-	feeds := make(map[string]*tensor.Tensor, n)
-	off := 0
-	for _, name := range names {
-		if off+3 > nDesc {
-			return nil, fmt.Errorf("%w: feed description too short at %q", errs.ErrInvalidArgument, name)
-		}
-		ref, code, r := uintptr(ds[off]), ds[off+1], int(ds[off+2])
-		off += 3
-		if r < 0 || off+r > nDesc {
-			return nil, fmt.Errorf("%w: rank %d of feed %q", errs.ErrInvalidArgument, r, name)
-		}
-		shape := make(tensor.Shape, r)
-		for k := range shape {
-			if ds[off+k] < 0 || ds[off+k] > tensor.MaxElements {
-				return nil, fmt.Errorf("%w: dimension %d of feed %q", errs.ErrInvalidArgument, ds[off+k], name)
-			}
-			shape[k] = int(ds[off+k])
-		}
-		off += r
-		d := tensor.DType(code)
-		if !d.Valid() {
-			return nil, fmt.Errorf("%w: input %q has unsupported element type code %d", errs.ErrType, name, code)
-		}
-		cnt, err := shape.NumElements()
-		if err != nil {
-			return nil, fmt.Errorf("input %q: %w", name, err)
-		}
-		b, err := bytesAt(arrayData(ref), cnt*d.Size())
-		if err != nil {
-			return nil, fmt.Errorf("input %q: %w", name, err)
-		}
-		t, err := tensor.FromBytes(d, shape, b)
-		if err != nil {
-			return nil, fmt.Errorf("input %q: %w", name, err)
-		}
-		if _, dup := feeds[name]; dup {
-			return nil, fmt.Errorf("%w: input %q fed twice", errs.ErrInvalidArgument, name)
-		}
-		feeds[name] = t
-	}
-	return feeds, nil
-}
-
 // ResultCopyAndFree copies the n outputs of run result rh into the arrays
 // whose references (see arrayref.go) are the n int64 values at ptrs (an
 // array reference too), each exactly the output's byte size as announced
-// by SessionRun, then frees the result and hands the copied outputs'
+// by SessionRunPrepared, then frees the result and hands the copied outputs'
 // buffers back to the session's pool. Lent outputs are skipped: their
 // owners release them with OutputRelease, even when this call fails.
 // The result is freed even when the copy fails.

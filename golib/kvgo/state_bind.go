@@ -6,12 +6,11 @@ import (
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime"
-	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
 
 // Generation-state bindings: python/onnx_light_kv/state.py drives these.
 // A state handle names a runtime.CacheState (one KVCache per rewritten
-// layer); SessionRunStateLend runs the session's cache path on it.
+// layer); SessionRunPrepared runs the session's cache path on it.
 
 var states = newRegistry[*runtime.CacheState]("generation state")
 
@@ -78,6 +77,36 @@ func StateNewPaged(h int64, batch, maxLength, elem int, budget int64, blockSize,
 	}
 	cfg := runtime.StateConfig{Batch: batch, MaxLength: maxLength, Budget: budget, Layout: cache.Paged, BlockSize: blockSize,
 		PrefixCache: prefixCache != 0}
+	if elem >= 0 {
+		if cfg.Elem, err = elemOf(elem); err != nil {
+			return 0, classify(err)
+		}
+	}
+	cs, err := sess.NewCacheState(cfg)
+	if err != nil {
+		return 0, classify(err)
+	}
+	return states.put(cs), nil
+}
+
+// StateNewQuant is StateNew with quantized caches (see CacheQuantNew for
+// quant, group, kAxis and residual), in the contiguous (layout 0) or paged
+// (layout 1, blockSize, prefixCache as StateNewPaged) layout.
+func StateNewQuant(h int64, batch, maxLength, elem int, budget int64, layout, blockSize, prefixCache int,
+	quant string, group int, kAxis string, residual int) (sh int64, err error) {
+	defer recoverTo(&err)
+	sess, err := sessions.get(h)
+	if err != nil {
+		return 0, classify(err)
+	}
+	q, err := quantConfigOf(quant, group, kAxis, residual)
+	if err != nil {
+		return 0, classify(err)
+	}
+	cfg := runtime.StateConfig{Batch: batch, MaxLength: maxLength, Budget: budget, Quant: q}
+	if layout == 1 {
+		cfg.Layout, cfg.BlockSize, cfg.PrefixCache = cache.Paged, blockSize, prefixCache != 0
+	}
 	if elem >= 0 {
 		if cfg.Elem, err = elemOf(elem); err != nil {
 			return 0, classify(err)
@@ -289,6 +318,8 @@ func StateInfoJSON(sh int64) (s string, err error) {
 		totals["copy_bytes"] += ct.CopyBytes
 		totals["attention_bytes"] += ct.AttentionBytes
 		totals["attention_calls"] += ct.AttentionCalls
+		totals["seal_bytes"] += ct.SealBytes
+		totals["seal_calls"] += ct.SealCalls
 	}
 	info := map[string]any{"batch": cs.Batch(), "length": cs.Length(), "dtype": cs.Elem().String(),
 		"closed": cs.Closed(), "layers": layers, "totals": totals}
@@ -351,22 +382,4 @@ func stateCache(sh int64, layer int) (*cache.KVCache, error) {
 		return nil, fmt.Errorf("%w: layer slot %d of %d has no cache yet", errInvalid, layer, len(cc))
 	}
 	return cc[layer], nil
-}
-
-// SessionRunStateLend is SessionRunLend on the cache path of state sh:
-// feeds without the pasts; presents exported only when named.
-func SessionRunStateLend(h, sh int64, feedNames string, n int, desc uintptr, nDesc int, outNames string, lendMin int) (s string, err error) {
-	defer recoverTo(&err)
-	sess, err := sessions.get(h)
-	if err != nil {
-		return "", classify(err)
-	}
-	cs, err := states.get(sh)
-	if err != nil {
-		return "", classify(err)
-	}
-	return runAndDescribe(h, cs.State(), feedNames, n, desc, nDesc, outNames, lendMin,
-		func(feeds map[string]*tensor.Tensor, names []string) ([]*tensor.Tensor, *runtime.RunStats, error) {
-			return sess.RunCache(cs, feeds, names)
-		})
 }

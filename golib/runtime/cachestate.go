@@ -3,7 +3,6 @@ package runtime
 import (
 	"errors"
 	"fmt"
-	"sort"
 	"strings"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
@@ -36,6 +35,9 @@ type StateConfig struct {
 	// arena register what they run, ReusePrefix attaches a registered
 	// prefix.
 	PrefixCache bool
+	// Quant quantizes the caches' rows older than a recent-token window
+	// (cache.QuantConfig; the zero value keeps every row in Elem).
+	Quant cache.QuantConfig
 }
 
 // pagedGrowCapacity is the token limit per sequence of a paged state whose
@@ -148,7 +150,8 @@ func (cs *CacheState) newCache(kvHeads, dk, dv int) (*cache.KVCache, error) {
 		}
 	}
 	return cache.New(cs.arena, cache.Config{Batch: cs.cfg.Batch, KVHeads: kvHeads, HeadDimK: dk,
-		HeadDimV: dv, Capacity: capacity, Elem: cs.cfg.Elem, Layout: cs.cfg.Layout, BlockSize: cs.cfg.BlockSize})
+		HeadDimV: dv, Capacity: capacity, Elem: cs.cfg.Elem, Layout: cs.cfg.Layout, BlockSize: cs.cfg.BlockSize,
+		Quant: cs.cfg.Quant})
 }
 
 // live returns the caches created so far (a layer whose geometry the graph
@@ -172,23 +175,32 @@ func (s *Session) RunCache(cs *CacheState, feeds map[string]*tensor.Tensor, outp
 	if cs == nil || cs.sess != s {
 		return nil, nil, fmt.Errorf("%w: the state does not belong to this session", errs.ErrInvalidArgument)
 	}
-	var pasts []string
-	for name := range feeds {
-		if s.cache.pasts[name] {
-			pasts = append(pasts, name)
-		}
+	sg, ts, err := s.prepareMap(true, feeds, outputNames)
+	if err != nil {
+		return nil, nil, err
 	}
-	if len(pasts) > 0 {
-		sort.Strings(pasts)
-		return nil, nil, fmt.Errorf("%w: past input(s) %s must not be fed with a generation state (the state holds the caches)",
-			errs.ErrInvalidArgument, strings.Join(pasts, ", "))
+	return s.RunCacheSignature(cs, sg, ts)
+}
+
+// RunCacheSignature is RunCache with feeds given in the order of the names
+// of sg (from PrepareCache).
+func (s *Session) RunCacheSignature(cs *CacheState, sg *Signature, feeds []*tensor.Tensor) ([]*tensor.Tensor, *RunStats, error) {
+	if cs == nil || cs.sess != s {
+		return nil, nil, fmt.Errorf("%w: the state does not belong to this session", errs.ErrInvalidArgument)
+	}
+	if sg == nil || !sg.cache {
+		return nil, nil, fmt.Errorf("%w: a cache-path run needs a signature from PrepareCache", errs.ErrInvalidArgument)
 	}
 	prev := cs.length
-	out, stats, err := s.runOn(s.cache.plan, cs.st, feeds, outputNames, func() (rewrite.Binding, func(bool) error, error) {
-		return cs.begin(outputNames)
+	out, stats, err := s.runOn(sg, cs.st, feeds, func() (rewrite.Binding, func(bool) error, error) {
+		return cs.begin(sg.outputs)
 	})
 	if err == nil && cs.cfg.PrefixCache {
-		cs.registerPrefix(prev, feeds)
+		var ids *tensor.Tensor
+		if sg.tokens >= 0 && sg.tokens < len(feeds) {
+			ids = feeds[sg.tokens]
+		}
+		cs.registerPrefix(prev, ids)
 	}
 	return out, stats, err
 }
@@ -301,6 +313,11 @@ func (b *stateBinding) ExportWanted(layer int) bool { return b.wanted[layer] }
 func grown(c *cache.KVCache, a *cache.Arena, need int) (*cache.KVCache, error) {
 	cfg := c.Config()
 	cfg.Capacity = max(2*cfg.Capacity, need)
+	if cfg.Quant.Enabled() {
+		// copies the sealed chunks as they are instead of quantizing
+		// dequantized values again
+		return c.Regrown(cfg.Capacity)
+	}
 	g, err := cache.New(a, cfg)
 	if err != nil {
 		return nil, err

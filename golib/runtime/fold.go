@@ -95,12 +95,13 @@ func foldPlan(p *Plan, g *model.Graph) error {
 			rename[n.Outputs[0]] = src
 			continue
 		}
-		switch n.OpType {
-		case "Cast":
+		switch {
+		case len(n.Outputs) == 0 || n.Outputs[0] == "": // a malformed node: its kernel reports it
+		case n.OpType == "Cast":
 			if to, err := n.Info.Attrs.Int("to", 0); err == nil && tensor.DType(to).Valid() {
 				types[n.Outputs[0]] = tensor.DType(to)
 			}
-		case "Shape", "Size":
+		case n.OpType == "Shape" || n.OpType == "Size":
 			types[n.Outputs[0]] = tensor.Int64
 		}
 		kept = append(kept, n)

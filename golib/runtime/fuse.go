@@ -1,8 +1,13 @@
 package runtime
 
 import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/model"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/onnxpb"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/ops"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
 
@@ -18,15 +23,22 @@ import (
 
 // fusion is one rule: match looks at the chain ending at p.Nodes[i] and
 // returns the fused node and the indices of the chain's nodes (i
-// included), or ok false.
+// included), or ok false. A rule whose fused node is not a registered op
+// (its kernel holds the chain itself) sets plan instead, which returns the
+// planned node.
 type fusion struct {
 	name  string
 	match func(fc *fuseContext, i int) (fused *onnxpb.NodeProto, chain []int, ok bool)
+	plan  func(fc *fuseContext, i int) (fused *PlanNode, chain []int, ok bool)
 }
 
 // fusions are tried in order at every node.
 var fusions = []fusion{
 	{name: "rmsnorm", match: matchRMSNorm},
+	{name: "rmsnorm-half", plan: matchRMSNormHalf},
+	{name: "silu", match: matchSiLU},
+	{name: "matmul-bias", match: matchMatMulBias},
+	{name: "rotary", plan: matchRotary},
 }
 
 // fuseContext is what the rules read: the plan, its constants, and who
@@ -36,12 +48,13 @@ type fuseContext struct {
 	consts   map[string]*tensor.Tensor
 	producer map[string]int // value -> index of the node making it
 	readers  map[string]int // value -> number of reading nodes (inputs and captures)
+	reader   map[string]int // value -> index of the last node reading it as an input
 	pinned   map[string]bool
 }
 
 func newFuseContext(p *Plan, g *model.Graph) *fuseContext {
 	fc := &fuseContext{p: p, consts: map[string]*tensor.Tensor{}, producer: map[string]int{},
-		readers: map[string]int{}, pinned: map[string]bool{}}
+		readers: map[string]int{}, reader: map[string]int{}, pinned: map[string]bool{}}
 	for name, t := range p.Initializers {
 		if !isOverridable(g, name) {
 			fc.consts[name] = t
@@ -56,6 +69,7 @@ func newFuseContext(p *Plan, g *model.Graph) *fuseContext {
 		for _, in := range n.Inputs {
 			if in != "" {
 				fc.readers[in]++
+				fc.reader[in] = i
 			}
 		}
 		for _, c := range n.Captures {
@@ -86,6 +100,23 @@ func (fc *fuseContext) node(v, opType string) (int, *PlanNode, bool) {
 // node reads it and it is neither a graph output nor captured.
 func (fc *fuseContext) internal(v string) bool {
 	return fc.readers[v] == 1 && !fc.pinned[v]
+}
+
+// f32Weight returns the constant when v is a float32 2D constant.
+func (fc *fuseContext) f32Weight(v string) (*tensor.Tensor, bool) {
+	t, ok := fc.consts[v]
+	return t, ok && t.DType() == tensor.Float32 && t.Rank() == 2
+}
+
+// projection returns the MatMul making v when its B is a float32 2D
+// constant (so v is float32: MatMul's operands share their type).
+func (fc *fuseContext) projection(v string) (*PlanNode, *tensor.Tensor, bool) {
+	_, mm, ok := fc.node(v, "MatMul")
+	if !ok || len(mm.Inputs) != 2 || mm.Inputs[0] == "" {
+		return nil, nil, false
+	}
+	w, ok := fc.f32Weight(mm.Inputs[1])
+	return mm, w, ok
 }
 
 // scalar returns the value of v when it is a one-element float constant.
@@ -126,16 +157,26 @@ func (b *builder) fusePlan(p *Plan, g *model.Graph) error {
 			continue
 		}
 		for _, f := range fusions {
-			np, chain, ok := f.match(fc, i)
-			if !ok || overlaps(chain, drop) {
-				continue
-			}
-			pn, err := b.node(g, np, nil)
-			if err != nil {
-				continue // the fused op refuses (an attribute out of range): keep the chain
-			}
-			if err := rebuildWithConstants(pn, fc.consts); err != nil {
-				continue
+			var pn *PlanNode
+			var chain []int
+			if f.plan != nil {
+				var ok bool
+				if pn, chain, ok = f.plan(fc, i); !ok || overlaps(chain, drop) {
+					continue
+				}
+			} else {
+				np, ch, ok := f.match(fc, i)
+				if !ok || overlaps(ch, drop) {
+					continue
+				}
+				var err error
+				if pn, err = b.node(g, np, nil); err != nil {
+					continue // the fused op refuses (an attribute out of range): keep the chain
+				}
+				if err := rebuildWithConstants(pn, fc.consts); err != nil {
+					continue
+				}
+				chain = ch
 			}
 			for _, k := range chain {
 				drop[k] = true
@@ -184,4 +225,90 @@ func attrInt(name string, v int64) *onnxpb.AttributeProto {
 func attrFloat(name string, v float32) *onnxpb.AttributeProto {
 	t := onnxpb.AttributeProto_FLOAT
 	return &onnxpb.AttributeProto{Name: &name, Type: &t, F: &v}
+}
+
+// plannedNode makes the plan node of a fused op whose kernel the rule
+// built itself (a fusion's plan function): fused domain, one output, the
+// constant inputs recorded.
+func (fc *fuseContext) plannedNode(name, opType string, inputs []string, output string, k ops.Kernel) *PlanNode {
+	pn := &PlanNode{Name: name, OpType: opType, Domain: ops.FusedDomain, Inputs: inputs, Outputs: []string{output}, Kernel: k}
+	pn.Info = &ops.Node{Name: name, OpType: opType, Domain: ops.FusedDomain, Opset: 1,
+		NumInputs: len(inputs), NumOutputs: 1, InputPresent: make([]bool, len(inputs)),
+		OutputPresent: []bool{true}, Constants: make([]*tensor.Tensor, len(inputs))}
+	for j, in := range inputs {
+		pn.Info.InputPresent[j] = in != ""
+		pn.Info.Constants[j] = fc.consts[in]
+	}
+	return pn
+}
+
+// chainRun is the replaced chain of a fused node whose match is only
+// partly proven at plan time: the fused kernel runs it, node by node, on
+// the runs its own path does not cover, so those compute exactly what the
+// unfused graph does.
+type chainRun struct {
+	nodes  []*PlanNode               // in plan order; the last one makes the output
+	inputs []string                  // the fused node's input names (the chain's inputs)
+	consts map[string]*tensor.Tensor // the constants the chain's nodes read
+	// runs counts the runs that took the chain (tests read it).
+	runs atomic.Int64
+}
+
+// chainRun returns the chain of nodes at the given indices of the plan,
+// reading the fused node's inputs.
+func (fc *fuseContext) chainRun(chain []int, inputs []string) *chainRun {
+	in := map[int]bool{}
+	for _, c := range chain {
+		in[c] = true
+	}
+	cr := &chainRun{inputs: inputs, consts: map[string]*tensor.Tensor{}}
+	for j, n := range fc.p.Nodes {
+		if in[j] {
+			cr.nodes = append(cr.nodes, n)
+			for _, name := range n.Inputs {
+				if t, ok := fc.consts[name]; ok {
+					cr.consts[name] = t
+				}
+			}
+		}
+	}
+	return cr
+}
+
+// run computes the fused node's output 0 with the chain's own kernels.
+func (cr *chainRun) run(ctx *ops.Context) error {
+	cr.runs.Add(1)
+	vals := make(map[string]*tensor.Tensor, len(cr.consts)+len(cr.inputs)+len(cr.nodes))
+	for name, t := range cr.consts {
+		vals[name] = t
+	}
+	for j, name := range cr.inputs {
+		if name != "" {
+			vals[name] = ctx.Input(j)
+		}
+	}
+	var last *tensor.Tensor
+	for _, n := range cr.nodes {
+		in := make([]*tensor.Tensor, len(n.Inputs))
+		for j, name := range n.Inputs {
+			if name != "" {
+				if in[j] = vals[name]; in[j] == nil {
+					return fmt.Errorf("%w: value %q of the fused chain is not available", errs.ErrMissingInput, name)
+				}
+			}
+		}
+		c := ops.NewContext(in, n.Info.OutputPresent, ctx.Threads(), ctx.Scope())
+		if err := n.Kernel.Compute(c); err != nil {
+			return withNode(n, err)
+		}
+		for j, o := range n.Outputs {
+			if o != "" {
+				vals[o] = c.Output(j)
+			}
+		}
+		if last = c.Output(0); last == nil {
+			return fmt.Errorf("%w: node %q of the fused chain produced no value", errs.ErrInvalidModel, n.Name)
+		}
+	}
+	return ctx.SetOutput(0, last)
 }

@@ -2,8 +2,10 @@ package runtime
 
 import (
 	"math"
+	"sync"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/onnxpb"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/ops"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
 
@@ -142,4 +144,132 @@ func lastAxisMean(fc *fuseContext, n *PlanNode) bool {
 		}
 	}
 	return len(axes) == 1 && axes[0] == -1 && len(n.Inputs) >= 1 && n.Inputs[0] != ""
+}
+
+// matchRMSNormHalf fuses the RMSNorm of float16 TorchScript exports, which
+// compute the statistics in float32 between two Casts:
+//
+//	x32 = Cast(x, to=float)              // read by the Pow and the Mul only
+//	r   = 1 / Sqrt(ReduceMean(Pow(x32, 2), [-1]) + eps)
+//	n   = Cast(Mul(x32, r), to=float16)
+//	out = Mul(w, n)                      // w: a rank-1 float16 constant
+//
+// into one RMSNormHalf node. Its own path (w as long as x's last axis; x
+// of any type the Cast converts, as the Cast does) computes the inverse like SimplifiedLayerNormalization (sum
+// of squares in float64), rounds x*r to float16 and multiplies by w in
+// float32 with a float16 rounding, as the chain's Cast and Mul do (results
+// within an ulp of float16 of the chain's); any other run executes the
+// chain's own nodes. Every value inside the chain must have exactly its
+// chain readers and be neither a graph output nor captured.
+func matchRMSNormHalf(fc *fuseContext, i int) (*PlanNode, []int, bool) {
+	n := fc.p.Nodes[i]
+	if n.OpType != "Mul" || n.Domain != "" || len(n.Inputs) != 2 || len(n.Outputs) != 1 {
+		return nil, nil, false
+	}
+	w, c := "", ""
+	for k, in := range n.Inputs {
+		t, ok := fc.consts[in]
+		if ok && t.DType() == tensor.Float16 && t.Rank() == 1 {
+			w, c = in, n.Inputs[1-k]
+			break
+		}
+	}
+	if w == "" || c == "" || fc.consts[c] != nil || !fc.internal(c) {
+		return nil, nil, false
+	}
+	ci, cast16, ok := fc.node(c, "Cast")
+	if !ok || len(cast16.Inputs) != 1 || !fc.internal(cast16.Inputs[0]) {
+		return nil, nil, false
+	}
+	if to, err := cast16.Info.Attrs.Int("to", 0); err != nil || tensor.DType(to) != tensor.Float16 {
+		return nil, nil, false
+	}
+	mi, mul, ok := fc.node(cast16.Inputs[0], "Mul")
+	if !ok || len(mul.Inputs) != 2 {
+		return nil, nil, false
+	}
+	for k := range 2 {
+		x32, r := mul.Inputs[k], mul.Inputs[1-k]
+		if x32 == r || !fc.internal(r) || fc.readers[x32] != 2 || fc.pinned[x32] {
+			continue
+		}
+		xi, cast32, ok := fc.node(x32, "Cast")
+		if !ok || len(cast32.Inputs) != 1 || cast32.Inputs[0] == "" {
+			continue
+		}
+		if to, err := cast32.Info.Attrs.Int("to", 0); err != nil || tensor.DType(to) != tensor.Float32 {
+			continue
+		}
+		core, eps, ok := matchInvRMS(fc, r, x32)
+		if !ok {
+			continue
+		}
+		chain := append([]int{i, ci, mi, xi}, core...)
+		inputs := []string{cast32.Inputs[0], w}
+		wf, err := tensor.AsFloat32(fc.consts[w])
+		if err != nil {
+			continue
+		}
+		k := &rmsNormHalf{eps: eps, w: wf, chain: fc.chainRun(chain, inputs)}
+		return fc.plannedNode(n.Name, "RMSNormHalf", inputs, n.Outputs[0], k), chain, true
+	}
+	return nil, nil, false
+}
+
+// rmsNormHalf is RMSNormHalf's kernel: inputs x and the weight.
+type rmsNormHalf struct {
+	eps   float32
+	w     []float32 // the weight, widened once
+	chain *chainRun
+}
+
+// halfBufs recycles the float32 rows of rmsNormHalf runs.
+var halfBufs = sync.Pool{New: func() any { return new([]float32) }}
+
+// Compute runs the fused path for an x whose last axis the weight covers,
+// else the chain.
+func (k *rmsNormHalf) Compute(ctx *ops.Context) error {
+	x := ctx.Input(0)
+	if x == nil || x.Rank() == 0 || x.Shape()[x.Rank()-1] != len(k.w) || len(k.w) == 0 {
+		return k.chain.run(ctx)
+	}
+	bp := halfBufs.Get().(*[]float32)
+	defer halfBufs.Put(bp)
+	if cap(*bp) < x.Len() {
+		*bp = make([]float32, x.Len())
+	}
+	buf := (*bp)[:x.Len()]
+	if err := tensor.ToFloat32(x, buf); err != nil { // the chain's Cast (to float32) of any type
+		return k.chain.run(ctx)
+	}
+	out, err := ctx.NewOutputUninit(0, tensor.Float16, x.Shape())
+	if err != nil {
+		return err
+	}
+	cols := len(k.w)
+	for r := 0; r < len(buf); r += cols {
+		row := buf[r : r+cols]
+		var sq float64
+		for _, v := range row {
+			sq += float64(v) * float64(v)
+		}
+		inv := float32(1 / math.Sqrt(sq/float64(cols)+float64(k.eps)))
+		for j, v := range row {
+			row[j] = v * inv
+		}
+	}
+	// the chain's Cast to float16, then its float16 Mul by the weight
+	if err := tensor.FromFloat32(out, buf); err != nil {
+		return err
+	}
+	if err := tensor.ToFloat32(out, buf); err != nil {
+		return err
+	}
+	for r := 0; r < len(buf); r += cols {
+		row := buf[r : r+cols]
+		for j, v := range row {
+			row[j] = k.w[j] * v
+		}
+	}
+	return tensor.FromFloat32(out, buf)
 }

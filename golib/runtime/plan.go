@@ -230,6 +230,9 @@ func (b *builder) build(g *model.Graph, outer map[string]bool) (*Plan, error) {
 func (b *builder) node(g *model.Graph, np *onnxpb.NodeProto, scope func() map[string]bool) (*PlanNode, error) {
 	domain := ops.NormDomain(np.GetDomain())
 	opset, ok := b.opsets[domain]
+	if domain == ops.FusedDomain {
+		opset, ok = 1, true // the fusions' own ops (fuse.go)
+	}
 	if !ok {
 		return nil, fmt.Errorf("%w: %s uses domain %q, which the model does not import", errs.ErrInvalidModel, np.GetOpType(), domain)
 	}

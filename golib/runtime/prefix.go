@@ -18,6 +18,8 @@ func (s *Session) enablePrefixes(cfg StateConfig) error {
 	switch {
 	case cfg.Layout != cache.Paged:
 		return fmt.Errorf("%w: prefix_cache needs layout=\"paged\"", errs.ErrInvalidArgument)
+	case cfg.Quant.Enabled():
+		return fmt.Errorf("%w: prefix_cache with a quantized cache", errs.ErrNotImplemented)
 	case cfg.Budget > 0:
 		return fmt.Errorf("%w: prefix_cache shares blocks through the session's arena: a state budget of its own is not supported", errs.ErrInvalidArgument)
 	}
@@ -47,12 +49,13 @@ func (cp *cachePath) closePrefixes() {
 }
 
 // registerPrefix records the token ids of a successful run (positions
-// prev..length-1) and registers the state's full blocks. Only batch-1
+// prev..length-1; ids is the run's input_ids feed, nil when it had none)
+// and registers the state's full blocks. Only batch-1
 // states whose every position came with an input_ids feed register; any
 // other run stops the state's registration until it is reset.
-func (cs *CacheState) registerPrefix(prev int, feeds map[string]*tensor.Tensor) {
+func (cs *CacheState) registerPrefix(prev int, ids *tensor.Tensor) {
 	store := cs.sess.cache.prefixStore()
-	ids, ok := feeds[prefixInput]
+	ok := ids != nil
 	caches := cs.live()
 	if prev == 0 {
 		cs.tokens = cs.tokens[:0] // a new sequence (first run, reset)

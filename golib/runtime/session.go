@@ -3,7 +3,6 @@ package runtime
 import (
 	"fmt"
 	goruntime "runtime"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -232,31 +231,44 @@ func (s *Session) Run(feeds map[string]*tensor.Tensor, outputNames []string) ([]
 // lets later runs reuse their buffers instead of allocating (outputs never
 // released are simply left to the garbage collector).
 func (s *Session) RunState(st *State, feeds map[string]*tensor.Tensor, outputNames []string) ([]*tensor.Tensor, *RunStats, error) {
-	return s.runOn(s.plan, st, feeds, outputNames, nil)
+	if err := s.open(); err != nil {
+		return nil, nil, err
+	}
+	sg, ts, err := s.prepareMap(false, feeds, outputNames)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s.runOn(sg, st, ts, nil)
 }
 
-// runOn runs plan p (the session's plan, or its cache path's) on st. bind,
-// when not nil, is called under the state's lock and returns the run's
-// cache binding and the function that commits (true) or rolls back (false)
-// the generation state's changes.
-func (s *Session) runOn(p *Plan, st *State, feeds map[string]*tensor.Tensor, outputNames []string,
-	bind func() (rewrite.Binding, func(bool) error, error)) ([]*tensor.Tensor, *RunStats, error) {
+// open returns ErrClosed once the session is closed.
+func (s *Session) open() error {
 	s.mu.Lock()
 	closed := s.closed
 	s.mu.Unlock()
 	if closed {
-		return nil, nil, errs.ErrClosed
+		return errs.ErrClosed
+	}
+	return nil
+}
+
+// runOn runs the plan of signature sg (the session's plan, or its cache
+// path's) on st, with feeds in the order of sg's names. bind, when not
+// nil, is called under the state's lock and returns the run's cache
+// binding and the function that commits (true) or rolls back (false) the
+// generation state's changes.
+func (s *Session) runOn(sg *Signature, st *State, feeds []*tensor.Tensor,
+	bind func() (rewrite.Binding, func(bool) error, error)) ([]*tensor.Tensor, *RunStats, error) {
+	if err := s.open(); err != nil {
+		return nil, nil, err
 	}
 	if st == nil {
 		return nil, nil, fmt.Errorf("%w: nil state", errs.ErrInvalidArgument)
 	}
-	outIdx, err := s.resolveOutputs(outputNames)
-	if err != nil {
+	if err := sg.check(s, feeds); err != nil {
 		return nil, nil, err
 	}
-	if err := s.checkFeeds(p, feeds); err != nil {
-		return nil, nil, err
-	}
+	p, outIdx := sg.plan, sg.outIdx
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	var binding rewrite.Binding
@@ -274,8 +286,8 @@ func (s *Session) runOn(p *Plan, st *State, feeds map[string]*tensor.Tensor, out
 	ctx.SetInitializers(p.Initializers) // read by subgraphs through their contexts
 	fr := st.frame(p)
 	defer fr.clear()
-	for name, t := range feeds {
-		if slot, ok := p.slots[name]; ok { // an unread initializer default has none
+	for i, t := range feeds {
+		if slot := sg.slots[i]; slot >= 0 { // an unread initializer default has none
 			fr.vals[slot] = t
 		}
 	}
@@ -359,48 +371,4 @@ func (s *Session) outputList() string {
 		names[i] = o.Name
 	}
 	return strings.Join(names, ", ")
-}
-
-// checkFeeds verifies that every required input is fed, no unknown name is
-// fed, and each feed matches its declared element type, rank and fixed dims.
-func (s *Session) checkFeeds(p *Plan, feeds map[string]*tensor.Tensor) error {
-	declared := map[string]model.ValueInfo{}
-	for _, in := range p.Inputs {
-		declared[in.Name] = in
-		if feeds[in.Name] == nil {
-			return fmt.Errorf("%w: input %q is required but was not fed", errs.ErrMissingInput, in.Name)
-		}
-	}
-	var unknown []string
-	for name, t := range feeds {
-		vi, ok := declared[name]
-		if !ok {
-			if p.defaults[name] {
-				continue // overrides an initializer default
-			}
-			unknown = append(unknown, name)
-			continue
-		}
-		if t == nil {
-			return fmt.Errorf("%w: input %q is nil", errs.ErrInvalidArgument, name)
-		}
-		if vi.DType.Valid() && t.DType() != vi.DType {
-			return fmt.Errorf("%w: input %q has type %v, the model expects %v", errs.ErrType, name, t.DType(), vi.DType)
-		}
-		if vi.Shape != nil {
-			if len(vi.Shape) != t.Rank() {
-				return fmt.Errorf("%w: input %q has rank %d (shape %v), the model expects rank %d", errs.ErrShape, name, t.Rank(), t.Shape(), len(vi.Shape))
-			}
-			for i, d := range vi.Shape {
-				if d.Value >= 0 && int64(t.Shape()[i]) != d.Value {
-					return fmt.Errorf("%w: input %q has shape %v, dimension %d must be %d", errs.ErrShape, name, t.Shape(), i, d.Value)
-				}
-			}
-		}
-	}
-	if len(unknown) > 0 {
-		sort.Strings(unknown)
-		return fmt.Errorf("%w: unknown input name(s) %s", errs.ErrInvalidArgument, strings.Join(unknown, ", "))
-	}
-	return nil
 }

@@ -14,7 +14,7 @@ from ._dtypes import CODES, DTypeLike, as_float_array, cache_dtype
 from ._format import html_table, human_bytes, human_count, summary
 from ._validate import INT64_MAX, instance, integer, optional_integer
 
-__all__ = ["Arena", "KVCache", "Checkpoint", "default_arena"]
+__all__ = ["Arena", "KVCache", "Checkpoint", "default_arena", "QUANT_FORMATS", "QUANT_GROUPS", "K_AXES"]
 
 _call = _lib.call
 _f = _lib.fn
@@ -180,6 +180,47 @@ def _layout(layout: Any, block_size: Any) -> str:
     return layout
 
 
+#: Formats of a quantized cache's sealed rows (``KVCache(quant=...)``).
+QUANT_FORMATS = ("int8", "int4")
+
+#: Tokens per sealed chunk (and elements per per-token scale group) a quantized cache takes.
+QUANT_GROUPS = (32, 64)
+
+#: Axes along which a quantized cache's K rows share a scale (V is always per token).
+K_AXES = ("channel", "token")
+
+#: Defaults of ``quant_group`` and ``residual``.
+DEFAULT_QUANT_GROUP = 32
+DEFAULT_RESIDUAL = 128
+
+
+def _quant_options(quant: Any, quant_group: Any, k_axis: Any,
+                   residual: Any) -> Optional[tuple[str, int, str, int]]:
+    """Validate the quantization options; None when ``quant`` is None."""
+    if quant is None:
+        return None
+    if not isinstance(quant, str):
+        raise TypeError(f"quant must be None or a str, got {type(quant).__name__}")
+    if quant not in QUANT_FORMATS:
+        raise ValueError(f"quant must be None or one of {QUANT_FORMATS}, got {quant!r}")
+    group = integer(quant_group, "quant_group")
+    if group not in QUANT_GROUPS:
+        raise ValueError(f"quant_group must be one of {QUANT_GROUPS}, got {group}")
+    if not isinstance(k_axis, str):
+        raise TypeError(f"k_axis must be a str, got {type(k_axis).__name__}")
+    if k_axis not in K_AXES:
+        raise ValueError(f"k_axis must be one of {K_AXES}, got {k_axis!r}")
+    return quant, group, k_axis, integer(residual, "residual", lo=0, hi=1 << 20)
+
+
+def _quant_block_size(block_size: Optional[int], group: int) -> int:
+    """The paged block size of a quantized cache: its blocks are the sealed chunks."""
+    if block_size is not None and block_size != group:
+        raise ValueError(f"a quantized paged cache's blocks are its sealed chunks: block_size must equal "
+                         f"quant_group ({group}), got {block_size}")
+    return group
+
+
 class KVCache:
     """Persistent KV cache of one attention layer of one request.
 
@@ -195,6 +236,24 @@ class KVCache:
     in place. K rows are ``head_dim`` elements and V rows ``head_dim_v``
     elements of ``dtype``; math on them is float32.
 
+    Quantized storage (``quant="int8"`` or ``"int4"``): the last ``residual`` tokens of each sequence stay in ``dtype``;
+    when ``quant_group`` more have left that window they are quantized once
+    (sealed) as one chunk with scales computed from the chunk itself: int8
+    symmetric (``x = scale * q``), int4 with a scale and a zero point
+    (``x = scale * q + zero``, two values per byte). K shares one scale per
+    channel over the chunk (``k_axis="channel"``) or per group of
+    ``quant_group`` elements of a row (``"token"``); V always per row group.
+    A sealed chunk never changes: truncating or rolling back into it only
+    shortens it, and later appends are stored natively and sealed from the
+    new end. A scale group holding a NaN or an infinity reads back as NaN.
+    :meth:`export` returns the dequantized values of sealed rows;
+    :meth:`info` reports the figures under ``"quant"``. In the paged layout
+    the blocks are the sealed chunks (``block_size`` equals ``quant_group``),
+    taken as chunks are sealed and shared by :meth:`fork` and
+    :meth:`reorder` without a copy; native rows stay in a private window of
+    ``residual + quant_group`` rows per sequence and head. Attention reads the
+    sealed rows in place (dequantized in registers by the fused kernels).
+
     Args:
         batch: sequences (or beams) in the request.
         kv_heads: key/value heads.
@@ -206,7 +265,16 @@ class KVCache:
         arena: the :class:`Arena` to allocate from (default: :func:`default_arena`).
         layout: ``"contiguous"`` or ``"paged"``.
         block_size: tokens per block of the paged layout: 16, 32, 64, 128 or
-            256 (default: :data:`DEFAULT_BLOCK_SIZE`); only with ``layout="paged"``.
+            256 (default: :data:`DEFAULT_BLOCK_SIZE`; with ``quant``, it must be
+            ``quant_group``, its default); only with ``layout="paged"``.
+        quant: None (every row in ``dtype``), ``"int8"`` or ``"int4"``.
+        quant_group: tokens per sealed chunk and elements per per-token
+            scale group: 32 or 64 (a row whose length it does not divide has
+            one scale group). Only with ``quant``.
+        k_axis: ``"channel"`` (one K scale per channel and chunk) or
+            ``"token"`` (per row group, like V). Only with ``quant``.
+        residual: most recent tokens kept in ``dtype`` (0: seal as soon as a
+            chunk is complete). Only with ``quant``.
 
     Raises:
         TypeError: a size that is not an integer (floats, strings, bools),
@@ -214,7 +282,9 @@ class KVCache:
         ValueError: a size below 1 or beyond the limits of the Go side
             (geometries no model has, sizes above ``2**63 - 1``), an unknown
             ``layout``, a ``block_size`` not in the list or given with the
-            contiguous layout.
+            contiguous layout, a ``quant``/``quant_group``/``k_axis`` not in
+            the lists, ``residual < 0``, an odd head dim with int4, a
+            ``block_size`` other than ``quant_group`` with ``quant``.
         BudgetError: the arena's budget cannot hold the cache.
     """
 
@@ -230,8 +300,14 @@ class KVCache:
         arena: Optional[Arena] = None,
         layout: str = "contiguous",
         block_size: Optional[int] = None,
+        quant: Optional[str] = None,
+        quant_group: int = DEFAULT_QUANT_GROUP,
+        k_axis: str = "channel",
+        residual: int = DEFAULT_RESIDUAL,
     ) -> None:
         self._layout = _layout(layout, block_size)
+        q = _quant_options(quant, quant_group, k_axis, residual)
+        self._quant = None if q is None else q[0]
         self._dtype = cache_dtype(dtype)
         self._batch = integer(batch, "batch", lo=1)
         self._kv_heads = integer(kv_heads, "kv_heads", lo=1)
@@ -239,10 +315,17 @@ class KVCache:
         self._dv = self._dk if head_dim_v is None else integer(head_dim_v, "head_dim_v", lo=1)
         self._capacity = integer(capacity, "capacity", lo=1)
         self._arena = default_arena() if arena is None else instance(arena, "arena", Arena)
+        bs = 0
         if self._layout == "paged":
             bs = DEFAULT_BLOCK_SIZE if block_size is None else integer(block_size, "block_size", lo=1)
             if bs not in BLOCK_SIZES:
                 raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {bs}")
+            if q is not None:
+                bs = _quant_block_size(block_size, q[1])
+        if q is not None:
+            h = _call(_f("CacheQuantNew"), self._arena._h, self._batch, self._kv_heads, self._dk, self._dv,
+                      self._capacity, CODES[self._dtype], int(self._layout == "paged"), bs, *q)
+        elif self._layout == "paged":
             h = _call(_f("CachePagedNew"), self._arena._h, self._batch, self._kv_heads, self._dk, self._dv,
                       self._capacity, CODES[self._dtype], bs)
         else:
@@ -289,6 +372,11 @@ class KVCache:
     def layout(self) -> str:
         """``"contiguous"`` or ``"paged"``."""
         return self._layout
+
+    @property
+    def quant(self) -> Optional[str]:
+        """The sealed rows' format (``"int8"``, ``"int4"``), or None when every row is stored in :attr:`dtype`."""
+        return self._quant
 
     @property
     def block_size(self) -> Optional[int]:
@@ -478,7 +566,17 @@ class KVCache:
         (distinct blocks this cache references), ``blocks_shared`` (those
         also referenced by a fork, another beam or a prefix),
         ``blocks_free`` and ``blocks_total`` (the arena's pool of blocks of
-        this geometry: free ones kept for reuse, used + free)."""
+        this geometry: free ones kept for reuse, used + free).
+
+        ``"quant"`` is None, or for a quantized cache a dict: ``format``,
+        ``group``, ``k_axis``, ``residual``, ``sealed_tokens`` and
+        ``native_tokens`` (readable tokens held quantized and in ``dtype``,
+        summed over sequences), ``scale_bytes`` (scales and zero points of
+        the sealed rows), ``bytes_per_token`` (one sealed token, all heads,
+        K and V, scales included, per-channel K scales amortized over a
+        chunk) and ``native_bytes_per_token``. The counters include
+        ``seal_calls`` (chunks sealed) and ``seal_bytes`` (bytes written by
+        sealing)."""
         return json.loads(_call(_f("CacheInfoJSON"), self._h))
 
     @property
@@ -504,6 +602,7 @@ class KVCache:
         return summary("KVCache", batch=i["batch"], kv_heads=i["kv_heads"], head_dim=i["head_dim_k"],
                        head_dim_v=None if i["head_dim_v"] == i["head_dim_k"] else i["head_dim_v"],
                        dtype=i["dtype"], capacity=i["capacity"], lengths=i["lengths"], layout=i["layout"],
+                       quant=None if i["quant"] is None else i["quant"]["format"],
                        committed=human_bytes(i["committed_bytes"]))
 
     def _repr_html_(self) -> str:
@@ -523,4 +622,14 @@ class KVCache:
         counters = [("appended", f"{human_bytes(c['append_bytes'])} in {human_count(c['append_calls'])} calls"),
                     ("read by attention", f"{human_bytes(c['attention_bytes'])} in {human_count(c['attention_calls'])} calls"),
                     ("exported", human_bytes(c["export_bytes"])), ("copied (fork, reorder)", human_bytes(c["copy_bytes"]))]
-        return html_table("KVCache", {"geometry": geometry, "memory": memory, "counters": counters})
+        sections = {"geometry": geometry, "memory": memory, "counters": counters}
+        q = i["quant"]
+        if q is not None:
+            sections["quantization"] = [
+                ("format", f"{q['format']}, group {q['group']}, K per {q['k_axis']}"),
+                ("residual", f"{human_count(q['residual'])} tokens"),
+                ("sealed / native tokens", f"{human_count(q['sealed_tokens'])} / {human_count(q['native_tokens'])}"),
+                ("scales", human_bytes(q["scale_bytes"])),
+                ("per token (sealed / native)", f"{human_bytes(q['bytes_per_token'])} / {human_bytes(q['native_bytes_per_token'])}"),
+                ("sealed", f"{human_count(c['seal_calls'])} chunks, {human_bytes(c['seal_bytes'])}")]
+        return html_table("KVCache", sections)

@@ -27,7 +27,8 @@ from ._dtypes import CODES, bfloat16, cache_dtype
 from ._format import html_table, summary
 from ._session_options import (CPU_PROVIDER, ExecutionMode, GraphOptimizationLevel, ModelMetadata, SessionOptions,
                                check_providers)
-from .cache import BLOCK_SIZES, DEFAULT_BLOCK_SIZE, _layout as check_layout
+from .cache import BLOCK_SIZES, DEFAULT_BLOCK_SIZE, DEFAULT_QUANT_GROUP, DEFAULT_RESIDUAL, _layout as check_layout
+from .cache import _quant_block_size, _quant_options
 from .state import GenerationState
 from ._validate import integer, optional_integer
 
@@ -85,6 +86,8 @@ class InferenceSession:
                  threads: Optional[int] = None, profile: Optional[bool] = None,
                  external_data_dir: Optional[str] = None) -> None:
         self._h = 0
+        # prepared run signatures by (feed names, output names or None, cache path)
+        self._signatures: Dict[tuple, _Signature] = {}
         # the file it came from (onnxruntime's sessions keep the same private attribute): generation
         # reads sizes a graph leaves symbolic from it (see generation.decoder_io)
         self._model_path: Optional[str] = None
@@ -114,10 +117,6 @@ class InferenceSession:
         self._opsets: Dict[str, int] = io["opsets"]
         self._threads: int = io["threads"]
         self._meta: Dict[str, Any] = io.get("meta", {})
-        self._feed_keys: tuple = ()
-        self._feed_json = "[]"
-        self._out_keys: tuple = ()
-        self._out_json = "[]"
         self._cache_plan: Optional[List[Dict[str, Any]]] = None
         self._past_names = frozenset(n for d in self._plan() for n in (d["past_key"], d["past_value"]))
 
@@ -166,72 +165,84 @@ class InferenceSession:
         raises ValueError naming it), the new K/V are appended to the state's
         caches and attention reads them in place; a present is exported from
         the cache only when ``output_names`` names it. A failed run leaves the
-        state unchanged."""
+        state unchanged.
+
+        The first run with a given set of feed names (in their order), output
+        names and path resolves and checks the names once (missing, unknown and
+        duplicate inputs, pasts fed with a state, unknown outputs raise there);
+        later runs with the same names pass only the arrays, whose dtypes,
+        ranks and fixed dimensions are checked on every run."""
         if not self._h:
             raise ValueError("the session is closed")
-        if not isinstance(input_feed, Mapping):
+        if type(input_feed) is not dict and not isinstance(input_feed, Mapping):
             raise TypeError("input_feed must be a dict of name -> array")
         if isinstance(output_names, (str, bytes)):
             raise TypeError(f"output_names must be a list of output names or None, not {type(output_names).__name__}")
         sh = 0
         if state is not None:
-            if not isinstance(state, GenerationState):
+            if type(state) is not GenerationState and not isinstance(state, GenerationState):
                 raise TypeError(f"state must be a GenerationState, got {type(state).__name__}")
             if state._session is not self:
                 raise ValueError("the state belongs to another session")
-            fed = sorted(str(k) for k in input_feed if k in self._past_names)
-            if fed:
-                raise ValueError(f"past input(s) {', '.join(fed)} must not be fed with a state "
-                                 "(the state holds the caches)")
             sh = state._handle()
         keys = tuple(input_feed)
-        if keys != self._feed_keys:  # the JSON of the names is reused across runs
-            self._feed_keys, self._feed_json = keys, json.dumps([str(k) for k in keys])
-        arrays = [_as_feed(k, input_feed[k]) for k in keys]
+        outs_key = None if output_names is None else tuple(output_names)
+        sig = self._signatures.get((keys, outs_key, sh != 0))
+        if sig is None:  # first run of these names: every check that depends only on them
+            sig = self._prepare(keys, outs_key, sh != 0)
+        # feeds as C-contiguous aligned arrays, described as [reference, code, rank, dims...]
+        arrays = []
         desc: List[int] = []
         addr = _lib.addr
-        for a in arrays:
+        for k in keys:
+            a = input_feed[k]
+            if type(a) is not np.ndarray:
+                a = np.asarray(a)
+            code = _TO_CODE.get(a.dtype)
+            if code is None:
+                raise TypeError(f"input {k!r} has unsupported dtype {a.dtype} "
+                                f"(supported: {', '.join(str(d) for d in _TO_CODE)})")
+            flags = a.flags
+            if not (flags.c_contiguous and flags.aligned):
+                a = np.require(a, requirements=["C", "A"])
+            arrays.append(a)
             desc.append(addr(a))
-            desc.append(_TO_CODE[a.dtype])
+            desc.append(code)
             desc.append(a.ndim)
             desc.extend(a.shape)
         d = np.array(desc, dtype=np.int64)
-        if output_names is None:
-            out_json = ""
-        else:
-            names = tuple(output_names)
-            if names != self._out_keys:
-                self._out_keys, self._out_json = names, json.dumps([str(o) for o in names])
-            out_json = self._out_json
-        if sh:
-            meta = _lib.call(_RUN_STATE_LEND, self._h, sh, self._feed_json, len(arrays), addr(d) if d.size else 0,
-                             int(d.size), out_json, LEND_MIN_BYTES).split("|")
-        else:
-            meta = _lib.call(_RUN_LEND, self._h, self._feed_json, len(arrays), addr(d) if d.size else 0,
-                             int(d.size), out_json, LEND_MIN_BYTES).split("|")
-        rh = int(meta[0])
-        outs: List[np.ndarray] = []
-        refs = np.zeros(len(meta) - 1, dtype=np.int64)
+        meta = sig.meta.pop() if sig.meta else np.empty(sig.meta_len, dtype=np.int64)
         try:
-            for i, m in enumerate(meta[1:]):
-                f = m.split(":")
-                shape = tuple(map(int, f[1].split(","))) if f[1] else ()
-                dt = _FROM_CODE[int(f[0])]
-                if len(f) == 4:  # lent: wrap the Go buffer, released when the array is gone
-                    if dt == bfloat16:
-                        outs.append(np.asarray(_Lent(int(f[3]), int(f[2]), shape, _U16)).view(bfloat16))
-                    else:
-                        outs.append(np.asarray(_Lent(int(f[3]), int(f[2]), shape, dt)))
-                else:
-                    o = np.empty(shape, dtype=dt)
-                    refs[i] = addr(o)
-                    outs.append(o)
-        except BaseException:
-            _lib.call(_lib.fn("ResultFree"), rh)
-            raise
-        _lib.call(_COPY_AND_FREE, rh, addr(refs) if refs.size else 0, len(outs))
-        del arrays  # feeds had to stay alive until the copy above
-        return outs
+            rh = _lib.call(_RUN_PREPARED, self._h, sh, sig.handle, addr(d) if d.size else 0, int(d.size),
+                           LEND_MIN_BYTES, addr(meta), int(meta.size))
+            m = meta.tolist()
+            if m[0] < 0:  # outputs of a rank the description array had no room for
+                meta = np.empty(-m[0], dtype=np.int64)
+                _lib.call(_DESCRIBE, rh, addr(meta), int(meta.size))
+                m = meta.tolist()
+            if meta.size == sig.meta_len:
+                sig.meta.append(meta)
+            return _outputs(rh, m)
+        finally:
+            del arrays  # feeds had to stay alive until the copy
+
+    def _prepare(self, keys: tuple, outs: Optional[tuple], cache_path: bool) -> "_Signature":
+        """Resolve a run's feed and output names once (missing, unknown or duplicate names
+        raise here, as they would on every run) and keep the signature for later runs."""
+        if cache_path:
+            fed = sorted(str(k) for k in keys if k in self._past_names)
+            if fed:
+                raise ValueError(f"past input(s) {', '.join(fed)} must not be fed with a state "
+                                 "(the state holds the caches)")
+        feed_json = json.dumps([str(k) for k in keys])
+        out_json = "" if outs is None else json.dumps([str(o) for o in outs])
+        h = _lib.call(_PREPARE, self._h, int(cache_path), feed_json, out_json)
+        n_out = len(self._outputs) if outs is None else len(outs)
+        sig = _Signature(h, 1 + n_out * (4 + _META_RANK))
+        if len(self._signatures) >= _MAX_SIGNATURES:  # a caller cycling through name sets: start over
+            self._signatures.clear()  # each is freed once no run in flight holds it
+        self._signatures[(keys, outs, cache_path)] = sig
+        return sig
 
     # -- cache path ---------------------------------------------------------------------
     def cache_plan(self) -> List[Dict[str, Any]]:
@@ -243,7 +254,9 @@ class InferenceSession:
 
     def create_state(self, *, batch: int = 1, max_length: Optional[int] = None, dtype: Any = None,
                      budget: Optional[int] = None, layout: str = "contiguous",
-                     block_size: Optional[int] = None, prefix_cache: bool = False) -> GenerationState:
+                     block_size: Optional[int] = None, prefix_cache: bool = False,
+                     quant: Optional[str] = None, quant_group: int = DEFAULT_QUANT_GROUP,
+                     k_axis: str = "channel", residual: int = DEFAULT_RESIDUAL) -> GenerationState:
         """A new :class:`GenerationState` for :meth:`run` ``(..., state=)``: one KVCache per
         rewritten layer, ``batch`` sequences.
 
@@ -268,11 +281,19 @@ class InferenceSession:
                 Unreferenced registered blocks are evicted least recently used when an append
                 finds the budget full. Needs ``layout="paged"`` and the session's arena (no
                 ``budget``).
+            quant, quant_group, k_axis, residual: quantized caches, as
+                :class:`onnx_light_kv.KVCache` takes them: None (every row in ``dtype``),
+                ``"int8"`` or ``"int4"``; tokens per sealed chunk (32 or 64); K scales per
+                ``"channel"`` or per ``"token"``; the most recent tokens kept in ``dtype``.
+                A growing state (``max_length=None``) copies the sealed chunks as they are. With
+                ``layout="paged"`` the blocks are the sealed chunks (``block_size`` must equal
+                ``quant_group``, its default there); ``prefix_cache`` is not supported.
 
         Raises:
             NotImplementedError: the model stays on the tensor path (the reasons of
-                :meth:`cache_plan` are in the message).
-            ValueError: bad sizes, an unknown layout or block size. TypeError: unsupported dtype.
+                :meth:`cache_plan` are in the message); ``quant`` with ``prefix_cache``.
+            ValueError: bad sizes, an unknown layout or block size, bad quantization options
+                (an odd head dim with int4). TypeError: unsupported dtype.
             BudgetError: the budget cannot hold the caches.
         """
         if not self._h:
@@ -286,10 +307,18 @@ class InferenceSession:
             raise TypeError(f"prefix_cache must be a bool, got {type(prefix_cache).__name__}")
         if prefix_cache and layout != "paged":
             raise ValueError("prefix_cache=True needs layout='paged'")
+        q = _quant_options(quant, quant_group, k_axis, residual)
+        bs = 0
         if layout == "paged":
             bs = DEFAULT_BLOCK_SIZE if block_size is None else integer(block_size, "block_size", lo=1)
             if bs not in BLOCK_SIZES:
                 raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {bs}")
+            if q is not None:
+                bs = _quant_block_size(block_size, q[1])
+        if q is not None:
+            h = _lib.call(_lib.fn("StateNewQuant"), self._h, batch, max_len, code, bud, int(layout == "paged"), bs,
+                          int(prefix_cache), *q)
+        elif layout == "paged":
             h = _lib.call(_lib.fn("StateNewPaged"), self._h, batch, max_len, code, bud, bs, int(prefix_cache))
         else:
             h = _lib.call(_lib.fn("StateNew"), self._h, batch, max_len, code, bud)
@@ -318,6 +347,7 @@ class InferenceSession:
         """Release the session's Go memory now (also done when collected)."""
         h, self._h = self._h, 0
         if h:
+            self._signatures.clear()  # freed with the session
             _lib.call(_lib.fn("SessionFree"), h)
 
     def __enter__(self) -> "InferenceSession":
@@ -381,15 +411,81 @@ class _Lent:
             pass
 
 
-_RUN_LEND = _lib.fn("SessionRunLend")
-_RUN_STATE_LEND = _lib.fn("SessionRunStateLend")
+_PREPARE = _lib.fn("SessionPrepare")
+_SIGNATURE_FREE = _lib.fn("SignatureFree")
+_RUN_PREPARED = _lib.fn("SessionRunPrepared")
+_DESCRIBE = _lib.fn("ResultDescribe")
 _COPY_AND_FREE = _lib.fn("ResultCopyAndFree")
+_RESULT_FREE = _lib.fn("ResultFree")
+#: output ranks the description array has room for without a second call
+_META_RANK = 6
+#: prepared signatures a session keeps
+_MAX_SIGNATURES = 64
 _OUTPUT_RELEASE = _lib.fn("OutputRelease")
 _U16 = np.dtype(np.uint16)
 
 
 def _release(h: int) -> None:
     _lib.call(_OUTPUT_RELEASE, h)
+
+
+class _Signature:
+    """A prepared run signature: its Go handle and spare output-description arrays
+    (taken and put back per run, so concurrent runs never share one). The handle is
+    freed when the object goes (a run in flight keeps it); freeing the session frees
+    it too, and freeing it again does nothing."""
+
+    __slots__ = ("handle", "meta_len", "meta")
+
+    def __init__(self, handle: int, meta_len: int) -> None:
+        self.handle = handle
+        self.meta_len = meta_len
+        self.meta: List[np.ndarray] = []
+
+    def __del__(self) -> None:
+        try:
+            _lib.call(_SIGNATURE_FREE, self.handle)
+        except Exception:
+            pass
+
+
+def _outputs(rh: int, m: List[int]) -> List[np.ndarray]:
+    """The outputs described by ``m`` (see SessionRunPrepared): lent ones wrapped, the others
+    allocated here and filled by one copy call of result ``rh`` (0: nothing to copy)."""
+    outs: List[np.ndarray] = []
+    refs: List[int] = []
+    addr = _lib.addr
+    try:
+        k, end = 1, m[0] + 1  # k: the start of an output's entry
+        while k < end:
+            dt = _FROM_CODE[m[k]]
+            j = k + 2 + m[k + 1]  # its address and lent handle
+            shape = tuple(m[k + 2:j])
+            if m[j + 1]:  # lent: wrap the Go buffer, released when the array is gone
+                if dt == bfloat16:
+                    outs.append(np.asarray(_Lent(m[j + 1], m[j], shape, _U16)).view(bfloat16))
+                else:
+                    outs.append(np.asarray(_Lent(m[j + 1], m[j], shape, dt)))
+                refs.append(0)
+            else:
+                o = np.empty(shape, dtype=dt)
+                refs.append(addr(o))
+                outs.append(o)
+            k = j + 2
+    except BaseException:
+        if rh:
+            _lib.call(_RESULT_FREE, rh)  # releases the lent outputs too
+        else:  # release the loans not yet wrapped (the wrapped ones release themselves)
+            while k < end:
+                j = k + 2 + m[k + 1]
+                if m[j + 1]:
+                    _release(m[j + 1])  # releasing twice does nothing
+                k = j + 2
+        raise
+    if rh:
+        r = np.array(refs, dtype=np.int64)
+        _lib.call(_COPY_AND_FREE, rh, addr(r) if r.size else 0, len(refs))
+    return outs
 
 
 def supported_ops() -> List[str]:
@@ -400,15 +496,3 @@ def supported_ops() -> List[str]:
 
 def _node_arg(d: Mapping[str, Any]) -> NodeArg:
     return NodeArg(name=d["name"], type=d["type"], shape=d["shape"])
-
-
-def _as_feed(name: Any, value: Any) -> np.ndarray:
-    """value as a C-contiguous, aligned array of a supported dtype."""
-    a = value if type(value) is np.ndarray else np.asarray(value)
-    if a.dtype not in _TO_CODE:
-        raise TypeError(f"input {name!r} has unsupported dtype {a.dtype} "
-                        f"(supported: {', '.join(str(d) for d in _TO_CODE)})")
-    flags = a.flags
-    if not (flags.c_contiguous and flags.aligned):
-        a = np.require(a, requirements=["C", "A"])
-    return a

@@ -25,41 +25,47 @@ func init() {
 func newMatMul(n *Node) (Kernel, error) {
 	pack := newConstPack(n, 1, false)
 	return KernelFunc(func(ctx *Context) error {
-		a, b, err := twoInputs(ctx)
-		if err != nil {
-			return err
-		}
-		if a.DType() != b.DType() {
-			return errOperandTypes("MatMul", a, b)
-		}
-		var g matmulPlan
-		err = g.plan(ctx, a.Shape(), b.Shape())
-		if err != nil {
-			return err
-		}
-		out, err := ctx.NewOutput(0, a.DType(), g.out)
-		if err != nil {
-			return err
-		}
-		switch a.DType() {
-		case tensor.Float32, tensor.Float16, tensor.BFloat16:
-			if g.fold && gemm.PackedServes(g.batch.Size()*g.m) {
-				if pb := pack.get(b); pb != nil {
-					return g.runPacked(ctx.Threads(), a, pb, out)
-				}
-			}
-			return g.runF32(ctx.Threads(), a, b, out)
-		case tensor.Float64:
-			matmulLoop(&g, a.Float64(), b.Float64(), out.Float64())
-		case tensor.Int64:
-			matmulLoop(&g, a.Int64(), b.Int64(), out.Int64())
-		case tensor.Int32:
-			matmulLoop(&g, a.Int32(), b.Int32(), out.Int32())
-		default:
-			return fmt.Errorf("%w: MatMul does not support %v", errs.ErrType, a.DType())
-		}
-		return nil
+		_, err := matmulCompute(ctx, pack)
+		return err
 	}), nil
+}
+
+// matmulCompute computes output 0 = input 0 x input 1 (pack: the packed
+// constant B, or nil) and returns it.
+func matmulCompute(ctx *Context, pack *constPack) (*tensor.Tensor, error) {
+	a, b, err := twoInputs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if a.DType() != b.DType() {
+		return nil, errOperandTypes("MatMul", a, b)
+	}
+	var g matmulPlan
+	if err = g.plan(ctx, a.Shape(), b.Shape()); err != nil {
+		return nil, err
+	}
+	out, err := ctx.NewOutput(0, a.DType(), g.out)
+	if err != nil {
+		return nil, err
+	}
+	switch a.DType() {
+	case tensor.Float32, tensor.Float16, tensor.BFloat16:
+		if g.fold && gemm.PackedServes(g.batch.Size()*g.m) {
+			if pb := pack.get(b); pb != nil {
+				return out, g.runPacked(ctx.Threads(), a, pb, out)
+			}
+		}
+		return out, g.runF32(ctx.Threads(), a, b, out)
+	case tensor.Float64:
+		matmulLoop(&g, a.Float64(), b.Float64(), out.Float64())
+	case tensor.Int64:
+		matmulLoop(&g, a.Int64(), b.Int64(), out.Int64())
+	case tensor.Int32:
+		matmulLoop(&g, a.Int32(), b.Int32(), out.Int32())
+	default:
+		return nil, fmt.Errorf("%w: MatMul does not support %v", errs.ErrType, a.DType())
+	}
+	return out, nil
 }
 
 // minSplitWork is the multiply-adds per thread below which the batched

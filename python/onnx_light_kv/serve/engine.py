@@ -118,7 +118,8 @@ class Engine:
             longest prefix of its prompt that earlier requests registered and prefills only
             the rest (:attr:`Request.reused_tokens`). Admission still counts a reused prefix
             as the request's own, so the budget is never exceeded by a shared block's release.
-        state_options: more ``create_state`` keyword arguments (``dtype`` of the caches).
+        state_options: more ``create_state`` keyword arguments (``dtype`` of the caches; the
+            quantization options ``quant``, ``quant_group``, ``k_axis``, ``residual``).
 
     Thread safety: :meth:`add_request`, :meth:`abort`, :meth:`stats` and :meth:`request` may be
     called from any thread while one thread runs :meth:`step`; requests added or aborted during

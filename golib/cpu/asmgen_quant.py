@@ -1,0 +1,412 @@
+#!/usr/bin/env python3
+"""Writes kern_quant_amd64.s: the decode attention loops over quantized (int8, int4) rows.
+
+The AVX-512 (zmm, 16 lanes) and AVX2+FMA (ymm, 8 lanes) variants differ in the vector
+width and the register blocking only, so both come from one template per loop. Rows are
+dequantized in registers as they are loaded: int8 VPMOVSXBD + VCVTDQ2PS; int4 (two values
+per byte, element 2i in the low nibble) VPAND/VPSRLW into two byte vectors interleaved back
+in element order by VPUNPCKLBW/VPUNPCKHBW, then VPMOVZXBD + VCVTDQ2PS; then x*s (+ z) with
+the group's broadcast scale (and zero). Contracts are in kern_quant_amd64.go.
+Run from this directory:  python3 asmgen_quant.py > kern_quant_amd64.s
+(TestAsmgenQuantInSync checks that the committed file is this script's output.)
+"""
+
+out = []
+
+
+def w(line=""):
+    out.append(line)
+
+
+def ins(*lines):
+    for line in lines:
+        w("\t" + line)
+
+
+def off(o):
+    return "" if o == 0 else str(o)
+
+
+ISAS = {
+    # lanes, vector register prefix
+    "avx512": (16, "Z"),
+    "avx2": (8, "Y"),
+}
+
+
+def load_chunk(fmt, isa, base, o, regs, tmp):
+    """Loads 32 elements (one chunk) at o(base) into float32 vectors regs (2 zmm or 4 ymm).
+
+    tmp: three xmm register numbers that may be clobbered (int4)."""
+    lanes, vp = ISAS[isa]
+    code = []
+    if fmt == "i8":
+        for i, r in enumerate(regs):
+            code.append(f"VPMOVSXBD {off(o+lanes*i)}({base}), {vp}{r}")
+    else:
+        a, b, c = tmp
+        code += [f"VMOVDQU {off(o)}({base}), X{a}", f"VPSRLW $4, X{a}, X{b}",
+                 f"VPAND nibmask<>(SB), X{a}, X{a}", f"VPAND nibmask<>(SB), X{b}, X{b}",
+                 f"VPUNPCKLBW X{b}, X{a}, X{c}", f"VPUNPCKHBW X{b}, X{a}, X{a}"]
+        # X{c}: elements 0..15 as bytes, X{a}: 16..31
+        if isa == "avx512":
+            code += [f"VPMOVZXBD X{c}, Z{regs[0]}", f"VPMOVZXBD X{a}, Z{regs[1]}"]
+        else:
+            code += [f"VPMOVZXBD X{c}, Y{regs[0]}", f"VPSRLDQ $8, X{c}, X{c}", f"VPMOVZXBD X{c}, Y{regs[1]}",
+                     f"VPMOVZXBD X{a}, Y{regs[2]}", f"VPSRLDQ $8, X{a}, X{a}", f"VPMOVZXBD X{a}, Y{regs[3]}"]
+    for r in regs:
+        code.append(f"VCVTDQ2PS {vp}{r}, {vp}{r}")
+    return code
+
+
+def reduce4(vp, accs):
+    """Sums the accumulators of four rows (accs[r] = list of registers) into X0 = [r0 r1 r2 r3].
+
+    Accumulators are Y/Z0-7 (2 per row); Y1, Y3, Y5, Y7 are clobbered."""
+    code = []
+    for r in range(4):
+        a, b = accs[r]
+        code.append(f"VADDPS {vp}{b}, {vp}{a}, {vp}{a}")
+        if vp == "Z":
+            code += [f"VEXTRACTF64X4 $1, Z{a}, Y{b}", f"VADDPS Y{b}, Y{a}, Y{a}"]
+    code += ["VHADDPS Y2, Y0, Y0", "VHADDPS Y6, Y4, Y4", "VHADDPS Y4, Y0, Y0",
+             "VEXTRACTF128 $1, Y0, X1", "VADDPS X1, X0, X0"]
+    return code
+
+
+def reduce1(vp, accs):
+    """Sums the accumulators of one row into X0[0] (clobbers Y1/Z1)."""
+    code = []
+    a = accs[0]
+    for b in accs[1:]:
+        code.append(f"VADDPS {vp}{b}, {vp}{a}, {vp}{a}")
+    if vp == "Z":
+        code += ["VEXTRACTF64X4 $1, Z0, Y1", "VADDPS Y1, Y0, Y0"]
+    code += ["VEXTRACTF128 $1, Y0, X1", "VADDPS X1, X0, X0", "VHADDPS X0, X0, X0", "VHADDPS X0, X0, X0"]
+    return code
+
+
+def dots(rows, fmt, scaled, isa):
+    lanes, vp = ISAS[isa]
+    nv = 32 // lanes  # vectors per 32-element chunk
+    cb = 32 if fmt == "i8" else 16  # bytes per chunk
+    mode = "s" if scaled else "r"
+    name = f"qdots{rows}{fmt}{mode}{isa}"
+    w(f"// func {name}(s *float32, ldS int, q *float32, qrb int, k *byte, krb int, nt int, ng int, cpg int, ks *float32, kz *float32, pfd int)")
+    w("//")
+    w(f"// For query rows r < {rows} and tokens t < nt: s[r*ldS/4 + t] = dot(q_r, x_t), q rows of qrb")
+    w(f"// bytes, K rows of krb bytes, each ng groups of cpg chunks of 32 elements. x_t is the row's")
+    if scaled:
+        w("// integers times its group's scale (ks, ng per row)" + (" plus its zero (kz)." if fmt == "i4" else "."))
+    else:
+        w("// raw integers (the per-channel scales are folded into q).")
+    w("// One token per step; a chunk's vectors feed every row, q comes from memory (L1).")
+    w(f"TEXT ·{name}(SB), NOSPLIT, $0-96")
+    ins("MOVQ s+0(FP), DI", "MOVQ ldS+8(FP), BX", "MOVQ q+16(FP), R8", "MOVQ qrb+24(FP), DX")
+    qregs = ["R8", "R9", "R10", "R11"][:rows]
+    for i in range(1, rows):
+        ins(f"LEAQ ({qregs[i-1]})(DX*1), {qregs[i]}")
+    ins("MOVQ k+32(FP), SI", "MOVQ nt+48(FP), AX", "MOVQ ks+72(FP), R13", "MOVQ kz+80(FP), R14")
+    if pairs := (isa == "avx512" and rows == 4 and not scaled):
+        dots_pairs(name, fmt, cb)
+    ins("TESTQ AX, AX", f"JZ {name}done")
+    # accumulators: rows x 2 (or 4 for one row on avx2) in 0..7
+    nacc = 2 if rows == 4 else (2 if isa == "avx512" else 4)
+    accs = [[r * nacc + i for i in range(nacc)] for r in range(rows)]
+    vregs = list(range(8, 8 + nv))  # chunk vectors
+    sreg, zreg = 12, 13
+    tmp = (12, 13, 14)
+    w(f"{name}tok:")
+    for r in range(rows):
+        for a in accs[r]:
+            ins(f"VXORPS {vp}{a}, {vp}{a}, {vp}{a}")
+    ins("MOVQ pfd+88(FP), R12", "PREFETCHT1 (SI)(R12*1)", "PREFETCHT1 64(SI)(R12*1)",
+        "XORQ CX, CX", "MOVQ SI, R12", "MOVQ ng+56(FP), DX")
+    w(f"{name}grp:")
+    ins("MOVQ cpg+64(FP), R15")
+    w(f"{name}chunk:")
+    ins(*load_chunk(fmt, isa, "R12", 0, vregs, tmp))
+    if scaled:
+        ins(f"VBROADCASTSS (R13), {vp}{sreg}")
+        if fmt == "i4":
+            ins(f"VBROADCASTSS (R14), {vp}{zreg}")
+            for v in vregs:
+                ins(f"VFMADD213PS {vp}{zreg}, {vp}{sreg}, {vp}{v}")
+        else:
+            for v in vregs:
+                ins(f"VMULPS {vp}{sreg}, {vp}{v}, {vp}{v}")
+    for r in range(rows):
+        for i, v in enumerate(vregs):
+            a = accs[r][i % nacc]
+            ins(f"VFMADD231PS {off(i*lanes*4)}({qregs[r]})(CX*1), {vp}{v}, {vp}{a}")
+    ins(f"ADDQ ${cb}, R12", "ADDQ $128, CX", "DECQ R15", f"JNZ {name}chunk")
+    if scaled:
+        ins("ADDQ $4, R13")
+        if fmt == "i4":
+            ins("ADDQ $4, R14")
+    ins("DECQ DX", f"JNZ {name}grp")
+    if rows == 4:
+        ins(*reduce4(vp, accs))
+        ins("LEAQ (BX)(BX*2), R15", "VMOVSS X0, (DI)", "VEXTRACTPS $1, X0, (DI)(BX*1)",
+            "VEXTRACTPS $2, X0, (DI)(BX*2)", "VEXTRACTPS $3, X0, (DI)(R15*1)")
+    else:
+        ins(*reduce1(vp, accs[0]))
+        ins("VMOVSS X0, (DI)")
+    ins("ADDQ $4, DI", "ADDQ krb+40(FP), SI", "DECQ AX", f"JNZ {name}tok")
+    w(f"{name}done:")
+    ins("VZEROUPPER", "RET")
+    w()
+
+
+def dots_pairs(name, fmt, cb):
+    """The two-token step of qdots4*ravx512: a 4x2 block of accumulators (Z0-Z7, row r
+    token u in Z(2r+u)), two vectors per token and chunk (Z8-Z11), one joint reduction per
+    pair. Leaves the odd last token (AX = nt&1) to the one-token loop after it."""
+    w("// Pairs of tokens first (one reduction of eight accumulators per pair), then the odd")
+    w("// last token in the one-token loop.")
+    ins("MOVQ krb+40(FP), BX", "SHRQ $1, AX", f"JZ {name}odd")
+    w(f"{name}pair:")
+    for i in range(8):
+        ins(f"VXORPS Z{i}, Z{i}, Z{i}")
+    ins("MOVQ pfd+88(FP), R12", "LEAQ (SI)(R12*1), R12", "PREFETCHT1 (R12)", "PREFETCHT1 64(R12)",
+        "PREFETCHT1 (R12)(BX*1)", "PREFETCHT1 64(R12)(BX*1)",
+        "XORQ CX, CX", "MOVQ SI, R12", "LEAQ (SI)(BX*1), R13", "MOVQ cpg+64(FP), R15")
+    w(f"{name}pchunk:")
+    ins(*load_chunk(fmt, "avx512", "R12", 0, [8, 9], (12, 13, 14)))
+    ins(*load_chunk(fmt, "avx512", "R13", 0, [10, 11], (12, 13, 14)))
+    qregs = ["R8", "R9", "R10", "R11"]
+    for r in range(4):
+        for u in range(2):
+            for x in range(2):
+                ins(f"VFMADD231PS {off(x*64)}({qregs[r]})(CX*1), Z{8+2*u+x}, Z{2*r+u}")
+    ins(f"ADDQ ${cb}, R12", f"ADDQ ${cb}, R13", "ADDQ $128, CX", "DECQ R15", f"JNZ {name}pchunk")
+    for i in range(8):
+        ins(f"VEXTRACTF64X4 $1, Z{i}, Y{8+i}", f"VADDPS Y{8+i}, Y{i}, Y{i}")
+    ins("VHADDPS Y1, Y0, Y0", "VHADDPS Y3, Y2, Y2", "VHADDPS Y2, Y0, Y0",
+        "VEXTRACTF128 $1, Y0, X2", "VADDPS X2, X0, X0",
+        "VHADDPS Y5, Y4, Y4", "VHADDPS Y7, Y6, Y6", "VHADDPS Y6, Y4, Y4",
+        "VEXTRACTF128 $1, Y4, X6", "VADDPS X6, X4, X4",
+        "MOVQ ldS+8(FP), R13", "LEAQ (R13)(R13*2), R15",
+        "VMOVLPS X0, (DI)", "VMOVHPS X0, (DI)(R13*1)", "VMOVLPS X4, (DI)(R13*2)", "VMOVHPS X4, (DI)(R15*1)",
+        "ADDQ $8, DI", "LEAQ (SI)(BX*2), SI", "DECQ AX", f"JNZ {name}pair")
+    w(f"{name}odd:")
+    ins("MOVQ ldS+8(FP), BX", "MOVQ nt+48(FP), AX", "ANDQ $1, AX", "MOVQ ks+72(FP), R13")
+
+
+def axpy(rows, fmt, isa):
+    lanes, vp = ISAS[isa]
+    # column block: avx512 64 elements (4 zmm), avx2 16 (2 ymm), per row
+    cbe = 64 if isa == "avx512" else 16
+    nv = cbe // lanes
+    name = f"qaxpy{rows}{fmt}{isa}"
+    w(f"// func {name}(acc *float32, accrb int, p *float32, ldP int, v *byte, vrb int, n int, alpha *[4]float32, vs *float32, vz *float32, srb int, s2 int, pfd int)")
+    w("//")
+    w(f"// One column block of {cbe} elements: for rows r < {rows}, acc_r = alpha[r]*acc_r +")
+    w("// sum_t p[r*ldP/4 + t] * x_t, acc rows accrb bytes apart, V rows vrb bytes apart, x_t the")
+    w("// block's elements of V row t dequantized: integers times the scale at vs + t*srb" +
+      (" plus the zero" if fmt == "i4" else ""))
+    if isa == "avx512":
+        w("// at vz + t*srb (the block's second 32 elements: s2 bytes further). The accumulators")
+    else:
+        w("// at vz + t*srb" + (" (s2 unused: a block is in one group)." if True else "") + " The accumulators")
+    w("// stay in registers over the tokens; each dequantized vector feeds every row. V is")
+    w("// prefetched pfd bytes ahead.")
+    w(f"TEXT ·{name}(SB), NOSPLIT, $0-104")
+    ins("MOVQ acc+0(FP), DI", "MOVQ accrb+8(FP), BX", "MOVQ p+16(FP), R8", "MOVQ ldP+24(FP), DX")
+    pregs = ["R8", "R9", "R10", "R11"][:rows]
+    for i in range(1, rows):
+        ins(f"LEAQ ({pregs[i-1]})(DX*1), {pregs[i]}")
+    ins("MOVQ v+32(FP), SI", "MOVQ n+48(FP), AX", "MOVQ alpha+56(FP), R12", "MOVQ vs+64(FP), R13",
+        "MOVQ vz+72(FP), R14", "MOVQ s2+88(FP), DX", "MOVQ pfd+96(FP), CX")
+    if rows == 4:
+        ins("LEAQ (BX)(BX*2), R15", "ADDQ DI, R15")
+
+    def accaddr(r, o):
+        if r == 0:
+            return f"{off(o)}(DI)"
+        if r in (1, 2):
+            return f"{off(o)}(DI)(BX*{r})"
+        return f"{off(o)}(R15)"
+
+    # registers: avx512: acc Z16.. (rows*nv), values Z0-3, scale Z4-5, zero Z6-7, p Z8-11, temps X12-14
+    #            avx2:   acc Y0-7 (rows*nv <= 8), values Y8-9 (temps X8-X9), scale Y10, zero Y11, p Y12-15
+    if isa == "avx512":
+        acc = [[16 + r * nv + i for i in range(nv)] for r in range(rows)]
+        vals, sc, zr = [0, 1, 2, 3], [4, 5], [6, 7]
+        pr = [8 + r for r in range(rows)]
+    else:
+        acc = [[r * nv + i for i in range(nv)] for r in range(rows)]
+        vals, sc, zr = [8, 9], [10], [11]
+        pr = [12 + r for r in range(rows)]
+    for r in range(rows):
+        ins(f"VBROADCASTSS {off(4*r)}(R12), {vp}{pr[r]}")
+        for i, a in enumerate(acc[r]):
+            ins(f"VMULPS {accaddr(r, i*lanes*4)}, {vp}{pr[r]}, {vp}{a}")
+    ins("XORQ R12, R12", "TESTQ AX, AX", f"JZ {name}store")
+    w(f"{name}tok:")
+    ins("PREFETCHT1 (SI)(CX*1)")
+    if isa == "avx512":
+        if fmt == "i8":
+            ins(*load_chunk(fmt, isa, "SI", 0, vals, None))
+        else:
+            ins(*load_chunk(fmt, isa, "SI", 0, vals[0:2], (12, 13, 14)))
+            ins(*load_chunk(fmt, isa, "SI", 16, vals[2:4], (12, 13, 14)))
+        ins(f"VBROADCASTSS (R13), Z{sc[0]}", f"VBROADCASTSS (R13)(DX*1), Z{sc[1]}")
+        if fmt == "i4":
+            ins(f"VBROADCASTSS (R14), Z{zr[0]}", f"VBROADCASTSS (R14)(DX*1), Z{zr[1]}")
+        groups = [0, 0, 1, 1]
+    else:
+        if fmt == "i8":
+            ins("VPMOVSXBD (SI), Y8", "VPMOVSXBD 8(SI), Y9")
+        else:
+            ins("VMOVQ (SI), X8", "VPSRLW $4, X8, X9", "VPAND nibmask<>(SB), X8, X8",
+                "VPAND nibmask<>(SB), X9, X9", "VPUNPCKLBW X9, X8, X8", "VPSRLDQ $8, X8, X9",
+                "VPMOVZXBD X8, Y8", "VPMOVZXBD X9, Y9")
+        ins("VCVTDQ2PS Y8, Y8", "VCVTDQ2PS Y9, Y9", f"VBROADCASTSS (R13), Y{sc[0]}")
+        if fmt == "i4":
+            ins(f"VBROADCASTSS (R14), Y{zr[0]}")
+        groups = [0, 0]
+    for i, v in enumerate(vals):
+        g = groups[i]
+        if fmt == "i4":
+            ins(f"VFMADD213PS {vp}{zr[g]}, {vp}{sc[g]}, {vp}{v}")
+        else:
+            ins(f"VMULPS {vp}{sc[g]}, {vp}{v}, {vp}{v}")
+    for r in range(rows):
+        ins(f"VBROADCASTSS ({pregs[r]})(R12*4), {vp}{pr[r]}")
+    for r in range(rows):
+        for i, v in enumerate(vals):
+            ins(f"VFMADD231PS {vp}{v}, {vp}{pr[r]}, {vp}{acc[r][i]}")
+    ins("ADDQ vrb+40(FP), SI", "ADDQ srb+80(FP), R13")
+    if fmt == "i4":
+        ins("ADDQ srb+80(FP), R14")
+    ins("INCQ R12", "CMPQ R12, AX", f"JLT {name}tok")
+    w(f"{name}store:")
+    for r in range(rows):
+        for i, a in enumerate(acc[r]):
+            ins(f"VMOVUPS {vp}{a}, {accaddr(r, i*lanes*4)}")
+    ins("VZEROUPPER", "RET")
+    w()
+
+
+def vnni():
+    """AVX-512 VNNI score loop for int8 K per channel: q (scales folded) quantized to int8
+    per row once per segment (qabsmax, qquant), integer dots by VPDPBUSD."""
+    w("// func qabsmaxavx512(q *float32, ks *float32, n int, out *[2]float32)")
+    w("//")
+    w("// out[0] = max |q[i]*ks[i]|, out[1] = sum (q[i]*ks[i])*0 (0 exactly when every product is")
+    w("// finite), i < n, n a multiple of 16.")
+    w("TEXT ·qabsmaxavx512(SB), NOSPLIT, $0-32")
+    ins("MOVQ q+0(FP), SI", "MOVQ ks+8(FP), R8", "MOVQ n+16(FP), CX", "MOVQ out+24(FP), DX",
+        "VXORPS Z1, Z1, Z1", "VXORPS Z3, Z3, Z3", "VXORPS Z4, Z4, Z4",
+        "MOVL $0x7fffffff, AX", "VPBROADCASTD AX, Z2", "XORQ R9, R9")
+    w("qabsmaxloop:")
+    ins("VMULPS (R8)(R9*4), Z4, Z0" if False else "VMOVUPS (SI)(R9*4), Z0", "VMULPS (R8)(R9*4), Z0, Z0",
+        "VFMADD231PS Z4, Z0, Z3", "VANDPS Z2, Z0, Z0", "VMAXPS Z0, Z1, Z1",
+        "ADDQ $16, R9", "CMPQ R9, CX", "JLT qabsmaxloop")
+    ins("VEXTRACTF64X4 $1, Z1, Y0", "VMAXPS Y0, Y1, Y1", "VEXTRACTF128 $1, Y1, X0", "VMAXPS X0, X1, X1",
+        "VPERMILPS $0x4e, X1, X0", "VMAXPS X0, X1, X1", "VPERMILPS $0xb1, X1, X0", "VMAXPS X0, X1, X1",
+        "VMOVSS X1, (DX)",
+        "VEXTRACTF64X4 $1, Z3, Y0", "VADDPS Y0, Y3, Y3", "VEXTRACTF128 $1, Y3, X0", "VADDPS X0, X3, X3",
+        "VHADDPS X3, X3, X3", "VHADDPS X3, X3, X3", "VMOVSS X3, 4(DX)", "VZEROUPPER", "RET")
+    w()
+    w("// func qquantavx512(dst *byte, q *float32, ks *float32, n int, inv float32) int")
+    w("//")
+    w("// dst[i] = round-to-even(q[i]*ks[i]*inv) as int8 (|q*ks*inv| <= 127), i < n (a multiple")
+    w("// of 16); returns the sum of the dst values.")
+    w("TEXT ·qquantavx512(SB), NOSPLIT, $0-48")
+    ins("MOVQ dst+0(FP), DI", "MOVQ q+8(FP), SI", "MOVQ ks+16(FP), R8", "MOVQ n+24(FP), CX",
+        "VBROADCASTSS inv+32(FP), Z2", "VPXORD Z1, Z1, Z1", "XORQ R9, R9")
+    w("qquantloop:")
+    ins("VMOVUPS (SI)(R9*4), Z0", "VMULPS (R8)(R9*4), Z0, Z0", "VMULPS Z2, Z0, Z0", "VCVTPS2DQ Z0, Z0",
+        "VPADDD Z0, Z1, Z1", "VPMOVSDB Z0, (DI)(R9*1)", "ADDQ $16, R9", "CMPQ R9, CX", "JLT qquantloop")
+    ins("VEXTRACTI64X4 $1, Z1, Y0", "VPADDD Y0, Y1, Y1", "VEXTRACTI128 $1, Y1, X0", "VPADDD X0, X1, X1",
+        "VPHADDD X1, X1, X1", "VPHADDD X1, X1, X1", "VMOVD X1, AX", "MOVLQSX AX, AX", "MOVQ AX, ret+40(FP)",
+        "VZEROUPPER", "RET")
+    w()
+    name = "qdots4i8vnni"
+    w(f"// func {name}(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)")
+    w("//")
+    w("// Scores of four rows from int8 query rows qi (qib bytes apart) and int8 K rows (krb bytes,")
+    w("// cpg chunks of 64): VPDPBUSD of the K bytes XOR 0x80 (unsigned k+128) with the signed q")
+    w("// bytes, then s = acc*scale + offset per row (offset = -128*scale*sum(q_r) undoes the")
+    w("// +128, plus the row's constant). Two tokens per step: a 4x2 block of int32 accumulators")
+    w("// Z0-Z7 (row r token u in Z(2r+u)), aff[0:8] scales and aff[8:16] offsets in the order of")
+    w("// the pair reduction ([r0 r0 r1 r1], [r2 r2 r3 r3]); an odd last token uses aff[16:20]")
+    w("// (scales of r0..r3) and aff[20:24] (offsets).")
+    w(f"TEXT ·{name}(SB), NOSPLIT, $0-80")
+    ins("MOVQ s+0(FP), DI", "MOVQ qi+16(FP), R8", "MOVQ qib+24(FP), DX", "LEAQ (R8)(DX*1), R9",
+        "LEAQ (R9)(DX*1), R10", "LEAQ (R10)(DX*1), R11", "MOVQ k+32(FP), SI", "MOVQ krb+40(FP), BX",
+        "MOVQ nt+48(FP), AX", "MOVQ aff+64(FP), R14",
+        "SHRQ $1, AX", f"JZ {name}odd")
+    w(f"{name}pair:")
+    ins("MOVL $0x80808080, CX", "VPBROADCASTD CX, Z15")  # the reduction below clobbers Y8-Y15
+    for i in range(8):
+        ins(f"VPXORD Z{i}, Z{i}, Z{i}")
+    ins("MOVQ pfd+72(FP), R12", "LEAQ (SI)(R12*1), R12", "PREFETCHT1 (R12)", "PREFETCHT1 64(R12)",
+        "PREFETCHT1 (R12)(BX*1)", "PREFETCHT1 64(R12)(BX*1)",
+        "XORQ CX, CX", "MOVQ SI, R12", "LEAQ (SI)(BX*1), R13", "MOVQ cpg+56(FP), R15")
+    w(f"{name}chunk:")
+    ins("VPXORD (R12), Z15, Z8", "VPXORD (R13), Z15, Z9")
+    qregs = ["R8", "R9", "R10", "R11"]
+    for r in range(4):
+        for u in range(2):
+            ins(f"VPDPBUSD ({qregs[r]})(CX*1), Z{8+u}, Z{2*r+u}")
+    ins("ADDQ $64, R12", "ADDQ $64, R13", "ADDQ $64, CX", "DECQ R15", f"JNZ {name}chunk")
+    for i in range(8):
+        ins(f"VCVTDQ2PS Z{i}, Z{i}")
+    for i in range(8):
+        ins(f"VEXTRACTF64X4 $1, Z{i}, Y{8+i}", f"VADDPS Y{8+i}, Y{i}, Y{i}")
+    ins("VHADDPS Y1, Y0, Y0", "VHADDPS Y3, Y2, Y2", "VHADDPS Y2, Y0, Y0",
+        "VEXTRACTF128 $1, Y0, X2", "VADDPS X2, X0, X0",
+        "VHADDPS Y5, Y4, Y4", "VHADDPS Y7, Y6, Y6", "VHADDPS Y6, Y4, Y4",
+        "VEXTRACTF128 $1, Y4, X6", "VADDPS X6, X4, X4",
+        "VMOVUPS (R14), X8", "VFMADD213PS 32(R14), X8, X0", "VMOVUPS 16(R14), X8", "VFMADD213PS 48(R14), X8, X4",
+        "MOVQ ldS+8(FP), R13", "LEAQ (R13)(R13*2), R15",
+        "VMOVLPS X0, (DI)", "VMOVHPS X0, (DI)(R13*1)", "VMOVLPS X4, (DI)(R13*2)", "VMOVHPS X4, (DI)(R15*1)",
+        "ADDQ $8, DI", "LEAQ (SI)(BX*2), SI", "DECQ AX", f"JNZ {name}pair")
+    w(f"{name}odd:")
+    ins("MOVQ nt+48(FP), AX", "ANDQ $1, AX", f"JZ {name}done")
+    ins("MOVL $0x80808080, CX", "VPBROADCASTD CX, Z15")
+    for i in range(4):
+        ins(f"VPXORD Z{i}, Z{i}, Z{i}")
+    ins("XORQ CX, CX", "MOVQ SI, R12", "MOVQ cpg+56(FP), R15")
+    w(f"{name}ochunk:")
+    ins("VPXORD (R12), Z15, Z8")
+    for r in range(4):
+        ins(f"VPDPBUSD ({qregs[r]})(CX*1), Z8, Z{r}")
+    ins("ADDQ $64, R12", "ADDQ $64, CX", "DECQ R15", f"JNZ {name}ochunk")
+    for i in range(4):
+        ins(f"VCVTDQ2PS Z{i}, Z{i}", f"VEXTRACTF64X4 $1, Z{i}, Y{8+i}", f"VADDPS Y{8+i}, Y{i}, Y{i}")
+    ins("VHADDPS Y1, Y0, Y0", "VHADDPS Y3, Y2, Y2", "VHADDPS Y2, Y0, Y0",
+        "VEXTRACTF128 $1, Y0, X1", "VADDPS X1, X0, X0",
+        "VMOVUPS 64(R14), X8", "VFMADD213PS 80(R14), X8, X0",
+        "MOVQ ldS+8(FP), BX", "LEAQ (BX)(BX*2), R15", "VMOVSS X0, (DI)", "VEXTRACTPS $1, X0, (DI)(BX*1)",
+        "VEXTRACTPS $2, X0, (DI)(BX*2)", "VEXTRACTPS $3, X0, (DI)(R15*1)")
+    w(f"{name}done:")
+    ins("VZEROUPPER", "RET")
+    w()
+
+
+w("//go:build goexperiment.simd && amd64")
+w()
+w("// Code generated by asmgen_quant.py; DO NOT EDIT.")
+w("// AVX-512 and AVX2+FMA loops of the decode attention kernel over quantized (int8, int4)")
+w("// K/V rows read straight from the cache's storage, dequantized in registers; math is")
+w("// float32. Contracts are in kern_quant_amd64.go.")
+w()
+w('#include "textflag.h"')
+w()
+w("// nibmask: 0x0f in every byte (the low nibble of int4 pairs).")
+w("DATA nibmask<>+0(SB)/8, $0x0f0f0f0f0f0f0f0f")
+w("DATA nibmask<>+8(SB)/8, $0x0f0f0f0f0f0f0f0f")
+w("GLOBL nibmask<>(SB), RODATA|NOPTR, $16")
+w()
+for isa in ("avx512", "avx2"):
+    for fmt in ("i8", "i4"):
+        for rows in (4, 1):
+            for scaled in (False, True):
+                dots(rows, fmt, scaled, isa)
+            axpy(rows, fmt, isa)
+vnni()
+print("\n".join(out))

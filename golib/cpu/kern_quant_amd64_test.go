@@ -1,0 +1,205 @@
+//go:build goexperiment.simd && amd64
+
+package cpu
+
+import (
+	"bytes"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
+)
+
+// TestAsmgenQuantInSync checks that kern_quant_amd64.s is what
+// asmgen_quant.py writes (run `go generate` after editing the script).
+func TestAsmgenQuantInSync(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not found")
+	}
+	got, err := exec.Command(py, "asmgen_quant.py").Output()
+	if err != nil {
+		t.Fatalf("asmgen_quant.py: %v", err)
+	}
+	want, err := os.ReadFile("kern_quant_amd64.s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("kern_quant_amd64.s differs from the output of asmgen_quant.py: run go generate ./golib/cpu")
+	}
+}
+
+// randQmat draws n quantized rows of d elements with per-token scales over
+// groups of g (scaled) or raw integers.
+func randQmat(rng *rand.Rand, f cache.QuantFormat, n, d, g int, scaled bool) qmat {
+	m := qmat{f: f, rb: f.RowBytes(d), b: make([]byte, n*f.RowBytes(d))}
+	for i := range m.b {
+		m.b[i] = byte(rng.Uint32())
+	}
+	if scaled {
+		m.g, m.ng = g, d/g
+		m.s = randVec(rng, n*m.ng, 0.05)
+		if f == cache.QuantInt4 {
+			m.z = randVec(rng, n*m.ng, 0.5)
+		}
+	}
+	return m
+}
+
+// TestQuantAsmOps checks every assembly loop over quantized rows against
+// the portable twin (the same dequantization, float32 sums in another
+// order) on head dims, groups and token counts around their steps, and
+// that the shapes the assembly claims do run in assembly.
+func TestQuantAsmOps(t *testing.T) {
+	type isa struct {
+		name string
+		a    *quantAsm
+	}
+	var isas []isa
+	for _, k := range kernelVariants {
+		switch k {
+		case &avx512Ops:
+			isas = append(isas, isa{"avx512", &quantAsm512})
+		case &avx2Ops:
+			isas = append(isas, isa{"avx2", &quantAsmAVX2})
+		}
+	}
+	if len(isas) == 0 {
+		t.Skip("no SIMD path on this CPU")
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	alpha := [4]float32{0.5, 1, 0, 2}
+	for _, is := range isas {
+		for _, f := range quantFormats {
+			for _, d := range []int{32, 64, 96, 128, 192, 256} {
+				for _, g := range []int{32, 64, d} {
+					if d%g != 0 {
+						continue
+					}
+					for _, n := range []int{1, 2, 5, 33} {
+						for _, scaled := range []bool{false, true} {
+							k := randQmat(rng, f, n, d, g, scaled)
+							q := randVec(rng, 4*d, 1)
+							for _, rows := range []int{1, 4} {
+								want, got := make([]float32, rows*n), make([]float32, rows*n)
+								if rows == 4 {
+									goQDots4(want, q, k, d)
+								} else {
+									goQDots(want, q, k, d)
+								}
+								if !is.a.dots(rows, got, q, k, d, 64) {
+									t.Fatalf("%s dots%d %s d=%d g=%d: not taken by the assembly", is.name, rows, f, d, g)
+								}
+								mag := qdotMags(q, k, d, rows, n)
+								for i := range want {
+									if !closeToMag(got[i], want[i], mag[i]) {
+										t.Fatalf("%s dots%d %s d=%d g=%d n=%d scaled=%v: s[%d] = %v, want %v",
+											is.name, rows, f, d, g, n, scaled, i, got[i], want[i])
+									}
+								}
+							}
+						}
+						v := randQmat(rng, f, n, d, g, true)
+						p := randVec(rng, 4*n, 1)
+						acc0 := randVec(rng, 4*d, 1)
+						for _, rows := range []int{1, 4} {
+							wa := append([]float32(nil), acc0[:rows*d]...)
+							ga := append([]float32(nil), acc0[:rows*d]...)
+							if rows == 4 {
+								goQAxpy4(wa, p, v, &alpha)
+							} else {
+								goQAxpy(wa, p[:n], v, alpha[0])
+							}
+							ok := is.a.axpy(rows, ga, p[:rows*n], v, &alpha, 64)
+							if want := d%is.a.cb == 0 && g%is.a.vg == 0; ok != want {
+								t.Fatalf("%s axpy%d %s d=%d g=%d: assembly taken %v, want %v", is.name, rows, f, d, g, ok, want)
+							}
+							if !ok {
+								continue
+							}
+							for i := range wa {
+								if !closeToMag(ga[i], wa[i], float64(n)*40) {
+									t.Fatalf("%s axpy%d %s d=%d g=%d n=%d: acc[%d] = %v, want %v",
+										is.name, rows, f, d, g, n, i, ga[i], wa[i])
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// closeToMag is closeTo with an absolute slack for sums whose terms are
+// much larger than the result: 1e-6 of mag, the sum of the terms' magnitudes.
+func closeToMag(got, want float32, mag float64) bool {
+	return math.Abs(float64(got)-float64(want)) <= 1e-5*(1+math.Abs(float64(want)))+1e-6*mag
+}
+
+// qdotMags returns sum_j |q_rj * x_tj| for every score of a dots call.
+func qdotMags(q []float32, k qmat, d, rows, n int) []float64 {
+	out := make([]float64, rows*n)
+	x := make([]float32, d)
+	for t := 0; t < n; t++ {
+		goQRow(x, k, t, d)
+		for r := 0; r < rows; r++ {
+			for j, xj := range x {
+				out[r*n+t] += math.Abs(float64(q[r*d+j]) * float64(xj))
+			}
+		}
+	}
+	return out
+}
+
+// TestQuantIntDotsOps checks the VNNI loop against the same integer dots
+// in scalar Go: intPrep's rounding is the only difference from float32.
+func TestQuantIntDotsOps(t *testing.T) {
+	if quant512Ops.intDots4 == nil {
+		t.Skip("no AVX-512 VNNI")
+	}
+	rng := rand.New(rand.NewPCG(8, 9))
+	for _, d := range []int{64, 128, 256} {
+		for _, n := range []int{1, 2, 3, 8, 33} {
+			k := randQmat(rng, cache.QuantInt8, n, d, d, false)
+			q := randVec(rng, 4*d, 1)
+			ks := randVec(rng, d, 0.02)
+			qi := make([]byte, 4*d)
+			var isc, ioff [4]float32
+			for r := 0; r < 4; r++ {
+				sc, sum, ok := intPrep512(qi[r*d:(r+1)*d], q[r*d:(r+1)*d], ks)
+				if !ok {
+					t.Fatal("intPrep failed on finite input")
+				}
+				isc[r], ioff[r] = sc, -128*sc*sum
+				var s32 int32
+				for j := 0; j < d; j++ {
+					want := math.RoundToEven(float64(q[r*d+j] * ks[j] * (127 / (sc * 127))))
+					if x := int8(qi[r*d+j]); math.Abs(float64(x)-want) > 1 {
+						t.Fatalf("d=%d row %d: qi[%d] = %d, want about %v", d, r, j, x, want)
+					}
+					s32 += int32(int8(qi[r*d+j]))
+				}
+				if float32(s32) != sum {
+					t.Fatalf("d=%d row %d: sum %v, want %d", d, r, sum, s32)
+				}
+			}
+			qb := quantBlock{ops: &quant512Ops, qi: qi, isc: isc[:], ioff: ioff[:], intOn: true}
+			got := make([]float32, 4*n)
+			qb.intScores(got, 0, 4, k, n, d, 0)
+			want := make([]float32, 4*n)
+			for r := 0; r < 4; r++ {
+				qb.intScores(want[r*n:(r+1)*n], r, 1, k, n, d, 0)
+			}
+			for i := range want {
+				if !closeToMag(got[i], want[i], float64(d)*127*127*float64(isc[i/n])) {
+					t.Fatalf("d=%d n=%d: s[%d] = %v, want %v", d, n, i, got[i], want[i])
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,318 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"sync/atomic"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
+)
+
+// Quantized segments (cache.QuantSegment): the fused decode path.
+//
+// A sealed segment's rows are integers with float32 scales (and zeros for
+// int4); the kernel never widens them into a scratch block. The score and
+// accumulation loops dequantize in registers, x = s*q (+ z), and the online
+// softmax around them is the native path's (unitState.block):
+//
+//   - K per channel: one scale (and zero) per channel covers every row of
+//     the segment, so it is folded into the scaled query once per segment,
+//     q'_d = q_d*s_d, plus the constant c = sum_d q_d*z_d (int4): the loops
+//     then dot q' with the raw integers.
+//   - K per token and V (always per token): every row carries one scale (and
+//     zero) per group of elements, applied in registers as the row is
+//     loaded; a dequantized vector feeds every query row of the group.
+//
+// The result is that of dequantizing (cache.DequantizeSegment, the one
+// definition of the formats) and running the native path, up to float32
+// rounding. Non-finite scales, zeros or products reach maxOf or the
+// accumulator check and send the row to exactRow, which dequantizes with
+// cache.DequantizeSegment (loadRows).
+
+// qmat is a run of quantized rows: n rows of rb bytes in b and, for per-token
+// scaling, ng scales (and zeros, int4) per row in s and z, g elements per
+// group. s == nil means raw integers (per-channel K, folded into q).
+type qmat struct {
+	b    []byte
+	f    cache.QuantFormat
+	rb   int // bytes per row
+	s, z []float32
+	ng   int // groups per row
+	g    int // elements per group
+}
+
+// rows returns rows [a, e) of m.
+func (m qmat) rows(a, e int) qmat {
+	r := m
+	r.b = m.b[a*m.rb : e*m.rb]
+	if m.s != nil {
+		r.s = m.s[a*m.ng : e*m.ng]
+		if m.f == cache.QuantInt4 {
+			r.z = m.z[a*m.ng : e*m.ng]
+		}
+	}
+	return r
+}
+
+// quantOps are the score and accumulation loops over quantized rows for one
+// instruction set, contracts as kernelOps' float32 ones with K/V rows given
+// as a qmat of len(s) (dots), len(s)/4 (dots4), len(p) (axpy) or len(p)/4
+// (axpy4) rows. pf is how many rows ahead the loops may prefetch.
+type quantOps struct {
+	dots  func(s, q []float32, k qmat, d, pf int)
+	dots4 func(s, q []float32, k qmat, d, pf int)
+	axpy  func(acc, p []float32, v qmat, alpha *[4]float32, pf int) // alpha[0] scales the row
+	axpy4 func(acc, p []float32, v qmat, alpha *[4]float32, pf int)
+	// mul sets dst[i] = a[i]*b[i] (folding per-channel K scales into q).
+	mul func(dst, a, b []float32)
+	// intPrep and intDots4, when set (AVX-512 VNNI), are the integer score
+	// loop for int8 K per channel: intPrep quantizes one query row times the
+	// channel scales to int8 (dst), returning its scale and the sum of its
+	// integers (ok false: a product is not finite, or the row's scale is
+	// out of range); intDots4 computes four rows' scores from such rows,
+	// s = acc*aff-scale + aff-offset (layout in kern_quant_amd64.s).
+	intPrep  func(dst []byte, q, ks []float32) (scale, sum float32, ok bool)
+	intDots4 func(s []float32, qi []byte, k qmat, d int, aff *[24]float32, pf int)
+}
+
+// IntDotsEnv is the environment variable that turns the integer (VNNI)
+// score loop for int8 K per channel on (1) or off (0); see SetQuantIntDots.
+const IntDotsEnv = "OLKV_QUANT_INT_DOTS"
+
+var intDots atomic.Bool
+
+func init() { intDots.Store(os.Getenv(IntDotsEnv) == "1") }
+
+// SetQuantIntDots turns on or off the integer score loop over int8 K per
+// channel where the CPU has AVX-512 VNNI: the query rows (times the
+// chunk's channel scales) are quantized to int8 per row and dotted with
+// VPDPBUSD. It trades the query's rounding (a relative score error of about
+// 2^-8 of the row's largest element) for about twice the score loop's
+// speed. Off by default; it changes nothing on other CPUs and paths.
+func SetQuantIntDots(on bool) { intDots.Store(on) }
+
+// quantBlock is the state of the quantized segment runUnit is walking: while
+// on, unitState.block reads K and V through it instead of float32/16-bit rows.
+type quantBlock struct {
+	on  bool
+	ops *quantOps
+	q   []float32 // the query rows the K loops dot with (folded per channel)
+	kc  []float32 // per-row score constants (per-channel int4 zeros), or nil
+	// intOn: the K loops use qi (int8 query rows) with per-row scales isc
+	// and offsets ioff (intDots4); aff is the four-row argument block.
+	intOn     bool
+	qi        []byte
+	isc, ioff []float32
+	aff       [24]float32
+	// bad: a scale or zero of the segment is not finite, or a dequantized
+	// value could overflow float32 (|s|*qmax + |z|): its scores are made
+	// NaN so that the rows seeing it are recomputed by exactRow.
+	bad  bool
+	k, v qmat // the current block's rows
+}
+
+// dots computes the scores of rows [r, r+nr) (nr is 1 or 4) for the block's
+// tokens [a, e) into sc.
+func (qb *quantBlock) dots(sc []float32, r, nr, a, e, dk, pf int) {
+	k := qb.k.rows(a, e)
+	if qb.intOn {
+		qb.intScores(sc, r, nr, k, e-a, dk, pf)
+		return
+	}
+	if nr == 4 {
+		qb.ops.dots4(sc, qb.q[r*dk:(r+4)*dk], k, dk, pf)
+	} else {
+		qb.ops.dots(sc, qb.q[r*dk:(r+1)*dk], k, dk, pf)
+	}
+	if qb.bad {
+		nan := float32(math.NaN())
+		for i := range sc[:nr*(e-a)] {
+			sc[i] = nan
+		}
+		return
+	}
+	if qb.kc != nil {
+		cnt := e - a
+		for j := 0; j < nr; j++ {
+			c := qb.kc[r+j]
+			for t := range sc[j*cnt : (j+1)*cnt] {
+				sc[j*cnt+t] += c
+			}
+		}
+	}
+}
+
+// intScores is dots for the integer loop: four rows by intDots4, a single
+// row (not met when the group is a multiple of four) in scalar Go.
+func (qb *quantBlock) intScores(sc []float32, r, nr int, k qmat, cnt, dk, pf int) {
+	if nr == 4 {
+		a := &qb.aff
+		for j := 0; j < 4; j++ {
+			a[2*(j&1)+j/2*4], a[2*(j&1)+j/2*4+1] = qb.isc[r+j], qb.isc[r+j] // [r0 r0 r1 r1], [r2 r2 r3 r3]
+			a[8+2*(j&1)+j/2*4], a[8+2*(j&1)+j/2*4+1] = qb.ioff[r+j], qb.ioff[r+j]
+			a[16+j], a[20+j] = qb.isc[r+j], qb.ioff[r+j]
+		}
+		qb.ops.intDots4(sc, qb.qi[r*dk:(r+4)*dk], k, dk, a, pf)
+		return
+	}
+	qi := qb.qi[r*dk : (r+1)*dk]
+	for t := 0; t < cnt; t++ {
+		row := k.b[t*k.rb : (t+1)*k.rb]
+		var acc int32
+		for j, x := range qi {
+			acc += int32(int8(x)) * int32(int8(row[j]))
+		}
+		sc[t] = float32(acc) * qb.isc[r]
+	}
+}
+
+// axpy accumulates the block's V rows [a, e) into acc (nr rows).
+func (qb *quantBlock) axpy(acc, sc []float32, a, e, nr, pf int, alpha *[4]float32) {
+	v := qb.v.rows(a, e)
+	if nr == 4 {
+		qb.ops.axpy4(acc, sc, v, alpha, pf)
+	} else {
+		qb.ops.axpy(acc, sc, v, alpha, pf)
+	}
+}
+
+// quantSegment folds the rows of one quantized segment into the unit's
+// online-softmax state (the quantized counterpart of runUnit's block loop).
+func (u *unitState) quantSegment(ops *kernelOps, s *shape, sg *cache.Segment, rows, bt int) error {
+	if err := checkQuantSegment(sg, s.dk, s.dv); err != nil {
+		return err
+	}
+	dk, dv := s.dk, s.dv
+	qs := &sg.Q
+	qb := &u.qb
+	qb.ops = ops.quant
+	if qb.ops == nil {
+		qb.ops = &goQuantOps
+	}
+	k := qmat{b: sg.K, f: qs.Format, rb: qs.Format.RowBytes(dk)}
+	v := qmat{b: sg.V, f: qs.Format, rb: qs.Format.RowBytes(dv), s: qs.VScale, z: qs.VZero,
+		g: qs.VGroup, ng: dv / qs.VGroup}
+	qb.q, qb.kc, qb.intOn, qb.bad = u.qs, nil, false, false
+	if qs.KAxis == cache.KPerChannel && qs.Format == cache.QuantInt8 && qb.ops.intDots4 != nil &&
+		intDots.Load() && s.group%4 == 0 && dk%64 == 0 && dk <= 256 {
+		// int32 sums of dk products of at most 255*127 stay exact in float32
+		// up to dk = 256 (VCVTDQ2PS)
+		u.qi = growB(u.qi, rows*dk)
+		u.isc, u.ioff = growF(u.isc, rows), growF(u.ioff, rows)
+		for r := 0; r < rows; r++ {
+			sc, sum, ok := qb.ops.intPrep(u.qi[r*dk:(r+1)*dk], u.qs[r*dk:(r+1)*dk], qs.KScale[:dk])
+			qb.bad = qb.bad || !ok
+			u.isc[r], u.ioff[r] = sc, -128*sc*sum
+		}
+		qb.intOn, qb.qi, qb.isc, qb.ioff = true, u.qi, u.isc, u.ioff
+	} else if qs.KAxis == cache.KPerChannel {
+		u.qq = growF(u.qq, rows*dk)
+		for r := 0; r < rows; r++ {
+			qb.ops.mul(u.qq[r*dk:(r+1)*dk], u.qs[r*dk:(r+1)*dk], qs.KScale[:dk])
+		}
+		qb.q = u.qq
+		if qs.Format == cache.QuantInt4 {
+			u.qc = growF(u.qc, rows)
+			ops.dots(u.qc, qs.KZero[:dk], u.qs[:rows*dk], dk, 0) // qc[r] = qs_r . zero
+			qb.kc = u.qc
+		}
+	} else {
+		k.s, k.z, k.g, k.ng = qs.KScale, qs.KZero, qs.KGroup, dk/qs.KGroup
+	}
+	qb.bad = qb.bad || !scalesSafe(ops, &u.ss, qs, sg.Len, dk, dv)
+	u.read += quantBytes(sg, dk, dv)
+	qb.on = true
+	for off := 0; off < sg.Len; off += bt {
+		n := min(bt, sg.Len-off)
+		qb.k, qb.v = k.rows(off, off+n), v.rows(off, off+n)
+		u.block(ops, s, nil, nil, nil, nil, sg.Start+off, n, rows, prefetchTokens, nil)
+	}
+	qb.on = false
+	return nil
+}
+
+// scalesSafe reports whether every scale and zero of a segment of n rows is
+// below 2^64 in magnitude (the sum of their squares is finite: NaN and
+// ±Inf fail too). Then no dequantized value |s*q + z| can leave float32's
+// range, so folding the scales into q or dequantizing with a fused
+// multiply-add stays finite exactly where cache.DequantizeSegment does. A segment that
+// fails sends the rows that see it to exactRow (always correct, only slow).
+func scalesSafe(ops *kernelOps, ss *[4]float32, qs *cache.QuantSegment, n, dk, dv int) bool {
+	nk := dk
+	if qs.KAxis == cache.KPerToken {
+		nk = n * (dk / qs.KGroup)
+	}
+	nv := n * (dv / qs.VGroup)
+	*ss = [4]float32{}
+	ops.dots(ss[0:1], qs.KScale[:nk], qs.KScale[:nk], nk, 0)
+	ops.dots(ss[1:2], qs.VScale[:nv], qs.VScale[:nv], nv, 0)
+	if qs.Format == cache.QuantInt4 {
+		ops.dots(ss[2:3], qs.KZero[:nk], qs.KZero[:nk], nk, 0)
+		ops.dots(ss[3:4], qs.VZero[:nv], qs.VZero[:nv], nv, 0)
+	}
+	t := ss[0] + ss[1] + ss[2] + ss[3]
+	return t-t == 0
+}
+
+// quantBytes is what reading a quantized segment costs: its rows plus the
+// scales and zeros that cover them (per-channel ones once per segment).
+func quantBytes(sg *cache.Segment, dk, dv int) int64 {
+	qs := &sg.Q
+	n := int64(sg.Len)
+	per := int64(1)
+	if qs.Format == cache.QuantInt4 {
+		per = 2 // scale and zero
+	}
+	b := n * int64(qs.Format.RowBytes(dk)+qs.Format.RowBytes(dv))
+	b += 4 * per * n * int64(dv/qs.VGroup)
+	if qs.KAxis == cache.KPerChannel {
+		b += 4 * per * int64(dk)
+	} else {
+		b += 4 * per * n * int64(dk/qs.KGroup)
+	}
+	return b
+}
+
+// checkQuantSegment validates a quantized segment against the
+// cache.QuantSegment contract for head dims dk, dv.
+func checkQuantSegment(sg *cache.Segment, dk, dv int) error {
+	qs := &sg.Q
+	if qs.Format != cache.QuantInt8 && qs.Format != cache.QuantInt4 {
+		return badQuantSegment(sg, "unknown format")
+	}
+	int4 := qs.Format == cache.QuantInt4
+	if sg.Len < 0 || len(sg.K) < sg.Len*qs.Format.RowBytes(dk) || len(sg.V) < sg.Len*qs.Format.RowBytes(dv) {
+		return badQuantSegment(sg, "rows shorter than len")
+	}
+	if qs.VGroup <= 0 || dv%qs.VGroup != 0 || len(qs.VScale) < sg.Len*(dv/qs.VGroup) ||
+		(int4 && len(qs.VZero) < sg.Len*(dv/qs.VGroup)) {
+		return badQuantSegment(sg, "V scales do not cover the rows")
+	}
+	switch qs.KAxis {
+	case cache.KPerChannel:
+		if len(qs.KScale) < dk || (int4 && len(qs.KZero) < dk) {
+			return badQuantSegment(sg, "K channel scales shorter than head_dim_k")
+		}
+	case cache.KPerToken:
+		if qs.KGroup <= 0 || dk%qs.KGroup != 0 || len(qs.KScale) < sg.Len*(dk/qs.KGroup) ||
+			(int4 && len(qs.KZero) < sg.Len*(dk/qs.KGroup)) {
+			return badQuantSegment(sg, "K scales do not cover the rows")
+		}
+	default:
+		return badQuantSegment(sg, "unknown K axis")
+	}
+	return nil
+}
+
+func badQuantSegment(sg *cache.Segment, what string) error {
+	return fmt.Errorf("%w: cache view returned a malformed quantized segment (start %d len %d, %s %s): %s",
+		cache.ErrInvalidArgument, sg.Start, sg.Len, sg.Q.Format, sg.Q.KAxis, what)
+}
+
+func growB(b []byte, n int) []byte {
+	if cap(b) < n {
+		return make([]byte, n)
+	}
+	return b[:n]
+}

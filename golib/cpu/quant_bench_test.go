@@ -1,0 +1,147 @@
+package cpu
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
+)
+
+// BenchmarkDecodeQuant times one decode step (q_len 1) of GQA 32/8, head
+// dim 128, batch 1, at 16k and 32k tokens on 1 and 2 threads, over our fp16
+// cache and over our int8 and int4 caches (K per channel, V per token,
+// group 32, residual 128 in fp16), on the active kernel path (OLKV_KERNEL
+// selects another). The three storages run one after the other inside each
+// (context, threads) pair, so -count=N alternates them (int8-intdots: int8
+// with the integer score loop, SetQuantIntDots, where the CPU has AVX-512
+// VNNI); ratios of ns/op are
+// the figure to read (speed-up = fp16 time / quantized time). GB/s is the
+// bytes the kernel reports reading (quantized rows plus scales).
+func BenchmarkDecodeQuant(b *testing.B) {
+	defer SetThreads(Threads())
+	const qh, kvh, d, res = 32, 8, 128, 128
+	for _, L := range []int{16384, 32768} {
+		fp16 := newBenchCacheOf(b, cache.Float16, kvh, d, L)
+		type storage struct {
+			name string
+			v    func() (cache.View, func())
+		}
+		var views []storage
+		read := func(c *cache.KVCache, intDots bool) func() (cache.View, func()) {
+			return func() (cache.View, func()) {
+				v, err := c.BeginRead()
+				if err != nil {
+					b.Fatal(err)
+				}
+				SetQuantIntDots(intDots)
+				return v, func() { SetQuantIntDots(false); c.EndRead() }
+			}
+		}
+		views = append(views, storage{"fp16", read(fp16, false)})
+		for _, f := range quantFormats {
+			qc := newBenchCacheQ(b, cache.Float16, kvh, d, L, cache.QuantConfig{Format: f, Residual: res})
+			views = append(views, storage{f.String(), read(qc, false)})
+			if f == cache.QuantInt8 && activeOps().quant != nil && activeOps().quant.intDots4 != nil {
+				views = append(views, storage{"int8-intdots", read(qc, true)})
+			}
+		}
+		rng := rand.New(rand.NewPCG(3, 5))
+		q := randVec(rng, qh*d, 1)
+		dst := make([]float32, qh*d)
+		for _, th := range []int{1, 2} {
+			for _, vw := range views {
+				b.Run(fmt.Sprintf("L%d/t%d/%s", L, th, vw.name), func(b *testing.B) {
+					SetThreads(th)
+					v, done := vw.v()
+					defer done()
+					read := &readCounter{View: v}
+					b.ReportAllocs()
+					for b.Loop() {
+						if err := Attention(dst, q, 1, qh, read, Options{}); err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.ReportMetric(float64(read.n)/b.Elapsed().Seconds()/1e9, "GB/s")
+				})
+			}
+		}
+	}
+}
+
+// readCounter counts the bytes a kernel reports reading through a view.
+type readCounter struct {
+	cache.View
+	n int64
+}
+
+func (r *readCounter) AddBytesRead(n int64) { r.n += n; r.View.AddBytesRead(n) }
+
+// BenchmarkDecodeQuantAB is BenchmarkDecodeQuant measured side by side on a
+// loaded machine: one iteration runs rounds of a few calls of every storage
+// in turn (fp16, int8, int8 with integer dots where available, int4) and
+// reports each one's median time per step (ms-<storage>) and the speed-ups
+// over fp16 (x-<storage> = fp16 median / storage median). Run it with
+// -benchtime=1x.
+func BenchmarkDecodeQuantAB(b *testing.B) {
+	defer SetThreads(Threads())
+	defer SetQuantIntDots(false)
+	const qh, kvh, d, res, rounds, calls = 32, 8, 128, 128, 15, 3
+	for _, L := range []int{16384, 32768} {
+		type storage struct {
+			name    string
+			c       *cache.KVCache
+			intDots bool
+		}
+		sts := []storage{{"fp16", newBenchCacheOf(b, cache.Float16, kvh, d, L), false}}
+		for _, f := range quantFormats {
+			c := newBenchCacheQ(b, cache.Float16, kvh, d, L, cache.QuantConfig{Format: f, Residual: res})
+			sts = append(sts, storage{f.String(), c, false})
+			if f == cache.QuantInt8 && activeOps().quant != nil && activeOps().quant.intDots4 != nil {
+				sts = append(sts, storage{"int8-intdots", c, true})
+			}
+		}
+		rng := rand.New(rand.NewPCG(3, 5))
+		q := randVec(rng, qh*d, 1)
+		dst := make([]float32, qh*d)
+		for _, th := range []int{1, 2} {
+			b.Run(fmt.Sprintf("L%d/t%d", L, th), func(b *testing.B) {
+				SetThreads(th)
+				for b.Loop() {
+					times := make([][]float64, len(sts))
+					for r := 0; r < rounds; r++ {
+						for i, st := range sts {
+							v, err := st.c.BeginRead()
+							if err != nil {
+								b.Fatal(err)
+							}
+							SetQuantIntDots(st.intDots)
+							if err := Attention(dst, q, 1, qh, v, Options{}); err != nil { // warm
+								b.Fatal(err)
+							}
+							t0 := time.Now()
+							for k := 0; k < calls; k++ {
+								if err := Attention(dst, q, 1, qh, v, Options{}); err != nil {
+									b.Fatal(err)
+								}
+							}
+							times[i] = append(times[i], float64(time.Since(t0).Nanoseconds())/calls)
+							st.c.EndRead()
+						}
+					}
+					med := make([]float64, len(sts))
+					for i := range sts {
+						slices.Sort(times[i])
+						med[i] = times[i][len(times[i])/2]
+						b.ReportMetric(med[i]/1e6, "ms-"+sts[i].name)
+					}
+					for i := 1; i < len(sts); i++ {
+						b.ReportMetric(med[0]/med[i], "x-"+sts[i].name)
+					}
+				}
+			})
+		}
+	}
+}
