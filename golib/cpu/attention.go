@@ -45,6 +45,47 @@ type Options struct {
 	// worker pool (package gemm) instead of this package's helpers, so one
 	// pool serves every op of a session's step. It never changes the result.
 	Threads int
+	// Exact, when set, replaces the float64 recomputation (exactRow) of the
+	// rows whose float32 computation met a non-finite value (see
+	// "Non-finite values"): the kernel calls it for such a row of sequence
+	// b, query head h, query position i (0-based among the q_len new
+	// tokens) with the row's output (head_dim_v values) to write, for a
+	// caller whose definition of those rows differs from the reference's
+	// (the tensor-path Attention op, package mha). It may be called from
+	// several goroutines at once, never twice for one row in a call.
+	// ReferenceAttention ignores it.
+	Exact func(out []float32, b, h, i int) error
+	// NonCausal, when set, lets every query row attend every stored
+	// position of its sequence (from the window start) instead of the
+	// end-aligned causal range; Window must be 0. (A mask may still exclude
+	// positions.)
+	NonCausal bool
+	// Mask, when set, is an attention mask read alongside K (see Mask);
+	// it needs Exact, which defines the rows the float32 path cannot.
+	Mask *Mask
+}
+
+// Mask is a boolean or additive mask with one row per query row, read
+// block by block alongside K (nothing of the context's length is
+// materialized). Row (sequence b, query head h, query position i among
+// the q_len new tokens) starts at element b*StrideB + h*StrideH + i*StrideI
+// of Float or Bool and covers key positions 0 .. Len-1; positions from Len
+// on are excluded. A stride of 0 broadcasts that axis.
+//
+// The float32 path follows onnxruntime's conventions: an excluded position
+// (Bool false, beyond Len, or a Float value that takes a finite score
+// below the float32 range, -Inf included) scores -MaxFloat32 and
+// still takes part with weight 0 (so a NaN or an infinity in its V row
+// reaches the output, as in onnxruntime's P*V product), a Float value is
+// added to the (softcapped) score. A row that meets a non-finite value or
+// whose best score is -MaxFloat32 (no position it may attend) is handed to
+// Options.Exact, which defines what it holds (the mask conventions are the
+// caller's).
+type Mask struct {
+	Float                     []float32 // additive (exactly one of Float, Bool)
+	Bool                      []bool    // true: the position takes part
+	StrideB, StrideH, StrideI int
+	Len                       int
 }
 
 // Attention semantics (every kernel implements exactly this):

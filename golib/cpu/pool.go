@@ -5,21 +5,13 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/gemm"
 )
 
-// Tuning of the worker pool.
+// Tuning of the attention calls' parallelism.
 const (
-	// helperSpin is how long an idle helper polls for the next call before
-	// it parks: decode steps come back to back, and a poll hand-off costs
-	// far less than waking a parked goroutine. Measured from Python (each
-	// call a cgo callback): with a 50 us poll the woken helper joined too
-	// late to help and two threads ran no faster than one; with 1 ms they
-	// ran 1.4-1.8x faster.
-	helperSpin = time.Millisecond
 	// serialBytes: calls that read fewer K/V bytes than this run on the
 	// calling goroutine alone; waking helpers would cost more than it saves.
 	serialBytes = 96 << 10
@@ -28,51 +20,50 @@ const (
 )
 
 // MaxThreads is the largest thread count SetThreads accepts; more is
-// clamped (each thread beyond the CPUs only adds a polling helper).
+// clamped.
 const MaxThreads = 1024
 
-// SetThreads sets the number of threads (the calling goroutine plus pool
-// helpers) that Attention uses. n <= 0 restores the default,
-// runtime.NumCPU(); n > MaxThreads is clamped to MaxThreads.
+// SetThreads sets the number of threads (the calling goroutine plus worker
+// pool helpers) that Attention and the matrix products (package gemm) use:
+// they share one pool of persistent workers, gemm's, started on first use
+// with GOMAXPROCS-1 helpers. n <= 0 restores the default, runtime.NumCPU();
+// n > MaxThreads is clamped to MaxThreads. A setting above the pool's size
+// still decides how Attention splits its work (the results never depend on
+// it), but no more threads run than the pool has.
 func SetThreads(n int) {
 	if n <= 0 {
 		n = runtime.NumCPU()
+		gemm.SetThreads(0)
+	} else {
+		n = min(n, MaxThreads)
+		gemm.SetThreads(n)
 	}
-	n = min(n, MaxThreads)
 	thePool.mu.Lock()
 	thePool.threads = n
 	thePool.mu.Unlock()
 }
 
-// Threads returns the number of threads Attention uses.
+// Threads returns the number of threads Attention uses (as set; see
+// SetThreads).
 func Threads() int {
 	thePool.mu.Lock()
 	defer thePool.mu.Unlock()
 	return thePool.threads
 }
 
-// pool is the persistent worker pool. One call runs at a time (mu); the
-// calling goroutine works as thread 0 and up to threads-1 helpers join it.
-// Hand-off: the caller publishes the job and bumps gen; helpers that are
-// still polling see it at once, parked ones are woken through their channel.
-// Tasks are claimed with an atomic counter. A helper joins a job through
-// the join word (generation, closed bit, count of joined helpers); when the
-// caller runs out of tasks it closes the job and waits only for the helpers
-// that joined, so a helper the OS has not scheduled yet (a busy machine)
-// never holds a call up: it finds the job closed and goes back to waiting.
+// pool holds the state of one attention call. One call runs at a time (mu);
+// its tasks (units of (sequence, KV head, token range)) are claimed with an
+// atomic counter by the calling goroutine and the helpers of the shared
+// worker pool (package gemm), each worker with a scratch of its own.
 type pool struct {
 	mu      sync.Mutex
 	threads int
-	helpers []*helper
-	states  []unitState // [0] is the caller's scratch, [i] helper i's
+	states  []unitState // one per worker index of the call
+	workFn  func(int)   // p.workSafe, bound once (a method value allocates)
 
-	gen      atomic.Uint64
-	next     atomic.Int64
-	join     atomic.Uint64 // gen<<32 | closedBit | joined helpers
-	finished atomic.Int32  // joined helpers that are done
+	next atomic.Int64
 
-	// The job, written by the caller before gen is bumped.
-	active atomic.Int32 // helpers allowed to join this job
+	// The job, written by the caller before the tasks start.
 	s      shape
 	dst, q []float32
 	view   cache.View
@@ -83,12 +74,6 @@ type pool struct {
 
 	errMu sync.Mutex
 	err   error
-}
-
-type helper struct {
-	idx      int // 1-based: states[idx]
-	sleeping atomic.Bool
-	wake     chan struct{}
 }
 
 var thePool = pool{threads: runtime.NumCPU()}
@@ -135,49 +120,17 @@ func (p *pool) run(s *shape, dst, q []float32, v cache.View, ops *kernelOps) err
 	for i := range p.states {
 		p.states[i].read = 0
 	}
-	if s.threads > 0 && threads > 1 {
-		// A call bounded by a session's threads runs its tasks on the
-		// products' worker pool (package gemm), whose helpers are already
-		// polling between the ops of a step: this pool's own helpers would
-		// compete with them for the cores.
-		p.next.Store(0)
-		gemm.ForThreads(threads, threads, p.workSafe)
-		return p.finish(s, dst, v)
+	if p.workFn == nil {
+		p.workFn = p.workSafe
 	}
-	for len(p.helpers) < threads-1 {
-		h := &helper{idx: len(p.helpers) + 1, wake: make(chan struct{}, 1)}
-		p.helpers = append(p.helpers, h)
-		go p.helperLoop(h, p.gen.Load())
-	}
-
 	p.next.Store(0)
-	p.active.Store(int32(threads - 1))
-	p.finished.Store(0)
-	gen := p.gen.Load() + 1
-	p.join.Store(gen << 32)
-	if threads > 1 {
-		p.gen.Add(1)
-		for _, h := range p.helpers[:threads-1] {
-			if h.sleeping.CompareAndSwap(true, false) {
-				h.wake <- struct{}{}
-			}
-		}
+	if threads == 1 {
+		p.work(0)
+	} else {
+		// Worker index i runs work(i), which claims tasks until none is
+		// left; gemm's pool runs the indices on its helpers and the caller.
+		gemm.ForThreads(threads, threads, p.workFn)
 	}
-	p.work(0)
-	var joined int32
-	for {
-		j := p.join.Load()
-		if p.join.CompareAndSwap(j, j|closedBit) {
-			joined = int32(j & joinMask)
-			break
-		}
-	}
-	for i := 0; p.finished.Load() != joined; i++ {
-		if i&15 == 15 {
-			runtime.Gosched()
-		}
-	}
-
 	return p.finish(s, dst, v)
 }
 
@@ -245,8 +198,9 @@ func (p *pool) work(idx int) {
 	}
 }
 
-// workSafe is work for a goroutine of another pool: a panic becomes the
-// call's error instead of ending the process.
+// workSafe is work for a worker of the shared pool: a panic becomes the
+// call's error instead of ending the process (gemm's workers must not
+// panic).
 func (p *pool) workSafe(idx int) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -258,61 +212,4 @@ func (p *pool) workSafe(idx int) {
 		}
 	}()
 	p.work(idx)
-}
-
-// helperLoop is the body of one persistent helper goroutine.
-func (p *pool) helperLoop(h *helper, seen uint64) {
-	for {
-		seen = p.waitJob(h, seen)
-		if int32(h.idx) <= p.active.Load() && p.tryJoin(seen) {
-			p.work(h.idx)
-			p.finished.Add(1)
-		}
-	}
-}
-
-// Layout of the join word below the generation.
-const (
-	closedBit = 1 << 31
-	joinMask  = closedBit - 1
-)
-
-// tryJoin adds the calling helper to job gen unless the job was closed (or
-// already replaced by a newer one).
-func (p *pool) tryJoin(gen uint64) bool {
-	for {
-		j := p.join.Load()
-		if j>>32 != gen&0xffffffff || j&closedBit != 0 {
-			return false
-		}
-		if p.join.CompareAndSwap(j, j+1) {
-			return true
-		}
-	}
-}
-
-// waitJob polls for a generation newer than seen for helperSpin, then parks
-// until the caller wakes it. It returns the new generation.
-func (p *pool) waitJob(h *helper, seen uint64) uint64 {
-	start := time.Now()
-	for i := 0; ; i++ {
-		if g := p.gen.Load(); g != seen {
-			return g
-		}
-		if i&255 == 255 {
-			if time.Since(start) > helperSpin {
-				break
-			}
-			runtime.Gosched()
-		}
-	}
-	h.sleeping.Store(true)
-	if g := p.gen.Load(); g != seen {
-		if !h.sleeping.CompareAndSwap(true, false) {
-			<-h.wake // the caller saw us asleep and sent a token: take it
-		}
-		return g
-	}
-	<-h.wake
-	return p.gen.Load()
 }

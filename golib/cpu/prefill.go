@@ -46,13 +46,37 @@ func AttentionPrefill(dst, q []float32, qLen, qHeads int, v cache.View, o Option
 	sc.q = growF(sc.q, units*maxQLen*dk)
 	sc.o = growF(sc.o, units*maxQLen*dv)
 	sc.view = prefixView{View: v}
+	if o.Exact != nil { // its rows are numbered among all q_len tokens
+		if sc.exactFn == nil {
+			sc.exactFn = sc.exact
+		}
+		sc.user, o.Exact = o.Exact, sc.exactFn
+		defer func() { sc.user = nil }()
+	}
+	mask := o.Mask
+	if mask != nil {
+		o.Mask = &sc.mask
+		defer func() { sc.mask = Mask{} }()
+	}
 	for c0 := 0; c0 < qLen; c0 += maxQLen {
+		sc.c0 = c0
+		if mask != nil { // the tile's rows start c0 rows into the mask
+			sc.mask = *mask
+			if off := c0 * mask.StrideI; mask.Float != nil {
+				sc.mask.Float = mask.Float[min(off, len(mask.Float)):]
+			} else {
+				sc.mask.Bool = mask.Bool[min(off, len(mask.Bool)):]
+			}
+		}
 		n := min(maxQLen, qLen-c0)
 		tq, to := sc.q[:units*n*dk], sc.o[:units*n*dv]
 		for u := 0; u < units; u++ {
 			copy(tq[u*n*dk:(u+1)*n*dk], q[(u*qLen+c0)*dk:(u*qLen+c0+n)*dk])
 		}
 		sc.view.cut = qLen - (c0 + n)
+		if o.NonCausal {
+			sc.view.cut = 0 // every row sees every position
+		}
 		if err := Attention(to, tq, n, qHeads, &sc.view, o); err != nil {
 			return err
 		}
@@ -71,7 +95,16 @@ const MaxQLen = maxQLen
 type prefillTile struct {
 	q, o []float32
 	view prefixView
+
+	mask    Mask                                   // the tile's rows of Options.Mask
+	c0      int                                    // first query row of the tile
+	user    func(out []float32, b, h, i int) error // the caller's Options.Exact
+	exactFn func(out []float32, b, h, i int) error // sc.exact, bound once
 }
+
+// exact is the tile calls' Options.Exact: the caller's, with the row
+// numbered among all query tokens.
+func (sc *prefillTile) exact(out []float32, b, h, i int) error { return sc.user(out, b, h, sc.c0+i) }
 
 var tileScratch = sync.Pool{New: func() any { return new(prefillTile) }}
 

@@ -23,6 +23,9 @@ func ReferenceAttention(dst, q []float32, qLen, qHeads int, v cache.View, o Opti
 	if err != nil {
 		return err
 	}
+	if o.Mask != nil {
+		return fmt.Errorf("%w: the reference takes no mask (its rows are the caller's Options.Exact)", cache.ErrInvalidArgument)
+	}
 	esize := s.elem.Size()
 	var read int64
 	var segs []cache.Segment

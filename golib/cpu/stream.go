@@ -74,6 +74,7 @@ type unitState struct {
 	acc    []float32 // [rows][dv]
 	m, l   []float32 // online-softmax state per row
 	lo, hi []int     // visible key range per row
+	moff   []int     // start of each row's mask row (Options.Mask)
 	sc     []float32 // scores of one block
 	kbuf   []float32 // widened K block
 	vbuf   []float32 // widened V block
@@ -140,47 +141,61 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 		u.m[r] = negInf
 		u.l[r] = 0
 	}
+	if m := s.mask; m != nil {
+		u.moff = growI(u.moff, rows)
+		for r := 0; r < rows; r++ {
+			u.moff[r] = b*m.StrideB + (h*s.group+r%s.group)*m.StrideH + (r/s.group)*m.StrideI
+		}
+	}
 	clear(u.acc)
 
 	esize := s.elem.Size()
 	half := s.elem != cache.Float32 && ops.half != nil && ops.half.ok(dk, dv)
-	u.segs = v.AppendSegments(u.segs[:0], b, h, from, to)
+	// Segments are asked for the whole range at once, or chunk by chunk
+	// from a view that does work per request (ChunkedView).
+	chunk := to - from
+	if cv, ok := v.(ChunkedView); ok && cv.SegmentChunk() > 0 {
+		chunk = max(cv.SegmentChunk()/bt, 1) * bt
+	}
 	pos := from
-	for i := range u.segs {
-		sg := &u.segs[i]
-		if sg.Q.Format != cache.QuantNone && sg.Start == pos {
-			if err := u.quantSegment(ops, s, sg, rows, bt); err != nil {
-				return err
-			}
-			pos += sg.Len
-			continue
-		}
-		if sg.Start != pos || sg.Len < 0 || len(sg.K) < sg.Len*dk*esize || len(sg.V) < sg.Len*dv*esize {
-			return fmt.Errorf("%w: cache view returned a malformed segment (start %d len %d, expected start %d)",
-				cache.ErrInvalidArgument, sg.Start, sg.Len, pos)
-		}
-		for off := 0; off < sg.Len; off += bt {
-			n := min(bt, sg.Len-off)
-			if half && aligned16(sg.K) && aligned16(sg.V) {
-				kh := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(sg.K))), sg.Len*dk)
-				vh := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(sg.V))), sg.Len*dv)
-				u.block(ops, s, nil, nil, kh[off*dk:(off+n)*dk], vh[off*dv:(off+n)*dv], pos+off, n, rows, prefetchTokens, nil)
+	for c0 := from; c0 < to; c0 += chunk {
+		u.segs = v.AppendSegments(u.segs[:0], b, h, c0, min(c0+chunk, to))
+		for i := range u.segs {
+			sg := &u.segs[i]
+			if sg.Q.Format != cache.QuantNone && sg.Start == pos {
+				if err := u.quantSegment(ops, s, sg, rows, bt); err != nil {
+					return err
+				}
+				pos += sg.Len
 				continue
 			}
-			kb := u.loadBlock(ops, &u.kbuf, sg.K, off, n, dk, s.elem)
-			vb := u.loadBlock(ops, &u.vbuf, sg.V, off, n, dv, s.elem)
-			pf := 0
-			var nk []float32 // the next K block in storage, for axpy4k to prefetch
-			if s.elem == cache.Float32 {
-				pf = prefetchTokens
-				if dk == dv && off+2*n <= sg.Len && uintptr(unsafe.Pointer(unsafe.SliceData(sg.K)))%4 == 0 {
-					nk = unsafe.Slice((*float32)(unsafe.Pointer(&sg.K[(off+n)*dk*4])), n*dk)
-				}
+			if sg.Start != pos || sg.Len < 0 || len(sg.K) < sg.Len*dk*esize || len(sg.V) < sg.Len*dv*esize {
+				return fmt.Errorf("%w: cache view returned a malformed segment (start %d len %d, expected start %d)",
+					cache.ErrInvalidArgument, sg.Start, sg.Len, pos)
 			}
-			u.block(ops, s, kb, vb, nil, nil, pos+off, n, rows, pf, nk)
+			for off := 0; off < sg.Len; off += bt {
+				n := min(bt, sg.Len-off)
+				if half && aligned16(sg.K) && aligned16(sg.V) {
+					kh := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(sg.K))), sg.Len*dk)
+					vh := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(sg.V))), sg.Len*dv)
+					u.block(ops, s, nil, nil, kh[off*dk:(off+n)*dk], vh[off*dv:(off+n)*dv], pos+off, n, rows, prefetchTokens, nil)
+					continue
+				}
+				kb := u.loadBlock(ops, &u.kbuf, sg.K, off, n, dk, s.elem)
+				vb := u.loadBlock(ops, &u.vbuf, sg.V, off, n, dv, s.elem)
+				pf := 0
+				var nk []float32 // the next K block in storage, for axpy4k to prefetch
+				if s.elem == cache.Float32 {
+					pf = prefetchTokens
+					if dk == dv && off+2*n <= sg.Len && uintptr(unsafe.Pointer(unsafe.SliceData(sg.K)))%4 == 0 {
+						nk = unsafe.Slice((*float32)(unsafe.Pointer(&sg.K[(off+n)*dk*4])), n*dk)
+					}
+				}
+				u.block(ops, s, kb, vb, nil, nil, pos+off, n, rows, pf, nk)
+			}
+			u.read += int64(sg.Len * (dk + dv) * esize)
+			pos += sg.Len
 		}
-		u.read += int64(sg.Len * (dk + dv) * esize)
-		pos += sg.Len
 	}
 	if pos != to {
 		return fmt.Errorf("%w: cache view segments cover positions %d..%d, want %d..%d",
@@ -195,8 +210,8 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 		ops.dots(u.chk, u.zero, u.acc[:rows*dv], dv, 0)
 		for r := 0; r < rows; r++ {
 			e := q0 + s.extRow(r)
-			if !finiteState(u.m[r], u.l[r]) || u.chk[r] != 0 {
-				if err := exactRow(dst[e*dv:(e+1)*dv], q[e*dk:(e+1)*dk], v, s, b, h, r/s.group); err != nil {
+			if !finiteState(u.m[r], u.l[r]) || u.chk[r] != 0 || (s.mask != nil && u.m[r] <= lowest) {
+				if err := s.exactRow(dst[e*dv:(e+1)*dv], q[e*dk:(e+1)*dk], v, b, h, r); err != nil {
 					return err
 				}
 				continue
@@ -211,6 +226,17 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 		copy(p[2:], u.acc[r*dv:(r+1)*dv])
 	}
 	return nil
+}
+
+// ChunkedView is a cache.View that does work per AppendSegments request
+// (the tensor-path Attention op's view fills its present outputs as they
+// are read): the streaming kernel asks it for SegmentChunk positions at a
+// time (rounded to whole K/V blocks), so each chunk is read right after it
+// was produced, while it is in cache; 0 or less: no chunks. Other views
+// are asked for a task's whole range at once.
+type ChunkedView interface {
+	cache.View
+	SegmentChunk() int
 }
 
 // loadBlock returns rows [off, off+n) of a segment's bytes as float32: a
@@ -298,6 +324,9 @@ func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, kh, vh []u
 			if s.softcap > 0 {
 				ops.tanhCap(sj, s.softcap)
 			}
+			if s.mask != nil {
+				applyMask(sj, s.mask, u.moff[r+j], a)
+			}
 			mOld := u.m[r+j]
 			mNew := max(mOld, ops.maxOf(sj))
 			alpha[j] = 1
@@ -326,6 +355,41 @@ func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, kh, vh []u
 			ops.axpy(u.acc[r*dv:(r+1)*dv], sc, vb[(a-pos)*dv:(e-pos)*dv], alpha[0], pf)
 		}
 		r += nr
+	}
+}
+
+// lowest is the score of a position a mask excludes (onnxruntime's).
+const lowest = -math.MaxFloat32
+
+// applyMask applies mask m to the scores sc of the positions a, a+1, ...
+// of the row whose mask row starts at element off (see Mask): an excluded
+// position scores lowest (whatever its dot product gave), an additive value
+// is added, and a finite score plus a value that gives -Inf (-Inf itself,
+// or a sum below the float32 range such as -MaxFloat32 plus a negative
+// score) becomes lowest: its weight is 0 either way, and a row whose best
+// score is lowest goes to Exact. A NaN or an infinite score stays
+// non-finite, for the exact path.
+func applyMask(sc []float32, m *Mask, off, a int) {
+	n := min(len(sc), max(m.Len-a, 0)) // positions inside the mask row
+	switch {
+	case n == 0:
+	case m.Bool != nil:
+		for t, ok := range m.Bool[off+a : off+a+n] {
+			if !ok {
+				sc[t] = lowest
+			}
+		}
+	default:
+		for t, x := range m.Float[off+a : off+a+n] {
+			y := sc[t] + x
+			if y == negInf && sc[t]-sc[t] == 0 {
+				y = lowest // -Inf, or a finite sum below the float32 range
+			}
+			sc[t] = y
+		}
+	}
+	for t := n; t < len(sc); t++ {
+		sc[t] = lowest
 	}
 }
 
@@ -363,13 +427,24 @@ func mergeParts(dst, parts []float32, s *shape, q0, nsplit int, q []float32, v c
 			out[i] *= inv
 			z += out[i] * 0
 		}
-		if !finiteState(m, l) || z != 0 {
-			if err := exactRow(out, q[e*s.dk:(e+1)*s.dk], v, s, b, h, r/s.group); err != nil {
+		if !finiteState(m, l) || z != 0 || (s.mask != nil && m <= lowest) {
+			if err := s.exactRow(out, q[e*s.dk:(e+1)*s.dk], v, b, h, r); err != nil {
 				return err
 			}
 		}
 	}
 	return nil
+}
+
+// exactRow recomputes runUnit's internal row r of sequence b, KV head h
+// (query row q, output out) after its float32 computation met a
+// non-finite value: with the caller's Options.Exact when set, else with
+// the reference's float64 math.
+func (s *shape) exactRow(out, q []float32, v cache.View, b, h, r int) error {
+	if s.exact != nil {
+		return s.exact(out, b, h*s.group+r%s.group, r/s.group)
+	}
+	return exactRow(out, q, v, s, b, h, r/s.group)
 }
 
 // finiteState reports whether a row's online-softmax state (max score m,

@@ -20,6 +20,9 @@ type shape struct {
 	softcap                      float32
 	window                       int
 	threads                      int // 0: the pool's
+	exact                        func(out []float32, b, h, i int) error
+	mask                         *Mask
+	nonCausal                    bool
 }
 
 // checkArgs validates an attention call against the semantics documented in
@@ -44,8 +47,8 @@ func checkArgs(dst, q []float32, qLen, qHeads int, v cache.View, o Options) (sha
 	case qHeads <= 0 || qHeads%s.kvHeads != 0:
 		return s, fmt.Errorf("%w: q_heads %d is not a positive multiple of kv_heads %d",
 			cache.ErrInvalidArgument, qHeads, s.kvHeads)
-	case o.Window < 0:
-		return s, fmt.Errorf("%w: negative window %d", cache.ErrInvalidArgument, o.Window)
+	case o.Window < 0 || (o.Window > 0 && o.NonCausal):
+		return s, fmt.Errorf("%w: window %d must be >= 0, and 0 with NonCausal", cache.ErrInvalidArgument, o.Window)
 	case o.Threads < 0:
 		return s, fmt.Errorf("%w: negative thread bound %d", cache.ErrInvalidArgument, o.Threads)
 	case o.Softcap < 0 || o.Softcap != o.Softcap:
@@ -78,18 +81,48 @@ func checkArgs(dst, q []float32, qLen, qHeads int, v cache.View, o Options) (sha
 	if s.scale == 0 {
 		s.scale = float32(1 / sqrt64(float64(s.dk)))
 	}
-	s.softcap, s.window, s.threads = o.Softcap, o.Window, o.Threads
+	s.softcap, s.window, s.threads, s.exact, s.nonCausal = o.Softcap, o.Window, o.Threads, o.Exact, o.NonCausal
+	if m := o.Mask; m != nil {
+		if err := checkMask(m, &s, o.Exact != nil); err != nil {
+			return s, err
+		}
+		s.mask = m
+	}
 	return s, nil
 }
 
 // rowRange returns the key positions [lo, hi) that query row i (0-based
 // among the qLen new tokens) of a sequence with L tokens and window start ws
-// attends.
+// attends: all of them with NonCausal.
 func (s *shape) rowRange(L, ws, i int) (lo, hi int) {
+	if s.nonCausal {
+		return ws, L
+	}
 	p := L - s.qLen + i
 	lo = ws
 	if s.window > 0 && p-s.window+1 > lo {
 		lo = p - s.window + 1
 	}
 	return lo, p + 1
+}
+
+// checkMask validates a mask against the call's geometry: one kind of
+// data, non-negative strides and length, every row inside the data, and an
+// Exact function to define the rows the float32 path hands over.
+func checkMask(m *Mask, s *shape, exact bool) error {
+	n := len(m.Float) + len(m.Bool)
+	switch {
+	case !exact:
+		return fmt.Errorf("%w: a mask needs Options.Exact", cache.ErrInvalidArgument)
+	case (m.Float == nil) == (m.Bool == nil):
+		return fmt.Errorf("%w: a mask needs exactly one of Float and Bool", cache.ErrInvalidArgument)
+	case m.StrideB < 0 || m.StrideH < 0 || m.StrideI < 0 || m.Len < 0:
+		return fmt.Errorf("%w: mask strides %d/%d/%d and length %d must be >= 0",
+			cache.ErrInvalidArgument, m.StrideB, m.StrideH, m.StrideI, m.Len)
+	}
+	last := (s.batch-1)*m.StrideB + (s.qHeads-1)*m.StrideH + (s.qLen-1)*m.StrideI + m.Len
+	if last > n {
+		return fmt.Errorf("%w: mask rows reach element %d of %d", cache.ErrInvalidArgument, last, n)
+	}
+	return nil
 }

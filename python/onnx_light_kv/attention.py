@@ -113,6 +113,9 @@ def attention(
 def set_threads(n: Optional[int] = None) -> None:
     """Set the kernel worker threads (None or <= 0: one per CPU).
 
+    Attention and the matrix kernels (InferenceSession's products) share one
+    pool of worker threads; this bounds both.
+
     Raises:
         TypeError: ``n`` is not an integer (``1.5``, ``"2"``, ``True``).
         ValueError: ``n`` > 1024.

@@ -160,7 +160,7 @@ func ForThreads(threads, n int, fn func(i int)) {
 		}
 		return
 	}
-	j := &job{n: int64(n), fn: fn, done: make(chan struct{}, 1)}
+	j := getJob(n, fn)
 	for range helpers {
 		select {
 		case workers.tasks <- j:
@@ -171,19 +171,61 @@ func ForThreads(threads, n int, fn func(i int)) {
 	if j.state.Or(closedBit)&^closedBit != 0 {
 		j.wait()
 	}
+	putJob(j)
 }
 
-// wait returns once every helper that joined the closed job has left it:
-// it polls for a while, then parks until the last helper signals done.
+// wait returns once every helper that joined the closed job has left it,
+// and takes the done token the last of them sends (so a recycled job starts
+// with an empty channel): it polls for a while, then parks until the token
+// comes.
 func (j *job) wait() {
 	start := time.Now()
 	for i := 1; ; i++ {
-		if j.state.Load() == closedBit {
+		select {
+		case <-j.done:
 			return
+		default:
 		}
 		if i%256 == 0 && time.Since(start) > waitSpin {
 			break
 		}
 	}
 	<-j.done
+}
+
+// Jobs are recycled through a free list, so a parallel-for does not
+// allocate once warm (the attention kernels promise zero allocations per
+// decode step). A queued entry of a finished job may still reach a helper
+// after the job was handed out again: the helper then joins the job's new
+// incarnation through the same state protocol, which is as correct as any
+// helper joining it (its fields are written before state is reset, and a
+// helper reads them only after it joined).
+var (
+	jobMu   sync.Mutex
+	jobFree []*job
+)
+
+func getJob(n int, fn func(i int)) *job {
+	jobMu.Lock()
+	var j *job
+	if k := len(jobFree); k > 0 {
+		j, jobFree = jobFree[k-1], jobFree[:k-1]
+	}
+	jobMu.Unlock()
+	if j == nil {
+		j = &job{done: make(chan struct{}, 1)}
+		j.state.Store(closedBit)
+	}
+	j.n, j.fn = int64(n), fn
+	j.next.Store(0)
+	j.state.Store(0) // opens the job: last, after its fields
+	return j
+}
+
+// putJob returns a closed job whose helpers have all left to the free list.
+func putJob(j *job) {
+	j.fn = nil
+	jobMu.Lock()
+	jobFree = append(jobFree, j)
+	jobMu.Unlock()
 }

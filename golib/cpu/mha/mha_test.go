@@ -131,7 +131,28 @@ func cases() []tcase {
 	add(base("inf masking fully masked bool row"), func(c *tcase) {
 		c.mask, c.boolMask, c.maskFalseRow, c.wantQK, c.attrs.QKMode, c.attrs.InfMasking = []int{3, 3}, true, 2, true, 3, true
 	})
-	// Decode shapes served by the streaming unit (see TestStreamableCases).
+	// Windows on the streaming engine (see TestStreamableCases).
+	add(base("stream window decode gqa presents"), func(c *tcase) {
+		c.s, c.l, c.p, c.hq, c.hkv, c.attrs.IsCausal, c.wantPresents = 1, 1, 300, 8, 2, true, true
+		c.attrs.SlidingWindow, c.attrs.LeftWindow, c.attrs.RightWindow = true, 15, -1
+	})
+	add(base("stream window prefill tiles"), func(c *tcase) {
+		c.b, c.hq, c.hkv, c.s, c.l, c.attrs.IsCausal = 1, 4, 2, 40, 40, true
+		c.attrs.SlidingWindow, c.attrs.LeftWindow, c.attrs.RightWindow = true, 7, -1
+	})
+	add(base("stream window right 0 without is_causal"), func(c *tcase) {
+		c.s, c.l, c.p = 3, 3, 20
+		c.attrs.SlidingWindow, c.attrs.LeftWindow, c.attrs.RightWindow = true, 4, 0
+	})
+	add(base("stream opset-25 masking causal unbounded window"), func(c *tcase) {
+		c.s, c.l, c.p, c.attrs.IsCausal = 1, 1, 50, true
+		c.attrs.SlidingWindow, c.attrs.LeftWindow, c.attrs.RightWindow, c.attrs.InfMasking = true, -1, -1, true
+	})
+	add(base("stream window nonpad causal"), func(c *tcase) {
+		c.s, c.l, c.attrs.IsCausal, c.nonpad = 2, 30, true, []int64{20, 30}
+		c.attrs.SlidingWindow, c.attrs.LeftWindow, c.attrs.RightWindow = true, 5, -1
+	})
+	// Decode shapes served by the streaming engine (see TestStreamableCases).
 	add(base("stream decode 4D presents"), func(c *tcase) {
 		c.s, c.l, c.p, c.hq, c.hkv, c.wantPresents = 1, 1, 300, 4, 2, true
 	})
@@ -202,16 +223,14 @@ func randVec(r *rand.Rand, n int) []float32 {
 	return x
 }
 
-// TestAttentionCases runs every case on every kernel variant (gemm and
-// softmax exponential follow gemm.SetPath).
 // TestAttentionCases runs every case on every kernel variant: on one
-// thread (the decode cases on the streaming unit), on all threads, and with
-// the streaming unit off (the decode cases on the general unit).
+// thread (the streamable cases on the streaming engine), on all threads, and with
+// the engine off (every case on the general unit).
 func TestAttentionCases(t *testing.T) {
-	defer gemm.SetPath("auto")
+	defer setPaths("auto")
 	defer func() { unitDecode = true }()
 	for _, path := range gemm.Paths() {
-		gemm.SetPath(path)
+		setPaths(path)
 		for _, mode := range []struct {
 			name    string
 			threads int
@@ -447,9 +466,9 @@ func TestExp32(t *testing.T) {
 	}
 }
 
-// TestStreamableCases checks that the "stream" cases above are plain
-// decode attention (so testCases runs them on the streaming unit) and that
-// features the unit does not implement keep the general one.
+// TestStreamableCases checks that the "stream" cases above run on the
+// streaming engine and that features it does not implement keep the
+// general unit.
 func TestStreamableCases(t *testing.T) {
 	for _, c := range cases() {
 		g, err := Plan(c.attrs, c.shapes())
@@ -461,9 +480,11 @@ func TestStreamableCases(t *testing.T) {
 			out.QK = []float32{}
 		}
 		got := g.streamMath(out)
-		excluded := c.mask != nil || c.wantQK || c.nonpad != nil || c.attrs.SlidingWindow ||
-			c.attrs.Softcap > 0 || c.attrs.SoftmaxPrecision == PrecisionDouble ||
-			c.attrs.IsCausal && c.s != c.l
+		a := c.attrs
+		excluded := c.wantQK || c.b == 0 || a.SmoothSoftmax || a.InfMasking && c.mask != nil ||
+			a.SlidingWindow && !a.IsCausal && a.RightWindow != 0 ||
+			c.attrs.SoftmaxPrecision == PrecisionDouble ||
+			(a.IsCausal || a.SlidingWindow) && c.s != c.l && c.nonpad == nil
 		if strings.HasPrefix(c.name, "stream ") && !got || excluded && got {
 			t.Errorf("%s: streamMath = %v", c.name, got)
 		}

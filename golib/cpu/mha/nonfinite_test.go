@@ -9,7 +9,8 @@ import (
 )
 
 // nonFiniteCases are the cases of cases() plus shapes whose head sizes
-// reach the vector loops of the streaming unit (multiples of 16).
+// reach the vector loops of the streaming engine (multiples of 16), softcap
+// and prefill tiles on the engine.
 func nonFiniteCases() []tcase {
 	cs := cases()
 	c := base("stream decode dk64")
@@ -17,6 +18,28 @@ func nonFiniteCases() []tcase {
 	cs = append(cs, c)
 	c = base("stream causal multi-token dk32")
 	c.s, c.l, c.p, c.hq, c.hkv, c.dk, c.dv, c.attrs.IsCausal = 3, 3, 70, 4, 2, 32, 32, true
+	cs = append(cs, c)
+	c = base("stream softcap decode dk16")
+	c.s, c.l, c.p, c.hq, c.hkv, c.dk, c.dv, c.attrs.Softcap = 1, 1, 50, 4, 1, 16, 16, 2.5
+	cs = append(cs, c)
+	c = base("stream causal prefill tiles softcap dk16")
+	c.b, c.s, c.l, c.p, c.hq, c.hkv, c.dk, c.dv, c.attrs.IsCausal, c.attrs.Softcap = 1, 20, 20, 5, 4, 2, 16, 16, true, 30
+	c.wantPresents = true
+	cs = append(cs, c)
+	c = base("stream decode bool mask dk16")
+	c.s, c.l, c.p, c.hq, c.hkv, c.dk, c.dv, c.mask, c.boolMask = 1, 1, 40, 4, 2, 16, 16, []int{2, 1, 1, 41}, true
+	cs = append(cs, c)
+	c = base("stream decode short float mask dk16")
+	c.s, c.l, c.p, c.hq, c.hkv, c.dk, c.dv, c.mask = 1, 1, 40, 4, 2, 16, 16, []int{2, 4, 1, 30}
+	cs = append(cs, c)
+	c = base("stream causal prefill tiles float mask dk16")
+	c.b, c.s, c.l, c.p, c.hq, c.hkv, c.dk, c.dv, c.attrs.IsCausal, c.mask = 1, 20, 20, 4, 4, 2, 16, 16, true, []int{20, 24}
+	cs = append(cs, c)
+	c = base("stream nonpad causal dk16")
+	c.s, c.l, c.hq, c.hkv, c.dk, c.dv, c.attrs.IsCausal, c.nonpad = 2, 30, 4, 2, 16, 16, true, []int64{20, 30}
+	cs = append(cs, c)
+	c = base("stream noncausal prefill tiles mask dk16")
+	c.b, c.s, c.l, c.p, c.hq, c.hkv, c.dk, c.dv, c.mask = 1, 20, 20, 3, 4, 2, 16, 16, []int{20, 23}
 	cs = append(cs, c)
 	c = base("general causal blocks dk64")
 	c.b, c.s, c.l, c.p, c.hq, c.hkv, c.dk, c.dv, c.attrs.IsCausal = 1, 40, 40, 2, 2, 1, 64, 64, true
@@ -149,9 +172,8 @@ func sameAsReference(got float32, w float64) bool {
 	return math.Abs(gv-w) <= 2e-5+2e-5*math.Abs(w)
 }
 
-// TestNonFiniteEveryPath runs every case on every gemm path, with the
-// streaming unit (on one thread, so that every streamable case takes it)
-// and the general unit, after planting NaN, ±Inf or huge finite values
+// TestNonFiniteEveryPath runs every case on every kernel path, with the
+// streaming engine (on one thread) and the general unit, after planting NaN, ±Inf or huge finite values
 // (3e38, whose float32 products overflow) in Q, K, V, the past, the float
 // mask or the sinks, against the float64 reference (exactRow on every row):
 // Y, and qk_matmul_output where the case asks for it, are NaN exactly where
@@ -162,10 +184,10 @@ func sameAsReference(got float32, w float64) bool {
 // infinity meets excluded positions under onnxruntime's -MaxFloat32 (and
 // the opset-25 -Inf) masking, as the reference defines it.
 func TestNonFiniteEveryPath(t *testing.T) {
-	defer gemm.SetPath("auto")
+	defer setPaths("auto")
 	defer func() { unitDecode = true }()
 	for _, path := range gemm.Paths() {
-		gemm.SetPath(path)
+		setPaths(path)
 		for _, unit := range []bool{true, false} {
 			unitDecode = unit
 			for ci, c := range nonFiniteCases() {
@@ -200,10 +222,10 @@ func TestNonFiniteEveryPath(t *testing.T) {
 // TestFiniteNoFallback: finite inputs never take the float64 fallback on
 // any path (the counter exactRows does not move), and a planted NaN does.
 func TestFiniteNoFallback(t *testing.T) {
-	defer gemm.SetPath("auto")
+	defer setPaths("auto")
 	defer func() { unitDecode = true }()
 	for _, path := range gemm.Paths() {
-		gemm.SetPath(path)
+		setPaths(path)
 		for _, unit := range []bool{true, false} {
 			unitDecode = unit
 			poisoned := int64(0)
@@ -239,30 +261,26 @@ func TestFiniteNoFallback(t *testing.T) {
 	}
 }
 
-// TestCheckKernels: on every path, maxOf is the maximum of finite values
-// and NaN as soon as one value is NaN or ±Inf, and nonFinite says so, at
-// every length and position (vector bodies and tails).
+// TestCheckKernels: on every path, nonFinite is false for finite values
+// and true as soon as one value is NaN or ±Inf, at every length and
+// position (vector bodies and tails).
 func TestCheckKernels(t *testing.T) {
 	defer gemm.SetPath("auto")
 	r := rand.New(rand.NewPCG(3, 4))
 	for _, path := range gemm.Paths() {
 		gemm.SetPath(path)
-		ks := pickStream()
+		nonFinite := pickNonFinite()
 		for n := 1; n <= 70; n++ {
 			s := randVec(r, n)
-			want := s[0]
-			for _, x := range s {
-				want = max(want, x)
-			}
-			if got := ks.maxOf(s); got != want || ks.nonFinite(s) {
-				t.Fatalf("%s n=%d: maxOf %v (want %v), nonFinite %v", path, n, got, want, ks.nonFinite(s))
+			if nonFinite(s) {
+				t.Fatalf("%s n=%d: nonFinite on finite values", path, n)
 			}
 			for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1))} {
 				for i := range n {
 					old := s[i]
 					s[i] = bad
-					if got := ks.maxOf(s); got == got || !ks.nonFinite(s) {
-						t.Fatalf("%s n=%d: %v at %d: maxOf %v, nonFinite %v", path, n, bad, i, got, ks.nonFinite(s))
+					if !nonFinite(s) {
+						t.Fatalf("%s n=%d: %v at %d: nonFinite false", path, n, bad, i)
 					}
 					s[i] = old
 				}

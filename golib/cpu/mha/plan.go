@@ -25,7 +25,8 @@
 //
 // # Non-finite values
 //
-// Every unit path (the streaming and the general unit, on every gemm path)
+// Every path (the streaming engine of package cpu and the general unit, on
+// every kernel path)
 // returns what exactRow computes in float64, the definition the tests'
 // reference applies to every row: IEEE propagation through s = scale*q.k,
 // softcap and the masks above (an excluded position's score is replaced, so
@@ -43,12 +44,11 @@
 // rows concerned with exactRow (slow and allocating): the general unit
 // checks each row's raw scores for NaN and ±Inf, its output row, and the V
 // rows past the block's last scored column (those past a sequence's nonpad
-// length once per call and KV head); the streaming unit makes a
-// row's running maximum NaN when a block holds a non-finite score and
-// checks the online-softmax state and the accumulator at the end of the row
-// (sum(0*x) is NaN exactly when x holds a NaN or an infinity), and
-// recomputes every row of the unit when one failed and V is not finite
-// (causal rows stop before the last keys). Finite inputs never take the
+// length once per call and KV head); the streaming engine (cpu.Attention,
+// see engine.go) detects a row that met a non-finite value by its own rule
+// and hands it to exactRow through cpu.Options.Exact, and every row of its
+// (sequence, KV head) is recomputed when V is not finite (causal rows stop
+// before the last keys). Finite inputs never take the
 // fallback (TestFiniteNoFallback counts exactRows); with scale 0 the
 // products are skipped and Q and K themselves are checked.
 package mha

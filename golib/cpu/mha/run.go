@@ -49,6 +49,10 @@ func (g *Geometry) Run(in Inputs, out Outputs) error {
 	if err := g.checkData(in, out); err != nil {
 		return err
 	}
+	nonFinite := pickNonFinite()
+	if unitDecode && g.streamMath(out) && g.nonpadFits(in) {
+		return g.engine(in, out, nonFinite)
+	}
 	spans := g.Batch * (g.QHeads / g.spanHeads())
 	rows := g.spanHeads() * g.QLen
 	blocks := (rows + rowBlock - 1) / rowBlock
@@ -70,26 +74,14 @@ func (g *Geometry) Run(in Inputs, out Outputs) error {
 		inner = 1
 	}
 	ex := pickExp()
-	ks := pickStream()
-	var sk *streamKernels
-	// The streaming unit runs each (sequence, KV head) on one thread, so it
-	// is used when those units fill the threads; otherwise (one KV head,
-	// batch 1) the general unit's products spread over them.
-	if fused && inner == 1 && unitDecode && g.streamMath(out) {
-		sk = ks
-	}
 	var pad padCheck
-	if g.HasNonpad && out.QK == nil && sk == nil {
+	if g.HasNonpad && out.QK == nil {
 		pad = make(padCheck, g.Batch*g.KVHeads)
 	}
 	errc := make(chan error, 1)
 	gemm.ForThreads(g.Threads, spans*blocks, func(u int) {
 		sp := g.span(u / blocks)
 		r0 := (u % blocks) * rowBlock
-		if sk != nil { // copies block by block as it streams
-			g.streamUnit(in, out, keys, values, sp, rows, ex, sk)
-			return
-		}
 		if fused {
 			if !sameSlice(keys, in.K) {
 				g.concatHead(in.PastKey, in.K, keys, g.HeadDimK, sp.b, sp.kvh)
@@ -98,7 +90,7 @@ func (g *Geometry) Run(in Inputs, out Outputs) error {
 				g.concatHead(in.PastValue, in.V, values, g.HeadDimV, sp.b, sp.kvh)
 			}
 		}
-		if err := g.unit(in, out, keys, values, sp, r0, min(r0+rowBlock, rows), inner, ex, ks.nonFinite, pad); err != nil {
+		if err := g.unit(in, out, keys, values, sp, r0, min(r0+rowBlock, rows), inner, ex, nonFinite, pad); err != nil {
 			select {
 			case errc <- err:
 			default:
