@@ -82,50 +82,13 @@ func ArenaStatsJSON(h int64) (s string, err error) {
 	return string(b), classify(err)
 }
 
-// CacheNew creates a contiguous KVCache in arena ah and returns its handle.
-func CacheNew(ah int64, batch, kvHeads, headDimK, headDimV, capacity, elem int) (h int64, err error) {
-	defer recoverTo(&err)
-	a, err := arenas.get(ah)
-	if err != nil {
-		return 0, classify(err)
-	}
-	e, err := elemOf(elem)
-	if err != nil {
-		return 0, classify(err)
-	}
-	c, err := cache.New(a, cache.Config{Batch: batch, KVHeads: kvHeads, HeadDimK: headDimK, HeadDimV: headDimV, Capacity: capacity, Elem: e})
-	if err != nil {
-		return 0, classify(err)
-	}
-	return caches.put(c), nil
-}
-
-// CachePagedNew creates a KVCache in the paged layout (blocks of blockSize
-// tokens, 0 for the default; capacity is a limit) in arena ah and returns
-// its handle.
-func CachePagedNew(ah int64, batch, kvHeads, headDimK, headDimV, capacity, elem, blockSize int) (h int64, err error) {
-	defer recoverTo(&err)
-	a, err := arenas.get(ah)
-	if err != nil {
-		return 0, classify(err)
-	}
-	e, err := elemOf(elem)
-	if err != nil {
-		return 0, classify(err)
-	}
-	c, err := cache.New(a, cache.Config{Batch: batch, KVHeads: kvHeads, HeadDimK: headDimK, HeadDimV: headDimV,
-		Capacity: capacity, Elem: e, Layout: cache.Paged, BlockSize: blockSize})
-	if err != nil {
-		return 0, classify(err)
-	}
-	return caches.put(c), nil
-}
-
-// CacheQuantNew creates a quantized KVCache in arena ah and returns its
-// handle: layout 0 contiguous, 1 paged (blockSize tokens per block, 0 for
-// the default); quant "int8" or "int4", group 32 or 64 (0: the default),
-// kAxis "channel" or "token", residual the tokens kept in the native type.
-func CacheQuantNew(ah int64, batch, kvHeads, headDimK, headDimV, capacity, elem, layout, blockSize int,
+// CacheNew creates a KVCache in arena ah and returns its handle: layout 0
+// contiguous, 1 paged (blockSize tokens per block, 0 for the default;
+// capacity is then a limit); quant "none" (or "") keeps every row in elem,
+// "int8" or "int4" quantizes rows older than residual tokens in chunks of
+// group tokens (32 or 64, 0: the default) with K scales per kAxis
+// ("channel" or "token").
+func CacheNew(ah int64, batch, kvHeads, headDimK, headDimV, capacity, elem, layout, blockSize int,
 	quant string, group int, kAxis string, residual int) (h int64, err error) {
 	defer recoverTo(&err)
 	a, err := arenas.get(ah)

@@ -52,7 +52,7 @@ func TestHandlesAndBadPointers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ArenaFree(a)
-	h, err := CacheNew(a, 1, 1, 4, 4, 8, 0)
+	h, err := CacheNew(a, 1, 1, 4, 4, 8, 0, 0, 0, "none", 0, "channel", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,9 @@ func TestHandlesAndBadPointers(t *testing.T) {
 		{"null pointer", CacheAppend(h, 0, 16, p, 16, 0, 1, 0), "ValueError"},
 		{"negative size", CacheAppend(h, p, -1, p, 16, 0, 1, 0), "ValueError"},
 		{"bad elem code", CacheAppend(h, p, 16, p, 16, 9, 1, 0), "TypeError"},
-		{"bad arena", func() error { _, err := CacheNew(a+99, 1, 1, 4, 4, 8, 0); return err }(), "ValueError"},
+		{"bad arena", func() error { _, err := CacheNew(a+99, 1, 1, 4, 4, 8, 0, 0, 0, "none", 0, "channel", 0); return err }(), "ValueError"},
+		{"bad quant", func() error { _, err := CacheNew(a, 1, 1, 4, 4, 8, 0, 0, 0, "int3", 0, "channel", 0); return err }(), "ValueError"},
+		{"bad k axis", func() error { _, err := CacheNew(a, 1, 1, 4, 4, 8, 0, 0, 0, "int8", 32, "row", 0); return err }(), "ValueError"},
 	}
 	for _, tc := range cases {
 		if tc.err == nil || !strings.HasPrefix(tc.err.Error(), tc.want) {

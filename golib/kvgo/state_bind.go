@@ -46,53 +46,11 @@ func SessionCachePlanJSON(h int64) (s string, err error) {
 // StateNew creates a generation state on session h: batch sequences,
 // maxLength tokens reserved per sequence (0: grow on demand), elem the
 // cache element code (-1: the model's K/V type), budget the bytes of an
-// arena of the state's own (0: the session's arena).
-func StateNew(h int64, batch, maxLength, elem int, budget int64) (sh int64, err error) {
-	defer recoverTo(&err)
-	sess, err := sessions.get(h)
-	if err != nil {
-		return 0, classify(err)
-	}
-	cfg := runtime.StateConfig{Batch: batch, MaxLength: maxLength, Budget: budget}
-	if elem >= 0 {
-		if cfg.Elem, err = elemOf(elem); err != nil {
-			return 0, classify(err)
-		}
-	}
-	cs, err := sess.NewCacheState(cfg)
-	if err != nil {
-		return 0, classify(err)
-	}
-	return states.put(cs), nil
-}
-
-// StateNewPaged is StateNew for the paged cache layout with blocks of
-// blockSize tokens (0: the default); prefixCache != 0 shares prompt
-// prefixes through the session's prefix store.
-func StateNewPaged(h int64, batch, maxLength, elem int, budget int64, blockSize, prefixCache int) (sh int64, err error) {
-	defer recoverTo(&err)
-	sess, err := sessions.get(h)
-	if err != nil {
-		return 0, classify(err)
-	}
-	cfg := runtime.StateConfig{Batch: batch, MaxLength: maxLength, Budget: budget, Layout: cache.Paged, BlockSize: blockSize,
-		PrefixCache: prefixCache != 0}
-	if elem >= 0 {
-		if cfg.Elem, err = elemOf(elem); err != nil {
-			return 0, classify(err)
-		}
-	}
-	cs, err := sess.NewCacheState(cfg)
-	if err != nil {
-		return 0, classify(err)
-	}
-	return states.put(cs), nil
-}
-
-// StateNewQuant is StateNew with quantized caches (see CacheQuantNew for
-// quant, group, kAxis and residual), in the contiguous (layout 0) or paged
-// (layout 1, blockSize, prefixCache as StateNewPaged) layout.
-func StateNewQuant(h int64, batch, maxLength, elem int, budget int64, layout, blockSize, prefixCache int,
+// arena of the state's own (0: the session's arena). layout 0 is contiguous, 1 paged (blockSize tokens per block, 0 for
+// the default; prefixCache != 0 shares prompt prefixes through the
+// session's prefix store); quant, group, kAxis and residual are those of
+// CacheNew ("none" for native caches).
+func StateNew(h int64, batch, maxLength, elem int, budget int64, layout, blockSize, prefixCache int,
 	quant string, group int, kAxis string, residual int) (sh int64, err error) {
 	defer recoverTo(&err)
 	sess, err := sessions.get(h)

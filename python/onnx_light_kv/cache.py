@@ -194,6 +194,10 @@ DEFAULT_QUANT_GROUP = 32
 DEFAULT_RESIDUAL = 128
 
 
+# The native-cache arguments of the CacheNew/StateNew bindings' quantization options.
+_NO_QUANT = ("none", 0, "channel", 0)
+
+
 def _quant_options(quant: Any, quant_group: Any, k_axis: Any,
                    residual: Any) -> Optional[tuple[str, int, str, int]]:
     """Validate the quantization options; None when ``quant`` is None."""
@@ -322,15 +326,9 @@ class KVCache:
                 raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {bs}")
             if q is not None:
                 bs = _quant_block_size(block_size, q[1])
-        if q is not None:
-            h = _call(_f("CacheQuantNew"), self._arena._h, self._batch, self._kv_heads, self._dk, self._dv,
-                      self._capacity, CODES[self._dtype], int(self._layout == "paged"), bs, *q)
-        elif self._layout == "paged":
-            h = _call(_f("CachePagedNew"), self._arena._h, self._batch, self._kv_heads, self._dk, self._dv,
-                      self._capacity, CODES[self._dtype], bs)
-        else:
-            h = _call(_f("CacheNew"), self._arena._h, self._batch, self._kv_heads, self._dk, self._dv,
-                      self._capacity, CODES[self._dtype])
+        h = _call(_f("CacheNew"), self._arena._h, self._batch, self._kv_heads, self._dk, self._dv,
+                  self._capacity, CODES[self._dtype], int(self._layout == "paged"), bs,
+                  *(q if q is not None else _NO_QUANT))
         self._adopt(h)
 
     def _adopt(self, h: int) -> None:

@@ -28,7 +28,7 @@ from ._format import html_table, summary
 from ._session_options import (CPU_PROVIDER, ExecutionMode, GraphOptimizationLevel, ModelMetadata, SessionOptions,
                                check_providers)
 from .cache import BLOCK_SIZES, DEFAULT_BLOCK_SIZE, DEFAULT_QUANT_GROUP, DEFAULT_RESIDUAL, _layout as check_layout
-from .cache import _quant_block_size, _quant_options
+from .cache import _NO_QUANT, _quant_block_size, _quant_options
 from .state import GenerationState
 from ._validate import integer, optional_integer
 
@@ -315,13 +315,8 @@ class InferenceSession:
                 raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {bs}")
             if q is not None:
                 bs = _quant_block_size(block_size, q[1])
-        if q is not None:
-            h = _lib.call(_lib.fn("StateNewQuant"), self._h, batch, max_len, code, bud, int(layout == "paged"), bs,
-                          int(prefix_cache), *q)
-        elif layout == "paged":
-            h = _lib.call(_lib.fn("StateNewPaged"), self._h, batch, max_len, code, bud, bs, int(prefix_cache))
-        else:
-            h = _lib.call(_lib.fn("StateNew"), self._h, batch, max_len, code, bud)
+        h = _lib.call(_lib.fn("StateNew"), self._h, batch, max_len, code, bud, int(layout == "paged"), bs,
+                      int(prefix_cache), *(q if q is not None else _NO_QUANT))
         info = json.loads(_lib.call(_lib.fn("StateInfoJSON"), h))
         dt = cache_dtype(info["dtype"])
         return GenerationState(self, h, int(batch), dt, self._plan())
