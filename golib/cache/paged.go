@@ -133,15 +133,22 @@ func (c *KVCache) trimLocked() {
 		return
 	}
 	for b := range c.lens {
-		lo, hi := c.winStart[b], c.lens[b]
-		for _, ck := range c.cks.list {
-			if ck.floor[b] >= ck.lens[b] {
-				lo = min(lo, ck.winStart[b])
-				hi = max(hi, ck.lens[b])
-			}
-		}
+		lo, hi := c.neededRangeLocked(b)
 		ps.keep(b, lo, hi)
 	}
+}
+
+// neededRangeLocked returns the positions [lo, hi) of sequence b that the
+// readable rows or a restorable checkpoint still need.
+func (c *KVCache) neededRangeLocked(b int) (lo, hi int) {
+	lo, hi = c.winStart[b], c.lens[b]
+	for _, ck := range c.cks.list {
+		if ck.floor[b] >= ck.lens[b] {
+			lo = min(lo, ck.winStart[b])
+			hi = max(hi, ck.lens[b])
+		}
+	}
+	return lo, hi
 }
 
 // pagedForkLocked fills f (a new paged cache of the same geometry) with

@@ -130,13 +130,7 @@ func (c *KVCache) quantTrimLocked() {
 	}
 	g := &c.qg
 	for b := range c.lens {
-		lo, hi := c.winStart[b], c.lens[b]
-		for _, ck := range c.cks.list {
-			if ck.floor[b] >= ck.lens[b] {
-				lo = min(lo, ck.winStart[b])
-				hi = max(hi, ck.lens[b])
-			}
-		}
+		lo, hi := c.neededRangeLocked(b)
 		s := c.seqs[b].q
 		s.cut(hi, c.cfg.KVHeads, g.chStride, c.arena)
 		for i := range s.blks {

@@ -10,20 +10,7 @@ Run from this directory:  python3 asmgen_avx2.py > kern_avx2_amd64.s
 import struct
 import sys
 
-out = []
-
-
-def w(line=""):
-    out.append(line)
-
-
-def ins(*lines):
-    for line in lines:
-        w("\t" + line)
-
-
-def off(o):
-    return "" if o == 0 else str(o)
+from asmgen_emit import ins, off, out, w
 
 
 # element size in bytes, K/V Go type, bytes of one 8-lane K/V chunk

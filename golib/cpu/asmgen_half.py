@@ -6,8 +6,8 @@ only in the instruction that widens a 16-bit K/V vector, so they are generated.
 Run from this directory:  python3 asmgen_half.py > kern_avx512_h_amd64.s
 """
 import sys
-out = []
-w = out.append
+
+from asmgen_emit import out, w
 
 def loadk(kind, addr, reg):
     if kind == "f16":

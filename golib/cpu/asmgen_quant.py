@@ -11,20 +11,7 @@ Run from this directory:  python3 asmgen_quant.py > kern_quant_amd64.s
 (TestAsmgenQuantInSync checks that the committed file is this script's output.)
 """
 
-out = []
-
-
-def w(line=""):
-    out.append(line)
-
-
-def ins(*lines):
-    for line in lines:
-        w("\t" + line)
-
-
-def off(o):
-    return "" if o == 0 else str(o)
+from asmgen_emit import ins, off, out, w
 
 
 ISAS = {

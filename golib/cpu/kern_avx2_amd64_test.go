@@ -3,11 +3,8 @@
 package cpu
 
 import (
-	"bytes"
 	"math"
 	"math/rand/v2"
-	"os"
-	"os/exec"
 	"testing"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
@@ -22,26 +19,6 @@ func needAVX2(t *testing.T) {
 		}
 	}
 	t.Skip("no AVX2 + FMA + F16C")
-}
-
-// TestAsmgenAVX2InSync checks that kern_avx2_amd64.s is what asmgen_avx2.py
-// writes (run `go generate` after editing the script).
-func TestAsmgenAVX2InSync(t *testing.T) {
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("python3 not found")
-	}
-	got, err := exec.Command(py, "asmgen_avx2.py").Output()
-	if err != nil {
-		t.Fatalf("asmgen_avx2.py: %v", err)
-	}
-	want, err := os.ReadFile("kern_avx2_amd64.s")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Fatal("kern_avx2_amd64.s differs from the output of asmgen_avx2.py: run go generate ./golib/cpu")
-	}
 }
 
 // closeTo reports |got-want| <= 1e-5*(1+|want|).

@@ -3,35 +3,12 @@
 package cpu
 
 import (
-	"bytes"
 	"math"
 	"math/rand/v2"
-	"os"
-	"os/exec"
 	"testing"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 )
-
-// TestAsmgenQuantInSync checks that kern_quant_amd64.s is what
-// asmgen_quant.py writes (run `go generate` after editing the script).
-func TestAsmgenQuantInSync(t *testing.T) {
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("python3 not found")
-	}
-	got, err := exec.Command(py, "asmgen_quant.py").Output()
-	if err != nil {
-		t.Fatalf("asmgen_quant.py: %v", err)
-	}
-	want, err := os.ReadFile("kern_quant_amd64.s")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Fatal("kern_quant_amd64.s differs from the output of asmgen_quant.py: run go generate ./golib/cpu")
-	}
-}
 
 // randQmat draws n quantized rows of d elements with per-token scales over
 // groups of g (scaled) or raw integers.
