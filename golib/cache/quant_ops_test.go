@@ -270,6 +270,9 @@ func TestQuantMemory(t *testing.T) {
 // TestQuantHotPathAllocs: a one-token append (sealing included, once per
 // Group tokens) and the view's segments allocate nothing.
 func TestQuantHotPathAllocs(t *testing.T) {
+	if asanEnabled {
+		t.Skip("the address sanitizer's instrumentation allocates")
+	}
 	cfg := Config{Batch: 2, KVHeads: 2, HeadDimK: 64, Capacity: 4096, Elem: Float16,
 		Quant: QuantConfig{Format: QuantInt4, Group: 32, Residual: 16}}
 	a, _ := NewArena(0)
@@ -394,6 +397,9 @@ func TestQuantPagedBlocks(t *testing.T) {
 // either (its append takes one arena block per sealed chunk, so it
 // allocates once per Group tokens, not per token).
 func TestQuantPagedViewAllocs(t *testing.T) {
+	if asanEnabled {
+		t.Skip("the address sanitizer's instrumentation allocates")
+	}
 	cfg := Config{Batch: 1, KVHeads: 2, HeadDimK: 64, Capacity: 4096, Elem: Float16, Layout: Paged,
 		Quant: QuantConfig{Format: QuantInt8, Group: 32, Residual: 16}}
 	a, _ := NewArena(0)
