@@ -146,13 +146,14 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 	half := s.elem != cache.Float32 && ops.half != nil && ops.half.ok(dk, dv)
 	u.segs = v.AppendSegments(u.segs[:0], b, h, from, to)
 	pos := from
-	for i := range u.segs {
+	for i := 0; i < len(u.segs); i++ {
 		sg := &u.segs[i]
 		if sg.Q.Format != cache.QuantNone && sg.Start == pos {
-			if err := u.quantSegment(ops, s, sg, rows, bt); err != nil {
+			n, end, err := u.quantRun(ops, s, u.segs[i:], pos, rows, bt)
+			if err != nil {
 				return err
 			}
-			pos += sg.Len
+			i, pos = i+n-1, end
 			continue
 		}
 		if sg.Start != pos || sg.Len < 0 || len(sg.K) < sg.Len*dk*esize || len(sg.V) < sg.Len*dv*esize {
