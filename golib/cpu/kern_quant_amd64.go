@@ -234,7 +234,8 @@ func (a *quantAsm) ops() quantOps {
 				goQAxpy4Ld(acc, p, ld, n, v, alpha)
 			}
 		},
-		mul: a.mul,
+		mul:      a.mul,
+		prefetch: qprefetchScales,
 	}
 }
 
@@ -307,6 +308,16 @@ func intDots4VNNI(s []float32, ld, n int, qi []byte, k qmat, d int, aff *[24]flo
 }
 
 // Declarations of the VNNI score loop (kern_quant_amd64.s).
+
+// qprefetchScales is quantOps.prefetch.
+func qprefetchScales(s []float32) {
+	if len(s) > 0 {
+		qprefetch(&s[0], len(s))
+	}
+}
+
+//go:noescape
+func qprefetch(p *float32, n int)
 
 //go:noescape
 func qabsmaxavx512(q *float32, ks *float32, n int, out *[2]float32)

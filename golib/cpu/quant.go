@@ -68,6 +68,11 @@ type quantOps struct {
 	axpy4 func(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, pf int)
 	// mul sets dst[i] = a[i]*b[i] (folding per-channel K scales into q).
 	mul func(dst, a, b []float32)
+	// prefetch, when set, hints the cache lines of s into L2: the scales of
+	// the chunks of the next super-block, which lie apart from the rows
+	// (per-channel ones a chunk's stride apart), are requested while this
+	// one is computed.
+	prefetch func(s []float32)
 	// intPrep and intDots4, when set (AVX-512 VNNI), are the integer score
 	// loop for int8 K per channel: intPrep quantizes one query row times the
 	// channel scales to int8 (dst), returning its scale and the sum of its
@@ -132,8 +137,9 @@ type quantBlock struct {
 	on    bool
 	ops   *quantOps
 	parts []quantPart
-	aff   [24]float32 // intDots4's four-row argument block
-	ones  [4]float32  // the rescale of every part after a row's first: none
+	ahead []cache.Segment // the segments after the super-block (prefetched)
+	aff   [24]float32     // intDots4's four-row argument block
+	ones  [4]float32      // the rescale of every part after a row's first: none
 }
 
 // superFloats bounds the folded query rows the parts of one super-block
@@ -146,6 +152,13 @@ func (qb *quantBlock) dots(sc []float32, r, nr, a, e, dk, pf int) {
 	cnt := e - a
 	for i := range qb.parts {
 		p := &qb.parts[i]
+		if i < len(qb.ahead) && qb.ops.prefetch != nil {
+			qs := &qb.ahead[i].Q
+			qb.ops.prefetch(qs.KScale)
+			qb.ops.prefetch(qs.KZero)
+			qb.ops.prefetch(qs.VScale)
+			qb.ops.prefetch(qs.VZero)
+		}
 		pa, pe := max(a, p.off), min(e, p.off+p.n)
 		if pa >= pe {
 			continue
@@ -266,6 +279,7 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 			continue
 		}
 		if len(qb.parts) > 0 && (tot+sg.Len > bt || len(qb.parts) == maxParts) {
+			qb.ahead = segs[used:]
 			u.block(ops, s, nil, nil, nil, nil, pos-tot, tot, rows, prefetchTokens, nil)
 			qb.parts, tot = qb.parts[:0], 0
 		}
@@ -279,6 +293,7 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 			continue
 		}
 		k, v := p.k, p.v
+		qb.ahead = nil
 		for off := 0; off < sg.Len; off += bt {
 			p.n = min(bt, sg.Len-off)
 			p.k, p.v = k.rows(off, off+p.n), v.rows(off, off+p.n)
@@ -288,6 +303,7 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 		qb.parts = qb.parts[:0]
 		pos += sg.Len
 	}
+	qb.ahead = nil
 	if tot > 0 {
 		u.block(ops, s, nil, nil, nil, nil, pos-tot, tot, rows, prefetchTokens, nil)
 		qb.parts = qb.parts[:0]
