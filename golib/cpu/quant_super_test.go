@@ -16,7 +16,7 @@ import (
 // integer score loop where the CPU has it.
 func TestQuantSuperBlocks(t *testing.T) {
 	defer func(b int) { blockBytes = b }(blockBytes)
-	defer SetQuantIntDots(false)
+	defer SetQuantIntDots(QuantIntDots())
 	L := 700
 	if raceEnabled || asanEnabled || testing.Short() {
 		L = 230
