@@ -26,7 +26,8 @@ import (
 //
 // The result is that of dequantizing (cache.DequantizeSegment, the one
 // definition of the formats) and running the native path, up to float32
-// rounding. Non-finite scales, zeros or products reach maxOf or the
+// rounding (and, with the integer score loop, SetQuantIntDots, up to the
+// query's rounding to int8). Non-finite scales, zeros or products reach maxOf or the
 // accumulator check and send the row to exactRow, which dequantizes with
 // cache.DequantizeSegment (loadRows).
 
