@@ -366,7 +366,10 @@ def test_attention_over_quantized_rows(quant, k_axis, layout) -> None:
     assert c.info()["quant"]["sealed_tokens"] > 0
     q = rng.standard_normal((1, 8, 1, 64), dtype=np.float32)
     want = olkv.attention(q, c, kernel="reference")
-    np.testing.assert_allclose(olkv.attention(q, c), want, rtol=2e-5, atol=2e-5)
+    # int8 K per channel on AVX-512 VNNI: the integer score loop (on by default) rounds the query
+    # to int8; observed up to 4.5e-3 over 20 seeds of this data, bound about twice that
+    atol = 1e-2 if (quant, k_axis) == ("int8", "channel") else 2e-5
+    np.testing.assert_allclose(olkv.attention(q, c), want, rtol=2e-5, atol=atol)
     # relative error against float32: observed up to 0.008 (int8) and 0.116 (int4) over 5 seeds of
     # this data (Gaussian K and V, 200 tokens, residual 16); bounds about twice that
     f32 = olkv.attention(q, f, kernel="reference")

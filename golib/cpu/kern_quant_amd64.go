@@ -131,6 +131,11 @@ func fmtIndex(f cache.QuantFormat) int {
 // (head dim or scale group not a multiple of 32).
 func (a *quantAsm) dots(rows int, s, q []float32, m qmat, d, pf int) bool {
 	n := len(s) / rows
+	return a.dotsLd(rows, s, n, n, q, m, d, pf)
+}
+
+// dotsLd is dots over n tokens with the rows of s ld elements apart.
+func (a *quantAsm) dotsLd(rows int, s []float32, ld, n int, q []float32, m qmat, d, pf int) bool {
 	if n == 0 {
 		return true
 	}
@@ -141,7 +146,7 @@ func (a *quantAsm) dots(rows int, s, q []float32, m qmat, d, pf int) bool {
 	if d%32 != 0 || g%32 != 0 || ng*g != d {
 		return false
 	}
-	_, _ = q[rows*d-1], m.b[n*m.rb-1]
+	_, _, _ = s[(rows-1)*ld+n-1], q[rows*d-1], m.b[n*m.rb-1]
 	var ks, kz *float32
 	if m.s != nil {
 		_ = m.s[n*ng-1]
@@ -155,7 +160,7 @@ func (a *quantAsm) dots(rows int, s, q []float32, m qmat, d, pf int) bool {
 	if rows == 4 {
 		fn = a.dots4[fmtIndex(m.f)][mode]
 	}
-	fn(&s[0], n*4, &q[0], d*4, &m.b[0], m.rb, n, ng, g/32, ks, kz, pf*m.rb)
+	fn(&s[0], ld*4, &q[0], d*4, &m.b[0], m.rb, n, ng, g/32, ks, kz, pf*m.rb)
 	return true
 }
 
@@ -163,11 +168,17 @@ func (a *quantAsm) dots(rows int, s, q []float32, m qmat, d, pf int) bool {
 // len(p)/rows tokens, one call per column block; false: a shape the
 // assembly does not take.
 func (a *quantAsm) axpy(rows int, acc, p []float32, m qmat, alpha *[4]float32, pf int) bool {
-	d, n := len(acc)/rows, len(p)/rows
+	n := len(p) / rows
+	return a.axpyLd(rows, acc, p, n, n, m, alpha, pf)
+}
+
+// axpyLd is axpy over n tokens with the rows of p ld elements apart.
+func (a *quantAsm) axpyLd(rows int, acc, p []float32, ld, n int, m qmat, alpha *[4]float32, pf int) bool {
+	d := len(acc) / rows
 	if n == 0 || d == 0 || d%a.cb != 0 || m.g%a.vg != 0 || m.ng*m.g != d {
 		return false
 	}
-	_, _, _, _ = acc[rows*d-1], p[rows*n-1], m.b[n*m.rb-1], m.s[n*m.ng-1]
+	_, _, _, _ = acc[rows*d-1], p[(rows-1)*ld+n-1], m.b[n*m.rb-1], m.s[n*m.ng-1]
 	int4 := m.f == cache.QuantInt4
 	if int4 {
 		_ = m.z[n*m.ng-1]
@@ -194,7 +205,7 @@ func (a *quantAsm) axpy(rows int, acc, p []float32, m qmat, alpha *[4]float32, p
 		if j0 == 0 {
 			pfd = pf * m.rb
 		}
-		fn(&acc[j0], d*4, &p[0], n*4, &m.b[vb], m.rb, n, alpha, &m.s[gi], vz, m.ng*4, s2, pfd)
+		fn(&acc[j0], d*4, &p[0], ld*4, &m.b[vb], m.rb, n, alpha, &m.s[gi], vz, m.ng*4, s2, pfd)
 	}
 	return true
 }
@@ -208,9 +219,9 @@ func (a *quantAsm) ops() quantOps {
 				goQDots(s, q, k, d)
 			}
 		},
-		dots4: func(s, q []float32, k qmat, d, pf int) {
-			if !a.dots(4, s, q, k, d, pf) {
-				goQDots4(s, q, k, d)
+		dots4: func(s []float32, ld, n int, q []float32, k qmat, d, pf int) {
+			if !a.dotsLd(4, s, ld, n, q, k, d, pf) {
+				goQDots4Ld(s, ld, n, q, k, d)
 			}
 		},
 		axpy: func(acc, p []float32, v qmat, alpha *[4]float32, pf int) {
@@ -218,12 +229,13 @@ func (a *quantAsm) ops() quantOps {
 				goQAxpy(acc, p, v, alpha[0])
 			}
 		},
-		axpy4: func(acc, p []float32, v qmat, alpha *[4]float32, pf int) {
-			if !a.axpy(4, acc, p, v, alpha, pf) {
-				goQAxpy4(acc, p, v, alpha)
+		axpy4: func(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, pf int) {
+			if !a.axpyLd(4, acc, p, ld, n, v, alpha, pf) {
+				goQAxpy4Ld(acc, p, ld, n, v, alpha)
 			}
 		},
-		mul: a.mul,
+		mul:      a.mul,
+		prefetch: qprefetchScales,
 	}
 }
 
@@ -287,16 +299,25 @@ func intPrep512(dst []byte, q, ks []float32) (scale, sum float32, ok bool) {
 }
 
 // intDots4VNNI is quantOps.intDots4 (head dim a multiple of 64).
-func intDots4VNNI(s []float32, qi []byte, k qmat, d int, aff *[24]float32, pf int) {
-	n := len(s) / 4
+func intDots4VNNI(s []float32, ld, n int, qi []byte, k qmat, d int, aff *[24]float32, pf int) {
 	if n == 0 {
 		return
 	}
-	_, _ = qi[4*d-1], k.b[n*k.rb-1]
-	qdots4i8vnni(&s[0], n*4, &qi[0], d, &k.b[0], k.rb, n, d/64, aff, pf*k.rb)
+	_, _, _ = s[3*ld+n-1], qi[4*d-1], k.b[n*k.rb-1]
+	qdots4i8vnni(&s[0], ld*4, &qi[0], d, &k.b[0], k.rb, n, d/64, aff, pf*k.rb)
 }
 
 // Declarations of the VNNI score loop (kern_quant_amd64.s).
+
+// qprefetchScales is quantOps.prefetch.
+func qprefetchScales(s []float32) {
+	if len(s) > 0 {
+		qprefetch(&s[0], len(s))
+	}
+}
+
+//go:noescape
+func qprefetch(p *float32, n int)
 
 //go:noescape
 func qabsmaxavx512(q *float32, ks *float32, n int, out *[2]float32)

@@ -165,12 +165,13 @@ func TestQuantIntDotsOps(t *testing.T) {
 					t.Fatalf("d=%d row %d: sum %v, want %d", d, r, sum, s32)
 				}
 			}
-			qb := quantBlock{ops: &quant512Ops, qi: qi, isc: isc[:], ioff: ioff[:], intOn: true}
+			qb := quantBlock{ops: &quant512Ops}
+			p := quantPart{qi: qi, isc: isc[:], ioff: ioff[:], intOn: true}
 			got := make([]float32, 4*n)
-			qb.intScores(got, 0, 4, k, n, d, 0)
+			qb.intScores(&p, got, n, 0, 4, k, n, d, 0)
 			want := make([]float32, 4*n)
 			for r := 0; r < 4; r++ {
-				qb.intScores(want[r*n:(r+1)*n], r, 1, k, n, d, 0)
+				qb.intScores(&p, want[r*n:(r+1)*n], n, r, 1, k, n, d, 0)
 			}
 			for i := range want {
 				if !closeToMag(got[i], want[i], float64(d)*127*127*float64(isc[i/n])) {

@@ -26,7 +26,8 @@ import (
 //
 // The result is that of dequantizing (cache.DequantizeSegment, the one
 // definition of the formats) and running the native path, up to float32
-// rounding. Non-finite scales, zeros or products reach maxOf or the
+// rounding (and, with the integer score loop, SetQuantIntDots, up to the
+// query's rounding to int8). Non-finite scales, zeros or products reach maxOf or the
 // accumulator check and send the row to exactRow, which dequantizes with
 // cache.DequantizeSegment (loadRows).
 
@@ -57,179 +58,306 @@ func (m qmat) rows(a, e int) qmat {
 
 // quantOps are the score and accumulation loops over quantized rows for one
 // instruction set, contracts as kernelOps' float32 ones with K/V rows given
-// as a qmat of len(s) (dots), len(s)/4 (dots4), len(p) (axpy) or len(p)/4
-// (axpy4) rows. pf is how many rows ahead the loops may prefetch.
+// as a qmat of len(s) (dots), n (dots4), len(p) (axpy) or n (axpy4) rows;
+// the four-row loops take their score rows ld elements apart (the rows of
+// a super-block's score buffer). pf is how many rows ahead the loops may
+// prefetch.
 type quantOps struct {
 	dots  func(s, q []float32, k qmat, d, pf int)
-	dots4 func(s, q []float32, k qmat, d, pf int)
+	dots4 func(s []float32, ld, n int, q []float32, k qmat, d, pf int)
 	axpy  func(acc, p []float32, v qmat, alpha *[4]float32, pf int) // alpha[0] scales the row
-	axpy4 func(acc, p []float32, v qmat, alpha *[4]float32, pf int)
+	axpy4 func(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, pf int)
 	// mul sets dst[i] = a[i]*b[i] (folding per-channel K scales into q).
 	mul func(dst, a, b []float32)
+	// prefetch, when set, hints the cache lines of s into L2: the scales of
+	// the chunks of the next super-block, which lie apart from the rows
+	// (per-channel ones a chunk's stride apart), are requested while this
+	// one is computed.
+	prefetch func(s []float32)
 	// intPrep and intDots4, when set (AVX-512 VNNI), are the integer score
 	// loop for int8 K per channel: intPrep quantizes one query row times the
 	// channel scales to int8 (dst), returning its scale and the sum of its
 	// integers (ok false: a product is not finite, or the row's scale is
-	// out of range); intDots4 computes four rows' scores from such rows,
-	// s = acc*aff-scale + aff-offset (layout in kern_quant_amd64.s).
+	// out of range); intDots4 computes four rows' scores (rows ld apart)
+	// over n tokens from such rows, s = acc*aff-scale + aff-offset (layout
+	// in kern_quant_amd64.s).
 	intPrep  func(dst []byte, q, ks []float32) (scale, sum float32, ok bool)
-	intDots4 func(s []float32, qi []byte, k qmat, d int, aff *[24]float32, pf int)
+	intDots4 func(s []float32, ld, n int, qi []byte, k qmat, d int, aff *[24]float32, pf int)
 }
 
 // IntDotsEnv is the environment variable that turns the integer (VNNI)
-// score loop for int8 K per channel on (1) or off (0); see SetQuantIntDots.
+// score loop for int8 K per channel off (0) or on (anything else, the
+// default); see SetQuantIntDots.
 const IntDotsEnv = "OLKV_QUANT_INT_DOTS"
 
 var intDots atomic.Bool
 
-func init() { intDots.Store(os.Getenv(IntDotsEnv) == "1") }
+func init() { intDots.Store(os.Getenv(IntDotsEnv) != "0") }
 
 // SetQuantIntDots turns on or off the integer score loop over int8 K per
 // channel where the CPU has AVX-512 VNNI: the query rows (times the
 // chunk's channel scales) are quantized to int8 per row and dotted with
 // VPDPBUSD. It trades the query's rounding (a relative score error of about
 // 2^-8 of the row's largest element) for about twice the score loop's
-// speed. Off by default; it changes nothing on other CPUs and paths.
+// speed (the whole int8 decode step about 1.12x). On by default
+// (OLKV_QUANT_INT_DOTS=0 turns it off); it changes nothing on other CPUs
+// and paths.
 func SetQuantIntDots(on bool) { intDots.Store(on) }
 
-// quantBlock is the state of the quantized segment runUnit is walking: while
-// on, unitState.block reads K and V through it instead of float32/16-bit rows.
-type quantBlock struct {
-	on  bool
-	ops *quantOps
-	q   []float32 // the query rows the K loops dot with (folded per channel)
-	kc  []float32 // per-row score constants (per-channel int4 zeros), or nil
+// QuantIntDots reports whether the integer score loop is on (see
+// SetQuantIntDots); it says nothing of whether the CPU has it.
+func QuantIntDots() bool { return intDots.Load() }
+
+// Super-blocks. A sealed chunk is a segment of a few dozen rows (the
+// cache's quantization chunk), far fewer than the native path's block
+// (blockTokens). runUnit hands every run of consecutive quantized segments
+// to quantRun, which groups whole chunks into super-blocks of up to bt
+// tokens: per chunk it folds the chunk's per-channel scales into the
+// query rows (a quantPart), then unitState.block runs once over the
+// super-block: the score loop per part into the shared score rows at the
+// part's offset, the online-softmax bookkeeping (max, exp, l, rescale)
+// once, and the accumulation per part. A chunk longer than bt is cut in
+// blocks of bt as the native path does.
+
+// quantPart is one chunk (or a block of a long one) of the super-block
+// unitState.block is walking.
+type quantPart struct {
+	off, n int       // its tokens [off, off+n) of the super-block
+	k, v   qmat      // their rows
+	q      []float32 // the query rows the K loops dot with (folded per channel)
+	kc     []float32 // per-row score constants (per-channel int4 zeros), or nil
 	// intOn: the K loops use qi (int8 query rows) with per-row scales isc
-	// and offsets ioff (intDots4); aff is the four-row argument block.
+	// and offsets ioff (intDots4).
 	intOn     bool
 	qi        []byte
 	isc, ioff []float32
-	aff       [24]float32
-	// bad: a scale or zero of the segment is not finite, or a dequantized
-	// value could overflow float32 (|s|*qmax + |z|): its scores are made
-	// NaN so that the rows seeing it are recomputed by exactRow.
-	bad  bool
-	k, v qmat // the current block's rows
+	// bad: a scale or zero of the chunk is not finite, or a dequantized
+	// value could overflow float32 (|s|*qmax + |z|), or the integer query
+	// rows could not be formed: its scores are made NaN so that the rows
+	// seeing it are recomputed by exactRow.
+	bad bool
 }
 
-// dots computes the scores of rows [r, r+nr) (nr is 1 or 4) for the block's
-// tokens [a, e) into sc.
+// quantBlock is the super-block runUnit is walking: while on,
+// unitState.block reads K and V through its parts instead of float32/16-bit
+// rows.
+type quantBlock struct {
+	on    bool
+	ops   *quantOps
+	parts []quantPart
+	ahead []cache.Segment // the segments after the super-block (prefetched)
+	aff   [24]float32     // intDots4's four-row argument block
+	ones  [4]float32      // the rescale of every part after a row's first: none
+}
+
+// superFloats bounds the folded query rows the parts of one super-block
+// keep (rows*dk floats per part): 128 KiB, at least one part.
+const superFloats = 32 << 10
+
+// dots computes the scores of rows [r, r+nr) (nr is 1 or 4) for the
+// super-block's tokens [a, e) into sc (nr rows of e-a).
 func (qb *quantBlock) dots(sc []float32, r, nr, a, e, dk, pf int) {
-	k := qb.k.rows(a, e)
-	if qb.intOn {
-		qb.intScores(sc, r, nr, k, e-a, dk, pf)
-		return
-	}
-	if nr == 4 {
-		qb.ops.dots4(sc, qb.q[r*dk:(r+4)*dk], k, dk, pf)
-	} else {
-		qb.ops.dots(sc, qb.q[r*dk:(r+1)*dk], k, dk, pf)
-	}
-	if qb.bad {
-		nan := float32(math.NaN())
-		for i := range sc[:nr*(e-a)] {
-			sc[i] = nan
+	cnt := e - a
+	for i := range qb.parts {
+		p := &qb.parts[i]
+		if i < len(qb.ahead) && qb.ops.prefetch != nil {
+			qs := &qb.ahead[i].Q
+			qb.ops.prefetch(qs.KScale)
+			qb.ops.prefetch(qs.KZero)
+			qb.ops.prefetch(qs.VScale)
+			qb.ops.prefetch(qs.VZero)
 		}
-		return
-	}
-	if qb.kc != nil {
-		cnt := e - a
-		for j := 0; j < nr; j++ {
-			c := qb.kc[r+j]
-			for t := range sc[j*cnt : (j+1)*cnt] {
-				sc[j*cnt+t] += c
+		pa, pe := max(a, p.off), min(e, p.off+p.n)
+		if pa >= pe {
+			continue
+		}
+		n, s := pe-pa, sc[pa-a:]
+		if p.bad {
+			nan := float32(math.NaN())
+			for j := 0; j < nr; j++ {
+				row := s[j*cnt : j*cnt+n]
+				for t := range row {
+					row[t] = nan
+				}
+			}
+			continue
+		}
+		k := p.k.rows(pa-p.off, pe-p.off)
+		switch {
+		case p.intOn:
+			qb.intScores(p, s, cnt, r, nr, k, n, dk, pf)
+			continue
+		case nr == 4:
+			qb.ops.dots4(s, cnt, n, p.q[r*dk:(r+4)*dk], k, dk, pf)
+		default:
+			qb.ops.dots(s[:n], p.q[r*dk:(r+1)*dk], k, dk, pf)
+		}
+		if p.kc != nil {
+			for j := 0; j < nr; j++ {
+				c := p.kc[r+j]
+				row := s[j*cnt : j*cnt+n]
+				for t := range row {
+					row[t] += c
+				}
 			}
 		}
 	}
 }
 
-// intScores is dots for the integer loop: four rows by intDots4, a single
-// row (not met when the group is a multiple of four) in scalar Go.
-func (qb *quantBlock) intScores(sc []float32, r, nr int, k qmat, cnt, dk, pf int) {
+// intScores is dots for the integer loop over part p's rows k (n tokens,
+// score rows ld apart): four rows by intDots4, a single row (not met when
+// the group is a multiple of four) in scalar Go.
+func (qb *quantBlock) intScores(p *quantPart, s []float32, ld, r, nr int, k qmat, n, dk, pf int) {
 	if nr == 4 {
 		a := &qb.aff
 		for j := 0; j < 4; j++ {
-			a[2*(j&1)+j/2*4], a[2*(j&1)+j/2*4+1] = qb.isc[r+j], qb.isc[r+j] // [r0 r0 r1 r1], [r2 r2 r3 r3]
-			a[8+2*(j&1)+j/2*4], a[8+2*(j&1)+j/2*4+1] = qb.ioff[r+j], qb.ioff[r+j]
-			a[16+j], a[20+j] = qb.isc[r+j], qb.ioff[r+j]
+			a[2*(j&1)+j/2*4], a[2*(j&1)+j/2*4+1] = p.isc[r+j], p.isc[r+j] // [r0 r0 r1 r1], [r2 r2 r3 r3]
+			a[8+2*(j&1)+j/2*4], a[8+2*(j&1)+j/2*4+1] = p.ioff[r+j], p.ioff[r+j]
+			a[16+j], a[20+j] = p.isc[r+j], p.ioff[r+j]
 		}
-		qb.ops.intDots4(sc, qb.qi[r*dk:(r+4)*dk], k, dk, a, pf)
+		qb.ops.intDots4(s, ld, n, p.qi[r*dk:(r+4)*dk], k, dk, a, pf)
 		return
 	}
-	qi := qb.qi[r*dk : (r+1)*dk]
-	for t := 0; t < cnt; t++ {
+	qi := p.qi[r*dk : (r+1)*dk]
+	for t := 0; t < n; t++ {
 		row := k.b[t*k.rb : (t+1)*k.rb]
 		var acc int32
 		for j, x := range qi {
 			acc += int32(int8(x)) * int32(int8(row[j]))
 		}
-		sc[t] = float32(acc) * qb.isc[r]
+		s[t] = float32(acc) * p.isc[r]
 	}
 }
 
-// axpy accumulates the block's V rows [a, e) into acc (nr rows).
+// axpy accumulates the super-block's V rows [a, e) into acc (nr rows),
+// weighted by sc (nr rows of e-a); alpha rescales acc once, before the
+// first part.
 func (qb *quantBlock) axpy(acc, sc []float32, a, e, nr, pf int, alpha *[4]float32) {
-	v := qb.v.rows(a, e)
-	if nr == 4 {
-		qb.ops.axpy4(acc, sc, v, alpha, pf)
-	} else {
-		qb.ops.axpy(acc, sc, v, alpha, pf)
+	cnt := e - a
+	for i := range qb.parts {
+		p := &qb.parts[i]
+		pa, pe := max(a, p.off), min(e, p.off+p.n)
+		if pa >= pe {
+			continue
+		}
+		v, s := p.v.rows(pa-p.off, pe-p.off), sc[pa-a:]
+		if nr == 4 {
+			qb.ops.axpy4(acc, s, cnt, pe-pa, v, alpha, pf)
+		} else {
+			qb.ops.axpy(acc, s[:pe-pa], v, alpha, pf)
+		}
+		alpha = &qb.ones
 	}
 }
 
-// quantSegment folds the rows of one quantized segment into the unit's
-// online-softmax state (the quantized counterpart of runUnit's block loop).
-func (u *unitState) quantSegment(ops *kernelOps, s *shape, sg *cache.Segment, rows, bt int) error {
-	if err := checkQuantSegment(sg, s.dk, s.dv); err != nil {
-		return err
-	}
-	dk, dv := s.dk, s.dv
-	qs := &sg.Q
+// quantRun folds the leading run of consecutive quantized segments of segs,
+// the first starting at pos, into the unit's online-softmax state in
+// super-blocks of up to bt tokens (the quantized counterpart of runUnit's
+// block loop). It returns how many segments it consumed and the position
+// after them.
+func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos, rows, bt int) (used, end int, err error) {
+	dk := s.dk
 	qb := &u.qb
 	qb.ops = ops.quant
 	if qb.ops == nil {
 		qb.ops = &goQuantOps
 	}
-	k := qmat{b: sg.K, f: qs.Format, rb: qs.Format.RowBytes(dk)}
-	v := qmat{b: sg.V, f: qs.Format, rb: qs.Format.RowBytes(dv), s: qs.VScale, z: qs.VZero,
-		g: qs.VGroup, ng: dv / qs.VGroup}
-	qb.q, qb.kc, qb.intOn, qb.bad = u.qs, nil, false, false
-	if qs.KAxis == cache.KPerChannel && qs.Format == cache.QuantInt8 && qb.ops.intDots4 != nil &&
-		intDots.Load() && s.group%4 == 0 && dk%64 == 0 && dk <= 256 {
+	qb.ones = [4]float32{1, 1, 1, 1}
+	intOK := qb.ops.intDots4 != nil && intDots.Load() && s.group%4 == 0 && dk%64 == 0 && dk <= 256
+	maxParts := max(1, min(bt, superFloats/(rows*dk)))
+	u.qq = growF(u.qq, maxParts*rows*dk)
+	u.qc = growF(u.qc, maxParts*rows)
+	if intOK {
+		u.qi = growB(u.qi, maxParts*rows*dk)
+		u.isc, u.ioff = growF(u.isc, maxParts*rows), growF(u.ioff, maxParts*rows)
+	}
+	qb.parts = qb.parts[:0]
+	qb.on = true
+	defer func() { qb.on = false }()
+	tot := 0 // tokens of the pending super-block, which ends at pos
+	for ; used < len(segs); used++ {
+		sg := &segs[used]
+		if sg.Q.Format == cache.QuantNone || sg.Start != pos {
+			break
+		}
+		if err := checkQuantSegment(sg, dk, s.dv); err != nil {
+			return used, pos, err
+		}
+		if sg.Len == 0 {
+			continue
+		}
+		if len(qb.parts) > 0 && (tot+sg.Len > bt || len(qb.parts) == maxParts) {
+			qb.ahead = segs[used:]
+			u.block(ops, s, nil, nil, nil, nil, pos-tot, tot, rows, prefetchTokens, nil)
+			qb.parts, tot = qb.parts[:0], 0
+		}
+		p := u.quantPart(ops, s, sg, len(qb.parts), rows, intOK)
+		u.read += quantBytes(sg, dk, s.dv)
+		if sg.Len <= bt {
+			p.off, p.n = tot, sg.Len
+			qb.parts = append(qb.parts, p)
+			tot += sg.Len
+			pos += sg.Len
+			continue
+		}
+		k, v := p.k, p.v
+		qb.ahead = nil
+		for off := 0; off < sg.Len; off += bt {
+			p.n = min(bt, sg.Len-off)
+			p.k, p.v = k.rows(off, off+p.n), v.rows(off, off+p.n)
+			qb.parts = append(qb.parts[:0], p)
+			u.block(ops, s, nil, nil, nil, nil, pos+off, p.n, rows, prefetchTokens, nil)
+		}
+		qb.parts = qb.parts[:0]
+		pos += sg.Len
+	}
+	qb.ahead = nil
+	if tot > 0 {
+		u.block(ops, s, nil, nil, nil, nil, pos-tot, tot, rows, prefetchTokens, nil)
+		qb.parts = qb.parts[:0]
+	}
+	return used, pos, nil
+}
+
+// quantPart prepares one quantized segment (already checked) as the part
+// in slot i of a super-block: its rows, and the query rows folded with its
+// per-channel K scales in slot i of the unit's buffers.
+func (u *unitState) quantPart(ops *kernelOps, s *shape, sg *cache.Segment, i, rows int, intOK bool) quantPart {
+	dk, dv := s.dk, s.dv
+	qs := &sg.Q
+	qb := &u.qb
+	p := quantPart{
+		k: qmat{b: sg.K, f: qs.Format, rb: qs.Format.RowBytes(dk)},
+		v: qmat{b: sg.V, f: qs.Format, rb: qs.Format.RowBytes(dv), s: qs.VScale, z: qs.VZero,
+			g: qs.VGroup, ng: dv / qs.VGroup},
+		q: u.qs,
+	}
+	switch {
+	case qs.KAxis == cache.KPerChannel && qs.Format == cache.QuantInt8 && intOK:
 		// int32 sums of dk products of at most 255*127 stay exact in float32
 		// up to dk = 256 (VCVTDQ2PS)
-		u.qi = growB(u.qi, rows*dk)
-		u.isc, u.ioff = growF(u.isc, rows), growF(u.ioff, rows)
+		p.intOn = true
+		p.qi = u.qi[i*rows*dk : (i+1)*rows*dk]
+		p.isc, p.ioff = u.isc[i*rows:(i+1)*rows], u.ioff[i*rows:(i+1)*rows]
 		for r := 0; r < rows; r++ {
-			sc, sum, ok := qb.ops.intPrep(u.qi[r*dk:(r+1)*dk], u.qs[r*dk:(r+1)*dk], qs.KScale[:dk])
-			qb.bad = qb.bad || !ok
-			u.isc[r], u.ioff[r] = sc, -128*sc*sum
+			sc, sum, ok := qb.ops.intPrep(p.qi[r*dk:(r+1)*dk], u.qs[r*dk:(r+1)*dk], qs.KScale[:dk])
+			p.bad = p.bad || !ok
+			p.isc[r], p.ioff[r] = sc, -128*sc*sum
 		}
-		qb.intOn, qb.qi, qb.isc, qb.ioff = true, u.qi, u.isc, u.ioff
-	} else if qs.KAxis == cache.KPerChannel {
-		u.qq = growF(u.qq, rows*dk)
+	case qs.KAxis == cache.KPerChannel:
+		p.q = u.qq[i*rows*dk : (i+1)*rows*dk]
 		for r := 0; r < rows; r++ {
-			qb.ops.mul(u.qq[r*dk:(r+1)*dk], u.qs[r*dk:(r+1)*dk], qs.KScale[:dk])
+			qb.ops.mul(p.q[r*dk:(r+1)*dk], u.qs[r*dk:(r+1)*dk], qs.KScale[:dk])
 		}
-		qb.q = u.qq
 		if qs.Format == cache.QuantInt4 {
-			u.qc = growF(u.qc, rows)
-			ops.dots(u.qc, qs.KZero[:dk], u.qs[:rows*dk], dk, 0) // qc[r] = qs_r . zero
-			qb.kc = u.qc
+			p.kc = u.qc[i*rows : (i+1)*rows]
+			ops.dots(p.kc, qs.KZero[:dk], u.qs[:rows*dk], dk, 0) // kc[r] = qs_r . zero
 		}
-	} else {
-		k.s, k.z, k.g, k.ng = qs.KScale, qs.KZero, qs.KGroup, dk/qs.KGroup
+	default:
+		p.k.s, p.k.z, p.k.g, p.k.ng = qs.KScale, qs.KZero, qs.KGroup, dk/qs.KGroup
 	}
-	qb.bad = qb.bad || !scalesSafe(ops, &u.ss, qs, sg.Len, dk, dv)
-	u.read += quantBytes(sg, dk, dv)
-	qb.on = true
-	for off := 0; off < sg.Len; off += bt {
-		n := min(bt, sg.Len-off)
-		qb.k, qb.v = k.rows(off, off+n), v.rows(off, off+n)
-		u.block(ops, s, nil, nil, nil, nil, sg.Start+off, n, rows, prefetchTokens, nil)
-	}
-	qb.on = false
-	return nil
+	p.bad = p.bad || !scalesSafe(ops, &u.ss, qs, sg.Len, dk, dv)
+	return p
 }
 
 // scalesSafe reports whether every scale and zero of a segment of n rows is

@@ -36,8 +36,9 @@ func BenchmarkDecodeQuant(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
+				was := QuantIntDots()
 				SetQuantIntDots(intDots)
-				return v, func() { SetQuantIntDots(false); c.EndRead() }
+				return v, func() { SetQuantIntDots(was); c.EndRead() }
 			}
 		}
 		views = append(views, storage{"fp16", read(fp16, false)})
@@ -87,7 +88,7 @@ func (r *readCounter) AddBytesRead(n int64) { r.n += n; r.View.AddBytesRead(n) }
 // -benchtime=1x.
 func BenchmarkDecodeQuantAB(b *testing.B) {
 	defer SetThreads(Threads())
-	defer SetQuantIntDots(false)
+	defer SetQuantIntDots(QuantIntDots())
 	const qh, kvh, d, res, rounds, calls = 32, 8, 128, 128, 15, 3
 	for _, L := range []int{16384, 32768} {
 		type storage struct {

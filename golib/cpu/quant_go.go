@@ -6,10 +6,12 @@ import "github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 // variants fall back to it for shapes their assembly does not take.
 var goQuantOps = quantOps{
 	dots:  func(s, q []float32, k qmat, d, _ int) { goQDots(s, q, k, d) },
-	dots4: func(s, q []float32, k qmat, d, _ int) { goQDots4(s, q, k, d) },
+	dots4: func(s []float32, ld, n int, q []float32, k qmat, d, _ int) { goQDots4Ld(s, ld, n, q, k, d) },
 	axpy:  func(acc, p []float32, v qmat, alpha *[4]float32, _ int) { goQAxpy(acc, p, v, alpha[0]) },
-	axpy4: func(acc, p []float32, v qmat, alpha *[4]float32, _ int) { goQAxpy4(acc, p, v, alpha) },
-	mul:   goMul,
+	axpy4: func(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, _ int) {
+		goQAxpy4Ld(acc, p, ld, n, v, alpha)
+	},
+	mul: goMul,
 }
 
 func goMul(dst, a, b []float32) {
@@ -73,8 +75,13 @@ func goQDots(s, q []float32, k qmat, d int) {
 
 func goQDots4(s, q []float32, k qmat, d int) {
 	n := len(s) / 4
+	goQDots4Ld(s, n, n, q, k, d)
+}
+
+// goQDots4Ld is goQDots4 over n tokens with the rows of s ld apart.
+func goQDots4Ld(s []float32, ld, n int, q []float32, k qmat, d int) {
 	for r := 0; r < 4; r++ {
-		goQDots(s[r*n:(r+1)*n], q[r*d:(r+1)*d], k, d)
+		goQDots(s[r*ld:r*ld+n], q[r*d:(r+1)*d], k, d)
 	}
 }
 
@@ -99,8 +106,14 @@ func goQAxpy(acc, p []float32, v qmat, alpha float32) {
 }
 
 func goQAxpy4(acc, p []float32, v qmat, alpha *[4]float32) {
-	d, n := len(acc)/4, len(p)/4
+	n := len(p) / 4
+	goQAxpy4Ld(acc, p, n, n, v, alpha)
+}
+
+// goQAxpy4Ld is goQAxpy4 over n tokens with the rows of p ld apart.
+func goQAxpy4Ld(acc, p []float32, ld, n int, v qmat, alpha *[4]float32) {
+	d := len(acc) / 4
 	for r := 0; r < 4; r++ {
-		goQAxpy(acc[r*d:(r+1)*d], p[r*n:(r+1)*n], v, alpha[r])
+		goQAxpy(acc[r*d:(r+1)*d], p[r*ld:r*ld+n], v, alpha[r])
 	}
 }

@@ -98,6 +98,10 @@ func checkQuantPaths(t *testing.T, c quantCase, threads []int) float64 {
 	tol := tolerance[c.elem]
 	if c.tol != [2]float64{} {
 		tol = c.tol
+	} else {
+		// the native tolerance holds for the float score loops only
+		defer SetQuantIntDots(QuantIntDots())
+		SetQuantIntDots(false)
 	}
 	_, paths := KernelPaths()
 	defer restoreKernel(t)
@@ -279,6 +283,7 @@ func TestQuantNonFinite(t *testing.T) {
 	_, paths := KernelPaths()
 	defer restoreKernel(t)
 	defer SetThreads(Threads())
+	defer SetQuantIntDots(QuantIntDots())
 	threadCounts := 2
 	if raceEnabled || asanEnabled {
 		threadCounts = 1
@@ -300,13 +305,26 @@ func TestQuantNonFinite(t *testing.T) {
 						t.Fatal(err)
 					}
 					for _, th := range []int{1, 2}[:threadCounts] {
-						SetThreads(th)
-						if err := Attention(got, q, c.qLen, c.qHeads, qv, c.opts); err != nil {
-							t.Fatal(err)
-						}
-						if i, ok := sameAsReference(got, want, 2); !ok {
-							t.Errorf("%s %v path=%s threads=%d: element %d (row %d) = %v, reference %v",
-								p.name, c, path, th, i, i/c.dv, got[i], want[i])
+						for _, intOn := range []bool{false, true} {
+							// the integer score loop (int8 K per channel, VNNI):
+							// the same non-finite pattern, finite values within
+							// intDotsTol (2e-6*mag)
+							mag := 2.0
+							if intOn {
+								if f != cache.QuantInt8 || ax != cache.KPerChannel {
+									continue
+								}
+								mag = intDotsTol[0] / 2e-6
+							}
+							SetThreads(th)
+							SetQuantIntDots(intOn)
+							if err := Attention(got, q, c.qLen, c.qHeads, qv, c.opts); err != nil {
+								t.Fatal(err)
+							}
+							if i, ok := sameAsReference(got, want, mag); !ok {
+								t.Errorf("%s %v path=%s threads=%d int dots %v: element %d (row %d) = %v, reference %v",
+									p.name, c, path, th, intOn, i, i/c.dv, got[i], want[i])
+							}
 						}
 					}
 				}
@@ -406,8 +424,8 @@ func TestQuantIntDots(t *testing.T) {
 	if !have {
 		t.Skip("no kernel path with integer dots on this CPU/build")
 	}
+	defer SetQuantIntDots(QuantIntDots())
 	SetQuantIntDots(true)
-	defer SetQuantIntDots(false)
 	lens := []int{33, 200, 1000}
 	if raceEnabled || asanEnabled || testing.Short() {
 		lens = []int{200}

@@ -160,13 +160,14 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 	pos := from
 	for c0 := from; c0 < to; c0 += chunk {
 		u.segs = v.AppendSegments(u.segs[:0], b, h, c0, min(c0+chunk, to))
-		for i := range u.segs {
+		for i := 0; i < len(u.segs); i++ {
 			sg := &u.segs[i]
 			if sg.Q.Format != cache.QuantNone && sg.Start == pos {
-				if err := u.quantSegment(ops, s, sg, rows, bt); err != nil {
+				n, end, err := u.quantRun(ops, s, u.segs[i:], pos, rows, bt)
+				if err != nil {
 					return err
 				}
-				pos += sg.Len
+				i, pos = i+n-1, end
 				continue
 			}
 			if sg.Start != pos || sg.Len < 0 || len(sg.K) < sg.Len*dk*esize || len(sg.V) < sg.Len*dv*esize {
