@@ -5,6 +5,7 @@ raised on every run, and signatures must stay bounded and be freed with the sess
 
 from __future__ import annotations
 
+import gc
 from typing import Any, Dict, List
 
 import numpy as np
@@ -115,20 +116,25 @@ def test_state_runs_prepare_once_and_refuse_pasts(decoder: bytes) -> None:
 
 def test_signatures_bounded_and_freed_with_the_session(decoder: bytes) -> None:
     live = _lib.fn("LiveSignatures")
-    before = live()
-    sess = InferenceSession(decoder, threads=1)
-    names = [o.name for o in sess.get_outputs()]
-    past = {p: np.zeros((1, CFG.kv_heads, 1, CFG.head_dim), np.float32) for p in models.past_names(CFG.layers)}
-    f = _feeds(past, 1, 1)
-    seen = 0
-    for i in range(session._MAX_SIGNATURES + 6):  # as many distinct output selections
-        sel = [names[(i + k) % len(names)] for k in range(1 + i % 3)] + ["logits"] * (i // len(names))
-        sess.run(sel, f)
-        seen += 1
-    assert len(sess._signatures) <= session._MAX_SIGNATURES
-    assert live() - before == len(sess._signatures)
-    sess.close()
-    assert live() == before
+    # The count is process-wide: other tests' sessions free theirs when the garbage collector
+    # gets to them, so collect them first and keep the collector off while counting.
+    gc.collect()
+    gc.disable()
+    try:
+        before = live()
+        sess = InferenceSession(decoder, threads=1)
+        names = [o.name for o in sess.get_outputs()]
+        past = {p: np.zeros((1, CFG.kv_heads, 1, CFG.head_dim), np.float32) for p in models.past_names(CFG.layers)}
+        f = _feeds(past, 1, 1)
+        for i in range(session._MAX_SIGNATURES + 6):  # as many distinct output selections
+            sel = [names[(i + k) % len(names)] for k in range(1 + i % 3)] + ["logits"] * (i // len(names))
+            sess.run(sel, f)
+        assert len(sess._signatures) <= session._MAX_SIGNATURES
+        assert live() - before == len(sess._signatures)
+        sess.close()
+        assert live() == before
+    finally:
+        gc.enable()
 
 
 def test_high_rank_and_lent_outputs() -> None:
