@@ -246,7 +246,13 @@ def summarize(samples: Iterable[float]) -> Dict[str, float]:
 
 
 def write_json(name: str, payload: Mapping[str, Any], results_dir: str = RESULTS_DIR) -> str:
-    """Write ``payload`` to ``<results_dir>/<name>-<YYYYmmddTHHMMSSZ>.json`` and return the path."""
+    """Write ``payload`` to ``<results_dir>/<name>-<YYYYmmddTHHMMSSZ>.json`` and return the path.
+
+    Where the file goes is not part of the measurement: a ``results_dir`` among the payload's
+    ``args`` is left out (it would record a path of this machine)."""
+    args = payload.get("args")
+    if isinstance(args, Mapping) and "results_dir" in args:
+        payload = {**payload, "args": {k: v for k, v in args.items() if k != "results_dir"}}
     os.makedirs(results_dir, exist_ok=True)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = os.path.join(results_dir, f"{name}-{stamp}.json")

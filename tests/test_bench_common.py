@@ -129,3 +129,13 @@ def test_bench_decode_quant_smoke(tmp_path: Any) -> None:
     assert rows["int8 r128"]["kv_read_MB"] > rows["int8 r0"]["kv_read_MB"]
     for name in ("int8 r0", "int8 r128", "int4 r0", "int4 r128"):
         assert rows[name]["speedup"] > 0 and rows[name]["max_abs_diff_vs_fp32"] < 0.5
+
+
+def test_write_json_leaves_out_the_results_dir(tmp_path) -> None:
+    """The JSON records what was measured, not where this machine keeps the files."""
+    payload = {"args": {"quick": True, "results_dir": str(tmp_path)}, "rows": [1, 2]}
+    path = _common.write_json("unit", payload, str(tmp_path))
+    with open(path, encoding="utf-8") as f:
+        got = json.load(f)
+    assert got == {"args": {"quick": True}, "rows": [1, 2]}
+    assert payload["args"]["results_dir"] == str(tmp_path)  # the caller's dict is untouched
