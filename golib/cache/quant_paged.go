@@ -36,21 +36,13 @@ func (g quantGeom) chunkParts(cfg Config) [7]int {
 
 // chunkBytes is the size of one chunk block.
 func (g quantGeom) chunkBytes(cfg Config) int {
-	n := 0
-	for _, p := range g.chunkParts(cfg) {
-		n += align64(p)
-	}
-	return n
+	p := g.chunkParts(cfg)
+	return alignedSize(p[:])
 }
 
 func (g quantGeom) carveChunk(cfg Config, buf []byte) *qchunk {
 	p := g.chunkParts(cfg)
-	var off int
-	next := func(n int) []byte {
-		b := buf[off : off+n : off+n]
-		off += align64(n)
-		return b
-	}
+	next := (&carver{buf: buf}).next
 	ch := &qchunk{buf: buf, qk: next(p[0]), qv: next(p[1]), kts: asF32(next(p[2])), kzs: asF32(next(p[3])),
 		vts: asF32(next(p[4])), vzs: asF32(next(p[5])), kch: asF32(next(p[6]))}
 	ch.refs.Store(1)

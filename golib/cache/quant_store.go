@@ -64,10 +64,8 @@ func newQuantGeom(cfg Config) quantGeom {
 	if cfg.Layout != Paged {
 		g.maxChunks = (cfg.Capacity+q.Group-1)/q.Group + 1
 	}
-	g.seqBytes = 0
-	for _, n := range g.parts(cfg) {
-		g.seqBytes += align64(n)
-	}
+	p := g.parts(cfg)
+	g.seqBytes = alignedSize(p[:])
 	return g
 }
 
@@ -93,6 +91,31 @@ func (g quantGeom) parts(cfg Config) [8]int {
 
 func align64(n int) int { return (n + 63) &^ 63 }
 
+// alignedSize is the size of a buffer holding parts of the given sizes,
+// each starting on a 64-byte boundary (the layout carver cuts).
+func alignedSize(parts []int) int {
+	n := 0
+	for _, p := range parts {
+		n += align64(p)
+	}
+	return n
+}
+
+// carver cuts consecutive parts, each starting on a 64-byte boundary, out
+// of one buffer sized by alignedSize.
+type carver struct {
+	buf []byte
+	off int
+}
+
+// next returns the next part of n bytes (capacity n, so appends cannot
+// reach the part after it).
+func (c *carver) next(n int) []byte {
+	b := c.buf[c.off : c.off+n : c.off+n]
+	c.off += align64(n)
+	return b
+}
+
 // scaleBytesPerToken is the per-token scale and zero bytes of one token
 // (all heads), without the per-channel K scales.
 func (g quantGeom) scaleBytesPerToken(cfg Config) int {
@@ -114,12 +137,7 @@ func (g quantGeom) bytesPerToken(cfg Config) int64 {
 // carve splits one sequence's arena buffer into its parts.
 func (g quantGeom) carve(cfg Config, buf []byte) *quantSeq {
 	p := g.parts(cfg)
-	var off int
-	next := func(n int) []byte {
-		b := buf[off : off+n : off+n]
-		off += align64(n)
-		return b
-	}
+	next := (&carver{buf: buf}).next
 	s := &quantSeq{ringK: next(p[0]), ringV: next(p[1]), qk: next(p[2]), qv: next(p[3]),
 		kts: asF32(next(p[4])), kzs: asF32(next(p[5])), vts: asF32(next(p[6])), vzs: asF32(next(p[7]))}
 	if g.chStride > 0 {
