@@ -130,14 +130,28 @@ asan_tests() {
 # 10s; 0 skips), SIMD build; a crasher fails the run and is written under the
 # package's testdata/fuzz (commit it: plain go test then replays it).
 fuzz_tests() {
-  local t=${OLKV_FUZZTIME:-10s} pkg target start log
+  local t=${OLKV_FUZZTIME:-10s} pkg target start log before after
   if [ "$t" = 0 ]; then echo "   fuzzing skipped (OLKV_FUZZTIME=0)"; return 0; fi
   phase "go test -fuzz: 3 targets, $t each"
   log=$(mktemp)
   for spec in ./golib/cache:FuzzCacheOps ./golib/cpu:FuzzAttention ./golib/runtime/model:FuzzLoadBytes; do
     pkg=${spec%%:*} target=${spec##*:} start=$SECONDS
     printf '   %s %s\n' "${pkg#./}" "$target"
+    before=$(ls "$pkg/testdata/fuzz/$target" 2>/dev/null | sort)
     if ! GOEXPERIMENT=simd go test -count=1 -run '^$' -fuzz "^$target\$" -fuzztime "$t" "$pkg" >"$log" 2>&1; then
+      after=$(ls "$pkg/testdata/fuzz/$target" 2>/dev/null | sort)
+      # Go 1.26's fuzz coordinator can fail a target with a bare "context
+      # deadline exceeded" when -fuzztime ends while a worker is mid-call
+      # (Go issue 75804, fixed in Go 1.27). That writes no failing input:
+      # replay the corpus and count it as a pass only if the replay passes.
+      if [ "$before" = "$after" ] && grep -q 'context deadline exceeded' "$log" &&
+        ! grep -q -e 'panic:' -e 'Failing input written' "$log"; then
+        echo "        fuzz coordinator stopped at its deadline with no failing input; replaying the corpus"
+        if GOEXPERIMENT=simd go test -count=1 -run "^$target\$" "$pkg" >"$log" 2>&1; then
+          printf '        ok (%ds): corpus replay passed\n' $((SECONDS - start))
+          continue
+        fi
+      fi
       cat "$log"
       rm -f "$log"
       echo "FAILED: $target found a failing input (written under $pkg/testdata/fuzz/$target)" >&2
