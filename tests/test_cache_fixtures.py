@@ -188,6 +188,9 @@ def test_window_buffer_presents_on_request() -> None:
         out = sess.run(["logits", *presents], _state_feeds(st_dec, steps[-1].tokens), state=st)
         got = dict(zip(["logits", *presents], out))
         counters = {la["present_key"]: la["counters"]["export_bytes"] for la in st.info()["layers"]}
+        with pytest.raises(NotImplementedError, match="window-sized"):  # they hold only the window
+            st.load({p: np.zeros((1, 2, 4, 16), np.float32) for p in presents})
+        assert st.length == PROMPT.shape[1] + 12
     for past, present in dec.pairs:
         want = steps[-1].outputs[present]
         if dec.capacity(past) == 8:  # the window-sized buffer, exactly as the tensor path's

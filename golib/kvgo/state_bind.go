@@ -382,3 +382,40 @@ func stateCache(sh int64, layer int) (*cache.KVCache, int, error) {
 	}
 	return cc[layer], window, nil
 }
+
+// StateLoad appends n positions to every layer of state sh from present
+// tensors in numpy buffers of element code src: desc (at descPtr, int64,
+// 7 entries per layer slot in slot order) holds each layer's K pointer, K
+// bytes, V pointer, V bytes, kv_heads, head_dim_k and head_dim_v. It
+// returns the state's new length (see runtime.CacheState.Load).
+func StateLoad(sh int64, descPtr uintptr, layers, src, n int) (length int, err error) {
+	defer recoverTo(&err)
+	cs, err := states.get(sh)
+	if err != nil {
+		return 0, classify(err)
+	}
+	dt, err := elemOf(src)
+	if err != nil {
+		return 0, classify(err)
+	}
+	desc, err := int64sAt(descPtr, 7*layers)
+	if err != nil {
+		return 0, classify(err)
+	}
+	rows := make([]runtime.LayerRows, layers)
+	for i := range rows {
+		d := desc[7*i : 7*i+7]
+		r := &rows[i]
+		if r.K, err = bytesAt(uintptr(d[0]), int(d[1])); err == nil {
+			r.V, err = bytesAt(uintptr(d[2]), int(d[3]))
+		}
+		if err != nil {
+			return 0, classify(err)
+		}
+		r.KVHeads, r.HeadDimK, r.HeadDimV = int(d[4]), int(d[5]), int(d[6])
+	}
+	if err := cs.Load(rows, dt, n); err != nil {
+		return 0, classify(err)
+	}
+	return cs.Length(), nil
+}
