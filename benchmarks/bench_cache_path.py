@@ -182,7 +182,9 @@ def decode_case(M: Any, cfg: Any, model: Any, sessions: Dict[str, Any], threads:
             skipped[name] = f"{need / GIB:.1f} GiB of cache over --max-gib {args.max_gib}"
             return
         used += need
-        st = ours.create_state(batch=batch, max_length=context + 8, dtype=cd)
+        # an arena of its own (budget): its memory goes back to the system when the state
+        # closes, instead of staying pooled in the session's arena for the next cases
+        st = ours.create_state(batch=batch, max_length=context + 8, dtype=cd, budget=2 * need + GIB)
         st.load({n: past_arr for n in M.present_names(cfg.layers)})
         states[name] = st
 
