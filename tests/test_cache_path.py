@@ -446,3 +446,43 @@ def test_fp16_cache_for_fp32_model_and_repr() -> None:
         sess.create_state(dtype="int8")
     with pytest.raises(ValueError):
         sess.create_state(batch=0)
+
+
+def test_load_presents_continues_on_the_cache_path() -> None:
+    """``state.load(presents)`` (the inverse of export): a state loaded with the tensor path's
+    presents (ours, and onnxruntime's on the same model) continues exactly like the state that
+    ran the prompt; errors change nothing."""
+    import onnxruntime as ort
+
+    cfg = _cfg()
+    model = M.llama_decoder(cfg)
+    sess = _session(model)
+    P = PROMPT.shape[1]
+    ran = sess.create_state(max_length=P + 8)
+    sess.run(["logits"], {"input_ids": PROMPT, "position_ids": _positions(0, P)}, state=ran)
+    empty = {n: np.zeros((1, cfg.kv_heads, 0, cfg.head_dim), np.float32) for n in M.past_names(cfg.layers)}
+    o = ort.InferenceSession(M.model_bytes(model), providers=["CPUExecutionProvider"])
+    names = [x.name for x in o.get_outputs()]
+    res = dict(zip(names, o.run(None, {"input_ids": PROMPT, "position_ids": _positions(0, P), **empty})))
+    step = {"input_ids": np.array([[9]]), "position_ids": _positions(P, 1)}
+    want = sess.run(["logits"], step, state=ran.fork())[0]
+    for source in (ran.export(), {n: res[n] for n in M.present_names(cfg.layers)}):
+        st = sess.create_state(max_length=P + 8)
+        st.load(source)
+        assert st.length == P
+        _close("loaded state's step", sess.run(["logits"], step, state=st)[0], want, "float32")
+        for layer in st.info()["layers"]:
+            assert layer["counters"]["append_bytes"] == (P + 1) * _row_bytes(cfg, 4)
+    st = sess.create_state(max_length=P + 8)
+    st.load(ran.export())
+    presents = ran.export()
+    with pytest.raises(olkv.CapacityError):
+        st.load(presents)  # 2P > P + 8
+    with pytest.raises(KeyError):
+        st.load({k: v for k, v in presents.items() if k != "present.1.value"})
+    with pytest.raises(ValueError):
+        st.load({k: v[:, :, :3 if k.endswith("key") else 2] for k, v in presents.items()})
+    with pytest.raises(TypeError):
+        st.load({k: v.astype(np.int32) for k, v in presents.items()})
+    assert st.length == P
+    np.testing.assert_array_equal(st.export()["present.0.key"], presents["present.0.key"])

@@ -65,16 +65,42 @@ func (c *KVCache) ExportUpTo(k, v []byte, dt ElemType, maxL int) (int, error) {
 	return L, c.exportLocked(k[:nk], v[:nv], dt, L)
 }
 
+// ExportTail writes each sequence's last min(length, L) positions into
+// rows 0.. of present tensors k [Batch, KVHeads, L, HeadDimK] and v
+// [Batch, KVHeads, L, HeadDimV] of element type dt, and zeros after them
+// (and for positions a sliding window evicted): the window-sized buffer
+// onnxruntime-genai keeps for a GroupQueryAttention layer with
+// sliding_window_cache=1 whose buffer is as long as its window. The cache
+// itself keeps every position.
+func (c *KVCache) ExportTail(k, v []byte, dt ElemType, L int) error {
+	c.mu.Lock() // exclusive: it updates counters
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	if L < 0 {
+		return fmt.Errorf("%w: negative export length %d", ErrInvalidArgument, L)
+	}
+	return c.exportRows(k, v, dt, L, true)
+}
+
 // exportLocked is Export's body; c.mu is held exclusively.
 func (c *KVCache) exportLocked(k, v []byte, dt ElemType, L int) error {
-	cfg := c.cfg
-	if dt.Size() == 0 {
-		return fmt.Errorf("%w: unsupported export type %v", ErrInvalidArgument, dt)
-	}
 	for _, l := range c.lens {
 		if L < l {
 			return fmt.Errorf("%w: export length %d is shorter than a sequence of %d tokens", ErrInvalidArgument, L, l)
 		}
+	}
+	return c.exportRows(k, v, dt, L, false)
+}
+
+// exportRows writes the present tensors of length L: position p of
+// sequence b at row p, or with tail at row p - (length - L) for the last L
+// positions. c.mu is held exclusively.
+func (c *KVCache) exportRows(k, v []byte, dt ElemType, L int, tail bool) error {
+	cfg := c.cfg
+	if dt.Size() == 0 {
+		return fmt.Errorf("%w: unsupported export type %v", ErrInvalidArgument, dt)
 	}
 	ds := dt.Size()
 	wantK := cfg.Batch * cfg.KVHeads * L * cfg.HeadDimK * ds
@@ -90,24 +116,29 @@ func (c *KVCache) exportLocked(k, v []byte, dt ElemType, L int) error {
 	rowKd, rowVd := cfg.HeadDimK*ds, cfg.HeadDimV*ds
 	var written int64
 	for b := range cfg.Batch {
-		lo, hi := c.winStart[b], c.lens[b]
+		lo, hi, base := c.winStart[b], c.lens[b], 0 // position p goes to row p - base
+		if tail && hi > L {
+			base = hi - L
+			lo = max(lo, base)
+		}
 		for h := range cfg.KVHeads {
 			unit := b*cfg.KVHeads + h
 			dk := k[unit*L*rowKd : (unit+1)*L*rowKd]
 			dv := v[unit*L*rowVd : (unit+1)*L*rowVd]
-			clear(dk[:lo*rowKd])
-			clear(dv[:lo*rowVd])
+			clear(dk[:(lo-base)*rowKd])
+			clear(dv[:(lo-base)*rowVd])
 			c.segs = c.AppendSegments(c.segs[:0], b, h, lo, hi)
 			for _, sg := range c.segs {
+				r := sg.Start - base
 				if sg.Q.Format != QuantNone {
-					c.exportSealed(dk[sg.Start*rowKd:], dv[sg.Start*rowVd:], dt, sg)
+					c.exportSealed(dk[r*rowKd:], dv[r*rowVd:], dt, sg)
 					continue
 				}
-				convertRows(dk[sg.Start*rowKd:], dt, sg.K, cfg.Elem, sg.Len*cfg.HeadDimK, scratch)
-				convertRows(dv[sg.Start*rowVd:], dt, sg.V, cfg.Elem, sg.Len*cfg.HeadDimV, scratch)
+				convertRows(dk[r*rowKd:], dt, sg.K, cfg.Elem, sg.Len*cfg.HeadDimK, scratch)
+				convertRows(dv[r*rowVd:], dt, sg.V, cfg.Elem, sg.Len*cfg.HeadDimV, scratch)
 			}
-			clear(dk[hi*rowKd:])
-			clear(dv[hi*rowVd:])
+			clear(dk[(hi-base)*rowKd:])
+			clear(dv[(hi-base)*rowVd:])
 			written += int64(len(dk) + len(dv))
 		}
 	}

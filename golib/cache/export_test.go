@@ -114,3 +114,77 @@ func TestExportUpToConcurrent(t *testing.T) {
 	close(stop)
 	wg.Wait()
 }
+
+// TestExportTail checks the window-sized export against Export: each
+// sequence's last min(length, L) positions from row 0, zeros after, on both
+// layouts and after an eviction.
+func TestExportTail(t *testing.T) {
+	for _, layout := range []Layout{Contiguous, Paged} {
+		cfg := Config{Batch: 2, KVHeads: 2, HeadDimK: 3, HeadDimV: 2, Capacity: 64, Elem: Float32, Layout: layout, BlockSize: 16}
+		a, _ := NewArena(0)
+		c := mustNew(t, a, cfg)
+		n := 20
+		kx, vx := make([]float32, cfg.Batch*cfg.KVHeads*n*3), make([]float32, cfg.Batch*cfg.KVHeads*n*2)
+		for i := range kx {
+			kx[i] = float32(i + 1)
+		}
+		for i := range vx {
+			vx[i] = -float32(i + 1)
+		}
+		lens := []int{20, 6}
+		mustOK(t, c.Append(asBytes(kx), asBytes(vx), Float32, n, lens))
+		cases := []struct {
+			name  string
+			L     int
+			evict int // keep_last before the export (0: none)
+		}{{"window shorter than both", 4, 0}, {"window between", 8, 0}, {"window longer", 32, 0},
+			{"one row", 1, 0}, {"empty", 0, 0}, {"after eviction", 16, 10}}
+		for _, tc := range cases {
+			if tc.evict > 0 {
+				mustOK(t, c.Evict(tc.evict))
+			}
+			full := func(d int) []byte { return make([]byte, cfg.Batch*cfg.KVHeads*20*d*4) }
+			fk, fv := full(3), full(2)
+			mustOK(t, c.Export(fk, fv, Float32, 20))
+			size := func(d int) int { return cfg.Batch * cfg.KVHeads * tc.L * d * 4 }
+			k, v := make([]byte, size(3)), make([]byte, size(2))
+			for i := range k {
+				k[i] = 0xff // every byte must be written
+			}
+			mustOK(t, c.ExportTail(k, v, Float32, tc.L))
+			for b := range cfg.Batch {
+				T := c.SeqLen(b)
+				keep := min(T, tc.L)
+				for h := range cfg.KVHeads {
+					unit := b*cfg.KVHeads + h
+					for _, side := range []struct {
+						got, all []byte
+						d        int
+					}{{k, fk, 3}, {v, fv, 2}} {
+						row := side.d * 4
+						for r := range tc.L {
+							got := side.got[(unit*tc.L+r)*row:][:row]
+							want := make([]byte, row)
+							if r < keep {
+								want = side.all[(unit*20+T-keep+r)*row:][:row]
+							}
+							if string(got) != string(want) {
+								t.Fatalf("%v %s: seq %d head %d row %d: %v, want %v", layout, tc.name, b, h, r, got, want)
+							}
+						}
+					}
+				}
+			}
+		}
+		if err := c.ExportTail(make([]byte, 4), nil, Float32, 3); !errors.Is(err, ErrInvalidArgument) {
+			t.Fatalf("short buffers: %v", err)
+		}
+		if err := c.ExportTail(nil, nil, Float32, -1); !errors.Is(err, ErrInvalidArgument) {
+			t.Fatalf("negative length: %v", err)
+		}
+		c.Close()
+		if err := c.ExportTail(nil, nil, Float32, 0); !errors.Is(err, ErrClosed) {
+			t.Fatalf("closed cache: %v", err)
+		}
+	}
+}

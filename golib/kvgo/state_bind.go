@@ -307,12 +307,16 @@ func StateResetCounters(sh int64) (err error) {
 }
 
 // StateExportLen returns the sequence axis of layer slot's exported
-// presents (its longest stored sequence).
+// presents (its longest stored sequence, or a window-sized buffer's
+// positions).
 func StateExportLen(sh int64, layer int) (n int, err error) {
 	defer recoverTo(&err)
-	c, err := stateCache(sh, layer)
+	c, window, err := stateCache(sh, layer)
 	if err != nil {
 		return 0, classify(err)
+	}
+	if window > 0 {
+		return window, nil
 	}
 	return c.MaxLen(), nil
 }
@@ -320,24 +324,98 @@ func StateExportLen(sh int64, layer int) (n int, err error) {
 // StateExport writes layer slot's cache as present tensors [B, kv_heads,
 // L, head_dim] of element code dst into the leading bytes of the numpy
 // buffers at kPtr and vPtr, with L read under the cache's lock, and returns
-// L; when L > maxL it writes nothing and returns L (see CacheExport).
+// L; when L > maxL it writes nothing and returns L (see CacheExport). A
+// layer with window-sized buffers (GroupQueryAttention
+// sliding_window_cache=1) exports that buffer: L is its size and each
+// sequence's last positions fill it from row 0 (cache.KVCache.ExportTail).
 func StateExport(sh int64, layer int, kPtr uintptr, kBytes int, vPtr uintptr, vBytes int, dst, maxL int) (L int, err error) {
 	defer recoverTo(&err)
-	c, err := stateCache(sh, layer)
+	c, window, err := stateCache(sh, layer)
 	if err != nil {
 		return 0, classify(err)
 	}
-	return exportUpTo(c, kPtr, kBytes, vPtr, vBytes, dst, maxL)
+	if window == 0 {
+		return exportUpTo(c, kPtr, kBytes, vPtr, vBytes, dst, maxL)
+	}
+	if window > maxL {
+		return window, nil
+	}
+	dt, err := elemOf(dst)
+	if err != nil {
+		return 0, classify(err)
+	}
+	cfg := c.Config()
+	nk, nv := cfg.Batch*cfg.KVHeads*window*cfg.HeadDimK*dt.Size(), cfg.Batch*cfg.KVHeads*window*cfg.HeadDimV*dt.Size()
+	k, err := bytesAt(kPtr, kBytes)
+	if err == nil && len(k) < nk {
+		err = fmt.Errorf("%w: export of %d positions needs k of %d bytes, got %d", errInvalid, window, nk, len(k))
+	}
+	if err != nil {
+		return 0, classify(err)
+	}
+	v, err := bytesAt(vPtr, vBytes)
+	if err == nil && len(v) < nv {
+		err = fmt.Errorf("%w: export of %d positions needs v of %d bytes, got %d", errInvalid, window, nv, len(v))
+	}
+	if err != nil {
+		return 0, classify(err)
+	}
+	return window, classify(c.ExportTail(k[:nk], v[:nv], dt, window))
 }
 
-func stateCache(sh int64, layer int) (*cache.KVCache, error) {
+// stateCache returns layer slot's cache and its window-sized present
+// buffer (rewrite.Layer.WindowBuffer; 0 for none).
+func stateCache(sh int64, layer int) (*cache.KVCache, int, error) {
 	cs, err := states.get(sh)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	cc := cs.Caches()
 	if layer < 0 || layer >= len(cc) || cc[layer] == nil {
-		return nil, fmt.Errorf("%w: layer slot %d of %d has no cache yet", errInvalid, layer, len(cc))
+		return nil, 0, fmt.Errorf("%w: layer slot %d of %d has no cache yet", errInvalid, layer, len(cc))
 	}
-	return cc[layer], nil
+	window := 0
+	for _, l := range cs.Layers() {
+		if l.Slot == layer {
+			window = l.WindowBuffer
+		}
+	}
+	return cc[layer], window, nil
+}
+
+// StateLoad appends n positions to every layer of state sh from present
+// tensors in numpy buffers of element code src: desc (at descPtr, int64,
+// 7 entries per layer slot in slot order) holds each layer's K pointer, K
+// bytes, V pointer, V bytes, kv_heads, head_dim_k and head_dim_v. It
+// returns the state's new length (see runtime.CacheState.Load).
+func StateLoad(sh int64, descPtr uintptr, layers, src, n int) (length int, err error) {
+	defer recoverTo(&err)
+	cs, err := states.get(sh)
+	if err != nil {
+		return 0, classify(err)
+	}
+	dt, err := elemOf(src)
+	if err != nil {
+		return 0, classify(err)
+	}
+	desc, err := int64sAt(descPtr, 7*layers)
+	if err != nil {
+		return 0, classify(err)
+	}
+	rows := make([]runtime.LayerRows, layers)
+	for i := range rows {
+		d := desc[7*i : 7*i+7]
+		r := &rows[i]
+		if r.K, err = bytesAt(uintptr(d[0]), int(d[1])); err == nil {
+			r.V, err = bytesAt(uintptr(d[2]), int(d[3]))
+		}
+		if err != nil {
+			return 0, classify(err)
+		}
+		r.KVHeads, r.HeadDimK, r.HeadDimV = int(d[4]), int(d[5]), int(d[6])
+	}
+	if err := cs.Load(rows, dt, n); err != nil {
+		return 0, classify(err)
+	}
+	return cs.Length(), nil
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, List, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Sequence
 
 import numpy as np
 
@@ -208,6 +208,58 @@ class GenerationState:
             out[layer["present_key"]] = k
             out[layer["present_value"]] = v
         return out
+
+    def load(self, presents: Mapping[str, np.ndarray]) -> None:
+        """Append positions to every layer from present tensors, the inverse of :meth:`export`:
+        ``presents`` maps each layer's present key and value names (``cache_plan()``) to arrays
+        ``[batch, kv_heads, n, head_dim]`` of one float dtype (float32, float16 or bfloat16;
+        converted to the cache dtype), the same ``n`` for every layer. Every sequence gets the
+        ``n`` positions and :attr:`length` grows by ``n``. This continues on the cache path what
+        a tensor-path run computed (ours or onnxruntime's presents, keys as they hold them,
+        rotary applied). The rows are copied once into the caches.
+
+        Raises:
+            KeyError: a layer's present is missing. ValueError: wrong shapes (batch, geometry,
+            differing ``n``), or the positions do not fit ``max_length``
+            (:class:`~onnx_light_kv.CapacityError`). TypeError: a non-float dtype or mixed
+            dtypes. NotImplementedError: a layer keeps window-sized presents
+            (GroupQueryAttention ``sliding_window_cache=1``), which hold only its last positions.
+            :class:`~onnx_light_kv.BudgetError`: the state's budget is exceeded. Nothing
+            changes on error.
+        """
+        h = self._handle()
+        arrays: List[np.ndarray] = []
+        n = None
+        for layer in self._plan:
+            for key in ("present_key", "present_value"):
+                name = layer[key]
+                if name not in presents:
+                    raise KeyError(f"load needs every layer's presents: {name!r} is missing")
+                a = presents[name]
+                if not isinstance(a, np.ndarray):
+                    raise TypeError(f"{name}: expected a numpy array, got {type(a).__name__}")
+                if a.ndim != 4 or a.shape[0] != self._batch:
+                    raise ValueError(f"{name}: shape {a.shape}, want [batch={self._batch}, kv_heads, n, head_dim]")
+                if n is None:
+                    n = a.shape[2]
+                elif a.shape[2] != n:
+                    raise ValueError(f"{name}: {a.shape[2]} positions, other presents have {n}")
+                arrays.append(np.ascontiguousarray(a))
+        if not arrays:
+            return
+        dt = arrays[0].dtype
+        if dt not in CODES:
+            raise TypeError(f"unsupported present dtype {dt}: use float32, float16 or bfloat16")
+        if any(a.dtype != dt for a in arrays):
+            raise TypeError(f"presents of mixed dtypes {sorted({str(a.dtype) for a in arrays})}")
+        desc = np.empty((len(self._plan), 7), np.int64)
+        for i in range(len(self._plan)):
+            k, v = arrays[2 * i], arrays[2 * i + 1]
+            if k.shape[1] != v.shape[1]:
+                raise ValueError(f"layer {self._plan[i]['layer']}: key and value have {k.shape[1]} and "
+                                 f"{v.shape[1]} KV heads")
+            desc[i] = (k.ctypes.data, k.nbytes, v.ctypes.data, v.nbytes, k.shape[1], k.shape[3], v.shape[3])
+        _call(_f("StateLoad"), h, desc.ctypes.data, len(self._plan), CODES[dt], int(n or 0))
 
     def close(self) -> None:
         """Release the caches now (also done when the state is collected)."""

@@ -21,6 +21,9 @@ type cacheGQA struct {
 	layer, nh, kvh int
 	rotary, inter  bool
 	opts           cpu.Options
+	// windowBuffer is Layer.WindowBuffer: presents are exported as the
+	// window-sized buffer of sliding_window_cache=1 (0: every position).
+	windowBuffer int
 }
 
 func newCacheGQA(n *ops.Node) (ops.Kernel, error) {
@@ -38,6 +41,7 @@ func newCacheGQA(n *ops.Node) (ops.Kernel, error) {
 	if w := get("local_window_size", -1); w > 0 {
 		k.opts.Window = w
 	}
+	k.windowBuffer = get("window_buffer", 0)
 	if err != nil {
 		return nil, err
 	}
@@ -133,7 +137,33 @@ func (k *cacheGQA) Compute(ctx *ops.Context) error {
 	if err := tensor.FromFloat32(out, sc.t); err != nil {
 		return err
 	}
+	if k.windowBuffer > 0 {
+		return windowPresents(ctx, bind, k.layer, kv, q.DType(), g, k.windowBuffer)
+	}
 	return (&cacheAttention{layer: k.layer}).presents(ctx, bind, kv, q.DType(), g)
+}
+
+// windowPresents writes the presents of a layer with window-sized buffers
+// of C positions (KVCache.ExportTail) when the caller asked for them, else
+// empty ones.
+func windowPresents(ctx *ops.Context, bind Binding, layer int, kv *cache.KVCache, dt tensor.DType, g geometry, C int) error {
+	L := 0
+	if bind.ExportWanted(layer) {
+		L = C
+	}
+	pk, err := ctx.NewOutputUninit(1, dt, tensor.Shape{g.b, g.hkv, L, g.dk})
+	if err != nil {
+		return err
+	}
+	pv, err := ctx.NewOutputUninit(2, dt, tensor.Shape{g.b, g.hkv, L, g.dv})
+	if err != nil {
+		return err
+	}
+	if L == 0 {
+		return nil
+	}
+	elem, _ := ElemOf(dt)
+	return mapCacheErr(kv.ExportTail(pk.Bytes(), pv.Bytes(), elem, L))
 }
 
 // lengths checks seqlens_k and total_sequence_length against the state and

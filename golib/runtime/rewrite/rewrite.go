@@ -44,6 +44,12 @@ type Layer struct {
 	// KVHeads, HeadDimK and HeadDimV are the cache geometry the graph
 	// declares for the past (0 when not fixed: taken from the first run).
 	KVHeads, HeadDimK, HeadDimV int
+	// WindowBuffer is the positions of a window-sized present buffer
+	// (GroupQueryAttention with sliding_window_cache=1: its
+	// local_window_size): presents of such a layer hold each sequence's
+	// last min(length, WindowBuffer) positions from row 0 (KVCache.ExportTail),
+	// the buffer onnxruntime-genai keeps; 0: presents hold every position.
+	WindowBuffer int
 }
 
 // Result is the outcome of Rewrite.
@@ -106,7 +112,7 @@ func Rewrite(g *model.Graph, opsets map[string]int, opt Options) (*Result, error
 				e, why := r.Match(ix, p)
 				if e != nil {
 					e.layer = len(res.Layers)
-					l.Rule = r.Name()
+					l.Rule, l.WindowBuffer = r.Name(), e.windowBuffer
 					edits = append(edits, e)
 					break
 				}
@@ -297,6 +303,8 @@ type edit struct {
 	presK  string // the layer's presents: Shape/Size of them read the state
 	presV  string
 	kNew   string // the new keys (their sequence axis is the step's length)
+	// windowBuffer is Layer.WindowBuffer.
+	windowBuffer int
 	// replace maps node indices to nodes standing in for them (Shape of
 	// an expanded K/V).
 	replace map[int]*onnxpb.NodeProto

@@ -16,7 +16,10 @@ import (
 // their shape: a shared buffer's shape is its capacity, which a state does
 // not have), the presents are read by no node but Shape/Size, and the op
 // uses no feature the cache path lacks (smooth softmax, head_sink,
-// attention_bias, quantized caches, qk output, causal=0).
+// attention_bias, quantized caches, qk output, causal=0). A layer with
+// window-sized buffers (sliding_window_cache=1) keeps every position in its
+// KVCache and attends within local_window_size; its presents are exported
+// as the window-sized buffer (Layer.WindowBuffer).
 type gqaRule struct{}
 
 // Name is the rule's name in cache_plan().
@@ -50,17 +53,24 @@ func (gqaRule) Match(ix *index, p *pair) (*edit, string) {
 	if argAt(out, 3) != "" || attrInt(n, "qk_output", 0) != 0 {
 		return nil, fmt.Sprintf("%s outputs output_qk", describe(n))
 	}
-	for name, want := range map[string]int64{"causal": 1, "smooth_softmax": 0, "sliding_window_cache": 0, "kv_cache_bit_width": 0} {
+	for name, want := range map[string]int64{"causal": 1, "smooth_softmax": 0, "kv_cache_bit_width": 0} {
 		if v := attrInt(n, name, want); v != want {
 			return nil, fmt.Sprintf("%s has %s=%d (the cache path supports %d)", describe(n), name, v, want)
 		}
+	}
+	windowBuffer := 0
+	switch swc, w := attrInt(n, "sliding_window_cache", 0), attrInt(n, "local_window_size", -1); {
+	case swc == 1 && w > 0:
+		windowBuffer = int(w)
+	case swc != 0:
+		return nil, fmt.Sprintf("%s has sliding_window_cache=%d with local_window_size %d", describe(n), swc, w)
 	}
 	for _, a := range n.GetAttribute() {
 		if (a.GetName() == "k_quant_type" || a.GetName() == "v_quant_type") && string(a.GetS()) != "NONE" {
 			return nil, fmt.Sprintf("%s has a quantized cache (%s=%s)", describe(n), a.GetName(), a.GetS())
 		}
 	}
-	attrs := []*onnxpb.AttributeProto{intAttr("layer", 0)}
+	attrs := []*onnxpb.AttributeProto{intAttr("layer", 0), intAttr("window_buffer", int64(windowBuffer))}
 	for _, a := range n.GetAttribute() {
 		switch a.GetName() {
 		case "num_heads", "kv_num_heads", "scale", "softcap", "local_window_size", "do_rotary", "rotary_interleaved":
@@ -76,5 +86,5 @@ func (gqaRule) Match(ix *index, p *pair) (*edit, string) {
 		kNew = argAt(in, 0) // packed QKV: the sequence axis is the query's
 	}
 	return &edit{drop: []int{ik}, insert: []*onnxpb.NodeProto{node}, pastK: p.pastK, pastV: p.pastV,
-		presK: p.presK, presV: p.presV, kNew: kNew}, ""
+		presK: p.presK, presV: p.presV, kNew: kNew, windowBuffer: windowBuffer}, ""
 }
