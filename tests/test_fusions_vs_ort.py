@@ -117,3 +117,53 @@ def test_rotary_fusion_matches_onnxruntime(seq: int, canonical: bool) -> None:
         half = D // 2
         ref = q * feeds["cos"][:, None] + np.concatenate([-q[..., half:], q[..., :half]], -1) * feeds["sin"][:, None]
         np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+
+
+def _repeat_kv() -> bytes:
+    """Attention (opset 23) over K/V expanded to the query heads by repeat_kv (Unsqueeze at
+    axis 2, Expand, Reshape, the shapes computed from Shape(k)), as torch.onnx dynamo writes
+    it for grouped-query models."""
+    inits = {"ax": np.array([2], np.int64), "rep": np.array([3], np.int64), "s0": np.array([0], np.int64),
+             "s1": np.array([1], np.int64), "s2": np.array([2], np.int64), "s4": np.array([4], np.int64)}
+    nodes = []
+    for x in ("k", "v"):
+        nodes += [helper.make_node("Shape", [x], [x + "_s"]),
+                  helper.make_node("Slice", [x + "_s", "s0", "s2"], [x + "_bh"]),
+                  helper.make_node("Slice", [x + "_s", "s2", "s4"], [x + "_td"]),
+                  helper.make_node("Slice", [x + "_s", "s0", "s1"], [x + "_b"]),
+                  helper.make_node("Slice", [x + "_s", "s1", "s2"], [x + "_h"]),
+                  helper.make_node("Mul", [x + "_h", "rep"], [x + "_hr"]),
+                  helper.make_node("Concat", [x + "_bh", "rep", x + "_td"], [x + "_exp"], axis=0),
+                  helper.make_node("Concat", [x + "_b", x + "_hr", x + "_td"], [x + "_res"], axis=0),
+                  helper.make_node("Unsqueeze", [x, "ax"], [x + "_u"]),
+                  helper.make_node("Expand", [x + "_u", x + "_exp"], [x + "_e"]),
+                  helper.make_node("Reshape", [x + "_e", x + "_res"], [x + "_r"])]
+    nodes.append(helper.make_node("Attention", ["q", "k_r", "v_r", "mask"], ["y"]))
+    inputs = [helper.make_tensor_value_info("q", TensorProto.FLOAT, ["b", "hq", "s", D]),
+              helper.make_tensor_value_info("k", TensorProto.FLOAT, ["b", 2, "t", D]),
+              helper.make_tensor_value_info("v", TensorProto.FLOAT, ["b", 2, "t", D]),
+              helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["s", "t"])]
+    g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)], ir_version=10).SerializeToString()
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (1, 1, 33), (2, 5, 12)])
+@pytest.mark.parametrize("q_mul", [1, 2])
+def test_attention_repeat_kv_fusion_matches_onnxruntime(shape, q_mul: int) -> None:
+    """q_mul 2 feeds q twice the expanded heads (not repeat_kv's grouping): the fused node
+    runs the chain and still matches."""
+    data = _repeat_kv()
+    b, s, t = shape
+    rng = np.random.default_rng(t + q_mul)
+    feeds = {"q": rng.standard_normal((b, 6 * q_mul, s, D)).astype(np.float32),
+             "k": rng.standard_normal((b, 2, t, D)).astype(np.float32),
+             "v": rng.standard_normal((b, 2, t, D)).astype(np.float32),
+             "mask": np.triu(np.full((s, t), -np.inf, np.float32), k=t - s + 1)}
+    ours = InferenceSession(data, threads=1, profile=True)
+    ops = _ops_run(ours, feeds)
+    assert "AttentionRepeatKV" in ops and "Expand" not in ops and "Unsqueeze" not in ops
+    got = ours.run(None, feeds)[0]
+    want = _ort(data).run(None, feeds)[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

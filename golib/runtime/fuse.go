@@ -39,6 +39,7 @@ var fusions = []fusion{
 	{name: "silu", match: matchSiLU},
 	{name: "matmul-bias", match: matchMatMulBias},
 	{name: "rotary", plan: matchRotary},
+	{name: "attention-repeat-kv", plan: matchAttentionRepeatKV},
 }
 
 // fuseContext is what the rules read: the plan, its constants, and who
