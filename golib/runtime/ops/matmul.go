@@ -183,8 +183,9 @@ func (g *matmulPlan) runF32(threads int, a, b *tensor.Tensor, out *tensor.Tensor
 		// Many small products (decomposed attention): one thread each,
 		// when there is enough work for a second thread to pay.
 		errc := make(chan error, 1)
+		gp := *g // a copy for the workers: g itself (the caller's) stays on its stack
 		gemm.ForThreads(threads, batches, func(i int) {
-			if e := g.one(1, i, af, bm, dst); e != nil {
+			if e := gp.one(1, i, af, bm, dst); e != nil {
 				select {
 				case errc <- e:
 				default:
