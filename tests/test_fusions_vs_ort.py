@@ -167,3 +167,37 @@ def test_attention_repeat_kv_fusion_matches_onnxruntime(shape, q_mul: int) -> No
     want = _ort(data).run(None, feeds)[0]
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _gelu_tanh() -> bytes:
+    """GPT-2's gelu_new as torch.onnx and optimum write it: 0.5*x*(1 + tanh(sqrt(2/pi)*(x +
+    0.044715*x**3))) as Pow, Mul, Add, Mul, Tanh, Add, Mul, Mul."""
+    inits = {"e": np.array(3, np.float32), "c1": np.array(0.044715, np.float32),
+             "c2": np.array(np.sqrt(2 / np.pi), np.float32), "one": np.array(1, np.float32),
+             "half": np.array(0.5, np.float32)}
+    nodes = [helper.make_node("Pow", ["x", "e"], ["p"]),
+             helper.make_node("Mul", ["p", "c1"], ["m1"]),
+             helper.make_node("Add", ["x", "m1"], ["a"]),
+             helper.make_node("Mul", ["a", "c2"], ["m2"]),
+             helper.make_node("Tanh", ["m2"], ["t"]),
+             helper.make_node("Add", ["t", "one"], ["a2"]),
+             helper.make_node("Mul", ["x", "half"], ["h"]),
+             helper.make_node("Mul", ["h", "a2"], ["y"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", F])], ["y"], inits)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (2, 7), (3, 0)])
+def test_gelu_tanh_fusion_matches_onnxruntime(shape) -> None:
+    data = _gelu_tanh()
+    x = np.random.default_rng(sum(shape)).standard_normal((*shape, F)).astype(np.float32) * 4
+    ours = InferenceSession(data, threads=1, profile=True)
+    ops = _ops_run(ours, {"x": x})
+    assert "GeluTanhChain" in ops and "Tanh" not in ops and "Pow" not in ops
+    got = ours.run(None, {"x": x})[0]
+    want = _ort(data).run(None, {"x": x})[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    if x.size:  # the definition, in float64
+        xd = x.astype(np.float64)
+        ref = 0.5 * xd * (1 + np.tanh(np.sqrt(2 / np.pi) * (xd + 0.044715 * xd ** 3)))
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)

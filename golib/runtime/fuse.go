@@ -40,6 +40,7 @@ var fusions = []fusion{
 	{name: "matmul-bias", match: matchMatMulBias},
 	{name: "rotary", plan: matchRotary},
 	{name: "attention-repeat-kv", plan: matchAttentionRepeatKV},
+	{name: "gelu-tanh", plan: matchGeluTanh},
 }
 
 // fuseContext is what the rules read: the plan, its constants, and who
