@@ -201,3 +201,23 @@ def test_gelu_tanh_fusion_matches_onnxruntime(shape) -> None:
         xd = x.astype(np.float64)
         ref = 0.5 * xd * (1 + np.tanh(np.sqrt(2 / np.pi) * (xd + 0.044715 * xd ** 3)))
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shapes", [((1, 4, 1, D), (1, 4, 37, D)), ((2, 4, 5, D), (1, 4, 9, D)), ((3, D), (5, D))])
+def test_matmul_transb_fusion_matches_onnxruntime(shapes) -> None:
+    """MatMul(a, Transpose(b)) over b's last two axes (decomposed attention's q x k^T) runs as one
+    product reading b transposed in place."""
+    (sa, sb) = shapes
+    perm = list(range(len(sb) - 2)) + [len(sb) - 1, len(sb) - 2]
+    nodes = [helper.make_node("Transpose", ["b"], ["bt"], perm=perm), helper.make_node("MatMul", ["a", "bt"], ["y"])]
+    data = _model(nodes, [helper.make_tensor_value_info("a", TensorProto.FLOAT, None),
+                          helper.make_tensor_value_info("b", TensorProto.FLOAT, None)], ["y"], {})
+    rng = np.random.default_rng(len(sb))
+    feeds = {"a": rng.standard_normal(sa).astype(np.float32), "b": rng.standard_normal(sb).astype(np.float32)}
+    ours = InferenceSession(data, threads=1, profile=True)
+    ops = _ops_run(ours, feeds)
+    assert "MatMulTransB" in ops and "Transpose" not in ops
+    got = ours.run(None, feeds)[0]
+    want = _ort(data).run(None, feeds)[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -41,6 +41,7 @@ var fusions = []fusion{
 	{name: "rotary", plan: matchRotary},
 	{name: "attention-repeat-kv", plan: matchAttentionRepeatKV},
 	{name: "gelu-tanh", plan: matchGeluTanh},
+	{name: "matmul-transb", plan: matchMatMulTransB},
 }
 
 // fuseContext is what the rules read: the plan, its constants, and who
