@@ -117,3 +117,107 @@ def test_rotary_fusion_matches_onnxruntime(seq: int, canonical: bool) -> None:
         half = D // 2
         ref = q * feeds["cos"][:, None] + np.concatenate([-q[..., half:], q[..., :half]], -1) * feeds["sin"][:, None]
         np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+
+
+def _repeat_kv() -> bytes:
+    """Attention (opset 23) over K/V expanded to the query heads by repeat_kv (Unsqueeze at
+    axis 2, Expand, Reshape, the shapes computed from Shape(k)), as torch.onnx dynamo writes
+    it for grouped-query models."""
+    inits = {"ax": np.array([2], np.int64), "rep": np.array([3], np.int64), "s0": np.array([0], np.int64),
+             "s1": np.array([1], np.int64), "s2": np.array([2], np.int64), "s4": np.array([4], np.int64)}
+    nodes = []
+    for x in ("k", "v"):
+        nodes += [helper.make_node("Shape", [x], [x + "_s"]),
+                  helper.make_node("Slice", [x + "_s", "s0", "s2"], [x + "_bh"]),
+                  helper.make_node("Slice", [x + "_s", "s2", "s4"], [x + "_td"]),
+                  helper.make_node("Slice", [x + "_s", "s0", "s1"], [x + "_b"]),
+                  helper.make_node("Slice", [x + "_s", "s1", "s2"], [x + "_h"]),
+                  helper.make_node("Mul", [x + "_h", "rep"], [x + "_hr"]),
+                  helper.make_node("Concat", [x + "_bh", "rep", x + "_td"], [x + "_exp"], axis=0),
+                  helper.make_node("Concat", [x + "_b", x + "_hr", x + "_td"], [x + "_res"], axis=0),
+                  helper.make_node("Unsqueeze", [x, "ax"], [x + "_u"]),
+                  helper.make_node("Expand", [x + "_u", x + "_exp"], [x + "_e"]),
+                  helper.make_node("Reshape", [x + "_e", x + "_res"], [x + "_r"])]
+    nodes.append(helper.make_node("Attention", ["q", "k_r", "v_r", "mask"], ["y"]))
+    inputs = [helper.make_tensor_value_info("q", TensorProto.FLOAT, ["b", "hq", "s", D]),
+              helper.make_tensor_value_info("k", TensorProto.FLOAT, ["b", 2, "t", D]),
+              helper.make_tensor_value_info("v", TensorProto.FLOAT, ["b", 2, "t", D]),
+              helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["s", "t"])]
+    g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)], ir_version=10).SerializeToString()
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (1, 1, 33), (2, 5, 12)])
+@pytest.mark.parametrize("q_mul", [1, 2])
+def test_attention_repeat_kv_fusion_matches_onnxruntime(shape, q_mul: int) -> None:
+    """q_mul 2 feeds q twice the expanded heads (not repeat_kv's grouping): the fused node
+    runs the chain and still matches."""
+    data = _repeat_kv()
+    b, s, t = shape
+    rng = np.random.default_rng(t + q_mul)
+    feeds = {"q": rng.standard_normal((b, 6 * q_mul, s, D)).astype(np.float32),
+             "k": rng.standard_normal((b, 2, t, D)).astype(np.float32),
+             "v": rng.standard_normal((b, 2, t, D)).astype(np.float32),
+             "mask": np.triu(np.full((s, t), -np.inf, np.float32), k=t - s + 1)}
+    ours = InferenceSession(data, threads=1, profile=True)
+    ops = _ops_run(ours, feeds)
+    assert "AttentionRepeatKV" in ops and "Expand" not in ops and "Unsqueeze" not in ops
+    got = ours.run(None, feeds)[0]
+    want = _ort(data).run(None, feeds)[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _gelu_tanh() -> bytes:
+    """GPT-2's gelu_new as torch.onnx and optimum write it: 0.5*x*(1 + tanh(sqrt(2/pi)*(x +
+    0.044715*x**3))) as Pow, Mul, Add, Mul, Tanh, Add, Mul, Mul."""
+    inits = {"e": np.array(3, np.float32), "c1": np.array(0.044715, np.float32),
+             "c2": np.array(np.sqrt(2 / np.pi), np.float32), "one": np.array(1, np.float32),
+             "half": np.array(0.5, np.float32)}
+    nodes = [helper.make_node("Pow", ["x", "e"], ["p"]),
+             helper.make_node("Mul", ["p", "c1"], ["m1"]),
+             helper.make_node("Add", ["x", "m1"], ["a"]),
+             helper.make_node("Mul", ["a", "c2"], ["m2"]),
+             helper.make_node("Tanh", ["m2"], ["t"]),
+             helper.make_node("Add", ["t", "one"], ["a2"]),
+             helper.make_node("Mul", ["x", "half"], ["h"]),
+             helper.make_node("Mul", ["h", "a2"], ["y"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", F])], ["y"], inits)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (2, 7), (3, 0)])
+def test_gelu_tanh_fusion_matches_onnxruntime(shape) -> None:
+    data = _gelu_tanh()
+    x = np.random.default_rng(sum(shape)).standard_normal((*shape, F)).astype(np.float32) * 4
+    ours = InferenceSession(data, threads=1, profile=True)
+    ops = _ops_run(ours, {"x": x})
+    assert "GeluTanhChain" in ops and "Tanh" not in ops and "Pow" not in ops
+    got = ours.run(None, {"x": x})[0]
+    want = _ort(data).run(None, {"x": x})[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    if x.size:  # the definition, in float64
+        xd = x.astype(np.float64)
+        ref = 0.5 * xd * (1 + np.tanh(np.sqrt(2 / np.pi) * (xd + 0.044715 * xd ** 3)))
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shapes", [((1, 4, 1, D), (1, 4, 37, D)), ((2, 4, 5, D), (1, 4, 9, D)), ((3, D), (5, D))])
+def test_matmul_transb_fusion_matches_onnxruntime(shapes) -> None:
+    """MatMul(a, Transpose(b)) over b's last two axes (decomposed attention's q x k^T) runs as one
+    product reading b transposed in place."""
+    (sa, sb) = shapes
+    perm = list(range(len(sb) - 2)) + [len(sb) - 1, len(sb) - 2]
+    nodes = [helper.make_node("Transpose", ["b"], ["bt"], perm=perm), helper.make_node("MatMul", ["a", "bt"], ["y"])]
+    data = _model(nodes, [helper.make_tensor_value_info("a", TensorProto.FLOAT, None),
+                          helper.make_tensor_value_info("b", TensorProto.FLOAT, None)], ["y"], {})
+    rng = np.random.default_rng(len(sb))
+    feeds = {"a": rng.standard_normal(sa).astype(np.float32), "b": rng.standard_normal(sb).astype(np.float32)}
+    ours = InferenceSession(data, threads=1, profile=True)
+    ops = _ops_run(ours, feeds)
+    assert "MatMulTransB" in ops and "Transpose" not in ops
+    got = ours.run(None, feeds)[0]
+    want = _ort(data).run(None, feeds)[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -39,6 +39,9 @@ var fusions = []fusion{
 	{name: "silu", match: matchSiLU},
 	{name: "matmul-bias", match: matchMatMulBias},
 	{name: "rotary", plan: matchRotary},
+	{name: "attention-repeat-kv", plan: matchAttentionRepeatKV},
+	{name: "gelu-tanh", plan: matchGeluTanh},
+	{name: "matmul-transb", plan: matchMatMulTransB},
 }
 
 // fuseContext is what the rules read: the plan, its constants, and who

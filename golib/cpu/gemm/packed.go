@@ -197,8 +197,13 @@ func SgemmPacked(threads int, transA bool, m int, alpha float32, a []float32, ld
 	}
 	per := (slivers + tasks - 1) / tasks
 	tasks = (slivers + per - 1) / per
+	if tasks == 1 { // one thread (a decode step): no closure, so rows stays on the stack
+		packedSlivers(ks, b, m, &rows, 0, slivers, alpha, c, ldc)
+		return nil
+	}
+	shared := rows
 	ForThreads(t, tasks, func(u int) {
-		packedSlivers(ks, b, m, &rows, u*per, min((u+1)*per, slivers), alpha, c, ldc)
+		packedSlivers(ks, b, m, &shared, u*per, min((u+1)*per, slivers), alpha, c, ldc)
 	})
 	return nil
 }

@@ -36,6 +36,10 @@ var binaryOps = map[string]binaryOp{
 
 // powf32 special-cases the exponents exporters emit (x^2 in RMSNorm, x^0.5)
 // so they are exact and fast.
+// PowF32 is the float32 Pow kernel's function (x**y, exact for the
+// exponents 0.5, 1, 2 and 3), for fused kernels that repeat a Pow.
+func PowF32(x, y float32) float32 { return powf32(x, y) }
+
 func powf32(x, y float32) float32 {
 	switch y {
 	case 2:

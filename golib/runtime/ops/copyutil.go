@@ -70,7 +70,10 @@ func stridedT[T any](dst, src []T, d0, s0, ss, n int) {
 
 // walkStrided visits the output of a strided view row by row: out has shape
 // dims; in is addressed by base + sum(ctr[d]*strides[d]). row(o, i, s, n)
-// copies n elements of the innermost dimension.
+// copies n elements of the innermost dimension. Dimensions of size 1 are
+// skipped and adjacent ones the input addresses as one (strides[d] ==
+// strides[d+1]*dims[d+1]) are walked as one, so rows are as long as the
+// layout allows (a repeat_kv Expand copies whole [t, d] blocks).
 func walkStrided(dims []int, base int, strides []int, row func(o, i, s, n int)) {
 	total := 1
 	for _, d := range dims {
@@ -78,6 +81,10 @@ func walkStrided(dims []int, base int, strides []int, row func(o, i, s, n int)) 
 	}
 	if total == 0 {
 		return
+	}
+	var db, sb [stackRank]int
+	if len(dims) <= stackRank {
+		dims, strides = collapseStrided(dims, strides, db[:0], sb[:0])
 	}
 	r := len(dims)
 	if r == 0 {
@@ -105,4 +112,23 @@ func walkStrided(dims []int, base int, strides []int, row func(o, i, s, n int)) 
 			ctr[d] = 0
 		}
 	}
+}
+
+// collapseStrided appends to nd and ns the dimensions and strides of a
+// strided walk without its size-1 dimensions, adjacent dimensions merged
+// where the strides allow it (see walkStrided).
+func collapseStrided(dims, strides, nd, ns []int) ([]int, []int) {
+	for j, d := range dims {
+		if d == 1 {
+			continue
+		}
+		if k := len(nd) - 1; k >= 0 && ns[k] == strides[j]*d {
+			nd[k] *= d
+			ns[k] = strides[j]
+			continue
+		}
+		nd = append(nd, d)
+		ns = append(ns, strides[j])
+	}
+	return nd, ns
 }

@@ -13,14 +13,20 @@ import (
 // thread.
 func BenchmarkGroupQueryAttention(b *testing.B) {
 	for _, c := range []struct {
-		name   string
-		s, ctx int
-		prompt bool
-	}{{"decode-1024", 1, 1024, false}, {"prompt-256", 256, 256, true}, {"prompt-1024", 1024, 1024, true}} {
+		name       string
+		s, ctx     int
+		prompt     bool
+		nh, kvh, d int // 0: 32, 8, 128
+	}{{"decode-1024", 1, 1024, false, 0, 0, 0}, {"prompt-256", 256, 256, true, 0, 0, 0}, {"prompt-1024", 1024, 1024, true, 0, 0, 0},
+		// the tiny fixture exports' geometry (a decode step's fixed cost)
+		{"decode-tiny-33", 1, 33, false, 4, 2, 16}} {
+		if c.nh == 0 {
+			c.nh, c.kvh, c.d = 32, 8, 128
+		}
 		for _, dt := range []tensor.DType{tensor.Float32, tensor.Float16} {
 			b.Run(c.name+"/"+dt.String(), func(b *testing.B) {
-				gc := gqaCase{b: 1, s: c.s, nh: 32, kvh: 8, d: 128, past: c.ctx + 64, lens: []int{c.ctx}, dt: dt,
-					prompt: c.prompt, window: -1, rotary: 1, rotaryDim: 128}
+				gc := gqaCase{b: 1, s: c.s, nh: c.nh, kvh: c.kvh, d: c.d, past: c.ctx + 64, lens: []int{c.ctx}, dt: dt,
+					prompt: c.prompt, window: -1, rotary: 1, rotaryDim: c.d}
 				in := gc.inputs(gc.data(rand.New(rand.NewSource(1))))
 				f, err := Lookup("com.microsoft", "GroupQueryAttention", 1)
 				if err != nil {

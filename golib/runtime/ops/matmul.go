@@ -183,8 +183,9 @@ func (g *matmulPlan) runF32(threads int, a, b *tensor.Tensor, out *tensor.Tensor
 		// Many small products (decomposed attention): one thread each,
 		// when there is enough work for a second thread to pay.
 		errc := make(chan error, 1)
+		gp := *g // a copy for the workers: g itself (the caller's) stays on its stack
 		gemm.ForThreads(threads, batches, func(i int) {
-			if e := g.one(1, i, af, bm, dst); e != nil {
+			if e := gp.one(1, i, af, bm, dst); e != nil {
 				select {
 				case errc <- e:
 				default:
@@ -219,6 +220,50 @@ func (g *matmulPlan) runPacked(threads int, a *tensor.Tensor, pb *gemm.PackedB, 
 		return fmt.Errorf("MatMul: %w", err)
 	}
 	return storeF32Result(out, dst)
+}
+
+// MatMulTransB computes output 0 of ctx as MatMul(a, Transpose(bt)) with
+// bt's last two axes swapped, reading bt in place (the products take B
+// transposed): a fused MatMul of a transposed operand, such as the
+// decomposed attention's q x k^T. The result equals the unfused pair's
+// within float32 rounding (the transposed product may sum in another
+// order). ok is false, and nothing is computed, unless a and bt share a
+// float32, float16 or bfloat16 type and bt has rank 2 to 8.
+func MatMulTransB(ctx *Context, a, bt *tensor.Tensor) (ok bool, err error) {
+	dt, r := a.DType(), bt.Rank()
+	if dt != bt.DType() || (dt != tensor.Float32 && !isHalf(dt)) || r < 2 || r > stackRank || a.Rank() == 0 {
+		return false, nil
+	}
+	var bsb [stackRank]int
+	bs := bsb[:r]
+	copy(bs, bt.Shape())
+	bs[r-2], bs[r-1] = bs[r-1], bs[r-2]
+	var g matmulPlan
+	if err := g.plan(ctx, a.Shape(), tensor.Shape(bs)); err != nil {
+		return true, err
+	}
+	out, err := ctx.NewOutput(0, dt, g.out)
+	if err != nil {
+		return true, err
+	}
+	af, err := tensor.AsFloat32(a)
+	if err != nil {
+		return true, err
+	}
+	bm, err := gemmB(bt)
+	if err != nil {
+		return true, err
+	}
+	dst := f32Result(out)
+	m, k, n := g.m, g.k, g.n
+	for i := range g.batch.Size() {
+		ia, ib := g.offsets(i)
+		if err := bm.mul(ctx.Threads(), false, true, m, n, k, 1, af[ia*m*k:], max(k, 1), ib*k*n, max(k, 1), 0,
+			dst[i*m*n:], max(n, 1)); err != nil {
+			return true, fmt.Errorf("MatMul: %w", err)
+		}
+	}
+	return true, storeF32Result(out, dst)
 }
 
 // constPack is a constant float32, float16 or bfloat16 2D B input packed

@@ -165,9 +165,12 @@ func normCompute(ctx *Context, axis int, eps float32, sp normSpec) error {
 	if err != nil {
 		return err
 	}
-	statShape := append(tensor.Shape{}, sh[:ax]...)
-	for range normShape {
-		statShape = append(statShape, 1)
+	var statShape tensor.Shape // made only when a statistics output is wanted
+	if (sp.mean >= 0 && ctx.OutputWanted(sp.mean)) || (sp.inv >= 0 && ctx.OutputWanted(sp.inv)) {
+		statShape = append(tensor.Shape{}, sh[:ax]...)
+		for range normShape {
+			statShape = append(statShape, 1)
+		}
 	}
 	var meanOut, invOut []float32
 	if sp.mean >= 0 && ctx.OutputWanted(sp.mean) {
@@ -201,30 +204,14 @@ func normCompute(ctx *Context, axis int, eps float32, sp normSpec) error {
 		}
 	}
 	dst := f32Result(y)
-	err = ctx.ParallelFor(rows, 16, func(lo, hi int) {
-		for r := lo; r < hi; r++ {
-			row, out := src[r*cols:(r+1)*cols], dst[r*cols:(r+1)*cols]
-			if sum != nil {
-				s := sum[r*cols : (r+1)*cols]
-				base := (r * cols) % len(skipV)
-				for i, v := range row {
-					v += skipV[base+i]
-					if pre != nil {
-						v += pre[at(preIdx, i)]
-					}
-					s[i] = v
-				}
-				row = s
-			}
-			m32, inv32 := normRow(row, out, sv, sIdx, bv, bIdx, eps, sp.rms)
-			if meanOut != nil {
-				meanOut[r] = m32
-			}
-			if invOut != nil {
-				invOut[r] = inv32
-			}
-		}
-	})
+	nr := normRows{src: src, dst: dst, sum: sum, skipV: skipV, pre: pre, preIdx: preIdx, sv: sv, sIdx: sIdx,
+		bv: bv, bIdx: bIdx, meanOut: meanOut, invOut: invOut, cols: cols, eps: eps, rms: sp.rms}
+	if rows <= 16 || ctx.Threads() == 1 {
+		nr.run(0, rows) // no closure: a decode step's rows allocate nothing here
+	} else {
+		par := nr
+		err = ctx.ParallelFor(rows, 16, func(lo, hi int) { par.run(lo, hi) })
+	}
 	if err != nil {
 		return err
 	}
@@ -234,6 +221,49 @@ func normCompute(ctx *Context, axis int, eps float32, sp normSpec) error {
 		}
 	}
 	return storeF32Result(y, dst)
+}
+
+// normRows is one normalization call's operands: rows of cols values of
+// src (plus skip and bias into sum when sum is set) normalized into dst.
+type normRows struct {
+	src, dst, sum, skipV, pre []float32
+	preIdx                    []int
+	sv                        []float32
+	sIdx                      []int
+	bv                        []float32
+	bIdx                      []int
+	meanOut, invOut           []float32
+	cols                      int
+	eps                       float32
+	rms                       bool
+}
+
+// run normalizes rows lo..hi-1.
+func (nr *normRows) run(lo, hi int) {
+	src, dst, sum, skipV, pre, preIdx := nr.src, nr.dst, nr.sum, nr.skipV, nr.pre, nr.preIdx
+	sv, sIdx, bv, bIdx, meanOut, invOut, cols, eps := nr.sv, nr.sIdx, nr.bv, nr.bIdx, nr.meanOut, nr.invOut, nr.cols, nr.eps
+	for r := lo; r < hi; r++ {
+		row, out := src[r*cols:(r+1)*cols], dst[r*cols:(r+1)*cols]
+		if sum != nil {
+			s := sum[r*cols : (r+1)*cols]
+			base := (r * cols) % len(skipV)
+			for i, v := range row {
+				v += skipV[base+i]
+				if pre != nil {
+					v += pre[at(preIdx, i)]
+				}
+				s[i] = v
+			}
+			row = s
+		}
+		m32, inv32 := normRow(row, out, sv, sIdx, bv, bIdx, eps, nr.rms)
+		if meanOut != nil {
+			meanOut[r] = m32
+		}
+		if invOut != nil {
+			invOut[r] = inv32
+		}
+	}
 }
 
 // normRow normalizes one row into out (scale, then bias) and returns the

@@ -3,6 +3,8 @@ package ops
 import (
 	"math"
 
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/mha"
+
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
 
@@ -80,10 +82,21 @@ func softmaxCompute(ctx *Context, axis64 int64, single, logOut bool) error {
 }
 
 // softmaxRow normalizes dim elements starting at base with the given stride.
+// A contiguous row (stride 1) takes the attention kernel's vector
+// exponential (mha.ExpSub, about 2 ulp, as expf).
 func softmaxRow(src, dst []float32, base, stride, dim int, logOut bool) {
 	m := float32(math.Inf(-1))
 	for k := 0; k < dim; k++ {
 		m = max(m, src[base+k*stride])
+	}
+	if stride == 1 && !logOut && m == m {
+		row := dst[base : base+dim]
+		copy(row, src[base:base+dim])
+		inv := float32(1 / mha.ExpSub(row, m))
+		for k := range row {
+			row[k] *= inv
+		}
+		return
 	}
 	var sum float64
 	for k := 0; k < dim; k++ {

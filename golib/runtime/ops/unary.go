@@ -76,6 +76,12 @@ func unaryF32(bulk func(dst, src []float32), op unaryOp, dst, src []float32) {
 }
 
 func unaryCompute(ctx *Context, name string, op unaryOp) error {
+	return unaryComputeBulk(ctx, name, op, bulkF32[name])
+}
+
+// unaryComputeBulk is unaryCompute with the float32 slice map given (nil:
+// op.f32 element by element).
+func unaryComputeBulk(ctx *Context, name string, op unaryOp, bulk func(dst, src []float32)) error {
 	x, err := ctx.RequireInput(0)
 	if err != nil {
 		return err
@@ -87,7 +93,6 @@ func unaryCompute(ctx *Context, name string, op unaryOp) error {
 	switch dt := x.DType(); {
 	case dt == tensor.Float32:
 		src, dst := x.Float32(), out.Float32()
-		bulk := bulkF32[name]
 		const grain = 1 << 14
 		if len(src) <= grain || ctx.Threads() == 1 {
 			unaryF32(bulk, op, dst, src) // no closure for the usual decode-step sizes
@@ -130,7 +135,9 @@ func unaryCompute(ctx *Context, name string, op unaryOp) error {
 // activations, and takes about 20 ns an element).
 func sigmoidSlice(dst, src []float32) { mha.Sigmoid(dst, src[:len(dst)]) }
 
-// gelu is the exact GELU x/2 (1 + erf(x/sqrt 2)).
+// gelu is the exact GELU x/2 (1 + erf(x/sqrt 2)) of the float16/bfloat16
+// and float64 paths; float32 tensors take mha.Gelu (vector erf, about 1
+// ulp), as the tanh form takes mha.GeluTanh.
 func gelu(x float32) float32 {
 	return float32(0.5 * float64(x) * (1 + math.Erf(float64(x)/math.Sqrt2)))
 }
@@ -146,16 +153,16 @@ func newGelu(n *Node) (Kernel, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := gelu
+	f, bulk := gelu, mha.Gelu
 	switch approx {
 	case "none":
 	case "tanh":
-		f = geluTanh
+		f, bulk = geluTanh, mha.GeluTanh
 	default:
 		return nil, fmt.Errorf("%w: Gelu approximate=%q", errs.ErrInvalidArgument, approx)
 	}
 	op := unaryOp{f32: f, f64: func(x float64) float64 { return float64(f(float32(x))) }}
-	return KernelFunc(func(ctx *Context) error { return unaryCompute(ctx, "Gelu", op) }), nil
+	return KernelFunc(func(ctx *Context) error { return unaryComputeBulk(ctx, "Gelu", op, bulk) }), nil
 }
 
 // newFastGelu is com.microsoft FastGelu: tanh GELU of x (+ optional bias).
@@ -165,6 +172,6 @@ func newFastGelu(n *Node) (Kernel, error) {
 		if b := ctx.Input(1); b != nil {
 			return fmt.Errorf("%w: FastGelu with a bias input", errs.ErrNotImplemented)
 		}
-		return unaryCompute(ctx, "FastGelu", op)
+		return unaryComputeBulk(ctx, "FastGelu", op, mha.GeluTanh)
 	}), nil
 }

@@ -1,0 +1,128 @@
+package runtime
+
+import (
+	"math"
+	"math/rand"
+	"strings"
+	"testing"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/internal/onnxtest"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/onnxpb"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+)
+
+// geluChain describes one variant of GPT-2's gelu_new as the exporters
+// write it (defaults: the dynamo export's operand orders).
+type geluChain struct {
+	swap      bool    // every two-input node's operands in the other order
+	exp       float32 // the Pow exponent (3)
+	tanhOut   bool    // the Tanh's output is also a graph output
+	otherHalf bool    // the 0.5 multiply reads another value than the Pow
+	rank4     bool    // the constants have shape [1, 1, 1, 1] (broadcasting x's rank up)
+}
+
+func (c geluChain) model() *onnxpb.ModelProto {
+	pair := func(a, b string) []string {
+		if c.swap {
+			return []string{b, a}
+		}
+		return []string{a, b}
+	}
+	dims := []int64{}
+	if c.rank4 {
+		dims = []int64{1, 1, 1, 1}
+	}
+	inits := []*onnxpb.TensorProto{
+		onnxtest.Floats("e", dims, []float32{c.exp}), onnxtest.Floats("c1", dims, []float32{0.044715}),
+		onnxtest.Floats("c2", dims, []float32{0.7978845834732056}), onnxtest.Floats("one", dims, []float32{1}),
+		onnxtest.Floats("half", dims, []float32{0.5}),
+	}
+	hx := "x"
+	if c.otherHalf {
+		hx = "z"
+	}
+	nodes := []*onnxpb.NodeProto{
+		onnxtest.Node("Pow", []string{"x", "e"}, []string{"p"}),
+		onnxtest.Node("Mul", pair("p", "c1"), []string{"m1"}),
+		onnxtest.Node("Add", pair("x", "m1"), []string{"a"}),
+		onnxtest.Node("Mul", pair("a", "c2"), []string{"m2"}),
+		onnxtest.Node("Tanh", []string{"m2"}, []string{"t"}),
+		onnxtest.Node("Add", pair("t", "one"), []string{"a2"}),
+		onnxtest.Node("Mul", pair(hx, "half"), []string{"h"}),
+		onnxtest.Node("Mul", pair("h", "a2"), []string{"y"}),
+	}
+	inputs := []*onnxpb.ValueInfoProto{onnxtest.Info("x", 1, -1, -1, 16), onnxtest.Info("z", 1, -1, -1, 16)}
+	outputs := []*onnxpb.ValueInfoProto{onnxtest.Info("y", 1, -1, -1, -1)}
+	if c.tanhOut {
+		outputs = append(outputs, onnxtest.Info("t", 1, -1, -1, -1))
+	}
+	return onnxtest.Model(18, onnxtest.Graph(nodes, inputs, outputs, inits...), nil)
+}
+
+// TestFuseGeluTanh: GPT-2's gelu_new chain becomes one GeluTanhChain node
+// in the exporters' operand orders and for any constant values; the
+// outputs are bit-identical to the unfused graph's, NaN and infinities
+// included; chains it cannot prove stay unfused.
+func TestFuseGeluTanh(t *testing.T) {
+	cases := []struct {
+		name  string
+		edit  func(*geluChain)
+		fused bool
+	}{
+		{"dynamo order", func(*geluChain) {}, true},
+		{"operands swapped", func(c *geluChain) { c.swap = true }, true},
+		{"exponent 2 (its constant used as given)", func(c *geluChain) { c.exp = 2 }, true},
+		{"Tanh output is a graph output", func(c *geluChain) { c.tanhOut = true }, false},
+		{"0.5 multiply of another value", func(c *geluChain) { c.otherHalf = true }, false},
+		{"rank-4 constants", func(c *geluChain) { c.rank4 = true }, false},
+	}
+	rng := rand.New(rand.NewSource(3))
+	for _, c := range cases {
+		gc := geluChain{exp: 3}
+		c.edit(&gc)
+		b := onnxtest.Bytes(gc.model())
+		s, err := NewSessionFromBytes(b, Options{Threads: 1})
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		plan := opTypes(s.Plan())
+		if got := strings.Contains(plan, "GeluTanhChain"); got != c.fused {
+			t.Fatalf("%s: fused = %v, want %v (plan %s)", c.name, got, c.fused, plan)
+		}
+		if c.fused && (strings.Contains(plan, "Tanh ") || strings.Contains(plan, "Pow")) {
+			t.Errorf("%s: chain nodes left: %s", c.name, plan)
+		}
+		ref, err := NewSessionFromBytes(b, Options{Threads: 1, DisableFolding: true})
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		for _, shape := range []tensor.Shape{{1, 1, 16}, {2, 5, 16}, {1, 0, 16}} {
+			v := randFloats(rng, shape.Size())
+			for j := range v {
+				v[j] *= 8
+			}
+			if len(v) > 4 {
+				v[0], v[1], v[2], v[3] = float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)), 40
+			}
+			x, _ := tensor.FromSlice(shape, v)
+			z, _ := tensor.FromSlice(shape, randFloats(rng, shape.Size()))
+			feeds := map[string]*tensor.Tensor{"x": x, "z": z}
+			got, _, err1 := s.Run(feeds, nil)
+			want, _, err2 := ref.Run(feeds, nil)
+			if err1 != nil || err2 != nil {
+				t.Fatalf("%s %v: %v / %v", c.name, shape, err1, err2)
+			}
+			for k := range want {
+				if !got[k].Shape().Equal(want[k].Shape()) {
+					t.Fatalf("%s %v: shape %v, unfused %v", c.name, shape, got[k].Shape(), want[k].Shape())
+				}
+				g, w := got[k].Float32(), want[k].Float32()
+				for i := range w {
+					if math.Float32bits(g[i]) != math.Float32bits(w[i]) {
+						t.Fatalf("%s %v: output %d [%d] = %v, unfused %v", c.name, shape, k, i, g[i], w[i])
+					}
+				}
+			}
+		}
+	}
+}
