@@ -279,45 +279,85 @@ def axpy(rows, fmt, isa):
 def vnni():
     """AVX-512 VNNI score loop for int8 K per channel: q (scales folded) quantized to int8
     per row once per segment (qabsmax, qquant), integer dots by VPDPBUSD."""
-    w("// func qabsmaxavx512(q *float32, ks *float32, n int, out *[2]float32)")
+    w("// func qabsmaxavx512(q *float32, ks *float32, n int, rows int, mx *float32, chk *float32)")
     w("//")
-    w("// out[0] = max |q[i]*ks[i]|, out[1] = sum (q[i]*ks[i])*0 (0 exactly when every product is")
-    w("// finite), i < n, n a multiple of 16.")
-    w("TEXT ·qabsmaxavx512(SB), NOSPLIT, $0-32")
-    ins("MOVQ q+0(FP), SI", "MOVQ ks+8(FP), R8", "MOVQ n+16(FP), CX", "MOVQ out+24(FP), DX",
-        "VXORPS Z1, Z1, Z1", "VXORPS Z3, Z3, Z3", "VXORPS Z4, Z4, Z4",
-        "MOVL $0x7fffffff, AX", "VPBROADCASTD AX, Z2", "XORQ R9, R9")
+    w("// For rows r < rows of q (n elements apart, n a multiple of 16): mx[r] = max_i |q_ri*ks_i|,")
+    w("// chk[r] = sum_i (q_ri*ks_i)*0 (0 exactly when every product is finite).")
+    w("TEXT ·qabsmaxavx512(SB), NOSPLIT, $0-48")
+    ins("MOVQ q+0(FP), SI", "MOVQ ks+8(FP), R8", "MOVQ n+16(FP), CX", "MOVQ rows+24(FP), R10",
+        "MOVQ mx+32(FP), DX", "MOVQ chk+40(FP), R11",
+        "VXORPS Z4, Z4, Z4", "MOVL $0x7fffffff, AX", "VPBROADCASTD AX, Z2")
+    w("qabsmaxrow:")
+    ins("VXORPS Z1, Z1, Z1", "VXORPS Z3, Z3, Z3", "XORQ R9, R9")
     w("qabsmaxloop:")
-    ins("VMULPS (R8)(R9*4), Z4, Z0" if False else "VMOVUPS (SI)(R9*4), Z0", "VMULPS (R8)(R9*4), Z0, Z0",
+    ins("VMOVUPS (SI)(R9*4), Z0", "VMULPS (R8)(R9*4), Z0, Z0",
         "VFMADD231PS Z4, Z0, Z3", "VANDPS Z2, Z0, Z0", "VMAXPS Z0, Z1, Z1",
         "ADDQ $16, R9", "CMPQ R9, CX", "JLT qabsmaxloop")
     ins("VEXTRACTF64X4 $1, Z1, Y0", "VMAXPS Y0, Y1, Y1", "VEXTRACTF128 $1, Y1, X0", "VMAXPS X0, X1, X1",
         "VPERMILPS $0x4e, X1, X0", "VMAXPS X0, X1, X1", "VPERMILPS $0xb1, X1, X0", "VMAXPS X0, X1, X1",
         "VMOVSS X1, (DX)",
         "VEXTRACTF64X4 $1, Z3, Y0", "VADDPS Y0, Y3, Y3", "VEXTRACTF128 $1, Y3, X0", "VADDPS X0, X3, X3",
-        "VHADDPS X3, X3, X3", "VHADDPS X3, X3, X3", "VMOVSS X3, 4(DX)", "VZEROUPPER", "RET")
+        "VHADDPS X3, X3, X3", "VHADDPS X3, X3, X3", "VMOVSS X3, (R11)",
+        "LEAQ (SI)(CX*4), SI", "ADDQ $4, DX", "ADDQ $4, R11", "DECQ R10", "JNZ qabsmaxrow",
+        "VZEROUPPER", "RET")
     w()
-    w("// func qquantavx512(dst *byte, q *float32, ks *float32, n int, inv float32) int")
+    w("// func qquantavx512(dst *byte, q *float32, ks *float32, n int, rows int, inv *float32, sums *float32, i4 int)")
     w("//")
-    w("// dst[i] = round-to-even(q[i]*ks[i]*inv) as int8 (|q*ks*inv| <= 127), i < n (a multiple")
-    w("// of 16); returns the sum of the dst values.")
-    w("TEXT ·qquantavx512(SB), NOSPLIT, $0-48")
+    w("// For rows r < rows (q n elements apart, dst n bytes apart, n a multiple of 16; of 128")
+    w("// with i4 set): dst_r[i] = round-to-even(q_ri*ks_i*inv[r]) as int8 (|q*ks*inv| <= 127),")
+    w("// sums[r] = the sum of the row's dst values. With i4 set the row is stored in qi4Order:")
+    w("// of each 32 elements, the first 16 at the block's next 16 bytes, the second 16 64 bytes")
+    w("// further (blocks of 128).")
+    w("TEXT ·qquantavx512(SB), NOSPLIT, $0-64")
     ins("MOVQ dst+0(FP), DI", "MOVQ q+8(FP), SI", "MOVQ ks+16(FP), R8", "MOVQ n+24(FP), CX",
-        "VBROADCASTSS inv+32(FP), Z2", "VPXORD Z1, Z1, Z1", "XORQ R9, R9")
+        "MOVQ rows+32(FP), R10", "MOVQ inv+40(FP), DX", "MOVQ sums+48(FP), R11", "MOVQ i4+56(FP), AX",
+        "TESTQ AX, AX", "JNZ qquant4row")
+    w("qquantrow:")
+    ins("VBROADCASTSS (DX), Z2", "VPXORD Z1, Z1, Z1", "XORQ R9, R9")
     w("qquantloop:")
     ins("VMOVUPS (SI)(R9*4), Z0", "VMULPS (R8)(R9*4), Z0, Z0", "VMULPS Z2, Z0, Z0", "VCVTPS2DQ Z0, Z0",
         "VPADDD Z0, Z1, Z1", "VPMOVSDB Z0, (DI)(R9*1)", "ADDQ $16, R9", "CMPQ R9, CX", "JLT qquantloop")
+    w("qquantsum:")
     ins("VEXTRACTI64X4 $1, Z1, Y0", "VPADDD Y0, Y1, Y1", "VEXTRACTI128 $1, Y1, X0", "VPADDD X0, X1, X1",
-        "VPHADDD X1, X1, X1", "VPHADDD X1, X1, X1", "VMOVD X1, AX", "MOVLQSX AX, AX", "MOVQ AX, ret+40(FP)",
-        "VZEROUPPER", "RET")
+        "VPHADDD X1, X1, X1", "VPHADDD X1, X1, X1", "VCVTDQ2PS X1, X1", "VMOVSS X1, (R11)",
+        "LEAQ (SI)(CX*4), SI", "ADDQ CX, DI", "ADDQ $4, DX", "ADDQ $4, R11", "DECQ R10", "JZ qquantdone",
+        "TESTQ AX, AX", "JZ qquantrow")
+    w("qquant4row:")
+    ins("VBROADCASTSS (DX), Z2", "VPXORD Z1, Z1, Z1", "XORQ R9, R9", "MOVQ DI, R12")
+    w("qquant4loop:")
+    ins("VMOVUPS (SI)(R9*4), Z0", "VMULPS (R8)(R9*4), Z0, Z0", "VMULPS Z2, Z0, Z0", "VCVTPS2DQ Z0, Z0",
+        "VPADDD Z0, Z1, Z1", "VPMOVSDB Z0, (R12)",
+        "VMOVUPS 64(SI)(R9*4), Z0", "VMULPS 64(R8)(R9*4), Z0, Z0", "VMULPS Z2, Z0, Z0", "VCVTPS2DQ Z0, Z0",
+        "VPADDD Z0, Z1, Z1", "VPMOVSDB Z0, 64(R12)",
+        "ADDQ $16, R12", "ADDQ $32, R9", "MOVQ R9, R13", "ANDQ $127, R13", "JNZ qquant4next",
+        "ADDQ $64, R12")
+    w("qquant4next:")
+    ins("CMPQ R9, CX", "JLT qquant4loop", "JMP qquantsum")
+    w("qquantdone:")
+    ins("VZEROUPPER", "RET")
     w()
-    name = "qdots4i8vnni"
+    vnni_dots("i8")
+    vnni_dots("i4")
+
+
+def vnni_dots(fmt):
+    """The VPDPBUSD score loop of four rows over K per channel: int8 rows (bytes XOR 0x80 as
+    the unsigned operand) or int4 rows (nibbles, already unsigned, unpacked in registers)."""
+    name = f"qdots4{fmt}vnni"
     w(f"// func {name}(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)")
     w("//")
-    w("// Scores of four rows from int8 query rows qi (qib bytes apart) and int8 K rows (krb bytes,")
-    w("// cpg chunks of 64): VPDPBUSD of the K bytes XOR 0x80 (unsigned k+128) with the signed q")
-    w("// bytes, then s = acc*scale + offset per row (offset = -128*scale*sum(q_r) undoes the")
-    w("// +128, plus the row's constant). Two tokens per step: a 4x2 block of int32 accumulators")
+    if fmt == "i8":
+        w("// Scores of four rows from int8 query rows qi (qib bytes apart) and int8 K rows (krb bytes,")
+        w("// cpg chunks of 64): VPDPBUSD of the K bytes XOR 0x80 (unsigned k+128) with the signed q")
+        w("// bytes, then s = acc*scale + offset per row (offset = -128*scale*sum(q_r) undoes the")
+        w("// +128, plus the row's constant). Two tokens per step: a 4x2 block of int32 accumulators")
+    else:
+        w("// Scores of four rows from int8 query rows qi (qib bytes apart) and int4 K rows (krb bytes,")
+        w("// cpg chunks of 64 bytes, 128 elements): the nibbles, split by VPAND/VPSRLW and interleaved")
+        w("// back by VPUNPCKLBW/VPUNPCKHBW, are the unsigned operand of VPDPBUSD; in each 128-bit lane")
+        w("// that gives elements 32j..32j+15 (low unpack) and 32j+16..32j+31 (high), so the q rows are")
+        w("// stored in that order (qi4Order). s = acc*scale + offset per row (offset: the row's zero")
+        w("// term). Two tokens per step: a 4x2 block of int32 accumulators")
     w("// Z0-Z7 (row r token u in Z(2r+u)), aff[0:8] scales and aff[8:16] offsets in the order of")
     w("// the pair reduction ([r0 r0 r1 r1], [r2 r2 r3 r3]); an odd last token uses aff[16:20]")
     w("// (scales of r0..r3) and aff[20:24] (offsets).")
@@ -326,20 +366,39 @@ def vnni():
         "LEAQ (R9)(DX*1), R10", "LEAQ (R10)(DX*1), R11", "MOVQ k+32(FP), SI", "MOVQ krb+40(FP), BX",
         "MOVQ nt+48(FP), AX", "MOVQ aff+64(FP), R14",
         "SHRQ $1, AX", f"JZ {name}odd")
+    const = "MOVL $0x80808080, CX" if fmt == "i8" else "MOVL $0x0f0f0f0f, CX"
+    qregs = ["R8", "R9", "R10", "R11"]
+
+    def load(base, u):
+        """K of token u at (base) into the unsigned operands: int8 Z(8+u); int4 Z(16+2u),
+        Z(17+2u) (the q halves at +0 and +64)."""
+        if fmt == "i8":
+            return [f"VPXORD ({base}), Z15, Z{8+u}"], [(0, f"Z{8+u}")]
+        a, b = 16 + 2 * u, 17 + 2 * u
+        return ([f"VMOVDQU64 ({base}), Z{24+u}", f"VPSRLW $4, Z{24+u}, Z{26+u}",
+                 f"VPANDD Z15, Z{24+u}, Z{24+u}", f"VPANDD Z15, Z{26+u}, Z{26+u}",
+                 f"VPUNPCKLBW Z{26+u}, Z{24+u}, Z{a}", f"VPUNPCKHBW Z{26+u}, Z{24+u}, Z{b}"],
+                [(0, f"Z{a}"), (64, f"Z{b}")])
+
+    qstep = 64 if fmt == "i8" else 128
     w(f"{name}pair:")
-    ins("MOVL $0x80808080, CX", "VPBROADCASTD CX, Z15")  # the reduction below clobbers Y8-Y15
+    ins(const, "VPBROADCASTD CX, Z15")  # the reduction below clobbers Y8-Y15
     for i in range(8):
         ins(f"VPXORD Z{i}, Z{i}, Z{i}")
     ins("MOVQ pfd+72(FP), R12", "LEAQ (SI)(R12*1), R12", "PREFETCHT1 (R12)", "PREFETCHT1 64(R12)",
         "PREFETCHT1 (R12)(BX*1)", "PREFETCHT1 64(R12)(BX*1)",
         "XORQ CX, CX", "MOVQ SI, R12", "LEAQ (SI)(BX*1), R13", "MOVQ cpg+56(FP), R15")
     w(f"{name}chunk:")
-    ins("VPXORD (R12), Z15, Z8", "VPXORD (R13), Z15, Z9")
-    qregs = ["R8", "R9", "R10", "R11"]
+    ops = []
+    for u, base in enumerate(["R12", "R13"]):
+        code, opnds = load(base, u)
+        ins(*code)
+        ops.append(opnds)
     for r in range(4):
         for u in range(2):
-            ins(f"VPDPBUSD ({qregs[r]})(CX*1), Z{8+u}, Z{2*r+u}")
-    ins("ADDQ $64, R12", "ADDQ $64, R13", "ADDQ $64, CX", "DECQ R15", f"JNZ {name}chunk")
+            for o, reg in ops[u]:
+                ins(f"VPDPBUSD {off(o)}({qregs[r]})(CX*1), {reg}, Z{2*r+u}")
+    ins("ADDQ $64, R12", "ADDQ $64, R13", f"ADDQ ${qstep}, CX", "DECQ R15", f"JNZ {name}chunk")
     for i in range(8):
         ins(f"VCVTDQ2PS Z{i}, Z{i}")
     for i in range(8):
@@ -354,15 +413,17 @@ def vnni():
         "ADDQ $8, DI", "LEAQ (SI)(BX*2), SI", "DECQ AX", f"JNZ {name}pair")
     w(f"{name}odd:")
     ins("MOVQ nt+48(FP), AX", "ANDQ $1, AX", f"JZ {name}done")
-    ins("MOVL $0x80808080, CX", "VPBROADCASTD CX, Z15")
+    ins(const, "VPBROADCASTD CX, Z15")
     for i in range(4):
         ins(f"VPXORD Z{i}, Z{i}, Z{i}")
     ins("XORQ CX, CX", "MOVQ SI, R12", "MOVQ cpg+56(FP), R15")
     w(f"{name}ochunk:")
-    ins("VPXORD (R12), Z15, Z8")
+    code, opnds = load("R12", 0)
+    ins(*code)
     for r in range(4):
-        ins(f"VPDPBUSD ({qregs[r]})(CX*1), Z8, Z{r}")
-    ins("ADDQ $64, R12", "ADDQ $64, CX", "DECQ R15", f"JNZ {name}ochunk")
+        for o, reg in opnds:
+            ins(f"VPDPBUSD {off(o)}({qregs[r]})(CX*1), {reg}, Z{r}")
+    ins("ADDQ $64, R12", f"ADDQ ${qstep}, CX", "DECQ R15", f"JNZ {name}ochunk")
     for i in range(4):
         ins(f"VCVTDQ2PS Z{i}, Z{i}", f"VEXTRACTF64X4 $1, Z{i}, Y{8+i}", f"VADDPS Y{8+i}, Y{i}, Y{i}")
     ins("VHADDPS Y1, Y0, Y0", "VHADDPS Y3, Y2, Y2", "VHADDPS Y2, Y0, Y0",

@@ -274,36 +274,47 @@ func init() {
 	avx2Ops.quant = &quantAVX2Ops
 }
 
-// intPrep512 is quantOps.intPrep (len(q) a multiple of 16).
-func intPrep512(dst []byte, q, ks []float32) (scale, sum float32, ok bool) {
-	n := len(q)
-	if n == 0 || n%16 != 0 {
-		return 0, 0, false
+// intPrep512 is quantOps.intPrep (head dim a multiple of 16; for int4 K a
+// multiple of 128 up to 256).
+func intPrep512(dst []byte, q, ks []float32, f cache.QuantFormat, sc, sum []float32) bool {
+	n, rows := len(ks), len(sc)
+	if n == 0 || rows == 0 || n%16 != 0 || (f == cache.QuantInt4 && (n%128 != 0 || n > 256)) {
+		return false
 	}
-	_, _ = dst[n-1], ks[n-1]
-	var out [2]float32
-	qabsmaxavx512(&q[0], &ks[0], n, &out)
-	m := out[0]
-	if out[1] != 0 {
-		return 0, 0, false
+	_, _, _ = dst[rows*n-1], q[rows*n-1], sum[rows-1]
+	qabsmaxavx512(&q[0], &ks[0], n, rows, &sc[0], &sum[0])
+	for r, m := range sc {
+		if sum[r] != 0 {
+			return false
+		}
+		inv := float32(0) // m == 0: a row of zeros
+		if m != 0 {
+			inv = 127 / m
+			if inv > math.MaxFloat32 || m/127 == 0 {
+				return false
+			}
+		}
+		sc[r], sum[r] = m/127, inv
 	}
-	if m == 0 {
-		clear(dst[:n])
-		return 0, 0, true
+	i4 := 0
+	if f == cache.QuantInt4 {
+		i4 = 1
 	}
-	inv := 127 / m
-	if inv > math.MaxFloat32 || m/127 == 0 {
-		return 0, 0, false
-	}
-	return m / 127, float32(qquantavx512(&dst[0], &q[0], &ks[0], n, inv)), true
+	qquantavx512(&dst[0], &q[0], &ks[0], n, rows, &sum[0], &sum[0], i4)
+	return true
 }
 
-// intDots4VNNI is quantOps.intDots4 (head dim a multiple of 64).
+// intDots4VNNI is quantOps.intDots4 (head dim a multiple of 64; of 128 for
+// int4 K).
 func intDots4VNNI(s []float32, ld, n int, qi []byte, k qmat, d int, aff *[24]float32, pf int) {
 	if n == 0 {
 		return
 	}
 	_, _, _ = s[3*ld+n-1], qi[4*d-1], k.b[n*k.rb-1]
+	if k.f == cache.QuantInt4 {
+		qdots4i4vnni(&s[0], ld*4, &qi[0], d, &k.b[0], k.rb, n, d/128, aff, pf*k.rb)
+		return
+	}
 	qdots4i8vnni(&s[0], ld*4, &qi[0], d, &k.b[0], k.rb, n, d/64, aff, pf*k.rb)
 }
 
@@ -320,10 +331,13 @@ func qprefetchScales(s []float32) {
 func qprefetch(p *float32, n int)
 
 //go:noescape
-func qabsmaxavx512(q *float32, ks *float32, n int, out *[2]float32)
+func qabsmaxavx512(q *float32, ks *float32, n int, rows int, mx *float32, chk *float32)
 
 //go:noescape
-func qquantavx512(dst *byte, q *float32, ks *float32, n int, inv float32) int
+func qquantavx512(dst *byte, q *float32, ks *float32, n int, rows int, inv *float32, sums *float32, i4 int)
 
 //go:noescape
 func qdots4i8vnni(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)
+
+//go:noescape
+func qdots4i4vnni(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)

@@ -2152,20 +2152,23 @@ qaxpy1i4avx2store:
 	VZEROUPPER
 	RET
 
-// func qabsmaxavx512(q *float32, ks *float32, n int, out *[2]float32)
+// func qabsmaxavx512(q *float32, ks *float32, n int, rows int, mx *float32, chk *float32)
 //
-// out[0] = max |q[i]*ks[i]|, out[1] = sum (q[i]*ks[i])*0 (0 exactly when every product is
-// finite), i < n, n a multiple of 16.
-TEXT ·qabsmaxavx512(SB), NOSPLIT, $0-32
+// For rows r < rows of q (n elements apart, n a multiple of 16): mx[r] = max_i |q_ri*ks_i|,
+// chk[r] = sum_i (q_ri*ks_i)*0 (0 exactly when every product is finite).
+TEXT ·qabsmaxavx512(SB), NOSPLIT, $0-48
 	MOVQ q+0(FP), SI
 	MOVQ ks+8(FP), R8
 	MOVQ n+16(FP), CX
-	MOVQ out+24(FP), DX
-	VXORPS Z1, Z1, Z1
-	VXORPS Z3, Z3, Z3
+	MOVQ rows+24(FP), R10
+	MOVQ mx+32(FP), DX
+	MOVQ chk+40(FP), R11
 	VXORPS Z4, Z4, Z4
 	MOVL $0x7fffffff, AX
 	VPBROADCASTD AX, Z2
+qabsmaxrow:
+	VXORPS Z1, Z1, Z1
+	VXORPS Z3, Z3, Z3
 	XORQ R9, R9
 qabsmaxloop:
 	VMOVUPS (SI)(R9*4), Z0
@@ -2191,20 +2194,35 @@ qabsmaxloop:
 	VADDPS X0, X3, X3
 	VHADDPS X3, X3, X3
 	VHADDPS X3, X3, X3
-	VMOVSS X3, 4(DX)
+	VMOVSS X3, (R11)
+	LEAQ (SI)(CX*4), SI
+	ADDQ $4, DX
+	ADDQ $4, R11
+	DECQ R10
+	JNZ qabsmaxrow
 	VZEROUPPER
 	RET
 
-// func qquantavx512(dst *byte, q *float32, ks *float32, n int, inv float32) int
+// func qquantavx512(dst *byte, q *float32, ks *float32, n int, rows int, inv *float32, sums *float32, i4 int)
 //
-// dst[i] = round-to-even(q[i]*ks[i]*inv) as int8 (|q*ks*inv| <= 127), i < n (a multiple
-// of 16); returns the sum of the dst values.
-TEXT ·qquantavx512(SB), NOSPLIT, $0-48
+// For rows r < rows (q n elements apart, dst n bytes apart, n a multiple of 16; of 128
+// with i4 set): dst_r[i] = round-to-even(q_ri*ks_i*inv[r]) as int8 (|q*ks*inv| <= 127),
+// sums[r] = the sum of the row's dst values. With i4 set the row is stored in qi4Order:
+// of each 32 elements, the first 16 at the block's next 16 bytes, the second 16 64 bytes
+// further (blocks of 128).
+TEXT ·qquantavx512(SB), NOSPLIT, $0-64
 	MOVQ dst+0(FP), DI
 	MOVQ q+8(FP), SI
 	MOVQ ks+16(FP), R8
 	MOVQ n+24(FP), CX
-	VBROADCASTSS inv+32(FP), Z2
+	MOVQ rows+32(FP), R10
+	MOVQ inv+40(FP), DX
+	MOVQ sums+48(FP), R11
+	MOVQ i4+56(FP), AX
+	TESTQ AX, AX
+	JNZ qquant4row
+qquantrow:
+	VBROADCASTSS (DX), Z2
 	VPXORD Z1, Z1, Z1
 	XORQ R9, R9
 qquantloop:
@@ -2217,15 +2235,52 @@ qquantloop:
 	ADDQ $16, R9
 	CMPQ R9, CX
 	JLT qquantloop
+qquantsum:
 	VEXTRACTI64X4 $1, Z1, Y0
 	VPADDD Y0, Y1, Y1
 	VEXTRACTI128 $1, Y1, X0
 	VPADDD X0, X1, X1
 	VPHADDD X1, X1, X1
 	VPHADDD X1, X1, X1
-	VMOVD X1, AX
-	MOVLQSX AX, AX
-	MOVQ AX, ret+40(FP)
+	VCVTDQ2PS X1, X1
+	VMOVSS X1, (R11)
+	LEAQ (SI)(CX*4), SI
+	ADDQ CX, DI
+	ADDQ $4, DX
+	ADDQ $4, R11
+	DECQ R10
+	JZ qquantdone
+	TESTQ AX, AX
+	JZ qquantrow
+qquant4row:
+	VBROADCASTSS (DX), Z2
+	VPXORD Z1, Z1, Z1
+	XORQ R9, R9
+	MOVQ DI, R12
+qquant4loop:
+	VMOVUPS (SI)(R9*4), Z0
+	VMULPS (R8)(R9*4), Z0, Z0
+	VMULPS Z2, Z0, Z0
+	VCVTPS2DQ Z0, Z0
+	VPADDD Z0, Z1, Z1
+	VPMOVSDB Z0, (R12)
+	VMOVUPS 64(SI)(R9*4), Z0
+	VMULPS 64(R8)(R9*4), Z0, Z0
+	VMULPS Z2, Z0, Z0
+	VCVTPS2DQ Z0, Z0
+	VPADDD Z0, Z1, Z1
+	VPMOVSDB Z0, 64(R12)
+	ADDQ $16, R12
+	ADDQ $32, R9
+	MOVQ R9, R13
+	ANDQ $127, R13
+	JNZ qquant4next
+	ADDQ $64, R12
+qquant4next:
+	CMPQ R9, CX
+	JLT qquant4loop
+	JMP qquantsum
+qquantdone:
 	VZEROUPPER
 	RET
 
@@ -2385,6 +2440,194 @@ qdots4i8vnniochunk:
 	VEXTRACTPS $2, X0, (DI)(BX*2)
 	VEXTRACTPS $3, X0, (DI)(R15*1)
 qdots4i8vnnidone:
+	VZEROUPPER
+	RET
+
+// func qdots4i4vnni(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)
+//
+// Scores of four rows from int8 query rows qi (qib bytes apart) and int4 K rows (krb bytes,
+// cpg chunks of 64 bytes, 128 elements): the nibbles, split by VPAND/VPSRLW and interleaved
+// back by VPUNPCKLBW/VPUNPCKHBW, are the unsigned operand of VPDPBUSD; in each 128-bit lane
+// that gives elements 32j..32j+15 (low unpack) and 32j+16..32j+31 (high), so the q rows are
+// stored in that order (qi4Order). s = acc*scale + offset per row (offset: the row's zero
+// term). Two tokens per step: a 4x2 block of int32 accumulators
+// Z0-Z7 (row r token u in Z(2r+u)), aff[0:8] scales and aff[8:16] offsets in the order of
+// the pair reduction ([r0 r0 r1 r1], [r2 r2 r3 r3]); an odd last token uses aff[16:20]
+// (scales of r0..r3) and aff[20:24] (offsets).
+TEXT ·qdots4i4vnni(SB), NOSPLIT, $0-80
+	MOVQ s+0(FP), DI
+	MOVQ qi+16(FP), R8
+	MOVQ qib+24(FP), DX
+	LEAQ (R8)(DX*1), R9
+	LEAQ (R9)(DX*1), R10
+	LEAQ (R10)(DX*1), R11
+	MOVQ k+32(FP), SI
+	MOVQ krb+40(FP), BX
+	MOVQ nt+48(FP), AX
+	MOVQ aff+64(FP), R14
+	SHRQ $1, AX
+	JZ qdots4i4vnniodd
+qdots4i4vnnipair:
+	MOVL $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z15
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	MOVQ pfd+72(FP), R12
+	LEAQ (SI)(R12*1), R12
+	PREFETCHT1 (R12)
+	PREFETCHT1 64(R12)
+	PREFETCHT1 (R12)(BX*1)
+	PREFETCHT1 64(R12)(BX*1)
+	XORQ CX, CX
+	MOVQ SI, R12
+	LEAQ (SI)(BX*1), R13
+	MOVQ cpg+56(FP), R15
+qdots4i4vnnichunk:
+	VMOVDQU64 (R12), Z24
+	VPSRLW $4, Z24, Z26
+	VPANDD Z15, Z24, Z24
+	VPANDD Z15, Z26, Z26
+	VPUNPCKLBW Z26, Z24, Z16
+	VPUNPCKHBW Z26, Z24, Z17
+	VMOVDQU64 (R13), Z25
+	VPSRLW $4, Z25, Z27
+	VPANDD Z15, Z25, Z25
+	VPANDD Z15, Z27, Z27
+	VPUNPCKLBW Z27, Z25, Z18
+	VPUNPCKHBW Z27, Z25, Z19
+	VPDPBUSD (R8)(CX*1), Z16, Z0
+	VPDPBUSD 64(R8)(CX*1), Z17, Z0
+	VPDPBUSD (R8)(CX*1), Z18, Z1
+	VPDPBUSD 64(R8)(CX*1), Z19, Z1
+	VPDPBUSD (R9)(CX*1), Z16, Z2
+	VPDPBUSD 64(R9)(CX*1), Z17, Z2
+	VPDPBUSD (R9)(CX*1), Z18, Z3
+	VPDPBUSD 64(R9)(CX*1), Z19, Z3
+	VPDPBUSD (R10)(CX*1), Z16, Z4
+	VPDPBUSD 64(R10)(CX*1), Z17, Z4
+	VPDPBUSD (R10)(CX*1), Z18, Z5
+	VPDPBUSD 64(R10)(CX*1), Z19, Z5
+	VPDPBUSD (R11)(CX*1), Z16, Z6
+	VPDPBUSD 64(R11)(CX*1), Z17, Z6
+	VPDPBUSD (R11)(CX*1), Z18, Z7
+	VPDPBUSD 64(R11)(CX*1), Z19, Z7
+	ADDQ $64, R12
+	ADDQ $64, R13
+	ADDQ $128, CX
+	DECQ R15
+	JNZ qdots4i4vnnichunk
+	VCVTDQ2PS Z0, Z0
+	VCVTDQ2PS Z1, Z1
+	VCVTDQ2PS Z2, Z2
+	VCVTDQ2PS Z3, Z3
+	VCVTDQ2PS Z4, Z4
+	VCVTDQ2PS Z5, Z5
+	VCVTDQ2PS Z6, Z6
+	VCVTDQ2PS Z7, Z7
+	VEXTRACTF64X4 $1, Z0, Y8
+	VADDPS Y8, Y0, Y0
+	VEXTRACTF64X4 $1, Z1, Y9
+	VADDPS Y9, Y1, Y1
+	VEXTRACTF64X4 $1, Z2, Y10
+	VADDPS Y10, Y2, Y2
+	VEXTRACTF64X4 $1, Z3, Y11
+	VADDPS Y11, Y3, Y3
+	VEXTRACTF64X4 $1, Z4, Y12
+	VADDPS Y12, Y4, Y4
+	VEXTRACTF64X4 $1, Z5, Y13
+	VADDPS Y13, Y5, Y5
+	VEXTRACTF64X4 $1, Z6, Y14
+	VADDPS Y14, Y6, Y6
+	VEXTRACTF64X4 $1, Z7, Y15
+	VADDPS Y15, Y7, Y7
+	VHADDPS Y1, Y0, Y0
+	VHADDPS Y3, Y2, Y2
+	VHADDPS Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X2
+	VADDPS X2, X0, X0
+	VHADDPS Y5, Y4, Y4
+	VHADDPS Y7, Y6, Y6
+	VHADDPS Y6, Y4, Y4
+	VEXTRACTF128 $1, Y4, X6
+	VADDPS X6, X4, X4
+	VMOVUPS (R14), X8
+	VFMADD213PS 32(R14), X8, X0
+	VMOVUPS 16(R14), X8
+	VFMADD213PS 48(R14), X8, X4
+	MOVQ ldS+8(FP), R13
+	LEAQ (R13)(R13*2), R15
+	VMOVLPS X0, (DI)
+	VMOVHPS X0, (DI)(R13*1)
+	VMOVLPS X4, (DI)(R13*2)
+	VMOVHPS X4, (DI)(R15*1)
+	ADDQ $8, DI
+	LEAQ (SI)(BX*2), SI
+	DECQ AX
+	JNZ qdots4i4vnnipair
+qdots4i4vnniodd:
+	MOVQ nt+48(FP), AX
+	ANDQ $1, AX
+	JZ qdots4i4vnnidone
+	MOVL $0x0f0f0f0f, CX
+	VPBROADCASTD CX, Z15
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	XORQ CX, CX
+	MOVQ SI, R12
+	MOVQ cpg+56(FP), R15
+qdots4i4vnniochunk:
+	VMOVDQU64 (R12), Z24
+	VPSRLW $4, Z24, Z26
+	VPANDD Z15, Z24, Z24
+	VPANDD Z15, Z26, Z26
+	VPUNPCKLBW Z26, Z24, Z16
+	VPUNPCKHBW Z26, Z24, Z17
+	VPDPBUSD (R8)(CX*1), Z16, Z0
+	VPDPBUSD 64(R8)(CX*1), Z17, Z0
+	VPDPBUSD (R9)(CX*1), Z16, Z1
+	VPDPBUSD 64(R9)(CX*1), Z17, Z1
+	VPDPBUSD (R10)(CX*1), Z16, Z2
+	VPDPBUSD 64(R10)(CX*1), Z17, Z2
+	VPDPBUSD (R11)(CX*1), Z16, Z3
+	VPDPBUSD 64(R11)(CX*1), Z17, Z3
+	ADDQ $64, R12
+	ADDQ $128, CX
+	DECQ R15
+	JNZ qdots4i4vnniochunk
+	VCVTDQ2PS Z0, Z0
+	VEXTRACTF64X4 $1, Z0, Y8
+	VADDPS Y8, Y0, Y0
+	VCVTDQ2PS Z1, Z1
+	VEXTRACTF64X4 $1, Z1, Y9
+	VADDPS Y9, Y1, Y1
+	VCVTDQ2PS Z2, Z2
+	VEXTRACTF64X4 $1, Z2, Y10
+	VADDPS Y10, Y2, Y2
+	VCVTDQ2PS Z3, Z3
+	VEXTRACTF64X4 $1, Z3, Y11
+	VADDPS Y11, Y3, Y3
+	VHADDPS Y1, Y0, Y0
+	VHADDPS Y3, Y2, Y2
+	VHADDPS Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VMOVUPS 64(R14), X8
+	VFMADD213PS 80(R14), X8, X0
+	MOVQ ldS+8(FP), BX
+	LEAQ (BX)(BX*2), R15
+	VMOVSS X0, (DI)
+	VEXTRACTPS $1, X0, (DI)(BX*1)
+	VEXTRACTPS $2, X0, (DI)(BX*2)
+	VEXTRACTPS $3, X0, (DI)(R15*1)
+qdots4i4vnnidone:
 	VZEROUPPER
 	RET
 

@@ -133,51 +133,76 @@ func qdotMags(q []float32, k qmat, d, rows, n int) []float64 {
 	return out
 }
 
-// TestQuantIntDotsOps checks the VNNI loop against the same integer dots
-// in scalar Go: intPrep's rounding is the only difference from float32.
+// TestQuantIntDotsOps checks the VNNI loops (int8 K, int4 K in
+// qi4Order) against the same integer dots in scalar Go: intPrep's rounding
+// is the only difference from float32.
 func TestQuantIntDotsOps(t *testing.T) {
 	if quant512Ops.intDots4 == nil {
 		t.Skip("no AVX-512 VNNI")
 	}
 	rng := rand.New(rand.NewPCG(8, 9))
-	for _, d := range []int{64, 128, 256} {
-		for _, n := range []int{1, 2, 3, 8, 33} {
-			k := randQmat(rng, cache.QuantInt8, n, d, d, false)
-			q := randVec(rng, 4*d, 1)
-			ks := randVec(rng, d, 0.02)
-			qi := make([]byte, 4*d)
-			var isc, ioff [4]float32
-			for r := 0; r < 4; r++ {
-				sc, sum, ok := intPrep512(qi[r*d:(r+1)*d], q[r*d:(r+1)*d], ks)
-				if !ok {
+	for _, f := range quantFormats {
+		for _, d := range []int{64, 128, 256} {
+			if f == cache.QuantInt4 && d%128 != 0 {
+				continue
+			}
+			for _, n := range []int{1, 2, 3, 8, 33} {
+				k := randQmat(rng, f, n, d, d, false)
+				q := randVec(rng, 4*d, 1)
+				ks := randVec(rng, d, 0.02)
+				qi := make([]byte, 4*d)
+				var isc, ioff, sums [4]float32
+				if !intPrep512(qi, q, ks, f, isc[:], sums[:]) {
 					t.Fatal("intPrep failed on finite input")
 				}
-				isc[r], ioff[r] = sc, -128*sc*sum
-				var s32 int32
-				for j := 0; j < d; j++ {
-					want := math.RoundToEven(float64(q[r*d+j] * ks[j] * (127 / (sc * 127))))
-					if x := int8(qi[r*d+j]); math.Abs(float64(x)-want) > 1 {
-						t.Fatalf("d=%d row %d: qi[%d] = %d, want about %v", d, r, j, x, want)
+				for r := 0; r < 4; r++ {
+					sc, sum := isc[r], sums[r]
+					ioff[r] = -128 * sc * sum
+					if f == cache.QuantInt4 {
+						ioff[r] = float32(r) - 1.5 // a zero term
 					}
-					s32 += int32(int8(qi[r*d+j]))
+					var s32 int32
+					for j := 0; j < d; j++ {
+						e := j
+						if f == cache.QuantInt4 {
+							e = qi4Elem(j)
+						}
+						want := math.RoundToEven(float64(q[r*d+e] * ks[e] * (127 / (sc * 127))))
+						if x := int8(qi[r*d+j]); math.Abs(float64(x)-want) > 1 {
+							t.Fatalf("%s d=%d row %d: qi[%d] = %d, want about %v", f, d, r, j, x, want)
+						}
+						s32 += int32(int8(qi[r*d+j]))
+					}
+					if float32(s32) != sum {
+						t.Fatalf("%s d=%d row %d: sum %v, want %d", f, d, r, sum, s32)
+					}
 				}
-				if float32(s32) != sum {
-					t.Fatalf("d=%d row %d: sum %v, want %d", d, r, sum, s32)
+				qb := quantBlock{ops: &quant512Ops}
+				p := quantPart{qi: qi, isc: isc[:], ioff: ioff[:], intOn: true}
+				got := make([]float32, 4*n)
+				qb.intScores(&p, got, n, 0, 4, k, n, d, 0)
+				want := make([]float32, 4*n)
+				for r := 0; r < 4; r++ {
+					qb.intScores(&p, want[r*n:(r+1)*n], n, r, 1, k, n, d, 0)
 				}
-			}
-			qb := quantBlock{ops: &quant512Ops}
-			p := quantPart{qi: qi, isc: isc[:], ioff: ioff[:], intOn: true}
-			got := make([]float32, 4*n)
-			qb.intScores(&p, got, n, 0, 4, k, n, d, 0)
-			want := make([]float32, 4*n)
-			for r := 0; r < 4; r++ {
-				qb.intScores(&p, want[r*n:(r+1)*n], n, r, 1, k, n, d, 0)
-			}
-			for i := range want {
-				if !closeToMag(got[i], want[i], float64(d)*127*127*float64(isc[i/n])) {
-					t.Fatalf("d=%d n=%d: s[%d] = %v, want %v", d, n, i, got[i], want[i])
+				for i := range want {
+					if !closeToMag(got[i], want[i], float64(d)*127*127*float64(isc[i/n])) {
+						t.Fatalf("%s d=%d n=%d: s[%d] = %v, want %v", f, d, n, i, got[i], want[i])
+					}
 				}
 			}
 		}
+	}
+}
+
+// TestQi4Order: qi4Elem is a permutation of each block of 128.
+func TestQi4Order(t *testing.T) {
+	seen := make([]bool, 256)
+	for j := range seen {
+		e := qi4Elem(j)
+		if e < 0 || e >= 256 || seen[e] || e/128 != j/128 {
+			t.Fatalf("position %d maps to element %d", j, e)
+		}
+		seen[e] = true
 	}
 }

@@ -75,13 +75,15 @@ type quantOps struct {
 	// one is computed.
 	prefetch func(s []float32)
 	// intPrep and intDots4, when set (AVX-512 VNNI), are the integer score
-	// loop for int8 K per channel: intPrep quantizes one query row times the
-	// channel scales to int8 (dst), returning its scale and the sum of its
-	// integers (ok false: a product is not finite, or the row's scale is
-	// out of range); intDots4 computes four rows' scores (rows ld apart)
-	// over n tokens from such rows, s = acc*aff-scale + aff-offset (layout
-	// in kern_quant_amd64.s).
-	intPrep  func(dst []byte, q, ks []float32) (scale, sum float32, ok bool)
+	// loop for int8 and int4 K per channel: intPrep quantizes len(sc) query
+	// rows (len(ks) elements each) times the channel scales ks to int8 per
+	// row (dst; for int4 K in qi4Order), setting each row's scale sc[r] and
+	// the sum of its integers sum[r] (false: a product is not finite, a
+	// row's scale is out of range, or the head dim is not one the loop
+	// takes); intDots4 computes four rows' scores (rows ld apart) over n
+	// tokens from such rows, s = acc*aff-scale + aff-offset (layout in
+	// kern_quant_amd64.s).
+	intPrep  func(dst []byte, q, ks []float32, f cache.QuantFormat, sc, sum []float32) bool
 	intDots4 func(s []float32, ld, n int, qi []byte, k qmat, d int, aff *[24]float32, pf int)
 }
 
@@ -206,7 +208,8 @@ func (qb *quantBlock) dots(sc []float32, r, nr, a, e, dk, pf int) {
 
 // intScores is dots for the integer loop over part p's rows k (n tokens,
 // score rows ld apart): four rows by intDots4, a single row (not met when
-// the group is a multiple of four) in scalar Go.
+// the group is a multiple of four) in scalar Go (the same integers: int8
+// K, or int4 nibbles against q in qi4Order).
 func (qb *quantBlock) intScores(p *quantPart, s []float32, ld, r, nr int, k qmat, n, dk, pf int) {
 	if nr == 4 {
 		a := &qb.aff
@@ -222,11 +225,30 @@ func (qb *quantBlock) intScores(p *quantPart, s []float32, ld, r, nr int, k qmat
 	for t := 0; t < n; t++ {
 		row := k.b[t*k.rb : (t+1)*k.rb]
 		var acc int32
+		if k.f == cache.QuantInt4 {
+			for j, x := range qi {
+				e := qi4Elem(j)
+				acc += int32(int8(x)) * int32(row[e/2]>>(4*(e&1))&15)
+			}
+			s[t] = float32(acc)*p.isc[r] + p.ioff[r] // the zero term
+			continue
+		}
 		for j, x := range qi {
 			acc += int32(int8(x)) * int32(int8(row[j]))
 		}
-		s[t] = float32(acc) * p.isc[r]
+		s[t] = float32(acc) * p.isc[r] // signed products: no +128 to undo
 	}
+}
+
+// qi4Elem is the element of a K row that position j of a query row in
+// qi4Order multiplies: in each block of 128 elements, positions [0, 64)
+// hold elements 32i..32i+15 (i = 0..3), positions [64, 128) elements
+// 32i+16..32i+31, the order VPUNPCKLBW/VPUNPCKHBW give the unpacked
+// nibbles of 64 bytes in their 128-bit lanes (intPrep stores int4 K's
+// query rows so: qi4Order).
+func qi4Elem(j int) int {
+	b, p := j/128*128, j%128
+	return b + p%64/16*32 + p/64*16 + p%16
 }
 
 // axpy accumulates the super-block's V rows [a, e) into acc (nr rows),
@@ -333,16 +355,21 @@ func (u *unitState) quantPart(ops *kernelOps, s *shape, sg *cache.Segment, i, ro
 		q: u.qs,
 	}
 	switch {
-	case qs.KAxis == cache.KPerChannel && qs.Format == cache.QuantInt8 && intOK:
-		// int32 sums of dk products of at most 255*127 stay exact in float32
-		// up to dk = 256 (VCVTDQ2PS)
+	case qs.KAxis == cache.KPerChannel && intOK && (qs.Format == cache.QuantInt8 || dk%128 == 0):
+		// int32 sums of dk products of at most 255*127 (int8) or 15*127
+		// (int4) stay exact in float32 up to dk = 256 (VCVTDQ2PS)
 		p.intOn = true
 		p.qi = u.qi[i*rows*dk : (i+1)*rows*dk]
 		p.isc, p.ioff = u.isc[i*rows:(i+1)*rows], u.ioff[i*rows:(i+1)*rows]
-		for r := 0; r < rows; r++ {
-			sc, sum, ok := qb.ops.intPrep(p.qi[r*dk:(r+1)*dk], u.qs[r*dk:(r+1)*dk], qs.KScale[:dk])
-			p.bad = p.bad || !ok
-			p.isc[r], p.ioff[r] = sc, -128*sc*sum
+		p.bad = !qb.ops.intPrep(p.qi, u.qs[:rows*dk], qs.KScale[:dk], qs.Format, p.isc, p.ioff)
+		if qs.Format == cache.QuantInt8 {
+			for r, sc := range p.isc {
+				p.ioff[r] *= -128 * sc // the sum of the row's integers
+			}
+		} else {
+			// x = s*q + z: the zero term qs_r . zero is the offset (the
+			// nibbles need no +128)
+			ops.dots(p.ioff, qs.KZero[:dk], u.qs[:rows*dk], dk, 0)
 		}
 	case qs.KAxis == cache.KPerChannel:
 		p.q = u.qq[i*rows*dk : (i+1)*rows*dk]

@@ -311,7 +311,7 @@ func TestQuantNonFinite(t *testing.T) {
 							// intDotsTol (2e-6*mag)
 							mag := 2.0
 							if intOn {
-								if f != cache.QuantInt8 || ax != cache.KPerChannel {
+								if !intDotsUsed(f, ax, c.dk) {
 									continue
 								}
 								mag = intDotsTol[0] / 2e-6
@@ -413,6 +413,14 @@ func TestQuantNoAllocs(t *testing.T) {
 // outputs of magnitude <= 1.7); set at about twice that.
 var intDotsTol = [2]float64{1.5e-2, 2e-5}
 
+// intDotsUsed reports whether the integer score loop runs over a cache of
+// format f, K axis ax and head dim dk when it is on (SetQuantIntDots) and
+// the CPU has it: int8 K per channel, and int4 K per channel with a head
+// dim that is a multiple of 128.
+func intDotsUsed(f cache.QuantFormat, ax cache.KAxis, dk int) bool {
+	return ax == cache.KPerChannel && (f == cache.QuantInt8 || dk%128 == 0)
+}
+
 // TestQuantIntDots runs the integer score loop (SetQuantIntDots) where the
 // CPU has it (skipped elsewhere), against the oracle with intDotsTol and
 // against float32 with the int8 bound.
@@ -435,8 +443,9 @@ func TestQuantIntDots(t *testing.T) {
 		for _, d := range []int{64, 128} {
 			for _, L := range lens {
 				n++
+				f := quantFormats[n%2] // int4 runs the integer loop at head dim 128
 				c := quantCase{elem: cache.Float16, qHeads: hd[0], kvh: hd[1], dk: d, dv: d, lens: []int{L, L/2 + 1},
-					qLen: 1 + n%3*2, cfg: cache.QuantConfig{Format: cache.QuantInt8, Group: 32, Residual: 16}, tol: intDotsTol}
+					qLen: 1 + n%3*2, cfg: cache.QuantConfig{Format: f, Group: 32, Residual: 16}, tol: intDotsTol}
 				switch n % 3 {
 				case 1:
 					c.opts.Softcap, c.qScale = 4, 3
