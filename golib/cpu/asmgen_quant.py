@@ -436,6 +436,177 @@ def vnni_dots(fmt):
     w()
 
 
+def vint():
+    """AVX-512 VNNI accumulation of V over token pairs: softmax weights times V scales
+    quantized to int16 per row (qvwmax, qvwquant), V rows widened to int16 and interleaved
+    by token pair, VPDPWSSD with the pair's weights broadcast from memory."""
+    w("// func qvwmax(p *float32, ldP int, vs *float32, n int, mx *[4]float32)")
+    w("//")
+    w("// mx[r] = max_t,g |p[r*ldP/4 + t] * vs[4t + g]| over tokens t < n (four scale groups per")
+    w("// row) for the four rows r (p >= 0).")
+    w("TEXT ·qvwmax(SB), NOSPLIT, $0-40")
+    ins("MOVQ p+0(FP), R8", "MOVQ ldP+8(FP), DX", "LEAQ (R8)(DX*1), R9", "LEAQ (R9)(DX*1), R10",
+        "LEAQ (R10)(DX*1), R11", "MOVQ vs+16(FP), SI", "MOVQ n+24(FP), AX", "MOVQ mx+32(FP), DI",
+        "VMOVDQU vwperm<>(SB), Y15", "MOVL $0x7fffffff, CX", "VPBROADCASTD CX, Y14",
+        "VXORPS Y0, Y0, Y0", "VXORPS Y1, Y1, Y1", "VXORPS Y2, Y2, Y2", "VXORPS Y3, Y3, Y3",
+        "XORQ CX, CX", "MOVQ AX, BX", "SHRQ $1, BX", "JZ qvwmaxodd")
+    w("qvwmaxpair:")
+    ins("VPERMPS (SI), Y15, Y4", "VANDPS Y14, Y4, Y4")
+    pr = ["R8", "R9", "R10", "R11"]
+    for r in range(4):
+        ins(f"VBROADCASTSD ({pr[r]})(CX*4), Y5", "VMULPS Y4, Y5, Y5", f"VMAXPS Y5, Y{r}, Y{r}")
+    ins("ADDQ $32, SI", "ADDQ $2, CX", "DECQ BX", "JNZ qvwmaxpair")
+    w("qvwmaxodd:")
+    ins("ANDQ $1, AX", "JZ qvwmaxdone", "VMOVUPS (SI), X4", "VPERMPS Y4, Y15, Y4", "VANDPS Y14, Y4, Y4")
+    for r in range(4):
+        ins(f"VMOVSS ({pr[r]})(CX*4), X5", "VPBROADCASTQ X5, Y5", "VMULPS Y4, Y5, Y5", f"VMAXPS Y5, Y{r}, Y{r}")
+    w("qvwmaxdone:")
+    for r in range(4):
+        ins(f"VEXTRACTF128 $1, Y{r}, X5", f"VMAXPS X5, X{r}, X{r}", f"VPERMILPS $0x4e, X{r}, X5",
+            f"VMAXPS X5, X{r}, X{r}", f"VPERMILPS $0xb1, X{r}, X5", f"VMAXPS X5, X{r}, X{r}",
+            f"VMOVSS X{r}, {off(4*r)}(DI)")
+    ins("VZEROUPPER", "RET")
+    w()
+    w("// func qvwquant(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)")
+    w("//")
+    w("// The int16 weights of qvaxpy4*: for token pairs j (the last one padded with a zero weight")
+    w("// when n is odd), rows r < 4 and groups g < 4, w[16j + 4r + g] packs round(p_r,2j *")
+    w("// vs[8j+g] * inv[r]) (low word) and the same of token 2j+1 (high word). vz != nil (int4):")
+    w("// zt[4r + g] = sum_t p_rt * vz[4t + g].")
+    w("TEXT ·qvwquant(SB), NOSPLIT, $0-64")
+    ins("MOVQ w+0(FP), DI", "MOVQ p+8(FP), R8", "MOVQ ldP+16(FP), DX", "LEAQ (R8)(DX*1), R9",
+        "LEAQ (R9)(DX*1), R10", "LEAQ (R10)(DX*1), R11", "MOVQ vs+24(FP), SI", "MOVQ n+32(FP), AX",
+        "MOVQ inv+40(FP), R12", "MOVQ vz+48(FP), R13", "MOVQ R13, R14",
+        "VMOVDQU vwperm<>(SB), Y15")
+    for r in range(4):
+        ins(f"VBROADCASTSS {off(4*r)}(R12), Y{8+r}", f"VXORPS Y{4+r}, Y{4+r}, Y{4+r}")
+    ins("XORQ CX, CX", "MOVQ AX, BX", "SHRQ $1, BX", "JZ qvwquantodd")
+
+    def body(odd):
+        if odd:
+            ins("VMOVUPS (SI), X0", "VPERMPS Y0, Y15, Y0")
+        else:
+            ins("VPERMPS (SI), Y15, Y0")
+        ins("TESTQ R14, R14", f"JZ qvwquant{'o' if odd else 'p'}noz")
+        if odd:
+            ins("VMOVUPS (R13), X1", "VPERMPS Y1, Y15, Y1")
+        else:
+            ins("VPERMPS (R13), Y15, Y1")
+        w(f"qvwquant{'o' if odd else 'p'}noz:")
+        for r in range(4):
+            if odd:
+                ins(f"VMOVSS ({pr[r]})(CX*4), X2", "VPBROADCASTQ X2, Y2")
+            else:
+                ins(f"VBROADCASTSD ({pr[r]})(CX*4), Y2")
+            ins(f"VFMADD231PS Y1, Y2, Y{4+r}", "VMULPS Y0, Y2, Y2", f"VMULPS Y{8+r}, Y2, Y2",
+                "VCVTPS2DQ Y2, Y2", f"VPMOVSDW Y2, {off(16*r)}(DI)")
+
+    w("qvwquantpair:")
+    ins("VXORPS Y1, Y1, Y1")
+    body(False)
+    ins("ADDQ $32, SI", "ADDQ $32, R13", "ADDQ $64, DI", "ADDQ $2, CX", "DECQ BX", "JNZ qvwquantpair")
+    w("qvwquantodd:")
+    ins("ANDQ $1, AX", "JZ qvwquantzt", "VXORPS Y1, Y1, Y1")
+    body(True)
+    w("qvwquantzt:")
+    ins("MOVQ zt+56(FP), DI", "TESTQ R14, R14", "JZ qvwquantdone")
+    for r in range(4):
+        ins(f"VHADDPS Y{4+r}, Y{4+r}, Y{4+r}", f"VPERMQ $0x08, Y{4+r}, Y{4+r}", f"VMOVUPS X{4+r}, {off(16*r)}(DI)")
+    w("qvwquantdone:")
+    ins("VZEROUPPER", "RET")
+    w()
+    for fmt in ("i8", "i4"):
+        vaxpy(fmt)
+
+
+def vaxpy(fmt):
+    name = f"qvaxpy4{fmt}vnni"
+    w(f"// func {name}(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)")
+    w("//")
+    w("// One column block of 64 elements of four rows: acc_r = alpha[r]*acc_r + sc[r] * sum_t w_rt")
+    w("// * q_t" + (" + zt_r (int4: the zero term of the element's group)" if fmt == "i4" else "") + ", acc rows accrb bytes apart,")
+    w("// V rows (" + ("int8" if fmt == "i8" else "int4") + ") vrb bytes apart, np token pairs and an odd last token (odd = 1,")
+    w("// its pair's second weight 0). The weights (qvwquant) are int16 pairs, one dword per row")
+    w("// and scale group: row r's for the block's first 32 elements at w + r*zrb, its second 32")
+    w("// s2 bytes further, the next pair's wpb bytes on; zt likewise (rows zrb bytes apart).")
+    if fmt == "i8":
+        w("// V rows are interleaved by pair (VPUNPCKLBW/HBW in 128-bit lanes: the accumulators hold")
+        w("// elements 0-7, 16-23 and 8-15, 24-31 of 32) and widened to int16 (VPMOVSXBW), dotted")
+    else:
+        w("// V rows are interleaved by pair (VPUNPCKLBW/HBW), widened to int16 (VPMOVZXBW) and split")
+        w("// into even and odd elements (VPSRLW/VPANDD), dotted")
+    w("// by VPDPWSSD with the weight dword broadcast; int32 sums, exact (|w| <= 16383, |q| <= 128,")
+    w("// fewer than 2^19 tokens), put back in element order when the block is stored.")
+    w(f"TEXT ·{name}(SB), NOSPLIT, $0-112")
+    ins("MOVQ v+16(FP), SI", "MOVQ vrb+24(FP), BX", "MOVQ w+48(FP), R8", "MOVQ zrb+96(FP), R9",
+        "LEAQ (R9)(R9*2), R11", "MOVQ s2+64(FP), R10", "ADDQ R8, R10", "MOVQ np+32(FP), AX",
+        "MOVQ pfd+104(FP), CX")
+    if fmt == "i4":
+        ins("MOVL $0x000f000f, DX", "VPBROADCASTD DX, Z15")
+    for i in range(16, 32):
+        ins(f"VPXORD Z{i}, Z{i}, Z{i}")
+
+    def acc(r, h, x):
+        return f"Z{16 + r*4 + h*2 + x}"
+
+    def wrow(r, h):
+        b = "R8" if h == 0 else "R10"
+        return [f"({b})", f"({b})(R9*1)", f"({b})(R9*2)", f"({b})(R11*1)"][r]
+
+    def body():
+        for h in range(2):
+            if fmt == "i8":
+                ins(f"VMOVDQU {off(32*h)}(SI), Y0", f"VMOVDQU {off(32*h)}(SI)(BX*1), Y1",
+                    "VPUNPCKLBW Y1, Y0, Y2", "VPUNPCKHBW Y1, Y0, Y3", "VPMOVSXBW Y2, Z2", "VPMOVSXBW Y3, Z3")
+            else:
+                ins(f"VMOVDQU {off(16*h)}(SI), X0", f"VMOVDQU {off(16*h)}(SI)(BX*1), X1",
+                    "VPUNPCKLBW X1, X0, X2", "VPUNPCKHBW X1, X0, X3", "VINSERTI128 $1, X3, Y2, Y2",
+                    "VPMOVZXBW Y2, Z2", "VPSRLW $4, Z2, Z3", "VPANDD Z15, Z2, Z2", "VPANDD Z15, Z3, Z3")
+            for r in range(4):
+                for x in range(2):
+                    ins(f"VPDPWSSD.BCST {wrow(r, h)}, Z{2+x}, {acc(r, h, x)}")
+
+    ins("TESTQ AX, AX", f"JZ {name}odd")
+    w(f"{name}pair:")
+    ins("LEAQ (SI)(CX*1), R12", "PREFETCHT1 (R12)", "PREFETCHT1 (R12)(BX*1)")
+    body()
+    ins("ADDQ wpb+56(FP), R8", "ADDQ wpb+56(FP), R10", "LEAQ (SI)(BX*2), SI", "DECQ AX", f"JNZ {name}pair")
+    w(f"{name}odd:")
+    ins("MOVQ odd+40(FP), AX", "TESTQ AX, AX", f"JZ {name}store", "XORQ BX, BX")
+    body()
+    w(f"{name}store:")
+    ins("MOVQ acc+0(FP), DI", "MOVQ accrb+8(FP), BX", "MOVQ alpha+72(FP), R12", "MOVQ sc+80(FP), R13",
+        "MOVQ zt+88(FP), R14", "MOVQ s2+64(FP), R10")
+    for r in range(4):
+        ins(f"VBROADCASTSS {off(4*r)}(R12), Z12", f"VBROADCASTSS {off(4*r)}(R13), Z13")
+        for h in range(2):
+            lo, hi = acc(r, h, 0), acc(r, h, 1)
+            if fmt == "i4":
+                # even/odd elements -> the int8 layout (elements 8k..8k+3, 8k+4..8k+7 per lane)
+                ins(f"VPUNPCKLDQ {hi}, {lo}, Z0", f"VPUNPCKHDQ {hi}, {lo}, Z1")
+                ins("VCVTDQ2PS Z0, Z0", "VCVTDQ2PS Z1, Z1",
+                    "VSHUFF32X4 $0x44, Z1, Z0, Z2", "VSHUFF32X4 $0xee, Z1, Z0, Z3",
+                    "VSHUFF32X4 $0xd8, Z2, Z2, Z2", "VSHUFF32X4 $0xd8, Z3, Z3, Z3")
+            else:
+                # lanes of lo: elements 0-7, 16-23; of hi: 8-15, 24-31
+                ins(f"VCVTDQ2PS {lo}, Z0", f"VCVTDQ2PS {hi}, Z1",
+                    "VSHUFF32X4 $0x44, Z1, Z0, Z2", "VSHUFF32X4 $0xee, Z1, Z0, Z3")
+            if fmt == "i4":
+                ins("VBROADCASTSS (R14), Z14" if h == 0 else "VBROADCASTSS (R14)(R10*1), Z14")
+            for x in range(2):
+                o = 128 * h + 64 * x
+                ins(f"VMULPS {off(o)}(DI), Z12, Z{4+x}", f"VFMADD231PS Z{2+x}, Z13, Z{4+x}")
+                if fmt == "i4":
+                    ins(f"VADDPS Z14, Z{4+x}, Z{4+x}")
+                ins(f"VMOVUPS Z{4+x}, {off(o)}(DI)")
+        ins("ADDQ BX, DI")
+        if fmt == "i4":
+            ins("ADDQ zrb+96(FP), R14")
+    ins("VZEROUPPER", "RET")
+    w()
+
+
+
 w("//go:build goexperiment.simd && amd64")
 w()
 w("// Code generated by asmgen_quant.py; DO NOT EDIT.")
@@ -450,6 +621,11 @@ w("DATA nibmask<>+0(SB)/8, $0x0f0f0f0f0f0f0f0f")
 w("DATA nibmask<>+8(SB)/8, $0x0f0f0f0f0f0f0f0f")
 w("GLOBL nibmask<>(SB), RODATA|NOPTR, $16")
 w()
+w("// vwperm: VPERMPS indices interleaving the four group scales of two tokens.")
+for i, x in enumerate([0, 4, 1, 5, 2, 6, 3, 7]):
+    w(f"DATA vwperm<>+{4*i}(SB)/4, ${x}")
+w("GLOBL vwperm<>(SB), RODATA|NOPTR, $32")
+w()
 for isa in ("avx512", "avx2"):
     for fmt in ("i8", "i4"):
         for rows in (4, 1):
@@ -457,4 +633,5 @@ for isa in ("avx512", "avx2"):
                 dots(rows, fmt, scaled, isa)
             axpy(rows, fmt, isa)
 vnni()
+vint()
 print("\n".join(out))

@@ -5,6 +5,7 @@ package cpu
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
@@ -204,5 +205,72 @@ func TestQi4Order(t *testing.T) {
 			t.Fatalf("position %d maps to element %d", j, e)
 		}
 		seen[e] = true
+	}
+}
+
+// TestQuantIntAxpyOps checks the VNNI accumulation loop (vaxpy4) against
+// the portable twin in float32: the weights' rounding to int16 steps of
+// max_t,g p_rt*s_tg / vwMax per row is the only difference, an error of
+// at most half a step times sum_t |q_tc| per element.
+func TestQuantIntAxpyOps(t *testing.T) {
+	if quant512Ops.vaxpy4 == nil {
+		t.Skip("no AVX-512 VNNI")
+	}
+	rng := rand.New(rand.NewPCG(10, 11))
+	for _, f := range quantFormats {
+		var ws vScratch
+		if quant512Ops.vaxpy4(make([]float32, 4*64), make([]float32, 4), 1, 1, randQmat(rng, f, 1, 64, 16, true), &[4]float32{}, 0, &ws) {
+			t.Errorf("%s: groups of 16 taken", f)
+		}
+		for _, d := range []int{128, 256, 512} {
+			g := d / 4
+			for _, n := range []int{1, 2, 3, 7, 32, 33, 64, 200} {
+				for _, ld := range []int{n, n + 5} {
+					v := randQmat(rng, f, n, d, g, true)
+					for i := range v.s {
+						v.s[i] = float32(math.Abs(float64(v.s[i])))
+					}
+					p := make([]float32, 3*ld+n)
+					for i := range p {
+						p[i] = rng.Float32()
+					}
+					p[rng.IntN(n)] = 0 // a zero weight
+					alpha := [4]float32{0.5, 1, 0, 2}
+					acc0 := randVec(rng, 4*d, 1)
+					got, want := slices.Clone(acc0), slices.Clone(acc0)
+					if !quant512Ops.vaxpy4(got, p, ld, n, v, &alpha, 0, &ws) {
+						t.Fatalf("%s d=%d: shape refused", f, d)
+					}
+					goQAxpy4Ld(want, p, ld, n, v, &alpha)
+					x := make([]float32, d)
+					for r := 0; r < 4; r++ {
+						var mx float64
+						for tk := 0; tk < n; tk++ {
+							for gi := 0; gi < 4; gi++ {
+								mx = max(mx, float64(p[r*ld+tk])*float64(v.s[tk*4+gi]))
+							}
+						}
+						for c := 0; c < d; c++ {
+							var sq, mag float64
+							for tk := 0; tk < n; tk++ {
+								goQRow(x, v, tk, d)
+								var q float64
+								if f == cache.QuantInt4 {
+									q = float64(v.b[tk*v.rb+c/2] >> (4 * (c & 1)) & 15)
+								} else {
+									q = float64(int8(v.b[tk*v.rb+c]))
+								}
+								sq += math.Abs(q)
+								mag += math.Abs(float64(p[r*ld+tk]) * float64(x[c]))
+							}
+							bound := 0.5*mx/vwMax*sq*1.001 + 1e-5*(1+math.Abs(float64(want[r*d+c]))) + 1e-6*(mag+math.Abs(float64(acc0[r*d+c])))
+							if e := math.Abs(float64(got[r*d+c]) - float64(want[r*d+c])); !(e <= bound) {
+								t.Fatalf("%s d=%d n=%d ld=%d: acc[%d][%d] = %v, want %v (bound %.3g)", f, d, n, ld, r, c, got[r*d+c], want[r*d+c], bound)
+							}
+						}
+					}
+				}
+			}
+		}
 	}
 }

@@ -85,6 +85,22 @@ type quantOps struct {
 	// kern_quant_amd64.s).
 	intPrep  func(dst []byte, q, ks []float32, f cache.QuantFormat, sc, sum []float32) bool
 	intDots4 func(s []float32, ld, n int, qi []byte, k qmat, d int, aff *[24]float32, pf int)
+	// vaxpy4, when set (AVX-512 VNNI), is axpy4 by integer dots: the
+	// weights p_rt times the rows' V scales are quantized to int16 per row
+	// (steps of max_t,g p_rt*s_tg / 16383 over the n tokens), V rows widened
+	// to int16 and dotted by token pairs (VPDPWSSD); int4's zeros add
+	// sum_t p_rt*z_tg in float32. It returns false, doing nothing, when the
+	// shape is not one it takes (four V scale groups per row, head dim a
+	// multiple of 64, groups of 32 or more); ws is its scratch.
+	vaxpy4 func(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, pf int, ws *vScratch) bool
+}
+
+// vScratch is vaxpy4's per-unit scratch: the int16 weight pairs of a part
+// and the rows' maxima, steps, inverse steps and zero terms.
+type vScratch struct {
+	w           []int32
+	mx, inv, sc [4]float32
+	zt          [16]float32
 }
 
 // IntDotsEnv is the environment variable that turns the integer (VNNI)
@@ -150,6 +166,8 @@ type quantBlock struct {
 	ahead []cache.Segment // the segments after the super-block (prefetched)
 	aff   [24]float32     // intDots4's four-row argument block
 	ones  [4]float32      // the rescale of every part after a row's first: none
+	intV  bool            // the integer accumulation loop (vaxpy4) is on
+	vs    vScratch
 }
 
 // superFloats bounds the folded query rows the parts of one super-block
@@ -264,7 +282,9 @@ func (qb *quantBlock) axpy(acc, sc []float32, a, e, nr, pf int, alpha *[4]float3
 		}
 		v, s := p.v.rows(pa-p.off, pe-p.off), sc[pa-a:]
 		if nr == 4 {
-			qb.ops.axpy4(acc, s, cnt, pe-pa, v, alpha, pf)
+			if !qb.intV || !qb.ops.vaxpy4(acc, s, cnt, pe-pa, v, alpha, pf, &qb.vs) {
+				qb.ops.axpy4(acc, s, cnt, pe-pa, v, alpha, pf)
+			}
 		} else {
 			qb.ops.axpy(acc, s[:pe-pa], v, alpha, pf)
 		}
@@ -286,6 +306,7 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 	}
 	qb.ones = [4]float32{1, 1, 1, 1}
 	intOK := qb.ops.intDots4 != nil && intDots.Load() && s.group%4 == 0 && dk%64 == 0 && dk <= 256
+	qb.intV = qb.ops.vaxpy4 != nil && intDots.Load()
 	maxParts := max(1, min(bt, superFloats/(rows*dk)))
 	u.qq = growF(u.qq, maxParts*rows*dk)
 	u.qc = growF(u.qc, maxParts*rows)
@@ -468,6 +489,13 @@ func badQuantSegment(sg *cache.Segment, what string) error {
 func growB(b []byte, n int) []byte {
 	if cap(b) < n {
 		return make([]byte, n)
+	}
+	return b[:n]
+}
+
+func growI32(b []int32, n int) []int32 {
+	if cap(b) < n {
+		return make([]int32, n)
 	}
 	return b[:n]
 }

@@ -311,7 +311,7 @@ func TestQuantNonFinite(t *testing.T) {
 							// intDotsTol (2e-6*mag)
 							mag := 2.0
 							if intOn {
-								if !intDotsUsed(f, ax, c.dk) {
+								if !intDotsUsed(f, ax, c.dk, c.dv, c.cfg.Group) {
 									continue
 								}
 								mag = intDotsTol[0] / 2e-6
@@ -413,12 +413,18 @@ func TestQuantNoAllocs(t *testing.T) {
 // outputs of magnitude <= 1.7); set at about twice that.
 var intDotsTol = [2]float64{1.5e-2, 2e-5}
 
-// intDotsUsed reports whether the integer score loop runs over a cache of
-// format f, K axis ax and head dim dk when it is on (SetQuantIntDots) and
-// the CPU has it: int8 K per channel, and int4 K per channel with a head
-// dim that is a multiple of 128.
-func intDotsUsed(f cache.QuantFormat, ax cache.KAxis, dk int) bool {
-	return ax == cache.KPerChannel && (f == cache.QuantInt8 || dk%128 == 0)
+// intDotsUsed reports whether an integer loop runs over a cache of format
+// f, K axis ax, head dims dk, dv and quantization group (0: the default)
+// when they are on (SetQuantIntDots) and the CPU has them: the score loop
+// over int8 K per channel, and int4 K per channel with a head dim that is
+// a multiple of 128; the accumulation loop where V rows have four scale
+// groups of 32 or more elements.
+func intDotsUsed(f cache.QuantFormat, ax cache.KAxis, dk, dv, group int) bool {
+	if group == 0 {
+		group = cache.DefaultQuantGroup
+	}
+	vg := cache.RowGroup(dv, group)
+	return (ax == cache.KPerChannel && (f == cache.QuantInt8 || dk%128 == 0)) || (dv == 4*vg && vg%32 == 0)
 }
 
 // TestQuantIntDots runs the integer score loop (SetQuantIntDots) where the
