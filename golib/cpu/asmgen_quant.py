@@ -282,11 +282,31 @@ def vnni():
     w("// func qabsmaxavx512(q *float32, ks *float32, n int, rows int, mx *float32, chk *float32)")
     w("//")
     w("// For rows r < rows of q (n elements apart, n a multiple of 16): mx[r] = max_i |q_ri*ks_i|,")
-    w("// chk[r] = sum_i (q_ri*ks_i)*0 (0 exactly when every product is finite).")
+    w("// chk[r] = sum_i (q_ri*ks_i)*0 (0 exactly when every product is finite); four rows at a")
+    w("// time while four are left.")
     w("TEXT ·qabsmaxavx512(SB), NOSPLIT, $0-48")
     ins("MOVQ q+0(FP), SI", "MOVQ ks+8(FP), R8", "MOVQ n+16(FP), CX", "MOVQ rows+24(FP), R10",
         "MOVQ mx+32(FP), DX", "MOVQ chk+40(FP), R11",
         "VXORPS Z4, Z4, Z4", "MOVL $0x7fffffff, AX", "VPBROADCASTD AX, Z2")
+    # four rows at a time: independent max/check chains, the channel scales loaded once
+    w("qabsmaxrow4:")
+    ins("CMPQ R10, $4", "JLT qabsmaxrow", "LEAQ (SI)(CX*4), R12", "LEAQ (R12)(CX*4), R13", "LEAQ (R13)(CX*4), R14")
+    for i in range(4):
+        ins(f"VXORPS Z{16+i}, Z{16+i}, Z{16+i}", f"VXORPS Z{20+i}, Z{20+i}, Z{20+i}")
+    ins("XORQ R9, R9")
+    w("qabsmaxloop4:")
+    ins("VMOVUPS (R8)(R9*4), Z5")
+    for i, b in enumerate(["SI", "R12", "R13", "R14"]):
+        ins(f"VMULPS ({b})(R9*4), Z5, Z{6+i}", f"VFMADD231PS Z4, Z{6+i}, Z{20+i}", f"VANDPS Z2, Z{6+i}, Z{6+i}",
+            f"VMAXPS Z{6+i}, Z{16+i}, Z{16+i}")
+    ins("ADDQ $16, R9", "CMPQ R9, CX", "JLT qabsmaxloop4")
+    for i in range(4):
+        ins(f"VEXTRACTF64X4 $1, Z{16+i}, Y0", f"VMAXPS Y0, Y{16+i}, Y1", "VEXTRACTF128 $1, Y1, X0", "VMAXPS X0, X1, X1",
+            "VPERMILPS $0x4e, X1, X0", "VMAXPS X0, X1, X1", "VPERMILPS $0xb1, X1, X0", "VMAXPS X0, X1, X1",
+            f"VMOVSS X1, {off(4*i)}(DX)",
+            f"VEXTRACTF64X4 $1, Z{20+i}, Y0", f"VADDPS Y0, Y{20+i}, Y3", "VEXTRACTF128 $1, Y3, X0", "VADDPS X0, X3, X3",
+            "VHADDPS X3, X3, X3", "VHADDPS X3, X3, X3", f"VMOVSS X3, {off(4*i)}(R11)")
+    ins("LEAQ (R14)(CX*4), SI", "ADDQ $16, DX", "ADDQ $16, R11", "SUBQ $4, R10", "JNZ qabsmaxrow4", "JMP qabsmaxdone")
     w("qabsmaxrow:")
     ins("VXORPS Z1, Z1, Z1", "VXORPS Z3, Z3, Z3", "XORQ R9, R9")
     w("qabsmaxloop:")
@@ -298,8 +318,9 @@ def vnni():
         "VMOVSS X1, (DX)",
         "VEXTRACTF64X4 $1, Z3, Y0", "VADDPS Y0, Y3, Y3", "VEXTRACTF128 $1, Y3, X0", "VADDPS X0, X3, X3",
         "VHADDPS X3, X3, X3", "VHADDPS X3, X3, X3", "VMOVSS X3, (R11)",
-        "LEAQ (SI)(CX*4), SI", "ADDQ $4, DX", "ADDQ $4, R11", "DECQ R10", "JNZ qabsmaxrow",
-        "VZEROUPPER", "RET")
+        "LEAQ (SI)(CX*4), SI", "ADDQ $4, DX", "ADDQ $4, R11", "DECQ R10", "JNZ qabsmaxrow")
+    w("qabsmaxdone:")
+    ins("VZEROUPPER", "RET")
     w()
     w("// func qquantavx512(dst *byte, q *float32, ks *float32, n int, rows int, inv *float32, sums *float32, i4 int)")
     w("//")

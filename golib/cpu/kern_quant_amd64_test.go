@@ -274,3 +274,33 @@ func TestQuantIntAxpyOps(t *testing.T) {
 		}
 	}
 }
+
+// TestQuantIntPrepRows: intPrep over a row count that is not a multiple of
+// four (the four-row and one-row loops) gives every row what it gives
+// alone.
+func TestQuantIntPrepRows(t *testing.T) {
+	if quant512Ops.intPrep == nil {
+		t.Skip("no AVX-512 VNNI")
+	}
+	rng := rand.New(rand.NewPCG(12, 13))
+	for _, f := range quantFormats {
+		const d, rows = 128, 7
+		q := randVec(rng, rows*d, 1)
+		ks := randVec(rng, d, 0.02)
+		qi := make([]byte, rows*d)
+		sc, sum := make([]float32, rows), make([]float32, rows)
+		if !intPrep512(qi, q, ks, f, sc, sum) {
+			t.Fatal("intPrep failed on finite input")
+		}
+		for r := 0; r < rows; r++ {
+			qi1 := make([]byte, d)
+			var sc1, sum1 [1]float32
+			if !intPrep512(qi1, q[r*d:(r+1)*d], ks, f, sc1[:], sum1[:]) {
+				t.Fatal("intPrep failed on finite input")
+			}
+			if sc1[0] != sc[r] || sum1[0] != sum[r] || !slices.Equal(qi1, qi[r*d:(r+1)*d]) {
+				t.Fatalf("%s row %d of %d differs from the row alone", f, r, rows)
+			}
+		}
+	}
+}

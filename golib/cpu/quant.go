@@ -104,25 +104,28 @@ type vScratch struct {
 }
 
 // IntDotsEnv is the environment variable that turns the integer (VNNI)
-// score loop for int8 K per channel off (0) or on (anything else, the
-// default); see SetQuantIntDots.
+// score and accumulation loops off (0) or on (anything else, the default);
+// see SetQuantIntDots.
 const IntDotsEnv = "OLKV_QUANT_INT_DOTS"
 
 var intDots atomic.Bool
 
 func init() { intDots.Store(os.Getenv(IntDotsEnv) != "0") }
 
-// SetQuantIntDots turns on or off the integer score loop over int8 K per
-// channel where the CPU has AVX-512 VNNI: the query rows (times the
-// chunk's channel scales) are quantized to int8 per row and dotted with
-// VPDPBUSD. It trades the query's rounding (a relative score error of about
-// 2^-8 of the row's largest element) for about twice the score loop's
-// speed (the whole int8 decode step about 1.12x). On by default
-// (OLKV_QUANT_INT_DOTS=0 turns it off); it changes nothing on other CPUs
-// and paths.
+// SetQuantIntDots turns on or off the integer loops over quantized
+// segments where the CPU has AVX-512 VNNI. The score loop, over int8 K per
+// channel and int4 K per channel (head dim a multiple of 128): the query
+// rows times the chunk's channel scales are quantized to int8 per row and
+// dotted with VPDPBUSD, a relative score error of about 2^-8 of the row's
+// largest element. The accumulation loop, over V rows with four scale
+// groups of 32 or more elements (head dim 128 at group 32): the softmax
+// weights times the rows' V scales are quantized to int16 per row and
+// chunk (steps of 1/16383 of the chunk's largest) and dotted with
+// VPDPWSSD. On by default (OLKV_QUANT_INT_DOTS=0 turns them off); it
+// changes nothing on other CPUs and paths.
 func SetQuantIntDots(on bool) { intDots.Store(on) }
 
-// QuantIntDots reports whether the integer score loop is on (see
+// QuantIntDots reports whether the integer loops are on (see
 // SetQuantIntDots); it says nothing of whether the CPU has it.
 func QuantIntDots() bool { return intDots.Load() }
 

@@ -291,7 +291,8 @@ func TestQuantNonFinite(t *testing.T) {
 	for _, f := range quantFormats {
 		for _, ax := range kAxes {
 			for pi, p := range poisons {
-				c := quantCase{elem: cache.Float32, qHeads: 8, kvh: 2, dk: 64, dv: 64, lens: []int{300, 90}, qLen: 2,
+				d := 64 << (pi % 2) // head dim 128: the integer loops' shapes
+				c := quantCase{elem: cache.Float32, qHeads: 8, kvh: 2, dk: d, dv: d, lens: []int{300, 90}, qLen: 2,
 					cfg: cache.QuantConfig{Format: f, Group: 32, KAxis: ax, Residual: 16}}
 				qv, q, rows := c.setup(uint64(pi))
 				p.fn(qv, q)
@@ -405,12 +406,15 @@ func TestQuantNoAllocs(t *testing.T) {
 	}
 }
 
-// Tolerance of the integer (VNNI) score loop against the oracle: the
-// query rows are rounded to int8 per row (steps of max|q*s|/127), a score
-// error of up to half a step times sum|k|, which the softmax turns into
-// output errors about as large as those of int8 K itself. Observed up to
-// 7.0e-3 over TestQuantIntDots (max |got - want|, OLKV_QUANT_ERRLOG=1;
-// outputs of magnitude <= 1.7); set at about twice that.
+// Tolerance of the integer (VNNI) loops against the oracle: the query
+// rows are rounded to int8 per row (steps of max|q*s|/127), a score error
+// of up to half a step times sum|k|, which the softmax turns into output
+// errors about as large as those of int8 K itself; the accumulation
+// loop's int16 weights (steps of 1/16383 of a chunk's largest p*s) add an
+// error of at most half a step times sum_t |q_t| per element, two orders
+// below. Observed up to 7.0e-3 (int8) and 9.6e-3 (int4) over
+// TestQuantIntDots (max |got - want|, OLKV_QUANT_ERRLOG=1; outputs of
+// magnitude <= 1.7); set at about twice the int8 figure.
 var intDotsTol = [2]float64{1.5e-2, 2e-5}
 
 // intDotsUsed reports whether an integer loop runs over a cache of format
