@@ -361,6 +361,50 @@ def vnni():
     vnni_dots("i4")
 
 
+def vnni_quads(name, fmt, const, qregs, qstep):
+    """The four-token step of qdots4*vnni: a 4x4 block of int32 accumulators (row r token u
+    in Z(4r+u)) reduced at once by a transpose tree (VPUNPCK*DQ, VSHUFI32X4) into one vector
+    of the 16 scores, lane r = row r's four tokens; affine with aff[16:24] spread per lane."""
+    ins(const, "VPBROADCASTD CX, Z31", "VMOVDQU32 qidx4<>(SB), Z30",
+        "VMOVUPS 64(R14), X28", "VPERMPS Z28, Z30, Z28", "VMOVUPS 80(R14), X29", "VPERMPS Z29, Z30, Z29")
+    w(f"{name}quad:")
+    for i in range(16):
+        ins(f"VPXORD Z{i}, Z{i}, Z{i}")
+    ins("MOVQ pfd+72(FP), R12", "LEAQ (SI)(R12*1), R12", "PREFETCHT1 (R12)", "PREFETCHT1 64(R12)",
+        "PREFETCHT1 (R12)(BX*1)", "PREFETCHT1 64(R12)(BX*1)", "LEAQ (R12)(BX*2), R12",
+        "PREFETCHT1 (R12)", "PREFETCHT1 64(R12)", "PREFETCHT1 (R12)(BX*1)", "PREFETCHT1 64(R12)(BX*1)",
+        "XORQ CX, CX", "MOVQ SI, R12", "LEAQ (SI)(BX*1), R13", "MOVQ cpg+56(FP), R15")
+    w(f"{name}qchunk:")
+    bases = ["(R12)", "(R13)", "(R12)(BX*2)", "(R13)(BX*2)"]
+    for u in range(4):
+        if fmt == "i8":
+            ins(f"VPXORD {bases[u]}, Z31, Z{16+u}")
+        else:
+            ins(f"VMOVDQU64 {bases[u]}, Z24", "VPSRLW $4, Z24, Z25", "VPANDD Z31, Z24, Z24", "VPANDD Z31, Z25, Z25",
+                f"VPUNPCKLBW Z25, Z24, Z{16+2*u}", f"VPUNPCKHBW Z25, Z24, Z{17+2*u}")
+    for r in range(4):
+        for u in range(4):
+            if fmt == "i8":
+                ins(f"VPDPBUSD ({qregs[r]})(CX*1), Z{16+u}, Z{4*r+u}")
+            else:
+                ins(f"VPDPBUSD ({qregs[r]})(CX*1), Z{16+2*u}, Z{4*r+u}",
+                    f"VPDPBUSD 64({qregs[r]})(CX*1), Z{17+2*u}, Z{4*r+u}")
+    ins("ADDQ $64, R12", "ADDQ $64, R13", f"ADDQ ${qstep}, CX", "DECQ R15", f"JNZ {name}qchunk")
+    for r in range(4):
+        a = [f"Z{4*r+u}" for u in range(4)]
+        ins(f"VPUNPCKLDQ {a[1]}, {a[0]}, Z16", f"VPUNPCKHDQ {a[1]}, {a[0]}, Z17", "VPADDD Z17, Z16, Z16",
+            f"VPUNPCKLDQ {a[3]}, {a[2]}, Z18", f"VPUNPCKHDQ {a[3]}, {a[2]}, Z19", "VPADDD Z19, Z18, Z18",
+            "VPUNPCKLQDQ Z18, Z16, Z17", "VPUNPCKHQDQ Z18, Z16, Z19", f"VPADDD Z19, Z17, Z{20+r}")
+    ins("VSHUFI32X4 $0x44, Z21, Z20, Z16", "VSHUFI32X4 $0xee, Z21, Z20, Z17", "VPADDD Z17, Z16, Z16",
+        "VSHUFI32X4 $0x44, Z23, Z22, Z18", "VSHUFI32X4 $0xee, Z23, Z22, Z19", "VPADDD Z19, Z18, Z18",
+        "VSHUFI32X4 $0x88, Z18, Z16, Z17", "VSHUFI32X4 $0xdd, Z18, Z16, Z19", "VPADDD Z19, Z17, Z17",
+        "VCVTDQ2PS Z17, Z17", "VFMADD213PS Z29, Z28, Z17",
+        "MOVQ ldS+8(FP), R13", "LEAQ (R13)(R13*2), R15",
+        "VMOVUPS X17, (DI)", "VEXTRACTF32X4 $1, Z17, (DI)(R13*1)", "VEXTRACTF32X4 $2, Z17, (DI)(R13*2)",
+        "VEXTRACTF32X4 $3, Z17, (DI)(R15*1)",
+        "ADDQ $16, DI", "LEAQ (SI)(BX*4), SI", "DECQ AX", f"JNZ {name}quad")
+
+
 def vnni_dots(fmt):
     """The VPDPBUSD score loop of four rows over K per channel: int8 rows (bytes XOR 0x80 as
     the unsigned operand) or int4 rows (nibbles, already unsigned, unpacked in registers)."""
@@ -371,14 +415,16 @@ def vnni_dots(fmt):
         w("// Scores of four rows from int8 query rows qi (qib bytes apart) and int8 K rows (krb bytes,")
         w("// cpg chunks of 64): VPDPBUSD of the K bytes XOR 0x80 (unsigned k+128) with the signed q")
         w("// bytes, then s = acc*scale + offset per row (offset = -128*scale*sum(q_r) undoes the")
-        w("// +128, plus the row's constant). Two tokens per step: a 4x2 block of int32 accumulators")
+        w("// +128, plus the row's constant).")
     else:
         w("// Scores of four rows from int8 query rows qi (qib bytes apart) and int4 K rows (krb bytes,")
         w("// cpg chunks of 64 bytes, 128 elements): the nibbles, split by VPAND/VPSRLW and interleaved")
         w("// back by VPUNPCKLBW/VPUNPCKHBW, are the unsigned operand of VPDPBUSD; in each 128-bit lane")
         w("// that gives elements 32j..32j+15 (low unpack) and 32j+16..32j+31 (high), so the q rows are")
         w("// stored in that order (qi4Order). s = acc*scale + offset per row (offset: the row's zero")
-        w("// term). Two tokens per step: a 4x2 block of int32 accumulators")
+        w("// term).")
+    w("// Four tokens per step (vnni_quads in asmgen_quant.py, with aff[16:24]), then the rest in")
+    w("// steps of two: a 4x2 block of int32 accumulators")
     w("// Z0-Z7 (row r token u in Z(2r+u)), aff[0:8] scales and aff[8:16] offsets in the order of")
     w("// the pair reduction ([r0 r0 r1 r1], [r2 r2 r3 r3]); an odd last token uses aff[16:20]")
     w("// (scales of r0..r3) and aff[20:24] (offsets).")
@@ -386,9 +432,13 @@ def vnni_dots(fmt):
     ins("MOVQ s+0(FP), DI", "MOVQ qi+16(FP), R8", "MOVQ qib+24(FP), DX", "LEAQ (R8)(DX*1), R9",
         "LEAQ (R9)(DX*1), R10", "LEAQ (R10)(DX*1), R11", "MOVQ k+32(FP), SI", "MOVQ krb+40(FP), BX",
         "MOVQ nt+48(FP), AX", "MOVQ aff+64(FP), R14",
-        "SHRQ $1, AX", f"JZ {name}odd")
+        "SHRQ $2, AX", f"JZ {name}pairs")
     const = "MOVL $0x80808080, CX" if fmt == "i8" else "MOVL $0x0f0f0f0f, CX"
     qregs = ["R8", "R9", "R10", "R11"]
+    qstep = 64 if fmt == "i8" else 128
+    vnni_quads(name, fmt, const, qregs, qstep)
+    w(f"{name}pairs:")
+    ins("MOVQ nt+48(FP), AX", "SHRQ $1, AX", "ANDQ $1, AX", f"JZ {name}odd")
 
     def load(base, u):
         """K of token u at (base) into the unsigned operands: int8 Z(8+u); int4 Z(16+2u),
@@ -401,7 +451,6 @@ def vnni_dots(fmt):
                  f"VPUNPCKLBW Z{26+u}, Z{24+u}, Z{a}", f"VPUNPCKHBW Z{26+u}, Z{24+u}, Z{b}"],
                 [(0, f"Z{a}"), (64, f"Z{b}")])
 
-    qstep = 64 if fmt == "i8" else 128
     w(f"{name}pair:")
     ins(const, "VPBROADCASTD CX, Z15")  # the reduction below clobbers Y8-Y15
     for i in range(8):
@@ -641,6 +690,11 @@ w("// nibmask: 0x0f in every byte (the low nibble of int4 pairs).")
 w("DATA nibmask<>+0(SB)/8, $0x0f0f0f0f0f0f0f0f")
 w("DATA nibmask<>+8(SB)/8, $0x0f0f0f0f0f0f0f0f")
 w("GLOBL nibmask<>(SB), RODATA|NOPTR, $16")
+w()
+w("// qidx4: VPERMPS indices spreading four row values over the four 128-bit lanes.")
+for i in range(16):
+    w(f"DATA qidx4<>+{4*i}(SB)/4, ${i // 4}")
+w("GLOBL qidx4<>(SB), RODATA|NOPTR, $64")
 w()
 w("// vwperm: VPERMPS indices interleaving the four group scales of two tokens.")
 for i, x in enumerate([0, 4, 1, 5, 2, 6, 3, 7]):
