@@ -279,45 +279,152 @@ def axpy(rows, fmt, isa):
 def vnni():
     """AVX-512 VNNI score loop for int8 K per channel: q (scales folded) quantized to int8
     per row once per segment (qabsmax, qquant), integer dots by VPDPBUSD."""
-    w("// func qabsmaxavx512(q *float32, ks *float32, n int, out *[2]float32)")
+    w("// func qabsmaxavx512(q *float32, ks *float32, n int, rows int, mx *float32, chk *float32)")
     w("//")
-    w("// out[0] = max |q[i]*ks[i]|, out[1] = sum (q[i]*ks[i])*0 (0 exactly when every product is")
-    w("// finite), i < n, n a multiple of 16.")
-    w("TEXT ·qabsmaxavx512(SB), NOSPLIT, $0-32")
-    ins("MOVQ q+0(FP), SI", "MOVQ ks+8(FP), R8", "MOVQ n+16(FP), CX", "MOVQ out+24(FP), DX",
-        "VXORPS Z1, Z1, Z1", "VXORPS Z3, Z3, Z3", "VXORPS Z4, Z4, Z4",
-        "MOVL $0x7fffffff, AX", "VPBROADCASTD AX, Z2", "XORQ R9, R9")
+    w("// For rows r < rows of q (n elements apart, n a multiple of 16): mx[r] = max_i |q_ri*ks_i|,")
+    w("// chk[r] = sum_i (q_ri*ks_i)*0 (0 exactly when every product is finite); four rows at a")
+    w("// time while four are left.")
+    w("TEXT ·qabsmaxavx512(SB), NOSPLIT, $0-48")
+    ins("MOVQ q+0(FP), SI", "MOVQ ks+8(FP), R8", "MOVQ n+16(FP), CX", "MOVQ rows+24(FP), R10",
+        "MOVQ mx+32(FP), DX", "MOVQ chk+40(FP), R11",
+        "VXORPS Z4, Z4, Z4", "MOVL $0x7fffffff, AX", "VPBROADCASTD AX, Z2")
+    # four rows at a time: independent max/check chains, the channel scales loaded once
+    w("qabsmaxrow4:")
+    ins("CMPQ R10, $4", "JLT qabsmaxrow", "LEAQ (SI)(CX*4), R12", "LEAQ (R12)(CX*4), R13", "LEAQ (R13)(CX*4), R14")
+    for i in range(4):
+        ins(f"VXORPS Z{16+i}, Z{16+i}, Z{16+i}", f"VXORPS Z{20+i}, Z{20+i}, Z{20+i}")
+    ins("XORQ R9, R9")
+    w("qabsmaxloop4:")
+    ins("VMOVUPS (R8)(R9*4), Z5")
+    for i, b in enumerate(["SI", "R12", "R13", "R14"]):
+        ins(f"VMULPS ({b})(R9*4), Z5, Z{6+i}", f"VFMADD231PS Z4, Z{6+i}, Z{20+i}", f"VANDPS Z2, Z{6+i}, Z{6+i}",
+            f"VMAXPS Z{6+i}, Z{16+i}, Z{16+i}")
+    ins("ADDQ $16, R9", "CMPQ R9, CX", "JLT qabsmaxloop4")
+    for i in range(4):
+        ins(f"VEXTRACTF64X4 $1, Z{16+i}, Y0", f"VMAXPS Y0, Y{16+i}, Y1", "VEXTRACTF128 $1, Y1, X0", "VMAXPS X0, X1, X1",
+            "VPERMILPS $0x4e, X1, X0", "VMAXPS X0, X1, X1", "VPERMILPS $0xb1, X1, X0", "VMAXPS X0, X1, X1",
+            f"VMOVSS X1, {off(4*i)}(DX)",
+            f"VEXTRACTF64X4 $1, Z{20+i}, Y0", f"VADDPS Y0, Y{20+i}, Y3", "VEXTRACTF128 $1, Y3, X0", "VADDPS X0, X3, X3",
+            "VHADDPS X3, X3, X3", "VHADDPS X3, X3, X3", f"VMOVSS X3, {off(4*i)}(R11)")
+    ins("LEAQ (R14)(CX*4), SI", "ADDQ $16, DX", "ADDQ $16, R11", "SUBQ $4, R10", "JNZ qabsmaxrow4", "JMP qabsmaxdone")
+    w("qabsmaxrow:")
+    ins("VXORPS Z1, Z1, Z1", "VXORPS Z3, Z3, Z3", "XORQ R9, R9")
     w("qabsmaxloop:")
-    ins("VMULPS (R8)(R9*4), Z4, Z0" if False else "VMOVUPS (SI)(R9*4), Z0", "VMULPS (R8)(R9*4), Z0, Z0",
+    ins("VMOVUPS (SI)(R9*4), Z0", "VMULPS (R8)(R9*4), Z0, Z0",
         "VFMADD231PS Z4, Z0, Z3", "VANDPS Z2, Z0, Z0", "VMAXPS Z0, Z1, Z1",
         "ADDQ $16, R9", "CMPQ R9, CX", "JLT qabsmaxloop")
     ins("VEXTRACTF64X4 $1, Z1, Y0", "VMAXPS Y0, Y1, Y1", "VEXTRACTF128 $1, Y1, X0", "VMAXPS X0, X1, X1",
         "VPERMILPS $0x4e, X1, X0", "VMAXPS X0, X1, X1", "VPERMILPS $0xb1, X1, X0", "VMAXPS X0, X1, X1",
         "VMOVSS X1, (DX)",
         "VEXTRACTF64X4 $1, Z3, Y0", "VADDPS Y0, Y3, Y3", "VEXTRACTF128 $1, Y3, X0", "VADDPS X0, X3, X3",
-        "VHADDPS X3, X3, X3", "VHADDPS X3, X3, X3", "VMOVSS X3, 4(DX)", "VZEROUPPER", "RET")
+        "VHADDPS X3, X3, X3", "VHADDPS X3, X3, X3", "VMOVSS X3, (R11)",
+        "LEAQ (SI)(CX*4), SI", "ADDQ $4, DX", "ADDQ $4, R11", "DECQ R10", "JNZ qabsmaxrow")
+    w("qabsmaxdone:")
+    ins("VZEROUPPER", "RET")
     w()
-    w("// func qquantavx512(dst *byte, q *float32, ks *float32, n int, inv float32) int")
+    w("// func qquantavx512(dst *byte, q *float32, ks *float32, n int, rows int, inv *float32, sums *float32, i4 int)")
     w("//")
-    w("// dst[i] = round-to-even(q[i]*ks[i]*inv) as int8 (|q*ks*inv| <= 127), i < n (a multiple")
-    w("// of 16); returns the sum of the dst values.")
-    w("TEXT ·qquantavx512(SB), NOSPLIT, $0-48")
+    w("// For rows r < rows (q n elements apart, dst n bytes apart, n a multiple of 16; of 128")
+    w("// with i4 set): dst_r[i] = round-to-even(q_ri*ks_i*inv[r]) as int8 (|q*ks*inv| <= 127),")
+    w("// sums[r] = the sum of the row's dst values. With i4 set the row is stored in qi4Order:")
+    w("// of each 32 elements, the first 16 at the block's next 16 bytes, the second 16 64 bytes")
+    w("// further (blocks of 128).")
+    w("TEXT ·qquantavx512(SB), NOSPLIT, $0-64")
     ins("MOVQ dst+0(FP), DI", "MOVQ q+8(FP), SI", "MOVQ ks+16(FP), R8", "MOVQ n+24(FP), CX",
-        "VBROADCASTSS inv+32(FP), Z2", "VPXORD Z1, Z1, Z1", "XORQ R9, R9")
+        "MOVQ rows+32(FP), R10", "MOVQ inv+40(FP), DX", "MOVQ sums+48(FP), R11", "MOVQ i4+56(FP), AX",
+        "TESTQ AX, AX", "JNZ qquant4row")
+    w("qquantrow:")
+    ins("VBROADCASTSS (DX), Z2", "VPXORD Z1, Z1, Z1", "XORQ R9, R9")
     w("qquantloop:")
     ins("VMOVUPS (SI)(R9*4), Z0", "VMULPS (R8)(R9*4), Z0, Z0", "VMULPS Z2, Z0, Z0", "VCVTPS2DQ Z0, Z0",
         "VPADDD Z0, Z1, Z1", "VPMOVSDB Z0, (DI)(R9*1)", "ADDQ $16, R9", "CMPQ R9, CX", "JLT qquantloop")
+    w("qquantsum:")
     ins("VEXTRACTI64X4 $1, Z1, Y0", "VPADDD Y0, Y1, Y1", "VEXTRACTI128 $1, Y1, X0", "VPADDD X0, X1, X1",
-        "VPHADDD X1, X1, X1", "VPHADDD X1, X1, X1", "VMOVD X1, AX", "MOVLQSX AX, AX", "MOVQ AX, ret+40(FP)",
-        "VZEROUPPER", "RET")
+        "VPHADDD X1, X1, X1", "VPHADDD X1, X1, X1", "VCVTDQ2PS X1, X1", "VMOVSS X1, (R11)",
+        "LEAQ (SI)(CX*4), SI", "ADDQ CX, DI", "ADDQ $4, DX", "ADDQ $4, R11", "DECQ R10", "JZ qquantdone",
+        "TESTQ AX, AX", "JZ qquantrow")
+    w("qquant4row:")
+    ins("VBROADCASTSS (DX), Z2", "VPXORD Z1, Z1, Z1", "XORQ R9, R9", "MOVQ DI, R12")
+    w("qquant4loop:")
+    ins("VMOVUPS (SI)(R9*4), Z0", "VMULPS (R8)(R9*4), Z0, Z0", "VMULPS Z2, Z0, Z0", "VCVTPS2DQ Z0, Z0",
+        "VPADDD Z0, Z1, Z1", "VPMOVSDB Z0, (R12)",
+        "VMOVUPS 64(SI)(R9*4), Z0", "VMULPS 64(R8)(R9*4), Z0, Z0", "VMULPS Z2, Z0, Z0", "VCVTPS2DQ Z0, Z0",
+        "VPADDD Z0, Z1, Z1", "VPMOVSDB Z0, 64(R12)",
+        "ADDQ $16, R12", "ADDQ $32, R9", "MOVQ R9, R13", "ANDQ $127, R13", "JNZ qquant4next",
+        "ADDQ $64, R12")
+    w("qquant4next:")
+    ins("CMPQ R9, CX", "JLT qquant4loop", "JMP qquantsum")
+    w("qquantdone:")
+    ins("VZEROUPPER", "RET")
     w()
-    name = "qdots4i8vnni"
+    vnni_dots("i8")
+    vnni_dots("i4")
+
+
+def vnni_quads(name, fmt, const, qregs, qstep):
+    """The four-token step of qdots4*vnni: a 4x4 block of int32 accumulators (row r token u
+    in Z(4r+u)) reduced at once by a transpose tree (VPUNPCK*DQ, VSHUFI32X4) into one vector
+    of the 16 scores, lane r = row r's four tokens; affine with aff[16:24] spread per lane."""
+    ins(const, "VPBROADCASTD CX, Z31", "VMOVDQU32 qidx4<>(SB), Z30",
+        "VMOVUPS 64(R14), X28", "VPERMPS Z28, Z30, Z28", "VMOVUPS 80(R14), X29", "VPERMPS Z29, Z30, Z29")
+    w(f"{name}quad:")
+    for i in range(16):
+        ins(f"VPXORD Z{i}, Z{i}, Z{i}")
+    ins("MOVQ pfd+72(FP), R12", "LEAQ (SI)(R12*1), R12", "PREFETCHT1 (R12)", "PREFETCHT1 64(R12)",
+        "PREFETCHT1 (R12)(BX*1)", "PREFETCHT1 64(R12)(BX*1)", "LEAQ (R12)(BX*2), R12",
+        "PREFETCHT1 (R12)", "PREFETCHT1 64(R12)", "PREFETCHT1 (R12)(BX*1)", "PREFETCHT1 64(R12)(BX*1)",
+        "XORQ CX, CX", "MOVQ SI, R12", "LEAQ (SI)(BX*1), R13", "MOVQ cpg+56(FP), R15")
+    w(f"{name}qchunk:")
+    bases = ["(R12)", "(R13)", "(R12)(BX*2)", "(R13)(BX*2)"]
+    for u in range(4):
+        if fmt == "i8":
+            ins(f"VPXORD {bases[u]}, Z31, Z{16+u}")
+        else:
+            ins(f"VMOVDQU64 {bases[u]}, Z24", "VPSRLW $4, Z24, Z25", "VPANDD Z31, Z24, Z24", "VPANDD Z31, Z25, Z25",
+                f"VPUNPCKLBW Z25, Z24, Z{16+2*u}", f"VPUNPCKHBW Z25, Z24, Z{17+2*u}")
+    for r in range(4):
+        for u in range(4):
+            if fmt == "i8":
+                ins(f"VPDPBUSD ({qregs[r]})(CX*1), Z{16+u}, Z{4*r+u}")
+            else:
+                ins(f"VPDPBUSD ({qregs[r]})(CX*1), Z{16+2*u}, Z{4*r+u}",
+                    f"VPDPBUSD 64({qregs[r]})(CX*1), Z{17+2*u}, Z{4*r+u}")
+    ins("ADDQ $64, R12", "ADDQ $64, R13", f"ADDQ ${qstep}, CX", "DECQ R15", f"JNZ {name}qchunk")
+    for r in range(4):
+        a = [f"Z{4*r+u}" for u in range(4)]
+        ins(f"VPUNPCKLDQ {a[1]}, {a[0]}, Z16", f"VPUNPCKHDQ {a[1]}, {a[0]}, Z17", "VPADDD Z17, Z16, Z16",
+            f"VPUNPCKLDQ {a[3]}, {a[2]}, Z18", f"VPUNPCKHDQ {a[3]}, {a[2]}, Z19", "VPADDD Z19, Z18, Z18",
+            "VPUNPCKLQDQ Z18, Z16, Z17", "VPUNPCKHQDQ Z18, Z16, Z19", f"VPADDD Z19, Z17, Z{20+r}")
+    ins("VSHUFI32X4 $0x44, Z21, Z20, Z16", "VSHUFI32X4 $0xee, Z21, Z20, Z17", "VPADDD Z17, Z16, Z16",
+        "VSHUFI32X4 $0x44, Z23, Z22, Z18", "VSHUFI32X4 $0xee, Z23, Z22, Z19", "VPADDD Z19, Z18, Z18",
+        "VSHUFI32X4 $0x88, Z18, Z16, Z17", "VSHUFI32X4 $0xdd, Z18, Z16, Z19", "VPADDD Z19, Z17, Z17",
+        "VCVTDQ2PS Z17, Z17", "VFMADD213PS Z29, Z28, Z17",
+        "MOVQ ldS+8(FP), R13", "LEAQ (R13)(R13*2), R15",
+        "VMOVUPS X17, (DI)", "VEXTRACTF32X4 $1, Z17, (DI)(R13*1)", "VEXTRACTF32X4 $2, Z17, (DI)(R13*2)",
+        "VEXTRACTF32X4 $3, Z17, (DI)(R15*1)",
+        "ADDQ $16, DI", "LEAQ (SI)(BX*4), SI", "DECQ AX", f"JNZ {name}quad")
+
+
+def vnni_dots(fmt):
+    """The VPDPBUSD score loop of four rows over K per channel: int8 rows (bytes XOR 0x80 as
+    the unsigned operand) or int4 rows (nibbles, already unsigned, unpacked in registers)."""
+    name = f"qdots4{fmt}vnni"
     w(f"// func {name}(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)")
     w("//")
-    w("// Scores of four rows from int8 query rows qi (qib bytes apart) and int8 K rows (krb bytes,")
-    w("// cpg chunks of 64): VPDPBUSD of the K bytes XOR 0x80 (unsigned k+128) with the signed q")
-    w("// bytes, then s = acc*scale + offset per row (offset = -128*scale*sum(q_r) undoes the")
-    w("// +128, plus the row's constant). Two tokens per step: a 4x2 block of int32 accumulators")
+    if fmt == "i8":
+        w("// Scores of four rows from int8 query rows qi (qib bytes apart) and int8 K rows (krb bytes,")
+        w("// cpg chunks of 64): VPDPBUSD of the K bytes XOR 0x80 (unsigned k+128) with the signed q")
+        w("// bytes, then s = acc*scale + offset per row (offset = -128*scale*sum(q_r) undoes the")
+        w("// +128, plus the row's constant).")
+    else:
+        w("// Scores of four rows from int8 query rows qi (qib bytes apart) and int4 K rows (krb bytes,")
+        w("// cpg chunks of 64 bytes, 128 elements): the nibbles, split by VPAND/VPSRLW and interleaved")
+        w("// back by VPUNPCKLBW/VPUNPCKHBW, are the unsigned operand of VPDPBUSD; in each 128-bit lane")
+        w("// that gives elements 32j..32j+15 (low unpack) and 32j+16..32j+31 (high), so the q rows are")
+        w("// stored in that order (qi4Order). s = acc*scale + offset per row (offset: the row's zero")
+        w("// term).")
+    w("// Four tokens per step (vnni_quads in asmgen_quant.py, with aff[16:24]), then the rest in")
+    w("// steps of two: a 4x2 block of int32 accumulators")
     w("// Z0-Z7 (row r token u in Z(2r+u)), aff[0:8] scales and aff[8:16] offsets in the order of")
     w("// the pair reduction ([r0 r0 r1 r1], [r2 r2 r3 r3]); an odd last token uses aff[16:20]")
     w("// (scales of r0..r3) and aff[20:24] (offsets).")
@@ -325,21 +432,43 @@ def vnni():
     ins("MOVQ s+0(FP), DI", "MOVQ qi+16(FP), R8", "MOVQ qib+24(FP), DX", "LEAQ (R8)(DX*1), R9",
         "LEAQ (R9)(DX*1), R10", "LEAQ (R10)(DX*1), R11", "MOVQ k+32(FP), SI", "MOVQ krb+40(FP), BX",
         "MOVQ nt+48(FP), AX", "MOVQ aff+64(FP), R14",
-        "SHRQ $1, AX", f"JZ {name}odd")
+        "SHRQ $2, AX", f"JZ {name}pairs")
+    const = "MOVL $0x80808080, CX" if fmt == "i8" else "MOVL $0x0f0f0f0f, CX"
+    qregs = ["R8", "R9", "R10", "R11"]
+    qstep = 64 if fmt == "i8" else 128
+    vnni_quads(name, fmt, const, qregs, qstep)
+    w(f"{name}pairs:")
+    ins("MOVQ nt+48(FP), AX", "SHRQ $1, AX", "ANDQ $1, AX", f"JZ {name}odd")
+
+    def load(base, u):
+        """K of token u at (base) into the unsigned operands: int8 Z(8+u); int4 Z(16+2u),
+        Z(17+2u) (the q halves at +0 and +64)."""
+        if fmt == "i8":
+            return [f"VPXORD ({base}), Z15, Z{8+u}"], [(0, f"Z{8+u}")]
+        a, b = 16 + 2 * u, 17 + 2 * u
+        return ([f"VMOVDQU64 ({base}), Z{24+u}", f"VPSRLW $4, Z{24+u}, Z{26+u}",
+                 f"VPANDD Z15, Z{24+u}, Z{24+u}", f"VPANDD Z15, Z{26+u}, Z{26+u}",
+                 f"VPUNPCKLBW Z{26+u}, Z{24+u}, Z{a}", f"VPUNPCKHBW Z{26+u}, Z{24+u}, Z{b}"],
+                [(0, f"Z{a}"), (64, f"Z{b}")])
+
     w(f"{name}pair:")
-    ins("MOVL $0x80808080, CX", "VPBROADCASTD CX, Z15")  # the reduction below clobbers Y8-Y15
+    ins(const, "VPBROADCASTD CX, Z15")  # the reduction below clobbers Y8-Y15
     for i in range(8):
         ins(f"VPXORD Z{i}, Z{i}, Z{i}")
     ins("MOVQ pfd+72(FP), R12", "LEAQ (SI)(R12*1), R12", "PREFETCHT1 (R12)", "PREFETCHT1 64(R12)",
         "PREFETCHT1 (R12)(BX*1)", "PREFETCHT1 64(R12)(BX*1)",
         "XORQ CX, CX", "MOVQ SI, R12", "LEAQ (SI)(BX*1), R13", "MOVQ cpg+56(FP), R15")
     w(f"{name}chunk:")
-    ins("VPXORD (R12), Z15, Z8", "VPXORD (R13), Z15, Z9")
-    qregs = ["R8", "R9", "R10", "R11"]
+    ops = []
+    for u, base in enumerate(["R12", "R13"]):
+        code, opnds = load(base, u)
+        ins(*code)
+        ops.append(opnds)
     for r in range(4):
         for u in range(2):
-            ins(f"VPDPBUSD ({qregs[r]})(CX*1), Z{8+u}, Z{2*r+u}")
-    ins("ADDQ $64, R12", "ADDQ $64, R13", "ADDQ $64, CX", "DECQ R15", f"JNZ {name}chunk")
+            for o, reg in ops[u]:
+                ins(f"VPDPBUSD {off(o)}({qregs[r]})(CX*1), {reg}, Z{2*r+u}")
+    ins("ADDQ $64, R12", "ADDQ $64, R13", f"ADDQ ${qstep}, CX", "DECQ R15", f"JNZ {name}chunk")
     for i in range(8):
         ins(f"VCVTDQ2PS Z{i}, Z{i}")
     for i in range(8):
@@ -354,15 +483,17 @@ def vnni():
         "ADDQ $8, DI", "LEAQ (SI)(BX*2), SI", "DECQ AX", f"JNZ {name}pair")
     w(f"{name}odd:")
     ins("MOVQ nt+48(FP), AX", "ANDQ $1, AX", f"JZ {name}done")
-    ins("MOVL $0x80808080, CX", "VPBROADCASTD CX, Z15")
+    ins(const, "VPBROADCASTD CX, Z15")
     for i in range(4):
         ins(f"VPXORD Z{i}, Z{i}, Z{i}")
     ins("XORQ CX, CX", "MOVQ SI, R12", "MOVQ cpg+56(FP), R15")
     w(f"{name}ochunk:")
-    ins("VPXORD (R12), Z15, Z8")
+    code, opnds = load("R12", 0)
+    ins(*code)
     for r in range(4):
-        ins(f"VPDPBUSD ({qregs[r]})(CX*1), Z8, Z{r}")
-    ins("ADDQ $64, R12", "ADDQ $64, CX", "DECQ R15", f"JNZ {name}ochunk")
+        for o, reg in opnds:
+            ins(f"VPDPBUSD {off(o)}({qregs[r]})(CX*1), {reg}, Z{r}")
+    ins("ADDQ $64, R12", f"ADDQ ${qstep}, CX", "DECQ R15", f"JNZ {name}ochunk")
     for i in range(4):
         ins(f"VCVTDQ2PS Z{i}, Z{i}", f"VEXTRACTF64X4 $1, Z{i}, Y{8+i}", f"VADDPS Y{8+i}, Y{i}, Y{i}")
     ins("VHADDPS Y1, Y0, Y0", "VHADDPS Y3, Y2, Y2", "VHADDPS Y2, Y0, Y0",
@@ -373,6 +504,177 @@ def vnni():
     w(f"{name}done:")
     ins("VZEROUPPER", "RET")
     w()
+
+
+def vint():
+    """AVX-512 VNNI accumulation of V over token pairs: softmax weights times V scales
+    quantized to int16 per row (qvwmax, qvwquant), V rows widened to int16 and interleaved
+    by token pair, VPDPWSSD with the pair's weights broadcast from memory."""
+    w("// func qvwmax(p *float32, ldP int, vs *float32, n int, mx *[4]float32)")
+    w("//")
+    w("// mx[r] = max_t,g |p[r*ldP/4 + t] * vs[4t + g]| over tokens t < n (four scale groups per")
+    w("// row) for the four rows r (p >= 0).")
+    w("TEXT ·qvwmax(SB), NOSPLIT, $0-40")
+    ins("MOVQ p+0(FP), R8", "MOVQ ldP+8(FP), DX", "LEAQ (R8)(DX*1), R9", "LEAQ (R9)(DX*1), R10",
+        "LEAQ (R10)(DX*1), R11", "MOVQ vs+16(FP), SI", "MOVQ n+24(FP), AX", "MOVQ mx+32(FP), DI",
+        "VMOVDQU vwperm<>(SB), Y15", "MOVL $0x7fffffff, CX", "VPBROADCASTD CX, Y14",
+        "VXORPS Y0, Y0, Y0", "VXORPS Y1, Y1, Y1", "VXORPS Y2, Y2, Y2", "VXORPS Y3, Y3, Y3",
+        "XORQ CX, CX", "MOVQ AX, BX", "SHRQ $1, BX", "JZ qvwmaxodd")
+    w("qvwmaxpair:")
+    ins("VPERMPS (SI), Y15, Y4", "VANDPS Y14, Y4, Y4")
+    pr = ["R8", "R9", "R10", "R11"]
+    for r in range(4):
+        ins(f"VBROADCASTSD ({pr[r]})(CX*4), Y5", "VMULPS Y4, Y5, Y5", f"VMAXPS Y5, Y{r}, Y{r}")
+    ins("ADDQ $32, SI", "ADDQ $2, CX", "DECQ BX", "JNZ qvwmaxpair")
+    w("qvwmaxodd:")
+    ins("ANDQ $1, AX", "JZ qvwmaxdone", "VMOVUPS (SI), X4", "VPERMPS Y4, Y15, Y4", "VANDPS Y14, Y4, Y4")
+    for r in range(4):
+        ins(f"VMOVSS ({pr[r]})(CX*4), X5", "VPBROADCASTQ X5, Y5", "VMULPS Y4, Y5, Y5", f"VMAXPS Y5, Y{r}, Y{r}")
+    w("qvwmaxdone:")
+    for r in range(4):
+        ins(f"VEXTRACTF128 $1, Y{r}, X5", f"VMAXPS X5, X{r}, X{r}", f"VPERMILPS $0x4e, X{r}, X5",
+            f"VMAXPS X5, X{r}, X{r}", f"VPERMILPS $0xb1, X{r}, X5", f"VMAXPS X5, X{r}, X{r}",
+            f"VMOVSS X{r}, {off(4*r)}(DI)")
+    ins("VZEROUPPER", "RET")
+    w()
+    w("// func qvwquant(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)")
+    w("//")
+    w("// The int16 weights of qvaxpy4*: for token pairs j (the last one padded with a zero weight")
+    w("// when n is odd), rows r < 4 and groups g < 4, w[16j + 4r + g] packs round(p_r,2j *")
+    w("// vs[8j+g] * inv[r]) (low word) and the same of token 2j+1 (high word). vz != nil (int4):")
+    w("// zt[4r + g] = sum_t p_rt * vz[4t + g].")
+    w("TEXT ·qvwquant(SB), NOSPLIT, $0-64")
+    ins("MOVQ w+0(FP), DI", "MOVQ p+8(FP), R8", "MOVQ ldP+16(FP), DX", "LEAQ (R8)(DX*1), R9",
+        "LEAQ (R9)(DX*1), R10", "LEAQ (R10)(DX*1), R11", "MOVQ vs+24(FP), SI", "MOVQ n+32(FP), AX",
+        "MOVQ inv+40(FP), R12", "MOVQ vz+48(FP), R13", "MOVQ R13, R14",
+        "VMOVDQU vwperm<>(SB), Y15")
+    for r in range(4):
+        ins(f"VBROADCASTSS {off(4*r)}(R12), Y{8+r}", f"VXORPS Y{4+r}, Y{4+r}, Y{4+r}")
+    ins("XORQ CX, CX", "MOVQ AX, BX", "SHRQ $1, BX", "JZ qvwquantodd")
+
+    def body(odd):
+        if odd:
+            ins("VMOVUPS (SI), X0", "VPERMPS Y0, Y15, Y0")
+        else:
+            ins("VPERMPS (SI), Y15, Y0")
+        ins("TESTQ R14, R14", f"JZ qvwquant{'o' if odd else 'p'}noz")
+        if odd:
+            ins("VMOVUPS (R13), X1", "VPERMPS Y1, Y15, Y1")
+        else:
+            ins("VPERMPS (R13), Y15, Y1")
+        w(f"qvwquant{'o' if odd else 'p'}noz:")
+        for r in range(4):
+            if odd:
+                ins(f"VMOVSS ({pr[r]})(CX*4), X2", "VPBROADCASTQ X2, Y2")
+            else:
+                ins(f"VBROADCASTSD ({pr[r]})(CX*4), Y2")
+            ins(f"VFMADD231PS Y1, Y2, Y{4+r}", "VMULPS Y0, Y2, Y2", f"VMULPS Y{8+r}, Y2, Y2",
+                "VCVTPS2DQ Y2, Y2", f"VPMOVSDW Y2, {off(16*r)}(DI)")
+
+    w("qvwquantpair:")
+    ins("VXORPS Y1, Y1, Y1")
+    body(False)
+    ins("ADDQ $32, SI", "ADDQ $32, R13", "ADDQ $64, DI", "ADDQ $2, CX", "DECQ BX", "JNZ qvwquantpair")
+    w("qvwquantodd:")
+    ins("ANDQ $1, AX", "JZ qvwquantzt", "VXORPS Y1, Y1, Y1")
+    body(True)
+    w("qvwquantzt:")
+    ins("MOVQ zt+56(FP), DI", "TESTQ R14, R14", "JZ qvwquantdone")
+    for r in range(4):
+        ins(f"VHADDPS Y{4+r}, Y{4+r}, Y{4+r}", f"VPERMQ $0x08, Y{4+r}, Y{4+r}", f"VMOVUPS X{4+r}, {off(16*r)}(DI)")
+    w("qvwquantdone:")
+    ins("VZEROUPPER", "RET")
+    w()
+    for fmt in ("i8", "i4"):
+        vaxpy(fmt)
+
+
+def vaxpy(fmt):
+    name = f"qvaxpy4{fmt}vnni"
+    w(f"// func {name}(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)")
+    w("//")
+    w("// One column block of 64 elements of four rows: acc_r = alpha[r]*acc_r + sc[r] * sum_t w_rt")
+    w("// * q_t" + (" + zt_r (int4: the zero term of the element's group)" if fmt == "i4" else "") + ", acc rows accrb bytes apart,")
+    w("// V rows (" + ("int8" if fmt == "i8" else "int4") + ") vrb bytes apart, np token pairs and an odd last token (odd = 1,")
+    w("// its pair's second weight 0). The weights (qvwquant) are int16 pairs, one dword per row")
+    w("// and scale group: row r's for the block's first 32 elements at w + r*zrb, its second 32")
+    w("// s2 bytes further, the next pair's wpb bytes on; zt likewise (rows zrb bytes apart).")
+    if fmt == "i8":
+        w("// V rows are interleaved by pair (VPUNPCKLBW/HBW in 128-bit lanes: the accumulators hold")
+        w("// elements 0-7, 16-23 and 8-15, 24-31 of 32) and widened to int16 (VPMOVSXBW), dotted")
+    else:
+        w("// V rows are interleaved by pair (VPUNPCKLBW/HBW), widened to int16 (VPMOVZXBW) and split")
+        w("// into even and odd elements (VPSRLW/VPANDD), dotted")
+    w("// by VPDPWSSD with the weight dword broadcast; int32 sums, exact (|w| <= 16383, |q| <= 128,")
+    w("// fewer than 2^19 tokens), put back in element order when the block is stored.")
+    w(f"TEXT ·{name}(SB), NOSPLIT, $0-112")
+    ins("MOVQ v+16(FP), SI", "MOVQ vrb+24(FP), BX", "MOVQ w+48(FP), R8", "MOVQ zrb+96(FP), R9",
+        "LEAQ (R9)(R9*2), R11", "MOVQ s2+64(FP), R10", "ADDQ R8, R10", "MOVQ np+32(FP), AX",
+        "MOVQ pfd+104(FP), CX")
+    if fmt == "i4":
+        ins("MOVL $0x000f000f, DX", "VPBROADCASTD DX, Z15")
+    for i in range(16, 32):
+        ins(f"VPXORD Z{i}, Z{i}, Z{i}")
+
+    def acc(r, h, x):
+        return f"Z{16 + r*4 + h*2 + x}"
+
+    def wrow(r, h):
+        b = "R8" if h == 0 else "R10"
+        return [f"({b})", f"({b})(R9*1)", f"({b})(R9*2)", f"({b})(R11*1)"][r]
+
+    def body():
+        for h in range(2):
+            if fmt == "i8":
+                ins(f"VMOVDQU {off(32*h)}(SI), Y0", f"VMOVDQU {off(32*h)}(SI)(BX*1), Y1",
+                    "VPUNPCKLBW Y1, Y0, Y2", "VPUNPCKHBW Y1, Y0, Y3", "VPMOVSXBW Y2, Z2", "VPMOVSXBW Y3, Z3")
+            else:
+                ins(f"VMOVDQU {off(16*h)}(SI), X0", f"VMOVDQU {off(16*h)}(SI)(BX*1), X1",
+                    "VPUNPCKLBW X1, X0, X2", "VPUNPCKHBW X1, X0, X3", "VINSERTI128 $1, X3, Y2, Y2",
+                    "VPMOVZXBW Y2, Z2", "VPSRLW $4, Z2, Z3", "VPANDD Z15, Z2, Z2", "VPANDD Z15, Z3, Z3")
+            for r in range(4):
+                for x in range(2):
+                    ins(f"VPDPWSSD.BCST {wrow(r, h)}, Z{2+x}, {acc(r, h, x)}")
+
+    ins("TESTQ AX, AX", f"JZ {name}odd")
+    w(f"{name}pair:")
+    ins("LEAQ (SI)(CX*1), R12", "PREFETCHT1 (R12)", "PREFETCHT1 (R12)(BX*1)")
+    body()
+    ins("ADDQ wpb+56(FP), R8", "ADDQ wpb+56(FP), R10", "LEAQ (SI)(BX*2), SI", "DECQ AX", f"JNZ {name}pair")
+    w(f"{name}odd:")
+    ins("MOVQ odd+40(FP), AX", "TESTQ AX, AX", f"JZ {name}store", "XORQ BX, BX")
+    body()
+    w(f"{name}store:")
+    ins("MOVQ acc+0(FP), DI", "MOVQ accrb+8(FP), BX", "MOVQ alpha+72(FP), R12", "MOVQ sc+80(FP), R13",
+        "MOVQ zt+88(FP), R14", "MOVQ s2+64(FP), R10")
+    for r in range(4):
+        ins(f"VBROADCASTSS {off(4*r)}(R12), Z12", f"VBROADCASTSS {off(4*r)}(R13), Z13")
+        for h in range(2):
+            lo, hi = acc(r, h, 0), acc(r, h, 1)
+            if fmt == "i4":
+                # even/odd elements -> the int8 layout (elements 8k..8k+3, 8k+4..8k+7 per lane)
+                ins(f"VPUNPCKLDQ {hi}, {lo}, Z0", f"VPUNPCKHDQ {hi}, {lo}, Z1")
+                ins("VCVTDQ2PS Z0, Z0", "VCVTDQ2PS Z1, Z1",
+                    "VSHUFF32X4 $0x44, Z1, Z0, Z2", "VSHUFF32X4 $0xee, Z1, Z0, Z3",
+                    "VSHUFF32X4 $0xd8, Z2, Z2, Z2", "VSHUFF32X4 $0xd8, Z3, Z3, Z3")
+            else:
+                # lanes of lo: elements 0-7, 16-23; of hi: 8-15, 24-31
+                ins(f"VCVTDQ2PS {lo}, Z0", f"VCVTDQ2PS {hi}, Z1",
+                    "VSHUFF32X4 $0x44, Z1, Z0, Z2", "VSHUFF32X4 $0xee, Z1, Z0, Z3")
+            if fmt == "i4":
+                ins("VBROADCASTSS (R14), Z14" if h == 0 else "VBROADCASTSS (R14)(R10*1), Z14")
+            for x in range(2):
+                o = 128 * h + 64 * x
+                ins(f"VMULPS {off(o)}(DI), Z12, Z{4+x}", f"VFMADD231PS Z{2+x}, Z13, Z{4+x}")
+                if fmt == "i4":
+                    ins(f"VADDPS Z14, Z{4+x}, Z{4+x}")
+                ins(f"VMOVUPS Z{4+x}, {off(o)}(DI)")
+        ins("ADDQ BX, DI")
+        if fmt == "i4":
+            ins("ADDQ zrb+96(FP), R14")
+    ins("VZEROUPPER", "RET")
+    w()
+
 
 
 w("//go:build goexperiment.simd && amd64")
@@ -389,6 +691,16 @@ w("DATA nibmask<>+0(SB)/8, $0x0f0f0f0f0f0f0f0f")
 w("DATA nibmask<>+8(SB)/8, $0x0f0f0f0f0f0f0f0f")
 w("GLOBL nibmask<>(SB), RODATA|NOPTR, $16")
 w()
+w("// qidx4: VPERMPS indices spreading four row values over the four 128-bit lanes.")
+for i in range(16):
+    w(f"DATA qidx4<>+{4*i}(SB)/4, ${i // 4}")
+w("GLOBL qidx4<>(SB), RODATA|NOPTR, $64")
+w()
+w("// vwperm: VPERMPS indices interleaving the four group scales of two tokens.")
+for i, x in enumerate([0, 4, 1, 5, 2, 6, 3, 7]):
+    w(f"DATA vwperm<>+{4*i}(SB)/4, ${x}")
+w("GLOBL vwperm<>(SB), RODATA|NOPTR, $32")
+w()
 for isa in ("avx512", "avx2"):
     for fmt in ("i8", "i4"):
         for rows in (4, 1):
@@ -396,4 +708,5 @@ for isa in ("avx512", "avx2"):
                 dots(rows, fmt, scaled, isa)
             axpy(rows, fmt, isa)
 vnni()
+vint()
 print("\n".join(out))

@@ -269,41 +269,53 @@ var quant512Ops, quantAVX2Ops = quantAsm512.ops(), quantAsmAVX2.ops()
 func init() {
 	if archsimd.X86.AVX512VNNI() {
 		quant512Ops.intPrep, quant512Ops.intDots4 = intPrep512, intDots4VNNI
+		quant512Ops.vaxpy4 = vaxpy4VNNI
 	}
 	avx512Ops.quant = &quant512Ops
 	avx2Ops.quant = &quantAVX2Ops
 }
 
-// intPrep512 is quantOps.intPrep (len(q) a multiple of 16).
-func intPrep512(dst []byte, q, ks []float32) (scale, sum float32, ok bool) {
-	n := len(q)
-	if n == 0 || n%16 != 0 {
-		return 0, 0, false
+// intPrep512 is quantOps.intPrep (head dim a multiple of 16; for int4 K a
+// multiple of 128 up to 256).
+func intPrep512(dst []byte, q, ks []float32, f cache.QuantFormat, sc, sum []float32) bool {
+	n, rows := len(ks), len(sc)
+	if n == 0 || rows == 0 || n%16 != 0 || (f == cache.QuantInt4 && (n%128 != 0 || n > 256)) {
+		return false
 	}
-	_, _ = dst[n-1], ks[n-1]
-	var out [2]float32
-	qabsmaxavx512(&q[0], &ks[0], n, &out)
-	m := out[0]
-	if out[1] != 0 {
-		return 0, 0, false
+	_, _, _ = dst[rows*n-1], q[rows*n-1], sum[rows-1]
+	qabsmaxavx512(&q[0], &ks[0], n, rows, &sc[0], &sum[0])
+	for r, m := range sc {
+		if sum[r] != 0 {
+			return false
+		}
+		inv := float32(0) // m == 0: a row of zeros
+		if m != 0 {
+			inv = 127 / m
+			if inv > math.MaxFloat32 || m/127 == 0 {
+				return false
+			}
+		}
+		sc[r], sum[r] = m/127, inv
 	}
-	if m == 0 {
-		clear(dst[:n])
-		return 0, 0, true
+	i4 := 0
+	if f == cache.QuantInt4 {
+		i4 = 1
 	}
-	inv := 127 / m
-	if inv > math.MaxFloat32 || m/127 == 0 {
-		return 0, 0, false
-	}
-	return m / 127, float32(qquantavx512(&dst[0], &q[0], &ks[0], n, inv)), true
+	qquantavx512(&dst[0], &q[0], &ks[0], n, rows, &sum[0], &sum[0], i4)
+	return true
 }
 
-// intDots4VNNI is quantOps.intDots4 (head dim a multiple of 64).
+// intDots4VNNI is quantOps.intDots4 (head dim a multiple of 64; of 128 for
+// int4 K).
 func intDots4VNNI(s []float32, ld, n int, qi []byte, k qmat, d int, aff *[24]float32, pf int) {
 	if n == 0 {
 		return
 	}
 	_, _, _ = s[3*ld+n-1], qi[4*d-1], k.b[n*k.rb-1]
+	if k.f == cache.QuantInt4 {
+		qdots4i4vnni(&s[0], ld*4, &qi[0], d, &k.b[0], k.rb, n, d/128, aff, pf*k.rb)
+		return
+	}
 	qdots4i8vnni(&s[0], ld*4, &qi[0], d, &k.b[0], k.rb, n, d/64, aff, pf*k.rb)
 }
 
@@ -320,10 +332,75 @@ func qprefetchScales(s []float32) {
 func qprefetch(p *float32, n int)
 
 //go:noescape
-func qabsmaxavx512(q *float32, ks *float32, n int, out *[2]float32)
+func qabsmaxavx512(q *float32, ks *float32, n int, rows int, mx *float32, chk *float32)
 
 //go:noescape
-func qquantavx512(dst *byte, q *float32, ks *float32, n int, inv float32) int
+func qquantavx512(dst *byte, q *float32, ks *float32, n int, rows int, inv *float32, sums *float32, i4 int)
 
 //go:noescape
 func qdots4i8vnni(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)
+
+//go:noescape
+func qdots4i4vnni(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)
+
+// vwMax is the largest int16 weight of vaxpy4 (15 bits: int32 sums of
+// 2^19 tokens of |w*q| <= vwMax*128 stay exact).
+const vwMax = 16383
+
+// vaxpy4VNNI is quantOps.vaxpy4.
+func vaxpy4VNNI(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, pf int, ws *vScratch) bool {
+	d := len(acc) / 4
+	if n == 0 || d%64 != 0 || v.s == nil || v.ng != 4 || v.g*4 != d || v.g%32 != 0 || n >= 1<<19 {
+		return false
+	}
+	_, _, _, _ = acc[4*d-1], p[3*ld+n-1], v.b[n*v.rb-1], v.s[n*4-1]
+	int4 := v.f == cache.QuantInt4
+	var vz *float32
+	if int4 {
+		_ = v.z[n*4-1]
+		vz = &v.z[0]
+	}
+	ws.w = growI32(ws.w, (n+1)/2*16)
+	qvwmax(&p[0], ld*4, &v.s[0], n, &ws.mx)
+	for r, m := range ws.mx {
+		inv := float32(0) // every weight 0 (a NaN m keeps the row's NaN in sc)
+		if m > 0 {
+			if inv = vwMax / m; inv > math.MaxFloat32 {
+				inv = 0
+			}
+		}
+		ws.inv[r], ws.sc[r] = inv, m/vwMax
+	}
+	qvwquant(&ws.w[0], &p[0], ld*4, &v.s[0], n, &ws.inv, vz, &ws.zt)
+	fn := qvaxpy4i8vnni
+	if int4 {
+		fn = qvaxpy4i4vnni
+	}
+	for j0 := 0; j0 < d; j0 += 64 {
+		g0 := j0 / v.g
+		s2 := ((j0+32)/v.g - g0) * 4
+		vb, pfd := j0, 0
+		if int4 {
+			vb = j0 / 2
+		}
+		if j0 == 0 {
+			pfd = pf * v.rb
+		}
+		fn(&acc[j0], d*4, &v.b[vb], v.rb, n/2, n&1, &ws.w[g0], 64, s2, alpha, &ws.sc, &ws.zt[g0], 16, pfd)
+	}
+	return true
+}
+
+// Declarations of the integer accumulation loop (kern_quant_amd64.s).
+
+//go:noescape
+func qvwmax(p *float32, ldP int, vs *float32, n int, mx *[4]float32)
+
+//go:noescape
+func qvwquant(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)
+
+//go:noescape
+func qvaxpy4i8vnni(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)
+
+//go:noescape
+func qvaxpy4i4vnni(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)

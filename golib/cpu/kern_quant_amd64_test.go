@@ -5,6 +5,7 @@ package cpu
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
@@ -133,50 +134,172 @@ func qdotMags(q []float32, k qmat, d, rows, n int) []float64 {
 	return out
 }
 
-// TestQuantIntDotsOps checks the VNNI loop against the same integer dots
-// in scalar Go: intPrep's rounding is the only difference from float32.
+// TestQuantIntDotsOps checks the VNNI loops (int8 K, int4 K in
+// qi4Order) against the same integer dots in scalar Go: intPrep's rounding
+// is the only difference from float32.
 func TestQuantIntDotsOps(t *testing.T) {
 	if quant512Ops.intDots4 == nil {
 		t.Skip("no AVX-512 VNNI")
 	}
 	rng := rand.New(rand.NewPCG(8, 9))
-	for _, d := range []int{64, 128, 256} {
-		for _, n := range []int{1, 2, 3, 8, 33} {
-			k := randQmat(rng, cache.QuantInt8, n, d, d, false)
-			q := randVec(rng, 4*d, 1)
-			ks := randVec(rng, d, 0.02)
-			qi := make([]byte, 4*d)
-			var isc, ioff [4]float32
-			for r := 0; r < 4; r++ {
-				sc, sum, ok := intPrep512(qi[r*d:(r+1)*d], q[r*d:(r+1)*d], ks)
-				if !ok {
+	for _, f := range quantFormats {
+		for _, d := range []int{64, 128, 256} {
+			if f == cache.QuantInt4 && d%128 != 0 {
+				continue
+			}
+			for _, n := range []int{1, 2, 3, 8, 33} {
+				k := randQmat(rng, f, n, d, d, false)
+				q := randVec(rng, 4*d, 1)
+				ks := randVec(rng, d, 0.02)
+				qi := make([]byte, 4*d)
+				var isc, ioff, sums [4]float32
+				if !intPrep512(qi, q, ks, f, isc[:], sums[:]) {
 					t.Fatal("intPrep failed on finite input")
 				}
-				isc[r], ioff[r] = sc, -128*sc*sum
-				var s32 int32
-				for j := 0; j < d; j++ {
-					want := math.RoundToEven(float64(q[r*d+j] * ks[j] * (127 / (sc * 127))))
-					if x := int8(qi[r*d+j]); math.Abs(float64(x)-want) > 1 {
-						t.Fatalf("d=%d row %d: qi[%d] = %d, want about %v", d, r, j, x, want)
+				for r := 0; r < 4; r++ {
+					sc, sum := isc[r], sums[r]
+					ioff[r] = -128 * sc * sum
+					if f == cache.QuantInt4 {
+						ioff[r] = float32(r) - 1.5 // a zero term
 					}
-					s32 += int32(int8(qi[r*d+j]))
+					var s32 int32
+					for j := 0; j < d; j++ {
+						e := j
+						if f == cache.QuantInt4 {
+							e = qi4Elem(j)
+						}
+						want := math.RoundToEven(float64(q[r*d+e] * ks[e] * (127 / (sc * 127))))
+						if x := int8(qi[r*d+j]); math.Abs(float64(x)-want) > 1 {
+							t.Fatalf("%s d=%d row %d: qi[%d] = %d, want about %v", f, d, r, j, x, want)
+						}
+						s32 += int32(int8(qi[r*d+j]))
+					}
+					if float32(s32) != sum {
+						t.Fatalf("%s d=%d row %d: sum %v, want %d", f, d, r, sum, s32)
+					}
 				}
-				if float32(s32) != sum {
-					t.Fatalf("d=%d row %d: sum %v, want %d", d, r, sum, s32)
+				qb := quantBlock{ops: &quant512Ops}
+				p := quantPart{qi: qi, isc: isc[:], ioff: ioff[:], intOn: true}
+				got := make([]float32, 4*n)
+				qb.intScores(&p, got, n, 0, 4, k, n, d, 0)
+				want := make([]float32, 4*n)
+				for r := 0; r < 4; r++ {
+					qb.intScores(&p, want[r*n:(r+1)*n], n, r, 1, k, n, d, 0)
+				}
+				for i := range want {
+					if !closeToMag(got[i], want[i], float64(d)*127*127*float64(isc[i/n])) {
+						t.Fatalf("%s d=%d n=%d: s[%d] = %v, want %v", f, d, n, i, got[i], want[i])
+					}
 				}
 			}
-			qb := quantBlock{ops: &quant512Ops}
-			p := quantPart{qi: qi, isc: isc[:], ioff: ioff[:], intOn: true}
-			got := make([]float32, 4*n)
-			qb.intScores(&p, got, n, 0, 4, k, n, d, 0)
-			want := make([]float32, 4*n)
-			for r := 0; r < 4; r++ {
-				qb.intScores(&p, want[r*n:(r+1)*n], n, r, 1, k, n, d, 0)
-			}
-			for i := range want {
-				if !closeToMag(got[i], want[i], float64(d)*127*127*float64(isc[i/n])) {
-					t.Fatalf("d=%d n=%d: s[%d] = %v, want %v", d, n, i, got[i], want[i])
+		}
+	}
+}
+
+// TestQi4Order: qi4Elem is a permutation of each block of 128.
+func TestQi4Order(t *testing.T) {
+	seen := make([]bool, 256)
+	for j := range seen {
+		e := qi4Elem(j)
+		if e < 0 || e >= 256 || seen[e] || e/128 != j/128 {
+			t.Fatalf("position %d maps to element %d", j, e)
+		}
+		seen[e] = true
+	}
+}
+
+// TestQuantIntAxpyOps checks the VNNI accumulation loop (vaxpy4) against
+// the portable twin in float32: the weights' rounding to int16 steps of
+// max_t,g p_rt*s_tg / vwMax per row is the only difference, an error of
+// at most half a step times sum_t |q_tc| per element.
+func TestQuantIntAxpyOps(t *testing.T) {
+	if quant512Ops.vaxpy4 == nil {
+		t.Skip("no AVX-512 VNNI")
+	}
+	rng := rand.New(rand.NewPCG(10, 11))
+	for _, f := range quantFormats {
+		var ws vScratch
+		if quant512Ops.vaxpy4(make([]float32, 4*64), make([]float32, 4), 1, 1, randQmat(rng, f, 1, 64, 16, true), &[4]float32{}, 0, &ws) {
+			t.Errorf("%s: groups of 16 taken", f)
+		}
+		for _, d := range []int{128, 256, 512} {
+			g := d / 4
+			for _, n := range []int{1, 2, 3, 7, 32, 33, 64, 200} {
+				for _, ld := range []int{n, n + 5} {
+					v := randQmat(rng, f, n, d, g, true)
+					for i := range v.s {
+						v.s[i] = float32(math.Abs(float64(v.s[i])))
+					}
+					p := make([]float32, 3*ld+n)
+					for i := range p {
+						p[i] = rng.Float32()
+					}
+					p[rng.IntN(n)] = 0 // a zero weight
+					alpha := [4]float32{0.5, 1, 0, 2}
+					acc0 := randVec(rng, 4*d, 1)
+					got, want := slices.Clone(acc0), slices.Clone(acc0)
+					if !quant512Ops.vaxpy4(got, p, ld, n, v, &alpha, 0, &ws) {
+						t.Fatalf("%s d=%d: shape refused", f, d)
+					}
+					goQAxpy4Ld(want, p, ld, n, v, &alpha)
+					x := make([]float32, d)
+					for r := 0; r < 4; r++ {
+						var mx float64
+						for tk := 0; tk < n; tk++ {
+							for gi := 0; gi < 4; gi++ {
+								mx = max(mx, float64(p[r*ld+tk])*float64(v.s[tk*4+gi]))
+							}
+						}
+						for c := 0; c < d; c++ {
+							var sq, mag float64
+							for tk := 0; tk < n; tk++ {
+								goQRow(x, v, tk, d)
+								var q float64
+								if f == cache.QuantInt4 {
+									q = float64(v.b[tk*v.rb+c/2] >> (4 * (c & 1)) & 15)
+								} else {
+									q = float64(int8(v.b[tk*v.rb+c]))
+								}
+								sq += math.Abs(q)
+								mag += math.Abs(float64(p[r*ld+tk]) * float64(x[c]))
+							}
+							bound := 0.5*mx/vwMax*sq*1.001 + 1e-5*(1+math.Abs(float64(want[r*d+c]))) + 1e-6*(mag+math.Abs(float64(acc0[r*d+c])))
+							if e := math.Abs(float64(got[r*d+c]) - float64(want[r*d+c])); !(e <= bound) {
+								t.Fatalf("%s d=%d n=%d ld=%d: acc[%d][%d] = %v, want %v (bound %.3g)", f, d, n, ld, r, c, got[r*d+c], want[r*d+c], bound)
+							}
+						}
+					}
 				}
+			}
+		}
+	}
+}
+
+// TestQuantIntPrepRows: intPrep over a row count that is not a multiple of
+// four (the four-row and one-row loops) gives every row what it gives
+// alone.
+func TestQuantIntPrepRows(t *testing.T) {
+	if quant512Ops.intPrep == nil {
+		t.Skip("no AVX-512 VNNI")
+	}
+	rng := rand.New(rand.NewPCG(12, 13))
+	for _, f := range quantFormats {
+		const d, rows = 128, 7
+		q := randVec(rng, rows*d, 1)
+		ks := randVec(rng, d, 0.02)
+		qi := make([]byte, rows*d)
+		sc, sum := make([]float32, rows), make([]float32, rows)
+		if !intPrep512(qi, q, ks, f, sc, sum) {
+			t.Fatal("intPrep failed on finite input")
+		}
+		for r := 0; r < rows; r++ {
+			qi1 := make([]byte, d)
+			var sc1, sum1 [1]float32
+			if !intPrep512(qi1, q[r*d:(r+1)*d], ks, f, sc1[:], sum1[:]) {
+				t.Fatal("intPrep failed on finite input")
+			}
+			if sc1[0] != sc[r] || sum1[0] != sum[r] || !slices.Equal(qi1, qi[r*d:(r+1)*d]) {
+				t.Fatalf("%s row %d of %d differs from the row alone", f, r, rows)
 			}
 		}
 	}

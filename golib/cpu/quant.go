@@ -75,36 +75,57 @@ type quantOps struct {
 	// one is computed.
 	prefetch func(s []float32)
 	// intPrep and intDots4, when set (AVX-512 VNNI), are the integer score
-	// loop for int8 K per channel: intPrep quantizes one query row times the
-	// channel scales to int8 (dst), returning its scale and the sum of its
-	// integers (ok false: a product is not finite, or the row's scale is
-	// out of range); intDots4 computes four rows' scores (rows ld apart)
-	// over n tokens from such rows, s = acc*aff-scale + aff-offset (layout
-	// in kern_quant_amd64.s).
-	intPrep  func(dst []byte, q, ks []float32) (scale, sum float32, ok bool)
+	// loop for int8 and int4 K per channel: intPrep quantizes len(sc) query
+	// rows (len(ks) elements each) times the channel scales ks to int8 per
+	// row (dst; for int4 K in qi4Order), setting each row's scale sc[r] and
+	// the sum of its integers sum[r] (false: a product is not finite, a
+	// row's scale is out of range, or the head dim is not one the loop
+	// takes); intDots4 computes four rows' scores (rows ld apart) over n
+	// tokens from such rows, s = acc*aff-scale + aff-offset (layout in
+	// kern_quant_amd64.s).
+	intPrep  func(dst []byte, q, ks []float32, f cache.QuantFormat, sc, sum []float32) bool
 	intDots4 func(s []float32, ld, n int, qi []byte, k qmat, d int, aff *[24]float32, pf int)
+	// vaxpy4, when set (AVX-512 VNNI), is axpy4 by integer dots: the
+	// weights p_rt times the rows' V scales are quantized to int16 per row
+	// (steps of max_t,g p_rt*s_tg / 16383 over the n tokens), V rows widened
+	// to int16 and dotted by token pairs (VPDPWSSD); int4's zeros add
+	// sum_t p_rt*z_tg in float32. It returns false, doing nothing, when the
+	// shape is not one it takes (four V scale groups per row, head dim a
+	// multiple of 64, groups of 32 or more); ws is its scratch.
+	vaxpy4 func(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, pf int, ws *vScratch) bool
+}
+
+// vScratch is vaxpy4's per-unit scratch: the int16 weight pairs of a part
+// and the rows' maxima, steps, inverse steps and zero terms.
+type vScratch struct {
+	w           []int32
+	mx, inv, sc [4]float32
+	zt          [16]float32
 }
 
 // IntDotsEnv is the environment variable that turns the integer (VNNI)
-// score loop for int8 K per channel off (0) or on (anything else, the
-// default); see SetQuantIntDots.
+// score and accumulation loops off (0) or on (anything else, the default);
+// see SetQuantIntDots.
 const IntDotsEnv = "OLKV_QUANT_INT_DOTS"
 
 var intDots atomic.Bool
 
 func init() { intDots.Store(os.Getenv(IntDotsEnv) != "0") }
 
-// SetQuantIntDots turns on or off the integer score loop over int8 K per
-// channel where the CPU has AVX-512 VNNI: the query rows (times the
-// chunk's channel scales) are quantized to int8 per row and dotted with
-// VPDPBUSD. It trades the query's rounding (a relative score error of about
-// 2^-8 of the row's largest element) for about twice the score loop's
-// speed (the whole int8 decode step about 1.12x). On by default
-// (OLKV_QUANT_INT_DOTS=0 turns it off); it changes nothing on other CPUs
-// and paths.
+// SetQuantIntDots turns on or off the integer loops over quantized
+// segments where the CPU has AVX-512 VNNI. The score loop, over int8 K per
+// channel and int4 K per channel (head dim a multiple of 128): the query
+// rows times the chunk's channel scales are quantized to int8 per row and
+// dotted with VPDPBUSD, a relative score error of about 2^-8 of the row's
+// largest element. The accumulation loop, over V rows with four scale
+// groups of 32 or more elements (head dim 128 at group 32): the softmax
+// weights times the rows' V scales are quantized to int16 per row and
+// chunk (steps of 1/16383 of the chunk's largest) and dotted with
+// VPDPWSSD. On by default (OLKV_QUANT_INT_DOTS=0 turns them off); it
+// changes nothing on other CPUs and paths.
 func SetQuantIntDots(on bool) { intDots.Store(on) }
 
-// QuantIntDots reports whether the integer score loop is on (see
+// QuantIntDots reports whether the integer loops are on (see
 // SetQuantIntDots); it says nothing of whether the CPU has it.
 func QuantIntDots() bool { return intDots.Load() }
 
@@ -148,6 +169,8 @@ type quantBlock struct {
 	ahead []cache.Segment // the segments after the super-block (prefetched)
 	aff   [24]float32     // intDots4's four-row argument block
 	ones  [4]float32      // the rescale of every part after a row's first: none
+	intV  bool            // the integer accumulation loop (vaxpy4) is on
+	vs    vScratch
 }
 
 // superFloats bounds the folded query rows the parts of one super-block
@@ -206,7 +229,8 @@ func (qb *quantBlock) dots(sc []float32, r, nr, a, e, dk, pf int) {
 
 // intScores is dots for the integer loop over part p's rows k (n tokens,
 // score rows ld apart): four rows by intDots4, a single row (not met when
-// the group is a multiple of four) in scalar Go.
+// the group is a multiple of four) in scalar Go (the same integers: int8
+// K, or int4 nibbles against q in qi4Order).
 func (qb *quantBlock) intScores(p *quantPart, s []float32, ld, r, nr int, k qmat, n, dk, pf int) {
 	if nr == 4 {
 		a := &qb.aff
@@ -222,11 +246,30 @@ func (qb *quantBlock) intScores(p *quantPart, s []float32, ld, r, nr int, k qmat
 	for t := 0; t < n; t++ {
 		row := k.b[t*k.rb : (t+1)*k.rb]
 		var acc int32
+		if k.f == cache.QuantInt4 {
+			for j, x := range qi {
+				e := qi4Elem(j)
+				acc += int32(int8(x)) * int32(row[e/2]>>(4*(e&1))&15)
+			}
+			s[t] = float32(acc)*p.isc[r] + p.ioff[r] // the zero term
+			continue
+		}
 		for j, x := range qi {
 			acc += int32(int8(x)) * int32(int8(row[j]))
 		}
-		s[t] = float32(acc) * p.isc[r]
+		s[t] = float32(acc) * p.isc[r] // signed products: no +128 to undo
 	}
+}
+
+// qi4Elem is the element of a K row that position j of a query row in
+// qi4Order multiplies: in each block of 128 elements, positions [0, 64)
+// hold elements 32i..32i+15 (i = 0..3), positions [64, 128) elements
+// 32i+16..32i+31, the order VPUNPCKLBW/VPUNPCKHBW give the unpacked
+// nibbles of 64 bytes in their 128-bit lanes (intPrep stores int4 K's
+// query rows so: qi4Order).
+func qi4Elem(j int) int {
+	b, p := j/128*128, j%128
+	return b + p%64/16*32 + p/64*16 + p%16
 }
 
 // axpy accumulates the super-block's V rows [a, e) into acc (nr rows),
@@ -242,7 +285,9 @@ func (qb *quantBlock) axpy(acc, sc []float32, a, e, nr, pf int, alpha *[4]float3
 		}
 		v, s := p.v.rows(pa-p.off, pe-p.off), sc[pa-a:]
 		if nr == 4 {
-			qb.ops.axpy4(acc, s, cnt, pe-pa, v, alpha, pf)
+			if !qb.intV || !qb.ops.vaxpy4(acc, s, cnt, pe-pa, v, alpha, pf, &qb.vs) {
+				qb.ops.axpy4(acc, s, cnt, pe-pa, v, alpha, pf)
+			}
 		} else {
 			qb.ops.axpy(acc, s[:pe-pa], v, alpha, pf)
 		}
@@ -264,6 +309,7 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 	}
 	qb.ones = [4]float32{1, 1, 1, 1}
 	intOK := qb.ops.intDots4 != nil && intDots.Load() && s.group%4 == 0 && dk%64 == 0 && dk <= 256
+	qb.intV = qb.ops.vaxpy4 != nil && intDots.Load()
 	maxParts := max(1, min(bt, superFloats/(rows*dk)))
 	u.qq = growF(u.qq, maxParts*rows*dk)
 	u.qc = growF(u.qc, maxParts*rows)
@@ -333,16 +379,21 @@ func (u *unitState) quantPart(ops *kernelOps, s *shape, sg *cache.Segment, i, ro
 		q: u.qs,
 	}
 	switch {
-	case qs.KAxis == cache.KPerChannel && qs.Format == cache.QuantInt8 && intOK:
-		// int32 sums of dk products of at most 255*127 stay exact in float32
-		// up to dk = 256 (VCVTDQ2PS)
+	case qs.KAxis == cache.KPerChannel && intOK && (qs.Format == cache.QuantInt8 || dk%128 == 0):
+		// int32 sums of dk products of at most 255*127 (int8) or 15*127
+		// (int4) stay exact in float32 up to dk = 256 (VCVTDQ2PS)
 		p.intOn = true
 		p.qi = u.qi[i*rows*dk : (i+1)*rows*dk]
 		p.isc, p.ioff = u.isc[i*rows:(i+1)*rows], u.ioff[i*rows:(i+1)*rows]
-		for r := 0; r < rows; r++ {
-			sc, sum, ok := qb.ops.intPrep(p.qi[r*dk:(r+1)*dk], u.qs[r*dk:(r+1)*dk], qs.KScale[:dk])
-			p.bad = p.bad || !ok
-			p.isc[r], p.ioff[r] = sc, -128*sc*sum
+		p.bad = !qb.ops.intPrep(p.qi, u.qs[:rows*dk], qs.KScale[:dk], qs.Format, p.isc, p.ioff)
+		if qs.Format == cache.QuantInt8 {
+			for r, sc := range p.isc {
+				p.ioff[r] *= -128 * sc // the sum of the row's integers
+			}
+		} else {
+			// x = s*q + z: the zero term qs_r . zero is the offset (the
+			// nibbles need no +128)
+			ops.dots(p.ioff, qs.KZero[:dk], u.qs[:rows*dk], dk, 0)
 		}
 	case qs.KAxis == cache.KPerChannel:
 		p.q = u.qq[i*rows*dk : (i+1)*rows*dk]
@@ -441,6 +492,13 @@ func badQuantSegment(sg *cache.Segment, what string) error {
 func growB(b []byte, n int) []byte {
 	if cap(b) < n {
 		return make([]byte, n)
+	}
+	return b[:n]
+}
+
+func growI32(b []int32, n int) []int32 {
+	if cap(b) < n {
+		return make([]int32, n)
 	}
 	return b[:n]
 }

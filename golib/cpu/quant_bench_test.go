@@ -15,7 +15,7 @@ import (
 // cache and over our int8 and int4 caches (K per channel, V per token,
 // group 32, residual 128 in fp16), on the active kernel path (OLKV_KERNEL
 // selects another). The three storages run one after the other inside each
-// (context, threads) pair, so -count=N alternates them (int8-intdots: int8
+// (context, threads) pair, so -count=N alternates them (int8-intdots, int4-intdots: int8, int4
 // with the integer score loop, SetQuantIntDots, where the CPU has AVX-512
 // VNNI); ratios of ns/op are
 // the figure to read (speed-up = fp16 time / quantized time). GB/s is the
@@ -45,8 +45,8 @@ func BenchmarkDecodeQuant(b *testing.B) {
 		for _, f := range quantFormats {
 			qc := newBenchCacheQ(b, cache.Float16, kvh, d, L, cache.QuantConfig{Format: f, Residual: res})
 			views = append(views, storage{f.String(), read(qc, false)})
-			if f == cache.QuantInt8 && activeOps().quant != nil && activeOps().quant.intDots4 != nil {
-				views = append(views, storage{"int8-intdots", read(qc, true)})
+			if activeOps().quant != nil && activeOps().quant.intDots4 != nil {
+				views = append(views, storage{f.String() + "-intdots", read(qc, true)})
 			}
 		}
 		rng := rand.New(rand.NewPCG(3, 5))
@@ -82,7 +82,8 @@ func (r *readCounter) AddBytesRead(n int64) { r.n += n; r.View.AddBytesRead(n) }
 
 // BenchmarkDecodeQuantAB is BenchmarkDecodeQuant measured side by side on a
 // loaded machine: one iteration runs rounds of a few calls of every storage
-// in turn (fp16, int8, int8 with integer dots where available, int4) and
+// in turn (fp16, int8 and int4 each without and, where available, with
+// integer dots) and
 // reports each one's median time per step (ms-<storage>) and the speed-ups
 // over fp16 (x-<storage> = fp16 median / storage median). Run it with
 // -benchtime=1x.
@@ -100,8 +101,8 @@ func BenchmarkDecodeQuantAB(b *testing.B) {
 		for _, f := range quantFormats {
 			c := newBenchCacheQ(b, cache.Float16, kvh, d, L, cache.QuantConfig{Format: f, Residual: res})
 			sts = append(sts, storage{f.String(), c, false})
-			if f == cache.QuantInt8 && activeOps().quant != nil && activeOps().quant.intDots4 != nil {
-				sts = append(sts, storage{"int8-intdots", c, true})
+			if activeOps().quant != nil && activeOps().quant.intDots4 != nil {
+				sts = append(sts, storage{f.String() + "-intdots", c, true})
 			}
 		}
 		rng := rand.New(rand.NewPCG(3, 5))

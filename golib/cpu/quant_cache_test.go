@@ -102,7 +102,7 @@ func checkRealQuantCache(t *testing.T, layout cache.Layout, qcfg cache.QuantConf
 		_, paths := KernelPaths()
 		got := make([]float32, len(q))
 		tol := tolerance[elem]
-		if qcfg.Format == cache.QuantInt8 && qcfg.KAxis == cache.KPerChannel && QuantIntDots() {
+		if intDotsUsed(qcfg.Format, qcfg.KAxis, d, d, qcfg.Group) && QuantIntDots() {
 			tol = intDotsTol // the integer score loop on the paths that have it
 		}
 		for _, path := range paths {

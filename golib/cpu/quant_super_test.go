@@ -40,7 +40,7 @@ func TestQuantSuperBlocks(t *testing.T) {
 					case 2:
 						c.opts.Window = L / 3
 					}
-					intOn := f == cache.QuantInt8 && ax == cache.KPerChannel && n%2 == 0
+					intOn := intDotsUsed(f, ax, c.dk, c.dv, c.cfg.Group) && n%2 == 0
 					if intOn {
 						c.tol = intDotsTol
 					}

@@ -291,7 +291,8 @@ func TestQuantNonFinite(t *testing.T) {
 	for _, f := range quantFormats {
 		for _, ax := range kAxes {
 			for pi, p := range poisons {
-				c := quantCase{elem: cache.Float32, qHeads: 8, kvh: 2, dk: 64, dv: 64, lens: []int{300, 90}, qLen: 2,
+				d := 64 << (pi % 2) // head dim 128: the integer loops' shapes
+				c := quantCase{elem: cache.Float32, qHeads: 8, kvh: 2, dk: d, dv: d, lens: []int{300, 90}, qLen: 2,
 					cfg: cache.QuantConfig{Format: f, Group: 32, KAxis: ax, Residual: 16}}
 				qv, q, rows := c.setup(uint64(pi))
 				p.fn(qv, q)
@@ -311,7 +312,7 @@ func TestQuantNonFinite(t *testing.T) {
 							// intDotsTol (2e-6*mag)
 							mag := 2.0
 							if intOn {
-								if f != cache.QuantInt8 || ax != cache.KPerChannel {
+								if !intDotsUsed(f, ax, c.dk, c.dv, c.cfg.Group) {
 									continue
 								}
 								mag = intDotsTol[0] / 2e-6
@@ -405,13 +406,32 @@ func TestQuantNoAllocs(t *testing.T) {
 	}
 }
 
-// Tolerance of the integer (VNNI) score loop against the oracle: the
-// query rows are rounded to int8 per row (steps of max|q*s|/127), a score
-// error of up to half a step times sum|k|, which the softmax turns into
-// output errors about as large as those of int8 K itself. Observed up to
-// 7.0e-3 over TestQuantIntDots (max |got - want|, OLKV_QUANT_ERRLOG=1;
-// outputs of magnitude <= 1.7); set at about twice that.
+// Tolerance of the integer (VNNI) loops against the oracle: the query
+// rows are rounded to int8 per row (steps of max|q*s|/127), a score error
+// of up to half a step times sum|k|, which the softmax turns into output
+// errors about as large as those of int8 K itself; the accumulation
+// loop's int16 weights (steps of 1/16383 of a chunk's largest p*s) add an
+// error of at most half a step times sum_t |q_t| per element, two orders
+// below. Observed up to 7.0e-3 (int8) and 9.6e-3 (int4) over
+// TestQuantIntDots (max |got - want|, OLKV_QUANT_ERRLOG=1; outputs of
+// magnitude <= 1.7); set at about twice the int8 figure. The accumulation
+// loop alone (K per token, head dim 128, 200-4000 tokens): up to 4.4e-5
+// (int8) and 7.2e-5 (int4).
 var intDotsTol = [2]float64{1.5e-2, 2e-5}
+
+// intDotsUsed reports whether an integer loop runs over a cache of format
+// f, K axis ax, head dims dk, dv and quantization group (0: the default)
+// when they are on (SetQuantIntDots) and the CPU has them: the score loop
+// over int8 K per channel, and int4 K per channel with a head dim that is
+// a multiple of 128; the accumulation loop where V rows have four scale
+// groups of 32 or more elements.
+func intDotsUsed(f cache.QuantFormat, ax cache.KAxis, dk, dv, group int) bool {
+	if group == 0 {
+		group = cache.DefaultQuantGroup
+	}
+	vg := cache.RowGroup(dv, group)
+	return (ax == cache.KPerChannel && (f == cache.QuantInt8 || dk%128 == 0)) || (dv == 4*vg && vg%32 == 0)
+}
 
 // TestQuantIntDots runs the integer score loop (SetQuantIntDots) where the
 // CPU has it (skipped elsewhere), against the oracle with intDotsTol and
@@ -435,8 +455,9 @@ func TestQuantIntDots(t *testing.T) {
 		for _, d := range []int{64, 128} {
 			for _, L := range lens {
 				n++
+				f := quantFormats[n%2] // int4 runs the integer loop at head dim 128
 				c := quantCase{elem: cache.Float16, qHeads: hd[0], kvh: hd[1], dk: d, dv: d, lens: []int{L, L/2 + 1},
-					qLen: 1 + n%3*2, cfg: cache.QuantConfig{Format: cache.QuantInt8, Group: 32, Residual: 16}, tol: intDotsTol}
+					qLen: 1 + n%3*2, cfg: cache.QuantConfig{Format: f, Group: 32, Residual: 16}, tol: intDotsTol}
 				switch n % 3 {
 				case 1:
 					c.opts.Softcap, c.qScale = 4, 3
