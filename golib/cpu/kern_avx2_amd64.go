@@ -47,6 +47,42 @@ func axpy1f16avx2(acc *float32, rb int, p *float32, v *uint16, n int, alpha floa
 func axpy1bf16avx2(acc *float32, rb int, p *float32, v *uint16, n int, alpha float32, pfd int)
 
 //go:noescape
+func dots1w64f32avx2(s *float32, q *float32, k *float32, nt int, pfd int)
+
+//go:noescape
+func dots1w64f16avx2(s *float32, q *float32, k *uint16, nt int, pfd int)
+
+//go:noescape
+func dots1w64bf16avx2(s *float32, q *float32, k *uint16, nt int, pfd int)
+
+//go:noescape
+func dots1w128f32avx2(s *float32, q *float32, k *float32, nt int, pfd int)
+
+//go:noescape
+func dots1w128f16avx2(s *float32, q *float32, k *uint16, nt int, pfd int)
+
+//go:noescape
+func dots1w128bf16avx2(s *float32, q *float32, k *uint16, nt int, pfd int)
+
+//go:noescape
+func axpy1w64f32avx2(acc *float32, p *float32, v *float32, n int, alpha float32, pfd int)
+
+//go:noescape
+func axpy1w64f16avx2(acc *float32, p *float32, v *uint16, n int, alpha float32, pfd int)
+
+//go:noescape
+func axpy1w64bf16avx2(acc *float32, p *float32, v *uint16, n int, alpha float32, pfd int)
+
+//go:noescape
+func axpy1w128f32avx2(acc *float32, p *float32, v *float32, n int, alpha float32, pfd int)
+
+//go:noescape
+func axpy1w128f16avx2(acc *float32, p *float32, v *uint16, n int, alpha float32, pfd int)
+
+//go:noescape
+func axpy1w128bf16avx2(acc *float32, p *float32, v *uint16, n int, alpha float32, pfd int)
+
+//go:noescape
 func expSubavx2(s *float32, n int, m float32) float32
 
 //go:noescape
@@ -65,6 +101,8 @@ func cvtBF16avx2(dst *float32, src *uint16, n int)
 // cannot be told apart; 0 and 16 are clearly slower. Prefetching each
 // whole V row in the first 16-dim pass of axpy4/axpy1 (instead of one line
 // per pass) measured 20-40% slower in interleaved A/B runs and was dropped.
+// Fp32 MHA 32/32 d128 before the unrolled one-row loops (two runs): 0 rows
+// 11.6, 16: 16.1-18.8, 32-256: 18.3-19.7 GB/s, the AVX-512 path 22-28.
 //
 // avx2Ops is the AVX2 + FMA + F16C path (16 ymm registers): the score and
 // accumulation loops in assembly for head dims that are a multiple of 16
@@ -88,7 +126,10 @@ var avx2Ops = kernelOps{
 }
 
 // dotsAVX2 is the single-row score loop: assembly (four tokens per step)
-// for head dims that are a multiple of 16, archsimd otherwise.
+// for head dims that are a multiple of 16, archsimd otherwise. Head dims 64
+// and 128 take the unrolled loops that read the rows one after another
+// (dots1w64/128): MHA decode has no GQA reuse, so this loop alone must
+// stream K at the memory's speed.
 func dotsAVX2(s, q, k []float32, d, pf int) {
 	n := len(s)
 	if n == 0 {
@@ -99,7 +140,18 @@ func dotsAVX2(s, q, k []float32, d, pf int) {
 		dots8(s, q, k, d)
 		return
 	}
-	dots1f32avx2(unsafe.SliceData(s), unsafe.SliceData(q), unsafe.SliceData(k), d*4, n, pf*d*4)
+	n4 := 0
+	if d == 64 || d == 128 {
+		n4 = n &^ 3
+		if n4 > 0 && d == 64 {
+			dots1w64f32avx2(unsafe.SliceData(s), unsafe.SliceData(q), unsafe.SliceData(k), n4, pf*d*4)
+		} else if n4 > 0 {
+			dots1w128f32avx2(unsafe.SliceData(s), unsafe.SliceData(q), unsafe.SliceData(k), n4, pf*d*4)
+		}
+	}
+	if n4 < n {
+		dots1f32avx2(&s[n4], unsafe.SliceData(q), &k[n4*d], d*4, n-n4, pf*d*4)
+	}
 }
 
 // dots4AVX2 computes the scores of four query rows (the 4x2 register
@@ -119,7 +171,8 @@ func dots4AVX2(s, q, k []float32, d, pf int) {
 }
 
 // axpyAVX2 is the single-row accumulation: assembly for head dims that are
-// a multiple of 32, archsimd otherwise.
+// a multiple of 32, archsimd otherwise; head dims 64 and 128 read the V rows
+// one after another (axpy1w64/128), others in tiles of vTileTokens.
 func axpyAVX2(acc, p, v []float32, alpha float32, pf int) {
 	d, n := len(acc), len(p)
 	if n == 0 || d == 0 {
@@ -130,11 +183,24 @@ func axpyAVX2(acc, p, v []float32, alpha float32, pf int) {
 		axpy8(acc, p, v, alpha)
 		return
 	}
-	axpy1f32avx2(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), unsafe.SliceData(v), n, alpha, pf*d*4)
+	switch d {
+	case 64:
+		axpy1w64f32avx2(unsafe.SliceData(acc), unsafe.SliceData(p), unsafe.SliceData(v), n, alpha, pf*d*4)
+		return
+	case 128:
+		axpy1w128f32avx2(unsafe.SliceData(acc), unsafe.SliceData(p), unsafe.SliceData(v), n, alpha, pf*d*4)
+		return
+	}
+	for t := 0; t < n; t += vTileTokens {
+		m := min(vTileTokens, n-t)
+		axpy1f32avx2(unsafe.SliceData(acc), d*4, &p[t], &v[t*d], m, alpha, pf*d*4)
+		alpha = 1
+	}
 }
 
 // axpy4AVX2 accumulates four rows (the 4x16 register block) for head dims
-// that are a multiple of 16, archsimd otherwise.
+// that are a multiple of 16, in tiles of vTileTokens V rows, archsimd
+// otherwise.
 func axpy4AVX2(acc, p, v []float32, alpha *[4]float32, pf int) {
 	d, n := len(acc)/4, len(p)/4
 	if n == 0 || d == 0 {
@@ -145,8 +211,27 @@ func axpy4AVX2(acc, p, v []float32, alpha *[4]float32, pf int) {
 		axpy4x8(acc, p, v, alpha)
 		return
 	}
-	axpy4f32avx2(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), n*4, unsafe.SliceData(v), n, alpha, pf*d*4)
+	a := alpha
+	for t := 0; t < n; t += vTileTokens {
+		m := min(vTileTokens, n-t)
+		axpy4f32avx2(unsafe.SliceData(acc), d*4, &p[t], n*4, &v[t*d], m, a, pf*d*4)
+		a = &ones4
+	}
 }
+
+// ones4 is the rescale factor of every tile after a call's first.
+var ones4 = [4]float32{1, 1, 1, 1}
+
+// vTileTokens is the token tile of the multi-pass V accumulations: the
+// four-row loops (16 dims per pass) and the one-row loop of head dims other
+// than 64 and 128 (64 dims per pass) run all their passes over vTileTokens
+// V rows before the next rows, so DRAM is read front to back and the later
+// passes find the rows in L1, instead of each pass striding over the whole
+// block. Forced AVX2 on a Zen 4 (shared machine), one thread, 16k tokens,
+// interleaved runs, K+V GB/s: fp32 GQA 32/8 d128 17-18.6 -> 22.6-23.1
+// (tiles of 16; 32: 22.2-22.8; 4: 22.5), d64 16.6 -> 21.4; fp16/bf16 GQA
+// d128 about +5%.
+const vTileTokens = 16
 
 // expSubAVX2 runs the assembly exp over runs of 8 and a shorter tail on a
 // padded copy (padding m: exp(0)), as expSubx16 does.
@@ -190,10 +275,20 @@ var halfAVX2 = halfOps{
 			return
 		}
 		_, _ = q[d-1], k[n*d-1]
+		n4 := 0
+		if d == 64 || d == 128 {
+			n4 = n &^ 3
+			if n4 > 0 {
+				dots1wHalf(s, q, k, d, n4, pf, bf)
+			}
+		}
+		if n4 == n {
+			return
+		}
 		if bf {
-			dots1bf16avx2(unsafe.SliceData(s), unsafe.SliceData(q), unsafe.SliceData(k), d*2, n, pf*d*2)
+			dots1bf16avx2(&s[n4], unsafe.SliceData(q), &k[n4*d], d*2, n-n4, pf*d*2)
 		} else {
-			dots1f16avx2(unsafe.SliceData(s), unsafe.SliceData(q), unsafe.SliceData(k), d*2, n, pf*d*2)
+			dots1f16avx2(&s[n4], unsafe.SliceData(q), &k[n4*d], d*2, n-n4, pf*d*2)
 		}
 	},
 	dots4: func(s, q []float32, k []uint16, d, pf int, bf bool) {
@@ -214,6 +309,10 @@ var halfAVX2 = halfOps{
 			return
 		}
 		_ = v[n*d-1]
+		if d == 64 || d == 128 {
+			axpy1wHalf(acc, p, v, d, n, alpha, pf, bf)
+			return
+		}
 		if bf {
 			axpy1bf16avx2(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), unsafe.SliceData(v), n, alpha, pf*d*2)
 		} else {
@@ -226,10 +325,47 @@ var halfAVX2 = halfOps{
 			return
 		}
 		_, _ = p[4*n-1], v[n*d-1]
-		if bf {
-			axpy4bf16avx2(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), n*4, unsafe.SliceData(v), n, alpha, pf*d*2)
-		} else {
-			axpy4f16avx2(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), n*4, unsafe.SliceData(v), n, alpha, pf*d*2)
+		a := alpha
+		for t := 0; t < n; t += vTileTokens {
+			m := min(vTileTokens, n-t)
+			if bf {
+				axpy4bf16avx2(unsafe.SliceData(acc), d*4, &p[t], n*4, &v[t*d], m, a, pf*d*2)
+			} else {
+				axpy4f16avx2(unsafe.SliceData(acc), d*4, &p[t], n*4, &v[t*d], m, a, pf*d*2)
+			}
+			a = &ones4
 		}
 	},
+}
+
+// dots1wHalf runs the unrolled single-row score loop of head dim d (64 or
+// 128) over the first n (a multiple of 4) 16-bit K rows.
+func dots1wHalf(s, q []float32, k []uint16, d, n, pf int, bf bool) {
+	ps, pq, pk := unsafe.SliceData(s), unsafe.SliceData(q), unsafe.SliceData(k)
+	switch {
+	case d == 64 && bf:
+		dots1w64bf16avx2(ps, pq, pk, n, pf*d*2)
+	case d == 64:
+		dots1w64f16avx2(ps, pq, pk, n, pf*d*2)
+	case bf:
+		dots1w128bf16avx2(ps, pq, pk, n, pf*d*2)
+	default:
+		dots1w128f16avx2(ps, pq, pk, n, pf*d*2)
+	}
+}
+
+// axpy1wHalf runs the unrolled single-row accumulation of head dim d (64 or
+// 128) over n 16-bit V rows.
+func axpy1wHalf(acc, p []float32, v []uint16, d, n int, alpha float32, pf int, bf bool) {
+	pa, pp, pv := unsafe.SliceData(acc), unsafe.SliceData(p), unsafe.SliceData(v)
+	switch {
+	case d == 64 && bf:
+		axpy1w64bf16avx2(pa, pp, pv, n, alpha, pf*d*2)
+	case d == 64:
+		axpy1w64f16avx2(pa, pp, pv, n, alpha, pf*d*2)
+	case bf:
+		axpy1w128bf16avx2(pa, pp, pv, n, alpha, pf*d*2)
+	default:
+		axpy1w128f16avx2(pa, pp, pv, n, alpha, pf*d*2)
+	}
 }

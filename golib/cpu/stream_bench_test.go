@@ -27,31 +27,42 @@ func newBenchCacheOf(b *testing.B, elem cache.ElemType, kvh, d, L int) *cache.KV
 // newBenchCacheQ is newBenchCacheOf with a quantization option (q).
 func newBenchCacheQ(b *testing.B, elem cache.ElemType, kvh, d, L int, q cache.QuantConfig) *cache.KVCache {
 	b.Helper()
+	c, done := openBenchCache(b, elem, kvh, d, L, q)
+	b.Cleanup(done)
+	return c
+}
+
+// openBenchCache is newBenchCacheQ for a cache the caller closes (done)
+// itself, e.g. one shared by sub-benchmarks created only when one runs.
+func openBenchCache(b *testing.B, elem cache.ElemType, kvh, d, L int, q cache.QuantConfig) (c *cache.KVCache, done func()) {
+	b.Helper()
 	a, err := cache.NewArena(0)
 	if err != nil {
 		b.Fatal(err)
 	}
-	c, err := cache.New(a, cache.Config{Batch: 1, KVHeads: kvh, HeadDimK: d, Capacity: L, Elem: elem, Quant: q})
+	c, err = cache.New(a, cache.Config{Batch: 1, KVHeads: kvh, HeadDimK: d, Capacity: L, Elem: elem, Quant: q})
 	if err != nil {
+		a.Close()
 		b.Fatal(err)
 	}
+	done = func() { c.Close(); a.Close() }
 	rng := rand.New(rand.NewPCG(uint64(L), uint64(kvh)))
 	const chunk = 512 // tokens per Append: bounded scratch
 	k := make([]byte, kvh*chunk*d*4)
 	v := make([]byte, kvh*chunk*d*4)
-	for done := 0; done < L; done += chunk {
-		n := min(chunk, L-done)
+	for at := 0; at < L; at += chunk {
+		n := min(chunk, L-at)
 		for _, buf := range [][]byte{k[:kvh*n*d*4], v[:kvh*n*d*4]} {
 			for i := 0; i < len(buf); i += 4 {
 				binary.LittleEndian.PutUint32(buf[i:], math.Float32bits(3.4*rng.Float32()-1.7))
 			}
 		}
 		if err := c.Append(k[:kvh*n*d*4], v[:kvh*n*d*4], cache.Float32, n, nil); err != nil {
+			done()
 			b.Fatal(err)
 		}
 	}
-	b.Cleanup(func() { c.Close(); a.Close() })
-	return c
+	return c, done
 }
 
 // BenchmarkDecodeBW times one fp32 decode step (q_len 1, head_dim 128) of
@@ -131,6 +142,60 @@ func BenchmarkPrefetchDistance(b *testing.B) {
 						}
 						b.ReportMetric(float64(bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
 					})
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkDecodePaths times one decode step (q_len 1) of GQA 32/8 and MHA
+// 32/32 at head dims 64 and 128, fp32/fp16/bf16, beyond the L3 (16k and 32k
+// tokens), 1 and 2 threads, on every SIMD path with the paths of one case
+// run back to back (the comparison a shared machine allows), reporting K+V
+// GB/s. Select cases with -test.bench, e.g. 'DecodePaths/h32-32/d128/float32/L16384/t1'.
+func BenchmarkDecodePaths(b *testing.B) {
+	_, paths := KernelPaths()
+	defer SetThreads(Threads())
+	defer SetKernel("auto")
+	for _, hd := range [][2]int{{32, 8}, {32, 32}} {
+		for _, d := range []int{64, 128} {
+			for _, e := range []cache.ElemType{cache.Float32, cache.Float16, cache.BFloat16} {
+				for _, L := range []int{16384, 32768} {
+					var c *cache.KVCache
+					done := func() {}
+					rng := rand.New(rand.NewPCG(3, 5))
+					q := randVec(rng, hd[0]*d, 1)
+					dst := make([]float32, hd[0]*d)
+					bytes := int64(L * hd[1] * 2 * d * e.Size())
+					for _, th := range []int{1, 2} {
+						for _, path := range paths {
+							if path == "go" {
+								continue
+							}
+							b.Run(fmt.Sprintf("h%d-%d/d%d/%v/L%d/t%d/%s", hd[0], hd[1], d, e, L, th, path), func(b *testing.B) {
+								if c == nil {
+									c, done = openBenchCache(b, e, hd[1], d, L, cache.QuantConfig{})
+								}
+								SetThreads(th)
+								if err := SetKernel(path); err != nil {
+									b.Fatal(err)
+								}
+								v, err := c.BeginRead()
+								if err != nil {
+									b.Fatal(err)
+								}
+								defer c.EndRead()
+								b.ReportAllocs()
+								for b.Loop() {
+									if err := Attention(dst, q, 1, hd[0], v, Options{}); err != nil {
+										b.Fatal(err)
+									}
+								}
+								b.ReportMetric(float64(bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+							})
+						}
+					}
+					done()
 				}
 			}
 		}

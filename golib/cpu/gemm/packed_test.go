@@ -119,7 +119,8 @@ func TestSgemmPackedBlocked(t *testing.T) {
 }
 
 // BenchmarkDecodeStepPacked is BenchmarkDecodeStep (B as stored) with the
-// weights packed once beforehand.
+// weights packed once beforehand, on every path (the paths of a case back
+// to back).
 func BenchmarkDecodeStepPacked(b *testing.B) {
 	r := rand.New(rand.NewPCG(5, 6))
 	var ws []*PackedB
@@ -134,18 +135,22 @@ func BenchmarkDecodeStepPacked(b *testing.B) {
 	}
 	a := randSlice(r, 4*2816)
 	c := make([]float32, 4*32000)
+	defer SetPath(Path())
 	for _, m := range []int{1, 4} {
 		for _, threads := range []int{1, 2} {
-			b.Run(fmt.Sprintf("m%d/threads%d", m, threads), func(b *testing.B) {
-				b.SetBytes(int64(total))
-				for b.Loop() {
-					for i, s := range decodeStep {
-						if err := SgemmPacked(threads, false, m, 1, a, s[0], ws[i], 0, c, s[1]); err != nil {
-							b.Fatal(err)
+			for _, path := range Paths() {
+				b.Run(fmt.Sprintf("m%d/threads%d/%s", m, threads, path), func(b *testing.B) {
+					SetPath(path)
+					b.SetBytes(int64(total))
+					for b.Loop() {
+						for i, s := range decodeStep {
+							if err := SgemmPacked(threads, false, m, 1, a, s[0], ws[i], 0, c, s[1]); err != nil {
+								b.Fatal(err)
+							}
 						}
 					}
-				}
-			})
+				})
+			}
 		}
 	}
 }
