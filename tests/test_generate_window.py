@@ -7,7 +7,11 @@ fed as onnxruntime-genai allocates them (zeros of the window for the local layer
 for the global one), each run's presents fed back as the next run's pasts, greedy argmax. Both of
 our paths must give its tokens: the cache path (the default: ``cache_plan()`` rewrites every
 layer) and the tensor path (``state_options=False``, window-sized buffers built by the runner),
-on our session and on onnxruntime's.
+on our session and on onnxruntime's; so must rows of different lengths, Generator, Engine
+(staggered requests in one state) and speculative decoding on the cache path. Beam search gives
+the same hypotheses on every path, seeded sampling the same tokens on both of ours. On the
+tensor path, which cannot truncate window-sized buffers, speculative decoding and rewinding
+raise NotImplementedError.
 """
 
 from __future__ import annotations
@@ -148,13 +152,20 @@ def test_tensor_path_truncate_is_refused_clearly() -> None:
             olkv.generate(_ort(), PROMPT, max_new_tokens=6, **draft)
 
 
-def test_speculative_and_beam_on_the_cache_path() -> None:
+def test_speculative_and_beam_search() -> None:
     want = _reference(PROMPT, NEW)
     spec = olkv.generate(_ours(), PROMPT, max_new_tokens=NEW, draft_session=_ours(), num_draft_tokens=3)
     np.testing.assert_array_equal(spec.new_tokens[0], want)
     assert spec.stats.accepted_draft_tokens > 0
-    beams = olkv.generate(_ours(), PROMPT, max_new_tokens=6, num_beams=2, num_return_sequences=2)
-    assert beams.sequences.shape == (2, PROMPT.size + 6)
+    beams = olkv.generate(_ours(), PROMPT, max_new_tokens=20, num_beams=3, num_return_sequences=2)
+    assert beams.sequences.shape == (2, PROMPT.size + 20) and beams.stats.runner == "state"
+    # beam search reorders the rows: on the tensor path (window-sized buffers taken along the
+    # batch axis) and on onnxruntime's session it gives the same hypotheses
+    for sess, options in ((_ours(), False), (_ort(), None)):
+        other = olkv.generate(sess, PROMPT, max_new_tokens=20, num_beams=3, num_return_sequences=2,
+                              state_options=options)
+        assert other.stats.runner == "tensor"
+        np.testing.assert_array_equal(other.sequences, beams.sequences)
 
 
 def test_engine_batches_rows_of_different_lengths_past_the_window() -> None:

@@ -24,7 +24,8 @@ model's GroupQueryAttention geometry (its ``kv_num_heads`` and the key projectio
 from ONNX shape inference). Otherwise it raises ``ValueError``.
 
 A past read by a GroupQueryAttention node with ``sliding_window_cache=1`` (the onnxruntime-genai
-Gemma 2 export's local layers) is a window-sized shared buffer: :attr:`KVInput.window` is the
+Gemma 2 export's local layers; the nodes are read from the model file together with the symbolic
+``head_dim`` above) is a window-sized shared buffer: :attr:`KVInput.window` is the
 node's ``local_window_size``, the buffer's size whatever the generation's length (onnxruntime
 keeps the most recent positions in it and evicts the oldest), as onnxruntime-genai allocates it;
 the other layers' pasts of such a model are shared buffers of the generation's capacity.
