@@ -77,6 +77,8 @@ type product struct {
 	// pb replaces b when B is packed (SgemmPacked beyond PackedRows rows):
 	// its blocks are already what packB would build.
 	pb *PackedB
+	// scr is the calling thread's skinnyAxpy scratch.
+	scr axpyScratch
 }
 
 // at returns op(A)[i][l].
