@@ -178,6 +178,8 @@ func storeInt64(out *tensor.Tensor, v []int64) error {
 
 func newCompare(name string) Factory {
 	return func(n *Node) (Kernel, error) {
+		// Made once per node: a generic closure is a heap allocation.
+		cmpI64, cmpF32, cmpF64 := cmpFunc[int64](name), cmpFunc[float32](name), cmpFunc[float64](name)
 		return KernelFunc(func(ctx *Context) error {
 			a, b, err := twoInputs(ctx)
 			if err != nil {
@@ -196,16 +198,16 @@ func newCompare(name string) Factory {
 				if err != nil {
 					return err
 				}
-				return binaryApply(x, as, y, bs, dst, os, cmpFunc[int64](name))
+				return binaryApply(x, as, y, bs, dst, os, cmpI64)
 			}
 			if a.DType() == tensor.Float64 {
-				return binaryApply(a.Float64(), as, b.Float64(), bs, dst, os, cmpFunc[float64](name))
+				return binaryApply(a.Float64(), as, b.Float64(), bs, dst, os, cmpF64)
 			}
 			x, y, err := convertBoth(tensor.AsFloat32, a, b)
 			if err != nil {
 				return err
 			}
-			return binaryApply(x, as, y, bs, dst, os, cmpFunc[float32](name))
+			return binaryApply(x, as, y, bs, dst, os, cmpF32)
 		}), nil
 	}
 }
