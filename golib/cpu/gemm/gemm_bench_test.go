@@ -154,7 +154,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 // packed decode path on one thread, in sliver bytes per second.
 func BenchmarkPanel(b *testing.B) {
 	for _, ks := range registry {
-		for _, m := range []int{1, 2, 4} {
+		for _, m := range []int{1, 2, 3, 4} {
 			b.Run(fmt.Sprintf("%s/m%d", ks.name, m), func(b *testing.B) {
 				r := rand.New(rand.NewPCG(7, 9))
 				p := randSlice(r, kcBlock*packNR)
@@ -176,7 +176,7 @@ func BenchmarkPanel(b *testing.B) {
 // the variant's panelHalf kernel, or the widening plus panel it replaces.
 func BenchmarkPanelHalf(b *testing.B) {
 	for _, ks := range registry {
-		for _, m := range []int{1, 4} {
+		for _, m := range []int{1, 2, 3, 4} {
 			b.Run(fmt.Sprintf("%s/m%d", ks.name, m), func(b *testing.B) {
 				r := rand.New(rand.NewPCG(7, 9))
 				ph := make([]uint16, kcBlock*packNR)
