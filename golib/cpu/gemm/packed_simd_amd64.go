@@ -91,15 +91,11 @@ func panel2asm(k int, a0, a1 *float32, p *float32, out *float32)
 //go:noescape
 func panel3asm(k int, a0, a1, a2 *float32, p *float32, out *float32)
 
-//go:noescape
-func panel4asm(k int, a0, a1, a2, a3 *float32, p *float32, out *float32)
-
-// panelAVX2 runs the assembly panel kernels, every row of A in one pass
-// over the sliver: one row keeps its 32 columns in eight accumulators (two
-// steps in flight), two rows share every load of the sliver, three rows
-// hold 3 x 32 columns in twelve accumulators, and four rows run the 32
-// columns as two 16-column halves of 4 x 16 (eight accumulators each; for
-// float32 each half reads its own 64-byte line of every sliver row).
+// panelAVX2 runs the assembly panel kernels: one row keeps its 32 columns
+// in eight accumulators (two steps in flight), two rows share every load
+// of the sliver, three rows hold 3 x 32 columns in twelve accumulators in
+// one pass (panel_avx2_amd64.s); four rows are two two-row passes, the
+// second reading the sliver from L2 (asmgen_panel.py says why).
 func panelAVX2(m, k int, a *[skinnyRows][]float32, p []float32, out *[skinnyRows][packNR]float32) {
 	if k <= 0 || m <= 0 {
 		return
@@ -114,7 +110,8 @@ func panelAVX2(m, k int, a *[skinnyRows][]float32, p []float32, out *[skinnyRows
 	case 3:
 		panel3asm(k, row(0), row(1), row(2), pp, &out[0][0])
 	default:
-		panel4asm(k, row(0), row(1), row(2), row(3), pp, &out[0][0])
+		panel2asm(k, row(0), row(1), pp, &out[0][0])
+		panel2asm(k, row(2), row(3), pp, &out[2][0])
 	}
 }
 
@@ -134,29 +131,22 @@ func panel2bf16asm(k int, a0, a1 *float32, p *uint16, out *float32)
 func panel3f16asm(k int, a0, a1, a2 *float32, p *uint16, out *float32)
 
 //go:noescape
-func panel4f16asm(k int, a0, a1, a2, a3 *float32, p *uint16, out *float32)
-
-//go:noescape
 func panel3bf16asm(k int, a0, a1, a2 *float32, p *uint16, out *float32)
-
-//go:noescape
-func panel4bf16asm(k int, a0, a1, a2, a3 *float32, p *uint16, out *float32)
 
 // halfPanels are the 16-bit panel kernels of one encoding, by row count.
 type halfPanels struct {
 	p1 func(k int, a *float32, p *uint16, out *float32)
 	p2 func(k int, a0, a1 *float32, p *uint16, out *float32)
 	p3 func(k int, a0, a1, a2 *float32, p *uint16, out *float32)
-	p4 func(k int, a0, a1, a2, a3 *float32, p *uint16, out *float32)
 }
 
 var (
-	f16Panels  = halfPanels{panel1f16asm, panel2f16asm, panel3f16asm, panel4f16asm}
-	bf16Panels = halfPanels{panel1bf16asm, panel2bf16asm, panel3bf16asm, panel4bf16asm}
+	f16Panels  = halfPanels{panel1f16asm, panel2f16asm, panel3f16asm}
+	bf16Panels = halfPanels{panel1bf16asm, panel2bf16asm, panel3bf16asm}
 )
 
 // panelHalfAVX2 is panelAVX2 over a 16-bit sliver, widened in registers
-// (F16C for float16), every row in one pass as there.
+// (F16C for float16), rows grouped as there.
 func panelHalfAVX2(kind Half, m, k int, a *[skinnyRows][]float32, p []uint16, out *[skinnyRows][packNR]float32) {
 	if k <= 0 || m <= 0 {
 		return
@@ -175,6 +165,7 @@ func panelHalfAVX2(kind Half, m, k int, a *[skinnyRows][]float32, p []uint16, ou
 	case 3:
 		ks.p3(k, row(0), row(1), row(2), pp, &out[0][0])
 	default:
-		ks.p4(k, row(0), row(1), row(2), row(3), pp, &out[0][0])
+		ks.p2(k, row(0), row(1), pp, &out[0][0])
+		ks.p2(k, row(2), row(3), pp, &out[2][0])
 	}
 }
