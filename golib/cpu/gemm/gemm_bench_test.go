@@ -18,6 +18,8 @@ var benchShapes = []struct {
 	{"decode_1x32000x1024", 1, 32000, 1024, false},
 	{"decode_1x1024x1024_tB", 1, 1024, 1024, true},
 	{"decode_1x32000x1024_tB", 1, 32000, 1024, true},
+	{"prefill_16x1024x1024_1thread", 16, 1024, 1024, false},
+	{"prefill_16x32000x1024_1thread", 16, 32000, 1024, false},
 	{"prefill_128x1024x1024", 128, 1024, 1024, false},
 	{"prefill_256x1024x1024_1thread", 256, 1024, 1024, false},
 	{"prefill_512x1024x1024", 512, 1024, 1024, false},
