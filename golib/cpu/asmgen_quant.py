@@ -589,6 +589,30 @@ def vint():
         vaxpy(fmt)
 
 
+def sumsq():
+    """AVX-512 sum of squares of two float32 runs (scalesSafe's check of a segment's scales and
+    zeros), the tail of each by a masked load."""
+    w("// func qsumsq2avx512(a *float32, na int, b *float32, nb int) float32")
+    w("//")
+    w("// sum_i a[i]^2 + sum_i b[i]^2 in float32 (16 partial sums; NaN or +Inf when any term is).")
+    w("TEXT ·qsumsq2avx512(SB), NOSPLIT, $0-36")
+    ins("VXORPS Z0, Z0, Z0", "VXORPS Z1, Z1, Z1")
+    for run, (p, n) in enumerate((("a+0(FP)", "na+8(FP)"), ("b+16(FP)", "nb+24(FP)"))):
+        lb = f"qsumsq2r{run}"
+        ins(f"MOVQ {p}, SI", f"MOVQ {n}, CX")
+        w(f"{lb}loop:")
+        ins("CMPQ CX, $16", f"JLT {lb}tail", "VMOVUPS (SI), Z2", "VFMADD231PS Z2, Z2, Z0",
+            "ADDQ $64, SI", "SUBQ $16, CX", f"JMP {lb}loop")
+        w(f"{lb}tail:")
+        ins("TESTQ CX, CX", f"JZ {lb}done", "MOVL $1, AX", "SHLL CX, AX", "DECL AX", "KMOVW AX, K1",
+            "VMOVUPS.Z (SI), K1, Z2", "VFMADD231PS Z2, Z2, Z1")
+        w(f"{lb}done:")
+    ins("VADDPS Z1, Z0, Z0", "VEXTRACTF64X4 $1, Z0, Y1", "VADDPS Y1, Y0, Y0", "VEXTRACTF128 $1, Y0, X1",
+        "VADDPS X1, X0, X0", "VHADDPS X0, X0, X0", "VHADDPS X0, X0, X0", "VMOVSS X0, ret+32(FP)",
+        "VZEROUPPER", "RET")
+    w()
+
+
 def vaxpy(fmt):
     name = f"qvaxpy4{fmt}vnni"
     w(f"// func {name}(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)")
@@ -709,4 +733,5 @@ for isa in ("avx512", "avx2"):
             axpy(rows, fmt, isa)
 vnni()
 vint()
+sumsq()
 print("\n".join(out))

@@ -271,6 +271,7 @@ func init() {
 		quant512Ops.intPrep, quant512Ops.intDots4 = intPrep512, intDots4VNNI
 		quant512Ops.vaxpy4 = vaxpy4VNNI
 	}
+	quant512Ops.sumsq2 = sumsq2avx512
 	avx512Ops.quant = &quant512Ops
 	avx2Ops.quant = &quantAVX2Ops
 }
@@ -390,6 +391,21 @@ func vaxpy4VNNI(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, pf int, 
 	}
 	return true
 }
+
+// sumsq2avx512 is quantOps.sumsq2.
+func sumsq2avx512(a, b []float32) float32 {
+	var pa, pb *float32
+	if len(a) > 0 {
+		pa = &a[0]
+	}
+	if len(b) > 0 {
+		pb = &b[0]
+	}
+	return qsumsq2avx512(pa, len(a), pb, len(b))
+}
+
+//go:noescape
+func qsumsq2avx512(a *float32, na int, b *float32, nb int) float32
 
 // Declarations of the integer accumulation loop (kern_quant_amd64.s).
 

@@ -5,6 +5,7 @@ package cpu
 import (
 	"math"
 	"math/rand/v2"
+	"simd/archsimd"
 	"slices"
 	"testing"
 
@@ -300,6 +301,39 @@ func TestQuantIntPrepRows(t *testing.T) {
 			}
 			if sc1[0] != sc[r] || sum1[0] != sum[r] || !slices.Equal(qi1, qi[r*d:(r+1)*d]) {
 				t.Fatalf("%s row %d of %d differs from the row alone", f, r, rows)
+			}
+		}
+	}
+}
+
+// TestQuantSumSq2 checks scalesSafe's AVX-512 sum of squares against a
+// float64 reference over run lengths around the 16-lane step (empty runs and
+// masked tails included), and that a non-finite or huge (2^64 or more)
+// value anywhere makes the sum non-finite.
+func TestQuantSumSq2(t *testing.T) {
+	if !archsimd.X86.AVX512() {
+		t.Skip("no AVX-512")
+	}
+	rng := rand.New(rand.NewPCG(14, 15))
+	for _, tc := range []struct{ na, nb int }{
+		{0, 0}, {0, 5}, {1, 0}, {15, 16}, {16, 17}, {31, 33}, {128, 128}, {128, 20}, {200, 3},
+	} {
+		a, b := randVec(rng, tc.na, 2), randVec(rng, tc.nb, 2)
+		var want float64
+		for _, x := range slices.Concat(a, b) {
+			want += float64(x) * float64(x)
+		}
+		got := sumsq2avx512(a, b)
+		if math.Abs(float64(got)-want) > 1e-5*want+1e-30 {
+			t.Errorf("na %d nb %d: got %g, want %g", tc.na, tc.nb, got, want)
+		}
+		for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(-1)), 1 << 64} {
+			for i := range tc.na + tc.nb {
+				x := slices.Concat(a, b)
+				x[i] = bad
+				if s := sumsq2avx512(x[:tc.na], x[tc.na:]); s-s == 0 {
+					t.Fatalf("na %d nb %d: %g at %d: sum %g is finite", tc.na, tc.nb, bad, i, s)
+				}
 			}
 		}
 	}

@@ -93,6 +93,10 @@ type quantOps struct {
 	// shape is not one it takes (four V scale groups per row, head dim a
 	// multiple of 64, groups of 32 or more); ws is its scratch.
 	vaxpy4 func(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, pf int, ws *vScratch) bool
+	// sumsq2, when set, returns sum_i a[i]^2 + sum_i b[i]^2 in float32
+	// (any order of summation): scalesSafe's check in one call instead of
+	// a dot per run.
+	sumsq2 func(a, b []float32) float32
 }
 
 // vScratch is vaxpy4's per-unit scratch: the int16 weight pairs of a part
@@ -337,21 +341,23 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 			u.block(ops, s, nil, nil, nil, nil, pos-tot, tot, rows, prefetchTokens, nil)
 			qb.parts, tot = qb.parts[:0], 0
 		}
-		p := u.quantPart(ops, s, sg, len(qb.parts), rows, intOK)
+		qb.parts = append(qb.parts, quantPart{})
+		p := &qb.parts[len(qb.parts)-1]
+		u.quantPart(p, ops, s, sg, len(qb.parts)-1, rows, intOK)
 		u.read += quantBytes(sg, dk, s.dv)
 		if sg.Len <= bt {
 			p.off, p.n = tot, sg.Len
-			qb.parts = append(qb.parts, p)
 			tot += sg.Len
 			pos += sg.Len
 			continue
 		}
+		// a chunk longer than bt, alone in the super-block: its blocks of bt
+		// one by one
 		k, v := p.k, p.v
 		qb.ahead = nil
 		for off := 0; off < sg.Len; off += bt {
 			p.n = min(bt, sg.Len-off)
 			p.k, p.v = k.rows(off, off+p.n), v.rows(off, off+p.n)
-			qb.parts = append(qb.parts[:0], p)
 			u.block(ops, s, nil, nil, nil, nil, pos+off, p.n, rows, prefetchTokens, nil)
 		}
 		qb.parts = qb.parts[:0]
@@ -366,13 +372,14 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 }
 
 // quantPart prepares one quantized segment (already checked) as the part
-// in slot i of a super-block: its rows, and the query rows folded with its
-// per-channel K scales in slot i of the unit's buffers.
-func (u *unitState) quantPart(ops *kernelOps, s *shape, sg *cache.Segment, i, rows int, intOK bool) quantPart {
+// p in slot i of a super-block (set in place: the part is a few hundred
+// bytes): its rows, and the query rows folded with its per-channel K scales
+// in slot i of the unit's buffers.
+func (u *unitState) quantPart(p *quantPart, ops *kernelOps, s *shape, sg *cache.Segment, i, rows int, intOK bool) {
 	dk, dv := s.dk, s.dv
 	qs := &sg.Q
 	qb := &u.qb
-	p := quantPart{
+	*p = quantPart{
 		k: qmat{b: sg.K, f: qs.Format, rb: qs.Format.RowBytes(dk)},
 		v: qmat{b: sg.V, f: qs.Format, rb: qs.Format.RowBytes(dv), s: qs.VScale, z: qs.VZero,
 			g: qs.VGroup, ng: dv / qs.VGroup},
@@ -407,8 +414,7 @@ func (u *unitState) quantPart(ops *kernelOps, s *shape, sg *cache.Segment, i, ro
 	default:
 		p.k.s, p.k.z, p.k.g, p.k.ng = qs.KScale, qs.KZero, qs.KGroup, dk/qs.KGroup
 	}
-	p.bad = p.bad || !scalesSafe(ops, &u.ss, qs, sg.Len, dk, dv)
-	return p
+	p.bad = p.bad || !scalesSafe(ops, qb.ops, &u.ss, qs, sg.Len, dk, dv)
 }
 
 // scalesSafe reports whether every scale and zero of a segment of n rows is
@@ -417,12 +423,20 @@ func (u *unitState) quantPart(ops *kernelOps, s *shape, sg *cache.Segment, i, ro
 // range, so folding the scales into q or dequantizing with a fused
 // multiply-add stays finite exactly where cache.DequantizeSegment does. A segment that
 // fails sends the rows that see it to exactRow (always correct, only slow).
-func scalesSafe(ops *kernelOps, ss *[4]float32, qs *cache.QuantSegment, n, dk, dv int) bool {
+// qo.sumsq2, where set, sums the squares (two runs a call).
+func scalesSafe(ops *kernelOps, qo *quantOps, ss *[4]float32, qs *cache.QuantSegment, n, dk, dv int) bool {
 	nk := dk
 	if qs.KAxis == cache.KPerToken {
 		nk = n * (dk / qs.KGroup)
 	}
 	nv := n * (dv / qs.VGroup)
+	if qo.sumsq2 != nil {
+		t := qo.sumsq2(qs.KScale[:nk], qs.VScale[:nv])
+		if qs.Format == cache.QuantInt4 {
+			t += qo.sumsq2(qs.KZero[:nk], qs.VZero[:nv])
+		}
+		return t-t == 0
+	}
 	*ss = [4]float32{}
 	ops.dots(ss[0:1], qs.KScale[:nk], qs.KScale[:nk], nk, 0)
 	ops.dots(ss[1:2], qs.VScale[:nv], qs.VScale[:nv], nv, 0)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 )
 
 // ErrShape reports sizes, leading dimensions or slice lengths that do not
@@ -44,10 +45,27 @@ func SgemmThreads(threads int, transA, transB bool, m, n, k int, alpha float32, 
 	if k == 0 || alpha == 0 {
 		return nil
 	}
-	p := product{transA: transA, transB: transB, m: m, n: n, k: k, alpha: alpha,
+	p := getProduct()
+	*p = product{transA: transA, transB: transB, m: m, n: n, k: k, alpha: alpha,
 		a: a, lda: lda, b: b, ldb: ldb, c: c, ldc: ldc, ks: ks, threads: parallelism(threads, m, n, k)}
 	p.run()
+	putProduct(p)
 	return nil
+}
+
+// productPool recycles the products of Sgemm calls: the parallel paths'
+// closures move a product to the heap, which was one allocation per call
+// (a decode step makes dozens of small products). run returns only when
+// every task is done, so a product is free again after it.
+var productPool = sync.Pool{New: func() any { return new(product) }}
+
+func getProduct() *product { return productPool.Get().(*product) }
+
+// putProduct clears p (it must not keep the caller's matrices alive) and
+// returns it to the pool.
+func putProduct(p *product) {
+	*p = product{}
+	productPool.Put(p)
 }
 
 func (p *product) run() {
@@ -77,6 +95,8 @@ type product struct {
 	// pb replaces b when B is packed (SgemmPacked beyond PackedRows rows):
 	// its blocks are already what packB would build.
 	pb *PackedB
+	// scr is the calling thread's skinnyAxpy scratch.
+	scr axpyScratch
 }
 
 // at returns op(A)[i][l].

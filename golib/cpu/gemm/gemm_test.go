@@ -284,3 +284,38 @@ func TestChoose(t *testing.T) {
 		t.Error("empty Path()")
 	}
 }
+
+// TestSkinnyOneThreadAllocs checks that a one-thread short product (the
+// decode step's attention and projection shapes) makes no heap allocation
+// once the product pool is warm, and still computes the product.
+func TestSkinnyOneThreadAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's sync.Pool drops items at random")
+	}
+	cases := []struct{ m, n, k int }{{1, 64, 48}, {3, 40, 33}, {4, 256, 64}}
+	for _, c := range cases {
+		a, b := make([]float32, c.m*c.k), make([]float32, c.k*c.n)
+		for i := range a {
+			a[i] = float32(i%7) - 3
+		}
+		for i := range b {
+			b[i] = float32(i%5) - 2
+		}
+		got, want := make([]float32, c.m*c.n), make([]float32, c.m*c.n)
+		naive(false, false, c.m, c.n, c.k, 1, a, c.k, b, c.n, 0, want, c.n)
+		run := func() {
+			if err := SgemmThreads(1, false, false, c.m, c.n, c.k, 1, a, c.k, b, c.n, 0, got, c.n); err != nil {
+				t.Fatal(err)
+			}
+		}
+		run()
+		if allocs := testing.AllocsPerRun(32, run); allocs != 0 {
+			t.Errorf("%dx%dx%d: %v allocations per product, want 0", c.m, c.n, c.k, allocs)
+		}
+		for i := range want {
+			if d := got[i] - want[i]; d > 1e-4 || d < -1e-4 {
+				t.Fatalf("%dx%dx%d: c[%d] = %v, want %v", c.m, c.n, c.k, i, got[i], want[i])
+			}
+		}
+	}
+}

@@ -40,10 +40,12 @@ func SgemmHalfB(threads int, kind Half, transA, transB bool, m, n, k int, alpha 
 	if k == 0 || alpha == 0 {
 		return nil
 	}
-	p := product{transA: transA, transB: transB, m: m, n: n, k: k, alpha: alpha,
+	p := getProduct()
+	*p = product{transA: transA, transB: transB, m: m, n: n, k: k, alpha: alpha,
 		a: a, lda: lda, bh: b, half: kind, ldb: ldb, c: c, ldc: ldc, ks: active(),
 		threads: parallelism(threads, m, n, k)}
 	p.run()
+	putProduct(p)
 	return nil
 }
 

@@ -46,16 +46,12 @@ func (p *product) skinny() {
 		p.skinnyDot()
 		return
 	}
-	axpy := p.skinnyAxpy
-	if p.bh != nil {
-		axpy = p.skinnyAxpyHalf
-	}
 	parts := 1
 	if p.threads > 1 {
 		parts = min(p.threads*skinnySplit, max(1, p.k/skinnyMinRows))
 	}
 	if parts <= 1 {
-		axpy(0, p.k, p.c, p.ldc)
+		p.skinnyPart(0, p.k, p.c, p.ldc, &p.scr)
 		return
 	}
 	step := ((p.k+parts-1)/parts + 7) &^ 7
@@ -70,12 +66,12 @@ func (p *product) skinny() {
 	ForThreads(p.threads, parts, func(t int) {
 		l0, l1 := t*step, min((t+1)*step, p.k)
 		if t == 0 {
-			axpy(l0, l1, p.c, p.ldc)
+			p.skinnyPart(l0, l1, p.c, p.ldc, &p.scr)
 			return
 		}
 		part := partial[(t-1)*size : t*size]
 		clear(part)
-		axpy(l0, l1, part, p.n)
+		p.skinnyPart(l0, l1, part, p.n, new(axpyScratch))
 	})
 	p.reduce(partial, parts-1)
 }
@@ -98,18 +94,37 @@ func (p *product) reduce(partial []float32, parts int) {
 	})
 }
 
+// axpyScratch holds skinnyAxpy's coefficient and row-view arrays: passed to
+// the kernels through function values they would escape, one heap
+// allocation each per call, so they live in the product (the calling
+// thread's) or in one allocation per helper task.
+type axpyScratch struct {
+	am [skinnyRows][8]float32
+	a  [8]float32
+	x  [8][]float32
+	y  [skinnyRows][]float32
+}
+
+// skinnyPart is skinnyAxpy or, for 16-bit B, skinnyAxpyHalf (called
+// directly: a method value would be a heap allocation per call).
+func (p *product) skinnyPart(l0, l1 int, c []float32, ldc int, s *axpyScratch) {
+	if p.bh != nil {
+		p.skinnyAxpyHalf(l0, l1, c, ldc)
+		return
+	}
+	p.skinnyAxpy(l0, l1, c, ldc, s)
+}
+
 // skinnyAxpy adds alpha * op(A)[:, l0:l1] * B[l0:l1, :] into c (row stride
 // ldc), four rows of B at a time so each C element is loaded and stored
-// (l1-l0)/4 times.
-func (p *product) skinnyAxpy(l0, l1 int, c []float32, ldc int) {
+// (l1-l0)/4 times; s is the calling task's scratch.
+func (p *product) skinnyAxpy(l0, l1 int, c []float32, ldc int, s *axpyScratch) {
 	b, ldb, al := p.b, p.ldb, p.alpha
 	for j0 := 0; j0 < p.n; j0 += skinnyChunk {
 		j1 := min(j0+skinnyChunk, p.n)
 		l := l0
 		if p.ks.axpy8m != nil && p.m > 1 {
-			var a [skinnyRows][8]float32
-			var x [8][]float32
-			var y [skinnyRows][]float32
+			a, x, y := &s.am, &s.x, &s.y
 			for i := range p.m {
 				y[i] = c[i*ldc+j0 : i*ldc+j1]
 			}
@@ -122,12 +137,11 @@ func (p *product) skinnyAxpy(l0, l1 int, c []float32, ldc int) {
 						a[i][r] = al * p.at(i, l+r)
 					}
 				}
-				p.ks.axpy8m(p.m, &a, &x, &y)
+				p.ks.axpy8m(p.m, a, x, y)
 			}
 		}
 		if p.ks.axpy8 != nil {
-			var a [8]float32
-			var x [8][]float32
+			a, x := &s.a, &s.x
 			for ; l+8 <= l1; l += 8 {
 				for r := range 8 {
 					x[r] = b[(l+r)*ldb+j0 : (l+r)*ldb+j1]
@@ -136,7 +150,7 @@ func (p *product) skinnyAxpy(l0, l1 int, c []float32, ldc int) {
 					for r := range 8 {
 						a[r] = al * p.at(i, l+r)
 					}
-					p.ks.axpy8(&a, &x, c[i*ldc+j0:i*ldc+j1])
+					p.ks.axpy8(a, x, c[i*ldc+j0:i*ldc+j1])
 				}
 			}
 		}

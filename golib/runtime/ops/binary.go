@@ -106,11 +106,16 @@ func binaryCompute(op binaryOp, a, b, out *tensor.Tensor) error {
 		}
 		return storeF32Result(out, dst)
 	case a.DType().IsInt():
-		x, y, err := convertBoth(tensor.Int64Values, a, b)
+		x, y, err := convertBoth(int64OrBoolValues, a, b)
 		if err != nil {
 			return err
 		}
-		res := make([]int64, out.Len())
+		var res []int64
+		if out.DType() == tensor.Int64 {
+			res = out.Int64() // a fresh output: it aliases neither operand
+		} else {
+			res = make([]int64, out.Len())
+		}
 		var opErr error
 		if err := binaryApply(x, as, y, bs, res, os, func(p, q int64) int64 {
 			v, e := op.i64(p, q)
@@ -123,6 +128,9 @@ func binaryCompute(op binaryOp, a, b, out *tensor.Tensor) error {
 		}
 		if opErr != nil {
 			return opErr
+		}
+		if out.DType() == tensor.Int64 {
+			return nil
 		}
 		return storeInt64(out, res)
 	}
@@ -170,6 +178,8 @@ func storeInt64(out *tensor.Tensor, v []int64) error {
 
 func newCompare(name string) Factory {
 	return func(n *Node) (Kernel, error) {
+		// Made once per node: a generic closure is a heap allocation.
+		cmpI64, cmpF32, cmpF64 := cmpFunc[int64](name), cmpFunc[float32](name), cmpFunc[float64](name)
 		return KernelFunc(func(ctx *Context) error {
 			a, b, err := twoInputs(ctx)
 			if err != nil {
@@ -188,16 +198,16 @@ func newCompare(name string) Factory {
 				if err != nil {
 					return err
 				}
-				return binaryApply(x, as, y, bs, dst, os, cmpFunc[int64](name))
+				return binaryApply(x, as, y, bs, dst, os, cmpI64)
 			}
 			if a.DType() == tensor.Float64 {
-				return binaryApply(a.Float64(), as, b.Float64(), bs, dst, os, cmpFunc[float64](name))
+				return binaryApply(a.Float64(), as, b.Float64(), bs, dst, os, cmpF64)
 			}
 			x, y, err := convertBoth(tensor.AsFloat32, a, b)
 			if err != nil {
 				return err
 			}
-			return binaryApply(x, as, y, bs, dst, os, cmpFunc[float32](name))
+			return binaryApply(x, as, y, bs, dst, os, cmpF32)
 		}), nil
 	}
 }
@@ -215,8 +225,12 @@ func convertBoth[T any](conv func(*tensor.Tensor) ([]T, error), a, b *tensor.Ten
 }
 
 // int64OrBoolValues returns an integer or bool tensor's values as int64
-// (a copy; true is 1).
+// (true is 1): an int64 tensor's own elements, otherwise a copy, so callers
+// only read them.
 func int64OrBoolValues(t *tensor.Tensor) ([]int64, error) {
+	if t.DType() == tensor.Int64 {
+		return t.Int64(), nil
+	}
 	if t.DType() != tensor.Bool {
 		return tensor.Int64Values(t)
 	}

@@ -22,12 +22,7 @@ func newConcat(n *Node) (Kernel, error) {
 		return nil, err
 	}
 	return KernelFunc(func(ctx *Context) error {
-		var ins []*tensor.Tensor
-		for i := 0; i < ctx.NumInputs(); i++ {
-			if t := ctx.Input(i); t != nil {
-				ins = append(ins, t)
-			}
-		}
+		ins := presentInputs(ctx)
 		if len(ins) == 0 {
 			return fmt.Errorf("%w: Concat without inputs", errs.ErrMissingInput)
 		}
@@ -152,4 +147,21 @@ func newSplit(splitInput bool) Factory {
 			return nil
 		}), nil
 	}
+}
+
+// presentInputs returns ctx's inputs without the omitted ones: the
+// context's own slice (read-only) when none is omitted, the usual case.
+func presentInputs(ctx *Context) []*tensor.Tensor {
+	for _, t := range ctx.inputs {
+		if t == nil {
+			var ins []*tensor.Tensor
+			for _, u := range ctx.inputs {
+				if u != nil {
+					ins = append(ins, u)
+				}
+			}
+			return ins
+		}
+	}
+	return ctx.inputs
 }

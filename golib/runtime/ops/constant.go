@@ -118,9 +118,15 @@ func newRange(n *Node) (Kernel, error) {
 			return fmt.Errorf("%w: Range inputs must be scalars", errs.ErrShape)
 		}
 		if st.DType().IsInt() {
-			s, _ := tensor.Int64Values(st)
-			l, _ := tensor.Int64Values(lt)
-			d, err := tensor.Int64Values(dt)
+			s, err := int64OrBoolValues(st)
+			if err != nil {
+				return err
+			}
+			l, err := int64OrBoolValues(lt)
+			if err != nil {
+				return err
+			}
+			d, err := int64OrBoolValues(dt)
 			if err != nil {
 				return err
 			}
@@ -136,10 +142,12 @@ func newRange(n *Node) (Kernel, error) {
 			if err != nil {
 				return err
 			}
-			v := make([]int64, cnt)
-			for i := range v {
-				v[i] = s[0] + int64(i)*d[0]
+			if out.DType() == tensor.Int64 {
+				fillRange(out.Int64(), s[0], d[0])
+				return nil
 			}
+			v := make([]int64, cnt)
+			fillRange(v, s[0], d[0])
 			return storeInt64(out, v)
 		}
 		var s, l, d float64
@@ -179,4 +187,11 @@ func newRange(n *Node) (Kernel, error) {
 		}
 		return storeFloat64(out, v)
 	}), nil
+}
+
+// fillRange writes start, start+delta, ... into v.
+func fillRange(v []int64, start, delta int64) {
+	for i := range v {
+		v[i] = start + int64(i)*delta
+	}
 }

@@ -31,13 +31,16 @@ func newGather(n *Node) (Kernel, error) {
 		if err != nil {
 			return err
 		}
-		idx, err := tensor.Int64Values(it)
+		idx, err := ctx.Int64Values(it) // normalized in place below
 		if err != nil {
 			return err
 		}
 		sh := x.Shape()
 		dim := int64(sh[ax])
-		outShape := append(append(sh[:ax:ax].Clone(), it.Shape()...), sh[ax+1:]...)
+		outShape := ctx.ScratchShape(len(sh) - 1 + it.Rank())
+		copy(outShape, sh[:ax])
+		copy(outShape[ax:], it.Shape())
+		copy(outShape[ax+it.Rank():], sh[ax+1:])
 		out, err := ctx.NewOutputUninit(0, x.DType(), outShape)
 		if err != nil {
 			return err

@@ -229,15 +229,14 @@ func newShape(n *Node) (Kernel, error) {
 		}
 		r := int64(x.Rank())
 		s, e := clampRange(start, r), clampRange(end, r)
-		dims := []int64{}
-		for i := s; i < e; i++ {
-			dims = append(dims, int64(x.Shape()[i]))
-		}
-		out, err := ctx.NewOutput(0, tensor.Int64, tensor.Shape{len(dims)})
+		out, err := ctx.NewOutputUninit(0, tensor.Int64, tensor.Shape{int(max(e-s, 0))})
 		if err != nil {
 			return err
 		}
-		copy(out.Int64(), dims)
+		dims := out.Int64()
+		for i := s; i < e; i++ {
+			dims[i-s] = int64(x.Shape()[i])
+		}
 		return nil
 	}), nil
 }

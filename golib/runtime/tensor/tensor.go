@@ -51,6 +51,9 @@ func New(dt DType, shape Shape) (*Tensor, error) {
 	if err != nil {
 		return nil, err
 	}
+	if nb > 0 && nb <= smallBytes {
+		return newSmall(dt, shape, nb), nil
+	}
 	words := make([]uint64, (nb+7)/8)
 	var data []byte
 	if len(words) > 0 {
@@ -59,6 +62,32 @@ func New(dt DType, shape Shape) (*Tensor, error) {
 		data = []byte{}
 	}
 	return header(dt, shape, data), nil
+}
+
+// smallBytes is the largest buffer New places in the same allocation as the
+// header: shape arithmetic makes many tensors of a few int64 values per run
+// (Shape, Gather, Concat, Range outputs), one heap allocation each, not two.
+const smallBytes = 64
+
+// smallTensor is a header with its (small) buffer.
+type smallTensor struct {
+	t     Tensor
+	words [smallBytes / 8]uint64
+}
+
+// newSmall returns a zero-filled tensor of nb <= smallBytes bytes whose
+// buffer shares the header's allocation (a reference to either keeps both).
+func newSmall(dt DType, shape Shape, nb int) *Tensor {
+	s := &smallTensor{t: Tensor{dtype: dt}}
+	t := &s.t
+	t.data = unsafe.Slice((*byte)(unsafe.Pointer(&s.words[0])), nb)
+	if n := len(shape); n <= inlineRank {
+		copy(t.dims[:n], shape)
+		t.shape = t.dims[:n:n]
+	} else {
+		t.shape = shape.Clone()
+	}
+	return t
 }
 
 // Recycle returns a tensor of dt and shape over b, with FromBytes's

@@ -248,3 +248,52 @@ func TestRecycle(t *testing.T) {
 		t.Errorf("the header shares the caller's shape: %v", x.Shape())
 	}
 }
+
+// TestNewSmall checks the tensors whose buffer shares the header's
+// allocation against the plain ones: zero-filled, exactly their byte size
+// (capacity included, so an append cannot reach past the tensor), separate
+// buffers per tensor, one allocation.
+func TestNewSmall(t *testing.T) {
+	cases := []struct {
+		dt     DType
+		shape  Shape
+		allocs float64 // at most, per New
+	}{
+		{Int64, Shape{}, 1},
+		{Int64, Shape{3}, 1},
+		{Int64, Shape{8}, 1},      // 64 bytes: the largest small buffer
+		{Int64, Shape{9}, 2},      // 72 bytes: header and buffer
+		{Float32, Shape{2, 3}, 1}, // 24 bytes
+		{Bool, Shape{5}, 1},
+		{Int64, Shape{1, 1, 1, 1, 1, 1, 2}, 2}, // rank above the inline shape
+		{Float32, Shape{0, 4}, 2},
+	}
+	for _, c := range cases {
+		nb, err := ByteSize(c.dt, c.shape)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := New(c.dt, c.shape)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := New(c.dt, c.shape)
+		if a.DType() != c.dt || !a.Shape().Equal(c.shape) || len(a.Bytes()) != nb || cap(a.Bytes()) != nb {
+			t.Errorf("New(%v, %v): %v %v, %d bytes (cap %d), want %d", c.dt, c.shape, a.DType(), a.Shape(), len(a.Bytes()), cap(a.Bytes()), nb)
+		}
+		for i := range a.Bytes() {
+			if a.Bytes()[i] != 0 {
+				t.Fatalf("New(%v, %v): byte %d is %d, want 0", c.dt, c.shape, i, a.Bytes()[i])
+			}
+			a.Bytes()[i] = 0xff
+		}
+		for i, v := range b.Bytes() {
+			if v != 0 {
+				t.Fatalf("New(%v, %v): writing one tensor changed byte %d of another", c.dt, c.shape, i)
+			}
+		}
+		if got := testing.AllocsPerRun(16, func() { _, _ = New(c.dt, c.shape) }); got > c.allocs {
+			t.Errorf("New(%v, %v): %v allocations, want at most %v", c.dt, c.shape, got, c.allocs)
+		}
+	}
+}

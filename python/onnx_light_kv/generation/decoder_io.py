@@ -21,10 +21,14 @@ A past whose ``head_dim`` is symbolic (the onnxruntime-genai builder names it ``
 takes its size from the model's files when the session was created from a path (ours and
 onnxruntime's keep it): ``head_size`` of a ``genai_config.json`` beside the model, else the
 model's GroupQueryAttention geometry (its ``kv_num_heads`` and the key projection's width
-from ONNX shape inference). Otherwise it raises ``ValueError``. Such a model whose
-GroupQueryAttention has a sliding window (``local_window_size``, e.g. Gemma 2) raises
-``NotImplementedError``: onnxruntime-genai drives it with window-sized shared buffers per
-layer, which generation does not build yet.
+from ONNX shape inference). Otherwise it raises ``ValueError``.
+
+A past read by a GroupQueryAttention node with ``sliding_window_cache=1`` (the onnxruntime-genai
+Gemma 2 export's local layers; the nodes are read from the model file together with the symbolic
+``head_dim`` above) is a window-sized shared buffer: :attr:`KVInput.window` is the
+node's ``local_window_size``, the buffer's size whatever the generation's length (onnxruntime
+keeps the most recent positions in it and evicts the oldest), as onnxruntime-genai allocates it;
+the other layers' pasts of such a model are shared buffers of the generation's capacity.
 
 A past whose sequence dimension has the same symbolic name (or the same fixed size) as its
 present's is a pre-allocated buffer shared between steps (onnxruntime's GroupQueryAttention
@@ -84,7 +88,10 @@ class KVInput:
 
     ``shape`` is the past's declared shape ``[batch, kv_heads, past, head_dim]`` (ints or
     symbolic names); ``kv_heads`` / ``head_dim`` are its fixed sizes; ``shared_buffer`` is true
-    when past and present are one pre-allocated buffer of fixed capacity."""
+    when past and present are one pre-allocated buffer of fixed capacity; ``window`` > 0 is the
+    size of a window-sized shared buffer (GroupQueryAttention ``sliding_window_cache=1``: it
+    holds the last positions only), 0 for a buffer of the generation's capacity or a growing
+    past."""
 
     layer: int
     kind: str
@@ -95,6 +102,7 @@ class KVInput:
     head_dim: int
     dtype: np.dtype
     shared_buffer: bool
+    window: int = 0
 
 
 @dataclass(frozen=True)
@@ -135,6 +143,11 @@ class DecoderIO:
         return bool(self.kv) and self.kv[0].shared_buffer
 
     @property
+    def window_buffers(self) -> bool:
+        """True when some pasts are window-sized shared buffers (:attr:`KVInput.window`)."""
+        return any(kv.window for kv in self.kv)
+
+    @property
     def dtype(self) -> np.dtype:
         """The past/present element type."""
         return self.kv[0].dtype
@@ -159,7 +172,7 @@ class DecoderIO:
                 presents[lk] = o
         kv: List[KVInput] = []
         unknown: List[str] = []
-        sizes: Optional[Dict[str, int]] = None
+        sizes: Optional[Dict[str, Any]] = None
         for name, i in inputs.items():
             if name in _KNOWN:
                 continue
@@ -173,11 +186,6 @@ class DecoderIO:
             if sizes is None and i.shape is not None and len(i.shape) == 4 and isinstance(i.shape[3], str):
                 sizes = _model_sizes(session)
             kv.append(_kv_input(lk, i, presents[lk], sizes or {}))
-        if sizes and sizes.get("local_window", 0) > 0:
-            raise NotImplementedError(
-                f"this model's GroupQueryAttention has a sliding window (local_window_size="
-                f"{sizes['local_window']}) on pasts of symbolic size: onnxruntime-genai drives such layers with "
-                "window-sized shared buffers per layer, which generation does not build yet")
         if unknown:
             raise ValueError(
                 f"the model needs inputs generation does not know how to feed: {unknown}; recognized are "
@@ -206,7 +214,7 @@ class DecoderIO:
                    group_query_attention=_uses_group_query_attention(session, sizes))
 
 
-def _uses_group_query_attention(session: Any, sizes: Optional[Dict[str, int]]) -> bool:
+def _uses_group_query_attention(session: Any, sizes: Optional[Dict[str, Any]]) -> bool:
     """Whether the model's attention is com.microsoft GroupQueryAttention, as far as the session
     tells: its model file was read (``sizes``), or our session's cache plan names the rule."""
     if sizes and sizes.get("group_query_attention"):
@@ -220,17 +228,20 @@ def _uses_group_query_attention(session: Any, sizes: Optional[Dict[str, int]]) -
     return False
 
 
-def _model_sizes(session: Any) -> Dict[str, int]:
+def _model_sizes(session: Any) -> Dict[str, Any]:
     """What the model's files fix that its inputs leave symbolic: ``head_dim`` (from
-    ``genai_config.json`` beside the model, else from its GroupQueryAttention nodes) and
-    ``local_window`` (the largest GroupQueryAttention ``local_window_size``; 0 for none).
-    ``{}`` when the session has no model file."""
+    ``genai_config.json`` beside the model, else from its GroupQueryAttention nodes),
+    ``local_window`` (the largest GroupQueryAttention ``local_window_size``; 0 for none) and
+    ``window_buffers`` (past input name -> ``local_window_size`` for the pasts of
+    GroupQueryAttention nodes with ``sliding_window_cache=1``, 0 for the other nodes' pasts of
+    such a model; empty when no node has it). ``{}`` when the session has no model file."""
     path = getattr(session, "_model_path", None)
     if not isinstance(path, str) or not os.path.isfile(path):
         return {}
     st = os.stat(path)
-    head, window, gqa = _gqa_geometry(os.path.abspath(path), st.st_mtime_ns, st.st_size)
-    sizes = {"local_window": window, "group_query_attention": int(gqa)}
+    head, window, gqa, buffers = _gqa_geometry(os.path.abspath(path), st.st_mtime_ns, st.st_size)
+    sizes: Dict[str, Any] = {"local_window": window, "group_query_attention": int(gqa),
+                             "window_buffers": dict(buffers)}
     if head:
         sizes["head_dim"] = head
     config = os.path.join(os.path.dirname(os.path.abspath(path)), "genai_config.json")
@@ -246,28 +257,37 @@ def _model_sizes(session: Any) -> Dict[str, int]:
 
 
 @functools.lru_cache(maxsize=16)
-def _gqa_geometry(path: str, mtime_ns: int = 0, size: int = 0) -> Tuple[Optional[int], int, bool]:
+def _gqa_geometry(path: str, mtime_ns: int = 0,
+                  size: int = 0) -> Tuple[Optional[int], int, bool, Tuple[Tuple[str, int], ...]]:
     """The K/V head size of the first com.microsoft GroupQueryAttention node of the model at
     ``path`` (weights not loaded: the key input's width over ``kv_num_heads``, or for a packed
-    QKV input its width over ``num_heads + 2 * kv_num_heads``; None when not determinable) and
-    the largest ``local_window_size`` of those nodes (0 when none has a window), and whether
-    there is such a node. Cached per (path, mtime_ns, size): every ``generate`` call describes
-    its session again, and reading and inferring the graph costs more than a decode step."""
+    QKV input its width over ``num_heads + 2 * kv_num_heads``; None when not determinable),
+    the largest ``local_window_size`` of those nodes (0 when none has a window), whether there
+    is such a node, and, when some node has ``sliding_window_cache=1``, ``(past input, window)``
+    for the past_key/past_value inputs of every node: all are shared buffers then (as
+    onnxruntime-genai feeds them), ``window`` being the node's ``local_window_size`` for a
+    window-sized buffer, 0 for one of the generation's capacity. Cached per (path,
+    mtime_ns, size): every ``generate`` call describes its session again, and reading and
+    inferring the graph costs more than a decode step."""
     import onnx
 
     try:
         model = onnx.load(path, load_external_data=False)
         nodes = [n for n in model.graph.node if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"]
         if not nodes:
-            return None, 0, False
+            return None, 0, False, ()
         attrs = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in nodes]
         window = max(max(int(a.get("local_window_size", -1)), 0) for a in attrs)
+        windowed = [bool(int(a.get("sliding_window_cache", 0))) and int(a.get("local_window_size", -1)) > 0
+                    for a in attrs]
+        buffers = tuple((name, int(a["local_window_size"]) if w else 0) for n, a, w in zip(nodes, attrs, windowed)
+                        for name in n.input[3:5] if name) if any(windowed) else ()
         heads, kv_heads = int(attrs[0].get("num_heads", 0)), int(attrs[0].get("kv_num_heads", 0))
         if heads <= 0 or kv_heads <= 0:
-            return None, window, True
+            return None, window, True, buffers
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:  # a model onnx cannot read or infer: the caller reports the symbolic size
-        return None, 0, False
+        return None, 0, False, ()
     widths = {}
     for vi in list(inferred.graph.value_info) + list(inferred.graph.input):
         dims = vi.type.tensor_type.shape.dim
@@ -280,11 +300,11 @@ def _gqa_geometry(path: str, mtime_ns: int = 0, size: int = 0) -> Tuple[Optional
     else:
         width, parts = widths.get(node.input[0]), heads + 2 * kv_heads
     if not width or width % parts:
-        return None, window, True
-    return width // parts, window, True
+        return None, window, True, buffers
+    return width // parts, window, True, buffers
 
 
-def _kv_input(lk: Tuple[int, str], past: Any, present: Any, sizes: Dict[str, int]) -> KVInput:
+def _kv_input(lk: Tuple[int, str], past: Any, present: Any, sizes: Dict[str, Any]) -> KVInput:
     shape = tuple(past.shape) if past.shape is not None else ()
     if len(shape) != 4:
         raise ValueError(f"past input {past.name!r} has shape {list(shape) if shape else None}; "
@@ -300,6 +320,9 @@ def _kv_input(lk: Tuple[int, str], past: Any, present: Any, sizes: Dict[str, int
     if past.type not in _DTYPES:
         raise ValueError(f"past input {past.name!r} has type {past.type}; expected a float tensor")
     pshape = tuple(present.shape) if present.shape is not None else ()
-    shared = len(pshape) == 4 and pshape[2] is not None and pshape[2] == shape[2]
+    buffers = sizes.get("window_buffers", {})
+    window = int(buffers.get(past.name, 0))
+    shared = past.name in buffers or (len(pshape) == 4 and pshape[2] is not None and pshape[2] == shape[2])
     return KVInput(layer=lk[0], kind=lk[1], past=past.name, present=present.name, shape=shape,
-                   kv_heads=int(heads), head_dim=int(dim), dtype=_DTYPES[past.type], shared_buffer=shared)
+                   kv_heads=int(heads), head_dim=int(dim), dtype=_DTYPES[past.type], shared_buffer=shared,
+                   window=window)

@@ -21,7 +21,7 @@ from .decoder_io import DecoderIO
 from .generator import Generator
 from .options import SamplingOptions, StopCondition
 from .output import GenerationOutput, GenerationStats
-from .runner import cache_path_available, make_runner, paged_states_available
+from .runner import cache_path_available, make_runner, paged_states_available, require_truncate
 from .speculative import DraftModel, PromptLookup, speculative_decode
 from .text import Progress, Streamer, default_pad_id, encode, load_tokenizer
 
@@ -301,9 +301,19 @@ def _speculative(session: Any, io: DecoderIO, draft_session: Any, draft_io: Opti
                  scores: Optional[List[np.ndarray]]) -> np.ndarray:
     target = make_runner(session, io, 1, capacity, state_options)
     stats.runner = target.kind
+    try:
+        require_truncate(target, "speculative decoding")
+    except NotImplementedError:
+        target.close()
+        raise
     if draft_session is not None:
         assert draft_io is not None
-        proposer: Any = DraftModel(make_runner(draft_session, draft_io, 1, capacity, state_options), opts)
+        draft = make_runner(draft_session, draft_io, 1, capacity, state_options)
+        if not draft.can_truncate:
+            target.close()
+            draft.close()
+            require_truncate(draft, "speculative decoding (the draft model)")
+        proposer: Any = DraftModel(draft, opts)
     else:
         proposer = PromptLookup(max_ngram=3)
         k = prompt_lookup

@@ -17,7 +17,7 @@ import numpy as np
 from . import logits_process as lp
 from .decoder_io import DecoderIO
 from .options import SamplingOptions, StopCondition
-from .runner import make_runner
+from .runner import make_runner, require_truncate
 
 __all__ = ["Generator"]
 
@@ -201,14 +201,18 @@ class Generator:
 
     def rewind_to(self, length: int) -> None:
         """Drop every position from ``length`` on (0 empties the rows); the next token is then
-        computed from the kept ones, as if the dropped ones had never been appended."""
+        computed from the kept ones, as if the dropped ones had never been appended. Raises
+        ``NotImplementedError`` (changing nothing) on the tensor path of a model with
+        window-sized shared buffers, which keep only the most recent positions."""
         if not isinstance(length, (int, np.integer)) or not 0 <= length <= self.length:
             raise ValueError(f"rewind length must be an int in [0, {self.length}], got {length!r}")
         if length == self.length:
             return
+        keep = max(length - 1, 0)
+        if self._runner.length > keep:
+            require_truncate(self._runner, "rewind_to")
         self._seq = self._seq[:, :length]
         self._mask = self._mask[:, :length]
-        keep = max(length - 1, 0)
         if self._runner.length > keep:
             self._runner.truncate(keep)
         self._done = self.stop.hits(self._seq) if length else np.zeros(self.batch, bool)

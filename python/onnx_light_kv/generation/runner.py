@@ -15,7 +15,12 @@ state's caches hold the K/V. Both give the same tokens.
 
 :class:`TensorRunner` is the standard tensor path: the presents of one run are fed back as the
 next run's pasts (the arrays the session returned, without a copy), ``reorder`` takes along the
-batch axis and ``truncate`` slices the pasts.
+batch axis and ``truncate`` slices the pasts. Shared-buffer models (onnxruntime-genai exports)
+get their buffers once: ``capacity`` positions, or for a window-sized buffer
+(:attr:`KVInput.window`, GroupQueryAttention ``sliding_window_cache=1``) the window's positions,
+which onnxruntime-genai allocates and onnxruntime fills with the most recent positions; such a
+buffer has dropped the older ones, so ``truncate`` raises ``NotImplementedError`` on it (use the
+cache path, which keeps every position).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import numpy as np
 
 from .decoder_io import DecoderIO
 
-__all__ = ["TensorRunner", "StateRunner", "make_runner", "cache_path_available", "step_feeds"]
+__all__ = ["TensorRunner", "StateRunner", "make_runner", "cache_path_available", "require_truncate", "step_feeds"]
 
 
 def _prepare(runner: Any, ids: Any, mask: Optional[np.ndarray]) -> Any:
@@ -90,8 +95,10 @@ class TensorRunner:
         self._outputs = io.output_names
 
     def _empty_pasts(self) -> None:
-        n = self.capacity if self.io.shared_buffer else 0
-        self._pasts = {kv.past: np.zeros((self.batch, kv.kv_heads, n, kv.head_dim), kv.dtype) for kv in self.io.kv}
+        def size(kv: Any) -> int:
+            return (kv.window or self.capacity) if kv.shared_buffer else 0
+        self._pasts = {kv.past: np.zeros((self.batch, kv.kv_heads, size(kv), kv.head_dim), kv.dtype)
+                       for kv in self.io.kv}
 
     @property
     def supports_padding(self) -> bool:
@@ -135,10 +142,17 @@ class TensorRunner:
             raise ValueError(f"truncate length {n} outside [0, {self.length}]")
         if n == self.length:
             return
+        require_truncate(self, "truncate")
         if not self.io.shared_buffer:
             self._pasts = {name: a[:, :, :n] for name, a in self._pasts.items()}
         self._mask = self._mask[:, :n]
         self.length = n
+
+    @property
+    def can_truncate(self) -> bool:
+        """False for window-sized shared buffers (:attr:`DecoderIO.window_buffers`): they hold
+        only the most recent positions, so no earlier length can be restored."""
+        return not self.io.window_buffers
 
     def cache_bytes(self) -> int:
         """Bytes of the K/V the rows hold now (the past tensors or buffers)."""
@@ -228,6 +242,9 @@ class StateRunner:
         self._mask = self._mask[:, :n]
         self.length = n
 
+    #: the state keeps every position, window-sized buffers' layers included
+    can_truncate = True
+
     def cache_bytes(self) -> int:
         """Bytes the state's caches have committed."""
         return int(self.state.info()["totals"].get("committed_bytes", 0))
@@ -235,6 +252,16 @@ class StateRunner:
     def close(self) -> None:
         """Release the state's caches."""
         self.state.close()
+
+
+def require_truncate(runner: Any, what: str) -> None:
+    """Raise ``NotImplementedError`` when ``runner`` cannot truncate (a tensor path over
+    window-sized shared buffers), naming ``what`` needed it."""
+    if not runner.can_truncate:
+        raise NotImplementedError(
+            f"{what} on the tensor path of a model with window-sized shared buffers (GroupQueryAttention "
+            "sliding_window_cache=1) is not implemented: the buffers keep only the most recent positions; "
+            "run it on the cache path (state_options=None), which keeps every position")
 
 
 def cache_path_available(session: Any) -> bool:
