@@ -18,6 +18,8 @@ var benchShapes = []struct {
 	{"decode_1x32000x1024", 1, 32000, 1024, false},
 	{"decode_1x1024x1024_tB", 1, 1024, 1024, true},
 	{"decode_1x32000x1024_tB", 1, 32000, 1024, true},
+	{"prefill_16x1024x1024_1thread", 16, 1024, 1024, false},
+	{"prefill_16x32000x1024_1thread", 16, 32000, 1024, false},
 	{"prefill_128x1024x1024", 128, 1024, 1024, false},
 	{"prefill_256x1024x1024_1thread", 256, 1024, 1024, false},
 	{"prefill_512x1024x1024", 512, 1024, 1024, false},
@@ -154,7 +156,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 // packed decode path on one thread, in sliver bytes per second.
 func BenchmarkPanel(b *testing.B) {
 	for _, ks := range registry {
-		for _, m := range []int{1, 2, 4} {
+		for _, m := range []int{1, 2, 3, 4} {
 			b.Run(fmt.Sprintf("%s/m%d", ks.name, m), func(b *testing.B) {
 				r := rand.New(rand.NewPCG(7, 9))
 				p := randSlice(r, kcBlock*packNR)
@@ -176,7 +178,7 @@ func BenchmarkPanel(b *testing.B) {
 // the variant's panelHalf kernel, or the widening plus panel it replaces.
 func BenchmarkPanelHalf(b *testing.B) {
 	for _, ks := range registry {
-		for _, m := range []int{1, 4} {
+		for _, m := range []int{1, 2, 3, 4} {
 			b.Run(fmt.Sprintf("%s/m%d", ks.name, m), func(b *testing.B) {
 				r := rand.New(rand.NewPCG(7, 9))
 				ph := make([]uint16, kcBlock*packNR)

@@ -5,6 +5,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
 )
 
 // TestMicroKernels checks every variant's register-tile kernel alone
@@ -155,6 +157,86 @@ func TestPanelHalfKernels(t *testing.T) {
 						}
 					})
 				}
+			}
+		}
+	}
+}
+
+// TestPanelNonFinite checks that every variant's panel kernels (float32
+// and 16-bit, one to four rows) propagate NaN and Inf as the portable
+// kernel does: a NaN or Inf in a row of A, or in the sliver, reaches the
+// same outputs, and 0*Inf gives NaN.
+func TestPanelNonFinite(t *testing.T) {
+	inf, nan := float32(math.Inf(1)), float32(math.NaN())
+	for _, ks := range registry {
+		for m := 1; m <= skinnyRows; m++ {
+			for _, k := range []int{1, 3, 17, 40} {
+				t.Run(fmt.Sprintf("%s/m%d/k%d", ks.name, m, k), func(t *testing.T) {
+					r := rand.New(rand.NewPCG(uint64(m)+7, uint64(k)))
+					p := randSlice(r, k*packNR)
+					var a [skinnyRows][]float32
+					for i := range m {
+						a[i] = randSlice(r, k)
+					}
+					l := k / 2
+					a[m-1][l] = nan              // row m-1: every column NaN
+					a[0][k-1] = inf              // row 0: sign of p's last row, or NaN where it is 0
+					p[l*packNR+packNR-1] = -inf  // column 31 of every row: -Inf*a or NaN
+					p[(k-1)*packNR+3] = 0        // row 0 column 3: Inf*0 = NaN
+					p[(k-1)*packNR+5] = nan      // column 5 of every row: NaN
+					ph := make([]uint16, len(p)) // the same sliver in float16
+					for i, v := range p {
+						ph[i] = codec.F32ToF16(v)
+					}
+					wide := make([]float32, len(p))
+					cvt16Go(Float16, wide, ph)
+					check := func(name string, run func(out *[skinnyRows][packNR]float32), src []float32) {
+						var out, want [skinnyRows][packNR]float32
+						panelGo(m, k, &a, src, &want)
+						run(&out)
+						for i := range skinnyRows {
+							for j := range packNR {
+								g, w := float64(out[i][j]), float64(want[i][j])
+								if math.IsNaN(g) != math.IsNaN(w) || (math.IsInf(w, 0) && g != w) {
+									t.Fatalf("%s: out[%d][%d] = %v, want %v", name, i, j, g, w)
+								}
+							}
+						}
+					}
+					check("float32", func(out *[skinnyRows][packNR]float32) { ks.panel(m, k, &a, p, out) }, p)
+					if ks.panelHalf != nil {
+						check("float16", func(out *[skinnyRows][packNR]float32) { ks.panelHalf(Float16, m, k, &a, ph, out) }, wide)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestPanelNoAlloc checks that the panel kernels allocate nothing per call.
+func TestPanelNoAlloc(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	const k = 70
+	p := randSlice(r, k*packNR)
+	ph := make([]uint16, k*packNR)
+	var a [skinnyRows][]float32
+	for i := range skinnyRows {
+		a[i] = randSlice(r, k)
+	}
+	var out [skinnyRows][packNR]float32
+	for _, ks := range registry {
+		for m := 1; m <= skinnyRows; m++ {
+			n := testing.AllocsPerRun(20, func() {
+				ks.panel(m, k, &a, p, &out)
+				if ks.panelHalf != nil {
+					ks.panelHalf(BFloat16, m, k, &a, ph, &out)
+				}
+			})
+			if n != 0 {
+				t.Errorf("%s m%d: %v allocations per call", ks.name, m, n)
 			}
 		}
 	}

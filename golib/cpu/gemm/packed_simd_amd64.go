@@ -86,22 +86,32 @@ func panel1asm(k int, a *float32, p *float32, out *float32)
 //go:noescape
 func panel2asm(k int, a0, a1 *float32, p *float32, out *float32)
 
+//go:generate sh -c "python3 asmgen_panel.py > panel_avx2_amd64.s"
+
+//go:noescape
+func panel3asm(k int, a0, a1, a2 *float32, p *float32, out *float32)
+
 // panelAVX2 runs the assembly panel kernels: one row keeps its 32 columns
 // in eight accumulators (two steps in flight), two rows share every load
-// of the sliver; three and four rows are two passes (rows 0-1, then the
-// rest), the second reading the sliver from L2.
+// of the sliver, three rows hold 3 x 32 columns in twelve accumulators in
+// one pass (panel_avx2_amd64.s); four rows are two two-row passes, the
+// second reading the sliver from L2 (asmgen_panel.py says why).
 func panelAVX2(m, k int, a *[skinnyRows][]float32, p []float32, out *[skinnyRows][packNR]float32) {
-	if k <= 0 {
+	if k <= 0 || m <= 0 {
 		return
 	}
 	pp := unsafe.SliceData(p[:k*packNR])
-	for i := 0; i < m; i += 2 {
-		a0 := unsafe.SliceData(a[i][:k])
-		if i+1 == m {
-			panel1asm(k, a0, pp, &out[i][0])
-			continue
-		}
-		panel2asm(k, a0, unsafe.SliceData(a[i+1][:k]), pp, &out[i][0])
+	row := func(i int) *float32 { return unsafe.SliceData(a[i][:k]) }
+	switch m {
+	case 1:
+		panel1asm(k, row(0), pp, &out[0][0])
+	case 2:
+		panel2asm(k, row(0), row(1), pp, &out[0][0])
+	case 3:
+		panel3asm(k, row(0), row(1), row(2), pp, &out[0][0])
+	default:
+		panel2asm(k, row(0), row(1), pp, &out[0][0])
+		panel2asm(k, row(2), row(3), pp, &out[2][0])
 	}
 }
 
@@ -117,23 +127,45 @@ func panel1bf16asm(k int, a *float32, p *uint16, out *float32)
 //go:noescape
 func panel2bf16asm(k int, a0, a1 *float32, p *uint16, out *float32)
 
+//go:noescape
+func panel3f16asm(k int, a0, a1, a2 *float32, p *uint16, out *float32)
+
+//go:noescape
+func panel3bf16asm(k int, a0, a1, a2 *float32, p *uint16, out *float32)
+
+// halfPanels are the 16-bit panel kernels of one encoding, by row count.
+type halfPanels struct {
+	p1 func(k int, a *float32, p *uint16, out *float32)
+	p2 func(k int, a0, a1 *float32, p *uint16, out *float32)
+	p3 func(k int, a0, a1, a2 *float32, p *uint16, out *float32)
+}
+
+var (
+	f16Panels  = halfPanels{panel1f16asm, panel2f16asm, panel3f16asm}
+	bf16Panels = halfPanels{panel1bf16asm, panel2bf16asm, panel3bf16asm}
+)
+
 // panelHalfAVX2 is panelAVX2 over a 16-bit sliver, widened in registers
-// (F16C for float16): rows two at a time as there.
+// (F16C for float16), rows grouped as there.
 func panelHalfAVX2(kind Half, m, k int, a *[skinnyRows][]float32, p []uint16, out *[skinnyRows][packNR]float32) {
-	if k <= 0 {
+	if k <= 0 || m <= 0 {
 		return
 	}
-	p1, p2 := panel1f16asm, panel2f16asm
+	ks := &f16Panels
 	if kind == BFloat16 {
-		p1, p2 = panel1bf16asm, panel2bf16asm
+		ks = &bf16Panels
 	}
 	pp := unsafe.SliceData(p[:k*packNR])
-	for i := 0; i < m; i += 2 {
-		a0 := unsafe.SliceData(a[i][:k])
-		if i+1 == m {
-			p1(k, a0, pp, &out[i][0])
-			continue
-		}
-		p2(k, a0, unsafe.SliceData(a[i+1][:k]), pp, &out[i][0])
+	row := func(i int) *float32 { return unsafe.SliceData(a[i][:k]) }
+	switch m {
+	case 1:
+		ks.p1(k, row(0), pp, &out[0][0])
+	case 2:
+		ks.p2(k, row(0), row(1), pp, &out[0][0])
+	case 3:
+		ks.p3(k, row(0), row(1), row(2), pp, &out[0][0])
+	default:
+		ks.p2(k, row(0), row(1), pp, &out[0][0])
+		ks.p2(k, row(2), row(3), pp, &out[2][0])
 	}
 }

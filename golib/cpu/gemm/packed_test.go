@@ -136,7 +136,7 @@ func BenchmarkDecodeStepPacked(b *testing.B) {
 	a := randSlice(r, 4*2816)
 	c := make([]float32, 4*32000)
 	defer SetPath(Path())
-	for _, m := range []int{1, 4} {
+	for _, m := range []int{1, 3, 4} {
 		for _, threads := range []int{1, 2} {
 			for _, path := range Paths() {
 				b.Run(fmt.Sprintf("m%d/threads%d/%s", m, threads, path), func(b *testing.B) {
