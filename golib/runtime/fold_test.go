@@ -19,6 +19,33 @@ func opTypes(p *Plan) string {
 	return strings.Join(ops, " ")
 }
 
+// fusedPair builds model b twice, with fusion (the session a user gets)
+// and as the reference without folding or fusion, and fails the test when
+// node's presence in the fused plan is not fused or, when fused, any of
+// the chain's op types in leftovers is still in the plan. It returns both
+// sessions.
+func fusedPair(t *testing.T, name string, b []byte, node string, fused bool, leftovers ...string) (s, ref *Session) {
+	t.Helper()
+	s, err := NewSessionFromBytes(b, Options{Threads: 1})
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	plan := opTypes(s.Plan())
+	if got := strings.Contains(plan, node); got != fused {
+		t.Fatalf("%s: fused = %v, want %v (plan %s)", name, got, fused, plan)
+	}
+	for _, op := range leftovers {
+		if fused && strings.Contains(plan, op) {
+			t.Errorf("%s: chain node %q left in the plan: %s", name, op, plan)
+		}
+	}
+	ref, err = NewSessionFromBytes(b, Options{Threads: 1, DisableFolding: true})
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return s, ref
+}
+
 func constNode(out string, v ...int64) *onnxpb.NodeProto {
 	return onnxtest.Node("Constant", nil, []string{out}, onnxtest.AttrTensor("value", onnxtest.Int64s(out, []int64{int64(len(v))}, v)))
 }

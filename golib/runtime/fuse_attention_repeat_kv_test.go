@@ -3,7 +3,6 @@ package runtime
 import (
 	"math"
 	"math/rand"
-	"strings"
 	"testing"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/internal/onnxtest"
@@ -99,21 +98,7 @@ func TestFuseAttentionRepeatKV(t *testing.T) {
 		rc := rkvChain{axis: 2, qMul: 1}
 		c.edit(&rc)
 		b := onnxtest.Bytes(rc.model())
-		s, err := NewSessionFromBytes(b, Options{Threads: 1})
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
-		plan := opTypes(s.Plan())
-		if got := strings.Contains(plan, "AttentionRepeatKV"); got != c.fused {
-			t.Fatalf("%s: fused = %v, want %v (plan %s)", c.name, got, c.fused, plan)
-		}
-		if c.fused && (strings.Contains(plan, "Expand") || strings.Contains(plan, "Unsqueeze")) {
-			t.Errorf("%s: chain nodes left: %s", c.name, plan)
-		}
-		ref, err := NewSessionFromBytes(b, Options{Threads: 1, DisableFolding: true})
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
+		s, ref := fusedPair(t, c.name, b, "AttentionRepeatKV", c.fused, "Expand", "Unsqueeze")
 		for _, dims := range [][3]int{{1, 1, 1}, {1, 1, 17}, {2, 4, 9}} {
 			bsz, sq, kv := dims[0], dims[1], dims[2]
 			mk := func(shape tensor.Shape) *tensor.Tensor {

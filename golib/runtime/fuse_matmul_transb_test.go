@@ -3,7 +3,6 @@ package runtime
 import (
 	"math"
 	"math/rand"
-	"strings"
 	"testing"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/internal/onnxtest"
@@ -55,18 +54,7 @@ func TestFuseMatMulTransB(t *testing.T) {
 		g := onnxtest.Graph(nodes, []*onnxpb.ValueInfoProto{onnxtest.Info("a", c.dt, dims(c.aShape)...),
 			onnxtest.Info("b", c.dt, dims(c.bShp)...)}, outputs)
 		b := onnxtest.Bytes(onnxtest.Model(18, g, nil))
-		s, err := NewSessionFromBytes(b, Options{Threads: 1})
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
-		plan := opTypes(s.Plan())
-		if got := strings.Contains(plan, "MatMulTransB"); got != c.fused {
-			t.Fatalf("%s: fused = %v, want %v (plan %s)", c.name, got, c.fused, plan)
-		}
-		ref, err := NewSessionFromBytes(b, Options{Threads: 1, DisableFolding: true})
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
+		s, ref := fusedPair(t, c.name, b, "MatMulTransB", c.fused)
 		mk := func(shape tensor.Shape) *tensor.Tensor {
 			v := randFloats(rng, shape.Size())
 			var x *tensor.Tensor

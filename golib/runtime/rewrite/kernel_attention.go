@@ -259,6 +259,14 @@ func (k *cacheAttention) presents(ctx *ops.Context, bind Binding, kv *cache.KVCa
 	if bind.ExportWanted(k.layer) {
 		L = kv.MaxLen()
 	}
+	return writePresents(ctx, kv, dt, g, L, false)
+}
+
+// writePresents allocates outputs 1 and 2 as [B, kv_heads, L, D] and, when
+// L > 0, fills them from the cache: its first L positions (KVCache.Export),
+// or with tail its last min(length, L) positions from row 0 (ExportTail,
+// the window-sized buffers of GroupQueryAttention).
+func writePresents(ctx *ops.Context, kv *cache.KVCache, dt tensor.DType, g geometry, L int, tail bool) error {
 	pk, err := ctx.NewOutputUninit(1, dt, tensor.Shape{g.b, g.hkv, L, g.dk})
 	if err != nil {
 		return err
@@ -271,6 +279,9 @@ func (k *cacheAttention) presents(ctx *ops.Context, bind Binding, kv *cache.KVCa
 		return nil
 	}
 	elem, _ := ElemOf(dt)
+	if tail {
+		return mapCacheErr(kv.ExportTail(pk.Bytes(), pv.Bytes(), elem, L))
+	}
 	return mapCacheErr(kv.Export(pk.Bytes(), pv.Bytes(), elem, L))
 }
 

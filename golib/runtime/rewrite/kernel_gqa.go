@@ -151,19 +151,7 @@ func windowPresents(ctx *ops.Context, bind Binding, layer int, kv *cache.KVCache
 	if bind.ExportWanted(layer) {
 		L = C
 	}
-	pk, err := ctx.NewOutputUninit(1, dt, tensor.Shape{g.b, g.hkv, L, g.dk})
-	if err != nil {
-		return err
-	}
-	pv, err := ctx.NewOutputUninit(2, dt, tensor.Shape{g.b, g.hkv, L, g.dv})
-	if err != nil {
-		return err
-	}
-	if L == 0 {
-		return nil
-	}
-	elem, _ := ElemOf(dt)
-	return mapCacheErr(kv.ExportTail(pk.Bytes(), pv.Bytes(), elem, L))
+	return writePresents(ctx, kv, dt, g, L, true)
 }
 
 // lengths checks seqlens_k and total_sequence_length against the state and
