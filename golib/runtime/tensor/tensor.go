@@ -35,13 +35,19 @@ const inlineRank = 6
 // header returns a new tensor header holding a copy of shape.
 func header(dt DType, shape Shape, data []byte) *Tensor {
 	t := &Tensor{dtype: dt, data: data}
+	t.setShape(shape)
+	return t
+}
+
+// setShape makes t's shape a copy of shape, in the header's own dims when
+// the rank allows.
+func (t *Tensor) setShape(shape Shape) {
 	if n := len(shape); n <= inlineRank {
 		copy(t.dims[:n], shape)
 		t.shape = t.dims[:n:n]
 	} else {
 		t.shape = shape.Clone()
 	}
-	return t
 }
 
 // New allocates a zero-filled tensor. The buffer is 8-byte aligned so every
@@ -81,12 +87,7 @@ func newSmall(dt DType, shape Shape, nb int) *Tensor {
 	s := &smallTensor{t: Tensor{dtype: dt}}
 	t := &s.t
 	t.data = unsafe.Slice((*byte)(unsafe.Pointer(&s.words[0])), nb)
-	if n := len(shape); n <= inlineRank {
-		copy(t.dims[:n], shape)
-		t.shape = t.dims[:n:n]
-	} else {
-		t.shape = shape.Clone()
-	}
+	t.setShape(shape)
 	return t
 }
 
