@@ -663,6 +663,8 @@ def vaxpy(fmt):
     ins("TESTQ AX, AX", f"JZ {name}odd")
     w(f"{name}pair:")
     ins("LEAQ (SI)(CX*1), R12", "PREFETCHT1 (R12)", "PREFETCHT1 (R12)(BX*1)")
+    if fmt == "i8":  # a 128-byte row spans two cache lines
+        ins("PREFETCHT1 64(R12)", "PREFETCHT1 64(R12)(BX*1)")
     body()
     ins("ADDQ wpb+56(FP), R8", "ADDQ wpb+56(FP), R10", "LEAQ (SI)(BX*2), SI", "DECQ AX", f"JNZ {name}pair")
     w(f"{name}odd:")

@@ -177,6 +177,10 @@ type quantBlock struct {
 	vs    vScratch
 }
 
+// quantPrefetchTokens is how many rows ahead the loops over quantized
+// rows prefetch (prefetchTokens is the native loops').
+var quantPrefetchTokens = 64
+
 // superFloats bounds the folded query rows the parts of one super-block
 // keep (rows*dk floats per part): 128 KiB, at least one part.
 const superFloats = 32 << 10
@@ -338,7 +342,7 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 		}
 		if len(qb.parts) > 0 && (tot+sg.Len > bt || len(qb.parts) == maxParts) {
 			qb.ahead = segs[used:]
-			u.block(ops, s, nil, nil, nil, nil, pos-tot, tot, rows, prefetchTokens, nil)
+			u.block(ops, s, nil, nil, nil, nil, pos-tot, tot, rows, quantPrefetchTokens, nil)
 			qb.parts, tot = qb.parts[:0], 0
 		}
 		qb.parts = append(qb.parts, quantPart{})
@@ -358,14 +362,14 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 		for off := 0; off < sg.Len; off += bt {
 			p.n = min(bt, sg.Len-off)
 			p.k, p.v = k.rows(off, off+p.n), v.rows(off, off+p.n)
-			u.block(ops, s, nil, nil, nil, nil, pos+off, p.n, rows, prefetchTokens, nil)
+			u.block(ops, s, nil, nil, nil, nil, pos+off, p.n, rows, quantPrefetchTokens, nil)
 		}
 		qb.parts = qb.parts[:0]
 		pos += sg.Len
 	}
 	qb.ahead = nil
 	if tot > 0 {
-		u.block(ops, s, nil, nil, nil, nil, pos-tot, tot, rows, prefetchTokens, nil)
+		u.block(ops, s, nil, nil, nil, nil, pos-tot, tot, rows, quantPrefetchTokens, nil)
 		qb.parts = qb.parts[:0]
 	}
 	return used, pos, nil
