@@ -202,7 +202,7 @@ func (a *quantAsm) axpyLd(rows int, acc, p []float32, ld, n int, m qmat, alpha *
 			vz = &m.z[gi]
 		}
 		pfd := 0
-		if j0 == 0 {
+		if vb%64 == 0 { // the first block of each cache line of the rows
 			pfd = pf * m.rb
 		}
 		fn(&acc[j0], d*4, &p[0], ld*4, &m.b[vb], m.rb, n, alpha, &m.s[gi], vz, m.ng*4, s2, pfd)
