@@ -278,84 +278,118 @@ def axpy(rows, fmt, isa):
 
 def vnni():
     """AVX-512 VNNI score loop for int8 K per channel: q (scales folded) quantized to int8
-    per row once per segment (qabsmax, qquant), integer dots by VPDPBUSD."""
-    w("// func qabsmaxavx512(q *float32, ks *float32, n int, rows int, mx *float32, chk *float32)")
+    per row once per segment (qprep: maximum, checks and rounding in one call), integer dots
+    by VPDPBUSD."""
+    w("// func qprepavx512(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int")
     w("//")
-    w("// For rows r < rows of q (n elements apart, n a multiple of 16): mx[r] = max_i |q_ri*ks_i|,")
-    w("// chk[r] = sum_i (q_ri*ks_i)*0 (0 exactly when every product is finite); four rows at a")
-    w("// time while four are left.")
-    w("TEXT ·qabsmaxavx512(SB), NOSPLIT, $0-48")
-    ins("MOVQ q+0(FP), SI", "MOVQ ks+8(FP), R8", "MOVQ n+16(FP), CX", "MOVQ rows+24(FP), R10",
-        "MOVQ mx+32(FP), DX", "MOVQ chk+40(FP), R11",
-        "VXORPS Z4, Z4, Z4", "MOVL $0x7fffffff, AX", "VPBROADCASTD AX, Z2")
-    # four rows at a time: independent max/check chains, the channel scales loaded once
-    w("qabsmaxrow4:")
-    ins("CMPQ R10, $4", "JLT qabsmaxrow", "LEAQ (SI)(CX*4), R12", "LEAQ (R12)(CX*4), R13", "LEAQ (R13)(CX*4), R14")
+    w("// intPrep in one pass per row (q n elements apart, dst n bytes apart; n a multiple of 16,")
+    w("// of 128 with i4 set): m = max_i |q_ri*ks_i|, sc[r] = m/127, dst_r[i] =")
+    w("// round-to-even(q_ri*ks_i*(127/m)) as int8 (0 for a row of zeros), sums[r] = the sum of")
+    w("// the row's dst values. With i4 set the row is stored in qi4Order: of each 32 elements,")
+    w("// the first 16 at the block's next 16 bytes, the second 16 64 bytes further (blocks of")
+    w("// 128). It returns 0, at the first row that fails, when a product is not finite or a")
+    w("// nonzero m/127 or 127/m leaves float32's normal range; 1 otherwise.")
+    w("TEXT ·qprepavx512(SB), NOSPLIT, $0-72")
+    ins("MOVQ dst+0(FP), DI", "MOVQ q+8(FP), SI", "MOVQ ks+16(FP), R8", "MOVQ n+24(FP), CX",
+        "MOVQ rows+32(FP), R10", "MOVQ sc+40(FP), DX", "MOVQ sums+48(FP), R11",
+        "VXORPS Z4, Z4, Z4", "MOVL $0x7fffffff, R9", "VPBROADCASTD R9, Z2",
+        "MOVL $0x42fe0000, R9", "VMOVD R9, X6",  # 127
+        "MOVL $0x7f7fffff, R9", "VMOVD R9, X7")  # MaxFloat32
+    # four rows at a time while four are left: the channel scales loaded once per step, four
+    # independent chains (q rows SI R13 R14 R15, dst rows DI R9 R12 AX)
+    qrow, drow = ["SI", "R13", "R14", "R15"], ["DI", "R9", "R12", "AX"]
+    w("qprep4grp:")
+    ins("CMPQ R10, $4", "JLT qprep1start", "LEAQ (SI)(CX*4), R13", "LEAQ (R13)(CX*4), R14",
+        "LEAQ (R14)(CX*4), R15", "LEAQ (DI)(CX*1), R9", "LEAQ (R9)(CX*1), R12", "LEAQ (R12)(CX*1), AX")
     for i in range(4):
         ins(f"VXORPS Z{16+i}, Z{16+i}, Z{16+i}", f"VXORPS Z{20+i}, Z{20+i}, Z{20+i}")
-    ins("XORQ R9, R9")
-    w("qabsmaxloop4:")
-    ins("VMOVUPS (R8)(R9*4), Z5")
-    for i, b in enumerate(["SI", "R12", "R13", "R14"]):
-        ins(f"VMULPS ({b})(R9*4), Z5, Z{6+i}", f"VFMADD231PS Z4, Z{6+i}, Z{20+i}", f"VANDPS Z2, Z{6+i}, Z{6+i}",
-            f"VMAXPS Z{6+i}, Z{16+i}, Z{16+i}")
-    ins("ADDQ $16, R9", "CMPQ R9, CX", "JLT qabsmaxloop4")
+    ins("XORQ BX, BX")
+    w("qprep4max:")
+    ins("VMOVUPS (R8)(BX*4), Z5")
     for i in range(4):
-        ins(f"VEXTRACTF64X4 $1, Z{16+i}, Y0", f"VMAXPS Y0, Y{16+i}, Y1", "VEXTRACTF128 $1, Y1, X0", "VMAXPS X0, X1, X1",
-            "VPERMILPS $0x4e, X1, X0", "VMAXPS X0, X1, X1", "VPERMILPS $0xb1, X1, X0", "VMAXPS X0, X1, X1",
-            f"VMOVSS X1, {off(4*i)}(DX)",
-            f"VEXTRACTF64X4 $1, Z{20+i}, Y0", f"VADDPS Y0, Y{20+i}, Y3", "VEXTRACTF128 $1, Y3, X0", "VADDPS X0, X3, X3",
-            "VHADDPS X3, X3, X3", "VHADDPS X3, X3, X3", f"VMOVSS X3, {off(4*i)}(R11)")
-    ins("LEAQ (R14)(CX*4), SI", "ADDQ $16, DX", "ADDQ $16, R11", "SUBQ $4, R10", "JNZ qabsmaxrow4", "JMP qabsmaxdone")
-    w("qabsmaxrow:")
-    ins("VXORPS Z1, Z1, Z1", "VXORPS Z3, Z3, Z3", "XORQ R9, R9")
-    w("qabsmaxloop:")
-    ins("VMOVUPS (SI)(R9*4), Z0", "VMULPS (R8)(R9*4), Z0, Z0",
+        ins(f"VMULPS ({qrow[i]})(BX*4), Z5, Z{8+i}", f"VFMADD231PS Z4, Z{8+i}, Z{20+i}",
+            f"VANDPS Z2, Z{8+i}, Z{8+i}", f"VMAXPS Z{8+i}, Z{16+i}, Z{16+i}")
+    ins("ADDQ $16, BX", "CMPQ BX, CX", "JLT qprep4max")
+    for i in range(4):
+        ins(f"VEXTRACTF64X4 $1, Z{16+i}, Y0", f"VMAXPS Y0, Y{16+i}, Y1", "VEXTRACTF128 $1, Y1, X0",
+            "VMAXPS X0, X1, X1", "VPERMILPS $0x4e, X1, X0", "VMAXPS X0, X1, X1", "VPERMILPS $0xb1, X1, X0",
+            "VMAXPS X0, X1, X1",
+            f"VEXTRACTF64X4 $1, Z{20+i}, Y0", f"VADDPS Y0, Y{20+i}, Y3", "VEXTRACTF128 $1, Y3, X0",
+            "VADDPS X0, X3, X3", "VHADDPS X3, X3, X3", "VHADDPS X3, X3, X3",
+            "VXORPS X5, X5, X5", "VUCOMISS X5, X3", "JNE qprepfail", "JPS qprepfail",
+            "VXORPS X8, X8, X8", "VXORPS X9, X9, X9", "VUCOMISS X5, X1", f"JEQ qprep4inv{i}",
+            "VDIVSS X6, X1, X8", "VUCOMISS X5, X8", "JEQ qprepfail", "VDIVSS X1, X6, X9",
+            "VUCOMISS X7, X9", "JHI qprepfail")
+        w(f"qprep4inv{i}:")
+        ins(f"VMOVSS X8, {off(4*i)}(DX)", f"VBROADCASTSS X9, Z{12+i}", f"VPXORD Z{16+i}, Z{16+i}, Z{16+i}")
+    ins("XORQ BX, BX", "CMPQ i4+56(FP), $0", "JNE qprep4i4")
+    w("qprep4i8:")
+    ins("VMOVUPS (R8)(BX*4), Z5")
+    for i in range(4):
+        ins(f"VMULPS ({qrow[i]})(BX*4), Z5, Z{8+i}", f"VMULPS Z{12+i}, Z{8+i}, Z{8+i}",
+            f"VCVTPS2DQ Z{8+i}, Z{8+i}", f"VPADDD Z{8+i}, Z{16+i}, Z{16+i}", f"VPMOVSDB Z{8+i}, ({drow[i]})(BX*1)")
+    ins("ADDQ $16, BX", "CMPQ BX, CX", "JLT qprep4i8", "LEAQ (DI)(CX*4), DI", "JMP qprep4sum")
+    w("qprep4i4:")
+    ins("VMOVUPS (R8)(BX*4), Z5", "VMOVUPS 64(R8)(BX*4), Z24")
+    for i in range(4):
+        for h, (o, kreg) in enumerate(((0, "Z5"), (64, "Z24"))):
+            ins(f"VMULPS {off(o)}({qrow[i]})(BX*4), {kreg}, Z{8+i}", f"VMULPS Z{12+i}, Z{8+i}, Z{8+i}",
+                f"VCVTPS2DQ Z{8+i}, Z{8+i}", f"VPADDD Z{8+i}, Z{16+i}, Z{16+i}",
+                f"VPMOVSDB Z{8+i}, {off(o)}({drow[i]})")
+    ins(*[f"ADDQ $16, {r}" for r in drow])
+    ins("ADDQ $32, BX", "TESTQ $127, BX", "JNZ qprep4i4next", *[f"ADDQ $64, {r}" for r in drow])
+    w("qprep4i4next:")
+    ins("CMPQ BX, CX", "JLT qprep4i4", "LEAQ (DI)(CX*2), DI", "ADDQ CX, DI")  # DI had moved n on
+    w("qprep4sum:")
+    for i in range(4):
+        ins(f"VEXTRACTI64X4 $1, Z{16+i}, Y0", f"VPADDD Y0, Y{16+i}, Y1", "VEXTRACTI128 $1, Y1, X0",
+            "VPADDD X0, X1, X1", "VPHADDD X1, X1, X1", "VPHADDD X1, X1, X1", "VCVTDQ2PS X1, X1",
+            f"VMOVSS X1, {off(4*i)}(R11)")
+    ins("LEAQ (R15)(CX*4), SI", "ADDQ $16, DX", "ADDQ $16, R11", "SUBQ $4, R10", "JMP qprep4grp")
+    w("qprep1start:")
+    ins("TESTQ R10, R10", "JZ qprepok", "MOVQ i4+56(FP), AX")
+    w("qpreprow:")
+    ins("VXORPS Z1, Z1, Z1", "VXORPS Z3, Z3, Z3", "XORQ BX, BX")
+    w("qprepmax:")
+    ins("VMOVUPS (SI)(BX*4), Z0", "VMULPS (R8)(BX*4), Z0, Z0",
         "VFMADD231PS Z4, Z0, Z3", "VANDPS Z2, Z0, Z0", "VMAXPS Z0, Z1, Z1",
-        "ADDQ $16, R9", "CMPQ R9, CX", "JLT qabsmaxloop")
+        "ADDQ $16, BX", "CMPQ BX, CX", "JLT qprepmax")
     ins("VEXTRACTF64X4 $1, Z1, Y0", "VMAXPS Y0, Y1, Y1", "VEXTRACTF128 $1, Y1, X0", "VMAXPS X0, X1, X1",
         "VPERMILPS $0x4e, X1, X0", "VMAXPS X0, X1, X1", "VPERMILPS $0xb1, X1, X0", "VMAXPS X0, X1, X1",
-        "VMOVSS X1, (DX)",
         "VEXTRACTF64X4 $1, Z3, Y0", "VADDPS Y0, Y3, Y3", "VEXTRACTF128 $1, Y3, X0", "VADDPS X0, X3, X3",
-        "VHADDPS X3, X3, X3", "VHADDPS X3, X3, X3", "VMOVSS X3, (R11)",
-        "LEAQ (SI)(CX*4), SI", "ADDQ $4, DX", "ADDQ $4, R11", "DECQ R10", "JNZ qabsmaxrow")
-    w("qabsmaxdone:")
-    ins("VZEROUPPER", "RET")
-    w()
-    w("// func qquantavx512(dst *byte, q *float32, ks *float32, n int, rows int, inv *float32, sums *float32, i4 int)")
-    w("//")
-    w("// For rows r < rows (q n elements apart, dst n bytes apart, n a multiple of 16; of 128")
-    w("// with i4 set): dst_r[i] = round-to-even(q_ri*ks_i*inv[r]) as int8 (|q*ks*inv| <= 127),")
-    w("// sums[r] = the sum of the row's dst values. With i4 set the row is stored in qi4Order:")
-    w("// of each 32 elements, the first 16 at the block's next 16 bytes, the second 16 64 bytes")
-    w("// further (blocks of 128).")
-    w("TEXT ·qquantavx512(SB), NOSPLIT, $0-64")
-    ins("MOVQ dst+0(FP), DI", "MOVQ q+8(FP), SI", "MOVQ ks+16(FP), R8", "MOVQ n+24(FP), CX",
-        "MOVQ rows+32(FP), R10", "MOVQ inv+40(FP), DX", "MOVQ sums+48(FP), R11", "MOVQ i4+56(FP), AX",
-        "TESTQ AX, AX", "JNZ qquant4row")
-    w("qquantrow:")
-    ins("VBROADCASTSS (DX), Z2", "VPXORD Z1, Z1, Z1", "XORQ R9, R9")
-    w("qquantloop:")
-    ins("VMOVUPS (SI)(R9*4), Z0", "VMULPS (R8)(R9*4), Z0, Z0", "VMULPS Z2, Z0, Z0", "VCVTPS2DQ Z0, Z0",
-        "VPADDD Z0, Z1, Z1", "VPMOVSDB Z0, (DI)(R9*1)", "ADDQ $16, R9", "CMPQ R9, CX", "JLT qquantloop")
-    w("qquantsum:")
+        "VHADDPS X3, X3, X3", "VHADDPS X3, X3, X3",
+        # every product finite: the sum of products times 0 is exactly 0
+        "VXORPS X5, X5, X5", "VUCOMISS X5, X3", "JNE qprepfail", "JPS qprepfail",
+        "VXORPS X8, X8, X8", "VXORPS X9, X9, X9", "VUCOMISS X5, X1", "JEQ qprepinv")
+    # m > 0: sc = m/127 must not be 0, inv = 127/m not above MaxFloat32
+    ins("VDIVSS X6, X1, X8", "VUCOMISS X5, X8", "JEQ qprepfail", "VDIVSS X1, X6, X9",
+        "VUCOMISS X7, X9", "JHI qprepfail")
+    w("qprepinv:")
+    ins("VMOVSS X8, (DX)", "VBROADCASTSS X9, Z9", "VPXORD Z1, Z1, Z1", "XORQ BX, BX",
+        "TESTQ AX, AX", "JNZ qprep4")
+    w("qprepquant:")
+    ins("VMOVUPS (SI)(BX*4), Z0", "VMULPS (R8)(BX*4), Z0, Z0", "VMULPS Z9, Z0, Z0", "VCVTPS2DQ Z0, Z0",
+        "VPADDD Z0, Z1, Z1", "VPMOVSDB Z0, (DI)(BX*1)", "ADDQ $16, BX", "CMPQ BX, CX", "JLT qprepquant",
+        "JMP qprepsum")
+    w("qprep4:")
+    ins("MOVQ DI, R12")
+    w("qprep4loop:")
+    ins("VMOVUPS (SI)(BX*4), Z0", "VMULPS (R8)(BX*4), Z0, Z0", "VMULPS Z9, Z0, Z0", "VCVTPS2DQ Z0, Z0",
+        "VPADDD Z0, Z1, Z1", "VPMOVSDB Z0, (R12)",
+        "VMOVUPS 64(SI)(BX*4), Z0", "VMULPS 64(R8)(BX*4), Z0, Z0", "VMULPS Z9, Z0, Z0", "VCVTPS2DQ Z0, Z0",
+        "VPADDD Z0, Z1, Z1", "VPMOVSDB Z0, 64(R12)",
+        "ADDQ $16, R12", "ADDQ $32, BX", "MOVQ BX, R13", "ANDQ $127, R13", "JNZ qprep4next",
+        "ADDQ $64, R12")
+    w("qprep4next:")
+    ins("CMPQ BX, CX", "JLT qprep4loop")
+    w("qprepsum:")
     ins("VEXTRACTI64X4 $1, Z1, Y0", "VPADDD Y0, Y1, Y1", "VEXTRACTI128 $1, Y1, X0", "VPADDD X0, X1, X1",
         "VPHADDD X1, X1, X1", "VPHADDD X1, X1, X1", "VCVTDQ2PS X1, X1", "VMOVSS X1, (R11)",
-        "LEAQ (SI)(CX*4), SI", "ADDQ CX, DI", "ADDQ $4, DX", "ADDQ $4, R11", "DECQ R10", "JZ qquantdone",
-        "TESTQ AX, AX", "JZ qquantrow")
-    w("qquant4row:")
-    ins("VBROADCASTSS (DX), Z2", "VPXORD Z1, Z1, Z1", "XORQ R9, R9", "MOVQ DI, R12")
-    w("qquant4loop:")
-    ins("VMOVUPS (SI)(R9*4), Z0", "VMULPS (R8)(R9*4), Z0, Z0", "VMULPS Z2, Z0, Z0", "VCVTPS2DQ Z0, Z0",
-        "VPADDD Z0, Z1, Z1", "VPMOVSDB Z0, (R12)",
-        "VMOVUPS 64(SI)(R9*4), Z0", "VMULPS 64(R8)(R9*4), Z0, Z0", "VMULPS Z2, Z0, Z0", "VCVTPS2DQ Z0, Z0",
-        "VPADDD Z0, Z1, Z1", "VPMOVSDB Z0, 64(R12)",
-        "ADDQ $16, R12", "ADDQ $32, R9", "MOVQ R9, R13", "ANDQ $127, R13", "JNZ qquant4next",
-        "ADDQ $64, R12")
-    w("qquant4next:")
-    ins("CMPQ R9, CX", "JLT qquant4loop", "JMP qquantsum")
-    w("qquantdone:")
-    ins("VZEROUPPER", "RET")
+        "LEAQ (SI)(CX*4), SI", "ADDQ CX, DI", "ADDQ $4, DX", "ADDQ $4, R11", "DECQ R10", "JNZ qpreprow")
+    w("qprepok:")
+    ins("MOVQ $1, ret+64(FP)", "VZEROUPPER", "RET")
+    w("qprepfail:")
+    ins("MOVQ $0, ret+64(FP)", "VZEROUPPER", "RET")
     w()
     vnni_dots("i8")
     vnni_dots("i4")

@@ -284,26 +284,11 @@ func intPrep512(dst []byte, q, ks []float32, f cache.QuantFormat, sc, sum []floa
 		return false
 	}
 	_, _, _ = dst[rows*n-1], q[rows*n-1], sum[rows-1]
-	qabsmaxavx512(&q[0], &ks[0], n, rows, &sc[0], &sum[0])
-	for r, m := range sc {
-		if sum[r] != 0 {
-			return false
-		}
-		inv := float32(0) // m == 0: a row of zeros
-		if m != 0 {
-			inv = 127 / m
-			if inv > math.MaxFloat32 || m/127 == 0 {
-				return false
-			}
-		}
-		sc[r], sum[r] = m/127, inv
-	}
 	i4 := 0
 	if f == cache.QuantInt4 {
 		i4 = 1
 	}
-	qquantavx512(&dst[0], &q[0], &ks[0], n, rows, &sum[0], &sum[0], i4)
-	return true
+	return qprepavx512(&dst[0], &q[0], &ks[0], n, rows, &sc[0], &sum[0], i4) != 0
 }
 
 // intDots4VNNI is quantOps.intDots4 (head dim a multiple of 64; of 128 for
@@ -333,10 +318,7 @@ func qprefetchScales(s []float32) {
 func qprefetch(p *float32, n int)
 
 //go:noescape
-func qabsmaxavx512(q *float32, ks *float32, n int, rows int, mx *float32, chk *float32)
-
-//go:noescape
-func qquantavx512(dst *byte, q *float32, ks *float32, n int, rows int, inv *float32, sums *float32, i4 int)
+func qprepavx512(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int
 
 //go:noescape
 func qdots4i8vnni(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)

@@ -2182,27 +2182,39 @@ qaxpy1i4avx2store:
 	VZEROUPPER
 	RET
 
-// func qabsmaxavx512(q *float32, ks *float32, n int, rows int, mx *float32, chk *float32)
+// func qprepavx512(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int
 //
-// For rows r < rows of q (n elements apart, n a multiple of 16): mx[r] = max_i |q_ri*ks_i|,
-// chk[r] = sum_i (q_ri*ks_i)*0 (0 exactly when every product is finite); four rows at a
-// time while four are left.
-TEXT ·qabsmaxavx512(SB), NOSPLIT, $0-48
-	MOVQ q+0(FP), SI
-	MOVQ ks+8(FP), R8
-	MOVQ n+16(FP), CX
-	MOVQ rows+24(FP), R10
-	MOVQ mx+32(FP), DX
-	MOVQ chk+40(FP), R11
+// intPrep in one pass per row (q n elements apart, dst n bytes apart; n a multiple of 16,
+// of 128 with i4 set): m = max_i |q_ri*ks_i|, sc[r] = m/127, dst_r[i] =
+// round-to-even(q_ri*ks_i*(127/m)) as int8 (0 for a row of zeros), sums[r] = the sum of
+// the row's dst values. With i4 set the row is stored in qi4Order: of each 32 elements,
+// the first 16 at the block's next 16 bytes, the second 16 64 bytes further (blocks of
+// 128). It returns 0, at the first row that fails, when a product is not finite or a
+// nonzero m/127 or 127/m leaves float32's normal range; 1 otherwise.
+TEXT ·qprepavx512(SB), NOSPLIT, $0-72
+	MOVQ dst+0(FP), DI
+	MOVQ q+8(FP), SI
+	MOVQ ks+16(FP), R8
+	MOVQ n+24(FP), CX
+	MOVQ rows+32(FP), R10
+	MOVQ sc+40(FP), DX
+	MOVQ sums+48(FP), R11
 	VXORPS Z4, Z4, Z4
-	MOVL $0x7fffffff, AX
-	VPBROADCASTD AX, Z2
-qabsmaxrow4:
+	MOVL $0x7fffffff, R9
+	VPBROADCASTD R9, Z2
+	MOVL $0x42fe0000, R9
+	VMOVD R9, X6
+	MOVL $0x7f7fffff, R9
+	VMOVD R9, X7
+qprep4grp:
 	CMPQ R10, $4
-	JLT qabsmaxrow
-	LEAQ (SI)(CX*4), R12
-	LEAQ (R12)(CX*4), R13
+	JLT qprep1start
+	LEAQ (SI)(CX*4), R13
 	LEAQ (R13)(CX*4), R14
+	LEAQ (R14)(CX*4), R15
+	LEAQ (DI)(CX*1), R9
+	LEAQ (R9)(CX*1), R12
+	LEAQ (R12)(CX*1), AX
 	VXORPS Z16, Z16, Z16
 	VXORPS Z20, Z20, Z20
 	VXORPS Z17, Z17, Z17
@@ -2211,28 +2223,28 @@ qabsmaxrow4:
 	VXORPS Z22, Z22, Z22
 	VXORPS Z19, Z19, Z19
 	VXORPS Z23, Z23, Z23
-	XORQ R9, R9
-qabsmaxloop4:
-	VMOVUPS (R8)(R9*4), Z5
-	VMULPS (SI)(R9*4), Z5, Z6
-	VFMADD231PS Z4, Z6, Z20
-	VANDPS Z2, Z6, Z6
-	VMAXPS Z6, Z16, Z16
-	VMULPS (R12)(R9*4), Z5, Z7
-	VFMADD231PS Z4, Z7, Z21
-	VANDPS Z2, Z7, Z7
-	VMAXPS Z7, Z17, Z17
-	VMULPS (R13)(R9*4), Z5, Z8
-	VFMADD231PS Z4, Z8, Z22
+	XORQ BX, BX
+qprep4max:
+	VMOVUPS (R8)(BX*4), Z5
+	VMULPS (SI)(BX*4), Z5, Z8
+	VFMADD231PS Z4, Z8, Z20
 	VANDPS Z2, Z8, Z8
-	VMAXPS Z8, Z18, Z18
-	VMULPS (R14)(R9*4), Z5, Z9
-	VFMADD231PS Z4, Z9, Z23
+	VMAXPS Z8, Z16, Z16
+	VMULPS (R13)(BX*4), Z5, Z9
+	VFMADD231PS Z4, Z9, Z21
 	VANDPS Z2, Z9, Z9
-	VMAXPS Z9, Z19, Z19
-	ADDQ $16, R9
-	CMPQ R9, CX
-	JLT qabsmaxloop4
+	VMAXPS Z9, Z17, Z17
+	VMULPS (R14)(BX*4), Z5, Z10
+	VFMADD231PS Z4, Z10, Z22
+	VANDPS Z2, Z10, Z10
+	VMAXPS Z10, Z18, Z18
+	VMULPS (R15)(BX*4), Z5, Z11
+	VFMADD231PS Z4, Z11, Z23
+	VANDPS Z2, Z11, Z11
+	VMAXPS Z11, Z19, Z19
+	ADDQ $16, BX
+	CMPQ BX, CX
+	JLT qprep4max
 	VEXTRACTF64X4 $1, Z16, Y0
 	VMAXPS Y0, Y16, Y1
 	VEXTRACTF128 $1, Y1, X0
@@ -2241,14 +2253,30 @@ qabsmaxloop4:
 	VMAXPS X0, X1, X1
 	VPERMILPS $0xb1, X1, X0
 	VMAXPS X0, X1, X1
-	VMOVSS X1, (DX)
 	VEXTRACTF64X4 $1, Z20, Y0
 	VADDPS Y0, Y20, Y3
 	VEXTRACTF128 $1, Y3, X0
 	VADDPS X0, X3, X3
 	VHADDPS X3, X3, X3
 	VHADDPS X3, X3, X3
-	VMOVSS X3, (R11)
+	VXORPS X5, X5, X5
+	VUCOMISS X5, X3
+	JNE qprepfail
+	JPS qprepfail
+	VXORPS X8, X8, X8
+	VXORPS X9, X9, X9
+	VUCOMISS X5, X1
+	JEQ qprep4inv0
+	VDIVSS X6, X1, X8
+	VUCOMISS X5, X8
+	JEQ qprepfail
+	VDIVSS X1, X6, X9
+	VUCOMISS X7, X9
+	JHI qprepfail
+qprep4inv0:
+	VMOVSS X8, (DX)
+	VBROADCASTSS X9, Z12
+	VPXORD Z16, Z16, Z16
 	VEXTRACTF64X4 $1, Z17, Y0
 	VMAXPS Y0, Y17, Y1
 	VEXTRACTF128 $1, Y1, X0
@@ -2257,14 +2285,30 @@ qabsmaxloop4:
 	VMAXPS X0, X1, X1
 	VPERMILPS $0xb1, X1, X0
 	VMAXPS X0, X1, X1
-	VMOVSS X1, 4(DX)
 	VEXTRACTF64X4 $1, Z21, Y0
 	VADDPS Y0, Y21, Y3
 	VEXTRACTF128 $1, Y3, X0
 	VADDPS X0, X3, X3
 	VHADDPS X3, X3, X3
 	VHADDPS X3, X3, X3
-	VMOVSS X3, 4(R11)
+	VXORPS X5, X5, X5
+	VUCOMISS X5, X3
+	JNE qprepfail
+	JPS qprepfail
+	VXORPS X8, X8, X8
+	VXORPS X9, X9, X9
+	VUCOMISS X5, X1
+	JEQ qprep4inv1
+	VDIVSS X6, X1, X8
+	VUCOMISS X5, X8
+	JEQ qprepfail
+	VDIVSS X1, X6, X9
+	VUCOMISS X7, X9
+	JHI qprepfail
+qprep4inv1:
+	VMOVSS X8, 4(DX)
+	VBROADCASTSS X9, Z13
+	VPXORD Z17, Z17, Z17
 	VEXTRACTF64X4 $1, Z18, Y0
 	VMAXPS Y0, Y18, Y1
 	VEXTRACTF128 $1, Y1, X0
@@ -2273,14 +2317,30 @@ qabsmaxloop4:
 	VMAXPS X0, X1, X1
 	VPERMILPS $0xb1, X1, X0
 	VMAXPS X0, X1, X1
-	VMOVSS X1, 8(DX)
 	VEXTRACTF64X4 $1, Z22, Y0
 	VADDPS Y0, Y22, Y3
 	VEXTRACTF128 $1, Y3, X0
 	VADDPS X0, X3, X3
 	VHADDPS X3, X3, X3
 	VHADDPS X3, X3, X3
-	VMOVSS X3, 8(R11)
+	VXORPS X5, X5, X5
+	VUCOMISS X5, X3
+	JNE qprepfail
+	JPS qprepfail
+	VXORPS X8, X8, X8
+	VXORPS X9, X9, X9
+	VUCOMISS X5, X1
+	JEQ qprep4inv2
+	VDIVSS X6, X1, X8
+	VUCOMISS X5, X8
+	JEQ qprepfail
+	VDIVSS X1, X6, X9
+	VUCOMISS X7, X9
+	JHI qprepfail
+qprep4inv2:
+	VMOVSS X8, 8(DX)
+	VBROADCASTSS X9, Z14
+	VPXORD Z18, Z18, Z18
 	VEXTRACTF64X4 $1, Z19, Y0
 	VMAXPS Y0, Y19, Y1
 	VEXTRACTF128 $1, Y1, X0
@@ -2289,33 +2349,174 @@ qabsmaxloop4:
 	VMAXPS X0, X1, X1
 	VPERMILPS $0xb1, X1, X0
 	VMAXPS X0, X1, X1
-	VMOVSS X1, 12(DX)
 	VEXTRACTF64X4 $1, Z23, Y0
 	VADDPS Y0, Y23, Y3
 	VEXTRACTF128 $1, Y3, X0
 	VADDPS X0, X3, X3
 	VHADDPS X3, X3, X3
 	VHADDPS X3, X3, X3
-	VMOVSS X3, 12(R11)
-	LEAQ (R14)(CX*4), SI
+	VXORPS X5, X5, X5
+	VUCOMISS X5, X3
+	JNE qprepfail
+	JPS qprepfail
+	VXORPS X8, X8, X8
+	VXORPS X9, X9, X9
+	VUCOMISS X5, X1
+	JEQ qprep4inv3
+	VDIVSS X6, X1, X8
+	VUCOMISS X5, X8
+	JEQ qprepfail
+	VDIVSS X1, X6, X9
+	VUCOMISS X7, X9
+	JHI qprepfail
+qprep4inv3:
+	VMOVSS X8, 12(DX)
+	VBROADCASTSS X9, Z15
+	VPXORD Z19, Z19, Z19
+	XORQ BX, BX
+	CMPQ i4+56(FP), $0
+	JNE qprep4i4
+qprep4i8:
+	VMOVUPS (R8)(BX*4), Z5
+	VMULPS (SI)(BX*4), Z5, Z8
+	VMULPS Z12, Z8, Z8
+	VCVTPS2DQ Z8, Z8
+	VPADDD Z8, Z16, Z16
+	VPMOVSDB Z8, (DI)(BX*1)
+	VMULPS (R13)(BX*4), Z5, Z9
+	VMULPS Z13, Z9, Z9
+	VCVTPS2DQ Z9, Z9
+	VPADDD Z9, Z17, Z17
+	VPMOVSDB Z9, (R9)(BX*1)
+	VMULPS (R14)(BX*4), Z5, Z10
+	VMULPS Z14, Z10, Z10
+	VCVTPS2DQ Z10, Z10
+	VPADDD Z10, Z18, Z18
+	VPMOVSDB Z10, (R12)(BX*1)
+	VMULPS (R15)(BX*4), Z5, Z11
+	VMULPS Z15, Z11, Z11
+	VCVTPS2DQ Z11, Z11
+	VPADDD Z11, Z19, Z19
+	VPMOVSDB Z11, (AX)(BX*1)
+	ADDQ $16, BX
+	CMPQ BX, CX
+	JLT qprep4i8
+	LEAQ (DI)(CX*4), DI
+	JMP qprep4sum
+qprep4i4:
+	VMOVUPS (R8)(BX*4), Z5
+	VMOVUPS 64(R8)(BX*4), Z24
+	VMULPS (SI)(BX*4), Z5, Z8
+	VMULPS Z12, Z8, Z8
+	VCVTPS2DQ Z8, Z8
+	VPADDD Z8, Z16, Z16
+	VPMOVSDB Z8, (DI)
+	VMULPS 64(SI)(BX*4), Z24, Z8
+	VMULPS Z12, Z8, Z8
+	VCVTPS2DQ Z8, Z8
+	VPADDD Z8, Z16, Z16
+	VPMOVSDB Z8, 64(DI)
+	VMULPS (R13)(BX*4), Z5, Z9
+	VMULPS Z13, Z9, Z9
+	VCVTPS2DQ Z9, Z9
+	VPADDD Z9, Z17, Z17
+	VPMOVSDB Z9, (R9)
+	VMULPS 64(R13)(BX*4), Z24, Z9
+	VMULPS Z13, Z9, Z9
+	VCVTPS2DQ Z9, Z9
+	VPADDD Z9, Z17, Z17
+	VPMOVSDB Z9, 64(R9)
+	VMULPS (R14)(BX*4), Z5, Z10
+	VMULPS Z14, Z10, Z10
+	VCVTPS2DQ Z10, Z10
+	VPADDD Z10, Z18, Z18
+	VPMOVSDB Z10, (R12)
+	VMULPS 64(R14)(BX*4), Z24, Z10
+	VMULPS Z14, Z10, Z10
+	VCVTPS2DQ Z10, Z10
+	VPADDD Z10, Z18, Z18
+	VPMOVSDB Z10, 64(R12)
+	VMULPS (R15)(BX*4), Z5, Z11
+	VMULPS Z15, Z11, Z11
+	VCVTPS2DQ Z11, Z11
+	VPADDD Z11, Z19, Z19
+	VPMOVSDB Z11, (AX)
+	VMULPS 64(R15)(BX*4), Z24, Z11
+	VMULPS Z15, Z11, Z11
+	VCVTPS2DQ Z11, Z11
+	VPADDD Z11, Z19, Z19
+	VPMOVSDB Z11, 64(AX)
+	ADDQ $16, DI
+	ADDQ $16, R9
+	ADDQ $16, R12
+	ADDQ $16, AX
+	ADDQ $32, BX
+	TESTQ $127, BX
+	JNZ qprep4i4next
+	ADDQ $64, DI
+	ADDQ $64, R9
+	ADDQ $64, R12
+	ADDQ $64, AX
+qprep4i4next:
+	CMPQ BX, CX
+	JLT qprep4i4
+	LEAQ (DI)(CX*2), DI
+	ADDQ CX, DI
+qprep4sum:
+	VEXTRACTI64X4 $1, Z16, Y0
+	VPADDD Y0, Y16, Y1
+	VEXTRACTI128 $1, Y1, X0
+	VPADDD X0, X1, X1
+	VPHADDD X1, X1, X1
+	VPHADDD X1, X1, X1
+	VCVTDQ2PS X1, X1
+	VMOVSS X1, (R11)
+	VEXTRACTI64X4 $1, Z17, Y0
+	VPADDD Y0, Y17, Y1
+	VEXTRACTI128 $1, Y1, X0
+	VPADDD X0, X1, X1
+	VPHADDD X1, X1, X1
+	VPHADDD X1, X1, X1
+	VCVTDQ2PS X1, X1
+	VMOVSS X1, 4(R11)
+	VEXTRACTI64X4 $1, Z18, Y0
+	VPADDD Y0, Y18, Y1
+	VEXTRACTI128 $1, Y1, X0
+	VPADDD X0, X1, X1
+	VPHADDD X1, X1, X1
+	VPHADDD X1, X1, X1
+	VCVTDQ2PS X1, X1
+	VMOVSS X1, 8(R11)
+	VEXTRACTI64X4 $1, Z19, Y0
+	VPADDD Y0, Y19, Y1
+	VEXTRACTI128 $1, Y1, X0
+	VPADDD X0, X1, X1
+	VPHADDD X1, X1, X1
+	VPHADDD X1, X1, X1
+	VCVTDQ2PS X1, X1
+	VMOVSS X1, 12(R11)
+	LEAQ (R15)(CX*4), SI
 	ADDQ $16, DX
 	ADDQ $16, R11
 	SUBQ $4, R10
-	JNZ qabsmaxrow4
-	JMP qabsmaxdone
-qabsmaxrow:
+	JMP qprep4grp
+qprep1start:
+	TESTQ R10, R10
+	JZ qprepok
+	MOVQ i4+56(FP), AX
+qpreprow:
 	VXORPS Z1, Z1, Z1
 	VXORPS Z3, Z3, Z3
-	XORQ R9, R9
-qabsmaxloop:
-	VMOVUPS (SI)(R9*4), Z0
-	VMULPS (R8)(R9*4), Z0, Z0
+	XORQ BX, BX
+qprepmax:
+	VMOVUPS (SI)(BX*4), Z0
+	VMULPS (R8)(BX*4), Z0, Z0
 	VFMADD231PS Z4, Z0, Z3
 	VANDPS Z2, Z0, Z0
 	VMAXPS Z0, Z1, Z1
-	ADDQ $16, R9
-	CMPQ R9, CX
-	JLT qabsmaxloop
+	ADDQ $16, BX
+	CMPQ BX, CX
+	JLT qprepmax
 	VEXTRACTF64X4 $1, Z1, Y0
 	VMAXPS Y0, Y1, Y1
 	VEXTRACTF128 $1, Y1, X0
@@ -2324,56 +2525,69 @@ qabsmaxloop:
 	VMAXPS X0, X1, X1
 	VPERMILPS $0xb1, X1, X0
 	VMAXPS X0, X1, X1
-	VMOVSS X1, (DX)
 	VEXTRACTF64X4 $1, Z3, Y0
 	VADDPS Y0, Y3, Y3
 	VEXTRACTF128 $1, Y3, X0
 	VADDPS X0, X3, X3
 	VHADDPS X3, X3, X3
 	VHADDPS X3, X3, X3
-	VMOVSS X3, (R11)
-	LEAQ (SI)(CX*4), SI
-	ADDQ $4, DX
-	ADDQ $4, R11
-	DECQ R10
-	JNZ qabsmaxrow
-qabsmaxdone:
-	VZEROUPPER
-	RET
-
-// func qquantavx512(dst *byte, q *float32, ks *float32, n int, rows int, inv *float32, sums *float32, i4 int)
-//
-// For rows r < rows (q n elements apart, dst n bytes apart, n a multiple of 16; of 128
-// with i4 set): dst_r[i] = round-to-even(q_ri*ks_i*inv[r]) as int8 (|q*ks*inv| <= 127),
-// sums[r] = the sum of the row's dst values. With i4 set the row is stored in qi4Order:
-// of each 32 elements, the first 16 at the block's next 16 bytes, the second 16 64 bytes
-// further (blocks of 128).
-TEXT ·qquantavx512(SB), NOSPLIT, $0-64
-	MOVQ dst+0(FP), DI
-	MOVQ q+8(FP), SI
-	MOVQ ks+16(FP), R8
-	MOVQ n+24(FP), CX
-	MOVQ rows+32(FP), R10
-	MOVQ inv+40(FP), DX
-	MOVQ sums+48(FP), R11
-	MOVQ i4+56(FP), AX
-	TESTQ AX, AX
-	JNZ qquant4row
-qquantrow:
-	VBROADCASTSS (DX), Z2
+	VXORPS X5, X5, X5
+	VUCOMISS X5, X3
+	JNE qprepfail
+	JPS qprepfail
+	VXORPS X8, X8, X8
+	VXORPS X9, X9, X9
+	VUCOMISS X5, X1
+	JEQ qprepinv
+	VDIVSS X6, X1, X8
+	VUCOMISS X5, X8
+	JEQ qprepfail
+	VDIVSS X1, X6, X9
+	VUCOMISS X7, X9
+	JHI qprepfail
+qprepinv:
+	VMOVSS X8, (DX)
+	VBROADCASTSS X9, Z9
 	VPXORD Z1, Z1, Z1
-	XORQ R9, R9
-qquantloop:
-	VMOVUPS (SI)(R9*4), Z0
-	VMULPS (R8)(R9*4), Z0, Z0
-	VMULPS Z2, Z0, Z0
+	XORQ BX, BX
+	TESTQ AX, AX
+	JNZ qprep4
+qprepquant:
+	VMOVUPS (SI)(BX*4), Z0
+	VMULPS (R8)(BX*4), Z0, Z0
+	VMULPS Z9, Z0, Z0
 	VCVTPS2DQ Z0, Z0
 	VPADDD Z0, Z1, Z1
-	VPMOVSDB Z0, (DI)(R9*1)
-	ADDQ $16, R9
-	CMPQ R9, CX
-	JLT qquantloop
-qquantsum:
+	VPMOVSDB Z0, (DI)(BX*1)
+	ADDQ $16, BX
+	CMPQ BX, CX
+	JLT qprepquant
+	JMP qprepsum
+qprep4:
+	MOVQ DI, R12
+qprep4loop:
+	VMOVUPS (SI)(BX*4), Z0
+	VMULPS (R8)(BX*4), Z0, Z0
+	VMULPS Z9, Z0, Z0
+	VCVTPS2DQ Z0, Z0
+	VPADDD Z0, Z1, Z1
+	VPMOVSDB Z0, (R12)
+	VMOVUPS 64(SI)(BX*4), Z0
+	VMULPS 64(R8)(BX*4), Z0, Z0
+	VMULPS Z9, Z0, Z0
+	VCVTPS2DQ Z0, Z0
+	VPADDD Z0, Z1, Z1
+	VPMOVSDB Z0, 64(R12)
+	ADDQ $16, R12
+	ADDQ $32, BX
+	MOVQ BX, R13
+	ANDQ $127, R13
+	JNZ qprep4next
+	ADDQ $64, R12
+qprep4next:
+	CMPQ BX, CX
+	JLT qprep4loop
+qprepsum:
 	VEXTRACTI64X4 $1, Z1, Y0
 	VPADDD Y0, Y1, Y1
 	VEXTRACTI128 $1, Y1, X0
@@ -2387,38 +2601,13 @@ qquantsum:
 	ADDQ $4, DX
 	ADDQ $4, R11
 	DECQ R10
-	JZ qquantdone
-	TESTQ AX, AX
-	JZ qquantrow
-qquant4row:
-	VBROADCASTSS (DX), Z2
-	VPXORD Z1, Z1, Z1
-	XORQ R9, R9
-	MOVQ DI, R12
-qquant4loop:
-	VMOVUPS (SI)(R9*4), Z0
-	VMULPS (R8)(R9*4), Z0, Z0
-	VMULPS Z2, Z0, Z0
-	VCVTPS2DQ Z0, Z0
-	VPADDD Z0, Z1, Z1
-	VPMOVSDB Z0, (R12)
-	VMOVUPS 64(SI)(R9*4), Z0
-	VMULPS 64(R8)(R9*4), Z0, Z0
-	VMULPS Z2, Z0, Z0
-	VCVTPS2DQ Z0, Z0
-	VPADDD Z0, Z1, Z1
-	VPMOVSDB Z0, 64(R12)
-	ADDQ $16, R12
-	ADDQ $32, R9
-	MOVQ R9, R13
-	ANDQ $127, R13
-	JNZ qquant4next
-	ADDQ $64, R12
-qquant4next:
-	CMPQ R9, CX
-	JLT qquant4loop
-	JMP qquantsum
-qquantdone:
+	JNZ qpreprow
+qprepok:
+	MOVQ $1, ret+64(FP)
+	VZEROUPPER
+	RET
+qprepfail:
+	MOVQ $0, ret+64(FP)
 	VZEROUPPER
 	RET
 

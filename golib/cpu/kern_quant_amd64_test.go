@@ -338,3 +338,59 @@ func TestQuantSumSq2(t *testing.T) {
 		}
 	}
 }
+
+// TestQuantIntPrepFails: intPrep refuses a row whose products are not
+// finite or whose scale leaves float32's normal range, and takes a row of
+// zeros (scale 0, every integer 0).
+func TestQuantIntPrepFails(t *testing.T) {
+	if quant512Ops.intPrep == nil {
+		t.Skip("no AVX-512 VNNI")
+	}
+	const d = 128
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	for _, f := range quantFormats {
+		for _, rows := range []int{2, 5} { // the one-row loop, the four-row one
+			for _, tc := range []struct {
+				name string
+				x    float32 // q[1][5] (the second of two rows)
+				ok   bool
+			}{
+				{"finite", 0.5, true},
+				{"NaN", nan, false},
+				{"Inf", inf, false},
+				{"product overflows", 3e38, false},
+				{"denormal", 1e-44, false},
+				{"inverse overflows", 1e-38, false},
+				{"zeros", 0, true},
+			} {
+				q := make([]float32, rows*d)
+				ks := make([]float32, d)
+				for i := range ks {
+					ks[i] = 1
+					q[i] = float32(i%7) - 3
+				}
+				ks[5] = 10
+				q[d+5] = tc.x
+				qi := make([]byte, rows*d)
+				sc, sum := make([]float32, rows), make([]float32, rows)
+				if got := intPrep512(qi, q, ks, f, sc, sum); got != tc.ok {
+					t.Fatalf("%s %s rows %d: intPrep = %v, want %v", f, tc.name, rows, got, tc.ok)
+				}
+				if !tc.ok {
+					continue
+				}
+				row0 := float32(20) / 127 // |q[5]*ks[5]| = 2*10
+				var wantSc float32
+				if tc.name == "finite" {
+					wantSc = 5 / float32(127) // |0.5*10| = 5 of the second row
+				}
+				if sc[1] != wantSc || sc[0] != row0 {
+					t.Fatalf("%s %s: scales %v, want [%v %v]", f, tc.name, sc, row0, wantSc)
+				}
+				if tc.name == "zeros" && (sum[1] != 0 || slices.ContainsFunc(qi[d:2*d], func(b byte) bool { return b != 0 })) {
+					t.Fatalf("%s: a row of zeros gave sum %v, integers %v", f, sum[1], qi[d:2*d])
+				}
+			}
+		}
+	}
+}
