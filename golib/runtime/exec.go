@@ -375,6 +375,9 @@ func (p *Plan) executeNode(sc *runScope, i int) error {
 	}
 	kctx := &fr.kctx[i]
 	kctx.Reset(inputs, n.Info.OutputPresent, sc.threads, sc, alloc)
+	if geometry && n.spareOut != nil {
+		sh.offer(i, n, kctx)
+	}
 	var start time.Time
 	if sc.profile {
 		start = time.Now()

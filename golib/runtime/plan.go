@@ -84,6 +84,14 @@ type PlanNode struct {
 	castTo    tensor.DType
 	gin       []int32
 	shapeRead int
+	// spareOut[k] is set when output k of a kept geometry node is read
+	// only by inputs that copy it (no consumer's output can view its
+	// buffer) and is no graph output: the shape cache may then write a
+	// later run's value into the buffer of a replaced one.
+	spareOut []bool
+	// viewsSpare marks a kept geometry view of such an output: its kept
+	// view is replaced whenever it is computed (see analyzeSpares).
+	viewsSpare bool
 }
 
 // Plan is an ExecutionPlan: a graph's nodes in topological order with their

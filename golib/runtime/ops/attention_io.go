@@ -40,7 +40,8 @@ func (a *f32Arena) release() {
 	for _, p := range a.held {
 		f32Pool.Put(p)
 	}
-	a.held = nil
+	clear(a.held)
+	a.held = a.held[:0] // an arena kept by its caller reuses the list
 }
 
 // f32 returns t's values as float32: the tensor's own data for float32,

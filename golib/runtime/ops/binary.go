@@ -140,7 +140,7 @@ func binaryCompute(op binaryOp, a, b, out *tensor.Tensor) error {
 // powIntFloat is Pow with an integer base and a float exponent: computed
 // in float64 and truncated to the base's integer type.
 func powIntFloat(a, b, out *tensor.Tensor) error {
-	x, y, err := convertBoth(reduceSource, a, b)
+	x, y, err := convertBoth(func(t *tensor.Tensor) ([]float64, error) { return reduceSource(nil, t) }, a, b)
 	if err != nil {
 		return err
 	}

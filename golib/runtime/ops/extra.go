@@ -95,7 +95,7 @@ func floatTest(ctx *Context, f func(float64) bool) error {
 		}
 		return nil
 	}
-	v, err := reduceSource(x)
+	v, err := reduceSource(nil, x)
 	if err != nil {
 		return err
 	}

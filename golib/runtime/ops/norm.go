@@ -200,7 +200,7 @@ func normCompute(ctx *Context, axis int, eps float32, sp normSpec) error {
 			}
 			sum = f32Result(sumT)
 		} else {
-			sum = make([]float32, len(src))
+			sum = ctx.Float32s(len(src))
 		}
 	}
 	dst := f32Result(y)

@@ -229,7 +229,9 @@ func newShape(n *Node) (Kernel, error) {
 		}
 		r := int64(x.Rank())
 		s, e := clampRange(start, r), clampRange(end, r)
-		out, err := ctx.NewOutputUninit(0, tensor.Int64, tensor.Shape{int(max(e-s, 0))})
+		shape := ctx.ScratchShape(1) // a literal shape would escape to the heap
+		shape[0] = int(max(e-s, 0))
+		out, err := ctx.NewOutputUninit(0, tensor.Int64, shape)
 		if err != nil {
 			return err
 		}
