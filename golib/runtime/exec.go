@@ -297,16 +297,19 @@ func (p *Plan) execute(sc *runScope) (err error) {
 	return nil
 }
 
-// drop releases the value in slot s.
+// drop releases the value in slot s; a detached value stays (the shape
+// cache holds it; a later store replaces it).
 func (f *frame) drop(mem *memTracker, s int32) {
+	if f.detached[s] {
+		return
+	}
 	if t := f.vals[s]; t != nil {
-		switch {
-		case f.ent[s] != nil:
-			mem.releasedEntry(f.ent[s])
-		case !f.detached[s]:
-			mem.released(t) // placed without store: a feed, a subgraph input
+		if e := f.ent[s]; e != nil {
+			mem.releasedEntry(e)
+		} else if f.sub {
+			mem.released(t) // placed without store: a subgraph input
 		}
-		f.vals[s], f.detached[s], f.ent[s] = nil, false, nil
+		f.vals[s], f.ent[s] = nil, nil
 	}
 }
 
@@ -316,7 +319,7 @@ func (f *frame) drop(mem *memTracker, s int32) {
 // shares that input's entry without a lookup.
 func (f *frame) store(mem *memTracker, s int32, t *tensor.Tensor, inputs []*tensor.Tensor, in []int32, detached bool) {
 	f.drop(mem, s)
-	f.vals[s], f.detached[s] = t, detached
+	f.vals[s], f.detached[s], f.ent[s] = t, detached, nil
 	if detached {
 		return
 	}
@@ -358,7 +361,7 @@ func (p *Plan) executeNode(sc *runScope, i int) error {
 	}
 	if geometry && sh.reusable(i, n, inputs) {
 		for k, s := range n.out {
-			if s >= 0 {
+			if s >= 0 && (fr.vals[s] != sh.outs[i][k] || !fr.detached[s]) { // else still in its slot
 				fr.store(sc.mem, s, sh.outs[i][k], inputs, n.in, true)
 			}
 		}
