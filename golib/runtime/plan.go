@@ -212,6 +212,7 @@ func (b *builder) build(g *model.Graph, outer map[string]bool) (*Plan, error) {
 		if err := b.fusePlan(p, g); err != nil {
 			return nil, err
 		}
+		dedupPlan(p, g)
 	}
 	for _, n := range p.Nodes {
 		for _, o := range n.Outputs {
