@@ -84,6 +84,11 @@ type PlanNode struct {
 	castTo    tensor.DType
 	gin       []int32
 	shapeRead int
+	// dimRead is the shape read whose dimensions dims this node gathers
+	// (Gather(Shape(x), constant indices)), -1 otherwise: it keeps its
+	// outputs while those dimensions do, even when the shape changes.
+	dimRead int
+	dims    []int64
 	// spareOut[k] is set when output k of a kept geometry node is read
 	// only by inputs that copy it (no consumer's output can view its
 	// buffer) and is no graph output: the shape cache may then write a

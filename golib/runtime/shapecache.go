@@ -113,8 +113,45 @@ func (p *Plan) analyzeGeometry() {
 	for _, s := range p.outSlots {
 		unkeep(s)
 	}
+	p.analyzeDimReads(producer)
 	p.analyzeSpares()
 	p.geom = geometryInfo{reads: reads}
+}
+
+// analyzeDimReads marks the Gathers of constant dimensions of a shape
+// read (the exporters' Gather(Shape(past), 2) for the past length next to
+// Gather(Shape(past), 0) for the batch): such a node's kept output holds
+// while the dimensions it reads do, whatever the rest of the shape does.
+func (p *Plan) analyzeDimReads(producer map[int32]*PlanNode) {
+	for _, nd := range p.Nodes {
+		nd.dimRead, nd.dims = -1, nil
+		if !nd.geometry || !nd.keep || nd.Domain != "" || nd.OpType != "Gather" || len(nd.in) != 2 || len(nd.gin) != 1 ||
+			nd.in[0] < 0 || nd.in[1] < 0 || nd.gin[0] != nd.in[0] {
+			continue
+		}
+		if axis, err := nd.Info.Attrs.Int("axis", 0); err != nil || axis != 0 {
+			continue
+		}
+		sr := producer[nd.in[0]]
+		if sr == nil || sr.shapeRead < 0 || sr.OpType != "Shape" || len(sr.Info.Attrs) != 0 {
+			continue // a Shape with start/end reads a part of the shape
+		}
+		idx := p.base[nd.in[1]]
+		if idx == nil || idx.Rank() > 1 || isDefault(p, nd.Inputs[1]) {
+			continue
+		}
+		v, err := tensor.Int64Values(idx)
+		if err != nil || len(v) == 0 {
+			continue
+		}
+		nd.dimRead, nd.dims = sr.shapeRead, v
+	}
+}
+
+// isDefault reports whether name is an initializer a feed may replace.
+func isDefault(p *Plan, name string) bool {
+	_, ok := p.defaults[name]
+	return ok
 }
 
 // copyingOps are the default-domain ops whose outputs never view an input's
@@ -211,9 +248,10 @@ type shapeCache struct {
 	// outs[i] holds node i's outputs from the last run (nil: none kept).
 	outs [][]*tensor.Tensor
 	// seen[r] is the input shape shape read r saw in the last run; known[r]
-	// whether there is one.
-	seen  []tensor.Shape
-	known []bool
+	// whether there is one; prev[r] (prevKnown[r]) the one before, when
+	// the last run changed it (for the dimension reads).
+	seen, prev       []tensor.Shape
+	known, prevKnown []bool
 	// changed marks, by slot, the geometry values that differ in this run
 	// from the last one.
 	changed []bool
@@ -228,7 +266,8 @@ type shapeCache struct {
 
 func newShapeCache(p *Plan) *shapeCache {
 	c := &shapeCache{outs: make([][]*tensor.Tensor, len(p.Nodes)), seen: make([]tensor.Shape, p.geom.reads),
-		known: make([]bool, p.geom.reads), changed: make([]bool, len(p.base)),
+		prev: make([]tensor.Shape, p.geom.reads), known: make([]bool, p.geom.reads),
+		prevKnown: make([]bool, p.geom.reads), changed: make([]bool, len(p.base)),
 		fresh: make([][]bool, len(p.Nodes)), made: make([][]bool, len(p.Nodes)),
 		spareMade: make([][]bool, len(p.Nodes)), spare: make([][]*tensor.Tensor, len(p.Nodes))}
 	for i, nd := range p.Nodes {
@@ -260,6 +299,7 @@ func (c *shapeCache) forget() {
 		clear(c.spare[i])
 	}
 	clear(c.known)
+	clear(c.prevKnown)
 }
 
 // reusable reports whether geometry node i's kept outputs hold for this run
@@ -269,17 +309,37 @@ func (c *shapeCache) reusable(i int, n *PlanNode, inputs []*tensor.Tensor) bool 
 	if r := n.shapeRead; r >= 0 {
 		s := inputs[0].Shape()
 		if !c.known[r] || !equalShape(c.seen[r], s) {
-			c.seen[r] = append(c.seen[r][:0], s...)
-			c.known[r] = true
+			c.prev[r], c.seen[r] = c.seen[r], append(c.prev[r][:0], s...)
+			c.prevKnown[r], c.known[r] = c.known[r], true
 			same = false
 		}
 	}
 	for _, s := range n.gin {
-		if c.changed[s] {
+		if c.changed[s] && !c.sameDims(n) {
 			same = false
 		}
 	}
 	return same && n.keep
+}
+
+// sameDims reports whether dimension read n's dimensions are those of the
+// shape its shape read saw before this run's (the kept output was computed
+// from that shape, or from an earlier one with the same dimensions).
+func (c *shapeCache) sameDims(n *PlanNode) bool {
+	r := n.dimRead
+	if r < 0 || !c.prevKnown[r] || len(c.prev[r]) != len(c.seen[r]) {
+		return false
+	}
+	rank := int64(len(c.seen[r]))
+	for _, d := range n.dims {
+		if d < 0 {
+			d += rank
+		}
+		if d < 0 || d >= rank || c.prev[r][d] != c.seen[r][d] {
+			return false
+		}
+	}
+	return true
 }
 
 // update takes node i's freshly computed outputs: an output equal to the

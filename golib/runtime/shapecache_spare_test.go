@@ -166,3 +166,89 @@ func TestReuseAndNewCap(t *testing.T) {
 		t.Fatal("Reuse rewrote a pinned tensor")
 	}
 }
+
+// dimModel gathers the batch (dimension 0, a scalar index) and the
+// length (dimension -1, a 1-D index) of x's shape and builds
+// y = Reshape(x, [b*n]) + b and z = w * the shape [b, n] as floats.
+func dimModel() *onnxpb.ModelProto {
+	nd := onnxtest.Node
+	nodes := []*onnxpb.NodeProto{
+		nd("Shape", []string{"x"}, []string{"s"}),
+		nd("Gather", []string{"s", "zero_s"}, []string{"b"}, onnxtest.AttrInt("axis", 0)),
+		nd("Gather", []string{"s", "last1"}, []string{"n1"}, onnxtest.AttrInt("axis", 0)),
+		nd("Unsqueeze", []string{"b", "zero1"}, []string{"b1"}),
+		nd("Mul", []string{"b1", "n1"}, []string{"bn"}),
+		nd("Reshape", []string{"x", "bn"}, []string{"xr"}),
+		nd("Cast", []string{"b"}, []string{"bf"}, onnxtest.AttrInt("to", 1)),
+		nd("Add", []string{"xr", "bf"}, []string{"y"}),
+		nd("Concat", []string{"b1", "n1"}, []string{"bnc"}, onnxtest.AttrInt("axis", 0)),
+		nd("Cast", []string{"bnc"}, []string{"bncf"}, onnxtest.AttrInt("to", 1)),
+		nd("Mul", []string{"bncf", "w"}, []string{"z"}),
+	}
+	g := onnxtest.Graph(nodes, []vi{onnxtest.Info("x", 1, -1, -1), onnxtest.Info("w", 1, 1)},
+		[]vi{onnxtest.Info("y", 1, -1), onnxtest.Info("z", 1, 2)},
+		onnxtest.Int64s("zero_s", nil, []int64{0}), onnxtest.Int64s("last1", []int64{1}, []int64{-1}),
+		onnxtest.Int64s("zero1", []int64{1}, []int64{0}))
+	return onnxtest.Model(17, g, nil)
+}
+
+// TestDimReads: a Gather of a shape dimension keeps its output while that
+// dimension does (no kernel call when only the other one changes), and
+// every run gives what a fresh session gives.
+func TestDimReads(t *testing.T) {
+	s := session(t, dimModel())
+	dimReads := 0
+	for _, nd := range s.Plan().Nodes {
+		if nd.dimRead >= 0 {
+			dimReads++
+		}
+	}
+	if dimReads != 2 {
+		t.Fatalf("%d dimension reads, want 2 (plan %s)", dimReads, opTypes(s.Plan()))
+	}
+	shapes := []tensor.Shape{{2, 3}, {2, 4}, {2, 5}, {3, 5}, {3, 6}, {1, 6}, {1, 7}, {2, 3}, {2, 3}, {4, 1}}
+	for step, shape := range shapes {
+		v := make([]float32, shape.Size())
+		for i := range v {
+			v[i] = float32(i)
+		}
+		x, _ := tensor.FromSlice(shape, v)
+		w, _ := tensor.FromSlice(tensor.Shape{1}, []float32{0.5})
+		feeds := map[string]*tensor.Tensor{"x": x, "w": w}
+		outs, stats, err := s.Run(feeds, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fresh := session(t, dimModel())
+		want, _, err := fresh.Run(feeds, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := range outs {
+			if !equalTensor(outs[k], want[k]) {
+				t.Fatalf("step %d (x %v): output %d = %v, want %v", step, shape, k, outs[k].Float32(), want[k].Float32())
+			}
+		}
+		gathers := 0
+		for _, e := range stats.Events {
+			if e.OpType == "Gather" {
+				gathers++
+			}
+		}
+		if step > 0 {
+			prev := shapes[step-1]
+			want := 0
+			if prev[0] != shape[0] {
+				want++
+			}
+			if prev[1] != shape[1] {
+				want++
+			}
+			if gathers != want {
+				t.Errorf("step %d (x %v after %v): %d Gather calls, want %d", step, shape, prev, gathers, want)
+			}
+		}
+		s.DefaultState().Release(outs...)
+		fresh.Close()
+	}
+}
