@@ -85,12 +85,14 @@ func newBinary(name string) Factory {
 			if k := f32Kinds[name]; k != 0 && a.DType() == tensor.Float32 && b.DType() == tensor.Float32 {
 				return binaryF32(k, a.Float32(), a.Shape(), b.Float32(), b.Shape(), out.Float32(), out.Shape())
 			}
-			return binaryCompute(op, a, b, out)
+			return binaryCompute(ctx, op, a, b, out)
 		}), nil
 	}
 }
 
-func binaryCompute(op binaryOp, a, b, out *tensor.Tensor) error {
+// binaryCompute is the generic path of the binary ops; float16/bfloat16
+// operands are converted in ctx's scratch (nil: fresh slices).
+func binaryCompute(ctx *Context, op binaryOp, a, b, out *tensor.Tensor) error {
 	as, bs, os := a.Shape(), b.Shape(), out.Shape()
 	switch {
 	case a.DType() == tensor.Float64 && b.DType() == tensor.Float64:
@@ -100,7 +102,7 @@ func binaryCompute(op binaryOp, a, b, out *tensor.Tensor) error {
 		if err != nil {
 			return err
 		}
-		dst := f32Result(out)
+		dst := f32Result(ctx, out)
 		if err := binaryApply(x, as, y, bs, dst, os, op.f32); err != nil {
 			return err
 		}

@@ -154,7 +154,7 @@ func newRange(n *Node) (Kernel, error) {
 		}
 		var s, l, d float64
 		for i, t := range []*tensor.Tensor{st, lt, dt} {
-			f, err := tensor.AsFloat32(t)
+			f, err := ctx.AsFloat32(t)
 			if err != nil {
 				return err
 			}

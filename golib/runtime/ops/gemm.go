@@ -68,7 +68,7 @@ func newGemm(n *Node) (Kernel, error) {
 		if err != nil {
 			return err
 		}
-		af, err := tensor.AsFloat32(a)
+		af, err := ctx.AsFloat32(a)
 		if err != nil {
 			return err
 		}
@@ -76,10 +76,10 @@ func newGemm(n *Node) (Kernel, error) {
 		if err != nil {
 			return err
 		}
-		y := f32Result(out)
+		y := f32Result(ctx, out)
 		bt := float32(0)
 		if c != nil && beta != 0 {
-			if err := gemmBroadcastC(c, tensor.Shape{m, nn}, y); err != nil {
+			if err := gemmBroadcastC(ctx, c, tensor.Shape{m, nn}, y); err != nil {
 				return fmt.Errorf("Gemm C: %w", err)
 			}
 			bt = beta
@@ -98,8 +98,8 @@ func newGemm(n *Node) (Kernel, error) {
 }
 
 // gemmBroadcastC writes t, broadcast to shape (2D), into dst as float32.
-func gemmBroadcastC(t *tensor.Tensor, shape tensor.Shape, dst []float32) error {
-	src, err := tensor.AsFloat32(t)
+func gemmBroadcastC(ctx *Context, t *tensor.Tensor, shape tensor.Shape, dst []float32) error {
+	src, err := ctx.AsFloat32(t)
 	if err != nil {
 		return err
 	}

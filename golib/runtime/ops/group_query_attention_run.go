@@ -67,7 +67,7 @@ func (c *gqaCall) run(ctx *Context, ar *f32Arena, op *gqaOperands) error {
 	if err != nil {
 		return err
 	}
-	dst := f32Result(y)
+	dst := f32Result(ctx, y)
 	var res []float32 // [B, num_heads, S, D]
 	if c.seq == 1 {
 		res = dst // the same layout

@@ -247,6 +247,6 @@ func newMod(n *Node) (Kernel, error) {
 		if err != nil {
 			return err
 		}
-		return binaryCompute(op, a, b, out)
+		return binaryCompute(ctx, op, a, b, out)
 	}), nil
 }

@@ -251,7 +251,7 @@ func reduceSource(ctx *Context, x *tensor.Tensor) ([]float64, error) {
 	case x.DType() == tensor.Float64:
 		copy(out, x.Float64())
 	case x.DType().IsFloat():
-		f, err := tensor.AsFloat32(x)
+		f, err := ctx.AsFloat32(x)
 		if err != nil {
 			return nil, err
 		}

@@ -92,6 +92,20 @@ func (c *Context) Float32s(n int) []float32 {
 	return carve(&c.scratch.f32, &c.scratch.f32Off, n)
 }
 
+// AsFloat32 is tensor.AsFloat32 into scratch: t's own elements when it is
+// float32 (read only), else its values converted into a slice that lives
+// until the next Reset (a nil Context converts into a fresh slice).
+func (c *Context) AsFloat32(t *tensor.Tensor) ([]float32, error) {
+	if v := t.Float32(); v != nil || t.Len() == 0 {
+		return v, nil
+	}
+	dst := c.Float32s(t.Len())
+	if err := tensor.ToFloat32(t, dst); err != nil {
+		return nil, err
+	}
+	return dst, nil
+}
+
 // Float64s returns a zeroed []float64 of length n that lives until the next
 // Reset (a nil Context returns a fresh slice).
 func (c *Context) Float64s(n int) []float64 {

@@ -64,11 +64,11 @@ func softmaxCompute(ctx *Context, axis64 int64, single, logOut bool) error {
 	if err != nil {
 		return err
 	}
-	src, err := tensor.AsFloat32(x)
+	src, err := ctx.AsFloat32(x)
 	if err != nil {
 		return err
 	}
-	dst := f32Result(out)
+	dst := f32Result(ctx, out)
 	if n := outer * inner; ctx.Serial(n, 64) {
 		softmaxRows(src, dst, 0, n, inner, dim, logOut) // no closure: one thread allocates nothing here
 	} else if err := ctx.ParallelFor(n, 64, func(lo, hi int) {
