@@ -98,7 +98,7 @@ func binaryCompute(ctx *Context, op binaryOp, a, b, out *tensor.Tensor) error {
 	case a.DType() == tensor.Float64 && b.DType() == tensor.Float64:
 		return binaryApply(a.Float64(), as, b.Float64(), bs, out.Float64(), os, op.f64)
 	case a.DType().IsFloat():
-		x, y, err := convertBoth(tensor.AsFloat32, a, b)
+		x, y, err := convertBoth(ctx.AsFloat32, a, b)
 		if err != nil {
 			return err
 		}
@@ -205,7 +205,7 @@ func newCompare(name string) Factory {
 			if a.DType() == tensor.Float64 {
 				return binaryApply(a.Float64(), as, b.Float64(), bs, dst, os, cmpF64)
 			}
-			x, y, err := convertBoth(tensor.AsFloat32, a, b)
+			x, y, err := convertBoth(ctx.AsFloat32, a, b)
 			if err != nil {
 				return err
 			}

@@ -64,7 +64,9 @@ func newGemm(n *Node) (Kernel, error) {
 			return fmt.Errorf("%w: Gemm inner dimensions differ: A %v (transA=%v), B %v (transB=%v)",
 				errs.ErrShape, a.Shape(), transA, b.Shape(), transB)
 		}
-		out, err := ctx.NewOutput(0, dt, tensor.Shape{m, nn})
+		mn := ctx.ScratchShape(2) // a literal shape would escape to the heap
+		mn[0], mn[1] = m, nn
+		out, err := ctx.NewOutput(0, dt, mn)
 		if err != nil {
 			return err
 		}
@@ -79,7 +81,7 @@ func newGemm(n *Node) (Kernel, error) {
 		y := f32Result(ctx, out)
 		bt := float32(0)
 		if c != nil && beta != 0 {
-			if err := gemmBroadcastC(ctx, c, tensor.Shape{m, nn}, y); err != nil {
+			if err := gemmBroadcastC(ctx, c, mn, y); err != nil {
 				return fmt.Errorf("Gemm C: %w", err)
 			}
 			bt = beta
