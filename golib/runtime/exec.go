@@ -148,6 +148,11 @@ func (m *memTracker) entry(t *tensor.Tensor) (*byte, *memEntry, *poolBuf) {
 	if k == nil {
 		return nil, nil, nil
 	}
+	if m.pool != nil {
+		if b := m.pool.last; b != nil && k == &b.data[0] {
+			return k, b.ent, b // the buffer the pool handed out last: a node's fresh output
+		}
+	}
 	if len(m.bufs) > 0 {
 		if e, ok := m.bufs[k]; ok {
 			return k, e, nil
