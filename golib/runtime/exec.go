@@ -148,6 +148,11 @@ func (m *memTracker) entry(t *tensor.Tensor) (*byte, *memEntry, *poolBuf) {
 	if k == nil {
 		return nil, nil, nil
 	}
+	if m.pool != nil {
+		if b := m.pool.last; b != nil && k == &b.data[0] {
+			return k, b.ent, b // the buffer the pool handed out last: a node's fresh output
+		}
+	}
 	if len(m.bufs) > 0 {
 		if e, ok := m.bufs[k]; ok {
 			return k, e, nil
@@ -297,16 +302,19 @@ func (p *Plan) execute(sc *runScope) (err error) {
 	return nil
 }
 
-// drop releases the value in slot s.
+// drop releases the value in slot s; a detached value stays (the shape
+// cache holds it; a later store replaces it).
 func (f *frame) drop(mem *memTracker, s int32) {
+	if f.detached[s] {
+		return
+	}
 	if t := f.vals[s]; t != nil {
-		switch {
-		case f.ent[s] != nil:
-			mem.releasedEntry(f.ent[s])
-		case !f.detached[s]:
-			mem.released(t) // placed without store: a feed, a subgraph input
+		if e := f.ent[s]; e != nil {
+			mem.releasedEntry(e)
+		} else if f.sub {
+			mem.released(t) // placed without store: a subgraph input
 		}
-		f.vals[s], f.detached[s], f.ent[s] = nil, false, nil
+		f.vals[s], f.ent[s] = nil, nil
 	}
 }
 
@@ -316,7 +324,7 @@ func (f *frame) drop(mem *memTracker, s int32) {
 // shares that input's entry without a lookup.
 func (f *frame) store(mem *memTracker, s int32, t *tensor.Tensor, inputs []*tensor.Tensor, in []int32, detached bool) {
 	f.drop(mem, s)
-	f.vals[s], f.detached[s] = t, detached
+	f.vals[s], f.detached[s], f.ent[s] = t, detached, nil
 	if detached {
 		return
 	}
@@ -358,7 +366,7 @@ func (p *Plan) executeNode(sc *runScope, i int) error {
 	}
 	if geometry && sh.reusable(i, n, inputs) {
 		for k, s := range n.out {
-			if s >= 0 {
+			if s >= 0 && (fr.vals[s] != sh.outs[i][k] || !fr.detached[s]) { // else still in its slot
 				fr.store(sc.mem, s, sh.outs[i][k], inputs, n.in, true)
 			}
 		}
@@ -375,6 +383,9 @@ func (p *Plan) executeNode(sc *runScope, i int) error {
 	}
 	kctx := &fr.kctx[i]
 	kctx.Reset(inputs, n.Info.OutputPresent, sc.threads, sc, alloc)
+	if geometry && n.spareOut != nil {
+		sh.offer(i, n, kctx)
+	}
 	var start time.Time
 	if sc.profile {
 		start = time.Now()

@@ -226,18 +226,22 @@ func oneInt(t *tensor.Tensor) (int64, bool) {
 // (c's last axis is x's).
 type bcastRows struct {
 	shape    tensor.Shape
-	st, idx  []int
-	stb, idb [8]int
+	n        int    // axes before the last
+	stb, idb [8]int // strides and odometer digits, up to 8 such axes
+	big      []int  // both (strides, then digits) for more axes
 	off      int
 }
 
+// newBcastRows starts b at row 0 (b keeps no pointer into itself, so an
+// iterator on the stack stays there).
 func newBcastRows(b *bcastRows, x, c tensor.Shape) {
 	r := len(x)
-	b.shape, b.st, b.idx, b.off = x, b.stb[:0], b.idb[:0], 0
-	if r-1 > len(b.stb) {
-		b.st, b.idx = make([]int, 0, r-1), make([]int, 0, r-1)
+	b.shape, b.n, b.big, b.off = x, max(r-1, 0), nil, 0
+	if b.n > len(b.stb) {
+		b.big = make([]int, 2*b.n)
 	}
-	for j := 0; j < r-1; j++ {
+	st, idx := b.lists()
+	for j := range b.n {
 		stride := 0
 		if cj := j - (r - len(c)); cj >= 0 && c[cj] != 1 {
 			stride = 1
@@ -245,21 +249,29 @@ func newBcastRows(b *bcastRows, x, c tensor.Shape) {
 				stride *= v
 			}
 		}
-		b.st = append(b.st, stride)
-		b.idx = append(b.idx, 0)
+		st[j], idx[j] = stride, 0
 	}
+}
+
+// lists returns the strides and the odometer digits.
+func (b *bcastRows) lists() (st, idx []int) {
+	if b.big != nil {
+		return b.big[:b.n], b.big[b.n:]
+	}
+	return b.stb[:b.n], b.idb[:b.n]
 }
 
 // next advances to the next row, like an odometer.
 func (b *bcastRows) next() {
-	for j := len(b.idx) - 1; j >= 0; j-- {
-		b.idx[j]++
-		b.off += b.st[j]
-		if b.idx[j] < b.shape[j] {
+	st, idx := b.lists()
+	for j := len(idx) - 1; j >= 0; j-- {
+		idx[j]++
+		b.off += st[j]
+		if idx[j] < b.shape[j] {
 			return
 		}
-		b.off -= b.st[j] * b.idx[j]
-		b.idx[j] = 0
+		b.off -= st[j] * idx[j]
+		idx[j] = 0
 	}
 }
 

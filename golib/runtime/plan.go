@@ -84,6 +84,19 @@ type PlanNode struct {
 	castTo    tensor.DType
 	gin       []int32
 	shapeRead int
+	// dimRead is the shape read whose dimensions dims this node gathers
+	// (Gather(Shape(x), constant indices)), -1 otherwise: it keeps its
+	// outputs while those dimensions do, even when the shape changes.
+	dimRead int
+	dims    []int64
+	// spareOut[k] is set when output k of a kept geometry node is read
+	// only by inputs that copy it (no consumer's output can view its
+	// buffer) and is no graph output: the shape cache may then write a
+	// later run's value into the buffer of a replaced one.
+	spareOut []bool
+	// viewsSpare marks a kept geometry view of such an output: its kept
+	// view is replaced whenever it is computed (see analyzeSpares).
+	viewsSpare bool
 }
 
 // Plan is an ExecutionPlan: a graph's nodes in topological order with their
@@ -204,6 +217,7 @@ func (b *builder) build(g *model.Graph, outer map[string]bool) (*Plan, error) {
 		if err := b.fusePlan(p, g); err != nil {
 			return nil, err
 		}
+		dedupPlan(p, g)
 	}
 	for _, n := range p.Nodes {
 		for _, o := range n.Outputs {

@@ -302,6 +302,7 @@ func (s *Session) runOn(sg *Signature, st *State, feeds []*tensor.Tensor,
 	if err := p.execute(sc); err != nil {
 		if fr.shapes != nil {
 			fr.shapes.forget()
+			fr.forgetDetached()
 		}
 		mem.settle(nil, persistentTensors(ctx))
 		if e := end(false); e != nil {

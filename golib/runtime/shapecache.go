@@ -113,7 +113,134 @@ func (p *Plan) analyzeGeometry() {
 	for _, s := range p.outSlots {
 		unkeep(s)
 	}
+	p.analyzeDimReads(producer)
+	p.analyzeSpares()
 	p.geom = geometryInfo{reads: reads}
+}
+
+// analyzeDimReads marks the Gathers of constant dimensions of a shape
+// read (the exporters' Gather(Shape(past), 2) for the past length next to
+// Gather(Shape(past), 0) for the batch): such a node's kept output holds
+// while the dimensions it reads do, whatever the rest of the shape does.
+func (p *Plan) analyzeDimReads(producer map[int32]*PlanNode) {
+	for _, nd := range p.Nodes {
+		nd.dimRead, nd.dims = -1, nil
+		if !nd.geometry || !nd.keep || nd.Domain != "" || nd.OpType != "Gather" || len(nd.in) != 2 || len(nd.gin) != 1 ||
+			nd.in[0] < 0 || nd.in[1] < 0 || nd.gin[0] != nd.in[0] {
+			continue
+		}
+		if axis, err := nd.Info.Attrs.Int("axis", 0); err != nil || axis != 0 {
+			continue
+		}
+		sr := producer[nd.in[0]]
+		if sr == nil || sr.shapeRead < 0 || sr.OpType != "Shape" || len(sr.Info.Attrs) != 0 {
+			continue // a Shape with start/end reads a part of the shape
+		}
+		idx := p.base[nd.in[1]]
+		if idx == nil || idx.Rank() > 1 || isDefault(p, nd.Inputs[1]) {
+			continue
+		}
+		v, err := tensor.Int64Values(idx)
+		if err != nil || len(v) == 0 {
+			continue
+		}
+		nd.dimRead, nd.dims = sr.shapeRead, v
+	}
+}
+
+// isDefault reports whether name is an initializer a feed may replace.
+func isDefault(p *Plan, name string) bool {
+	_, ok := p.defaults[name]
+	return ok
+}
+
+// copyingOps are the default-domain ops whose outputs never view an input's
+// buffer (they write fresh outputs); viewingOps view input 0 and only read
+// the others. A Cast copies when it is a geometry node (its kernel runs); a
+// Cast the executor passes through at run time is a view.
+var (
+	copyingOps = map[string]bool{"Add": true, "Sub": true, "Mul": true, "Div": true, "Mod": true, "Neg": true,
+		"Abs": true, "Equal": true, "Less": true, "LessOrEqual": true, "Greater": true, "GreaterOrEqual": true,
+		"And": true, "Or": true, "Xor": true, "Not": true, "Where": true, "Range": true, "ConstantOfShape": true,
+		"Gather": true, "Concat": true, "Slice": true, "Shape": true, "Size": true, "Expand": true, "Tile": true,
+		"MatMul": true}
+	viewingOps = map[string]bool{"Reshape": true, "Squeeze": true, "Unsqueeze": true, "Cast": true}
+)
+
+// analyzeSpares sets spareOut on the kept geometry nodes' outputs whose
+// buffers the shape cache may rewrite in a later run (alias tracking: a
+// buffer is rewritten only when no live view can see it). A value
+// qualifies when it is no graph output or captured value and each reader
+// copies it, reads it only for its values (Reshape's shape, Unsqueeze's
+// axes), or is a kept geometry view (Reshape, Squeeze, Unsqueeze of it)
+// whose own value qualifies: the view lives only in the cache, and the
+// cache replaces it (viewsSpare: never kept as "unchanged") whenever the
+// value it views changes, so no kept view refers to a replaced buffer.
+func (p *Plan) analyzeSpares() {
+	readers := make([][]int32, len(p.base)) // node index << 8 | input index
+	for i, nd := range p.Nodes {
+		nd.spareOut, nd.viewsSpare = nil, false
+		for j, s := range nd.in {
+			if s >= 0 && j < 256 {
+				readers[s] = append(readers[s], int32(i)<<8|int32(j))
+			}
+		}
+	}
+	safe := make([]bool, len(p.base))
+	blocked := make([]bool, len(p.base))
+	for _, s := range p.outSlots {
+		blocked[s] = true
+	}
+	for _, s := range p.captureSlots {
+		blocked[s] = true
+	}
+	for _, nd := range p.Nodes {
+		for _, name := range nd.Captures {
+			if s, ok := p.slots[name]; ok {
+				blocked[s] = true
+			}
+		}
+	}
+	view := func(c *PlanNode) bool {
+		return c.OpType != "Cast" && c.geometry && c.keep && len(c.out) == 1 && c.out[0] >= 0 && safe[c.out[0]]
+	}
+	for i := len(p.Nodes) - 1; i >= 0; i-- {
+		nd := p.Nodes[i]
+		for _, s := range nd.out {
+			if s < 0 || blocked[s] {
+				continue
+			}
+			ok := true
+			for _, r := range readers[s] {
+				c, j := p.Nodes[r>>8], r&0xff
+				switch {
+				case c.Domain != "" || c.subgraphs:
+					ok = false
+				case copyingOps[c.OpType], c.OpType == "Cast" && c.geometry, viewingOps[c.OpType] && j > 0:
+				case viewingOps[c.OpType] && view(c):
+				default:
+					ok = false
+				}
+			}
+			safe[s] = ok
+		}
+		if !nd.geometry || !nd.keep {
+			continue
+		}
+		for k, s := range nd.out {
+			if s >= 0 && safe[s] {
+				if nd.spareOut == nil {
+					nd.spareOut = make([]bool, len(nd.out))
+				}
+				nd.spareOut[k] = true
+				for _, r := range readers[s] {
+					if c, j := p.Nodes[r>>8], r&0xff; j == 0 && c.OpType != "Cast" && viewingOps[c.OpType] {
+						c.viewsSpare = true
+					}
+				}
+			}
+		}
+	}
 }
 
 // shapeCache is a state's record of geometry values (see above).
@@ -121,17 +248,45 @@ type shapeCache struct {
 	// outs[i] holds node i's outputs from the last run (nil: none kept).
 	outs [][]*tensor.Tensor
 	// seen[r] is the input shape shape read r saw in the last run; known[r]
-	// whether there is one.
-	seen  []tensor.Shape
-	known []bool
+	// whether there is one; prev[r] (prevKnown[r]) the one before, when
+	// the last run changed it (for the dimension reads).
+	seen, prev       []tensor.Shape
+	known, prevKnown []bool
 	// changed marks, by slot, the geometry values that differ in this run
 	// from the last one.
 	changed []bool
+	// fresh[i][k] tells whether outs[i][k] was made by node i itself (its
+	// header, and its buffer when made[i][k], are the node's own); spare[i]
+	// [k] is a replaced output of node i nothing reads any more, offered to
+	// the node's next computation (ops.Context.SetSpare), spareMade[i][k]
+	// whether its buffer is its own.
+	fresh, made, spareMade [][]bool
+	spare                  [][]*tensor.Tensor
 }
 
 func newShapeCache(p *Plan) *shapeCache {
-	return &shapeCache{outs: make([][]*tensor.Tensor, len(p.Nodes)), seen: make([]tensor.Shape, p.geom.reads),
-		known: make([]bool, p.geom.reads), changed: make([]bool, len(p.base))}
+	c := &shapeCache{outs: make([][]*tensor.Tensor, len(p.Nodes)), seen: make([]tensor.Shape, p.geom.reads),
+		prev: make([]tensor.Shape, p.geom.reads), known: make([]bool, p.geom.reads),
+		prevKnown: make([]bool, p.geom.reads), changed: make([]bool, len(p.base)),
+		fresh: make([][]bool, len(p.Nodes)), made: make([][]bool, len(p.Nodes)),
+		spareMade: make([][]bool, len(p.Nodes)), spare: make([][]*tensor.Tensor, len(p.Nodes))}
+	for i, nd := range p.Nodes {
+		if nd.spareOut != nil {
+			n := len(nd.out)
+			c.fresh[i], c.made[i], c.spareMade[i], c.spare[i] = make([]bool, n), make([]bool, n), make([]bool, n), make([]*tensor.Tensor, n)
+		}
+	}
+	return c
+}
+
+// offer hands node i's spare outputs to its context before it computes
+// (a nil one too: the context then records which outputs it makes).
+func (c *shapeCache) offer(i int, n *PlanNode, kctx *ops.Context) {
+	for k, t := range c.spare[i] {
+		if n.spareOut[k] {
+			kctx.SetSpare(k, t, c.spareMade[i][k])
+		}
+	}
 }
 
 // begin starts a run.
@@ -141,8 +296,10 @@ func (c *shapeCache) begin() { clear(c.changed) }
 func (c *shapeCache) forget() {
 	for i := range c.outs {
 		c.outs[i] = nil
+		clear(c.spare[i])
 	}
 	clear(c.known)
+	clear(c.prevKnown)
 }
 
 // reusable reports whether geometry node i's kept outputs hold for this run
@@ -152,23 +309,48 @@ func (c *shapeCache) reusable(i int, n *PlanNode, inputs []*tensor.Tensor) bool 
 	if r := n.shapeRead; r >= 0 {
 		s := inputs[0].Shape()
 		if !c.known[r] || !equalShape(c.seen[r], s) {
-			c.seen[r] = append(c.seen[r][:0], s...)
-			c.known[r] = true
+			c.prev[r], c.seen[r] = c.seen[r], append(c.prev[r][:0], s...)
+			c.prevKnown[r], c.known[r] = c.known[r], true
 			same = false
 		}
 	}
 	for _, s := range n.gin {
-		if c.changed[s] {
+		if c.changed[s] && !c.sameDims(n) {
 			same = false
 		}
 	}
 	return same && n.keep
 }
 
+// sameDims reports whether dimension read n's dimensions are those of the
+// shape its shape read saw before this run's (the kept output was computed
+// from that shape, or from an earlier one with the same dimensions).
+func (c *shapeCache) sameDims(n *PlanNode) bool {
+	r := n.dimRead
+	if r < 0 || !c.prevKnown[r] || len(c.prev[r]) != len(c.seen[r]) {
+		return false
+	}
+	rank := int64(len(c.seen[r]))
+	for _, d := range n.dims {
+		if d < 0 {
+			d += rank
+		}
+		if d < 0 || d >= rank || c.prev[r][d] != c.seen[r][d] {
+			return false
+		}
+	}
+	return true
+}
+
 // update takes node i's freshly computed outputs: an output equal to the
 // kept one is replaced by it (and does not count as changed), the others
 // are marked changed and kept, if the node may keep them and they are
 // small enough.
+//
+// With spares (PlanNode.spareOut), the tensor an output no longer needs (the
+// fresh one when it equals the kept one, else the kept one it replaces)
+// becomes the spare the node's next computation writes into, when the node
+// made it itself (never an input, a constant or a view it passed through).
 func (c *shapeCache) update(i int, n *PlanNode, kctx *ops.Context) {
 	old := c.outs[i]
 	size := 0
@@ -178,7 +360,10 @@ func (c *shapeCache) update(i int, n *PlanNode, kctx *ops.Context) {
 			continue
 		}
 		size += t.NumBytes()
-		if n.keep && old != nil && equalTensor(old[k], t) {
+		if n.keep && old != nil && !n.viewsSpare && equalTensor(old[k], t) {
+			if n.spareOut != nil && n.spareOut[k] && t != old[k] && c.madeHere(i, k, t, kctx) {
+				c.spare[i][k], c.spareMade[i][k] = t, kctx.Made(k)
+			}
 			_ = kctx.SetOutput(k, old[k])
 			continue
 		}
@@ -186,13 +371,35 @@ func (c *shapeCache) update(i int, n *PlanNode, kctx *ops.Context) {
 	}
 	if !n.keep || size > maxCachedBytes {
 		c.outs[i] = nil
+		if c.spare[i] != nil {
+			clear(c.spare[i])
+		}
 		return
 	}
 	outs := old[:0]
 	for k := range kctx.NumOutputs() {
-		outs = append(outs, kctx.Output(k))
+		t := kctx.Output(k)
+		if n.spareOut != nil && n.spareOut[k] && (len(old) <= k || t != old[k]) {
+			// t replaces the kept output (or there was none)
+			sp := c.spare[i][k]
+			fresh := c.madeHere(i, k, t, kctx)
+			if len(old) > k && c.fresh[i][k] && old[k] != nil && old[k] != t {
+				c.spare[i][k], c.spareMade[i][k] = old[k], c.made[i][k]
+			} else if sp == t {
+				c.spare[i][k] = nil
+			}
+			c.fresh[i][k], c.made[i][k] = fresh, fresh && kctx.Made(k)
+		}
+		outs = append(outs, t)
 	}
 	c.outs[i] = outs
+}
+
+// madeHere reports whether t, output k of node i's computation, is the
+// node's own: a header it made (its buffer too when kctx.Made), new or
+// the spare it was offered.
+func (c *shapeCache) madeHere(i, k int, t *tensor.Tensor, kctx *ops.Context) bool {
+	return kctx.Fresh(k) && t == kctx.Output(k)
 }
 
 func equalShape(a, b tensor.Shape) bool {

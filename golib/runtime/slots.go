@@ -97,6 +97,11 @@ type frame struct {
 	inputs [][]*tensor.Tensor
 	kctx   []ops.Context
 	shapes *shapeCache // nil: no shape cache (subgraphs)
+	// sub marks a subgraph run's frame, whose formal inputs hold a
+	// reference on the caller's values (released when dropped); a main
+	// plan's untracked values (feeds, views of feeds and initializers)
+	// hold none, so dropping them needs no lookup.
+	sub bool
 }
 
 func newFrame(p *Plan) *frame {
@@ -122,9 +127,25 @@ func (f *frame) value(p *Plan, s int32) *tensor.Tensor {
 // the frame) and their tracking. The per-node input slices and kernel
 // contexts keep theirs until the node's next call overwrites them:
 // clearing hundreds of small slices costs more than the rest of the
-// executor's per-run work, and nothing reads them.
+// executor's per-run work, and nothing reads them. Detached values (the
+// shape cache's kept values, which it holds anyway) stay in their slots,
+// so a geometry node whose kept outputs hold in the next run has nothing
+// to store (forgetDetached drops them too).
 func (f *frame) clear() {
-	clear(f.vals)
+	if f.shapes == nil {
+		clear(f.vals)
+		clear(f.ent)
+		clear(f.detached)
+		return
+	}
+	for s, d := range f.detached {
+		if !d {
+			f.vals[s] = nil
+		}
+	}
 	clear(f.ent)
-	clear(f.detached)
 }
+
+// forgetDetached makes the next clear drop the detached values too (after
+// a failed run, when the shape cache forgets them).
+func (f *frame) forgetDetached() { clear(f.detached) }

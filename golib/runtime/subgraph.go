@@ -48,6 +48,7 @@ func (s *subgraph) Run(parent ops.Scope, inputs []*tensor.Tensor) ([]*tensor.Ten
 	child := ps.ctx.NewChild()
 	child.SetInitializers(s.plan.Initializers)
 	fr := newFrame(s.plan)
+	fr.sub = true
 	for i, in := range s.plan.Inputs {
 		fr.vals[s.plan.slots[in.Name]] = inputs[i]
 		ps.mem.retain(inputs[i]) // the body's plan releases its inputs after their last use

@@ -139,7 +139,9 @@ func attentionCompute(ctx *Context, a mha.Attrs, withNonpad bool) error {
 	}
 	g.Threads = attentionThreads(ctx.Threads(), g.Batch*g.QHeads*g.QLen, g.TotalLen, g.HeadDimK+g.HeadDimV)
 
-	ar := &f32Arena{threads: ctx.Threads()}
+	ar := f32Arenas.Get().(*f32Arena)
+	ar.threads, ar.err = ctx.Threads(), nil
+	defer f32Arenas.Put(ar)
 	defer ar.release()
 	var in mha.Inputs
 	in.Q, in.K, in.V = ar.f32(q), ar.f32(k), ar.f32(v)

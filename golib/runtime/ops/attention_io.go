@@ -40,8 +40,27 @@ func (a *f32Arena) release() {
 	for _, p := range a.held {
 		f32Pool.Put(p)
 	}
-	a.held = nil
+	clear(a.held)
+	a.held = a.held[:0] // an arena kept by its caller reuses the list
 }
+
+// f16ToF32 widens src into d: normal numbers by bit arithmetic (inlined:
+// this loop runs over the whole cache); zeros, subnormals, Inf, NaN by
+// codec.
+func f16ToF32(d []float32, src []tensor.Float16Bits) {
+	for i, h := range src {
+		x := uint32(h)
+		if em := x & 0x7fff; em-0x400 < 0x7800 {
+			d[i] = math.Float32frombits((x&0x8000)<<16 | (em<<13 + (127-15)<<23))
+		} else {
+			d[i] = codec.F16ToF32(uint16(h))
+		}
+	}
+}
+
+// f32Arenas recycles the arenas of the Attention calls (an arena and its
+// list per call would be two allocations).
+var f32Arenas = sync.Pool{New: func() any { return new(f32Arena) }}
 
 // f32 returns t's values as float32: the tensor's own data for float32,
 // otherwise a converted pooled copy. The first failure is kept in a.err.
@@ -54,20 +73,14 @@ func (a *f32Arena) f32(t *tensor.Tensor) []float32 {
 	switch t.DType() {
 	case tensor.Float16:
 		src := t.Float16()
-		gemm.ForThreads(a.threads, (len(src)+grain-1)/grain, func(c int) {
-			lo, hi := c*grain, min((c+1)*grain, len(src))
-			d := dst[lo:hi]
-			for i, h := range src[lo:hi] {
-				// Normal numbers by bit arithmetic (inlined: this loop runs
-				// over the whole cache); zeros, subnormals, Inf, NaN by codec.
-				x := uint32(h)
-				if em := x & 0x7fff; em-0x400 < 0x7800 {
-					d[i] = math.Float32frombits((x&0x8000)<<16 | (em<<13 + (127-15)<<23))
-				} else {
-					d[i] = codec.F16ToF32(uint16(h))
-				}
-			}
-		})
+		if chunks := (len(src) + grain - 1) / grain; a.threads <= 1 || chunks <= 1 {
+			f16ToF32(dst, src) // no closure: a decode step's conversions allocate nothing
+		} else {
+			gemm.ForThreads(a.threads, chunks, func(c int) {
+				lo, hi := c*grain, min((c+1)*grain, len(src))
+				f16ToF32(dst[lo:hi], src[lo:hi])
+			})
+		}
 	case tensor.BFloat16:
 		for i, h := range t.BFloat16() {
 			dst[i] = math.Float32frombits(uint32(h) << 16)

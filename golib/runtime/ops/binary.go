@@ -85,22 +85,24 @@ func newBinary(name string) Factory {
 			if k := f32Kinds[name]; k != 0 && a.DType() == tensor.Float32 && b.DType() == tensor.Float32 {
 				return binaryF32(k, a.Float32(), a.Shape(), b.Float32(), b.Shape(), out.Float32(), out.Shape())
 			}
-			return binaryCompute(op, a, b, out)
+			return binaryCompute(ctx, op, a, b, out)
 		}), nil
 	}
 }
 
-func binaryCompute(op binaryOp, a, b, out *tensor.Tensor) error {
+// binaryCompute is the generic path of the binary ops; float16/bfloat16
+// operands are converted in ctx's scratch (nil: fresh slices).
+func binaryCompute(ctx *Context, op binaryOp, a, b, out *tensor.Tensor) error {
 	as, bs, os := a.Shape(), b.Shape(), out.Shape()
 	switch {
 	case a.DType() == tensor.Float64 && b.DType() == tensor.Float64:
 		return binaryApply(a.Float64(), as, b.Float64(), bs, out.Float64(), os, op.f64)
 	case a.DType().IsFloat():
-		x, y, err := convertBoth(tensor.AsFloat32, a, b)
+		x, y, err := convertBoth(ctx.AsFloat32, a, b)
 		if err != nil {
 			return err
 		}
-		dst := f32Result(out)
+		dst := f32Result(ctx, out)
 		if err := binaryApply(x, as, y, bs, dst, os, op.f32); err != nil {
 			return err
 		}
@@ -140,7 +142,7 @@ func binaryCompute(op binaryOp, a, b, out *tensor.Tensor) error {
 // powIntFloat is Pow with an integer base and a float exponent: computed
 // in float64 and truncated to the base's integer type.
 func powIntFloat(a, b, out *tensor.Tensor) error {
-	x, y, err := convertBoth(reduceSource, a, b)
+	x, y, err := convertBoth(func(t *tensor.Tensor) ([]float64, error) { return reduceSource(nil, t) }, a, b)
 	if err != nil {
 		return err
 	}
@@ -203,7 +205,7 @@ func newCompare(name string) Factory {
 			if a.DType() == tensor.Float64 {
 				return binaryApply(a.Float64(), as, b.Float64(), bs, dst, os, cmpF64)
 			}
-			x, y, err := convertBoth(tensor.AsFloat32, a, b)
+			x, y, err := convertBoth(ctx.AsFloat32, a, b)
 			if err != nil {
 				return err
 			}

@@ -131,7 +131,8 @@ func newSplit(splitInput bool) Factory {
 			rowIn := dim * inner
 			off := 0
 			for i, s := range sizes {
-				shape := x.Shape().Clone()
+				shape := ctx.ScratchShape(x.Rank()) // a clone per output would allocate
+				copy(shape, x.Shape())
 				shape[ax] = int(s)
 				out, err := ctx.NewOutputUninit(i, x.DType(), shape)
 				if err != nil {

@@ -138,7 +138,9 @@ func newRange(n *Node) (Kernel, error) {
 			if cnt > maxRangeElements {
 				return fmt.Errorf("%w: Range of %d elements", errs.ErrLimit, cnt)
 			}
-			out, err := ctx.NewOutput(0, st.DType(), tensor.Shape{int(cnt)}) // checks the size limit
+			shape := ctx.ScratchShape(1) // a literal shape would escape to the heap
+			shape[0] = int(cnt)
+			out, err := ctx.NewOutput(0, st.DType(), shape) // checks the size limit
 			if err != nil {
 				return err
 			}
@@ -152,7 +154,7 @@ func newRange(n *Node) (Kernel, error) {
 		}
 		var s, l, d float64
 		for i, t := range []*tensor.Tensor{st, lt, dt} {
-			f, err := tensor.AsFloat32(t)
+			f, err := ctx.AsFloat32(t)
 			if err != nil {
 				return err
 			}

@@ -52,6 +52,15 @@ type Context struct {
 	// hdrs holds, per output, the tensor header the last call with an
 	// allocator made (recycled by the next such call, see tensor.Recycle).
 	hdrs []*tensor.Tensor
+	// spares holds, per output, a tensor of an earlier call nothing reads
+	// any more, offered by the runtime (SetSpare) for this call's output:
+	// spareOwned says whether its buffer is its own; made says which
+	// outputs this call allocated through NewOutput, fresh which have a
+	// header this call made (NewOutput, SetReshaped).
+	spares     []*tensor.Tensor
+	spareOwned []bool
+	made       []bool
+	fresh      []bool
 }
 
 // NewContext prepares a context for one Compute call. inputs may contain nil
@@ -113,7 +122,7 @@ func (c *Context) newOutput(i int, dt tensor.DType, shape tensor.Shape, zero boo
 	var t *tensor.Tensor
 	if c.alloc == nil {
 		var err error
-		if t, err = tensor.New(dt, shape); err != nil {
+		if t, err = c.spareOutput(i, dt, shape, zero); err != nil {
 			return nil, err
 		}
 	} else {
@@ -130,8 +139,77 @@ func (c *Context) newOutput(i int, dt tensor.DType, shape tensor.Shape, zero boo
 		}
 	}
 	c.outputs[i] = t
+	if len(c.made) == len(c.outputs) {
+		c.made[i], c.fresh[i] = true, true
+	}
 	c.Allocated += int64(t.NumBytes())
 	return t, nil
+}
+
+// SetSpare offers t, an earlier output i of this node that nothing reads
+// or views any more, for output i of the next Compute call (until Reset):
+// without an allocator, NewOutput writes into t's header and, when owned
+// (t's buffer is its own: it was made by NewOutput), its buffer; SetReshaped
+// reuses its header. The shape cache hands back a node's replaced outputs
+// this way, so shape arithmetic whose values change at every run (the past
+// length) does not allocate.
+func (c *Context) SetSpare(i int, t *tensor.Tensor, owned bool) {
+	if i < 0 || i >= len(c.outputs) {
+		return
+	}
+	if n := len(c.outputs); len(c.spares) != n {
+		c.spares, c.spareOwned, c.made, c.fresh = make([]*tensor.Tensor, n), make([]bool, n), make([]bool, n), make([]bool, n)
+	}
+	c.spares[i], c.spareOwned[i] = t, owned
+}
+
+// Made reports whether output i was allocated by NewOutput in this call
+// (its buffer is its own, not an input's or a view), as far as SetSpare was
+// used on this context; false otherwise.
+func (c *Context) Made(i int) bool {
+	return i >= 0 && i < len(c.made) && c.made[i] && c.outputs[i] != nil
+}
+
+// Fresh reports whether output i's header was made by this call (NewOutput
+// or SetReshaped; not an input or a tensor passed through), as far as
+// SetSpare was used on this context; false otherwise.
+func (c *Context) Fresh(i int) bool {
+	return i >= 0 && i < len(c.fresh) && c.fresh[i] && c.outputs[i] != nil
+}
+
+// spareOutput makes output i without an allocator: in the spare's header
+// and buffer when one was offered and fits, else, when the runtime tracks
+// the output's spares (SetSpare), a new tensor with room to grow (the value
+// may change size between runs).
+func (c *Context) spareOutput(i int, dt tensor.DType, shape tensor.Shape, zero bool) (*tensor.Tensor, error) {
+	if i >= len(c.spares) {
+		return tensor.New(dt, shape)
+	}
+	sp, owned := c.spares[i], c.spareOwned[i]
+	c.spares[i] = nil
+	nb, err := tensor.ByteSize(dt, shape)
+	if err != nil {
+		return nil, err
+	}
+	if sp != nil && owned {
+		if t := tensor.Reuse(sp, dt, shape, nb); t != nil {
+			if zero {
+				clear(t.Bytes())
+			}
+			return t, nil
+		}
+	}
+	return tensor.NewCap(dt, shape, 2*nb)
+}
+
+// takeSpare returns output i's spare header (nil: none) and withdraws it.
+func (c *Context) takeSpare(i int) *tensor.Tensor {
+	if i >= len(c.spares) {
+		return nil
+	}
+	sp := c.spares[i]
+	c.spares[i] = nil
+	return sp
 }
 
 // header returns a tensor header for output i over b: with an allocator
@@ -139,6 +217,9 @@ func (c *Context) newOutput(i int, dt tensor.DType, shape tensor.Shape, zero boo
 // unless the runtime pins them), the one the last call made, recycled.
 func (c *Context) header(i int, dt tensor.DType, shape tensor.Shape, b []byte) (*tensor.Tensor, error) {
 	if c.alloc == nil {
+		if sp := c.takeSpare(i); sp != nil {
+			return tensor.Recycle(sp, dt, shape, b)
+		}
 		return tensor.FromBytes(dt, shape, b)
 	}
 	if len(c.hdrs) != len(c.outputs) {
@@ -167,6 +248,9 @@ func (c *Context) SetReshaped(i int, x *tensor.Tensor, shape tensor.Shape) error
 		return err
 	}
 	c.outputs[i] = y
+	if len(c.fresh) == len(c.outputs) {
+		c.made[i], c.fresh[i] = false, true
+	}
 	return nil
 }
 
@@ -177,6 +261,9 @@ func (c *Context) SetOutput(i int, t *tensor.Tensor) error {
 		return fmt.Errorf("%w: output %d of %d", errs.ErrInvalidArgument, i, len(c.outputs))
 	}
 	c.outputs[i] = t
+	if len(c.fresh) == len(c.outputs) {
+		c.made[i], c.fresh[i] = false, false
+	}
 	return nil
 }
 
@@ -201,6 +288,14 @@ func (c *Context) Scope() Scope { return c.scope }
 // the process, past every recover of the bindings).
 func (c *Context) ParallelFor(n, grain int, fn func(lo, hi int)) error {
 	return ParallelFor(c.threads, n, grain, fn)
+}
+
+// Serial reports whether ParallelFor(n, grain, ...) would run as one chunk
+// on the caller's goroutine: a kernel can then call its loop directly and
+// spare the closure's heap allocation (a panic is then recovered by the
+// executor, not by ParallelFor).
+func (c *Context) Serial(n, grain int) bool {
+	return c.threads <= 1 || n <= max(grain, 1)
 }
 
 // ParallelFor is Context.ParallelFor with an explicit thread count. The

@@ -17,5 +17,14 @@ func (c *Context) Reset(inputs []*tensor.Tensor, wanted []bool, threads int, sco
 		c.outputs = make([]*tensor.Tensor, len(wanted))
 	}
 	c.scratch.reset()
+	switch {
+	case c.spares == nil: // the usual case: the runtime offers no spares to this node
+	case len(c.spares) == len(wanted):
+		clear(c.spares)
+		clear(c.made)
+		clear(c.fresh)
+	default:
+		c.spares, c.spareOwned, c.made, c.fresh = nil, nil, nil, nil
+	}
 	c.inputs, c.wanted, c.threads, c.scope, c.alloc, c.Allocated = inputs, wanted, threads, scope, alloc, 0
 }

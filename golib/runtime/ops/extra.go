@@ -28,7 +28,7 @@ func newDropout(n *Node) (Kernel, error) {
 		if tm := ctx.Input(2); tm != nil && tm.Bool() != nil && tm.Len() == 1 && tm.Bool()[0] {
 			ratio := float32(0.5)
 			if r := ctx.Input(1); r != nil {
-				v, err := tensor.AsFloat32(r)
+				v, err := ctx.AsFloat32(r)
 				if err != nil || len(v) != 1 {
 					return fmt.Errorf("%w: Dropout ratio must be a float scalar, got %v", errs.ErrInvalidArgument, r)
 				}
@@ -95,7 +95,7 @@ func floatTest(ctx *Context, f func(float64) bool) error {
 		}
 		return nil
 	}
-	v, err := reduceSource(x)
+	v, err := reduceSource(nil, x)
 	if err != nil {
 		return err
 	}

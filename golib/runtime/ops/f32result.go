@@ -7,12 +7,13 @@ import "github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 // written in place, with no scratch and no conversion pass.
 
 // f32Result returns out's float32 elements when out is float32, otherwise a
-// scratch slice of out.Len() elements for storeF32Result to convert.
-func f32Result(out *tensor.Tensor) []float32 {
+// slice of out.Len() elements from ctx's scratch (a nil ctx: a fresh one)
+// for storeF32Result to convert.
+func f32Result(ctx *Context, out *tensor.Tensor) []float32 {
 	if d := out.Float32(); d != nil {
 		return d
 	}
-	return make([]float32, out.Len())
+	return ctx.Float32s(out.Len())
 }
 
 // storeF32Result converts dst, from f32Result(out), into out; nothing is

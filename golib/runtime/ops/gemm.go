@@ -64,11 +64,13 @@ func newGemm(n *Node) (Kernel, error) {
 			return fmt.Errorf("%w: Gemm inner dimensions differ: A %v (transA=%v), B %v (transB=%v)",
 				errs.ErrShape, a.Shape(), transA, b.Shape(), transB)
 		}
-		out, err := ctx.NewOutput(0, dt, tensor.Shape{m, nn})
+		mn := ctx.ScratchShape(2) // a literal shape would escape to the heap
+		mn[0], mn[1] = m, nn
+		out, err := ctx.NewOutput(0, dt, mn)
 		if err != nil {
 			return err
 		}
-		af, err := tensor.AsFloat32(a)
+		af, err := ctx.AsFloat32(a)
 		if err != nil {
 			return err
 		}
@@ -76,10 +78,10 @@ func newGemm(n *Node) (Kernel, error) {
 		if err != nil {
 			return err
 		}
-		y := f32Result(out)
+		y := f32Result(ctx, out)
 		bt := float32(0)
 		if c != nil && beta != 0 {
-			if err := gemmBroadcastC(c, tensor.Shape{m, nn}, y); err != nil {
+			if err := gemmBroadcastC(ctx, c, mn, y); err != nil {
 				return fmt.Errorf("Gemm C: %w", err)
 			}
 			bt = beta
@@ -98,8 +100,8 @@ func newGemm(n *Node) (Kernel, error) {
 }
 
 // gemmBroadcastC writes t, broadcast to shape (2D), into dst as float32.
-func gemmBroadcastC(t *tensor.Tensor, shape tensor.Shape, dst []float32) error {
-	src, err := tensor.AsFloat32(t)
+func gemmBroadcastC(ctx *Context, t *tensor.Tensor, shape tensor.Shape, dst []float32) error {
+	src, err := ctx.AsFloat32(t)
 	if err != nil {
 		return err
 	}

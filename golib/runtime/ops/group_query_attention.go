@@ -217,7 +217,8 @@ func planGQA(ctx *Context, a *gqaAttrs, c *gqaCall) error {
 		return fmt.Errorf("%w: query hidden size %d is not a multiple of %d heads", errs.ErrShape, qs[2], heads)
 	}
 	c.head = qs[2] / heads
-	want := tensor.Shape{c.batch, c.seq, a.kvHeads * c.head}
+	want := ctx.ScratchShape(3) // a literal shape would escape to the heap
+	want[0], want[1], want[2] = c.batch, c.seq, a.kvHeads*c.head
 	for _, t := range []*tensor.Tensor{k, v} {
 		if t == nil {
 			continue

@@ -54,7 +54,9 @@ func (c *gqaCall) run(ctx *Context, ar *f32Arena, op *gqaOperands) error {
 			c.rebaseBias(op)
 		}
 	}
-	y, err := ctx.NewOutputUninit(gqaOutput, c.dt, tensor.Shape{c.batch, c.seq, c.numHeads * c.head})
+	ys := ctx.ScratchShape(3) // a literal shape would escape to the heap
+	ys[0], ys[1], ys[2] = c.batch, c.seq, c.numHeads*c.head
+	y, err := ctx.NewOutputUninit(gqaOutput, c.dt, ys)
 	if err != nil {
 		return err
 	}
@@ -65,7 +67,7 @@ func (c *gqaCall) run(ctx *Context, ar *f32Arena, op *gqaOperands) error {
 	if err != nil {
 		return err
 	}
-	dst := f32Result(y)
+	dst := f32Result(ctx, y)
 	var res []float32 // [B, num_heads, S, D]
 	if c.seq == 1 {
 		res = dst // the same layout
@@ -135,7 +137,8 @@ func (c *gqaCall) operands(ctx *Context, ar *f32Arena, op *gqaOperands) error {
 	default:
 		op.elem = cache.BFloat16
 	}
-	shape := tensor.Shape{c.batch, kvh, c.present, D}
+	shape := ctx.ScratchShape(4) // a literal shape would escape to the heap
+	shape[0], shape[1], shape[2], shape[3] = c.batch, kvh, c.present, D
 	for i, dst := range []**tensor.Tensor{&op.presentK, &op.presV} {
 		slot := gqaPresentKey + i
 		var err error
@@ -167,7 +170,7 @@ func (c *gqaCall) operands(ctx *Context, ar *f32Arena, op *gqaOperands) error {
 // of the buffer, as onnxruntime does for separate past and present buffers.
 // (Sequence, KV head) pairs are split over the threads.
 func (c *gqaCall) assembleKeys(ctx *Context, op *gqaOperands) error {
-	S, D, kvh, C := c.seq, c.head, c.kvHeads, c.keyLen
+	D, kvh, C := c.head, c.kvHeads, c.keyLen
 	row := D * c.dt.Size()
 	var pk, pv []byte
 	if c.past > 0 {
@@ -176,47 +179,66 @@ func (c *gqaCall) assembleKeys(ctx *Context, op *gqaOperands) error {
 	kb, vb := op.keyK.Bytes(), op.keyV.Bytes()
 	kf, vf := op.keyK.Float32(), op.keyV.Float32() // float32 buffers are written directly
 	grain := max(1, (1<<16)/max(1, C*row))
-	return ctx.ParallelFor(c.batch*kvh, grain, func(lo, hi int) {
-		var tmp []float32
-		if kf == nil {
-			tmp = make([]float32, D)
-		}
-		for head := lo; head < hi; head++ {
-			b, kh := head/kvh, head%kvh
-			off := c.offsets[b]
-			for i, dst := range [][]byte{kb, vb} {
-				d := dst[head*C*row : (head+1)*C*row]
-				if off > 0 {
-					src := pk
-					if i == 1 {
-						src = pv
-					}
-					copy(d[:off*row], src[head*c.past*row:(head*c.past+off)*row])
+	if n := c.batch * kvh; ctx.Serial(n, grain) {
+		kk := gqaKeyRows{c: c, op: op, pk: pk, pv: pv, kb: kb, vb: vb, kf: kf, vf: vf}
+		kk.run(0, n) // no closure: a one-thread step allocates nothing here
+		return nil
+	}
+	kk := &gqaKeyRows{c: c, op: op, pk: pk, pv: pv, kb: kb, vb: vb, kf: kf, vf: vf}
+	return ctx.ParallelFor(c.batch*kvh, grain, kk.run)
+}
+
+// gqaKeyRows is assembleKeys' work over (sequence, KV head) pairs.
+type gqaKeyRows struct {
+	c              *gqaCall
+	op             *gqaOperands
+	pk, pv, kb, vb []byte
+	kf, vf         []float32
+}
+
+func (w *gqaKeyRows) run(lo, hi int) {
+	c, op, pk, pv, kb, vb, kf, vf := w.c, w.op, w.pk, w.pv, w.kb, w.vb, w.kf, w.vf
+	S, D, kvh, C := c.seq, c.head, c.kvHeads, c.keyLen
+	row := D * c.dt.Size()
+	var tmp []float32
+	if kf == nil {
+		tmp = make([]float32, D)
+	}
+	for head := lo; head < hi; head++ {
+		b, kh := head/kvh, head%kvh
+		off := c.offsets[b]
+		for i, dst := range [][]byte{kb, vb} {
+			d := dst[head*C*row : (head+1)*C*row]
+			if off > 0 {
+				src := pk
+				if i == 1 {
+					src = pv
 				}
-				clear(d[(off+S)*row:])
+				copy(d[:off*row], src[head*c.past*row:(head*c.past+off)*row])
 			}
-			for s := range S {
-				base := (b*S + s) * op.ldkv
-				kr := op.k[base+op.kOff+kh*D : base+op.kOff+(kh+1)*D]
-				vr := op.v[base+op.vOff+kh*D : base+op.vOff+(kh+1)*D]
-				r := head*C + off + s
-				kd := tmp
-				if kf != nil {
-					kd = kf[r*D : (r+1)*D]
-					copy(vf[r*D:(r+1)*D], vr)
-				}
-				copy(kd, kr)
-				if c.rotary {
-					p := c.positions[b*S+s]
-					rotateHead(kd, kr, op.cos[p*op.half:(p+1)*op.half], op.sin[p*op.half:(p+1)*op.half], c.interleaved)
-				}
-				if kf == nil {
-					encodeRow(kb[r*row:(r+1)*row], c.dt, kd)
-					encodeRow(vb[r*row:(r+1)*row], c.dt, vr)
-				}
+			clear(d[(off+S)*row:])
+		}
+		for s := range S {
+			base := (b*S + s) * op.ldkv
+			kr := op.k[base+op.kOff+kh*D : base+op.kOff+(kh+1)*D]
+			vr := op.v[base+op.vOff+kh*D : base+op.vOff+(kh+1)*D]
+			r := head*C + off + s
+			kd := tmp
+			if kf != nil {
+				kd = kf[r*D : (r+1)*D]
+				copy(vf[r*D:(r+1)*D], vr)
+			}
+			copy(kd, kr)
+			if c.rotary {
+				p := c.positions[b*S+s]
+				rotateHead(kd, kr, op.cos[p*op.half:(p+1)*op.half], op.sin[p*op.half:(p+1)*op.half], c.interleaved)
+			}
+			if kf == nil {
+				encodeRow(kb[r*row:(r+1)*row], c.dt, kd)
+				encodeRow(vb[r*row:(r+1)*row], c.dt, vr)
 			}
 		}
-	})
+	}
 }
 
 // keepResident writes a window cache's presents: rows 0..L(T_b)-1 are the
@@ -294,25 +316,41 @@ func (c *gqaCall) queries(ctx *Context, op *gqaOperands, ar *f32Arena) ([]float3
 		return op.q, nil
 	}
 	qf := ar.buffer(B * nh * S * D)
-	err := ctx.ParallelFor(B*S, max(1, (1<<14)/(nh*D)), func(lo, hi int) {
-		for t := lo; t < hi; t++ {
-			b, s := t/S, t%S
-			var cs, sn []float32
+	if grain := max(1, (1<<14)/(nh*D)); !ctx.Serial(B*S, grain) {
+		w := &gqaQueryRows{c: c, op: op, qf: qf}
+		return qf, ctx.ParallelFor(B*S, grain, w.run)
+	}
+	w := gqaQueryRows{c: c, op: op, qf: qf}
+	w.run(0, B*S) // no closure: a one-thread step allocates nothing here
+	return qf, nil
+}
+
+// gqaQueryRows is queries' work over tokens.
+type gqaQueryRows struct {
+	c  *gqaCall
+	op *gqaOperands
+	qf []float32
+}
+
+func (w *gqaQueryRows) run(lo, hi int) {
+	c, op, qf := w.c, w.op, w.qf
+	S, D, nh := c.seq, c.head, c.numHeads
+	for t := lo; t < hi; t++ {
+		b, s := t/S, t%S
+		var cs, sn []float32
+		if c.rotary {
+			p := c.positions[t]
+			cs, sn = op.cos[p*op.half:(p+1)*op.half], op.sin[p*op.half:(p+1)*op.half]
+		}
+		for h := range nh {
+			src := op.q[t*op.ldq+h*D : t*op.ldq+(h+1)*D]
+			dst := qf[((b*nh+h)*S+s)*D : ((b*nh+h)*S+s+1)*D]
+			copy(dst, src)
 			if c.rotary {
-				p := c.positions[t]
-				cs, sn = op.cos[p*op.half:(p+1)*op.half], op.sin[p*op.half:(p+1)*op.half]
-			}
-			for h := range nh {
-				src := op.q[t*op.ldq+h*D : t*op.ldq+(h+1)*D]
-				dst := qf[((b*nh+h)*S+s)*D : ((b*nh+h)*S+s+1)*D]
-				copy(dst, src)
-				if c.rotary {
-					rotateHead(dst, src, cs, sn, c.interleaved)
-				}
+				rotateHead(dst, src, cs, sn, c.interleaved)
 			}
 		}
-	})
-	return qf, err
+	}
 }
 
 // toTokenMajor moves [B, num_heads, S, D] results into the [B, S,

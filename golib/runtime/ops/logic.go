@@ -103,7 +103,7 @@ func newVariadic(name string) Factory {
 				if err != nil {
 					return err
 				}
-				if err := binaryCompute(op, acc, b, next); err != nil {
+				if err := binaryCompute(ctx, op, acc, b, next); err != nil {
 					return err
 				}
 				acc = next

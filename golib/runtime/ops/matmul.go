@@ -52,10 +52,10 @@ func matmulCompute(ctx *Context, pack *constPack) (*tensor.Tensor, error) {
 	case tensor.Float32, tensor.Float16, tensor.BFloat16:
 		if g.fold && gemm.PackedServes(g.batch.Size()*g.m) {
 			if pb := pack.get(b); pb != nil {
-				return out, g.runPacked(ctx.Threads(), a, pb, out)
+				return out, g.runPacked(ctx, a, pb, out)
 			}
 		}
-		return out, g.runF32(ctx.Threads(), a, b, out)
+		return out, g.runF32(ctx, a, b, out)
 	case tensor.Float64:
 		matmulLoop(&g, a.Float64(), b.Float64(), out.Float64())
 	case tensor.Int64:
@@ -164,8 +164,9 @@ func (g *matmulPlan) offsets(i int) (ia, ib int) {
 	return ia, ib
 }
 
-func (g *matmulPlan) runF32(threads int, a, b *tensor.Tensor, out *tensor.Tensor) error {
-	af, err := tensor.AsFloat32(a)
+func (g *matmulPlan) runF32(ctx *Context, a, b *tensor.Tensor, out *tensor.Tensor) error {
+	threads := ctx.Threads()
+	af, err := ctx.AsFloat32(a)
 	if err != nil {
 		return err
 	}
@@ -173,7 +174,7 @@ func (g *matmulPlan) runF32(threads int, a, b *tensor.Tensor, out *tensor.Tensor
 	if err != nil {
 		return err
 	}
-	dst := f32Result(out)
+	dst := f32Result(ctx, out)
 	m, k, n := g.m, g.k, g.n
 	batches := g.batch.Size()
 	switch {
@@ -209,12 +210,13 @@ func (g *matmulPlan) runF32(threads int, a, b *tensor.Tensor, out *tensor.Tensor
 
 // runPacked computes a folded product with a packed constant B (as many
 // rows as gemm.PackedServes allows).
-func (g *matmulPlan) runPacked(threads int, a *tensor.Tensor, pb *gemm.PackedB, out *tensor.Tensor) error {
-	af, err := tensor.AsFloat32(a)
+func (g *matmulPlan) runPacked(ctx *Context, a *tensor.Tensor, pb *gemm.PackedB, out *tensor.Tensor) error {
+	threads := ctx.Threads()
+	af, err := ctx.AsFloat32(a)
 	if err != nil {
 		return err
 	}
-	dst := f32Result(out)
+	dst := f32Result(ctx, out)
 	m, k, n := g.batch.Size()*g.m, g.k, g.n
 	if err := gemm.SgemmPacked(threads, false, m, 1, af, max(k, 1), pb, 0, dst, max(n, 1)); err != nil {
 		return fmt.Errorf("MatMul: %w", err)
@@ -246,7 +248,7 @@ func MatMulTransB(ctx *Context, a, bt *tensor.Tensor) (ok bool, err error) {
 	if err != nil {
 		return true, err
 	}
-	af, err := tensor.AsFloat32(a)
+	af, err := ctx.AsFloat32(a)
 	if err != nil {
 		return true, err
 	}
@@ -254,7 +256,7 @@ func MatMulTransB(ctx *Context, a, bt *tensor.Tensor) (ok bool, err error) {
 	if err != nil {
 		return true, err
 	}
-	dst := f32Result(out)
+	dst := f32Result(ctx, out)
 	m, k, n := g.m, g.k, g.n
 	for i := range g.batch.Size() {
 		ia, ib := g.offsets(i)

@@ -52,7 +52,7 @@ func newClip(n *Node) (Kernel, error) {
 			}
 			return storeInt64(out, v)
 		}
-		v, err := reduceSource(x)
+		v, err := reduceSource(nil, x)
 		if err != nil {
 			return err
 		}
@@ -66,7 +66,7 @@ func newClip(n *Node) (Kernel, error) {
 }
 
 func scalarFloat64(t *tensor.Tensor) (float64, error) {
-	v, err := reduceSource(t)
+	v, err := reduceSource(nil, t)
 	if err != nil {
 		return 0, err
 	}
@@ -184,7 +184,7 @@ func newCumSum(n *Node) (Kernel, error) {
 			scan(func(j int) float64 { return float64(src[j]) }, func(j int, v float64) { res[j] = int64(v) })
 			return storeInt64(out, res)
 		}
-		src, err := reduceSource(x)
+		src, err := reduceSource(nil, x)
 		if err != nil {
 			return err
 		}
@@ -247,6 +247,6 @@ func newMod(n *Node) (Kernel, error) {
 		if err != nil {
 			return err
 		}
-		return binaryCompute(op, a, b, out)
+		return binaryCompute(ctx, op, a, b, out)
 	}), nil
 }

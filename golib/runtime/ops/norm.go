@@ -81,7 +81,7 @@ func normInput(ctx *Context, i int) *tensor.Tensor {
 
 // normParam returns a scale/bias input as float32 with its index map onto
 // the normalized shape (nil map: identity).
-func normParam(t *tensor.Tensor, normShape tensor.Shape, name string) ([]float32, []int, error) {
+func normParam(ctx *Context, t *tensor.Tensor, normShape tensor.Shape, name string) ([]float32, []int, error) {
 	if t == nil {
 		return nil, nil, nil
 	}
@@ -89,7 +89,7 @@ func normParam(t *tensor.Tensor, normShape tensor.Shape, name string) ([]float32
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", name, err)
 	}
-	v, err := tensor.AsFloat32(t)
+	v, err := ctx.AsFloat32(t)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -99,7 +99,7 @@ func normParam(t *tensor.Tensor, normShape tensor.Shape, name string) ([]float32
 // skipOperand checks that the residual repeats over the leading dimensions
 // of x (same shape, or a suffix of it of rank >= 2 with leading 1s, as
 // onnxruntime accepts) and returns it as float32.
-func skipOperand(x, skip *tensor.Tensor) ([]float32, error) {
+func skipOperand(ctx *Context, x, skip *tensor.Tensor) ([]float32, error) {
 	xs, ss := x.Shape(), skip.Shape()
 	if skip.DType() != x.DType() {
 		return nil, fmt.Errorf("%w: skip %v, input %v", errs.ErrType, skip.DType(), x.DType())
@@ -115,7 +115,7 @@ func skipOperand(x, skip *tensor.Tensor) ([]float32, error) {
 	if !ok || len(ss) > len(xs) {
 		return nil, fmt.Errorf("%w: skip %v does not match input %v (same shape, or [1, S, H] / [S, H])", errs.ErrShape, ss, xs)
 	}
-	return tensor.AsFloat32(skip)
+	return ctx.AsFloat32(skip)
 }
 
 func normCompute(ctx *Context, axis int, eps float32, sp normSpec) error {
@@ -130,7 +130,7 @@ func normCompute(ctx *Context, axis int, eps float32, sp normSpec) error {
 		if err != nil {
 			return err
 		}
-		if skipV, err = skipOperand(x, skip); err != nil {
+		if skipV, err = skipOperand(ctx, x, skip); err != nil {
 			return err
 		}
 		scaleIn = 2
@@ -149,15 +149,15 @@ func normCompute(ctx *Context, axis int, eps float32, sp normSpec) error {
 	}
 	normShape := sh[ax:]
 	rows, cols := tensor.Shape(sh[:ax]).Size(), normShape.Size()
-	sv, sIdx, err := normParam(scale, normShape, "scale")
+	sv, sIdx, err := normParam(ctx, scale, normShape, "scale")
 	if err != nil {
 		return err
 	}
-	bv, bIdx, err := normParam(normInput(ctx, sp.bias), normShape, "bias")
+	bv, bIdx, err := normParam(ctx, normInput(ctx, sp.bias), normShape, "bias")
 	if err != nil {
 		return err
 	}
-	pre, preIdx, err := normParam(normInput(ctx, sp.skipBias), normShape, "bias")
+	pre, preIdx, err := normParam(ctx, normInput(ctx, sp.skipBias), normShape, "bias")
 	if err != nil {
 		return err
 	}
@@ -187,7 +187,7 @@ func normCompute(ctx *Context, axis int, eps float32, sp normSpec) error {
 		}
 		invOut = t.Float32()
 	}
-	src, err := tensor.AsFloat32(x)
+	src, err := ctx.AsFloat32(x)
 	if err != nil {
 		return err
 	}
@@ -198,12 +198,12 @@ func normCompute(ctx *Context, axis int, eps float32, sp normSpec) error {
 			if sumT, err = ctx.NewOutputUninit(sp.sum, x.DType(), sh); err != nil {
 				return err
 			}
-			sum = f32Result(sumT)
+			sum = f32Result(ctx, sumT)
 		} else {
-			sum = make([]float32, len(src))
+			sum = ctx.Float32s(len(src))
 		}
 	}
-	dst := f32Result(y)
+	dst := f32Result(ctx, y)
 	nr := normRows{src: src, dst: dst, sum: sum, skipV: skipV, pre: pre, preIdx: preIdx, sv: sv, sIdx: sIdx,
 		bv: bv, bIdx: bIdx, meanOut: meanOut, invOut: invOut, cols: cols, eps: eps, rms: sp.rms}
 	if rows <= 16 || ctx.Threads() == 1 {

@@ -113,11 +113,11 @@ func reduceCompute(ctx *Context, x *tensor.Tensor, axes []int64, keep bool, kind
 	if reduceTrailingF32(x, red, out, kind) {
 		return nil
 	}
-	src, err := reduceSource(x)
+	src, err := reduceSource(ctx, x)
 	if err != nil {
 		return err
 	}
-	acc := make([]float64, out.Len())
+	acc := ctx.Float64s(out.Len())
 	if kind == reduceMax || kind == reduceMin {
 		// The identity is what a reduction over an empty set yields.
 		id, err := reduceIdentity(kind, x.DType())
@@ -128,7 +128,7 @@ func reduceCompute(ctx *Context, x *tensor.Tensor, axes []int64, keep bool, kind
 			acc[i] = id
 		}
 	}
-	idx := make([]int, len(src))
+	idx := ctx.Ints(len(src))
 	if err := tensor.BroadcastIndex(keepShape, sh, idx); err != nil {
 		return err
 	}
@@ -159,7 +159,7 @@ func reduceCompute(ctx *Context, x *tensor.Tensor, axes []int64, keep bool, kind
 		}
 		return nil
 	}
-	iv := make([]int64, len(acc))
+	iv := ctx.Int64s(len(acc))
 	for i, v := range acc {
 		iv[i] = tensor.SaturateInt(v, math.MinInt64, math.MaxInt64)
 	}
@@ -243,14 +243,15 @@ func reduceIdentity(kind reduceKind, dt tensor.DType) (float64, error) {
 }
 
 // reduceSource widens x to float64 (exact for every supported type except
-// int64 magnitudes above 2^53, which shape arithmetic never reaches).
-func reduceSource(x *tensor.Tensor) ([]float64, error) {
-	out := make([]float64, x.Len())
+// int64 magnitudes above 2^53, which shape arithmetic never reaches), in
+// ctx's scratch (a nil ctx: a fresh slice).
+func reduceSource(ctx *Context, x *tensor.Tensor) ([]float64, error) {
+	out := ctx.Float64s(x.Len())
 	switch {
 	case x.DType() == tensor.Float64:
 		copy(out, x.Float64())
 	case x.DType().IsFloat():
-		f, err := tensor.AsFloat32(x)
+		f, err := ctx.AsFloat32(x)
 		if err != nil {
 			return nil, err
 		}
@@ -258,9 +259,12 @@ func reduceSource(x *tensor.Tensor) ([]float64, error) {
 			out[i] = float64(v)
 		}
 	case x.DType().IsInt():
-		v, err := tensor.Int64Values(x)
-		if err != nil {
-			return nil, err
+		v := x.Int64() // read in place when it is int64
+		if v == nil {
+			var err error
+			if v, err = ctx.Int64Values(x); err != nil {
+				return nil, err
+			}
 		}
 		for i, e := range v {
 			out[i] = float64(e)

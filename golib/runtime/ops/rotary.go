@@ -134,15 +134,15 @@ func rotaryCompute(ctx *Context, x, cosT, sinT, pos *tensor.Tensor, a rotaryAttr
 			return int(v), nil
 		}
 	}
-	cv, err := tensor.AsFloat32(cosT)
+	cv, err := ctx.AsFloat32(cosT)
 	if err != nil {
 		return err
 	}
-	sv, err := tensor.AsFloat32(sinT)
+	sv, err := ctx.AsFloat32(sinT)
 	if err != nil {
 		return err
 	}
-	src, err := tensor.AsFloat32(x)
+	src, err := ctx.AsFloat32(x)
 	if err != nil {
 		return err
 	}
@@ -150,7 +150,7 @@ func rotaryCompute(ctx *Context, x, cosT, sinT, pos *tensor.Tensor, a rotaryAttr
 	if err != nil {
 		return err
 	}
-	dst := f32Result(out)
+	dst := f32Result(ctx, out)
 	copy(dst, src) // the part past rotary_embedding_dim passes through
 	for b := 0; b < B; b++ {
 		for s := 0; s < S; s++ {

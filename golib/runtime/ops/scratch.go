@@ -32,13 +32,17 @@ type scratch struct {
 	i64Off  int
 	bools   []bool
 	boolOff int
+	f32     []float32
+	f32Off  int
+	f64     []float64
+	f64Off  int
 }
 
-func (s *scratch) reset() { s.intsOff, s.i64Off, s.boolOff = 0, 0, 0 }
+func (s *scratch) reset() { s.intsOff, s.i64Off, s.boolOff, s.f32Off, s.f64Off = 0, 0, 0, 0, 0 }
 
 // carve returns n elements of *slab from *off on, zeroed, replacing the slab
 // when it is too short.
-func carve[T int | int64 | bool](slab *[]T, off *int, n int) []T {
+func carve[T int | int64 | bool | float32 | float64](slab *[]T, off *int, n int) []T {
 	if n > maxScratch {
 		return make([]T, n)
 	}
@@ -77,6 +81,38 @@ func (c *Context) Bools(n int) []bool {
 		return make([]bool, n)
 	}
 	return carve(&c.scratch.bools, &c.scratch.boolOff, n)
+}
+
+// Float32s returns a zeroed []float32 of length n that lives until the next
+// Reset (a nil Context returns a fresh slice).
+func (c *Context) Float32s(n int) []float32 {
+	if c == nil {
+		return make([]float32, n)
+	}
+	return carve(&c.scratch.f32, &c.scratch.f32Off, n)
+}
+
+// AsFloat32 is tensor.AsFloat32 into scratch: t's own elements when it is
+// float32 (read only), else its values converted into a slice that lives
+// until the next Reset (a nil Context converts into a fresh slice).
+func (c *Context) AsFloat32(t *tensor.Tensor) ([]float32, error) {
+	if v := t.Float32(); v != nil || t.Len() == 0 {
+		return v, nil
+	}
+	dst := c.Float32s(t.Len())
+	if err := tensor.ToFloat32(t, dst); err != nil {
+		return nil, err
+	}
+	return dst, nil
+}
+
+// Float64s returns a zeroed []float64 of length n that lives until the next
+// Reset (a nil Context returns a fresh slice).
+func (c *Context) Float64s(n int) []float64 {
+	if c == nil {
+		return make([]float64, n)
+	}
+	return carve(&c.scratch.f64, &c.scratch.f64Off, n)
 }
 
 // ScratchShape returns a zeroed shape of rank n from the scratch slabs.

@@ -131,3 +131,120 @@ func TestContextRecyclesHeaders(t *testing.T) {
 		}
 	}
 }
+
+// TestScratchFloats: Float32s/Float64s are zeroed slices of the scratch,
+// AsFloat32 returns a float32 tensor's own elements and converts the other
+// float types into scratch, equal to tensor.AsFloat32, without allocating
+// in a steady state.
+func TestScratchFloats(t *testing.T) {
+	var c Context
+	f32, _ := tensor.FromSlice(tensor.Shape{3}, []float32{1.5, -2, 3})
+	f64, _ := tensor.FromSlice(tensor.Shape{2, 2}, []float64{0.25, -1, 1e-3, 7})
+	f16, _ := tensor.New(tensor.Float16, tensor.Shape{5})
+	if err := tensor.FromFloat32(f16, []float32{0, 1, -0.5, 65504, 6e-8}); err != nil {
+		t.Fatal(err)
+	}
+	bf, _ := tensor.New(tensor.BFloat16, tensor.Shape{2})
+	if err := tensor.FromFloat32(bf, []float32{3.5, -1}); err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range []*tensor.Tensor{f32, f64, f16, bf} {
+		c.Reset(nil, nil, 1, nil, nil)
+		got, err := c.AsFloat32(x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := tensor.AsFloat32(x)
+		if len(got) != len(want) {
+			t.Fatalf("%v: %d values, want %d", x, len(got), len(want))
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("%v: value %d = %v, want %v", x, i, got[i], want[i])
+			}
+		}
+		if x == f32 && &got[0] != &x.Float32()[0] {
+			t.Error("AsFloat32 of a float32 tensor copied it")
+		}
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		c.Reset(nil, nil, 1, nil, nil)
+		if _, err := c.AsFloat32(f16); err != nil {
+			t.Fatal(err)
+		}
+		for i, v := range c.Float32s(6) {
+			if v != 0 {
+				t.Fatalf("Float32s[%d] = %v after Reset", i, v)
+			}
+		}
+		for i, v := range c.Float64s(3) {
+			if v != 0 {
+				t.Fatalf("Float64s[%d] = %v after Reset", i, v)
+			}
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("steady-state float scratch allocates %v times per call", allocs)
+	}
+}
+
+// TestContextSpares: without an allocator, an offered spare's header and
+// buffer serve NewOutput when they fit (Made and Fresh report it), a view
+// reuses the spare's header (Fresh, not Made), a tensor passed through is
+// neither, a pinned spare is never reused, and an output too large for
+// the spare gets a new buffer with room to grow.
+func TestContextSpares(t *testing.T) {
+	wanted := []bool{true}
+	var c Context
+	c.Reset(nil, wanted, 1, nil, nil)
+	c.SetSpare(0, nil, false)
+	first, err := c.NewOutput(0, tensor.Int64, tensor.Shape{2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Made(0) || !c.Fresh(0) {
+		t.Fatal("a new output is not reported as made")
+	}
+	first.Int64()[0] = 9
+	c.Reset(nil, wanted, 1, nil, nil)
+	c.SetSpare(0, first, true)
+	again, err := c.NewOutput(0, tensor.Int64, tensor.Shape{3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again != first || again.Int64()[0] != 0 || !again.Shape().Equal(tensor.Shape{3}) {
+		t.Fatalf("the spare was not reused and cleared: %v %v", again, again.Int64())
+	}
+	src, _ := tensor.FromSlice(tensor.Shape{2, 2}, []float32{1, 2, 3, 4})
+	c.Reset(nil, wanted, 1, nil, nil)
+	c.SetSpare(0, again, true)
+	if err := c.SetReshaped(0, src, tensor.Shape{4}); err != nil {
+		t.Fatal(err)
+	}
+	if v := c.Output(0); v != again || c.Made(0) || !c.Fresh(0) || &v.Float32()[0] != &src.Float32()[0] {
+		t.Fatal("a view did not reuse the spare header over its input's bytes")
+	}
+	c.Reset(nil, wanted, 1, nil, nil)
+	c.SetSpare(0, nil, false)
+	_ = c.SetOutput(0, src)
+	if c.Made(0) || c.Fresh(0) {
+		t.Fatal("a tensor passed through is reported as the node's own")
+	}
+	pinned, _ := tensor.NewCap(tensor.Int64, tensor.Shape{1}, 64)
+	pinned.Pin()
+	c.Reset(nil, wanted, 1, nil, nil)
+	c.SetSpare(0, pinned, true)
+	if out, _ := c.NewOutput(0, tensor.Int64, tensor.Shape{1}); out == pinned {
+		t.Fatal("a pinned spare was reused")
+	}
+	small, _ := tensor.NewCap(tensor.Float32, tensor.Shape{20}, 80)
+	c.Reset(nil, wanted, 1, nil, nil)
+	c.SetSpare(0, small, true)
+	big, err := c.NewOutput(0, tensor.Float32, tensor.Shape{30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if big == small || cap(big.Bytes()) < 2*big.NumBytes() {
+		t.Fatalf("an output larger than its spare: same %v, capacity %d for %d bytes", big == small, cap(big.Bytes()), big.NumBytes())
+	}
+}

@@ -121,7 +121,9 @@ func newFlatten(n *Node) (Kernel, error) {
 		if a < 0 || a > r {
 			return fmt.Errorf("%w: Flatten axis %d for rank %d", errs.ErrInvalidArgument, axis, r)
 		}
-		return setReshaped(ctx, x, tensor.Shape{tensor.Shape(x.Shape()[:a]).Size(), tensor.Shape(x.Shape()[a:]).Size()})
+		shape := ctx.ScratchShape(2) // a literal shape would escape to the heap
+		shape[0], shape[1] = tensor.Shape(x.Shape()[:a]).Size(), tensor.Shape(x.Shape()[a:]).Size()
+		return setReshaped(ctx, x, shape)
 	}), nil
 }
 
@@ -229,7 +231,9 @@ func newShape(n *Node) (Kernel, error) {
 		}
 		r := int64(x.Rank())
 		s, e := clampRange(start, r), clampRange(end, r)
-		out, err := ctx.NewOutputUninit(0, tensor.Int64, tensor.Shape{int(max(e-s, 0))})
+		shape := ctx.ScratchShape(1) // a literal shape would escape to the heap
+		shape[0] = int(max(e-s, 0))
+		out, err := ctx.NewOutputUninit(0, tensor.Int64, shape)
 		if err != nil {
 			return err
 		}

@@ -64,21 +64,28 @@ func softmaxCompute(ctx *Context, axis64 int64, single, logOut bool) error {
 	if err != nil {
 		return err
 	}
-	src, err := tensor.AsFloat32(x)
+	src, err := ctx.AsFloat32(x)
 	if err != nil {
 		return err
 	}
-	dst := f32Result(out)
-	if err := ctx.ParallelFor(outer*inner, 64, func(lo, hi int) {
-		for r := lo; r < hi; r++ {
-			o, i := r/inner, r%inner
-			base := o*dim*inner + i
-			softmaxRow(src, dst, base, inner, dim, logOut)
-		}
+	dst := f32Result(ctx, out)
+	if n := outer * inner; ctx.Serial(n, 64) {
+		softmaxRows(src, dst, 0, n, inner, dim, logOut) // no closure: one thread allocates nothing here
+	} else if err := ctx.ParallelFor(n, 64, func(lo, hi int) {
+		softmaxRows(src, dst, lo, hi, inner, dim, logOut)
 	}); err != nil {
 		return err
 	}
 	return storeF32Result(out, dst)
+}
+
+// softmaxRows normalizes rows lo..hi of dim elements, inner apart.
+func softmaxRows(src, dst []float32, lo, hi, inner, dim int, logOut bool) {
+	for r := lo; r < hi; r++ {
+		o, i := r/inner, r%inner
+		base := o*dim*inner + i
+		softmaxRow(src, dst, base, inner, dim, logOut)
+	}
 }
 
 // softmaxRow normalizes dim elements starting at base with the given stride.

@@ -107,7 +107,7 @@ func unaryComputeBulk(ctx *Context, name string, op unaryOp, bulk func(dst, src 
 			dst[i] = op.f64(v)
 		}
 	case dt.IsFloat():
-		v, err := tensor.AsFloat32(x)
+		v, err := ctx.AsFloat32(x)
 		if err != nil {
 			return err
 		}

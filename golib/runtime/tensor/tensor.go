@@ -58,7 +58,7 @@ func New(dt DType, shape Shape) (*Tensor, error) {
 		return nil, err
 	}
 	if nb > 0 && nb <= smallBytes {
-		return newSmall(dt, shape, nb), nil
+		return newSmall(dt, shape, nb, nb), nil
 	}
 	words := make([]uint64, (nb+7)/8)
 	var data []byte
@@ -82,13 +82,53 @@ type smallTensor struct {
 }
 
 // newSmall returns a zero-filled tensor of nb <= smallBytes bytes whose
-// buffer shares the header's allocation (a reference to either keeps both).
-func newSmall(dt DType, shape Shape, nb int) *Tensor {
+// buffer shares the header's allocation (a reference to either keeps both),
+// with a capacity of c bytes (nb <= c <= smallBytes).
+func newSmall(dt DType, shape Shape, nb, c int) *Tensor {
 	s := &smallTensor{t: Tensor{dtype: dt}}
 	t := &s.t
-	t.data = unsafe.Slice((*byte)(unsafe.Pointer(&s.words[0])), nb)
+	t.data = unsafe.Slice((*byte)(unsafe.Pointer(&s.words[0])), c)[:nb]
 	t.setShape(shape)
 	return t
+}
+
+// NewCap is New with a buffer of at least capBytes bytes behind the
+// tensor's own (its capacity, for Reuse): a value that grows a little from
+// run to run (a mask or Range over the past length) is rewritten in place
+// for several runs before it needs a larger buffer.
+func NewCap(dt DType, shape Shape, capBytes int) (*Tensor, error) {
+	nb, err := ByteSize(dt, shape)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case nb == 0 || capBytes <= nb:
+		return New(dt, shape)
+	case nb <= smallBytes:
+		return newSmall(dt, shape, nb, smallBytes), nil
+	}
+	words := make([]uint64, (capBytes+7)/8)
+	data := unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8)[:nb]
+	return header(dt, shape, data), nil
+}
+
+// Reuse turns prev into a tensor of dt and shape in its own header and
+// buffer, when prev is not pinned, its rank fits the header and its
+// buffer's capacity holds nb bytes (the size of dt and shape, from
+// ByteSize); it returns nil otherwise. The bytes keep their old contents.
+// The caller guarantees that nothing reads prev or views its buffer any
+// more (the shape cache's spare outputs).
+func Reuse(prev *Tensor, dt DType, shape Shape, nb int) *Tensor {
+	if prev == nil || prev.pinned.Load() || len(shape) > inlineRank || cap(prev.data) < nb || nb == 0 {
+		return nil
+	}
+	if uintptr(unsafe.Pointer(unsafe.SliceData(prev.data)))%uintptr(max(dt.Size(), 1)) != 0 {
+		return nil
+	}
+	prev.dtype, prev.data = dt, prev.data[:nb]
+	copy(prev.dims[:len(shape)], shape)
+	prev.shape = prev.dims[:len(shape):len(shape)]
+	return prev
 }
 
 // Recycle returns a tensor of dt and shape over b, with FromBytes's
