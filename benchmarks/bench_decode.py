@@ -53,7 +53,8 @@ contiguous time; the target is <= 1.05).
 Quantized caches (``--quant``): per geometry (GQA 32/8 d128 by default; ``--heads``,
 ``--head-dims``, ``--batches`` change it) one set of alternating blocks holds our fp32, fp16 and
 bf16 caches, the int8 and int4 caches with residual 0 and 128 (native type ``--quant-dtype``,
-default float16; ``--quant-group``, ``--k-axis``; ``--variants`` picks some), onnxruntime's
+default float16; ``--quant-group 32 64`` adds a row set per group, labelled ``int8 r128 g64``;
+``--k-axis``; ``--variants`` picks some), onnxruntime's
 GroupQueryAttention with its int8 and with its int4 cache (shared IOBinding buffer, static
 ``PER_CHANNEL`` scales calibrated on the past, ``--ort-quant-kind``) and the probe. Contexts are
 1k-32k plus the step's token (the cache holds a whole number of chunks before the step, so a
@@ -73,6 +74,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import re
 import sys
 import threading
 import time
@@ -489,10 +491,11 @@ class CacheVariant:
 
     @property
     def name(self) -> str:
-        """Short row label: ``fp32``, ``fp16``, ``bf16``, ``int8 r0``, ``int4 r128``, ..."""
+        """Short row label: ``fp32``, ``fp16``, ``bf16``, ``int8 r0``, ``int4 r128``, ... (with
+        `` g64`` appended for a group other than 32)."""
         if self.quant == "none":
             return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[self.dtype]
-        return f"{self.quant} r{self.residual}"
+        return f"{self.quant} r{self.residual}" + ("" if self.group == 32 else f" g{self.group}")
 
     def options(self) -> Dict[str, Any]:
         """The ``KVCache`` keyword options of the variant."""
@@ -506,11 +509,11 @@ class CacheVariant:
         return None if self.quant == "none" else OrtQuant(8 if self.quant == "int8" else 4, kind)
 
 
-def quant_variants(group: int, k_axis: str, qdtype: str, names: Optional[List[str]] = None) -> List[CacheVariant]:
+def quant_variants(groups: List[int], k_axis: str, qdtype: str, names: Optional[List[str]] = None) -> List[CacheVariant]:
     """The ``--quant`` caches: fp32, fp16, bf16, then int8 and int4 with residual 0 and 128
-    (native type ``qdtype``), or those of ``names``."""
+    (native type ``qdtype``) for each quantization group of ``groups``, or those of ``names``."""
     vs = [CacheVariant("float32"), CacheVariant("float16"), CacheVariant("bfloat16")]
-    vs += [CacheVariant(qdtype, q, r, group, k_axis) for q in ("int8", "int4") for r in (0, 128)]
+    vs += [CacheVariant(qdtype, q, r, g, k_axis) for g in groups for q in ("int8", "int4") for r in (0, 128)]
     if names:
         known = {v.name: v for v in vs}
         missing = [n for n in names if n not in known]
@@ -670,19 +673,23 @@ def quant_target_lines(rows: List[Dict[str, Any]]) -> List[str]:
     worst speed-up over fp16 per format and path, worst onnxruntime/ours."""
     lines = []
     big = [r for r in rows if r["context"] > 16384 and "ours_ms" in r and r.get("beyond_llc")]
+    def group(r: Dict[str, Any]) -> str:  # "" (group 32) or " g64" (see CacheVariant.name)
+        m = re.search(r" g\d+$", r["cache"])
+        return m.group(0) if m else ""
+
     for path in dict.fromkeys(r["kernel"] for r in big):
-        for fmt in ("int8", "int4"):
-            rs = [r for r in big if r["kernel"] == path and r["cache"].startswith(fmt)]
+        for fmt, g in [(f, g) for g in dict.fromkeys(group(r) for r in big) for f in ("int8", "int4")]:
+            rs = [r for r in big if r["kernel"] == path and r["cache"].startswith(fmt) and group(r) == g]
             want = QUANT_TARGETS.get(path, {}).get(fmt)
             if rs and want and all("vs_fp16" in r for r in rs):
                 worst = min(r["vs_fp16"] for r in rs)
-                lines.append(f"{path} {fmt}: speed-up over our fp16 cache >= {want}: worst {worst:.2f}, median "
+                lines.append(f"{path} {fmt}{g}: speed-up over our fp16 cache >= {want}: worst {worst:.2f}, median "
                              f"{np.median([r['vs_fp16'] for r in rs]):.2f} over {len(rs)} rows -> "
                              f"{'met' if worst >= want else 'NOT met'}")
             ro = [r for r in rs if "speedup" in r]
             if ro:
                 worst = min(r["speedup"] for r in ro)
-                lines.append(f"{path} {fmt}: onnxruntime/ours >= {ORT_QUANT_TARGET}: worst {worst:.2f}, median "
+                lines.append(f"{path} {fmt}{g}: onnxruntime/ours >= {ORT_QUANT_TARGET}: worst {worst:.2f}, median "
                              f"{np.median([r['speedup'] for r in ro]):.2f} over {len(ro)} rows -> "
                              f"{'met' if worst >= ORT_QUANT_TARGET else 'NOT met'}")
     return lines
@@ -784,7 +791,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                          "int8/int4 GroupQueryAttention (--quick: 1k/4k batch 1; --target: 16k/32k)")
     ap.add_argument("--variants", nargs="+", default=None,
                     help="--quant: the caches to run (fp32 fp16 bf16 'int8 r0' 'int8 r128' 'int4 r0' 'int4 r128')")
-    ap.add_argument("--quant-group", type=int, default=32, help="--quant: tokens per sealed chunk (32 or 64)")
+    ap.add_argument("--quant-group", type=int, nargs="+", choices=[32, 64], default=[32],
+                    help="--quant: tokens per sealed chunk, 32 and/or 64 (one row set each; group 64 rows "
+                         "are labelled 'int8 r128 g64')")
     ap.add_argument("--k-axis", choices=["channel", "token"], default="channel", help="--quant: K scale axis")
     ap.add_argument("--quant-dtype", choices=["float32", "float16", "bfloat16"], default="float16",
                     help="--quant: native type of the quantized caches' residual window")

@@ -139,3 +139,16 @@ def test_write_json_leaves_out_the_results_dir(tmp_path) -> None:
         got = json.load(f)
     assert got == {"args": {"quick": True}, "rows": [1, 2]}
     assert payload["args"]["results_dir"] == str(tmp_path)  # the caller's dict is untouched
+
+
+def test_bench_decode_quant_groups() -> None:
+    """``--quant-group 32 64``: a row set per group (group 64 labelled ``... g64``), the target
+    check kept apart per group."""
+    names = [v.name for v in bench_decode.quant_variants([32, 64], "channel", "float16")]
+    assert names == ["fp32", "fp16", "bf16", "int8 r0", "int8 r128", "int4 r0", "int4 r128",
+                     "int8 r0 g64", "int8 r128 g64", "int4 r0 g64", "int4 r128 g64"]
+    rows = [{"cache": c, "kernel": "avx512", "context": 32769, "ours_ms": 1.0, "beyond_llc": True, "vs_fp16": x}
+            for c, x in (("int8 r128", 1.2), ("int8 r128 g64", 1.8), ("int4 r128", 1.1), ("int4 r128 g64", 2.9))]
+    lines = bench_decode.quant_target_lines(rows)
+    assert [ln.split(":")[0] for ln in lines] == ["avx512 int8", "avx512 int4", "avx512 int8 g64", "avx512 int4 g64"]
+    assert lines[0].endswith("NOT met") and lines[2].endswith("-> met") and lines[3].endswith("-> met")

@@ -540,63 +540,82 @@ def vnni_dots(fmt):
     w()
 
 
-def vint():
+def vint(ng):
     """AVX-512 VNNI accumulation of V over token pairs: softmax weights times V scales
     quantized to int16 per row (qvwmax, qvwquant), V rows widened to int16 and interleaved
-    by token pair, VPDPWSSD with the pair's weights broadcast from memory."""
-    w("// func qvwmax(p *float32, ldP int, vs *float32, n int, mx *[4]float32)")
+    by token pair, VPDPWSSD with the pair's weights broadcast from memory.
+
+    ng: V scale groups per row, 4 (qvwmax, qvwquant) or 2 (qvwmax2, qvwquant2: each group's
+    scale and zero stand for two groups of the four-group layout, as if repeated)."""
+    sfx = "" if ng == 4 else "2"
+    perm = "vwperm" if ng == 4 else "vwperm2"
+    sb = 4 * ng * 2  # scale bytes per token pair
+
+    def ldpair(src, dst):  # the two tokens' scales, interleaved by group into Y{dst}
+        if ng == 4:
+            return [f"VPERMPS {src}, Y15, Y{dst}"]
+        return [f"VMOVUPS {src}, X{dst}", f"VPERMPS Y{dst}, Y15, Y{dst}"]
+
+    def ldodd(src, dst):  # the last token's (the other's lanes 0)
+        return [f"VMOVUPS {src}, X{dst}" if ng == 4 else f"VMOVSD {src}, X{dst}", f"VPERMPS Y{dst}, Y15, Y{dst}"]
+
+    mx = f"qvwmax{sfx}"
+    w(f"// func {mx}(p *float32, ldP int, vs *float32, n int, mx *[4]float32)")
     w("//")
-    w("// mx[r] = max_t,g |p[r*ldP/4 + t] * vs[4t + g]| over tokens t < n (four scale groups per")
-    w("// row) for the four rows r (p >= 0).")
-    w("TEXT ·qvwmax(SB), NOSPLIT, $0-40")
+    if ng == 4:
+        w("// mx[r] = max_t,g |p[r*ldP/4 + t] * vs[4t + g]| over tokens t < n (four scale groups per")
+        w("// row) for the four rows r (p >= 0).")
+    else:
+        w("// qvwmax over rows of two scale groups: mx[r] = max_t,g |p[r*ldP/4 + t] * vs[2t + g]|.")
+    w(f"TEXT ·{mx}(SB), NOSPLIT, $0-40")
     ins("MOVQ p+0(FP), R8", "MOVQ ldP+8(FP), DX", "LEAQ (R8)(DX*1), R9", "LEAQ (R9)(DX*1), R10",
         "LEAQ (R10)(DX*1), R11", "MOVQ vs+16(FP), SI", "MOVQ n+24(FP), AX", "MOVQ mx+32(FP), DI",
-        "VMOVDQU vwperm<>(SB), Y15", "MOVL $0x7fffffff, CX", "VPBROADCASTD CX, Y14",
+        f"VMOVDQU {perm}<>(SB), Y15", "MOVL $0x7fffffff, CX", "VPBROADCASTD CX, Y14",
         "VXORPS Y0, Y0, Y0", "VXORPS Y1, Y1, Y1", "VXORPS Y2, Y2, Y2", "VXORPS Y3, Y3, Y3",
-        "XORQ CX, CX", "MOVQ AX, BX", "SHRQ $1, BX", "JZ qvwmaxodd")
-    w("qvwmaxpair:")
-    ins("VPERMPS (SI), Y15, Y4", "VANDPS Y14, Y4, Y4")
+        "XORQ CX, CX", "MOVQ AX, BX", "SHRQ $1, BX", f"JZ {mx}odd")
+    w(f"{mx}pair:")
+    ins(*ldpair("(SI)", 4), "VANDPS Y14, Y4, Y4")
     pr = ["R8", "R9", "R10", "R11"]
     for r in range(4):
         ins(f"VBROADCASTSD ({pr[r]})(CX*4), Y5", "VMULPS Y4, Y5, Y5", f"VMAXPS Y5, Y{r}, Y{r}")
-    ins("ADDQ $32, SI", "ADDQ $2, CX", "DECQ BX", "JNZ qvwmaxpair")
-    w("qvwmaxodd:")
-    ins("ANDQ $1, AX", "JZ qvwmaxdone", "VMOVUPS (SI), X4", "VPERMPS Y4, Y15, Y4", "VANDPS Y14, Y4, Y4")
+    ins(f"ADDQ ${sb}, SI", "ADDQ $2, CX", "DECQ BX", f"JNZ {mx}pair")
+    w(f"{mx}odd:")
+    ins("ANDQ $1, AX", f"JZ {mx}done", *ldodd("(SI)", 4), "VANDPS Y14, Y4, Y4")
     for r in range(4):
         ins(f"VMOVSS ({pr[r]})(CX*4), X5", "VPBROADCASTQ X5, Y5", "VMULPS Y4, Y5, Y5", f"VMAXPS Y5, Y{r}, Y{r}")
-    w("qvwmaxdone:")
+    w(f"{mx}done:")
     for r in range(4):
         ins(f"VEXTRACTF128 $1, Y{r}, X5", f"VMAXPS X5, X{r}, X{r}", f"VPERMILPS $0x4e, X{r}, X5",
             f"VMAXPS X5, X{r}, X{r}", f"VPERMILPS $0xb1, X{r}, X5", f"VMAXPS X5, X{r}, X{r}",
             f"VMOVSS X{r}, {off(4*r)}(DI)")
     ins("VZEROUPPER", "RET")
     w()
-    w("// func qvwquant(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)")
+    qn = f"qvwquant{sfx}"
+    w(f"// func {qn}(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)")
     w("//")
-    w("// The int16 weights of qvaxpy4*: for token pairs j (the last one padded with a zero weight")
-    w("// when n is odd), rows r < 4 and groups g < 4, w[16j + 4r + g] packs round(p_r,2j *")
-    w("// vs[8j+g] * inv[r]) (low word) and the same of token 2j+1 (high word). vz != nil (int4):")
-    w("// zt[4r + g] = sum_t p_rt * vz[4t + g].")
-    w("TEXT ·qvwquant(SB), NOSPLIT, $0-64")
+    if ng == 4:
+        w("// The int16 weights of qvaxpy4*: for token pairs j (the last one padded with a zero weight")
+        w("// when n is odd), rows r < 4 and groups g < 4, w[16j + 4r + g] packs round(p_r,2j *")
+        w("// vs[8j+g] * inv[r]) (low word) and the same of token 2j+1 (high word). vz != nil (int4):")
+        w("// zt[4r + g] = sum_t p_rt * vz[4t + g].")
+    else:
+        w("// qvwquant over rows of two scale groups, in the four-group layout: w[16j + 4r + g] from")
+        w("// vs[4j + g/2], zt[4r + g] = sum_t p_rt * vz[2t + g/2].")
+    w(f"TEXT ·{qn}(SB), NOSPLIT, $0-64")
     ins("MOVQ w+0(FP), DI", "MOVQ p+8(FP), R8", "MOVQ ldP+16(FP), DX", "LEAQ (R8)(DX*1), R9",
         "LEAQ (R9)(DX*1), R10", "LEAQ (R10)(DX*1), R11", "MOVQ vs+24(FP), SI", "MOVQ n+32(FP), AX",
         "MOVQ inv+40(FP), R12", "MOVQ vz+48(FP), R13", "MOVQ R13, R14",
-        "VMOVDQU vwperm<>(SB), Y15")
+        f"VMOVDQU {perm}<>(SB), Y15")
     for r in range(4):
         ins(f"VBROADCASTSS {off(4*r)}(R12), Y{8+r}", f"VXORPS Y{4+r}, Y{4+r}, Y{4+r}")
-    ins("XORQ CX, CX", "MOVQ AX, BX", "SHRQ $1, BX", "JZ qvwquantodd")
+    ins("XORQ CX, CX", "MOVQ AX, BX", "SHRQ $1, BX", f"JZ {qn}odd")
 
     def body(odd):
-        if odd:
-            ins("VMOVUPS (SI), X0", "VPERMPS Y0, Y15, Y0")
-        else:
-            ins("VPERMPS (SI), Y15, Y0")
-        ins("TESTQ R14, R14", f"JZ qvwquant{'o' if odd else 'p'}noz")
-        if odd:
-            ins("VMOVUPS (R13), X1", "VPERMPS Y1, Y15, Y1")
-        else:
-            ins("VPERMPS (R13), Y15, Y1")
-        w(f"qvwquant{'o' if odd else 'p'}noz:")
+        ld = ldodd if odd else ldpair
+        ins(*ld("(SI)", 0))
+        ins("TESTQ R14, R14", f"JZ {qn}{'o' if odd else 'p'}noz")
+        ins(*ld("(R13)", 1))
+        w(f"{qn}{'o' if odd else 'p'}noz:")
         for r in range(4):
             if odd:
                 ins(f"VMOVSS ({pr[r]})(CX*4), X2", "VPBROADCASTQ X2, Y2")
@@ -605,22 +624,23 @@ def vint():
             ins(f"VFMADD231PS Y1, Y2, Y{4+r}", "VMULPS Y0, Y2, Y2", f"VMULPS Y{8+r}, Y2, Y2",
                 "VCVTPS2DQ Y2, Y2", f"VPMOVSDW Y2, {off(16*r)}(DI)")
 
-    w("qvwquantpair:")
+    w(f"{qn}pair:")
     ins("VXORPS Y1, Y1, Y1")
     body(False)
-    ins("ADDQ $32, SI", "ADDQ $32, R13", "ADDQ $64, DI", "ADDQ $2, CX", "DECQ BX", "JNZ qvwquantpair")
-    w("qvwquantodd:")
-    ins("ANDQ $1, AX", "JZ qvwquantzt", "VXORPS Y1, Y1, Y1")
+    ins(f"ADDQ ${sb}, SI", f"ADDQ ${sb}, R13", "ADDQ $64, DI", "ADDQ $2, CX", "DECQ BX", f"JNZ {qn}pair")
+    w(f"{qn}odd:")
+    ins("ANDQ $1, AX", f"JZ {qn}zt", "VXORPS Y1, Y1, Y1")
     body(True)
-    w("qvwquantzt:")
-    ins("MOVQ zt+56(FP), DI", "TESTQ R14, R14", "JZ qvwquantdone")
+    w(f"{qn}zt:")
+    ins("MOVQ zt+56(FP), DI", "TESTQ R14, R14", f"JZ {qn}done")
     for r in range(4):
         ins(f"VHADDPS Y{4+r}, Y{4+r}, Y{4+r}", f"VPERMQ $0x08, Y{4+r}, Y{4+r}", f"VMOVUPS X{4+r}, {off(16*r)}(DI)")
-    w("qvwquantdone:")
+    w(f"{qn}done:")
     ins("VZEROUPPER", "RET")
     w()
-    for fmt in ("i8", "i4"):
-        vaxpy(fmt)
+    if ng == 4:
+        for fmt in ("i8", "i4"):
+            vaxpy(fmt)
 
 
 def sumsq():
@@ -761,6 +781,11 @@ for i, x in enumerate([0, 4, 1, 5, 2, 6, 3, 7]):
     w(f"DATA vwperm<>+{4*i}(SB)/4, ${x}")
 w("GLOBL vwperm<>(SB), RODATA|NOPTR, $32")
 w()
+w("// vwperm2: the same from the two group scales of two tokens (each group twice).")
+for i, x in enumerate([0, 2, 0, 2, 1, 3, 1, 3]):
+    w(f"DATA vwperm2<>+{4*i}(SB)/4, ${x}")
+w("GLOBL vwperm2<>(SB), RODATA|NOPTR, $32")
+w()
 for isa in ("avx512", "avx2"):
     for fmt in ("i8", "i4"):
         for rows in (4, 1):
@@ -768,6 +793,7 @@ for isa in ("avx512", "avx2"):
                 dots(rows, fmt, scaled, isa)
             axpy(rows, fmt, isa)
 vnni()
-vint()
+vint(4)
+vint(2)
 sumsq()
 print("\n".join(out))

@@ -333,18 +333,24 @@ const vwMax = 16383
 // vaxpy4VNNI is quantOps.vaxpy4.
 func vaxpy4VNNI(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, pf int, ws *vScratch) bool {
 	d := len(acc) / 4
-	if n == 0 || d%64 != 0 || v.s == nil || v.ng != 4 || v.g*4 != d || v.g%32 != 0 || n >= 1<<19 {
+	if n == 0 || d%128 != 0 || v.s == nil || (v.ng != 4 && v.ng != 2) || v.g*v.ng != d || n >= 1<<19 {
 		return false
 	}
-	_, _, _, _ = acc[4*d-1], p[3*ld+n-1], v.b[n*v.rb-1], v.s[n*4-1]
+	_, _, _, _ = acc[4*d-1], p[3*ld+n-1], v.b[n*v.rb-1], v.s[n*v.ng-1]
 	int4 := v.f == cache.QuantInt4
 	var vz *float32
 	if int4 {
-		_ = v.z[n*4-1]
+		_ = v.z[n*v.ng-1]
 		vz = &v.z[0]
 	}
+	// rows of two groups: the weights and zero terms in the four-group
+	// layout, each group standing for two of d/4 elements
+	wmax, wquant := qvwmax, qvwquant
+	if v.ng == 2 {
+		wmax, wquant = qvwmax2, qvwquant2
+	}
 	ws.w = growI32(ws.w, (n+1)/2*16)
-	qvwmax(&p[0], ld*4, &v.s[0], n, &ws.mx)
+	wmax(&p[0], ld*4, &v.s[0], n, &ws.mx)
 	for r, m := range ws.mx {
 		inv := float32(0) // every weight 0 (a NaN m keeps the row's NaN in sc)
 		if m > 0 {
@@ -354,14 +360,14 @@ func vaxpy4VNNI(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, pf int, 
 		}
 		ws.inv[r], ws.sc[r] = inv, m/vwMax
 	}
-	qvwquant(&ws.w[0], &p[0], ld*4, &v.s[0], n, &ws.inv, vz, &ws.zt)
+	wquant(&ws.w[0], &p[0], ld*4, &v.s[0], n, &ws.inv, vz, &ws.zt)
 	fn := qvaxpy4i8vnni
 	if int4 {
 		fn = qvaxpy4i4vnni
 	}
 	for j0 := 0; j0 < d; j0 += 64 {
-		g0 := j0 / v.g
-		s2 := ((j0+32)/v.g - g0) * 4
+		g0 := j0 / (d / 4)
+		s2 := ((j0+32)/(d/4) - g0) * 4
 		vb, pfd := j0, 0
 		if int4 {
 			vb = j0 / 2
@@ -393,6 +399,12 @@ func qsumsq2avx512(a *float32, na int, b *float32, nb int) float32
 
 //go:noescape
 func qvwmax(p *float32, ldP int, vs *float32, n int, mx *[4]float32)
+
+//go:noescape
+func qvwmax2(p *float32, ldP int, vs *float32, n int, mx *[4]float32)
+
+//go:noescape
+func qvwquant2(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)
 
 //go:noescape
 func qvwquant(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)

@@ -42,6 +42,17 @@ DATA vwperm<>+24(SB)/4, $3
 DATA vwperm<>+28(SB)/4, $7
 GLOBL vwperm<>(SB), RODATA|NOPTR, $32
 
+// vwperm2: the same from the two group scales of two tokens (each group twice).
+DATA vwperm2<>+0(SB)/4, $0
+DATA vwperm2<>+4(SB)/4, $2
+DATA vwperm2<>+8(SB)/4, $0
+DATA vwperm2<>+12(SB)/4, $2
+DATA vwperm2<>+16(SB)/4, $1
+DATA vwperm2<>+20(SB)/4, $3
+DATA vwperm2<>+24(SB)/4, $1
+DATA vwperm2<>+28(SB)/4, $3
+GLOBL vwperm2<>(SB), RODATA|NOPTR, $32
+
 // func qdots4i8ravx512(s *float32, ldS int, q *float32, qrb int, k *byte, krb int, nt int, ng int, cpg int, ks *float32, kz *float32, pfd int)
 //
 // For query rows r < 4 and tokens t < nt: s[r*ldS/4 + t] = dot(q_r, x_t), q rows of qrb
@@ -3973,6 +3984,230 @@ qvaxpy4i4vnnistore:
 	VMOVUPS Z5, 192(DI)
 	ADDQ BX, DI
 	ADDQ zrb+96(FP), R14
+	VZEROUPPER
+	RET
+
+// func qvwmax2(p *float32, ldP int, vs *float32, n int, mx *[4]float32)
+//
+// qvwmax over rows of two scale groups: mx[r] = max_t,g |p[r*ldP/4 + t] * vs[2t + g]|.
+TEXT ·qvwmax2(SB), NOSPLIT, $0-40
+	MOVQ p+0(FP), R8
+	MOVQ ldP+8(FP), DX
+	LEAQ (R8)(DX*1), R9
+	LEAQ (R9)(DX*1), R10
+	LEAQ (R10)(DX*1), R11
+	MOVQ vs+16(FP), SI
+	MOVQ n+24(FP), AX
+	MOVQ mx+32(FP), DI
+	VMOVDQU vwperm2<>(SB), Y15
+	MOVL $0x7fffffff, CX
+	VPBROADCASTD CX, Y14
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ CX, CX
+	MOVQ AX, BX
+	SHRQ $1, BX
+	JZ qvwmax2odd
+qvwmax2pair:
+	VMOVUPS (SI), X4
+	VPERMPS Y4, Y15, Y4
+	VANDPS Y14, Y4, Y4
+	VBROADCASTSD (R8)(CX*4), Y5
+	VMULPS Y4, Y5, Y5
+	VMAXPS Y5, Y0, Y0
+	VBROADCASTSD (R9)(CX*4), Y5
+	VMULPS Y4, Y5, Y5
+	VMAXPS Y5, Y1, Y1
+	VBROADCASTSD (R10)(CX*4), Y5
+	VMULPS Y4, Y5, Y5
+	VMAXPS Y5, Y2, Y2
+	VBROADCASTSD (R11)(CX*4), Y5
+	VMULPS Y4, Y5, Y5
+	VMAXPS Y5, Y3, Y3
+	ADDQ $16, SI
+	ADDQ $2, CX
+	DECQ BX
+	JNZ qvwmax2pair
+qvwmax2odd:
+	ANDQ $1, AX
+	JZ qvwmax2done
+	VMOVSD (SI), X4
+	VPERMPS Y4, Y15, Y4
+	VANDPS Y14, Y4, Y4
+	VMOVSS (R8)(CX*4), X5
+	VPBROADCASTQ X5, Y5
+	VMULPS Y4, Y5, Y5
+	VMAXPS Y5, Y0, Y0
+	VMOVSS (R9)(CX*4), X5
+	VPBROADCASTQ X5, Y5
+	VMULPS Y4, Y5, Y5
+	VMAXPS Y5, Y1, Y1
+	VMOVSS (R10)(CX*4), X5
+	VPBROADCASTQ X5, Y5
+	VMULPS Y4, Y5, Y5
+	VMAXPS Y5, Y2, Y2
+	VMOVSS (R11)(CX*4), X5
+	VPBROADCASTQ X5, Y5
+	VMULPS Y4, Y5, Y5
+	VMAXPS Y5, Y3, Y3
+qvwmax2done:
+	VEXTRACTF128 $1, Y0, X5
+	VMAXPS X5, X0, X0
+	VPERMILPS $0x4e, X0, X5
+	VMAXPS X5, X0, X0
+	VPERMILPS $0xb1, X0, X5
+	VMAXPS X5, X0, X0
+	VMOVSS X0, (DI)
+	VEXTRACTF128 $1, Y1, X5
+	VMAXPS X5, X1, X1
+	VPERMILPS $0x4e, X1, X5
+	VMAXPS X5, X1, X1
+	VPERMILPS $0xb1, X1, X5
+	VMAXPS X5, X1, X1
+	VMOVSS X1, 4(DI)
+	VEXTRACTF128 $1, Y2, X5
+	VMAXPS X5, X2, X2
+	VPERMILPS $0x4e, X2, X5
+	VMAXPS X5, X2, X2
+	VPERMILPS $0xb1, X2, X5
+	VMAXPS X5, X2, X2
+	VMOVSS X2, 8(DI)
+	VEXTRACTF128 $1, Y3, X5
+	VMAXPS X5, X3, X3
+	VPERMILPS $0x4e, X3, X5
+	VMAXPS X5, X3, X3
+	VPERMILPS $0xb1, X3, X5
+	VMAXPS X5, X3, X3
+	VMOVSS X3, 12(DI)
+	VZEROUPPER
+	RET
+
+// func qvwquant2(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)
+//
+// qvwquant over rows of two scale groups, in the four-group layout: w[16j + 4r + g] from
+// vs[4j + g/2], zt[4r + g] = sum_t p_rt * vz[2t + g/2].
+TEXT ·qvwquant2(SB), NOSPLIT, $0-64
+	MOVQ w+0(FP), DI
+	MOVQ p+8(FP), R8
+	MOVQ ldP+16(FP), DX
+	LEAQ (R8)(DX*1), R9
+	LEAQ (R9)(DX*1), R10
+	LEAQ (R10)(DX*1), R11
+	MOVQ vs+24(FP), SI
+	MOVQ n+32(FP), AX
+	MOVQ inv+40(FP), R12
+	MOVQ vz+48(FP), R13
+	MOVQ R13, R14
+	VMOVDQU vwperm2<>(SB), Y15
+	VBROADCASTSS (R12), Y8
+	VXORPS Y4, Y4, Y4
+	VBROADCASTSS 4(R12), Y9
+	VXORPS Y5, Y5, Y5
+	VBROADCASTSS 8(R12), Y10
+	VXORPS Y6, Y6, Y6
+	VBROADCASTSS 12(R12), Y11
+	VXORPS Y7, Y7, Y7
+	XORQ CX, CX
+	MOVQ AX, BX
+	SHRQ $1, BX
+	JZ qvwquant2odd
+qvwquant2pair:
+	VXORPS Y1, Y1, Y1
+	VMOVUPS (SI), X0
+	VPERMPS Y0, Y15, Y0
+	TESTQ R14, R14
+	JZ qvwquant2pnoz
+	VMOVUPS (R13), X1
+	VPERMPS Y1, Y15, Y1
+qvwquant2pnoz:
+	VBROADCASTSD (R8)(CX*4), Y2
+	VFMADD231PS Y1, Y2, Y4
+	VMULPS Y0, Y2, Y2
+	VMULPS Y8, Y2, Y2
+	VCVTPS2DQ Y2, Y2
+	VPMOVSDW Y2, (DI)
+	VBROADCASTSD (R9)(CX*4), Y2
+	VFMADD231PS Y1, Y2, Y5
+	VMULPS Y0, Y2, Y2
+	VMULPS Y9, Y2, Y2
+	VCVTPS2DQ Y2, Y2
+	VPMOVSDW Y2, 16(DI)
+	VBROADCASTSD (R10)(CX*4), Y2
+	VFMADD231PS Y1, Y2, Y6
+	VMULPS Y0, Y2, Y2
+	VMULPS Y10, Y2, Y2
+	VCVTPS2DQ Y2, Y2
+	VPMOVSDW Y2, 32(DI)
+	VBROADCASTSD (R11)(CX*4), Y2
+	VFMADD231PS Y1, Y2, Y7
+	VMULPS Y0, Y2, Y2
+	VMULPS Y11, Y2, Y2
+	VCVTPS2DQ Y2, Y2
+	VPMOVSDW Y2, 48(DI)
+	ADDQ $16, SI
+	ADDQ $16, R13
+	ADDQ $64, DI
+	ADDQ $2, CX
+	DECQ BX
+	JNZ qvwquant2pair
+qvwquant2odd:
+	ANDQ $1, AX
+	JZ qvwquant2zt
+	VXORPS Y1, Y1, Y1
+	VMOVSD (SI), X0
+	VPERMPS Y0, Y15, Y0
+	TESTQ R14, R14
+	JZ qvwquant2onoz
+	VMOVSD (R13), X1
+	VPERMPS Y1, Y15, Y1
+qvwquant2onoz:
+	VMOVSS (R8)(CX*4), X2
+	VPBROADCASTQ X2, Y2
+	VFMADD231PS Y1, Y2, Y4
+	VMULPS Y0, Y2, Y2
+	VMULPS Y8, Y2, Y2
+	VCVTPS2DQ Y2, Y2
+	VPMOVSDW Y2, (DI)
+	VMOVSS (R9)(CX*4), X2
+	VPBROADCASTQ X2, Y2
+	VFMADD231PS Y1, Y2, Y5
+	VMULPS Y0, Y2, Y2
+	VMULPS Y9, Y2, Y2
+	VCVTPS2DQ Y2, Y2
+	VPMOVSDW Y2, 16(DI)
+	VMOVSS (R10)(CX*4), X2
+	VPBROADCASTQ X2, Y2
+	VFMADD231PS Y1, Y2, Y6
+	VMULPS Y0, Y2, Y2
+	VMULPS Y10, Y2, Y2
+	VCVTPS2DQ Y2, Y2
+	VPMOVSDW Y2, 32(DI)
+	VMOVSS (R11)(CX*4), X2
+	VPBROADCASTQ X2, Y2
+	VFMADD231PS Y1, Y2, Y7
+	VMULPS Y0, Y2, Y2
+	VMULPS Y11, Y2, Y2
+	VCVTPS2DQ Y2, Y2
+	VPMOVSDW Y2, 48(DI)
+qvwquant2zt:
+	MOVQ zt+56(FP), DI
+	TESTQ R14, R14
+	JZ qvwquant2done
+	VHADDPS Y4, Y4, Y4
+	VPERMQ $0x08, Y4, Y4
+	VMOVUPS X4, (DI)
+	VHADDPS Y5, Y5, Y5
+	VPERMQ $0x08, Y5, Y5
+	VMOVUPS X5, 16(DI)
+	VHADDPS Y6, Y6, Y6
+	VPERMQ $0x08, Y6, Y6
+	VMOVUPS X6, 32(DI)
+	VHADDPS Y7, Y7, Y7
+	VPERMQ $0x08, Y7, Y7
+	VMOVUPS X7, 48(DI)
+qvwquant2done:
 	VZEROUPPER
 	RET
 

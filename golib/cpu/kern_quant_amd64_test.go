@@ -223,8 +223,8 @@ func TestQuantIntAxpyOps(t *testing.T) {
 		if quant512Ops.vaxpy4(make([]float32, 4*64), make([]float32, 4), 1, 1, randQmat(rng, f, 1, 64, 16, true), &[4]float32{}, 0, &ws) {
 			t.Errorf("%s: groups of 16 taken", f)
 		}
-		for _, d := range []int{128, 256, 512} {
-			g := d / 4
+		for _, dg := range [][2]int{{128, 32}, {128, 64}, {256, 64}, {256, 128}, {512, 128}} {
+			d, g := dg[0], dg[1]
 			for _, n := range []int{1, 2, 3, 7, 32, 33, 64, 200} {
 				for _, ld := range []int{n, n + 5} {
 					v := randQmat(rng, f, n, d, g, true)
@@ -240,15 +240,15 @@ func TestQuantIntAxpyOps(t *testing.T) {
 					acc0 := randVec(rng, 4*d, 1)
 					got, want := slices.Clone(acc0), slices.Clone(acc0)
 					if !quant512Ops.vaxpy4(got, p, ld, n, v, &alpha, 0, &ws) {
-						t.Fatalf("%s d=%d: shape refused", f, d)
+						t.Fatalf("%s d=%d g=%d: shape refused", f, d, g)
 					}
 					goQAxpy4Ld(want, p, ld, n, v, &alpha)
 					x := make([]float32, d)
 					for r := 0; r < 4; r++ {
 						var mx float64
 						for tk := 0; tk < n; tk++ {
-							for gi := 0; gi < 4; gi++ {
-								mx = max(mx, float64(p[r*ld+tk])*float64(v.s[tk*4+gi]))
+							for gi := 0; gi < v.ng; gi++ {
+								mx = max(mx, float64(p[r*ld+tk])*float64(v.s[tk*v.ng+gi]))
 							}
 						}
 						for c := 0; c < d; c++ {
@@ -266,7 +266,7 @@ func TestQuantIntAxpyOps(t *testing.T) {
 							}
 							bound := 0.5*mx/vwMax*sq*1.001 + 1e-5*(1+math.Abs(float64(want[r*d+c]))) + 1e-6*(mag+math.Abs(float64(acc0[r*d+c])))
 							if e := math.Abs(float64(got[r*d+c]) - float64(want[r*d+c])); !(e <= bound) {
-								t.Fatalf("%s d=%d n=%d ld=%d: acc[%d][%d] = %v, want %v (bound %.3g)", f, d, n, ld, r, c, got[r*d+c], want[r*d+c], bound)
+								t.Fatalf("%s d=%d g=%d n=%d ld=%d: acc[%d][%d] = %v, want %v (bound %.3g)", f, d, g, n, ld, r, c, got[r*d+c], want[r*d+c], bound)
 							}
 						}
 					}

@@ -90,8 +90,8 @@ type quantOps struct {
 	// (steps of max_t,g p_rt*s_tg / 16383 over the n tokens), V rows widened
 	// to int16 and dotted by token pairs (VPDPWSSD); int4's zeros add
 	// sum_t p_rt*z_tg in float32. It returns false, doing nothing, when the
-	// shape is not one it takes (four V scale groups per row, head dim a
-	// multiple of 64, groups of 32 or more); ws is its scratch.
+	// shape is not one it takes (two or four V scale groups per row, head
+	// dim a multiple of 128); ws is its scratch.
 	vaxpy4 func(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, pf int, ws *vScratch) bool
 	// sumsq2, when set, returns sum_i a[i]^2 + sum_i b[i]^2 in float32
 	// (any order of summation): scalesSafe's check in one call instead of
@@ -121,8 +121,8 @@ func init() { intDots.Store(os.Getenv(IntDotsEnv) != "0") }
 // channel and int4 K per channel (head dim a multiple of 128): the query
 // rows times the chunk's channel scales are quantized to int8 per row and
 // dotted with VPDPBUSD, a relative score error of about 2^-8 of the row's
-// largest element. The accumulation loop, over V rows with four scale
-// groups of 32 or more elements (head dim 128 at group 32): the softmax
+// largest element. The accumulation loop, over V rows with two or four
+// scale groups (head dim a multiple of 128: group 32 or 64 at 128): the softmax
 // weights times the rows' V scales are quantized to int16 per row and
 // chunk (steps of 1/16383 of the chunk's largest) and dotted with
 // VPDPWSSD. On by default (OLKV_QUANT_INT_DOTS=0 turns them off); it

@@ -13,7 +13,8 @@ import (
 // BenchmarkDecodeQuant times one decode step (q_len 1) of GQA 32/8, head
 // dim 128, batch 1, at 16k and 32k tokens on 1 and 2 threads, over our fp16
 // cache and over our int8 and int4 caches (K per channel, V per token,
-// group 32, residual 128 in fp16), on the active kernel path (OLKV_KERNEL
+// group 32, and group 64 as int8-g64/int4-g64, residual 128 in fp16), on
+// the active kernel path (OLKV_KERNEL
 // selects another). The three storages run one after the other inside each
 // (context, threads) pair, so -count=N alternates them (int8-intdots, int4-intdots: int8, int4
 // with the integer score loop, SetQuantIntDots, where the CPU has AVX-512
@@ -42,11 +43,17 @@ func BenchmarkDecodeQuant(b *testing.B) {
 			}
 		}
 		views = append(views, storage{"fp16", read(fp16, false)})
-		for _, f := range quantFormats {
-			qc := newBenchCacheQ(b, cache.Float16, kvh, d, L, cache.QuantConfig{Format: f, Residual: res})
-			views = append(views, storage{f.String(), read(qc, false)})
-			if activeOps().quant != nil && activeOps().quant.intDots4 != nil {
-				views = append(views, storage{f.String() + "-intdots", read(qc, true)})
+		for _, g := range []int{32, 64} {
+			for _, f := range quantFormats {
+				qc := newBenchCacheQ(b, cache.Float16, kvh, d, L, cache.QuantConfig{Format: f, Group: g, Residual: res})
+				name := f.String()
+				if g != cache.DefaultQuantGroup {
+					name += fmt.Sprintf("-g%d", g)
+				}
+				views = append(views, storage{name, read(qc, false)})
+				if activeOps().quant != nil && activeOps().quant.intDots4 != nil {
+					views = append(views, storage{name + "-intdots", read(qc, true)})
+				}
 			}
 		}
 		rng := rand.New(rand.NewPCG(3, 5))
@@ -83,8 +90,8 @@ func (r *readCounter) AddBytesRead(n int64) { r.n += n; r.View.AddBytesRead(n) }
 // BenchmarkDecodeQuantAB is BenchmarkDecodeQuant measured side by side on a
 // loaded machine: one iteration runs rounds of a few calls of every storage
 // in turn (fp16, int8 and int4 each without and, where available, with
-// integer dots) and
-// reports each one's median time per step (ms-<storage>) and the speed-ups
+// integer dots; group 32, the default, and group 64: int8-g64, int4-g64)
+// and reports each one's median time per step (ms-<storage>) and the speed-ups
 // over fp16 (x-<storage> = fp16 median / storage median). Run it with
 // -benchtime=1x.
 func BenchmarkDecodeQuantAB(b *testing.B) {
@@ -98,11 +105,17 @@ func BenchmarkDecodeQuantAB(b *testing.B) {
 			intDots bool
 		}
 		sts := []storage{{"fp16", newBenchCacheOf(b, cache.Float16, kvh, d, L), false}}
-		for _, f := range quantFormats {
-			c := newBenchCacheQ(b, cache.Float16, kvh, d, L, cache.QuantConfig{Format: f, Residual: res})
-			sts = append(sts, storage{f.String(), c, false})
-			if activeOps().quant != nil && activeOps().quant.intDots4 != nil {
-				sts = append(sts, storage{f.String() + "-intdots", c, true})
+		for _, g := range []int{32, 64} {
+			for _, f := range quantFormats {
+				c := newBenchCacheQ(b, cache.Float16, kvh, d, L, cache.QuantConfig{Format: f, Group: g, Residual: res})
+				name := f.String()
+				if g != cache.DefaultQuantGroup {
+					name += fmt.Sprintf("-g%d", g)
+				}
+				sts = append(sts, storage{name, c, false})
+				if activeOps().quant != nil && activeOps().quant.intDots4 != nil {
+					sts = append(sts, storage{name + "-intdots", c, true})
+				}
 			}
 		}
 		rng := rand.New(rand.NewPCG(3, 5))

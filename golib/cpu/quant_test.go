@@ -423,19 +423,19 @@ var intDotsTol = [2]float64{1.5e-2, 2e-5}
 // f, K axis ax, head dims dk, dv and quantization group (0: the default)
 // when they are on (SetQuantIntDots) and the CPU has them: the score loop
 // over int8 K per channel, and int4 K per channel with a head dim that is
-// a multiple of 128; the accumulation loop where V rows have four scale
-// groups of 32 or more elements.
+// a multiple of 128; the accumulation loop where V rows have two or four
+// scale groups and a head dim that is a multiple of 128.
 func intDotsUsed(f cache.QuantFormat, ax cache.KAxis, dk, dv, group int) bool {
 	if group == 0 {
 		group = cache.DefaultQuantGroup
 	}
 	vg := cache.RowGroup(dv, group)
-	return (ax == cache.KPerChannel && (f == cache.QuantInt8 || dk%128 == 0)) || (dv == 4*vg && vg%32 == 0)
+	return (ax == cache.KPerChannel && (f == cache.QuantInt8 || dk%128 == 0)) || (dv%128 == 0 && (dv == 4*vg || dv == 2*vg))
 }
 
 // TestQuantIntDots runs the integer score loop (SetQuantIntDots) where the
-// CPU has it (skipped elsewhere), against the oracle with intDotsTol and
-// against float32 with the int8 bound.
+// CPU has it (skipped elsewhere), groups 32 and 64, against the oracle
+// with intDotsTol and against float32 with the int8 bound.
 func TestQuantIntDots(t *testing.T) {
 	have := false
 	for _, k := range kernelVariants {
@@ -455,9 +455,10 @@ func TestQuantIntDots(t *testing.T) {
 		for _, d := range []int{64, 128} {
 			for _, L := range lens {
 				n++
-				f := quantFormats[n%2] // int4 runs the integer loop at head dim 128
+				f := quantFormats[n%2]     // int4 runs the integer loop at head dim 128
+				group := 32 << (n / 2 % 2) // 64: two V scale groups a row at head dim 128
 				c := quantCase{elem: cache.Float16, qHeads: hd[0], kvh: hd[1], dk: d, dv: d, lens: []int{L, L/2 + 1},
-					qLen: 1 + n%3*2, cfg: cache.QuantConfig{Format: f, Group: 32, Residual: 16}, tol: intDotsTol}
+					qLen: 1 + n%3*2, cfg: cache.QuantConfig{Format: f, Group: group, Residual: 16}, tol: intDotsTol}
 				switch n % 3 {
 				case 1:
 					c.opts.Softcap, c.qScale = 4, 3
