@@ -80,10 +80,19 @@ func (p *product) block(bufs *packBufs, i0, i1, j0, j1 int) {
 					ks.micro(kc, ap, bp, p.alpha, p.c[off:], p.ldc)
 					continue
 				}
-				// Edge tile: compute a full tile aside, add the valid part.
+				if cols == nr && ks.microRows != nil {
+					ks.microRows(rows, kc, ap, bp, p.alpha, p.c[off:], p.ldc)
+					continue
+				}
+				// Edge tile: compute it aside (only its valid rows where
+				// the kernels allow), add the valid part.
 				tile := bufs.tile[:mr*nr]
 				clear(tile)
-				ks.micro(kc, ap, bp, p.alpha, tile, nr)
+				if rows < mr && ks.microRows != nil {
+					ks.microRows(rows, kc, ap, bp, p.alpha, tile, nr)
+				} else {
+					ks.micro(kc, ap, bp, p.alpha, tile, nr)
+				}
 				for r := range rows {
 					dst := p.c[off+r*p.ldc : off+r*p.ldc+cols]
 					for q, v := range tile[r*nr : r*nr+cols] {

@@ -12,11 +12,13 @@ var avx2Kernels = kernels{
 	mr:    6,
 	nr:    32,
 	micro: microAVX2,
-	axpy4: axpy4AVX2,
-	axpy:  axpyAVX2,
-	dot:   dotAVX2,
-	cvt16: cvt16AVX2,
-	panel: panelAVX2,
+
+	microRows: microRowsAVX2,
+	axpy4:     axpy4AVX2,
+	axpy:      axpyAVX2,
+	dot:       dotAVX2,
+	cvt16:     cvt16AVX2,
+	panel:     panelAVX2,
 }
 
 type f8 = archsimd.Float32x8
@@ -25,8 +27,31 @@ func load8(s []float32) f8 { return archsimd.LoadFloat32x8((*[8]float32)(s[:8]))
 
 func bcast8(v float32) f8 { return archsimd.BroadcastFloat32x8(v) }
 
+//go:generate sh -c "python3 asmgen_tile.py > tile_avx2_amd64.s"
+
 //go:noescape
 func micro6x16asm(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int)
+
+//go:noescape
+func micro5x16asm(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int)
+
+//go:noescape
+func micro4x16asm(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int)
+
+//go:noescape
+func micro3x16asm(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int)
+
+//go:noescape
+func micro2x16asm(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int)
+
+//go:noescape
+func micro1x16asm(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int)
+
+// microByRows are the generated N x 16 kernels (tile_avx2_amd64.s), index
+// N-1.
+var microByRows = [6]func(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int){
+	micro1x16asm, micro2x16asm, micro3x16asm, micro4x16asm, micro5x16asm, micro6x16asm,
+}
 
 // microAVX2 is the 6 x 32 tile as two passes of the assembly 6 x 16 kernel
 // (micro6x16asm: twelve ymm accumulators, the most 16 registers hold with
@@ -43,6 +68,20 @@ func microAVX2(kc int, ap, bp []float32, alpha float32, c []float32, ldc int) {
 	a, b := unsafe.SliceData(ap), unsafe.SliceData(bp)
 	micro6x16asm(kc, a, b, 4*32, alpha, unsafe.SliceData(c), ldc)
 	micro6x16asm(kc, a, &bp[16], 4*32, alpha, &c[16], ldc)
+}
+
+// microRowsAVX2 is microAVX2 for the first rows rows of the tile (1 <=
+// rows <= 6), with the N x 16 kernel of that height.
+func microRowsAVX2(rows, kc int, ap, bp []float32, alpha float32, c []float32, ldc int) {
+	if kc <= 0 || rows <= 0 {
+		return
+	}
+	rows = min(rows, 6)
+	_, _, _ = ap[6*kc-1], bp[32*kc-1], c[(rows-1)*ldc+31]
+	a, b := unsafe.SliceData(ap), unsafe.SliceData(bp)
+	f := microByRows[rows-1]
+	f(kc, a, b, 4*32, alpha, unsafe.SliceData(c), ldc)
+	f(kc, a, &bp[16], 4*32, alpha, &c[16], ldc)
 }
 
 func axpy4AVX2(a0, a1, a2, a3 float32, x0, x1, x2, x3, y []float32) {
