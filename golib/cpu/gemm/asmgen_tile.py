@@ -22,9 +22,11 @@ from asmgen_emit import ins, off, out, w  # noqa: E402
 MR = 6  # rows of a packed A panel on this path (kernels.mr)
 
 
-def step(rows, base):
+def step(rows, base, pf=False):
     """One step of the inner dimension: A values at base bytes into the panel."""
     ins("VMOVUPS 0(DI), Y0", "VMOVUPS 32(DI), Y1")
+    if pf:
+        ins("PREFETCHT0 0(DI)(R9*1)", "PREFETCHT0 64(DI)(R9*1)")
     for r in range(rows):
         b = f"Y{2 + r % 2}"
         ins(f"VBROADCASTSS {off(base + 4 * r)}(SI), {b}",
@@ -33,20 +35,27 @@ def step(rows, base):
     ins("ADDQ R8, DI")
 
 
-def kernel(rows):
-    name = f"micro{rows}x16asm"
-    w(f"// func {name}(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int)")
-    w(f"TEXT ·{name}(SB), NOSPLIT, $0-56")
+def kernel(rows, pf=False):
+    name = f"micro{rows}x16{'pf' if pf else ''}asm"
+    if pf:
+        w(f"// func {name}(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int, pf int)")
+        w(f"TEXT ·{name}(SB), NOSPLIT, $0-64")
+    else:
+        w(f"// func {name}(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int)")
+        w(f"TEXT ·{name}(SB), NOSPLIT, $0-56")
     ins("MOVQ kc+0(FP), CX", "MOVQ a+8(FP), SI", "MOVQ b+16(FP), DI", "MOVQ bstride+24(FP), R8",
         "MOVQ c+40(FP), DX", "MOVQ ldc+48(FP), BX")
+    if pf:
+        ins("MOVQ pf+56(FP), R9")
     for r in range(2 * rows):
         ins(f"VXORPS Y{4 + r}, Y{4 + r}, Y{4 + r}")
-    loop, tail, store = f"m{rows}loop", f"m{rows}tail", f"m{rows}store"
+    sfx = "pf" if pf else ""
+    loop, tail, store = f"m{rows}{sfx}loop", f"m{rows}{sfx}tail", f"m{rows}{sfx}store"
     ins("SHRQ $1, CX", f"JZ   {tail}")
     w()
     w(f"{loop}:")
-    step(rows, 0)
-    step(rows, 4 * MR)
+    step(rows, 0, pf)
+    step(rows, 4 * MR, pf)
     ins(f"ADDQ ${8 * MR}, SI", "DECQ CX", f"JNZ  {loop}")
     w()
     w(f"{tail}:")
@@ -75,8 +84,9 @@ def main():
     w("// The AVX2 prefill micro kernels, one per tile height (see asmgen_tile.py).")
     w("// C[r][0:16] += alpha * tile row r for r < N; ldc is in elements. kc > 0.")
     w()
-    for rows in range(MR, 0, -1):
-        kernel(rows)
+    for pf in (False, True):
+        for rows in range(MR, 0, -1):
+            kernel(rows, pf)
     sys.stdout.write("\n".join(out).rstrip("\n") + "\n")
 
 
