@@ -9,7 +9,7 @@ import "sync"
 // nothing, so the only synchronization is the parallel-for itself.
 const (
 	kcBlock = 256
-	mcBlock = 120 // a multiple of every mr (4, 6, 8)
+	mcBlock = 120 // a multiple of every mr (3, 8)
 	ncBlock = 512 // a multiple of every nr
 )
 
@@ -69,21 +69,13 @@ func (p *product) block(bufs *packBufs, i0, i1, j0, j1 int) {
 		// The B block (kc x nc) stays in L2 while each A panel (mr x kc,
 		// a few KiB) sits in L1 and meets every nr-wide B sliver in turn:
 		// with broadcast A and vector B the A panel is the reused operand.
-		// The first A panel meets a prepacked float32 B block where it
-		// lies in memory (the later ones find it in L2).
-		first := p.pb != nil && p.pb.h == nil && ks.microFirst != nil
 		for ir := 0; ir < mc; ir += mr {
 			ap := bufs.a[ir*kc : (ir+mr)*kc]
 			rows := min(mr, mc-ir)
-			cold := first && ir == 0
 			for jr := 0; jr < nc; jr += nr {
 				bp := bb[jr*kc : (jr+nr)*kc]
 				cols := min(nr, nc-jr)
 				off := (i0+ir)*p.ldc + j0 + jr
-				if cold && cols == nr {
-					ks.microFirst(rows, kc, ap, bp, p.alpha, p.c[off:], p.ldc)
-					continue
-				}
 				if rows == mr && cols == nr {
 					ks.micro(kc, ap, bp, p.alpha, p.c[off:], p.ldc)
 					continue

@@ -22,12 +22,6 @@ type kernels struct {
 	// mr, written straight into c. Without it the edge tile is computed
 	// in full aside and its valid rows copied.
 	microRows func(rows, kc int, ap, bp []float32, alpha float32, c []float32, ldc int)
-	// microFirst, when set, is microRows (1 <= rows <= mr) for a full-width
-	// tile whose B sliver is read from memory for the first time (the
-	// first A panel of a block over a prepacked float32 B): it prefetches
-	// the sliver ahead where the kernel's own reads do not keep the
-	// hardware prefetcher streaming.
-	microFirst func(rows, kc int, ap, bp []float32, alpha float32, c []float32, ldc int)
 	// axpy4 adds a0*x0 + a1*x1 + a2*x2 + a3*x3 to y (all of len(y)).
 	axpy4 func(a0, a1, a2, a3 float32, x0, x1, x2, x3, y []float32)
 	// axpy adds a*x to y.

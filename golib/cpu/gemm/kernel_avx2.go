@@ -9,17 +9,16 @@ import (
 
 var avx2Kernels = kernels{
 	name:  "avx2",
-	mr:    6,
+	mr:    3,
 	nr:    32,
 	micro: microAVX2,
+	axpy4: axpy4AVX2,
+	axpy:  axpyAVX2,
+	dot:   dotAVX2,
+	cvt16: cvt16AVX2,
+	panel: panelAVX2,
 
-	microRows:  microRowsAVX2,
-	microFirst: microFirstAVX2,
-	axpy4:      axpy4AVX2,
-	axpy:       axpyAVX2,
-	dot:        dotAVX2,
-	cvt16:      cvt16AVX2,
-	panel:      panelAVX2,
+	microRows: microRowsAVX2,
 }
 
 type f8 = archsimd.Float32x8
@@ -31,105 +30,42 @@ func bcast8(v float32) f8 { return archsimd.BroadcastFloat32x8(v) }
 //go:generate sh -c "python3 asmgen_tile.py > tile_avx2_amd64.s"
 
 //go:noescape
-func micro6x16asm(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int)
+func micro3x32asm(kc int, a *float32, b *float32, alpha float32, c *float32, ldc int)
 
 //go:noescape
-func micro5x16asm(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int)
+func micro2x32asm(kc int, a *float32, b *float32, alpha float32, c *float32, ldc int)
 
 //go:noescape
-func micro4x16asm(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int)
+func micro1x32asm(kc int, a *float32, b *float32, alpha float32, c *float32, ldc int)
 
-//go:noescape
-func micro3x16asm(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int)
-
-//go:noescape
-func micro2x16asm(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int)
-
-//go:noescape
-func micro1x16asm(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int)
-
-//go:noescape
-func micro6x16pfasm(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int, pf int)
-
-//go:noescape
-func micro5x16pfasm(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int, pf int)
-
-//go:noescape
-func micro4x16pfasm(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int, pf int)
-
-//go:noescape
-func micro3x16pfasm(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int, pf int)
-
-//go:noescape
-func micro2x16pfasm(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int, pf int)
-
-//go:noescape
-func micro1x16pfasm(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int, pf int)
-
-// microByRows are the generated N x 16 kernels (tile_avx2_amd64.s), index
-// N-1.
-var microByRows = [6]func(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int){
-	micro1x16asm, micro2x16asm, micro3x16asm, micro4x16asm, micro5x16asm, micro6x16asm,
-}
-
-// microFirstByRows are microByRows with prefetches (the pf kernels).
-var microFirstByRows = [6]func(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int, pf int){
-	micro1x16pfasm, micro2x16pfasm, micro3x16pfasm, micro4x16pfasm, micro5x16pfasm, micro6x16pfasm,
-}
-
-// firstPrefetch is how far ahead, in bytes of the sliver, microFirstAVX2
-// prefetches: 64 sliver rows. Forced AVX2 on a loaded Zen 4 (one thread,
-// the decode step's weights cold, best of six interleaved runs), 32, 64
-// and 128 rows ahead ran 5-row products in 26.1 / 26.0 / 28.5 ms and
-// 16-row ones in 61.1 / 59.8 / 65.0 ms, against 43.0 and 81.5 ms without
-// prefetching (the AVX-512 path: 25.6 and 53.9 ms).
-const firstPrefetch = 64 * 4 * packNR
-
-// microFirstAVX2 is microRowsAVX2 for a B sliver read from memory for the
-// first time. The pass over the left 16 columns touches every other cache
-// line of the sliver (its rows are 128 bytes), a walk the hardware
-// prefetcher does not follow well, so it prefetches both lines of the sliver
-// row 64 rows ahead; the right half then finds its lines in cache.
-func microFirstAVX2(rows, kc int, ap, bp []float32, alpha float32, c []float32, ldc int) {
-	if kc <= 0 || rows <= 0 {
-		return
-	}
-	rows = min(rows, 6)
-	_, _, _ = ap[6*kc-1], bp[32*kc-1], c[(rows-1)*ldc+31]
-	a, b := unsafe.SliceData(ap), unsafe.SliceData(bp)
-	microFirstByRows[rows-1](kc, a, b, 4*32, alpha, unsafe.SliceData(c), ldc, firstPrefetch)
-	microByRows[rows-1](kc, a, &bp[16], 4*32, alpha, &c[16], ldc)
-}
-
-// microAVX2 is the 6 x 32 tile as two passes of the assembly 6 x 16 kernel
-// (micro6x16asm: twelve ymm accumulators, the most 16 registers hold with
-// two B vectors and the broadcasts) over the two 16-column halves of the
-// B sliver, with the A panel in L1 for both. A sliver packNR wide lets the
-// blocked algorithm read PackB's panels on this path too. The archsimd
-// 4 x 16 tile it replaces broadcast A through registers and could not hold
-// more accumulators (Go code has 15 usable vector registers).
+// microAVX2 is the assembly 3 x 32 tile (micro3x32asm: twelve ymm
+// accumulators, each 128-byte row of the B sliver read whole;
+// asmgen_tile.py says why not 6 x 16). A sliver packNR wide lets the
+// blocked algorithm read PackB's panels on this path too.
 func microAVX2(kc int, ap, bp []float32, alpha float32, c []float32, ldc int) {
 	if kc <= 0 {
 		return
 	}
-	_, _, _ = ap[6*kc-1], bp[32*kc-1], c[5*ldc+31]
-	a, b := unsafe.SliceData(ap), unsafe.SliceData(bp)
-	micro6x16asm(kc, a, b, 4*32, alpha, unsafe.SliceData(c), ldc)
-	micro6x16asm(kc, a, &bp[16], 4*32, alpha, &c[16], ldc)
+	_, _, _ = ap[3*kc-1], bp[32*kc-1], c[2*ldc+31]
+	micro3x32asm(kc, unsafe.SliceData(ap), unsafe.SliceData(bp), alpha, unsafe.SliceData(c), ldc)
 }
 
 // microRowsAVX2 is microAVX2 for the first rows rows of the tile (1 <=
-// rows <= 6), with the N x 16 kernel of that height.
+// rows <= 2), with the N x 32 kernel of that height.
 func microRowsAVX2(rows, kc int, ap, bp []float32, alpha float32, c []float32, ldc int) {
 	if kc <= 0 || rows <= 0 {
 		return
 	}
-	rows = min(rows, 6)
-	_, _, _ = ap[6*kc-1], bp[32*kc-1], c[(rows-1)*ldc+31]
+	_, _, _ = ap[3*kc-1], bp[32*kc-1], c[(min(rows, 3)-1)*ldc+31]
 	a, b := unsafe.SliceData(ap), unsafe.SliceData(bp)
-	f := microByRows[rows-1]
-	f(kc, a, b, 4*32, alpha, unsafe.SliceData(c), ldc)
-	f(kc, a, &bp[16], 4*32, alpha, &c[16], ldc)
+	switch rows {
+	case 1:
+		micro1x32asm(kc, a, b, alpha, unsafe.SliceData(c), ldc)
+	case 2:
+		micro2x32asm(kc, a, b, alpha, unsafe.SliceData(c), ldc)
+	default:
+		micro3x32asm(kc, a, b, alpha, unsafe.SliceData(c), ldc)
+	}
 }
 
 func axpy4AVX2(a0, a1, a2, a3 float32, x0, x1, x2, x3, y []float32) {

@@ -9,34 +9,31 @@ import (
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
 )
 
-// TestMicroKernels checks every variant's register-tile kernel alone, its
-// edge-panel kernel (microRows) for every height below mr and its
-// first-touch kernel (microFirst) for every height, where it has them,
-// against a float64 loop over the packed panels: inner dimensions of
+// TestMicroKernels checks every variant's register-tile kernel alone, and
+// its edge-panel kernel (microRows) for every height below mr where it has
+// one, against a float64 loop over the packed panels: inner dimensions of
 // one, odd and even steps (the unrolled loops' tails), a full kcBlock, a C
 // stride wider than the tile (untouched padding), rows past the tile's
 // height untouched, alpha != 1, and with a NaN in A and an Inf in B
 // (propagated as the float64 loop does).
 func TestMicroKernels(t *testing.T) {
 	for _, ks := range registry {
-		for _, first := range []bool{false, true} {
-			for rows := 1; rows <= ks.mr; rows++ {
-				if first && ks.microFirst == nil || !first && rows < ks.mr && ks.microRows == nil {
-					continue
-				}
-				for _, kc := range []int{1, 2, 3, 7, 16, 255, kcBlock} {
-					for _, nonFinite := range []bool{false, true} {
-						t.Run(fmt.Sprintf("%s/first=%v/rows%d/kc%d/nonfinite=%v", ks.name, first, rows, kc, nonFinite), func(t *testing.T) {
-							checkMicro(t, ks, first, rows, kc, nonFinite)
-						})
-					}
+		for rows := 1; rows <= ks.mr; rows++ {
+			if rows < ks.mr && ks.microRows == nil {
+				continue
+			}
+			for _, kc := range []int{1, 2, 3, 7, 16, 255, kcBlock} {
+				for _, nonFinite := range []bool{false, true} {
+					t.Run(fmt.Sprintf("%s/rows%d/kc%d/nonfinite=%v", ks.name, rows, kc, nonFinite), func(t *testing.T) {
+						checkMicro(t, ks, rows, kc, nonFinite)
+					})
 				}
 			}
 		}
 	}
 }
 
-func checkMicro(t *testing.T, ks *kernels, first bool, rows, kc int, nonFinite bool) {
+func checkMicro(t *testing.T, ks *kernels, rows, kc int, nonFinite bool) {
 	r := rand.New(rand.NewPCG(uint64(kc), uint64(17+rows)))
 	mr, nr := ks.mr, ks.nr
 	ap, bp := randSlice(r, mr*kc), randSlice(r, nr*kc)
@@ -58,12 +55,9 @@ func checkMicro(t *testing.T, ks *kernels, first bool, rows, kc int, nonFinite b
 			want[i*ldc+j] = float32(float64(want[i*ldc+j]) + alpha*s)
 		}
 	}
-	switch {
-	case first:
-		ks.microFirst(rows, kc, ap, bp, alpha, c, ldc)
-	case rows == mr:
+	if rows == mr {
 		ks.micro(kc, ap, bp, alpha, c, ldc)
-	default:
+	} else {
 		ks.microRows(rows, kc, ap, bp, alpha, c, ldc)
 	}
 	tol := 1e-5 * math.Sqrt(float64(kc)) * 8
