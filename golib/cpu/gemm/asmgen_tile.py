@@ -8,7 +8,10 @@ kernel is the full tile of the AVX2 path: twelve accumulators (row r, column vec
 Y(4+4r+j)), the three A values broadcast into Y0-Y2 and each B vector loaded once into
 Y3 and fed to three FMAs: 7 loads for 12 FMAs, every accumulator updated once per 12
 FMAs (the FMA latency is hidden). The shorter ones run the edge panel of a row count
-that is not a multiple of three straight into C.
+that is not a multiple of three straight into C. The float16 (F16C VCVTPH2PS) and
+bfloat16 variants read a 16-bit pack (PackBHalf, 64-byte sliver rows) and widen it in
+registers, as the decode-step kernels do: widening each B block into a float32 buffer
+first took about a quarter of a 128-row product's time.
 
 The 6 x 16 tile it replaces (two passes over the two 16-column halves of the sliver)
 had as many accumulators but walked the sliver with a 128-byte stride, touching every
@@ -27,14 +30,16 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from asmgen_emit import ins, off, out, w  # noqa: E402
+from asmgen_panel import KINDS, load  # noqa: E402  (the 16-bit weight loads)
 
 MR = 3  # rows of a packed A panel on this path (kernels.mr)
 NR = 32  # columns of a packed B sliver (packNR)
 
 
-def kernel(rows):
-    name = f"micro{rows}x32asm"
-    w(f"// func {name}(kc int, a *float32, b *float32, alpha float32, c *float32, ldc int)")
+def kernel(rows, kind=""):
+    es, gotype = KINDS[kind]
+    name = f"micro{rows}x32{kind}asm"
+    w(f"// func {name}(kc int, a *float32, b *{gotype}, alpha float32, c *float32, ldc int)")
     w(f"TEXT ·{name}(SB), NOSPLIT, $0-48")
     ins("MOVQ kc+0(FP), CX", "MOVQ a+8(FP), SI", "MOVQ b+16(FP), DI",
         "MOVQ c+32(FP), DX", "MOVQ ldc+40(FP), BX")
@@ -42,15 +47,15 @@ def kernel(rows):
     for r in range(rows):
         for j in range(4):
             ins(f"VXORPS {acc[r][j]}, {acc[r][j]}, {acc[r][j]}")
-    loop = f"m{rows}loop"
+    loop = f"m{rows}{kind}loop"
     w(f"{loop}:")
     for r in range(rows):
         ins(f"VBROADCASTSS {off(4 * r)}(SI), Y{r}")
     for j in range(4):
-        ins(f"VMOVUPS {off(32 * j)}(DI), Y3")
+        ins(*load(kind, f"{off(8 * es * j)}(DI)", "Y3"))
         for r in range(rows):
             ins(f"VFMADD231PS Y3, Y{r}, {acc[r][j]}")
-    ins(f"ADDQ ${4 * MR}, SI", f"ADDQ ${4 * NR}, DI", "DECQ CX", f"JNZ  {loop}")
+    ins(f"ADDQ ${4 * MR}, SI", f"ADDQ ${es * NR}, DI", "DECQ CX", f"JNZ  {loop}")
     w()
     ins("VBROADCASTSS alpha+24(FP), Y0", "SHLQ $2, BX")
     for r in range(rows):
@@ -73,8 +78,9 @@ def main():
     w("// The AVX2 prefill micro kernels, one per tile height (see asmgen_tile.py).")
     w("// C[r][0:32] += alpha * tile row r for r < N; ldc is in elements. kc > 0.")
     w()
-    for rows in range(MR, 0, -1):
-        kernel(rows)
+    for kind in KINDS:
+        for rows in range(MR, 0, -1):
+            kernel(rows, kind)
     sys.stdout.write("\n".join(out).rstrip("\n") + "\n")
 
 

@@ -19,6 +19,7 @@ var avx2Kernels = kernels{
 	panel: panelAVX2,
 
 	microRows: microRowsAVX2,
+	microHalf: microHalfAVX2,
 }
 
 type f8 = archsimd.Float32x8
@@ -66,6 +67,45 @@ func microRowsAVX2(rows, kc int, ap, bp []float32, alpha float32, c []float32, l
 	default:
 		micro3x32asm(kc, a, b, alpha, unsafe.SliceData(c), ldc)
 	}
+}
+
+//go:noescape
+func micro3x32f16asm(kc int, a *float32, b *uint16, alpha float32, c *float32, ldc int)
+
+//go:noescape
+func micro2x32f16asm(kc int, a *float32, b *uint16, alpha float32, c *float32, ldc int)
+
+//go:noescape
+func micro1x32f16asm(kc int, a *float32, b *uint16, alpha float32, c *float32, ldc int)
+
+//go:noescape
+func micro3x32bf16asm(kc int, a *float32, b *uint16, alpha float32, c *float32, ldc int)
+
+//go:noescape
+func micro2x32bf16asm(kc int, a *float32, b *uint16, alpha float32, c *float32, ldc int)
+
+//go:noescape
+func micro1x32bf16asm(kc int, a *float32, b *uint16, alpha float32, c *float32, ldc int)
+
+// halfTiles are the 16-bit micro kernels of each encoding, index rows-1.
+var halfTiles = [2][3]func(kc int, a *float32, b *uint16, alpha float32, c *float32, ldc int){
+	{micro1x32f16asm, micro2x32f16asm, micro3x32f16asm},
+	{micro1x32bf16asm, micro2x32bf16asm, micro3x32bf16asm},
+}
+
+// microHalfAVX2 is microRowsAVX2 over a 16-bit sliver (PackBHalf) of
+// encoding kind, widened in registers.
+func microHalfAVX2(kind Half, rows, kc int, ap []float32, bp []uint16, alpha float32, c []float32, ldc int) {
+	if kc <= 0 || rows <= 0 {
+		return
+	}
+	rows = min(rows, 3)
+	_, _, _ = ap[3*kc-1], bp[32*kc-1], c[(rows-1)*ldc+31]
+	e := 0
+	if kind == BFloat16 {
+		e = 1
+	}
+	halfTiles[e][rows-1](kc, unsafe.SliceData(ap), unsafe.SliceData(bp), alpha, unsafe.SliceData(c), ldc)
 }
 
 func axpy4AVX2(a0, a1, a2, a3 float32, x0, x1, x2, x3, y []float32) {

@@ -10,30 +10,39 @@ import (
 )
 
 // TestMicroKernels checks every variant's register-tile kernel alone, and
-// its edge-panel kernel (microRows) for every height below mr where it has
-// one, against a float64 loop over the packed panels: inner dimensions of
-// one, odd and even steps (the unrolled loops' tails), a full kcBlock, a C
-// stride wider than the tile (untouched padding), rows past the tile's
-// height untouched, alpha != 1, and with a NaN in A and an Inf in B
-// (propagated as the float64 loop does).
+// its edge-panel kernel (microRows) for every height below mr and its
+// 16-bit kernels (microHalf, float16 and bfloat16) for every height where
+// it has them, against a float64 loop over the packed panels: inner
+// dimensions of one, odd and even steps (the unrolled loops' tails), a
+// full kcBlock, a C stride wider than the tile (untouched padding), rows
+// past the tile's height untouched, alpha != 1, and with a NaN in A and an
+// Inf in B (propagated as the float64 loop does).
 func TestMicroKernels(t *testing.T) {
 	for _, ks := range registry {
-		for rows := 1; rows <= ks.mr; rows++ {
-			if rows < ks.mr && ks.microRows == nil {
+		for _, half := range []Half{-1, Float16, BFloat16} {
+			if half >= 0 && ks.microHalf == nil {
 				continue
 			}
-			for _, kc := range []int{1, 2, 3, 7, 16, 255, kcBlock} {
-				for _, nonFinite := range []bool{false, true} {
-					t.Run(fmt.Sprintf("%s/rows%d/kc%d/nonfinite=%v", ks.name, rows, kc, nonFinite), func(t *testing.T) {
-						checkMicro(t, ks, rows, kc, nonFinite)
-					})
+			for rows := 1; rows <= ks.mr; rows++ {
+				if half < 0 && rows < ks.mr && ks.microRows == nil {
+					continue
+				}
+				for _, kc := range []int{1, 2, 3, 7, 16, 255, kcBlock} {
+					for _, nonFinite := range []bool{false, true} {
+						t.Run(fmt.Sprintf("%s/half%d/rows%d/kc%d/nonfinite=%v", ks.name, half, rows, kc, nonFinite), func(t *testing.T) {
+							checkMicro(t, ks, half, rows, kc, nonFinite)
+						})
+					}
 				}
 			}
 		}
 	}
 }
 
-func checkMicro(t *testing.T, ks *kernels, rows, kc int, nonFinite bool) {
+// checkMicro runs one micro kernel case; half >= 0 selects microHalf on
+// the B sliver rounded to that encoding (the reference uses the rounded
+// values).
+func checkMicro(t *testing.T, ks *kernels, half Half, rows, kc int, nonFinite bool) {
 	r := rand.New(rand.NewPCG(uint64(kc), uint64(17+rows)))
 	mr, nr := ks.mr, ks.nr
 	ap, bp := randSlice(r, mr*kc), randSlice(r, nr*kc)
@@ -41,6 +50,17 @@ func checkMicro(t *testing.T, ks *kernels, rows, kc int, nonFinite bool) {
 		ap[(kc/2)*mr+rows-1] = float32(math.NaN()) // row rows-1: every column NaN
 		bp[(kc-1)*nr+3] = float32(math.Inf(1))     // column 3: +-Inf in the other rows
 		bp[(kc/2)*nr+nr-1] = float32(math.Inf(-1)) // last column likewise
+	}
+	var bh []uint16
+	if half >= 0 {
+		bh = make([]uint16, len(bp))
+		for i, v := range bp {
+			bh[i] = codec.F32ToF16(v)
+			if half == BFloat16 {
+				bh[i] = codec.F32ToBF16(v)
+			}
+		}
+		cvt16Go(half, bp, bh)
 	}
 	ldc := nr + 5
 	c := randSlice(r, mr*ldc)
@@ -55,9 +75,12 @@ func checkMicro(t *testing.T, ks *kernels, rows, kc int, nonFinite bool) {
 			want[i*ldc+j] = float32(float64(want[i*ldc+j]) + alpha*s)
 		}
 	}
-	if rows == mr {
+	switch {
+	case half >= 0:
+		ks.microHalf(half, rows, kc, ap, bh, alpha, c, ldc)
+	case rows == mr:
 		ks.micro(kc, ap, bp, alpha, c, ldc)
-	} else {
+	default:
 		ks.microRows(rows, kc, ap, bp, alpha, c, ldc)
 	}
 	tol := 1e-5 * math.Sqrt(float64(kc)) * 8
