@@ -9,11 +9,13 @@ computes float16 MatMul by inserting casts to float32).
 Each (shape, dtype, threads) is timed with ``_common.blocked`` (sides alternating in blocks of
 calls after a pause). Output: a table with medians, p10, GFLOP/s (2*m*n*k per call, at the
 median) and ``speedup`` (onnxruntime's median / ours, > 1: we are faster), and raw samples
-plus the environment in ``benchmarks/results/matmul-<timestamp>.json``. ``--kernel
+plus the environment in ``benchmarks/results/matmul-<paths>-<timestamp>.json``. ``--kernel
 avx2|avx512|go|auto`` forces our path (``onnx_light_kv.set_kernel``: attention and matrix
-kernels), so the AVX2 kernels can be measured on an AVX-512 machine.
+kernels), so the AVX2 kernels can be measured on an AVX-512 machine; several paths
+(``--kernel avx2 avx512``) run side by side on one session, alternating with onnxruntime in
+the same blocks (columns ``ours-<path>_*`` and ``speedup_<path>``).
 
-Run: ``python benchmarks/bench_matmul.py [--quick] [--kernel avx2]``.
+Run: ``python benchmarks/bench_matmul.py [--quick] [--kernel avx2 avx512]``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import _common  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SHAPES: List[Tuple[int, int, int]] = [(1, 1024, 4096), (1, 4096, 1024), (4, 1024, 4096), (1, 1024, 32000),
-                                      (128, 1024, 1024), (512, 1024, 4096)]
+                                      (16, 1024, 1024), (16, 512, 2048), (128, 1024, 1024), (512, 1024, 4096)]
 QUICK_SHAPES: List[Tuple[int, int, int]] = [(1, 1024, 4096), (4, 1024, 4096), (128, 1024, 1024)]
 
 
@@ -68,8 +70,8 @@ def sessions(model: bytes, threads: int) -> Dict[str, Any]:
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="three shapes, float32, one thread, few samples")
-    p.add_argument("--kernel", choices=["auto", "avx2", "avx512", "go"], default="auto",
-                   help="our kernel path (attention and GEMM), as onnx_light_kv.set_kernel")
+    p.add_argument("--kernel", choices=["auto", "avx2", "avx512", "go"], nargs="+", default=["auto"],
+                   help="our kernel paths (attention and GEMM, as onnx_light_kv.set_kernel), run side by side")
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--dtypes", nargs="+", choices=["float32", "float16"], default=["float32", "float16"])
     p.add_argument("--samples", type=int, default=40, help="timed calls per side")
@@ -87,10 +89,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     import onnx_light_kv
 
-    onnx_light_kv.set_kernel(args.kernel)  # ValueError when this CPU or build lacks the path
-    info = onnx_light_kv.build_info()
-    kernels = {"requested": args.kernel, "attention": info.get("attention_kernel"), "gemm": info.get("gemm_kernel")}
-    print(f"our gemm kernel path: {kernels['gemm']} (--kernel {args.kernel}); cpu: {info.get('cpu')}", flush=True)
+    runs = _common.kernel_runs(args.kernel)
+    if not runs:
+        raise SystemExit("none of the requested kernel paths is available")
+    # One column set per path ("ours" alone for a single --kernel auto).
+    ours = {("ours" if args.kernel == ["auto"] else f"ours-{run}"): run for _, run in runs}
+    kernels: Dict[str, Any] = {}
+    for r, run in ours.items():
+        onnx_light_kv.set_kernel(run)  # ValueError when this CPU or build lacks the path
+        info = onnx_light_kv.build_info()
+        kernels[r] = {"requested": run, "attention": info.get("attention_kernel"), "gemm": info.get("gemm_kernel")}
+        print(f"{r}: gemm kernel path {kernels[r]['gemm']}; cpu: {info.get('cpu')}", flush=True)
+    print(_common.isa_line(), flush=True)
     env = _common.environment(threads=None, extra={"threads_measured": args.threads, "kernels": kernels})
     rng = np.random.default_rng(1)
     rows: List[Dict[str, Any]] = []
@@ -101,22 +111,28 @@ def main(argv: Optional[List[str]] = None) -> int:
             x = rng.standard_normal((m, k)).astype(dtype)
             for threads in args.threads:
                 sess = sessions(model, threads)
-                fns = {r: (lambda s=s: s.run(["Y"], {"X": x})) for r, s in sess.items()}
-                got, want = (np.asarray(fns[r]()[0], np.float32) for r in ("ours", "ort"))
-                err = float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-30))
+                fns = {r: _common.on_kernel(run, (lambda s=sess["ours"]: s.run(["Y"], {"X": x})))
+                       for r, run in ours.items()}
+                fns["ort"] = lambda s=sess["ort"]: s.run(["Y"], {"X": x})
+                want = np.asarray(fns["ort"]()[0], np.float32)
+                err = max(float(np.max(np.abs(np.asarray(fns[r]()[0], np.float32) - want)) /
+                                (np.max(np.abs(want)) + 1e-30)) for r in ours)
                 samples = _common.blocked(fns, repeat=args.samples, warmup=args.warmup)
                 row: Dict[str, Any] = {"dtype": dtype, "m": m, "k": k, "n": n, "threads": threads}
-                for r in ("ours", "ort"):
+                for r in fns:
                     st = _common.summarize(samples[r])
                     row.update({f"{r}_median_ms": st["median"], f"{r}_p10_ms": st["p10"],
                                 f"{r}_gflops": 2 * m * n * k / (st["median"] * 1e6)})
                     raw.append({"runtime": r, "dtype": dtype, "m": m, "k": k, "n": n, "threads": threads,
                                 "samples_ms": samples[r], **st})
-                row["speedup"] = _common.speedup(row["ours_median_ms"], row["ort_median_ms"])
+                for r, run in ours.items():
+                    key = "speedup" if r == "ours" else f"speedup_{run}"
+                    row[key] = _common.speedup(row[f"{r}_median_ms"], row["ort_median_ms"])
                 row["max_rel_diff"] = err
                 rows.append(row)
                 print(_common.format_table([row]).splitlines()[-1], flush=True)
                 del sess
+        onnx_light_kv.set_kernel("auto")
     print()
     print(_common.format_table(rows))
     print(_common.SPEEDUP)
@@ -126,7 +142,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                "environment": env,
                "load_average_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
                "rows": rows, "raw": raw}
-    path = _common.write_json(f"{args.name}-{kernels['gemm']}", payload, args.results_dir)
+    path = _common.write_json(f"{args.name}-{'-'.join(ours.values())}", payload, args.results_dir)
     print(f"\nresults: {os.path.relpath(path, ROOT)}")
     return 0
 

@@ -12,5 +12,7 @@ import (
 // package is what its generator script writes (run `go generate
 // ./golib/cpu/gemm` after editing one).
 func TestAsmgenInSync(t *testing.T) {
-	asmsync.Check(t, "./golib/cpu/gemm", asmsync.Pair{Script: "asmgen_panel.py", File: "panel_avx2_amd64.s"})
+	asmsync.Check(t, "./golib/cpu/gemm",
+		asmsync.Pair{Script: "asmgen_panel.py", File: "panel_avx2_amd64.s"},
+		asmsync.Pair{Script: "asmgen_tile.py", File: "tile_avx2_amd64.s"})
 }

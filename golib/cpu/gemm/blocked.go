@@ -9,7 +9,7 @@ import "sync"
 // nothing, so the only synchronization is the parallel-for itself.
 const (
 	kcBlock = 256
-	mcBlock = 120 // a multiple of every mr (4, 6, 8)
+	mcBlock = 120 // a multiple of every mr (3, 8)
 	ncBlock = 512 // a multiple of every nr
 )
 
@@ -61,9 +61,13 @@ func (p *product) block(bufs *packBufs, i0, i1, j0, j1 int) {
 		kc := min(kcBlock, p.k-l0)
 		p.packA(bufs.a, i0, mc, l0, kc, mr)
 		bb := bufs.b
-		if p.pb != nil {
+		var bh []uint16 // a 16-bit prepacked block the kernels read in place
+		switch {
+		case p.pb != nil && p.pb.h != nil && ks.microHalf != nil:
+			bh = p.pb.slabHalf(j0/ncBlock, l0, kc)
+		case p.pb != nil:
 			bb = p.pb.slabInto(ks, j0/ncBlock, l0, kc, bufs.b)
-		} else {
+		default:
 			p.packB(bb, j0, nc, l0, kc, nr)
 		}
 		// The B block (kc x nc) stays in L2 while each A panel (mr x kc,
@@ -73,21 +77,31 @@ func (p *product) block(bufs *packBufs, i0, i1, j0, j1 int) {
 			ap := bufs.a[ir*kc : (ir+mr)*kc]
 			rows := min(mr, mc-ir)
 			for jr := 0; jr < nc; jr += nr {
-				bp := bb[jr*kc : (jr+nr)*kc]
 				cols := min(nr, nc-jr)
 				off := (i0+ir)*p.ldc + j0 + jr
-				if rows == mr && cols == nr {
-					ks.micro(kc, ap, bp, p.alpha, p.c[off:], p.ldc)
+				// An edge tile is computed aside (only its valid rows
+				// where the kernels allow) and its valid part added.
+				aside := cols < nr || rows < mr && ks.microRows == nil && bh == nil
+				dst, ldd := p.c[off:], p.ldc
+				if aside {
+					dst, ldd = bufs.tile[:mr*nr], nr
+					clear(dst)
+				}
+				switch {
+				case bh != nil:
+					ks.microHalf(p.pb.half, rows, kc, ap, bh[jr*kc:(jr+nr)*kc], p.alpha, dst, ldd)
+				case rows < mr && ks.microRows != nil:
+					ks.microRows(rows, kc, ap, bb[jr*kc:(jr+nr)*kc], p.alpha, dst, ldd)
+				default:
+					ks.micro(kc, ap, bb[jr*kc:(jr+nr)*kc], p.alpha, dst, ldd)
+				}
+				if !aside {
 					continue
 				}
-				// Edge tile: compute a full tile aside, add the valid part.
-				tile := bufs.tile[:mr*nr]
-				clear(tile)
-				ks.micro(kc, ap, bp, p.alpha, tile, nr)
 				for r := range rows {
-					dst := p.c[off+r*p.ldc : off+r*p.ldc+cols]
-					for q, v := range tile[r*nr : r*nr+cols] {
-						dst[q] += v
+					d := p.c[off+r*p.ldc : off+r*p.ldc+cols]
+					for q, v := range dst[r*nr : r*nr+cols] {
+						d[q] += v
 					}
 				}
 			}

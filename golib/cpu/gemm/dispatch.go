@@ -16,6 +16,17 @@ type kernels struct {
 	// where Ap is an A panel packed column by column (kc steps of mr values)
 	// and Bp a B panel packed row by row (kc steps of nr values).
 	micro func(kc int, ap, bp []float32, alpha float32, c []float32, ldc int)
+	// microRows, when set, is micro for the first rows (1 <= rows < mr)
+	// rows of the tile only (the A panel still packed mr values a step):
+	// the edge panel of a product whose row count is not a multiple of
+	// mr, written straight into c. Without it the edge tile is computed
+	// in full aside and its valid rows copied.
+	microRows func(rows, kc int, ap, bp []float32, alpha float32, c []float32, ldc int)
+	// microHalf, when set, is microRows (1 <= rows <= mr) over a 16-bit B
+	// sliver of encoding kind (a PackBHalf block read in place, widened in
+	// registers); without it the blocked algorithm widens each block into
+	// a float32 buffer first (cvt16).
+	microHalf func(kind Half, rows, kc int, ap []float32, bp []uint16, alpha float32, c []float32, ldc int)
 	// axpy4 adds a0*x0 + a1*x1 + a2*x2 + a3*x3 to y (all of len(y)).
 	axpy4 func(a0, a1, a2, a3 float32, x0, x1, x2, x3, y []float32)
 	// axpy adds a*x to y.

@@ -9,7 +9,7 @@ import (
 
 var avx2Kernels = kernels{
 	name:  "avx2",
-	mr:    6,
+	mr:    3,
 	nr:    32,
 	micro: microAVX2,
 	axpy4: axpy4AVX2,
@@ -17,6 +17,9 @@ var avx2Kernels = kernels{
 	dot:   dotAVX2,
 	cvt16: cvt16AVX2,
 	panel: panelAVX2,
+
+	microRows: microRowsAVX2,
+	microHalf: microHalfAVX2,
 }
 
 type f8 = archsimd.Float32x8
@@ -25,24 +28,84 @@ func load8(s []float32) f8 { return archsimd.LoadFloat32x8((*[8]float32)(s[:8]))
 
 func bcast8(v float32) f8 { return archsimd.BroadcastFloat32x8(v) }
 
-//go:noescape
-func micro6x16asm(kc int, a *float32, b *float32, bstride int, alpha float32, c *float32, ldc int)
+//go:generate sh -c "python3 asmgen_tile.py > tile_avx2_amd64.s"
 
-// microAVX2 is the 6 x 32 tile as two passes of the assembly 6 x 16 kernel
-// (micro6x16asm: twelve ymm accumulators, the most 16 registers hold with
-// two B vectors and the broadcasts) over the two 16-column halves of the
-// B sliver, with the A panel in L1 for both. A sliver packNR wide lets the
-// blocked algorithm read PackB's panels on this path too. The archsimd
-// 4 x 16 tile it replaces broadcast A through registers and could not hold
-// more accumulators (Go code has 15 usable vector registers).
+//go:noescape
+func micro3x32asm(kc int, a *float32, b *float32, alpha float32, c *float32, ldc int)
+
+//go:noescape
+func micro2x32asm(kc int, a *float32, b *float32, alpha float32, c *float32, ldc int)
+
+//go:noescape
+func micro1x32asm(kc int, a *float32, b *float32, alpha float32, c *float32, ldc int)
+
+// microAVX2 is the assembly 3 x 32 tile (micro3x32asm: twelve ymm
+// accumulators, each 128-byte row of the B sliver read whole;
+// asmgen_tile.py says why not 6 x 16). A sliver packNR wide lets the
+// blocked algorithm read PackB's panels on this path too.
 func microAVX2(kc int, ap, bp []float32, alpha float32, c []float32, ldc int) {
 	if kc <= 0 {
 		return
 	}
-	_, _, _ = ap[6*kc-1], bp[32*kc-1], c[5*ldc+31]
+	_, _, _ = ap[3*kc-1], bp[32*kc-1], c[2*ldc+31]
+	micro3x32asm(kc, unsafe.SliceData(ap), unsafe.SliceData(bp), alpha, unsafe.SliceData(c), ldc)
+}
+
+// microRowsAVX2 is microAVX2 for the first rows rows of the tile (1 <=
+// rows <= 2), with the N x 32 kernel of that height.
+func microRowsAVX2(rows, kc int, ap, bp []float32, alpha float32, c []float32, ldc int) {
+	if kc <= 0 || rows <= 0 {
+		return
+	}
+	_, _, _ = ap[3*kc-1], bp[32*kc-1], c[(min(rows, 3)-1)*ldc+31]
 	a, b := unsafe.SliceData(ap), unsafe.SliceData(bp)
-	micro6x16asm(kc, a, b, 4*32, alpha, unsafe.SliceData(c), ldc)
-	micro6x16asm(kc, a, &bp[16], 4*32, alpha, &c[16], ldc)
+	switch rows {
+	case 1:
+		micro1x32asm(kc, a, b, alpha, unsafe.SliceData(c), ldc)
+	case 2:
+		micro2x32asm(kc, a, b, alpha, unsafe.SliceData(c), ldc)
+	default:
+		micro3x32asm(kc, a, b, alpha, unsafe.SliceData(c), ldc)
+	}
+}
+
+//go:noescape
+func micro3x32f16asm(kc int, a *float32, b *uint16, alpha float32, c *float32, ldc int)
+
+//go:noescape
+func micro2x32f16asm(kc int, a *float32, b *uint16, alpha float32, c *float32, ldc int)
+
+//go:noescape
+func micro1x32f16asm(kc int, a *float32, b *uint16, alpha float32, c *float32, ldc int)
+
+//go:noescape
+func micro3x32bf16asm(kc int, a *float32, b *uint16, alpha float32, c *float32, ldc int)
+
+//go:noescape
+func micro2x32bf16asm(kc int, a *float32, b *uint16, alpha float32, c *float32, ldc int)
+
+//go:noescape
+func micro1x32bf16asm(kc int, a *float32, b *uint16, alpha float32, c *float32, ldc int)
+
+// halfTiles are the 16-bit micro kernels of each encoding, index rows-1.
+var halfTiles = [2][3]func(kc int, a *float32, b *uint16, alpha float32, c *float32, ldc int){
+	{micro1x32f16asm, micro2x32f16asm, micro3x32f16asm},
+	{micro1x32bf16asm, micro2x32bf16asm, micro3x32bf16asm},
+}
+
+// microHalfAVX2 is microRowsAVX2 over a 16-bit sliver (PackBHalf) of
+// encoding kind, widened in registers.
+func microHalfAVX2(kind Half, rows, kc int, ap []float32, bp []uint16, alpha float32, c []float32, ldc int) {
+	if kc <= 0 || rows <= 0 {
+		return
+	}
+	rows = min(rows, 3)
+	_, _, _ = ap[3*kc-1], bp[32*kc-1], c[(rows-1)*ldc+31]
+	e := 0
+	if kind == BFloat16 {
+		e = 1
+	}
+	halfTiles[e][rows-1](kc, unsafe.SliceData(ap), unsafe.SliceData(bp), alpha, unsafe.SliceData(c), ldc)
 }
 
 func axpy4AVX2(a0, a1, a2, a3 float32, x0, x1, x2, x3, y []float32) {

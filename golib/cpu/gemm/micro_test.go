@@ -9,47 +9,100 @@ import (
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
 )
 
-// TestMicroKernels checks every variant's register-tile kernel alone
-// against a float64 loop over the packed panels: inner dimensions of one,
-// odd and even steps (the unrolled loops' tails), a full kcBlock, a C
-// stride wider than the tile (untouched padding) and alpha != 1.
+// TestMicroKernels checks every variant's register-tile kernel alone, and
+// its edge-panel kernel (microRows) for every height below mr and its
+// 16-bit kernels (microHalf, float16 and bfloat16) for every height where
+// it has them, against a float64 loop over the packed panels: inner
+// dimensions of one, odd and even steps (the unrolled loops' tails), a
+// full kcBlock, a C stride wider than the tile (untouched padding), rows
+// past the tile's height untouched, alpha != 1, and with a NaN in A and an
+// Inf in B (propagated as the float64 loop does).
 func TestMicroKernels(t *testing.T) {
 	for _, ks := range registry {
-		for _, kc := range []int{1, 2, 3, 7, 16, 255, kcBlock} {
-			t.Run(fmt.Sprintf("%s/kc%d", ks.name, kc), func(t *testing.T) {
-				r := rand.New(rand.NewPCG(uint64(kc), 17))
-				mr, nr := ks.mr, ks.nr
-				ap, bp := randSlice(r, mr*kc), randSlice(r, nr*kc)
-				ldc := nr + 5
-				c := randSlice(r, mr*ldc)
-				want := append([]float32(nil), c...)
-				const alpha = -0.75
-				for i := range mr {
-					for j := range nr {
-						var s float64
-						for l := range kc {
-							s += float64(ap[l*mr+i]) * float64(bp[l*nr+j])
-						}
-						want[i*ldc+j] = float32(float64(want[i*ldc+j]) + alpha*s)
+		for _, half := range []Half{-1, Float16, BFloat16} {
+			if half >= 0 && ks.microHalf == nil {
+				continue
+			}
+			for rows := 1; rows <= ks.mr; rows++ {
+				if half < 0 && rows < ks.mr && ks.microRows == nil {
+					continue
+				}
+				for _, kc := range []int{1, 2, 3, 7, 16, 255, kcBlock} {
+					for _, nonFinite := range []bool{false, true} {
+						t.Run(fmt.Sprintf("%s/half%d/rows%d/kc%d/nonfinite=%v", ks.name, half, rows, kc, nonFinite), func(t *testing.T) {
+							checkMicro(t, ks, half, rows, kc, nonFinite)
+						})
 					}
 				}
-				ks.micro(kc, ap, bp, alpha, c, ldc)
-				tol := 1e-5 * math.Sqrt(float64(kc)) * 8
-				for i := range mr {
-					for j := range ldc {
-						g, w := c[i*ldc+j], want[i*ldc+j]
-						if j >= nr {
-							if g != w {
-								t.Fatalf("padding C[%d][%d] changed", i, j)
-							}
-							continue
-						}
-						if math.Abs(float64(g-w)) > tol*(1+math.Abs(float64(w))) {
-							t.Fatalf("C[%d][%d] = %v, want %v", i, j, g, w)
-						}
-					}
+			}
+		}
+	}
+}
+
+// checkMicro runs one micro kernel case; half >= 0 selects microHalf on
+// the B sliver rounded to that encoding (the reference uses the rounded
+// values).
+func checkMicro(t *testing.T, ks *kernels, half Half, rows, kc int, nonFinite bool) {
+	r := rand.New(rand.NewPCG(uint64(kc), uint64(17+rows)))
+	mr, nr := ks.mr, ks.nr
+	ap, bp := randSlice(r, mr*kc), randSlice(r, nr*kc)
+	if nonFinite {
+		ap[(kc/2)*mr+rows-1] = float32(math.NaN()) // row rows-1: every column NaN
+		bp[(kc-1)*nr+3] = float32(math.Inf(1))     // column 3: +-Inf in the other rows
+		bp[(kc/2)*nr+nr-1] = float32(math.Inf(-1)) // last column likewise
+	}
+	var bh []uint16
+	if half >= 0 {
+		bh = make([]uint16, len(bp))
+		for i, v := range bp {
+			bh[i] = codec.F32ToF16(v)
+			if half == BFloat16 {
+				bh[i] = codec.F32ToBF16(v)
+			}
+		}
+		cvt16Go(half, bp, bh)
+	}
+	ldc := nr + 5
+	c := randSlice(r, mr*ldc)
+	want := append([]float32(nil), c...)
+	const alpha = -0.75
+	for i := range rows {
+		for j := range nr {
+			var s float64
+			for l := range kc {
+				s += float64(ap[l*mr+i]) * float64(bp[l*nr+j])
+			}
+			want[i*ldc+j] = float32(float64(want[i*ldc+j]) + alpha*s)
+		}
+	}
+	switch {
+	case half >= 0:
+		ks.microHalf(half, rows, kc, ap, bh, alpha, c, ldc)
+	case rows == mr:
+		ks.micro(kc, ap, bp, alpha, c, ldc)
+	default:
+		ks.microRows(rows, kc, ap, bp, alpha, c, ldc)
+	}
+	tol := 1e-5 * math.Sqrt(float64(kc)) * 8
+	for i := range mr {
+		for j := range ldc {
+			g, w := c[i*ldc+j], want[i*ldc+j]
+			if j >= nr || i >= rows {
+				if g != w && !(math.IsNaN(float64(g)) && math.IsNaN(float64(w))) {
+					t.Fatalf("C[%d][%d] outside the %d x %d tile changed", i, j, rows, nr)
 				}
-			})
+				continue
+			}
+			gf, wf := float64(g), float64(w)
+			if math.IsNaN(wf) || math.IsInf(wf, 0) {
+				if math.IsNaN(gf) != math.IsNaN(wf) || (math.IsInf(wf, 0) && gf != wf) {
+					t.Fatalf("C[%d][%d] = %v, want %v", i, j, g, w)
+				}
+				continue
+			}
+			if math.Abs(gf-wf) > tol*(1+math.Abs(wf)) {
+				t.Fatalf("C[%d][%d] = %v, want %v", i, j, g, w)
+			}
 		}
 	}
 }

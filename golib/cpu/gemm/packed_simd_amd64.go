@@ -91,11 +91,14 @@ func panel2asm(k int, a0, a1 *float32, p *float32, out *float32)
 //go:noescape
 func panel3asm(k int, a0, a1, a2 *float32, p *float32, out *float32)
 
+//go:noescape
+func panel4asm(k int, a0, a1, a2, a3 *float32, p *float32, out *float32)
+
 // panelAVX2 runs the assembly panel kernels: one row keeps its 32 columns
 // in eight accumulators (two steps in flight), two rows share every load
 // of the sliver, three rows hold 3 x 32 columns in twelve accumulators in
-// one pass (panel_avx2_amd64.s); four rows are two two-row passes, the
-// second reading the sliver from L2 (asmgen_panel.py says why).
+// one pass, and four rows run in one pass too, the fourth row's sums kept
+// in out (panel_avx2_amd64.s; asmgen_panel.py says why).
 func panelAVX2(m, k int, a *[skinnyRows][]float32, p []float32, out *[skinnyRows][packNR]float32) {
 	if k <= 0 || m <= 0 {
 		return
@@ -110,8 +113,7 @@ func panelAVX2(m, k int, a *[skinnyRows][]float32, p []float32, out *[skinnyRows
 	case 3:
 		panel3asm(k, row(0), row(1), row(2), pp, &out[0][0])
 	default:
-		panel2asm(k, row(0), row(1), pp, &out[0][0])
-		panel2asm(k, row(2), row(3), pp, &out[2][0])
+		panel4asm(k, row(0), row(1), row(2), row(3), pp, &out[0][0])
 	}
 }
 
@@ -133,16 +135,23 @@ func panel3f16asm(k int, a0, a1, a2 *float32, p *uint16, out *float32)
 //go:noescape
 func panel3bf16asm(k int, a0, a1, a2 *float32, p *uint16, out *float32)
 
+//go:noescape
+func panel4f16asm(k int, a0, a1, a2, a3 *float32, p *uint16, out *float32)
+
+//go:noescape
+func panel4bf16asm(k int, a0, a1, a2, a3 *float32, p *uint16, out *float32)
+
 // halfPanels are the 16-bit panel kernels of one encoding, by row count.
 type halfPanels struct {
 	p1 func(k int, a *float32, p *uint16, out *float32)
 	p2 func(k int, a0, a1 *float32, p *uint16, out *float32)
 	p3 func(k int, a0, a1, a2 *float32, p *uint16, out *float32)
+	p4 func(k int, a0, a1, a2, a3 *float32, p *uint16, out *float32)
 }
 
 var (
-	f16Panels  = halfPanels{panel1f16asm, panel2f16asm, panel3f16asm}
-	bf16Panels = halfPanels{panel1bf16asm, panel2bf16asm, panel3bf16asm}
+	f16Panels  = halfPanels{panel1f16asm, panel2f16asm, panel3f16asm, panel4f16asm}
+	bf16Panels = halfPanels{panel1bf16asm, panel2bf16asm, panel3bf16asm, panel4bf16asm}
 )
 
 // panelHalfAVX2 is panelAVX2 over a 16-bit sliver, widened in registers
@@ -165,7 +174,6 @@ func panelHalfAVX2(kind Half, m, k int, a *[skinnyRows][]float32, p []uint16, ou
 	case 3:
 		ks.p3(k, row(0), row(1), row(2), pp, &out[0][0])
 	default:
-		ks.p2(k, row(0), row(1), pp, &out[0][0])
-		ks.p2(k, row(2), row(3), pp, &out[2][0])
+		ks.p4(k, row(0), row(1), row(2), row(3), pp, &out[0][0])
 	}
 }

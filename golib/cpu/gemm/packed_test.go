@@ -215,3 +215,43 @@ func TestSgemmPackedHalf(t *testing.T) {
 		}
 	})
 }
+
+// BenchmarkPrefillPacked is BenchmarkDecodeStepPacked for prompt-sized row
+// counts (the blocked algorithm reading the packed blocks), reporting the
+// weight bytes streamed per second and GFLOP/s, the paths back to back.
+func BenchmarkPrefillPacked(b *testing.B) {
+	r := rand.New(rand.NewPCG(5, 6))
+	var ws []*PackedB
+	total, flops := 0, 0
+	for _, s := range decodeStep {
+		pb, err := PackB(false, s[0], s[1], randSlice(r, s[0]*s[1]), s[1])
+		if err != nil {
+			b.Fatal(err)
+		}
+		ws = append(ws, pb)
+		total += 4 * s[0] * s[1]
+		flops += 2 * s[0] * s[1]
+	}
+	const maxRows = 128
+	a := randSlice(r, maxRows*2816)
+	c := make([]float32, maxRows*32000)
+	defer SetPath(Path())
+	for _, m := range []int{5, 16, 128} {
+		for _, threads := range []int{1, 2} {
+			for _, path := range Paths()[1:] {
+				b.Run(fmt.Sprintf("m%d/threads%d/%s", m, threads, path), func(b *testing.B) {
+					SetPath(path)
+					b.SetBytes(int64(total))
+					for b.Loop() {
+						for i, s := range decodeStep {
+							if err := SgemmPacked(threads, false, m, 1, a, s[0], ws[i], 0, c, s[1]); err != nil {
+								b.Fatal(err)
+							}
+						}
+					}
+					b.ReportMetric(float64(m)*float64(flops)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+				})
+			}
+		}
+	}
+}
