@@ -340,16 +340,37 @@ func (f *frame) store(mem *memTracker, s int32, t *tensor.Tensor, inputs []*tens
 	f.ent[s] = mem.produced(t, inputs)
 }
 
+// reuse puts a geometry node's kept outputs in their slots (out), where
+// they are not still there from the last run; kept values are detached, so
+// storing one needs no inputs.
+func (f *frame) reuse(mem *memTracker, kept []*tensor.Tensor, out []int32) {
+	for k, s := range out {
+		if s >= 0 && (f.vals[s] != kept[k] || !f.detached[s]) { // else still in its slot
+			f.store(mem, s, kept[k], nil, nil, true)
+		}
+	}
+}
+
 func (p *Plan) executeNode(sc *runScope, i int) error {
-	n := p.Nodes[i]
+	r := &p.run[i] // the node's hot fields; p.Nodes[i] only for errors and rare paths
 	fr := sc.fr
+	sh := fr.shapes
+	geometry := sh != nil && r.geometry
+	if geometry && r.shapeRead < 0 && sh.reusable(i, r, nil) {
+		// A geometry node other than a shape read decides reuse from its
+		// kept outputs and the changed marks of its geometry inputs alone:
+		// its inputs are not gathered.
+		fr.reuse(sc.mem, sh.outs[i], r.out)
+		return nil
+	}
 	inputs := fr.inputs[i]
-	for k, s := range n.in {
+	for k, s := range r.in {
 		if s < 0 {
 			continue
 		}
 		t := fr.value(p, s)
 		if t == nil {
+			n := r.node
 			name := n.Inputs[k]
 			if _, isSeq := sc.ctx.Sequence(name); isSeq {
 				return withNode(n, fmt.Errorf("%w: sequence input %q", errs.ErrNotImplemented, name))
@@ -358,23 +379,19 @@ func (p *Plan) executeNode(sc *runScope, i int) error {
 		}
 		inputs[k] = t
 	}
-	sh := fr.shapes
-	geometry := sh != nil && n.geometry
-	if n.castTo != tensor.Undefined && !geometry && inputs[0] != nil && inputs[0].DType() == n.castTo && n.out[0] >= 0 {
-		fr.store(sc.mem, n.out[0], inputs[0], inputs, n.in, false) // a Cast to the type it has: the input itself
+	if r.castTo != tensor.Undefined && !geometry && inputs[0] != nil && inputs[0].DType() == r.castTo && r.out[0] >= 0 {
+		fr.store(sc.mem, r.out[0], inputs[0], inputs, r.in, false) // a Cast to the type it has: the input itself
 		return nil
 	}
-	if geometry && sh.reusable(i, n, inputs) {
-		for k, s := range n.out {
-			if s >= 0 && (fr.vals[s] != sh.outs[i][k] || !fr.detached[s]) { // else still in its slot
-				fr.store(sc.mem, s, sh.outs[i][k], inputs, n.in, true)
+	if geometry && r.shapeRead >= 0 && sh.reusable(i, r, inputs) {
+		fr.reuse(sc.mem, sh.outs[i], r.out)
+		return nil
+	}
+	if r.captures {
+		for _, name := range r.node.Captures {
+			if s, ok := p.slots[name]; ok && fr.vals[s] != nil {
+				sc.ctx.PutTensor(name, fr.vals[s]) // subgraphs read outer values by name
 			}
-		}
-		return nil
-	}
-	for _, name := range n.Captures {
-		if s, ok := p.slots[name]; ok && fr.vals[s] != nil {
-			sc.ctx.PutTensor(name, fr.vals[s]) // subgraphs read outer values by name
 		}
 	}
 	var alloc ops.Allocator
@@ -382,35 +399,36 @@ func (p *Plan) executeNode(sc *runScope, i int) error {
 		alloc = sc.alloc
 	}
 	kctx := &fr.kctx[i]
-	kctx.Reset(inputs, n.Info.OutputPresent, sc.threads, sc, alloc)
-	if geometry && n.spareOut != nil {
-		sh.offer(i, n, kctx)
+	kctx.Reset(inputs, r.wanted, sc.threads, sc, alloc)
+	if geometry && r.spares {
+		sh.offer(i, r.node, kctx)
 	}
 	var start time.Time
 	if sc.profile {
 		start = time.Now()
 	}
-	if err := n.Kernel.Compute(kctx); err != nil {
-		return withNode(n, err)
+	if err := r.kernel.Compute(kctx); err != nil {
+		return withNode(r.node, err)
 	}
 	if sc.profile {
+		n := r.node
 		sc.stats.Events = append(sc.stats.Events, Event{Node: n.Name, OpType: n.OpType, Start: start,
 			Duration: time.Since(start), BytesAllocated: kctx.Allocated})
 	}
 	sc.stats.AllocatedBytes += kctx.Allocated
 	if geometry {
-		sh.update(i, n, kctx) // before storing: an unchanged output is replaced by the kept one
+		sh.update(i, r.node, kctx) // before storing: an unchanged output is replaced by the kept one
 	}
 	kept := geometry && sh.outs[i] != nil
-	for k, s := range n.out {
+	for k, s := range r.out {
 		if s < 0 {
 			continue
 		}
 		t := kctx.Output(k)
 		if t == nil {
-			return withNode(n, fmt.Errorf("runtime: kernel produced no value for output %d (%q)", k, n.Outputs[k]))
+			return withNode(r.node, fmt.Errorf("runtime: kernel produced no value for output %d (%q)", k, r.node.Outputs[k]))
 		}
-		fr.store(sc.mem, s, t, inputs, n.in, kept)
+		fr.store(sc.mem, s, t, inputs, r.in, kept)
 	}
 	return nil
 }

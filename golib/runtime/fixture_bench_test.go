@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
@@ -19,7 +20,9 @@ import (
 //	OLKV_FIXTURE_MODELS=llama-dynamo.onnx go test -run - -bench FixtureDecode -benchmem ./golib/runtime
 //
 // OLKV_FIXTURE_MODELS is a comma-separated list of paths; the benchmark is
-// skipped when it is not set. Only exports whose pasts grow (torch.onnx,
+// skipped when it is not set. cpu-ns/op is the process's CPU time per step
+// (all its threads, the garbage collector's included): on a machine shared
+// with other work it varies less than the wall time. Only exports whose pasts grow (torch.onnx,
 // optimum) are driven; shared-buffer exports are skipped.
 func BenchmarkFixtureDecode(b *testing.B) {
 	paths := os.Getenv("OLKV_FIXTURE_MODELS")
@@ -40,10 +43,63 @@ func BenchmarkFixtureDecode(b *testing.B) {
 				}
 				d.run(b, 40) // warm the pool and the shape cache
 				b.ReportAllocs()
+				cpu0, cpuOK := processCPUTime()
 				for b.Loop() {
 					d.run(b, 1)
 				}
+				if cpu1, ok := processCPUTime(); ok && cpuOK {
+					b.ReportMetric(float64(cpu1-cpu0)/float64(b.N), "cpu-ns/op")
+				}
 				b.ReportMetric(float64(len(s.Plan().Nodes)), "nodes")
+			})
+		}
+	}
+}
+
+// BenchmarkFixtureExecutor measures the executor's own cost on the same
+// decode loop as BenchmarkFixtureDecode (same OLKV_FIXTURE_MODELS): a plain
+// session and a profiled one run the loop step for step; the plain run's
+// Duration minus the profiled run's kernel times is the time outside
+// kernels, reported as exec-share (of the plain run) and exec-ns/node (per
+// node the executor visits: kernels run, kept geometry reused, Casts passed
+// through), so the profiler's clock reads are not counted.
+func BenchmarkFixtureExecutor(b *testing.B) {
+	paths := os.Getenv("OLKV_FIXTURE_MODELS")
+	if paths == "" {
+		b.Skip("OLKV_FIXTURE_MODELS is not set")
+	}
+	for _, path := range strings.Split(paths, ",") {
+		for _, threads := range []int{1, 2} {
+			b.Run(fmt.Sprintf("%s/threads=%d", strings.TrimSuffix(filepath.Base(path), ".onnx"), threads), func(b *testing.B) {
+				var drivers [2]*growingDriver
+				for k, profile := range []bool{false, true} {
+					s, err := NewSession(path, Options{Threads: threads, Profile: profile})
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer s.Close()
+					d, ok := newGrowingDriver(b, s)
+					if !ok {
+						b.Skip("not a growing-past export")
+					}
+					d.run(b, 40)
+					drivers[k] = d
+				}
+				var run, kernels time.Duration
+				events := 0
+				for b.Loop() {
+					drivers[0].run(b, 1)
+					drivers[1].run(b, 1)
+					run += drivers[0].stats.Duration
+					for _, e := range drivers[1].stats.Events {
+						kernels += e.Duration
+					}
+					events += len(drivers[1].stats.Events)
+				}
+				visited := float64(len(drivers[0].s.Plan().Nodes))
+				b.ReportMetric(float64(run-kernels)/float64(run), "exec-share")
+				b.ReportMetric(float64(run-kernels)/float64(b.N)/visited, "exec-ns/node")
+				b.ReportMetric(float64(events)/float64(b.N), "kernels/step")
 			})
 		}
 	}

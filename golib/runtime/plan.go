@@ -124,6 +124,9 @@ type Plan struct {
 	geom geometryInfo
 	// main is set for the plan of a model's main graph.
 	main bool
+	// run holds, by node index, what the run loop reads of each node
+	// (runnodes.go).
+	run []runNode
 }
 
 // Kind returns the runtime kind of a value (ValueTensor if unknown).
@@ -237,6 +240,7 @@ func (b *builder) build(g *model.Graph, outer map[string]bool) (*Plan, error) {
 		p.main = true
 		p.analyzeGeometry()
 	}
+	p.compileRun()
 	return p, nil
 }
 

@@ -67,12 +67,13 @@ type bufferPool struct {
 	leases map[*tensor.Tensor]*lease
 	run    uint64
 	closed bool
-	// issued maps the first byte of each buffer handed out during the
-	// current run to the buffer (read by the executor, under the state's
-	// run lock).
-	issued map[*byte]*poolBuf
+	// issued lists the buffers handed out during the current run, in
+	// order (read by the executor, under the state's run lock): a list,
+	// not a map, since a run issues a buffer per pooled output and looks
+	// up only the few outputs that are not the last one issued.
+	issued []*poolBuf
 	// last is the buffer issued last: a node's output is looked up right
-	// after its kernel allocated it, so lookup checks it before the map.
+	// after its kernel allocated it, so lookup checks it before the list.
 	last *poolBuf
 	// lo and hi bound the addresses of the issued buffers, so a pointer
 	// outside them (a feed, an initializer) skips the scan in lookup.
@@ -97,8 +98,7 @@ type PoolStats struct {
 }
 
 func newBufferPool() *bufferPool {
-	return &bufferPool{leases: map[*tensor.Tensor]*lease{}, issued: map[*byte]*poolBuf{},
-		lo: ^uintptr(0)}
+	return &bufferPool{leases: map[*tensor.Tensor]*lease{}, lo: ^uintptr(0)}
 }
 
 // sizeClass returns the class index and capacity for n bytes (n > 0).
@@ -127,6 +127,7 @@ func (p *bufferPool) beginRun() {
 	defer p.mu.Unlock()
 	p.run++
 	clear(p.issued)
+	p.issued = p.issued[:0]
 	p.last = nil
 	p.lo, p.hi = ^uintptr(0), 0
 	for t, l := range p.leases {
@@ -194,7 +195,7 @@ func (p *bufferPool) Alloc(n int) ([]byte, bool) {
 	}
 	zeroed := !b.dirty
 	b.dirty = true
-	p.issued[&b.data[0]] = b
+	p.issued = append(p.issued, b)
 	p.last = b
 	base := uintptr(unsafe.Pointer(&b.data[0]))
 	p.lo, p.hi = min(p.lo, base), max(p.hi, base+uintptr(len(b.data)))
@@ -231,16 +232,14 @@ func (p *bufferPool) lookup(ptr *byte) *poolBuf {
 	if b := p.last; b != nil && ptr == &b.data[0] {
 		return b
 	}
-	if b, ok := p.issued[ptr]; ok {
-		return b
-	}
 	a := uintptr(unsafe.Pointer(ptr))
 	if a < p.lo || a >= p.hi {
 		return nil
 	}
-	for base, b := range p.issued {
-		if lo := uintptr(unsafe.Pointer(base)); a >= lo && a < lo+uintptr(len(b.data)) {
-			return b
+	for i := len(p.issued) - 1; i >= 0; i-- { // the newest first: a multi-output node's other outputs
+		b := p.issued[i]
+		if lo := uintptr(unsafe.Pointer(&b.data[0])); a >= lo && a < lo+uintptr(len(b.data)) {
+			return b // buffers are disjoint: the first byte of one is inside no other
 		}
 	}
 	return nil

@@ -303,8 +303,9 @@ func (c *shapeCache) forget() {
 }
 
 // reusable reports whether geometry node i's kept outputs hold for this run
-// (for a shape read, recording the shape its input has now).
-func (c *shapeCache) reusable(i int, n *PlanNode, inputs []*tensor.Tensor) bool {
+// (for a shape read, recording the shape its input has now; other nodes
+// need no inputs, which may be nil).
+func (c *shapeCache) reusable(i int, n *runNode, inputs []*tensor.Tensor) bool {
 	same := c.outs[i] != nil
 	if r := n.shapeRead; r >= 0 {
 		s := inputs[0].Shape()
@@ -314,12 +315,15 @@ func (c *shapeCache) reusable(i int, n *PlanNode, inputs []*tensor.Tensor) bool 
 			same = false
 		}
 	}
+	if !same || !n.keep {
+		return false
+	}
 	for _, s := range n.gin {
-		if c.changed[s] && !c.sameDims(n) {
-			same = false
+		if c.changed[s] && !c.sameDims(n.node) {
+			return false
 		}
 	}
-	return same && n.keep
+	return true
 }
 
 // sameDims reports whether dimension read n's dimensions are those of the

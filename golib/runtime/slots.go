@@ -107,8 +107,13 @@ type frame struct {
 func newFrame(p *Plan) *frame {
 	f := &frame{vals: make([]*tensor.Tensor, len(p.base)), detached: make([]bool, len(p.base)), ent: make([]*memEntry, len(p.base)),
 		inputs: make([][]*tensor.Tensor, len(p.Nodes)), kctx: make([]ops.Context, len(p.Nodes))}
+	total := 0
+	for _, n := range p.Nodes {
+		total += len(n.Inputs)
+	}
+	slab := make([]*tensor.Tensor, total) // the nodes' input slices side by side, in run order
 	for i, n := range p.Nodes {
-		f.inputs[i] = make([]*tensor.Tensor, len(n.Inputs))
+		f.inputs[i], slab = slab[:len(n.Inputs):len(n.Inputs)], slab[len(n.Inputs):]
 	}
 	return f
 }
