@@ -25,6 +25,33 @@ import (
 // with other work it varies less than the wall time. Only exports whose pasts grow (torch.onnx,
 // optimum) are driven; shared-buffer exports are skipped.
 func BenchmarkFixtureDecode(b *testing.B) {
+	fixtureBenchCases(b, func(b *testing.B, path string, threads int) {
+		s, err := NewSession(path, Options{Threads: threads})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer s.Close()
+		d, ok := newGrowingDriver(b, s)
+		if !ok {
+			b.Skip("not a growing-past export")
+		}
+		d.run(b, 40) // warm the pool and the shape cache
+		b.ReportAllocs()
+		cpu0, cpuOK := processCPUTime()
+		for b.Loop() {
+			d.run(b, 1)
+		}
+		if cpu1, ok := processCPUTime(); ok && cpuOK {
+			b.ReportMetric(float64(cpu1-cpu0)/float64(b.N), "cpu-ns/op")
+		}
+		b.ReportMetric(float64(len(s.Plan().Nodes)), "nodes")
+	})
+}
+
+// fixtureBenchCases runs fn as a sub-benchmark for every model path in
+// OLKV_FIXTURE_MODELS (comma-separated) on 1 and 2 threads; the benchmark is
+// skipped when the variable is not set.
+func fixtureBenchCases(b *testing.B, fn func(b *testing.B, path string, threads int)) {
 	paths := os.Getenv("OLKV_FIXTURE_MODELS")
 	if paths == "" {
 		b.Skip("OLKV_FIXTURE_MODELS is not set")
@@ -32,25 +59,7 @@ func BenchmarkFixtureDecode(b *testing.B) {
 	for _, path := range strings.Split(paths, ",") {
 		for _, threads := range []int{1, 2} {
 			b.Run(fmt.Sprintf("%s/threads=%d", strings.TrimSuffix(filepath.Base(path), ".onnx"), threads), func(b *testing.B) {
-				s, err := NewSession(path, Options{Threads: threads})
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer s.Close()
-				d, ok := newGrowingDriver(b, s)
-				if !ok {
-					b.Skip("not a growing-past export")
-				}
-				d.run(b, 40) // warm the pool and the shape cache
-				b.ReportAllocs()
-				cpu0, cpuOK := processCPUTime()
-				for b.Loop() {
-					d.run(b, 1)
-				}
-				if cpu1, ok := processCPUTime(); ok && cpuOK {
-					b.ReportMetric(float64(cpu1-cpu0)/float64(b.N), "cpu-ns/op")
-				}
-				b.ReportMetric(float64(len(s.Plan().Nodes)), "nodes")
+				fn(b, path, threads)
 			})
 		}
 	}
@@ -64,45 +73,37 @@ func BenchmarkFixtureDecode(b *testing.B) {
 // node the executor visits: kernels run, kept geometry reused, Casts passed
 // through), so the profiler's clock reads are not counted.
 func BenchmarkFixtureExecutor(b *testing.B) {
-	paths := os.Getenv("OLKV_FIXTURE_MODELS")
-	if paths == "" {
-		b.Skip("OLKV_FIXTURE_MODELS is not set")
-	}
-	for _, path := range strings.Split(paths, ",") {
-		for _, threads := range []int{1, 2} {
-			b.Run(fmt.Sprintf("%s/threads=%d", strings.TrimSuffix(filepath.Base(path), ".onnx"), threads), func(b *testing.B) {
-				var drivers [2]*growingDriver
-				for k, profile := range []bool{false, true} {
-					s, err := NewSession(path, Options{Threads: threads, Profile: profile})
-					if err != nil {
-						b.Fatal(err)
-					}
-					defer s.Close()
-					d, ok := newGrowingDriver(b, s)
-					if !ok {
-						b.Skip("not a growing-past export")
-					}
-					d.run(b, 40)
-					drivers[k] = d
-				}
-				var run, kernels time.Duration
-				events := 0
-				for b.Loop() {
-					drivers[0].run(b, 1)
-					drivers[1].run(b, 1)
-					run += drivers[0].stats.Duration
-					for _, e := range drivers[1].stats.Events {
-						kernels += e.Duration
-					}
-					events += len(drivers[1].stats.Events)
-				}
-				visited := float64(len(drivers[0].s.Plan().Nodes))
-				b.ReportMetric(float64(run-kernels)/float64(run), "exec-share")
-				b.ReportMetric(float64(run-kernels)/float64(b.N)/visited, "exec-ns/node")
-				b.ReportMetric(float64(events)/float64(b.N), "kernels/step")
-			})
+	fixtureBenchCases(b, func(b *testing.B, path string, threads int) {
+		var drivers [2]*growingDriver
+		for k, profile := range []bool{false, true} {
+			s, err := NewSession(path, Options{Threads: threads, Profile: profile})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			d, ok := newGrowingDriver(b, s)
+			if !ok {
+				b.Skip("not a growing-past export")
+			}
+			d.run(b, 40)
+			drivers[k] = d
 		}
-	}
+		var run, kernels time.Duration
+		events := 0
+		for b.Loop() {
+			drivers[0].run(b, 1)
+			drivers[1].run(b, 1)
+			run += drivers[0].stats.Duration
+			for _, e := range drivers[1].stats.Events {
+				kernels += e.Duration
+			}
+			events += len(drivers[1].stats.Events)
+		}
+		visited := float64(len(drivers[0].s.Plan().Nodes))
+		b.ReportMetric(float64(run-kernels)/float64(run), "exec-share")
+		b.ReportMetric(float64(run-kernels)/float64(b.N)/visited, "exec-ns/node")
+		b.ReportMetric(float64(events)/float64(b.N), "kernels/step")
+	})
 }
 
 // growingDriver feeds an exported decoder one token per step.

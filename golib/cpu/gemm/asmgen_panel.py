@@ -71,15 +71,22 @@ def store(acc, row, vec):
     ins(f"VADDPS {o}(DX), {acc}, {acc}", f"VMOVUPS {acc}, {o}(DX)")
 
 
-def panel3(kind):
+def panel(kind, rows):
+    """Three or four rows in one pass over a packed sliver.
+
+    Rows 0-2 keep their 32 columns in twelve ymm accumulators. With four rows there is no
+    register left for row 3's columns, so after rows 0-2 have used a sliver row, row 3's four
+    column vectors are read from out, updated by one FMA each and stored back (an L1-resident
+    chain through memory, a few cycles per step, while the sliver row takes about twenty to
+    arrive from DRAM)."""
     es, _ = KINDS[kind]
-    name = f"panel3{kind}asm"
-    header(name, 3, kind)
+    name = f"panel{rows}{kind}asm"
+    header(name, rows, kind)
     acc = [[f"Y{4 + 4 * r + j}" for j in range(4)] for r in range(3)]
     for r in range(3):
         for j in range(4):
             ins(f"VXORPS {acc[r][j]}, {acc[r][j]}, {acc[r][j]}")
-    label = f"p3{kind}loop"
+    label = f"p{rows}{kind}loop"
     w(f"{label}:")
     for r in range(3):
         ins(f"VBROADCASTSS 0({ROW_REGS[r]}), Y{r}")
@@ -87,51 +94,19 @@ def panel3(kind):
         ins(*load(kind, f"{off(j * 8 * es)}(DI)", "Y3"))
         for r in range(3):
             ins(f"VFMADD231PS Y3, Y{r}, {acc[r][j]}")
-    for r in range(3):
-        ins(f"ADDQ $4, {ROW_REGS[r]}")
-    ins(f"ADDQ ${NR * es}, DI", "DECQ CX", f"JNZ  {label}")
-    w()
-    for r in range(3):
+    if rows == 4:
+        ins(f"VBROADCASTSS 0({ROW_REGS[3]}), Y0")
         for j in range(4):
-            store(acc[r][j], r, j)
-    ins("VZEROUPPER", "RET")
-    w()
-
-
-def panel4(kind):
-    """Four rows in one pass: panel3's register plan for rows 0-2, row 3 accumulated in out.
-
-    There is no register left for row 3's 32 columns, so after rows 0-2 have used a sliver
-    row, row 3's four column vectors are read from out, updated by one FMA each and stored
-    back (an L1-resident chain through memory, a few cycles per step, while the sliver row
-    takes about twenty to arrive from DRAM)."""
-    es, _ = KINDS[kind]
-    name = f"panel4{kind}asm"
-    header(name, 4, kind)
-    acc = [[f"Y{4 + 4 * r + j}" for j in range(4)] for r in range(3)]
-    for r in range(3):
-        for j in range(4):
-            ins(f"VXORPS {acc[r][j]}, {acc[r][j]}, {acc[r][j]}")
-    label = f"p4{kind}loop"
-    w(f"{label}:")
-    for r in range(3):
-        ins(f"VBROADCASTSS 0({ROW_REGS[r]}), Y{r}")
-    for j in range(4):
-        ins(*load(kind, f"{off(j * 8 * es)}(DI)", "Y3"))
-        for r in range(3):
-            ins(f"VFMADD231PS Y3, Y{r}, {acc[r][j]}")
-    ins(f"VBROADCASTSS 0({ROW_REGS[3]}), Y0")
-    for j in range(4):
-        o = off(3 * OUT_ROW + j * 32)
-        t, wv = f"Y{1 + j % 2}", "Y3"
-        ins(f"VMOVUPS {o}(DX), {t}")
-        if kind == "":
-            ins(f"VFMADD231PS {off(j * 8 * es)}(DI), Y0, {t}")
-        else:
-            ins(*load(kind, f"{off(j * 8 * es)}(DI)", wv))
-            ins(f"VFMADD231PS {wv}, Y0, {t}")
-        ins(f"VMOVUPS {t}, {o}(DX)")
-    for r in range(4):
+            o = off(3 * OUT_ROW + j * 32)
+            t, wv = f"Y{1 + j % 2}", "Y3"
+            ins(f"VMOVUPS {o}(DX), {t}")
+            if kind == "":
+                ins(f"VFMADD231PS {off(j * 8 * es)}(DI), Y0, {t}")
+            else:
+                ins(*load(kind, f"{off(j * 8 * es)}(DI)", wv))
+                ins(f"VFMADD231PS {wv}, Y0, {t}")
+            ins(f"VMOVUPS {t}, {o}(DX)")
+    for r in range(rows):
         ins(f"ADDQ $4, {ROW_REGS[r]}")
     ins(f"ADDQ ${NR * es}, DI", "DECQ CX", f"JNZ  {label}")
     w()
@@ -153,9 +128,9 @@ def main():
     w("// asmgen_panel.py for the register blocking). k > 0.")
     w()
     for kind in KINDS:
-        panel3(kind)
+        panel(kind, 3)
     for kind in KINDS:
-        panel4(kind)
+        panel(kind, 4)
     sys.stdout.write("\n".join(out).rstrip("\n") + "\n")
 
 
