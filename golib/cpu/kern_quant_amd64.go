@@ -270,7 +270,6 @@ func init() {
 	if archsimd.X86.AVX512VNNI() {
 		quant512Ops.intPrep, quant512Ops.intDots4 = intPrep512, intDots4VNNI
 		quant512Ops.vaxpy4 = vaxpy4VNNI
-		quant512Ops.dotsRun, quant512Ops.axpyRun = dotsRunVNNI, axpyRunVNNI
 	}
 	quant512Ops.sumsq2 = sumsq2avx512
 	avx512Ops.quant = &quant512Ops

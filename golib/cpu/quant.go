@@ -97,30 +97,7 @@ type quantOps struct {
 	// (any order of summation): scalesSafe's check in one call instead of
 	// a dot per run.
 	sumsq2 func(a, b []float32) float32
-	// dotsRun and axpyRun, when set (AVX-512 VNNI), are quantBlock.dots
-	// and quantBlock.axpy for four rows in one assembly call per
-	// super-block (a call list, quant_run_amd64.go), bit-identical to
-	// the per-part calls; false: some part takes another loop, nothing
-	// was done.
-	dotsRun func(qb *quantBlock, sc []float32, r, a, e, dk, pf int) bool
-	axpyRun func(qb *quantBlock, acc, sc []float32, a, e, pf int, alpha *[4]float32) bool
 }
-
-// qcall is one entry of a call list (quantOps.dotsRun, axpyRun): a
-// routine number and its argument words.
-type qcall struct {
-	fn uintptr
-	a  [14]uintptr
-}
-
-// quantCalls turns the call lists (quantOps.dotsRun, axpyRun) on or off
-// (tests and benchmarks compare them with the per-part calls).
-var quantCalls atomic.Bool
-
-func init() { quantCalls.Store(true) }
-
-// setQuantCalls sets quantCalls and returns its previous value.
-func setQuantCalls(on bool) bool { return quantCalls.Swap(on) }
 
 // vScratch is vaxpy4's per-unit scratch: the int16 weight pairs of a part
 // and the rows' maxima, steps, inverse steps and zero terms.
@@ -198,9 +175,6 @@ type quantBlock struct {
 	ones  [4]float32      // the rescale of every part after a row's first: none
 	intV  bool            // the integer accumulation loop (vaxpy4) is on
 	vs    vScratch
-	calls []qcall       // the call list of dotsRun/axpyRun
-	affs  [][24]float32 // dotsRun's argument blocks, one per part
-	run   bool          // the call lists are on
 }
 
 // quantPrefetchTokens is how many rows ahead the loops over quantized
@@ -214,9 +188,6 @@ const superFloats = 32 << 10
 // dots computes the scores of rows [r, r+nr) (nr is 1 or 4) for the
 // super-block's tokens [a, e) into sc (nr rows of e-a).
 func (qb *quantBlock) dots(sc []float32, r, nr, a, e, dk, pf int) {
-	if nr == 4 && qb.run && qb.ops.dotsRun(qb, sc, r, a, e, dk, pf) {
-		return
-	}
 	cnt := e - a
 	for i := range qb.parts {
 		p := &qb.parts[i]
@@ -313,9 +284,6 @@ func qi4Elem(j int) int {
 // weighted by sc (nr rows of e-a); alpha rescales acc once, before the
 // first part.
 func (qb *quantBlock) axpy(acc, sc []float32, a, e, nr, pf int, alpha *[4]float32) {
-	if nr == 4 && qb.run && qb.ops.axpyRun(qb, acc, sc, a, e, pf, alpha) {
-		return
-	}
 	cnt := e - a
 	for i := range qb.parts {
 		p := &qb.parts[i]
@@ -350,7 +318,6 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 	qb.ones = [4]float32{1, 1, 1, 1}
 	intOK := qb.ops.intDots4 != nil && intDots.Load() && s.group%4 == 0 && dk%64 == 0 && dk <= 256
 	qb.intV = qb.ops.vaxpy4 != nil && intDots.Load()
-	qb.run = qb.ops.dotsRun != nil && quantCalls.Load()
 	maxParts := max(1, min(bt, superFloats/(rows*dk)))
 	u.qq = growF(u.qq, maxParts*rows*dk)
 	u.qc = growF(u.qc, maxParts*rows)

@@ -90,23 +90,21 @@ func (r *readCounter) AddBytesRead(n int64) { r.n += n; r.View.AddBytesRead(n) }
 // BenchmarkDecodeQuantAB is BenchmarkDecodeQuant measured side by side on a
 // loaded machine: one iteration runs rounds of a few calls of every storage
 // in turn (fp16, int8 and int4 each without and, where available, with
-// integer dots, per-part calls, and with the call lists, -calls, where the
-// CPU has them; group 32, the default, and group 64: int8-g64, int4-g64)
+// integer dots; group 32, the default, and group 64: int8-g64, int4-g64)
 // and reports each one's median time per step (ms-<storage>) and the speed-ups
 // over fp16 (x-<storage> = fp16 median / storage median). Run it with
 // -benchtime=1x.
 func BenchmarkDecodeQuantAB(b *testing.B) {
 	defer SetThreads(Threads())
 	defer SetQuantIntDots(QuantIntDots())
-	defer setQuantCalls(setQuantCalls(true))
 	const qh, kvh, d, res, rounds, calls = 32, 8, 128, 128, 15, 3
 	for _, L := range []int{16384, 32768} {
 		type storage struct {
-			name           string
-			c              *cache.KVCache
-			intDots, calls bool
+			name    string
+			c       *cache.KVCache
+			intDots bool
 		}
-		sts := []storage{{"fp16", newBenchCacheOf(b, cache.Float16, kvh, d, L), false, false}}
+		sts := []storage{{"fp16", newBenchCacheOf(b, cache.Float16, kvh, d, L), false}}
 		for _, g := range []int{32, 64} {
 			for _, f := range quantFormats {
 				c := newBenchCacheQ(b, cache.Float16, kvh, d, L, cache.QuantConfig{Format: f, Group: g, Residual: res})
@@ -114,12 +112,9 @@ func BenchmarkDecodeQuantAB(b *testing.B) {
 				if g != cache.DefaultQuantGroup {
 					name += fmt.Sprintf("-g%d", g)
 				}
-				sts = append(sts, storage{name, c, false, false})
-				if qo := activeOps().quant; qo != nil && qo.intDots4 != nil {
-					sts = append(sts, storage{name + "-intdots", c, true, false})
-					if qo.dotsRun != nil {
-						sts = append(sts, storage{name + "-calls", c, true, true})
-					}
+				sts = append(sts, storage{name, c, false})
+				if activeOps().quant != nil && activeOps().quant.intDots4 != nil {
+					sts = append(sts, storage{name + "-intdots", c, true})
 				}
 			}
 		}
@@ -138,7 +133,6 @@ func BenchmarkDecodeQuantAB(b *testing.B) {
 								b.Fatal(err)
 							}
 							SetQuantIntDots(st.intDots)
-							setQuantCalls(st.calls)
 							if err := Attention(dst, q, 1, qh, v, Options{}); err != nil { // warm
 								b.Fatal(err)
 							}
