@@ -134,13 +134,41 @@ def isa_line() -> str:
             f"gemm {paths.get('gemm', 'n/a')})")
 
 
+ORT_SPIN_ENV = "OLKV_BENCH_ORT_SPIN"
+
+
+def ort_spinning() -> bool:
+    """Whether onnxruntime's intra-op workers may spin between calls (``OLKV_BENCH_ORT_SPIN=1``).
+
+    Off by default: the benchmarks alternate onnxruntime with our runtime in one process, and
+    onnxruntime's spinning workers keep a core busy after each of its calls, so with two threads
+    on a 2-core machine the next runtime in the alternation ran on about one core (measured:
+    our 128 x 1024 x 1024 MatMul on two threads took 1.9 ms after an onnxruntime call without
+    spinning and 3.6 ms with it, while onnxruntime's own time stayed within noise)."""
+    return os.environ.get(ORT_SPIN_ENV, "0") == "1"
+
+
+def ort_session_options(ort: Any, threads: int, sequential: bool = True) -> Any:
+    """onnxruntime ``SessionOptions`` for a side-by-side run: ``threads`` intra-op threads, one
+    inter-op thread, sequential execution (when ``sequential``), and intra-op spinning as
+    :func:`ort_spinning` says (recorded by :func:`environment`)."""
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    if sequential:
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if ort_spinning() else "0")
+    return so
+
+
 def environment(threads: Optional[int] = None, extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """Machine and software description to store next to the samples.
 
     ``threads``: the thread count the benchmark uses (recorded as given). ``extra``: merged in.
     Keys: timestamp_utc, cpu_model, cpu_key_flags, cpu_flags, kernel_paths (see
     :func:`kernel_paths`), logical_cpus, affinity_cpus,
-    memory_gib, load_average_1_5_15 (other work on the machine skews samples), os, python, versions {numpy, onnx, onnxruntime, onnx_light_kv, matplotlib},
+    memory_gib, load_average_1_5_15 (other work on the machine skews samples), ort_intra_op_spinning
+    (see :func:`ort_spinning`), os, python, versions {numpy, onnx, onnxruntime, onnx_light_kv, matplotlib},
     onnx_light_kv_build (``build_info()`` when the package provides it), go, git {rev, dirty},
     env (thread-related variables).
     """
@@ -169,6 +197,7 @@ def environment(threads: Optional[int] = None, extra: Optional[Mapping[str, Any]
                 "dirty": bool(_run(["git", "status", "--porcelain", "--untracked-files=no"]))},
         "env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "GOMAXPROCS", "GOEXPERIMENT", "MKL_NUM_THREADS")
                 if k in os.environ},
+        "ort_intra_op_spinning": ort_spinning(),
     }
     try:
         import onnx_light_kv

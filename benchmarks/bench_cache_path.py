@@ -85,10 +85,7 @@ def build(args: argparse.Namespace) -> Any:
 def ort_session(model_bytes: bytes, threads: int) -> Any:
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so = _common.ort_session_options(ort, threads)
     return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
 
 

@@ -295,10 +295,7 @@ class OrtStep:
 
         ort = require("onnxruntime")  # ImportError naming the 'ort' extra when missing
 
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = c.threads
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so = _common.ort_session_options(ort, c.threads)
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.sess = ort.InferenceSession(gqa_model(c, past_k.shape[2], quant), so,
                                          providers=["CPUExecutionProvider"])

@@ -151,9 +151,7 @@ def main() -> int:
     rows: List[Dict[str, Any]] = []
     raw: List[Dict[str, Any]] = []
     for threads in args.threads:
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
+        so = _common.ort_session_options(ort, threads, sequential=False)
         sides = {
             "state": (olkv.InferenceSession(data, threads=threads), None),
             "tensor": (olkv.InferenceSession(data, threads=threads), False),

@@ -80,8 +80,7 @@ def main() -> None:
         olkv.set_threads(threads)
         for dtype in dtypes:
             model = gqa_model(heads, kv_heads, dtype, rotary=True).SerializeToString()
-            so = onnxruntime.SessionOptions()
-            so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+            so = _common.ort_session_options(onnxruntime, threads, sequential=False)
             ref = onnxruntime.InferenceSession(model, so, providers=["CPUExecutionProvider"])
             ours = olkv.InferenceSession(model, threads=threads)
             for phase in ("decode", "prompt"):

@@ -59,10 +59,7 @@ def sessions(model: bytes, threads: int) -> Dict[str, Any]:
     import onnx_light_kv
     import onnxruntime
 
-    so = onnxruntime.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    so = _common.ort_session_options(onnxruntime, threads)
     return {"ours": onnx_light_kv.InferenceSession(model, threads=threads),
             "ort": onnxruntime.InferenceSession(model, so, providers=["CPUExecutionProvider"])}
 

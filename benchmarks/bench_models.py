@@ -206,10 +206,7 @@ def make_sessions(data: bytes, threads: int) -> Tuple[Any, Any]:
     from onnx_light_kv._optional import require
 
     onnxruntime = require("onnxruntime")  # ImportError naming the 'ort' extra when missing
-    so = onnxruntime.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    so = _common.ort_session_options(onnxruntime, threads)
     ort = onnxruntime.InferenceSession(data, so, providers=["CPUExecutionProvider"])
     ours = onnx_light_kv.InferenceSession(data, threads=threads)
     return ours, ort

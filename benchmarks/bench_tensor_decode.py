@@ -69,10 +69,7 @@ def make_session(runtime: str, model_bytes: bytes, threads: int) -> Any:
         from onnx_light_kv._optional import require
 
         onnxruntime = require("onnxruntime")  # ImportError naming the 'ort' extra when missing
-        so = onnxruntime.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+        so = _common.ort_session_options(onnxruntime, threads)
         return onnxruntime.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
     import onnx_light_kv
     return onnx_light_kv.InferenceSession(model_bytes, threads=threads)
