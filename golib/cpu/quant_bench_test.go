@@ -43,19 +43,9 @@ func BenchmarkDecodeQuant(b *testing.B) {
 			}
 		}
 		views = append(views, storage{"fp16", read(fp16, false)})
-		for _, g := range []int{32, 64} {
-			for _, f := range quantFormats {
-				qc := newBenchCacheQ(b, cache.Float16, kvh, d, L, cache.QuantConfig{Format: f, Group: g, Residual: res})
-				name := f.String()
-				if g != cache.DefaultQuantGroup {
-					name += fmt.Sprintf("-g%d", g)
-				}
-				views = append(views, storage{name, read(qc, false)})
-				if activeOps().quant != nil && activeOps().quant.intDots4 != nil {
-					views = append(views, storage{name + "-intdots", read(qc, true)})
-				}
-			}
-		}
+		quantBenchStorages(b, kvh, d, L, res, func(name string, qc *cache.KVCache, intDots bool) {
+			views = append(views, storage{name, read(qc, intDots)})
+		})
 		rng := rand.New(rand.NewPCG(3, 5))
 		q := randVec(rng, qh*d, 1)
 		dst := make([]float32, qh*d)
@@ -74,6 +64,27 @@ func BenchmarkDecodeQuant(b *testing.B) {
 					}
 					b.ReportMetric(float64(read.n)/b.Elapsed().Seconds()/1e9, "GB/s")
 				})
+			}
+		}
+	}
+}
+
+// quantBenchStorages builds the quantized caches the decode benchmarks
+// compare with fp16 (int8 and int4 at groups 32 and 64, residual res) and
+// calls add for each: once without the integer loops and, where the CPU has
+// them, once with them ("-intdots"); a group other than the default is in
+// the name ("-g64").
+func quantBenchStorages(b *testing.B, kvh, d, L, res int, add func(name string, c *cache.KVCache, intDots bool)) {
+	for _, g := range []int{32, 64} {
+		for _, f := range quantFormats {
+			c := newBenchCacheQ(b, cache.Float16, kvh, d, L, cache.QuantConfig{Format: f, Group: g, Residual: res})
+			name := f.String()
+			if g != cache.DefaultQuantGroup {
+				name += fmt.Sprintf("-g%d", g)
+			}
+			add(name, c, false)
+			if activeOps().quant != nil && activeOps().quant.intDots4 != nil {
+				add(name+"-intdots", c, true)
 			}
 		}
 	}
@@ -105,19 +116,9 @@ func BenchmarkDecodeQuantAB(b *testing.B) {
 			intDots bool
 		}
 		sts := []storage{{"fp16", newBenchCacheOf(b, cache.Float16, kvh, d, L), false}}
-		for _, g := range []int{32, 64} {
-			for _, f := range quantFormats {
-				c := newBenchCacheQ(b, cache.Float16, kvh, d, L, cache.QuantConfig{Format: f, Group: g, Residual: res})
-				name := f.String()
-				if g != cache.DefaultQuantGroup {
-					name += fmt.Sprintf("-g%d", g)
-				}
-				sts = append(sts, storage{name, c, false})
-				if activeOps().quant != nil && activeOps().quant.intDots4 != nil {
-					sts = append(sts, storage{name + "-intdots", c, true})
-				}
-			}
-		}
+		quantBenchStorages(b, kvh, d, L, res, func(name string, c *cache.KVCache, intDots bool) {
+			sts = append(sts, storage{name, c, intDots})
+		})
 		rng := rand.New(rand.NewPCG(3, 5))
 		q := randVec(rng, qh*d, 1)
 		dst := make([]float32, qh*d)

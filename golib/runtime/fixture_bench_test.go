@@ -26,16 +26,8 @@ import (
 // optimum) are driven; shared-buffer exports are skipped.
 func BenchmarkFixtureDecode(b *testing.B) {
 	fixtureBenchCases(b, func(b *testing.B, path string, threads int) {
-		s, err := NewSession(path, Options{Threads: threads})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer s.Close()
-		d, ok := newGrowingDriver(b, s)
-		if !ok {
-			b.Skip("not a growing-past export")
-		}
-		d.run(b, 40) // warm the pool and the shape cache
+		d := openGrowingDriver(b, path, Options{Threads: threads})
+		s := d.s
 		b.ReportAllocs()
 		cpu0, cpuOK := processCPUTime()
 		for b.Loop() {
@@ -76,17 +68,7 @@ func BenchmarkFixtureExecutor(b *testing.B) {
 	fixtureBenchCases(b, func(b *testing.B, path string, threads int) {
 		var drivers [2]*growingDriver
 		for k, profile := range []bool{false, true} {
-			s, err := NewSession(path, Options{Threads: threads, Profile: profile})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer s.Close()
-			d, ok := newGrowingDriver(b, s)
-			if !ok {
-				b.Skip("not a growing-past export")
-			}
-			d.run(b, 40)
-			drivers[k] = d
+			drivers[k] = openGrowingDriver(b, path, Options{Threads: threads, Profile: profile})
 		}
 		var run, kernels time.Duration
 		events := 0
@@ -104,6 +86,23 @@ func BenchmarkFixtureExecutor(b *testing.B) {
 		b.ReportMetric(float64(run-kernels)/float64(b.N)/visited, "exec-ns/node")
 		b.ReportMetric(float64(events)/float64(b.N), "kernels/step")
 	})
+}
+
+// openGrowingDriver opens path with opts (closed when b ends), skips b when
+// the export's pasts do not grow, and runs 40 warm-up steps (the pool and the
+// shape cache).
+func openGrowingDriver(b *testing.B, path string, opts Options) *growingDriver {
+	s, err := NewSession(path, opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	d, ok := newGrowingDriver(b, s)
+	if !ok {
+		b.Skip("not a growing-past export")
+	}
+	d.run(b, 40)
+	return d
 }
 
 // growingDriver feeds an exported decoder one token per step.
