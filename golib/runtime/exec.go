@@ -279,6 +279,21 @@ func (p *Plan) execute(sc *runScope) (err error) {
 	if fr.shapes != nil {
 		fr.shapes.begin()
 	}
+	if p.linear {
+		for _, s := range p.startRel {
+			fr.drop(sc.mem, s)
+		}
+		for i := range p.run {
+			cur = i
+			if err := p.executeNode(sc, i); err != nil {
+				return err
+			}
+			for _, s := range p.run[i].rel {
+				fr.drop(sc.mem, s)
+			}
+		}
+		return nil
+	}
 	for i := range p.Actions {
 		a := &p.Actions[i]
 		switch a.Kind {
@@ -305,16 +320,17 @@ func (p *Plan) execute(sc *runScope) (err error) {
 // drop releases the value in slot s; a detached value stays (the shape
 // cache holds it; a later store replaces it).
 func (f *frame) drop(mem *memTracker, s int32) {
-	if f.detached[s] {
+	v := &f.vals[s]
+	if v.detached {
 		return
 	}
-	if t := f.vals[s]; t != nil {
-		if e := f.ent[s]; e != nil {
-			mem.releasedEntry(e)
+	if v.t != nil {
+		if v.e != nil {
+			mem.releasedEntry(v.e)
 		} else if f.sub {
-			mem.released(t) // placed without store: a subgraph input
+			mem.released(v.t) // placed without store: a subgraph input
 		}
-		f.vals[s], f.ent[s] = nil, nil
+		v.t, v.e = nil, nil
 	}
 }
 
@@ -324,20 +340,21 @@ func (f *frame) drop(mem *memTracker, s int32) {
 // shares that input's entry without a lookup.
 func (f *frame) store(mem *memTracker, s int32, t *tensor.Tensor, inputs []*tensor.Tensor, in []int32, detached bool) {
 	f.drop(mem, s)
-	f.vals[s], f.detached[s], f.ent[s] = t, detached, nil
+	v := &f.vals[s]
+	*v = slotVal{t: t, detached: detached}
 	if detached {
 		return
 	}
 	if k := bufKey(t); k != nil {
 		for j, x := range inputs {
-			if e := f.ent[max(in[j], 0)]; x != nil && e != nil && bufKey(x) == k {
+			if e := f.vals[max(in[j], 0)].e; x != nil && e != nil && bufKey(x) == k {
 				e.refs++
-				f.ent[s] = e
+				v.e = e
 				return
 			}
 		}
 	}
-	f.ent[s] = mem.produced(t, inputs)
+	v.e = mem.produced(t, inputs)
 }
 
 // reuse puts a geometry node's kept outputs in their slots (out), where
@@ -345,7 +362,7 @@ func (f *frame) store(mem *memTracker, s int32, t *tensor.Tensor, inputs []*tens
 // storing one needs no inputs.
 func (f *frame) reuse(mem *memTracker, kept []*tensor.Tensor, out []int32) {
 	for k, s := range out {
-		if s >= 0 && (f.vals[s] != kept[k] || !f.detached[s]) { // else still in its slot
+		if s >= 0 && (f.vals[s].t != kept[k] || !f.vals[s].detached) { // else still in its slot
 			f.store(mem, s, kept[k], nil, nil, true)
 		}
 	}
@@ -389,8 +406,8 @@ func (p *Plan) executeNode(sc *runScope, i int) error {
 	}
 	if r.captures {
 		for _, name := range r.node.Captures {
-			if s, ok := p.slots[name]; ok && fr.vals[s] != nil {
-				sc.ctx.PutTensor(name, fr.vals[s]) // subgraphs read outer values by name
+			if s, ok := p.slots[name]; ok && fr.vals[s].t != nil {
+				sc.ctx.PutTensor(name, fr.vals[s].t) // subgraphs read outer values by name
 			}
 		}
 	}
@@ -401,7 +418,7 @@ func (p *Plan) executeNode(sc *runScope, i int) error {
 	kctx := &fr.kctx[i]
 	kctx.Reset(inputs, r.wanted, sc.threads, sc, alloc)
 	if geometry && r.spares {
-		sh.offer(i, r.node, kctx)
+		sh.offer(i, r, kctx)
 	}
 	var start time.Time
 	if sc.profile {
@@ -417,7 +434,7 @@ func (p *Plan) executeNode(sc *runScope, i int) error {
 	}
 	sc.stats.AllocatedBytes += kctx.Allocated
 	if geometry {
-		sh.update(i, r.node, kctx) // before storing: an unchanged output is replaced by the kept one
+		sh.update(i, r, kctx) // before storing: an unchanged output is replaced by the kept one
 	}
 	kept := geometry && sh.outs[i] != nil
 	for k, s := range r.out {

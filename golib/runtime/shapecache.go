@@ -281,7 +281,7 @@ func newShapeCache(p *Plan) *shapeCache {
 
 // offer hands node i's spare outputs to its context before it computes
 // (a nil one too: the context then records which outputs it makes).
-func (c *shapeCache) offer(i int, n *PlanNode, kctx *ops.Context) {
+func (c *shapeCache) offer(i int, n *runNode, kctx *ops.Context) {
 	for k, t := range c.spare[i] {
 		if n.spareOut[k] {
 			kctx.SetSpare(k, t, c.spareMade[i][k])
@@ -319,7 +319,7 @@ func (c *shapeCache) reusable(i int, n *runNode, inputs []*tensor.Tensor) bool {
 		return false
 	}
 	for _, s := range n.gin {
-		if c.changed[s] && !c.sameDims(n.node) {
+		if c.changed[s] && !c.sameDims(n) {
 			return false
 		}
 	}
@@ -329,7 +329,7 @@ func (c *shapeCache) reusable(i int, n *runNode, inputs []*tensor.Tensor) bool {
 // sameDims reports whether dimension read n's dimensions are those of the
 // shape its shape read saw before this run's (the kept output was computed
 // from that shape, or from an earlier one with the same dimensions).
-func (c *shapeCache) sameDims(n *PlanNode) bool {
+func (c *shapeCache) sameDims(n *runNode) bool {
 	r := n.dimRead
 	if r < 0 || !c.prevKnown[r] || len(c.prev[r]) != len(c.seen[r]) {
 		return false
@@ -355,7 +355,7 @@ func (c *shapeCache) sameDims(n *PlanNode) bool {
 // fresh one when it equals the kept one, else the kept one it replaces)
 // becomes the spare the node's next computation writes into, when the node
 // made it itself (never an input, a constant or a view it passed through).
-func (c *shapeCache) update(i int, n *PlanNode, kctx *ops.Context) {
+func (c *shapeCache) update(i int, n *runNode, kctx *ops.Context) {
 	old := c.outs[i]
 	size := 0
 	for k, s := range n.out {

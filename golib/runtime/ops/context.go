@@ -36,7 +36,14 @@ type Allocator interface {
 
 // Context carries one node's inputs and outputs for one Compute call. The
 // runtime fills it; kernels read inputs and set outputs.
+//
+// The fields Reset reads and writes for every call come first, so a call
+// touches few cache lines of a Context it has not used since the last run.
 type Context struct {
+	// spares holds, per output, a tensor of an earlier call nothing reads
+	// any more, offered by the runtime (SetSpare) for this call's output
+	// (see spareOwned, made and fresh below).
+	spares  []*tensor.Tensor
 	inputs  []*tensor.Tensor
 	outputs []*tensor.Tensor
 	wanted  []bool
@@ -52,12 +59,9 @@ type Context struct {
 	// hdrs holds, per output, the tensor header the last call with an
 	// allocator made (recycled by the next such call, see tensor.Recycle).
 	hdrs []*tensor.Tensor
-	// spares holds, per output, a tensor of an earlier call nothing reads
-	// any more, offered by the runtime (SetSpare) for this call's output:
-	// spareOwned says whether its buffer is its own; made says which
+	// spareOwned says whether a spare's buffer is its own; made says which
 	// outputs this call allocated through NewOutput, fresh which have a
 	// header this call made (NewOutput, SetReshaped).
-	spares     []*tensor.Tensor
 	spareOwned []bool
 	made       []bool
 	fresh      []bool
