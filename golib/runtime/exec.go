@@ -74,7 +74,8 @@ type memTracker struct {
 	pool *bufferPool // nil: no pooled buffers
 	live int64
 	peak int64
-	// spare entries, and settle's scratch map.
+	// spare entries (of unpooled buffers: a pooled buffer holds its own,
+	// poolBuf.own), and settle's scratch map.
 	spare []*memEntry
 	held  map[*memEntry][]*tensor.Tensor
 }
@@ -102,10 +103,13 @@ func (m *memTracker) begin() {
 // add tracks a new buffer with one reference.
 func (m *memTracker) add(key *byte, bytes int64, buf *poolBuf) *memEntry {
 	var e *memEntry
-	if n := len(m.spare); n > 0 {
+	switch n := len(m.spare); {
+	case buf != nil:
+		e = &buf.own // next to the buffer's fields the pool just touched
+	case n > 0:
 		e = m.spare[n-1]
 		m.spare = m.spare[:n-1]
-	} else {
+	default:
 		e = &memEntry{}
 	}
 	*e = memEntry{key: key, bytes: bytes, refs: 1, buf: buf, idx: len(m.all)}
@@ -124,11 +128,12 @@ func (m *memTracker) remove(e *memEntry) {
 	m.all[e.idx], last.idx = last, e.idx
 	m.all[len(m.all)-1] = nil
 	m.all = m.all[:len(m.all)-1]
-	if e.buf != nil {
-		e.buf.ent = nil
-	} else {
-		delete(m.bufs, e.key)
+	if b := e.buf; b != nil {
+		b.ent = nil
+		*e = memEntry{} // b.own
+		return
 	}
+	delete(m.bufs, e.key)
 	*e = memEntry{}
 	m.spare = append(m.spare, e)
 }
@@ -283,7 +288,19 @@ func (p *Plan) execute(sc *runScope) (err error) {
 		for _, s := range p.startRel {
 			fr.drop(sc.mem, s)
 		}
+		sh := fr.shapes
 		for i := range p.run {
+			if sh != nil {
+				if rd := sh.ready[i]; rd != 0 && !sh.dirty[i] {
+					// kept geometry outputs that hold, still in their slots
+					if rd == readyRel {
+						for _, s := range p.run[i].rel {
+							fr.drop(sc.mem, s)
+						}
+					}
+					continue
+				}
+			}
 			cur = i
 			if err := p.executeNode(sc, i); err != nil {
 				return err

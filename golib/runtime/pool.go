@@ -50,6 +50,9 @@ type poolBuf struct {
 	// buffer (read and written by the executor under the state's run
 	// lock).
 	ent *memEntry
+	// own is the entry ent points to when the buffer is tracked (the
+	// memTracker's entries of pooled buffers live in their buffers).
+	own memEntry
 }
 
 // lease is a buffer referenced by outputs a caller holds.

@@ -44,6 +44,9 @@ const maxCachedBytes = 1 << 20
 // geometryInfo is the plan-time summary for the shape cache.
 type geometryInfo struct {
 	reads int // number of Shape/Size nodes
+	// readers lists, by slot, the geometry nodes that read the slot as a
+	// geometry input (PlanNode.gin), so a changed value marks them.
+	readers [][]int32
 }
 
 // analyzeGeometry classifies the nodes of p (a main plan) for the shape
@@ -115,7 +118,12 @@ func (p *Plan) analyzeGeometry() {
 	}
 	p.analyzeDimReads(producer)
 	p.analyzeSpares()
-	p.geom = geometryInfo{reads: reads}
+	p.geom = geometryInfo{reads: reads, readers: make([][]int32, len(p.base))}
+	for i, nd := range p.Nodes {
+		for _, s := range nd.gin {
+			p.geom.readers[s] = append(p.geom.readers[s], int32(i))
+		}
+	}
 }
 
 // analyzeDimReads marks the Gathers of constant dimensions of a shape
@@ -253,8 +261,18 @@ type shapeCache struct {
 	seen, prev       []tensor.Shape
 	known, prevKnown []bool
 	// changed marks, by slot, the geometry values that differ in this run
-	// from the last one.
+	// from the last one; dirty marks, by node, the geometry nodes that read
+	// such a value (readers: geometryInfo.readers).
 	changed []bool
+	dirty   []bool
+	readers [][]int32
+	// ready[i] is set (readyRel when the node releases slots after it)
+	// while node i, a geometry node other than a shape read, has kept
+	// outputs, which are then still in their frame slots (detached values
+	// stay there between runs): in a run where no geometry input of the
+	// node changed (not dirty), the run loop passes it by without visiting
+	// it, which is the reuse reusable and reuse would make.
+	ready []uint8
 	// fresh[i][k] tells whether outs[i][k] was made by node i itself (its
 	// header, and its buffer when made[i][k], are the node's own); spare[i]
 	// [k] is a replaced output of node i nothing reads any more, offered to
@@ -268,6 +286,7 @@ func newShapeCache(p *Plan) *shapeCache {
 	c := &shapeCache{outs: make([][]*tensor.Tensor, len(p.Nodes)), seen: make([]tensor.Shape, p.geom.reads),
 		prev: make([]tensor.Shape, p.geom.reads), known: make([]bool, p.geom.reads),
 		prevKnown: make([]bool, p.geom.reads), changed: make([]bool, len(p.base)),
+		dirty: make([]bool, len(p.Nodes)), readers: p.geom.readers, ready: make([]uint8, len(p.Nodes)),
 		fresh: make([][]bool, len(p.Nodes)), made: make([][]bool, len(p.Nodes)),
 		spareMade: make([][]bool, len(p.Nodes)), spare: make([][]*tensor.Tensor, len(p.Nodes))}
 	for i, nd := range p.Nodes {
@@ -290,7 +309,10 @@ func (c *shapeCache) offer(i int, n *runNode, kctx *ops.Context) {
 }
 
 // begin starts a run.
-func (c *shapeCache) begin() { clear(c.changed) }
+func (c *shapeCache) begin() {
+	clear(c.changed)
+	clear(c.dirty)
+}
 
 // forget drops every record (after a failed run).
 func (c *shapeCache) forget() {
@@ -300,7 +322,14 @@ func (c *shapeCache) forget() {
 	}
 	clear(c.known)
 	clear(c.prevKnown)
+	clear(c.ready)
 }
+
+// The values of shapeCache.ready.
+const (
+	readyBare uint8 = 1 // kept outputs, no release after the node
+	readyRel  uint8 = 2 // kept outputs, slots to release after the node
+)
 
 // reusable reports whether geometry node i's kept outputs hold for this run
 // (for a shape read, recording the shape its input has now; other nodes
@@ -372,9 +401,12 @@ func (c *shapeCache) update(i int, n *runNode, kctx *ops.Context) {
 			continue
 		}
 		c.changed[s] = true
+		for _, j := range c.readers[s] {
+			c.dirty[j] = true
+		}
 	}
 	if !n.keep || size > maxCachedBytes {
-		c.outs[i] = nil
+		c.outs[i], c.ready[i] = nil, 0
 		if c.spare[i] != nil {
 			clear(c.spare[i])
 		}
@@ -397,6 +429,13 @@ func (c *shapeCache) update(i int, n *runNode, kctx *ops.Context) {
 		outs = append(outs, t)
 	}
 	c.outs[i] = outs
+	switch {
+	case n.shapeRead >= 0: // visited in every run: its input's shape decides
+	case len(n.rel) > 0:
+		c.ready[i] = readyRel
+	default:
+		c.ready[i] = readyBare
+	}
 }
 
 // madeHere reports whether t, output k of node i's computation, is the
