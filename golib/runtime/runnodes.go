@@ -12,26 +12,30 @@ import (
 // ops.Node. The PlanNode stays the place of everything else (names for
 // errors, captures, the shape cache's spare and dimension analysis).
 type runNode struct {
+	// The fields every visit reads come first, in the first two of the
+	// three cache lines a runNode spans (TestRunNodeLayout; a large plan's
+	// array is page-aligned), the shape cache's last.
 	kernel ops.Kernel
 	// in and out are PlanNode.in and out, gin PlanNode.gin (views into the
 	// plan's slab); wanted is the node's ops.Node.OutputPresent.
-	in, out, gin []int32
-	wanted       []bool
+	in, out []int32
+	wanted  []bool
 	// rel are the slots released right after the node (the ActRelease
 	// action that follows its ActExecute in Plan.Actions).
-	rel  []int32
-	node *PlanNode
-	// spareOut is PlanNode.spareOut, dims PlanNode.dims.
+	rel      []int32
+	node     *PlanNode
+	castTo   tensor.DType
+	geometry bool // PlanNode.geometry
+	keep     bool // PlanNode.keep
+	spares   bool // PlanNode.spareOut != nil
+	captures bool // len(PlanNode.Captures) > 0
+
+	gin []int32
+	// spareOut is PlanNode.spareOut.
 	spareOut   []bool
-	dims       []int64
 	shapeRead  int32
-	dimRead    int32 // PlanNode.dimRead (-1: not a dimension read)
-	castTo     tensor.DType
-	geometry   bool // PlanNode.geometry
-	keep       bool // PlanNode.keep
-	spares     bool // PlanNode.spareOut != nil
-	viewsSpare bool // PlanNode.viewsSpare
-	captures   bool // len(PlanNode.Captures) > 0
+	dimRead    int32 // PlanNode.dimRead (-1: not a dimension read; its dims: PlanNode.dims)
+	viewsSpare bool  // PlanNode.viewsSpare
 }
 
 // compileRun builds p.run from p.Nodes (after slots and the shape cache's
@@ -73,7 +77,7 @@ func (p *Plan) compileRun() {
 			r.rel = take(rel[i])
 		}
 		if n.geometry { // analyzeGeometry ran (a main plan): shapeRead and dimRead are set
-			r.shapeRead, r.dimRead, r.dims = int32(n.shapeRead), int32(n.dimRead), n.dims
+			r.shapeRead, r.dimRead = int32(n.shapeRead), int32(n.dimRead)
 		}
 		if n.Info != nil {
 			r.wanted = n.Info.OutputPresent

@@ -273,13 +273,21 @@ type shapeCache struct {
 	// node changed (not dirty), the run loop passes it by without visiting
 	// it, which is the reuse reusable and reuse would make.
 	ready []uint8
-	// fresh[i][k] tells whether outs[i][k] was made by node i itself (its
-	// header, and its buffer when made[i][k], are the node's own); spare[i]
-	// [k] is a replaced output of node i nothing reads any more, offered to
-	// the node's next computation (ops.Context.SetSpare), spareMade[i][k]
-	// whether its buffer is its own.
-	fresh, made, spareMade [][]bool
-	spare                  [][]*tensor.Tensor
+	// spares[i][k] is the spare record of output k of node i (nil for
+	// nodes without spare outputs).
+	spares [][]spareRec
+}
+
+// spareRec is what the shape cache records about one output of a node with
+// spare outputs (PlanNode.spareOut), in one record the node's update reads
+// together: fresh tells whether the kept output was made by the node itself
+// (its header, and its buffer when made, are the node's own); t is a
+// replaced output of the node nothing reads any more, offered to the node's
+// next computation (ops.Context.SetSpare), spareMade whether its buffer is
+// its own.
+type spareRec struct {
+	t                      *tensor.Tensor
+	fresh, made, spareMade bool
 }
 
 func newShapeCache(p *Plan) *shapeCache {
@@ -287,23 +295,28 @@ func newShapeCache(p *Plan) *shapeCache {
 		prev: make([]tensor.Shape, p.geom.reads), known: make([]bool, p.geom.reads),
 		prevKnown: make([]bool, p.geom.reads), changed: make([]bool, len(p.base)),
 		dirty: make([]bool, len(p.Nodes)), readers: p.geom.readers, ready: make([]uint8, len(p.Nodes)),
-		fresh: make([][]bool, len(p.Nodes)), made: make([][]bool, len(p.Nodes)),
-		spareMade: make([][]bool, len(p.Nodes)), spare: make([][]*tensor.Tensor, len(p.Nodes))}
+		spares: make([][]spareRec, len(p.Nodes))}
 	for i, nd := range p.Nodes {
 		if nd.spareOut != nil {
-			n := len(nd.out)
-			c.fresh[i], c.made[i], c.spareMade[i], c.spare[i] = make([]bool, n), make([]bool, n), make([]bool, n), make([]*tensor.Tensor, n)
+			c.spares[i] = make([]spareRec, len(nd.out))
 		}
 	}
 	return c
 }
 
+// dropSpares forgets node i's spare outputs.
+func (c *shapeCache) dropSpares(i int) {
+	for k := range c.spares[i] {
+		c.spares[i][k].t = nil
+	}
+}
+
 // offer hands node i's spare outputs to its context before it computes
 // (a nil one too: the context then records which outputs it makes).
 func (c *shapeCache) offer(i int, n *runNode, kctx *ops.Context) {
-	for k, t := range c.spare[i] {
-		if n.spareOut[k] {
-			kctx.SetSpare(k, t, c.spareMade[i][k])
+	for k := range c.spares[i] {
+		if rec := &c.spares[i][k]; n.spareOut[k] {
+			kctx.SetSpare(k, rec.t, rec.spareMade)
 		}
 	}
 }
@@ -318,7 +331,7 @@ func (c *shapeCache) begin() {
 func (c *shapeCache) forget() {
 	for i := range c.outs {
 		c.outs[i] = nil
-		clear(c.spare[i])
+		c.dropSpares(i)
 	}
 	clear(c.known)
 	clear(c.prevKnown)
@@ -364,7 +377,7 @@ func (c *shapeCache) sameDims(n *runNode) bool {
 		return false
 	}
 	rank := int64(len(c.seen[r]))
-	for _, d := range n.dims {
+	for _, d := range n.node.dims {
 		if d < 0 {
 			d += rank
 		}
@@ -395,7 +408,8 @@ func (c *shapeCache) update(i int, n *runNode, kctx *ops.Context) {
 		size += t.NumBytes()
 		if n.keep && old != nil && !n.viewsSpare && equalTensor(old[k], t) {
 			if n.spareOut != nil && n.spareOut[k] && t != old[k] && c.madeHere(i, k, t, kctx) {
-				c.spare[i][k], c.spareMade[i][k] = t, kctx.Made(k)
+				rec := &c.spares[i][k]
+				rec.t, rec.spareMade = t, kctx.Made(k)
 			}
 			_ = kctx.SetOutput(k, old[k])
 			continue
@@ -407,9 +421,7 @@ func (c *shapeCache) update(i int, n *runNode, kctx *ops.Context) {
 	}
 	if !n.keep || size > maxCachedBytes {
 		c.outs[i], c.ready[i] = nil, 0
-		if c.spare[i] != nil {
-			clear(c.spare[i])
-		}
+		c.dropSpares(i)
 		return
 	}
 	outs := old[:0]
@@ -417,14 +429,15 @@ func (c *shapeCache) update(i int, n *runNode, kctx *ops.Context) {
 		t := kctx.Output(k)
 		if n.spareOut != nil && n.spareOut[k] && (len(old) <= k || t != old[k]) {
 			// t replaces the kept output (or there was none)
-			sp := c.spare[i][k]
+			rec := &c.spares[i][k]
+			sp := rec.t
 			fresh := c.madeHere(i, k, t, kctx)
-			if len(old) > k && c.fresh[i][k] && old[k] != nil && old[k] != t {
-				c.spare[i][k], c.spareMade[i][k] = old[k], c.made[i][k]
+			if len(old) > k && rec.fresh && old[k] != nil && old[k] != t {
+				rec.t, rec.spareMade = old[k], rec.made
 			} else if sp == t {
-				c.spare[i][k] = nil
+				rec.t = nil
 			}
-			c.fresh[i][k], c.made[i][k] = fresh, fresh && kctx.Made(k)
+			rec.fresh, rec.made = fresh, fresh && kctx.Made(k)
 		}
 		outs = append(outs, t)
 	}
