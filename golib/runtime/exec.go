@@ -390,10 +390,13 @@ func (p *Plan) executeNode(sc *runScope, i int) error {
 	fr := sc.fr
 	sh := fr.shapes
 	geometry := sh != nil && r.geometry
-	if geometry && r.shapeRead < 0 && sh.reusable(i, r, nil) {
+	if geometry && r.shapeRead < 0 && sh.ready[i] != 0 && (!sh.dirty[i] || r.dimRead >= 0 && sh.sameDims(r)) {
 		// A geometry node other than a shape read decides reuse from its
-		// kept outputs and the changed marks of its geometry inputs alone:
-		// its inputs are not gathered.
+		// kept outputs (ready) and the changed marks of its geometry inputs
+		// (dirty: one of them changed; a dimension read's one input may
+		// change in dimensions it does not read) alone: its inputs are not
+		// gathered. This is what shapeCache.reusable decides, without the
+		// walk over the inputs.
 		fr.reuse(sc.mem, sh.outs[i], r.out)
 		return nil
 	}
