@@ -75,9 +75,8 @@ type memTracker struct {
 	live int64
 	peak int64
 	// spare entries (of unpooled buffers: a pooled buffer holds its own,
-	// poolBuf.own), and settle's scratch map.
+	// poolBuf.own).
 	spare []*memEntry
-	held  map[*memEntry][]*tensor.Tensor
 }
 
 type memEntry struct {
@@ -86,10 +85,15 @@ type memEntry struct {
 	refs  int
 	buf   *poolBuf // the pooled buffer, nil for other allocations
 	idx   int      // position in memTracker.all
+	// held lists the returned outputs viewing the buffer, kept whether a
+	// persistent value does (settle's scratch; held keeps its capacity
+	// from run to run).
+	held []*tensor.Tensor
+	kept bool
 }
 
 func newMemTracker(pool *bufferPool) *memTracker {
-	return &memTracker{bufs: map[*byte]*memEntry{}, pool: pool, held: map[*memEntry][]*tensor.Tensor{}}
+	return &memTracker{bufs: map[*byte]*memEntry{}, pool: pool}
 }
 
 // begin starts a run's tracking.
@@ -112,7 +116,7 @@ func (m *memTracker) add(key *byte, bytes int64, buf *poolBuf) *memEntry {
 	default:
 		e = &memEntry{}
 	}
-	*e = memEntry{key: key, bytes: bytes, refs: 1, buf: buf, idx: len(m.all)}
+	*e = memEntry{key: key, bytes: bytes, refs: 1, buf: buf, idx: len(m.all), held: e.held[:0]}
 	m.all = append(m.all, e)
 	if buf != nil {
 		buf.ent = e
@@ -128,13 +132,14 @@ func (m *memTracker) remove(e *memEntry) {
 	m.all[e.idx], last.idx = last, e.idx
 	m.all[len(m.all)-1] = nil
 	m.all = m.all[:len(m.all)-1]
+	clear(e.held)
 	if b := e.buf; b != nil {
 		b.ent = nil
-		*e = memEntry{} // b.own
+		*e = memEntry{held: e.held[:0]} // b.own
 		return
 	}
 	delete(m.bufs, e.key)
-	*e = memEntry{}
+	*e = memEntry{held: e.held[:0]}
 	m.spare = append(m.spare, e)
 }
 
@@ -232,8 +237,6 @@ func (m *memTracker) released(t *tensor.Tensor) {
 // stay with them, and every other pooled buffer still tracked (unrequested
 // outputs, the values of a failed run) goes back to the pool.
 func (m *memTracker) settle(outs []*tensor.Tensor, keep []*tensor.Tensor) {
-	held := m.held
-	defer clear(held)
 	// Headers that outlive the run are never recycled (tensor.Recycle).
 	for _, t := range outs {
 		if t != nil {
@@ -245,26 +248,25 @@ func (m *memTracker) settle(outs []*tensor.Tensor, keep []*tensor.Tensor) {
 	}
 	for _, t := range outs {
 		if _, e, _ := m.entry(t); e != nil && e.buf != nil {
-			held[e] = append(held[e], t)
+			e.held = append(e.held, t)
 		}
 	}
 	for _, t := range keep {
 		if _, e, _ := m.entry(t); e != nil && e.buf != nil {
-			held[e] = nil
+			e.kept = true
 		}
 	}
 	for len(m.all) > 0 {
 		e := m.all[len(m.all)-1]
-		b := e.buf
-		ts, ok := held[e]
-		m.remove(e)
-		switch {
+		switch b := e.buf; {
 		case b == nil:
-		case !ok:
+		case e.kept: // stays with the persistent value
+		case len(e.held) > 0:
+			m.pool.lend(b, e.held)
+		default:
 			m.pool.put(b)
-		case len(ts) > 0:
-			m.pool.lend(b, ts)
 		}
+		m.remove(e)
 	}
 }
 
