@@ -58,6 +58,23 @@ type Context struct {
 	// hdrs holds, per output, the tensor header the last call with an
 	// allocator made (recycled by the next such call, see tensor.Recycle).
 	hdrs []*tensor.Tensor
+	// outBuf and hdrBuf back outputs and hdrs for nodes with at most
+	// inlineOutputs outputs (nearly all), so a call finds them in the
+	// Context's own memory instead of two more small allocations.
+	outBuf, hdrBuf [inlineOutputs]*tensor.Tensor
+}
+
+// inlineOutputs is the largest output count whose outputs and headers a
+// Context keeps in itself.
+const inlineOutputs = 2
+
+// perOutput returns a cleared slice of n tensors, in inline when n fits.
+func perOutput(inline *[inlineOutputs]*tensor.Tensor, n int) []*tensor.Tensor {
+	if n <= inlineOutputs {
+		*inline = [inlineOutputs]*tensor.Tensor{}
+		return inline[:n:n]
+	}
+	return make([]*tensor.Tensor, n)
 }
 
 // outSpare is a Context's record of one output of a node the runtime offers
@@ -230,7 +247,7 @@ func (c *Context) header(i int, dt tensor.DType, shape tensor.Shape, b []byte) (
 		return tensor.FromBytes(dt, shape, b)
 	}
 	if len(c.hdrs) != len(c.outputs) {
-		c.hdrs = make([]*tensor.Tensor, len(c.outputs))
+		c.hdrs = perOutput(&c.hdrBuf, len(c.outputs))
 	}
 	t, err := tensor.Recycle(c.hdrs[i], dt, shape, b)
 	if err == nil {

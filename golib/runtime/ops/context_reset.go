@@ -14,7 +14,7 @@ func (c *Context) Reset(inputs []*tensor.Tensor, wanted []bool, threads int, sco
 	if len(c.outputs) == len(wanted) {
 		clear(c.outputs)
 	} else {
-		c.outputs = make([]*tensor.Tensor, len(wanted))
+		c.outputs = perOutput(&c.outBuf, len(wanted))
 	}
 	c.scratch.reset()
 	switch {
