@@ -194,7 +194,13 @@ func (m *memTracker) produced(t *tensor.Tensor, inputs []*tensor.Tensor) *memEnt
 			}
 		}
 	}
-	e = m.add(k, int64(t.NumBytes()), b)
+	return m.track(k, t, b)
+}
+
+// track starts tracking t's buffer (first byte k; b: the pooled buffer, if
+// any) with one reference.
+func (m *memTracker) track(k *byte, t *tensor.Tensor, b *poolBuf) *memEntry {
+	e := m.add(k, int64(t.NumBytes()), b)
 	m.live += e.bytes
 	if m.live > m.peak {
 		m.peak = m.live
@@ -365,6 +371,12 @@ func (f *frame) store(mem *memTracker, s int32, t *tensor.Tensor, inputs []*tens
 		return
 	}
 	if k := bufKey(t); k != nil {
+		if b := mem.pool; b != nil && b.last != nil && k == &b.last.data[0] && b.last.ent == nil {
+			// the buffer the pool handed out last, tracked by no value:
+			// the node's fresh output, aliasing none of its inputs
+			v.e = mem.track(k, t, b.last)
+			return
+		}
 		for j, x := range inputs {
 			if e := f.vals[max(in[j], 0)].e; x != nil && e != nil && bufKey(x) == k {
 				e.refs++
