@@ -356,7 +356,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--prompt", type=int, default=16, help="prefill prompt tokens")
     ap.add_argument("--samples", type=int, default=None, help="timed decode steps per runtime")
     ap.add_argument("--block", type=int, default=9, help="calls per block (first one untimed)")
-    ap.add_argument("--share-steps", type=int, default=48,
+    ap.add_argument("--share-steps", type=int, default=96,
                     help="profiled steps for the executor share (whole pairs: one of each order)")
     ap.add_argument("--models", nargs="*", default=None, help="regular expressions selecting models")
     ap.add_argument("--no-builtin", action="store_true")
