@@ -216,6 +216,12 @@ def make_sessions(data: bytes, threads: int) -> Tuple[Any, Any]:
     return ours, ort
 
 
+#: Steps of the executor-share loop between restarts from the start state (even: whole pairs):
+#: the pasts then grow by at most this many tokens (the onnxruntime-genai fixtures' shared
+#: buffers hold 64 positions).
+SHARE_PERIOD = 24
+
+
 def executor_share(name: str, data: bytes, info: Dict[str, Any], threads: int,
                    snap: Tuple[Dict[str, np.ndarray], int, np.ndarray], tok: np.ndarray, steps: int) -> Dict[str, Any]:
     """Median shares of a decode loop run by two sessions of ours side by side, step for step
@@ -225,7 +231,7 @@ def executor_share(name: str, data: bytes, info: Dict[str, Any], threads: int,
     ``executor_share_profiled`` is the same share within the profiled runs. The sessions take
     turns running first (see the module docstring), and the share is taken over pairs of steps,
     one of each order; ``executor_share_plain_first`` is the share of the plain-first steps
-    alone. ``binding_share``:
+    alone. Every ``SHARE_PERIOD`` steps both restart from the start state. ``binding_share``:
     the part of the plain session's ``run`` call spent outside the executor (``1 - run_ns /
     call``); ``step_outside_share``: the same against the whole decode step of the driver
     (feeds built in Python, outputs mapped back), the definition ``binding_share`` had before.
@@ -243,7 +249,12 @@ def executor_share(name: str, data: bytes, info: Dict[str, Any], threads: int,
     pairs: List[Tuple[float, float]] = []  # (kernels, plain run_ns) per step, in order
     allocs = 0
     steps += steps % 2  # whole pairs
+    tok0 = tok
     for i in range(steps + 2):
+        if i > 2 and (i - 2) % SHARE_PERIOD == 0:  # back to the start: the pasts stay short
+            for d in decs.values():
+                restore(d, snap)
+            tok = tok0
         plain_first = i % 2 == 0
         if not plain_first:
             decs["prof"].run(tok)
