@@ -15,10 +15,14 @@ Per model and thread count (1 and 2 by default), on the tensor path (past in, pr
   call, not recorded).
 - **prefill**: a ``--prompt``-token prompt with an empty past, fixed feeds, same blocks.
 - **executor share**: two more sessions of ours, one profiled, run the same decode loop step
-  for step; per step ``1 - sum(kernel times) / run_ns``, the kernel times from the profiled
-  session's events and ``run_ns`` (the run's wall time inside the Go executor) from the plain
-  one, so the profiler's clock reads are not counted (``executor_share_profiled`` is the share
-  within the profiled runs). ``binding`` is the share of the plain session's ``run`` call spent
+  for step; per pair of steps ``1 - sum(kernel times) / sum(run_ns)``, the kernel times from
+  the profiled session's events and ``run_ns`` (the run's wall time inside the Go executor)
+  from the plain one, so the profiler's clock reads are not counted (``executor_share_profiled``
+  is the share within the profiled runs). The two sessions take turns running first in a step:
+  the run right after the Python driver's work is the slower one (its kernels' caches are colder;
+  measured 20-40 us a step on the fp16 exports), which a fixed order would count as executor
+  time of the plain session (``executor_share_plain_first``: the share of the steps where the
+  plain session ran first, the definition before the turns). ``binding`` is the share of the plain session's ``run`` call spent
   outside the executor (feed and output conversion); ``step_outside`` is the same against the
   whole step of the Python driver (feeds built, outputs mapped: what ``binding`` measured
   before). ``allocs``: Go heap allocations per step of the plain session, binding included
@@ -212,13 +216,22 @@ def make_sessions(data: bytes, threads: int) -> Tuple[Any, Any]:
     return ours, ort
 
 
+#: Steps of the executor-share loop between restarts from the start state (even: whole pairs):
+#: the pasts then grow by at most this many tokens (the onnxruntime-genai fixtures' shared
+#: buffers hold 64 positions).
+SHARE_PERIOD = 24
+
+
 def executor_share(name: str, data: bytes, info: Dict[str, Any], threads: int,
                    snap: Tuple[Dict[str, np.ndarray], int, np.ndarray], tok: np.ndarray, steps: int) -> Dict[str, Any]:
     """Median shares of a decode loop run by two sessions of ours side by side, step for step
     (same pasts, same tokens): a profiled one gives the kernels' time, a plain one the run's
     time inside the executor (``run_ns``), so the executor share (``1 - kernels / run_ns``) does
     not count the profiler's own clock reads (two per node, measured 0.1-0.2 us a pair here);
-    ``executor_share_profiled`` is the same share within the profiled runs. ``binding_share``:
+    ``executor_share_profiled`` is the same share within the profiled runs. The sessions take
+    turns running first (see the module docstring), and the share is taken over pairs of steps,
+    one of each order; ``executor_share_plain_first`` is the share of the plain-first steps
+    alone. Every ``SHARE_PERIOD`` steps both restart from the start state. ``binding_share``:
     the part of the plain session's ``run`` call spent outside the executor (``1 - run_ns /
     call``); ``step_outside_share``: the same against the whole decode step of the driver
     (feeds built in Python, outputs mapped back), the definition ``binding_share`` had before.
@@ -232,9 +245,19 @@ def executor_share(name: str, data: bytes, info: Dict[str, Any], threads: int,
         restore(d, snap)
     from onnx_light_kv import _lib
     heap = _lib.fn("HeapAllocs")
-    ex, ex_prof, bind, outside, ran, run_ms = [], [], [], [], [], []
+    ex_first, ex_prof, bind, outside, ran, run_ms = [], [], [], [], [], []
+    pairs: List[Tuple[float, float]] = []  # (kernels, plain run_ns) per step, in order
     allocs = 0
+    steps += steps % 2  # whole pairs
+    tok0 = tok
     for i in range(steps + 2):
+        if i > 2 and (i - 2) % SHARE_PERIOD == 0:  # back to the start: the pasts stay short
+            for d in decs.values():
+                restore(d, snap)
+            tok = tok0
+        plain_first = i % 2 == 0
+        if not plain_first:
+            decs["prof"].run(tok)
         a0 = heap()
         t0 = time.perf_counter_ns()
         res = decs["plain"].run(tok)
@@ -242,19 +265,24 @@ def executor_share(name: str, data: bytes, info: Dict[str, Any], threads: int,
         if i >= 2:
             allocs += heap() - a0
         plain_ns = plain.last_run_stats.get("run_ns", 0) or plain.last_ns
-        decs["prof"].run(tok)
+        if plain_first:
+            decs["prof"].run(tok)
         st = prof.last_run_stats
         tok = np.argmax(logits_of(res)[:, -1, :], axis=-1).astype(np.int64)[:, None]
         if i < 2:
             continue
         kernels = sum(e["dur_ns"] for e in st.get("events", []))
-        ex.append(1.0 - kernels / plain_ns)
+        pairs.append((kernels, plain_ns))
+        if plain_first:
+            ex_first.append(1.0 - kernels / plain_ns)
         ex_prof.append(1.0 - kernels / (st.get("run_ns", 0) or wall))
         bind.append(1.0 - plain_ns / plain.last_ns)
         outside.append(1.0 - plain_ns / wall)
         ran.append(len(st.get("events", [])))
         run_ms.append(plain_ns / 1e6)
+    ex = [1.0 - (k0 + k1) / (r0 + r1) for (k0, r0), (k1, r1) in zip(pairs[0::2], pairs[1::2])]
     return {"executor_share": float(np.median(ex)), "executor_share_profiled": float(np.median(ex_prof)),
+            "executor_share_plain_first": float(np.median(ex_first)),
             "binding_share": float(np.median(bind)), "step_outside_share": float(np.median(outside)),
             "nodes_run": int(np.median(ran)),
             "run_ms": float(np.median(run_ms)), "go_allocs_per_step": allocs / steps}
@@ -339,7 +367,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--prompt", type=int, default=16, help="prefill prompt tokens")
     ap.add_argument("--samples", type=int, default=None, help="timed decode steps per runtime")
     ap.add_argument("--block", type=int, default=9, help="calls per block (first one untimed)")
-    ap.add_argument("--share-steps", type=int, default=24, help="profiled steps for the executor share")
+    ap.add_argument("--share-steps", type=int, default=96,
+                    help="profiled steps for the executor share (whole pairs: one of each order)")
     ap.add_argument("--models", nargs="*", default=None, help="regular expressions selecting models")
     ap.add_argument("--no-builtin", action="store_true")
     args = ap.parse_args(argv)

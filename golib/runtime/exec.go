@@ -74,9 +74,9 @@ type memTracker struct {
 	pool *bufferPool // nil: no pooled buffers
 	live int64
 	peak int64
-	// spare entries, and settle's scratch map.
+	// spare entries (of unpooled buffers: a pooled buffer holds its own,
+	// poolBuf.own).
 	spare []*memEntry
-	held  map[*memEntry][]*tensor.Tensor
 }
 
 type memEntry struct {
@@ -85,10 +85,15 @@ type memEntry struct {
 	refs  int
 	buf   *poolBuf // the pooled buffer, nil for other allocations
 	idx   int      // position in memTracker.all
+	// held lists the returned outputs viewing the buffer, kept whether a
+	// persistent value does (settle's scratch; held keeps its capacity
+	// from run to run).
+	held []*tensor.Tensor
+	kept bool
 }
 
 func newMemTracker(pool *bufferPool) *memTracker {
-	return &memTracker{bufs: map[*byte]*memEntry{}, pool: pool, held: map[*memEntry][]*tensor.Tensor{}}
+	return &memTracker{bufs: map[*byte]*memEntry{}, pool: pool}
 }
 
 // begin starts a run's tracking.
@@ -102,13 +107,16 @@ func (m *memTracker) begin() {
 // add tracks a new buffer with one reference.
 func (m *memTracker) add(key *byte, bytes int64, buf *poolBuf) *memEntry {
 	var e *memEntry
-	if n := len(m.spare); n > 0 {
+	switch n := len(m.spare); {
+	case buf != nil:
+		e = &buf.own // next to the buffer's fields the pool just touched
+	case n > 0:
 		e = m.spare[n-1]
 		m.spare = m.spare[:n-1]
-	} else {
+	default:
 		e = &memEntry{}
 	}
-	*e = memEntry{key: key, bytes: bytes, refs: 1, buf: buf, idx: len(m.all)}
+	*e = memEntry{key: key, bytes: bytes, refs: 1, buf: buf, idx: len(m.all), held: e.held[:0]}
 	m.all = append(m.all, e)
 	if buf != nil {
 		buf.ent = e
@@ -124,12 +132,14 @@ func (m *memTracker) remove(e *memEntry) {
 	m.all[e.idx], last.idx = last, e.idx
 	m.all[len(m.all)-1] = nil
 	m.all = m.all[:len(m.all)-1]
-	if e.buf != nil {
-		e.buf.ent = nil
-	} else {
-		delete(m.bufs, e.key)
+	clear(e.held)
+	if b := e.buf; b != nil {
+		b.ent = nil
+		*e = memEntry{held: e.held[:0]} // b.own
+		return
 	}
-	*e = memEntry{}
+	delete(m.bufs, e.key)
+	*e = memEntry{held: e.held[:0]}
 	m.spare = append(m.spare, e)
 }
 
@@ -184,7 +194,13 @@ func (m *memTracker) produced(t *tensor.Tensor, inputs []*tensor.Tensor) *memEnt
 			}
 		}
 	}
-	e = m.add(k, int64(t.NumBytes()), b)
+	return m.track(k, t, b)
+}
+
+// track starts tracking t's buffer (first byte k; b: the pooled buffer, if
+// any) with one reference.
+func (m *memTracker) track(k *byte, t *tensor.Tensor, b *poolBuf) *memEntry {
+	e := m.add(k, int64(t.NumBytes()), b)
 	m.live += e.bytes
 	if m.live > m.peak {
 		m.peak = m.live
@@ -227,8 +243,6 @@ func (m *memTracker) released(t *tensor.Tensor) {
 // stay with them, and every other pooled buffer still tracked (unrequested
 // outputs, the values of a failed run) goes back to the pool.
 func (m *memTracker) settle(outs []*tensor.Tensor, keep []*tensor.Tensor) {
-	held := m.held
-	defer clear(held)
 	// Headers that outlive the run are never recycled (tensor.Recycle).
 	for _, t := range outs {
 		if t != nil {
@@ -240,26 +254,25 @@ func (m *memTracker) settle(outs []*tensor.Tensor, keep []*tensor.Tensor) {
 	}
 	for _, t := range outs {
 		if _, e, _ := m.entry(t); e != nil && e.buf != nil {
-			held[e] = append(held[e], t)
+			e.held = append(e.held, t)
 		}
 	}
 	for _, t := range keep {
 		if _, e, _ := m.entry(t); e != nil && e.buf != nil {
-			held[e] = nil
+			e.kept = true
 		}
 	}
 	for len(m.all) > 0 {
 		e := m.all[len(m.all)-1]
-		b := e.buf
-		ts, ok := held[e]
-		m.remove(e)
-		switch {
+		switch b := e.buf; {
 		case b == nil:
-		case !ok:
+		case e.kept: // stays with the persistent value
+		case len(e.held) > 0:
+			m.pool.lend(b, e.held)
+		default:
 			m.pool.put(b)
-		case len(ts) > 0:
-			m.pool.lend(b, ts)
 		}
+		m.remove(e)
 	}
 }
 
@@ -278,6 +291,33 @@ func (p *Plan) execute(sc *runScope) (err error) {
 	}()
 	if fr.shapes != nil {
 		fr.shapes.begin()
+	}
+	if p.linear {
+		for _, s := range p.startRel {
+			fr.drop(sc.mem, s)
+		}
+		sh := fr.shapes
+		for i := range p.run {
+			if sh != nil {
+				if rd := sh.ready[i]; rd != 0 && !sh.dirty[i] {
+					// kept geometry outputs that hold, still in their slots
+					if rd == readyRel {
+						for _, s := range p.run[i].rel {
+							fr.drop(sc.mem, s)
+						}
+					}
+					continue
+				}
+			}
+			cur = i
+			if err := p.executeNode(sc, i); err != nil {
+				return err
+			}
+			for _, s := range p.run[i].rel {
+				fr.drop(sc.mem, s)
+			}
+		}
+		return nil
 	}
 	for i := range p.Actions {
 		a := &p.Actions[i]
@@ -305,16 +345,17 @@ func (p *Plan) execute(sc *runScope) (err error) {
 // drop releases the value in slot s; a detached value stays (the shape
 // cache holds it; a later store replaces it).
 func (f *frame) drop(mem *memTracker, s int32) {
-	if f.detached[s] {
+	v := &f.vals[s]
+	if v.detached {
 		return
 	}
-	if t := f.vals[s]; t != nil {
-		if e := f.ent[s]; e != nil {
-			mem.releasedEntry(e)
+	if v.t != nil {
+		if v.e != nil {
+			mem.releasedEntry(v.e)
 		} else if f.sub {
-			mem.released(t) // placed without store: a subgraph input
+			mem.released(v.t) // placed without store: a subgraph input
 		}
-		f.vals[s], f.ent[s] = nil, nil
+		v.t, v.e = nil, nil
 	}
 }
 
@@ -324,20 +365,27 @@ func (f *frame) drop(mem *memTracker, s int32) {
 // shares that input's entry without a lookup.
 func (f *frame) store(mem *memTracker, s int32, t *tensor.Tensor, inputs []*tensor.Tensor, in []int32, detached bool) {
 	f.drop(mem, s)
-	f.vals[s], f.detached[s], f.ent[s] = t, detached, nil
+	v := &f.vals[s]
+	*v = slotVal{t: t, detached: detached}
 	if detached {
 		return
 	}
 	if k := bufKey(t); k != nil {
+		if b := mem.pool; b != nil && b.last != nil && k == &b.last.data[0] && b.last.ent == nil {
+			// the buffer the pool handed out last, tracked by no value:
+			// the node's fresh output, aliasing none of its inputs
+			v.e = mem.track(k, t, b.last)
+			return
+		}
 		for j, x := range inputs {
-			if e := f.ent[max(in[j], 0)]; x != nil && e != nil && bufKey(x) == k {
+			if e := f.vals[max(in[j], 0)].e; x != nil && e != nil && bufKey(x) == k {
 				e.refs++
-				f.ent[s] = e
+				v.e = e
 				return
 			}
 		}
 	}
-	f.ent[s] = mem.produced(t, inputs)
+	v.e = mem.produced(t, inputs)
 }
 
 // reuse puts a geometry node's kept outputs in their slots (out), where
@@ -345,7 +393,7 @@ func (f *frame) store(mem *memTracker, s int32, t *tensor.Tensor, inputs []*tens
 // storing one needs no inputs.
 func (f *frame) reuse(mem *memTracker, kept []*tensor.Tensor, out []int32) {
 	for k, s := range out {
-		if s >= 0 && (f.vals[s] != kept[k] || !f.detached[s]) { // else still in its slot
+		if s >= 0 && (f.vals[s].t != kept[k] || !f.vals[s].detached) { // else still in its slot
 			f.store(mem, s, kept[k], nil, nil, true)
 		}
 	}
@@ -356,10 +404,13 @@ func (p *Plan) executeNode(sc *runScope, i int) error {
 	fr := sc.fr
 	sh := fr.shapes
 	geometry := sh != nil && r.geometry
-	if geometry && r.shapeRead < 0 && sh.reusable(i, r, nil) {
+	if geometry && r.shapeRead < 0 && sh.ready[i] != 0 && (!sh.dirty[i] || r.dimRead >= 0 && sh.sameDims(r)) {
 		// A geometry node other than a shape read decides reuse from its
-		// kept outputs and the changed marks of its geometry inputs alone:
-		// its inputs are not gathered.
+		// kept outputs (ready) and the changed marks of its geometry inputs
+		// (dirty: one of them changed; a dimension read's one input may
+		// change in dimensions it does not read) alone: its inputs are not
+		// gathered. This is what shapeCache.reusable decides, without the
+		// walk over the inputs.
 		fr.reuse(sc.mem, sh.outs[i], r.out)
 		return nil
 	}
@@ -389,8 +440,8 @@ func (p *Plan) executeNode(sc *runScope, i int) error {
 	}
 	if r.captures {
 		for _, name := range r.node.Captures {
-			if s, ok := p.slots[name]; ok && fr.vals[s] != nil {
-				sc.ctx.PutTensor(name, fr.vals[s]) // subgraphs read outer values by name
+			if s, ok := p.slots[name]; ok && fr.vals[s].t != nil {
+				sc.ctx.PutTensor(name, fr.vals[s].t) // subgraphs read outer values by name
 			}
 		}
 	}
@@ -401,7 +452,7 @@ func (p *Plan) executeNode(sc *runScope, i int) error {
 	kctx := &fr.kctx[i]
 	kctx.Reset(inputs, r.wanted, sc.threads, sc, alloc)
 	if geometry && r.spares {
-		sh.offer(i, r.node, kctx)
+		sh.offer(i, r, kctx)
 	}
 	var start time.Time
 	if sc.profile {
@@ -417,7 +468,7 @@ func (p *Plan) executeNode(sc *runScope, i int) error {
 	}
 	sc.stats.AllocatedBytes += kctx.Allocated
 	if geometry {
-		sh.update(i, r.node, kctx) // before storing: an unchanged output is replaced by the kept one
+		sh.update(i, r, kctx) // before storing: an unchanged output is replaced by the kept one
 	}
 	kept := geometry && sh.outs[i] != nil
 	for k, s := range r.out {

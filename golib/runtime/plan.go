@@ -103,8 +103,12 @@ type PlanNode struct {
 // kernels, and the actions that run them and release values after last use.
 // It is immutable after Build and shared by every run.
 type Plan struct {
-	Nodes        []*PlanNode
-	Actions      []Action
+	Nodes   []*PlanNode
+	Actions []Action
+	// linear: the run loop walks run alone, with the releases in
+	// runNode.rel and startRel (compileRun).
+	linear       bool
+	startRel     []int32
 	Inputs       []model.ValueInfo // formal inputs (initializer defaults excluded)
 	Outputs      []model.ValueInfo
 	Initializers map[string]*tensor.Tensor

@@ -50,6 +50,9 @@ type poolBuf struct {
 	// buffer (read and written by the executor under the state's run
 	// lock).
 	ent *memEntry
+	// own is the entry ent points to when the buffer is tracked (the
+	// memTracker's entries of pooled buffers live in their buffers).
+	own memEntry
 }
 
 // lease is a buffer referenced by outputs a caller holds.
@@ -135,18 +138,23 @@ func (p *bufferPool) beginRun() {
 			delete(p.leases, t)
 		}
 	}
+	// A free list is a stack whose buffers were put back in run order
+	// (putLocked appends, Alloc pops the newest), so its idle runs never
+	// decrease from the bottom up: the expired buffers are a prefix, and a
+	// list whose oldest buffer holds is passed at once.
 	for c, list := range p.free {
-		kept := list[:0]
-		for _, b := range list {
-			if p.run-b.idle > poolMaxIdleRuns {
-				p.stats.Dropped++
-				p.stats.FreeBytes -= int64(len(b.data))
-				continue
-			}
-			kept = append(kept, b)
+		k := 0
+		for k < len(list) && p.run-list[k].idle > poolMaxIdleRuns {
+			p.stats.Dropped++
+			p.stats.FreeBytes -= int64(len(list[k].data))
+			k++
 		}
-		clear(list[len(kept):])
-		p.free[c] = kept
+		if k == 0 {
+			continue
+		}
+		n := copy(list, list[k:])
+		clear(list[n:])
+		p.free[c] = list[:n]
 	}
 }
 

@@ -1,6 +1,8 @@
 package runtime
 
 import (
+	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"unsafe"
@@ -351,5 +353,43 @@ func TestPoolGrowingTensor(t *testing.T) {
 	t.Logf("%d runs over %d classes: %d buffers allocated, %d reused", (hi-lo)/step+1, classes, st.Allocated, st.Reused)
 	if st.Allocated > int64(classes/(poolReach+1)+2) {
 		t.Errorf("%d allocations for a tensor growing over %d classes", st.Allocated, classes)
+	}
+}
+
+// TestPoolIdleSweep: beginRun drops exactly the free buffers idle for more
+// than poolMaxIdleRuns runs (the naive filter over every buffer) while a
+// random sequence of allocations and puts in several size classes runs
+// over many runs, and keeps the rest in their stack order.
+func TestPoolIdleSweep(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	p := newBufferPool()
+	var held []*poolBuf
+	for run := range 40 {
+		// the naive expectation of the sweep beginRun is about to make
+		want := make([][]*poolBuf, len(p.free))
+		for c, list := range p.free {
+			for _, b := range list {
+				if p.run+1-b.idle <= poolMaxIdleRuns {
+					want[c] = append(want[c], b)
+				}
+			}
+		}
+		p.beginRun()
+		for c := range want {
+			if !slices.Equal(p.free[c], want[c]) {
+				t.Fatalf("run %d, class %d: free list %d buffers, want %d (kept in order)", run, c, len(p.free[c]), len(want[c]))
+			}
+		}
+		for range rng.IntN(12) {
+			switch {
+			case len(held) > 0 && rng.IntN(2) == 0:
+				k := rng.IntN(len(held))
+				p.put(held[k])
+				held = slices.Delete(held, k, k+1)
+			case run%7 < 4: // some runs allocate nothing: buffers go idle
+				b, _ := p.Alloc(64 << rng.IntN(4))
+				held = append(held, p.lookup(&b[0]))
+			}
+		}
 	}
 }

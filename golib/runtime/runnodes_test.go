@@ -48,6 +48,10 @@ func TestRunNodes(t *testing.T) {
 					t.Fatalf("node %s: spare or capture flags differ", n.Name)
 				case n.geometry && int(r.shapeRead) != n.shapeRead:
 					t.Fatalf("node %s: shape read %d, want %d", n.Name, r.shapeRead, n.shapeRead)
+				case n.geometry && int(r.dimRead) != n.dimRead:
+					t.Fatalf("node %s: dimension read %d, want %d", n.Name, r.dimRead, n.dimRead)
+				case !slices.Equal(r.spareOut, n.spareOut) || r.viewsSpare != n.viewsSpare:
+					t.Fatalf("node %s: spare outputs differ", n.Name)
 				}
 				if r.geometry {
 					geometry++
@@ -56,7 +60,48 @@ func TestRunNodes(t *testing.T) {
 			if geometry == 0 {
 				t.Fatal("no geometry node: the model does not exercise the shape cache")
 			}
+			// The release schedule's actions, read back from the run nodes'
+			// release lists, in order.
+			if !p.linear {
+				t.Fatal("the release schedule is not in its plain form")
+			}
+			var want, got []Action
+			for _, a := range p.Actions {
+				want = append(want, Action{Kind: a.Kind, Node: a.Node, slots: a.slots})
+			}
+			if len(p.startRel) > 0 {
+				got = append(got, Action{Kind: ActRelease, slots: p.startRel})
+			}
+			for i := range p.run {
+				got = append(got, Action{Kind: ActExecute, Node: i})
+				if rel := p.run[i].rel; len(rel) > 0 {
+					got = append(got, Action{Kind: ActRelease, slots: rel})
+				}
+			}
+			if !slices.EqualFunc(got, want, func(a, b Action) bool {
+				return a.Kind == b.Kind && a.Node == b.Node && slices.Equal(a.slots, b.slots)
+			}) {
+				t.Fatalf("run nodes' releases %v, want the actions %v", got, want)
+			}
 		})
+	}
+}
+
+// TestRunNodeLayout: a run node is three cache lines long, the fields every
+// visit reads (kernel, slots, releases, flags) in the first two.
+func TestRunNodeLayout(t *testing.T) {
+	var r runNode
+	if size := unsafe.Sizeof(r); size != 192 {
+		t.Errorf("runNode is %d bytes, want 192 (three cache lines)", size)
+	}
+	for name, end := range map[string]uintptr{
+		"kernel": unsafe.Offsetof(r.kernel) + unsafe.Sizeof(r.kernel), "out": unsafe.Offsetof(r.out) + unsafe.Sizeof(r.out),
+		"rel": unsafe.Offsetof(r.rel) + unsafe.Sizeof(r.rel), "castTo": unsafe.Offsetof(r.castTo) + unsafe.Sizeof(r.castTo),
+		"captures": unsafe.Offsetof(r.captures) + 1,
+	} {
+		if end > 128 {
+			t.Errorf("runNode.%s ends at byte %d, past the first two cache lines", name, end)
+		}
 	}
 }
 

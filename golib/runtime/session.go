@@ -288,7 +288,7 @@ func (s *Session) runOn(sg *Signature, st *State, feeds []*tensor.Tensor,
 	defer fr.clear()
 	for i, t := range feeds {
 		if slot := sg.slots[i]; slot >= 0 { // an unread initializer default has none
-			fr.vals[slot] = t
+			fr.vals[slot].t = t
 		}
 	}
 	stats := &RunStats{}

@@ -44,6 +44,9 @@ const maxCachedBytes = 1 << 20
 // geometryInfo is the plan-time summary for the shape cache.
 type geometryInfo struct {
 	reads int // number of Shape/Size nodes
+	// readers lists, by slot, the geometry nodes that read the slot as a
+	// geometry input (PlanNode.gin), so a changed value marks them.
+	readers [][]int32
 }
 
 // analyzeGeometry classifies the nodes of p (a main plan) for the shape
@@ -115,7 +118,12 @@ func (p *Plan) analyzeGeometry() {
 	}
 	p.analyzeDimReads(producer)
 	p.analyzeSpares()
-	p.geom = geometryInfo{reads: reads}
+	p.geom = geometryInfo{reads: reads, readers: make([][]int32, len(p.base))}
+	for i, nd := range p.Nodes {
+		for _, s := range nd.gin {
+			p.geom.readers[s] = append(p.geom.readers[s], int32(i))
+		}
+	}
 }
 
 // analyzeDimReads marks the Gathers of constant dimensions of a shape
@@ -253,54 +261,88 @@ type shapeCache struct {
 	seen, prev       []tensor.Shape
 	known, prevKnown []bool
 	// changed marks, by slot, the geometry values that differ in this run
-	// from the last one.
+	// from the last one; dirty marks, by node, the geometry nodes that read
+	// such a value (readers: geometryInfo.readers).
 	changed []bool
-	// fresh[i][k] tells whether outs[i][k] was made by node i itself (its
-	// header, and its buffer when made[i][k], are the node's own); spare[i]
-	// [k] is a replaced output of node i nothing reads any more, offered to
-	// the node's next computation (ops.Context.SetSpare), spareMade[i][k]
-	// whether its buffer is its own.
-	fresh, made, spareMade [][]bool
-	spare                  [][]*tensor.Tensor
+	dirty   []bool
+	readers [][]int32
+	// ready[i] is set (readyRel when the node releases slots after it)
+	// while node i, a geometry node other than a shape read, has kept
+	// outputs, which are then still in their frame slots (detached values
+	// stay there between runs): in a run where no geometry input of the
+	// node changed (not dirty), the run loop passes it by without visiting
+	// it, which is the reuse reusable and reuse would make.
+	ready []uint8
+	// spares[i][k] is the spare record of output k of node i (nil for
+	// nodes without spare outputs).
+	spares [][]spareRec
+}
+
+// spareRec is what the shape cache records about one output of a node with
+// spare outputs (PlanNode.spareOut), in one record the node's update reads
+// together: fresh tells whether the kept output was made by the node itself
+// (its header, and its buffer when made, are the node's own); t is a
+// replaced output of the node nothing reads any more, offered to the node's
+// next computation (ops.Context.SetSpare), spareMade whether its buffer is
+// its own.
+type spareRec struct {
+	t                      *tensor.Tensor
+	fresh, made, spareMade bool
 }
 
 func newShapeCache(p *Plan) *shapeCache {
 	c := &shapeCache{outs: make([][]*tensor.Tensor, len(p.Nodes)), seen: make([]tensor.Shape, p.geom.reads),
 		prev: make([]tensor.Shape, p.geom.reads), known: make([]bool, p.geom.reads),
 		prevKnown: make([]bool, p.geom.reads), changed: make([]bool, len(p.base)),
-		fresh: make([][]bool, len(p.Nodes)), made: make([][]bool, len(p.Nodes)),
-		spareMade: make([][]bool, len(p.Nodes)), spare: make([][]*tensor.Tensor, len(p.Nodes))}
+		dirty: make([]bool, len(p.Nodes)), readers: p.geom.readers, ready: make([]uint8, len(p.Nodes)),
+		spares: make([][]spareRec, len(p.Nodes))}
 	for i, nd := range p.Nodes {
 		if nd.spareOut != nil {
-			n := len(nd.out)
-			c.fresh[i], c.made[i], c.spareMade[i], c.spare[i] = make([]bool, n), make([]bool, n), make([]bool, n), make([]*tensor.Tensor, n)
+			c.spares[i] = make([]spareRec, len(nd.out))
 		}
 	}
 	return c
 }
 
+// dropSpares forgets node i's spare outputs.
+func (c *shapeCache) dropSpares(i int) {
+	for k := range c.spares[i] {
+		c.spares[i][k].t = nil
+	}
+}
+
 // offer hands node i's spare outputs to its context before it computes
 // (a nil one too: the context then records which outputs it makes).
-func (c *shapeCache) offer(i int, n *PlanNode, kctx *ops.Context) {
-	for k, t := range c.spare[i] {
-		if n.spareOut[k] {
-			kctx.SetSpare(k, t, c.spareMade[i][k])
+func (c *shapeCache) offer(i int, n *runNode, kctx *ops.Context) {
+	for k := range c.spares[i] {
+		if rec := &c.spares[i][k]; n.spareOut[k] {
+			kctx.SetSpare(k, rec.t, rec.spareMade)
 		}
 	}
 }
 
 // begin starts a run.
-func (c *shapeCache) begin() { clear(c.changed) }
+func (c *shapeCache) begin() {
+	clear(c.changed)
+	clear(c.dirty)
+}
 
 // forget drops every record (after a failed run).
 func (c *shapeCache) forget() {
 	for i := range c.outs {
 		c.outs[i] = nil
-		clear(c.spare[i])
+		c.dropSpares(i)
 	}
 	clear(c.known)
 	clear(c.prevKnown)
+	clear(c.ready)
 }
+
+// The values of shapeCache.ready.
+const (
+	readyBare uint8 = 1 // kept outputs, no release after the node
+	readyRel  uint8 = 2 // kept outputs, slots to release after the node
+)
 
 // reusable reports whether geometry node i's kept outputs hold for this run
 // (for a shape read, recording the shape its input has now; other nodes
@@ -319,7 +361,7 @@ func (c *shapeCache) reusable(i int, n *runNode, inputs []*tensor.Tensor) bool {
 		return false
 	}
 	for _, s := range n.gin {
-		if c.changed[s] && !c.sameDims(n.node) {
+		if c.changed[s] && !c.sameDims(n) {
 			return false
 		}
 	}
@@ -329,13 +371,13 @@ func (c *shapeCache) reusable(i int, n *runNode, inputs []*tensor.Tensor) bool {
 // sameDims reports whether dimension read n's dimensions are those of the
 // shape its shape read saw before this run's (the kept output was computed
 // from that shape, or from an earlier one with the same dimensions).
-func (c *shapeCache) sameDims(n *PlanNode) bool {
+func (c *shapeCache) sameDims(n *runNode) bool {
 	r := n.dimRead
 	if r < 0 || !c.prevKnown[r] || len(c.prev[r]) != len(c.seen[r]) {
 		return false
 	}
 	rank := int64(len(c.seen[r]))
-	for _, d := range n.dims {
+	for _, d := range n.node.dims {
 		if d < 0 {
 			d += rank
 		}
@@ -355,7 +397,7 @@ func (c *shapeCache) sameDims(n *PlanNode) bool {
 // fresh one when it equals the kept one, else the kept one it replaces)
 // becomes the spare the node's next computation writes into, when the node
 // made it itself (never an input, a constant or a view it passed through).
-func (c *shapeCache) update(i int, n *PlanNode, kctx *ops.Context) {
+func (c *shapeCache) update(i int, n *runNode, kctx *ops.Context) {
 	old := c.outs[i]
 	size := 0
 	for k, s := range n.out {
@@ -366,18 +408,20 @@ func (c *shapeCache) update(i int, n *PlanNode, kctx *ops.Context) {
 		size += t.NumBytes()
 		if n.keep && old != nil && !n.viewsSpare && equalTensor(old[k], t) {
 			if n.spareOut != nil && n.spareOut[k] && t != old[k] && c.madeHere(i, k, t, kctx) {
-				c.spare[i][k], c.spareMade[i][k] = t, kctx.Made(k)
+				rec := &c.spares[i][k]
+				rec.t, rec.spareMade = t, kctx.Made(k)
 			}
 			_ = kctx.SetOutput(k, old[k])
 			continue
 		}
 		c.changed[s] = true
+		for _, j := range c.readers[s] {
+			c.dirty[j] = true
+		}
 	}
 	if !n.keep || size > maxCachedBytes {
-		c.outs[i] = nil
-		if c.spare[i] != nil {
-			clear(c.spare[i])
-		}
+		c.outs[i], c.ready[i] = nil, 0
+		c.dropSpares(i)
 		return
 	}
 	outs := old[:0]
@@ -385,18 +429,26 @@ func (c *shapeCache) update(i int, n *PlanNode, kctx *ops.Context) {
 		t := kctx.Output(k)
 		if n.spareOut != nil && n.spareOut[k] && (len(old) <= k || t != old[k]) {
 			// t replaces the kept output (or there was none)
-			sp := c.spare[i][k]
+			rec := &c.spares[i][k]
+			sp := rec.t
 			fresh := c.madeHere(i, k, t, kctx)
-			if len(old) > k && c.fresh[i][k] && old[k] != nil && old[k] != t {
-				c.spare[i][k], c.spareMade[i][k] = old[k], c.made[i][k]
+			if len(old) > k && rec.fresh && old[k] != nil && old[k] != t {
+				rec.t, rec.spareMade = old[k], rec.made
 			} else if sp == t {
-				c.spare[i][k] = nil
+				rec.t = nil
 			}
-			c.fresh[i][k], c.made[i][k] = fresh, fresh && kctx.Made(k)
+			rec.fresh, rec.made = fresh, fresh && kctx.Made(k)
 		}
 		outs = append(outs, t)
 	}
 	c.outs[i] = outs
+	switch {
+	case n.shapeRead >= 0: // visited in every run: its input's shape decides
+	case len(n.rel) > 0:
+		c.ready[i] = readyRel
+	default:
+		c.ready[i] = readyBare
+	}
 }
 
 // madeHere reports whether t, output k of node i's computation, is the

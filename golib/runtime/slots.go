@@ -88,12 +88,9 @@ func (p *Plan) resolveSlots() {
 // the frame of its session's main plan between runs; subgraph runs use a
 // fresh one.
 type frame struct {
-	vals []*tensor.Tensor
-	// detached marks values that are not the run's to release: cached
-	// shape values (their buffers belong to the shape cache).
-	detached []bool
-	// ent holds the memTracker entry of each tracked value.
-	ent    []*memEntry
+	// vals holds the values by slot, each with its tracking in one record
+	// (the run loop reads a slot's value, entry and mark together).
+	vals   []slotVal
 	inputs [][]*tensor.Tensor
 	kctx   []ops.Context
 	shapes *shapeCache // nil: no shape cache (subgraphs)
@@ -104,8 +101,17 @@ type frame struct {
 	sub bool
 }
 
+// slotVal is a frame slot: its value, the memTracker entry of a tracked
+// value, and whether the value is detached (not the run's to release:
+// a cached shape value, whose buffer belongs to the shape cache).
+type slotVal struct {
+	t        *tensor.Tensor
+	e        *memEntry
+	detached bool
+}
+
 func newFrame(p *Plan) *frame {
-	f := &frame{vals: make([]*tensor.Tensor, len(p.base)), detached: make([]bool, len(p.base)), ent: make([]*memEntry, len(p.base)),
+	f := &frame{vals: make([]slotVal, len(p.base)),
 		inputs: make([][]*tensor.Tensor, len(p.Nodes)), kctx: make([]ops.Context, len(p.Nodes))}
 	total := 0
 	for _, n := range p.Nodes {
@@ -121,7 +127,7 @@ func newFrame(p *Plan) *frame {
 // value returns the value of slot s in this run: the run's own, or the
 // initializer.
 func (f *frame) value(p *Plan, s int32) *tensor.Tensor {
-	if t := f.vals[s]; t != nil {
+	if t := f.vals[s].t; t != nil {
 		return t
 	}
 	return p.base[s]
@@ -139,18 +145,21 @@ func (f *frame) value(p *Plan, s int32) *tensor.Tensor {
 func (f *frame) clear() {
 	if f.shapes == nil {
 		clear(f.vals)
-		clear(f.ent)
-		clear(f.detached)
 		return
 	}
-	for s, d := range f.detached {
-		if !d {
-			f.vals[s] = nil
+	for s := range f.vals {
+		v := &f.vals[s]
+		if !v.detached {
+			v.t = nil
 		}
+		v.e = nil
 	}
-	clear(f.ent)
 }
 
 // forgetDetached makes the next clear drop the detached values too (after
 // a failed run, when the shape cache forgets them).
-func (f *frame) forgetDetached() { clear(f.detached) }
+func (f *frame) forgetDetached() {
+	for s := range f.vals {
+		f.vals[s].detached = false
+	}
+}

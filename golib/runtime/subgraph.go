@@ -50,12 +50,12 @@ func (s *subgraph) Run(parent ops.Scope, inputs []*tensor.Tensor) ([]*tensor.Ten
 	fr := newFrame(s.plan)
 	fr.sub = true
 	for i, in := range s.plan.Inputs {
-		fr.vals[s.plan.slots[in.Name]] = inputs[i]
+		fr.vals[s.plan.slots[in.Name]].t = inputs[i]
 		ps.mem.retain(inputs[i]) // the body's plan releases its inputs after their last use
 	}
 	for k, c := range s.plan.Captures {
 		if t, ok := child.Tensor(c); ok {
-			fr.vals[s.plan.captureSlots[k]] = t
+			fr.vals[s.plan.captureSlots[k]].t = t
 		}
 	}
 	// No pool inside subgraphs: a body's values may be carried into the
@@ -81,9 +81,9 @@ func (s *subgraph) Run(parent ops.Scope, inputs []*tensor.Tensor) ([]*tensor.Ten
 	for _, c := range s.plan.captureSlots {
 		captured[c] = true
 	}
-	for k, t := range fr.vals {
-		if t != nil && !captured[int32(k)] {
-			sc.mem.released(t)
+	for k, v := range fr.vals {
+		if v.t != nil && !captured[int32(k)] {
+			sc.mem.released(v.t)
 		}
 	}
 	return out, nil

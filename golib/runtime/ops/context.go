@@ -36,7 +36,13 @@ type Allocator interface {
 
 // Context carries one node's inputs and outputs for one Compute call. The
 // runtime fills it; kernels read inputs and set outputs.
+//
+// The fields Reset reads and writes for every call come first, so a call
+// touches few cache lines of a Context it has not used since the last run.
 type Context struct {
+	// spares holds, per output, what SetSpare offered for it and what this
+	// call made of it (outSpare), nil until the runtime offers a spare.
+	spares  []outSpare
 	inputs  []*tensor.Tensor
 	outputs []*tensor.Tensor
 	wanted  []bool
@@ -52,15 +58,33 @@ type Context struct {
 	// hdrs holds, per output, the tensor header the last call with an
 	// allocator made (recycled by the next such call, see tensor.Recycle).
 	hdrs []*tensor.Tensor
-	// spares holds, per output, a tensor of an earlier call nothing reads
-	// any more, offered by the runtime (SetSpare) for this call's output:
-	// spareOwned says whether its buffer is its own; made says which
-	// outputs this call allocated through NewOutput, fresh which have a
-	// header this call made (NewOutput, SetReshaped).
-	spares     []*tensor.Tensor
-	spareOwned []bool
-	made       []bool
-	fresh      []bool
+	// outBuf and hdrBuf back outputs and hdrs for nodes with at most
+	// inlineOutputs outputs (nearly all), so a call finds them in the
+	// Context's own memory instead of two more small allocations.
+	outBuf, hdrBuf [inlineOutputs]*tensor.Tensor
+}
+
+// inlineOutputs is the largest output count whose outputs and headers a
+// Context keeps in itself.
+const inlineOutputs = 2
+
+// perOutput returns a cleared slice of n tensors, in inline when n fits.
+func perOutput(inline *[inlineOutputs]*tensor.Tensor, n int) []*tensor.Tensor {
+	if n <= inlineOutputs {
+		*inline = [inlineOutputs]*tensor.Tensor{}
+		return inline[:n:n]
+	}
+	return make([]*tensor.Tensor, n)
+}
+
+// outSpare is a Context's record of one output of a node the runtime offers
+// spares (SetSpare): t is a tensor of an earlier call nothing reads any
+// more, offered for this call's output, owned whether its buffer is its
+// own; made says whether this call allocated the output through NewOutput,
+// fresh whether it has a header this call made (NewOutput, SetReshaped).
+type outSpare struct {
+	t                  *tensor.Tensor
+	owned, made, fresh bool
 }
 
 // NewContext prepares a context for one Compute call. inputs may contain nil
@@ -139,8 +163,8 @@ func (c *Context) newOutput(i int, dt tensor.DType, shape tensor.Shape, zero boo
 		}
 	}
 	c.outputs[i] = t
-	if len(c.made) == len(c.outputs) {
-		c.made[i], c.fresh[i] = true, true
+	if len(c.spares) == len(c.outputs) {
+		c.spares[i].made, c.spares[i].fresh = true, true
 	}
 	c.Allocated += int64(t.NumBytes())
 	return t, nil
@@ -158,23 +182,23 @@ func (c *Context) SetSpare(i int, t *tensor.Tensor, owned bool) {
 		return
 	}
 	if n := len(c.outputs); len(c.spares) != n {
-		c.spares, c.spareOwned, c.made, c.fresh = make([]*tensor.Tensor, n), make([]bool, n), make([]bool, n), make([]bool, n)
+		c.spares = make([]outSpare, n)
 	}
-	c.spares[i], c.spareOwned[i] = t, owned
+	c.spares[i].t, c.spares[i].owned = t, owned
 }
 
 // Made reports whether output i was allocated by NewOutput in this call
 // (its buffer is its own, not an input's or a view), as far as SetSpare was
 // used on this context; false otherwise.
 func (c *Context) Made(i int) bool {
-	return i >= 0 && i < len(c.made) && c.made[i] && c.outputs[i] != nil
+	return i >= 0 && i < len(c.spares) && c.spares[i].made && c.outputs[i] != nil
 }
 
 // Fresh reports whether output i's header was made by this call (NewOutput
 // or SetReshaped; not an input or a tensor passed through), as far as
 // SetSpare was used on this context; false otherwise.
 func (c *Context) Fresh(i int) bool {
-	return i >= 0 && i < len(c.fresh) && c.fresh[i] && c.outputs[i] != nil
+	return i >= 0 && i < len(c.spares) && c.spares[i].fresh && c.outputs[i] != nil
 }
 
 // spareOutput makes output i without an allocator: in the spare's header
@@ -185,8 +209,8 @@ func (c *Context) spareOutput(i int, dt tensor.DType, shape tensor.Shape, zero b
 	if i >= len(c.spares) {
 		return tensor.New(dt, shape)
 	}
-	sp, owned := c.spares[i], c.spareOwned[i]
-	c.spares[i] = nil
+	sp, owned := c.spares[i].t, c.spares[i].owned
+	c.spares[i].t = nil
 	nb, err := tensor.ByteSize(dt, shape)
 	if err != nil {
 		return nil, err
@@ -207,8 +231,8 @@ func (c *Context) takeSpare(i int) *tensor.Tensor {
 	if i >= len(c.spares) {
 		return nil
 	}
-	sp := c.spares[i]
-	c.spares[i] = nil
+	sp := c.spares[i].t
+	c.spares[i].t = nil
 	return sp
 }
 
@@ -223,7 +247,7 @@ func (c *Context) header(i int, dt tensor.DType, shape tensor.Shape, b []byte) (
 		return tensor.FromBytes(dt, shape, b)
 	}
 	if len(c.hdrs) != len(c.outputs) {
-		c.hdrs = make([]*tensor.Tensor, len(c.outputs))
+		c.hdrs = perOutput(&c.hdrBuf, len(c.outputs))
 	}
 	t, err := tensor.Recycle(c.hdrs[i], dt, shape, b)
 	if err == nil {
@@ -248,8 +272,8 @@ func (c *Context) SetReshaped(i int, x *tensor.Tensor, shape tensor.Shape) error
 		return err
 	}
 	c.outputs[i] = y
-	if len(c.fresh) == len(c.outputs) {
-		c.made[i], c.fresh[i] = false, true
+	if len(c.spares) == len(c.outputs) {
+		c.spares[i].made, c.spares[i].fresh = false, true
 	}
 	return nil
 }
@@ -261,8 +285,8 @@ func (c *Context) SetOutput(i int, t *tensor.Tensor) error {
 		return fmt.Errorf("%w: output %d of %d", errs.ErrInvalidArgument, i, len(c.outputs))
 	}
 	c.outputs[i] = t
-	if len(c.fresh) == len(c.outputs) {
-		c.made[i], c.fresh[i] = false, false
+	if len(c.spares) == len(c.outputs) {
+		c.spares[i].made, c.spares[i].fresh = false, false
 	}
 	return nil
 }

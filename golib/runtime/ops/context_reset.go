@@ -14,17 +14,15 @@ func (c *Context) Reset(inputs []*tensor.Tensor, wanted []bool, threads int, sco
 	if len(c.outputs) == len(wanted) {
 		clear(c.outputs)
 	} else {
-		c.outputs = make([]*tensor.Tensor, len(wanted))
+		c.outputs = perOutput(&c.outBuf, len(wanted))
 	}
 	c.scratch.reset()
 	switch {
 	case c.spares == nil: // the usual case: the runtime offers no spares to this node
 	case len(c.spares) == len(wanted):
 		clear(c.spares)
-		clear(c.made)
-		clear(c.fresh)
 	default:
-		c.spares, c.spareOwned, c.made, c.fresh = nil, nil, nil, nil
+		c.spares = nil
 	}
 	c.inputs, c.wanted, c.threads, c.scope, c.alloc, c.Allocated = inputs, wanted, threads, scope, alloc, 0
 }

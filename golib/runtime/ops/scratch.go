@@ -25,17 +25,17 @@ const (
 )
 
 // scratch is a Context's pair of bump allocators.
+//
+// The offsets come first, side by side: Context.Reset writes them for every
+// node call, and they share a cache line with the Context fields it writes.
 type scratch struct {
-	ints    []int
-	intsOff int
-	i64     []int64
-	i64Off  int
-	bools   []bool
-	boolOff int
-	f32     []float32
-	f32Off  int
-	f64     []float64
-	f64Off  int
+	intsOff, i64Off, boolOff, f32Off, f64Off int
+
+	ints  []int
+	i64   []int64
+	bools []bool
+	f32   []float32
+	f64   []float64
 }
 
 func (s *scratch) reset() { s.intsOff, s.i64Off, s.boolOff, s.f32Off, s.f64Off = 0, 0, 0, 0, 0 }
