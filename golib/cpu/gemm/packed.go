@@ -236,6 +236,11 @@ func packedSlivers(ks *kernels, b *PackedB, m int, rows *[skinnyRows][]float32, 
 		sliverScratchPool.Put(sc)
 	}()
 	acc, sub := &sc.acc, &sc.sub
+	// One row of a float32 pack with alpha 1 (a decode step's projection):
+	// the full slivers' sums go straight into C, k-block after k-block,
+	// with no partial tile to clear and add back.
+	direct := m == 1 && alpha == 1 && b.h == nil && ks.panelRow != nil
+	full := n / packNR // slivers with packNR columns of C
 	for s := s0; s < s1; {
 		jb := s / slabSlivers
 		e := min(s1, (jb+1)*slabSlivers)
@@ -269,10 +274,17 @@ func packedSlivers(ks *kernels, b *PackedB, m int, rows *[skinnyRows][]float32, 
 			slab := b.slab(jb, l0, kc)
 			for q := s; q < e; q++ {
 				jr := (q - jb*slabSlivers) * packNR
+				if direct && q < full {
+					ks.panelRow(kc, sub[0], slab[jr*kc:(jr+packNR)*kc], (*[packNR]float32)(c[q*packNR:(q+1)*packNR]))
+					continue
+				}
 				ks.panel(m, kc, sub, slab[jr*kc:(jr+packNR)*kc], &acc[q-s])
 			}
 		}
 		for q := s; q < e; q++ {
+			if direct && q < full {
+				continue
+			}
 			j0 := q * packNR
 			w := min(packNR, n-j0)
 			for i := range m {

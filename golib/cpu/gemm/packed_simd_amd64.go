@@ -27,6 +27,22 @@ func panelAVX512(m, k int, a *[skinnyRows][]float32, p []float32, out *[skinnyRo
 	}
 }
 
+// panelRowAVX512 is panelAVX512 for one row, adding into a single row.
+func panelRowAVX512(k int, a []float32, p []float32, out *[packNR]float32) {
+	if k <= 0 {
+		return
+	}
+	panel1zasm(k, unsafe.SliceData(a[:k]), unsafe.SliceData(p[:k*packNR]), &out[0])
+}
+
+// panelRowAVX2 is panelAVX2 for one row, adding into a single row.
+func panelRowAVX2(k int, a []float32, p []float32, out *[packNR]float32) {
+	if k <= 0 {
+		return
+	}
+	panel1asm(k, unsafe.SliceData(a[:k]), unsafe.SliceData(p[:k*packNR]), &out[0])
+}
+
 //go:generate sh -c "python3 asmgen_panel512.py > panel_avx512_amd64.s"
 
 //go:noescape

@@ -40,9 +40,11 @@ func TestSgemmPacked(t *testing.T) {
 							ldc := n + 1
 							c := randSlice(r, m*ldc)
 							want := append([]float32(nil), c...)
-							alpha, beta := float32(0.75), float32(0.5)
+							// alpha 1 on one thread: one row then adds the full
+							// slivers straight into C (panelRow).
+							alpha, beta := float32(1), float32(0.5)
 							if threads == 3 {
-								beta = 0
+								alpha, beta = 0.75, 0
 							}
 							naive(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, want, ldc)
 							pb, err := PackB(transB, k, n, b, ldb)
