@@ -22,7 +22,7 @@ func BenchmarkFMAPeak(b *testing.B) {
 }
 
 // BenchmarkSmallM times one-thread products of 4 and 16 rows of op(A) by
-// a packed B of 1024-4096 (the prefill of a short prompt, a few sequences'
+// a packed B of 512-4096 (the prefill of a short prompt, a few sequences'
 // decode step) on each SIMD path, in GFLOP/s; set against BenchmarkFMAPeak
 // (run in the same process: -bench 'FMAPeak|SmallM') for the fraction of
 // the FMA peak.
@@ -31,7 +31,7 @@ func BenchmarkSmallM(b *testing.B) {
 	a := randSlice(r, 16*4096)
 	c := make([]float32, 16*4096)
 	defer SetPath(Path())
-	for _, s := range [][2]int{{1024, 1024}, {1024, 4096}, {4096, 1024}} {
+	for _, s := range [][2]int{{1024, 1024}, {512, 2048}, {1024, 4096}, {4096, 1024}} {
 		k, n := s[0], s[1]
 		pb, err := PackB(false, k, n, randSlice(r, k*n), n)
 		if err != nil {
