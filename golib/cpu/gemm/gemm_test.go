@@ -367,5 +367,25 @@ func TestSgemmSmallRows(t *testing.T) {
 				}
 			}
 		}
+		// One row, alpha 1, on two threads, with a partial last sliver: the
+		// tasks of full slivers write C directly (packedRow), the last one
+		// goes through the partial tile.
+		n, k := 40*packNR+5, 1024
+		a, b := randSlice(r, k), randSlice(r, k*n)
+		want := make([]float32, n)
+		naive(false, false, 1, n, k, 1, a, k, b, n, 0, want, n)
+		pb, err := PackB(false, k, n, b, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := randSlice(r, n)
+		if err := SgemmPacked(2, false, 1, 1, a, k, pb, 0, c, n); err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			if math.Abs(float64(c[i]-want[i])) > 1e-3*(1+math.Abs(float64(want[i]))) {
+				t.Fatalf("one row, two threads: C[%d] = %v, want %v", i, c[i], want[i])
+			}
+		}
 	})
 }
