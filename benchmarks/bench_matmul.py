@@ -15,7 +15,10 @@ kernels), so the AVX2 kernels can be measured on an AVX-512 machine; several pat
 (``--kernel avx2 avx512``) run side by side on one session, alternating with onnxruntime in
 the same blocks (columns ``ours-<path>_*`` and ``speedup_<path>``).
 
-Run: ``python benchmarks/bench_matmul.py [--quick] [--kernel avx2 avx512]``.
+``--preset small`` times the one-row products of a small export (weights of 256 x 64 to
+1024 x 256, in the caches), where a call's fixed cost shows.
+
+Run: ``python benchmarks/bench_matmul.py [--quick] [--preset small] [--kernel avx2 avx512]``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES: List[Tuple[int, int, int]] = [(1, 1024, 4096), (1, 4096, 1024), (4, 1024, 4096), (1, 1024, 32000),
                                       (16, 1024, 1024), (16, 512, 2048), (128, 1024, 1024), (512, 1024, 4096)]
 QUICK_SHAPES: List[Tuple[int, int, int]] = [(1, 1024, 4096), (4, 1024, 4096), (128, 1024, 1024)]
+# ``--preset small``: the decode-step products of a small Llama-style export (hidden 256, one
+# KV head of 64, MLP 512, a tied 1024-word head: tests/fixtures trained-llama-*), whose weights
+# sit in the L2/L3, so a call's fixed cost and the in-cache rate decide, not DRAM bandwidth.
+SMALL_SHAPES: List[Tuple[int, int, int]] = [(1, 256, 64), (1, 256, 256), (1, 256, 512), (1, 512, 256),
+                                            (1, 256, 1024)]
 
 
 def matmul_model(k: int, n: int, dtype: str, seed: int = 0) -> bytes:
@@ -67,6 +75,9 @@ def sessions(model: bytes, threads: int) -> Dict[str, Any]:
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="three shapes, float32, one thread, few samples")
+    p.add_argument("--preset", choices=["default", "small"], default="default",
+                   help="shape set: default (1-512 rows, hidden 1024-4096) or small (one row, the small "
+                        "fixture export's projections, 256 x 64 to 1024 x 256)")
     p.add_argument("--kernel", choices=["auto", "avx2", "avx512", "go"], nargs="+", default=["auto"],
                    help="our kernel paths (attention and GEMM, as onnx_light_kv.set_kernel), run side by side")
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -76,7 +87,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--name", default="matmul", help="results file prefix")
     p.add_argument("--results-dir", default=_common.RESULTS_DIR)
     a = p.parse_args(argv)
-    a.shapes = QUICK_SHAPES if a.quick else SHAPES
+    a.shapes = QUICK_SHAPES if a.quick else SMALL_SHAPES if a.preset == "small" else SHAPES
     if a.quick:
         a.threads, a.dtypes, a.samples = [1], ["float32"], min(a.samples, 15)
     return a
@@ -135,7 +146,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(_common.SPEEDUP)
     payload = {"benchmark": "MatMul with a constant weight, ours vs onnxruntime", "kernels": kernels,
                "config": {"shapes": args.shapes, "dtypes": args.dtypes, "threads": args.threads,
-                          "samples": args.samples, "warmup": args.warmup, "quick": args.quick},
+                          "samples": args.samples, "warmup": args.warmup, "quick": args.quick,
+                          "preset": args.preset},
                "environment": env,
                "load_average_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
                "rows": rows, "raw": raw}

@@ -14,5 +14,6 @@ import (
 func TestAsmgenInSync(t *testing.T) {
 	asmsync.Check(t, "./golib/cpu/gemm",
 		asmsync.Pair{Script: "asmgen_panel.py", File: "panel_avx2_amd64.s"},
+		asmsync.Pair{Script: "asmgen_panel512.py", File: "panel_avx512_amd64.s"},
 		asmsync.Pair{Script: "asmgen_tile.py", File: "tile_avx2_amd64.s"})
 }

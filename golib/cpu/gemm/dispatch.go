@@ -45,6 +45,9 @@ type kernels struct {
 	// panel adds sum_l a[i][l]*p[l*packNR+j] to out[i][j] for i < m over
 	// one packed sliver p of k rows (a k-block of PackB's layout).
 	panel func(m, k int, a *[skinnyRows][]float32, p []float32, out *[skinnyRows][packNR]float32)
+	// panelRow, when set, is panel for one row (m = 1) adding into one
+	// row of packNR values, which may be C itself.
+	panelRow func(k int, a []float32, p []float32, out *[packNR]float32)
 	// panelHalf, when set, is panel over a 16-bit sliver (PackBHalf) of
 	// encoding kind; without it the sliver is widened first (cvt16).
 	panelHalf func(kind Half, m, k int, a *[skinnyRows][]float32, p []uint16, out *[skinnyRows][packNR]float32)

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
 )
 
 // naive is the reference: a triple loop in float64.
@@ -318,4 +320,72 @@ func TestSkinnyOneThreadAllocs(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestSgemmSmallRows checks every row count of 1-17 (every edge panel of
+// the 3-row and 8-row tiles, the packed decode path up to four rows)
+// against naive, with B as stored, packed (PackB) and packed as float16
+// (PackBHalf), for column counts that are not multiples of a sliver and
+// inner sizes that cross a k-block.
+func TestSgemmSmallRows(t *testing.T) {
+	withPath(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(17, 18))
+		for m := 1; m <= 17; m++ {
+			for _, nk := range [][2]int{{33, 7}, {70, 300}} {
+				n, k := nk[0], nk[1]
+				compare(t, r, false, false, m, n, k, 1, 0, 2)
+				a, b := randSlice(r, m*k), randSlice(r, k*n)
+				bh := make([]uint16, k*n)
+				for i := range b {
+					bh[i] = codec.F32ToF16(b[i])
+					b[i] = codec.F16ToF32(bh[i])
+				}
+				want := make([]float32, m*n)
+				naive(false, false, m, n, k, 0.5, a, k, b, n, 0, want, n)
+				pb, err := PackB(false, k, n, b, n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ph, err := PackBHalf(Float16, false, k, n, bh, n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, p := range []*PackedB{pb, ph} {
+					if !PackedServes(m) {
+						continue
+					}
+					c := randSlice(r, m*n)
+					if err := SgemmPacked(1, false, m, 0.5, a, k, p, 0, c, n); err != nil {
+						t.Fatal(err)
+					}
+					tol := 1e-5 * math.Sqrt(float64(k)+1) * 8
+					for i := range want {
+						if math.Abs(float64(c[i]-want[i])) > tol*(1+math.Abs(float64(want[i]))) {
+							t.Fatalf("m=%d n=%d k=%d half=%v: C[%d] = %v, want %v", m, n, k, p.h != nil, i, c[i], want[i])
+						}
+					}
+				}
+			}
+		}
+		// One row, alpha 1, on two threads, with a partial last sliver: the
+		// tasks of full slivers write C directly (packedRow), the last one
+		// goes through the partial tile.
+		n, k := 40*packNR+5, 1024
+		a, b := randSlice(r, k), randSlice(r, k*n)
+		want := make([]float32, n)
+		naive(false, false, 1, n, k, 1, a, k, b, n, 0, want, n)
+		pb, err := PackB(false, k, n, b, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := randSlice(r, n)
+		if err := SgemmPacked(2, false, 1, 1, a, k, pb, 0, c, n); err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			if math.Abs(float64(c[i]-want[i])) > 1e-3*(1+math.Abs(float64(want[i]))) {
+				t.Fatalf("one row, two threads: C[%d] = %v, want %v", i, c[i], want[i])
+			}
+		}
+	})
 }

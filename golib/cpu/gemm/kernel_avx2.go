@@ -8,15 +8,16 @@ import (
 )
 
 var avx2Kernels = kernels{
-	name:  "avx2",
-	mr:    3,
-	nr:    32,
-	micro: microAVX2,
-	axpy4: axpy4AVX2,
-	axpy:  axpyAVX2,
-	dot:   dotAVX2,
-	cvt16: cvt16AVX2,
-	panel: panelAVX2,
+	name:     "avx2",
+	mr:       3,
+	nr:       32,
+	micro:    microAVX2,
+	axpy4:    axpy4AVX2,
+	axpy:     axpyAVX2,
+	dot:      dotAVX2,
+	cvt16:    cvt16AVX2,
+	panel:    panelAVX2,
+	panelRow: panelRowAVX2,
 
 	microRows: microRowsAVX2,
 	microHalf: microHalfAVX2,

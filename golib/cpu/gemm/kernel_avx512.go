@@ -21,6 +21,7 @@ var avx512Kernels = kernels{
 	axpy8:     axpy8AVX512,
 	axpy8m:    axpy8mAVX512,
 	panel:     panelAVX512,
+	panelRow:  panelRowAVX512,
 }
 
 type f16 = archsimd.Float32x16

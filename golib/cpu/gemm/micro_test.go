@@ -109,11 +109,12 @@ func checkMicro(t *testing.T, ks *kernels, half Half, rows, kc int, nonFinite bo
 
 // TestPanelKernels checks every variant's decode-step panel kernel (one to
 // four rows over one packed sliver) against a float64 loop: it must add
-// into out, leave the rows past m alone, and handle odd k.
+// into out, leave the rows past m alone, and handle every k modulo the
+// unrolling (four steps for one row on AVX-512).
 func TestPanelKernels(t *testing.T) {
 	for _, ks := range registry {
 		for m := 1; m <= skinnyRows; m++ {
-			for _, k := range []int{1, 2, 3, 5, 64, 255, kcBlock} {
+			for _, k := range []int{1, 2, 3, 4, 5, 6, 7, 9, 64, 255, kcBlock} {
 				t.Run(fmt.Sprintf("%s/m%d/k%d", ks.name, m, k), func(t *testing.T) {
 					r := rand.New(rand.NewPCG(uint64(m), uint64(k)))
 					p := randSlice(r, k*packNR)

@@ -230,6 +230,10 @@ var sliverScratchPool = sync.Pool{New: func() any { return new(sliverScratch) }}
 func packedSlivers(ks *kernels, b *PackedB, m int, rows *[skinnyRows][]float32, s0, s1 int, alpha float32,
 	c []float32, ldc int) {
 	k, n := b.k, b.n
+	if m == 1 && alpha == 1 && b.h == nil && ks.panelRow != nil && s1 <= n/packNR {
+		packedRow(ks, b, rows[0], s0, s1, c)
+		return
+	}
 	sc := sliverScratchPool.Get().(*sliverScratch)
 	defer func() {
 		sc.sub = [skinnyRows][]float32{} // keep no caller memory alive in the pool
@@ -280,6 +284,27 @@ func packedSlivers(ks *kernels, b *PackedB, m int, rows *[skinnyRows][]float32, 
 				for j := range ci {
 					ci[j] += alpha * acc[q-s][i][j]
 				}
+			}
+		}
+		s = e
+	}
+}
+
+// packedRow is packedSlivers for one row of op(A), alpha 1, a float32 pack
+// and full slivers only (a decode step's projection): each sliver's sums go
+// straight into its 32 columns of C, k-block after k-block, with no
+// partial tile to clear and add back and no pooled scratch.
+func packedRow(ks *kernels, b *PackedB, a []float32, s0, s1 int, c []float32) {
+	k := b.k
+	for s := s0; s < s1; {
+		jb := s / slabSlivers
+		e := min(s1, (jb+1)*slabSlivers)
+		for l0 := 0; l0 < k; l0 += kcBlock {
+			kc := min(kcBlock, k-l0)
+			slab := b.slab(jb, l0, kc)
+			for q := s; q < e; q++ {
+				jr := (q - jb*slabSlivers) * packNR
+				ks.panelRow(kc, a[l0:l0+kc], slab[jr*kc:(jr+packNR)*kc], (*[packNR]float32)(c[q*packNR:(q+1)*packNR]))
 			}
 		}
 		s = e

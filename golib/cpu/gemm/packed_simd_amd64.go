@@ -2,83 +2,60 @@
 
 package gemm
 
-import (
-	"simd/archsimd"
-	"unsafe"
-)
+import "unsafe"
 
-// panelAVX512 keeps the m x 32 tile in zmm accumulators over the whole
-// panel, which it reads once as one contiguous run, and adds the tile to
-// out at the end. One row uses four accumulators (two steps of the inner
-// dimension in flight) so the FMA latency does not bound the stream; more
-// rows run four at a time (a missing row repeats the last one and its
-// result is ignored).
+// panelAVX512 runs the AVX-512 assembly panel kernels (panel_avx512_amd64.s):
+// the m x 32 tile in zmm accumulators over the whole sliver, which is read
+// once as one contiguous run, with the inner loop unrolled so that at
+// least eight accumulators are in flight, and the tile added to out at the
+// end (asmgen_panel512.py says why).
 func panelAVX512(m, k int, a *[skinnyRows][]float32, p []float32, out *[skinnyRows][packNR]float32) {
-	p = p[:k*packNR]
-	pb := unsafe.Pointer(unsafe.SliceData(p))
-	ld := func(off int) f16 {
-		return archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(pb, off*4)))
-	}
-	if m == 1 {
-		a0 := a[0][:k]
-		var c0, c1, d0, d1 f16
-		l := 0
-		for ; l+2 <= k; l += 2 {
-			v0, v1 := bcast16(a0[l]), bcast16(a0[l+1])
-			o := l * packNR
-			c0 = ld(o).MulAdd(v0, c0)
-			c1 = ld(o+16).MulAdd(v0, c1)
-			d0 = ld(o+32).MulAdd(v1, d0)
-			d1 = ld(o+48).MulAdd(v1, d1)
-		}
-		if l < k {
-			v0 := bcast16(a0[l])
-			c0 = ld(l*packNR).MulAdd(v0, c0)
-			c1 = ld(l*packNR+16).MulAdd(v0, c1)
-		}
-		o0, o1 := (*[16]float32)(out[0][:16]), (*[16]float32)(out[0][16:])
-		c0.Add(d0).Add(archsimd.LoadFloat32x16(o0)).Store(o0)
-		c1.Add(d1).Add(archsimd.LoadFloat32x16(o1)).Store(o1)
+	if k <= 0 || m <= 0 {
 		return
 	}
-	var r [4][]float32
-	for i := range 4 {
-		r[i] = a[min(i, m-1)][:k]
-	}
-	r0, r1, r2, r3 := r[0], r[1], r[2], r[3]
-	var c00, c01, c10, c11, c20, c21, c30, c31 f16
-	for l := range k {
-		o := l * packNR
-		b0, b1 := ld(o), ld(o+16)
-		v := bcast16(r0[l])
-		c00 = b0.MulAdd(v, c00)
-		c01 = b1.MulAdd(v, c01)
-		v = bcast16(r1[l])
-		c10 = b0.MulAdd(v, c10)
-		c11 = b1.MulAdd(v, c11)
-		v = bcast16(r2[l])
-		c20 = b0.MulAdd(v, c20)
-		c21 = b1.MulAdd(v, c21)
-		v = bcast16(r3[l])
-		c30 = b0.MulAdd(v, c30)
-		c31 = b1.MulAdd(v, c31)
-	}
-	add := func(i int, lo, hi f16) {
-		o0, o1 := (*[16]float32)(out[i][:16]), (*[16]float32)(out[i][16:])
-		lo.Add(archsimd.LoadFloat32x16(o0)).Store(o0)
-		hi.Add(archsimd.LoadFloat32x16(o1)).Store(o1)
-	}
-	add(0, c00, c01)
-	if m > 1 {
-		add(1, c10, c11)
-	}
-	if m > 2 {
-		add(2, c20, c21)
-	}
-	if m > 3 {
-		add(3, c30, c31)
+	pp := unsafe.SliceData(p[:k*packNR])
+	row := func(i int) *float32 { return unsafe.SliceData(a[i][:k]) }
+	switch m {
+	case 1:
+		panel1zasm(k, row(0), pp, &out[0][0])
+	case 2:
+		panel2zasm(k, row(0), row(1), pp, &out[0][0])
+	case 3:
+		panel3zasm(k, row(0), row(1), row(2), pp, &out[0][0])
+	default:
+		panel4zasm(k, row(0), row(1), row(2), row(3), pp, &out[0][0])
 	}
 }
+
+// panelRowAVX512 is panelAVX512 for one row, adding into a single row.
+func panelRowAVX512(k int, a []float32, p []float32, out *[packNR]float32) {
+	if k <= 0 {
+		return
+	}
+	panel1zasm(k, unsafe.SliceData(a[:k]), unsafe.SliceData(p[:k*packNR]), &out[0])
+}
+
+// panelRowAVX2 is panelAVX2 for one row, adding into a single row.
+func panelRowAVX2(k int, a []float32, p []float32, out *[packNR]float32) {
+	if k <= 0 {
+		return
+	}
+	panel1asm(k, unsafe.SliceData(a[:k]), unsafe.SliceData(p[:k*packNR]), &out[0])
+}
+
+//go:generate sh -c "python3 asmgen_panel512.py > panel_avx512_amd64.s"
+
+//go:noescape
+func panel1zasm(k int, a0 *float32, p *float32, out *float32)
+
+//go:noescape
+func panel2zasm(k int, a0, a1 *float32, p *float32, out *float32)
+
+//go:noescape
+func panel3zasm(k int, a0, a1, a2 *float32, p *float32, out *float32)
+
+//go:noescape
+func panel4zasm(k int, a0, a1, a2, a3 *float32, p *float32, out *float32)
 
 //go:noescape
 func panel1asm(k int, a *float32, p *float32, out *float32)

@@ -40,9 +40,11 @@ func TestSgemmPacked(t *testing.T) {
 							ldc := n + 1
 							c := randSlice(r, m*ldc)
 							want := append([]float32(nil), c...)
-							alpha, beta := float32(0.75), float32(0.5)
+							// alpha 1 on one thread: one row then adds the full
+							// slivers straight into C (panelRow).
+							alpha, beta := float32(1), float32(0.5)
 							if threads == 3 {
-								beta = 0
+								alpha, beta = 0.75, 0
 							}
 							naive(transA, transB, m, n, k, alpha, a, lda, b, ldb, beta, want, ldc)
 							pb, err := PackB(transB, k, n, b, ldb)
@@ -252,6 +254,63 @@ func BenchmarkPrefillPacked(b *testing.B) {
 					b.ReportMetric(float64(m)*float64(flops)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 				})
 			}
+		}
+	}
+}
+
+// smallStep is the MatMul shapes (k, n) of one decode step of a small
+// Llama-style export (hidden 256, one KV head of 64, MLP 512, four layers,
+// a tied 1024-word head): weights that fit in the L2/L3, where a call's
+// fixed cost and the in-cache rate matter, not DRAM bandwidth.
+var smallStep = func() [][2]int {
+	var s [][2]int
+	for range 4 {
+		s = append(s, [2]int{256, 256}, [2]int{256, 64}, [2]int{256, 64}, [2]int{256, 256},
+			[2]int{256, 512}, [2]int{256, 512}, [2]int{512, 256})
+	}
+	return append(s, [2]int{256, 1024})
+}()
+
+// BenchmarkSmallStepPacked runs the products of smallStep (one row, the
+// weights packed) per path: the whole step as the export runs it, and each
+// shape alone (its weights hot in L1/L2).
+func BenchmarkSmallStepPacked(b *testing.B) {
+	r := rand.New(rand.NewPCG(7, 8))
+	ws := make([]*PackedB, len(smallStep))
+	total := 0
+	for i, s := range smallStep {
+		pb, err := PackB(false, s[0], s[1], randSlice(r, s[0]*s[1]), s[1])
+		if err != nil {
+			b.Fatal(err)
+		}
+		ws[i], total = pb, total+4*s[0]*s[1]
+	}
+	a := randSlice(r, 4*512)
+	c := make([]float32, 4*1024)
+	defer SetPath(Path())
+	for _, path := range Paths()[1:] {
+		b.Run("step/"+path, func(b *testing.B) {
+			SetPath(path)
+			b.SetBytes(int64(total))
+			for b.Loop() {
+				for i, s := range smallStep {
+					if err := SgemmPacked(1, false, 1, 1, a, s[0], ws[i], 0, c, s[1]); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+		for _, i := range []int{0, 1, 4, 6, len(smallStep) - 1} {
+			s := smallStep[i]
+			b.Run(fmt.Sprintf("%dx%d/%s", s[0], s[1], path), func(b *testing.B) {
+				SetPath(path)
+				b.SetBytes(int64(4 * s[0] * s[1]))
+				for b.Loop() {
+					if err := SgemmPacked(1, false, 1, 1, a, s[0], ws[i], 0, c, s[1]); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
 		}
 	}
 }

@@ -57,6 +57,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 )
 
 // ErrShape reports inputs whose shapes or attributes do not fit together.
@@ -133,8 +134,11 @@ type Geometry struct {
 	// Threads bounds the threads Run may use (0: all of the gemm pool's).
 	Threads int
 
-	// Output shapes (present and qk are always 4D).
+	// Output shapes (present and qk are always 4D). They are views of
+	// shapes below: a Geometry is not copied (PlanInto fills one in place).
 	YShape, PresentKeyShape, PresentValueShape, QKShape []int
+
+	shapes [4][4]int // the backing arrays of the output shapes
 
 	maskDims    [4]int // right-aligned to (batch, q_heads, q_len, mask_len)
 	maskStrides [4]int // 0 on broadcast axes
@@ -142,45 +146,60 @@ type Geometry struct {
 
 // Plan validates shapes and attributes and derives the geometry.
 func Plan(a Attrs, s Shapes) (*Geometry, error) {
-	g := &Geometry{Attrs: a}
-	if err := g.planQKV(s); err != nil {
+	g := new(Geometry)
+	if err := PlanInto(g, a, s); err != nil {
 		return nil, err
+	}
+	return g, nil
+}
+
+// PlanInto is Plan into a Geometry the caller owns (a pooled one: a decode
+// step plans every layer's call, and Plan's allocation was one of a call's
+// fixed costs). Every field of g is overwritten.
+func PlanInto(g *Geometry, a Attrs, s Shapes) error {
+	*g = Geometry{Attrs: a}
+	if err := g.planQKV(s); err != nil {
+		return err
 	}
 	if err := g.planPast(s); err != nil {
-		return nil, err
+		return err
 	}
 	if err := g.planAttrs(); err != nil {
-		return nil, err
+		return err
 	}
 	if err := g.planMask(s.Mask); err != nil {
-		return nil, err
+		return err
 	}
 	if s.NonpadKVSeqlen != nil {
 		if len(s.NonpadKVSeqlen) != 1 || s.NonpadKVSeqlen[0] != g.Batch {
-			return nil, fmt.Errorf("%w: nonpad_kv_seqlen shape %v, want [%d]", ErrShape, s.NonpadKVSeqlen, g.Batch)
+			return fmt.Errorf("%w: nonpad_kv_seqlen shape %v, want [%d]", ErrShape, slices.Clone(s.NonpadKVSeqlen), g.Batch)
 		}
 		if g.HasPast {
-			return nil, fmt.Errorf("%w: nonpad_kv_seqlen cannot be combined with past_key/past_value", ErrShape)
+			return fmt.Errorf("%w: nonpad_kv_seqlen cannot be combined with past_key/past_value", ErrShape)
 		}
 		g.HasNonpad = true
 	}
+	sh := &g.shapes
 	if g.Input3D {
-		g.YShape = []int{g.Batch, g.QLen, g.QHeads * g.HeadDimV}
+		sh[0] = [4]int{g.Batch, g.QLen, g.QHeads * g.HeadDimV}
+		g.YShape = sh[0][:3]
 	} else {
-		g.YShape = []int{g.Batch, g.QHeads, g.QLen, g.HeadDimV}
+		sh[0] = [4]int{g.Batch, g.QHeads, g.QLen, g.HeadDimV}
+		g.YShape = sh[0][:]
 	}
-	g.PresentKeyShape = []int{g.Batch, g.KVHeads, g.TotalLen, g.HeadDimK}
-	g.PresentValueShape = []int{g.Batch, g.KVHeads, g.TotalLen, g.HeadDimV}
-	g.QKShape = []int{g.Batch, g.QHeads, g.QLen, g.TotalLen}
+	sh[1] = [4]int{g.Batch, g.KVHeads, g.TotalLen, g.HeadDimK}
+	sh[2] = [4]int{g.Batch, g.KVHeads, g.TotalLen, g.HeadDimV}
+	sh[3] = [4]int{g.Batch, g.QHeads, g.QLen, g.TotalLen}
+	g.PresentKeyShape, g.PresentValueShape, g.QKShape = sh[1][:], sh[2][:], sh[3][:]
 	// Every buffer size must be representable (Run compares lengths with
 	// these products).
-	for _, sh := range [][]int{s.Q, s.K, s.V, s.Mask, s.PastKey, s.PastValue, g.YShape,
+	for _, sh := range [...][]int{s.Q, s.K, s.V, s.Mask, s.PastKey, s.PastValue, g.YShape,
 		g.PresentKeyShape, g.PresentValueShape, g.QKShape} {
 		if _, ok := checkedProd(sh); !ok {
-			return nil, fmt.Errorf("%w: %v has too many elements", ErrShape, sh)
+			return fmt.Errorf("%w: %v has too many elements", ErrShape, slices.Clone(sh))
 		}
 	}
-	return g, nil
+	return nil
 }
 
 // checkedProd multiplies non-negative dimensions and reports overflow.

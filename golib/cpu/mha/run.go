@@ -3,6 +3,7 @@ package mha
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -53,6 +54,12 @@ func (g *Geometry) Run(in Inputs, out Outputs) error {
 	if unitDecode && g.streamMath(out) && g.nonpadFits(in) {
 		return g.engine(in, out, nonFinite)
 	}
+	return g.runUnits(in, out, nonFinite)
+}
+
+// runUnits is Run on the products-based units (the calls the streaming
+// engine does not take).
+func (g *Geometry) runUnits(in Inputs, out Outputs, nonFinite func([]float32) bool) error {
 	spans := g.Batch * (g.QHeads / g.spanHeads())
 	rows := g.spanHeads() * g.QLen
 	blocks := (rows + rowBlock - 1) / rowBlock
@@ -106,37 +113,47 @@ func (g *Geometry) Run(in Inputs, out Outputs) error {
 }
 
 func (g *Geometry) checkData(in Inputs, out Outputs) error {
-	check := func(name string, n int, shape []int) error {
-		if want := prod(shape); n != want {
-			return fmt.Errorf("%w: %s has %d elements, shape %v needs %d", ErrShape, name, n, shape, want)
-		}
-		return nil
-	}
 	qShape, kShape, vShape := g.inputShapes()
-	errs := []error{
-		check("Q", len(in.Q), qShape), check("K", len(in.K), kShape), check("V", len(in.V), vShape),
-		check("Y", len(out.Y), g.YShape),
+	r := 4
+	if g.Input3D {
+		r = 3
+	}
+	pk := [4]int{g.Batch, g.KVHeads, g.PastLen, g.HeadDimK}
+	pv := [4]int{g.Batch, g.KVHeads, g.PastLen, g.HeadDimV}
+	if err := firstErr(
+		checkLen("Q", len(in.Q), qShape[:r]), checkLen("K", len(in.K), kShape[:r]), checkLen("V", len(in.V), vShape[:r]),
+		checkLen("Y", len(out.Y), g.YShape)); err != nil {
+		return err
 	}
 	if g.HasPast {
-		errs = append(errs,
-			check("past_key", len(in.PastKey), []int{g.Batch, g.KVHeads, g.PastLen, g.HeadDimK}),
-			check("past_value", len(in.PastValue), []int{g.Batch, g.KVHeads, g.PastLen, g.HeadDimV}))
+		if err := firstErr(checkLen("past_key", len(in.PastKey), pk[:]),
+			checkLen("past_value", len(in.PastValue), pv[:])); err != nil {
+			return err
+		}
 	}
 	if out.PresentKey != nil {
-		errs = append(errs, check("present_key", len(out.PresentKey), g.PresentKeyShape))
+		if err := checkLen("present_key", len(out.PresentKey), g.PresentKeyShape); err != nil {
+			return err
+		}
 	}
 	if out.PresentValue != nil {
-		errs = append(errs, check("present_value", len(out.PresentValue), g.PresentValueShape))
+		if err := checkLen("present_value", len(out.PresentValue), g.PresentValueShape); err != nil {
+			return err
+		}
 	}
 	if out.QK != nil {
-		errs = append(errs, check("qk_matmul_output", len(out.QK), g.QKShape))
+		if err := checkLen("qk_matmul_output", len(out.QK), g.QKShape); err != nil {
+			return err
+		}
 	}
 	if g.HasMask {
 		if (in.Mask.Float == nil) == (in.Mask.Bool == nil) {
 			return fmt.Errorf("%w: attn_mask needs exactly one of Float or Bool data", ErrShape)
 		}
 		n := len(in.Mask.Float) + len(in.Mask.Bool)
-		errs = append(errs, check("attn_mask", n, g.maskDims[:]))
+		if err := checkLen("attn_mask", n, g.maskDims[:]); err != nil {
+			return err
+		}
 	}
 	if in.HeadSink != nil && (!g.SmoothSoftmax || len(in.HeadSink) != g.QHeads) {
 		return fmt.Errorf("%w: head_sink has %d values, want one per query head (%d) with SmoothSoftmax", ErrShape, len(in.HeadSink), g.QHeads)
@@ -151,6 +168,21 @@ func (g *Geometry) checkData(in Inputs, out Outputs) error {
 			}
 		}
 	}
+	return nil
+}
+
+// checkLen reports a buffer of n elements that shape does not describe.
+// Only the error path copies shape (so the callers' shape arrays stay on
+// their stacks).
+func checkLen(name string, n int, shape []int) error {
+	if want := prod(shape); n != want {
+		return fmt.Errorf("%w: %s has %d elements, shape %v needs %d", ErrShape, name, n, slices.Clone(shape), want)
+	}
+	return nil
+}
+
+// firstErr returns the first non-nil error.
+func firstErr(errs ...error) error {
 	for _, err := range errs {
 		if err != nil {
 			return err
@@ -159,15 +191,17 @@ func (g *Geometry) checkData(in Inputs, out Outputs) error {
 	return nil
 }
 
-func (g *Geometry) inputShapes() (q, k, v []int) {
+// inputShapes returns the shapes of Q, K and V (the first three dimensions
+// only with 3D inputs).
+func (g *Geometry) inputShapes() (q, k, v [4]int) {
 	if g.Input3D {
-		return []int{g.Batch, g.QLen, g.QHeads * g.HeadDimK},
-			[]int{g.Batch, g.KVLen, g.KVHeads * g.HeadDimK},
-			[]int{g.Batch, g.KVLen, g.KVHeads * g.HeadDimV}
+		return [4]int{g.Batch, g.QLen, g.QHeads * g.HeadDimK},
+			[4]int{g.Batch, g.KVLen, g.KVHeads * g.HeadDimK},
+			[4]int{g.Batch, g.KVLen, g.KVHeads * g.HeadDimV}
 	}
-	return []int{g.Batch, g.QHeads, g.QLen, g.HeadDimK},
-		[]int{g.Batch, g.KVHeads, g.KVLen, g.HeadDimK},
-		[]int{g.Batch, g.KVHeads, g.KVLen, g.HeadDimV}
+	return [4]int{g.Batch, g.QHeads, g.QLen, g.HeadDimK},
+		[4]int{g.Batch, g.KVHeads, g.KVLen, g.HeadDimK},
+		[4]int{g.Batch, g.KVHeads, g.KVLen, g.HeadDimV}
 }
 
 func prod(shape []int) int {

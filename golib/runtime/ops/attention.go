@@ -133,16 +133,16 @@ func attentionCompute(ctx *Context, a mha.Attrs, withNonpad bool) error {
 		}
 		s.NonpadKVSeqlen = nonpad.Shape()
 	}
-	g, err := mha.Plan(a, s)
-	if err != nil {
-		return err
-	}
-	g.Threads = attentionThreads(ctx.Threads(), g.Batch*g.QHeads*g.QLen, g.TotalLen, g.HeadDimK+g.HeadDimV)
-
 	ar := f32Arenas.Get().(*f32Arena)
 	ar.threads, ar.err = ctx.Threads(), nil
 	defer f32Arenas.Put(ar)
 	defer ar.release()
+	g := &ar.geom
+	if err := mha.PlanInto(g, a, s); err != nil {
+		return err
+	}
+	g.Threads = attentionThreads(ctx.Threads(), g.Batch*g.QHeads*g.QLen, g.TotalLen, g.HeadDimK+g.HeadDimV)
+
 	var in mha.Inputs
 	in.Q, in.K, in.V = ar.f32(q), ar.f32(k), ar.f32(v)
 	if pk != nil {
@@ -175,40 +175,45 @@ func attentionOutputs(ctx *Context, ar *f32Arena, g *mha.Geometry, in mha.Inputs
 		idx   int
 		dt    tensor.DType
 		shape []int
-		dst   *[]float32
 	}
+	slots := [...]slot{
+		{attnY, k.DType(), g.YShape},
+		{attnPresentK, k.DType(), g.PresentKeyShape},
+		{attnPresentV, v.DType(), g.PresentValueShape},
+		{attnQK, k.DType(), g.QKShape},
+	}
+	// The kernel's buffers, by slot (apart from slots: a shape handed to
+	// NewOutput is kept, and pointers to out next to it would move out to
+	// the heap, one allocation per call).
 	var out mha.Outputs
-	slots := []slot{
-		{attnY, k.DType(), g.YShape, &out.Y},
-		{attnPresentK, k.DType(), g.PresentKeyShape, &out.PresentKey},
-		{attnPresentV, v.DType(), g.PresentValueShape, &out.PresentValue},
-		{attnQK, k.DType(), g.QKShape, &out.QK},
-	}
-	tensors := make([]*tensor.Tensor, len(slots))
+	dsts := [len(slots)]*[]float32{&out.Y, &out.PresentKey, &out.PresentValue, &out.QK}
+	var tensors [len(slots)]*tensor.Tensor
 	for i, sl := range slots {
 		present := sl.idx == attnPresentK || sl.idx == attnPresentV
 		if sl.idx != attnY && !ctx.OutputWanted(sl.idx) {
 			if present && sl.dt != tensor.Float32 {
-				*sl.dst = ar.buffer(prodInts(sl.shape)) // spares the kernel an allocation
+				*dsts[i] = ar.buffer(prodInts(sl.shape)) // spares the kernel an allocation
 			}
 			continue
 		}
 		// The kernel writes every position of the present outputs (past
 		// rows, then the new ones): zeroing them first would be a second
 		// pass over the largest tensors of a decode step.
-		alloc := ctx.NewOutput
+		var t *tensor.Tensor
+		var err error
 		if present {
-			alloc = ctx.NewOutputUninit
+			t, err = ctx.NewOutputUninit(sl.idx, sl.dt, tensor.Shape(sl.shape))
+		} else {
+			t, err = ctx.NewOutput(sl.idx, sl.dt, tensor.Shape(sl.shape))
 		}
-		t, err := alloc(sl.idx, sl.dt, tensor.Shape(sl.shape))
 		if err != nil {
 			return err
 		}
 		tensors[i] = t
 		if f := t.Float32(); f != nil {
-			*sl.dst = f
+			*dsts[i] = f
 		} else {
-			*sl.dst = ar.buffer(t.Len())
+			*dsts[i] = ar.buffer(t.Len())
 		}
 	}
 	if err := g.Run(in, out); err != nil {
@@ -226,7 +231,7 @@ func attentionOutputs(ctx *Context, ar *f32Arena, g *mha.Geometry, in mha.Inputs
 		case attnPresentV:
 			err = concatPresent(g, t, pv, v, g.HeadDimV)
 		default:
-			err = tensor.FromFloat32(t, *sl.dst)
+			err = tensor.FromFloat32(t, *dsts[i])
 		}
 		if err != nil {
 			return err

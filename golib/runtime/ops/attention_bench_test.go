@@ -43,3 +43,69 @@ func BenchmarkAttentionDecode(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAttentionSmall: one decode step of one layer of a small export
+// (four query heads over one KV head of 64, 48 keys with a boolean mask, no
+// past inputs: the dynamo exporter's Attention after its KV Concat), the
+// context reused as the runtime reuses it, so the call's fixed cost shows.
+func BenchmarkAttentionSmall(b *testing.B) {
+	r := rand.New(rand.NewPCG(5, 6))
+	mask, _ := tensor.New(tensor.Bool, tensor.Shape{1, 1, 1, 48})
+	for i := range mask.Bool() {
+		mask.Bool()[i] = true
+	}
+	in := []*tensor.Tensor{randT(r, tensor.Shape{1, 4, 1, 64}), randT(r, tensor.Shape{1, 1, 48, 64}),
+		randT(r, tensor.Shape{1, 1, 48, 64}), mask}
+	f, err := Lookup("", "Attention", 23)
+	if err != nil {
+		b.Fatal(err)
+	}
+	n := &Node{OpType: "Attention", Opset: 23, Attrs: attrs(fltA("scale", 0.125)), NumInputs: 4, NumOutputs: 1,
+		InputPresent: []bool{true, true, true, true}, OutputPresent: []bool{true}, Constants: make([]*tensor.Tensor, 4)}
+	k, err := f(n)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := NewContext(in, n.OutputPresent, 1, nil)
+	b.ReportAllocs()
+	for b.Loop() {
+		ctx.Reset(in, n.OutputPresent, 1, nil, nil)
+		if err := k.Compute(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkAttentionSmallPrefill is BenchmarkAttentionSmall for a 16-token
+// prompt: 16 query rows over 16 keys, the exporter's causal boolean mask
+// [1, 1, 16, 16].
+func BenchmarkAttentionSmallPrefill(b *testing.B) {
+	r := rand.New(rand.NewPCG(7, 8))
+	const t = 16
+	mask, _ := tensor.New(tensor.Bool, tensor.Shape{1, 1, t, t})
+	for i := range t {
+		for j := range t {
+			mask.Bool()[i*t+j] = j <= i
+		}
+	}
+	in := []*tensor.Tensor{randT(r, tensor.Shape{1, 4, t, 64}), randT(r, tensor.Shape{1, 1, t, 64}),
+		randT(r, tensor.Shape{1, 1, t, 64}), mask}
+	f, err := Lookup("", "Attention", 23)
+	if err != nil {
+		b.Fatal(err)
+	}
+	n := &Node{OpType: "Attention", Opset: 23, Attrs: attrs(fltA("scale", 0.125)), NumInputs: 4, NumOutputs: 1,
+		InputPresent: []bool{true, true, true, true}, OutputPresent: []bool{true}, Constants: make([]*tensor.Tensor, 4)}
+	k, err := f(n)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := NewContext(in, n.OutputPresent, 1, nil)
+	b.ReportAllocs()
+	for b.Loop() {
+		ctx.Reset(in, n.OutputPresent, 1, nil, nil)
+		if err := k.Compute(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

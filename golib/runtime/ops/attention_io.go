@@ -24,6 +24,9 @@ type f32Arena struct {
 	threads int
 	held    []*[]float32
 	err     error
+	// geom is the call's attention geometry (mha.PlanInto), pooled with
+	// the arena so planning a call allocates nothing.
+	geom mha.Geometry
 }
 
 // buffer returns n float32s (contents unspecified) owned until release.

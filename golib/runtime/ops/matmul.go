@@ -44,7 +44,10 @@ func matmulCompute(ctx *Context, pack *constPack) (*tensor.Tensor, error) {
 	if err = g.plan(ctx, a.Shape(), b.Shape()); err != nil {
 		return nil, err
 	}
-	out, err := ctx.NewOutput(0, a.DType(), g.out)
+	// Every path below writes every output element (the products run with
+	// beta 0, which clears C first; the plain loop clears its rows), so the
+	// output is not zeroed twice.
+	out, err := ctx.NewOutputUninit(0, a.DType(), g.out)
 	if err != nil {
 		return nil, err
 	}

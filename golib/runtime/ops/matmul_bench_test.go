@@ -37,3 +37,36 @@ func BenchmarkMatMulDecode(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkMatMulSmall: one token through the projections of a small
+// Llama-style export (hidden 256, weights hot in L1/L2), the op with its
+// context reused as the runtime reuses it, so a call's fixed cost shows.
+func BenchmarkMatMulSmall(b *testing.B) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, s := range [][2]int{{256, 64}, {256, 256}, {256, 512}, {512, 256}, {256, 1024}} {
+		b.Run(tensor.Shape{s[0], s[1]}.String(), func(b *testing.B) {
+			x := randT(r, tensor.Shape{1, 1, s[0]})
+			w := randT(r, tensor.Shape{s[0], s[1]})
+			f, err := Lookup("", "MatMul", 13)
+			if err != nil {
+				b.Fatal(err)
+			}
+			n := &Node{OpType: "MatMul", Opset: 13, NumInputs: 2, NumOutputs: 1, InputPresent: []bool{true, true},
+				OutputPresent: []bool{true}, Constants: []*tensor.Tensor{nil, w}}
+			k, err := f(n)
+			if err != nil {
+				b.Fatal(err)
+			}
+			in := []*tensor.Tensor{x, w}
+			ctx := NewContext(in, n.OutputPresent, 1, nil)
+			b.SetBytes(int64(4 * s[0] * s[1]))
+			b.ReportAllocs()
+			for b.Loop() {
+				ctx.Reset(in, n.OutputPresent, 1, nil, nil)
+				if err := k.Compute(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

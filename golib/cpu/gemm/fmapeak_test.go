@@ -1,0 +1,54 @@
+//go:build goexperiment.simd && amd64
+
+package gemm
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+)
+
+// fmaPeakIters is the iterations of one fmaPeakAVX2 call (2.3M flops).
+const fmaPeakIters = 12000
+
+// BenchmarkFMAPeak reports one core's AVX2 FMA throughput (twelve
+// independent ymm FMAs in a loop, no memory operands): the ceiling the
+// small-row products of BenchmarkSmallM are compared with.
+func BenchmarkFMAPeak(b *testing.B) {
+	for b.Loop() {
+		fmaPeakAVX2(fmaPeakIters)
+	}
+	b.ReportMetric(192*fmaPeakIters*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+}
+
+// BenchmarkSmallM times one-thread products of 4 and 16 rows of op(A) by
+// a packed B of 512-4096 (the prefill of a short prompt, a few sequences'
+// decode step) on each SIMD path, in GFLOP/s; set against BenchmarkFMAPeak
+// (run in the same process: -bench 'FMAPeak|SmallM') for the fraction of
+// the FMA peak.
+func BenchmarkSmallM(b *testing.B) {
+	r := rand.New(rand.NewPCG(9, 10))
+	a := randSlice(r, 16*4096)
+	c := make([]float32, 16*4096)
+	defer SetPath(Path())
+	for _, s := range [][2]int{{1024, 1024}, {512, 2048}, {1024, 4096}, {4096, 1024}} {
+		k, n := s[0], s[1]
+		pb, err := PackB(false, k, n, randSlice(r, k*n), n)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, m := range []int{4, 16} {
+			for _, path := range Paths()[1:] {
+				b.Run(fmt.Sprintf("m%d/k%d/n%d/%s", m, k, n, path), func(b *testing.B) {
+					SetPath(path)
+					for b.Loop() {
+						if err := SgemmPacked(1, false, m, 1, a, k, pb, 0, c, n); err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.ReportMetric(2*float64(m*n*k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+				})
+			}
+		}
+	}
+}
