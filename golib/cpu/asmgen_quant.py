@@ -586,18 +586,86 @@ def maddw():
     VPMADDWD (int16 pairs to int32)."""
     w("// func qprepavx2(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int")
     w("//")
-    w("// qprepavx512 in ymm registers, one row at a time: the same products, maxima, divisions and")
-    w("// rounding, so the same integers, scales and sums bit for bit.")
+    w("// qprepavx512 in ymm registers (four rows at a time while four are left, then one): the same")
+    w("// products, maxima, divisions and rounding, so the same integers, scales and sums bit for bit.")
     w("TEXT ·qprepavx2(SB), NOSPLIT, $0-72")
     ins("MOVQ dst+0(FP), DI", "MOVQ q+8(FP), SI", "MOVQ ks+16(FP), R8", "MOVQ n+24(FP), CX",
-        "MOVQ rows+32(FP), R10", "MOVQ sc+40(FP), DX", "MOVQ sums+48(FP), R11",
-        "VXORPS Y4, Y4, Y4", "MOVL $0x7fffffff, R9", "VMOVD R9, X2", "VPBROADCASTD X2, Y2",
-        "MOVL $0x42fe0000, R9", "VMOVD R9, X6",  # 127
-        "MOVL $0x7f7fffff, R9", "VMOVD R9, X7")  # MaxFloat32
+        "MOVQ rows+32(FP), R10", "MOVQ sc+40(FP), DX", "MOVQ sums+48(FP), R11")
+    prep4_avx2("qprepy")
     prep_rows("avx2", "qprepy")
     w()
     maddw_dots("i8")
     maddw_dots("i4")
+
+
+def prep_consts(isa):
+    """The constants of the prep loops: Y4 zero, Y2 the abs mask, X6 127, X7 MaxFloat32 (R9
+    clobbered)."""
+    return ["VXORPS Y4, Y4, Y4", "MOVL $0x7fffffff, R9", "VMOVD R9, X2", "VPBROADCASTD X2, Y2",
+            "MOVL $0x42fe0000, R9", "VMOVD R9, X6", "MOVL $0x7f7fffff, R9", "VMOVD R9, X7"]
+
+
+def prep4_avx2(pfx):
+    """qprepavx2's four-row groups (while four rows are left; then prep_rows): the channel
+    scales loaded once per step for four rows, four independent chains. The maximum is taken
+    on the bits of |q*ks| (VPMAXUD: for non-negative floats the order of the bits is that of
+    the values), which also tells a non-finite product (bits >= 0x7f800000) in one step of
+    latency 1; the scales, inverses and rounding are then qprepavx512's (bit-identical)."""
+    qrow, drow = ["SI", "R13", "R14", "R15"], ["DI", "R9", "R12", "AX"]
+    tmp = [0, 1, 3, 14]
+    w(f"{pfx}4grp:")
+    ins(*prep_consts("avx2"), "CMPQ R10, $4", f"JLT {pfx}1start", "LEAQ (SI)(CX*4), R13", "LEAQ (R13)(CX*4), R14",
+        "LEAQ (R14)(CX*4), R15", "LEAQ (DI)(CX*1), R9", "LEAQ (R9)(CX*1), R12", "LEAQ (R12)(CX*1), AX")
+    for i in range(4):
+        ins(f"VPXOR Y{8+i}, Y{8+i}, Y{8+i}")
+    ins("XORQ BX, BX")
+    w(f"{pfx}4max:")
+    ins("VMOVUPS (R8)(BX*4), Y5")
+    for i in range(4):
+        t = tmp[i]
+        ins(f"VMULPS ({qrow[i]})(BX*4), Y5, Y{t}", f"VANDPS Y2, Y{t}, Y{t}", f"VPMAXUD Y{t}, Y{8+i}, Y{8+i}")
+    ins("ADDQ $8, BX", "CMPQ BX, CX", f"JLT {pfx}4max")
+    for i in range(4):
+        m = 8 + i
+        ins(f"VEXTRACTI128 $1, Y{m}, X0", f"VPMAXUD X0, X{m}, X{m}", f"VPSHUFD $0x4e, X{m}, X0",
+            f"VPMAXUD X0, X{m}, X{m}", f"VPSHUFD $0xb1, X{m}, X0", f"VPMAXUD X0, X{m}, X{m}",
+            f"VMOVD X{m}, BX", "CMPL BX, $0x7f800000", f"JAE {pfx}fail",
+            "VXORPS X5, X5, X5", "VXORPS X0, X0, X0", f"VXORPS X{12+i}, X{12+i}, X{12+i}",
+            f"VUCOMISS X5, X{m}", f"JEQ {pfx}4inv{i}",
+            f"VDIVSS X6, X{m}, X0", "VUCOMISS X5, X0", f"JEQ {pfx}fail", f"VDIVSS X{m}, X6, X{12+i}",
+            f"VUCOMISS X7, X{12+i}", f"JHI {pfx}fail")
+        w(f"{pfx}4inv{i}:")
+        ins(f"VMOVSS X0, {off(4*i)}(DX)", f"VBROADCASTSS X{12+i}, Y{12+i}", f"VPXOR Y{8+i}, Y{8+i}, Y{8+i}")
+    # Y12-15: the rows' inverses, Y8-11: their integer sums
+    ins("XORQ BX, BX", "CMPQ i4+56(FP), $0", f"JNE {pfx}4i4")
+
+    def quant(i, src, dst):  # Y2 (the abs mask) clobbered: reset by prep_consts
+        t = [0, 1, 3, 2][i]
+        return [f"VMULPS {src.format(qrow[i])}, Y5, Y{t}", f"VMULPS Y{12+i}, Y{t}, Y{t}", f"VCVTPS2DQ Y{t}, Y{t}",
+                f"VPADDD Y{t}, Y{8+i}, Y{8+i}", f"VEXTRACTI128 $1, Y{t}, X4", f"VPACKSSDW X4, X{t}, X{t}",
+                f"VPACKSSWB X{t}, X{t}, X{t}", f"VMOVQ X{t}, {dst.format(drow[i])}"]
+
+    w(f"{pfx}4i8:")
+    ins("VMOVUPS (R8)(BX*4), Y5")
+    for i in range(4):
+        ins(*quant(i, "({})(BX*4)", "({})(BX*1)"))
+    ins("ADDQ $8, BX", "CMPQ BX, CX", f"JLT {pfx}4i8", "LEAQ (DI)(CX*4), DI", f"JMP {pfx}4sum")
+    w(f"{pfx}4i4:")
+    for k in range(4):  # qi4Order, as prep_rows
+        e = 8 * k
+        ins(f"VMOVUPS {off(4*e)}(R8)(BX*4), Y5")
+        for i in range(4):
+            ins(*quant(i, f"{off(4*e)}({{}})(BX*4)", f"{off(e % 16 + e // 16 * 64)}({{}})"))
+    ins(*[f"ADDQ $16, {r}" for r in drow])
+    ins("ADDQ $32, BX", "TESTQ $127, BX", f"JNZ {pfx}4i4next", *[f"ADDQ $64, {r}" for r in drow])
+    w(f"{pfx}4i4next:")
+    ins("CMPQ BX, CX", f"JLT {pfx}4i4", "LEAQ (DI)(CX*2), DI", "ADDQ CX, DI")  # DI had moved n on
+    w(f"{pfx}4sum:")
+    for i in range(4):
+        s = 8 + i
+        ins(f"VEXTRACTI128 $1, Y{s}, X0", f"VPADDD X0, X{s}, X{s}", f"VPHADDD X{s}, X{s}, X{s}",
+            f"VPHADDD X{s}, X{s}, X{s}", f"VCVTDQ2PS X{s}, X{s}", f"VMOVSS X{s}, {off(4*i)}(R11)")
+    ins("LEAQ (R15)(CX*4), SI", "ADDQ $16, DX", "ADDQ $16, R11", "SUBQ $4, R10", f"JMP {pfx}4grp")
 
 
 def bcast(const, reg):
@@ -738,23 +806,24 @@ def maddw_dots(fmt):
 
 def vaxpy_maddw(fmt):
     name = f"qvaxpy4{fmt}maddw"
-    w(f"// func {name}(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)")
+    w(f"// func {name}(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, bpg int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)")
     w("//")
-    w("// qvaxpy4" + fmt + "vnni's contract without VNNI over a column block of 16 elements in one scale")
-    w("// group (s2 unused): the same int32 sums, exact, and the same float32 steps when stored")
-    w("// (bit-identical). Per token pair the two rows are widened to int16 and interleaved")
+    w("// qvaxpy4" + fmt + "vnni's contract without VNNI over every column of the rows (accrb/4 elements) in")
+    w("// one call: blocks of 16 columns, bpg blocks to a scale group of the four-group layout (the")
+    w("// weights and zero terms of the block's group 4 bytes on from the last group's); the same")
+    w("// int32 sums, exact, and the same float32 steps when stored (bit-identical). Per token pair")
+    w("// the two rows are widened to int16 and interleaved")
     if fmt == "i8":
         w("// (VPMOVSXBW, VPUNPCKLWD/HWD: accumulators of elements 0-3, 8-11 and 4-7, 12-15), dotted by")
     else:
         w("// (VPUNPCKLBW, VPMOVZXBW), split into even and odd elements (VPAND, VPSRLW), dotted by")
-    w("// VPMADDWD with the pair's weight dword broadcast (VPBROADCASTD) and summed by VPADDD.")
+    w("// VPMADDWD with the pair's weight dword broadcast (VPBROADCASTD) and summed by VPADDD. The")
+    w("// first block prefetches the rows pfd bytes ahead.")
     w(f"TEXT ·{name}(SB), NOSPLIT, $0-112")
-    ins("MOVQ v+16(FP), SI", "MOVQ vrb+24(FP), BX", "MOVQ w+48(FP), R8", "MOVQ zrb+96(FP), R9",
-        "LEAQ (R9)(R9*2), R11", "MOVQ np+32(FP), AX", "MOVQ pfd+104(FP), CX")
+    ins("MOVQ vrb+24(FP), BX", "MOVQ zrb+96(FP), R9", "LEAQ (R9)(R9*2), R11", "MOVQ pfd+104(FP), CX",
+        "XORQ R15, R15", "XORQ R13, R13", "MOVQ bpg+64(FP), R10")
     if fmt == "i4":
         ins("MOVL $0x000f000f, DX", "VMOVD DX, X7", "VPBROADCASTD X7, Y7")
-    for i in range(8, 16):
-        ins(f"VPXOR Y{i}, Y{i}, Y{i}")
     wrow = ["(R8)", "(R8)(R9*1)", "(R8)(R9*2)", "(R8)(R11*1)"]
 
     def body():
@@ -764,25 +833,35 @@ def vaxpy_maddw(fmt):
             ins("VMOVQ (SI), X0", "VMOVQ (SI)(BX*1), X1", "VPUNPCKLBW X1, X0, X0", "VPMOVZXBW X0, Y0",
                 "VPSRLW $4, Y0, Y3", "VPAND Y7, Y0, Y2")
         for r in range(4):
-            ins(f"VPBROADCASTD {wrow[r]}, Y4", f"VPMADDWD Y4, Y2, Y5", f"VPADDD Y5, Y{8+2*r}, Y{8+2*r}",
+            ins(f"VBROADCASTSS {wrow[r]}, Y4", f"VPMADDWD Y4, Y2, Y5", f"VPADDD Y5, Y{8+2*r}, Y{8+2*r}",
                 f"VPMADDWD Y4, Y3, Y6", f"VPADDD Y6, Y{9+2*r}, Y{9+2*r}")
 
-    ins("TESTQ AX, AX", f"JZ {name}odd")
-    w(f"{name}pair:")
-    ins("LEAQ (SI)(CX*1), R12", "PREFETCHT1 (R12)", "PREFETCHT1 (R12)(BX*1)")
-    if fmt == "i8":  # a 128-byte row spans two cache lines
-        ins("PREFETCHT1 64(R12)", "PREFETCHT1 64(R12)(BX*1)")
-    body()
-    ins("ADDQ wpb+56(FP), R8", "LEAQ (SI)(BX*2), SI", "DECQ AX", f"JNZ {name}pair")
+    def pairs(lb, prefetch):
+        w(f"{name}{lb}:")
+        if prefetch:
+            ins("LEAQ (SI)(CX*1), R12", "PREFETCHT1 (R12)", "PREFETCHT1 (R12)(BX*1)")
+            if fmt == "i8":  # a 128-byte row spans two cache lines
+                ins("PREFETCHT1 64(R12)", "PREFETCHT1 64(R12)(BX*1)")
+        body()
+        ins("ADDQ wpb+56(FP), R8", "LEAQ (SI)(BX*2), SI", "DECQ AX", f"JNZ {name}{lb}", f"JMP {name}odd")
+
+    w(f"{name}blk:")
+    ins("MOVQ np+32(FP), AX", "MOVQ v+16(FP), SI", "MOVQ R15, R12", f"SHLQ ${4 if fmt == 'i8' else 3}, R12",
+        "ADDQ R12, SI", "MOVQ w+48(FP), R8", "ADDQ R13, R8")
+    for i in range(8, 16):
+        ins(f"VPXOR Y{i}, Y{i}, Y{i}")
+    ins("TESTQ AX, AX", f"JZ {name}odd", "TESTQ R15, R15", f"JNZ {name}pair")
+    pairs("pairpf", True)
+    pairs("pair", False)
     w(f"{name}odd:")
     ins("MOVQ odd+40(FP), AX", "TESTQ AX, AX", f"JZ {name}store", "XORQ BX, BX")
     body()
     w(f"{name}store:")
-    ins("MOVQ acc+0(FP), DI", "MOVQ accrb+8(FP), BX", "MOVQ alpha+72(FP), R12", "MOVQ sc+80(FP), R13",
-        "MOVQ zt+88(FP), R14")
+    ins("MOVQ acc+0(FP), DI", "MOVQ R15, R12", "SHLQ $6, R12", "ADDQ R12, DI", "MOVQ accrb+8(FP), BX",
+        "MOVQ alpha+72(FP), R12", "MOVQ sc+80(FP), DX", "MOVQ zt+88(FP), R14", "ADDQ R13, R14")
     for r in range(4):
         lo, hi = 8 + 2 * r, 9 + 2 * r
-        ins(f"VBROADCASTSS {off(4*r)}(R12), Y4", f"VBROADCASTSS {off(4*r)}(R13), Y5",
+        ins(f"VBROADCASTSS {off(4*r)}(R12), Y4", f"VBROADCASTSS {off(4*r)}(DX), Y5",
             f"VCVTDQ2PS Y{lo}, Y{lo}", f"VCVTDQ2PS Y{hi}, Y{hi}")
         if fmt == "i4":  # even and odd elements back in order
             ins(f"VUNPCKLPS Y{hi}, Y{lo}, Y2", f"VUNPCKHPS Y{hi}, Y{lo}, Y3", "VPERM2F128 $0x20, Y3, Y2, Y0",
@@ -796,7 +875,11 @@ def vaxpy_maddw(fmt):
             ins(f"VMOVUPS Y2, {off(32*x)}(DI)")
         ins("ADDQ BX, DI")
         if fmt == "i4":
-            ins("ADDQ zrb+96(FP), R14")
+            ins("ADDQ R9, R14")
+    # the next block: its group's weights 4 bytes on after bpg blocks
+    ins("MOVQ vrb+24(FP), BX", "INCQ R15", "DECQ R10", f"JNZ {name}next", "MOVQ bpg+64(FP), R10", "ADDQ $4, R13")
+    w(f"{name}next:")
+    ins("MOVQ accrb+8(FP), R12", "SHRQ $6, R12", "CMPQ R15, R12", f"JLT {name}blk")
     ins("VZEROUPPER", "RET")
     w()
 

@@ -290,6 +290,9 @@ type intLoops struct {
 	wquant [2]func(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)
 	vaxpy  [2]func(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)
 	cb     int // the column block of vaxpy (elements)
+	// fused: vaxpy runs every column block in one call (its s2 argument
+	// is then the blocks to a scale group of the four-group layout)
+	fused bool
 }
 
 // intVNNI are the AVX-512 VNNI integer loops (VPDPBUSD, VPDPWSSD).
@@ -310,6 +313,7 @@ var intMaddw = intLoops{
 	wquant: [2]func(*int32, *float32, int, *float32, int, *[4]float32, *float32, *[16]float32){qvwquantavx2, qvwquant2avx2},
 	vaxpy:  [2]func(*float32, int, *byte, int, int, int, *int32, int, int, *[4]float32, *[4]float32, *float32, int, int){qvaxpy4i8maddw, qvaxpy4i4maddw},
 	cb:     16,
+	fused:  true,
 }
 
 // set installs the loops in o.
@@ -415,6 +419,10 @@ func (l *intLoops) vaxpy4(acc, p []float32, ld, n int, v qmat, alpha *[4]float32
 	if int4 {
 		fn = l.vaxpy[1]
 	}
+	if l.fused {
+		fn(&acc[0], d*4, &v.b[0], v.rb, n/2, n&1, &ws.w[0], 64, d/4/l.cb, alpha, &ws.sc, &ws.zt[0], 16, pf*v.rb)
+		return true
+	}
 	for j0 := 0; j0 < d; j0 += l.cb {
 		g0 := j0 / (d / 4)
 		s2 := 0
@@ -475,10 +483,10 @@ func qvwquantavx2(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]flo
 func qvwquant2avx2(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)
 
 //go:noescape
-func qvaxpy4i8maddw(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)
+func qvaxpy4i8maddw(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, bpg int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)
 
 //go:noescape
-func qvaxpy4i4maddw(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)
+func qvaxpy4i4maddw(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, bpg int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)
 
 //go:noescape
 func qvaxpy4i8vnni(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)

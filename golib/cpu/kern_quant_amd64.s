@@ -4213,8 +4213,8 @@ qvwquant2done:
 
 // func qprepavx2(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int
 //
-// qprepavx512 in ymm registers, one row at a time: the same products, maxima, divisions and
-// rounding, so the same integers, scales and sums bit for bit.
+// qprepavx512 in ymm registers (four rows at a time while four are left, then one): the same
+// products, maxima, divisions and rounding, so the same integers, scales and sums bit for bit.
 TEXT ·qprepavx2(SB), NOSPLIT, $0-72
 	MOVQ dst+0(FP), DI
 	MOVQ q+8(FP), SI
@@ -4223,6 +4223,7 @@ TEXT ·qprepavx2(SB), NOSPLIT, $0-72
 	MOVQ rows+32(FP), R10
 	MOVQ sc+40(FP), DX
 	MOVQ sums+48(FP), R11
+qprepy4grp:
 	VXORPS Y4, Y4, Y4
 	MOVL $0x7fffffff, R9
 	VMOVD R9, X2
@@ -4231,6 +4232,353 @@ TEXT ·qprepavx2(SB), NOSPLIT, $0-72
 	VMOVD R9, X6
 	MOVL $0x7f7fffff, R9
 	VMOVD R9, X7
+	CMPQ R10, $4
+	JLT qprepy1start
+	LEAQ (SI)(CX*4), R13
+	LEAQ (R13)(CX*4), R14
+	LEAQ (R14)(CX*4), R15
+	LEAQ (DI)(CX*1), R9
+	LEAQ (R9)(CX*1), R12
+	LEAQ (R12)(CX*1), AX
+	VPXOR Y8, Y8, Y8
+	VPXOR Y9, Y9, Y9
+	VPXOR Y10, Y10, Y10
+	VPXOR Y11, Y11, Y11
+	XORQ BX, BX
+qprepy4max:
+	VMOVUPS (R8)(BX*4), Y5
+	VMULPS (SI)(BX*4), Y5, Y0
+	VANDPS Y2, Y0, Y0
+	VPMAXUD Y0, Y8, Y8
+	VMULPS (R13)(BX*4), Y5, Y1
+	VANDPS Y2, Y1, Y1
+	VPMAXUD Y1, Y9, Y9
+	VMULPS (R14)(BX*4), Y5, Y3
+	VANDPS Y2, Y3, Y3
+	VPMAXUD Y3, Y10, Y10
+	VMULPS (R15)(BX*4), Y5, Y14
+	VANDPS Y2, Y14, Y14
+	VPMAXUD Y14, Y11, Y11
+	ADDQ $8, BX
+	CMPQ BX, CX
+	JLT qprepy4max
+	VEXTRACTI128 $1, Y8, X0
+	VPMAXUD X0, X8, X8
+	VPSHUFD $0x4e, X8, X0
+	VPMAXUD X0, X8, X8
+	VPSHUFD $0xb1, X8, X0
+	VPMAXUD X0, X8, X8
+	VMOVD X8, BX
+	CMPL BX, $0x7f800000
+	JAE qprepyfail
+	VXORPS X5, X5, X5
+	VXORPS X0, X0, X0
+	VXORPS X12, X12, X12
+	VUCOMISS X5, X8
+	JEQ qprepy4inv0
+	VDIVSS X6, X8, X0
+	VUCOMISS X5, X0
+	JEQ qprepyfail
+	VDIVSS X8, X6, X12
+	VUCOMISS X7, X12
+	JHI qprepyfail
+qprepy4inv0:
+	VMOVSS X0, (DX)
+	VBROADCASTSS X12, Y12
+	VPXOR Y8, Y8, Y8
+	VEXTRACTI128 $1, Y9, X0
+	VPMAXUD X0, X9, X9
+	VPSHUFD $0x4e, X9, X0
+	VPMAXUD X0, X9, X9
+	VPSHUFD $0xb1, X9, X0
+	VPMAXUD X0, X9, X9
+	VMOVD X9, BX
+	CMPL BX, $0x7f800000
+	JAE qprepyfail
+	VXORPS X5, X5, X5
+	VXORPS X0, X0, X0
+	VXORPS X13, X13, X13
+	VUCOMISS X5, X9
+	JEQ qprepy4inv1
+	VDIVSS X6, X9, X0
+	VUCOMISS X5, X0
+	JEQ qprepyfail
+	VDIVSS X9, X6, X13
+	VUCOMISS X7, X13
+	JHI qprepyfail
+qprepy4inv1:
+	VMOVSS X0, 4(DX)
+	VBROADCASTSS X13, Y13
+	VPXOR Y9, Y9, Y9
+	VEXTRACTI128 $1, Y10, X0
+	VPMAXUD X0, X10, X10
+	VPSHUFD $0x4e, X10, X0
+	VPMAXUD X0, X10, X10
+	VPSHUFD $0xb1, X10, X0
+	VPMAXUD X0, X10, X10
+	VMOVD X10, BX
+	CMPL BX, $0x7f800000
+	JAE qprepyfail
+	VXORPS X5, X5, X5
+	VXORPS X0, X0, X0
+	VXORPS X14, X14, X14
+	VUCOMISS X5, X10
+	JEQ qprepy4inv2
+	VDIVSS X6, X10, X0
+	VUCOMISS X5, X0
+	JEQ qprepyfail
+	VDIVSS X10, X6, X14
+	VUCOMISS X7, X14
+	JHI qprepyfail
+qprepy4inv2:
+	VMOVSS X0, 8(DX)
+	VBROADCASTSS X14, Y14
+	VPXOR Y10, Y10, Y10
+	VEXTRACTI128 $1, Y11, X0
+	VPMAXUD X0, X11, X11
+	VPSHUFD $0x4e, X11, X0
+	VPMAXUD X0, X11, X11
+	VPSHUFD $0xb1, X11, X0
+	VPMAXUD X0, X11, X11
+	VMOVD X11, BX
+	CMPL BX, $0x7f800000
+	JAE qprepyfail
+	VXORPS X5, X5, X5
+	VXORPS X0, X0, X0
+	VXORPS X15, X15, X15
+	VUCOMISS X5, X11
+	JEQ qprepy4inv3
+	VDIVSS X6, X11, X0
+	VUCOMISS X5, X0
+	JEQ qprepyfail
+	VDIVSS X11, X6, X15
+	VUCOMISS X7, X15
+	JHI qprepyfail
+qprepy4inv3:
+	VMOVSS X0, 12(DX)
+	VBROADCASTSS X15, Y15
+	VPXOR Y11, Y11, Y11
+	XORQ BX, BX
+	CMPQ i4+56(FP), $0
+	JNE qprepy4i4
+qprepy4i8:
+	VMOVUPS (R8)(BX*4), Y5
+	VMULPS (SI)(BX*4), Y5, Y0
+	VMULPS Y12, Y0, Y0
+	VCVTPS2DQ Y0, Y0
+	VPADDD Y0, Y8, Y8
+	VEXTRACTI128 $1, Y0, X4
+	VPACKSSDW X4, X0, X0
+	VPACKSSWB X0, X0, X0
+	VMOVQ X0, (DI)(BX*1)
+	VMULPS (R13)(BX*4), Y5, Y1
+	VMULPS Y13, Y1, Y1
+	VCVTPS2DQ Y1, Y1
+	VPADDD Y1, Y9, Y9
+	VEXTRACTI128 $1, Y1, X4
+	VPACKSSDW X4, X1, X1
+	VPACKSSWB X1, X1, X1
+	VMOVQ X1, (R9)(BX*1)
+	VMULPS (R14)(BX*4), Y5, Y3
+	VMULPS Y14, Y3, Y3
+	VCVTPS2DQ Y3, Y3
+	VPADDD Y3, Y10, Y10
+	VEXTRACTI128 $1, Y3, X4
+	VPACKSSDW X4, X3, X3
+	VPACKSSWB X3, X3, X3
+	VMOVQ X3, (R12)(BX*1)
+	VMULPS (R15)(BX*4), Y5, Y2
+	VMULPS Y15, Y2, Y2
+	VCVTPS2DQ Y2, Y2
+	VPADDD Y2, Y11, Y11
+	VEXTRACTI128 $1, Y2, X4
+	VPACKSSDW X4, X2, X2
+	VPACKSSWB X2, X2, X2
+	VMOVQ X2, (AX)(BX*1)
+	ADDQ $8, BX
+	CMPQ BX, CX
+	JLT qprepy4i8
+	LEAQ (DI)(CX*4), DI
+	JMP qprepy4sum
+qprepy4i4:
+	VMOVUPS (R8)(BX*4), Y5
+	VMULPS (SI)(BX*4), Y5, Y0
+	VMULPS Y12, Y0, Y0
+	VCVTPS2DQ Y0, Y0
+	VPADDD Y0, Y8, Y8
+	VEXTRACTI128 $1, Y0, X4
+	VPACKSSDW X4, X0, X0
+	VPACKSSWB X0, X0, X0
+	VMOVQ X0, (DI)
+	VMULPS (R13)(BX*4), Y5, Y1
+	VMULPS Y13, Y1, Y1
+	VCVTPS2DQ Y1, Y1
+	VPADDD Y1, Y9, Y9
+	VEXTRACTI128 $1, Y1, X4
+	VPACKSSDW X4, X1, X1
+	VPACKSSWB X1, X1, X1
+	VMOVQ X1, (R9)
+	VMULPS (R14)(BX*4), Y5, Y3
+	VMULPS Y14, Y3, Y3
+	VCVTPS2DQ Y3, Y3
+	VPADDD Y3, Y10, Y10
+	VEXTRACTI128 $1, Y3, X4
+	VPACKSSDW X4, X3, X3
+	VPACKSSWB X3, X3, X3
+	VMOVQ X3, (R12)
+	VMULPS (R15)(BX*4), Y5, Y2
+	VMULPS Y15, Y2, Y2
+	VCVTPS2DQ Y2, Y2
+	VPADDD Y2, Y11, Y11
+	VEXTRACTI128 $1, Y2, X4
+	VPACKSSDW X4, X2, X2
+	VPACKSSWB X2, X2, X2
+	VMOVQ X2, (AX)
+	VMOVUPS 32(R8)(BX*4), Y5
+	VMULPS 32(SI)(BX*4), Y5, Y0
+	VMULPS Y12, Y0, Y0
+	VCVTPS2DQ Y0, Y0
+	VPADDD Y0, Y8, Y8
+	VEXTRACTI128 $1, Y0, X4
+	VPACKSSDW X4, X0, X0
+	VPACKSSWB X0, X0, X0
+	VMOVQ X0, 8(DI)
+	VMULPS 32(R13)(BX*4), Y5, Y1
+	VMULPS Y13, Y1, Y1
+	VCVTPS2DQ Y1, Y1
+	VPADDD Y1, Y9, Y9
+	VEXTRACTI128 $1, Y1, X4
+	VPACKSSDW X4, X1, X1
+	VPACKSSWB X1, X1, X1
+	VMOVQ X1, 8(R9)
+	VMULPS 32(R14)(BX*4), Y5, Y3
+	VMULPS Y14, Y3, Y3
+	VCVTPS2DQ Y3, Y3
+	VPADDD Y3, Y10, Y10
+	VEXTRACTI128 $1, Y3, X4
+	VPACKSSDW X4, X3, X3
+	VPACKSSWB X3, X3, X3
+	VMOVQ X3, 8(R12)
+	VMULPS 32(R15)(BX*4), Y5, Y2
+	VMULPS Y15, Y2, Y2
+	VCVTPS2DQ Y2, Y2
+	VPADDD Y2, Y11, Y11
+	VEXTRACTI128 $1, Y2, X4
+	VPACKSSDW X4, X2, X2
+	VPACKSSWB X2, X2, X2
+	VMOVQ X2, 8(AX)
+	VMOVUPS 64(R8)(BX*4), Y5
+	VMULPS 64(SI)(BX*4), Y5, Y0
+	VMULPS Y12, Y0, Y0
+	VCVTPS2DQ Y0, Y0
+	VPADDD Y0, Y8, Y8
+	VEXTRACTI128 $1, Y0, X4
+	VPACKSSDW X4, X0, X0
+	VPACKSSWB X0, X0, X0
+	VMOVQ X0, 64(DI)
+	VMULPS 64(R13)(BX*4), Y5, Y1
+	VMULPS Y13, Y1, Y1
+	VCVTPS2DQ Y1, Y1
+	VPADDD Y1, Y9, Y9
+	VEXTRACTI128 $1, Y1, X4
+	VPACKSSDW X4, X1, X1
+	VPACKSSWB X1, X1, X1
+	VMOVQ X1, 64(R9)
+	VMULPS 64(R14)(BX*4), Y5, Y3
+	VMULPS Y14, Y3, Y3
+	VCVTPS2DQ Y3, Y3
+	VPADDD Y3, Y10, Y10
+	VEXTRACTI128 $1, Y3, X4
+	VPACKSSDW X4, X3, X3
+	VPACKSSWB X3, X3, X3
+	VMOVQ X3, 64(R12)
+	VMULPS 64(R15)(BX*4), Y5, Y2
+	VMULPS Y15, Y2, Y2
+	VCVTPS2DQ Y2, Y2
+	VPADDD Y2, Y11, Y11
+	VEXTRACTI128 $1, Y2, X4
+	VPACKSSDW X4, X2, X2
+	VPACKSSWB X2, X2, X2
+	VMOVQ X2, 64(AX)
+	VMOVUPS 96(R8)(BX*4), Y5
+	VMULPS 96(SI)(BX*4), Y5, Y0
+	VMULPS Y12, Y0, Y0
+	VCVTPS2DQ Y0, Y0
+	VPADDD Y0, Y8, Y8
+	VEXTRACTI128 $1, Y0, X4
+	VPACKSSDW X4, X0, X0
+	VPACKSSWB X0, X0, X0
+	VMOVQ X0, 72(DI)
+	VMULPS 96(R13)(BX*4), Y5, Y1
+	VMULPS Y13, Y1, Y1
+	VCVTPS2DQ Y1, Y1
+	VPADDD Y1, Y9, Y9
+	VEXTRACTI128 $1, Y1, X4
+	VPACKSSDW X4, X1, X1
+	VPACKSSWB X1, X1, X1
+	VMOVQ X1, 72(R9)
+	VMULPS 96(R14)(BX*4), Y5, Y3
+	VMULPS Y14, Y3, Y3
+	VCVTPS2DQ Y3, Y3
+	VPADDD Y3, Y10, Y10
+	VEXTRACTI128 $1, Y3, X4
+	VPACKSSDW X4, X3, X3
+	VPACKSSWB X3, X3, X3
+	VMOVQ X3, 72(R12)
+	VMULPS 96(R15)(BX*4), Y5, Y2
+	VMULPS Y15, Y2, Y2
+	VCVTPS2DQ Y2, Y2
+	VPADDD Y2, Y11, Y11
+	VEXTRACTI128 $1, Y2, X4
+	VPACKSSDW X4, X2, X2
+	VPACKSSWB X2, X2, X2
+	VMOVQ X2, 72(AX)
+	ADDQ $16, DI
+	ADDQ $16, R9
+	ADDQ $16, R12
+	ADDQ $16, AX
+	ADDQ $32, BX
+	TESTQ $127, BX
+	JNZ qprepy4i4next
+	ADDQ $64, DI
+	ADDQ $64, R9
+	ADDQ $64, R12
+	ADDQ $64, AX
+qprepy4i4next:
+	CMPQ BX, CX
+	JLT qprepy4i4
+	LEAQ (DI)(CX*2), DI
+	ADDQ CX, DI
+qprepy4sum:
+	VEXTRACTI128 $1, Y8, X0
+	VPADDD X0, X8, X8
+	VPHADDD X8, X8, X8
+	VPHADDD X8, X8, X8
+	VCVTDQ2PS X8, X8
+	VMOVSS X8, (R11)
+	VEXTRACTI128 $1, Y9, X0
+	VPADDD X0, X9, X9
+	VPHADDD X9, X9, X9
+	VPHADDD X9, X9, X9
+	VCVTDQ2PS X9, X9
+	VMOVSS X9, 4(R11)
+	VEXTRACTI128 $1, Y10, X0
+	VPADDD X0, X10, X10
+	VPHADDD X10, X10, X10
+	VPHADDD X10, X10, X10
+	VCVTDQ2PS X10, X10
+	VMOVSS X10, 8(R11)
+	VEXTRACTI128 $1, Y11, X0
+	VPADDD X0, X11, X11
+	VPHADDD X11, X11, X11
+	VPHADDD X11, X11, X11
+	VCVTDQ2PS X11, X11
+	VMOVSS X11, 12(R11)
+	LEAQ (R15)(CX*4), SI
+	ADDQ $16, DX
+	ADDQ $16, R11
+	SUBQ $4, R10
+	JMP qprepy4grp
 qprepy1start:
 	TESTQ R10, R10
 	JZ qprepyok
@@ -5087,21 +5435,32 @@ qvwquantavx2done:
 	VZEROUPPER
 	RET
 
-// func qvaxpy4i8maddw(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)
+// func qvaxpy4i8maddw(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, bpg int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)
 //
-// qvaxpy4i8vnni's contract without VNNI over a column block of 16 elements in one scale
-// group (s2 unused): the same int32 sums, exact, and the same float32 steps when stored
-// (bit-identical). Per token pair the two rows are widened to int16 and interleaved
+// qvaxpy4i8vnni's contract without VNNI over every column of the rows (accrb/4 elements) in
+// one call: blocks of 16 columns, bpg blocks to a scale group of the four-group layout (the
+// weights and zero terms of the block's group 4 bytes on from the last group's); the same
+// int32 sums, exact, and the same float32 steps when stored (bit-identical). Per token pair
+// the two rows are widened to int16 and interleaved
 // (VPMOVSXBW, VPUNPCKLWD/HWD: accumulators of elements 0-3, 8-11 and 4-7, 12-15), dotted by
-// VPMADDWD with the pair's weight dword broadcast (VPBROADCASTD) and summed by VPADDD.
+// VPMADDWD with the pair's weight dword broadcast (VPBROADCASTD) and summed by VPADDD. The
+// first block prefetches the rows pfd bytes ahead.
 TEXT ·qvaxpy4i8maddw(SB), NOSPLIT, $0-112
-	MOVQ v+16(FP), SI
 	MOVQ vrb+24(FP), BX
-	MOVQ w+48(FP), R8
 	MOVQ zrb+96(FP), R9
 	LEAQ (R9)(R9*2), R11
-	MOVQ np+32(FP), AX
 	MOVQ pfd+104(FP), CX
+	XORQ R15, R15
+	XORQ R13, R13
+	MOVQ bpg+64(FP), R10
+qvaxpy4i8maddwblk:
+	MOVQ np+32(FP), AX
+	MOVQ v+16(FP), SI
+	MOVQ R15, R12
+	SHLQ $4, R12
+	ADDQ R12, SI
+	MOVQ w+48(FP), R8
+	ADDQ R13, R8
 	VPXOR Y8, Y8, Y8
 	VPXOR Y9, Y9, Y9
 	VPXOR Y10, Y10, Y10
@@ -5112,7 +5471,9 @@ TEXT ·qvaxpy4i8maddw(SB), NOSPLIT, $0-112
 	VPXOR Y15, Y15, Y15
 	TESTQ AX, AX
 	JZ qvaxpy4i8maddwodd
-qvaxpy4i8maddwpair:
+	TESTQ R15, R15
+	JNZ qvaxpy4i8maddwpair
+qvaxpy4i8maddwpairpf:
 	LEAQ (SI)(CX*1), R12
 	PREFETCHT1 (R12)
 	PREFETCHT1 (R12)(BX*1)
@@ -5122,22 +5483,52 @@ qvaxpy4i8maddwpair:
 	VPMOVSXBW (SI)(BX*1), Y1
 	VPUNPCKLWD Y1, Y0, Y2
 	VPUNPCKHWD Y1, Y0, Y3
-	VPBROADCASTD (R8), Y4
+	VBROADCASTSS (R8), Y4
 	VPMADDWD Y4, Y2, Y5
 	VPADDD Y5, Y8, Y8
 	VPMADDWD Y4, Y3, Y6
 	VPADDD Y6, Y9, Y9
-	VPBROADCASTD (R8)(R9*1), Y4
+	VBROADCASTSS (R8)(R9*1), Y4
 	VPMADDWD Y4, Y2, Y5
 	VPADDD Y5, Y10, Y10
 	VPMADDWD Y4, Y3, Y6
 	VPADDD Y6, Y11, Y11
-	VPBROADCASTD (R8)(R9*2), Y4
+	VBROADCASTSS (R8)(R9*2), Y4
 	VPMADDWD Y4, Y2, Y5
 	VPADDD Y5, Y12, Y12
 	VPMADDWD Y4, Y3, Y6
 	VPADDD Y6, Y13, Y13
-	VPBROADCASTD (R8)(R11*1), Y4
+	VBROADCASTSS (R8)(R11*1), Y4
+	VPMADDWD Y4, Y2, Y5
+	VPADDD Y5, Y14, Y14
+	VPMADDWD Y4, Y3, Y6
+	VPADDD Y6, Y15, Y15
+	ADDQ wpb+56(FP), R8
+	LEAQ (SI)(BX*2), SI
+	DECQ AX
+	JNZ qvaxpy4i8maddwpairpf
+	JMP qvaxpy4i8maddwodd
+qvaxpy4i8maddwpair:
+	VPMOVSXBW (SI), Y0
+	VPMOVSXBW (SI)(BX*1), Y1
+	VPUNPCKLWD Y1, Y0, Y2
+	VPUNPCKHWD Y1, Y0, Y3
+	VBROADCASTSS (R8), Y4
+	VPMADDWD Y4, Y2, Y5
+	VPADDD Y5, Y8, Y8
+	VPMADDWD Y4, Y3, Y6
+	VPADDD Y6, Y9, Y9
+	VBROADCASTSS (R8)(R9*1), Y4
+	VPMADDWD Y4, Y2, Y5
+	VPADDD Y5, Y10, Y10
+	VPMADDWD Y4, Y3, Y6
+	VPADDD Y6, Y11, Y11
+	VBROADCASTSS (R8)(R9*2), Y4
+	VPMADDWD Y4, Y2, Y5
+	VPADDD Y5, Y12, Y12
+	VPMADDWD Y4, Y3, Y6
+	VPADDD Y6, Y13, Y13
+	VBROADCASTSS (R8)(R11*1), Y4
 	VPMADDWD Y4, Y2, Y5
 	VPADDD Y5, Y14, Y14
 	VPMADDWD Y4, Y3, Y6
@@ -5146,6 +5537,7 @@ qvaxpy4i8maddwpair:
 	LEAQ (SI)(BX*2), SI
 	DECQ AX
 	JNZ qvaxpy4i8maddwpair
+	JMP qvaxpy4i8maddwodd
 qvaxpy4i8maddwodd:
 	MOVQ odd+40(FP), AX
 	TESTQ AX, AX
@@ -5155,34 +5547,38 @@ qvaxpy4i8maddwodd:
 	VPMOVSXBW (SI)(BX*1), Y1
 	VPUNPCKLWD Y1, Y0, Y2
 	VPUNPCKHWD Y1, Y0, Y3
-	VPBROADCASTD (R8), Y4
+	VBROADCASTSS (R8), Y4
 	VPMADDWD Y4, Y2, Y5
 	VPADDD Y5, Y8, Y8
 	VPMADDWD Y4, Y3, Y6
 	VPADDD Y6, Y9, Y9
-	VPBROADCASTD (R8)(R9*1), Y4
+	VBROADCASTSS (R8)(R9*1), Y4
 	VPMADDWD Y4, Y2, Y5
 	VPADDD Y5, Y10, Y10
 	VPMADDWD Y4, Y3, Y6
 	VPADDD Y6, Y11, Y11
-	VPBROADCASTD (R8)(R9*2), Y4
+	VBROADCASTSS (R8)(R9*2), Y4
 	VPMADDWD Y4, Y2, Y5
 	VPADDD Y5, Y12, Y12
 	VPMADDWD Y4, Y3, Y6
 	VPADDD Y6, Y13, Y13
-	VPBROADCASTD (R8)(R11*1), Y4
+	VBROADCASTSS (R8)(R11*1), Y4
 	VPMADDWD Y4, Y2, Y5
 	VPADDD Y5, Y14, Y14
 	VPMADDWD Y4, Y3, Y6
 	VPADDD Y6, Y15, Y15
 qvaxpy4i8maddwstore:
 	MOVQ acc+0(FP), DI
+	MOVQ R15, R12
+	SHLQ $6, R12
+	ADDQ R12, DI
 	MOVQ accrb+8(FP), BX
 	MOVQ alpha+72(FP), R12
-	MOVQ sc+80(FP), R13
+	MOVQ sc+80(FP), DX
 	MOVQ zt+88(FP), R14
+	ADDQ R13, R14
 	VBROADCASTSS (R12), Y4
-	VBROADCASTSS (R13), Y5
+	VBROADCASTSS (DX), Y5
 	VCVTDQ2PS Y8, Y8
 	VCVTDQ2PS Y9, Y9
 	VPERM2F128 $0x20, Y9, Y8, Y0
@@ -5195,7 +5591,7 @@ qvaxpy4i8maddwstore:
 	VMOVUPS Y2, 32(DI)
 	ADDQ BX, DI
 	VBROADCASTSS 4(R12), Y4
-	VBROADCASTSS 4(R13), Y5
+	VBROADCASTSS 4(DX), Y5
 	VCVTDQ2PS Y10, Y10
 	VCVTDQ2PS Y11, Y11
 	VPERM2F128 $0x20, Y11, Y10, Y0
@@ -5208,7 +5604,7 @@ qvaxpy4i8maddwstore:
 	VMOVUPS Y2, 32(DI)
 	ADDQ BX, DI
 	VBROADCASTSS 8(R12), Y4
-	VBROADCASTSS 8(R13), Y5
+	VBROADCASTSS 8(DX), Y5
 	VCVTDQ2PS Y12, Y12
 	VCVTDQ2PS Y13, Y13
 	VPERM2F128 $0x20, Y13, Y12, Y0
@@ -5221,7 +5617,7 @@ qvaxpy4i8maddwstore:
 	VMOVUPS Y2, 32(DI)
 	ADDQ BX, DI
 	VBROADCASTSS 12(R12), Y4
-	VBROADCASTSS 12(R13), Y5
+	VBROADCASTSS 12(DX), Y5
 	VCVTDQ2PS Y14, Y14
 	VCVTDQ2PS Y15, Y15
 	VPERM2F128 $0x20, Y15, Y14, Y0
@@ -5233,27 +5629,49 @@ qvaxpy4i8maddwstore:
 	VFMADD231PS Y1, Y5, Y2
 	VMOVUPS Y2, 32(DI)
 	ADDQ BX, DI
+	MOVQ vrb+24(FP), BX
+	INCQ R15
+	DECQ R10
+	JNZ qvaxpy4i8maddwnext
+	MOVQ bpg+64(FP), R10
+	ADDQ $4, R13
+qvaxpy4i8maddwnext:
+	MOVQ accrb+8(FP), R12
+	SHRQ $6, R12
+	CMPQ R15, R12
+	JLT qvaxpy4i8maddwblk
 	VZEROUPPER
 	RET
 
-// func qvaxpy4i4maddw(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)
+// func qvaxpy4i4maddw(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, bpg int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)
 //
-// qvaxpy4i4vnni's contract without VNNI over a column block of 16 elements in one scale
-// group (s2 unused): the same int32 sums, exact, and the same float32 steps when stored
-// (bit-identical). Per token pair the two rows are widened to int16 and interleaved
+// qvaxpy4i4vnni's contract without VNNI over every column of the rows (accrb/4 elements) in
+// one call: blocks of 16 columns, bpg blocks to a scale group of the four-group layout (the
+// weights and zero terms of the block's group 4 bytes on from the last group's); the same
+// int32 sums, exact, and the same float32 steps when stored (bit-identical). Per token pair
+// the two rows are widened to int16 and interleaved
 // (VPUNPCKLBW, VPMOVZXBW), split into even and odd elements (VPAND, VPSRLW), dotted by
-// VPMADDWD with the pair's weight dword broadcast (VPBROADCASTD) and summed by VPADDD.
+// VPMADDWD with the pair's weight dword broadcast (VPBROADCASTD) and summed by VPADDD. The
+// first block prefetches the rows pfd bytes ahead.
 TEXT ·qvaxpy4i4maddw(SB), NOSPLIT, $0-112
-	MOVQ v+16(FP), SI
 	MOVQ vrb+24(FP), BX
-	MOVQ w+48(FP), R8
 	MOVQ zrb+96(FP), R9
 	LEAQ (R9)(R9*2), R11
-	MOVQ np+32(FP), AX
 	MOVQ pfd+104(FP), CX
+	XORQ R15, R15
+	XORQ R13, R13
+	MOVQ bpg+64(FP), R10
 	MOVL $0x000f000f, DX
 	VMOVD DX, X7
 	VPBROADCASTD X7, Y7
+qvaxpy4i4maddwblk:
+	MOVQ np+32(FP), AX
+	MOVQ v+16(FP), SI
+	MOVQ R15, R12
+	SHLQ $3, R12
+	ADDQ R12, SI
+	MOVQ w+48(FP), R8
+	ADDQ R13, R8
 	VPXOR Y8, Y8, Y8
 	VPXOR Y9, Y9, Y9
 	VPXOR Y10, Y10, Y10
@@ -5264,7 +5682,9 @@ TEXT ·qvaxpy4i4maddw(SB), NOSPLIT, $0-112
 	VPXOR Y15, Y15, Y15
 	TESTQ AX, AX
 	JZ qvaxpy4i4maddwodd
-qvaxpy4i4maddwpair:
+	TESTQ R15, R15
+	JNZ qvaxpy4i4maddwpair
+qvaxpy4i4maddwpairpf:
 	LEAQ (SI)(CX*1), R12
 	PREFETCHT1 (R12)
 	PREFETCHT1 (R12)(BX*1)
@@ -5274,22 +5694,54 @@ qvaxpy4i4maddwpair:
 	VPMOVZXBW X0, Y0
 	VPSRLW $4, Y0, Y3
 	VPAND Y7, Y0, Y2
-	VPBROADCASTD (R8), Y4
+	VBROADCASTSS (R8), Y4
 	VPMADDWD Y4, Y2, Y5
 	VPADDD Y5, Y8, Y8
 	VPMADDWD Y4, Y3, Y6
 	VPADDD Y6, Y9, Y9
-	VPBROADCASTD (R8)(R9*1), Y4
+	VBROADCASTSS (R8)(R9*1), Y4
 	VPMADDWD Y4, Y2, Y5
 	VPADDD Y5, Y10, Y10
 	VPMADDWD Y4, Y3, Y6
 	VPADDD Y6, Y11, Y11
-	VPBROADCASTD (R8)(R9*2), Y4
+	VBROADCASTSS (R8)(R9*2), Y4
 	VPMADDWD Y4, Y2, Y5
 	VPADDD Y5, Y12, Y12
 	VPMADDWD Y4, Y3, Y6
 	VPADDD Y6, Y13, Y13
-	VPBROADCASTD (R8)(R11*1), Y4
+	VBROADCASTSS (R8)(R11*1), Y4
+	VPMADDWD Y4, Y2, Y5
+	VPADDD Y5, Y14, Y14
+	VPMADDWD Y4, Y3, Y6
+	VPADDD Y6, Y15, Y15
+	ADDQ wpb+56(FP), R8
+	LEAQ (SI)(BX*2), SI
+	DECQ AX
+	JNZ qvaxpy4i4maddwpairpf
+	JMP qvaxpy4i4maddwodd
+qvaxpy4i4maddwpair:
+	VMOVQ (SI), X0
+	VMOVQ (SI)(BX*1), X1
+	VPUNPCKLBW X1, X0, X0
+	VPMOVZXBW X0, Y0
+	VPSRLW $4, Y0, Y3
+	VPAND Y7, Y0, Y2
+	VBROADCASTSS (R8), Y4
+	VPMADDWD Y4, Y2, Y5
+	VPADDD Y5, Y8, Y8
+	VPMADDWD Y4, Y3, Y6
+	VPADDD Y6, Y9, Y9
+	VBROADCASTSS (R8)(R9*1), Y4
+	VPMADDWD Y4, Y2, Y5
+	VPADDD Y5, Y10, Y10
+	VPMADDWD Y4, Y3, Y6
+	VPADDD Y6, Y11, Y11
+	VBROADCASTSS (R8)(R9*2), Y4
+	VPMADDWD Y4, Y2, Y5
+	VPADDD Y5, Y12, Y12
+	VPMADDWD Y4, Y3, Y6
+	VPADDD Y6, Y13, Y13
+	VBROADCASTSS (R8)(R11*1), Y4
 	VPMADDWD Y4, Y2, Y5
 	VPADDD Y5, Y14, Y14
 	VPMADDWD Y4, Y3, Y6
@@ -5298,6 +5750,7 @@ qvaxpy4i4maddwpair:
 	LEAQ (SI)(BX*2), SI
 	DECQ AX
 	JNZ qvaxpy4i4maddwpair
+	JMP qvaxpy4i4maddwodd
 qvaxpy4i4maddwodd:
 	MOVQ odd+40(FP), AX
 	TESTQ AX, AX
@@ -5309,34 +5762,38 @@ qvaxpy4i4maddwodd:
 	VPMOVZXBW X0, Y0
 	VPSRLW $4, Y0, Y3
 	VPAND Y7, Y0, Y2
-	VPBROADCASTD (R8), Y4
+	VBROADCASTSS (R8), Y4
 	VPMADDWD Y4, Y2, Y5
 	VPADDD Y5, Y8, Y8
 	VPMADDWD Y4, Y3, Y6
 	VPADDD Y6, Y9, Y9
-	VPBROADCASTD (R8)(R9*1), Y4
+	VBROADCASTSS (R8)(R9*1), Y4
 	VPMADDWD Y4, Y2, Y5
 	VPADDD Y5, Y10, Y10
 	VPMADDWD Y4, Y3, Y6
 	VPADDD Y6, Y11, Y11
-	VPBROADCASTD (R8)(R9*2), Y4
+	VBROADCASTSS (R8)(R9*2), Y4
 	VPMADDWD Y4, Y2, Y5
 	VPADDD Y5, Y12, Y12
 	VPMADDWD Y4, Y3, Y6
 	VPADDD Y6, Y13, Y13
-	VPBROADCASTD (R8)(R11*1), Y4
+	VBROADCASTSS (R8)(R11*1), Y4
 	VPMADDWD Y4, Y2, Y5
 	VPADDD Y5, Y14, Y14
 	VPMADDWD Y4, Y3, Y6
 	VPADDD Y6, Y15, Y15
 qvaxpy4i4maddwstore:
 	MOVQ acc+0(FP), DI
+	MOVQ R15, R12
+	SHLQ $6, R12
+	ADDQ R12, DI
 	MOVQ accrb+8(FP), BX
 	MOVQ alpha+72(FP), R12
-	MOVQ sc+80(FP), R13
+	MOVQ sc+80(FP), DX
 	MOVQ zt+88(FP), R14
+	ADDQ R13, R14
 	VBROADCASTSS (R12), Y4
-	VBROADCASTSS (R13), Y5
+	VBROADCASTSS (DX), Y5
 	VCVTDQ2PS Y8, Y8
 	VCVTDQ2PS Y9, Y9
 	VUNPCKLPS Y9, Y8, Y2
@@ -5353,9 +5810,9 @@ qvaxpy4i4maddwstore:
 	VADDPS Y6, Y2, Y2
 	VMOVUPS Y2, 32(DI)
 	ADDQ BX, DI
-	ADDQ zrb+96(FP), R14
+	ADDQ R9, R14
 	VBROADCASTSS 4(R12), Y4
-	VBROADCASTSS 4(R13), Y5
+	VBROADCASTSS 4(DX), Y5
 	VCVTDQ2PS Y10, Y10
 	VCVTDQ2PS Y11, Y11
 	VUNPCKLPS Y11, Y10, Y2
@@ -5372,9 +5829,9 @@ qvaxpy4i4maddwstore:
 	VADDPS Y6, Y2, Y2
 	VMOVUPS Y2, 32(DI)
 	ADDQ BX, DI
-	ADDQ zrb+96(FP), R14
+	ADDQ R9, R14
 	VBROADCASTSS 8(R12), Y4
-	VBROADCASTSS 8(R13), Y5
+	VBROADCASTSS 8(DX), Y5
 	VCVTDQ2PS Y12, Y12
 	VCVTDQ2PS Y13, Y13
 	VUNPCKLPS Y13, Y12, Y2
@@ -5391,9 +5848,9 @@ qvaxpy4i4maddwstore:
 	VADDPS Y6, Y2, Y2
 	VMOVUPS Y2, 32(DI)
 	ADDQ BX, DI
-	ADDQ zrb+96(FP), R14
+	ADDQ R9, R14
 	VBROADCASTSS 12(R12), Y4
-	VBROADCASTSS 12(R13), Y5
+	VBROADCASTSS 12(DX), Y5
 	VCVTDQ2PS Y14, Y14
 	VCVTDQ2PS Y15, Y15
 	VUNPCKLPS Y15, Y14, Y2
@@ -5410,7 +5867,18 @@ qvaxpy4i4maddwstore:
 	VADDPS Y6, Y2, Y2
 	VMOVUPS Y2, 32(DI)
 	ADDQ BX, DI
-	ADDQ zrb+96(FP), R14
+	ADDQ R9, R14
+	MOVQ vrb+24(FP), BX
+	INCQ R15
+	DECQ R10
+	JNZ qvaxpy4i4maddwnext
+	MOVQ bpg+64(FP), R10
+	ADDQ $4, R13
+qvaxpy4i4maddwnext:
+	MOVQ accrb+8(FP), R12
+	SHRQ $6, R12
+	CMPQ R15, R12
+	JLT qvaxpy4i4maddwblk
 	VZEROUPPER
 	RET
 
