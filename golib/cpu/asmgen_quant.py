@@ -997,25 +997,34 @@ def vint(ng, isa):
                 vaxpy_maddw(fmt)
 
 
-def sumsq():
-    """AVX-512 sum of squares of two float32 runs (scalesSafe's check of a segment's scales and
-    zeros), the tail of each by a masked load."""
-    w("// func qsumsq2avx512(a *float32, na int, b *float32, nb int) float32")
+def sumsq(isa):
+    """Sum of squares of two float32 runs (scalesSafe's check of a segment's scales and zeros):
+    AVX-512 with the tail of each run by a masked load, AVX2 with a scalar tail."""
+    lanes, vp = ISAS[isa]
+    name = f"qsumsq2{isa}"
+    w(f"// func {name}(a *float32, na int, b *float32, nb int) float32")
     w("//")
-    w("// sum_i a[i]^2 + sum_i b[i]^2 in float32 (16 partial sums; NaN or +Inf when any term is).")
-    w("TEXT ·qsumsq2avx512(SB), NOSPLIT, $0-36")
-    ins("VXORPS Z0, Z0, Z0", "VXORPS Z1, Z1, Z1")
+    w(f"// sum_i a[i]^2 + sum_i b[i]^2 in float32 ({lanes} partial sums; NaN or +Inf when any term is).")
+    w(f"TEXT ·{name}(SB), NOSPLIT, $0-36")
+    ins(f"VXORPS {vp}0, {vp}0, {vp}0", f"VXORPS {vp}1, {vp}1, {vp}1")
     for run, (p, n) in enumerate((("a+0(FP)", "na+8(FP)"), ("b+16(FP)", "nb+24(FP)"))):
-        lb = f"qsumsq2r{run}"
+        lb = f"{name}r{run}"
         ins(f"MOVQ {p}, SI", f"MOVQ {n}, CX")
         w(f"{lb}loop:")
-        ins("CMPQ CX, $16", f"JLT {lb}tail", "VMOVUPS (SI), Z2", "VFMADD231PS Z2, Z2, Z0",
-            "ADDQ $64, SI", "SUBQ $16, CX", f"JMP {lb}loop")
+        ins(f"CMPQ CX, ${lanes}", f"JLT {lb}tail", f"VMOVUPS (SI), {vp}2", f"VFMADD231PS {vp}2, {vp}2, {vp}0",
+            f"ADDQ ${4*lanes}, SI", f"SUBQ ${lanes}, CX", f"JMP {lb}loop")
         w(f"{lb}tail:")
-        ins("TESTQ CX, CX", f"JZ {lb}done", "MOVL $1, AX", "SHLL CX, AX", "DECL AX", "KMOVW AX, K1",
-            "VMOVUPS.Z (SI), K1, Z2", "VFMADD231PS Z2, Z2, Z1")
+        if isa == "avx512":
+            ins("TESTQ CX, CX", f"JZ {lb}done", "MOVL $1, AX", "SHLL CX, AX", "DECL AX", "KMOVW AX, K1",
+                "VMOVUPS.Z (SI), K1, Z2", "VFMADD231PS Z2, Z2, Z1")
+        else:  # lane 0 of Y1
+            ins("TESTQ CX, CX", f"JZ {lb}done", "VMOVSS (SI), X2", "VFMADD231SS X2, X2, X1", "ADDQ $4, SI",
+                "DECQ CX", f"JMP {lb}tail")
         w(f"{lb}done:")
-    ins("VADDPS Z1, Z0, Z0", "VEXTRACTF64X4 $1, Z0, Y1", "VADDPS Y1, Y0, Y0", "VEXTRACTF128 $1, Y0, X1",
+    ins(f"VADDPS {vp}1, {vp}0, {vp}0")
+    if isa == "avx512":
+        ins("VEXTRACTF64X4 $1, Z0, Y1", "VADDPS Y1, Y0, Y0")
+    ins("VEXTRACTF128 $1, Y0, X1",
         "VADDPS X1, X0, X0", "VHADDPS X0, X0, X0", "VHADDPS X0, X0, X0", "VMOVSS X0, ret+32(FP)",
         "VZEROUPPER", "RET")
     w()
@@ -1152,5 +1161,6 @@ vint(2, "avx512")
 maddw()
 vint(4, "avx2")
 vint(2, "avx2")
-sumsq()
+sumsq("avx512")
+sumsq("avx2")
 print("\n".join(out))

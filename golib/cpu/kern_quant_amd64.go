@@ -274,6 +274,7 @@ func init() {
 		intMaddw.set(&quantAVX2Ops)
 	}
 	quant512Ops.sumsq2 = sumsq2avx512
+	quantAVX2Ops.sumsq2 = sumsq2avx2
 	avx512Ops.quant = &quant512Ops
 	avx2Ops.quant = &quantAVX2Ops
 }
@@ -441,20 +442,33 @@ func (l *intLoops) vaxpy4(acc, p []float32, ld, n int, v qmat, alpha *[4]float32
 	return true
 }
 
-// sumsq2avx512 is quantOps.sumsq2.
+// sumsq2avx512 and sumsq2avx2 are quantOps.sumsq2.
 func sumsq2avx512(a, b []float32) float32 {
-	var pa, pb *float32
+	pa, pb := f32ptrs(a, b)
+	return qsumsq2avx512(pa, len(a), pb, len(b))
+}
+
+func sumsq2avx2(a, b []float32) float32 {
+	pa, pb := f32ptrs(a, b)
+	return qsumsq2avx2(pa, len(a), pb, len(b))
+}
+
+// f32ptrs returns the first elements' addresses (nil for an empty run).
+func f32ptrs(a, b []float32) (pa, pb *float32) {
 	if len(a) > 0 {
 		pa = &a[0]
 	}
 	if len(b) > 0 {
 		pb = &b[0]
 	}
-	return qsumsq2avx512(pa, len(a), pb, len(b))
+	return pa, pb
 }
 
 //go:noescape
 func qsumsq2avx512(a *float32, na int, b *float32, nb int) float32
+
+//go:noescape
+func qsumsq2avx2(a *float32, na int, b *float32, nb int) float32
 
 // Declarations of the integer accumulation loop (kern_quant_amd64.s).
 

@@ -6131,46 +6131,99 @@ TEXT ·qsumsq2avx512(SB), NOSPLIT, $0-36
 	VXORPS Z1, Z1, Z1
 	MOVQ a+0(FP), SI
 	MOVQ na+8(FP), CX
-qsumsq2r0loop:
+qsumsq2avx512r0loop:
 	CMPQ CX, $16
-	JLT qsumsq2r0tail
+	JLT qsumsq2avx512r0tail
 	VMOVUPS (SI), Z2
 	VFMADD231PS Z2, Z2, Z0
 	ADDQ $64, SI
 	SUBQ $16, CX
-	JMP qsumsq2r0loop
-qsumsq2r0tail:
+	JMP qsumsq2avx512r0loop
+qsumsq2avx512r0tail:
 	TESTQ CX, CX
-	JZ qsumsq2r0done
+	JZ qsumsq2avx512r0done
 	MOVL $1, AX
 	SHLL CX, AX
 	DECL AX
 	KMOVW AX, K1
 	VMOVUPS.Z (SI), K1, Z2
 	VFMADD231PS Z2, Z2, Z1
-qsumsq2r0done:
+qsumsq2avx512r0done:
 	MOVQ b+16(FP), SI
 	MOVQ nb+24(FP), CX
-qsumsq2r1loop:
+qsumsq2avx512r1loop:
 	CMPQ CX, $16
-	JLT qsumsq2r1tail
+	JLT qsumsq2avx512r1tail
 	VMOVUPS (SI), Z2
 	VFMADD231PS Z2, Z2, Z0
 	ADDQ $64, SI
 	SUBQ $16, CX
-	JMP qsumsq2r1loop
-qsumsq2r1tail:
+	JMP qsumsq2avx512r1loop
+qsumsq2avx512r1tail:
 	TESTQ CX, CX
-	JZ qsumsq2r1done
+	JZ qsumsq2avx512r1done
 	MOVL $1, AX
 	SHLL CX, AX
 	DECL AX
 	KMOVW AX, K1
 	VMOVUPS.Z (SI), K1, Z2
 	VFMADD231PS Z2, Z2, Z1
-qsumsq2r1done:
+qsumsq2avx512r1done:
 	VADDPS Z1, Z0, Z0
 	VEXTRACTF64X4 $1, Z0, Y1
+	VADDPS Y1, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VHADDPS X0, X0, X0
+	VHADDPS X0, X0, X0
+	VMOVSS X0, ret+32(FP)
+	VZEROUPPER
+	RET
+
+// func qsumsq2avx2(a *float32, na int, b *float32, nb int) float32
+//
+// sum_i a[i]^2 + sum_i b[i]^2 in float32 (8 partial sums; NaN or +Inf when any term is).
+TEXT ·qsumsq2avx2(SB), NOSPLIT, $0-36
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	MOVQ a+0(FP), SI
+	MOVQ na+8(FP), CX
+qsumsq2avx2r0loop:
+	CMPQ CX, $8
+	JLT qsumsq2avx2r0tail
+	VMOVUPS (SI), Y2
+	VFMADD231PS Y2, Y2, Y0
+	ADDQ $32, SI
+	SUBQ $8, CX
+	JMP qsumsq2avx2r0loop
+qsumsq2avx2r0tail:
+	TESTQ CX, CX
+	JZ qsumsq2avx2r0done
+	VMOVSS (SI), X2
+	VFMADD231SS X2, X2, X1
+	ADDQ $4, SI
+	DECQ CX
+	JMP qsumsq2avx2r0tail
+qsumsq2avx2r0done:
+	MOVQ b+16(FP), SI
+	MOVQ nb+24(FP), CX
+qsumsq2avx2r1loop:
+	CMPQ CX, $8
+	JLT qsumsq2avx2r1tail
+	VMOVUPS (SI), Y2
+	VFMADD231PS Y2, Y2, Y0
+	ADDQ $32, SI
+	SUBQ $8, CX
+	JMP qsumsq2avx2r1loop
+qsumsq2avx2r1tail:
+	TESTQ CX, CX
+	JZ qsumsq2avx2r1done
+	VMOVSS (SI), X2
+	VFMADD231SS X2, X2, X1
+	ADDQ $4, SI
+	DECQ CX
+	JMP qsumsq2avx2r1tail
+qsumsq2avx2r1done:
 	VADDPS Y1, Y0, Y0
 	VEXTRACTF128 $1, Y0, X1
 	VADDPS X1, X0, X0

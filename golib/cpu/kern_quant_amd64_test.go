@@ -338,33 +338,46 @@ func testQuantIntPrepRows(t *testing.T, is intISA) {
 	}
 }
 
-// TestQuantSumSq2 checks scalesSafe's AVX-512 sum of squares against a
-// float64 reference over run lengths around the 16-lane step (empty runs and
-// masked tails included), and that a non-finite or huge (2^64 or more)
-// value anywhere makes the sum non-finite.
+// TestQuantSumSq2 checks scalesSafe's sums of squares (AVX-512, AVX2)
+// against a float64 reference over run lengths around the 16- and 8-lane
+// steps (empty runs and tails included), and that a non-finite or huge
+// (2^64 or more) value anywhere makes the sum non-finite.
 func TestQuantSumSq2(t *testing.T) {
-	if !archsimd.X86.AVX512() {
-		t.Skip("no AVX-512")
+	type impl struct {
+		name string
+		fn   func(a, b []float32) float32
+	}
+	var impls []impl
+	if archsimd.X86.AVX512() {
+		impls = append(impls, impl{"avx512", sumsq2avx512})
+	}
+	if archsimd.X86.AVX2() && archsimd.X86.FMA() {
+		impls = append(impls, impl{"avx2", sumsq2avx2})
+	}
+	if len(impls) == 0 {
+		t.Skip("no AVX2 or AVX-512")
 	}
 	rng := rand.New(rand.NewPCG(14, 15))
-	for _, tc := range []struct{ na, nb int }{
-		{0, 0}, {0, 5}, {1, 0}, {15, 16}, {16, 17}, {31, 33}, {128, 128}, {128, 20}, {200, 3},
-	} {
-		a, b := randVec(rng, tc.na, 2), randVec(rng, tc.nb, 2)
-		var want float64
-		for _, x := range slices.Concat(a, b) {
-			want += float64(x) * float64(x)
-		}
-		got := sumsq2avx512(a, b)
-		if math.Abs(float64(got)-want) > 1e-5*want+1e-30 {
-			t.Errorf("na %d nb %d: got %g, want %g", tc.na, tc.nb, got, want)
-		}
-		for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(-1)), 1 << 64} {
-			for i := range tc.na + tc.nb {
-				x := slices.Concat(a, b)
-				x[i] = bad
-				if s := sumsq2avx512(x[:tc.na], x[tc.na:]); s-s == 0 {
-					t.Fatalf("na %d nb %d: %g at %d: sum %g is finite", tc.na, tc.nb, bad, i, s)
+	for _, im := range impls {
+		for _, tc := range []struct{ na, nb int }{
+			{0, 0}, {0, 5}, {1, 0}, {7, 9}, {15, 16}, {16, 17}, {31, 33}, {128, 128}, {128, 20}, {200, 3},
+		} {
+			a, b := randVec(rng, tc.na, 2), randVec(rng, tc.nb, 2)
+			var want float64
+			for _, x := range slices.Concat(a, b) {
+				want += float64(x) * float64(x)
+			}
+			got := im.fn(a, b)
+			if math.Abs(float64(got)-want) > 1e-5*want+1e-30 {
+				t.Errorf("%s na %d nb %d: got %g, want %g", im.name, tc.na, tc.nb, got, want)
+			}
+			for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(-1)), 1 << 64} {
+				for i := range tc.na + tc.nb {
+					x := slices.Concat(a, b)
+					x[i] = bad
+					if s := im.fn(x[:tc.na], x[tc.na:]); s-s == 0 {
+						t.Fatalf("%s na %d nb %d: %g at %d: sum %g is finite", im.name, tc.na, tc.nb, bad, i, s)
+					}
 				}
 			}
 		}
