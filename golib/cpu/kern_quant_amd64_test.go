@@ -271,7 +271,18 @@ func testQuantIntAxpyOps(t *testing.T, name string, ops *quantOps) {
 						t.Fatalf("%s %s d=%d g=%d: shape refused", name, f, d, g)
 					}
 					goQAxpy4Ld(want, p, ld, n, v, &alpha)
-					x := make([]float32, d)
+					// the rows dequantized and their integers, once per case
+					x, qv := make([]float32, n*d), make([]float64, n*d)
+					for tk := 0; tk < n; tk++ {
+						goQRow(x[tk*d:(tk+1)*d], v, tk, d)
+						for c := 0; c < d; c++ {
+							if f == cache.QuantInt4 {
+								qv[tk*d+c] = float64(v.b[tk*v.rb+c/2] >> (4 * (c & 1)) & 15)
+							} else {
+								qv[tk*d+c] = float64(int8(v.b[tk*v.rb+c]))
+							}
+						}
+					}
 					for r := 0; r < 4; r++ {
 						var mx float64
 						for tk := 0; tk < n; tk++ {
@@ -282,15 +293,8 @@ func testQuantIntAxpyOps(t *testing.T, name string, ops *quantOps) {
 						for c := 0; c < d; c++ {
 							var sq, mag float64
 							for tk := 0; tk < n; tk++ {
-								goQRow(x, v, tk, d)
-								var q float64
-								if f == cache.QuantInt4 {
-									q = float64(v.b[tk*v.rb+c/2] >> (4 * (c & 1)) & 15)
-								} else {
-									q = float64(int8(v.b[tk*v.rb+c]))
-								}
-								sq += math.Abs(q)
-								mag += math.Abs(float64(p[r*ld+tk]) * float64(x[c]))
+								sq += math.Abs(qv[tk*d+c])
+								mag += math.Abs(float64(p[r*ld+tk]) * float64(x[tk*d+c]))
 							}
 							bound := 0.5*mx/vwMax*sq*1.001 + 1e-5*(1+math.Abs(float64(want[r*d+c]))) + 1e-6*(mag+math.Abs(float64(acc0[r*d+c])))
 							if e := math.Abs(float64(got[r*d+c]) - float64(want[r*d+c])); !(e <= bound) {
