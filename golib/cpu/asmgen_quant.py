@@ -7,6 +7,9 @@ dequantized in registers as they are loaded: int8 VPMOVSXBD + VCVTDQ2PS; int4 (t
 per byte, element 2i in the low nibble) VPAND/VPSRLW into two byte vectors interleaved back
 in element order by VPUNPCKLBW/VPUNPCKHBW, then VPMOVZXBD + VCVTDQ2PS; then x*s (+ z) with
 the group's broadcast scale (and zero). Contracts are in kern_quant_amd64.go.
+The integer loops (query rows rounded to int8, V weights to int16) come in an AVX-512 VNNI
+flavour (vnni, vint(.., "avx512"): VPDPBUSD, VPDPWSSD) and an AVX2 one (maddw, vint(..,
+"avx2"): VPMADDUBSW, VPMADDWD) computing the same integers and float32 steps: bit-identical.
 Run from this directory:  python3 asmgen_quant.py > kern_quant_amd64.s
 (TestAsmgenQuantInSync checks that the committed file is this script's output.)
 """
@@ -346,53 +349,77 @@ def vnni():
             "VPADDD X0, X1, X1", "VPHADDD X1, X1, X1", "VPHADDD X1, X1, X1", "VCVTDQ2PS X1, X1",
             f"VMOVSS X1, {off(4*i)}(R11)")
     ins("LEAQ (R15)(CX*4), SI", "ADDQ $16, DX", "ADDQ $16, R11", "SUBQ $4, R10", "JMP qprep4grp")
-    w("qprep1start:")
-    ins("TESTQ R10, R10", "JZ qprepok", "MOVQ i4+56(FP), AX")
-    w("qpreprow:")
-    ins("VXORPS Z1, Z1, Z1", "VXORPS Z3, Z3, Z3", "XORQ BX, BX")
-    w("qprepmax:")
-    ins("VMOVUPS (SI)(BX*4), Z0", "VMULPS (R8)(BX*4), Z0, Z0",
-        "VFMADD231PS Z4, Z0, Z3", "VANDPS Z2, Z0, Z0", "VMAXPS Z0, Z1, Z1",
-        "ADDQ $16, BX", "CMPQ BX, CX", "JLT qprepmax")
-    ins("VEXTRACTF64X4 $1, Z1, Y0", "VMAXPS Y0, Y1, Y1", "VEXTRACTF128 $1, Y1, X0", "VMAXPS X0, X1, X1",
-        "VPERMILPS $0x4e, X1, X0", "VMAXPS X0, X1, X1", "VPERMILPS $0xb1, X1, X0", "VMAXPS X0, X1, X1",
-        "VEXTRACTF64X4 $1, Z3, Y0", "VADDPS Y0, Y3, Y3", "VEXTRACTF128 $1, Y3, X0", "VADDPS X0, X3, X3",
-        "VHADDPS X3, X3, X3", "VHADDPS X3, X3, X3",
-        # every product finite: the sum of products times 0 is exactly 0
-        "VXORPS X5, X5, X5", "VUCOMISS X5, X3", "JNE qprepfail", "JPS qprepfail",
-        "VXORPS X8, X8, X8", "VXORPS X9, X9, X9", "VUCOMISS X5, X1", "JEQ qprepinv")
-    # m > 0: sc = m/127 must not be 0, inv = 127/m not above MaxFloat32
-    ins("VDIVSS X6, X1, X8", "VUCOMISS X5, X8", "JEQ qprepfail", "VDIVSS X1, X6, X9",
-        "VUCOMISS X7, X9", "JHI qprepfail")
-    w("qprepinv:")
-    ins("VMOVSS X8, (DX)", "VBROADCASTSS X9, Z9", "VPXORD Z1, Z1, Z1", "XORQ BX, BX",
-        "TESTQ AX, AX", "JNZ qprep4")
-    w("qprepquant:")
-    ins("VMOVUPS (SI)(BX*4), Z0", "VMULPS (R8)(BX*4), Z0, Z0", "VMULPS Z9, Z0, Z0", "VCVTPS2DQ Z0, Z0",
-        "VPADDD Z0, Z1, Z1", "VPMOVSDB Z0, (DI)(BX*1)", "ADDQ $16, BX", "CMPQ BX, CX", "JLT qprepquant",
-        "JMP qprepsum")
-    w("qprep4:")
-    ins("MOVQ DI, R12")
-    w("qprep4loop:")
-    ins("VMOVUPS (SI)(BX*4), Z0", "VMULPS (R8)(BX*4), Z0, Z0", "VMULPS Z9, Z0, Z0", "VCVTPS2DQ Z0, Z0",
-        "VPADDD Z0, Z1, Z1", "VPMOVSDB Z0, (R12)",
-        "VMOVUPS 64(SI)(BX*4), Z0", "VMULPS 64(R8)(BX*4), Z0, Z0", "VMULPS Z9, Z0, Z0", "VCVTPS2DQ Z0, Z0",
-        "VPADDD Z0, Z1, Z1", "VPMOVSDB Z0, 64(R12)",
-        "ADDQ $16, R12", "ADDQ $32, BX", "MOVQ BX, R13", "ANDQ $127, R13", "JNZ qprep4next",
-        "ADDQ $64, R12")
-    w("qprep4next:")
-    ins("CMPQ BX, CX", "JLT qprep4loop")
-    w("qprepsum:")
-    ins("VEXTRACTI64X4 $1, Z1, Y0", "VPADDD Y0, Y1, Y1", "VEXTRACTI128 $1, Y1, X0", "VPADDD X0, X1, X1",
-        "VPHADDD X1, X1, X1", "VPHADDD X1, X1, X1", "VCVTDQ2PS X1, X1", "VMOVSS X1, (R11)",
-        "LEAQ (SI)(CX*4), SI", "ADDQ CX, DI", "ADDQ $4, DX", "ADDQ $4, R11", "DECQ R10", "JNZ qpreprow")
-    w("qprepok:")
-    ins("MOVQ $1, ret+64(FP)", "VZEROUPPER", "RET")
-    w("qprepfail:")
-    ins("MOVQ $0, ret+64(FP)", "VZEROUPPER", "RET")
+    prep_rows("avx512", "qprep")
     w()
     vnni_dots("i8")
     vnni_dots("i4")
+
+
+def prep_rows(isa, pfx):
+    """intPrep's one-row loop (qprep*: the rows left after the four-row groups, every row on
+    AVX2), from label {pfx}1start: rows R10, q SI, dst DI, ks R8, n CX, sc DX, sums R11, with
+    Y/Z2 the abs mask, Y/Z4 zero, X6 127 and X7 MaxFloat32 set. The same products, maximum,
+    divisions and rounding on both instruction sets: bit-identical rows."""
+    lanes, vp = ISAS[isa]
+    wide = isa == "avx512"
+
+    def reduce_max(r):  # Y/Z{r} -> X{r}[0] by VMAXPS (X0 clobbered)
+        c = [f"VEXTRACTF64X4 $1, Z{r}, Y0", f"VMAXPS Y0, Y{r}, Y{r}"] if wide else []
+        return c + [f"VEXTRACTF128 $1, Y{r}, X0", f"VMAXPS X0, X{r}, X{r}", f"VPERMILPS $0x4e, X{r}, X0",
+                    f"VMAXPS X0, X{r}, X{r}", f"VPERMILPS $0xb1, X{r}, X0", f"VMAXPS X0, X{r}, X{r}"]
+
+    def quant(src, dst):  # lanes products at src times Y/Z9 rounded, summed into Y/Z1, stored at dst
+        c = [f"VMOVUPS {src.format('SI')}, {vp}0", f"VMULPS {src.format('R8')}, {vp}0, {vp}0",
+             f"VMULPS {vp}9, {vp}0, {vp}0", f"VCVTPS2DQ {vp}0, {vp}0", f"VPADDD {vp}0, {vp}1, {vp}1"]
+        if wide:
+            return c + [f"VPMOVSDB Z0, {dst}"]
+        return c + ["VEXTRACTI128 $1, Y0, X3", "VPACKSSDW X3, X0, X0", "VPACKSSWB X0, X0, X0", f"VMOVQ X0, {dst}"]
+
+    w(f"{pfx}1start:")
+    ins("TESTQ R10, R10", f"JZ {pfx}ok", "MOVQ i4+56(FP), AX")
+    w(f"{pfx}row:")
+    ins(f"VXORPS {vp}1, {vp}1, {vp}1", f"VXORPS {vp}3, {vp}3, {vp}3", "XORQ BX, BX")
+    w(f"{pfx}max:")
+    ins(f"VMOVUPS (SI)(BX*4), {vp}0", f"VMULPS (R8)(BX*4), {vp}0, {vp}0",
+        f"VFMADD231PS {vp}4, {vp}0, {vp}3", f"VANDPS {vp}2, {vp}0, {vp}0", f"VMAXPS {vp}0, {vp}1, {vp}1",
+        f"ADDQ ${lanes}, BX", "CMPQ BX, CX", f"JLT {pfx}max")
+    ins(*reduce_max(1))
+    if wide:
+        ins("VEXTRACTF64X4 $1, Z3, Y0", "VADDPS Y0, Y3, Y3")
+    ins("VEXTRACTF128 $1, Y3, X0", "VADDPS X0, X3, X3", "VHADDPS X3, X3, X3", "VHADDPS X3, X3, X3",
+        # every product finite: the sum of products times 0 is exactly 0
+        "VXORPS X5, X5, X5", "VUCOMISS X5, X3", f"JNE {pfx}fail", f"JPS {pfx}fail",
+        "VXORPS X8, X8, X8", "VXORPS X9, X9, X9", "VUCOMISS X5, X1", f"JEQ {pfx}inv")
+    # m > 0: sc = m/127 must not be 0, inv = 127/m not above MaxFloat32
+    ins("VDIVSS X6, X1, X8", "VUCOMISS X5, X8", f"JEQ {pfx}fail", "VDIVSS X1, X6, X9",
+        "VUCOMISS X7, X9", f"JHI {pfx}fail")
+    w(f"{pfx}inv:")
+    ins("VMOVSS X8, (DX)", f"VBROADCASTSS X9, {vp}9", f"VPXOR{'D' if wide else ''} {vp}1, {vp}1, {vp}1",
+        "XORQ BX, BX", "TESTQ AX, AX", f"JNZ {pfx}4")
+    w(f"{pfx}quant:")
+    ins(*quant("({})(BX*4)", "(DI)(BX*1)"), f"ADDQ ${lanes}, BX", "CMPQ BX, CX",
+        f"JLT {pfx}quant", f"JMP {pfx}sum")
+    w(f"{pfx}4:")
+    ins("MOVQ DI, R12")
+    w(f"{pfx}4loop:")
+    # qi4Order: of each 32 elements, the first 16 at the next 16 bytes, the second 16 64 further
+    for k in range(32 // lanes):
+        e = k * lanes
+        ins(*quant(f"{off(4*e)}({{}})(BX*4)", f"{off(e % 16 + e // 16 * 64)}(R12)"))
+    ins("ADDQ $16, R12", "ADDQ $32, BX", "MOVQ BX, R13", "ANDQ $127, R13", f"JNZ {pfx}4next",
+        "ADDQ $64, R12")
+    w(f"{pfx}4next:")
+    ins("CMPQ BX, CX", f"JLT {pfx}4loop")
+    w(f"{pfx}sum:")
+    if wide:
+        ins("VEXTRACTI64X4 $1, Z1, Y0", "VPADDD Y0, Y1, Y1")
+    ins("VEXTRACTI128 $1, Y1, X0", "VPADDD X0, X1, X1",
+        "VPHADDD X1, X1, X1", "VPHADDD X1, X1, X1", "VCVTDQ2PS X1, X1", "VMOVSS X1, (R11)",
+        "LEAQ (SI)(CX*4), SI", "ADDQ CX, DI", "ADDQ $4, DX", "ADDQ $4, R11", "DECQ R10", f"JNZ {pfx}row")
+    w(f"{pfx}ok:")
+    ins("MOVQ $1, ret+64(FP)", "VZEROUPPER", "RET")
+    w(f"{pfx}fail:")
+    ins("MOVQ $0, ret+64(FP)", "VZEROUPPER", "RET")
 
 
 def vnni_quads(name, fmt, const, qregs, qstep):
@@ -437,6 +464,33 @@ def vnni_quads(name, fmt, const, qregs, qstep):
         "VMOVUPS X17, (DI)", "VEXTRACTF32X4 $1, Z17, (DI)(R13*1)", "VEXTRACTF32X4 $2, Z17, (DI)(R13*2)",
         "VEXTRACTF32X4 $3, Z17, (DI)(R15*1)",
         "ADDQ $16, DI", "LEAQ (SI)(BX*4), SI", "DECQ AX", f"JNZ {name}quad")
+
+
+def pair_store(corr=False):
+    """The integer score loops' store of a two-token step: float32 sums (exact integers) of row
+    r token u in Y(2r+u), r < 4, reduced to X0 = [r0u0 r0u1 r1u0 r1u1], X4 = [r2.. r3..], then
+    s = sum*aff[0:8] + aff[8:16] (aff at R14) stored at DI (rows ldS apart; R13, R15, X2, X6,
+    X8 clobbered). corr: first add the per-row integers at (SP) (0(SP) in the order of X0,
+    16(SP) of X4)."""
+    return ["VHADDPS Y1, Y0, Y0", "VHADDPS Y3, Y2, Y2", "VHADDPS Y2, Y0, Y0",
+            "VEXTRACTF128 $1, Y0, X2", "VADDPS X2, X0, X0",
+            "VHADDPS Y5, Y4, Y4", "VHADDPS Y7, Y6, Y6", "VHADDPS Y6, Y4, Y4",
+            "VEXTRACTF128 $1, Y4, X6", "VADDPS X6, X4, X4",
+            *(["VADDPS (SP), X0, X0", "VADDPS 16(SP), X4, X4"] if corr else []),
+            "VMOVUPS (R14), X8", "VFMADD213PS 32(R14), X8, X0", "VMOVUPS 16(R14), X8", "VFMADD213PS 48(R14), X8, X4",
+            "MOVQ ldS+8(FP), R13", "LEAQ (R13)(R13*2), R15",
+            "VMOVLPS X0, (DI)", "VMOVHPS X0, (DI)(R13*1)", "VMOVLPS X4, (DI)(R13*2)", "VMOVHPS X4, (DI)(R15*1)"]
+
+
+def single_store(ld, corr=False):
+    """The store of a one-token step: float32 sums of row r in Y(r), r < 4, reduced to X0 =
+    [r0 r1 r2 r3], s = sum*aff[16:20] + aff[20:24], stored at DI (rows ldS apart, loaded into
+    register ld; R15, X1, X8 clobbered). corr: first add the per-row integers at 32(SP)."""
+    return ["VHADDPS Y1, Y0, Y0", "VHADDPS Y3, Y2, Y2", "VHADDPS Y2, Y0, Y0",
+            "VEXTRACTF128 $1, Y0, X1", "VADDPS X1, X0, X0", *(["VADDPS 32(SP), X0, X0"] if corr else []),
+            "VMOVUPS 64(R14), X8", "VFMADD213PS 80(R14), X8, X0",
+            f"MOVQ ldS+8(FP), {ld}", f"LEAQ ({ld})({ld}*2), R15", "VMOVSS X0, (DI)", f"VEXTRACTPS $1, X0, (DI)({ld}*1)",
+            f"VEXTRACTPS $2, X0, (DI)({ld}*2)", "VEXTRACTPS $3, X0, (DI)(R15*1)"]
 
 
 def vnni_dots(fmt):
@@ -507,14 +561,7 @@ def vnni_dots(fmt):
         ins(f"VCVTDQ2PS Z{i}, Z{i}")
     for i in range(8):
         ins(f"VEXTRACTF64X4 $1, Z{i}, Y{8+i}", f"VADDPS Y{8+i}, Y{i}, Y{i}")
-    ins("VHADDPS Y1, Y0, Y0", "VHADDPS Y3, Y2, Y2", "VHADDPS Y2, Y0, Y0",
-        "VEXTRACTF128 $1, Y0, X2", "VADDPS X2, X0, X0",
-        "VHADDPS Y5, Y4, Y4", "VHADDPS Y7, Y6, Y6", "VHADDPS Y6, Y4, Y4",
-        "VEXTRACTF128 $1, Y4, X6", "VADDPS X6, X4, X4",
-        "VMOVUPS (R14), X8", "VFMADD213PS 32(R14), X8, X0", "VMOVUPS 16(R14), X8", "VFMADD213PS 48(R14), X8, X4",
-        "MOVQ ldS+8(FP), R13", "LEAQ (R13)(R13*2), R15",
-        "VMOVLPS X0, (DI)", "VMOVHPS X0, (DI)(R13*1)", "VMOVLPS X4, (DI)(R13*2)", "VMOVHPS X4, (DI)(R15*1)",
-        "ADDQ $8, DI", "LEAQ (SI)(BX*2), SI", "DECQ AX", f"JNZ {name}pair")
+    ins(*pair_store(), "ADDQ $8, DI", "LEAQ (SI)(BX*2), SI", "DECQ AX", f"JNZ {name}pair")
     w(f"{name}odd:")
     ins("MOVQ nt+48(FP), AX", "ANDQ $1, AX", f"JZ {name}done")
     ins(const, "VPBROADCASTD CX, Z15")
@@ -530,24 +577,326 @@ def vnni_dots(fmt):
     ins("ADDQ $64, R12", f"ADDQ ${qstep}, CX", "DECQ R15", f"JNZ {name}ochunk")
     for i in range(4):
         ins(f"VCVTDQ2PS Z{i}, Z{i}", f"VEXTRACTF64X4 $1, Z{i}, Y{8+i}", f"VADDPS Y{8+i}, Y{i}, Y{i}")
-    ins("VHADDPS Y1, Y0, Y0", "VHADDPS Y3, Y2, Y2", "VHADDPS Y2, Y0, Y0",
-        "VEXTRACTF128 $1, Y0, X1", "VADDPS X1, X0, X0",
-        "VMOVUPS 64(R14), X8", "VFMADD213PS 80(R14), X8, X0",
-        "MOVQ ldS+8(FP), BX", "LEAQ (BX)(BX*2), R15", "VMOVSS X0, (DI)", "VEXTRACTPS $1, X0, (DI)(BX*1)",
-        "VEXTRACTPS $2, X0, (DI)(BX*2)", "VEXTRACTPS $3, X0, (DI)(R15*1)")
+    ins(*single_store("BX"))
     w(f"{name}done:")
     ins("VZEROUPPER", "RET")
     w()
 
 
-def vint(ng):
+def maddw():
+    """AVX2 integer score loop (no VNNI): intPrep's rows by qprepavx2 (prep_rows, the same
+    rounding as qprepavx512), dots by VPMADDUBSW (unsigned x signed byte pairs to int16) and
+    VPMADDWD (int16 pairs to int32)."""
+    w("// func qprepavx2(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int")
+    w("//")
+    w("// qprepavx512 in ymm registers (four rows at a time while four are left, then one): the same")
+    w("// products, maxima, divisions and rounding, so the same integers, scales and sums bit for bit.")
+    w("TEXT ·qprepavx2(SB), NOSPLIT, $0-72")
+    ins("MOVQ dst+0(FP), DI", "MOVQ q+8(FP), SI", "MOVQ ks+16(FP), R8", "MOVQ n+24(FP), CX",
+        "MOVQ rows+32(FP), R10", "MOVQ sc+40(FP), DX", "MOVQ sums+48(FP), R11")
+    prep4_avx2("qprepy")
+    prep_rows("avx2", "qprepy")
+    w()
+    maddw_dots("i8")
+    maddw_dots("i4")
+
+
+def prep_consts(isa):
+    """The constants of the prep loops: Y4 zero, Y2 the abs mask, X6 127, X7 MaxFloat32 (R9
+    clobbered)."""
+    return ["VXORPS Y4, Y4, Y4", "MOVL $0x7fffffff, R9", "VMOVD R9, X2", "VPBROADCASTD X2, Y2",
+            "MOVL $0x42fe0000, R9", "VMOVD R9, X6", "MOVL $0x7f7fffff, R9", "VMOVD R9, X7"]
+
+
+def prep4_avx2(pfx):
+    """qprepavx2's four-row groups (while four rows are left; then prep_rows): the channel
+    scales loaded once per step for four rows, four independent chains. The maximum is taken
+    on the bits of |q*ks| (VPMAXUD: for non-negative floats the order of the bits is that of
+    the values), which also tells a non-finite product (bits >= 0x7f800000) in one step of
+    latency 1; the scales, inverses and rounding are then qprepavx512's (bit-identical)."""
+    qrow, drow = ["SI", "R13", "R14", "R15"], ["DI", "R9", "R12", "AX"]
+    tmp = [0, 1, 3, 14]
+    w(f"{pfx}4grp:")
+    ins(*prep_consts("avx2"), "CMPQ R10, $4", f"JLT {pfx}1start", "LEAQ (SI)(CX*4), R13", "LEAQ (R13)(CX*4), R14",
+        "LEAQ (R14)(CX*4), R15", "LEAQ (DI)(CX*1), R9", "LEAQ (R9)(CX*1), R12", "LEAQ (R12)(CX*1), AX")
+    for i in range(4):
+        ins(f"VPXOR Y{8+i}, Y{8+i}, Y{8+i}")
+    ins("XORQ BX, BX")
+    w(f"{pfx}4max:")
+    ins("VMOVUPS (R8)(BX*4), Y5")
+    for i in range(4):
+        t = tmp[i]
+        ins(f"VMULPS ({qrow[i]})(BX*4), Y5, Y{t}", f"VANDPS Y2, Y{t}, Y{t}", f"VPMAXUD Y{t}, Y{8+i}, Y{8+i}")
+    ins("ADDQ $8, BX", "CMPQ BX, CX", f"JLT {pfx}4max")
+    for i in range(4):
+        m = 8 + i
+        ins(f"VEXTRACTI128 $1, Y{m}, X0", f"VPMAXUD X0, X{m}, X{m}", f"VPSHUFD $0x4e, X{m}, X0",
+            f"VPMAXUD X0, X{m}, X{m}", f"VPSHUFD $0xb1, X{m}, X0", f"VPMAXUD X0, X{m}, X{m}",
+            f"VMOVD X{m}, BX", "CMPL BX, $0x7f800000", f"JAE {pfx}fail",
+            "VXORPS X5, X5, X5", "VXORPS X0, X0, X0", f"VXORPS X{12+i}, X{12+i}, X{12+i}",
+            f"VUCOMISS X5, X{m}", f"JEQ {pfx}4inv{i}",
+            f"VDIVSS X6, X{m}, X0", "VUCOMISS X5, X0", f"JEQ {pfx}fail", f"VDIVSS X{m}, X6, X{12+i}",
+            f"VUCOMISS X7, X{12+i}", f"JHI {pfx}fail")
+        w(f"{pfx}4inv{i}:")
+        ins(f"VMOVSS X0, {off(4*i)}(DX)", f"VBROADCASTSS X{12+i}, Y{12+i}", f"VPXOR Y{8+i}, Y{8+i}, Y{8+i}")
+    # Y12-15: the rows' inverses, Y8-11: their integer sums
+    ins("XORQ BX, BX", "CMPQ i4+56(FP), $0", f"JNE {pfx}4i4")
+
+    def quant(i, src, dst):  # Y2 (the abs mask) clobbered: reset by prep_consts
+        t = [0, 1, 3, 2][i]
+        return [f"VMULPS {src.format(qrow[i])}, Y5, Y{t}", f"VMULPS Y{12+i}, Y{t}, Y{t}", f"VCVTPS2DQ Y{t}, Y{t}",
+                f"VPADDD Y{t}, Y{8+i}, Y{8+i}", f"VEXTRACTI128 $1, Y{t}, X4", f"VPACKSSDW X4, X{t}, X{t}",
+                f"VPACKSSWB X{t}, X{t}, X{t}", f"VMOVQ X{t}, {dst.format(drow[i])}"]
+
+    w(f"{pfx}4i8:")
+    ins("VMOVUPS (R8)(BX*4), Y5")
+    for i in range(4):
+        ins(*quant(i, "({})(BX*4)", "({})(BX*1)"))
+    ins("ADDQ $8, BX", "CMPQ BX, CX", f"JLT {pfx}4i8", "LEAQ (DI)(CX*4), DI", f"JMP {pfx}4sum")
+    w(f"{pfx}4i4:")
+    for k in range(4):  # qi4Order, as prep_rows
+        e = 8 * k
+        ins(f"VMOVUPS {off(4*e)}(R8)(BX*4), Y5")
+        for i in range(4):
+            ins(*quant(i, f"{off(4*e)}({{}})(BX*4)", f"{off(e % 16 + e // 16 * 64)}({{}})"))
+    ins(*[f"ADDQ $16, {r}" for r in drow])
+    ins("ADDQ $32, BX", "TESTQ $127, BX", f"JNZ {pfx}4i4next", *[f"ADDQ $64, {r}" for r in drow])
+    w(f"{pfx}4i4next:")
+    ins("CMPQ BX, CX", f"JLT {pfx}4i4", "LEAQ (DI)(CX*2), DI", "ADDQ CX, DI")  # DI had moved n on
+    w(f"{pfx}4sum:")
+    for i in range(4):
+        s = 8 + i
+        ins(f"VEXTRACTI128 $1, Y{s}, X0", f"VPADDD X0, X{s}, X{s}", f"VPHADDD X{s}, X{s}, X{s}",
+            f"VPHADDD X{s}, X{s}, X{s}", f"VCVTDQ2PS X{s}, X{s}", f"VMOVSS X{s}, {off(4*i)}(R11)")
+    ins("LEAQ (R15)(CX*4), SI", "ADDQ $16, DX", "ADDQ $16, R11", "SUBQ $4, R10", f"JMP {pfx}4grp")
+
+
+def bcast(const, reg):
+    """A 32-bit constant in every lane of Y{reg} (AVX2: by way of X{reg}; CX clobbered)."""
+    return [f"MOVL ${const:#010x}, CX", f"VMOVD CX, X{reg}", f"VPBROADCASTD X{reg}, Y{reg}"]
+
+
+def maddw_dots(fmt):
+    name = f"qdots4{fmt}maddw"
+    w(f"// func {name}(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)")
+    w("//")
+    w("// qdots4" + fmt + "vnni's contract without VNNI (the same integers, exact, and the same float32")
+    w("// scaling: bit-identical scores).")
+    if fmt == "i8":
+        w("// Products of int8 K and the signed q bytes as |K| (VPABSB, unsigned) times q with K's sign")
+        w("// (VPSIGNB): VPMADDUBSW's pair sums stay within int16 (2*128*127), VPMADDWD by ones widens")
+        w("// them to int32. VNNI's integer is that of K+128 (the offset in aff undoes it): 128*sum(q_r),")
+        w("// summed once per call into the frame, is added to each row's (exact integers in float32).")
+        w("// Two tokens per step (row r token u in Y(2r+u)), then the odd last one.")
+    else:
+        w("// The nibbles (VPAND/VPSRLW, VPUNPCKLBW/VPUNPCKHBW in 128-bit lanes, which is qi4Order) are")
+        w("// VPMADDUBSW's unsigned operand against the q bytes from memory; with one chunk (cpg = 1,")
+        w("// head dim 128) two tokens per step sum their int16 pair sums over the chunk (8 products")
+        w("// of at most 15*127 a lane) before VPMADDWD by ones; other head dims one token per step,")
+        w("// widened to int32 per chunk.")
+    w(f"TEXT ·{name}(SB), NOSPLIT, ${48 if fmt == 'i8' else 0}-80")
+    ins("MOVQ s+0(FP), DI", "MOVQ qi+16(FP), R8", "MOVQ qib+24(FP), DX", "LEAQ (R8)(DX*1), R9",
+        "LEAQ (R9)(DX*1), R10", "LEAQ (R10)(DX*1), R11", "MOVQ k+32(FP), SI", "MOVQ krb+40(FP), BX",
+        "MOVQ aff+64(FP), R14", *bcast(0x00010001, 15))
+    qregs = ["R8", "R9", "R10", "R11"]
+
+    def prefetch(tokens):
+        c = ["MOVQ pfd+72(FP), R12", "LEAQ (SI)(R12*1), R12"]
+        for u in range(tokens):
+            base = "(R12)" if u == 0 else "(R12)(BX*1)"
+            c.append(f"PREFETCHT1 {base}")
+            if fmt == "i8":
+                c.append(f"PREFETCHT1 64{base}")
+        return c
+
+    if fmt == "i8":
+        ins("MOVQ cpg+56(FP), DX", "SHLQ $6, DX", *bcast(0x01010101, 12))
+        for i in range(4):
+            ins(f"VPXOR Y{i}, Y{i}, Y{i}")
+        ins("XORQ CX, CX")
+        w(f"{name}qsum:")  # sum(q_r) by VPMADDUBSW of ones
+        for r in range(4):
+            ins(f"VPMADDUBSW ({qregs[r]})(CX*1), Y12, Y13", "VPMADDWD Y15, Y13, Y13", f"VPADDD Y13, Y{r}, Y{r}")
+        ins("ADDQ $32, CX", "CMPQ CX, DX", f"JLT {name}qsum",
+            "VPHADDD Y1, Y0, Y0", "VPHADDD Y3, Y2, Y2", "VPHADDD Y2, Y0, Y0", "VEXTRACTI128 $1, Y0, X1",
+            "VPADDD X1, X0, X0", "VPSLLD $7, X0, X0", "VCVTDQ2PS X0, X0", "VMOVUPS X0, 32(SP)",
+            "VUNPCKLPS X0, X0, X1", "VMOVUPS X1, (SP)", "VUNPCKHPS X0, X0, X1", "VMOVUPS X1, 16(SP)")
+        ins("MOVQ nt+48(FP), AX", "SHRQ $1, AX", f"JZ {name}odd")
+        w(f"{name}pair:")
+        for i in range(8):
+            ins(f"VPXOR Y{i}, Y{i}, Y{i}")
+        ins(*prefetch(2), "XORQ CX, CX", "MOVQ SI, R12", "LEAQ (SI)(BX*1), R13")
+        w(f"{name}chunk:")
+        ins("VMOVDQU (R12)(CX*1), Y8", "VMOVDQU (R13)(CX*1), Y9", "VPABSB Y8, Y10", "VPABSB Y9, Y11")
+        for r in range(4):
+            ins(f"VMOVDQU ({qregs[r]})(CX*1), Y12")
+            for u in range(2):
+                t = 13 + u
+                ins(f"VPSIGNB Y{8+u}, Y12, Y{t}", f"VPMADDUBSW Y{t}, Y{10+u}, Y{t}", f"VPMADDWD Y15, Y{t}, Y{t}",
+                    f"VPADDD Y{t}, Y{2*r+u}, Y{2*r+u}")
+        ins("ADDQ $32, CX", "CMPQ CX, DX", f"JLT {name}chunk")
+        for i in range(8):
+            ins(f"VCVTDQ2PS Y{i}, Y{i}")
+        ins(*pair_store(True), "ADDQ $8, DI", "LEAQ (SI)(BX*2), SI", "DECQ AX", f"JNZ {name}pair")
+        w(f"{name}odd:")
+        ins("MOVQ nt+48(FP), AX", "ANDQ $1, AX", f"JZ {name}done")
+        for i in range(4):
+            ins(f"VPXOR Y{i}, Y{i}, Y{i}")
+        ins("XORQ CX, CX")
+        w(f"{name}ochunk:")
+        ins("VMOVDQU (SI)(CX*1), Y8", "VPABSB Y8, Y10")
+        for r in range(4):
+            t = 13 + r % 2
+            ins(f"VMOVDQU ({qregs[r]})(CX*1), Y12", f"VPSIGNB Y8, Y12, Y{t}", f"VPMADDUBSW Y{t}, Y10, Y{t}",
+                f"VPMADDWD Y15, Y{t}, Y{t}", f"VPADDD Y{t}, Y{r}, Y{r}")
+        ins("ADDQ $32, CX", "CMPQ CX, DX", f"JLT {name}ochunk")
+        for i in range(4):
+            ins(f"VCVTDQ2PS Y{i}, Y{i}")
+        ins(*single_store("BX", True))
+        w(f"{name}done:")
+        ins("VZEROUPPER", "RET")
+        w()
+        return
+
+    def split(o, base, lo, hi, tmp):
+        """The 64 nibbles of 32 bytes at o(base): lo = VPUNPCKLBW order, hi = VPUNPCKHBW."""
+        return [f"VMOVDQU {off(o)}{base}, Y{lo}", f"VPSRLW $4, Y{lo}, Y{tmp}", f"VPAND Y14, Y{lo}, Y{lo}",
+                f"VPAND Y14, Y{tmp}, Y{tmp}", f"VPUNPCKHBW Y{tmp}, Y{lo}, Y{hi}", f"VPUNPCKLBW Y{tmp}, Y{lo}, Y{lo}"]
+
+    ins(*bcast(0x0f0f0f0f, 14), "MOVQ nt+48(FP), AX", "CMPQ cpg+56(FP), $1", f"JNE {name}one",
+        "SHRQ $1, AX", f"JZ {name}tail")
+    w(f"{name}pair:")
+    for i in range(8):
+        ins(f"VPXOR Y{i}, Y{i}, Y{i}")
+    ins(*prefetch(2), "LEAQ (SI)(BX*1), R13")
+    # bytes [32h, 32h+32) of a row: lo pairs with q positions [32h, 32h+32), hi with [64+32h, ..)
+    for h in range(2):
+        ins(*split(32 * h, "(SI)", 8, 12, 9), *split(32 * h, "(R13)", 10, 13, 11))
+        los, his = [8, 10], [12, 13]
+        for r in range(4):
+            for u in range(2):
+                a = f"Y{2*r+u}"
+                ins(f"VPMADDUBSW {off(32*h)}({qregs[r]}), Y{los[u]}, Y9", f"VPADDW Y9, {a}, {a}",
+                    f"VPMADDUBSW {64+32*h}({qregs[r]}), Y{his[u]}, Y11", f"VPADDW Y11, {a}, {a}")
+    for i in range(8):
+        ins(f"VPMADDWD Y15, Y{i}, Y{i}", f"VCVTDQ2PS Y{i}, Y{i}")
+    ins(*pair_store(), "ADDQ $8, DI", "LEAQ (SI)(BX*2), SI", "DECQ AX", f"JNZ {name}pair")
+    w(f"{name}tail:")
+    ins("MOVQ nt+48(FP), AX", "ANDQ $1, AX")
+    w(f"{name}one:")
+    ins("TESTQ AX, AX", f"JZ {name}done")
+    w(f"{name}tok:")
+    for i in range(4):
+        ins(f"VPXOR Y{i}, Y{i}, Y{i}")
+    ins(*prefetch(1), "XORQ CX, CX", "MOVQ SI, R12", "MOVQ cpg+56(FP), R15")
+    w(f"{name}chunk:")
+    ins(*split(0, "(R12)", 8, 10, 9), *split(32, "(R12)", 9, 12, 11))
+    # Y8: q [0, 32), Y9: [32, 64), Y10: [64, 96), Y12: [96, 128)
+    for r in range(4):
+        q = qregs[r]
+        ins(f"VPMADDUBSW ({q})(CX*1), Y8, Y11", f"VPMADDUBSW 32({q})(CX*1), Y9, Y13", "VPADDW Y13, Y11, Y11",
+            f"VPMADDUBSW 64({q})(CX*1), Y10, Y13", "VPADDW Y13, Y11, Y11",
+            f"VPMADDUBSW 96({q})(CX*1), Y12, Y13", "VPADDW Y13, Y11, Y11",
+            "VPMADDWD Y15, Y11, Y11", f"VPADDD Y11, Y{r}, Y{r}")
+    ins("ADDQ $64, R12", "ADDQ $128, CX", "DECQ R15", f"JNZ {name}chunk")
+    for i in range(4):
+        ins(f"VCVTDQ2PS Y{i}, Y{i}")
+    ins(*single_store("R13"), "ADDQ $4, DI", "ADDQ BX, SI", "DECQ AX", f"JNZ {name}tok")
+    w(f"{name}done:")
+    ins("VZEROUPPER", "RET")
+    w()
+
+
+def vaxpy_maddw(fmt):
+    name = f"qvaxpy4{fmt}maddw"
+    w(f"// func {name}(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, bpg int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)")
+    w("//")
+    w("// qvaxpy4" + fmt + "vnni's contract without VNNI over every column of the rows (accrb/4 elements) in")
+    w("// one call: blocks of 16 columns, bpg blocks to a scale group of the four-group layout (the")
+    w("// weights and zero terms of the block's group 4 bytes on from the last group's); the same")
+    w("// int32 sums, exact, and the same float32 steps when stored (bit-identical). Per token pair")
+    w("// the two rows are widened to int16 and interleaved")
+    if fmt == "i8":
+        w("// (VPMOVSXBW, VPUNPCKLWD/HWD: accumulators of elements 0-3, 8-11 and 4-7, 12-15), dotted by")
+    else:
+        w("// (VPUNPCKLBW, VPMOVZXBW), split into even and odd elements (VPAND, VPSRLW), dotted by")
+    w("// VPMADDWD with the pair's weight dword broadcast (VPBROADCASTD) and summed by VPADDD. The")
+    w("// first block prefetches the rows pfd bytes ahead.")
+    w(f"TEXT ·{name}(SB), NOSPLIT, $0-112")
+    ins("MOVQ vrb+24(FP), BX", "MOVQ zrb+96(FP), R9", "LEAQ (R9)(R9*2), R11", "MOVQ pfd+104(FP), CX",
+        "XORQ R15, R15", "XORQ R13, R13", "MOVQ bpg+64(FP), R10")
+    if fmt == "i4":
+        ins("MOVL $0x000f000f, DX", "VMOVD DX, X7", "VPBROADCASTD X7, Y7")
+    wrow = ["(R8)", "(R8)(R9*1)", "(R8)(R9*2)", "(R8)(R11*1)"]
+
+    def body():
+        if fmt == "i8":
+            ins("VPMOVSXBW (SI), Y0", "VPMOVSXBW (SI)(BX*1), Y1", "VPUNPCKLWD Y1, Y0, Y2", "VPUNPCKHWD Y1, Y0, Y3")
+        else:
+            ins("VMOVQ (SI), X0", "VMOVQ (SI)(BX*1), X1", "VPUNPCKLBW X1, X0, X0", "VPMOVZXBW X0, Y0",
+                "VPSRLW $4, Y0, Y3", "VPAND Y7, Y0, Y2")
+        for r in range(4):
+            ins(f"VBROADCASTSS {wrow[r]}, Y4", f"VPMADDWD Y4, Y2, Y5", f"VPADDD Y5, Y{8+2*r}, Y{8+2*r}",
+                f"VPMADDWD Y4, Y3, Y6", f"VPADDD Y6, Y{9+2*r}, Y{9+2*r}")
+
+    def pairs(lb, prefetch):
+        w(f"{name}{lb}:")
+        if prefetch:
+            ins("LEAQ (SI)(CX*1), R12", "PREFETCHT1 (R12)", "PREFETCHT1 (R12)(BX*1)")
+            if fmt == "i8":  # a 128-byte row spans two cache lines
+                ins("PREFETCHT1 64(R12)", "PREFETCHT1 64(R12)(BX*1)")
+        body()
+        ins("ADDQ wpb+56(FP), R8", "LEAQ (SI)(BX*2), SI", "DECQ AX", f"JNZ {name}{lb}", f"JMP {name}odd")
+
+    w(f"{name}blk:")
+    ins("MOVQ np+32(FP), AX", "MOVQ v+16(FP), SI", "MOVQ R15, R12", f"SHLQ ${4 if fmt == 'i8' else 3}, R12",
+        "ADDQ R12, SI", "MOVQ w+48(FP), R8", "ADDQ R13, R8")
+    for i in range(8, 16):
+        ins(f"VPXOR Y{i}, Y{i}, Y{i}")
+    ins("TESTQ AX, AX", f"JZ {name}odd", "TESTQ R15, R15", f"JNZ {name}pair")
+    pairs("pairpf", True)
+    pairs("pair", False)
+    w(f"{name}odd:")
+    ins("MOVQ odd+40(FP), AX", "TESTQ AX, AX", f"JZ {name}store", "XORQ BX, BX")
+    body()
+    w(f"{name}store:")
+    ins("MOVQ acc+0(FP), DI", "MOVQ R15, R12", "SHLQ $6, R12", "ADDQ R12, DI", "MOVQ accrb+8(FP), BX",
+        "MOVQ alpha+72(FP), R12", "MOVQ sc+80(FP), DX", "MOVQ zt+88(FP), R14", "ADDQ R13, R14")
+    for r in range(4):
+        lo, hi = 8 + 2 * r, 9 + 2 * r
+        ins(f"VBROADCASTSS {off(4*r)}(R12), Y4", f"VBROADCASTSS {off(4*r)}(DX), Y5",
+            f"VCVTDQ2PS Y{lo}, Y{lo}", f"VCVTDQ2PS Y{hi}, Y{hi}")
+        if fmt == "i4":  # even and odd elements back in order
+            ins(f"VUNPCKLPS Y{hi}, Y{lo}, Y2", f"VUNPCKHPS Y{hi}, Y{lo}, Y3", "VPERM2F128 $0x20, Y3, Y2, Y0",
+                "VPERM2F128 $0x31, Y3, Y2, Y1", "VBROADCASTSS (R14), Y6")
+        else:
+            ins(f"VPERM2F128 $0x20, Y{hi}, Y{lo}, Y0", f"VPERM2F128 $0x31, Y{hi}, Y{lo}, Y1")
+        for x in range(2):
+            ins(f"VMULPS {off(32*x)}(DI), Y4, Y2", f"VFMADD231PS Y{x}, Y5, Y2")
+            if fmt == "i4":
+                ins("VADDPS Y6, Y2, Y2")
+            ins(f"VMOVUPS Y2, {off(32*x)}(DI)")
+        ins("ADDQ BX, DI")
+        if fmt == "i4":
+            ins("ADDQ R9, R14")
+    # the next block: its group's weights 4 bytes on after bpg blocks
+    ins("MOVQ vrb+24(FP), BX", "INCQ R15", "DECQ R10", f"JNZ {name}next", "MOVQ bpg+64(FP), R10", "ADDQ $4, R13")
+    w(f"{name}next:")
+    ins("MOVQ accrb+8(FP), R12", "SHRQ $6, R12", "CMPQ R15, R12", f"JLT {name}blk")
+    ins("VZEROUPPER", "RET")
+    w()
+
+
+def vint(ng, isa):
     """AVX-512 VNNI accumulation of V over token pairs: softmax weights times V scales
     quantized to int16 per row (qvwmax, qvwquant), V rows widened to int16 and interleaved
     by token pair, VPDPWSSD with the pair's weights broadcast from memory.
 
     ng: V scale groups per row, 4 (qvwmax, qvwquant) or 2 (qvwmax2, qvwquant2: each group's
-    scale and zero stand for two groups of the four-group layout, as if repeated)."""
-    sfx = "" if ng == 4 else "2"
+    scale and zero stand for two groups of the four-group layout, as if repeated). isa "avx2":
+    the same functions (suffix avx2) in AVX2 encodings only (the same weights bit for bit), and
+    with ng 4 the AVX2 accumulation loops (vaxpy_maddw)."""
+    sfx = ("" if ng == 4 else "2") + ("avx2" if isa == "avx2" else "")
     perm = "vwperm" if ng == 4 else "vwperm2"
     sb = 4 * ng * 2  # scale bytes per token pair
 
@@ -570,7 +919,8 @@ def vint(ng):
     w(f"TEXT ·{mx}(SB), NOSPLIT, $0-40")
     ins("MOVQ p+0(FP), R8", "MOVQ ldP+8(FP), DX", "LEAQ (R8)(DX*1), R9", "LEAQ (R9)(DX*1), R10",
         "LEAQ (R10)(DX*1), R11", "MOVQ vs+16(FP), SI", "MOVQ n+24(FP), AX", "MOVQ mx+32(FP), DI",
-        f"VMOVDQU {perm}<>(SB), Y15", "MOVL $0x7fffffff, CX", "VPBROADCASTD CX, Y14",
+        f"VMOVDQU {perm}<>(SB), Y15", "MOVL $0x7fffffff, CX",
+        *(["VPBROADCASTD CX, Y14"] if isa == "avx512" else ["VMOVD CX, X14", "VPBROADCASTD X14, Y14"]),
         "VXORPS Y0, Y0, Y0", "VXORPS Y1, Y1, Y1", "VXORPS Y2, Y2, Y2", "VXORPS Y3, Y3, Y3",
         "XORQ CX, CX", "MOVQ AX, BX", "SHRQ $1, BX", f"JZ {mx}odd")
     w(f"{mx}pair:")
@@ -622,7 +972,11 @@ def vint(ng):
             else:
                 ins(f"VBROADCASTSD ({pr[r]})(CX*4), Y2")
             ins(f"VFMADD231PS Y1, Y2, Y{4+r}", "VMULPS Y0, Y2, Y2", f"VMULPS Y{8+r}, Y2, Y2",
-                "VCVTPS2DQ Y2, Y2", f"VPMOVSDW Y2, {off(16*r)}(DI)")
+                "VCVTPS2DQ Y2, Y2")
+            if isa == "avx512":
+                ins(f"VPMOVSDW Y2, {off(16*r)}(DI)")
+            else:  # the same signed saturation
+                ins("VEXTRACTI128 $1, Y2, X3", "VPACKSSDW X3, X2, X2", f"VMOVDQU X2, {off(16*r)}(DI)")
 
     w(f"{qn}pair:")
     ins("VXORPS Y1, Y1, Y1")
@@ -640,28 +994,40 @@ def vint(ng):
     w()
     if ng == 4:
         for fmt in ("i8", "i4"):
-            vaxpy(fmt)
+            if isa == "avx512":
+                vaxpy(fmt)
+            else:
+                vaxpy_maddw(fmt)
 
 
-def sumsq():
-    """AVX-512 sum of squares of two float32 runs (scalesSafe's check of a segment's scales and
-    zeros), the tail of each by a masked load."""
-    w("// func qsumsq2avx512(a *float32, na int, b *float32, nb int) float32")
+def sumsq(isa):
+    """Sum of squares of two float32 runs (scalesSafe's check of a segment's scales and zeros):
+    AVX-512 with the tail of each run by a masked load, AVX2 with a scalar tail."""
+    lanes, vp = ISAS[isa]
+    name = f"qsumsq2{isa}"
+    w(f"// func {name}(a *float32, na int, b *float32, nb int) float32")
     w("//")
-    w("// sum_i a[i]^2 + sum_i b[i]^2 in float32 (16 partial sums; NaN or +Inf when any term is).")
-    w("TEXT ·qsumsq2avx512(SB), NOSPLIT, $0-36")
-    ins("VXORPS Z0, Z0, Z0", "VXORPS Z1, Z1, Z1")
+    w(f"// sum_i a[i]^2 + sum_i b[i]^2 in float32 ({lanes} partial sums; NaN or +Inf when any term is).")
+    w(f"TEXT ·{name}(SB), NOSPLIT, $0-36")
+    ins(f"VXORPS {vp}0, {vp}0, {vp}0", f"VXORPS {vp}1, {vp}1, {vp}1")
     for run, (p, n) in enumerate((("a+0(FP)", "na+8(FP)"), ("b+16(FP)", "nb+24(FP)"))):
-        lb = f"qsumsq2r{run}"
+        lb = f"{name}r{run}"
         ins(f"MOVQ {p}, SI", f"MOVQ {n}, CX")
         w(f"{lb}loop:")
-        ins("CMPQ CX, $16", f"JLT {lb}tail", "VMOVUPS (SI), Z2", "VFMADD231PS Z2, Z2, Z0",
-            "ADDQ $64, SI", "SUBQ $16, CX", f"JMP {lb}loop")
+        ins(f"CMPQ CX, ${lanes}", f"JLT {lb}tail", f"VMOVUPS (SI), {vp}2", f"VFMADD231PS {vp}2, {vp}2, {vp}0",
+            f"ADDQ ${4*lanes}, SI", f"SUBQ ${lanes}, CX", f"JMP {lb}loop")
         w(f"{lb}tail:")
-        ins("TESTQ CX, CX", f"JZ {lb}done", "MOVL $1, AX", "SHLL CX, AX", "DECL AX", "KMOVW AX, K1",
-            "VMOVUPS.Z (SI), K1, Z2", "VFMADD231PS Z2, Z2, Z1")
+        if isa == "avx512":
+            ins("TESTQ CX, CX", f"JZ {lb}done", "MOVL $1, AX", "SHLL CX, AX", "DECL AX", "KMOVW AX, K1",
+                "VMOVUPS.Z (SI), K1, Z2", "VFMADD231PS Z2, Z2, Z1")
+        else:  # lane 0 of Y1
+            ins("TESTQ CX, CX", f"JZ {lb}done", "VMOVSS (SI), X2", "VFMADD231SS X2, X2, X1", "ADDQ $4, SI",
+                "DECQ CX", f"JMP {lb}tail")
         w(f"{lb}done:")
-    ins("VADDPS Z1, Z0, Z0", "VEXTRACTF64X4 $1, Z0, Y1", "VADDPS Y1, Y0, Y0", "VEXTRACTF128 $1, Y0, X1",
+    ins(f"VADDPS {vp}1, {vp}0, {vp}0")
+    if isa == "avx512":
+        ins("VEXTRACTF64X4 $1, Z0, Y1", "VADDPS Y1, Y0, Y0")
+    ins("VEXTRACTF128 $1, Y0, X1",
         "VADDPS X1, X0, X0", "VHADDPS X0, X0, X0", "VHADDPS X0, X0, X0", "VMOVSS X0, ret+32(FP)",
         "VZEROUPPER", "RET")
     w()
@@ -761,8 +1127,8 @@ w("//go:build goexperiment.simd && amd64")
 w()
 w("// Code generated by asmgen_quant.py; DO NOT EDIT.")
 w("// AVX-512 and AVX2+FMA loops of the decode attention kernel over quantized (int8, int4)")
-w("// K/V rows read straight from the cache's storage, dequantized in registers; math is")
-w("// float32. Contracts are in kern_quant_amd64.go.")
+w("// K/V rows read straight from the cache's storage: float32 loops dequantizing in registers,")
+w("// and integer loops (AVX-512 VNNI, AVX2). Contracts are in kern_quant_amd64.go.")
 w()
 w('#include "textflag.h"')
 w()
@@ -793,7 +1159,11 @@ for isa in ("avx512", "avx2"):
                 dots(rows, fmt, scaled, isa)
             axpy(rows, fmt, isa)
 vnni()
-vint(4)
-vint(2)
-sumsq()
+vint(4, "avx512")
+vint(2, "avx512")
+maddw()
+vint(4, "avx2")
+vint(2, "avx2")
+sumsq("avx512")
+sumsq("avx2")
 print("\n".join(out))

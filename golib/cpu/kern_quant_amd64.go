@@ -268,17 +268,63 @@ var quant512Ops, quantAVX2Ops = quantAsm512.ops(), quantAsmAVX2.ops()
 
 func init() {
 	if archsimd.X86.AVX512VNNI() {
-		quant512Ops.intPrep, quant512Ops.intDots4 = intPrep512, intDots4VNNI
-		quant512Ops.vaxpy4 = vaxpy4VNNI
+		intVNNI.set(&quant512Ops)
+	}
+	if archsimd.X86.AVX2() && archsimd.X86.FMA() {
+		intMaddw.set(&quantAVX2Ops)
 	}
 	quant512Ops.sumsq2 = sumsq2avx512
+	quantAVX2Ops.sumsq2 = sumsq2avx2
 	avx512Ops.quant = &quant512Ops
 	avx2Ops.quant = &quantAVX2Ops
 }
 
-// intPrep512 is quantOps.intPrep (head dim a multiple of 16; for int4 K a
+// intLoops are one instruction set's integer loops over quantized rows
+// (quantOps.intPrep, intDots4, vaxpy4): the same integers and the same
+// float32 steps on every instruction set, so their results are bit for bit
+// those of intVNNI (kern_quant_amd64.s).
+type intLoops struct {
+	prep  func(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int
+	dots4 [2]func(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int) // int8, int4
+	// wmax and wquant: rows of four and of two V scale groups
+	wmax   [2]func(p *float32, ldP int, vs *float32, n int, mx *[4]float32)
+	wquant [2]func(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)
+	vaxpy  [2]func(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)
+	cb     int // the column block of vaxpy (elements)
+	// fused: vaxpy runs every column block in one call (its s2 argument
+	// is then the blocks to a scale group of the four-group layout)
+	fused bool
+}
+
+// intVNNI are the AVX-512 VNNI integer loops (VPDPBUSD, VPDPWSSD).
+var intVNNI = intLoops{
+	prep:   qprepavx512,
+	dots4:  [2]func(*float32, int, *byte, int, *byte, int, int, int, *[24]float32, int){qdots4i8vnni, qdots4i4vnni},
+	wmax:   [2]func(*float32, int, *float32, int, *[4]float32){qvwmax, qvwmax2},
+	wquant: [2]func(*int32, *float32, int, *float32, int, *[4]float32, *float32, *[16]float32){qvwquant, qvwquant2},
+	vaxpy:  [2]func(*float32, int, *byte, int, int, int, *int32, int, int, *[4]float32, *[4]float32, *float32, int, int){qvaxpy4i8vnni, qvaxpy4i4vnni},
+	cb:     64,
+}
+
+// intMaddw are the AVX2 integer loops (VPMADDUBSW, VPMADDWD; ymm).
+var intMaddw = intLoops{
+	prep:   qprepavx2,
+	dots4:  [2]func(*float32, int, *byte, int, *byte, int, int, int, *[24]float32, int){qdots4i8maddw, qdots4i4maddw},
+	wmax:   [2]func(*float32, int, *float32, int, *[4]float32){qvwmaxavx2, qvwmax2avx2},
+	wquant: [2]func(*int32, *float32, int, *float32, int, *[4]float32, *float32, *[16]float32){qvwquantavx2, qvwquant2avx2},
+	vaxpy:  [2]func(*float32, int, *byte, int, int, int, *int32, int, int, *[4]float32, *[4]float32, *float32, int, int){qvaxpy4i8maddw, qvaxpy4i4maddw},
+	cb:     16,
+	fused:  true,
+}
+
+// set installs the loops in o.
+func (l *intLoops) set(o *quantOps) {
+	o.intPrep, o.intDots4, o.vaxpy4 = l.intPrep, l.intDots4, l.vaxpy4
+}
+
+// intPrep is quantOps.intPrep (head dim a multiple of 16; for int4 K a
 // multiple of 128 up to 256).
-func intPrep512(dst []byte, q, ks []float32, f cache.QuantFormat, sc, sum []float32) bool {
+func (l *intLoops) intPrep(dst []byte, q, ks []float32, f cache.QuantFormat, sc, sum []float32) bool {
 	n, rows := len(ks), len(sc)
 	if n == 0 || rows == 0 || n%16 != 0 || (f == cache.QuantInt4 && (n%128 != 0 || n > 256)) {
 		return false
@@ -288,24 +334,24 @@ func intPrep512(dst []byte, q, ks []float32, f cache.QuantFormat, sc, sum []floa
 	if f == cache.QuantInt4 {
 		i4 = 1
 	}
-	return qprepavx512(&dst[0], &q[0], &ks[0], n, rows, &sc[0], &sum[0], i4) != 0
+	return l.prep(&dst[0], &q[0], &ks[0], n, rows, &sc[0], &sum[0], i4) != 0
 }
 
-// intDots4VNNI is quantOps.intDots4 (head dim a multiple of 64; of 128 for
+// intDots4 is quantOps.intDots4 (head dim a multiple of 64; of 128 for
 // int4 K).
-func intDots4VNNI(s []float32, ld, n int, qi []byte, k qmat, d int, aff *[24]float32, pf int) {
+func (l *intLoops) intDots4(s []float32, ld, n int, qi []byte, k qmat, d int, aff *[24]float32, pf int) {
 	if n == 0 {
 		return
 	}
 	_, _, _ = s[3*ld+n-1], qi[4*d-1], k.b[n*k.rb-1]
 	if k.f == cache.QuantInt4 {
-		qdots4i4vnni(&s[0], ld*4, &qi[0], d, &k.b[0], k.rb, n, d/128, aff, pf*k.rb)
+		l.dots4[1](&s[0], ld*4, &qi[0], d, &k.b[0], k.rb, n, d/128, aff, pf*k.rb)
 		return
 	}
-	qdots4i8vnni(&s[0], ld*4, &qi[0], d, &k.b[0], k.rb, n, d/64, aff, pf*k.rb)
+	l.dots4[0](&s[0], ld*4, &qi[0], d, &k.b[0], k.rb, n, d/64, aff, pf*k.rb)
 }
 
-// Declarations of the VNNI score loop (kern_quant_amd64.s).
+// Declarations of the integer score loops (kern_quant_amd64.s).
 
 // qprefetchScales is quantOps.prefetch.
 func qprefetchScales(s []float32) {
@@ -321,17 +367,26 @@ func qprefetch(p *float32, n int)
 func qprepavx512(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int
 
 //go:noescape
+func qprepavx2(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int
+
+//go:noescape
 func qdots4i8vnni(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)
 
 //go:noescape
 func qdots4i4vnni(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)
 
+//go:noescape
+func qdots4i8maddw(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)
+
+//go:noescape
+func qdots4i4maddw(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)
+
 // vwMax is the largest int16 weight of vaxpy4 (15 bits: int32 sums of
 // 2^19 tokens of |w*q| <= vwMax*128 stay exact).
 const vwMax = 16383
 
-// vaxpy4VNNI is quantOps.vaxpy4.
-func vaxpy4VNNI(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, pf int, ws *vScratch) bool {
+// vaxpy4 is quantOps.vaxpy4.
+func (l *intLoops) vaxpy4(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, pf int, ws *vScratch) bool {
 	d := len(acc) / 4
 	if n == 0 || d%128 != 0 || v.s == nil || (v.ng != 4 && v.ng != 2) || v.g*v.ng != d || n >= 1<<19 {
 		return false
@@ -345,9 +400,9 @@ func vaxpy4VNNI(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, pf int, 
 	}
 	// rows of two groups: the weights and zero terms in the four-group
 	// layout, each group standing for two of d/4 elements
-	wmax, wquant := qvwmax, qvwquant
+	wmax, wquant := l.wmax[0], l.wquant[0]
 	if v.ng == 2 {
-		wmax, wquant = qvwmax2, qvwquant2
+		wmax, wquant = l.wmax[1], l.wquant[1]
 	}
 	ws.w = growI32(ws.w, (n+1)/2*16)
 	wmax(&p[0], ld*4, &v.s[0], n, &ws.mx)
@@ -361,13 +416,20 @@ func vaxpy4VNNI(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, pf int, 
 		ws.inv[r], ws.sc[r] = inv, m/vwMax
 	}
 	wquant(&ws.w[0], &p[0], ld*4, &v.s[0], n, &ws.inv, vz, &ws.zt)
-	fn := qvaxpy4i8vnni
+	fn := l.vaxpy[0]
 	if int4 {
-		fn = qvaxpy4i4vnni
+		fn = l.vaxpy[1]
 	}
-	for j0 := 0; j0 < d; j0 += 64 {
+	if l.fused {
+		fn(&acc[0], d*4, &v.b[0], v.rb, n/2, n&1, &ws.w[0], 64, d/4/l.cb, alpha, &ws.sc, &ws.zt[0], 16, pf*v.rb)
+		return true
+	}
+	for j0 := 0; j0 < d; j0 += l.cb {
 		g0 := j0 / (d / 4)
-		s2 := ((j0+32)/(d/4) - g0) * 4
+		s2 := 0
+		if l.cb > 32 {
+			s2 = ((j0+32)/(d/4) - g0) * 4
+		}
 		vb, pfd := j0, 0
 		if int4 {
 			vb = j0 / 2
@@ -380,20 +442,33 @@ func vaxpy4VNNI(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, pf int, 
 	return true
 }
 
-// sumsq2avx512 is quantOps.sumsq2.
+// sumsq2avx512 and sumsq2avx2 are quantOps.sumsq2.
 func sumsq2avx512(a, b []float32) float32 {
-	var pa, pb *float32
+	pa, pb := f32ptrs(a, b)
+	return qsumsq2avx512(pa, len(a), pb, len(b))
+}
+
+func sumsq2avx2(a, b []float32) float32 {
+	pa, pb := f32ptrs(a, b)
+	return qsumsq2avx2(pa, len(a), pb, len(b))
+}
+
+// f32ptrs returns the first elements' addresses (nil for an empty run).
+func f32ptrs(a, b []float32) (pa, pb *float32) {
 	if len(a) > 0 {
 		pa = &a[0]
 	}
 	if len(b) > 0 {
 		pb = &b[0]
 	}
-	return qsumsq2avx512(pa, len(a), pb, len(b))
+	return pa, pb
 }
 
 //go:noescape
 func qsumsq2avx512(a *float32, na int, b *float32, nb int) float32
+
+//go:noescape
+func qsumsq2avx2(a *float32, na int, b *float32, nb int) float32
 
 // Declarations of the integer accumulation loop (kern_quant_amd64.s).
 
@@ -408,6 +483,24 @@ func qvwquant2(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float3
 
 //go:noescape
 func qvwquant(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)
+
+//go:noescape
+func qvwmaxavx2(p *float32, ldP int, vs *float32, n int, mx *[4]float32)
+
+//go:noescape
+func qvwmax2avx2(p *float32, ldP int, vs *float32, n int, mx *[4]float32)
+
+//go:noescape
+func qvwquantavx2(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)
+
+//go:noescape
+func qvwquant2avx2(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)
+
+//go:noescape
+func qvaxpy4i8maddw(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, bpg int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)
+
+//go:noescape
+func qvaxpy4i4maddw(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, bpg int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)
 
 //go:noescape
 func qvaxpy4i8vnni(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)

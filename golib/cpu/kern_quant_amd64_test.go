@@ -135,13 +135,38 @@ func qdotMags(q []float32, k qmat, d, rows, n int) []float64 {
 	return out
 }
 
-// TestQuantIntDotsOps checks the VNNI loops (int8 K, int4 K in
-// qi4Order) against the same integer dots in scalar Go: intPrep's rounding
-// is the only difference from float32.
-func TestQuantIntDotsOps(t *testing.T) {
-	if quant512Ops.intDots4 == nil {
-		t.Skip("no AVX-512 VNNI")
+// intISA is one instruction set's integer loops, installed in ops.
+type intISA struct {
+	name string
+	ops  *quantOps
+	l    *intLoops
+}
+
+// intISAs returns the instruction sets whose integer loops this CPU runs.
+func intISAs(t testing.TB) []intISA {
+	var out []intISA
+	if quant512Ops.intDots4 != nil {
+		out = append(out, intISA{"vnni", &quant512Ops, &intVNNI})
 	}
+	if quantAVX2Ops.intDots4 != nil {
+		out = append(out, intISA{"avx2", &quantAVX2Ops, &intMaddw})
+	}
+	if len(out) == 0 {
+		t.Skip("no integer loops on this CPU")
+	}
+	return out
+}
+
+// TestQuantIntDotsOps checks the integer score loops (int8 K, int4 K in
+// qi4Order) of every instruction set against the same integer dots in
+// scalar Go: intPrep's rounding is the only difference from float32.
+func TestQuantIntDotsOps(t *testing.T) {
+	for _, is := range intISAs(t) {
+		testQuantIntDotsOps(t, is)
+	}
+}
+
+func testQuantIntDotsOps(t *testing.T, is intISA) {
 	rng := rand.New(rand.NewPCG(8, 9))
 	for _, f := range quantFormats {
 		for _, d := range []int{64, 128, 256} {
@@ -154,7 +179,7 @@ func TestQuantIntDotsOps(t *testing.T) {
 				ks := randVec(rng, d, 0.02)
 				qi := make([]byte, 4*d)
 				var isc, ioff, sums [4]float32
-				if !intPrep512(qi, q, ks, f, isc[:], sums[:]) {
+				if !is.l.intPrep(qi, q, ks, f, isc[:], sums[:]) {
 					t.Fatal("intPrep failed on finite input")
 				}
 				for r := 0; r < 4; r++ {
@@ -179,7 +204,7 @@ func TestQuantIntDotsOps(t *testing.T) {
 						t.Fatalf("%s d=%d row %d: sum %v, want %d", f, d, r, sum, s32)
 					}
 				}
-				qb := quantBlock{ops: &quant512Ops}
+				qb := quantBlock{ops: is.ops}
 				p := quantPart{qi: qi, isc: isc[:], ioff: ioff[:], intOn: true}
 				got := make([]float32, 4*n)
 				qb.intScores(&p, got, n, 0, 4, k, n, d, 0)
@@ -189,7 +214,7 @@ func TestQuantIntDotsOps(t *testing.T) {
 				}
 				for i := range want {
 					if !closeToMag(got[i], want[i], float64(d)*127*127*float64(isc[i/n])) {
-						t.Fatalf("%s d=%d n=%d: s[%d] = %v, want %v", f, d, n, i, got[i], want[i])
+						t.Fatalf("%s %s d=%d n=%d: s[%d] = %v, want %v", is.name, f, d, n, i, got[i], want[i])
 					}
 				}
 			}
@@ -214,14 +239,17 @@ func TestQi4Order(t *testing.T) {
 // max_t,g p_rt*s_tg / vwMax per row is the only difference, an error of
 // at most half a step times sum_t |q_tc| per element.
 func TestQuantIntAxpyOps(t *testing.T) {
-	if quant512Ops.vaxpy4 == nil {
-		t.Skip("no AVX-512 VNNI")
+	for _, is := range intISAs(t) {
+		testQuantIntAxpyOps(t, is.name, is.ops)
 	}
+}
+
+func testQuantIntAxpyOps(t *testing.T, name string, ops *quantOps) {
 	rng := rand.New(rand.NewPCG(10, 11))
 	for _, f := range quantFormats {
 		var ws vScratch
-		if quant512Ops.vaxpy4(make([]float32, 4*64), make([]float32, 4), 1, 1, randQmat(rng, f, 1, 64, 16, true), &[4]float32{}, 0, &ws) {
-			t.Errorf("%s: groups of 16 taken", f)
+		if ops.vaxpy4(make([]float32, 4*64), make([]float32, 4), 1, 1, randQmat(rng, f, 1, 64, 16, true), &[4]float32{}, 0, &ws) {
+			t.Errorf("%s %s: groups of 16 taken", name, f)
 		}
 		for _, dg := range [][2]int{{128, 32}, {128, 64}, {256, 64}, {256, 128}, {512, 128}} {
 			d, g := dg[0], dg[1]
@@ -239,11 +267,22 @@ func TestQuantIntAxpyOps(t *testing.T) {
 					alpha := [4]float32{0.5, 1, 0, 2}
 					acc0 := randVec(rng, 4*d, 1)
 					got, want := slices.Clone(acc0), slices.Clone(acc0)
-					if !quant512Ops.vaxpy4(got, p, ld, n, v, &alpha, 0, &ws) {
-						t.Fatalf("%s d=%d g=%d: shape refused", f, d, g)
+					if !ops.vaxpy4(got, p, ld, n, v, &alpha, 0, &ws) {
+						t.Fatalf("%s %s d=%d g=%d: shape refused", name, f, d, g)
 					}
 					goQAxpy4Ld(want, p, ld, n, v, &alpha)
-					x := make([]float32, d)
+					// the rows dequantized and their integers, once per case
+					x, qv := make([]float32, n*d), make([]float64, n*d)
+					for tk := 0; tk < n; tk++ {
+						goQRow(x[tk*d:(tk+1)*d], v, tk, d)
+						for c := 0; c < d; c++ {
+							if f == cache.QuantInt4 {
+								qv[tk*d+c] = float64(v.b[tk*v.rb+c/2] >> (4 * (c & 1)) & 15)
+							} else {
+								qv[tk*d+c] = float64(int8(v.b[tk*v.rb+c]))
+							}
+						}
+					}
 					for r := 0; r < 4; r++ {
 						var mx float64
 						for tk := 0; tk < n; tk++ {
@@ -254,19 +293,12 @@ func TestQuantIntAxpyOps(t *testing.T) {
 						for c := 0; c < d; c++ {
 							var sq, mag float64
 							for tk := 0; tk < n; tk++ {
-								goQRow(x, v, tk, d)
-								var q float64
-								if f == cache.QuantInt4 {
-									q = float64(v.b[tk*v.rb+c/2] >> (4 * (c & 1)) & 15)
-								} else {
-									q = float64(int8(v.b[tk*v.rb+c]))
-								}
-								sq += math.Abs(q)
-								mag += math.Abs(float64(p[r*ld+tk]) * float64(x[c]))
+								sq += math.Abs(qv[tk*d+c])
+								mag += math.Abs(float64(p[r*ld+tk]) * float64(x[tk*d+c]))
 							}
 							bound := 0.5*mx/vwMax*sq*1.001 + 1e-5*(1+math.Abs(float64(want[r*d+c]))) + 1e-6*(mag+math.Abs(float64(acc0[r*d+c])))
 							if e := math.Abs(float64(got[r*d+c]) - float64(want[r*d+c])); !(e <= bound) {
-								t.Fatalf("%s d=%d g=%d n=%d ld=%d: acc[%d][%d] = %v, want %v (bound %.3g)", f, d, g, n, ld, r, c, got[r*d+c], want[r*d+c], bound)
+								t.Fatalf("%s %s d=%d g=%d n=%d ld=%d: acc[%d][%d] = %v, want %v (bound %.3g)", name, f, d, g, n, ld, r, c, got[r*d+c], want[r*d+c], bound)
 							}
 						}
 					}
@@ -280,9 +312,13 @@ func TestQuantIntAxpyOps(t *testing.T) {
 // four (the four-row and one-row loops) gives every row what it gives
 // alone.
 func TestQuantIntPrepRows(t *testing.T) {
-	if quant512Ops.intPrep == nil {
-		t.Skip("no AVX-512 VNNI")
+	for _, is := range intISAs(t) {
+		testQuantIntPrepRows(t, is)
 	}
+}
+
+func testQuantIntPrepRows(t *testing.T, is intISA) {
+	intPrep := is.l.intPrep
 	rng := rand.New(rand.NewPCG(12, 13))
 	for _, f := range quantFormats {
 		const d, rows = 128, 7
@@ -290,49 +326,62 @@ func TestQuantIntPrepRows(t *testing.T) {
 		ks := randVec(rng, d, 0.02)
 		qi := make([]byte, rows*d)
 		sc, sum := make([]float32, rows), make([]float32, rows)
-		if !intPrep512(qi, q, ks, f, sc, sum) {
+		if !intPrep(qi, q, ks, f, sc, sum) {
 			t.Fatal("intPrep failed on finite input")
 		}
 		for r := 0; r < rows; r++ {
 			qi1 := make([]byte, d)
 			var sc1, sum1 [1]float32
-			if !intPrep512(qi1, q[r*d:(r+1)*d], ks, f, sc1[:], sum1[:]) {
+			if !intPrep(qi1, q[r*d:(r+1)*d], ks, f, sc1[:], sum1[:]) {
 				t.Fatal("intPrep failed on finite input")
 			}
 			if sc1[0] != sc[r] || sum1[0] != sum[r] || !slices.Equal(qi1, qi[r*d:(r+1)*d]) {
-				t.Fatalf("%s row %d of %d differs from the row alone", f, r, rows)
+				t.Fatalf("%s %s row %d of %d differs from the row alone", is.name, f, r, rows)
 			}
 		}
 	}
 }
 
-// TestQuantSumSq2 checks scalesSafe's AVX-512 sum of squares against a
-// float64 reference over run lengths around the 16-lane step (empty runs and
-// masked tails included), and that a non-finite or huge (2^64 or more)
-// value anywhere makes the sum non-finite.
+// TestQuantSumSq2 checks scalesSafe's sums of squares (AVX-512, AVX2)
+// against a float64 reference over run lengths around the 16- and 8-lane
+// steps (empty runs and tails included), and that a non-finite or huge
+// (2^64 or more) value anywhere makes the sum non-finite.
 func TestQuantSumSq2(t *testing.T) {
-	if !archsimd.X86.AVX512() {
-		t.Skip("no AVX-512")
+	type impl struct {
+		name string
+		fn   func(a, b []float32) float32
+	}
+	var impls []impl
+	if archsimd.X86.AVX512() {
+		impls = append(impls, impl{"avx512", sumsq2avx512})
+	}
+	if archsimd.X86.AVX2() && archsimd.X86.FMA() {
+		impls = append(impls, impl{"avx2", sumsq2avx2})
+	}
+	if len(impls) == 0 {
+		t.Skip("no AVX2 or AVX-512")
 	}
 	rng := rand.New(rand.NewPCG(14, 15))
-	for _, tc := range []struct{ na, nb int }{
-		{0, 0}, {0, 5}, {1, 0}, {15, 16}, {16, 17}, {31, 33}, {128, 128}, {128, 20}, {200, 3},
-	} {
-		a, b := randVec(rng, tc.na, 2), randVec(rng, tc.nb, 2)
-		var want float64
-		for _, x := range slices.Concat(a, b) {
-			want += float64(x) * float64(x)
-		}
-		got := sumsq2avx512(a, b)
-		if math.Abs(float64(got)-want) > 1e-5*want+1e-30 {
-			t.Errorf("na %d nb %d: got %g, want %g", tc.na, tc.nb, got, want)
-		}
-		for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(-1)), 1 << 64} {
-			for i := range tc.na + tc.nb {
-				x := slices.Concat(a, b)
-				x[i] = bad
-				if s := sumsq2avx512(x[:tc.na], x[tc.na:]); s-s == 0 {
-					t.Fatalf("na %d nb %d: %g at %d: sum %g is finite", tc.na, tc.nb, bad, i, s)
+	for _, im := range impls {
+		for _, tc := range []struct{ na, nb int }{
+			{0, 0}, {0, 5}, {1, 0}, {7, 9}, {15, 16}, {16, 17}, {31, 33}, {128, 128}, {128, 20}, {200, 3},
+		} {
+			a, b := randVec(rng, tc.na, 2), randVec(rng, tc.nb, 2)
+			var want float64
+			for _, x := range slices.Concat(a, b) {
+				want += float64(x) * float64(x)
+			}
+			got := im.fn(a, b)
+			if math.Abs(float64(got)-want) > 1e-5*want+1e-30 {
+				t.Errorf("%s na %d nb %d: got %g, want %g", im.name, tc.na, tc.nb, got, want)
+			}
+			for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(-1)), 1 << 64} {
+				for i := range tc.na + tc.nb {
+					x := slices.Concat(a, b)
+					x[i] = bad
+					if s := im.fn(x[:tc.na], x[tc.na:]); s-s == 0 {
+						t.Fatalf("%s na %d nb %d: %g at %d: sum %g is finite", im.name, tc.na, tc.nb, bad, i, s)
+					}
 				}
 			}
 		}
@@ -343,9 +392,12 @@ func TestQuantSumSq2(t *testing.T) {
 // finite or whose scale leaves float32's normal range, and takes a row of
 // zeros (scale 0, every integer 0).
 func TestQuantIntPrepFails(t *testing.T) {
-	if quant512Ops.intPrep == nil {
-		t.Skip("no AVX-512 VNNI")
+	for _, is := range intISAs(t) {
+		testQuantIntPrepFails(t, is)
 	}
+}
+
+func testQuantIntPrepFails(t *testing.T, is intISA) {
 	const d = 128
 	nan, inf := float32(math.NaN()), float32(math.Inf(1))
 	for _, f := range quantFormats {
@@ -373,8 +425,8 @@ func TestQuantIntPrepFails(t *testing.T) {
 				q[d+5] = tc.x
 				qi := make([]byte, rows*d)
 				sc, sum := make([]float32, rows), make([]float32, rows)
-				if got := intPrep512(qi, q, ks, f, sc, sum); got != tc.ok {
-					t.Fatalf("%s %s rows %d: intPrep = %v, want %v", f, tc.name, rows, got, tc.ok)
+				if got := is.l.intPrep(qi, q, ks, f, sc, sum); got != tc.ok {
+					t.Fatalf("%s %s %s rows %d: intPrep = %v, want %v", is.name, f, tc.name, rows, got, tc.ok)
 				}
 				if !tc.ok {
 					continue
@@ -390,6 +442,206 @@ func TestQuantIntPrepFails(t *testing.T) {
 				if tc.name == "zeros" && (sum[1] != 0 || slices.ContainsFunc(qi[d:2*d], func(b byte) bool { return b != 0 })) {
 					t.Fatalf("%s: a row of zeros gave sum %v, integers %v", f, sum[1], qi[d:2*d])
 				}
+			}
+		}
+	}
+}
+
+// intExtremes fills the K or V bytes b of format f with one of the
+// patterns that push the integer loops' int16 steps to their limits: the
+// largest and smallest int8 values (-128 included, though the cache never
+// stores it), zeros, int4 nibbles of 15, or random bytes (pattern 0).
+func intExtremes(rng *rand.Rand, b []byte, f cache.QuantFormat, pattern int) {
+	for i := range b {
+		switch pattern {
+		case 0:
+			b[i] = byte(rng.Uint32())
+		case 1:
+			b[i] = 0x7f // int8 127; int4 15, 7
+		case 2:
+			b[i] = 0x80 // int8 -128; int4 0, 8
+		case 3:
+			b[i] = 0xff // int8 -1; int4 15, 15
+		case 4:
+			b[i] = 0
+		case 5: // +-127 (int8), 15 and 0 (int4) at random
+			if f == cache.QuantInt4 {
+				b[i] = []byte{0xff, 0x0f, 0xf0, 0x00}[rng.IntN(4)]
+			} else {
+				b[i] = []byte{0x7f, 0x81}[rng.IntN(2)]
+			}
+		}
+	}
+}
+
+// TestQuantIntBitIdentical checks that every instruction set's integer
+// loops give bit for bit what the first one (VNNI where present) gives:
+// intPrep's integers, scales and sums, the scores of intDots4 (and their
+// integers exactly, against scalar Go, with scale 1 and offset 0: no int16
+// saturation), and vaxpy4's accumulators, over int8/int4, head dims 64-512,
+// V groups of two and four a row, token counts around the two-token and
+// four-token steps, padded score rows and extreme values (+-127, -128, 0,
+// 15 and query rows whose every element rounds to +-127).
+func TestQuantIntBitIdentical(t *testing.T) {
+	isas := intISAs(t)
+	rng := rand.New(rand.NewPCG(16, 17))
+	same := func(a, b []float32) int {
+		for i := range a {
+			if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+				return i
+			}
+		}
+		return -1
+	}
+	for _, f := range quantFormats {
+		for _, d := range []int{64, 128, 256} {
+			if f == cache.QuantInt4 && d%128 != 0 {
+				continue
+			}
+			for pat := 0; pat < 6; pat++ {
+				for _, n := range []int{1, 2, 3, 4, 5, 8, 33} {
+					k := randQmat(rng, f, n, d, d, false)
+					intExtremes(rng, k.b, f, pat)
+					q := randVec(rng, 4*d, 1)
+					if pat >= 4 { // every q*ks of a row the same magnitude: all +-127
+						for i := range q {
+							q[i] = float32(1 - 2*rng.IntN(2))
+						}
+					}
+					ks := randVec(rng, d, 0.02)
+					if pat >= 4 {
+						for i := range ks {
+							ks[i] = 0.02
+						}
+					}
+					ld := n + pat%2*3
+					var ref []float32
+					var refQi []byte
+					var refSc, refSum [4]float32
+					for ii, is := range isas {
+						qi := make([]byte, 4*d)
+						var isc, ioff, sums [4]float32
+						if !is.l.intPrep(qi, q, ks, f, isc[:], sums[:]) {
+							t.Fatalf("%s: intPrep failed on finite input", is.name)
+						}
+						if ii == 0 {
+							refQi, refSc, refSum = qi, isc, sums
+						} else if !slices.Equal(qi, refQi) || isc != refSc || sums != refSum {
+							t.Fatalf("%s %s d=%d pattern %d: intPrep differs from %s", is.name, f, d, pat, isas[0].name)
+						}
+						for r := range ioff {
+							ioff[r] = -128 * isc[r] * sums[r]
+							if f == cache.QuantInt4 {
+								ioff[r] = float32(r) - 1.5
+							}
+						}
+						qb := quantBlock{ops: is.ops}
+						p := quantPart{qi: qi, isc: isc[:], ioff: ioff[:], intOn: true}
+						got := make([]float32, 3*ld+n)
+						qb.intScores(&p, got, ld, 0, 4, k, n, d, 0)
+						if ii == 0 {
+							ref = slices.Clone(got)
+						} else if i := same(got, ref); i >= 0 {
+							t.Fatalf("%s %s d=%d n=%d pattern %d: s[%d] = %v, %s %v", is.name, f, d, n, pat, i, got[i], isas[0].name, ref[i])
+						}
+						// the integers themselves: scale 1, offset 0
+						p.isc, p.ioff = []float32{1, 1, 1, 1}, make([]float32, 4)
+						qb.intScores(&p, got, ld, 0, 4, k, n, d, 0)
+						for r := 0; r < 4; r++ {
+							for tk := 0; tk < n; tk++ {
+								var want int
+								for j := 0; j < d; j++ {
+									x := int(int8(qi[r*d+j]))
+									if f == cache.QuantInt4 {
+										e := qi4Elem(j)
+										want += x * int(k.b[tk*k.rb+e/2]>>(4*(e&1))&15)
+									} else {
+										want += x * (int(int8(k.b[tk*k.rb+j])) + 128) // VNNI's K+128
+									}
+								}
+								if got[r*ld+tk] != float32(want) {
+									t.Fatalf("%s %s d=%d n=%d pattern %d: row %d token %d integer %v, want %d",
+										is.name, f, d, n, pat, r, tk, got[r*ld+tk], want)
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+		for _, dg := range [][2]int{{128, 32}, {128, 64}, {256, 64}, {256, 128}, {512, 128}} {
+			d, g := dg[0], dg[1]
+			for pat := 0; pat < 6; pat++ {
+				for _, n := range []int{1, 2, 3, 7, 32, 33, 64} {
+					ld := n + pat%2*5
+					v := randQmat(rng, f, n, d, g, true)
+					intExtremes(rng, v.b, f, pat)
+					for i := range v.s {
+						v.s[i] = float32(math.Abs(float64(v.s[i])))
+					}
+					p := make([]float32, 3*ld+n)
+					for i := range p {
+						p[i] = rng.Float32()
+					}
+					p[rng.IntN(n)] = 0
+					p[rng.IntN(n)] = 1
+					alpha := [4]float32{0.5, 1, 0, 2}
+					acc0 := randVec(rng, 4*d, 1)
+					var ref []float32
+					for ii, is := range isas {
+						var ws vScratch
+						got := slices.Clone(acc0)
+						if !is.ops.vaxpy4(got, p, ld, n, v, &alpha, 0, &ws) {
+							t.Fatalf("%s %s d=%d g=%d: shape refused", is.name, f, d, g)
+						}
+						if ii == 0 {
+							ref = slices.Clone(got)
+						} else if i := same(got, ref); i >= 0 {
+							t.Fatalf("%s %s d=%d g=%d n=%d pattern %d: acc[%d] = %v, %s %v", is.name, f, d, g, n, pat, i, got[i], isas[0].name, ref[i])
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkQuantIntLoops times each instruction set's integer loops on
+// one chunk in L1 (32 tokens, head dim 128, four query rows, V groups of
+// 32): intPrep, intDots4 and vaxpy4, ns/tok per token of the chunk.
+func BenchmarkQuantIntLoops(b *testing.B) {
+	const d, n = 128, 32
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, is := range intISAs(b) {
+		for _, f := range quantFormats {
+			k := randQmat(rng, f, n, d, d, false)
+			q, ks := randVec(rng, 4*d, 1), randVec(rng, d, 0.02)
+			qi := make([]byte, 4*d)
+			var isc, sums [4]float32
+			var aff [24]float32
+			s := make([]float32, 4*n)
+			v := randQmat(rng, f, n, d, 32, true)
+			p := make([]float32, 4*n)
+			for i := range p {
+				p[i] = rng.Float32()
+			}
+			acc := make([]float32, 4*d)
+			var ws vScratch
+			alpha := [4]float32{1, 1, 1, 1}
+			for _, loop := range []struct {
+				name string
+				fn   func()
+			}{
+				{"prep", func() { is.l.intPrep(qi, q, ks, f, isc[:], sums[:]) }},
+				{"dots", func() { is.l.intDots4(s, n, n, qi, k, d, &aff, 0) }},
+				{"vaxpy", func() { is.l.vaxpy4(acc, p, n, n, v, &alpha, 0, &ws) }},
+			} {
+				b.Run(is.name+"/"+f.String()+"/"+loop.name, func(b *testing.B) {
+					for b.Loop() {
+						loop.fn()
+					}
+					b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/tok")
+				})
 			}
 		}
 	}

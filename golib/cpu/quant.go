@@ -74,7 +74,7 @@ type quantOps struct {
 	// (per-channel ones a chunk's stride apart), are requested while this
 	// one is computed.
 	prefetch func(s []float32)
-	// intPrep and intDots4, when set (AVX-512 VNNI), are the integer score
+	// intPrep and intDots4, when set (AVX-512 VNNI, AVX2), are the integer score
 	// loop for int8 and int4 K per channel: intPrep quantizes len(sc) query
 	// rows (len(ks) elements each) times the channel scales ks to int8 per
 	// row (dst; for int4 K in qi4Order), setting each row's scale sc[r] and
@@ -85,7 +85,7 @@ type quantOps struct {
 	// kern_quant_amd64.s).
 	intPrep  func(dst []byte, q, ks []float32, f cache.QuantFormat, sc, sum []float32) bool
 	intDots4 func(s []float32, ld, n int, qi []byte, k qmat, d int, aff *[24]float32, pf int)
-	// vaxpy4, when set (AVX-512 VNNI), is axpy4 by integer dots: the
+	// vaxpy4, when set (AVX-512 VNNI, AVX2), is axpy4 by integer dots: the
 	// weights p_rt times the rows' V scales are quantized to int16 per row
 	// (steps of max_t,g p_rt*s_tg / 16383 over the n tokens), V rows widened
 	// to int16 and dotted by token pairs (VPDPWSSD); int4's zeros add
@@ -107,7 +107,7 @@ type vScratch struct {
 	zt          [16]float32
 }
 
-// IntDotsEnv is the environment variable that turns the integer (VNNI)
+// IntDotsEnv is the environment variable that turns the integer
 // score and accumulation loops off (0) or on (anything else, the default);
 // see SetQuantIntDots.
 const IntDotsEnv = "OLKV_QUANT_INT_DOTS"
@@ -117,16 +117,19 @@ var intDots atomic.Bool
 func init() { intDots.Store(os.Getenv(IntDotsEnv) != "0") }
 
 // SetQuantIntDots turns on or off the integer loops over quantized
-// segments where the CPU has AVX-512 VNNI. The score loop, over int8 K per
-// channel and int4 K per channel (head dim a multiple of 128): the query
-// rows times the chunk's channel scales are quantized to int8 per row and
-// dotted with VPDPBUSD, a relative score error of about 2^-8 of the row's
-// largest element. The accumulation loop, over V rows with two or four
-// scale groups (head dim a multiple of 128: group 32 or 64 at 128): the softmax
-// weights times the rows' V scales are quantized to int16 per row and
-// chunk (steps of 1/16383 of the chunk's largest) and dotted with
-// VPDPWSSD. On by default (OLKV_QUANT_INT_DOTS=0 turns them off); it
-// changes nothing on other CPUs and paths.
+// segments on the AVX-512 path where the CPU has AVX-512 VNNI and on the
+// AVX2 path. The score loop, over int8 K per channel and int4 K per channel
+// (head dim a multiple of 128): the query rows times the chunk's channel
+// scales are quantized to int8 per row and dotted with VPDPBUSD (AVX2:
+// VPMADDUBSW and VPMADDWD), a relative score error of about 2^-8 of the
+// row's largest element. The accumulation loop, over V rows with two or
+// four scale groups (head dim a multiple of 128: group 32 or 64 at 128):
+// the softmax weights times the rows' V scales are quantized to int16 per
+// row and chunk (steps of 1/16383 of the chunk's largest) and dotted with
+// VPDPWSSD (AVX2: VPMADDWD). Both instruction sets compute the same
+// integers and the same float32 steps: their results are bit-identical.
+// On by default (OLKV_QUANT_INT_DOTS=0 turns them off); it changes nothing
+// on other CPUs and paths.
 func SetQuantIntDots(on bool) { intDots.Store(on) }
 
 // QuantIntDots reports whether the integer loops are on (see

@@ -17,8 +17,8 @@ import (
 // the active kernel path (OLKV_KERNEL
 // selects another). The three storages run one after the other inside each
 // (context, threads) pair, so -count=N alternates them (int8-intdots, int4-intdots: int8, int4
-// with the integer score loop, SetQuantIntDots, where the CPU has AVX-512
-// VNNI); ratios of ns/op are
+// with the integer loops, SetQuantIntDots, on the paths that have them:
+// AVX-512 with VNNI, AVX2); ratios of ns/op are
 // the figure to read (speed-up = fp16 time / quantized time). GB/s is the
 // bytes the kernel reports reading (quantized rows plus scales).
 func BenchmarkDecodeQuant(b *testing.B) {

@@ -433,6 +433,39 @@ func intDotsUsed(f cache.QuantFormat, ax cache.KAxis, dk, dv, group int) bool {
 	return (ax == cache.KPerChannel && (f == cache.QuantInt8 || dk%128 == 0)) || (dv%128 == 0 && (dv == 4*vg || dv == 2*vg))
 }
 
+// TestQuantIntDotsShapes runs the integer loops of every path that has
+// them (AVX-512 VNNI, AVX2) against the oracle with intDotsTol over query
+// lengths 1-4, four and eight query heads per KV head, int8/int4 at groups
+// 32 and 64, and lengths just around a chunk and the residual window
+// (one thread; the thread split is TestQuantIntDots').
+func TestQuantIntDotsShapes(t *testing.T) {
+	have := false
+	for _, k := range kernelVariants {
+		have = have || (k.quant != nil && k.quant.intDots4 != nil)
+	}
+	if !have {
+		t.Skip("no kernel path with integer dots on this CPU/build")
+	}
+	defer SetQuantIntDots(QuantIntDots())
+	SetQuantIntDots(true)
+	n := 0
+	for _, f := range quantFormats {
+		for _, group := range []int{32, 64} {
+			for _, hd := range [][2]int{{8, 2}, {8, 1}} {
+				for qLen := 1; qLen <= 4; qLen++ {
+					n++
+					res := []int{0, 16}[n%2]
+					L := group + res - 1 + n%3 // one below, at and one above a chunk past the window
+					c := quantCase{elem: cache.Float16, qHeads: hd[0], kvh: hd[1], dk: 128, dv: 128,
+						lens: []int{L, 3*group + res + 1}, qLen: qLen,
+						cfg: cache.QuantConfig{Format: f, Group: group, Residual: res}, tol: intDotsTol}
+					checkQuantPaths(t, c, []int{1})
+				}
+			}
+		}
+	}
+}
+
 // TestQuantIntDots runs the integer score loop (SetQuantIntDots) where the
 // CPU has it (skipped elsewhere), groups 32 and 64, against the oracle
 // with intDotsTol and against float32 with the int8 bound.
