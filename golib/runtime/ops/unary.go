@@ -111,9 +111,7 @@ func unaryComputeBulk(ctx *Context, name string, op unaryOp, bulk func(dst, src 
 		if err != nil {
 			return err
 		}
-		for i := range v {
-			v[i] = op.f32(v[i])
-		}
+		unaryF32(bulk, op, v, v) // the float32 kernel's values, then rounded
 		return tensor.FromFloat32(out, v)
 	case dt.IsInt() && op.i64 != nil:
 		v, err := tensor.Int64Values(x)
