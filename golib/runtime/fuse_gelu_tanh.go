@@ -1,8 +1,7 @@
 package runtime
 
 import (
-	"math"
-
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/mha"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/ops"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
@@ -137,11 +136,14 @@ func (k *geluTanhChain) Compute(ctx *ops.Context) error {
 	if err != nil {
 		return err
 	}
-	dst := out.Float32()
-	for j, v := range x.Float32() {
+	dst, src := out.Float32(), x.Float32()
+	for j, v := range src {
 		a := float32(v + float32(ops.PowF32(v, k.exp)*k.c1))
-		t := float32(math.Tanh(float64(float32(a * k.c2))))
-		dst[j] = float32(float32(v*k.half) * float32(t+k.one))
+		dst[j] = float32(a * k.c2)
+	}
+	mha.Tanh(dst, dst) // the Tanh kernel's function, over the same values
+	for j, v := range src {
+		dst[j] = float32(float32(v*k.half) * float32(dst[j]+k.one))
 	}
 	return nil
 }

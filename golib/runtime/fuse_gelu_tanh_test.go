@@ -81,7 +81,7 @@ func TestFuseGeluTanh(t *testing.T) {
 		c.edit(&gc)
 		b := onnxtest.Bytes(gc.model())
 		s, ref := fusedPair(t, c.name, b, "GeluTanhChain", c.fused, "Tanh ", "Pow")
-		for _, shape := range []tensor.Shape{{1, 1, 16}, {2, 5, 16}, {1, 0, 16}} {
+		for _, shape := range []tensor.Shape{{1, 1, 16}, {2, 5, 16}, {1, 0, 16}, {1, 3, 16}, {3, 7, 16}} {
 			v := randFloats(rng, shape.Size())
 			for j := range v {
 				v[j] *= 8

@@ -175,3 +175,63 @@ func TestFuseRotary(t *testing.T) {
 		}
 	}
 }
+
+// TestRotateHalfF16Blocked checks the blocked float16 rotation against its
+// value-by-value form, bit for bit, over head sizes (a row per block up to
+// many, and rows past the block), cos/sin broadcasts and special values
+// (NaN, infinities, subnormals, products that overflow float16).
+func TestRotateHalfF16Blocked(t *testing.T) {
+	special := []float32{0, float32(math.Copysign(0, -1)), float32(math.NaN()), float32(math.Inf(1)),
+		float32(math.Inf(-1)), 6e-8, -3e-5, 65504, -60000, 1e-4}
+	cases := []struct {
+		name   string
+		x, cos tensor.Shape
+	}{
+		{"d2", tensor.Shape{1, 3, 5, 2}, tensor.Shape{1, 1, 5, 2}},
+		{"d16", tensor.Shape{1, 4, 16, 16}, tensor.Shape{1, 1, 16, 16}},
+		{"d16-batch", tensor.Shape{3, 2, 7, 16}, tensor.Shape{3, 1, 7, 16}},
+		{"d24-rank3", tensor.Shape{2, 11, 24}, tensor.Shape{11, 24}},
+		{"d64", tensor.Shape{1, 2, 9, 64}, tensor.Shape{1, 1, 9, 64}},
+		{"d128-full", tensor.Shape{1, 3, 5, 128}, tensor.Shape{1, 3, 5, 128}},
+		{"d512", tensor.Shape{1, 2, 3, 512}, tensor.Shape{1, 1, 3, 512}},
+		{"d640-scalar", tensor.Shape{1, 2, 3, 640}, tensor.Shape{1, 1, 3, 640}},
+		{"one-row", tensor.Shape{1, 1, 1, 8}, tensor.Shape{1, 1, 1, 8}},
+		{"empty", tensor.Shape{1, 2, 0, 16}, tensor.Shape{1, 1, 0, 16}},
+	}
+	rng := rand.New(rand.NewSource(7))
+	fill := func(s tensor.Shape, scale float32) *tensor.Tensor {
+		n, _ := s.NumElements()
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = (rng.Float32()*2 - 1) * scale
+			if rng.Intn(17) == 0 {
+				v[i] = special[rng.Intn(len(special))]
+			}
+		}
+		tt, err := tensor.New(tensor.Float16, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tensor.FromFloat32(tt, v); err != nil {
+			t.Fatal(err)
+		}
+		return tt
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			for _, scale := range []float32{1, 300} {
+				x, cos, sin := fill(c.x, scale), fill(c.cos, 1), fill(c.cos, 1)
+				h := c.x[len(c.x)-1] / 2
+				got := make([]tensor.Float16Bits, x.Len())
+				want := make([]tensor.Float16Bits, x.Len())
+				rotateHalfF16(got, x, cos, sin, h)
+				rotateHalfF16Scalar(want, x, cos, sin, h)
+				for i := range want {
+					if got[i] != want[i] {
+						t.Fatalf("scale %v: value %d: got %#04x, want %#04x", scale, i, got[i], want[i])
+					}
+				}
+			}
+		})
+	}
+}

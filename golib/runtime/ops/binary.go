@@ -65,7 +65,7 @@ func init() {
 }
 
 func newBinary(name string) Factory {
-	op := binaryOps[name]
+	op, k := binaryOps[name], f32Kinds[name]
 	return func(n *Node) (Kernel, error) {
 		return KernelFunc(func(ctx *Context) error {
 			a, b, err := twoInputs(ctx)
@@ -82,8 +82,11 @@ func newBinary(name string) Factory {
 			if name == "Pow" && a.DType().IsInt() && b.DType().IsFloat() {
 				return powIntFloat(a, b, out)
 			}
-			if k := f32Kinds[name]; k != 0 && a.DType() == tensor.Float32 && b.DType() == tensor.Float32 {
+			if k != 0 && a.DType() == tensor.Float32 && b.DType() == tensor.Float32 {
 				return binaryF32(k, a.Float32(), a.Shape(), b.Float32(), b.Shape(), out.Float32(), out.Shape())
+			}
+			if k != 0 && isHalf(a.DType()) {
+				return binaryHalf(ctx, k, a, b, out)
 			}
 			return binaryCompute(ctx, op, a, b, out)
 		}), nil

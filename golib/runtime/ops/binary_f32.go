@@ -37,6 +37,22 @@ func binaryF32(k f32Kind, a []float32, as tensor.Shape, b []float32, bs tensor.S
 	})
 }
 
+// binaryHalf is binaryF32 for float16 or bfloat16 operands of one type:
+// both widened (exactly) into ctx's scratch, the float32 loops, the result
+// rounded once into out, as binaryCompute computes them, without its call
+// per element.
+func binaryHalf(ctx *Context, k f32Kind, a, b, out *tensor.Tensor) error {
+	x, y, err := convertBoth(ctx.AsFloat32, a, b)
+	if err != nil {
+		return err
+	}
+	dst := f32Result(ctx, out)
+	if err := binaryF32(k, x, a.Shape(), y, b.Shape(), dst, out.Shape()); err != nil {
+		return err
+	}
+	return storeF32Result(out, dst)
+}
+
 func vecVec(k f32Kind, dst, x, y []float32) {
 	x, y = x[:len(dst)], y[:len(dst)]
 	switch k {

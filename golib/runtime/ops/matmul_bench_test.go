@@ -70,3 +70,42 @@ func BenchmarkMatMulSmall(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkMatMulPrefillSmall: a 16-token prompt through the projections of
+// the tiny fixture exports (hidden 64, float32 and float16 weights as
+// initializers), one and two threads, the context reused.
+func BenchmarkMatMulPrefillSmall(b *testing.B) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, dt := range []tensor.DType{tensor.Float32, tensor.Float16} {
+		for _, s := range [][2]int{{64, 64}, {64, 128}, {128, 64}, {64, 256}} {
+			for _, threads := range []int{1, 2} {
+				b.Run(dt.String()+"/"+tensor.Shape{16, s[0], s[1]}.String()+"/threads="+string(rune('0'+threads)), func(b *testing.B) {
+					x := randT(r, tensor.Shape{1, 16, s[0]})
+					w := randT(r, tensor.Shape{s[0], s[1]})
+					if dt != tensor.Float32 {
+						x, w = convertT(x, dt), convertT(w, dt)
+					}
+					f, err := Lookup("", "MatMul", 13)
+					if err != nil {
+						b.Fatal(err)
+					}
+					n := &Node{OpType: "MatMul", Opset: 13, NumInputs: 2, NumOutputs: 1, InputPresent: []bool{true, true},
+						OutputPresent: []bool{true}, Constants: []*tensor.Tensor{nil, w}}
+					k, err := f(n)
+					if err != nil {
+						b.Fatal(err)
+					}
+					in := []*tensor.Tensor{x, w}
+					ctx := NewContext(in, n.OutputPresent, threads, nil)
+					b.ReportAllocs()
+					for b.Loop() {
+						ctx.Reset(in, n.OutputPresent, threads, nil, nil)
+						if err := k.Compute(ctx); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+			}
+		}
+	}
+}

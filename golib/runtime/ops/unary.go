@@ -19,7 +19,7 @@ type unaryOp struct {
 
 // bulkF32 maps whole float32 slices for the ops on the decode path, without
 // a function call per element.
-var bulkF32 = map[string]func(dst, src []float32){"Sigmoid": sigmoidSlice}
+var bulkF32 = map[string]func(dst, src []float32){"Sigmoid": sigmoidSlice, "Tanh": mha.Tanh}
 
 func f32of(f func(float64) float64) func(float32) float32 {
 	return func(x float32) float32 { return float32(f(float64(x))) }
@@ -111,9 +111,7 @@ func unaryComputeBulk(ctx *Context, name string, op unaryOp, bulk func(dst, src 
 		if err != nil {
 			return err
 		}
-		for i := range v {
-			v[i] = op.f32(v[i])
-		}
+		unaryF32(bulk, op, v, v) // the float32 kernel's values, then rounded
 		return tensor.FromFloat32(out, v)
 	case dt.IsInt() && op.i64 != nil:
 		v, err := tensor.Int64Values(x)

@@ -32,9 +32,9 @@ func ToFloat32(t *Tensor, dst []float32) error {
 	case Float32:
 		copy(dst, t.Float32())
 	case Float16:
-		codec.DecodeF16(dst, bits16(t.Float16()))
+		codec.DecodeF16(dst, Bits16(t.Float16()))
 	case BFloat16:
-		codec.DecodeBF16(dst, bits16(t.BFloat16()))
+		codec.DecodeBF16(dst, Bits16(t.BFloat16()))
 	case Float64:
 		ConvertSlice(dst, t.Float64())
 	case Int64:
@@ -76,9 +76,9 @@ func FromFloat32(t *Tensor, src []float32) error {
 	case Float32:
 		copy(t.Float32(), src)
 	case Float16:
-		codec.EncodeF16(bits16(t.Float16()), src)
+		codec.EncodeF16(Bits16(t.Float16()), src)
 	case BFloat16:
-		codec.EncodeBF16(bits16(t.BFloat16()), src)
+		codec.EncodeBF16(Bits16(t.BFloat16()), src)
 	case Float64:
 		ConvertSlice(t.Float64(), src)
 	case Int64:
@@ -193,8 +193,8 @@ func Int64ValuesTo(out []int64, t *Tensor) ([]int64, error) {
 	return out, nil
 }
 
-// bits16 views 16-bit float elements as their bits, for the codec slice
+// Bits16 views 16-bit float elements as their bits, for the codec slice
 // conversions (vectorized where the CPU allows).
-func bits16[T Float16Bits | BFloat16Bits](x []T) []uint16 {
+func Bits16[T Float16Bits | BFloat16Bits](x []T) []uint16 {
 	return unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(x))), len(x))
 }
