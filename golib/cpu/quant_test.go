@@ -433,12 +433,10 @@ func intDotsUsed(f cache.QuantFormat, ax cache.KAxis, dk, dv, group int) bool {
 	return (ax == cache.KPerChannel && (f == cache.QuantInt8 || dk%128 == 0)) || (dv%128 == 0 && (dv == 4*vg || dv == 2*vg))
 }
 
-// TestQuantIntDotsShapes runs the integer loops of every path that has
-// them (AVX-512 VNNI, AVX2) against the oracle with intDotsTol over query
-// lengths 1-4, four and eight query heads per KV head, int8/int4 at groups
-// 32 and 64, and lengths just around a chunk and the residual window
-// (one thread; the thread split is TestQuantIntDots').
-func TestQuantIntDotsShapes(t *testing.T) {
+// useIntDots skips t where no kernel path has the integer loops, else turns
+// them on (SetQuantIntDots) and returns the function restoring the setting.
+func useIntDots(t *testing.T) func() {
+	t.Helper()
 	have := false
 	for _, k := range kernelVariants {
 		have = have || (k.quant != nil && k.quant.intDots4 != nil)
@@ -446,8 +444,18 @@ func TestQuantIntDotsShapes(t *testing.T) {
 	if !have {
 		t.Skip("no kernel path with integer dots on this CPU/build")
 	}
-	defer SetQuantIntDots(QuantIntDots())
+	was := QuantIntDots()
 	SetQuantIntDots(true)
+	return func() { SetQuantIntDots(was) }
+}
+
+// TestQuantIntDotsShapes runs the integer loops of every path that has
+// them (AVX-512 VNNI, AVX2) against the oracle with intDotsTol over query
+// lengths 1-4, four and eight query heads per KV head, int8/int4 at groups
+// 32 and 64, and lengths just around a chunk and the residual window
+// (one thread; the thread split is TestQuantIntDots').
+func TestQuantIntDotsShapes(t *testing.T) {
+	defer useIntDots(t)()
 	n := 0
 	for _, f := range quantFormats {
 		for _, group := range []int{32, 64} {
@@ -470,15 +478,7 @@ func TestQuantIntDotsShapes(t *testing.T) {
 // CPU has it (skipped elsewhere), groups 32 and 64, against the oracle
 // with intDotsTol and against float32 with the int8 bound.
 func TestQuantIntDots(t *testing.T) {
-	have := false
-	for _, k := range kernelVariants {
-		have = have || (k.quant != nil && k.quant.intDots4 != nil)
-	}
-	if !have {
-		t.Skip("no kernel path with integer dots on this CPU/build")
-	}
-	defer SetQuantIntDots(QuantIntDots())
-	SetQuantIntDots(true)
+	defer useIntDots(t)()
 	lens := []int{33, 200, 1000}
 	if raceEnabled || asanEnabled || testing.Short() {
 		lens = []int{200}
