@@ -2,6 +2,8 @@ package runtime
 
 import (
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"os"
 	"testing"
 
@@ -80,22 +82,36 @@ func BenchmarkDecoderCache(b *testing.B) {
 }
 
 // decoderCacheState returns a float32 state of s holding context
-// positions of zero K/V rows per layer (the values do not change the work).
+// positions of K/V rows per layer, normal values of standard deviation
+// 0.5 (as bench_cache_path.py loads; zeros would give every position the
+// same score, which no real cache does).
 func decoderCacheState(b *testing.B, s *Session, context int) *CacheState {
 	cs, err := s.NewCacheState(StateConfig{Batch: 1, MaxLength: context + 8, Elem: cache.Float32})
 	if err != nil {
 		b.Fatal(err)
 	}
+	rng := rand.New(rand.NewPCG(1, 2))
 	rows := make([]LayerRows, len(cs.Layers()))
 	for i, l := range cs.Layers() {
 		if l.KVHeads <= 0 || l.HeadDimK <= 0 || l.HeadDimV <= 0 {
 			b.Fatalf("layer %d: the graph does not declare its K/V geometry", l.Index)
 		}
-		rows[i] = LayerRows{K: make([]byte, l.KVHeads*context*l.HeadDimK*4), V: make([]byte, l.KVHeads*context*l.HeadDimV*4),
+		rows[i] = LayerRows{K: randomRows(rng, l.KVHeads*context*l.HeadDimK), V: randomRows(rng, l.KVHeads*context*l.HeadDimV),
 			KVHeads: l.KVHeads, HeadDimK: l.HeadDimK, HeadDimV: l.HeadDimV}
 	}
 	if err := cs.Load(rows, cache.Float32, context); err != nil {
 		b.Fatal(err)
 	}
 	return cs
+}
+
+// randomRows returns n float32 values (normal, standard deviation 0.5) as
+// little-endian bytes.
+func randomRows(rng *rand.Rand, n int) []byte {
+	out := make([]byte, 4*n)
+	for i := 0; i < n; i++ {
+		u := math.Float32bits(float32(rng.NormFloat64() * 0.5))
+		out[4*i], out[4*i+1], out[4*i+2], out[4*i+3] = byte(u), byte(u>>8), byte(u>>16), byte(u>>24)
+	}
+	return out
 }
