@@ -234,11 +234,13 @@ def decode_case(M: Any, cfg: Any, model: Any, sessions: Dict[str, Any], threads:
         used += tensor_need
         fns[name] = ((lambda f=feeds: ours.run(["logits"], f)) if name == "ours-tensor"
                      else (lambda f=feeds: sessions["ort-tensor"].run(["logits"], f)))
+    memory = process_memory()  # every buffer of the case is allocated and touched by now
     samples = _common.blocked(fns, repeat=args.repeat, warmup=2, block=args.block)
     probe = olkv_read_bandwidth(threads, args)
     row = _median_row(threads, batch, context, samples, comparators)
     row["read GB/s"] = probe
-    figures: Dict[str, Any] = {"weight_bytes": wbytes, "kv_bytes_float32": kv32, "read_gbs": probe}
+    figures: Dict[str, Any] = {"weight_bytes": wbytes, "kv_bytes_float32": kv32, "read_gbs": probe,
+                               "process_memory": memory}
     for name, st in states.items():
         cd = st.dtype
         kv = batch * context * row_all * np.dtype(cd).itemsize
@@ -269,6 +271,24 @@ def decode_case(M: Any, cfg: Any, model: Any, sessions: Dict[str, Any], threads:
         del genai
     return {"row": row, "samples": samples, "figures": figures, "skipped": skipped,
             "summary": {k: _common.summarize(v) for k, v in samples.items()}}
+
+
+def process_memory() -> Dict[str, int]:
+    """The process's resident bytes and how many of them sit in transparent huge pages
+    (``/proc/self/smaps_rollup``: Rss, AnonHugePages, FilePmdMapped; empty off Linux). The caches'
+    arenas ask for huge pages (MADV_HUGEPAGE) and get 4 KiB pages when the kernel cannot compact
+    memory, which slows the streaming reads: a case whose ``AnonHugePages`` falls short of its
+    caches' bytes ran (partly) on small pages."""
+    out: Dict[str, int] = {}
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("Rss", "AnonHugePages", "FilePmdMapped"):
+                    out[key] = int(rest.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
 
 
 def olkv_read_bandwidth(threads: int, args: argparse.Namespace) -> float:
