@@ -154,4 +154,27 @@ type QuantSegment struct {
 	KGroup, VGroup int // elements per scale group along a per-token row
 	KScale, KZero  []float32
 	VScale, VZero  []float32
+	// Bounded reports that the cache checked, when the chunk was sealed,
+	// that every scale and zero of the chunk (every head) is finite and
+	// below ScaleBound in magnitude: no dequantized value s*q + z leaves
+	// float32's range, so a kernel may skip its own check of the scales.
+	// False means unchecked, not unbounded.
+	Bounded bool
+}
+
+// ScaleBound bounds the magnitude of the scales and zeros of a chunk that
+// QuantSegment.Bounded reports (2^56).
+const ScaleBound = 0x1p56
+
+// scalesBounded reports whether every value of each run is finite and below
+// ScaleBound in magnitude.
+func scalesBounded(runs ...[]float32) bool {
+	for _, r := range runs {
+		for _, x := range r {
+			if !(x < ScaleBound && x > -ScaleBound) { // NaN fails too
+				return false
+			}
+		}
+	}
+	return true
 }

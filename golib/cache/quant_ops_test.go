@@ -115,6 +115,9 @@ func TestQuantNonFinite(t *testing.T) {
 					mustOK(t, c.Append(asBytes(k), asBytes(v), Float32, 32, nil))
 					m.appendRows(k, v, 32, nil)
 					m.qcheck(t, c, "non-finite")
+					if segs := c.AppendSegments(nil, 0, 0, 0, 32); len(segs) != 1 || segs[0].Q.Bounded {
+						t.Fatalf("a chunk with a non-finite value: segments %v, want one not Bounded", segLens(segs))
+					}
 					gk, gv := exportF32(t, c)
 					nanK, nanV := 0, 0
 					for i := range gk {
@@ -418,5 +421,51 @@ func TestQuantPagedViewAllocs(t *testing.T) {
 	allocs := testing.AllocsPerRun(320, func() { mustOK(t, c.Append(k1, v1, Float32, 1, nil)) })
 	if allocs > 0.2 {
 		t.Fatalf("%v allocations per one-token append", allocs)
+	}
+}
+
+// TestQuantScaleBound checks QuantSegment.Bounded: a chunk whose largest
+// value in one head puts a scale above ScaleBound is not Bounded in any
+// head, the chunks around it are, and the flags follow the chunks through
+// fork and truncation into the unbounded one.
+func TestQuantScaleBound(t *testing.T) {
+	for _, f := range []QuantFormat{QuantInt8, QuantInt4} {
+		for _, ax := range []KAxis{KPerChannel, KPerToken} {
+			t.Run(fmt.Sprintf("%v/%v", f, ax), func(t *testing.T) {
+				cfg := Config{Batch: 1, KVHeads: 2, HeadDimK: 64, Capacity: 128, Elem: Float32,
+					Quant: QuantConfig{Format: f, Group: 32, KAxis: ax, Residual: 0}}
+				a, _ := NewArena(0)
+				defer a.Close()
+				c := mustNew(t, a, cfg)
+				k, v := randQKV(rand.New(rand.NewPCG(5, 7)), cfg, 96)
+				// head 1 of chunk 1 (tokens 32..63): a V value whose scale is
+				// 2^57 (int8: x/127; int4: (max-min)/15 with min 0 or below)
+				big := float32(0x1p57 * 127)
+				if f == QuantInt4 {
+					big = 0x1p57 * 15
+				}
+				v[(96+40)*64+7] = big
+				mustOK(t, c.Append(asBytes(k), asBytes(v), Float32, 96, nil))
+				want := []bool{true, false, true}
+				check := func(c *KVCache, label string, n int) {
+					t.Helper()
+					for h := range 2 {
+						segs := c.AppendSegments(nil, 0, h, 0, n)
+						for i, sg := range segs {
+							if sg.Q.Bounded != want[i] {
+								t.Fatalf("%s: head %d chunk %d Bounded %v, want %v", label, h, i, sg.Q.Bounded, want[i])
+							}
+						}
+					}
+				}
+				check(c, "sealed", 96)
+				fk, err := c.Fork()
+				mustOK(t, err)
+				defer fk.Close()
+				check(fk, "fork", 96)
+				mustOK(t, c.Truncate([]int{40}))
+				check(c, "truncated into chunk 1", 40)
+			})
+		}
 	}
 }

@@ -27,7 +27,10 @@ type quantSeq struct {
 	// (shorter) chunks, and then it grows.
 	kch    []float32
 	chunks []int
-	sealed int
+	// bounded[i]: every scale and zero of chunk i (every head) passed
+	// scalesBounded when it was sealed (QuantSegment.Bounded)
+	bounded []bool
+	sealed  int
 	// blks are the paged layout's chunk blocks, one per entry of chunks
 	// (nil once a sliding window gave the chunk back).
 	blks []*qchunk
@@ -144,6 +147,7 @@ func (g quantGeom) carve(cfg Config, buf []byte) *quantSeq {
 		s.kch = make([]float32, 0, g.maxChunks*cfg.KVHeads*g.chStride)
 	}
 	s.chunks = make([]int, 0, g.maxChunks)
+	s.bounded = make([]bool, 0, g.maxChunks)
 	return s
 }
 
@@ -196,6 +200,7 @@ func (s *quantSeq) cut(pos, heads, chStride int, a *Arena) {
 	s.sealed = pos
 	i := sort.SearchInts(s.chunks, pos)
 	s.chunks = s.chunks[:i]
+	s.bounded = s.bounded[:i]
 	if n := i * heads * chStride; n <= len(s.kch) { // the contiguous layout's chunk scales
 		s.kch = s.kch[:n]
 	}
@@ -209,6 +214,7 @@ func (s *quantSeq) cut(pos, heads, chStride int, a *Arena) {
 func (s *quantSeq) reset(a *Arena) {
 	s.sealed = 0
 	s.chunks = s.chunks[:0]
+	s.bounded = s.bounded[:0]
 	s.kch = s.kch[:0]
 	a.releaseChunks(s.blks)
 	s.blks = s.blks[:0]
@@ -267,6 +273,7 @@ func (c *KVCache) sealLocked(s *quantSeq) {
 	}
 	xk, xv := c.qscratch[:G*dk], c.qscratch[G*dk:G*(dk+dv)]
 	var written int64
+	bounded := true
 	for h := range cfg.KVHeads {
 		for w := 0; w < G; {
 			slot := (s0 + w) % R
@@ -282,7 +289,9 @@ func (c *KVCache) sealLocked(s *quantSeq) {
 			written += quantizePerToken(g.q.Format, d.qk, d.kScale, d.kZero, xk, G, dk, g.kGroup)
 		}
 		written += quantizePerToken(g.q.Format, d.qv, d.vScale, d.vZero, xv, G, dv, g.vGroup)
+		bounded = bounded && scalesBounded(d.kScale, d.kZero, d.vScale, d.vZero)
 	}
+	s.bounded = append(s.bounded, bounded)
 	s.sealed = s0 + G
 	c.sealBytes += written
 	c.sealCalls++
@@ -353,7 +362,7 @@ func (c *KVCache) quantSegments(dst []Segment, b, h, from, to int) []Segment {
 			d := c.sealedAt(s, i, h, pos, end)
 			dst = append(dst, Segment{Start: pos, Len: end - pos, K: d.qk, V: d.qv,
 				Q: QuantSegment{Format: g.q.Format, KAxis: g.q.KAxis, KGroup: g.kGroup, VGroup: g.vGroup,
-					KScale: d.kScale, KZero: d.kZero, VScale: d.vScale, VZero: d.vZero}})
+					KScale: d.kScale, KZero: d.kZero, VScale: d.vScale, VZero: d.vZero, Bounded: s.bounded[i]}})
 			pos = end
 		}
 	}
@@ -383,6 +392,7 @@ func (c *KVCache) copyQuantSeqLocked(dst, src *quantSeq, lo, hi int) int64 {
 		// the chunk blocks are immutable: shared, not copied
 		nc := sort.SearchInts(src.chunks, sEnd)
 		dst.chunks = append(dst.chunks, src.chunks[:nc]...)
+		dst.bounded = append(dst.bounded, src.bounded[:nc]...)
 		dst.blks = append(dst.blks, src.blks[:nc]...)
 		retainChunks(dst.blks)
 		dst.sealed = sEnd
@@ -403,6 +413,7 @@ func (c *KVCache) copyQuantSeqLocked(dst, src *quantSeq, lo, hi int) int64 {
 	}
 	nc := sort.SearchInts(src.chunks, sEnd)
 	dst.chunks = append(dst.chunks, src.chunks[:nc]...)
+	dst.bounded = append(dst.bounded, src.bounded[:nc]...)
 	dst.kch = append(dst.kch, src.kch[:nc*cfg.KVHeads*g.chStride]...)
 	n += int64(4*nc*cfg.KVHeads*g.chStride + 8*nc)
 	dst.sealed = sEnd
@@ -430,7 +441,7 @@ func (c *KVCache) quantInfoLocked(in *Info) {
 	var chunkScales, heap int64
 	for _, sq := range c.seqs {
 		chunkScales += int64(4 * len(sq.q.kch))
-		heap += int64(4*cap(sq.q.kch) + 8*cap(sq.q.chunks))
+		heap += int64(4*cap(sq.q.kch) + 8*cap(sq.q.chunks) + cap(sq.q.bounded))
 	}
 	if c.cfg.Layout == Paged {
 		chunkScales = 0
@@ -513,6 +524,7 @@ func (c *KVCache) regrowSeqLocked(g *KVCache, b int) int64 {
 	}
 	nc := sort.SearchInts(src.chunks, sEnd)
 	dst.chunks = append(dst.chunks[:0], src.chunks[:nc]...)
+	dst.bounded = append(dst.bounded[:0], src.bounded[:nc]...)
 	dst.kch = append(dst.kch[:0], src.kch[:nc*c.cfg.KVHeads*q.chStride]...)
 	dst.sealed = sEnd
 	return n + int64(4*nc*c.cfg.KVHeads*q.chStride+8*nc)

@@ -109,6 +109,12 @@ func checkQuantSegments(t *testing.T, c *KVCache, m *qmodel, b, h int, label str
 			if end != ce {
 				t.Fatalf("%s: sealed segment %d..%d, want it to end at the chunk end %d (chunks %v)", label, pos, end, ce, m.chunks[b])
 			}
+			// the chunk's seal-time bound, carried through every operation (the
+			// tests' unbounded values lie in rows every segment of their
+			// chunk shows, and in single-head caches)
+			if q := &sg.Q; q.Bounded != scalesBounded(q.KScale, q.KZero, q.VScale, q.VZero) {
+				t.Fatalf("%s: sealed segment %d..%d Bounded %v, its scales say %v", label, pos, end, q.Bounded, !q.Bounded)
+			}
 			dk := make([]float32, sg.Len*cfg.HeadDimK)
 			dv := make([]float32, sg.Len*cfg.HeadDimV)
 			mustOK(t, DequantizeSegment(dk, dv, sg, cfg.HeadDimK, cfg.HeadDimV))

@@ -809,7 +809,7 @@ def maddw_dots(fmt):
 
 def vaxpy_maddw(fmt):
     name = f"qvaxpy4{fmt}maddw"
-    w(f"// func {name}(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, bpg int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)")
+    w(f"// func {name}(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, bpg int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)")
     w("//")
     w("// qvaxpy4" + fmt + "vnni's contract without VNNI over every column of the rows (accrb/4 elements) in")
     w("// one call: blocks of 16 columns, bpg blocks to a scale group of the four-group layout (the")
@@ -821,8 +821,8 @@ def vaxpy_maddw(fmt):
     else:
         w("// (VPUNPCKLBW, VPMOVZXBW), split into even and odd elements (VPAND, VPSRLW), dotted by")
     w("// VPMADDWD with the pair's weight dword broadcast (VPBROADCASTD) and summed by VPADDD. The")
-    w("// first block prefetches the rows pfd bytes ahead.")
-    w(f"TEXT ·{name}(SB), NOSPLIT, $0-112")
+    w("// first block prefetches the rows pfd bytes ahead. nb and wstep are unused (qvaxpy4*vnni's).")
+    w(f"TEXT ·{name}(SB), NOSPLIT, $0-128")
     ins("MOVQ vrb+24(FP), BX", "MOVQ zrb+96(FP), R9", "LEAQ (R9)(R9*2), R11", "MOVQ pfd+104(FP), CX",
         "XORQ R15, R15", "XORQ R13, R13", "MOVQ bpg+64(FP), R10")
     if fmt == "i4":
@@ -889,10 +889,10 @@ def vaxpy_maddw(fmt):
 
 def vint(ng, isa):
     """AVX-512 VNNI accumulation of V over token pairs: softmax weights times V scales
-    quantized to int16 per row (qvwmax, qvwquant), V rows widened to int16 and interleaved
+    quantized to int16 per row (qvwprep), V rows widened to int16 and interleaved
     by token pair, VPDPWSSD with the pair's weights broadcast from memory.
 
-    ng: V scale groups per row, 4 (qvwmax, qvwquant) or 2 (qvwmax2, qvwquant2: each group's
+    ng: V scale groups per row, 4 (qvwprep) or 2 (qvwprep2: each group's
     scale and zero stand for two groups of the four-group layout, as if repeated). isa "avx2":
     the same functions (suffix avx2) in AVX2 encodings only (the same weights bit for bit), and
     with ng 4 the AVX2 accumulation loops (vaxpy_maddw)."""
@@ -908,17 +908,30 @@ def vint(ng, isa):
     def ldodd(src, dst):  # the last token's (the other's lanes 0)
         return [f"VMOVUPS {src}, X{dst}" if ng == 4 else f"VMOVSD {src}, X{dst}", f"VPERMPS Y{dst}, Y15, Y{dst}"]
 
-    mx = f"qvwmax{sfx}"
-    w(f"// func {mx}(p *float32, ldP int, vs *float32, n int, mx *[4]float32)")
+    nm = f"qvwprep{sfx}"
+    w(f"// func {nm}(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)")
     w("//")
+    w("// The int16 weights of the integer accumulation loop in one call, three passes over the")
+    w("// part's weights (L1):")
     if ng == 4:
-        w("// mx[r] = max_t,g |p[r*ldP/4 + t] * vs[4t + g]| over tokens t < n (four scale groups per")
-        w("// row) for the four rows r (p >= 0).")
+        w("// 1. ms[0][r] = max_t,g |p[r*ldP/4 + t] * vs[4t + g]| over tokens t < n (four scale groups")
+        w("//    per row) for the four rows r (p >= 0);")
     else:
-        w("// qvwmax over rows of two scale groups: mx[r] = max_t,g |p[r*ldP/4 + t] * vs[2t + g]|.")
-    w(f"TEXT ·{mx}(SB), NOSPLIT, $0-40")
-    ins("MOVQ p+0(FP), R8", "MOVQ ldP+8(FP), DX", "LEAQ (R8)(DX*1), R9", "LEAQ (R9)(DX*1), R10",
-        "LEAQ (R10)(DX*1), R11", "MOVQ vs+16(FP), SI", "MOVQ n+24(FP), AX", "MOVQ mx+32(FP), DI",
+        w("// 1. ms[0][r] = max_t,g |p[r*ldP/4 + t] * vs[2t + g]| (rows of two scale groups);")
+    w("// 2. ms[1][r] = 16383/ms[0][r] where that is finite and ms[0][r] > 0, else 0 (every weight")
+    w("//    0; a NaN maximum keeps the row's NaN in ms[2]), ms[2][r] = ms[0][r]/16383 (the step);")
+    if ng == 4:
+        w("// 3. for token pairs j (the last one padded with a zero weight when n is odd), rows r < 4")
+        w("//    and groups g < 4, w[16j + 4r + g] packs round(p_r,2j * vs[8j+g] * ms[1][r]) (low")
+        w("//    word) and the same of token 2j+1 (high word). vz != nil (int4): zt[4r + g] = sum_t")
+        w("//    p_rt * vz[4t + g].")
+    else:
+        w("// 3. the weights in the four-group layout: w[16j + 4r + g] from vs[4j + g/2], and")
+        w("//    zt[4r + g] = sum_t p_rt * vz[2t + g/2].")
+    w(f"TEXT ·{nm}(SB), NOSPLIT, $0-64")
+    mx = nm + "m"
+    ins("MOVQ p+8(FP), R8", "MOVQ ldP+16(FP), DX", "LEAQ (R8)(DX*1), R9", "LEAQ (R9)(DX*1), R10",
+        "LEAQ (R10)(DX*1), R11", "MOVQ vs+24(FP), SI", "MOVQ n+32(FP), AX", "MOVQ ms+56(FP), DI",
         f"VMOVDQU {perm}<>(SB), Y15", "MOVL $0x7fffffff, CX",
         *(["VPBROADCASTD CX, Y14"] if isa == "avx512" else ["VMOVD CX, X14", "VPBROADCASTD X14, Y14"]),
         "VXORPS Y0, Y0, Y0", "VXORPS Y1, Y1, Y1", "VXORPS Y2, Y2, Y2", "VXORPS Y3, Y3, Y3",
@@ -938,26 +951,18 @@ def vint(ng, isa):
         ins(f"VEXTRACTF128 $1, Y{r}, X5", f"VMAXPS X5, X{r}, X{r}", f"VPERMILPS $0x4e, X{r}, X5",
             f"VMAXPS X5, X{r}, X{r}", f"VPERMILPS $0xb1, X{r}, X5", f"VMAXPS X5, X{r}, X{r}",
             f"VMOVSS X{r}, {off(4*r)}(DI)")
-    ins("VZEROUPPER", "RET")
-    w()
-    qn = f"qvwquant{sfx}"
-    w(f"// func {qn}(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)")
-    w("//")
-    if ng == 4:
-        w("// The int16 weights of qvaxpy4*: for token pairs j (the last one padded with a zero weight")
-        w("// when n is odd), rows r < 4 and groups g < 4, w[16j + 4r + g] packs round(p_r,2j *")
-        w("// vs[8j+g] * inv[r]) (low word) and the same of token 2j+1 (high word). vz != nil (int4):")
-        w("// zt[4r + g] = sum_t p_rt * vz[4t + g].")
-    else:
-        w("// qvwquant over rows of two scale groups, in the four-group layout: w[16j + 4r + g] from")
-        w("// vs[4j + g/2], zt[4r + g] = sum_t p_rt * vz[2t + g/2].")
-    w(f"TEXT ·{qn}(SB), NOSPLIT, $0-64")
-    ins("MOVQ w+0(FP), DI", "MOVQ p+8(FP), R8", "MOVQ ldP+16(FP), DX", "LEAQ (R8)(DX*1), R9",
-        "LEAQ (R9)(DX*1), R10", "LEAQ (R10)(DX*1), R11", "MOVQ vs+24(FP), SI", "MOVQ n+32(FP), AX",
-        "MOVQ inv+40(FP), R12", "MOVQ vz+48(FP), R13", "MOVQ R13, R14",
-        f"VMOVDQU {perm}<>(SB), Y15")
+    # 2: the inverse steps and the steps of the four rows at once (float32 divisions)
+    ins("VMOVUPS (DI), X0", "MOVL $0x467ffc00, CX", "VMOVD CX, X1", "VBROADCASTSS X1, X1",
+        "MOVL $0x7f800000, CX", "VMOVD CX, X3", "VBROADCASTSS X3, X3",
+        "VDIVPS X0, X1, X2", "VCMPPS $0x11, X3, X2, X4", "VANDPS X4, X2, X2", "VMOVUPS X2, 16(DI)",
+        "VDIVPS X1, X0, X5", "VMOVUPS X5, 32(DI)")
+    # 3: the weights
+    qn = nm + "q"
+    ins("MOVQ w+0(FP), DI", "MOVQ vs+24(FP), SI", "MOVQ n+32(FP), AX",
+        "MOVQ vz+40(FP), R13", "MOVQ R13, R14")
     for r in range(4):
-        ins(f"VBROADCASTSS {off(4*r)}(R12), Y{8+r}", f"VXORPS Y{4+r}, Y{4+r}, Y{4+r}")
+        ins(f"VSHUFPS ${r * 0x55}, X2, X2, X{8+r}", f"VINSERTF128 $1, X{8+r}, Y{8+r}, Y{8+r}",
+            f"VXORPS Y{4+r}, Y{4+r}, Y{4+r}")
     ins("XORQ CX, CX", "MOVQ AX, BX", "SHRQ $1, BX", f"JZ {qn}odd")
 
     def body(odd):
@@ -986,7 +991,7 @@ def vint(ng, isa):
     ins("ANDQ $1, AX", f"JZ {qn}zt", "VXORPS Y1, Y1, Y1")
     body(True)
     w(f"{qn}zt:")
-    ins("MOVQ zt+56(FP), DI", "TESTQ R14, R14", f"JZ {qn}done")
+    ins("MOVQ zt+48(FP), DI", "TESTQ R14, R14", f"JZ {qn}done")
     for r in range(4):
         ins(f"VHADDPS Y{4+r}, Y{4+r}, Y{4+r}", f"VPERMQ $0x08, Y{4+r}, Y{4+r}", f"VMOVUPS X{4+r}, {off(16*r)}(DI)")
     w(f"{qn}done:")
@@ -1035,12 +1040,14 @@ def sumsq(isa):
 
 def vaxpy(fmt):
     name = f"qvaxpy4{fmt}vnni"
-    w(f"// func {name}(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)")
+    w(f"// func {name}(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)")
     w("//")
-    w("// One column block of 64 elements of four rows: acc_r = alpha[r]*acc_r + sc[r] * sum_t w_rt")
+    w("// nb column blocks of 64 elements of four rows, one after the other, block i's weights and")
+    w("// zero terms wstep*i bytes on (the first block prefetches pfd bytes ahead, the others not);")
+    w("// each: acc_r = alpha[r]*acc_r + sc[r] * sum_t w_rt")
     w("// * q_t" + (" + zt_r (int4: the zero term of the element's group)" if fmt == "i4" else "") + ", acc rows accrb bytes apart,")
     w("// V rows (" + ("int8" if fmt == "i8" else "int4") + ") vrb bytes apart, np token pairs and an odd last token (odd = 1,")
-    w("// its pair's second weight 0). The weights (qvwquant) are int16 pairs, one dword per row")
+    w("// its pair's second weight 0). The weights (qvwprep) are int16 pairs, one dword per row")
     w("// and scale group: row r's for the block's first 32 elements at w + r*zrb, its second 32")
     w("// s2 bytes further, the next pair's wpb bytes on; zt likewise (rows zrb bytes apart).")
     if fmt == "i8":
@@ -1051,7 +1058,9 @@ def vaxpy(fmt):
         w("// into even and odd elements (VPSRLW/VPANDD), dotted")
     w("// by VPDPWSSD with the weight dword broadcast; int32 sums, exact (|w| <= 16383, |q| <= 128,")
     w("// fewer than 2^19 tokens), put back in element order when the block is stored.")
-    w(f"TEXT ·{name}(SB), NOSPLIT, $0-112")
+    w(f"TEXT ·{name}(SB), NOSPLIT, $0-128")
+    ins("MOVQ nb+112(FP), R15")
+    w(f"{name}blk:")
     ins("MOVQ v+16(FP), SI", "MOVQ vrb+24(FP), BX", "MOVQ w+48(FP), R8", "MOVQ zrb+96(FP), R9",
         "LEAQ (R9)(R9*2), R11", "MOVQ s2+64(FP), R10", "ADDQ R8, R10", "MOVQ np+32(FP), AX",
         "MOVQ pfd+104(FP), CX")
@@ -1118,6 +1127,9 @@ def vaxpy(fmt):
         ins("ADDQ BX, DI")
         if fmt == "i4":
             ins("ADDQ zrb+96(FP), R14")
+    # the next column block: its accumulators, V bytes, weights and zero terms
+    ins("ADDQ $256, acc+0(FP)", f"ADDQ ${64 if fmt == 'i8' else 32}, v+16(FP)", "MOVQ wstep+120(FP), AX",
+        "ADDQ AX, w+48(FP)", "ADDQ AX, zt+88(FP)", "MOVQ $0, pfd+104(FP)", "DECQ R15", f"JNZ {name}blk")
     ins("VZEROUPPER", "RET")
     w()
 

@@ -3,7 +3,6 @@
 package cpu
 
 import (
-	"math"
 	"simd/archsimd"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
@@ -286,11 +285,10 @@ func init() {
 type intLoops struct {
 	prep  func(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int
 	dots4 [2]func(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int) // int8, int4
-	// wmax and wquant: rows of four and of two V scale groups
-	wmax   [2]func(p *float32, ldP int, vs *float32, n int, mx *[4]float32)
-	wquant [2]func(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)
-	vaxpy  [2]func(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)
-	cb     int // the column block of vaxpy (elements)
+	// wprep: rows of four and of two V scale groups
+	wprep [2]func(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
+	vaxpy [2]func(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)
+	cb    int // the column block of vaxpy (elements)
 	// fused: vaxpy runs every column block in one call (its s2 argument
 	// is then the blocks to a scale group of the four-group layout)
 	fused bool
@@ -298,23 +296,21 @@ type intLoops struct {
 
 // intVNNI are the AVX-512 VNNI integer loops (VPDPBUSD, VPDPWSSD).
 var intVNNI = intLoops{
-	prep:   qprepavx512,
-	dots4:  [2]func(*float32, int, *byte, int, *byte, int, int, int, *[24]float32, int){qdots4i8vnni, qdots4i4vnni},
-	wmax:   [2]func(*float32, int, *float32, int, *[4]float32){qvwmax, qvwmax2},
-	wquant: [2]func(*int32, *float32, int, *float32, int, *[4]float32, *float32, *[16]float32){qvwquant, qvwquant2},
-	vaxpy:  [2]func(*float32, int, *byte, int, int, int, *int32, int, int, *[4]float32, *[4]float32, *float32, int, int){qvaxpy4i8vnni, qvaxpy4i4vnni},
-	cb:     64,
+	prep:  qprepavx512,
+	dots4: [2]func(*float32, int, *byte, int, *byte, int, int, int, *[24]float32, int){qdots4i8vnni, qdots4i4vnni},
+	wprep: [2]func(*int32, *float32, int, *float32, int, *float32, *[16]float32, *[3][4]float32){qvwprep, qvwprep2},
+	vaxpy: [2]func(*float32, int, *byte, int, int, int, *int32, int, int, *[4]float32, *[4]float32, *float32, int, int, int, int){qvaxpy4i8vnni, qvaxpy4i4vnni},
+	cb:    64,
 }
 
 // intMaddw are the AVX2 integer loops (VPMADDUBSW, VPMADDWD; ymm).
 var intMaddw = intLoops{
-	prep:   qprepavx2,
-	dots4:  [2]func(*float32, int, *byte, int, *byte, int, int, int, *[24]float32, int){qdots4i8maddw, qdots4i4maddw},
-	wmax:   [2]func(*float32, int, *float32, int, *[4]float32){qvwmaxavx2, qvwmax2avx2},
-	wquant: [2]func(*int32, *float32, int, *float32, int, *[4]float32, *float32, *[16]float32){qvwquantavx2, qvwquant2avx2},
-	vaxpy:  [2]func(*float32, int, *byte, int, int, int, *int32, int, int, *[4]float32, *[4]float32, *float32, int, int){qvaxpy4i8maddw, qvaxpy4i4maddw},
-	cb:     16,
-	fused:  true,
+	prep:  qprepavx2,
+	dots4: [2]func(*float32, int, *byte, int, *byte, int, int, int, *[24]float32, int){qdots4i8maddw, qdots4i4maddw},
+	wprep: [2]func(*int32, *float32, int, *float32, int, *float32, *[16]float32, *[3][4]float32){qvwprepavx2, qvwprep2avx2},
+	vaxpy: [2]func(*float32, int, *byte, int, int, int, *int32, int, int, *[4]float32, *[4]float32, *float32, int, int, int, int){qvaxpy4i8maddw, qvaxpy4i4maddw},
+	cb:    16,
+	fused: true,
 }
 
 // set installs the loops in o.
@@ -353,15 +349,26 @@ func (l *intLoops) intDots4(s []float32, ld, n int, qi []byte, k qmat, d int, af
 
 // Declarations of the integer score loops (kern_quant_amd64.s).
 
-// qprefetchScales is quantOps.prefetch.
-func qprefetchScales(s []float32) {
-	if len(s) > 0 {
-		qprefetch(&s[0], len(s))
+// qrun is one run of float32 qprefetch4 hints: its first element's
+// address (nil when empty) and length.
+type qrun struct {
+	p *float32
+	n int
+}
+
+// qprefetchScales is quantOps.prefetch: one call for the four runs.
+func qprefetchScales(q *cache.QuantSegment) {
+	var runs [4]qrun
+	for i, s := range [4][]float32{q.KScale, q.KZero, q.VScale, q.VZero} {
+		if len(s) > 0 {
+			runs[i] = qrun{&s[0], len(s)}
+		}
 	}
+	qprefetch4(&runs)
 }
 
 //go:noescape
-func qprefetch(p *float32, n int)
+func qprefetch4(runs *[4]qrun)
 
 //go:noescape
 func qprepavx512(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int
@@ -400,28 +407,31 @@ func (l *intLoops) vaxpy4(acc, p []float32, ld, n int, v qmat, alpha *[4]float32
 	}
 	// rows of two groups: the weights and zero terms in the four-group
 	// layout, each group standing for two of d/4 elements
-	wmax, wquant := l.wmax[0], l.wquant[0]
+	wprep := l.wprep[0]
 	if v.ng == 2 {
-		wmax, wquant = l.wmax[1], l.wquant[1]
+		wprep = l.wprep[1]
 	}
 	ws.w = growI32(ws.w, (n+1)/2*16)
-	wmax(&p[0], ld*4, &v.s[0], n, &ws.mx)
-	for r, m := range ws.mx {
-		inv := float32(0) // every weight 0 (a NaN m keeps the row's NaN in sc)
-		if m > 0 {
-			if inv = vwMax / m; inv > math.MaxFloat32 {
-				inv = 0
-			}
-		}
-		ws.inv[r], ws.sc[r] = inv, m/vwMax
-	}
-	wquant(&ws.w[0], &p[0], ld*4, &v.s[0], n, &ws.inv, vz, &ws.zt)
+	wprep(&ws.w[0], &p[0], ld*4, &v.s[0], n, vz, &ws.zt, &ws.ms)
 	fn := l.vaxpy[0]
 	if int4 {
 		fn = l.vaxpy[1]
 	}
 	if l.fused {
-		fn(&acc[0], d*4, &v.b[0], v.rb, n/2, n&1, &ws.w[0], 64, d/4/l.cb, alpha, &ws.sc, &ws.zt[0], 16, pf*v.rb)
+		fn(&acc[0], d*4, &v.b[0], v.rb, n/2, n&1, &ws.w[0], 64, d/4/l.cb, alpha, &ws.ms[2], &ws.zt[0], 16, pf*v.rb, 1, 0)
+		return true
+	}
+	// column blocks of cb (64) elements: all in one call where every block
+	// covers two scale groups (head dim 128: the second one s2 = 4 bytes
+	// on) or one (256: s2 = 0), so the blocks' weights lie a constant step
+	// apart; one call per block otherwise
+	switch gw := d / 4; gw {
+	case l.cb / 2, l.cb:
+		s2 := 0
+		if gw == l.cb/2 {
+			s2 = 4
+		}
+		fn(&acc[0], d*4, &v.b[0], v.rb, n/2, n&1, &ws.w[0], 64, s2, alpha, &ws.ms[2], &ws.zt[0], 16, pf*v.rb, d/l.cb, 4*l.cb/gw)
 		return true
 	}
 	for j0 := 0; j0 < d; j0 += l.cb {
@@ -437,7 +447,7 @@ func (l *intLoops) vaxpy4(acc, p []float32, ld, n int, v qmat, alpha *[4]float32
 		if j0 == 0 {
 			pfd = pf * v.rb
 		}
-		fn(&acc[j0], d*4, &v.b[vb], v.rb, n/2, n&1, &ws.w[g0], 64, s2, alpha, &ws.sc, &ws.zt[g0], 16, pfd)
+		fn(&acc[j0], d*4, &v.b[vb], v.rb, n/2, n&1, &ws.w[g0], 64, s2, alpha, &ws.ms[2], &ws.zt[g0], 16, pfd, 1, 0)
 	}
 	return true
 }
@@ -473,37 +483,25 @@ func qsumsq2avx2(a *float32, na int, b *float32, nb int) float32
 // Declarations of the integer accumulation loop (kern_quant_amd64.s).
 
 //go:noescape
-func qvwmax(p *float32, ldP int, vs *float32, n int, mx *[4]float32)
+func qvwprep(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
 
 //go:noescape
-func qvwmax2(p *float32, ldP int, vs *float32, n int, mx *[4]float32)
+func qvwprep2(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
 
 //go:noescape
-func qvwquant2(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)
+func qvwprepavx2(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
 
 //go:noescape
-func qvwquant(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)
+func qvwprep2avx2(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
 
 //go:noescape
-func qvwmaxavx2(p *float32, ldP int, vs *float32, n int, mx *[4]float32)
+func qvaxpy4i8maddw(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, bpg int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)
 
 //go:noescape
-func qvwmax2avx2(p *float32, ldP int, vs *float32, n int, mx *[4]float32)
+func qvaxpy4i4maddw(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, bpg int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)
 
 //go:noescape
-func qvwquantavx2(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)
+func qvaxpy4i8vnni(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)
 
 //go:noescape
-func qvwquant2avx2(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)
-
-//go:noescape
-func qvaxpy4i8maddw(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, bpg int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)
-
-//go:noescape
-func qvaxpy4i4maddw(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, bpg int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)
-
-//go:noescape
-func qvaxpy4i8vnni(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)
-
-//go:noescape
-func qvaxpy4i4vnni(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)
+func qvaxpy4i4vnni(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)

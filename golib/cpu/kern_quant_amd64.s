@@ -3263,19 +3263,27 @@ qdots4i4vnnidone:
 	VZEROUPPER
 	RET
 
-// func qvwmax(p *float32, ldP int, vs *float32, n int, mx *[4]float32)
+// func qvwprep(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
 //
-// mx[r] = max_t,g |p[r*ldP/4 + t] * vs[4t + g]| over tokens t < n (four scale groups per
-// row) for the four rows r (p >= 0).
-TEXT ·qvwmax(SB), NOSPLIT, $0-40
-	MOVQ p+0(FP), R8
-	MOVQ ldP+8(FP), DX
+// The int16 weights of the integer accumulation loop in one call, three passes over the
+// part's weights (L1):
+// 1. ms[0][r] = max_t,g |p[r*ldP/4 + t] * vs[4t + g]| over tokens t < n (four scale groups
+//    per row) for the four rows r (p >= 0);
+// 2. ms[1][r] = 16383/ms[0][r] where that is finite and ms[0][r] > 0, else 0 (every weight
+//    0; a NaN maximum keeps the row's NaN in ms[2]), ms[2][r] = ms[0][r]/16383 (the step);
+// 3. for token pairs j (the last one padded with a zero weight when n is odd), rows r < 4
+//    and groups g < 4, w[16j + 4r + g] packs round(p_r,2j * vs[8j+g] * ms[1][r]) (low
+//    word) and the same of token 2j+1 (high word). vz != nil (int4): zt[4r + g] = sum_t
+//    p_rt * vz[4t + g].
+TEXT ·qvwprep(SB), NOSPLIT, $0-64
+	MOVQ p+8(FP), R8
+	MOVQ ldP+16(FP), DX
 	LEAQ (R8)(DX*1), R9
 	LEAQ (R9)(DX*1), R10
 	LEAQ (R10)(DX*1), R11
-	MOVQ vs+16(FP), SI
-	MOVQ n+24(FP), AX
-	MOVQ mx+32(FP), DI
+	MOVQ vs+24(FP), SI
+	MOVQ n+32(FP), AX
+	MOVQ ms+56(FP), DI
 	VMOVDQU vwperm<>(SB), Y15
 	MOVL $0x7fffffff, CX
 	VPBROADCASTD CX, Y14
@@ -3286,8 +3294,8 @@ TEXT ·qvwmax(SB), NOSPLIT, $0-40
 	XORQ CX, CX
 	MOVQ AX, BX
 	SHRQ $1, BX
-	JZ qvwmaxodd
-qvwmaxpair:
+	JZ qvwprepmodd
+qvwprepmpair:
 	VPERMPS (SI), Y15, Y4
 	VANDPS Y14, Y4, Y4
 	VBROADCASTSD (R8)(CX*4), Y5
@@ -3305,10 +3313,10 @@ qvwmaxpair:
 	ADDQ $32, SI
 	ADDQ $2, CX
 	DECQ BX
-	JNZ qvwmaxpair
-qvwmaxodd:
+	JNZ qvwprepmpair
+qvwprepmodd:
 	ANDQ $1, AX
-	JZ qvwmaxdone
+	JZ qvwprepmdone
 	VMOVUPS (SI), X4
 	VPERMPS Y4, Y15, Y4
 	VANDPS Y14, Y4, Y4
@@ -3328,7 +3336,7 @@ qvwmaxodd:
 	VPBROADCASTQ X5, Y5
 	VMULPS Y4, Y5, Y5
 	VMAXPS Y5, Y3, Y3
-qvwmaxdone:
+qvwprepmdone:
 	VEXTRACTF128 $1, Y0, X5
 	VMAXPS X5, X0, X0
 	VPERMILPS $0x4e, X0, X5
@@ -3357,47 +3365,47 @@ qvwmaxdone:
 	VPERMILPS $0xb1, X3, X5
 	VMAXPS X5, X3, X3
 	VMOVSS X3, 12(DI)
-	VZEROUPPER
-	RET
-
-// func qvwquant(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)
-//
-// The int16 weights of qvaxpy4*: for token pairs j (the last one padded with a zero weight
-// when n is odd), rows r < 4 and groups g < 4, w[16j + 4r + g] packs round(p_r,2j *
-// vs[8j+g] * inv[r]) (low word) and the same of token 2j+1 (high word). vz != nil (int4):
-// zt[4r + g] = sum_t p_rt * vz[4t + g].
-TEXT ·qvwquant(SB), NOSPLIT, $0-64
+	VMOVUPS (DI), X0
+	MOVL $0x467ffc00, CX
+	VMOVD CX, X1
+	VBROADCASTSS X1, X1
+	MOVL $0x7f800000, CX
+	VMOVD CX, X3
+	VBROADCASTSS X3, X3
+	VDIVPS X0, X1, X2
+	VCMPPS $0x11, X3, X2, X4
+	VANDPS X4, X2, X2
+	VMOVUPS X2, 16(DI)
+	VDIVPS X1, X0, X5
+	VMOVUPS X5, 32(DI)
 	MOVQ w+0(FP), DI
-	MOVQ p+8(FP), R8
-	MOVQ ldP+16(FP), DX
-	LEAQ (R8)(DX*1), R9
-	LEAQ (R9)(DX*1), R10
-	LEAQ (R10)(DX*1), R11
 	MOVQ vs+24(FP), SI
 	MOVQ n+32(FP), AX
-	MOVQ inv+40(FP), R12
-	MOVQ vz+48(FP), R13
+	MOVQ vz+40(FP), R13
 	MOVQ R13, R14
-	VMOVDQU vwperm<>(SB), Y15
-	VBROADCASTSS (R12), Y8
+	VSHUFPS $0, X2, X2, X8
+	VINSERTF128 $1, X8, Y8, Y8
 	VXORPS Y4, Y4, Y4
-	VBROADCASTSS 4(R12), Y9
+	VSHUFPS $85, X2, X2, X9
+	VINSERTF128 $1, X9, Y9, Y9
 	VXORPS Y5, Y5, Y5
-	VBROADCASTSS 8(R12), Y10
+	VSHUFPS $170, X2, X2, X10
+	VINSERTF128 $1, X10, Y10, Y10
 	VXORPS Y6, Y6, Y6
-	VBROADCASTSS 12(R12), Y11
+	VSHUFPS $255, X2, X2, X11
+	VINSERTF128 $1, X11, Y11, Y11
 	VXORPS Y7, Y7, Y7
 	XORQ CX, CX
 	MOVQ AX, BX
 	SHRQ $1, BX
-	JZ qvwquantodd
-qvwquantpair:
+	JZ qvwprepqodd
+qvwprepqpair:
 	VXORPS Y1, Y1, Y1
 	VPERMPS (SI), Y15, Y0
 	TESTQ R14, R14
-	JZ qvwquantpnoz
+	JZ qvwprepqpnoz
 	VPERMPS (R13), Y15, Y1
-qvwquantpnoz:
+qvwprepqpnoz:
 	VBROADCASTSD (R8)(CX*4), Y2
 	VFMADD231PS Y1, Y2, Y4
 	VMULPS Y0, Y2, Y2
@@ -3427,18 +3435,18 @@ qvwquantpnoz:
 	ADDQ $64, DI
 	ADDQ $2, CX
 	DECQ BX
-	JNZ qvwquantpair
-qvwquantodd:
+	JNZ qvwprepqpair
+qvwprepqodd:
 	ANDQ $1, AX
-	JZ qvwquantzt
+	JZ qvwprepqzt
 	VXORPS Y1, Y1, Y1
 	VMOVUPS (SI), X0
 	VPERMPS Y0, Y15, Y0
 	TESTQ R14, R14
-	JZ qvwquantonoz
+	JZ qvwprepqonoz
 	VMOVUPS (R13), X1
 	VPERMPS Y1, Y15, Y1
-qvwquantonoz:
+qvwprepqonoz:
 	VMOVSS (R8)(CX*4), X2
 	VPBROADCASTQ X2, Y2
 	VFMADD231PS Y1, Y2, Y4
@@ -3467,10 +3475,10 @@ qvwquantonoz:
 	VMULPS Y11, Y2, Y2
 	VCVTPS2DQ Y2, Y2
 	VPMOVSDW Y2, 48(DI)
-qvwquantzt:
-	MOVQ zt+56(FP), DI
+qvwprepqzt:
+	MOVQ zt+48(FP), DI
 	TESTQ R14, R14
-	JZ qvwquantdone
+	JZ qvwprepqdone
 	VHADDPS Y4, Y4, Y4
 	VPERMQ $0x08, Y4, Y4
 	VMOVUPS X4, (DI)
@@ -3483,23 +3491,27 @@ qvwquantzt:
 	VHADDPS Y7, Y7, Y7
 	VPERMQ $0x08, Y7, Y7
 	VMOVUPS X7, 48(DI)
-qvwquantdone:
+qvwprepqdone:
 	VZEROUPPER
 	RET
 
-// func qvaxpy4i8vnni(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)
+// func qvaxpy4i8vnni(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)
 //
-// One column block of 64 elements of four rows: acc_r = alpha[r]*acc_r + sc[r] * sum_t w_rt
+// nb column blocks of 64 elements of four rows, one after the other, block i's weights and
+// zero terms wstep*i bytes on (the first block prefetches pfd bytes ahead, the others not);
+// each: acc_r = alpha[r]*acc_r + sc[r] * sum_t w_rt
 // * q_t, acc rows accrb bytes apart,
 // V rows (int8) vrb bytes apart, np token pairs and an odd last token (odd = 1,
-// its pair's second weight 0). The weights (qvwquant) are int16 pairs, one dword per row
+// its pair's second weight 0). The weights (qvwprep) are int16 pairs, one dword per row
 // and scale group: row r's for the block's first 32 elements at w + r*zrb, its second 32
 // s2 bytes further, the next pair's wpb bytes on; zt likewise (rows zrb bytes apart).
 // V rows are interleaved by pair (VPUNPCKLBW/HBW in 128-bit lanes: the accumulators hold
 // elements 0-7, 16-23 and 8-15, 24-31 of 32) and widened to int16 (VPMOVSXBW), dotted
 // by VPDPWSSD with the weight dword broadcast; int32 sums, exact (|w| <= 16383, |q| <= 128,
 // fewer than 2^19 tokens), put back in element order when the block is stored.
-TEXT ·qvaxpy4i8vnni(SB), NOSPLIT, $0-112
+TEXT ·qvaxpy4i8vnni(SB), NOSPLIT, $0-128
+	MOVQ nb+112(FP), R15
+qvaxpy4i8vnniblk:
 	MOVQ v+16(FP), SI
 	MOVQ vrb+24(FP), BX
 	MOVQ w+48(FP), R8
@@ -3698,22 +3710,34 @@ qvaxpy4i8vnnistore:
 	VFMADD231PS Z3, Z13, Z5
 	VMOVUPS Z5, 192(DI)
 	ADDQ BX, DI
+	ADDQ $256, acc+0(FP)
+	ADDQ $64, v+16(FP)
+	MOVQ wstep+120(FP), AX
+	ADDQ AX, w+48(FP)
+	ADDQ AX, zt+88(FP)
+	MOVQ $0, pfd+104(FP)
+	DECQ R15
+	JNZ qvaxpy4i8vnniblk
 	VZEROUPPER
 	RET
 
-// func qvaxpy4i4vnni(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)
+// func qvaxpy4i4vnni(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)
 //
-// One column block of 64 elements of four rows: acc_r = alpha[r]*acc_r + sc[r] * sum_t w_rt
+// nb column blocks of 64 elements of four rows, one after the other, block i's weights and
+// zero terms wstep*i bytes on (the first block prefetches pfd bytes ahead, the others not);
+// each: acc_r = alpha[r]*acc_r + sc[r] * sum_t w_rt
 // * q_t + zt_r (int4: the zero term of the element's group), acc rows accrb bytes apart,
 // V rows (int4) vrb bytes apart, np token pairs and an odd last token (odd = 1,
-// its pair's second weight 0). The weights (qvwquant) are int16 pairs, one dword per row
+// its pair's second weight 0). The weights (qvwprep) are int16 pairs, one dword per row
 // and scale group: row r's for the block's first 32 elements at w + r*zrb, its second 32
 // s2 bytes further, the next pair's wpb bytes on; zt likewise (rows zrb bytes apart).
 // V rows are interleaved by pair (VPUNPCKLBW/HBW), widened to int16 (VPMOVZXBW) and split
 // into even and odd elements (VPSRLW/VPANDD), dotted
 // by VPDPWSSD with the weight dword broadcast; int32 sums, exact (|w| <= 16383, |q| <= 128,
 // fewer than 2^19 tokens), put back in element order when the block is stored.
-TEXT ·qvaxpy4i4vnni(SB), NOSPLIT, $0-112
+TEXT ·qvaxpy4i4vnni(SB), NOSPLIT, $0-128
+	MOVQ nb+112(FP), R15
+qvaxpy4i4vnniblk:
 	MOVQ v+16(FP), SI
 	MOVQ vrb+24(FP), BX
 	MOVQ w+48(FP), R8
@@ -3984,21 +4008,35 @@ qvaxpy4i4vnnistore:
 	VMOVUPS Z5, 192(DI)
 	ADDQ BX, DI
 	ADDQ zrb+96(FP), R14
+	ADDQ $256, acc+0(FP)
+	ADDQ $32, v+16(FP)
+	MOVQ wstep+120(FP), AX
+	ADDQ AX, w+48(FP)
+	ADDQ AX, zt+88(FP)
+	MOVQ $0, pfd+104(FP)
+	DECQ R15
+	JNZ qvaxpy4i4vnniblk
 	VZEROUPPER
 	RET
 
-// func qvwmax2(p *float32, ldP int, vs *float32, n int, mx *[4]float32)
+// func qvwprep2(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
 //
-// qvwmax over rows of two scale groups: mx[r] = max_t,g |p[r*ldP/4 + t] * vs[2t + g]|.
-TEXT ·qvwmax2(SB), NOSPLIT, $0-40
-	MOVQ p+0(FP), R8
-	MOVQ ldP+8(FP), DX
+// The int16 weights of the integer accumulation loop in one call, three passes over the
+// part's weights (L1):
+// 1. ms[0][r] = max_t,g |p[r*ldP/4 + t] * vs[2t + g]| (rows of two scale groups);
+// 2. ms[1][r] = 16383/ms[0][r] where that is finite and ms[0][r] > 0, else 0 (every weight
+//    0; a NaN maximum keeps the row's NaN in ms[2]), ms[2][r] = ms[0][r]/16383 (the step);
+// 3. the weights in the four-group layout: w[16j + 4r + g] from vs[4j + g/2], and
+//    zt[4r + g] = sum_t p_rt * vz[2t + g/2].
+TEXT ·qvwprep2(SB), NOSPLIT, $0-64
+	MOVQ p+8(FP), R8
+	MOVQ ldP+16(FP), DX
 	LEAQ (R8)(DX*1), R9
 	LEAQ (R9)(DX*1), R10
 	LEAQ (R10)(DX*1), R11
-	MOVQ vs+16(FP), SI
-	MOVQ n+24(FP), AX
-	MOVQ mx+32(FP), DI
+	MOVQ vs+24(FP), SI
+	MOVQ n+32(FP), AX
+	MOVQ ms+56(FP), DI
 	VMOVDQU vwperm2<>(SB), Y15
 	MOVL $0x7fffffff, CX
 	VPBROADCASTD CX, Y14
@@ -4009,8 +4047,8 @@ TEXT ·qvwmax2(SB), NOSPLIT, $0-40
 	XORQ CX, CX
 	MOVQ AX, BX
 	SHRQ $1, BX
-	JZ qvwmax2odd
-qvwmax2pair:
+	JZ qvwprep2modd
+qvwprep2mpair:
 	VMOVUPS (SI), X4
 	VPERMPS Y4, Y15, Y4
 	VANDPS Y14, Y4, Y4
@@ -4029,10 +4067,10 @@ qvwmax2pair:
 	ADDQ $16, SI
 	ADDQ $2, CX
 	DECQ BX
-	JNZ qvwmax2pair
-qvwmax2odd:
+	JNZ qvwprep2mpair
+qvwprep2modd:
 	ANDQ $1, AX
-	JZ qvwmax2done
+	JZ qvwprep2mdone
 	VMOVSD (SI), X4
 	VPERMPS Y4, Y15, Y4
 	VANDPS Y14, Y4, Y4
@@ -4052,7 +4090,7 @@ qvwmax2odd:
 	VPBROADCASTQ X5, Y5
 	VMULPS Y4, Y5, Y5
 	VMAXPS Y5, Y3, Y3
-qvwmax2done:
+qvwprep2mdone:
 	VEXTRACTF128 $1, Y0, X5
 	VMAXPS X5, X0, X0
 	VPERMILPS $0x4e, X0, X5
@@ -4081,47 +4119,49 @@ qvwmax2done:
 	VPERMILPS $0xb1, X3, X5
 	VMAXPS X5, X3, X3
 	VMOVSS X3, 12(DI)
-	VZEROUPPER
-	RET
-
-// func qvwquant2(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)
-//
-// qvwquant over rows of two scale groups, in the four-group layout: w[16j + 4r + g] from
-// vs[4j + g/2], zt[4r + g] = sum_t p_rt * vz[2t + g/2].
-TEXT ·qvwquant2(SB), NOSPLIT, $0-64
+	VMOVUPS (DI), X0
+	MOVL $0x467ffc00, CX
+	VMOVD CX, X1
+	VBROADCASTSS X1, X1
+	MOVL $0x7f800000, CX
+	VMOVD CX, X3
+	VBROADCASTSS X3, X3
+	VDIVPS X0, X1, X2
+	VCMPPS $0x11, X3, X2, X4
+	VANDPS X4, X2, X2
+	VMOVUPS X2, 16(DI)
+	VDIVPS X1, X0, X5
+	VMOVUPS X5, 32(DI)
 	MOVQ w+0(FP), DI
-	MOVQ p+8(FP), R8
-	MOVQ ldP+16(FP), DX
-	LEAQ (R8)(DX*1), R9
-	LEAQ (R9)(DX*1), R10
-	LEAQ (R10)(DX*1), R11
 	MOVQ vs+24(FP), SI
 	MOVQ n+32(FP), AX
-	MOVQ inv+40(FP), R12
-	MOVQ vz+48(FP), R13
+	MOVQ vz+40(FP), R13
 	MOVQ R13, R14
-	VMOVDQU vwperm2<>(SB), Y15
-	VBROADCASTSS (R12), Y8
+	VSHUFPS $0, X2, X2, X8
+	VINSERTF128 $1, X8, Y8, Y8
 	VXORPS Y4, Y4, Y4
-	VBROADCASTSS 4(R12), Y9
+	VSHUFPS $85, X2, X2, X9
+	VINSERTF128 $1, X9, Y9, Y9
 	VXORPS Y5, Y5, Y5
-	VBROADCASTSS 8(R12), Y10
+	VSHUFPS $170, X2, X2, X10
+	VINSERTF128 $1, X10, Y10, Y10
 	VXORPS Y6, Y6, Y6
-	VBROADCASTSS 12(R12), Y11
+	VSHUFPS $255, X2, X2, X11
+	VINSERTF128 $1, X11, Y11, Y11
 	VXORPS Y7, Y7, Y7
 	XORQ CX, CX
 	MOVQ AX, BX
 	SHRQ $1, BX
-	JZ qvwquant2odd
-qvwquant2pair:
+	JZ qvwprep2qodd
+qvwprep2qpair:
 	VXORPS Y1, Y1, Y1
 	VMOVUPS (SI), X0
 	VPERMPS Y0, Y15, Y0
 	TESTQ R14, R14
-	JZ qvwquant2pnoz
+	JZ qvwprep2qpnoz
 	VMOVUPS (R13), X1
 	VPERMPS Y1, Y15, Y1
-qvwquant2pnoz:
+qvwprep2qpnoz:
 	VBROADCASTSD (R8)(CX*4), Y2
 	VFMADD231PS Y1, Y2, Y4
 	VMULPS Y0, Y2, Y2
@@ -4151,18 +4191,18 @@ qvwquant2pnoz:
 	ADDQ $64, DI
 	ADDQ $2, CX
 	DECQ BX
-	JNZ qvwquant2pair
-qvwquant2odd:
+	JNZ qvwprep2qpair
+qvwprep2qodd:
 	ANDQ $1, AX
-	JZ qvwquant2zt
+	JZ qvwprep2qzt
 	VXORPS Y1, Y1, Y1
 	VMOVSD (SI), X0
 	VPERMPS Y0, Y15, Y0
 	TESTQ R14, R14
-	JZ qvwquant2onoz
+	JZ qvwprep2qonoz
 	VMOVSD (R13), X1
 	VPERMPS Y1, Y15, Y1
-qvwquant2onoz:
+qvwprep2qonoz:
 	VMOVSS (R8)(CX*4), X2
 	VPBROADCASTQ X2, Y2
 	VFMADD231PS Y1, Y2, Y4
@@ -4191,10 +4231,10 @@ qvwquant2onoz:
 	VMULPS Y11, Y2, Y2
 	VCVTPS2DQ Y2, Y2
 	VPMOVSDW Y2, 48(DI)
-qvwquant2zt:
-	MOVQ zt+56(FP), DI
+qvwprep2qzt:
+	MOVQ zt+48(FP), DI
 	TESTQ R14, R14
-	JZ qvwquant2done
+	JZ qvwprep2qdone
 	VHADDPS Y4, Y4, Y4
 	VPERMQ $0x08, Y4, Y4
 	VMOVUPS X4, (DI)
@@ -4207,7 +4247,7 @@ qvwquant2zt:
 	VHADDPS Y7, Y7, Y7
 	VPERMQ $0x08, Y7, Y7
 	VMOVUPS X7, 48(DI)
-qvwquant2done:
+qvwprep2qdone:
 	VZEROUPPER
 	RET
 
@@ -5194,19 +5234,27 @@ qdots4i4maddwdone:
 	VZEROUPPER
 	RET
 
-// func qvwmaxavx2(p *float32, ldP int, vs *float32, n int, mx *[4]float32)
+// func qvwprepavx2(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
 //
-// mx[r] = max_t,g |p[r*ldP/4 + t] * vs[4t + g]| over tokens t < n (four scale groups per
-// row) for the four rows r (p >= 0).
-TEXT ·qvwmaxavx2(SB), NOSPLIT, $0-40
-	MOVQ p+0(FP), R8
-	MOVQ ldP+8(FP), DX
+// The int16 weights of the integer accumulation loop in one call, three passes over the
+// part's weights (L1):
+// 1. ms[0][r] = max_t,g |p[r*ldP/4 + t] * vs[4t + g]| over tokens t < n (four scale groups
+//    per row) for the four rows r (p >= 0);
+// 2. ms[1][r] = 16383/ms[0][r] where that is finite and ms[0][r] > 0, else 0 (every weight
+//    0; a NaN maximum keeps the row's NaN in ms[2]), ms[2][r] = ms[0][r]/16383 (the step);
+// 3. for token pairs j (the last one padded with a zero weight when n is odd), rows r < 4
+//    and groups g < 4, w[16j + 4r + g] packs round(p_r,2j * vs[8j+g] * ms[1][r]) (low
+//    word) and the same of token 2j+1 (high word). vz != nil (int4): zt[4r + g] = sum_t
+//    p_rt * vz[4t + g].
+TEXT ·qvwprepavx2(SB), NOSPLIT, $0-64
+	MOVQ p+8(FP), R8
+	MOVQ ldP+16(FP), DX
 	LEAQ (R8)(DX*1), R9
 	LEAQ (R9)(DX*1), R10
 	LEAQ (R10)(DX*1), R11
-	MOVQ vs+16(FP), SI
-	MOVQ n+24(FP), AX
-	MOVQ mx+32(FP), DI
+	MOVQ vs+24(FP), SI
+	MOVQ n+32(FP), AX
+	MOVQ ms+56(FP), DI
 	VMOVDQU vwperm<>(SB), Y15
 	MOVL $0x7fffffff, CX
 	VMOVD CX, X14
@@ -5218,8 +5266,8 @@ TEXT ·qvwmaxavx2(SB), NOSPLIT, $0-40
 	XORQ CX, CX
 	MOVQ AX, BX
 	SHRQ $1, BX
-	JZ qvwmaxavx2odd
-qvwmaxavx2pair:
+	JZ qvwprepavx2modd
+qvwprepavx2mpair:
 	VPERMPS (SI), Y15, Y4
 	VANDPS Y14, Y4, Y4
 	VBROADCASTSD (R8)(CX*4), Y5
@@ -5237,10 +5285,10 @@ qvwmaxavx2pair:
 	ADDQ $32, SI
 	ADDQ $2, CX
 	DECQ BX
-	JNZ qvwmaxavx2pair
-qvwmaxavx2odd:
+	JNZ qvwprepavx2mpair
+qvwprepavx2modd:
 	ANDQ $1, AX
-	JZ qvwmaxavx2done
+	JZ qvwprepavx2mdone
 	VMOVUPS (SI), X4
 	VPERMPS Y4, Y15, Y4
 	VANDPS Y14, Y4, Y4
@@ -5260,7 +5308,7 @@ qvwmaxavx2odd:
 	VPBROADCASTQ X5, Y5
 	VMULPS Y4, Y5, Y5
 	VMAXPS Y5, Y3, Y3
-qvwmaxavx2done:
+qvwprepavx2mdone:
 	VEXTRACTF128 $1, Y0, X5
 	VMAXPS X5, X0, X0
 	VPERMILPS $0x4e, X0, X5
@@ -5289,47 +5337,47 @@ qvwmaxavx2done:
 	VPERMILPS $0xb1, X3, X5
 	VMAXPS X5, X3, X3
 	VMOVSS X3, 12(DI)
-	VZEROUPPER
-	RET
-
-// func qvwquantavx2(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)
-//
-// The int16 weights of qvaxpy4*: for token pairs j (the last one padded with a zero weight
-// when n is odd), rows r < 4 and groups g < 4, w[16j + 4r + g] packs round(p_r,2j *
-// vs[8j+g] * inv[r]) (low word) and the same of token 2j+1 (high word). vz != nil (int4):
-// zt[4r + g] = sum_t p_rt * vz[4t + g].
-TEXT ·qvwquantavx2(SB), NOSPLIT, $0-64
+	VMOVUPS (DI), X0
+	MOVL $0x467ffc00, CX
+	VMOVD CX, X1
+	VBROADCASTSS X1, X1
+	MOVL $0x7f800000, CX
+	VMOVD CX, X3
+	VBROADCASTSS X3, X3
+	VDIVPS X0, X1, X2
+	VCMPPS $0x11, X3, X2, X4
+	VANDPS X4, X2, X2
+	VMOVUPS X2, 16(DI)
+	VDIVPS X1, X0, X5
+	VMOVUPS X5, 32(DI)
 	MOVQ w+0(FP), DI
-	MOVQ p+8(FP), R8
-	MOVQ ldP+16(FP), DX
-	LEAQ (R8)(DX*1), R9
-	LEAQ (R9)(DX*1), R10
-	LEAQ (R10)(DX*1), R11
 	MOVQ vs+24(FP), SI
 	MOVQ n+32(FP), AX
-	MOVQ inv+40(FP), R12
-	MOVQ vz+48(FP), R13
+	MOVQ vz+40(FP), R13
 	MOVQ R13, R14
-	VMOVDQU vwperm<>(SB), Y15
-	VBROADCASTSS (R12), Y8
+	VSHUFPS $0, X2, X2, X8
+	VINSERTF128 $1, X8, Y8, Y8
 	VXORPS Y4, Y4, Y4
-	VBROADCASTSS 4(R12), Y9
+	VSHUFPS $85, X2, X2, X9
+	VINSERTF128 $1, X9, Y9, Y9
 	VXORPS Y5, Y5, Y5
-	VBROADCASTSS 8(R12), Y10
+	VSHUFPS $170, X2, X2, X10
+	VINSERTF128 $1, X10, Y10, Y10
 	VXORPS Y6, Y6, Y6
-	VBROADCASTSS 12(R12), Y11
+	VSHUFPS $255, X2, X2, X11
+	VINSERTF128 $1, X11, Y11, Y11
 	VXORPS Y7, Y7, Y7
 	XORQ CX, CX
 	MOVQ AX, BX
 	SHRQ $1, BX
-	JZ qvwquantavx2odd
-qvwquantavx2pair:
+	JZ qvwprepavx2qodd
+qvwprepavx2qpair:
 	VXORPS Y1, Y1, Y1
 	VPERMPS (SI), Y15, Y0
 	TESTQ R14, R14
-	JZ qvwquantavx2pnoz
+	JZ qvwprepavx2qpnoz
 	VPERMPS (R13), Y15, Y1
-qvwquantavx2pnoz:
+qvwprepavx2qpnoz:
 	VBROADCASTSD (R8)(CX*4), Y2
 	VFMADD231PS Y1, Y2, Y4
 	VMULPS Y0, Y2, Y2
@@ -5367,18 +5415,18 @@ qvwquantavx2pnoz:
 	ADDQ $64, DI
 	ADDQ $2, CX
 	DECQ BX
-	JNZ qvwquantavx2pair
-qvwquantavx2odd:
+	JNZ qvwprepavx2qpair
+qvwprepavx2qodd:
 	ANDQ $1, AX
-	JZ qvwquantavx2zt
+	JZ qvwprepavx2qzt
 	VXORPS Y1, Y1, Y1
 	VMOVUPS (SI), X0
 	VPERMPS Y0, Y15, Y0
 	TESTQ R14, R14
-	JZ qvwquantavx2onoz
+	JZ qvwprepavx2qonoz
 	VMOVUPS (R13), X1
 	VPERMPS Y1, Y15, Y1
-qvwquantavx2onoz:
+qvwprepavx2qonoz:
 	VMOVSS (R8)(CX*4), X2
 	VPBROADCASTQ X2, Y2
 	VFMADD231PS Y1, Y2, Y4
@@ -5415,10 +5463,10 @@ qvwquantavx2onoz:
 	VEXTRACTI128 $1, Y2, X3
 	VPACKSSDW X3, X2, X2
 	VMOVDQU X2, 48(DI)
-qvwquantavx2zt:
-	MOVQ zt+56(FP), DI
+qvwprepavx2qzt:
+	MOVQ zt+48(FP), DI
 	TESTQ R14, R14
-	JZ qvwquantavx2done
+	JZ qvwprepavx2qdone
 	VHADDPS Y4, Y4, Y4
 	VPERMQ $0x08, Y4, Y4
 	VMOVUPS X4, (DI)
@@ -5431,11 +5479,11 @@ qvwquantavx2zt:
 	VHADDPS Y7, Y7, Y7
 	VPERMQ $0x08, Y7, Y7
 	VMOVUPS X7, 48(DI)
-qvwquantavx2done:
+qvwprepavx2qdone:
 	VZEROUPPER
 	RET
 
-// func qvaxpy4i8maddw(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, bpg int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)
+// func qvaxpy4i8maddw(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, bpg int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)
 //
 // qvaxpy4i8vnni's contract without VNNI over every column of the rows (accrb/4 elements) in
 // one call: blocks of 16 columns, bpg blocks to a scale group of the four-group layout (the
@@ -5444,8 +5492,8 @@ qvwquantavx2done:
 // the two rows are widened to int16 and interleaved
 // (VPMOVSXBW, VPUNPCKLWD/HWD: accumulators of elements 0-3, 8-11 and 4-7, 12-15), dotted by
 // VPMADDWD with the pair's weight dword broadcast (VPBROADCASTD) and summed by VPADDD. The
-// first block prefetches the rows pfd bytes ahead.
-TEXT ·qvaxpy4i8maddw(SB), NOSPLIT, $0-112
+// first block prefetches the rows pfd bytes ahead. nb and wstep are unused (qvaxpy4*vnni's).
+TEXT ·qvaxpy4i8maddw(SB), NOSPLIT, $0-128
 	MOVQ vrb+24(FP), BX
 	MOVQ zrb+96(FP), R9
 	LEAQ (R9)(R9*2), R11
@@ -5643,7 +5691,7 @@ qvaxpy4i8maddwnext:
 	VZEROUPPER
 	RET
 
-// func qvaxpy4i4maddw(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, bpg int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int)
+// func qvaxpy4i4maddw(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, bpg int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)
 //
 // qvaxpy4i4vnni's contract without VNNI over every column of the rows (accrb/4 elements) in
 // one call: blocks of 16 columns, bpg blocks to a scale group of the four-group layout (the
@@ -5652,8 +5700,8 @@ qvaxpy4i8maddwnext:
 // the two rows are widened to int16 and interleaved
 // (VPUNPCKLBW, VPMOVZXBW), split into even and odd elements (VPAND, VPSRLW), dotted by
 // VPMADDWD with the pair's weight dword broadcast (VPBROADCASTD) and summed by VPADDD. The
-// first block prefetches the rows pfd bytes ahead.
-TEXT ·qvaxpy4i4maddw(SB), NOSPLIT, $0-112
+// first block prefetches the rows pfd bytes ahead. nb and wstep are unused (qvaxpy4*vnni's).
+TEXT ·qvaxpy4i4maddw(SB), NOSPLIT, $0-128
 	MOVQ vrb+24(FP), BX
 	MOVQ zrb+96(FP), R9
 	LEAQ (R9)(R9*2), R11
@@ -5882,18 +5930,24 @@ qvaxpy4i4maddwnext:
 	VZEROUPPER
 	RET
 
-// func qvwmax2avx2(p *float32, ldP int, vs *float32, n int, mx *[4]float32)
+// func qvwprep2avx2(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
 //
-// qvwmax over rows of two scale groups: mx[r] = max_t,g |p[r*ldP/4 + t] * vs[2t + g]|.
-TEXT ·qvwmax2avx2(SB), NOSPLIT, $0-40
-	MOVQ p+0(FP), R8
-	MOVQ ldP+8(FP), DX
+// The int16 weights of the integer accumulation loop in one call, three passes over the
+// part's weights (L1):
+// 1. ms[0][r] = max_t,g |p[r*ldP/4 + t] * vs[2t + g]| (rows of two scale groups);
+// 2. ms[1][r] = 16383/ms[0][r] where that is finite and ms[0][r] > 0, else 0 (every weight
+//    0; a NaN maximum keeps the row's NaN in ms[2]), ms[2][r] = ms[0][r]/16383 (the step);
+// 3. the weights in the four-group layout: w[16j + 4r + g] from vs[4j + g/2], and
+//    zt[4r + g] = sum_t p_rt * vz[2t + g/2].
+TEXT ·qvwprep2avx2(SB), NOSPLIT, $0-64
+	MOVQ p+8(FP), R8
+	MOVQ ldP+16(FP), DX
 	LEAQ (R8)(DX*1), R9
 	LEAQ (R9)(DX*1), R10
 	LEAQ (R10)(DX*1), R11
-	MOVQ vs+16(FP), SI
-	MOVQ n+24(FP), AX
-	MOVQ mx+32(FP), DI
+	MOVQ vs+24(FP), SI
+	MOVQ n+32(FP), AX
+	MOVQ ms+56(FP), DI
 	VMOVDQU vwperm2<>(SB), Y15
 	MOVL $0x7fffffff, CX
 	VMOVD CX, X14
@@ -5905,8 +5959,8 @@ TEXT ·qvwmax2avx2(SB), NOSPLIT, $0-40
 	XORQ CX, CX
 	MOVQ AX, BX
 	SHRQ $1, BX
-	JZ qvwmax2avx2odd
-qvwmax2avx2pair:
+	JZ qvwprep2avx2modd
+qvwprep2avx2mpair:
 	VMOVUPS (SI), X4
 	VPERMPS Y4, Y15, Y4
 	VANDPS Y14, Y4, Y4
@@ -5925,10 +5979,10 @@ qvwmax2avx2pair:
 	ADDQ $16, SI
 	ADDQ $2, CX
 	DECQ BX
-	JNZ qvwmax2avx2pair
-qvwmax2avx2odd:
+	JNZ qvwprep2avx2mpair
+qvwprep2avx2modd:
 	ANDQ $1, AX
-	JZ qvwmax2avx2done
+	JZ qvwprep2avx2mdone
 	VMOVSD (SI), X4
 	VPERMPS Y4, Y15, Y4
 	VANDPS Y14, Y4, Y4
@@ -5948,7 +6002,7 @@ qvwmax2avx2odd:
 	VPBROADCASTQ X5, Y5
 	VMULPS Y4, Y5, Y5
 	VMAXPS Y5, Y3, Y3
-qvwmax2avx2done:
+qvwprep2avx2mdone:
 	VEXTRACTF128 $1, Y0, X5
 	VMAXPS X5, X0, X0
 	VPERMILPS $0x4e, X0, X5
@@ -5977,47 +6031,49 @@ qvwmax2avx2done:
 	VPERMILPS $0xb1, X3, X5
 	VMAXPS X5, X3, X3
 	VMOVSS X3, 12(DI)
-	VZEROUPPER
-	RET
-
-// func qvwquant2avx2(w *int32, p *float32, ldP int, vs *float32, n int, inv *[4]float32, vz *float32, zt *[16]float32)
-//
-// qvwquant over rows of two scale groups, in the four-group layout: w[16j + 4r + g] from
-// vs[4j + g/2], zt[4r + g] = sum_t p_rt * vz[2t + g/2].
-TEXT ·qvwquant2avx2(SB), NOSPLIT, $0-64
+	VMOVUPS (DI), X0
+	MOVL $0x467ffc00, CX
+	VMOVD CX, X1
+	VBROADCASTSS X1, X1
+	MOVL $0x7f800000, CX
+	VMOVD CX, X3
+	VBROADCASTSS X3, X3
+	VDIVPS X0, X1, X2
+	VCMPPS $0x11, X3, X2, X4
+	VANDPS X4, X2, X2
+	VMOVUPS X2, 16(DI)
+	VDIVPS X1, X0, X5
+	VMOVUPS X5, 32(DI)
 	MOVQ w+0(FP), DI
-	MOVQ p+8(FP), R8
-	MOVQ ldP+16(FP), DX
-	LEAQ (R8)(DX*1), R9
-	LEAQ (R9)(DX*1), R10
-	LEAQ (R10)(DX*1), R11
 	MOVQ vs+24(FP), SI
 	MOVQ n+32(FP), AX
-	MOVQ inv+40(FP), R12
-	MOVQ vz+48(FP), R13
+	MOVQ vz+40(FP), R13
 	MOVQ R13, R14
-	VMOVDQU vwperm2<>(SB), Y15
-	VBROADCASTSS (R12), Y8
+	VSHUFPS $0, X2, X2, X8
+	VINSERTF128 $1, X8, Y8, Y8
 	VXORPS Y4, Y4, Y4
-	VBROADCASTSS 4(R12), Y9
+	VSHUFPS $85, X2, X2, X9
+	VINSERTF128 $1, X9, Y9, Y9
 	VXORPS Y5, Y5, Y5
-	VBROADCASTSS 8(R12), Y10
+	VSHUFPS $170, X2, X2, X10
+	VINSERTF128 $1, X10, Y10, Y10
 	VXORPS Y6, Y6, Y6
-	VBROADCASTSS 12(R12), Y11
+	VSHUFPS $255, X2, X2, X11
+	VINSERTF128 $1, X11, Y11, Y11
 	VXORPS Y7, Y7, Y7
 	XORQ CX, CX
 	MOVQ AX, BX
 	SHRQ $1, BX
-	JZ qvwquant2avx2odd
-qvwquant2avx2pair:
+	JZ qvwprep2avx2qodd
+qvwprep2avx2qpair:
 	VXORPS Y1, Y1, Y1
 	VMOVUPS (SI), X0
 	VPERMPS Y0, Y15, Y0
 	TESTQ R14, R14
-	JZ qvwquant2avx2pnoz
+	JZ qvwprep2avx2qpnoz
 	VMOVUPS (R13), X1
 	VPERMPS Y1, Y15, Y1
-qvwquant2avx2pnoz:
+qvwprep2avx2qpnoz:
 	VBROADCASTSD (R8)(CX*4), Y2
 	VFMADD231PS Y1, Y2, Y4
 	VMULPS Y0, Y2, Y2
@@ -6055,18 +6111,18 @@ qvwquant2avx2pnoz:
 	ADDQ $64, DI
 	ADDQ $2, CX
 	DECQ BX
-	JNZ qvwquant2avx2pair
-qvwquant2avx2odd:
+	JNZ qvwprep2avx2qpair
+qvwprep2avx2qodd:
 	ANDQ $1, AX
-	JZ qvwquant2avx2zt
+	JZ qvwprep2avx2qzt
 	VXORPS Y1, Y1, Y1
 	VMOVSD (SI), X0
 	VPERMPS Y0, Y15, Y0
 	TESTQ R14, R14
-	JZ qvwquant2avx2onoz
+	JZ qvwprep2avx2qonoz
 	VMOVSD (R13), X1
 	VPERMPS Y1, Y15, Y1
-qvwquant2avx2onoz:
+qvwprep2avx2qonoz:
 	VMOVSS (R8)(CX*4), X2
 	VPBROADCASTQ X2, Y2
 	VFMADD231PS Y1, Y2, Y4
@@ -6103,10 +6159,10 @@ qvwquant2avx2onoz:
 	VEXTRACTI128 $1, Y2, X3
 	VPACKSSDW X3, X2, X2
 	VMOVDQU X2, 48(DI)
-qvwquant2avx2zt:
-	MOVQ zt+56(FP), DI
+qvwprep2avx2qzt:
+	MOVQ zt+48(FP), DI
 	TESTQ R14, R14
-	JZ qvwquant2avx2done
+	JZ qvwprep2avx2qdone
 	VHADDPS Y4, Y4, Y4
 	VPERMQ $0x08, Y4, Y4
 	VMOVUPS X4, (DI)
@@ -6119,7 +6175,7 @@ qvwquant2avx2zt:
 	VHADDPS Y7, Y7, Y7
 	VPERMQ $0x08, Y7, Y7
 	VMOVUPS X7, 48(DI)
-qvwquant2avx2done:
+qvwprep2avx2qdone:
 	VZEROUPPER
 	RET
 

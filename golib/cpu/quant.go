@@ -69,11 +69,11 @@ type quantOps struct {
 	axpy4 func(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, pf int)
 	// mul sets dst[i] = a[i]*b[i] (folding per-channel K scales into q).
 	mul func(dst, a, b []float32)
-	// prefetch, when set, hints the cache lines of s into L2: the scales of
-	// the chunks of the next super-block, which lie apart from the rows
-	// (per-channel ones a chunk's stride apart), are requested while this
-	// one is computed.
-	prefetch func(s []float32)
+	// prefetch, when set, hints the cache lines of a segment's scales and
+	// zeros into L2: the scales of the chunks of the next super-block, which
+	// lie apart from the rows (per-channel ones a chunk's stride apart), are
+	// requested while this one is computed.
+	prefetch func(q *cache.QuantSegment)
 	// intPrep and intDots4, when set (AVX-512 VNNI, AVX2), are the integer score
 	// loop for int8 and int4 K per channel: intPrep quantizes len(sc) query
 	// rows (len(ks) elements each) times the channel scales ks to int8 per
@@ -99,12 +99,13 @@ type quantOps struct {
 	sumsq2 func(a, b []float32) float32
 }
 
-// vScratch is vaxpy4's per-unit scratch: the int16 weight pairs of a part
-// and the rows' maxima, steps, inverse steps and zero terms.
+// vScratch is vaxpy4's per-unit scratch: the int16 weight pairs of a part,
+// the rows' maxima, inverse steps and steps (ms[0], ms[1], ms[2]) and zero
+// terms.
 type vScratch struct {
-	w           []int32
-	mx, inv, sc [4]float32
-	zt          [16]float32
+	w  []int32
+	ms [3][4]float32
+	zt [16]float32
 }
 
 // IntDotsEnv is the environment variable that turns the integer
@@ -195,11 +196,7 @@ func (qb *quantBlock) dots(sc []float32, r, nr, a, e, dk, pf int) {
 	for i := range qb.parts {
 		p := &qb.parts[i]
 		if i < len(qb.ahead) && qb.ops.prefetch != nil {
-			qs := &qb.ahead[i].Q
-			qb.ops.prefetch(qs.KScale)
-			qb.ops.prefetch(qs.KZero)
-			qb.ops.prefetch(qs.VScale)
-			qb.ops.prefetch(qs.VZero)
+			qb.ops.prefetch(&qb.ahead[i].Q)
 		}
 		pa, pe := max(a, p.off), min(e, p.off+p.n)
 		if pa >= pe {
@@ -421,7 +418,8 @@ func (u *unitState) quantPart(p *quantPart, ops *kernelOps, s *shape, sg *cache.
 	default:
 		p.k.s, p.k.z, p.k.g, p.k.ng = qs.KScale, qs.KZero, qs.KGroup, dk/qs.KGroup
 	}
-	p.bad = p.bad || !scalesSafe(ops, qb.ops, &u.ss, qs, sg.Len, dk, dv)
+	// a chunk the cache bounded when it sealed it needs no check
+	p.bad = p.bad || (!qs.Bounded && !scalesSafe(ops, qb.ops, &u.ss, qs, sg.Len, dk, dv))
 }
 
 // scalesSafe reports whether every scale and zero of a segment of n rows is
@@ -430,6 +428,8 @@ func (u *unitState) quantPart(p *quantPart, ops *kernelOps, s *shape, sg *cache.
 // range, so folding the scales into q or dequantizing with a fused
 // multiply-add stays finite exactly where cache.DequantizeSegment does. A segment that
 // fails sends the rows that see it to exactRow (always correct, only slow).
+// Segments the cache marks Bounded (every scale and zero below
+// cache.ScaleBound, checked when sealed) skip it.
 // qo.sumsq2, where set, sums the squares (two runs a call).
 func scalesSafe(ops *kernelOps, qo *quantOps, ss *[4]float32, qs *cache.QuantSegment, n, dk, dv int) bool {
 	nk := dk

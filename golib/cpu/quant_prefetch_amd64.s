@@ -2,17 +2,27 @@
 
 #include "textflag.h"
 
-// func qprefetch(p *float32, n int)
-// PREFETCHT1 of every 64-byte line of the n float32 at p (n > 0).
-TEXT ·qprefetch(SB), NOSPLIT, $0-16
-	MOVQ p+0(FP), SI
-	MOVQ n+8(FP), CX
+// func qprefetch4(runs *[4]qrun)
+// PREFETCHT1 of every 64-byte line of the four runs of float32 (a run of
+// length 0 is skipped): one chunk's K scales, K zeros, V scales, V zeros.
+TEXT ·qprefetch4(SB), NOSPLIT, $0-8
+	MOVQ runs+0(FP), DI
+	MOVQ $4, DX
+run:
+	MOVQ 0(DI), SI
+	MOVQ 8(DI), CX
+	TESTQ CX, CX
+	JZ next
 	LEAQ -1(SI)(CX*4), CX
 	ANDQ $-64, CX
 	ANDQ $-64, SI
-loop:
+line:
 	PREFETCHT1 (SI)
 	ADDQ $64, SI
 	CMPQ SI, CX
-	JLS loop
+	JLS line
+next:
+	ADDQ $16, DI
+	DECQ DX
+	JNZ run
 	RET
