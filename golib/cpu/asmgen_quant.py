@@ -971,17 +971,18 @@ def vint(ng, isa):
         ins("TESTQ R14, R14", f"JZ {qn}{'o' if odd else 'p'}noz")
         ins(*ld("(R13)", 1))
         w(f"{qn}{'o' if odd else 'p'}noz:")
+        t = [2, 3, 12, 13]  # row r's int32 weights
         for r in range(4):
             if odd:
-                ins(f"VMOVSS ({pr[r]})(CX*4), X2", "VPBROADCASTQ X2, Y2")
+                ins(f"VMOVSS ({pr[r]})(CX*4), X{t[r]}", f"VPBROADCASTQ X{t[r]}, Y{t[r]}")
             else:
-                ins(f"VBROADCASTSD ({pr[r]})(CX*4), Y2")
-            ins(f"VFMADD231PS Y1, Y2, Y{4+r}", "VMULPS Y0, Y2, Y2", f"VMULPS Y{8+r}, Y2, Y2",
-                "VCVTPS2DQ Y2, Y2")
-            if isa == "avx512":
-                ins(f"VPMOVSDW Y2, {off(16*r)}(DI)")
-            else:  # the same signed saturation
-                ins("VEXTRACTI128 $1, Y2, X3", "VPACKSSDW X3, X2, X2", f"VMOVDQU X2, {off(16*r)}(DI)")
+                ins(f"VBROADCASTSD ({pr[r]})(CX*4), Y{t[r]}")
+            ins(f"VFMADD231PS Y1, Y{t[r]}, Y{4+r}", f"VMULPS Y0, Y{t[r]}, Y{t[r]}", f"VMULPS Y{8+r}, Y{t[r]}, Y{t[r]}",
+                f"VCVTPS2DQ Y{t[r]}, Y{t[r]}")
+        # two rows' int16 weights at once (signed saturation), back in row order by VPERMQ
+        for h in range(2):
+            a, b = t[2*h], t[2*h+1]
+            ins(f"VPACKSSDW Y{b}, Y{a}, Y{a}", f"VPERMQ $0xd8, Y{a}, Y{a}", f"VMOVDQU Y{a}, {off(32*h)}(DI)")
 
     w(f"{qn}pair:")
     ins("VXORPS Y1, Y1, Y1")

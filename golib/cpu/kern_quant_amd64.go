@@ -349,26 +349,22 @@ func (l *intLoops) intDots4(s []float32, ld, n int, qi []byte, k qmat, d int, af
 
 // Declarations of the integer score loops (kern_quant_amd64.s).
 
-// qrun is one run of float32 qprefetch4 hints: its first element's
-// address (nil when empty) and length.
-type qrun struct {
-	p *float32
-	n int
-}
-
 // qprefetchScales is quantOps.prefetch: one call for the four runs.
 func qprefetchScales(q *cache.QuantSegment) {
-	var runs [4]qrun
-	for i, s := range [4][]float32{q.KScale, q.KZero, q.VScale, q.VZero} {
-		if len(s) > 0 {
-			runs[i] = qrun{&s[0], len(s)}
-		}
+	qprefetch4(f32p0(q.KScale), len(q.KScale), f32p0(q.KZero), len(q.KZero),
+		f32p0(q.VScale), len(q.VScale), f32p0(q.VZero), len(q.VZero))
+}
+
+// f32p0 is the address of s's first element, nil when s is empty.
+func f32p0(s []float32) *float32 {
+	if len(s) == 0 {
+		return nil
 	}
-	qprefetch4(&runs)
+	return &s[0]
 }
 
 //go:noescape
-func qprefetch4(runs *[4]qrun)
+func qprefetch4(ks *float32, nks int, kz *float32, nkz int, vs *float32, nvs int, vz *float32, nvz int)
 
 //go:noescape
 func qprepavx512(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int

@@ -2,11 +2,11 @@
 
 #include "textflag.h"
 
-// func qprefetch4(runs *[4]qrun)
+// func qprefetch4(ks *float32, nks int, kz *float32, nkz int, vs *float32, nvs int, vz *float32, nvz int)
 // PREFETCHT1 of every 64-byte line of the four runs of float32 (a run of
 // length 0 is skipped): one chunk's K scales, K zeros, V scales, V zeros.
-TEXT ·qprefetch4(SB), NOSPLIT, $0-8
-	MOVQ runs+0(FP), DI
+TEXT ·qprefetch4(SB), NOSPLIT, $0-64
+	LEAQ ks+0(FP), DI
 	MOVQ $4, DX
 run:
 	MOVQ 0(DI), SI
