@@ -241,13 +241,13 @@ func (qb *quantBlock) dots(sc []float32, r, nr, a, e, dk, pf int) {
 // K, or int4 nibbles against q in qi4Order).
 func (qb *quantBlock) intScores(p *quantPart, s []float32, ld, r, nr int, k qmat, n, dk, pf int) {
 	if nr == 4 {
-		a := &qb.aff
-		for j := 0; j < 4; j++ {
-			a[2*(j&1)+j/2*4], a[2*(j&1)+j/2*4+1] = p.isc[r+j], p.isc[r+j] // [r0 r0 r1 r1], [r2 r2 r3 r3]
-			a[8+2*(j&1)+j/2*4], a[8+2*(j&1)+j/2*4+1] = p.ioff[r+j], p.ioff[r+j]
-			a[16+j], a[20+j] = p.isc[r+j], p.ioff[r+j]
-		}
-		qb.ops.intDots4(s, ld, n, p.qi[r*dk:(r+4)*dk], k, dk, a, pf)
+		c, o := (*[4]float32)(p.isc[r:r+4]), (*[4]float32)(p.ioff[r:r+4])
+		// [r0 r0 r1 r1] [r2 r2 r3 r3] scales and offsets (the pair order),
+		// then [r0 r1 r2 r3] scales and offsets
+		qb.aff = [24]float32{c[0], c[0], c[1], c[1], c[2], c[2], c[3], c[3],
+			o[0], o[0], o[1], o[1], o[2], o[2], o[3], o[3],
+			c[0], c[1], c[2], c[3], o[0], o[1], o[2], o[3]}
+		qb.ops.intDots4(s, ld, n, p.qi[r*dk:(r+4)*dk], k, dk, &qb.aff, pf)
 		return
 	}
 	qi := p.qi[r*dk : (r+1)*dk]
