@@ -7,8 +7,13 @@ a packed B sliver (kc rows of 32 floats, 128 bytes, one contiguous run). The thr
 kernel is the full tile of the AVX2 path: twelve accumulators (row r, column vector j in
 Y(4+4r+j)), the three A values broadcast into Y0-Y2 and each B vector loaded once into
 Y3 and fed to three FMAs: 7 loads for 12 FMAs, every accumulator updated once per 12
-FMAs (the FMA latency is hidden). The shorter ones run the edge panel of a row count
-that is not a multiple of three straight into C. The float16 (F16C VCVTPH2PS) and
+FMAs (the FMA latency is hidden). The loop runs two k steps an iteration (then the odd
+one): timed as the blocked algorithm calls it (16 slivers of 256 rows in L2, one A panel,
+best of 400 calls on the shared 2-core Zen 4), the three-row tile went from 102-112 to
+104-114 GFLOP/s against an AVX2 FMA peak of 118 (BenchmarkTileRows, BenchmarkFMAPeak).
+The shorter ones run the edge panels of a row count that is not a multiple of three
+straight into C (a one-row tail is run as two 2-row panels: the 1 x 32 kernel has four
+accumulators, one FMA a cycle at most, and ran at 45-51 GFLOP/s against 80-88 for 2 x 32). The float16 (F16C VCVTPH2PS) and
 bfloat16 variants read a 16-bit pack (PackBHalf, 64-byte sliver rows) and widen it in
 registers, as the decode-step kernels do: widening each B block into a float32 buffer
 first took about a quarter of a 128-row product's time.
@@ -22,6 +27,10 @@ with the AVX-512 path in one process (two processes each), the 3 x 32 tile ran a
 1.00-1.02x the AVX-512 path's speed for 5 rows (6 x 16 with prefetches: 0.81-1.08x),
 0.83-0.89x for 8 rows (0.65-0.73x), 0.80-0.85x for 16 rows (0.75-0.80x) and 0.83-0.92x
 for 64-128 rows (0.85-0.91x): as fast or faster, with three kernels instead of twelve.
+A 6 x 16 tile reading each 32-wide sliver in two 16-column halves, with the B sliver
+kept in L1 for all A panels (the order the blocked algorithm now uses on this path), was
+tried again: per row it took 0.060 of the profile's seconds against 0.044 for 3 x 32
+(eight loads per twelve FMAs instead of seven), so it was not kept.
 Run from this directory:  python3 asmgen_tile.py > tile_avx2_amd64.s
 (TestAsmgenInSync checks that the committed file is this script's output.)
 """
@@ -47,16 +56,27 @@ def kernel(rows, kind=""):
     for r in range(rows):
         for j in range(4):
             ins(f"VXORPS {acc[r][j]}, {acc[r][j]}, {acc[r][j]}")
-    loop = f"m{rows}{kind}loop"
-    w(f"{loop}:")
-    for r in range(rows):
-        ins(f"VBROADCASTSS {off(4 * r)}(SI), Y{r}")
-    for j in range(4):
-        ins(*load(kind, f"{off(8 * es * j)}(DI)", "Y3"))
+    loop, tail, done = (f"m{rows}{kind}{x}" for x in ("loop", "tail", "done"))
+
+    def step(sa, sb):
         for r in range(rows):
-            ins(f"VFMADD231PS Y3, Y{r}, {acc[r][j]}")
-    ins(f"ADDQ ${4 * MR}, SI", f"ADDQ ${es * NR}, DI", "DECQ CX", f"JNZ  {loop}")
-    w()
+            ins(f"VBROADCASTSS {off(sa + 4 * r)}(SI), Y{r}")
+        for j in range(4):
+            ins(*load(kind, f"{off(sb + 8 * es * j)}(DI)", "Y3"))
+            for r in range(rows):
+                ins(f"VFMADD231PS Y3, Y{r}, {acc[r][j]}")
+
+    # Two k steps an iteration (the pointer and count updates once per
+    # 24 FMAs), then the odd step.
+    ins("MOVQ CX, AX", "SHRQ $1, CX", f"JZ   {tail}")
+    w(f"{loop}:")
+    step(0, 0)
+    step(4 * MR, es * NR)
+    ins(f"ADDQ ${8 * MR}, SI", f"ADDQ ${2 * es * NR}, DI", "DECQ CX", f"JNZ  {loop}")
+    w(f"{tail}:")
+    ins("ANDQ $1, AX", f"JZ   {done}")
+    step(0, 0)
+    w(f"{done}:")
     ins("VBROADCASTSS alpha+24(FP), Y0", "SHLQ $2, BX")
     for r in range(rows):
         for j in range(4):

@@ -43,13 +43,28 @@ func (p *product) blocked() {
 	}
 	mc := ((p.m+mBlocks-1)/mBlocks + mr - 1) / mr * mr
 	mBlocks = (p.m + mc - 1) / mc
+	if p.threads <= 1 {
+		// One thread: no closure (it would move to the heap, with p).
+		bufs := bufPool.Get().(*packBufs)
+		for t := range mBlocks * nBlocks {
+			p.blockTask(bufs, t, mc, nBlocks)
+		}
+		bufPool.Put(bufs)
+		return
+	}
 	ForThreads(p.threads, mBlocks*nBlocks, func(t int) {
 		bufs := bufPool.Get().(*packBufs)
-		i0 := (t / nBlocks) * mc
-		j0 := (t % nBlocks) * ncBlock
-		p.block(bufs, i0, min(i0+mc, p.m), j0, min(j0+ncBlock, p.n))
+		p.blockTask(bufs, t, mc, nBlocks)
 		bufPool.Put(bufs)
 	})
+}
+
+// blockTask runs task t of blocked: row block t/nBlocks (mc rows) by
+// column block t%nBlocks.
+func (p *product) blockTask(bufs *packBufs, t, mc, nBlocks int) {
+	i0 := (t / nBlocks) * mc
+	j0 := (t % nBlocks) * ncBlock
+	p.block(bufs, i0, min(i0+mc, p.m), j0, min(j0+ncBlock, p.n))
 }
 
 // block computes C[i0:i1, j0:j1] += alpha * op(A)[i0:i1, :] * op(B)[:, j0:j1].
@@ -70,43 +85,99 @@ func (p *product) block(bufs *packBufs, i0, i1, j0, j1 int) {
 		default:
 			p.packB(bb, j0, nc, l0, kc, nr)
 		}
-		// The B block (kc x nc) stays in L2 while each A panel (mr x kc,
-		// a few KiB) sits in L1 and meets every nr-wide B sliver in turn:
+		// The B block (kc x nc) stays in L2. By default each A panel (mr
+		// x kc, a few KiB, in L1) meets every nr-wide B sliver in turn:
 		// with broadcast A and vector B the A panel is the reused operand.
-		for ir := 0; ir < mc; ir += mr {
-			ap := bufs.a[ir*kc : (ir+mr)*kc]
-			rows := min(mr, mc-ir)
-			for jr := 0; jr < nc; jr += nr {
-				cols := min(nr, nc-jr)
-				off := (i0+ir)*p.ldc + j0 + jr
-				// An edge tile is computed aside (only its valid rows
-				// where the kernels allow) and its valid part added.
-				aside := cols < nr || rows < mr && ks.microRows == nil && bh == nil
-				dst, ldd := p.c[off:], p.ldc
-				if aside {
-					dst, ldd = bufs.tile[:mr*nr], nr
-					clear(dst)
+		// With ks.sliverMajor each sliver (read from a prepacked B in L3
+		// or memory the first time) meets every A panel of the block while
+		// it is in L1/L2 instead: on the AVX2 path, whose 3-row panels
+		// need three times the B bytes per multiply-add of the AVX-512
+		// path's 8-row ones, a first panel's pass over a block waited for
+		// the block to arrive.
+		np := panelCount(ks, mc)
+		if !ks.sliverMajor {
+			for q := range np {
+				for jr := 0; jr < nc; jr += nr {
+					p.tile(bufs, bb, bh, i0, j0, q, jr, mc, nc, kc)
 				}
-				switch {
-				case bh != nil:
-					ks.microHalf(p.pb.half, rows, kc, ap, bh[jr*kc:(jr+nr)*kc], p.alpha, dst, ldd)
-				case rows < mr && ks.microRows != nil:
-					ks.microRows(rows, kc, ap, bb[jr*kc:(jr+nr)*kc], p.alpha, dst, ldd)
-				default:
-					ks.micro(kc, ap, bb[jr*kc:(jr+nr)*kc], p.alpha, dst, ldd)
-				}
-				if !aside {
-					continue
-				}
-				for r := range rows {
-					d := p.c[off+r*p.ldc : off+r*p.ldc+cols]
-					for q, v := range dst[r*nr : r*nr+cols] {
-						d[q] += v
-					}
-				}
+			}
+			continue
+		}
+		for jr := 0; jr < nc; jr += nr {
+			for q := range np {
+				p.tile(bufs, bb, bh, i0, j0, q, jr, mc, nc, kc)
 			}
 		}
 	}
+}
+
+// tile adds alpha * A panel q times B sliver jr of a packed k-block (kc
+// steps) to C[i0+ir:, j0+jr:] (ir the panel's first row): one micro
+// kernel call. bb is the float32 B block, or bh the 16-bit one.
+func (p *product) tile(bufs *packBufs, bb []float32, bh []uint16, i0, j0, q, jr, mc, nc, kc int) {
+	ks := p.ks
+	mr, nr := ks.mr, ks.nr
+	ir, rows := panelRows(ks, mc, q)
+	ap := bufs.a[q*mr*kc : (q+1)*mr*kc]
+	cols := min(nr, nc-jr)
+	off := (i0+ir)*p.ldc + j0 + jr
+	// An edge tile is computed aside (only its valid rows where the
+	// kernels allow) and its valid part added.
+	aside := cols < nr || rows < mr && ks.microRows == nil && bh == nil
+	dst, ldd := p.c[off:], p.ldc
+	if aside {
+		dst, ldd = bufs.tile[:mr*nr], nr
+		clear(dst)
+	}
+	b0, b1 := jr*kc, (jr+nr)*kc
+	switch {
+	case bh != nil:
+		ks.microHalf(p.pb.half, rows, kc, ap, bh[b0:b1], p.alpha, dst, ldd)
+	case rows < mr && ks.microRows != nil:
+		ks.microRows(rows, kc, ap, bb[b0:b1], p.alpha, dst, ldd)
+	default:
+		ks.micro(kc, ap, bb[b0:b1], p.alpha, dst, ldd)
+	}
+	if !aside {
+		return
+	}
+	for r := range rows {
+		d := p.c[off+r*p.ldc : off+r*p.ldc+cols]
+		for x, v := range dst[r*nr : r*nr+cols] {
+			d[x] += v
+		}
+	}
+}
+
+// panelCount is the number of A panels of a block of mc rows: mc/mr
+// rounded up (where the tail is split, its one-row panel and the full one
+// before it become two panels: the same count; see panelRows).
+func panelCount(ks *kernels, mc int) int { return (mc + ks.mr - 1) / ks.mr }
+
+// splitTail reports whether a block of mc rows ends in two shorter panels
+// (mr=3: 2 + 2 rows) instead of a full panel and a one-row one: the
+// one-row kernel has a quarter of the accumulators and ran at about a
+// third of the full tile's rate per row (a 16-row product spent 16% of its
+// kernel time on its last row).
+func splitTail(ks *kernels, mc int) bool {
+	return ks.microRows != nil && ks.mr > 2 && mc > ks.mr && mc%ks.mr == 1
+}
+
+// panelRows returns the first row (within the block) and the row count of
+// A panel q of a block of mc rows. Panel q is packed at q*mr*kc whatever
+// its height.
+func panelRows(ks *kernels, mc, q int) (int, int) {
+	mr := ks.mr
+	if splitTail(ks, mc) {
+		if full := (mc - mr - 1) / mr; q >= full {
+			h := (mr + 2) / 2 // the taller of the last two panels
+			if q == full {
+				return q * mr, h
+			}
+			return full*mr + h, mr + 1 - h
+		}
+	}
+	return q * mr, min(mr, mc-q*mr)
 }
 
 // packBRows is packB for a float32 B as stored (not transposed), in
@@ -141,12 +212,13 @@ func (p *product) packBRows(dst []float32, j0, nc, l0, kc, nr int) {
 	}
 }
 
-// packA stores op(A)[i0:i0+mc, l0:l0+kc] as mr-row panels, column by column
-// (panel-major, then l, then row), padding short panels with zeros.
+// packA stores op(A)[i0:i0+mc, l0:l0+kc] as mr-row panels (those of
+// panelRows), column by column (panel-major, then l, then row), padding
+// short panels with zeros.
 func (p *product) packA(dst []float32, i0, mc, l0, kc, mr int) {
-	for ir := 0; ir < mc; ir += mr {
-		panel := dst[ir*kc : (ir+mr)*kc]
-		rows := min(mr, mc-ir)
+	for q := range panelCount(p.ks, mc) {
+		ir, rows := panelRows(p.ks, mc, q)
+		panel := dst[q*mr*kc : (q+1)*mr*kc]
 		if rows < mr {
 			clear(panel)
 		}

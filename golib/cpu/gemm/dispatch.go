@@ -12,6 +12,10 @@ type kernels struct {
 	name string
 	// mr x nr is the register tile of micro.
 	mr, nr int
+	// sliverMajor orders the blocked algorithm's micro calls sliver by
+	// sliver (each B sliver against every A panel of a block) instead of
+	// panel by panel; see block.
+	sliverMajor bool
 	// micro adds alpha * Ap * Bp to the mr x nr tile of c (row stride ldc),
 	// where Ap is an A panel packed column by column (kc steps of mr values)
 	// and Bp a B panel packed row by row (kc steps of nr values).

@@ -52,3 +52,58 @@ func BenchmarkSmallM(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkBlockOrder times one-thread prefill-sized products (16, 17
+// and 128 rows of op(A) by a packed B) on the AVX2 path with the blocked
+// algorithm's micro calls panel by panel and sliver by sliver
+// (kernels.sliverMajor), in GFLOP/s: the A/B of the loop order in one
+// process.
+func BenchmarkBlockOrder(b *testing.B) {
+	r := rand.New(rand.NewPCG(9, 11))
+	a := randSlice(r, 128*1024)
+	c := make([]float32, 128*2048)
+	defer SetPath(Path())
+	if !SetPath("avx2") {
+		b.Skip("no AVX2 path here")
+	}
+	defer func(v bool) { avx2Kernels.sliverMajor = v }(avx2Kernels.sliverMajor)
+	for _, s := range [][3]int{{16, 1024, 1024}, {16, 512, 2048}, {17, 1024, 1024}, {128, 1024, 1024}} {
+		m, k, n := s[0], s[1], s[2]
+		pb, err := PackB(false, k, n, randSlice(r, k*n), n)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, sm := range []bool{false, true} {
+			b.Run(fmt.Sprintf("m%d/k%d/n%d/sliverMajor=%v", m, k, n, sm), func(b *testing.B) {
+				avx2Kernels.sliverMajor = sm
+				for b.Loop() {
+					if err := SgemmPacked(1, false, m, 1, a, k, pb, 0, c, n); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(2*float64(m*n*k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			})
+		}
+	}
+}
+
+// BenchmarkTileRows times the AVX2 micro kernel of each tile height (3,
+// 2, 1 rows) over 16 packed slivers of kcBlock rows (512 KiB, in L2) with
+// one A panel, as the blocked algorithm calls it, in GFLOP/s: set against
+// BenchmarkFMAPeak, the micro kernel's fraction of the AVX2 FMA peak.
+func BenchmarkTileRows(b *testing.B) {
+	r := rand.New(rand.NewPCG(7, 8))
+	ap := randSlice(r, 3*kcBlock)
+	bp := randSlice(r, 16*packNR*kcBlock)
+	c := make([]float32, 3*packNR)
+	for _, rows := range []int{3, 2, 1} {
+		b.Run(fmt.Sprintf("rows%d", rows), func(b *testing.B) {
+			for b.Loop() {
+				for s := range 16 {
+					microRowsAVX2(rows, kcBlock, ap, bp[s*packNR*kcBlock:], 1, c, packNR)
+				}
+			}
+			b.ReportMetric(2*16*float64(rows*packNR*kcBlock)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
+}

@@ -19,8 +19,9 @@ var avx2Kernels = kernels{
 	panel:    panelAVX2,
 	panelRow: panelRowAVX2,
 
-	microRows: microRowsAVX2,
-	microHalf: microHalfAVX2,
+	sliverMajor: true,
+	microRows:   microRowsAVX2,
+	microHalf:   microHalfAVX2,
 }
 
 type f8 = archsimd.Float32x8

@@ -169,9 +169,11 @@ func SgemmPacked(threads int, transA bool, m int, alpha float32, a []float32, ld
 	}
 	ks := active()
 	if m > PackedRows {
-		p := product{transA: transA, m: m, n: n, k: k, alpha: alpha, a: a, lda: lda, c: c, ldc: ldc,
+		p := getProduct()
+		*p = product{transA: transA, m: m, n: n, k: k, alpha: alpha, a: a, lda: lda, c: c, ldc: ldc,
 			ks: ks, threads: parallelism(threads, m, n, k), pb: b}
 		p.blocked()
+		putProduct(p)
 		return nil
 	}
 	var rows [skinnyRows][]float32
