@@ -13,7 +13,15 @@ best of 400 calls on the shared 2-core Zen 4), the three-row tile went from 102-
 104-114 GFLOP/s against an AVX2 FMA peak of 118 (BenchmarkTileRows, BenchmarkFMAPeak).
 The shorter ones run the edge panels of a row count that is not a multiple of three
 straight into C (a one-row tail is run as two 2-row panels: the 1 x 32 kernel has four
-accumulators, one FMA a cycle at most, and ran at 45-51 GFLOP/s against 80-88 for 2 x 32). The float16 (F16C VCVTPH2PS) and
+accumulators, one FMA a cycle at most, and ran at 45-51 GFLOP/s against 80-88 for 2 x 32).
+The blocked algorithm runs each sliver against every A panel of a block on this path
+(kernels.sliverMajor); the first panel to meet a sliver calls the pf variant of the
+three-row kernel (micro3x32{,f16,bf16}pfasm), which also prefetches the next sliver's row
+of each k step into L2 (PREFETCHT1), so weights that come from memory arrive while the
+current sliver's panels run. One thread, twelve 1024 x 1024 packed weights used in turn
+(48 MiB, beyond the L3), best of 8 rounds on the shared machine: 128 rows 64-78 GFLOP/s
+panel by panel, 79-80 sliver by sliver, 88-94 with the prefetch (AVX-512 path 64-98);
+16 rows 50-54, 54-56, 55-59 (AVX-512 56-67). The float16 (F16C VCVTPH2PS) and
 bfloat16 variants read a 16-bit pack (PackBHalf, 64-byte sliver rows) and widen it in
 registers, as the decode-step kernels do: widening each B block into a float32 buffer
 first took about a quarter of a 128-row product's time.
@@ -45,22 +53,31 @@ MR = 3  # rows of a packed A panel on this path (kernels.mr)
 NR = 32  # columns of a packed B sliver (packNR)
 
 
-def kernel(rows, kind=""):
+def kernel(rows, kind="", pf=False):
     es, gotype = KINDS[kind]
-    name = f"micro{rows}x32{kind}asm"
-    w(f"// func {name}(kc int, a *float32, b *{gotype}, alpha float32, c *float32, ldc int)")
-    w(f"TEXT ·{name}(SB), NOSPLIT, $0-48")
+    name = f"micro{rows}x32{kind}{'pf' if pf else ''}asm"
+    if pf:
+        w(f"// func {name}(kc int, a *float32, b *{gotype}, alpha float32, c *float32, ldc int, next *{gotype})")
+        w(f"TEXT ·{name}(SB), NOSPLIT, $0-56")
+    else:
+        w(f"// func {name}(kc int, a *float32, b *{gotype}, alpha float32, c *float32, ldc int)")
+        w(f"TEXT ·{name}(SB), NOSPLIT, $0-48")
     ins("MOVQ kc+0(FP), CX", "MOVQ a+8(FP), SI", "MOVQ b+16(FP), DI",
         "MOVQ c+32(FP), DX", "MOVQ ldc+40(FP), BX")
+    if pf:
+        ins("MOVQ next+48(FP), R8")
     acc = [[f"Y{4 + 4 * r + j}" for j in range(4)] for r in range(rows)]
     for r in range(rows):
         for j in range(4):
             ins(f"VXORPS {acc[r][j]}, {acc[r][j]}, {acc[r][j]}")
-    loop, tail, done = (f"m{rows}{kind}{x}" for x in ("loop", "tail", "done"))
+    loop, tail, done = (f"m{rows}{kind}{'pf' if pf else ''}{x}" for x in ("loop", "tail", "done"))
 
     def step(sa, sb):
         for r in range(rows):
             ins(f"VBROADCASTSS {off(sa + 4 * r)}(SI), Y{r}")
+        if pf:  # the next sliver's row of this step, into L2
+            for line in range(0, es * NR, 64):
+                ins(f"PREFETCHT1 {off(sb + line)}(R8)")
         for j in range(4):
             ins(*load(kind, f"{off(sb + 8 * es * j)}(DI)", "Y3"))
             for r in range(rows):
@@ -72,7 +89,10 @@ def kernel(rows, kind=""):
     w(f"{loop}:")
     step(0, 0)
     step(4 * MR, es * NR)
-    ins(f"ADDQ ${8 * MR}, SI", f"ADDQ ${2 * es * NR}, DI", "DECQ CX", f"JNZ  {loop}")
+    ins(f"ADDQ ${8 * MR}, SI", f"ADDQ ${2 * es * NR}, DI")
+    if pf:
+        ins(f"ADDQ ${2 * es * NR}, R8")
+    ins("DECQ CX", f"JNZ  {loop}")
     w(f"{tail}:")
     ins("ANDQ $1, AX", f"JZ   {done}")
     step(0, 0)
@@ -101,6 +121,7 @@ def main():
     for kind in KINDS:
         for rows in range(MR, 0, -1):
             kernel(rows, kind)
+        kernel(MR, kind, pf=True)
     sys.stdout.write("\n".join(out).rstrip("\n") + "\n")
 
 

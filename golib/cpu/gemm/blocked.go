@@ -130,7 +130,14 @@ func (p *product) tile(bufs *packBufs, bb []float32, bh []uint16, i0, j0, q, jr,
 		clear(dst)
 	}
 	b0, b1 := jr*kc, (jr+nr)*kc
+	// The first panel to meet a sliver in sliverMajor order prefetches
+	// the next one (which every later call of the block reads from L2).
+	next := ks.sliverMajor && q == 0 && rows == mr && !aside && jr+nr < nc
 	switch {
+	case next && bh != nil && ks.microHalfNext != nil:
+		ks.microHalfNext(p.pb.half, kc, ap, bh[b0:b1], p.alpha, dst, ldd, bh[b1:b1+nr*kc])
+	case next && bh == nil && ks.microNext != nil:
+		ks.microNext(kc, ap, bb[b0:b1], p.alpha, dst, ldd, bb[b1:b1+nr*kc])
 	case bh != nil:
 		ks.microHalf(p.pb.half, rows, kc, ap, bh[b0:b1], p.alpha, dst, ldd)
 	case rows < mr && ks.microRows != nil:

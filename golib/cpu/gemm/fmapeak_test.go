@@ -55,9 +55,12 @@ func BenchmarkSmallM(b *testing.B) {
 
 // BenchmarkBlockOrder times one-thread prefill-sized products (16, 17
 // and 128 rows of op(A) by a packed B) on the AVX2 path with the blocked
-// algorithm's micro calls panel by panel and sliver by sliver
-// (kernels.sliverMajor), in GFLOP/s: the A/B of the loop order in one
-// process.
+// algorithm's micro calls panel by panel, sliver by sliver
+// (kernels.sliverMajor) and sliver by sliver with the next sliver
+// prefetched (kernels.microNext), in GFLOP/s, with one B (in the caches)
+// and with twelve 1024 x 1024 ones used in turn (48 MiB, beyond the L3:
+// the weights of a prefill arrive from memory): the A/B of the loop order
+// in one process.
 func BenchmarkBlockOrder(b *testing.B) {
 	r := rand.New(rand.NewPCG(9, 11))
 	a := randSlice(r, 128*1024)
@@ -66,22 +69,35 @@ func BenchmarkBlockOrder(b *testing.B) {
 	if !SetPath("avx2") {
 		b.Skip("no AVX2 path here")
 	}
-	defer func(v bool) { avx2Kernels.sliverMajor = v }(avx2Kernels.sliverMajor)
-	for _, s := range [][3]int{{16, 1024, 1024}, {16, 512, 2048}, {17, 1024, 1024}, {128, 1024, 1024}} {
-		m, k, n := s[0], s[1], s[2]
-		pb, err := PackB(false, k, n, randSlice(r, k*n), n)
-		if err != nil {
-			b.Fatal(err)
+	ks := &avx2Kernels
+	defer func(sm bool, mn func(int, []float32, []float32, float32, []float32, int, []float32)) {
+		ks.sliverMajor, ks.microNext = sm, mn
+	}(ks.sliverMajor, ks.microNext)
+	next := ks.microNext
+	for _, s := range [][4]int{{16, 1024, 1024, 1}, {16, 512, 2048, 1}, {17, 1024, 1024, 1}, {128, 1024, 1024, 1},
+		{16, 1024, 1024, 12}, {128, 1024, 1024, 12}} {
+		m, k, n, count := s[0], s[1], s[2], s[3]
+		pbs := make([]*PackedB, count)
+		for i := range pbs {
+			var err error
+			if pbs[i], err = PackB(false, k, n, randSlice(r, k*n), n); err != nil {
+				b.Fatal(err)
+			}
 		}
-		for _, sm := range []bool{false, true} {
-			b.Run(fmt.Sprintf("m%d/k%d/n%d/sliverMajor=%v", m, k, n, sm), func(b *testing.B) {
-				avx2Kernels.sliverMajor = sm
+		for _, order := range []string{"panel", "sliver", "sliver+prefetch"} {
+			b.Run(fmt.Sprintf("m%d/k%d/n%d/weights%d/%s", m, k, n, count, order), func(b *testing.B) {
+				ks.sliverMajor, ks.microNext = order != "panel", nil
+				if order == "sliver+prefetch" {
+					ks.microNext = next
+				}
 				for b.Loop() {
-					if err := SgemmPacked(1, false, m, 1, a, k, pb, 0, c, n); err != nil {
-						b.Fatal(err)
+					for _, pb := range pbs {
+						if err := SgemmPacked(1, false, m, 1, a, k, pb, 0, c, n); err != nil {
+							b.Fatal(err)
+						}
 					}
 				}
-				b.ReportMetric(2*float64(m*n*k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+				b.ReportMetric(2*float64(count*m*n*k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 			})
 		}
 	}

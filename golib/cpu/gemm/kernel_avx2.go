@@ -19,9 +19,11 @@ var avx2Kernels = kernels{
 	panel:    panelAVX2,
 	panelRow: panelRowAVX2,
 
-	sliverMajor: true,
-	microRows:   microRowsAVX2,
-	microHalf:   microHalfAVX2,
+	sliverMajor:   true,
+	microNext:     microNextAVX2,
+	microHalfNext: microHalfNextAVX2,
+	microRows:     microRowsAVX2,
+	microHalf:     microHalfAVX2,
 }
 
 type f8 = archsimd.Float32x8
@@ -69,6 +71,40 @@ func microRowsAVX2(rows, kc int, ap, bp []float32, alpha float32, c []float32, l
 	default:
 		micro3x32asm(kc, a, b, alpha, unsafe.SliceData(c), ldc)
 	}
+}
+
+//go:noescape
+func micro3x32pfasm(kc int, a *float32, b *float32, alpha float32, c *float32, ldc int, next *float32)
+
+//go:noescape
+func micro3x32f16pfasm(kc int, a *float32, b *uint16, alpha float32, c *float32, ldc int, next *uint16)
+
+//go:noescape
+func micro3x32bf16pfasm(kc int, a *float32, b *uint16, alpha float32, c *float32, ldc int, next *uint16)
+
+// microNextAVX2 is microAVX2 prefetching the next sliver (micro3x32pfasm:
+// the same loop with the next sliver's row of each step prefetched into
+// L2, so a B streamed from memory arrives while the current sliver's
+// panels run).
+func microNextAVX2(kc int, ap, bp []float32, alpha float32, c []float32, ldc int, next []float32) {
+	if kc <= 0 {
+		return
+	}
+	_, _, _, _ = ap[3*kc-1], bp[32*kc-1], c[2*ldc+31], next[32*kc-1]
+	micro3x32pfasm(kc, unsafe.SliceData(ap), unsafe.SliceData(bp), alpha, unsafe.SliceData(c), ldc, unsafe.SliceData(next))
+}
+
+// microHalfNextAVX2 is microNextAVX2 over 16-bit slivers of encoding kind.
+func microHalfNextAVX2(kind Half, kc int, ap []float32, bp []uint16, alpha float32, c []float32, ldc int, next []uint16) {
+	if kc <= 0 {
+		return
+	}
+	_, _, _, _ = ap[3*kc-1], bp[32*kc-1], c[2*ldc+31], next[32*kc-1]
+	f := micro3x32f16pfasm
+	if kind == BFloat16 {
+		f = micro3x32bf16pfasm
+	}
+	f(kc, unsafe.SliceData(ap), unsafe.SliceData(bp), alpha, unsafe.SliceData(c), ldc, unsafe.SliceData(next))
 }
 
 //go:noescape
