@@ -30,41 +30,65 @@ var bufPool = sync.Pool{New: func() any {
 func (p *product) blocked() {
 	// Equal row blocks (a multiple of mr each) so no task is a sliver.
 	mBlocks := (p.m + mcBlock - 1) / mcBlock
-	mr := p.ks.mr
+	mr, nr := p.ks.mr, p.ks.nr
 	nBlocks := (p.n + ncBlock - 1) / ncBlock
-	if p.threads > 1 && mBlocks*nBlocks < 2*p.threads {
+	nSplit := 1
+	if p.threads > 1 && mBlocks*nBlocks < 2*p.threads && p.ks.sliverMajor {
 		// Too few blocks to keep the threads busy (a prefill of tens of
-		// tokens times a 512-column weight is one block): split the rows
-		// further, down to one mr panel per task. The tasks of one column
-		// block then pack the same B block each (or share the prepacked
-		// one), which costs less than the idle threads.
-		want := (2*p.threads + nBlocks - 1) / nBlocks
+		// tokens times a 1024-column weight is two blocks). In sliverMajor
+		// order a task reads each of its slivers once for all its rows, so
+		// the column blocks are cut into parts of whole slivers first:
+		// each thread then streams its own part of B, where row blocks
+		// would each stream all of it.
+		want := (2*p.threads + mBlocks*nBlocks - 1) / (mBlocks * nBlocks)
+		nSplit = min(want, (min(p.n, ncBlock)+nr-1)/nr)
+	}
+	if p.threads > 1 && mBlocks*nBlocks*nSplit < 2*p.threads {
+		// Still too few: split the rows further, down to one mr panel
+		// per task. The tasks of one column block then pack the same B
+		// block each (or share the prepacked one), which costs less than
+		// the idle threads.
+		want := (2*p.threads + nBlocks*nSplit - 1) / (nBlocks * nSplit)
 		mBlocks = max(mBlocks, min(want, (p.m+mr-1)/mr))
 	}
 	mc := ((p.m+mBlocks-1)/mBlocks + mr - 1) / mr * mr
 	mBlocks = (p.m + mc - 1) / mc
+	g := blockGrid{mc: mc, nBlocks: nBlocks, nSplit: nSplit}
+	tasks := mBlocks * nBlocks * nSplit
 	if p.threads <= 1 {
 		// One thread: no closure (it would move to the heap, with p).
 		bufs := bufPool.Get().(*packBufs)
-		for t := range mBlocks * nBlocks {
-			p.blockTask(bufs, t, mc, nBlocks)
+		for t := range tasks {
+			p.blockTask(bufs, t, g)
 		}
 		bufPool.Put(bufs)
 		return
 	}
-	ForThreads(p.threads, mBlocks*nBlocks, func(t int) {
+	ForThreads(p.threads, tasks, func(t int) {
 		bufs := bufPool.Get().(*packBufs)
-		p.blockTask(bufs, t, mc, nBlocks)
+		p.blockTask(bufs, t, g)
 		bufPool.Put(bufs)
 	})
 }
 
-// blockTask runs task t of blocked: row block t/nBlocks (mc rows) by
-// column block t%nBlocks.
-func (p *product) blockTask(bufs *packBufs, t, mc, nBlocks int) {
-	i0 := (t / nBlocks) * mc
-	j0 := (t % nBlocks) * ncBlock
-	p.block(bufs, i0, min(i0+mc, p.m), j0, min(j0+ncBlock, p.n))
+// blockGrid is blocked's division of C into tasks: row blocks of mc rows
+// by column blocks of ncBlock columns, each cut into nSplit parts of whole
+// slivers.
+type blockGrid struct{ mc, nBlocks, nSplit int }
+
+// blockTask runs task t of blocked: row block t/(nBlocks*nSplit) by part
+// t%nSplit of column block t/nSplit%nBlocks.
+func (p *product) blockTask(bufs *packBufs, t int, g blockGrid) {
+	cols := g.nBlocks * g.nSplit
+	i0 := (t / cols) * g.mc
+	jb, part := (t%cols)/g.nSplit, t%g.nSplit
+	b0, b1 := jb*ncBlock, min((jb+1)*ncBlock, p.n)
+	w := roundUp((b1-b0+g.nSplit-1)/g.nSplit, p.ks.nr)
+	j0 := b0 + part*w
+	if j0 >= b1 {
+		return
+	}
+	p.block(bufs, i0, min(i0+g.mc, p.m), j0, min(j0+w, b1))
 }
 
 // block computes C[i0:i1, j0:j1] += alpha * op(A)[i0:i1, :] * op(B)[:, j0:j1].
@@ -77,11 +101,18 @@ func (p *product) block(bufs *packBufs, i0, i1, j0, j1 int) {
 		p.packA(bufs.a, i0, mc, l0, kc, mr)
 		bb := bufs.b
 		var bh []uint16 // a 16-bit prepacked block the kernels read in place
+		// A prepacked block's slivers from column j0 on (j0 is a sliver
+		// boundary of column block jb).
+		jb := j0 / ncBlock
+		o, n := (j0-jb*ncBlock)*kc, roundUp(nc, nr)*kc
 		switch {
 		case p.pb != nil && p.pb.h != nil && ks.microHalf != nil:
-			bh = p.pb.slabHalf(j0/ncBlock, l0, kc)
+			bh = p.pb.slabHalf(jb, l0, kc)[o : o+n]
+		case p.pb != nil && p.pb.h != nil:
+			bb = bufs.b[:n]
+			ks.cvt16(p.pb.half, bb, p.pb.slabHalf(jb, l0, kc)[o:o+n])
 		case p.pb != nil:
-			bb = p.pb.slabInto(ks, j0/ncBlock, l0, kc, bufs.b)
+			bb = p.pb.slab(jb, l0, kc)[o : o+n]
 		default:
 			p.packB(bb, j0, nc, l0, kc, nr)
 		}
