@@ -15,13 +15,19 @@ The shorter ones run the edge panels of a row count that is not a multiple of th
 straight into C (a one-row tail is run as two 2-row panels: the 1 x 32 kernel has four
 accumulators, one FMA a cycle at most, and ran at 45-51 GFLOP/s against 80-88 for 2 x 32).
 The blocked algorithm runs each sliver against every A panel of a block on this path
-(kernels.sliverMajor); the first panel to meet a sliver calls the pf variant of the
-three-row kernel (micro3x32{,f16,bf16}pfasm), which also prefetches the next sliver's row
-of each k step into L2 (PREFETCHT1), so weights that come from memory arrive while the
-current sliver's panels run. One thread, twelve 1024 x 1024 packed weights used in turn
-(48 MiB, beyond the L3), best of 8 rounds on the shared machine: 128 rows 64-78 GFLOP/s
-panel by panel, 79-80 sliver by sliver, 88-94 with the prefetch (AVX-512 path 64-98);
-16 rows 50-54, 54-56, 55-59 (AVX-512 56-67). The float16 (F16C VCVTPH2PS) and
+(kernels.sliverMajor); the full panels that meet a sliver call the pf variant of the
+three-row kernel (micro3x32{,f16,bf16}pfasm, with pfn <= kc: its first 2*(pfn/2) steps
+also prefetch a row of `next` each into L2, PREFETCHT1), each a share of the next
+sliver's rows (blocked.go nextRows), and the last sliver of a block prefetches the first
+of the next block, so weights that come from memory stream in while the current sliver's
+panels run. One thread, twelve 1024 x 1024 packed weights used in turn (48 MiB, beyond
+the L3), best of 8 rounds on the shared machine: 128 rows 64-78 GFLOP/s panel by panel,
+79-80 sliver by sliver, 88-94 with the whole next sliver prefetched by the first panel
+(AVX-512 path 64-98); 16 rows 50-54, 54-56, 55-59 (AVX-512 56-67). Spreading the
+prefetch over all full panels and across blocks: best of 80 rounds interleaved in one
+process with the machine loaded (load 4-5 on 2 cores), 16 rows 63.8 / 64.6 against 62.5
+/ 62.8 (first panel only) and 61.7 / 63.6 (none), AVX-512 path 72.9 / 73.4; 128 rows
+89.5 / 87.3 against 83.8 / 77.2 and 73.7 / 78.9, AVX-512 93.7 / 94.8. The float16 (F16C VCVTPH2PS) and
 bfloat16 variants read a 16-bit pack (PackBHalf, 64-byte sliver rows) and widen it in
 registers, as the decode-step kernels do: widening each B block into a float32 buffer
 first took about a quarter of a 128-row product's time.
@@ -57,8 +63,8 @@ def kernel(rows, kind="", pf=False):
     es, gotype = KINDS[kind]
     name = f"micro{rows}x32{kind}{'pf' if pf else ''}asm"
     if pf:
-        w(f"// func {name}(kc int, a *float32, b *{gotype}, alpha float32, c *float32, ldc int, next *{gotype})")
-        w(f"TEXT ·{name}(SB), NOSPLIT, $0-56")
+        w(f"// func {name}(kc int, a *float32, b *{gotype}, alpha float32, c *float32, ldc int, next *{gotype}, pfn int)")
+        w(f"TEXT ·{name}(SB), NOSPLIT, $0-64")
     else:
         w(f"// func {name}(kc int, a *float32, b *{gotype}, alpha float32, c *float32, ldc int)")
         w(f"TEXT ·{name}(SB), NOSPLIT, $0-48")
@@ -72,10 +78,10 @@ def kernel(rows, kind="", pf=False):
             ins(f"VXORPS {acc[r][j]}, {acc[r][j]}, {acc[r][j]}")
     loop, tail, done = (f"m{rows}{kind}{'pf' if pf else ''}{x}" for x in ("loop", "tail", "done"))
 
-    def step(sa, sb):
+    def step(sa, sb, prefetch=False):
         for r in range(rows):
             ins(f"VBROADCASTSS {off(sa + 4 * r)}(SI), Y{r}")
-        if pf:  # the next sliver's row of this step, into L2
+        if prefetch:  # a row of the next sliver, into L2
             for line in range(0, es * NR, 64):
                 ins(f"PREFETCHT1 {off(sb + line)}(R8)")
         for j in range(4):
@@ -83,15 +89,25 @@ def kernel(rows, kind="", pf=False):
             for r in range(rows):
                 ins(f"VFMADD231PS Y3, Y{r}, {acc[r][j]}")
 
+    def two_steps(prefetch=False):
+        step(0, 0, prefetch)
+        step(4 * MR, es * NR, prefetch)
+        ins(f"ADDQ ${8 * MR}, SI", f"ADDQ ${2 * es * NR}, DI")
+
+    if pf:
+        # The first 2*(pfn/2) steps (pfn <= kc) also prefetch that many
+        # rows of next; the rest run the plain loop below.
+        ins("MOVQ pfn+56(FP), R9", "SHRQ $1, R9", f"JZ   {loop}pre",
+            "SUBQ R9, CX", "SUBQ R9, CX")
+        w(f"{loop}pf:")
+        two_steps(prefetch=True)
+        ins(f"ADDQ ${2 * es * NR}, R8", "DECQ R9", f"JNZ  {loop}pf")
+        w(f"{loop}pre:")
     # Two k steps an iteration (the pointer and count updates once per
     # 24 FMAs), then the odd step.
     ins("MOVQ CX, AX", "SHRQ $1, CX", f"JZ   {tail}")
     w(f"{loop}:")
-    step(0, 0)
-    step(4 * MR, es * NR)
-    ins(f"ADDQ ${8 * MR}, SI", f"ADDQ ${2 * es * NR}, DI")
-    if pf:
-        ins(f"ADDQ ${2 * es * NR}, R8")
+    two_steps()
     ins("DECQ CX", f"JNZ  {loop}")
     w(f"{tail}:")
     ins("ANDQ $1, AX", f"JZ   {done}")

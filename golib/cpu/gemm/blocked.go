@@ -116,6 +116,10 @@ func (p *product) block(bufs *packBufs, i0, i1, j0, j1 int) {
 		default:
 			p.packB(bb, j0, nc, l0, kc, nr)
 		}
+		blk := bBlock{f: bb, h: bh}
+		if ks.sliverMajor && p.pb != nil && (bh != nil || p.pb.h == nil) {
+			blk.nextF, blk.nextH = p.nextSliver(jb, j0, l0, kc)
+		}
 		// The B block (kc x nc) stays in L2. By default each A panel (mr
 		// x kc, a few KiB, in L1) meets every nr-wide B sliver in turn:
 		// with broadcast A and vector B the A panel is the reused operand.
@@ -129,23 +133,60 @@ func (p *product) block(bufs *packBufs, i0, i1, j0, j1 int) {
 		if !ks.sliverMajor {
 			for q := range np {
 				for jr := 0; jr < nc; jr += nr {
-					p.tile(bufs, bb, bh, i0, j0, q, jr, mc, nc, kc)
+					p.tile(bufs, &blk, i0, j0, q, jr, mc, nc, kc)
 				}
 			}
 			continue
 		}
 		for jr := 0; jr < nc; jr += nr {
 			for q := range np {
-				p.tile(bufs, bb, bh, i0, j0, q, jr, mc, nc, kc)
+				p.tile(bufs, &blk, i0, j0, q, jr, mc, nc, kc)
 			}
 		}
 	}
 }
 
+// bBlock is the packed B block a block's micro calls read: f (float32)
+// or h (16-bit, read in place), and the first sliver of the block the
+// same thread reads next where it is prepacked (nextF or nextH, of its
+// own row count; see nextSliver), which the block's last sliver
+// prefetches.
+type bBlock struct {
+	f     []float32
+	h     []uint16
+	nextF []float32
+	nextH []uint16
+}
+
+// nextSliver returns the first sliver of the prepacked block that follows
+// block (column block jb from column j0, rows l0:l0+kc) in this task: the
+// next k-block of the same columns, or, on one thread, the first k-block
+// of the next column block (the next task of the row block: PackB lays
+// the column blocks out one after another). nil, nil
+// where there is none.
+func (p *product) nextSliver(jb, j0, l0, kc int) ([]float32, []uint16) {
+	nr := p.ks.nr
+	pb := p.pb
+	l, j := l0+kc, j0
+	if l >= p.k {
+		if p.threads > 1 || (jb+1)*ncBlock >= p.n {
+			return nil, nil
+		}
+		l, jb, j = 0, jb+1, (jb+1)*ncBlock
+	}
+	kc2 := min(kcBlock, p.k-l)
+	o := (j - jb*ncBlock) * kc2
+	if pb.h != nil {
+		return nil, pb.slabHalf(jb, l, kc2)[o : o+nr*kc2]
+	}
+	return pb.slab(jb, l, kc2)[o : o+nr*kc2], nil
+}
+
 // tile adds alpha * A panel q times B sliver jr of a packed k-block (kc
 // steps) to C[i0+ir:, j0+jr:] (ir the panel's first row): one micro
-// kernel call. bb is the float32 B block, or bh the 16-bit one.
-func (p *product) tile(bufs *packBufs, bb []float32, bh []uint16, i0, j0, q, jr, mc, nc, kc int) {
+// kernel call on blk.
+func (p *product) tile(bufs *packBufs, blk *bBlock, i0, j0, q, jr, mc, nc, kc int) {
+	bb, bh := blk.f, blk.h
 	ks := p.ks
 	mr, nr := ks.mr, ks.nr
 	ir, rows := panelRows(ks, mc, q)
@@ -161,14 +202,27 @@ func (p *product) tile(bufs *packBufs, bb []float32, bh []uint16, i0, j0, q, jr,
 		clear(dst)
 	}
 	b0, b1 := jr*kc, (jr+nr)*kc
-	// The first panel to meet a sliver in sliverMajor order prefetches
-	// the next one (which every later call of the block reads from L2).
-	next := ks.sliverMajor && q == 0 && rows == mr && !aside && jr+nr < nc
+	// In sliverMajor order the full panels that meet a sliver prefetch
+	// the next one into L2, rows s0:s1 each (see nextRows): the block's
+	// next sliver, or for its last one the next block's first.
+	nf, nh := bb[min(b1, len(bb)):], bh[min(b1, len(bh)):]
+	if jr+nr >= nc {
+		nf, nh = blk.nextF, blk.nextH
+	}
+	s0, s1 := 0, 0
+	if ks.sliverMajor && rows == mr && !aside {
+		rowsNext := len(nf) / nr
+		if bh != nil {
+			rowsNext = len(nh) / nr
+		}
+		s0, s1 = nextRows(ks, mc, q, min(kc, rowsNext))
+	}
+	next := s1 > s0
 	switch {
 	case next && bh != nil && ks.microHalfNext != nil:
-		ks.microHalfNext(p.pb.half, kc, ap, bh[b0:b1], p.alpha, dst, ldd, bh[b1:b1+nr*kc])
+		ks.microHalfNext(p.pb.half, kc, ap, bh[b0:b1], p.alpha, dst, ldd, nh[s0*nr:s1*nr])
 	case next && bh == nil && ks.microNext != nil:
-		ks.microNext(kc, ap, bb[b0:b1], p.alpha, dst, ldd, bb[b1:b1+nr*kc])
+		ks.microNext(kc, ap, bb[b0:b1], p.alpha, dst, ldd, nf[s0*nr:s1*nr])
 	case bh != nil:
 		ks.microHalf(p.pb.half, rows, kc, ap, bh[b0:b1], p.alpha, dst, ldd)
 	case rows < mr && ks.microRows != nil:
@@ -185,6 +239,28 @@ func (p *product) tile(bufs *packBufs, bb []float32, bh []uint16, i0, j0, q, jr,
 			d[x] += v
 		}
 	}
+}
+
+// nextRows returns the rows s0:s1 (of kc) of the next sliver that full A
+// panel q of a block of mc rows prefetches: the block's first
+// ks.nextPanels full panels (all where 0) take an even share each, in
+// whole pairs of rows (the prefetching kernels run two steps a loop), so
+// the next sliver streams in while the whole current one is computed,
+// not in a burst during its first panel (a 16-row block has four full
+// panels; a 128-row one forty-two). s0 == s1: panel q prefetches nothing.
+func nextRows(ks *kernels, mc, q, kc int) (int, int) {
+	full := mc / ks.mr
+	if splitTail(ks, mc) {
+		full--
+	}
+	if ks.nextPanels > 0 {
+		full = min(full, ks.nextPanels)
+	}
+	if q >= full {
+		return 0, 0
+	}
+	pairs := (kc + 1) / 2
+	return min(kc, 2*(q*pairs/full)), min(kc, 2*((q+1)*pairs/full))
 }
 
 // panelCount is the number of A panels of a block of mc rows: mc/mr

@@ -27,11 +27,14 @@ type kernels struct {
 	// in full aside and its valid rows copied.
 	microRows func(rows, kc int, ap, bp []float32, alpha float32, c []float32, ldc int)
 	// microNext, when set, is micro (all mr rows) that also prefetches
-	// next, the B sliver the following micro calls read, into L2 (as the
-	// first A panel meets each sliver in sliverMajor order); microHalfNext
-	// is the same for microHalf.
+	// next (len(next)/nr <= kc rows of the B sliver the following micro
+	// calls read) into L2, in sliverMajor order; microHalfNext is the
+	// same for microHalf. nextPanels is how many of a block's full A
+	// panels share each sliver's prefetch, a part each (0: all of them,
+	// so the next sliver streams in during the whole of the current one).
 	microNext     func(kc int, ap, bp []float32, alpha float32, c []float32, ldc int, next []float32)
 	microHalfNext func(kind Half, kc int, ap []float32, bp []uint16, alpha float32, c []float32, ldc int, next []uint16)
+	nextPanels    int
 	// microHalf, when set, is microRows (1 <= rows <= mr) over a 16-bit B
 	// sliver of encoding kind (a PackBHalf block read in place, widened in
 	// registers); without it the blocked algorithm widens each block into

@@ -57,7 +57,8 @@ func BenchmarkSmallM(b *testing.B) {
 // and 128 rows of op(A) by a packed B) on the AVX2 path with the blocked
 // algorithm's micro calls panel by panel, sliver by sliver
 // (kernels.sliverMajor) and sliver by sliver with the next sliver
-// prefetched (kernels.microNext), in GFLOP/s, with one B (in the caches)
+// prefetched (kernels.microNext) by the first full A panel alone
+// (nextPanels 1) or by all of them a part each, in GFLOP/s, with one B (in the caches)
 // and with twelve 1024 x 1024 ones used in turn (48 MiB, beyond the L3:
 // the weights of a prefill arrive from memory): the A/B of the loop order
 // in one process.
@@ -70,9 +71,9 @@ func BenchmarkBlockOrder(b *testing.B) {
 		b.Skip("no AVX2 path here")
 	}
 	ks := &avx2Kernels
-	defer func(sm bool, mn func(int, []float32, []float32, float32, []float32, int, []float32)) {
-		ks.sliverMajor, ks.microNext = sm, mn
-	}(ks.sliverMajor, ks.microNext)
+	defer func(sm bool, mn func(int, []float32, []float32, float32, []float32, int, []float32), np int) {
+		ks.sliverMajor, ks.microNext, ks.nextPanels = sm, mn, np
+	}(ks.sliverMajor, ks.microNext, ks.nextPanels)
 	next := ks.microNext
 	for _, s := range [][4]int{{16, 1024, 1024, 1}, {16, 512, 2048, 1}, {17, 1024, 1024, 1}, {128, 1024, 1024, 1},
 		{16, 1024, 1024, 12}, {128, 1024, 1024, 12}} {
@@ -84,10 +85,13 @@ func BenchmarkBlockOrder(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		for _, order := range []string{"panel", "sliver", "sliver+prefetch"} {
+		for _, order := range []string{"panel", "sliver", "sliver+prefetch1", "sliver+prefetch"} {
 			b.Run(fmt.Sprintf("m%d/k%d/n%d/weights%d/%s", m, k, n, count, order), func(b *testing.B) {
-				ks.sliverMajor, ks.microNext = order != "panel", nil
-				if order == "sliver+prefetch" {
+				ks.sliverMajor, ks.microNext, ks.nextPanels = order != "panel", nil, 0
+				switch order {
+				case "sliver+prefetch1":
+					ks.microNext, ks.nextPanels = next, 1
+				case "sliver+prefetch":
 					ks.microNext = next
 				}
 				for b.Loop() {

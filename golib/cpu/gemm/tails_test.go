@@ -163,3 +163,51 @@ func TestBlockedOneThreadAllocs(t *testing.T) {
 		}
 	}
 }
+
+// TestNextRows checks that the full A panels of a block prefetch the next
+// sliver's rows in consecutive disjoint parts that cover every whole pair
+// of its rows (all panels, or the first nextPanels), and other panels
+// nothing.
+func TestNextRows(t *testing.T) {
+	ks := avx2Like()
+	for _, np := range []int{0, 1, 3} {
+		ks.nextPanels = np
+		for _, mc := range []int{1, 2, 3, 4, 5, 7, 16, 17, 100, 120} {
+			for _, kc := range []int{1, 2, 3, 7, 64, 255, 256} {
+				end := 0
+				for q := range panelCount(ks, mc) {
+					s0, s1 := nextRows(ks, mc, q, kc)
+					if _, rows := panelRows(ks, mc, q); rows < ks.mr && s1 > s0 {
+						t.Fatalf("np=%d mc=%d kc=%d: panel %d of %d rows prefetches", np, mc, kc, q, rows)
+					}
+					if s1 <= s0 {
+						continue
+					}
+					if s0 != end || s1 > kc {
+						t.Fatalf("np=%d mc=%d kc=%d: panel %d prefetches %d:%d after %d", np, mc, kc, q, s0, s1, end)
+					}
+					end = s1
+				}
+				if mc/ks.mr-boolInt(splitTail(ks, mc)) > 0 && end < kc/2*2 {
+					t.Fatalf("np=%d mc=%d kc=%d: prefetches end at %d", np, mc, kc, end)
+				}
+			}
+		}
+	}
+}
+
+// avx2Like is a kernels value with the AVX2 path's tile shape and edge
+// kernels (so the split tail applies), runnable on any build.
+func avx2Like() *kernels {
+	ks := goKernels
+	ks.mr, ks.nr, ks.sliverMajor = 3, 32, true
+	ks.microRows = func(int, int, []float32, []float32, float32, []float32, int) {}
+	return &ks
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
