@@ -30,26 +30,65 @@ var bufPool = sync.Pool{New: func() any {
 func (p *product) blocked() {
 	// Equal row blocks (a multiple of mr each) so no task is a sliver.
 	mBlocks := (p.m + mcBlock - 1) / mcBlock
-	mr := p.ks.mr
+	mr, nr := p.ks.mr, p.ks.nr
 	nBlocks := (p.n + ncBlock - 1) / ncBlock
-	if p.threads > 1 && mBlocks*nBlocks < 2*p.threads {
+	nSplit := 1
+	if p.threads > 1 && mBlocks*nBlocks < 2*p.threads && p.ks.sliverMajor {
 		// Too few blocks to keep the threads busy (a prefill of tens of
-		// tokens times a 512-column weight is one block): split the rows
-		// further, down to one mr panel per task. The tasks of one column
-		// block then pack the same B block each (or share the prepacked
-		// one), which costs less than the idle threads.
-		want := (2*p.threads + nBlocks - 1) / nBlocks
+		// tokens times a 1024-column weight is two blocks). In sliverMajor
+		// order a task reads each of its slivers once for all its rows, so
+		// the column blocks are cut into parts of whole slivers first:
+		// each thread then streams its own part of B, where row blocks
+		// would each stream all of it.
+		want := (2*p.threads + mBlocks*nBlocks - 1) / (mBlocks * nBlocks)
+		nSplit = min(want, (min(p.n, ncBlock)+nr-1)/nr)
+	}
+	if p.threads > 1 && mBlocks*nBlocks*nSplit < 2*p.threads {
+		// Still too few: split the rows further, down to one mr panel
+		// per task. The tasks of one column block then pack the same B
+		// block each (or share the prepacked one), which costs less than
+		// the idle threads.
+		want := (2*p.threads + nBlocks*nSplit - 1) / (nBlocks * nSplit)
 		mBlocks = max(mBlocks, min(want, (p.m+mr-1)/mr))
 	}
 	mc := ((p.m+mBlocks-1)/mBlocks + mr - 1) / mr * mr
 	mBlocks = (p.m + mc - 1) / mc
-	ForThreads(p.threads, mBlocks*nBlocks, func(t int) {
+	g := blockGrid{mc: mc, nBlocks: nBlocks, nSplit: nSplit}
+	tasks := mBlocks * nBlocks * nSplit
+	if p.threads <= 1 {
+		// One thread: no closure (it would move to the heap, with p).
 		bufs := bufPool.Get().(*packBufs)
-		i0 := (t / nBlocks) * mc
-		j0 := (t % nBlocks) * ncBlock
-		p.block(bufs, i0, min(i0+mc, p.m), j0, min(j0+ncBlock, p.n))
+		for t := range tasks {
+			p.blockTask(bufs, t, g)
+		}
+		bufPool.Put(bufs)
+		return
+	}
+	ForThreads(p.threads, tasks, func(t int) {
+		bufs := bufPool.Get().(*packBufs)
+		p.blockTask(bufs, t, g)
 		bufPool.Put(bufs)
 	})
+}
+
+// blockGrid is blocked's division of C into tasks: row blocks of mc rows
+// by column blocks of ncBlock columns, each cut into nSplit parts of whole
+// slivers.
+type blockGrid struct{ mc, nBlocks, nSplit int }
+
+// blockTask runs task t of blocked: row block t/(nBlocks*nSplit) by part
+// t%nSplit of column block t/nSplit%nBlocks.
+func (p *product) blockTask(bufs *packBufs, t int, g blockGrid) {
+	cols := g.nBlocks * g.nSplit
+	i0 := (t / cols) * g.mc
+	jb, part := (t%cols)/g.nSplit, t%g.nSplit
+	b0, b1 := jb*ncBlock, min((jb+1)*ncBlock, p.n)
+	w := roundUp((b1-b0+g.nSplit-1)/g.nSplit, p.ks.nr)
+	j0 := b0 + part*w
+	if j0 >= b1 {
+		return
+	}
+	p.block(bufs, i0, min(i0+g.mc, p.m), j0, min(j0+w, b1))
 }
 
 // block computes C[i0:i1, j0:j1] += alpha * op(A)[i0:i1, :] * op(B)[:, j0:j1].
@@ -62,51 +101,197 @@ func (p *product) block(bufs *packBufs, i0, i1, j0, j1 int) {
 		p.packA(bufs.a, i0, mc, l0, kc, mr)
 		bb := bufs.b
 		var bh []uint16 // a 16-bit prepacked block the kernels read in place
+		// A prepacked block's slivers from column j0 on (j0 is a sliver
+		// boundary of column block jb).
+		jb := j0 / ncBlock
+		o, n := (j0-jb*ncBlock)*kc, roundUp(nc, nr)*kc
 		switch {
 		case p.pb != nil && p.pb.h != nil && ks.microHalf != nil:
-			bh = p.pb.slabHalf(j0/ncBlock, l0, kc)
+			bh = p.pb.slabHalf(jb, l0, kc)[o : o+n]
+		case p.pb != nil && p.pb.h != nil:
+			bb = bufs.b[:n]
+			ks.cvt16(p.pb.half, bb, p.pb.slabHalf(jb, l0, kc)[o:o+n])
 		case p.pb != nil:
-			bb = p.pb.slabInto(ks, j0/ncBlock, l0, kc, bufs.b)
+			bb = p.pb.slab(jb, l0, kc)[o : o+n]
 		default:
 			p.packB(bb, j0, nc, l0, kc, nr)
 		}
-		// The B block (kc x nc) stays in L2 while each A panel (mr x kc,
-		// a few KiB) sits in L1 and meets every nr-wide B sliver in turn:
+		blk := bBlock{f: bb, h: bh}
+		if ks.sliverMajor && p.pb != nil && (bh != nil || p.pb.h == nil) {
+			blk.nextF, blk.nextH = p.nextSliver(jb, j0, l0, kc)
+		}
+		// The B block (kc x nc) stays in L2. By default each A panel (mr
+		// x kc, a few KiB, in L1) meets every nr-wide B sliver in turn:
 		// with broadcast A and vector B the A panel is the reused operand.
-		for ir := 0; ir < mc; ir += mr {
-			ap := bufs.a[ir*kc : (ir+mr)*kc]
-			rows := min(mr, mc-ir)
-			for jr := 0; jr < nc; jr += nr {
-				cols := min(nr, nc-jr)
-				off := (i0+ir)*p.ldc + j0 + jr
-				// An edge tile is computed aside (only its valid rows
-				// where the kernels allow) and its valid part added.
-				aside := cols < nr || rows < mr && ks.microRows == nil && bh == nil
-				dst, ldd := p.c[off:], p.ldc
-				if aside {
-					dst, ldd = bufs.tile[:mr*nr], nr
-					clear(dst)
+		// With ks.sliverMajor each sliver (read from a prepacked B in L3
+		// or memory the first time) meets every A panel of the block while
+		// it is in L1/L2 instead: on the AVX2 path, whose 3-row panels
+		// need three times the B bytes per multiply-add of the AVX-512
+		// path's 8-row ones, a first panel's pass over a block waited for
+		// the block to arrive.
+		np := panelCount(ks, mc)
+		if !ks.sliverMajor {
+			for q := range np {
+				for jr := 0; jr < nc; jr += nr {
+					p.tile(bufs, &blk, i0, j0, q, jr, mc, nc, kc)
 				}
-				switch {
-				case bh != nil:
-					ks.microHalf(p.pb.half, rows, kc, ap, bh[jr*kc:(jr+nr)*kc], p.alpha, dst, ldd)
-				case rows < mr && ks.microRows != nil:
-					ks.microRows(rows, kc, ap, bb[jr*kc:(jr+nr)*kc], p.alpha, dst, ldd)
-				default:
-					ks.micro(kc, ap, bb[jr*kc:(jr+nr)*kc], p.alpha, dst, ldd)
-				}
-				if !aside {
-					continue
-				}
-				for r := range rows {
-					d := p.c[off+r*p.ldc : off+r*p.ldc+cols]
-					for q, v := range dst[r*nr : r*nr+cols] {
-						d[q] += v
-					}
-				}
+			}
+			continue
+		}
+		for jr := 0; jr < nc; jr += nr {
+			for q := range np {
+				p.tile(bufs, &blk, i0, j0, q, jr, mc, nc, kc)
 			}
 		}
 	}
+}
+
+// bBlock is the packed B block a block's micro calls read: f (float32)
+// or h (16-bit, read in place), and the first sliver of the block the
+// same thread reads next where it is prepacked (nextF or nextH, of its
+// own row count; see nextSliver), which the block's last sliver
+// prefetches.
+type bBlock struct {
+	f     []float32
+	h     []uint16
+	nextF []float32
+	nextH []uint16
+}
+
+// nextSliver returns the first sliver of the prepacked block that follows
+// block (column block jb from column j0, rows l0:l0+kc) in this task: the
+// next k-block of the same columns, or, on one thread, the first k-block
+// of the next column block (the next task of the row block: PackB lays
+// the column blocks out one after another). nil, nil
+// where there is none.
+func (p *product) nextSliver(jb, j0, l0, kc int) ([]float32, []uint16) {
+	nr := p.ks.nr
+	pb := p.pb
+	l, j := l0+kc, j0
+	if l >= p.k {
+		if p.threads > 1 || (jb+1)*ncBlock >= p.n {
+			return nil, nil
+		}
+		l, jb, j = 0, jb+1, (jb+1)*ncBlock
+	}
+	kc2 := min(kcBlock, p.k-l)
+	o := (j - jb*ncBlock) * kc2
+	if pb.h != nil {
+		return nil, pb.slabHalf(jb, l, kc2)[o : o+nr*kc2]
+	}
+	return pb.slab(jb, l, kc2)[o : o+nr*kc2], nil
+}
+
+// tile adds alpha * A panel q times B sliver jr of a packed k-block (kc
+// steps) to C[i0+ir:, j0+jr:] (ir the panel's first row): one micro
+// kernel call on blk.
+func (p *product) tile(bufs *packBufs, blk *bBlock, i0, j0, q, jr, mc, nc, kc int) {
+	bb, bh := blk.f, blk.h
+	ks := p.ks
+	mr, nr := ks.mr, ks.nr
+	ir, rows := panelRows(ks, mc, q)
+	ap := bufs.a[q*mr*kc : (q+1)*mr*kc]
+	cols := min(nr, nc-jr)
+	off := (i0+ir)*p.ldc + j0 + jr
+	// An edge tile is computed aside (only its valid rows where the
+	// kernels allow) and its valid part added.
+	aside := cols < nr || rows < mr && ks.microRows == nil && bh == nil
+	dst, ldd := p.c[off:], p.ldc
+	if aside {
+		dst, ldd = bufs.tile[:mr*nr], nr
+		clear(dst)
+	}
+	b0, b1 := jr*kc, (jr+nr)*kc
+	// In sliverMajor order the full panels that meet a sliver prefetch
+	// the next one into L2, rows s0:s1 each (see nextRows): the block's
+	// next sliver, or for its last one the next block's first.
+	nf, nh := bb[min(b1, len(bb)):], bh[min(b1, len(bh)):]
+	if jr+nr >= nc {
+		nf, nh = blk.nextF, blk.nextH
+	}
+	s0, s1 := 0, 0
+	if ks.sliverMajor && rows == mr && !aside {
+		rowsNext := len(nf) / nr
+		if bh != nil {
+			rowsNext = len(nh) / nr
+		}
+		s0, s1 = nextRows(ks, mc, q, min(kc, rowsNext))
+	}
+	next := s1 > s0
+	switch {
+	case next && bh != nil && ks.microHalfNext != nil:
+		ks.microHalfNext(p.pb.half, kc, ap, bh[b0:b1], p.alpha, dst, ldd, nh[s0*nr:s1*nr])
+	case next && bh == nil && ks.microNext != nil:
+		ks.microNext(kc, ap, bb[b0:b1], p.alpha, dst, ldd, nf[s0*nr:s1*nr])
+	case bh != nil:
+		ks.microHalf(p.pb.half, rows, kc, ap, bh[b0:b1], p.alpha, dst, ldd)
+	case rows < mr && ks.microRows != nil:
+		ks.microRows(rows, kc, ap, bb[b0:b1], p.alpha, dst, ldd)
+	default:
+		ks.micro(kc, ap, bb[b0:b1], p.alpha, dst, ldd)
+	}
+	if !aside {
+		return
+	}
+	for r := range rows {
+		d := p.c[off+r*p.ldc : off+r*p.ldc+cols]
+		for x, v := range dst[r*nr : r*nr+cols] {
+			d[x] += v
+		}
+	}
+}
+
+// nextRows returns the rows s0:s1 (of kc) of the next sliver that full A
+// panel q of a block of mc rows prefetches: the block's first
+// ks.nextPanels full panels (all where 0) take an even share each, in
+// whole pairs of rows (the prefetching kernels run two steps a loop), so
+// the next sliver streams in while the whole current one is computed,
+// not in a burst during its first panel (a 16-row block has four full
+// panels; a 128-row one forty-two). s0 == s1: panel q prefetches nothing.
+func nextRows(ks *kernels, mc, q, kc int) (int, int) {
+	full := mc / ks.mr
+	if splitTail(ks, mc) {
+		full--
+	}
+	if ks.nextPanels > 0 {
+		full = min(full, ks.nextPanels)
+	}
+	if q >= full {
+		return 0, 0
+	}
+	pairs := (kc + 1) / 2
+	return min(kc, 2*(q*pairs/full)), min(kc, 2*((q+1)*pairs/full))
+}
+
+// panelCount is the number of A panels of a block of mc rows: mc/mr
+// rounded up (where the tail is split, its one-row panel and the full one
+// before it become two panels: the same count; see panelRows).
+func panelCount(ks *kernels, mc int) int { return (mc + ks.mr - 1) / ks.mr }
+
+// splitTail reports whether a block of mc rows ends in two shorter panels
+// (mr=3: 2 + 2 rows) instead of a full panel and a one-row one: the
+// one-row kernel has a quarter of the accumulators and ran at about a
+// third of the full tile's rate per row (a 16-row product spent 16% of its
+// kernel time on its last row).
+func splitTail(ks *kernels, mc int) bool {
+	return ks.microRows != nil && ks.mr > 2 && mc > ks.mr && mc%ks.mr == 1
+}
+
+// panelRows returns the first row (within the block) and the row count of
+// A panel q of a block of mc rows. Panel q is packed at q*mr*kc whatever
+// its height.
+func panelRows(ks *kernels, mc, q int) (int, int) {
+	mr := ks.mr
+	if splitTail(ks, mc) {
+		if full := (mc - mr - 1) / mr; q >= full {
+			h := (mr + 2) / 2 // the taller of the last two panels
+			if q == full {
+				return q * mr, h
+			}
+			return full*mr + h, mr + 1 - h
+		}
+	}
+	return q * mr, min(mr, mc-q*mr)
 }
 
 // packBRows is packB for a float32 B as stored (not transposed), in
@@ -141,12 +326,13 @@ func (p *product) packBRows(dst []float32, j0, nc, l0, kc, nr int) {
 	}
 }
 
-// packA stores op(A)[i0:i0+mc, l0:l0+kc] as mr-row panels, column by column
-// (panel-major, then l, then row), padding short panels with zeros.
+// packA stores op(A)[i0:i0+mc, l0:l0+kc] as mr-row panels (those of
+// panelRows), column by column (panel-major, then l, then row), padding
+// short panels with zeros.
 func (p *product) packA(dst []float32, i0, mc, l0, kc, mr int) {
-	for ir := 0; ir < mc; ir += mr {
-		panel := dst[ir*kc : (ir+mr)*kc]
-		rows := min(mr, mc-ir)
+	for q := range panelCount(p.ks, mc) {
+		ir, rows := panelRows(p.ks, mc, q)
+		panel := dst[q*mr*kc : (q+1)*mr*kc]
 		if rows < mr {
 			clear(panel)
 		}

@@ -12,6 +12,10 @@ type kernels struct {
 	name string
 	// mr x nr is the register tile of micro.
 	mr, nr int
+	// sliverMajor orders the blocked algorithm's micro calls sliver by
+	// sliver (each B sliver against every A panel of a block) instead of
+	// panel by panel; see block.
+	sliverMajor bool
 	// micro adds alpha * Ap * Bp to the mr x nr tile of c (row stride ldc),
 	// where Ap is an A panel packed column by column (kc steps of mr values)
 	// and Bp a B panel packed row by row (kc steps of nr values).
@@ -22,6 +26,15 @@ type kernels struct {
 	// mr, written straight into c. Without it the edge tile is computed
 	// in full aside and its valid rows copied.
 	microRows func(rows, kc int, ap, bp []float32, alpha float32, c []float32, ldc int)
+	// microNext, when set, is micro (all mr rows) that also prefetches
+	// next (len(next)/nr <= kc rows of the B sliver the following micro
+	// calls read) into L2, in sliverMajor order; microHalfNext is the
+	// same for microHalf. nextPanels is how many of a block's full A
+	// panels share each sliver's prefetch, a part each (0: all of them,
+	// so the next sliver streams in during the whole of the current one).
+	microNext     func(kc int, ap, bp []float32, alpha float32, c []float32, ldc int, next []float32)
+	microHalfNext func(kind Half, kc int, ap []float32, bp []uint16, alpha float32, c []float32, ldc int, next []uint16)
+	nextPanels    int
 	// microHalf, when set, is microRows (1 <= rows <= mr) over a 16-bit B
 	// sliver of encoding kind (a PackBHalf block read in place, widened in
 	// registers); without it the blocked algorithm widens each block into

@@ -19,8 +19,11 @@ var avx2Kernels = kernels{
 	panel:    panelAVX2,
 	panelRow: panelRowAVX2,
 
-	microRows: microRowsAVX2,
-	microHalf: microHalfAVX2,
+	sliverMajor:   true,
+	microNext:     microNextAVX2,
+	microHalfNext: microHalfNextAVX2,
+	microRows:     microRowsAVX2,
+	microHalf:     microHalfAVX2,
 }
 
 type f8 = archsimd.Float32x8
@@ -68,6 +71,42 @@ func microRowsAVX2(rows, kc int, ap, bp []float32, alpha float32, c []float32, l
 	default:
 		micro3x32asm(kc, a, b, alpha, unsafe.SliceData(c), ldc)
 	}
+}
+
+//go:noescape
+func micro3x32pfasm(kc int, a *float32, b *float32, alpha float32, c *float32, ldc int, next *float32, pfn int)
+
+//go:noescape
+func micro3x32f16pfasm(kc int, a *float32, b *uint16, alpha float32, c *float32, ldc int, next *uint16, pfn int)
+
+//go:noescape
+func micro3x32bf16pfasm(kc int, a *float32, b *uint16, alpha float32, c *float32, ldc int, next *uint16, pfn int)
+
+// microNextAVX2 is microAVX2 prefetching next, len(next)/32 <= kc rows of
+// the next sliver (micro3x32pfasm: the same loop with one row of next
+// prefetched into L2 in each of its first steps), so a B streamed from
+// memory arrives while the current sliver's panels run.
+func microNextAVX2(kc int, ap, bp []float32, alpha float32, c []float32, ldc int, next []float32) {
+	pfn := min(len(next)/32, kc)
+	if kc <= 0 {
+		return
+	}
+	_, _, _ = ap[3*kc-1], bp[32*kc-1], c[2*ldc+31]
+	micro3x32pfasm(kc, unsafe.SliceData(ap), unsafe.SliceData(bp), alpha, unsafe.SliceData(c), ldc, unsafe.SliceData(next), pfn)
+}
+
+// microHalfNextAVX2 is microNextAVX2 over 16-bit slivers of encoding kind.
+func microHalfNextAVX2(kind Half, kc int, ap []float32, bp []uint16, alpha float32, c []float32, ldc int, next []uint16) {
+	if kc <= 0 {
+		return
+	}
+	pfn := min(len(next)/32, kc)
+	_, _, _ = ap[3*kc-1], bp[32*kc-1], c[2*ldc+31]
+	f := micro3x32f16pfasm
+	if kind == BFloat16 {
+		f = micro3x32bf16pfasm
+	}
+	f(kc, unsafe.SliceData(ap), unsafe.SliceData(bp), alpha, unsafe.SliceData(c), ldc, unsafe.SliceData(next), pfn)
 }
 
 //go:noescape

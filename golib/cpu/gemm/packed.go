@@ -106,18 +106,6 @@ func (b *PackedB) slabHalf(jb, l0, kc int) []uint16 {
 	return b.h[off : off+n]
 }
 
-// slabInto returns slab (jb, l0, kc) as float32: the pack itself, or for a
-// 16-bit pack the slab widened into buf (which must hold it).
-func (b *PackedB) slabInto(ks *kernels, jb, l0, kc int, buf []float32) []float32 {
-	if b.h == nil {
-		return b.slab(jb, l0, kc)
-	}
-	src := b.slabHalf(jb, l0, kc)
-	dst := buf[:len(src)]
-	ks.cvt16(b.half, dst, src)
-	return dst
-}
-
 // slab returns the packed B block of column block jb (ncBlock columns
 // from jb*ncBlock) and rows l0..l0+kc: its slivers one after another.
 func (b *PackedB) slab(jb, l0, kc int) []float32 {
@@ -169,9 +157,11 @@ func SgemmPacked(threads int, transA bool, m int, alpha float32, a []float32, ld
 	}
 	ks := active()
 	if m > PackedRows {
-		p := product{transA: transA, m: m, n: n, k: k, alpha: alpha, a: a, lda: lda, c: c, ldc: ldc,
+		p := getProduct()
+		*p = product{transA: transA, m: m, n: n, k: k, alpha: alpha, a: a, lda: lda, c: c, ldc: ldc,
 			ks: ks, threads: parallelism(threads, m, n, k), pb: b}
 		p.blocked()
+		putProduct(p)
 		return nil
 	}
 	var rows [skinnyRows][]float32
