@@ -155,8 +155,8 @@ func dotsAVX2(s, q, k []float32, d, pf int) {
 }
 
 // dots4AVX2 computes the scores of four query rows (the 4x2 register
-// block: each K vector feeds four FMAs) for head dims that are a multiple
-// of 16, archsimd otherwise.
+// block: each K vector feeds four FMAs; the 16-bit loops of halfAVX2 use a
+// 4x3 block) for head dims that are a multiple of 16, archsimd otherwise.
 func dots4AVX2(s, q, k []float32, d, pf int) {
 	n := len(s) / 4
 	if n == 0 {
@@ -266,7 +266,10 @@ func cvtBF16AVX2(dst []float32, src []uint16) {
 
 // halfAVX2 are the AVX2 loops over 16-bit rows straight from storage, for
 // head dims that are multiples of 32; the kernel widens other shapes into
-// scratch blocks (cvtF16AVX2, cvtBF16AVX2) instead.
+// scratch blocks (cvtF16AVX2, cvtBF16AVX2) instead. Their four-row loops
+// use wider register blocks than the float32 ones (scores 4 rows x 3
+// tokens, V passes of 24 dims: see WIDE_KINDS in asmgen_avx2.py, which
+// records the measurements that chose them).
 var halfAVX2 = halfOps{
 	ok: func(dk, dv int) bool { return dk&31 == 0 && dv&31 == 0 },
 	dots: func(s, q []float32, k []uint16, d, pf int, bf bool) {
