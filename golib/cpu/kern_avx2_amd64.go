@@ -92,7 +92,14 @@ func cvtF16avx2(dst *float32, src *uint16, n int)
 func cvtBF16avx2(dst *float32, src *uint16, n int)
 
 // Prefetch distance: the loops prefetch prefetchTokens rows ahead (64,
-// shared with the AVX-512 path). Measured on this path forced on a Zen 4
+// shared with the AVX-512 path), each in its own stream. Prefetching the
+// other stream instead measured slower, call by call in one process on the
+// shared Zen 4 (load 3-7 on its 2 cores), median time ratio, GQA 32/8 d128
+// 16k tokens: the 16-bit score loop prefetching the block's V rows and the
+// V loop the next K block, 0.90-0.99x (one case 1.17x) on both paths; the
+// float32 V loop also prefetching the next K block line by line
+// (axpy4x16k's scheme on the AVX-512 path), 0.66-0.86x at 16k-32k tokens,
+// 1 and 2 threads. Measured on this path forced on a Zen 4
 // (a shared machine under load), BenchmarkPrefetchDistance, one thread,
 // 16k tokens, medians of four interleaved runs, K+V GB/s: fp32 GQA 32/8
 // 0 rows 2.0-2.9 (one run), 16 rows 3.3 (one run), 32: 4.7, 64: 4.5,
