@@ -92,7 +92,14 @@ func cvtF16avx2(dst *float32, src *uint16, n int)
 func cvtBF16avx2(dst *float32, src *uint16, n int)
 
 // Prefetch distance: the loops prefetch prefetchTokens rows ahead (64,
-// shared with the AVX-512 path). Measured on this path forced on a Zen 4
+// shared with the AVX-512 path), each in its own stream. Prefetching the
+// other stream instead measured slower, call by call in one process on the
+// shared Zen 4 (load 3-7 on its 2 cores), median time ratio, GQA 32/8 d128
+// 16k tokens: the 16-bit score loop prefetching the block's V rows and the
+// V loop the next K block, 0.90-0.99x (one case 1.17x) on both paths; the
+// float32 V loop also prefetching the next K block line by line
+// (axpy4x16k's scheme on the AVX-512 path), 0.66-0.86x at 16k-32k tokens,
+// 1 and 2 threads. Measured on this path forced on a Zen 4
 // (a shared machine under load), BenchmarkPrefetchDistance, one thread,
 // 16k tokens, medians of four interleaved runs, K+V GB/s: fp32 GQA 32/8
 // 0 rows 2.0-2.9 (one run), 16 rows 3.3 (one run), 32: 4.7, 64: 4.5,
@@ -155,8 +162,8 @@ func dotsAVX2(s, q, k []float32, d, pf int) {
 }
 
 // dots4AVX2 computes the scores of four query rows (the 4x2 register
-// block: each K vector feeds four FMAs) for head dims that are a multiple
-// of 16, archsimd otherwise.
+// block: each K vector feeds four FMAs; the 16-bit loops of halfAVX2 use a
+// 4x3 block) for head dims that are a multiple of 16, archsimd otherwise.
 func dots4AVX2(s, q, k []float32, d, pf int) {
 	n := len(s) / 4
 	if n == 0 {
@@ -266,7 +273,10 @@ func cvtBF16AVX2(dst []float32, src []uint16) {
 
 // halfAVX2 are the AVX2 loops over 16-bit rows straight from storage, for
 // head dims that are multiples of 32; the kernel widens other shapes into
-// scratch blocks (cvtF16AVX2, cvtBF16AVX2) instead.
+// scratch blocks (cvtF16AVX2, cvtBF16AVX2) instead. Their four-row loops
+// use wider register blocks than the float32 ones (scores 4 rows x 3
+// tokens, V passes of 24 dims: see WIDE_KINDS in asmgen_avx2.py, which
+// records the measurements that chose them).
 var halfAVX2 = halfOps{
 	ok: func(dk, dv int) bool { return dk&31 == 0 && dv&31 == 0 },
 	dots: func(s, q []float32, k []uint16, d, pf int, bf bool) {
