@@ -68,6 +68,26 @@ w('#include "textflag.h"')
 w()
 
 
+def dots4token(kind, name, chunks, cb, qs):
+    """Emits one token's four-row scores (the tails of the four-row score
+    loops): Y0-Y3 accumulate the token's K row (at SI, R13 bytes) against
+    the query rows at R8-R11 over label {name}tin, then the four sums go to
+    the score rows at DI, DI+BX, DI+2BX, DI+DX."""
+    for i in range(4):
+        ins(f"VXORPS Y{i}, Y{i}, Y{i}")
+    ins("XORQ CX, CX")
+    w(f"{name}tin:")
+    for c in range(chunks):
+        ins(*load(kind, f"{off(cb*c)}(SI)(CX*1)", "Y8"))
+        for r, qb in enumerate(["R8", "R9", "R10", "R11"]):
+            ins(f"VFMADD231PS {off(32*c)}({qb})(CX*{qs}), Y8, Y{r}")
+    ins("ADDQ $64, CX", "CMPQ CX, R13", f"JLT {name}tin")
+    ins("VHADDPS Y1, Y0, Y0", "VHADDPS Y3, Y2, Y2", "VHADDPS Y2, Y0, Y0",
+        "VEXTRACTF128 $1, Y0, X1", "VADDPS X1, X0, X0",
+        "VMOVSS X0, (DI)", "VEXTRACTPS $1, X0, (DI)(BX*1)", "VEXTRACTPS $2, X0, (DI)(BX*2)",
+        "VEXTRACTPS $3, X0, (DI)(DX*1)")
+
+
 def dots4x2(kind):
     es, gt, cb = KINDS[kind]
     qs = qscale(kind)
@@ -110,19 +130,7 @@ def dots4x2(kind):
         "DECQ AX", f"JNZ {name}pair")
     w(f"{name}tail:")
     ins("MOVQ nt+40(FP), AX", "ANDQ $1, AX", f"JZ {name}done")
-    for i in range(4):
-        ins(f"VXORPS Y{i}, Y{i}, Y{i}")
-    ins("XORQ CX, CX")
-    w(f"{name}tin:")
-    for c in range(chunks):
-        ins(*load(kind, f"{off(cb*c)}(SI)(CX*1)", "Y8"))
-        for r, qb in enumerate(["R8", "R9", "R10", "R11"]):
-            ins(f"VFMADD231PS {off(32*c)}({qb})(CX*{qs}), Y8, Y{r}")
-    ins("ADDQ $64, CX", "CMPQ CX, R13", f"JLT {name}tin")
-    ins("VHADDPS Y1, Y0, Y0", "VHADDPS Y3, Y2, Y2", "VHADDPS Y2, Y0, Y0",
-        "VEXTRACTF128 $1, Y0, X1", "VADDPS X1, X0, X0",
-        "VMOVSS X0, (DI)", "VEXTRACTPS $1, X0, (DI)(BX*1)", "VEXTRACTPS $2, X0, (DI)(BX*2)",
-        "VEXTRACTPS $3, X0, (DI)(DX*1)")
+    dots4token(kind, name, chunks, cb, qs)
     w(f"{name}done:")
     ins("VZEROUPPER", "RET")
     w()
@@ -181,20 +189,8 @@ def dots4x3(kind):
     w(f"{name}tail:")
     ins("ADDQ $3, AX", f"JZ {name}done", "LEAQ (BX)(BX*2), DX")
     w(f"{name}one:")
-    for i in range(4):
-        ins(f"VXORPS Y{i}, Y{i}, Y{i}")
-    ins("XORQ CX, CX")
-    w(f"{name}tin:")
-    for c in range(chunks):
-        ins(*load(kind, f"{off(cb*c)}(SI)(CX*1)", "Y8"))
-        for r, qb in enumerate(["R8", "R9", "R10", "R11"]):
-            ins(f"VFMADD231PS {off(32*c)}({qb})(CX*{qs}), Y8, Y{r}")
-    ins("ADDQ $64, CX", "CMPQ CX, R13", f"JLT {name}tin")
-    ins("VHADDPS Y1, Y0, Y0", "VHADDPS Y3, Y2, Y2", "VHADDPS Y2, Y0, Y0",
-        "VEXTRACTF128 $1, Y0, X1", "VADDPS X1, X0, X0",
-        "VMOVSS X0, (DI)", "VEXTRACTPS $1, X0, (DI)(BX*1)", "VEXTRACTPS $2, X0, (DI)(BX*2)",
-        "VEXTRACTPS $3, X0, (DI)(DX*1)",
-        "ADDQ $4, DI", "ADDQ R13, SI", "DECQ AX", f"JNZ {name}one")
+    dots4token(kind, name, chunks, cb, qs)
+    ins("ADDQ $4, DI", "ADDQ R13, SI", "DECQ AX", f"JNZ {name}one")
     w(f"{name}done:")
     ins("VZEROUPPER", "RET")
     w()
