@@ -346,7 +346,7 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 			qb.parts, tot = qb.parts[:0], 0
 		}
 		if n := len(qb.parts); n < cap(qb.parts) {
-			qb.parts = qb.parts[:n+1] // quantPart sets every field
+			qb.parts = qb.parts[:n+1] // quantPart clears it
 		} else {
 			qb.parts = append(qb.parts, quantPart{})
 		}
@@ -380,20 +380,21 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 }
 
 // quantPart prepares one quantized segment (already checked) as the part
-// p in slot i of a super-block (every field set in place, off and n to 0:
-// the part is a few hundred bytes): its rows, and the query rows folded with its per-channel K scales
-// in slot i of the unit's buffers.
+// p in slot i of a super-block (cleared and set in place, off and n 0: the
+// part is a few hundred bytes): its rows, and the query rows folded with
+// its per-channel K scales in slot i of the unit's buffers.
 func (u *unitState) quantPart(p *quantPart, ops *kernelOps, s *shape, sg *cache.Segment, i, rows int, intOK bool) {
 	dk, dv := s.dk, s.dv
 	qs := &sg.Q
 	qb := &u.qb
-	// field by field (a composite literal is built on the stack and copied:
-	// a few hundred bytes twice per chunk)
+	// cleared in place, then its non-zero fields set (a composite literal
+	// with values is built on the stack and copied: a few hundred bytes
+	// twice per chunk); a field added to quantPart starts zero here too
+	*p = quantPart{}
 	p.k = qmat{b: sg.K, f: qs.Format, rb: qs.Format.RowBytes(dk)}
 	p.v = qmat{b: sg.V, f: qs.Format, rb: qs.Format.RowBytes(dv), s: qs.VScale, z: qs.VZero,
 		g: qs.VGroup, ng: dv / qs.VGroup}
-	p.off, p.n = 0, 0
-	p.q, p.kc, p.intOn, p.qi, p.isc, p.ioff, p.bad = u.qs, nil, false, nil, nil, nil, false
+	p.q = u.qs
 	switch {
 	case qs.KAxis == cache.KPerChannel && intOK && (qs.Format == cache.QuantInt8 || dk%128 == 0):
 		// int32 sums of dk products of at most 255*127 (int8) or 15*127
