@@ -3,7 +3,6 @@ package cpu
 import (
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"testing"
 	"time"
 
@@ -149,8 +148,7 @@ func BenchmarkDecodeQuantAB(b *testing.B) {
 					}
 					med := make([]float64, len(sts))
 					for i := range sts {
-						slices.Sort(times[i])
-						med[i] = times[i][len(times[i])/2]
+						med[i] = medianOf(times[i])
 						b.ReportMetric(med[i]/1e6, "ms-"+sts[i].name)
 					}
 					for i := 1; i < len(sts); i++ {
