@@ -796,8 +796,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="--quant: native type of the quantized caches' residual window")
     ap.add_argument("--ort-quant-kind", choices=["PER_CHANNEL", "PER_TENSOR"], default="PER_CHANNEL",
                     help="--quant: onnxruntime's static scale kind (k_quant_type / v_quant_type)")
+    ap.add_argument("--llc-mib", type=float, default=None,
+                    help="the last-level cache size the 'beyond the LLC' rows are judged against (default: the "
+                         "L3 the OS reports; a virtual machine may report the host socket's whole L3, far more "
+                         "than its cores get: measure the knee with read_bandwidth(mib) and pass it here)")
     ap.add_argument("--results-dir", default=_common.RESULTS_DIR, help="where the JSON and PNG go")
     args = ap.parse_args(argv)
+    if args.llc_mib is not None and not args.llc_mib > 0:
+        ap.error("--llc-mib must be a positive number of MiB")
     custom = None
     if (args.dtypes or args.heads or args.head_dims or args.batches) and not args.quant:
         heads = [tuple(int(x) for x in h.split("/")) for h in (args.heads or ["32/8"])]
@@ -808,7 +814,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     repeat = args.repeat or (25 if args.quick else 40)
     build = olkv.build_info()
-    llc = int(build.get("cache_bytes", {}).get("l3", 32 << 20) or (32 << 20))
+    llc_os = int(build.get("cache_bytes", {}).get("l3", 32 << 20) or (32 << 20))
+    llc = int(args.llc_mib * 2 ** 20) if args.llc_mib else llc_os
     bw = {t: read_bandwidth(t) for t in sorted(set(args.threads))}
     for t, b in bw.items():
         print(f"streaming read, {t} thread(s): {b['gbps']:.1f} GB/s ({b['method']})")
@@ -817,8 +824,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("none of the kernel paths asked for is available")
         return 2
     print(_common.isa_line())
-    print(f"kernel paths run: {', '.join(p for _, p in kernels)}  LLC: {llc / 2**20:.0f} MiB "
-          "(bandwidth probes read with the best path)")
+    print(f"kernel paths run: {', '.join(p for _, p in kernels)}  LLC: {llc / 2**20:.0f} MiB"
+          + (f" (--llc-mib; the OS reports {llc_os / 2**20:.0f} MiB)" if llc != llc_os else "")
+          + " (bandwidth probes read with the best path)")
+    if llc == llc_os and llc_os > 256 << 20:
+        print(f"note: the OS reports a {llc_os / 2**20:.0f} MiB L3; on a virtual machine that is often the host "
+              "socket's, and no row may count as beyond it: pass --llc-mib with the measured knee")
 
     if args.quant:
         return main_quant(args, kernels, bw, llc)

@@ -103,11 +103,13 @@ def test_bench_decode_quant_smoke(tmp_path: Any) -> None:
     them, JSON with raw samples. Our quantized caches' part skips while KVCache has no ``quant``."""
     rc = bench_decode.main(["--quant", "--quick", "--threads", "1", "--contexts", "256", "--heads", "4/2",
                             "--head-dims", "64", "--repeat", "3", "--warmup", "1", "--no-plot",
-                            "--results-dir", str(tmp_path)])
+                            "--llc-mib", "0.125", "--results-dir", str(tmp_path)])
     assert rc == 0
     files = [f for f in os.listdir(tmp_path) if f.startswith("decode-quant-") and f.endswith(".json")]
     data = json.load(open(tmp_path / files[0]))
     rows = {r["cache"]: r for r in data["rows"]}
+    # --llc-mib replaces the OS's L3 figure: 257 tokens of fp32 K+V (263 KB) are beyond 128 KiB
+    assert data["llc_bytes"] == 128 << 10 and all(r["beyond_llc"] for r in rows.values())
     assert list(rows) == ["fp32", "fp16", "bf16", "int8 r0", "int8 r128", "int4 r0", "int4 r128"]
     assert all(r["context"] == 257 for r in rows.values())
     assert rows["fp16"]["vs_fp16"] == 1.0 and rows["fp32"]["kv_read_MB"] == 2 * rows["fp16"]["kv_read_MB"]
@@ -129,6 +131,14 @@ def test_bench_decode_quant_smoke(tmp_path: Any) -> None:
     assert rows["int8 r128"]["kv_read_MB"] > rows["int8 r0"]["kv_read_MB"]
     for name in ("int8 r0", "int8 r128", "int4 r0", "int4 r128"):
         assert rows[name]["speedup"] > 0 and rows[name]["max_abs_diff_vs_fp32"] < 0.5
+
+
+def test_bench_decode_rejects_a_bad_llc_size() -> None:
+    """``--llc-mib`` must be a positive size: argparse's usage error (exit status 2)."""
+    for bad in ("0", "-4", "nan"):
+        with pytest.raises(SystemExit) as e:
+            bench_decode.main(["--llc-mib", bad])
+        assert e.value.code == 2
 
 
 def test_write_json_leaves_out_the_results_dir(tmp_path) -> None:
