@@ -1039,6 +1039,70 @@ def sumsq(isa):
     w()
 
 
+def max4(isa):
+    """The maxima of four score rows in one call (quantOps.max4): the quantized super-block's
+    maxOf, four independent chains, and a non-finite test by sums of x*0 (NaN exactly when some
+    score is not finite), so a row's result is NaN then, as maxOf's."""
+    lanes, vp = ISAS[isa]
+    name = f"qmax4{isa}"
+    w(f"// func {name}(s *float32, ldS int, n int, m *[4]float32)")
+    w("//")
+    w("// m[r] = max_t s[r*ldS/4 + t] over t < n (n >= 1) for rows r < 4, or NaN when a score of")
+    w(f"// row r is not finite. Vectors of {lanes}, the last one overlapping the one before it")
+    w(f"// (n >= {lanes}); rows shorter than {lanes} scalar.")
+    w(f"TEXT ·{name}(SB), NOSPLIT, $0-32")
+    rows = ["SI", "R8", "R9", "R10"]
+    ins("MOVQ s+0(FP), SI", "MOVQ ldS+8(FP), DX", "LEAQ (SI)(DX*1), R8", "LEAQ (R8)(DX*1), R9",
+        "LEAQ (R9)(DX*1), R10", "MOVQ n+16(FP), CX", f"VXORPS {vp}15, {vp}15, {vp}15")
+    for r in range(4):
+        ins(f"VXORPS {vp}{4+r}, {vp}{4+r}, {vp}{4+r}")
+    ins(f"CMPQ CX, ${lanes}", f"JLT {name}short")
+    for r in range(4):
+        ins(f"VMOVUPS ({rows[r]}), {vp}{r}", f"VFMADD231PS {vp}15, {vp}{r}, {vp}{4+r}")
+    ins(f"MOVQ ${lanes}, AX")
+    w(f"{name}loop:")
+    ins(f"LEAQ {lanes}(AX), BX", "CMPQ BX, CX", f"JGT {name}last")
+    for r in range(4):
+        ins(f"VMOVUPS ({rows[r]})(AX*4), {vp}{8+r}", f"VMAXPS {vp}{8+r}, {vp}{r}, {vp}{r}",
+            f"VFMADD231PS {vp}15, {vp}{8+r}, {vp}{4+r}")
+    ins("MOVQ BX, AX", f"JMP {name}loop")
+    w(f"{name}last:")
+    ins("CMPQ AX, CX", f"JEQ {name}red", f"LEAQ -{lanes}(CX), AX")
+    for r in range(4):
+        ins(f"VMOVUPS ({rows[r]})(AX*4), {vp}{8+r}", f"VMAXPS {vp}{8+r}, {vp}{r}, {vp}{r}",
+            f"VFMADD231PS {vp}15, {vp}{8+r}, {vp}{4+r}")
+    w(f"{name}red:")
+    for r in range(4):
+        a, z = r, 4 + r
+        if vp == "Z":
+            ins(f"VEXTRACTF64X4 $1, Z{a}, Y12", f"VMAXPS Y12, Y{a}, Y{a}",
+                f"VEXTRACTF64X4 $1, Z{z}, Y12", f"VADDPS Y12, Y{z}, Y{z}")
+        ins(f"VEXTRACTF128 $1, Y{a}, X12", f"VMAXPS X12, X{a}, X{a}", f"VPERMILPS $0x4e, X{a}, X12",
+            f"VMAXPS X12, X{a}, X{a}", f"VPERMILPS $0xb1, X{a}, X12", f"VMAXPS X12, X{a}, X{a}",
+            f"VEXTRACTF128 $1, Y{z}, X12", f"VADDPS X12, X{z}, X{z}", f"VHADDPS X{z}, X{z}, X{z}",
+            f"VHADDPS X{z}, X{z}, X{z}")
+    ins(f"JMP {name}out")
+    w(f"{name}short:")
+    for r in range(4):
+        ins(f"VMOVSS ({rows[r]}), X{r}")
+    ins("MOVQ $1, AX")
+    w(f"{name}sloop:")
+    ins("CMPQ AX, CX", f"JGE {name}sdone")
+    for r in range(4):
+        ins(f"VMOVSS ({rows[r]})(AX*4), X{8+r}", f"VMAXSS X{8+r}, X{r}, X{r}", f"VFMADD231SS X15, X{8+r}, X{4+r}")
+    ins("INCQ AX", f"JMP {name}sloop")
+    w(f"{name}sdone:")
+    for r in range(4):  # the first element's x*0 too
+        ins(f"VMOVSS ({rows[r]}), X{8+r}", f"VFMADD231SS X15, X{8+r}, X{4+r}")
+    w(f"{name}out:")
+    # [m0 m1 m2 m3] and [z0 z1 z2 z3]: z where it is not 0 (NaN), else m
+    ins("VINSERTPS $0x10, X1, X0, X0", "VINSERTPS $0x20, X2, X0, X0", "VINSERTPS $0x30, X3, X0, X0",
+        "VINSERTPS $0x10, X5, X4, X4", "VINSERTPS $0x20, X6, X4, X4", "VINSERTPS $0x30, X7, X4, X4",
+        "VCMPPS $4, X15, X4, X8", "VBLENDVPS X8, X4, X0, X0", "MOVQ m+24(FP), DI", "VMOVUPS X0, (DI)",
+        "VZEROUPPER", "RET")
+    w()
+
+
 def vaxpy(fmt):
     name = f"qvaxpy4{fmt}vnni"
     w(f"// func {name}(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)")
@@ -1179,4 +1243,6 @@ vint(4, "avx2")
 vint(2, "avx2")
 sumsq("avx512")
 sumsq("avx2")
+max4("avx512")
+max4("avx2")
 print("\n".join(out))

@@ -274,6 +274,8 @@ func init() {
 	}
 	quant512Ops.sumsq2 = sumsq2avx512
 	quantAVX2Ops.sumsq2 = sumsq2avx2
+	quant512Ops.max4 = max4avx512
+	quantAVX2Ops.max4 = max4avx2
 	avx512Ops.quant = &quant512Ops
 	avx2Ops.quant = &quantAVX2Ops
 }
@@ -447,6 +449,23 @@ func (l *intLoops) vaxpy4(acc, p []float32, ld, n int, v qmat, alpha *[4]float32
 	}
 	return true
 }
+
+// max4avx512 and max4avx2 are quantOps.max4.
+func max4avx512(s []float32, ld, n int, m *[4]float32) {
+	_ = s[3*ld+n-1]
+	qmax4avx512(&s[0], ld*4, n, m)
+}
+
+func max4avx2(s []float32, ld, n int, m *[4]float32) {
+	_ = s[3*ld+n-1]
+	qmax4avx2(&s[0], ld*4, n, m)
+}
+
+//go:noescape
+func qmax4avx512(s *float32, ldS int, n int, m *[4]float32)
+
+//go:noescape
+func qmax4avx2(s *float32, ldS int, n int, m *[4]float32)
 
 // sumsq2avx512 and sumsq2avx2 are quantOps.sumsq2.
 func sumsq2avx512(a, b []float32) float32 {

@@ -646,3 +646,70 @@ func BenchmarkQuantIntLoops(b *testing.B) {
 		}
 	}
 }
+
+// TestQuantMax4 checks max4 (both instruction sets) against maxOf's
+// contract row by row: the largest score, exactly, or NaN when a score of
+// the row is NaN or infinite, on lengths around the vector widths, with
+// the non-finite score at every position of one row and rows ld apart.
+func TestQuantMax4(t *testing.T) {
+	type impl struct {
+		name string
+		fn   func(s []float32, ld, n int, m *[4]float32)
+	}
+	var impls []impl
+	if archsimd.X86.AVX512() {
+		impls = append(impls, impl{"avx512", max4avx512})
+	}
+	if archsimd.X86.AVX2() && archsimd.X86.FMA() {
+		impls = append(impls, impl{"avx2", max4avx2})
+	}
+	if len(impls) == 0 {
+		t.Skip("no AVX2 or AVX-512")
+	}
+	rng := rand.New(rand.NewPCG(16, 17))
+	want := func(row []float32) float32 {
+		m := row[0]
+		for _, x := range row {
+			if x-x != 0 {
+				return float32(math.NaN())
+			}
+			m = max(m, x)
+		}
+		return m
+	}
+	for _, im := range impls {
+		for _, n := range []int{1, 2, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 63, 64, 65, 100, 512} {
+			for _, pad := range []int{0, 3} {
+				ld := n + pad
+				s := randVec(rng, 4*ld, 8)
+				for i := range s {
+					s[i] -= 20 // every score negative: no accidental 0 maximum
+					if i%ld >= n {
+						s[i] = 1000 // between the rows: never read
+					}
+				}
+				check := func(what string) {
+					t.Helper()
+					var m [4]float32
+					im.fn(s, ld, n, &m)
+					for r := 0; r < 4; r++ {
+						w := want(s[r*ld : r*ld+n])
+						if g := m[r]; !(g == w || (g != g && w != w)) {
+							t.Fatalf("%s n %d ld %d %s: row %d got %g, want %g", im.name, n, ld, what, r, g, w)
+						}
+					}
+				}
+				check("finite")
+				for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1))} {
+					r := rng.IntN(4)
+					for i := 0; i < n; i++ {
+						old := s[r*ld+i]
+						s[r*ld+i] = bad
+						check("non-finite")
+						s[r*ld+i] = old
+					}
+				}
+			}
+		}
+	}
+}

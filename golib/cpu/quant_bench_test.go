@@ -159,3 +159,58 @@ func BenchmarkDecodeQuantAB(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkQuantPairedAB measures each change of quantVariants against the
+// code without it, alternating call by call in one process (the only
+// comparison a shared machine allows): one decode step of GQA 32/8, head
+// dim 128, batch 1, 16k tokens, over int8 and int4 caches at groups 32 and
+// 64 (integer loops on), one thread. It reports the median of the per-pair
+// ratios time without / time with (above 1: the change is faster) and the
+// median times. Run it with -benchtime=1x (one iteration is 40 pairs).
+func BenchmarkQuantPairedAB(b *testing.B) {
+	defer SetThreads(Threads())
+	defer SetQuantIntDots(QuantIntDots())
+	const qh, kvh, d, L, res, pairs = 32, 8, 128, 16384, 128, 40
+	rng := rand.New(rand.NewPCG(3, 5))
+	q := randVec(rng, qh*d, 1)
+	dst := make([]float32, qh*d)
+	for _, g := range []int{32, 64} {
+		for _, f := range quantFormats {
+			var c *cache.KVCache
+			for _, vr := range quantVariants {
+				b.Run(fmt.Sprintf("%s-g%d/%s", f, g, vr.name), func(b *testing.B) {
+					if c == nil {
+						c = newBenchCacheQ(b, cache.Float16, kvh, d, L, cache.QuantConfig{Format: f, Group: g, Residual: res})
+					}
+					SetThreads(1)
+					SetQuantIntDots(true)
+					defer vr.set(true)
+					v, err := c.BeginRead()
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer c.EndRead()
+					for b.Loop() {
+						var ratio, off, on []float64
+						for i := 0; i < pairs; i++ {
+							var dt [2]float64
+							for k, o := range []bool{false, true} {
+								vr.set(o)
+								t0 := time.Now()
+								if err := Attention(dst, q, 1, qh, v, Options{}); err != nil {
+									b.Fatal(err)
+								}
+								dt[k] = time.Since(t0).Seconds()
+							}
+							ratio = append(ratio, dt[0]/dt[1])
+							off, on = append(off, dt[0]), append(on, dt[1])
+						}
+						b.ReportMetric(medianOf(ratio), "off/on")
+						b.ReportMetric(medianOf(off)*1e3, "ms-off")
+						b.ReportMetric(medianOf(on)*1e3, "ms-on")
+					}
+				})
+			}
+		}
+	}
+}
