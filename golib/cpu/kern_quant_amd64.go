@@ -4,6 +4,7 @@ package cpu
 
 import (
 	"simd/archsimd"
+	"unsafe"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 )
@@ -318,7 +319,60 @@ var intMaddw = intLoops{
 // set installs the loops in o.
 func (l *intLoops) set(o *quantOps) {
 	o.intPrep, o.intDots4, o.vaxpy4 = l.intPrep, l.intDots4, l.vaxpy4
+	o.intParts, o.vaxpyParts = l.intParts, l.vaxpyParts
 }
+
+// intParts is quantOps.intParts: intDots4 per part, the arguments taken
+// from the part (its rows, int8 query rows and argument block) with one
+// bounds check each.
+func (l *intLoops) intParts(s []float32, ld int, parts []quantPart, ahead []cache.Segment, r, a, e, dk, pf int) {
+	_ = s[3*ld+e-a-1]
+	for i := range parts {
+		p := &parts[i]
+		if i < len(ahead) {
+			qprefetchScales(&ahead[i].Q)
+		}
+		pa, pe := max(a, p.off), min(e, p.off+p.n)
+		if pa >= pe {
+			continue
+		}
+		n, rb := pe-pa, p.k.rb
+		k := p.k.b[(pa-p.off)*rb : (pe-p.off)*rb]
+		qi := p.qi[r*dk : (r+4)*dk]
+		aff := (*[24]float32)(p.aff[r/4*24:])
+		if p.k.f == cache.QuantInt4 {
+			l.dots4[1](&s[pa-a], ld*4, &qi[0], dk, &k[0], rb, n, dk/128, aff, pf*rb)
+		} else {
+			l.dots4[0](&s[pa-a], ld*4, &qi[0], dk, &k[0], rb, n, dk/64, aff, pf*rb)
+		}
+	}
+}
+
+// vaxpyParts is quantOps.vaxpyParts: vaxpy4's weights and accumulation
+// per part, the rows' bounds checked once each.
+func (l *intLoops) vaxpyParts(acc, p []float32, ld int, parts []quantPart, a, e int, alpha *[4]float32, pf int, ws *vScratch) {
+	d := len(acc) / 4
+	_, _ = acc[4*d-1], p[3*ld+e-a-1]
+	for i := range parts {
+		pt := &parts[i]
+		pa, pe := max(a, pt.off), min(e, pt.off+pt.n)
+		if pa >= pe {
+			continue
+		}
+		n, o, v := pe-pa, pa-pt.off, &pt.v
+		vb := v.b[o*v.rb : (o+n)*v.rb]
+		vs := v.s[o*v.ng : (o+n)*v.ng]
+		var vz *float32
+		if v.f == cache.QuantInt4 {
+			vz = &v.z[o*v.ng : (o+n)*v.ng][0]
+		}
+		l.vaxpyRaw(acc, d, &p[pa-a], ld, n, &vb[0], v.rb, &vs[0], vz, v.ng, v.f, alpha, pf, ws)
+		alpha = &qones4
+	}
+}
+
+// qones4 is the rescale of every part after a super-block's first: none.
+var qones4 = [4]float32{1, 1, 1, 1}
 
 // intPrep is quantOps.intPrep (head dim a multiple of 16; for int4 K a
 // multiple of 128 up to 256).
@@ -397,27 +451,35 @@ func (l *intLoops) vaxpy4(acc, p []float32, ld, n int, v qmat, alpha *[4]float32
 		return false
 	}
 	_, _, _, _ = acc[4*d-1], p[3*ld+n-1], v.b[n*v.rb-1], v.s[n*v.ng-1]
-	int4 := v.f == cache.QuantInt4
 	var vz *float32
-	if int4 {
+	if v.f == cache.QuantInt4 {
 		_ = v.z[n*v.ng-1]
 		vz = &v.z[0]
 	}
+	l.vaxpyRaw(acc, d, &p[0], ld, n, &v.b[0], v.rb, &v.s[0], vz, v.ng, v.f, alpha, pf, ws)
+	return true
+}
+
+// vaxpyRaw is vaxpy4 over rows already checked: n > 0 tokens of V rows
+// (vrb bytes) at vb with ng (2 or 4) scales (and zeros, int4) a row at vs
+// (vz), weights p (rows ld apart), d columns (a multiple of 128).
+func (l *intLoops) vaxpyRaw(acc []float32, d int, p *float32, ld, n int, vb *byte, vrb int, vs, vz *float32, ng int, f cache.QuantFormat, alpha *[4]float32, pf int, ws *vScratch) {
+	int4 := f == cache.QuantInt4
 	// rows of two groups: the weights and zero terms in the four-group
 	// layout, each group standing for two of d/4 elements
 	wprep := l.wprep[0]
-	if v.ng == 2 {
+	if ng == 2 {
 		wprep = l.wprep[1]
 	}
 	ws.w = growI32(ws.w, (n+1)/2*16)
-	wprep(&ws.w[0], &p[0], ld*4, &v.s[0], n, vz, &ws.zt, &ws.ms)
+	wprep(&ws.w[0], p, ld*4, vs, n, vz, &ws.zt, &ws.ms)
 	fn := l.vaxpy[0]
 	if int4 {
 		fn = l.vaxpy[1]
 	}
 	if l.fused {
-		fn(&acc[0], d*4, &v.b[0], v.rb, n/2, n&1, &ws.w[0], 64, d/4/l.cb, alpha, &ws.ms[2], &ws.zt[0], 16, pf*v.rb, 1, 0)
-		return true
+		fn(&acc[0], d*4, vb, vrb, n/2, n&1, &ws.w[0], 64, d/4/l.cb, alpha, &ws.ms[2], &ws.zt[0], 16, pf*vrb, 1, 0)
+		return
 	}
 	// column blocks of cb (64) elements: all in one call where every block
 	// covers two scale groups (head dim 128: the second one s2 = 4 bytes
@@ -429,8 +491,8 @@ func (l *intLoops) vaxpy4(acc, p []float32, ld, n int, v qmat, alpha *[4]float32
 		if gw == l.cb/2 {
 			s2 = 4
 		}
-		fn(&acc[0], d*4, &v.b[0], v.rb, n/2, n&1, &ws.w[0], 64, s2, alpha, &ws.ms[2], &ws.zt[0], 16, pf*v.rb, d/l.cb, 4*l.cb/gw)
-		return true
+		fn(&acc[0], d*4, vb, vrb, n/2, n&1, &ws.w[0], 64, s2, alpha, &ws.ms[2], &ws.zt[0], 16, pf*vrb, d/l.cb, 4*l.cb/gw)
+		return
 	}
 	for j0 := 0; j0 < d; j0 += l.cb {
 		g0 := j0 / (d / 4)
@@ -438,16 +500,15 @@ func (l *intLoops) vaxpy4(acc, p []float32, ld, n int, v qmat, alpha *[4]float32
 		if l.cb > 32 {
 			s2 = ((j0+32)/(d/4) - g0) * 4
 		}
-		vb, pfd := j0, 0
+		vo, pfd := j0, 0
 		if int4 {
-			vb = j0 / 2
+			vo = j0 / 2
 		}
 		if j0 == 0 {
-			pfd = pf * v.rb
+			pfd = pf * vrb
 		}
-		fn(&acc[j0], d*4, &v.b[vb], v.rb, n/2, n&1, &ws.w[g0], 64, s2, alpha, &ws.ms[2], &ws.zt[g0], 16, pfd, 1, 0)
+		fn(&acc[j0], d*4, (*byte)(unsafe.Add(unsafe.Pointer(vb), vo)), vrb, n/2, n&1, &ws.w[g0], 64, s2, alpha, &ws.ms[2], &ws.zt[g0], 16, pfd, 1, 0)
 	}
-	return true
 }
 
 // max4avx512 and max4avx2 are quantOps.max4.

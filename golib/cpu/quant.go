@@ -101,6 +101,15 @@ type quantOps struct {
 	// each) in one call: m[r] is row r's largest score, or NaN when one of
 	// its scores is not finite.
 	max4 func(s []float32, ld, n int, m *[4]float32)
+	// intParts and vaxpyParts, when set (with intDots4 and vaxpy4), are
+	// the score and accumulation loops of four rows [r, r+4) over the
+	// tokens [a, e) of a super-block's parts in one call: intDots4 per part
+	// with the part's argument block (quantPart.aff), scores ld apart
+	// (intParts, every part intOn and not bad; it prefetches the scales of
+	// ahead[i] while it computes part i), and vaxpy4 per part (vaxpyParts,
+	// every part intV), alpha rescaling acc before the first part only.
+	intParts   func(s []float32, ld int, parts []quantPart, ahead []cache.Segment, r, a, e, dk, pf int)
+	vaxpyParts func(acc, p []float32, ld int, parts []quantPart, a, e int, alpha *[4]float32, pf int, ws *vScratch)
 }
 
 // vScratch is vaxpy4's per-unit scratch: the int16 weight pairs of a part,
@@ -164,6 +173,12 @@ type quantPart struct {
 	intOn     bool
 	qi        []byte
 	isc, ioff []float32
+	// aff: intDots4's argument blocks of the part's rows, 24 floats per
+	// four rows (rows a multiple of four)
+	aff []float32
+	// intV: vaxpy4 takes the part's V rows (two or four scale groups a
+	// row, head dim a multiple of 128)
+	intV bool
 	// bad: a scale or zero of the chunk is not finite, or a dequantized
 	// value could overflow float32 (|s|*qmax + |z|), or the integer query
 	// rows could not be formed: its scores are made NaN so that the rows
@@ -184,7 +199,16 @@ type quantBlock struct {
 	intV  bool            // the integer accumulation loop (vaxpy4) is on
 	vs    vScratch
 	mx    [4]float32 // max4's maxima
+	// allInt, allIntV: every part so far is intOn and not bad, intV (the
+	// parts loops, quantOps.intParts and vaxpyParts, take the super-block)
+	allInt, allIntV bool
 }
+
+// quantPartsLoops: the super-block's parts go to quantOps.intParts and
+// vaxpyParts in one call each where they take them (true), or one call
+// per part through dots and axpy (false: the path before them, kept for
+// paired benchmarks).
+var quantPartsLoops = true
 
 // quantOwnBlock: quantRun folds its super-blocks with qblock (true) or
 // with unitState.block (false: the path before qblock, kept for paired
@@ -203,6 +227,10 @@ const superFloats = 32 << 10
 // super-block's tokens [a, e) into sc (nr rows of e-a).
 func (qb *quantBlock) dots(sc []float32, r, nr, a, e, dk, pf int) {
 	cnt := e - a
+	if nr == 4 && qb.allInt && quantPartsLoops && qb.ops.intParts != nil {
+		qb.ops.intParts(sc, cnt, qb.parts, qb.ahead, r, a, e, dk, pf)
+		return
+	}
 	for i := range qb.parts {
 		p := &qb.parts[i]
 		if i < len(qb.ahead) && qb.ops.prefetch != nil {
@@ -295,6 +323,10 @@ func qi4Elem(j int) int {
 // first part.
 func (qb *quantBlock) axpy(acc, sc []float32, a, e, nr, pf int, alpha *[4]float32) {
 	cnt := e - a
+	if nr == 4 && qb.allIntV && quantPartsLoops && qb.ops.vaxpyParts != nil {
+		qb.ops.vaxpyParts(acc, sc, cnt, qb.parts, a, e, alpha, pf, &qb.vs)
+		return
+	}
 	for i := range qb.parts {
 		p := &qb.parts[i]
 		pa, pe := max(a, p.off), min(e, p.off+p.n)
@@ -398,7 +430,9 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 	if intOK {
 		u.qi = growB(u.qi, maxParts*rows*dk)
 		u.isc, u.ioff = growF(u.isc, maxParts*rows), growF(u.ioff, maxParts*rows)
+		u.aff = growF(u.aff, maxParts*rows/4*24)
 	}
+	qb.allInt, qb.allIntV = rows%4 == 0, true
 	qb.parts = qb.parts[:0]
 	qb.on = true
 	defer func() { qb.on = false }()
@@ -418,6 +452,7 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 			qb.ahead = segs[used:]
 			u.qblock(ops, s, pos-tot, tot, rows, quantPrefetchTokens)
 			qb.parts, tot = qb.parts[:0], 0
+			qb.allInt, qb.allIntV = rows%4 == 0, true
 		}
 		if n := len(qb.parts); n < cap(qb.parts) {
 			qb.parts = qb.parts[:n+1] // quantPart clears it
@@ -426,6 +461,8 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 		}
 		p := &qb.parts[len(qb.parts)-1]
 		u.quantPart(p, ops, s, sg, len(qb.parts)-1, rows, intOK)
+		qb.allInt = qb.allInt && p.intOn && !p.bad
+		qb.allIntV = qb.allIntV && p.intV
 		u.read += quantBytes(sg, dk, s.dv)
 		if sg.Len <= bt {
 			p.off, p.n = tot, sg.Len
@@ -443,6 +480,7 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 			u.qblock(ops, s, pos+off, p.n, rows, quantPrefetchTokens)
 		}
 		qb.parts = qb.parts[:0]
+		qb.allInt, qb.allIntV = rows%4 == 0, true
 		pos += sg.Len
 	}
 	qb.ahead = nil
@@ -486,6 +524,17 @@ func (u *unitState) quantPart(p *quantPart, ops *kernelOps, s *shape, sg *cache.
 			// nibbles need no +128)
 			ops.dots(p.ioff, qs.KZero[:dk], u.qs[:rows*dk], dk, 0)
 		}
+		if rows%4 == 0 {
+			p.aff = u.aff[i*rows/4*24 : (i+1)*rows/4*24]
+			for j := 0; j < rows; j += 4 {
+				c, o := (*[4]float32)(p.isc[j:j+4]), (*[4]float32)(p.ioff[j:j+4])
+				// as intScores: [r0 r0 r1 r1] [r2 r2 r3 r3] scales and
+				// offsets (the pair order), then [r0 r1 r2 r3] both
+				*(*[24]float32)(p.aff[j/4*24:]) = [24]float32{c[0], c[0], c[1], c[1], c[2], c[2], c[3], c[3],
+					o[0], o[0], o[1], o[1], o[2], o[2], o[3], o[3],
+					c[0], c[1], c[2], c[3], o[0], o[1], o[2], o[3]}
+			}
+		}
 	case qs.KAxis == cache.KPerChannel:
 		p.q = u.qq[i*rows*dk : (i+1)*rows*dk]
 		for r := 0; r < rows; r++ {
@@ -500,6 +549,7 @@ func (u *unitState) quantPart(p *quantPart, ops *kernelOps, s *shape, sg *cache.
 	}
 	// a chunk the cache bounded when it sealed it needs no check
 	p.bad = p.bad || (!qs.Bounded && !scalesSafe(ops, qb.ops, &u.ss, qs, sg.Len, dk, dv))
+	p.intV = qb.intV && dv%128 == 0 && (p.v.ng == 4 || p.v.ng == 2) && p.v.g*p.v.ng == dv && sg.Len < 1<<19
 }
 
 // scalesSafe reports whether every scale and zero of a segment of n rows is

@@ -64,6 +64,7 @@ var quantVariants = []struct {
 	set  func(on bool)
 }{
 	{"ownblock", func(on bool) { quantOwnBlock = on }},
+	{"partsloops", func(on bool) { quantPartsLoops = on }},
 }
 
 // TestQuantVariantsBitIdentical runs every path with each quantVariants
