@@ -279,6 +279,17 @@ def axpy(rows, fmt, isa):
     w()
 
 
+def transpose4(op, regs, dst, tmp):
+    """Reduces four xmm registers regs (four lanes each) by op (VMAXPS, VADDPS: any order of
+    the lanes) into X{dst} = [op(regs[0]) .. op(regs[3])]; X{tmp[0]}, X{tmp[1]} clobbered (dst
+    may be one of them or of regs)."""
+    a, b = tmp
+    r0, r1, r2, r3 = regs
+    return [f"VUNPCKLPS X{r1}, X{r0}, X{a}", f"VUNPCKHPS X{r1}, X{r0}, X{b}", f"{op} X{b}, X{a}, X{a}",
+            f"VUNPCKLPS X{r3}, X{r2}, X{b}", f"VUNPCKHPS X{r3}, X{r2}, X{r0}", f"{op} X{r0}, X{b}, X{b}",
+            f"VMOVLHPS X{b}, X{a}, X{r0}", f"VMOVHLPS X{a}, X{b}, X{a}", f"{op} X{a}, X{r0}, X{dst}"]
+
+
 def vnni():
     """AVX-512 VNNI score loop for int8 K per channel: q (scales folded) quantized to int8
     per row once per segment (qprep: maximum, checks and rounding in one call), integer dots
@@ -313,18 +324,25 @@ def vnni():
         ins(f"VMULPS ({qrow[i]})(BX*4), Z5, Z{8+i}", f"VFMADD231PS Z4, Z{8+i}, Z{20+i}",
             f"VANDPS Z2, Z{8+i}, Z{8+i}", f"VMAXPS Z{8+i}, Z{16+i}, Z{16+i}")
     ins("ADDQ $16, BX", "CMPQ BX, CX", "JLT qprep4max")
+    # the four rows' maxima (X1) and sums of products times 0 (X3) side by side, then the
+    # checks, scales and inverses of the four at once: the same values as one row at a time
     for i in range(4):
-        ins(f"VEXTRACTF64X4 $1, Z{16+i}, Y0", f"VMAXPS Y0, Y{16+i}, Y1", "VEXTRACTF128 $1, Y1, X0",
-            "VMAXPS X0, X1, X1", "VPERMILPS $0x4e, X1, X0", "VMAXPS X0, X1, X1", "VPERMILPS $0xb1, X1, X0",
-            "VMAXPS X0, X1, X1",
-            f"VEXTRACTF64X4 $1, Z{20+i}, Y0", f"VADDPS Y0, Y{20+i}, Y3", "VEXTRACTF128 $1, Y3, X0",
-            "VADDPS X0, X3, X3", "VHADDPS X3, X3, X3", "VHADDPS X3, X3, X3",
-            "VXORPS X5, X5, X5", "VUCOMISS X5, X3", "JNE qprepfail", "JPS qprepfail",
-            "VXORPS X8, X8, X8", "VXORPS X9, X9, X9", "VUCOMISS X5, X1", f"JEQ qprep4inv{i}",
-            "VDIVSS X6, X1, X8", "VUCOMISS X5, X8", "JEQ qprepfail", "VDIVSS X1, X6, X9",
-            "VUCOMISS X7, X9", "JHI qprepfail")
-        w(f"qprep4inv{i}:")
-        ins(f"VMOVSS X8, {off(4*i)}(DX)", f"VBROADCASTSS X9, Z{12+i}", f"VPXORD Z{16+i}, Z{16+i}, Z{16+i}")
+        ins(f"VEXTRACTF64X4 $1, Z{16+i}, Y0", f"VMAXPS Y0, Y{16+i}, Y{8+i}", f"VEXTRACTF128 $1, Y{8+i}, X0",
+            f"VMAXPS X0, X{8+i}, X{8+i}",
+            f"VEXTRACTF64X4 $1, Z{20+i}, Y0", f"VADDPS Y0, Y{20+i}, Y{12+i}", f"VEXTRACTF128 $1, Y{12+i}, X0",
+            f"VADDPS X0, X{12+i}, X{12+i}")
+    ins(*transpose4("VMAXPS", [8, 9, 10, 11], 1, (0, 3)), *transpose4("VADDPS", [12, 13, 14, 15], 3, (0, 5)))
+    ins("VXORPS X5, X5, X5",
+        # a product that is not finite: its x*0 is NaN
+        "VCMPPS $4, X5, X3, X0", "VPTEST X0, X0", "JNZ qprepfail",
+        # rows with m > 0 (X8): sc = m/127 must not be 0, inv = 127/m not above MaxFloat32
+        "VCMPPS $4, X5, X1, X8", "VBROADCASTSS X6, X9", "VDIVPS X9, X1, X10", "VDIVPS X1, X9, X11",
+        "VCMPPS $0, X5, X10, X0", "VANDPS X8, X0, X0", "VPTEST X0, X0", "JNZ qprepfail",
+        "VBROADCASTSS X7, X12", "VCMPPS $0x1e, X12, X11, X0", "VANDPS X8, X0, X0", "VPTEST X0, X0", "JNZ qprepfail",
+        "VANDPS X8, X10, X10", "VANDPS X8, X11, X11", "VMOVUPS X10, (DX)")
+    for i in range(4):
+        ins(f"VSHUFPS ${i * 0x55}, X11, X11, X{12+i}", f"VBROADCASTSS X{12+i}, Z{12+i}",
+            f"VPXORD Z{16+i}, Z{16+i}, Z{16+i}")
     ins("XORQ BX, BX", "CMPQ i4+56(FP), $0", "JNE qprep4i4")
     w("qprep4i8:")
     ins("VMOVUPS (R8)(BX*4), Z5")
@@ -345,9 +363,9 @@ def vnni():
     ins("CMPQ BX, CX", "JLT qprep4i4", "LEAQ (DI)(CX*2), DI", "ADDQ CX, DI")  # DI had moved n on
     w("qprep4sum:")
     for i in range(4):
-        ins(f"VEXTRACTI64X4 $1, Z{16+i}, Y0", f"VPADDD Y0, Y{16+i}, Y1", "VEXTRACTI128 $1, Y1, X0",
-            "VPADDD X0, X1, X1", "VPHADDD X1, X1, X1", "VPHADDD X1, X1, X1", "VCVTDQ2PS X1, X1",
-            f"VMOVSS X1, {off(4*i)}(R11)")
+        ins(f"VEXTRACTI64X4 $1, Z{16+i}, Y0", f"VPADDD Y0, Y{16+i}, Y{8+i}", f"VEXTRACTI128 $1, Y{8+i}, X0",
+            f"VPADDD X0, X{8+i}, X{8+i}")
+    ins("VPHADDD X9, X8, X0", "VPHADDD X11, X10, X1", "VPHADDD X1, X0, X0", "VCVTDQ2PS X0, X0", "VMOVUPS X0, (R11)")
     ins("LEAQ (R15)(CX*4), SI", "ADDQ $16, DX", "ADDQ $16, R11", "SUBQ $4, R10", "JMP qprep4grp")
     prep_rows("avx512", "qprep")
     w()

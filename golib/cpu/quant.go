@@ -215,6 +215,10 @@ var quantPartsLoops = true
 // benchmarks against it).
 var quantOwnBlock = true
 
+// quantScalePrefetch: the loops prefetch the scales of the next
+// super-block's chunks (quantOps.prefetch) while they compute this one.
+var quantScalePrefetch = true
+
 // quantPrefetchTokens is how many rows ahead the loops over quantized
 // rows prefetch (prefetchTokens is the native loops').
 var quantPrefetchTokens = 64
@@ -233,7 +237,7 @@ func (qb *quantBlock) dots(sc []float32, r, nr, a, e, dk, pf int) {
 	}
 	for i := range qb.parts {
 		p := &qb.parts[i]
-		if i < len(qb.ahead) && qb.ops.prefetch != nil {
+		if i < len(qb.ahead) && qb.ops.prefetch != nil && quantScalePrefetch {
 			qb.ops.prefetch(&qb.ahead[i].Q)
 		}
 		pa, pe := max(a, p.off), min(e, p.off+p.n)

@@ -167,7 +167,8 @@ func BenchmarkDecodeQuantAB(b *testing.B) {
 // 64 (integer loops on), one thread. It reports the median of the per-pair
 // ratios time without / time with (above 1: the change is faster) and the
 // median times. Run it with -benchtime=1x (one iteration is 40 pairs).
-func BenchmarkQuantPairedAB(b *testing.B) {
+func BenchmarkQuantPairedAB(b0 *testing.B) {
+	b := b0
 	defer SetThreads(Threads())
 	defer SetQuantIntDots(QuantIntDots())
 	const qh, kvh, d, L, res, pairs = 32, 8, 128, 16384, 128, 40
@@ -179,8 +180,8 @@ func BenchmarkQuantPairedAB(b *testing.B) {
 			var c *cache.KVCache
 			for _, vr := range quantVariants {
 				b.Run(fmt.Sprintf("%s-g%d/%s", f, g, vr.name), func(b *testing.B) {
-					if c == nil {
-						c = newBenchCacheQ(b, cache.Float16, kvh, d, L, cache.QuantConfig{Format: f, Group: g, Residual: res})
+					if c == nil { // closed when the parent ends, not this sub-benchmark
+						c = newBenchCacheQ(b0, cache.Float16, kvh, d, L, cache.QuantConfig{Format: f, Group: g, Residual: res})
 					}
 					SetThreads(1)
 					SetQuantIntDots(true)
