@@ -905,6 +905,14 @@ def vaxpy_maddw(fmt):
     w()
 
 
+def zscales(src, dst, ng):
+    """Four tokens' V scales (or zeros) at src in the layout of two pairs (qvwprep's pair
+    layout, the second pair in the upper 256 bits) into Z{dst}, by the index vector in Z16."""
+    if ng == 4:
+        return [f"VPERMPS {src}, Z16, Z{dst}"]
+    return [f"VMOVUPS {src}, Y{dst}", f"VPERMPS Z{dst}, Z16, Z{dst}"]
+
+
 def vint(ng, isa):
     """AVX-512 VNNI accumulation of V over token pairs: softmax weights times V scales
     quantized to int16 per row (qvwprep), V rows widened to int16 and interleaved
@@ -953,10 +961,28 @@ def vint(ng, isa):
         f"VMOVDQU {perm}<>(SB), Y15", "MOVL $0x7fffffff, CX",
         *(["VPBROADCASTD CX, Y14"] if isa == "avx512" else ["VMOVD CX, X14", "VPBROADCASTD X14, Y14"]),
         "VXORPS Y0, Y0, Y0", "VXORPS Y1, Y1, Y1", "VXORPS Y2, Y2, Y2", "VXORPS Y3, Y3, Y3",
-        "XORQ CX, CX", "MOVQ AX, BX", "SHRQ $1, BX", f"JZ {mx}odd")
+        "XORQ CX, CX")
+    pr = ["R8", "R9", "R10", "R11"]
+    if isa == "avx512":
+        # four tokens a step in zmm (two pairs: the pair layout twice), then the pair loop
+        # for the last pair and the odd token; the maxima in Z0-Z3 folded into Y0-Y3
+        ins("VMOVDQU32 " + ("vwq4idx" if ng == 4 else "vwq2idx") + "<>(SB), Z16", "VMOVDQU32 vwpidx<>(SB), Z17",
+            "MOVL $0x7fffffff, BX", "VPBROADCASTD BX, Z18",
+            "MOVQ AX, BX", "SHRQ $2, BX", f"JZ {mx}qdone")
+        w(f"{mx}quad:")
+        ins(*zscales("(SI)", 19, ng), "VANDPS Z18, Z19, Z19")
+        for r in range(4):
+            ins(f"VMOVUPS ({pr[r]})(CX*4), X20", "VPERMPS Z20, Z17, Z20", "VMULPS Z19, Z20, Z20",
+                f"VMAXPS Z20, Z{r}, Z{r}")
+        ins(f"ADDQ ${2*sb}, SI", "ADDQ $4, CX", "DECQ BX", f"JNZ {mx}quad")
+        w(f"{mx}qdone:")
+        for r in range(4):
+            ins(f"VEXTRACTF64X4 $1, Z{r}, Y5", f"VMAXPS Y5, Y{r}, Y{r}")
+        ins("MOVQ AX, BX", "ANDQ $3, AX", "SHRQ $1, AX", "XCHGQ AX, BX", "TESTQ BX, BX", f"JZ {mx}odd")
+    else:
+        ins("MOVQ AX, BX", "SHRQ $1, BX", f"JZ {mx}odd")
     w(f"{mx}pair:")
     ins(*ldpair("(SI)", 4), "VANDPS Y14, Y4, Y4")
-    pr = ["R8", "R9", "R10", "R11"]
     for r in range(4):
         ins(f"VBROADCASTSD ({pr[r]})(CX*4), Y5", "VMULPS Y4, Y5, Y5", f"VMAXPS Y5, Y{r}, Y{r}")
     ins(f"ADDQ ${sb}, SI", "ADDQ $2, CX", "DECQ BX", f"JNZ {mx}pair")
@@ -981,7 +1007,38 @@ def vint(ng, isa):
     for r in range(4):
         ins(f"VSHUFPS ${r * 0x55}, X2, X2, X{8+r}", f"VINSERTF128 $1, X{8+r}, Y{8+r}, Y{8+r}",
             f"VXORPS Y{4+r}, Y{4+r}, Y{4+r}")
-    ins("XORQ CX, CX", "MOVQ AX, BX", "SHRQ $1, BX", f"JZ {qn}odd")
+    ins("XORQ CX, CX")
+    if isa == "avx512":
+        # four tokens a step: two pairs' weights per zmm, stored 64 bytes apart; the zero terms
+        # (int4) summed pair by pair in Y4-Y7 as in the pair loop (the same order of sums)
+        ins("VMOVDQU32 " + ("vwq4idx" if ng == 4 else "vwq2idx") + "<>(SB), Z16", "VMOVDQU32 vwpidx<>(SB), Z17")
+        for r in range(4):
+            ins(f"VBROADCASTSS X{8+r}, Z{22+r}")
+        ins("MOVQ AX, BX", "SHRQ $2, BX", f"JZ {qn}qdone")
+        w(f"{qn}quad:")
+        ins(*zscales("(SI)", 19, ng), "TESTQ R14, R14", f"JZ {qn}qnoz", *zscales("(R13)", 20, ng))
+        w(f"{qn}qnoz:")
+        t = [26, 27, 28, 29]
+        for r in range(4):
+            ins(f"VMOVUPS ({pr[r]})(CX*4), X{t[r]}", f"VPERMPS Z{t[r]}, Z17, Z{t[r]}")
+        ins("TESTQ R14, R14", f"JZ {qn}qnozt")
+        for r in range(4):
+            ins(f"VFMADD231PS Y20, Y{t[r]}, Y{4+r}")
+        ins("VEXTRACTF64X4 $1, Z20, Y21")
+        for r in range(4):
+            ins(f"VEXTRACTF64X4 $1, Z{t[r]}, Y30", f"VFMADD231PS Y21, Y30, Y{4+r}")
+        w(f"{qn}qnozt:")
+        for r in range(4):
+            ins(f"VMULPS Z19, Z{t[r]}, Z{t[r]}", f"VMULPS Z{22+r}, Z{t[r]}, Z{t[r]}", f"VCVTPS2DQ Z{t[r]}, Z{t[r]}")
+        for h in range(2):
+            a, b = t[2*h], t[2*h+1]
+            ins(f"VPACKSSDW Z{b}, Z{a}, Z{a}", f"VPERMQ $0xd8, Z{a}, Z{a}", f"VMOVDQU64 Y{a}, {off(32*h)}(DI)",
+                f"VEXTRACTI64X4 $1, Z{a}, {64+32*h}(DI)")
+        ins(f"ADDQ ${2*sb}, SI", f"ADDQ ${2*sb}, R13", "ADDQ $128, DI", "ADDQ $4, CX", "DECQ BX", f"JNZ {qn}quad")
+        w(f"{qn}qdone:")
+        ins("MOVQ AX, BX", "ANDQ $3, BX", "SHRQ $1, BX", f"JZ {qn}odd")
+    else:
+        ins("MOVQ AX, BX", "SHRQ $1, BX", f"JZ {qn}odd")
 
     def body(odd):
         ld = ldodd if odd else ldpair
@@ -1241,6 +1298,18 @@ w("// vwperm: VPERMPS indices interleaving the four group scales of two tokens."
 for i, x in enumerate([0, 4, 1, 5, 2, 6, 3, 7]):
     w(f"DATA vwperm<>+{4*i}(SB)/4, ${x}")
 w("GLOBL vwperm<>(SB), RODATA|NOPTR, $32")
+w()
+w("// vwq4idx, vwq2idx: vwperm and vwperm2 for four tokens (two pairs, the second in the upper")
+w("// 256 bits); vwpidx: a pair of weights p_t, p_t+1 repeated in each 256-bit half.")
+for i, x in enumerate([0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15]):
+    w(f"DATA vwq4idx<>+{4*i}(SB)/4, ${x}")
+w("GLOBL vwq4idx<>(SB), RODATA|NOPTR, $64")
+for i, x in enumerate([0, 2, 0, 2, 1, 3, 1, 3, 4, 6, 4, 6, 5, 7, 5, 7]):
+    w(f"DATA vwq2idx<>+{4*i}(SB)/4, ${x}")
+w("GLOBL vwq2idx<>(SB), RODATA|NOPTR, $64")
+for i, x in enumerate([0, 1] * 4 + [2, 3] * 4):
+    w(f"DATA vwpidx<>+{4*i}(SB)/4, ${x}")
+w("GLOBL vwpidx<>(SB), RODATA|NOPTR, $64")
 w()
 w("// vwperm2: the same from the two group scales of two tokens (each group twice).")
 for i, x in enumerate([0, 2, 0, 2, 1, 3, 1, 3]):

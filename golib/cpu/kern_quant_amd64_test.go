@@ -572,7 +572,7 @@ func TestQuantIntBitIdentical(t *testing.T) {
 		for _, dg := range [][2]int{{128, 32}, {128, 64}, {256, 64}, {256, 128}, {512, 128}} {
 			d, g := dg[0], dg[1]
 			for pat := 0; pat < 6; pat++ {
-				for _, n := range []int{1, 2, 3, 7, 32, 33, 64} {
+				for _, n := range []int{1, 2, 3, 5, 6, 7, 32, 33, 64} {
 					ld := n + pat%2*5
 					v := randQmat(rng, f, n, d, g, true)
 					intExtremes(rng, v.b, f, pat)

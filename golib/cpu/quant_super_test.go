@@ -66,8 +66,6 @@ var quantVariants = []struct {
 	{"ownblock", func(on bool) { quantOwnBlock = on }},
 	{"partsloops", func(on bool) { quantPartsLoops = on }},
 	{"scaleprefetch", func(on bool) { quantScalePrefetch = on }},
-	{"rowprefetch", func(on bool) { quantPrefetchTokens = map[bool]int{false: 0, true: 64}[on] }},
-	{"rowprefetch128", func(on bool) { quantPrefetchTokens = map[bool]int{false: 128, true: 64}[on] }},
 }
 
 // TestQuantVariantsBitIdentical runs every path with each quantVariants
