@@ -440,6 +440,64 @@ def prep_rows(isa, pfx):
     ins("MOVQ $0, ret+64(FP)", "VZEROUPPER", "RET")
 
 
+def vnni_quads_pairs(name, fmt, qregs):
+    """The four-token step of qdots4*vnni at head dim 128 (int4: one 64-byte chunk a row, int8:
+    two): each pair of tokens in one zmm per quarter (int8: [t0 bytes 32j..32j+31 | t1 the
+    same]) or half row (int4: bytes 0-31, then 32-63, nibbles unpacked as vnni_quads), so a
+    row's accumulator holds both tokens (8 lanes each) and the step reduces 8 accumulators
+    (Z16-Z23, row r pair u in Z(16+2r+u)) instead of 16. The query rows, each 32-byte quarter
+    repeated in both halves (VBROADCASTI64X4), stay in Z0-Z15 (row r in Z(4r)..Z(4r+3)); the
+    affine terms spread per lane (as vnni_quads) wait in the frame. The 16 sums come out in
+    the lane order vwq4idx undoes (VPERMD). Leaves the last nt%4 tokens to the pair loop."""
+    mask = "0x0f0f0f0f" if fmt == "i4" else "0x80808080"
+    ins(f"MOVL ${mask}, CX", "VPBROADCASTD CX, Z31", "VMOVDQU32 qidx4<>(SB), Z30",
+        "VMOVUPS 64(R14), X28", "VPERMPS Z28, Z30, Z28", "VMOVUPS Z28, (SP)",
+        "VMOVUPS 80(R14), X28", "VPERMPS Z28, Z30, Z28", "VMOVUPS Z28, 64(SP)",
+        "VMOVDQU32 vwq4idx<>(SB), Z30")
+    # q quarter j of row r pairs with K operand j: int4 qi4Order (A lo, A hi, B lo, B hi), int8 in order
+    qoffs = (0, 64, 32, 96) if fmt == "i4" else (0, 32, 64, 96)
+    for r in range(4):
+        for j, o in enumerate(qoffs):
+            ins(f"VBROADCASTI64X4 {off(o)}({qregs[r]}), Z{4*r+j}")
+    w(f"{name}p2:")
+    for i in range(16, 24):
+        ins(f"VPXORD Z{i}, Z{i}, Z{i}")
+    ins("MOVQ pfd+72(FP), R12", "LEAQ (SI)(R12*1), R12", "PREFETCHT1 (R12)", "PREFETCHT1 64(R12)",
+        "PREFETCHT1 (R12)(BX*1)", "PREFETCHT1 64(R12)(BX*1)", "LEAQ (R12)(BX*2), R12",
+        "PREFETCHT1 (R12)", "PREFETCHT1 64(R12)", "PREFETCHT1 (R12)(BX*1)", "PREFETCHT1 64(R12)(BX*1)",
+        "LEAQ (SI)(BX*2), R13")
+    for u, (t0, t1) in enumerate((("(SI)", "(SI)(BX*1)"), ("(R13)", "(R13)(BX*1)"))):
+        if fmt == "i4":
+            ins(f"VMOVDQU64 {t0}, Y24", f"VINSERTI64X4 $1, {t1}, Z24, Z24",
+                f"VMOVDQU64 32{t0}, Y28", f"VINSERTI64X4 $1, 32{t1}, Z28, Z28",
+                "VPSRLW $4, Z24, Z25", "VPSRLW $4, Z28, Z29", "VPANDD Z31, Z24, Z24", "VPANDD Z31, Z25, Z25",
+                "VPANDD Z31, Z28, Z28", "VPANDD Z31, Z29, Z29",
+                "VPUNPCKLBW Z25, Z24, Z26", "VPUNPCKHBW Z25, Z24, Z27",
+                "VPUNPCKLBW Z29, Z28, Z24", "VPUNPCKHBW Z29, Z28, Z25")
+            ks = (26, 27, 24, 25)
+        else:
+            for j in range(4):
+                ins(f"VMOVDQU64 {off(32*j)}{t0}, Y{24+j}", f"VINSERTI64X4 $1, {off(32*j)}{t1}, Z{24+j}, Z{24+j}",
+                    f"VPXORD Z31, Z{24+j}, Z{24+j}")
+            ks = (24, 25, 26, 27)
+        for r in range(4):
+            for j, k in enumerate(ks):
+                ins(f"VPDPBUSD Z{4*r+j}, Z{k}, Z{16+2*r+u}")
+    # row r: its two pairs' accumulators into one, then rows 0,1 and 2,3, then the halves
+    for r in range(4):
+        a, b = 16 + 2 * r, 17 + 2 * r
+        ins(f"VPUNPCKLDQ Z{b}, Z{a}, Z24", f"VPUNPCKHDQ Z{b}, Z{a}, Z25", f"VPADDD Z25, Z24, Z{a}")
+    for h in range(2):
+        a, b = 16 + 4 * h, 18 + 4 * h
+        ins(f"VPUNPCKLQDQ Z{b}, Z{a}, Z24", f"VPUNPCKHQDQ Z{b}, Z{a}, Z25", f"VPADDD Z25, Z24, Z{26+h}")
+    ins("VSHUFI32X4 $0x88, Z27, Z26, Z24", "VSHUFI32X4 $0xdd, Z27, Z26, Z25", "VPADDD Z25, Z24, Z24",
+        "VPERMD Z24, Z30, Z24", "VCVTDQ2PS Z24, Z24", "VMOVUPS 64(SP), Z25", "VFMADD231PS (SP), Z24, Z25",
+        "MOVQ ldS+8(FP), R13", "LEAQ (R13)(R13*2), R15",
+        "VMOVUPS X25, (DI)", "VEXTRACTF32X4 $1, Z25, (DI)(R13*1)", "VEXTRACTF32X4 $2, Z25, (DI)(R13*2)",
+        "VEXTRACTF32X4 $3, Z25, (DI)(R15*1)",
+        "ADDQ $16, DI", "LEAQ (SI)(BX*4), SI", "DECQ AX", f"JNZ {name}p2", f"JMP {name}pairs")
+
+
 def vnni_quads(name, fmt, const, qregs, qstep):
     """The four-token step of qdots4*vnni: a 4x4 block of int32 accumulators (row r token u
     in Z(4r+u)) reduced at once by a transpose tree (VPUNPCK*DQ, VSHUFI32X4) into one vector
@@ -534,7 +592,9 @@ def vnni_dots(fmt):
     w("// Z0-Z7 (row r token u in Z(2r+u)), aff[0:8] scales and aff[8:16] offsets in the order of")
     w("// the pair reduction ([r0 r0 r1 r1], [r2 r2 r3 r3]); an odd last token uses aff[16:20]")
     w("// (scales of r0..r3) and aff[20:24] (offsets).")
-    w(f"TEXT ·{name}(SB), NOSPLIT, $0-80")
+    w("// Head dim 128 takes the four tokens of a step as two pairs instead (vnni_quads_pairs):")
+    w("// both tokens of a pair in one zmm, a quarter (int8) or half (int4) row each.")
+    w(f"TEXT ·{name}(SB), NOSPLIT, $128-80")
     ins("MOVQ s+0(FP), DI", "MOVQ qi+16(FP), R8", "MOVQ qib+24(FP), DX", "LEAQ (R8)(DX*1), R9",
         "LEAQ (R9)(DX*1), R10", "LEAQ (R10)(DX*1), R11", "MOVQ k+32(FP), SI", "MOVQ krb+40(FP), BX",
         "MOVQ nt+48(FP), AX", "MOVQ aff+64(FP), R14",
@@ -542,6 +602,9 @@ def vnni_dots(fmt):
     const = "MOVL $0x80808080, CX" if fmt == "i8" else "MOVL $0x0f0f0f0f, CX"
     qregs = ["R8", "R9", "R10", "R11"]
     qstep = 64 if fmt == "i8" else 128
+    ins(f"CMPQ cpg+56(FP), ${1 if fmt == 'i4' else 2}", f"JNE {name}quads")
+    vnni_quads_pairs(name, fmt, qregs)
+    w(f"{name}quads:")
     vnni_quads(name, fmt, const, qregs, qstep)
     w(f"{name}pairs:")
     ins("MOVQ nt+48(FP), AX", "SHRQ $1, AX", "ANDQ $1, AX", f"JZ {name}odd")
