@@ -1258,7 +1258,7 @@ def vaxpy(fmt):
         w("// elements 0-7, 16-23 and 8-15, 24-31 of 32) and widened to int16 (VPMOVSXBW), dotted")
     else:
         w("// V rows are interleaved by pair (VPUNPCKLBW/HBW), widened to int16 (VPMOVZXBW) and split")
-        w("// into even and odd elements (VPSRLW/VPANDD), dotted")
+        w("// into even and odd elements (VPANDD, VPSRLW), dotted")
     w("// by VPDPWSSD with the weight dword broadcast; int32 sums, exact (|w| <= 16383, |q| <= 128,")
     w("// fewer than 2^19 tokens), put back in element order when the block is stored.")
     w(f"TEXT ·{name}(SB), NOSPLIT, $0-128")
@@ -1287,7 +1287,8 @@ def vaxpy(fmt):
             else:
                 ins(f"VMOVDQU {off(16*h)}(SI), X0", f"VMOVDQU {off(16*h)}(SI)(BX*1), X1",
                     "VPUNPCKLBW X1, X0, X2", "VPUNPCKHBW X1, X0, X3", "VINSERTI128 $1, X3, Y2, Y2",
-                    "VPMOVZXBW Y2, Z2", "VPSRLW $4, Z2, Z3", "VPANDD Z15, Z2, Z2", "VPANDD Z15, Z3, Z3")
+                    # words of zero-extended bytes: the high nibble is word >> 4 as it is
+                    "VPMOVZXBW Y2, Z2", "VPSRLW $4, Z2, Z3", "VPANDD Z15, Z2, Z2")
             for r in range(4):
                 for x in range(2):
                     ins(f"VPDPWSSD.BCST {wrow(r, h)}, Z{2+x}, {acc(r, h, x)}")

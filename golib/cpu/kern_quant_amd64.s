@@ -4134,7 +4134,7 @@ qvaxpy4i8vnnistore:
 // and scale group: row r's for the block's first 32 elements at w + r*zrb, its second 32
 // s2 bytes further, the next pair's wpb bytes on; zt likewise (rows zrb bytes apart).
 // V rows are interleaved by pair (VPUNPCKLBW/HBW), widened to int16 (VPMOVZXBW) and split
-// into even and odd elements (VPSRLW/VPANDD), dotted
+// into even and odd elements (VPANDD, VPSRLW), dotted
 // by VPDPWSSD with the weight dword broadcast; int32 sums, exact (|w| <= 16383, |q| <= 128,
 // fewer than 2^19 tokens), put back in element order when the block is stored.
 TEXT ·qvaxpy4i4vnni(SB), NOSPLIT, $0-128
@@ -4181,7 +4181,6 @@ qvaxpy4i4vnnipair:
 	VPMOVZXBW Y2, Z2
 	VPSRLW $4, Z2, Z3
 	VPANDD Z15, Z2, Z2
-	VPANDD Z15, Z3, Z3
 	VPDPWSSD.BCST (R8), Z2, Z16
 	VPDPWSSD.BCST (R8), Z3, Z17
 	VPDPWSSD.BCST (R8)(R9*1), Z2, Z20
@@ -4198,7 +4197,6 @@ qvaxpy4i4vnnipair:
 	VPMOVZXBW Y2, Z2
 	VPSRLW $4, Z2, Z3
 	VPANDD Z15, Z2, Z2
-	VPANDD Z15, Z3, Z3
 	VPDPWSSD.BCST (R10), Z2, Z18
 	VPDPWSSD.BCST (R10), Z3, Z19
 	VPDPWSSD.BCST (R10)(R9*1), Z2, Z22
@@ -4225,7 +4223,6 @@ qvaxpy4i4vnniodd:
 	VPMOVZXBW Y2, Z2
 	VPSRLW $4, Z2, Z3
 	VPANDD Z15, Z2, Z2
-	VPANDD Z15, Z3, Z3
 	VPDPWSSD.BCST (R8), Z2, Z16
 	VPDPWSSD.BCST (R8), Z3, Z17
 	VPDPWSSD.BCST (R8)(R9*1), Z2, Z20
@@ -4242,7 +4239,6 @@ qvaxpy4i4vnniodd:
 	VPMOVZXBW Y2, Z2
 	VPSRLW $4, Z2, Z3
 	VPANDD Z15, Z2, Z2
-	VPANDD Z15, Z3, Z3
 	VPDPWSSD.BCST (R10), Z2, Z18
 	VPDPWSSD.BCST (R10), Z3, Z19
 	VPDPWSSD.BCST (R10)(R9*1), Z2, Z22
