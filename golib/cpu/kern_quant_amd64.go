@@ -329,7 +329,7 @@ func (l *intLoops) intParts(s []float32, ld int, parts []quantPart, ahead []cach
 	_ = s[3*ld+e-a-1]
 	for i := range parts {
 		p := &parts[i]
-		if i < len(ahead) && quantScalePrefetch {
+		if i < len(ahead) {
 			qprefetchScales(&ahead[i].Q)
 		}
 		pa, pe := max(a, p.off), min(e, p.off+p.n)

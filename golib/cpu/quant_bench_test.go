@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 )
@@ -175,13 +176,35 @@ func BenchmarkQuantPairedAB(b0 *testing.B) {
 	rng := rand.New(rand.NewPCG(3, 5))
 	q := randVec(rng, qh*d, 1)
 	dst := make([]float32, qh*d)
+	type config struct {
+		f     cache.QuantFormat
+		g     int
+		paged bool
+	}
+	var cfgs []config
 	for _, g := range []int{32, 64} {
 		for _, f := range quantFormats {
+			cfgs = append(cfgs, config{f, g, false})
+		}
+	}
+	for _, f := range quantFormats {
+		cfgs = append(cfgs, config{f, 32, true})
+	}
+	for _, cf := range cfgs {
+		{
+			f, g := cf.f, cf.g
+			name := fmt.Sprintf("%s-g%d", f, g)
+			if cf.paged {
+				name += "-paged"
+			}
 			var c *cache.KVCache
 			for _, vr := range quantVariants {
-				b.Run(fmt.Sprintf("%s-g%d/%s", f, g, vr.name), func(b *testing.B) {
+				b.Run(name+"/"+vr.name, func(b *testing.B) {
 					if c == nil { // closed when the parent ends, not this sub-benchmark
 						c = newBenchCacheQ(b0, cache.Float16, kvh, d, L, cache.QuantConfig{Format: f, Group: g, Residual: res})
+						if cf.paged {
+							c = newBenchCachePaged(b0, kvh, d, L, cache.QuantConfig{Format: f, Group: g, Residual: res})
+						}
 					}
 					SetThreads(1)
 					SetQuantIntDots(true)
@@ -214,4 +237,37 @@ func BenchmarkQuantPairedAB(b0 *testing.B) {
 			}
 		}
 	}
+}
+
+// newBenchCachePaged is newBenchCacheQ's fp16 cache in the paged layout
+// (its blocks are the sealed chunks).
+func newBenchCachePaged(b *testing.B, kvh, d, L int, q cache.QuantConfig) *cache.KVCache {
+	b.Helper()
+	a, err := cache.NewArena(0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c, err := cache.New(a, cache.Config{Batch: 1, KVHeads: kvh, HeadDimK: d, Capacity: L, Elem: cache.Float16,
+		Quant: q, Layout: cache.Paged, BlockSize: q.Group})
+	if err != nil {
+		a.Close()
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close(); a.Close() })
+	rng := rand.New(rand.NewPCG(uint64(L), uint64(kvh)))
+	const chunk = 512
+	k := make([]float32, kvh*chunk*d)
+	v := make([]float32, kvh*chunk*d)
+	for at := 0; at < L; at += chunk {
+		n := min(chunk, L-at)
+		for i := range k {
+			k[i], v[i] = 3.4*rng.Float32()-1.7, 3.4*rng.Float32()-1.7
+		}
+		kb := unsafe.Slice((*byte)(unsafe.Pointer(&k[0])), 4*kvh*n*d)
+		vb := unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*kvh*n*d)
+		if err := c.Append(kb, vb, cache.Float32, n, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return c
 }
