@@ -325,12 +325,19 @@ func (l *intLoops) set(o *quantOps) {
 // intParts is quantOps.intParts: intDots4 per part, the arguments taken
 // from the part (its rows, int8 query rows and argument block) with one
 // bounds check each.
-func (l *intLoops) intParts(s []float32, ld int, parts []quantPart, ahead []cache.Segment, r, a, e, dk, pf int) {
+func (l *intLoops) intParts(s []float32, ld int, parts []quantPart, ahead []cache.Segment, r, a, e, dk, pf int, apart bool) {
 	_ = s[3*ld+e-a-1]
 	for i := range parts {
 		p := &parts[i]
 		if i < len(ahead) {
 			qprefetchScales(&ahead[i].Q)
+		}
+		if apart {
+			var k2 []byte
+			if i+2 < len(parts) {
+				k2 = parts[i+2].k.b[:parts[i+2].n*parts[i+2].k.rb]
+			}
+			qprefetchBytes(k2, p.v.b[:p.n*p.v.rb])
 		}
 		pa, pe := max(a, p.off), min(e, p.off+p.n)
 		if pa >= pe {
@@ -350,11 +357,14 @@ func (l *intLoops) intParts(s []float32, ld int, parts []quantPart, ahead []cach
 
 // vaxpyParts is quantOps.vaxpyParts: vaxpy4's weights and accumulation
 // per part, the rows' bounds checked once each.
-func (l *intLoops) vaxpyParts(acc, p []float32, ld int, parts []quantPart, a, e int, alpha *[4]float32, pf int, ws *vScratch) {
+func (l *intLoops) vaxpyParts(acc, p []float32, ld int, parts []quantPart, ahead []cache.Segment, a, e int, alpha *[4]float32, pf int, ws *vScratch, apart bool) {
 	d := len(acc) / 4
 	_, _ = acc[4*d-1], p[3*ld+e-a-1]
 	for i := range parts {
 		pt := &parts[i]
+		if apart && i < 2 && i < len(ahead) {
+			qprefetchBytes(ahead[i].K, nil)
+		}
 		pa, pe := max(a, pt.off), min(e, pt.off+pt.n)
 		if pa >= pe {
 			continue
@@ -409,6 +419,18 @@ func (l *intLoops) intDots4(s []float32, ld, n int, qi []byte, k qmat, d int, af
 func qprefetchScales(q *cache.QuantSegment) {
 	qprefetch4(f32p0(q.KScale), len(q.KScale), f32p0(q.KZero), len(q.KZero),
 		f32p0(q.VScale), len(q.VScale), f32p0(q.VZero), len(q.VZero))
+}
+
+// qprefetchBytes hints the cache lines of a and b into L2 (qprefetch4).
+func qprefetchBytes(a, b []byte) {
+	var pa, pb *float32
+	if len(a) >= 4 {
+		pa = (*float32)(unsafe.Pointer(&a[0]))
+	}
+	if len(b) >= 4 {
+		pb = (*float32)(unsafe.Pointer(&b[0]))
+	}
+	qprefetch4(pa, len(a)/4, pb, len(b)/4, nil, 0, nil, 0)
 }
 
 // f32p0 is the address of s's first element, nil when s is empty.

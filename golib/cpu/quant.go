@@ -109,8 +109,12 @@ type quantOps struct {
 	// (intParts, every part intOn and not bad; it prefetches the scales of
 	// ahead[i] while it computes part i), and vaxpy4 per part (vaxpyParts,
 	// every part intV), alpha rescaling acc before the first part only.
-	intParts   func(s []float32, ld int, parts []quantPart, ahead []cache.Segment, r, a, e, dk, pf int)
-	vaxpyParts func(acc, p []float32, ld int, parts []quantPart, a, e int, alpha *[4]float32, pf int, ws *vScratch)
+	// apart (the chunks' rows and scales do not follow one another, the
+	// paged layout): the loops prefetch by parts instead of pf rows ahead,
+	// intParts the K rows two parts ahead and the V rows of the part it
+	// computes, vaxpyParts the K rows of the first two ahead segments.
+	intParts   func(s []float32, ld int, parts []quantPart, ahead []cache.Segment, r, a, e, dk, pf int, apart bool)
+	vaxpyParts func(acc, p []float32, ld int, parts []quantPart, ahead []cache.Segment, a, e int, alpha *[4]float32, pf int, ws *vScratch, apart bool)
 }
 
 // vScratch is vaxpy4's per-unit scratch: the int16 weight pairs of a part,
@@ -224,6 +228,11 @@ var quantOwnBlock = true
 // unless the chunks' scales follow one another in memory (scalesStream).
 var quantScalePrefetch = true
 
+// quantPartPrefetch: where the chunks lie apart (pfScales), the parts
+// loops prefetch the rows by parts (quantOps.intParts) instead of a
+// distance in rows, which runs into other heads' rows there.
+var quantPartPrefetch = true
+
 // scalesStream reports whether the scales of segment b start at most a page
 // after those of segment a, its predecessor, K's and V's alike (the
 // contiguous layout stores a head's chunk scales one after the other):
@@ -259,7 +268,11 @@ func (qb *quantBlock) dots(sc []float32, r, nr, a, e, dk, pf int) {
 		if !qb.pfScales {
 			ahead = nil
 		}
-		qb.ops.intParts(sc, cnt, qb.parts, ahead, r, a, e, dk, pf)
+		apart := qb.pfScales && quantPartPrefetch
+		if apart {
+			pf = 0
+		}
+		qb.ops.intParts(sc, cnt, qb.parts, ahead, r, a, e, dk, pf, apart)
 		return
 	}
 	for i := range qb.parts {
@@ -355,7 +368,11 @@ func qi4Elem(j int) int {
 func (qb *quantBlock) axpy(acc, sc []float32, a, e, nr, pf int, alpha *[4]float32) {
 	cnt := e - a
 	if nr == 4 && qb.allIntV && quantPartsLoops && qb.ops.vaxpyParts != nil {
-		qb.ops.vaxpyParts(acc, sc, cnt, qb.parts, a, e, alpha, pf, &qb.vs)
+		apart := qb.pfScales && quantPartPrefetch
+		if apart {
+			pf = 0
+		}
+		qb.ops.vaxpyParts(acc, sc, cnt, qb.parts, qb.ahead, a, e, alpha, pf, &qb.vs, apart)
 		return
 	}
 	for i := range qb.parts {
