@@ -294,7 +294,7 @@ def vnni():
     """AVX-512 VNNI score loop for int8 K per channel: q (scales folded) quantized to int8
     per row once per segment (qprep: maximum, checks and rounding in one call), integer dots
     by VPDPBUSD."""
-    w("// func qprepavx512(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int")
+    w("// func qprepavx512(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int, kz *float32, aff *float32) int")
     w("//")
     w("// intPrep in one pass per row (q n elements apart, dst n bytes apart; n a multiple of 16,")
     w("// of 128 with i4 set): m = max_i |q_ri*ks_i|, sc[r] = m/127, dst_r[i] =")
@@ -303,7 +303,11 @@ def vnni():
     w("// the first 16 at the block's next 16 bytes, the second 16 64 bytes further (blocks of")
     w("// 128). It returns 0, at the first row that fails, when a product is not finite or a")
     w("// nonzero m/127 or 127/m leaves float32's normal range; 1 otherwise.")
-    w("TEXT ·qprepavx512(SB), NOSPLIT, $0-72")
+    w("// With aff != nil (rows a multiple of four) each group of four rows also gets its score")
+    w("// offsets in sums instead (int8: -128*sc*sum, undoing VNNI's +128; int4, kz the channel")
+    w("// zeros: the dot of the float query row with kz) and intDots4's argument block at aff")
+    w("// (24 floats a group: [c0 c0 c1 c1 c2 c2 c3 c3], the offsets so, [c0..c3], [o0..o3]).")
+    w("TEXT ·qprepavx512(SB), NOSPLIT, $0-88")
     ins("MOVQ dst+0(FP), DI", "MOVQ q+8(FP), SI", "MOVQ ks+16(FP), R8", "MOVQ n+24(FP), CX",
         "MOVQ rows+32(FP), R10", "MOVQ sc+40(FP), DX", "MOVQ sums+48(FP), R11",
         "VXORPS Z4, Z4, Z4", "MOVL $0x7fffffff, R9", "VPBROADCASTD R9, Z2",
@@ -314,16 +318,31 @@ def vnni():
     qrow, drow = ["SI", "R13", "R14", "R15"], ["DI", "R9", "R12", "AX"]
     w("qprep4grp:")
     ins("CMPQ R10, $4", "JLT qprep1start", "LEAQ (SI)(CX*4), R13", "LEAQ (R13)(CX*4), R14",
-        "LEAQ (R14)(CX*4), R15", "LEAQ (DI)(CX*1), R9", "LEAQ (R9)(CX*1), R12", "LEAQ (R12)(CX*1), AX")
+        "LEAQ (R14)(CX*4), R15")
     for i in range(4):
-        ins(f"VXORPS Z{16+i}, Z{16+i}, Z{16+i}", f"VXORPS Z{20+i}, Z{20+i}, Z{20+i}")
-    ins("XORQ BX, BX")
+        ins(f"VXORPS Z{16+i}, Z{16+i}, Z{16+i}", f"VXORPS Z{20+i}, Z{20+i}, Z{20+i}",
+            f"VXORPS Z{25+i}, Z{25+i}, Z{25+i}", f"VXORPS Z{12+i}, Z{12+i}, Z{12+i}")
+    ins("XORQ BX, BX", "MOVQ kz+64(FP), R9", "TESTQ R9, R9", "JNZ qprep4maxz")
     w("qprep4max:")
     ins("VMOVUPS (R8)(BX*4), Z5")
     for i in range(4):
         ins(f"VMULPS ({qrow[i]})(BX*4), Z5, Z{8+i}", f"VFMADD231PS Z4, Z{8+i}, Z{20+i}",
             f"VANDPS Z2, Z{8+i}, Z{8+i}", f"VMAXPS Z{8+i}, Z{16+i}, Z{16+i}")
-    ins("ADDQ $16, BX", "CMPQ BX, CX", "JLT qprep4max")
+    ins("ADDQ $16, BX", "CMPQ BX, CX", "JLT qprep4max", "JMP qprep4red")
+    # the same with the dots of the float rows and the channel zeros (int4 offsets, head dim
+    # 128), summed as dots16 sums them (dots1wasm: even chunks of 16 in Z25-Z28, odd ones in
+    # Z12-Z15, then REDUCE4's order), so the offsets are bit for bit those quantPart had
+    w("qprep4maxz:")
+    for h, (kzr, accs) in enumerate(((29, 25), (24, 12))):
+        ins(f"VMOVUPS {off(64*h)}(R8)(BX*4), Z5", f"VMOVUPS {off(64*h)}(R9)(BX*4), Z{kzr}")
+        for i in range(4):
+            ins(f"VMOVUPS {off(64*h)}({qrow[i]})(BX*4), Z{8+i}", f"VFMADD231PS Z{kzr}, Z{8+i}, Z{accs+i}",
+                f"VMULPS Z5, Z{8+i}, Z{8+i}", f"VFMADD231PS Z4, Z{8+i}, Z{20+i}", f"VANDPS Z2, Z{8+i}, Z{8+i}",
+                f"VMAXPS Z{8+i}, Z{16+i}, Z{16+i}")
+    ins("ADDQ $32, BX", "CMPQ BX, CX", "JLT qprep4maxz")
+    for i in range(4):
+        ins(f"VADDPS Z{12+i}, Z{25+i}, Z{25+i}")
+    w("qprep4red:")
     # the four rows' maxima (X1) and sums of products times 0 (X3) side by side, then the
     # checks, scales and inverses of the four at once: the same values as one row at a time
     for i in range(4):
@@ -343,6 +362,7 @@ def vnni():
     for i in range(4):
         ins(f"VSHUFPS ${i * 0x55}, X11, X11, X{12+i}", f"VBROADCASTSS X{12+i}, Z{12+i}",
             f"VPXORD Z{16+i}, Z{16+i}, Z{16+i}")
+    ins("LEAQ (DI)(CX*1), R9", "LEAQ (R9)(CX*1), R12", "LEAQ (R12)(CX*1), AX")
     ins("XORQ BX, BX", "CMPQ i4+56(FP), $0", "JNE qprep4i4")
     w("qprep4i8:")
     ins("VMOVUPS (R8)(BX*4), Z5")
@@ -365,15 +385,32 @@ def vnni():
     for i in range(4):
         ins(f"VEXTRACTI64X4 $1, Z{16+i}, Y0", f"VPADDD Y0, Y{16+i}, Y{8+i}", f"VEXTRACTI128 $1, Y{8+i}, X0",
             f"VPADDD X0, X{8+i}, X{8+i}")
-    ins("VPHADDD X9, X8, X0", "VPHADDD X11, X10, X1", "VPHADDD X1, X0, X0", "VCVTDQ2PS X0, X0", "VMOVUPS X0, (R11)")
+    ins("VPHADDD X9, X8, X0", "VPHADDD X11, X10, X1", "VPHADDD X1, X0, X0", "VCVTDQ2PS X0, X0", "VMOVUPS X0, (R11)",
+        "MOVQ aff+72(FP), R9", "TESTQ R9, R9", "JZ qprep4gnext", "VMOVUPS (DX), X1", "CMPQ i4+56(FP), $0",
+        "JNE qprep4off4",
+        # int8: offsets sum*(-128*sc) (-128*sc exact), as quantPart did
+        "MOVL $0xc3000000, R12", "VMOVD R12, X3", "VBROADCASTSS X3, X3", "VMULPS X3, X1, X3", "VMULPS X3, X0, X0",
+        "JMP qprep4aff")
+    w("qprep4off4:")
+    # REDUCE4 (kern_avx512_amd64.s) of the four rows' sums
+    for i in range(4):
+        ins(f"VEXTRACTF64X4 $1, Z{25+i}, Y{8+i}", f"VADDPS Y{25+i}, Y{8+i}, Y{8+i}")
+    ins("VHADDPS Y9, Y8, Y8", "VHADDPS Y11, Y10, Y10", "VHADDPS Y10, Y8, Y8", "VEXTRACTF128 $1, Y8, X0",
+        "VADDPS X0, X8, X0")
+    # (Z2, the abs mask, stays for the next group)
+    w("qprep4aff:")
+    ins("VMOVUPS X0, (R11)", "VUNPCKLPS X1, X1, X3", "VMOVUPS X3, (R9)", "VUNPCKHPS X1, X1, X3", "VMOVUPS X3, 16(R9)",
+        "VUNPCKLPS X0, X0, X3", "VMOVUPS X3, 32(R9)", "VUNPCKHPS X0, X0, X3", "VMOVUPS X3, 48(R9)",
+        "VMOVUPS X1, 64(R9)", "VMOVUPS X0, 80(R9)", "ADDQ $96, aff+72(FP)")
+    w("qprep4gnext:")
     ins("LEAQ (R15)(CX*4), SI", "ADDQ $16, DX", "ADDQ $16, R11", "SUBQ $4, R10", "JMP qprep4grp")
-    prep_rows("avx512", "qprep")
+    prep_rows("avx512", "qprep", 80)
     w()
     vnni_dots("i8")
     vnni_dots("i4")
 
 
-def prep_rows(isa, pfx):
+def prep_rows(isa, pfx, ret=64):
     """intPrep's one-row loop (qprep*: the rows left after the four-row groups, every row on
     AVX2), from label {pfx}1start: rows R10, q SI, dst DI, ks R8, n CX, sc DX, sums R11, with
     Y/Z2 the abs mask, Y/Z4 zero, X6 127 and X7 MaxFloat32 set. The same products, maximum,
@@ -435,9 +472,9 @@ def prep_rows(isa, pfx):
         "VPHADDD X1, X1, X1", "VPHADDD X1, X1, X1", "VCVTDQ2PS X1, X1", "VMOVSS X1, (R11)",
         "LEAQ (SI)(CX*4), SI", "ADDQ CX, DI", "ADDQ $4, DX", "ADDQ $4, R11", "DECQ R10", f"JNZ {pfx}row")
     w(f"{pfx}ok:")
-    ins("MOVQ $1, ret+64(FP)", "VZEROUPPER", "RET")
+    ins(f"MOVQ $1, ret+{ret}(FP)", "VZEROUPPER", "RET")
     w(f"{pfx}fail:")
-    ins("MOVQ $0, ret+64(FP)", "VZEROUPPER", "RET")
+    ins(f"MOVQ $0, ret+{ret}(FP)", "VZEROUPPER", "RET")
 
 
 def vnni_quads_pairs(name, fmt, qregs):

@@ -269,6 +269,7 @@ var quant512Ops, quantAVX2Ops = quantAsm512.ops(), quantAsmAVX2.ops()
 func init() {
 	if archsimd.X86.AVX512VNNI() {
 		intVNNI.set(&quant512Ops)
+		quant512Ops.intPrepAff = intPrepAff512
 	}
 	if archsimd.X86.AVX2() && archsimd.X86.FMA() {
 		intMaddw.set(&quantAVX2Ops)
@@ -299,7 +300,7 @@ type intLoops struct {
 
 // intVNNI are the AVX-512 VNNI integer loops (VPDPBUSD, VPDPWSSD).
 var intVNNI = intLoops{
-	prep:  qprepavx512,
+	prep:  qprep512,
 	dots4: [2]func(*float32, int, *byte, int, *byte, int, int, int, *[24]float32, int){qdots4i8vnni, qdots4i4vnni},
 	wprep: [2]func(*int32, *float32, int, *float32, int, *float32, *[16]float32, *[3][4]float32){qvwprep, qvwprep2},
 	vaxpy: [2]func(*float32, int, *byte, int, int, int, *int32, int, int, *[4]float32, *[4]float32, *float32, int, int, int, int){qvaxpy4i8vnni, qvaxpy4i4vnni},
@@ -320,6 +321,21 @@ var intMaddw = intLoops{
 func (l *intLoops) set(o *quantOps) {
 	o.intPrep, o.intDots4, o.vaxpy4 = l.intPrep, l.intDots4, l.vaxpy4
 	o.intParts, o.vaxpyParts = l.intParts, l.vaxpyParts
+}
+
+// intPrepAff512 is quantOps.intPrepAff (qprepavx512 with its offsets and
+// argument blocks; head dims as intPrep, int4 at 128 only).
+func intPrepAff512(dst []byte, q, ks, kz []float32, f cache.QuantFormat, sc, off, aff []float32) bool {
+	n, rows := len(ks), len(sc)
+	if n == 0 || rows == 0 || rows%4 != 0 || n%16 != 0 || (f == cache.QuantInt4 && (n != 128 || len(kz) < n)) {
+		return false
+	}
+	_, _, _, _ = dst[rows*n-1], q[rows*n-1], off[rows-1], aff[rows/4*24-1]
+	i4, pz := 0, (*float32)(nil)
+	if f == cache.QuantInt4 {
+		i4, pz = 1, &kz[0]
+	}
+	return qprepavx512(&dst[0], &q[0], &ks[0], n, rows, &sc[0], &off[0], i4, pz, &aff[0]) != 0
 }
 
 // intParts is quantOps.intParts: intDots4 per part, the arguments taken
@@ -445,7 +461,13 @@ func f32p0(s []float32) *float32 {
 func qprefetch4(ks *float32, nks int, kz *float32, nkz int, vs *float32, nvs int, vz *float32, nvz int)
 
 //go:noescape
-func qprepavx512(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int
+func qprepavx512(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int, kz *float32, aff *float32) int
+
+// qprep512 is qprepavx512 without the offsets and argument blocks
+// (intLoops.prep).
+func qprep512(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int {
+	return qprepavx512(dst, q, ks, n, rows, sc, sums, i4, nil, nil)
+}
 
 //go:noescape
 func qprepavx2(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int

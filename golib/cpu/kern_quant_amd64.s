@@ -2247,7 +2247,7 @@ qaxpy1i4avx2store:
 	VZEROUPPER
 	RET
 
-// func qprepavx512(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int
+// func qprepavx512(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int, kz *float32, aff *float32) int
 //
 // intPrep in one pass per row (q n elements apart, dst n bytes apart; n a multiple of 16,
 // of 128 with i4 set): m = max_i |q_ri*ks_i|, sc[r] = m/127, dst_r[i] =
@@ -2256,7 +2256,11 @@ qaxpy1i4avx2store:
 // the first 16 at the block's next 16 bytes, the second 16 64 bytes further (blocks of
 // 128). It returns 0, at the first row that fails, when a product is not finite or a
 // nonzero m/127 or 127/m leaves float32's normal range; 1 otherwise.
-TEXT ·qprepavx512(SB), NOSPLIT, $0-72
+// With aff != nil (rows a multiple of four) each group of four rows also gets its score
+// offsets in sums instead (int8: -128*sc*sum, undoing VNNI's +128; int4, kz the channel
+// zeros: the dot of the float query row with kz) and intDots4's argument block at aff
+// (24 floats a group: [c0 c0 c1 c1 c2 c2 c3 c3], the offsets so, [c0..c3], [o0..o3]).
+TEXT ·qprepavx512(SB), NOSPLIT, $0-88
 	MOVQ dst+0(FP), DI
 	MOVQ q+8(FP), SI
 	MOVQ ks+16(FP), R8
@@ -2277,18 +2281,26 @@ qprep4grp:
 	LEAQ (SI)(CX*4), R13
 	LEAQ (R13)(CX*4), R14
 	LEAQ (R14)(CX*4), R15
-	LEAQ (DI)(CX*1), R9
-	LEAQ (R9)(CX*1), R12
-	LEAQ (R12)(CX*1), AX
 	VXORPS Z16, Z16, Z16
 	VXORPS Z20, Z20, Z20
+	VXORPS Z25, Z25, Z25
+	VXORPS Z12, Z12, Z12
 	VXORPS Z17, Z17, Z17
 	VXORPS Z21, Z21, Z21
+	VXORPS Z26, Z26, Z26
+	VXORPS Z13, Z13, Z13
 	VXORPS Z18, Z18, Z18
 	VXORPS Z22, Z22, Z22
+	VXORPS Z27, Z27, Z27
+	VXORPS Z14, Z14, Z14
 	VXORPS Z19, Z19, Z19
 	VXORPS Z23, Z23, Z23
+	VXORPS Z28, Z28, Z28
+	VXORPS Z15, Z15, Z15
 	XORQ BX, BX
+	MOVQ kz+64(FP), R9
+	TESTQ R9, R9
+	JNZ qprep4maxz
 qprep4max:
 	VMOVUPS (R8)(BX*4), Z5
 	VMULPS (SI)(BX*4), Z5, Z8
@@ -2310,6 +2322,68 @@ qprep4max:
 	ADDQ $16, BX
 	CMPQ BX, CX
 	JLT qprep4max
+	JMP qprep4red
+qprep4maxz:
+	VMOVUPS (R8)(BX*4), Z5
+	VMOVUPS (R9)(BX*4), Z29
+	VMOVUPS (SI)(BX*4), Z8
+	VFMADD231PS Z29, Z8, Z25
+	VMULPS Z5, Z8, Z8
+	VFMADD231PS Z4, Z8, Z20
+	VANDPS Z2, Z8, Z8
+	VMAXPS Z8, Z16, Z16
+	VMOVUPS (R13)(BX*4), Z9
+	VFMADD231PS Z29, Z9, Z26
+	VMULPS Z5, Z9, Z9
+	VFMADD231PS Z4, Z9, Z21
+	VANDPS Z2, Z9, Z9
+	VMAXPS Z9, Z17, Z17
+	VMOVUPS (R14)(BX*4), Z10
+	VFMADD231PS Z29, Z10, Z27
+	VMULPS Z5, Z10, Z10
+	VFMADD231PS Z4, Z10, Z22
+	VANDPS Z2, Z10, Z10
+	VMAXPS Z10, Z18, Z18
+	VMOVUPS (R15)(BX*4), Z11
+	VFMADD231PS Z29, Z11, Z28
+	VMULPS Z5, Z11, Z11
+	VFMADD231PS Z4, Z11, Z23
+	VANDPS Z2, Z11, Z11
+	VMAXPS Z11, Z19, Z19
+	VMOVUPS 64(R8)(BX*4), Z5
+	VMOVUPS 64(R9)(BX*4), Z24
+	VMOVUPS 64(SI)(BX*4), Z8
+	VFMADD231PS Z24, Z8, Z12
+	VMULPS Z5, Z8, Z8
+	VFMADD231PS Z4, Z8, Z20
+	VANDPS Z2, Z8, Z8
+	VMAXPS Z8, Z16, Z16
+	VMOVUPS 64(R13)(BX*4), Z9
+	VFMADD231PS Z24, Z9, Z13
+	VMULPS Z5, Z9, Z9
+	VFMADD231PS Z4, Z9, Z21
+	VANDPS Z2, Z9, Z9
+	VMAXPS Z9, Z17, Z17
+	VMOVUPS 64(R14)(BX*4), Z10
+	VFMADD231PS Z24, Z10, Z14
+	VMULPS Z5, Z10, Z10
+	VFMADD231PS Z4, Z10, Z22
+	VANDPS Z2, Z10, Z10
+	VMAXPS Z10, Z18, Z18
+	VMOVUPS 64(R15)(BX*4), Z11
+	VFMADD231PS Z24, Z11, Z15
+	VMULPS Z5, Z11, Z11
+	VFMADD231PS Z4, Z11, Z23
+	VANDPS Z2, Z11, Z11
+	VMAXPS Z11, Z19, Z19
+	ADDQ $32, BX
+	CMPQ BX, CX
+	JLT qprep4maxz
+	VADDPS Z12, Z25, Z25
+	VADDPS Z13, Z26, Z26
+	VADDPS Z14, Z27, Z27
+	VADDPS Z15, Z28, Z28
+qprep4red:
 	VEXTRACTF64X4 $1, Z16, Y0
 	VMAXPS Y0, Y16, Y8
 	VEXTRACTF128 $1, Y8, X0
@@ -2392,6 +2466,9 @@ qprep4max:
 	VSHUFPS $255, X11, X11, X15
 	VBROADCASTSS X15, Z15
 	VPXORD Z19, Z19, Z19
+	LEAQ (DI)(CX*1), R9
+	LEAQ (R9)(CX*1), R12
+	LEAQ (R12)(CX*1), AX
 	XORQ BX, BX
 	CMPQ i4+56(FP), $0
 	JNE qprep4i4
@@ -2503,6 +2580,46 @@ qprep4sum:
 	VPHADDD X1, X0, X0
 	VCVTDQ2PS X0, X0
 	VMOVUPS X0, (R11)
+	MOVQ aff+72(FP), R9
+	TESTQ R9, R9
+	JZ qprep4gnext
+	VMOVUPS (DX), X1
+	CMPQ i4+56(FP), $0
+	JNE qprep4off4
+	MOVL $0xc3000000, R12
+	VMOVD R12, X3
+	VBROADCASTSS X3, X3
+	VMULPS X3, X1, X3
+	VMULPS X3, X0, X0
+	JMP qprep4aff
+qprep4off4:
+	VEXTRACTF64X4 $1, Z25, Y8
+	VADDPS Y25, Y8, Y8
+	VEXTRACTF64X4 $1, Z26, Y9
+	VADDPS Y26, Y9, Y9
+	VEXTRACTF64X4 $1, Z27, Y10
+	VADDPS Y27, Y10, Y10
+	VEXTRACTF64X4 $1, Z28, Y11
+	VADDPS Y28, Y11, Y11
+	VHADDPS Y9, Y8, Y8
+	VHADDPS Y11, Y10, Y10
+	VHADDPS Y10, Y8, Y8
+	VEXTRACTF128 $1, Y8, X0
+	VADDPS X0, X8, X0
+qprep4aff:
+	VMOVUPS X0, (R11)
+	VUNPCKLPS X1, X1, X3
+	VMOVUPS X3, (R9)
+	VUNPCKHPS X1, X1, X3
+	VMOVUPS X3, 16(R9)
+	VUNPCKLPS X0, X0, X3
+	VMOVUPS X3, 32(R9)
+	VUNPCKHPS X0, X0, X3
+	VMOVUPS X3, 48(R9)
+	VMOVUPS X1, 64(R9)
+	VMOVUPS X0, 80(R9)
+	ADDQ $96, aff+72(FP)
+qprep4gnext:
 	LEAQ (R15)(CX*4), SI
 	ADDQ $16, DX
 	ADDQ $16, R11
@@ -2611,11 +2728,11 @@ qprepsum:
 	DECQ R10
 	JNZ qpreprow
 qprepok:
-	MOVQ $1, ret+64(FP)
+	MOVQ $1, ret+80(FP)
 	VZEROUPPER
 	RET
 qprepfail:
-	MOVQ $0, ret+64(FP)
+	MOVQ $0, ret+80(FP)
 	VZEROUPPER
 	RET
 

@@ -713,3 +713,61 @@ func TestQuantMax4(t *testing.T) {
 		}
 	}
 }
+
+// TestQuantIntPrepAff checks intPrepAff (AVX-512 VNNI) against intPrep and
+// quantPart's Go steps it replaces: the same integers, scales and offsets
+// bit for bit (int8: -128*sc*sum; int4: the float query rows dotted with
+// the channel zeros as the AVX-512 ops.dots does), and the argument blocks
+// laid out as intScores builds them; rows 4 to 12, head dims 64 to 256
+// (int4: 128), and refusal where a row fails.
+func TestQuantIntPrepAff(t *testing.T) {
+	if quant512Ops.intPrepAff == nil {
+		t.Skip("no AVX-512 VNNI")
+	}
+	rng := rand.New(rand.NewPCG(18, 19))
+	for _, f := range quantFormats {
+		for _, d := range []int{64, 128, 256} {
+			if f == cache.QuantInt4 && d != 128 {
+				continue
+			}
+			for _, rows := range []int{4, 8, 12} {
+				q, ks, kz := randVec(rng, rows*d, 1), randVec(rng, d, 0.05), randVec(rng, d, 0.5)
+				qi, qi2 := make([]byte, rows*d), make([]byte, rows*d)
+				sc, sc2, off, sum := make([]float32, rows), make([]float32, rows), make([]float32, rows), make([]float32, rows)
+				aff := make([]float32, rows/4*24)
+				if !quant512Ops.intPrepAff(qi, q, ks, kz, f, sc, off, aff) || !quant512Ops.intPrep(qi2, q, ks, f, sc2, sum) {
+					t.Fatalf("%s d=%d rows %d: prep failed on finite input", f, d, rows)
+				}
+				if !slices.Equal(qi, qi2) || !slices.Equal(sc, sc2) {
+					t.Fatalf("%s d=%d rows %d: integers or scales differ from intPrep", f, d, rows)
+				}
+				for r := 0; r < rows; r++ {
+					if f == cache.QuantInt8 {
+						if want := sum[r] * (-128 * sc[r]); off[r] != want {
+							t.Fatalf("%s d=%d rows %d: row %d offset %v, want %v", f, d, rows, r, off[r], want)
+						}
+						continue
+					}
+					// ops.dots's sums over the rows, as quantPart calls it, bit for bit
+					want := make([]float32, rows)
+					avx512Ops.dots(want, kz, q, d, 0)
+					if off[r] != want[r] {
+						t.Fatalf("%s d=%d rows %d: row %d offset %v, want %v", f, d, rows, r, off[r], want[r])
+					}
+				}
+				for j := 0; j < rows; j += 4 {
+					c, o := sc[j:j+4], off[j:j+4]
+					want := []float32{c[0], c[0], c[1], c[1], c[2], c[2], c[3], c[3], o[0], o[0], o[1], o[1], o[2], o[2], o[3], o[3],
+						c[0], c[1], c[2], c[3], o[0], o[1], o[2], o[3]}
+					if got := aff[j/4*24 : j/4*24+24]; !slices.Equal(got, want) {
+						t.Fatalf("%s d=%d rows %d: argument block %d = %v, want %v", f, d, rows, j/4, got, want)
+					}
+				}
+				q[(rows-1)*d+3] = float32(math.Inf(1))
+				if quant512Ops.intPrepAff(qi, q, ks, kz, f, sc, off, aff) {
+					t.Fatalf("%s d=%d rows %d: an infinite query element was taken", f, d, rows)
+				}
+			}
+		}
+	}
+}

@@ -84,8 +84,14 @@ type quantOps struct {
 	// takes); intDots4 computes four rows' scores (rows ld apart) over n
 	// tokens from such rows, s = acc*aff-scale + aff-offset (layout in
 	// kern_quant_amd64.s).
-	intPrep  func(dst []byte, q, ks []float32, f cache.QuantFormat, sc, sum []float32) bool
-	intDots4 func(s []float32, ld, n int, qi []byte, k qmat, d int, aff *[24]float32, pf int)
+	intPrep func(dst []byte, q, ks []float32, f cache.QuantFormat, sc, sum []float32) bool
+	// intPrepAff, when set (AVX-512 VNNI), is intPrep for rows a multiple
+	// of four that also sets the rows' score offsets in off (int8:
+	// -128*sc*sum; int4 at head dim 128: the query row (float) dotted with
+	// the channel zeros kz, in the order of the AVX-512 ops.dots) and
+	// intDots4's argument blocks in aff (quantPart.aff) in the same call.
+	intPrepAff func(dst []byte, q, ks, kz []float32, f cache.QuantFormat, sc, off, aff []float32) bool
+	intDots4   func(s []float32, ld, n int, qi []byte, k qmat, d int, aff *[24]float32, pf int)
 	// vaxpy4, when set (AVX-512 VNNI, AVX2), is axpy4 by integer dots: the
 	// weights p_rt times the rows' V scales are quantized to int16 per row
 	// (steps of max_t,g p_rt*s_tg / 16383 over the n tokens), V rows widened
@@ -250,6 +256,11 @@ func scalesStream(a, b *cache.QuantSegment) bool {
 	}
 	return near(a.KScale, b.KScale) && near(a.VScale, b.VScale)
 }
+
+// quantPrepAff: quantPart has intPrepAff set the parts' offsets and
+// argument blocks where the ops have it (true), or intPrep and Go code
+// (false: the code before it, for paired runs).
+var quantPrepAff = true
 
 // quantPrefetchTokens is how many rows ahead the loops over quantized
 // rows prefetch (prefetchTokens is the native loops').
@@ -564,6 +575,12 @@ func (u *unitState) quantPart(p *quantPart, ops *kernelOps, s *shape, sg *cache.
 		p.intOn = true
 		p.qi = u.qi[i*rows*dk : (i+1)*rows*dk]
 		p.isc, p.ioff = u.isc[i*rows:(i+1)*rows], u.ioff[i*rows:(i+1)*rows]
+		// (int4: the offsets summed as ops.dots sums them at head dim 128)
+		if rows%4 == 0 && qb.ops.intPrepAff != nil && quantPrepAff && (qs.Format == cache.QuantInt8 || dk == 128) {
+			p.aff = u.aff[i*rows/4*24 : (i+1)*rows/4*24]
+			p.bad = !qb.ops.intPrepAff(p.qi, u.qs[:rows*dk], qs.KScale[:dk], qs.KZero, qs.Format, p.isc, p.ioff, p.aff)
+			break
+		}
 		p.bad = !qb.ops.intPrep(p.qi, u.qs[:rows*dk], qs.KScale[:dk], qs.Format, p.isc, p.ioff)
 		if qs.Format == cache.QuantInt8 {
 			for r, sc := range p.isc {
