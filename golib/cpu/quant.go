@@ -166,14 +166,16 @@ func QuantIntDots() bool { return intDots.Load() }
 // (blockTokens). runUnit hands every run of consecutive quantized segments
 // to quantRun, which groups whole chunks into super-blocks of up to bt
 // tokens: per chunk it folds the chunk's per-channel scales into the
-// query rows (a quantPart), then unitState.block runs once over the
-// super-block: the score loop per part into the shared score rows at the
-// part's offset, the online-softmax bookkeeping (max, exp, l, rescale)
-// once, and the accumulation per part. A chunk longer than bt is cut in
-// blocks of bt as the native path does.
+// query rows (a quantPart), then qblock (unitState.block's loop for the
+// parts) runs once over the super-block: the score loop per part into the
+// shared score rows at the part's offset, the online-softmax bookkeeping
+// (max, exp, l, rescale) once, and the accumulation per part. Where every
+// part takes the integer loops, the score and accumulation loops walk all
+// the parts in one call each (quantOps.intParts, vaxpyParts). A chunk
+// longer than bt is cut in blocks of bt as the native path does.
 
 // quantPart is one chunk (or a block of a long one) of the super-block
-// unitState.block is walking.
+// qblock is walking.
 type quantPart struct {
 	off, n int       // its tokens [off, off+n) of the super-block
 	k, v   qmat      // their rows
@@ -197,9 +199,9 @@ type quantPart struct {
 	bad bool
 }
 
-// quantBlock is the super-block runUnit is walking: while on,
-// unitState.block reads K and V through its parts instead of float32/16-bit
-// rows.
+// quantBlock is the super-block runUnit is walking: while on, qblock (and
+// unitState.block, with quantOwnBlock off) reads K and V through its parts
+// instead of float32/16-bit rows.
 type quantBlock struct {
 	on    bool
 	ops   *quantOps
