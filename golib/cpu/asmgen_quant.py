@@ -1296,7 +1296,8 @@ def vaxpy(fmt):
     else:
         w("// V rows are interleaved by pair (VPUNPCKLBW/HBW), widened to int16 (VPMOVZXBW) and split")
         w("// into even and odd elements (VPANDD, VPSRLW), dotted")
-    w("// by VPDPWSSD with the weight dword broadcast; int32 sums, exact (|w| <= 16383, |q| <= 128,")
+    w("// by VPDPWSSD with the weight dword broadcast (VPBROADCASTD, once for the two halves of")
+    w("// the block's elements); int32 sums, exact (|w| <= 16383, |q| <= 128,")
     w("// fewer than 2^19 tokens), put back in element order when the block is stored.")
     w(f"TEXT ·{name}(SB), NOSPLIT, $0-128")
     ins("MOVQ nb+112(FP), R15")
@@ -1326,9 +1327,13 @@ def vaxpy(fmt):
                     "VPUNPCKLBW X1, X0, X2", "VPUNPCKHBW X1, X0, X3", "VINSERTI128 $1, X3, Y2, Y2",
                     # words of zero-extended bytes: the high nibble is word >> 4 as it is
                     "VPMOVZXBW Y2, Z2", "VPSRLW $4, Z2, Z3", "VPANDD Z15, Z2, Z2")
+            # each weight dword broadcast once into Z4-Z11 for its two VPDPWSSD (one load
+            # instead of two)
+            for r in range(4):
+                ins(f"VPBROADCASTD {wrow(r, h)}, Z{4+4*h+r}")
             for r in range(4):
                 for x in range(2):
-                    ins(f"VPDPWSSD.BCST {wrow(r, h)}, Z{2+x}, {acc(r, h, x)}")
+                    ins(f"VPDPWSSD Z{4+4*h+r}, Z{2+x}, {acc(r, h, x)}")
 
     ins("TESTQ AX, AX", f"JZ {name}odd")
     w(f"{name}pair:")
