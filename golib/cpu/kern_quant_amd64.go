@@ -278,6 +278,7 @@ func init() {
 	quantAVX2Ops.sumsq2 = sumsq2avx2
 	quant512Ops.max4 = max4avx512
 	quantAVX2Ops.max4 = max4avx2
+	quant512Ops.prefetchK, quantAVX2Ops.prefetchK = qprefetchK, qprefetchK
 	avx512Ops.quant = &quant512Ops
 	avx2Ops.quant = &quantAVX2Ops
 }
@@ -447,6 +448,11 @@ func qprefetchBytes(a, b []byte) {
 		pb = (*float32)(unsafe.Pointer(&b[0]))
 	}
 	qprefetch4(pa, len(a)/4, pb, len(b)/4, nil, 0, nil, 0)
+}
+
+// qprefetchK is quantOps.prefetchK.
+func qprefetchK(q *cache.QuantSegment) {
+	qprefetch4(f32p0(q.KScale), len(q.KScale), f32p0(q.KZero), len(q.KZero), nil, 0, nil, 0)
 }
 
 // f32p0 is the address of s's first element, nil when s is empty.

@@ -108,6 +108,8 @@ type quantOps struct {
 	// each) in one call: m[r] is row r's largest score, or NaN when one of
 	// its scores is not finite.
 	max4 func(s []float32, ld, n int, m *[4]float32)
+	// prefetchK, when set, hints a segment's K scales and zeros into L2.
+	prefetchK func(q *cache.QuantSegment)
 	// intParts and vaxpyParts, when set (with intDots4 and vaxpy4), are
 	// the score and accumulation loops of four rows [r, r+4) over the
 	// tokens [a, e) of a super-block's parts in one call: intDots4 per part
@@ -263,6 +265,11 @@ func scalesStream(a, b *cache.QuantSegment) bool {
 // argument blocks where the ops have it (true), or intPrep and Go code
 // (false: the code before it, for paired runs).
 var quantPrepAff = true
+
+// quantKScaleAhead: quantRun prefetches the K scales of the segment this
+// many ahead of the one it prepares (quantOps.prefetchK; 0: none), which
+// quantPart reads first.
+var quantKScaleAhead = 2
 
 // quantPrefetchTokens is how many rows ahead the loops over quantized
 // rows prefetch (prefetchTokens is the native loops').
@@ -523,6 +530,9 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 			qb.parts = append(qb.parts, quantPart{})
 		}
 		p := &qb.parts[len(qb.parts)-1]
+		if j := used + quantKScaleAhead; quantKScaleAhead > 0 && j < len(segs) && qb.ops.prefetchK != nil {
+			qb.ops.prefetchK(&segs[j].Q)
+		}
 		u.quantPart(p, ops, s, sg, len(qb.parts)-1, rows, intOK)
 		qb.allInt = qb.allInt && p.intOn && !p.bad
 		qb.allIntV = qb.allIntV && p.intV

@@ -66,6 +66,7 @@ var quantVariants = []struct {
 	{"ownblock", func(on bool) { quantOwnBlock = on }},
 	{"partsloops", func(on bool) { quantPartsLoops = on }},
 	{"scaleprefetch", func(on bool) { quantScalePrefetch = on }},
+	{"kscaleahead", func(on bool) { quantKScaleAhead = map[bool]int{false: 0, true: 2}[on] }},
 	{"prepaff", func(on bool) { quantPrepAff = on }},
 	{"partprefetch", func(on bool) { quantPartPrefetch = on }},
 }
