@@ -20,12 +20,15 @@ type quantSeq struct {
 	qk, qv       []byte    // [KVHeads][Capacity] sealed rows
 	kts, kzs     []float32 // per-token K scales/zeros: [KVHeads][Capacity][ngK]
 	vts, vzs     []float32 // V scales/zeros: [KVHeads][Capacity][ngV]
-	// kch holds the per-channel K scales of the chunks: chunk i, head h at
-	// [(i*KVHeads+h)*chStride:], HeadDimK scales then (int4) HeadDimK zeros.
-	// It is reserved (on the Go heap, like the chunk table) for
-	// Capacity/Group+1 chunks; truncations into sealed chunks can create more
-	// (shorter) chunks, and then it grows.
+	// kch holds the per-channel K scales of the contiguous layout's chunks,
+	// head by head (a head's chunks one after the other, so the decode
+	// kernel reads them as one stream): chunk i, head h at
+	// [(h*kchCap+i)*chStride:], HeadDimK scales then (int4) HeadDimK zeros.
+	// It is allocated (on the Go heap, like the chunk table) for kchCap =
+	// Capacity/Group+1 chunks; truncations into sealed chunks can create
+	// more (shorter) chunks, and then it grows (growKch).
 	kch    []float32
+	kchCap int
 	chunks []int
 	// bounded[i]: every scale and zero of chunk i (every head) passed
 	// scalesBounded when it was sealed (QuantSegment.Bounded)
@@ -144,7 +147,7 @@ func (g quantGeom) carve(cfg Config, buf []byte) *quantSeq {
 	s := &quantSeq{ringK: next(p[0]), ringV: next(p[1]), qk: next(p[2]), qv: next(p[3]),
 		kts: asF32(next(p[4])), kzs: asF32(next(p[5])), vts: asF32(next(p[6])), vzs: asF32(next(p[7]))}
 	if g.chStride > 0 {
-		s.kch = make([]float32, 0, g.maxChunks*cfg.KVHeads*g.chStride)
+		s.kch, s.kchCap = make([]float32, g.maxChunks*cfg.KVHeads*g.chStride), g.maxChunks
 	}
 	s.chunks = make([]int, 0, g.maxChunks)
 	s.bounded = make([]bool, 0, g.maxChunks)
@@ -201,9 +204,6 @@ func (s *quantSeq) cut(pos, heads, chStride int, a *Arena) {
 	i := sort.SearchInts(s.chunks, pos)
 	s.chunks = s.chunks[:i]
 	s.bounded = s.bounded[:i]
-	if n := i * heads * chStride; n <= len(s.kch) { // the contiguous layout's chunk scales
-		s.kch = s.kch[:n]
-	}
 	if i < len(s.blks) {
 		a.releaseChunks(s.blks[i:])
 		s.blks = s.blks[:i]
@@ -215,7 +215,6 @@ func (s *quantSeq) reset(a *Arena) {
 	s.sealed = 0
 	s.chunks = s.chunks[:0]
 	s.bounded = s.bounded[:0]
-	s.kch = s.kch[:0]
 	a.releaseChunks(s.blks)
 	s.blks = s.blks[:0]
 }
@@ -264,12 +263,7 @@ func (c *KVCache) sealLocked(s *quantSeq) {
 	if c.cfg.Layout == Paged {
 		s.blks = append(s.blks, c.takeChunkLocked())
 	} else if g.chStride > 0 {
-		need := cfg.KVHeads * g.chStride
-		if n := len(s.kch); cap(s.kch)-n >= need {
-			s.kch = s.kch[:n+need]
-		} else {
-			s.kch = append(s.kch, make([]float32, need)...)
-		}
+		s.growKch(ci+1, cfg.KVHeads, g.chStride)
 	}
 	xk, xv := c.qscratch[:G*dk], c.qscratch[G*dk:G*(dk+dv)]
 	var written int64
@@ -297,6 +291,38 @@ func (c *KVCache) sealLocked(s *quantSeq) {
 	c.sealCalls++
 }
 
+// chunkScales returns the per-channel K scales (and zeros) of chunk i,
+// head h, in the contiguous layout.
+func (s *quantSeq) chunkScales(i, h, chStride int) []float32 {
+	off := (h*s.kchCap + i) * chStride
+	return s.kch[off : off+chStride]
+}
+
+// growKch makes room in kch for n chunks per head (doubling, each head's
+// chunk scales moved to its new place).
+func (s *quantSeq) growKch(n, heads, chStride int) {
+	if n <= s.kchCap {
+		return
+	}
+	c := max(n, 2*s.kchCap)
+	k := make([]float32, c*heads*chStride)
+	for h := range heads {
+		copy(k[h*c*chStride:(h*c+s.kchCap)*chStride], s.kch[h*s.kchCap*chStride:(h+1)*s.kchCap*chStride])
+	}
+	s.kch, s.kchCap = k, c
+}
+
+// copyKch makes the per-channel scales of s's first nc chunks those of src.
+func (s *quantSeq) copyKch(src *quantSeq, nc, heads, chStride int) {
+	if chStride == 0 || nc == 0 {
+		return
+	}
+	s.growKch(nc, heads, chStride)
+	for h := range heads {
+		copy(s.kch[h*s.kchCap*chStride:(h*s.kchCap+nc)*chStride], src.kch[h*src.kchCap*chStride:(h*src.kchCap+nc)*chStride])
+	}
+}
+
 // sealedRows is one head's storage of a run of sealed positions of one
 // chunk: rows, and the scales and zeros that go with them (zeros nil for
 // int8; per-channel K scales cover the whole chunk).
@@ -322,8 +348,7 @@ func (c *KVCache) sealedAt(s *quantSeq, i, h, p0, p1 int) sealedRows {
 	} else {
 		r0, r1 = h*c.cfg.Capacity+p0, h*c.cfg.Capacity+p1
 		qk, qv, kts, kzs, vts, vzs = s.qk, s.qv, s.kts, s.kzs, s.vts, s.vzs
-		off := (i*c.cfg.KVHeads + h) * g.chStride
-		kch = s.kch[off : off+g.chStride]
+		kch = s.chunkScales(i, h, g.chStride)
 	}
 	d := sealedRows{qk: qk[r0*g.qRowK : r1*g.qRowK], qv: qv[r0*g.qRowV : r1*g.qRowV], vScale: vts[r0*g.ngV : r1*g.ngV]}
 	if g.zeros {
@@ -414,7 +439,7 @@ func (c *KVCache) copyQuantSeqLocked(dst, src *quantSeq, lo, hi int) int64 {
 	nc := sort.SearchInts(src.chunks, sEnd)
 	dst.chunks = append(dst.chunks, src.chunks[:nc]...)
 	dst.bounded = append(dst.bounded, src.bounded[:nc]...)
-	dst.kch = append(dst.kch, src.kch[:nc*cfg.KVHeads*g.chStride]...)
+	dst.copyKch(src, nc, cfg.KVHeads, g.chStride)
 	n += int64(4*nc*cfg.KVHeads*g.chStride + 8*nc)
 	dst.sealed = sEnd
 	return n
@@ -440,7 +465,9 @@ func (c *KVCache) quantInfoLocked(in *Info) {
 	in.SealedTokens, in.NativeTokens = sealed, native
 	var chunkScales, heap int64
 	for _, sq := range c.seqs {
-		chunkScales += int64(4 * len(sq.q.kch))
+		if g.chStride > 0 {
+			chunkScales += int64(4 * len(sq.q.chunks) * c.cfg.KVHeads * g.chStride)
+		}
 		heap += int64(4*cap(sq.q.kch) + 8*cap(sq.q.chunks) + cap(sq.q.bounded))
 	}
 	if c.cfg.Layout == Paged {
@@ -525,7 +552,7 @@ func (c *KVCache) regrowSeqLocked(g *KVCache, b int) int64 {
 	nc := sort.SearchInts(src.chunks, sEnd)
 	dst.chunks = append(dst.chunks[:0], src.chunks[:nc]...)
 	dst.bounded = append(dst.bounded[:0], src.bounded[:nc]...)
-	dst.kch = append(dst.kch[:0], src.kch[:nc*c.cfg.KVHeads*q.chStride]...)
+	dst.copyKch(src, nc, c.cfg.KVHeads, q.chStride)
 	dst.sealed = sEnd
 	return n + int64(4*nc*c.cfg.KVHeads*q.chStride+8*nc)
 }

@@ -279,11 +279,22 @@ def axpy(rows, fmt, isa):
     w()
 
 
+def transpose4(op, regs, dst, tmp):
+    """Reduces four xmm registers regs (four lanes each) by op (VMAXPS, VADDPS: any order of
+    the lanes) into X{dst} = [op(regs[0]) .. op(regs[3])]; X{tmp[0]}, X{tmp[1]} clobbered (dst
+    may be one of them or of regs)."""
+    a, b = tmp
+    r0, r1, r2, r3 = regs
+    return [f"VUNPCKLPS X{r1}, X{r0}, X{a}", f"VUNPCKHPS X{r1}, X{r0}, X{b}", f"{op} X{b}, X{a}, X{a}",
+            f"VUNPCKLPS X{r3}, X{r2}, X{b}", f"VUNPCKHPS X{r3}, X{r2}, X{r0}", f"{op} X{r0}, X{b}, X{b}",
+            f"VMOVLHPS X{b}, X{a}, X{r0}", f"VMOVHLPS X{a}, X{b}, X{a}", f"{op} X{a}, X{r0}, X{dst}"]
+
+
 def vnni():
     """AVX-512 VNNI score loop for int8 K per channel: q (scales folded) quantized to int8
     per row once per segment (qprep: maximum, checks and rounding in one call), integer dots
     by VPDPBUSD."""
-    w("// func qprepavx512(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int")
+    w("// func qprepavx512(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int, kz *float32, aff *float32) int")
     w("//")
     w("// intPrep in one pass per row (q n elements apart, dst n bytes apart; n a multiple of 16,")
     w("// of 128 with i4 set): m = max_i |q_ri*ks_i|, sc[r] = m/127, dst_r[i] =")
@@ -292,7 +303,11 @@ def vnni():
     w("// the first 16 at the block's next 16 bytes, the second 16 64 bytes further (blocks of")
     w("// 128). It returns 0, at the first row that fails, when a product is not finite or a")
     w("// nonzero m/127 or 127/m leaves float32's normal range; 1 otherwise.")
-    w("TEXT ·qprepavx512(SB), NOSPLIT, $0-72")
+    w("// With aff != nil (rows a multiple of four) each group of four rows also gets its score")
+    w("// offsets in sums instead (int8: -128*sc*sum, undoing VNNI's +128; int4, kz the channel")
+    w("// zeros: the dot of the float query row with kz) and intDots4's argument block at aff")
+    w("// (24 floats a group: [c0 c0 c1 c1 c2 c2 c3 c3], the offsets so, [c0..c3], [o0..o3]).")
+    w("TEXT ·qprepavx512(SB), NOSPLIT, $0-88")
     ins("MOVQ dst+0(FP), DI", "MOVQ q+8(FP), SI", "MOVQ ks+16(FP), R8", "MOVQ n+24(FP), CX",
         "MOVQ rows+32(FP), R10", "MOVQ sc+40(FP), DX", "MOVQ sums+48(FP), R11",
         "VXORPS Z4, Z4, Z4", "MOVL $0x7fffffff, R9", "VPBROADCASTD R9, Z2",
@@ -303,28 +318,51 @@ def vnni():
     qrow, drow = ["SI", "R13", "R14", "R15"], ["DI", "R9", "R12", "AX"]
     w("qprep4grp:")
     ins("CMPQ R10, $4", "JLT qprep1start", "LEAQ (SI)(CX*4), R13", "LEAQ (R13)(CX*4), R14",
-        "LEAQ (R14)(CX*4), R15", "LEAQ (DI)(CX*1), R9", "LEAQ (R9)(CX*1), R12", "LEAQ (R12)(CX*1), AX")
+        "LEAQ (R14)(CX*4), R15")
     for i in range(4):
-        ins(f"VXORPS Z{16+i}, Z{16+i}, Z{16+i}", f"VXORPS Z{20+i}, Z{20+i}, Z{20+i}")
-    ins("XORQ BX, BX")
+        ins(f"VXORPS Z{16+i}, Z{16+i}, Z{16+i}", f"VXORPS Z{20+i}, Z{20+i}, Z{20+i}",
+            f"VXORPS Z{25+i}, Z{25+i}, Z{25+i}", f"VXORPS Z{12+i}, Z{12+i}, Z{12+i}")
+    ins("XORQ BX, BX", "MOVQ kz+64(FP), R9", "TESTQ R9, R9", "JNZ qprep4maxz")
     w("qprep4max:")
     ins("VMOVUPS (R8)(BX*4), Z5")
     for i in range(4):
         ins(f"VMULPS ({qrow[i]})(BX*4), Z5, Z{8+i}", f"VFMADD231PS Z4, Z{8+i}, Z{20+i}",
             f"VANDPS Z2, Z{8+i}, Z{8+i}", f"VMAXPS Z{8+i}, Z{16+i}, Z{16+i}")
-    ins("ADDQ $16, BX", "CMPQ BX, CX", "JLT qprep4max")
+    ins("ADDQ $16, BX", "CMPQ BX, CX", "JLT qprep4max", "JMP qprep4red")
+    # the same with the dots of the float rows and the channel zeros (int4 offsets, head dim
+    # 128), summed as dots16 sums them (dots1wasm: even chunks of 16 in Z25-Z28, odd ones in
+    # Z12-Z15, then REDUCE4's order), so the offsets are bit for bit those quantPart had
+    w("qprep4maxz:")
+    for h, (kzr, accs) in enumerate(((29, 25), (24, 12))):
+        ins(f"VMOVUPS {off(64*h)}(R8)(BX*4), Z5", f"VMOVUPS {off(64*h)}(R9)(BX*4), Z{kzr}")
+        for i in range(4):
+            ins(f"VMOVUPS {off(64*h)}({qrow[i]})(BX*4), Z{8+i}", f"VFMADD231PS Z{kzr}, Z{8+i}, Z{accs+i}",
+                f"VMULPS Z5, Z{8+i}, Z{8+i}", f"VFMADD231PS Z4, Z{8+i}, Z{20+i}", f"VANDPS Z2, Z{8+i}, Z{8+i}",
+                f"VMAXPS Z{8+i}, Z{16+i}, Z{16+i}")
+    ins("ADDQ $32, BX", "CMPQ BX, CX", "JLT qprep4maxz")
     for i in range(4):
-        ins(f"VEXTRACTF64X4 $1, Z{16+i}, Y0", f"VMAXPS Y0, Y{16+i}, Y1", "VEXTRACTF128 $1, Y1, X0",
-            "VMAXPS X0, X1, X1", "VPERMILPS $0x4e, X1, X0", "VMAXPS X0, X1, X1", "VPERMILPS $0xb1, X1, X0",
-            "VMAXPS X0, X1, X1",
-            f"VEXTRACTF64X4 $1, Z{20+i}, Y0", f"VADDPS Y0, Y{20+i}, Y3", "VEXTRACTF128 $1, Y3, X0",
-            "VADDPS X0, X3, X3", "VHADDPS X3, X3, X3", "VHADDPS X3, X3, X3",
-            "VXORPS X5, X5, X5", "VUCOMISS X5, X3", "JNE qprepfail", "JPS qprepfail",
-            "VXORPS X8, X8, X8", "VXORPS X9, X9, X9", "VUCOMISS X5, X1", f"JEQ qprep4inv{i}",
-            "VDIVSS X6, X1, X8", "VUCOMISS X5, X8", "JEQ qprepfail", "VDIVSS X1, X6, X9",
-            "VUCOMISS X7, X9", "JHI qprepfail")
-        w(f"qprep4inv{i}:")
-        ins(f"VMOVSS X8, {off(4*i)}(DX)", f"VBROADCASTSS X9, Z{12+i}", f"VPXORD Z{16+i}, Z{16+i}, Z{16+i}")
+        ins(f"VADDPS Z{12+i}, Z{25+i}, Z{25+i}")
+    w("qprep4red:")
+    # the four rows' maxima (X1) and sums of products times 0 (X3) side by side, then the
+    # checks, scales and inverses of the four at once: the same values as one row at a time
+    for i in range(4):
+        ins(f"VEXTRACTF64X4 $1, Z{16+i}, Y0", f"VMAXPS Y0, Y{16+i}, Y{8+i}", f"VEXTRACTF128 $1, Y{8+i}, X0",
+            f"VMAXPS X0, X{8+i}, X{8+i}",
+            f"VEXTRACTF64X4 $1, Z{20+i}, Y0", f"VADDPS Y0, Y{20+i}, Y{12+i}", f"VEXTRACTF128 $1, Y{12+i}, X0",
+            f"VADDPS X0, X{12+i}, X{12+i}")
+    ins(*transpose4("VMAXPS", [8, 9, 10, 11], 1, (0, 3)), *transpose4("VADDPS", [12, 13, 14, 15], 3, (0, 5)))
+    ins("VXORPS X5, X5, X5",
+        # a product that is not finite: its x*0 is NaN
+        "VCMPPS $4, X5, X3, X0", "VPTEST X0, X0", "JNZ qprepfail",
+        # rows with m > 0 (X8): sc = m/127 must not be 0, inv = 127/m not above MaxFloat32
+        "VCMPPS $4, X5, X1, X8", "VBROADCASTSS X6, X9", "VDIVPS X9, X1, X10", "VDIVPS X1, X9, X11",
+        "VCMPPS $0, X5, X10, X0", "VANDPS X8, X0, X0", "VPTEST X0, X0", "JNZ qprepfail",
+        "VBROADCASTSS X7, X12", "VCMPPS $0x1e, X12, X11, X0", "VANDPS X8, X0, X0", "VPTEST X0, X0", "JNZ qprepfail",
+        "VANDPS X8, X10, X10", "VANDPS X8, X11, X11", "VMOVUPS X10, (DX)")
+    for i in range(4):
+        ins(f"VSHUFPS ${i * 0x55}, X11, X11, X{12+i}", f"VBROADCASTSS X{12+i}, Z{12+i}",
+            f"VPXORD Z{16+i}, Z{16+i}, Z{16+i}")
+    ins("LEAQ (DI)(CX*1), R9", "LEAQ (R9)(CX*1), R12", "LEAQ (R12)(CX*1), AX")
     ins("XORQ BX, BX", "CMPQ i4+56(FP), $0", "JNE qprep4i4")
     w("qprep4i8:")
     ins("VMOVUPS (R8)(BX*4), Z5")
@@ -345,17 +383,34 @@ def vnni():
     ins("CMPQ BX, CX", "JLT qprep4i4", "LEAQ (DI)(CX*2), DI", "ADDQ CX, DI")  # DI had moved n on
     w("qprep4sum:")
     for i in range(4):
-        ins(f"VEXTRACTI64X4 $1, Z{16+i}, Y0", f"VPADDD Y0, Y{16+i}, Y1", "VEXTRACTI128 $1, Y1, X0",
-            "VPADDD X0, X1, X1", "VPHADDD X1, X1, X1", "VPHADDD X1, X1, X1", "VCVTDQ2PS X1, X1",
-            f"VMOVSS X1, {off(4*i)}(R11)")
+        ins(f"VEXTRACTI64X4 $1, Z{16+i}, Y0", f"VPADDD Y0, Y{16+i}, Y{8+i}", f"VEXTRACTI128 $1, Y{8+i}, X0",
+            f"VPADDD X0, X{8+i}, X{8+i}")
+    ins("VPHADDD X9, X8, X0", "VPHADDD X11, X10, X1", "VPHADDD X1, X0, X0", "VCVTDQ2PS X0, X0", "VMOVUPS X0, (R11)",
+        "MOVQ aff+72(FP), R9", "TESTQ R9, R9", "JZ qprep4gnext", "VMOVUPS (DX), X1", "CMPQ i4+56(FP), $0",
+        "JNE qprep4off4",
+        # int8: offsets sum*(-128*sc) (-128*sc exact), as quantPart did
+        "MOVL $0xc3000000, R12", "VMOVD R12, X3", "VBROADCASTSS X3, X3", "VMULPS X3, X1, X3", "VMULPS X3, X0, X0",
+        "JMP qprep4aff")
+    w("qprep4off4:")
+    # REDUCE4 (kern_avx512_amd64.s) of the four rows' sums
+    for i in range(4):
+        ins(f"VEXTRACTF64X4 $1, Z{25+i}, Y{8+i}", f"VADDPS Y{25+i}, Y{8+i}, Y{8+i}")
+    ins("VHADDPS Y9, Y8, Y8", "VHADDPS Y11, Y10, Y10", "VHADDPS Y10, Y8, Y8", "VEXTRACTF128 $1, Y8, X0",
+        "VADDPS X0, X8, X0")
+    # (Z2, the abs mask, stays for the next group)
+    w("qprep4aff:")
+    ins("VMOVUPS X0, (R11)", "VUNPCKLPS X1, X1, X3", "VMOVUPS X3, (R9)", "VUNPCKHPS X1, X1, X3", "VMOVUPS X3, 16(R9)",
+        "VUNPCKLPS X0, X0, X3", "VMOVUPS X3, 32(R9)", "VUNPCKHPS X0, X0, X3", "VMOVUPS X3, 48(R9)",
+        "VMOVUPS X1, 64(R9)", "VMOVUPS X0, 80(R9)", "ADDQ $96, aff+72(FP)")
+    w("qprep4gnext:")
     ins("LEAQ (R15)(CX*4), SI", "ADDQ $16, DX", "ADDQ $16, R11", "SUBQ $4, R10", "JMP qprep4grp")
-    prep_rows("avx512", "qprep")
+    prep_rows("avx512", "qprep", 80)
     w()
     vnni_dots("i8")
     vnni_dots("i4")
 
 
-def prep_rows(isa, pfx):
+def prep_rows(isa, pfx, ret=64):
     """intPrep's one-row loop (qprep*: the rows left after the four-row groups, every row on
     AVX2), from label {pfx}1start: rows R10, q SI, dst DI, ks R8, n CX, sc DX, sums R11, with
     Y/Z2 the abs mask, Y/Z4 zero, X6 127 and X7 MaxFloat32 set. The same products, maximum,
@@ -417,9 +472,67 @@ def prep_rows(isa, pfx):
         "VPHADDD X1, X1, X1", "VPHADDD X1, X1, X1", "VCVTDQ2PS X1, X1", "VMOVSS X1, (R11)",
         "LEAQ (SI)(CX*4), SI", "ADDQ CX, DI", "ADDQ $4, DX", "ADDQ $4, R11", "DECQ R10", f"JNZ {pfx}row")
     w(f"{pfx}ok:")
-    ins("MOVQ $1, ret+64(FP)", "VZEROUPPER", "RET")
+    ins(f"MOVQ $1, ret+{ret}(FP)", "VZEROUPPER", "RET")
     w(f"{pfx}fail:")
-    ins("MOVQ $0, ret+64(FP)", "VZEROUPPER", "RET")
+    ins(f"MOVQ $0, ret+{ret}(FP)", "VZEROUPPER", "RET")
+
+
+def vnni_quads_pairs(name, fmt, qregs):
+    """The four-token step of qdots4*vnni at head dim 128 (int4: one 64-byte chunk a row, int8:
+    two): each pair of tokens in one zmm per quarter (int8: [t0 bytes 32j..32j+31 | t1 the
+    same]) or half row (int4: bytes 0-31, then 32-63, nibbles unpacked as vnni_quads), so a
+    row's accumulator holds both tokens (8 lanes each) and the step reduces 8 accumulators
+    (Z16-Z23, row r pair u in Z(16+2r+u)) instead of 16. The query rows, each 32-byte quarter
+    repeated in both halves (VBROADCASTI64X4), stay in Z0-Z15 (row r in Z(4r)..Z(4r+3)); the
+    affine terms spread per lane (as vnni_quads) wait in the frame. The 16 sums come out in
+    the lane order vwq4idx undoes (VPERMD). Leaves the last nt%4 tokens to the pair loop."""
+    mask = "0x0f0f0f0f" if fmt == "i4" else "0x80808080"
+    ins(f"MOVL ${mask}, CX", "VPBROADCASTD CX, Z31", "VMOVDQU32 qidx4<>(SB), Z30",
+        "VMOVUPS 64(R14), X28", "VPERMPS Z28, Z30, Z28", "VMOVUPS Z28, (SP)",
+        "VMOVUPS 80(R14), X28", "VPERMPS Z28, Z30, Z28", "VMOVUPS Z28, 64(SP)",
+        "VMOVDQU32 vwq4idx<>(SB), Z30")
+    # q quarter j of row r pairs with K operand j: int4 qi4Order (A lo, A hi, B lo, B hi), int8 in order
+    qoffs = (0, 64, 32, 96) if fmt == "i4" else (0, 32, 64, 96)
+    for r in range(4):
+        for j, o in enumerate(qoffs):
+            ins(f"VBROADCASTI64X4 {off(o)}({qregs[r]}), Z{4*r+j}")
+    w(f"{name}p2:")
+    for i in range(16, 24):
+        ins(f"VPXORD Z{i}, Z{i}, Z{i}")
+    ins("MOVQ pfd+72(FP), R12", "LEAQ (SI)(R12*1), R12", "PREFETCHT1 (R12)", "PREFETCHT1 64(R12)",
+        "PREFETCHT1 (R12)(BX*1)", "PREFETCHT1 64(R12)(BX*1)", "LEAQ (R12)(BX*2), R12",
+        "PREFETCHT1 (R12)", "PREFETCHT1 64(R12)", "PREFETCHT1 (R12)(BX*1)", "PREFETCHT1 64(R12)(BX*1)",
+        "LEAQ (SI)(BX*2), R13")
+    for u, (t0, t1) in enumerate((("(SI)", "(SI)(BX*1)"), ("(R13)", "(R13)(BX*1)"))):
+        if fmt == "i4":
+            ins(f"VMOVDQU64 {t0}, Y24", f"VINSERTI64X4 $1, {t1}, Z24, Z24",
+                f"VMOVDQU64 32{t0}, Y28", f"VINSERTI64X4 $1, 32{t1}, Z28, Z28",
+                "VPSRLW $4, Z24, Z25", "VPSRLW $4, Z28, Z29", "VPANDD Z31, Z24, Z24", "VPANDD Z31, Z25, Z25",
+                "VPANDD Z31, Z28, Z28", "VPANDD Z31, Z29, Z29",
+                "VPUNPCKLBW Z25, Z24, Z26", "VPUNPCKHBW Z25, Z24, Z27",
+                "VPUNPCKLBW Z29, Z28, Z24", "VPUNPCKHBW Z29, Z28, Z25")
+            ks = (26, 27, 24, 25)
+        else:
+            for j in range(4):
+                ins(f"VMOVDQU64 {off(32*j)}{t0}, Y{24+j}", f"VINSERTI64X4 $1, {off(32*j)}{t1}, Z{24+j}, Z{24+j}",
+                    f"VPXORD Z31, Z{24+j}, Z{24+j}")
+            ks = (24, 25, 26, 27)
+        for r in range(4):
+            for j, k in enumerate(ks):
+                ins(f"VPDPBUSD Z{4*r+j}, Z{k}, Z{16+2*r+u}")
+    # row r: its two pairs' accumulators into one, then rows 0,1 and 2,3, then the halves
+    for r in range(4):
+        a, b = 16 + 2 * r, 17 + 2 * r
+        ins(f"VPUNPCKLDQ Z{b}, Z{a}, Z24", f"VPUNPCKHDQ Z{b}, Z{a}, Z25", f"VPADDD Z25, Z24, Z{a}")
+    for h in range(2):
+        a, b = 16 + 4 * h, 18 + 4 * h
+        ins(f"VPUNPCKLQDQ Z{b}, Z{a}, Z24", f"VPUNPCKHQDQ Z{b}, Z{a}, Z25", f"VPADDD Z25, Z24, Z{26+h}")
+    ins("VSHUFI32X4 $0x88, Z27, Z26, Z24", "VSHUFI32X4 $0xdd, Z27, Z26, Z25", "VPADDD Z25, Z24, Z24",
+        "VPERMD Z24, Z30, Z24", "VCVTDQ2PS Z24, Z24", "VMOVUPS 64(SP), Z25", "VFMADD231PS (SP), Z24, Z25",
+        "MOVQ ldS+8(FP), R13", "LEAQ (R13)(R13*2), R15",
+        "VMOVUPS X25, (DI)", "VEXTRACTF32X4 $1, Z25, (DI)(R13*1)", "VEXTRACTF32X4 $2, Z25, (DI)(R13*2)",
+        "VEXTRACTF32X4 $3, Z25, (DI)(R15*1)",
+        "ADDQ $16, DI", "LEAQ (SI)(BX*4), SI", "DECQ AX", f"JNZ {name}p2", f"JMP {name}pairs")
 
 
 def vnni_quads(name, fmt, const, qregs, qstep):
@@ -516,7 +629,9 @@ def vnni_dots(fmt):
     w("// Z0-Z7 (row r token u in Z(2r+u)), aff[0:8] scales and aff[8:16] offsets in the order of")
     w("// the pair reduction ([r0 r0 r1 r1], [r2 r2 r3 r3]); an odd last token uses aff[16:20]")
     w("// (scales of r0..r3) and aff[20:24] (offsets).")
-    w(f"TEXT ·{name}(SB), NOSPLIT, $0-80")
+    w("// Head dim 128 takes the four tokens of a step as two pairs instead (vnni_quads_pairs):")
+    w("// both tokens of a pair in one zmm, a quarter (int8) or half (int4) row each.")
+    w(f"TEXT ·{name}(SB), NOSPLIT, $128-80")
     ins("MOVQ s+0(FP), DI", "MOVQ qi+16(FP), R8", "MOVQ qib+24(FP), DX", "LEAQ (R8)(DX*1), R9",
         "LEAQ (R9)(DX*1), R10", "LEAQ (R10)(DX*1), R11", "MOVQ k+32(FP), SI", "MOVQ krb+40(FP), BX",
         "MOVQ nt+48(FP), AX", "MOVQ aff+64(FP), R14",
@@ -524,6 +639,9 @@ def vnni_dots(fmt):
     const = "MOVL $0x80808080, CX" if fmt == "i8" else "MOVL $0x0f0f0f0f, CX"
     qregs = ["R8", "R9", "R10", "R11"]
     qstep = 64 if fmt == "i8" else 128
+    ins(f"CMPQ cpg+56(FP), ${1 if fmt == 'i4' else 2}", f"JNE {name}quads")
+    vnni_quads_pairs(name, fmt, qregs)
+    w(f"{name}quads:")
     vnni_quads(name, fmt, const, qregs, qstep)
     w(f"{name}pairs:")
     ins("MOVQ nt+48(FP), AX", "SHRQ $1, AX", "ANDQ $1, AX", f"JZ {name}odd")
@@ -887,6 +1005,14 @@ def vaxpy_maddw(fmt):
     w()
 
 
+def zscales(src, dst, ng):
+    """Four tokens' V scales (or zeros) at src in the layout of two pairs (qvwprep's pair
+    layout, the second pair in the upper 256 bits) into Z{dst}, by the index vector in Z16."""
+    if ng == 4:
+        return [f"VPERMPS {src}, Z16, Z{dst}"]
+    return [f"VMOVUPS {src}, Y{dst}", f"VPERMPS Z{dst}, Z16, Z{dst}"]
+
+
 def vint(ng, isa):
     """AVX-512 VNNI accumulation of V over token pairs: softmax weights times V scales
     quantized to int16 per row (qvwprep), V rows widened to int16 and interleaved
@@ -935,10 +1061,28 @@ def vint(ng, isa):
         f"VMOVDQU {perm}<>(SB), Y15", "MOVL $0x7fffffff, CX",
         *(["VPBROADCASTD CX, Y14"] if isa == "avx512" else ["VMOVD CX, X14", "VPBROADCASTD X14, Y14"]),
         "VXORPS Y0, Y0, Y0", "VXORPS Y1, Y1, Y1", "VXORPS Y2, Y2, Y2", "VXORPS Y3, Y3, Y3",
-        "XORQ CX, CX", "MOVQ AX, BX", "SHRQ $1, BX", f"JZ {mx}odd")
+        "XORQ CX, CX")
+    pr = ["R8", "R9", "R10", "R11"]
+    if isa == "avx512":
+        # four tokens a step in zmm (two pairs: the pair layout twice), then the pair loop
+        # for the last pair and the odd token; the maxima in Z0-Z3 folded into Y0-Y3
+        ins("VMOVDQU32 " + ("vwq4idx" if ng == 4 else "vwq2idx") + "<>(SB), Z16", "VMOVDQU32 vwpidx<>(SB), Z17",
+            "MOVL $0x7fffffff, BX", "VPBROADCASTD BX, Z18",
+            "MOVQ AX, BX", "SHRQ $2, BX", f"JZ {mx}qdone")
+        w(f"{mx}quad:")
+        ins(*zscales("(SI)", 19, ng), "VANDPS Z18, Z19, Z19")
+        for r in range(4):
+            ins(f"VMOVUPS ({pr[r]})(CX*4), X20", "VPERMPS Z20, Z17, Z20", "VMULPS Z19, Z20, Z20",
+                f"VMAXPS Z20, Z{r}, Z{r}")
+        ins(f"ADDQ ${2*sb}, SI", "ADDQ $4, CX", "DECQ BX", f"JNZ {mx}quad")
+        w(f"{mx}qdone:")
+        for r in range(4):
+            ins(f"VEXTRACTF64X4 $1, Z{r}, Y5", f"VMAXPS Y5, Y{r}, Y{r}")
+        ins("MOVQ AX, BX", "ANDQ $3, AX", "SHRQ $1, AX", "XCHGQ AX, BX", "TESTQ BX, BX", f"JZ {mx}odd")
+    else:
+        ins("MOVQ AX, BX", "SHRQ $1, BX", f"JZ {mx}odd")
     w(f"{mx}pair:")
     ins(*ldpair("(SI)", 4), "VANDPS Y14, Y4, Y4")
-    pr = ["R8", "R9", "R10", "R11"]
     for r in range(4):
         ins(f"VBROADCASTSD ({pr[r]})(CX*4), Y5", "VMULPS Y4, Y5, Y5", f"VMAXPS Y5, Y{r}, Y{r}")
     ins(f"ADDQ ${sb}, SI", "ADDQ $2, CX", "DECQ BX", f"JNZ {mx}pair")
@@ -963,7 +1107,38 @@ def vint(ng, isa):
     for r in range(4):
         ins(f"VSHUFPS ${r * 0x55}, X2, X2, X{8+r}", f"VINSERTF128 $1, X{8+r}, Y{8+r}, Y{8+r}",
             f"VXORPS Y{4+r}, Y{4+r}, Y{4+r}")
-    ins("XORQ CX, CX", "MOVQ AX, BX", "SHRQ $1, BX", f"JZ {qn}odd")
+    ins("XORQ CX, CX")
+    if isa == "avx512":
+        # four tokens a step: two pairs' weights per zmm, stored 64 bytes apart; the zero terms
+        # (int4) summed pair by pair in Y4-Y7 as in the pair loop (the same order of sums)
+        ins("VMOVDQU32 " + ("vwq4idx" if ng == 4 else "vwq2idx") + "<>(SB), Z16", "VMOVDQU32 vwpidx<>(SB), Z17")
+        for r in range(4):
+            ins(f"VBROADCASTSS X{8+r}, Z{22+r}")
+        ins("MOVQ AX, BX", "SHRQ $2, BX", f"JZ {qn}qdone")
+        w(f"{qn}quad:")
+        ins(*zscales("(SI)", 19, ng), "TESTQ R14, R14", f"JZ {qn}qnoz", *zscales("(R13)", 20, ng))
+        w(f"{qn}qnoz:")
+        t = [26, 27, 28, 29]
+        for r in range(4):
+            ins(f"VMOVUPS ({pr[r]})(CX*4), X{t[r]}", f"VPERMPS Z{t[r]}, Z17, Z{t[r]}")
+        ins("TESTQ R14, R14", f"JZ {qn}qnozt")
+        for r in range(4):
+            ins(f"VFMADD231PS Y20, Y{t[r]}, Y{4+r}")
+        ins("VEXTRACTF64X4 $1, Z20, Y21")
+        for r in range(4):
+            ins(f"VEXTRACTF64X4 $1, Z{t[r]}, Y30", f"VFMADD231PS Y21, Y30, Y{4+r}")
+        w(f"{qn}qnozt:")
+        for r in range(4):
+            ins(f"VMULPS Z19, Z{t[r]}, Z{t[r]}", f"VMULPS Z{22+r}, Z{t[r]}, Z{t[r]}", f"VCVTPS2DQ Z{t[r]}, Z{t[r]}")
+        for h in range(2):
+            a, b = t[2*h], t[2*h+1]
+            ins(f"VPACKSSDW Z{b}, Z{a}, Z{a}", f"VPERMQ $0xd8, Z{a}, Z{a}", f"VMOVDQU64 Y{a}, {off(32*h)}(DI)",
+                f"VEXTRACTI64X4 $1, Z{a}, {64+32*h}(DI)")
+        ins(f"ADDQ ${2*sb}, SI", f"ADDQ ${2*sb}, R13", "ADDQ $128, DI", "ADDQ $4, CX", "DECQ BX", f"JNZ {qn}quad")
+        w(f"{qn}qdone:")
+        ins("MOVQ AX, BX", "ANDQ $3, BX", "SHRQ $1, BX", f"JZ {qn}odd")
+    else:
+        ins("MOVQ AX, BX", "SHRQ $1, BX", f"JZ {qn}odd")
 
     def body(odd):
         ld = ldodd if odd else ldpair
@@ -1039,6 +1214,70 @@ def sumsq(isa):
     w()
 
 
+def max4(isa):
+    """The maxima of four score rows in one call (quantOps.max4): the quantized super-block's
+    maxOf, four independent chains, and a non-finite test by sums of x*0 (NaN exactly when some
+    score is not finite), so a row's result is NaN then, as maxOf's."""
+    lanes, vp = ISAS[isa]
+    name = f"qmax4{isa}"
+    w(f"// func {name}(s *float32, ldS int, n int, m *[4]float32)")
+    w("//")
+    w("// m[r] = max_t s[r*ldS/4 + t] over t < n (n >= 1) for rows r < 4, or NaN when a score of")
+    w(f"// row r is not finite. Vectors of {lanes}, the last one overlapping the one before it")
+    w(f"// (n >= {lanes}); rows shorter than {lanes} scalar.")
+    w(f"TEXT ·{name}(SB), NOSPLIT, $0-32")
+    rows = ["SI", "R8", "R9", "R10"]
+    ins("MOVQ s+0(FP), SI", "MOVQ ldS+8(FP), DX", "LEAQ (SI)(DX*1), R8", "LEAQ (R8)(DX*1), R9",
+        "LEAQ (R9)(DX*1), R10", "MOVQ n+16(FP), CX", f"VXORPS {vp}15, {vp}15, {vp}15")
+    for r in range(4):
+        ins(f"VXORPS {vp}{4+r}, {vp}{4+r}, {vp}{4+r}")
+    ins(f"CMPQ CX, ${lanes}", f"JLT {name}short")
+    for r in range(4):
+        ins(f"VMOVUPS ({rows[r]}), {vp}{r}", f"VFMADD231PS {vp}15, {vp}{r}, {vp}{4+r}")
+    ins(f"MOVQ ${lanes}, AX")
+    w(f"{name}loop:")
+    ins(f"LEAQ {lanes}(AX), BX", "CMPQ BX, CX", f"JGT {name}last")
+    for r in range(4):
+        ins(f"VMOVUPS ({rows[r]})(AX*4), {vp}{8+r}", f"VMAXPS {vp}{8+r}, {vp}{r}, {vp}{r}",
+            f"VFMADD231PS {vp}15, {vp}{8+r}, {vp}{4+r}")
+    ins("MOVQ BX, AX", f"JMP {name}loop")
+    w(f"{name}last:")
+    ins("CMPQ AX, CX", f"JEQ {name}red", f"LEAQ -{lanes}(CX), AX")
+    for r in range(4):
+        ins(f"VMOVUPS ({rows[r]})(AX*4), {vp}{8+r}", f"VMAXPS {vp}{8+r}, {vp}{r}, {vp}{r}",
+            f"VFMADD231PS {vp}15, {vp}{8+r}, {vp}{4+r}")
+    w(f"{name}red:")
+    for r in range(4):
+        a, z = r, 4 + r
+        if vp == "Z":
+            ins(f"VEXTRACTF64X4 $1, Z{a}, Y12", f"VMAXPS Y12, Y{a}, Y{a}",
+                f"VEXTRACTF64X4 $1, Z{z}, Y12", f"VADDPS Y12, Y{z}, Y{z}")
+        ins(f"VEXTRACTF128 $1, Y{a}, X12", f"VMAXPS X12, X{a}, X{a}", f"VPERMILPS $0x4e, X{a}, X12",
+            f"VMAXPS X12, X{a}, X{a}", f"VPERMILPS $0xb1, X{a}, X12", f"VMAXPS X12, X{a}, X{a}",
+            f"VEXTRACTF128 $1, Y{z}, X12", f"VADDPS X12, X{z}, X{z}", f"VHADDPS X{z}, X{z}, X{z}",
+            f"VHADDPS X{z}, X{z}, X{z}")
+    ins(f"JMP {name}out")
+    w(f"{name}short:")
+    for r in range(4):
+        ins(f"VMOVSS ({rows[r]}), X{r}")
+    ins("MOVQ $1, AX")
+    w(f"{name}sloop:")
+    ins("CMPQ AX, CX", f"JGE {name}sdone")
+    for r in range(4):
+        ins(f"VMOVSS ({rows[r]})(AX*4), X{8+r}", f"VMAXSS X{8+r}, X{r}, X{r}", f"VFMADD231SS X15, X{8+r}, X{4+r}")
+    ins("INCQ AX", f"JMP {name}sloop")
+    w(f"{name}sdone:")
+    for r in range(4):  # the first element's x*0 too
+        ins(f"VMOVSS ({rows[r]}), X{8+r}", f"VFMADD231SS X15, X{8+r}, X{4+r}")
+    w(f"{name}out:")
+    # [m0 m1 m2 m3] and [z0 z1 z2 z3]: z where it is not 0 (NaN), else m
+    ins("VINSERTPS $0x10, X1, X0, X0", "VINSERTPS $0x20, X2, X0, X0", "VINSERTPS $0x30, X3, X0, X0",
+        "VINSERTPS $0x10, X5, X4, X4", "VINSERTPS $0x20, X6, X4, X4", "VINSERTPS $0x30, X7, X4, X4",
+        "VCMPPS $4, X15, X4, X8", "VBLENDVPS X8, X4, X0, X0", "MOVQ m+24(FP), DI", "VMOVUPS X0, (DI)",
+        "VZEROUPPER", "RET")
+    w()
+
+
 def vaxpy(fmt):
     name = f"qvaxpy4{fmt}vnni"
     w(f"// func {name}(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)")
@@ -1056,8 +1295,9 @@ def vaxpy(fmt):
         w("// elements 0-7, 16-23 and 8-15, 24-31 of 32) and widened to int16 (VPMOVSXBW), dotted")
     else:
         w("// V rows are interleaved by pair (VPUNPCKLBW/HBW), widened to int16 (VPMOVZXBW) and split")
-        w("// into even and odd elements (VPSRLW/VPANDD), dotted")
-    w("// by VPDPWSSD with the weight dword broadcast; int32 sums, exact (|w| <= 16383, |q| <= 128,")
+        w("// into even and odd elements (VPANDD, VPSRLW), dotted")
+    w("// by VPDPWSSD with the weight dword broadcast (VPBROADCASTD, once for the two halves of")
+    w("// the block's elements); int32 sums, exact (|w| <= 16383, |q| <= 128,")
     w("// fewer than 2^19 tokens), put back in element order when the block is stored.")
     w(f"TEXT ·{name}(SB), NOSPLIT, $0-128")
     ins("MOVQ nb+112(FP), R15")
@@ -1085,10 +1325,15 @@ def vaxpy(fmt):
             else:
                 ins(f"VMOVDQU {off(16*h)}(SI), X0", f"VMOVDQU {off(16*h)}(SI)(BX*1), X1",
                     "VPUNPCKLBW X1, X0, X2", "VPUNPCKHBW X1, X0, X3", "VINSERTI128 $1, X3, Y2, Y2",
-                    "VPMOVZXBW Y2, Z2", "VPSRLW $4, Z2, Z3", "VPANDD Z15, Z2, Z2", "VPANDD Z15, Z3, Z3")
+                    # words of zero-extended bytes: the high nibble is word >> 4 as it is
+                    "VPMOVZXBW Y2, Z2", "VPSRLW $4, Z2, Z3", "VPANDD Z15, Z2, Z2")
+            # each weight dword broadcast once into Z4-Z11 for its two VPDPWSSD (one load
+            # instead of two)
+            for r in range(4):
+                ins(f"VPBROADCASTD {wrow(r, h)}, Z{4+4*h+r}")
             for r in range(4):
                 for x in range(2):
-                    ins(f"VPDPWSSD.BCST {wrow(r, h)}, Z{2+x}, {acc(r, h, x)}")
+                    ins(f"VPDPWSSD Z{4+4*h+r}, Z{2+x}, {acc(r, h, x)}")
 
     ins("TESTQ AX, AX", f"JZ {name}odd")
     w(f"{name}pair:")
@@ -1160,6 +1405,18 @@ for i, x in enumerate([0, 4, 1, 5, 2, 6, 3, 7]):
     w(f"DATA vwperm<>+{4*i}(SB)/4, ${x}")
 w("GLOBL vwperm<>(SB), RODATA|NOPTR, $32")
 w()
+w("// vwq4idx, vwq2idx: vwperm and vwperm2 for four tokens (two pairs, the second in the upper")
+w("// 256 bits); vwpidx: a pair of weights p_t, p_t+1 repeated in each 256-bit half.")
+for i, x in enumerate([0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15]):
+    w(f"DATA vwq4idx<>+{4*i}(SB)/4, ${x}")
+w("GLOBL vwq4idx<>(SB), RODATA|NOPTR, $64")
+for i, x in enumerate([0, 2, 0, 2, 1, 3, 1, 3, 4, 6, 4, 6, 5, 7, 5, 7]):
+    w(f"DATA vwq2idx<>+{4*i}(SB)/4, ${x}")
+w("GLOBL vwq2idx<>(SB), RODATA|NOPTR, $64")
+for i, x in enumerate([0, 1] * 4 + [2, 3] * 4):
+    w(f"DATA vwpidx<>+{4*i}(SB)/4, ${x}")
+w("GLOBL vwpidx<>(SB), RODATA|NOPTR, $64")
+w()
 w("// vwperm2: the same from the two group scales of two tokens (each group twice).")
 for i, x in enumerate([0, 2, 0, 2, 1, 3, 1, 3]):
     w(f"DATA vwperm2<>+{4*i}(SB)/4, ${x}")
@@ -1179,4 +1436,6 @@ vint(4, "avx2")
 vint(2, "avx2")
 sumsq("avx512")
 sumsq("avx2")
+max4("avx512")
+max4("avx2")
 print("\n".join(out))

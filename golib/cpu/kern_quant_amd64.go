@@ -4,6 +4,7 @@ package cpu
 
 import (
 	"simd/archsimd"
+	"unsafe"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 )
@@ -268,12 +269,16 @@ var quant512Ops, quantAVX2Ops = quantAsm512.ops(), quantAsmAVX2.ops()
 func init() {
 	if archsimd.X86.AVX512VNNI() {
 		intVNNI.set(&quant512Ops)
+		quant512Ops.intPrepAff = intPrepAff512
 	}
 	if archsimd.X86.AVX2() && archsimd.X86.FMA() {
 		intMaddw.set(&quantAVX2Ops)
 	}
 	quant512Ops.sumsq2 = sumsq2avx512
 	quantAVX2Ops.sumsq2 = sumsq2avx2
+	quant512Ops.max4 = max4avx512
+	quantAVX2Ops.max4 = max4avx2
+	quant512Ops.prefetchK, quantAVX2Ops.prefetchK = qprefetchK, qprefetchK
 	avx512Ops.quant = &quant512Ops
 	avx2Ops.quant = &quantAVX2Ops
 }
@@ -296,7 +301,7 @@ type intLoops struct {
 
 // intVNNI are the AVX-512 VNNI integer loops (VPDPBUSD, VPDPWSSD).
 var intVNNI = intLoops{
-	prep:  qprepavx512,
+	prep:  qprep512,
 	dots4: [2]func(*float32, int, *byte, int, *byte, int, int, int, *[24]float32, int){qdots4i8vnni, qdots4i4vnni},
 	wprep: [2]func(*int32, *float32, int, *float32, int, *float32, *[16]float32, *[3][4]float32){qvwprep, qvwprep2},
 	vaxpy: [2]func(*float32, int, *byte, int, int, int, *int32, int, int, *[4]float32, *[4]float32, *float32, int, int, int, int){qvaxpy4i8vnni, qvaxpy4i4vnni},
@@ -316,7 +321,85 @@ var intMaddw = intLoops{
 // set installs the loops in o.
 func (l *intLoops) set(o *quantOps) {
 	o.intPrep, o.intDots4, o.vaxpy4 = l.intPrep, l.intDots4, l.vaxpy4
+	o.intParts, o.vaxpyParts = l.intParts, l.vaxpyParts
 }
+
+// intPrepAff512 is quantOps.intPrepAff (qprepavx512 with its offsets and
+// argument blocks; head dims as intPrep, int4 at 128 only).
+func intPrepAff512(dst []byte, q, ks, kz []float32, f cache.QuantFormat, sc, off, aff []float32) bool {
+	n, rows := len(ks), len(sc)
+	if n == 0 || rows == 0 || rows%4 != 0 || n%16 != 0 || (f == cache.QuantInt4 && (n != 128 || len(kz) < n)) {
+		return false
+	}
+	_, _, _, _ = dst[rows*n-1], q[rows*n-1], off[rows-1], aff[rows/4*24-1]
+	i4, pz := 0, (*float32)(nil)
+	if f == cache.QuantInt4 {
+		i4, pz = 1, &kz[0]
+	}
+	return qprepavx512(&dst[0], &q[0], &ks[0], n, rows, &sc[0], &off[0], i4, pz, &aff[0]) != 0
+}
+
+// intParts is quantOps.intParts: intDots4 per part, the arguments taken
+// from the part (its rows, int8 query rows and argument block) with one
+// bounds check each.
+func (l *intLoops) intParts(s []float32, ld int, parts []quantPart, ahead []cache.Segment, r, a, e, dk, pf int, apart bool) {
+	_ = s[3*ld+e-a-1]
+	for i := range parts {
+		p := &parts[i]
+		if i < len(ahead) {
+			qprefetchScales(&ahead[i].Q)
+		}
+		if apart {
+			var k2 []byte
+			if i+2 < len(parts) {
+				k2 = parts[i+2].k.b[:parts[i+2].n*parts[i+2].k.rb]
+			}
+			qprefetchBytes(k2, p.v.b[:p.n*p.v.rb])
+		}
+		pa, pe := max(a, p.off), min(e, p.off+p.n)
+		if pa >= pe {
+			continue
+		}
+		n, rb := pe-pa, p.k.rb
+		k := p.k.b[(pa-p.off)*rb : (pe-p.off)*rb]
+		qi := p.qi[r*dk : (r+4)*dk]
+		aff := (*[24]float32)(p.aff[r/4*24:])
+		if p.k.f == cache.QuantInt4 {
+			l.dots4[1](&s[pa-a], ld*4, &qi[0], dk, &k[0], rb, n, dk/128, aff, pf*rb)
+		} else {
+			l.dots4[0](&s[pa-a], ld*4, &qi[0], dk, &k[0], rb, n, dk/64, aff, pf*rb)
+		}
+	}
+}
+
+// vaxpyParts is quantOps.vaxpyParts: vaxpy4's weights and accumulation
+// per part, the rows' bounds checked once each.
+func (l *intLoops) vaxpyParts(acc, p []float32, ld int, parts []quantPart, ahead []cache.Segment, a, e int, alpha *[4]float32, pf int, ws *vScratch, apart bool) {
+	d := len(acc) / 4
+	_, _ = acc[4*d-1], p[3*ld+e-a-1]
+	for i := range parts {
+		pt := &parts[i]
+		if apart && i < 2 && i < len(ahead) {
+			qprefetchBytes(ahead[i].K, nil)
+		}
+		pa, pe := max(a, pt.off), min(e, pt.off+pt.n)
+		if pa >= pe {
+			continue
+		}
+		n, o, v := pe-pa, pa-pt.off, &pt.v
+		vb := v.b[o*v.rb : (o+n)*v.rb]
+		vs := v.s[o*v.ng : (o+n)*v.ng]
+		var vz *float32
+		if v.f == cache.QuantInt4 {
+			vz = &v.z[o*v.ng : (o+n)*v.ng][0]
+		}
+		l.vaxpyRaw(acc, d, &p[pa-a], ld, n, &vb[0], v.rb, &vs[0], vz, v.ng, v.f, alpha, pf, ws)
+		alpha = &qones4
+	}
+}
+
+// qones4 is the rescale of every part after a super-block's first: none.
+var qones4 = [4]float32{1, 1, 1, 1}
 
 // intPrep is quantOps.intPrep (head dim a multiple of 16; for int4 K a
 // multiple of 128 up to 256).
@@ -355,6 +438,23 @@ func qprefetchScales(q *cache.QuantSegment) {
 		f32p0(q.VScale), len(q.VScale), f32p0(q.VZero), len(q.VZero))
 }
 
+// qprefetchBytes hints the cache lines of a and b into L2 (qprefetch4).
+func qprefetchBytes(a, b []byte) {
+	var pa, pb *float32
+	if len(a) >= 4 {
+		pa = (*float32)(unsafe.Pointer(&a[0]))
+	}
+	if len(b) >= 4 {
+		pb = (*float32)(unsafe.Pointer(&b[0]))
+	}
+	qprefetch4(pa, len(a)/4, pb, len(b)/4, nil, 0, nil, 0)
+}
+
+// qprefetchK is quantOps.prefetchK.
+func qprefetchK(q *cache.QuantSegment) {
+	qprefetch4(f32p0(q.KScale), len(q.KScale), f32p0(q.KZero), len(q.KZero), nil, 0, nil, 0)
+}
+
 // f32p0 is the address of s's first element, nil when s is empty.
 func f32p0(s []float32) *float32 {
 	if len(s) == 0 {
@@ -367,7 +467,13 @@ func f32p0(s []float32) *float32 {
 func qprefetch4(ks *float32, nks int, kz *float32, nkz int, vs *float32, nvs int, vz *float32, nvz int)
 
 //go:noescape
-func qprepavx512(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int
+func qprepavx512(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int, kz *float32, aff *float32) int
+
+// qprep512 is qprepavx512 without the offsets and argument blocks
+// (intLoops.prep).
+func qprep512(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int {
+	return qprepavx512(dst, q, ks, n, rows, sc, sums, i4, nil, nil)
+}
 
 //go:noescape
 func qprepavx2(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int
@@ -395,27 +501,35 @@ func (l *intLoops) vaxpy4(acc, p []float32, ld, n int, v qmat, alpha *[4]float32
 		return false
 	}
 	_, _, _, _ = acc[4*d-1], p[3*ld+n-1], v.b[n*v.rb-1], v.s[n*v.ng-1]
-	int4 := v.f == cache.QuantInt4
 	var vz *float32
-	if int4 {
+	if v.f == cache.QuantInt4 {
 		_ = v.z[n*v.ng-1]
 		vz = &v.z[0]
 	}
+	l.vaxpyRaw(acc, d, &p[0], ld, n, &v.b[0], v.rb, &v.s[0], vz, v.ng, v.f, alpha, pf, ws)
+	return true
+}
+
+// vaxpyRaw is vaxpy4 over rows already checked: n > 0 tokens of V rows
+// (vrb bytes) at vb with ng (2 or 4) scales (and zeros, int4) a row at vs
+// (vz), weights p (rows ld apart), d columns (a multiple of 128).
+func (l *intLoops) vaxpyRaw(acc []float32, d int, p *float32, ld, n int, vb *byte, vrb int, vs, vz *float32, ng int, f cache.QuantFormat, alpha *[4]float32, pf int, ws *vScratch) {
+	int4 := f == cache.QuantInt4
 	// rows of two groups: the weights and zero terms in the four-group
 	// layout, each group standing for two of d/4 elements
 	wprep := l.wprep[0]
-	if v.ng == 2 {
+	if ng == 2 {
 		wprep = l.wprep[1]
 	}
 	ws.w = growI32(ws.w, (n+1)/2*16)
-	wprep(&ws.w[0], &p[0], ld*4, &v.s[0], n, vz, &ws.zt, &ws.ms)
+	wprep(&ws.w[0], p, ld*4, vs, n, vz, &ws.zt, &ws.ms)
 	fn := l.vaxpy[0]
 	if int4 {
 		fn = l.vaxpy[1]
 	}
 	if l.fused {
-		fn(&acc[0], d*4, &v.b[0], v.rb, n/2, n&1, &ws.w[0], 64, d/4/l.cb, alpha, &ws.ms[2], &ws.zt[0], 16, pf*v.rb, 1, 0)
-		return true
+		fn(&acc[0], d*4, vb, vrb, n/2, n&1, &ws.w[0], 64, d/4/l.cb, alpha, &ws.ms[2], &ws.zt[0], 16, pf*vrb, 1, 0)
+		return
 	}
 	// column blocks of cb (64) elements: all in one call where every block
 	// covers two scale groups (head dim 128: the second one s2 = 4 bytes
@@ -427,8 +541,8 @@ func (l *intLoops) vaxpy4(acc, p []float32, ld, n int, v qmat, alpha *[4]float32
 		if gw == l.cb/2 {
 			s2 = 4
 		}
-		fn(&acc[0], d*4, &v.b[0], v.rb, n/2, n&1, &ws.w[0], 64, s2, alpha, &ws.ms[2], &ws.zt[0], 16, pf*v.rb, d/l.cb, 4*l.cb/gw)
-		return true
+		fn(&acc[0], d*4, vb, vrb, n/2, n&1, &ws.w[0], 64, s2, alpha, &ws.ms[2], &ws.zt[0], 16, pf*vrb, d/l.cb, 4*l.cb/gw)
+		return
 	}
 	for j0 := 0; j0 < d; j0 += l.cb {
 		g0 := j0 / (d / 4)
@@ -436,17 +550,33 @@ func (l *intLoops) vaxpy4(acc, p []float32, ld, n int, v qmat, alpha *[4]float32
 		if l.cb > 32 {
 			s2 = ((j0+32)/(d/4) - g0) * 4
 		}
-		vb, pfd := j0, 0
+		vo, pfd := j0, 0
 		if int4 {
-			vb = j0 / 2
+			vo = j0 / 2
 		}
 		if j0 == 0 {
-			pfd = pf * v.rb
+			pfd = pf * vrb
 		}
-		fn(&acc[j0], d*4, &v.b[vb], v.rb, n/2, n&1, &ws.w[g0], 64, s2, alpha, &ws.ms[2], &ws.zt[g0], 16, pfd, 1, 0)
+		fn(&acc[j0], d*4, (*byte)(unsafe.Add(unsafe.Pointer(vb), vo)), vrb, n/2, n&1, &ws.w[g0], 64, s2, alpha, &ws.ms[2], &ws.zt[g0], 16, pfd, 1, 0)
 	}
-	return true
 }
+
+// max4avx512 and max4avx2 are quantOps.max4.
+func max4avx512(s []float32, ld, n int, m *[4]float32) {
+	_ = s[3*ld+n-1]
+	qmax4avx512(&s[0], ld*4, n, m)
+}
+
+func max4avx2(s []float32, ld, n int, m *[4]float32) {
+	_ = s[3*ld+n-1]
+	qmax4avx2(&s[0], ld*4, n, m)
+}
+
+//go:noescape
+func qmax4avx512(s *float32, ldS int, n int, m *[4]float32)
+
+//go:noescape
+func qmax4avx2(s *float32, ldS int, n int, m *[4]float32)
 
 // sumsq2avx512 and sumsq2avx2 are quantOps.sumsq2.
 func sumsq2avx512(a, b []float32) float32 {

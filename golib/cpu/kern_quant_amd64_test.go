@@ -572,7 +572,7 @@ func TestQuantIntBitIdentical(t *testing.T) {
 		for _, dg := range [][2]int{{128, 32}, {128, 64}, {256, 64}, {256, 128}, {512, 128}} {
 			d, g := dg[0], dg[1]
 			for pat := 0; pat < 6; pat++ {
-				for _, n := range []int{1, 2, 3, 7, 32, 33, 64} {
+				for _, n := range []int{1, 2, 3, 5, 6, 7, 32, 33, 64} {
 					ld := n + pat%2*5
 					v := randQmat(rng, f, n, d, g, true)
 					intExtremes(rng, v.b, f, pat)
@@ -642,6 +642,131 @@ func BenchmarkQuantIntLoops(b *testing.B) {
 					}
 					b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/tok")
 				})
+			}
+		}
+	}
+}
+
+// TestQuantMax4 checks max4 (both instruction sets) against maxOf's
+// contract row by row: the largest score, exactly, or NaN when a score of
+// the row is NaN or infinite, on lengths around the vector widths, with
+// the non-finite score at every position of one row and rows ld apart.
+func TestQuantMax4(t *testing.T) {
+	type impl struct {
+		name string
+		fn   func(s []float32, ld, n int, m *[4]float32)
+	}
+	var impls []impl
+	if archsimd.X86.AVX512() {
+		impls = append(impls, impl{"avx512", max4avx512})
+	}
+	if archsimd.X86.AVX2() && archsimd.X86.FMA() {
+		impls = append(impls, impl{"avx2", max4avx2})
+	}
+	if len(impls) == 0 {
+		t.Skip("no AVX2 or AVX-512")
+	}
+	rng := rand.New(rand.NewPCG(16, 17))
+	want := func(row []float32) float32 {
+		m := row[0]
+		for _, x := range row {
+			if x-x != 0 {
+				return float32(math.NaN())
+			}
+			m = max(m, x)
+		}
+		return m
+	}
+	for _, im := range impls {
+		for _, n := range []int{1, 2, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 63, 64, 65, 100, 512} {
+			for _, pad := range []int{0, 3} {
+				ld := n + pad
+				s := randVec(rng, 4*ld, 8)
+				for i := range s {
+					s[i] -= 20 // every score negative: no accidental 0 maximum
+					if i%ld >= n {
+						s[i] = 1000 // between the rows: never read
+					}
+				}
+				check := func(what string) {
+					t.Helper()
+					var m [4]float32
+					im.fn(s, ld, n, &m)
+					for r := 0; r < 4; r++ {
+						w := want(s[r*ld : r*ld+n])
+						if g := m[r]; !(g == w || (g != g && w != w)) {
+							t.Fatalf("%s n %d ld %d %s: row %d got %g, want %g", im.name, n, ld, what, r, g, w)
+						}
+					}
+				}
+				check("finite")
+				for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1))} {
+					r := rng.IntN(4)
+					for i := 0; i < n; i++ {
+						old := s[r*ld+i]
+						s[r*ld+i] = bad
+						check("non-finite")
+						s[r*ld+i] = old
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestQuantIntPrepAff checks intPrepAff (AVX-512 VNNI) against intPrep and
+// quantPart's Go steps it replaces: the same integers, scales and offsets
+// bit for bit (int8: -128*sc*sum; int4: the float query rows dotted with
+// the channel zeros as the AVX-512 ops.dots does), and the argument blocks
+// laid out as intScores builds them; rows 4 to 12, head dims 64 to 256
+// (int4: 128), and refusal where a row fails.
+func TestQuantIntPrepAff(t *testing.T) {
+	if quant512Ops.intPrepAff == nil {
+		t.Skip("no AVX-512 VNNI")
+	}
+	rng := rand.New(rand.NewPCG(18, 19))
+	for _, f := range quantFormats {
+		for _, d := range []int{64, 128, 256} {
+			if f == cache.QuantInt4 && d != 128 {
+				continue
+			}
+			for _, rows := range []int{4, 8, 12} {
+				q, ks, kz := randVec(rng, rows*d, 1), randVec(rng, d, 0.05), randVec(rng, d, 0.5)
+				qi, qi2 := make([]byte, rows*d), make([]byte, rows*d)
+				sc, sc2, off, sum := make([]float32, rows), make([]float32, rows), make([]float32, rows), make([]float32, rows)
+				aff := make([]float32, rows/4*24)
+				if !quant512Ops.intPrepAff(qi, q, ks, kz, f, sc, off, aff) || !quant512Ops.intPrep(qi2, q, ks, f, sc2, sum) {
+					t.Fatalf("%s d=%d rows %d: prep failed on finite input", f, d, rows)
+				}
+				if !slices.Equal(qi, qi2) || !slices.Equal(sc, sc2) {
+					t.Fatalf("%s d=%d rows %d: integers or scales differ from intPrep", f, d, rows)
+				}
+				for r := 0; r < rows; r++ {
+					if f == cache.QuantInt8 {
+						if want := sum[r] * (-128 * sc[r]); off[r] != want {
+							t.Fatalf("%s d=%d rows %d: row %d offset %v, want %v", f, d, rows, r, off[r], want)
+						}
+						continue
+					}
+					// ops.dots's sums over the rows, as quantPart calls it, bit for bit
+					want := make([]float32, rows)
+					avx512Ops.dots(want, kz, q, d, 0)
+					if off[r] != want[r] {
+						t.Fatalf("%s d=%d rows %d: row %d offset %v, want %v", f, d, rows, r, off[r], want[r])
+					}
+				}
+				for j := 0; j < rows; j += 4 {
+					c, o := sc[j:j+4], off[j:j+4]
+					want := []float32{c[0], c[0], c[1], c[1], c[2], c[2], c[3], c[3], o[0], o[0], o[1], o[1], o[2], o[2], o[3], o[3],
+						c[0], c[1], c[2], c[3], o[0], o[1], o[2], o[3]}
+					if got := aff[j/4*24 : j/4*24+24]; !slices.Equal(got, want) {
+						t.Fatalf("%s d=%d rows %d: argument block %d = %v, want %v", f, d, rows, j/4, got, want)
+					}
+				}
+				q[(rows-1)*d+3] = float32(math.Inf(1))
+				if quant512Ops.intPrepAff(qi, q, ks, kz, f, sc, off, aff) {
+					t.Fatalf("%s d=%d rows %d: an infinite query element was taken", f, d, rows)
+				}
 			}
 		}
 	}

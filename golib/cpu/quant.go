@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 )
@@ -83,8 +84,14 @@ type quantOps struct {
 	// takes); intDots4 computes four rows' scores (rows ld apart) over n
 	// tokens from such rows, s = acc*aff-scale + aff-offset (layout in
 	// kern_quant_amd64.s).
-	intPrep  func(dst []byte, q, ks []float32, f cache.QuantFormat, sc, sum []float32) bool
-	intDots4 func(s []float32, ld, n int, qi []byte, k qmat, d int, aff *[24]float32, pf int)
+	intPrep func(dst []byte, q, ks []float32, f cache.QuantFormat, sc, sum []float32) bool
+	// intPrepAff, when set (AVX-512 VNNI), is intPrep for rows a multiple
+	// of four that also sets the rows' score offsets in off (int8:
+	// -128*sc*sum; int4 at head dim 128: the query row (float) dotted with
+	// the channel zeros kz, in the order of the AVX-512 ops.dots) and
+	// intDots4's argument blocks in aff (quantPart.aff) in the same call.
+	intPrepAff func(dst []byte, q, ks, kz []float32, f cache.QuantFormat, sc, off, aff []float32) bool
+	intDots4   func(s []float32, ld, n int, qi []byte, k qmat, d int, aff *[24]float32, pf int)
 	// vaxpy4, when set (AVX-512 VNNI, AVX2), is axpy4 by integer dots: the
 	// weights p_rt times the rows' V scales are quantized to int16 per row
 	// (steps of max_t,g p_rt*s_tg / 16383 over the n tokens), V rows widened
@@ -97,6 +104,25 @@ type quantOps struct {
 	// (any order of summation): scalesSafe's check in one call instead of
 	// a dot per run.
 	sumsq2 func(a, b []float32) float32
+	// max4, when set, is maxOf of four score rows (ld elements apart, n
+	// each) in one call: m[r] is row r's largest score, or NaN when one of
+	// its scores is not finite.
+	max4 func(s []float32, ld, n int, m *[4]float32)
+	// prefetchK, when set, hints a segment's K scales and zeros into L2.
+	prefetchK func(q *cache.QuantSegment)
+	// intParts and vaxpyParts, when set (with intDots4 and vaxpy4), are
+	// the score and accumulation loops of four rows [r, r+4) over the
+	// tokens [a, e) of a super-block's parts in one call: intDots4 per part
+	// with the part's argument block (quantPart.aff), scores ld apart
+	// (intParts, every part intOn and not bad; it prefetches the scales of
+	// ahead[i] while it computes part i), and vaxpy4 per part (vaxpyParts,
+	// every part intV), alpha rescaling acc before the first part only.
+	// apart (the chunks' rows and scales do not follow one another, the
+	// paged layout): the loops prefetch by parts instead of pf rows ahead,
+	// intParts the K rows two parts ahead and the V rows of the part it
+	// computes, vaxpyParts the K rows of the first two ahead segments.
+	intParts   func(s []float32, ld int, parts []quantPart, ahead []cache.Segment, r, a, e, dk, pf int, apart bool)
+	vaxpyParts func(acc, p []float32, ld int, parts []quantPart, ahead []cache.Segment, a, e int, alpha *[4]float32, pf int, ws *vScratch, apart bool)
 }
 
 // vScratch is vaxpy4's per-unit scratch: the int16 weight pairs of a part,
@@ -142,14 +168,16 @@ func QuantIntDots() bool { return intDots.Load() }
 // (blockTokens). runUnit hands every run of consecutive quantized segments
 // to quantRun, which groups whole chunks into super-blocks of up to bt
 // tokens: per chunk it folds the chunk's per-channel scales into the
-// query rows (a quantPart), then unitState.block runs once over the
-// super-block: the score loop per part into the shared score rows at the
-// part's offset, the online-softmax bookkeeping (max, exp, l, rescale)
-// once, and the accumulation per part. A chunk longer than bt is cut in
-// blocks of bt as the native path does.
+// query rows (a quantPart), then qblock (unitState.block's loop for the
+// parts) runs once over the super-block: the score loop per part into the
+// shared score rows at the part's offset, the online-softmax bookkeeping
+// (max, exp, l, rescale) once, and the accumulation per part. Where every
+// part takes the integer loops, the score and accumulation loops walk all
+// the parts in one call each (quantOps.intParts, vaxpyParts). A chunk
+// longer than bt is cut in blocks of bt as the native path does.
 
 // quantPart is one chunk (or a block of a long one) of the super-block
-// unitState.block is walking.
+// qblock is walking.
 type quantPart struct {
 	off, n int       // its tokens [off, off+n) of the super-block
 	k, v   qmat      // their rows
@@ -160,6 +188,12 @@ type quantPart struct {
 	intOn     bool
 	qi        []byte
 	isc, ioff []float32
+	// aff: intDots4's argument blocks of the part's rows, 24 floats per
+	// four rows (rows a multiple of four)
+	aff []float32
+	// intV: vaxpy4 takes the part's V rows (two or four scale groups a
+	// row, head dim a multiple of 128)
+	intV bool
 	// bad: a scale or zero of the chunk is not finite, or a dequantized
 	// value could overflow float32 (|s|*qmax + |z|), or the integer query
 	// rows could not be formed: its scores are made NaN so that the rows
@@ -167,9 +201,9 @@ type quantPart struct {
 	bad bool
 }
 
-// quantBlock is the super-block runUnit is walking: while on,
-// unitState.block reads K and V through its parts instead of float32/16-bit
-// rows.
+// quantBlock is the super-block runUnit is walking: while on, qblock (and
+// unitState.block, with quantOwnBlock off) reads K and V through its parts
+// instead of float32/16-bit rows.
 type quantBlock struct {
 	on    bool
 	ops   *quantOps
@@ -179,7 +213,63 @@ type quantBlock struct {
 	ones  [4]float32      // the rescale of every part after a row's first: none
 	intV  bool            // the integer accumulation loop (vaxpy4) is on
 	vs    vScratch
+	mx    [4]float32 // max4's maxima
+	// pfScales: prefetch the next super-block's scales (quantScalePrefetch,
+	// and the run's scales do not stream, scalesStream)
+	pfScales bool
+	// allInt, allIntV: every part so far is intOn and not bad, intV (the
+	// parts loops, quantOps.intParts and vaxpyParts, take the super-block)
+	allInt, allIntV bool
 }
+
+// quantPartsLoops: the super-block's parts go to quantOps.intParts and
+// vaxpyParts in one call each where they take them (true), or one call
+// per part through dots and axpy (false: the path before them, kept for
+// paired benchmarks).
+var quantPartsLoops = true
+
+// quantOwnBlock: quantRun folds its super-blocks with qblock (true) or
+// with unitState.block (false: the path before qblock, kept for paired
+// benchmarks against it).
+var quantOwnBlock = true
+
+// quantScalePrefetch: the loops prefetch the scales of the next
+// super-block's chunks (quantOps.prefetch) while they compute this one,
+// unless the chunks' scales follow one another in memory (scalesStream).
+var quantScalePrefetch = true
+
+// quantPartPrefetch: where the chunks lie apart (pfScales), the parts
+// loops prefetch the rows by parts (quantOps.intParts) instead of a
+// distance in rows, which runs into other heads' rows there.
+var quantPartPrefetch = true
+
+// scalesStream reports whether the scales of segment b start at most a page
+// after those of segment a, its predecessor, K's and V's alike (the
+// contiguous layout stores a head's chunk scales one after the other):
+// then the hardware prefetchers follow them as the loops read them, and the
+// software prefetch of the next super-block's scales only costs (paired,
+// GQA 32/8 d128 16k one thread, contiguous layout: 0.96-1.01 off/on time
+// with the prefetch; paged layout, chunks apart: 1.12-1.13).
+func scalesStream(a, b *cache.QuantSegment) bool {
+	near := func(x, y []float32) bool {
+		if len(x) == 0 || len(y) == 0 {
+			return len(x) == len(y)
+		}
+		d := uintptr(unsafe.Pointer(&y[0])) - uintptr(unsafe.Pointer(&x[0]))
+		return d > 0 && d <= 4096
+	}
+	return near(a.KScale, b.KScale) && near(a.VScale, b.VScale)
+}
+
+// quantPrepAff: quantPart has intPrepAff set the parts' offsets and
+// argument blocks where the ops have it (true), or intPrep and Go code
+// (false: the code before it, for paired runs).
+var quantPrepAff = true
+
+// quantKScaleAhead: quantRun prefetches the K scales of the segment this
+// many ahead of the one it prepares (quantOps.prefetchK; 0: none), which
+// quantPart reads first.
+var quantKScaleAhead = 2
 
 // quantPrefetchTokens is how many rows ahead the loops over quantized
 // rows prefetch (prefetchTokens is the native loops').
@@ -193,9 +283,21 @@ const superFloats = 32 << 10
 // super-block's tokens [a, e) into sc (nr rows of e-a).
 func (qb *quantBlock) dots(sc []float32, r, nr, a, e, dk, pf int) {
 	cnt := e - a
+	if nr == 4 && qb.allInt && quantPartsLoops && qb.ops.intParts != nil {
+		ahead := qb.ahead
+		if !qb.pfScales {
+			ahead = nil
+		}
+		apart := qb.pfScales && quantPartPrefetch
+		if apart {
+			pf = 0
+		}
+		qb.ops.intParts(sc, cnt, qb.parts, ahead, r, a, e, dk, pf, apart)
+		return
+	}
 	for i := range qb.parts {
 		p := &qb.parts[i]
-		if i < len(qb.ahead) && qb.ops.prefetch != nil {
+		if i < len(qb.ahead) && qb.ops.prefetch != nil && qb.pfScales {
 			qb.ops.prefetch(&qb.ahead[i].Q)
 		}
 		pa, pe := max(a, p.off), min(e, p.off+p.n)
@@ -285,6 +387,14 @@ func qi4Elem(j int) int {
 // first part.
 func (qb *quantBlock) axpy(acc, sc []float32, a, e, nr, pf int, alpha *[4]float32) {
 	cnt := e - a
+	if nr == 4 && qb.allIntV && quantPartsLoops && qb.ops.vaxpyParts != nil {
+		apart := qb.pfScales && quantPartPrefetch
+		if apart {
+			pf = 0
+		}
+		qb.ops.vaxpyParts(acc, sc, cnt, qb.parts, qb.ahead, a, e, alpha, pf, &qb.vs, apart)
+		return
+	}
 	for i := range qb.parts {
 		p := &qb.parts[i]
 		pa, pe := max(a, p.off), min(e, p.off+p.n)
@@ -300,6 +410,70 @@ func (qb *quantBlock) axpy(acc, sc []float32, a, e, nr, pf int, alpha *[4]float3
 			qb.ops.axpy(acc, s[:pe-pa], v, alpha, pf)
 		}
 		alpha = &qb.ones
+	}
+}
+
+// qblock is unitState.block for the super-block qb is walking (the tokens
+// [pos, pos+n) of its parts): the same online-softmax steps and results,
+// with the maxima of four rows with the same range taken in one call
+// (quantOps.max4) where no softcap or mask changes the scores first.
+func (u *unitState) qblock(ops *kernelOps, s *shape, pos, n, rows, pf int) {
+	if !quantOwnBlock {
+		u.block(ops, s, nil, nil, nil, nil, pos, n, rows, pf, nil)
+		return
+	}
+	qb := &u.qb
+	dk, dv := s.dk, s.dv
+	plain := s.softcap <= 0 && s.mask == nil && qb.ops.max4 != nil
+	for r := 0; r < rows; {
+		a, e := max(u.lo[r], pos), min(u.hi[r], pos+n)
+		if a >= e {
+			r++
+			continue
+		}
+		nr := 1
+		for nr < 4 && r+nr < rows && u.lo[r+nr] == u.lo[r] && u.hi[r+nr] == u.hi[r] {
+			nr++
+		}
+		if nr != 4 {
+			nr = 1
+		}
+		cnt := e - a
+		sc := u.sc[:nr*cnt]
+		qb.dots(sc, r, nr, a-pos, e-pos, dk, pf)
+		four := nr == 4 && plain
+		if four {
+			qb.ops.max4(sc, cnt, cnt, &qb.mx)
+		}
+		alpha := &u.alpha
+		for j := 0; j < nr; j++ {
+			sj := sc[j*cnt : (j+1)*cnt]
+			if s.softcap > 0 {
+				ops.tanhCap(sj, s.softcap)
+			}
+			if s.mask != nil {
+				applyMask(sj, s.mask, u.moff[r+j], a)
+			}
+			var m float32
+			if four {
+				m = qb.mx[j]
+			} else {
+				m = ops.maxOf(sj)
+			}
+			mOld := u.m[r+j]
+			mNew := max(mOld, m)
+			alpha[j] = 1
+			switch {
+			case mOld == negInf:
+				alpha[j] = 0 // the first block of the row: nothing to rescale
+			case mNew != mOld:
+				alpha[j] = expf(mOld - mNew)
+			}
+			u.l[r+j] = u.l[r+j]*alpha[j] + ops.expSub(sj, mNew)
+			u.m[r+j] = mNew
+		}
+		qb.axpy(u.acc[r*dv:(r+nr)*dv], sc, a-pos, e-pos, nr, pf, alpha)
+		r += nr
 	}
 }
 
@@ -324,7 +498,11 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 	if intOK {
 		u.qi = growB(u.qi, maxParts*rows*dk)
 		u.isc, u.ioff = growF(u.isc, maxParts*rows), growF(u.ioff, maxParts*rows)
+		u.aff = growF(u.aff, maxParts*rows/4*24)
 	}
+	qb.allInt, qb.allIntV = rows%4 == 0, true
+	qb.pfScales = quantScalePrefetch && !(len(segs) > 1 && segs[1].Q.Format != cache.QuantNone &&
+		scalesStream(&segs[0].Q, &segs[1].Q))
 	qb.parts = qb.parts[:0]
 	qb.on = true
 	defer func() { qb.on = false }()
@@ -342,8 +520,9 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 		}
 		if len(qb.parts) > 0 && (tot+sg.Len > bt || len(qb.parts) == maxParts) {
 			qb.ahead = segs[used:]
-			u.block(ops, s, nil, nil, nil, nil, pos-tot, tot, rows, quantPrefetchTokens, nil)
+			u.qblock(ops, s, pos-tot, tot, rows, quantPrefetchTokens)
 			qb.parts, tot = qb.parts[:0], 0
+			qb.allInt, qb.allIntV = rows%4 == 0, true
 		}
 		if n := len(qb.parts); n < cap(qb.parts) {
 			qb.parts = qb.parts[:n+1] // quantPart clears it
@@ -351,7 +530,12 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 			qb.parts = append(qb.parts, quantPart{})
 		}
 		p := &qb.parts[len(qb.parts)-1]
+		if j := used + quantKScaleAhead; quantKScaleAhead > 0 && j < len(segs) && qb.ops.prefetchK != nil {
+			qb.ops.prefetchK(&segs[j].Q)
+		}
 		u.quantPart(p, ops, s, sg, len(qb.parts)-1, rows, intOK)
+		qb.allInt = qb.allInt && p.intOn && !p.bad
+		qb.allIntV = qb.allIntV && p.intV
 		u.read += quantBytes(sg, dk, s.dv)
 		if sg.Len <= bt {
 			p.off, p.n = tot, sg.Len
@@ -366,14 +550,15 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 		for off := 0; off < sg.Len; off += bt {
 			p.n = min(bt, sg.Len-off)
 			p.k, p.v = k.rows(off, off+p.n), v.rows(off, off+p.n)
-			u.block(ops, s, nil, nil, nil, nil, pos+off, p.n, rows, quantPrefetchTokens, nil)
+			u.qblock(ops, s, pos+off, p.n, rows, quantPrefetchTokens)
 		}
 		qb.parts = qb.parts[:0]
+		qb.allInt, qb.allIntV = rows%4 == 0, true
 		pos += sg.Len
 	}
 	qb.ahead = nil
 	if tot > 0 {
-		u.block(ops, s, nil, nil, nil, nil, pos-tot, tot, rows, quantPrefetchTokens, nil)
+		u.qblock(ops, s, pos-tot, tot, rows, quantPrefetchTokens)
 		qb.parts = qb.parts[:0]
 	}
 	return used, pos, nil
@@ -402,6 +587,12 @@ func (u *unitState) quantPart(p *quantPart, ops *kernelOps, s *shape, sg *cache.
 		p.intOn = true
 		p.qi = u.qi[i*rows*dk : (i+1)*rows*dk]
 		p.isc, p.ioff = u.isc[i*rows:(i+1)*rows], u.ioff[i*rows:(i+1)*rows]
+		// (int4: the offsets summed as ops.dots sums them at head dim 128)
+		if rows%4 == 0 && qb.ops.intPrepAff != nil && quantPrepAff && (qs.Format == cache.QuantInt8 || dk == 128) {
+			p.aff = u.aff[i*rows/4*24 : (i+1)*rows/4*24]
+			p.bad = !qb.ops.intPrepAff(p.qi, u.qs[:rows*dk], qs.KScale[:dk], qs.KZero, qs.Format, p.isc, p.ioff, p.aff)
+			break
+		}
 		p.bad = !qb.ops.intPrep(p.qi, u.qs[:rows*dk], qs.KScale[:dk], qs.Format, p.isc, p.ioff)
 		if qs.Format == cache.QuantInt8 {
 			for r, sc := range p.isc {
@@ -411,6 +602,17 @@ func (u *unitState) quantPart(p *quantPart, ops *kernelOps, s *shape, sg *cache.
 			// x = s*q + z: the zero term qs_r . zero is the offset (the
 			// nibbles need no +128)
 			ops.dots(p.ioff, qs.KZero[:dk], u.qs[:rows*dk], dk, 0)
+		}
+		if rows%4 == 0 {
+			p.aff = u.aff[i*rows/4*24 : (i+1)*rows/4*24]
+			for j := 0; j < rows; j += 4 {
+				c, o := (*[4]float32)(p.isc[j:j+4]), (*[4]float32)(p.ioff[j:j+4])
+				// as intScores: [r0 r0 r1 r1] [r2 r2 r3 r3] scales and
+				// offsets (the pair order), then [r0 r1 r2 r3] both
+				*(*[24]float32)(p.aff[j/4*24:]) = [24]float32{c[0], c[0], c[1], c[1], c[2], c[2], c[3], c[3],
+					o[0], o[0], o[1], o[1], o[2], o[2], o[3], o[3],
+					c[0], c[1], c[2], c[3], o[0], o[1], o[2], o[3]}
+			}
 		}
 	case qs.KAxis == cache.KPerChannel:
 		p.q = u.qq[i*rows*dk : (i+1)*rows*dk]
@@ -426,6 +628,7 @@ func (u *unitState) quantPart(p *quantPart, ops *kernelOps, s *shape, sg *cache.
 	}
 	// a chunk the cache bounded when it sealed it needs no check
 	p.bad = p.bad || (!qs.Bounded && !scalesSafe(ops, qb.ops, &u.ss, qs, sg.Len, dk, dv))
+	p.intV = qb.intV && dv%128 == 0 && (p.v.ng == 4 || p.v.ng == 2) && p.v.g*p.v.ng == dv && sg.Len < 1<<19
 }
 
 // scalesSafe reports whether every scale and zero of a segment of n rows is

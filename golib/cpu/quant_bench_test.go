@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 )
@@ -158,4 +159,115 @@ func BenchmarkDecodeQuantAB(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkQuantPairedAB measures each change of quantVariants against the
+// code without it, alternating call by call in one process (the only
+// comparison a shared machine allows): one decode step of GQA 32/8, head
+// dim 128, batch 1, 16k tokens, over int8 and int4 caches at groups 32 and
+// 64 (integer loops on), one thread. It reports the median of the per-pair
+// ratios time without / time with (above 1: the change is faster) and the
+// median times. Run it with -benchtime=1x (one iteration is 40 pairs).
+func BenchmarkQuantPairedAB(b0 *testing.B) {
+	b := b0
+	defer SetThreads(Threads())
+	defer SetQuantIntDots(QuantIntDots())
+	const qh, kvh, d, L, res, pairs = 32, 8, 128, 16384, 128, 40
+	rng := rand.New(rand.NewPCG(3, 5))
+	q := randVec(rng, qh*d, 1)
+	dst := make([]float32, qh*d)
+	type config struct {
+		f     cache.QuantFormat
+		g     int
+		paged bool
+	}
+	var cfgs []config
+	for _, g := range []int{32, 64} {
+		for _, f := range quantFormats {
+			cfgs = append(cfgs, config{f, g, false})
+		}
+	}
+	for _, f := range quantFormats {
+		cfgs = append(cfgs, config{f, 32, true})
+	}
+	for _, cf := range cfgs {
+		{
+			f, g := cf.f, cf.g
+			name := fmt.Sprintf("%s-g%d", f, g)
+			if cf.paged {
+				name += "-paged"
+			}
+			var c *cache.KVCache
+			for _, vr := range quantVariants {
+				b.Run(name+"/"+vr.name, func(b *testing.B) {
+					if c == nil { // closed when the parent ends, not this sub-benchmark
+						c = newBenchCacheQ(b0, cache.Float16, kvh, d, L, cache.QuantConfig{Format: f, Group: g, Residual: res})
+						if cf.paged {
+							c = newBenchCachePaged(b0, kvh, d, L, cache.QuantConfig{Format: f, Group: g, Residual: res})
+						}
+					}
+					SetThreads(1)
+					SetQuantIntDots(true)
+					defer vr.set(true)
+					v, err := c.BeginRead()
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer c.EndRead()
+					for b.Loop() {
+						var ratio, off, on []float64
+						for i := 0; i < pairs; i++ {
+							var dt [2]float64
+							for k, o := range []bool{false, true} {
+								vr.set(o)
+								t0 := time.Now()
+								if err := Attention(dst, q, 1, qh, v, Options{}); err != nil {
+									b.Fatal(err)
+								}
+								dt[k] = time.Since(t0).Seconds()
+							}
+							ratio = append(ratio, dt[0]/dt[1])
+							off, on = append(off, dt[0]), append(on, dt[1])
+						}
+						b.ReportMetric(medianOf(ratio), "off/on")
+						b.ReportMetric(medianOf(off)*1e3, "ms-off")
+						b.ReportMetric(medianOf(on)*1e3, "ms-on")
+					}
+				})
+			}
+		}
+	}
+}
+
+// newBenchCachePaged is newBenchCacheQ's fp16 cache in the paged layout
+// (its blocks are the sealed chunks).
+func newBenchCachePaged(b *testing.B, kvh, d, L int, q cache.QuantConfig) *cache.KVCache {
+	b.Helper()
+	a, err := cache.NewArena(0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c, err := cache.New(a, cache.Config{Batch: 1, KVHeads: kvh, HeadDimK: d, Capacity: L, Elem: cache.Float16,
+		Quant: q, Layout: cache.Paged, BlockSize: q.Group})
+	if err != nil {
+		a.Close()
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { c.Close(); a.Close() })
+	rng := rand.New(rand.NewPCG(uint64(L), uint64(kvh)))
+	const chunk = 512
+	k := make([]float32, kvh*chunk*d)
+	v := make([]float32, kvh*chunk*d)
+	for at := 0; at < L; at += chunk {
+		n := min(chunk, L-at)
+		for i := range k {
+			k[i], v[i] = 3.4*rng.Float32()-1.7, 3.4*rng.Float32()-1.7
+		}
+		kb := unsafe.Slice((*byte)(unsafe.Pointer(&k[0])), 4*kvh*n*d)
+		vb := unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*kvh*n*d)
+		if err := c.Append(kb, vb, cache.Float32, n, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return c
 }

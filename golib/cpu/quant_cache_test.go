@@ -126,3 +126,58 @@ func checkRealQuantCache(t *testing.T, layout cache.Layout, qcfg cache.QuantConf
 		restoreKernel(t)
 	}
 }
+
+// TestQuantScalesStream: the contiguous layout stores each head's chunk
+// scales one after the other (scalesStream holds for consecutive sealed
+// chunks of a head, K per channel and per token), the paged layout's chunk
+// blocks lie apart (it does not), so the kernel prefetches the next
+// super-block's scales only there.
+func TestQuantScalesStream(t *testing.T) {
+	const kvh, d, L = 2, 128, 300
+	for _, layout := range []cache.Layout{cache.Contiguous, cache.Paged} {
+		for _, f := range quantFormats {
+			for _, ax := range kAxes {
+				a, err := cache.NewArena(0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				c, err := cache.New(a, cache.Config{Batch: 1, KVHeads: kvh, HeadDimK: d, Capacity: L, Elem: cache.Float16,
+					Layout: layout, BlockSize: 32, Quant: cache.QuantConfig{Format: f, Group: 32, KAxis: ax, Residual: 16}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				buf := make([]byte, kvh*L*d*4)
+				for i := 0; i < len(buf); i += 4 {
+					binary.LittleEndian.PutUint32(buf[i:], math.Float32bits(float32(i%37)/37-0.5))
+				}
+				if err := c.Append(buf, buf, cache.Float32, L, nil); err != nil {
+					t.Fatal(err)
+				}
+				v, err := c.BeginRead()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for h := 0; h < kvh; h++ {
+					segs := v.AppendSegments(nil, 0, h, 0, L)
+					checked := 0
+					for i := 0; i+1 < len(segs); i++ {
+						if segs[i+1].Q.Format == cache.QuantNone {
+							break
+						}
+						want := layout == cache.Contiguous
+						if got := scalesStream(&segs[i].Q, &segs[i+1].Q); got != want {
+							t.Errorf("%v %s %s head %d chunks %d, %d: scalesStream = %v, want %v", layout, f, ax, h, i, i+1, got, want)
+						}
+						checked++
+					}
+					if checked < 5 {
+						t.Errorf("%v %s %s: only %d pairs of sealed chunks", layout, f, ax, checked)
+					}
+				}
+				c.EndRead()
+				c.Close()
+				a.Close()
+			}
+		}
+	}
+}

@@ -86,6 +86,7 @@ type unitState struct {
 	qi     []byte     // int8 query rows of the integer score loop
 	isc    []float32  // their scales
 	ioff   []float32  // their score offsets
+	aff    []float32  // intDots4's argument blocks (quantPart.aff)
 	qb     quantBlock // the quantized segment being walked (quant.go)
 	ss     [4]float32 // scalesSafe's sums (a field: a local escapes through the indirect call)
 	read   int64      // K/V bytes (with scales) this state's units read in the current call
