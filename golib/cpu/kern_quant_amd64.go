@@ -276,8 +276,8 @@ func init() {
 	}
 	quant512Ops.sumsq2 = sumsq2avx512
 	quantAVX2Ops.sumsq2 = sumsq2avx2
-	quant512Ops.max4 = max4avx512
-	quantAVX2Ops.max4 = max4avx2
+	avx512Ops.max4 = max4avx512
+	avx2Ops.max4 = max4avx2
 	quant512Ops.prefetchK, quantAVX2Ops.prefetchK = qprefetchK, qprefetchK
 	avx512Ops.quant = &quant512Ops
 	avx2Ops.quant = &quantAVX2Ops
@@ -561,7 +561,7 @@ func (l *intLoops) vaxpyRaw(acc []float32, d int, p *float32, ld, n int, vb *byt
 	}
 }
 
-// max4avx512 and max4avx2 are quantOps.max4.
+// max4avx512 and max4avx2 are kernelOps.max4.
 func max4avx512(s []float32, ld, n int, m *[4]float32) {
 	_ = s[3*ld+n-1]
 	qmax4avx512(&s[0], ld*4, n, m)

@@ -13,6 +13,12 @@ type kernelOps struct {
 	// path and is recomputed exactly (see "Non-finite values" in the
 	// package doc).
 	maxOf func(s []float32) float32
+	// max4, when set, is maxOf of four score rows (ld elements apart, n
+	// each) in one call: m[r] is row r's largest score, or NaN when one of
+	// its scores is not finite. unitState.block takes a four-row group's
+	// maxima so where no softcap or mask changes the scores first; nil:
+	// maxOf per row.
+	max4 func(s []float32, ld, n int, m *[4]float32)
 	// readSum returns the sum of s in an unspecified order: the bandwidth
 	// probe's streaming read (plain loads, several accumulators).
 	readSum func(s []float32) float32

@@ -104,10 +104,6 @@ type quantOps struct {
 	// (any order of summation): scalesSafe's check in one call instead of
 	// a dot per run.
 	sumsq2 func(a, b []float32) float32
-	// max4, when set, is maxOf of four score rows (ld elements apart, n
-	// each) in one call: m[r] is row r's largest score, or NaN when one of
-	// its scores is not finite.
-	max4 func(s []float32, ld, n int, m *[4]float32)
 	// prefetchK, when set, hints a segment's K scales and zeros into L2.
 	prefetchK func(q *cache.QuantSegment)
 	// intParts and vaxpyParts, when set (with intDots4 and vaxpy4), are
@@ -168,8 +164,8 @@ func QuantIntDots() bool { return intDots.Load() }
 // (blockTokens). runUnit hands every run of consecutive quantized segments
 // to quantRun, which groups whole chunks into super-blocks of up to bt
 // tokens: per chunk it folds the chunk's per-channel scales into the
-// query rows (a quantPart), then qblock (unitState.block's loop for the
-// parts) runs once over the super-block: the score loop per part into the
+// query rows (a quantPart), then unitState.block runs once over the
+// super-block: the score loop per part into the
 // shared score rows at the part's offset, the online-softmax bookkeeping
 // (max, exp, l, rescale) once, and the accumulation per part. Where every
 // part takes the integer loops, the score and accumulation loops walk all
@@ -177,7 +173,7 @@ func QuantIntDots() bool { return intDots.Load() }
 // longer than bt is cut in blocks of bt as the native path does.
 
 // quantPart is one chunk (or a block of a long one) of the super-block
-// qblock is walking.
+// unitState.block is walking.
 type quantPart struct {
 	off, n int       // its tokens [off, off+n) of the super-block
 	k, v   qmat      // their rows
@@ -201,8 +197,8 @@ type quantPart struct {
 	bad bool
 }
 
-// quantBlock is the super-block runUnit is walking: while on, qblock (and
-// unitState.block, with quantOwnBlock off) reads K and V through its parts
+// quantBlock is the super-block runUnit is walking: while on,
+// unitState.block reads K and V through its parts
 // instead of float32/16-bit rows.
 type quantBlock struct {
 	on    bool
@@ -213,7 +209,6 @@ type quantBlock struct {
 	ones  [4]float32      // the rescale of every part after a row's first: none
 	intV  bool            // the integer accumulation loop (vaxpy4) is on
 	vs    vScratch
-	mx    [4]float32 // max4's maxima
 	// pfScales: prefetch the next super-block's scales (quantScalePrefetch,
 	// and the run's scales do not stream, scalesStream)
 	pfScales bool
@@ -227,11 +222,6 @@ type quantBlock struct {
 // per part through dots and axpy (false: the path before them, kept for
 // paired benchmarks).
 var quantPartsLoops = true
-
-// quantOwnBlock: quantRun folds its super-blocks with qblock (true) or
-// with unitState.block (false: the path before qblock, kept for paired
-// benchmarks against it).
-var quantOwnBlock = true
 
 // quantScalePrefetch: the loops prefetch the scales of the next
 // super-block's chunks (quantOps.prefetch) while they compute this one,
@@ -413,70 +403,6 @@ func (qb *quantBlock) axpy(acc, sc []float32, a, e, nr, pf int, alpha *[4]float3
 	}
 }
 
-// qblock is unitState.block for the super-block qb is walking (the tokens
-// [pos, pos+n) of its parts): the same online-softmax steps and results,
-// with the maxima of four rows with the same range taken in one call
-// (quantOps.max4) where no softcap or mask changes the scores first.
-func (u *unitState) qblock(ops *kernelOps, s *shape, pos, n, rows, pf int) {
-	if !quantOwnBlock {
-		u.block(ops, s, nil, nil, nil, nil, pos, n, rows, pf, nil)
-		return
-	}
-	qb := &u.qb
-	dk, dv := s.dk, s.dv
-	plain := s.softcap <= 0 && s.mask == nil && qb.ops.max4 != nil
-	for r := 0; r < rows; {
-		a, e := max(u.lo[r], pos), min(u.hi[r], pos+n)
-		if a >= e {
-			r++
-			continue
-		}
-		nr := 1
-		for nr < 4 && r+nr < rows && u.lo[r+nr] == u.lo[r] && u.hi[r+nr] == u.hi[r] {
-			nr++
-		}
-		if nr != 4 {
-			nr = 1
-		}
-		cnt := e - a
-		sc := u.sc[:nr*cnt]
-		qb.dots(sc, r, nr, a-pos, e-pos, dk, pf)
-		four := nr == 4 && plain
-		if four {
-			qb.ops.max4(sc, cnt, cnt, &qb.mx)
-		}
-		alpha := &u.alpha
-		for j := 0; j < nr; j++ {
-			sj := sc[j*cnt : (j+1)*cnt]
-			if s.softcap > 0 {
-				ops.tanhCap(sj, s.softcap)
-			}
-			if s.mask != nil {
-				applyMask(sj, s.mask, u.moff[r+j], a)
-			}
-			var m float32
-			if four {
-				m = qb.mx[j]
-			} else {
-				m = ops.maxOf(sj)
-			}
-			mOld := u.m[r+j]
-			mNew := max(mOld, m)
-			alpha[j] = 1
-			switch {
-			case mOld == negInf:
-				alpha[j] = 0 // the first block of the row: nothing to rescale
-			case mNew != mOld:
-				alpha[j] = expf(mOld - mNew)
-			}
-			u.l[r+j] = u.l[r+j]*alpha[j] + ops.expSub(sj, mNew)
-			u.m[r+j] = mNew
-		}
-		qb.axpy(u.acc[r*dv:(r+nr)*dv], sc, a-pos, e-pos, nr, pf, alpha)
-		r += nr
-	}
-}
-
 // quantRun folds the leading run of consecutive quantized segments of segs,
 // the first starting at pos, into the unit's online-softmax state in
 // super-blocks of up to bt tokens (the quantized counterpart of runUnit's
@@ -520,7 +446,7 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 		}
 		if len(qb.parts) > 0 && (tot+sg.Len > bt || len(qb.parts) == maxParts) {
 			qb.ahead = segs[used:]
-			u.qblock(ops, s, pos-tot, tot, rows, quantPrefetchTokens)
+			u.block(ops, s, nil, nil, nil, nil, pos-tot, tot, rows, quantPrefetchTokens, nil)
 			qb.parts, tot = qb.parts[:0], 0
 			qb.allInt, qb.allIntV = rows%4 == 0, true
 		}
@@ -550,7 +476,7 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 		for off := 0; off < sg.Len; off += bt {
 			p.n = min(bt, sg.Len-off)
 			p.k, p.v = k.rows(off, off+p.n), v.rows(off, off+p.n)
-			u.qblock(ops, s, pos+off, p.n, rows, quantPrefetchTokens)
+			u.block(ops, s, nil, nil, nil, nil, pos+off, p.n, rows, quantPrefetchTokens, nil)
 		}
 		qb.parts = qb.parts[:0]
 		qb.allInt, qb.allIntV = rows%4 == 0, true
@@ -558,7 +484,7 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 	}
 	qb.ahead = nil
 	if tot > 0 {
-		u.qblock(ops, s, pos-tot, tot, rows, quantPrefetchTokens)
+		u.block(ops, s, nil, nil, nil, nil, pos-tot, tot, rows, quantPrefetchTokens, nil)
 		qb.parts = qb.parts[:0]
 	}
 	return used, pos, nil

@@ -63,7 +63,6 @@ var quantVariants = []struct {
 	name string
 	set  func(on bool)
 }{
-	{"ownblock", func(on bool) { quantOwnBlock = on }},
 	{"partsloops", func(on bool) { quantPartsLoops = on }},
 	{"scaleprefetch", func(on bool) { quantScalePrefetch = on }},
 	{"kscaleahead", func(on bool) { quantKScaleAhead = map[bool]int{false: 0, true: 2}[on] }},

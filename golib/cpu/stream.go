@@ -80,6 +80,7 @@ type unitState struct {
 	vbuf   []float32 // widened V block
 	segs   []cache.Segment
 	alpha  [4]float32 // per-row rescale factors of one block
+	mx     [4]float32 // a four-row group's maxima (kernelOps.max4)
 	zero   []float32  // dv zeros, never written (the finiteness check)
 	chk    []float32  // per-row finiteness check of acc
 	qq, qc []float32  // query rows folded with per-channel K scales, their zero constants
@@ -321,6 +322,13 @@ func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, kh, vh []u
 			ops.dots(sc, u.qs[r*dk:(r+1)*dk], kb[(a-pos)*dk:(e-pos)*dk], dk, pf)
 		}
 		alpha := &u.alpha // a field: a local would escape through the indirect call
+		// four rows' maxima in one call where nothing changes the scores
+		// after the score loop (a call per row costs about as much as a
+		// short row's scan)
+		four := nr == 4 && ops.max4 != nil && s.softcap <= 0 && s.mask == nil
+		if four {
+			ops.max4(sc, cnt, cnt, &u.mx)
+		}
 		for j := 0; j < nr; j++ {
 			sj := sc[j*cnt : (j+1)*cnt]
 			if s.softcap > 0 {
@@ -329,8 +337,14 @@ func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, kh, vh []u
 			if s.mask != nil {
 				applyMask(sj, s.mask, u.moff[r+j], a)
 			}
+			var m float32
+			if four {
+				m = u.mx[j]
+			} else {
+				m = ops.maxOf(sj)
+			}
 			mOld := u.m[r+j]
-			mNew := max(mOld, ops.maxOf(sj))
+			mNew := max(mOld, m)
 			alpha[j] = 1
 			switch {
 			case mOld == negInf:
