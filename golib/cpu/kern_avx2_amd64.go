@@ -83,6 +83,9 @@ func axpy1w128f16avx2(acc *float32, p *float32, v *uint16, n int, alpha float32,
 func axpy1w128bf16avx2(acc *float32, p *float32, v *uint16, n int, alpha float32, pfd int)
 
 //go:noescape
+func maxavx2(s *float32, n int) float32
+
+//go:noescape
 func expSubavx2(s *float32, n int, m float32) float32
 
 //go:noescape
@@ -119,7 +122,7 @@ func cvtBF16avx2(dst *float32, src *uint16, n int)
 var avx2Ops = kernelOps{
 	name:    "avx2",
 	dots:    dotsAVX2,
-	maxOf:   max8,
+	maxOf:   maxAVX2,
 	readSum: readSum8,
 	expSub:  expSubAVX2,
 	tanhCap: tanhCap8,
@@ -239,6 +242,20 @@ var ones4 = [4]float32{1, 1, 1, 1}
 // (tiles of 16; 32: 22.2-22.8; 4: 22.5), d64 16.6 -> 21.4; fp16/bf16 GQA
 // d128 about +5%.
 const vTileTokens = 16
+
+// maxAVX2 is maxOf: the assembly loop over runs of 8 (maxavx2), the
+// scalar fold for the tail.
+func maxAVX2(s []float32) float32 {
+	n8 := len(s) &^ 7
+	if n8 == 0 {
+		return maxTail(s[0], s)
+	}
+	m := maxavx2(unsafe.SliceData(s), n8)
+	if m != m {
+		return m
+	}
+	return maxTail(m, s[n8:])
+}
 
 // expSubAVX2 runs the assembly exp over runs of 8 and a shorter tail on a
 // padded copy (padding m: exp(0)), as expSubx16 does.

@@ -3922,6 +3922,76 @@ axpy1w128bf16avx2store:
 	VZEROUPPER
 	RET
 
+// func maxavx2(s *float32, n int) float32
+//
+// The largest of s[0..n) (n a positive multiple of 8), or NaN when one of them is NaN
+// or infinite (maxOf's contract): four VMAXPS chains (Y0-Y3) and four chains of x*0
+// (Y4-Y7, zero in Y8: NaN exactly when an element is not finite) over 32 elements a
+// step, then 8 a step. The archsimd loop it replaces (max8) ran about 35 cycles per
+// 8 elements on a Granite Rapids-class Xeon (one dependent chain per vector and
+// scalar code around it); this one about one.
+TEXT ·maxavx2(SB), NOSPLIT, $0-20
+	MOVQ s+0(FP), SI
+	MOVQ n+8(FP), CX
+	VMOVUPS (SI), Y0
+	VMOVAPS Y0, Y1
+	VMOVAPS Y0, Y2
+	VMOVAPS Y0, Y3
+	VXORPS Y8, Y8, Y8
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	LEAQ (SI)(CX*4), DX
+	LEAQ -96(DX), CX
+	CMPQ SI, CX
+	JGE maxavx2one
+maxavx2four:
+	VMAXPS (SI), Y0, Y0
+	VFMADD231PS (SI), Y8, Y4
+	VMAXPS 32(SI), Y1, Y1
+	VFMADD231PS 32(SI), Y8, Y5
+	VMAXPS 64(SI), Y2, Y2
+	VFMADD231PS 64(SI), Y8, Y6
+	VMAXPS 96(SI), Y3, Y3
+	VFMADD231PS 96(SI), Y8, Y7
+	ADDQ $128, SI
+	CMPQ SI, CX
+	JLT maxavx2four
+maxavx2one:
+	CMPQ SI, DX
+	JGE maxavx2done
+	VMAXPS (SI), Y0, Y0
+	VFMADD231PS (SI), Y8, Y4
+	ADDQ $32, SI
+	JMP maxavx2one
+maxavx2done:
+	VMAXPS Y1, Y0, Y0
+	VMAXPS Y3, Y2, Y2
+	VMAXPS Y2, Y0, Y0
+	VADDPS Y5, Y4, Y4
+	VADDPS Y7, Y6, Y6
+	VADDPS Y6, Y4, Y4
+	VEXTRACTF128 $1, Y0, X1
+	VMAXPS X1, X0, X0
+	VPERMILPS $0x4e, X0, X1
+	VMAXPS X1, X0, X0
+	VPERMILPS $0xb1, X0, X1
+	VMAXPS X1, X0, X0
+	VEXTRACTF128 $1, Y4, X5
+	VADDPS X5, X4, X4
+	VHADDPS X4, X4, X4
+	VHADDPS X4, X4, X4
+	VUCOMISS X4, X4
+	JPS maxavx2nan
+	VMOVSS X0, ret+16(FP)
+	VZEROUPPER
+	RET
+maxavx2nan:
+	VMOVSS X4, ret+16(FP)
+	VZEROUPPER
+	RET
+
 // func expSubavx2(s *float32, n int, m float32) float32
 //
 // s[i] = exp(s[i]-m) for i < n (a multiple of 8) and returns their sum: the algorithm
