@@ -259,7 +259,8 @@ def axpy4x16(kind):
     vstep = 2 * cb  # V bytes of one 16-dim pass
     w(f"// func {name}(acc *float32, rb int, p *float32, ldP int, v *{gt}, n int, alpha *[4]float32, pfd int)")
     w("//")
-    w("// For rows r < 4: acc_r = alpha[r]*acc_r + sum_{t<n} p_r[t]*v_t, acc_r at acc + r*rb")
+    w("// For rows r < 4: acc_r = alpha[r]*acc_r + sum_{t<n} p_r[t]*v_t (alpha nil: 1, the")
+    w("// rows are loaded without the multiply), acc_r at acc + r*rb")
     w(f"// bytes (rows of rb/4 float32, rb a multiple of 64), p_r at p + r*ldP bytes, v_t at")
     w(f"// v + t*rb*{es}/4 bytes; n >= 1. Passes of 16 dims: the 4x16 accumulator block is")
     w("// Y0-Y7, the four weights of a token Y8-Y11 and its two V vectors Y12-Y13, so every")
@@ -272,14 +273,19 @@ def axpy4x16(kind):
     else:
         ins("MOVQ DX, R12", "SHRQ $1, R12")
     w(f"{name}pass:")
-    ins("MOVQ alpha+48(FP), R13",
+    ins("MOVQ alpha+48(FP), R13", "TESTQ R13, R13", f"JZ {name}load",
         "VBROADCASTSS 0(R13), Y8", "VBROADCASTSS 4(R13), Y9", "VBROADCASTSS 8(R13), Y10",
         "VBROADCASTSS 12(R13), Y11", "LEAQ (CX)(DX*2), R13",
         "VMULPS (CX), Y8, Y0", "VMULPS 32(CX), Y8, Y1",
         "VMULPS (CX)(DX*1), Y9, Y2", "VMULPS 32(CX)(DX*1), Y9, Y3",
         "VMULPS (R13), Y10, Y4", "VMULPS 32(R13), Y10, Y5",
-        "VMULPS (R13)(DX*1), Y11, Y6", "VMULPS 32(R13)(DX*1), Y11, Y7",
-        "MOVQ p+16(FP), R8", "LEAQ (R9)(R9*2), R10", "ADDQ R8, R10",
+        "VMULPS (R13)(DX*1), Y11, Y6", "VMULPS 32(R13)(DX*1), Y11, Y7", f"JMP {name}go")
+    w(f"{name}load:")
+    ins("LEAQ (CX)(DX*2), R13",
+        "VMOVUPS (CX), Y0", "VMOVUPS 32(CX), Y1", "VMOVUPS (CX)(DX*1), Y2", "VMOVUPS 32(CX)(DX*1), Y3",
+        "VMOVUPS (R13), Y4", "VMOVUPS 32(R13), Y5", "VMOVUPS (R13)(DX*1), Y6", "VMOVUPS 32(R13)(DX*1), Y7")
+    w(f"{name}go:")
+    ins("MOVQ p+16(FP), R8", "LEAQ (R9)(R9*2), R10", "ADDQ R8, R10",
         "MOVQ SI, BX", "MOVQ n+40(FP), AX")
     w(f"{name}t:")
     ins("PREFETCHT1 (BX)(R11*1)")
@@ -303,7 +309,8 @@ def axpy4x24(kind):
     name = f"axpy4{kind}avx2"
     w(f"// func {name}(acc *float32, rb int, p *float32, ldP int, v *{gt}, n int, alpha *[4]float32, pfd int)")
     w("//")
-    w("// For rows r < 4: acc_r = alpha[r]*acc_r + sum_{t<n} p_r[t]*v_t, acc_r at acc + r*rb")
+    w("// For rows r < 4: acc_r = alpha[r]*acc_r + sum_{t<n} p_r[t]*v_t (alpha nil: 1, the")
+    w("// rows are loaded without the multiply), acc_r at acc + r*rb")
     w(f"// bytes (rows of rb/4 float32, rb a multiple of 64), p_r at p + r*ldP bytes, v_t at")
     w(f"// v + t*rb*{es}/4 bytes; n >= 1. Passes of 24 dims: the 4x24 accumulator block is")
     w("// Y0-Y11 (twelve independent FMA chains), a token's three V vectors Y12-Y14 and each")
@@ -322,7 +329,7 @@ def axpy4x24(kind):
         "CMPQ R14, $64", f"JEQ {name}p2", "CMPQ R14, $128", f"JEQ {name}p2")
     for wc, lab in ((3, "p3"), (2, "p2")):
         w(f"{name}{lab}:")
-        ins("MOVQ alpha+48(FP), R13")
+        ins("MOVQ alpha+48(FP), R13", "TESTQ R13, R13", f"JZ {name}{lab}load")
         rows = ["(CX)", "(CX)(DX*1)", "(CX)(DX*2)", "(R13)(DX*1)"]
         for r in range(4):
             ins(f"VBROADCASTSS {4*r}(R13), Y15")
@@ -330,6 +337,13 @@ def axpy4x24(kind):
                 ins("LEAQ (CX)(DX*2), R13")
             for c in range(wc):
                 ins(f"VMULPS {off(32*c)}{rows[r]}, Y15, Y{wc*r+c}")
+        ins(f"JMP {name}{lab}go")
+        w(f"{name}{lab}load:")
+        ins("LEAQ (CX)(DX*2), R13")
+        for r in range(4):
+            for c in range(wc):
+                ins(f"VMOVUPS {off(32*c)}{rows[r]}, Y{wc*r+c}")
+        w(f"{name}{lab}go:")
         ins("MOVQ p+16(FP), R8", "LEAQ (R9)(R9*2), R10", "ADDQ R8, R10",
             "MOVQ SI, BX", "MOVQ n+40(FP), AX")
         w(f"{name}{lab}t:")

@@ -225,7 +225,8 @@ dots1f32avx2done:
 
 // func axpy4f32avx2(acc *float32, rb int, p *float32, ldP int, v *float32, n int, alpha *[4]float32, pfd int)
 //
-// For rows r < 4: acc_r = alpha[r]*acc_r + sum_{t<n} p_r[t]*v_t, acc_r at acc + r*rb
+// For rows r < 4: acc_r = alpha[r]*acc_r + sum_{t<n} p_r[t]*v_t (alpha nil: 1, the
+// rows are loaded without the multiply), acc_r at acc + r*rb
 // bytes (rows of rb/4 float32, rb a multiple of 64), p_r at p + r*ldP bytes, v_t at
 // v + t*rb*4/4 bytes; n >= 1. Passes of 16 dims: the 4x16 accumulator block is
 // Y0-Y7, the four weights of a token Y8-Y11 and its two V vectors Y12-Y13, so every
@@ -240,6 +241,8 @@ TEXT ·axpy4f32avx2(SB), NOSPLIT, $0-64
 	MOVQ DX, R12
 axpy4f32avx2pass:
 	MOVQ alpha+48(FP), R13
+	TESTQ R13, R13
+	JZ axpy4f32avx2load
 	VBROADCASTSS 0(R13), Y8
 	VBROADCASTSS 4(R13), Y9
 	VBROADCASTSS 8(R13), Y10
@@ -253,6 +256,18 @@ axpy4f32avx2pass:
 	VMULPS 32(R13), Y10, Y5
 	VMULPS (R13)(DX*1), Y11, Y6
 	VMULPS 32(R13)(DX*1), Y11, Y7
+	JMP axpy4f32avx2go
+axpy4f32avx2load:
+	LEAQ (CX)(DX*2), R13
+	VMOVUPS (CX), Y0
+	VMOVUPS 32(CX), Y1
+	VMOVUPS (CX)(DX*1), Y2
+	VMOVUPS 32(CX)(DX*1), Y3
+	VMOVUPS (R13), Y4
+	VMOVUPS 32(R13), Y5
+	VMOVUPS (R13)(DX*1), Y6
+	VMOVUPS 32(R13)(DX*1), Y7
+axpy4f32avx2go:
 	MOVQ p+16(FP), R8
 	LEAQ (R9)(R9*2), R10
 	ADDQ R8, R10
@@ -1343,7 +1358,8 @@ dots1f16avx2done:
 
 // func axpy4f16avx2(acc *float32, rb int, p *float32, ldP int, v *uint16, n int, alpha *[4]float32, pfd int)
 //
-// For rows r < 4: acc_r = alpha[r]*acc_r + sum_{t<n} p_r[t]*v_t, acc_r at acc + r*rb
+// For rows r < 4: acc_r = alpha[r]*acc_r + sum_{t<n} p_r[t]*v_t (alpha nil: 1, the
+// rows are loaded without the multiply), acc_r at acc + r*rb
 // bytes (rows of rb/4 float32, rb a multiple of 64), p_r at p + r*ldP bytes, v_t at
 // v + t*rb*2/4 bytes; n >= 1. Passes of 24 dims: the 4x24 accumulator block is
 // Y0-Y11 (twelve independent FMA chains), a token's three V vectors Y12-Y14 and each
@@ -1369,6 +1385,8 @@ axpy4f16avx2pass:
 	JEQ axpy4f16avx2p2
 axpy4f16avx2p3:
 	MOVQ alpha+48(FP), R13
+	TESTQ R13, R13
+	JZ axpy4f16avx2p3load
 	VBROADCASTSS 0(R13), Y15
 	VMULPS (CX), Y15, Y0
 	VMULPS 32(CX), Y15, Y1
@@ -1386,6 +1404,22 @@ axpy4f16avx2p3:
 	VMULPS (R13)(DX*1), Y15, Y9
 	VMULPS 32(R13)(DX*1), Y15, Y10
 	VMULPS 64(R13)(DX*1), Y15, Y11
+	JMP axpy4f16avx2p3go
+axpy4f16avx2p3load:
+	LEAQ (CX)(DX*2), R13
+	VMOVUPS (CX), Y0
+	VMOVUPS 32(CX), Y1
+	VMOVUPS 64(CX), Y2
+	VMOVUPS (CX)(DX*1), Y3
+	VMOVUPS 32(CX)(DX*1), Y4
+	VMOVUPS 64(CX)(DX*1), Y5
+	VMOVUPS (CX)(DX*2), Y6
+	VMOVUPS 32(CX)(DX*2), Y7
+	VMOVUPS 64(CX)(DX*2), Y8
+	VMOVUPS (R13)(DX*1), Y9
+	VMOVUPS 32(R13)(DX*1), Y10
+	VMOVUPS 64(R13)(DX*1), Y11
+axpy4f16avx2p3go:
 	MOVQ p+16(FP), R8
 	LEAQ (R9)(R9*2), R10
 	ADDQ R8, R10
@@ -1435,6 +1469,8 @@ axpy4f16avx2p3t:
 	JMP axpy4f16avx2pass
 axpy4f16avx2p2:
 	MOVQ alpha+48(FP), R13
+	TESTQ R13, R13
+	JZ axpy4f16avx2p2load
 	VBROADCASTSS 0(R13), Y15
 	VMULPS (CX), Y15, Y0
 	VMULPS 32(CX), Y15, Y1
@@ -1448,6 +1484,18 @@ axpy4f16avx2p2:
 	LEAQ (CX)(DX*2), R13
 	VMULPS (R13)(DX*1), Y15, Y6
 	VMULPS 32(R13)(DX*1), Y15, Y7
+	JMP axpy4f16avx2p2go
+axpy4f16avx2p2load:
+	LEAQ (CX)(DX*2), R13
+	VMOVUPS (CX), Y0
+	VMOVUPS 32(CX), Y1
+	VMOVUPS (CX)(DX*1), Y2
+	VMOVUPS 32(CX)(DX*1), Y3
+	VMOVUPS (CX)(DX*2), Y4
+	VMOVUPS 32(CX)(DX*2), Y5
+	VMOVUPS (R13)(DX*1), Y6
+	VMOVUPS 32(R13)(DX*1), Y7
+axpy4f16avx2p2go:
 	MOVQ p+16(FP), R8
 	LEAQ (R9)(R9*2), R10
 	ADDQ R8, R10
@@ -2699,7 +2747,8 @@ dots1bf16avx2done:
 
 // func axpy4bf16avx2(acc *float32, rb int, p *float32, ldP int, v *uint16, n int, alpha *[4]float32, pfd int)
 //
-// For rows r < 4: acc_r = alpha[r]*acc_r + sum_{t<n} p_r[t]*v_t, acc_r at acc + r*rb
+// For rows r < 4: acc_r = alpha[r]*acc_r + sum_{t<n} p_r[t]*v_t (alpha nil: 1, the
+// rows are loaded without the multiply), acc_r at acc + r*rb
 // bytes (rows of rb/4 float32, rb a multiple of 64), p_r at p + r*ldP bytes, v_t at
 // v + t*rb*2/4 bytes; n >= 1. Passes of 24 dims: the 4x24 accumulator block is
 // Y0-Y11 (twelve independent FMA chains), a token's three V vectors Y12-Y14 and each
@@ -2725,6 +2774,8 @@ axpy4bf16avx2pass:
 	JEQ axpy4bf16avx2p2
 axpy4bf16avx2p3:
 	MOVQ alpha+48(FP), R13
+	TESTQ R13, R13
+	JZ axpy4bf16avx2p3load
 	VBROADCASTSS 0(R13), Y15
 	VMULPS (CX), Y15, Y0
 	VMULPS 32(CX), Y15, Y1
@@ -2742,6 +2793,22 @@ axpy4bf16avx2p3:
 	VMULPS (R13)(DX*1), Y15, Y9
 	VMULPS 32(R13)(DX*1), Y15, Y10
 	VMULPS 64(R13)(DX*1), Y15, Y11
+	JMP axpy4bf16avx2p3go
+axpy4bf16avx2p3load:
+	LEAQ (CX)(DX*2), R13
+	VMOVUPS (CX), Y0
+	VMOVUPS 32(CX), Y1
+	VMOVUPS 64(CX), Y2
+	VMOVUPS (CX)(DX*1), Y3
+	VMOVUPS 32(CX)(DX*1), Y4
+	VMOVUPS 64(CX)(DX*1), Y5
+	VMOVUPS (CX)(DX*2), Y6
+	VMOVUPS 32(CX)(DX*2), Y7
+	VMOVUPS 64(CX)(DX*2), Y8
+	VMOVUPS (R13)(DX*1), Y9
+	VMOVUPS 32(R13)(DX*1), Y10
+	VMOVUPS 64(R13)(DX*1), Y11
+axpy4bf16avx2p3go:
 	MOVQ p+16(FP), R8
 	LEAQ (R9)(R9*2), R10
 	ADDQ R8, R10
@@ -2794,6 +2861,8 @@ axpy4bf16avx2p3t:
 	JMP axpy4bf16avx2pass
 axpy4bf16avx2p2:
 	MOVQ alpha+48(FP), R13
+	TESTQ R13, R13
+	JZ axpy4bf16avx2p2load
 	VBROADCASTSS 0(R13), Y15
 	VMULPS (CX), Y15, Y0
 	VMULPS 32(CX), Y15, Y1
@@ -2807,6 +2876,18 @@ axpy4bf16avx2p2:
 	LEAQ (CX)(DX*2), R13
 	VMULPS (R13)(DX*1), Y15, Y6
 	VMULPS 32(R13)(DX*1), Y15, Y7
+	JMP axpy4bf16avx2p2go
+axpy4bf16avx2p2load:
+	LEAQ (CX)(DX*2), R13
+	VMOVUPS (CX), Y0
+	VMOVUPS 32(CX), Y1
+	VMOVUPS (CX)(DX*1), Y2
+	VMOVUPS 32(CX)(DX*1), Y3
+	VMOVUPS (CX)(DX*2), Y4
+	VMOVUPS 32(CX)(DX*2), Y5
+	VMOVUPS (R13)(DX*1), Y6
+	VMOVUPS 32(R13)(DX*1), Y7
+axpy4bf16avx2p2go:
 	MOVQ p+16(FP), R8
 	LEAQ (R9)(R9*2), R10
 	ADDQ R8, R10
