@@ -4008,9 +4008,9 @@ axpy1w128bf16avx2store:
 // The largest of s[0..n) (n a positive multiple of 8), or NaN when one of them is NaN
 // or infinite (maxOf's contract): four VMAXPS chains (Y0-Y3) and four chains of x*0
 // (Y4-Y7, zero in Y8: NaN exactly when an element is not finite) over 32 elements a
-// step, then 8 a step. The archsimd loop it replaces (max8) ran about 35 cycles per
-// 8 elements on a Granite Rapids-class Xeon (one dependent chain per vector and
-// scalar code around it); this one about one.
+// step, then 8 a step. It is the maxOf of the AVX-512 path too: the archsimd loops it
+// replaced (8 and 16 lanes) took 820-840 ns for a 512-score block row on a Granite
+// Rapids-class Xeon, this one 25 ns.
 TEXT ·maxavx2(SB), NOSPLIT, $0-20
 	MOVQ s+0(FP), SI
 	MOVQ n+8(FP), CX
