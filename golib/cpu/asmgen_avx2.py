@@ -35,20 +35,25 @@ WIDE_KINDS = ("f16", "bf16")
 KINDS = {"f32": (4, "float32", 32), "f16": (2, "uint16", 16), "bf16": (2, "uint16", 16)}
 
 
-def load(kind, addr, reg):
+def load(kind, addr, reg, shuf=False):
     """Loads eight K/V elements at addr into ymm reg as float32.
 
-    bfloat16 takes two ops. One vector op instead (VBROADCASTI128 of the 16 bytes, then a
-    VPSHUFB with a memory control vector that puts element i in the high half of lane i)
-    measured 0.94-0.97x as fast in the 4x3 / 24-dim loops (forced AVX2 on the shared Zen 4,
-    GQA 32/8 d128 and d64, 4k and 16k tokens, 1 and 2 threads, old and new loops alternated
-    call by call, median time ratio): the extra load per conversion costs more than the
-    shift it saves.
+    bfloat16 takes two ops: VPMOVZXWD + VPSLLD, or with shuf VBROADCASTI128 of the 16
+    bytes and a VPSHUFB with a memory control vector (bf16ctl) that puts element i in the
+    high half of lane i: no shift, which on Intel cores takes one of the two FMA ports
+    (VPSHUFB runs on ports 1 and 5, VPMOVZXWD on 5), for one more load. The 4x3 score loop
+    (dots4x3) uses shuf: alone on a 512-token block in L2 (Granite Rapids-class Xeon) it
+    took 5.96-6.55 us against 6.62-7.16; the 24-dim V loop took 6.51-6.72 us with it
+    against 6.03-6.25 (ten loads per twelve FMAs there), and on the shared Zen 4 both
+    wide loops measured 0.94-0.97x as fast with it (forced AVX2, GQA 32/8 d128 and d64, 4k
+    and 16k tokens, 1 and 2 threads, median time ratio), so the other loops keep the shift.
     """
     if kind == "f32":
         return [f"VMOVUPS {addr}, {reg}"]
     if kind == "f16":
         return [f"VCVTPH2PS {addr}, {reg}"]
+    if shuf:
+        return [f"VBROADCASTI128 {addr}, {reg}", f"VPSHUFB bf16ctl<>(SB), {reg}, {reg}"]
     return [f"VPMOVZXWD {addr}, {reg}", f"VPSLLD $16, {reg}, {reg}"]
 
 
@@ -68,7 +73,7 @@ w('#include "textflag.h"')
 w()
 
 
-def dots4token(kind, name, chunks, cb, qs):
+def dots4token(kind, name, chunks, cb, qs, shuf=False):
     """Emits one token's four-row scores (the tails of the four-row score
     loops): Y0-Y3 accumulate the token's K row (at SI, R13 bytes) against
     the query rows at R8-R11 over label {name}tin, then the four sums go to
@@ -78,7 +83,7 @@ def dots4token(kind, name, chunks, cb, qs):
     ins("XORQ CX, CX")
     w(f"{name}tin:")
     for c in range(chunks):
-        ins(*load(kind, f"{off(cb*c)}(SI)(CX*1)", "Y8"))
+        ins(*load(kind, f"{off(cb*c)}(SI)(CX*1)", "Y8", shuf))
         for r, qb in enumerate(["R8", "R9", "R10", "R11"]):
             ins(f"VFMADD231PS {off(32*c)}({qb})(CX*{qs}), Y8, Y{r}")
     ins("ADDQ $64, CX", "CMPQ CX, R13", f"JLT {name}tin")
@@ -165,7 +170,7 @@ def dots4x3(kind):
     ins("PREFETCHT1 (R15)", "PREFETCHT1 64(R15)", "PREFETCHT1 128(R15)", "ADDQ $192, R15")
     for c in range(chunks):
         for t, kb in enumerate(["SI", "R12", "DX"]):
-            ins(*load(kind, f"{off(cb*c)}({kb})(CX*1)", f"Y{12+t}"))
+            ins(*load(kind, f"{off(cb*c)}({kb})(CX*1)", f"Y{12+t}", shuf=True))
         for r, qb in enumerate(["R8", "R9", "R10", "R11"]):
             ins(f"VMOVUPS {off(32*c)}({qb})(CX*{qs}), Y15")
             for t in range(3):
@@ -189,7 +194,7 @@ def dots4x3(kind):
     w(f"{name}tail:")
     ins("ADDQ $3, AX", f"JZ {name}done", "LEAQ (BX)(BX*2), DX")
     w(f"{name}one:")
-    dots4token(kind, name, chunks, cb, qs)
+    dots4token(kind, name, chunks, cb, qs, shuf=True)
     ins("ADDQ $4, DI", "ADDQ R13, SI", "DECQ AX", f"JNZ {name}one")
     w(f"{name}done:")
     ins("VZEROUPPER", "RET")
@@ -674,6 +679,14 @@ for k in ("f32", "f16", "bf16"):
         axpy1w(k, dim)
 maxsub()
 expsub()
+# bf16ctl: VPSHUFB control of load(shuf): dword lane j takes bytes 2j, 2j+1 of its
+# 128-bit half (elements j, of 0-3 in the low half and 4-7 in the high) into its high
+# half and zeroes the low one
+for j in range(8):
+    b = 2 * (j % 4) + (8 if j >= 4 else 0)
+    w(f"DATA bf16ctl<>+{4*j}(SB)/4, ${0x8080 | b << 16 | (b + 1) << 24:#010x}")
+w("GLOBL bf16ctl<>(SB), RODATA|NOPTR, $32")
+w()
 cvt("f16")
 cvt("bf16")
 
