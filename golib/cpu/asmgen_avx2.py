@@ -13,14 +13,19 @@ import sys
 from asmgen_emit import ins, off, out, w
 
 
-# Bytes of a row per PREFETCHT1 in the unrolled single-row loops (dots1w, axpy1w): one
-# line in four. With 256-bit loads a row already takes two load ops per line, and the
-# loops streamed DRAM faster the fewer prefetch instructions they added (forced AVX2 on a
-# Zen 4, one thread, MHA 32/32 fp32 16k tokens, interleaved runs, K+V GB/s relative to
-# the AVX-512 path in the same run: every line 0.77 (d128) / 1.08 (d64), one in four 0.89
-# / 1.25, none 0.85 / 1.37); one in four keeps a software stream ahead of each row for
-# CPUs whose hardware prefetchers do less.
-ROW_PF_STEP = 256
+# Bytes of a row per PREFETCHT1 in the unrolled single-row loops (dots1w, axpy1w), per
+# kind. float32: one line in four. With 256-bit loads a row already takes two load ops per
+# line, and the loops streamed DRAM faster the fewer prefetch instructions they added (forced
+# AVX2 on a Zen 4, one thread, MHA 32/32 fp32 16k tokens, interleaved runs, K+V GB/s
+# relative to the AVX-512 path in the same run: every line 0.77 (d128) / 1.08 (d64), one in
+# four 0.89 / 1.25, none 0.85 / 1.37); one in four keeps a software stream ahead of each row
+# for CPUs whose hardware prefetchers do less. On the Granite Rapids-class Xeon every line
+# measured 1.00-1.015x as fast for float32 (d64/d128, 16k/32k, 1-2 threads, old and new
+# alternated call by call), so float32 keeps one in four. 16-bit rows: every line (as the
+# AVX-512 loops do), 1.03-1.05x as fast at d128 and 1.09-1.16x at d64 there (MHA 32/32
+# fp16/bf16 16k, 1 and 2 threads), where one in four left the AVX2 path at 0.70-0.86 of the
+# paired streaming read against the AVX-512 path's 0.90-1.04.
+ROW_PF_STEP = {"f32": 256, "f16": 64, "bf16": 64}
 
 # The kinds whose four-row loops use the wide register blocks (dots4 4x3: twelve score
 # accumulators, axpy4 passes of 24 dims), the others keep dots4x2 (4x2) and axpy4x16
@@ -455,14 +460,14 @@ def dots1w(kind, D):
     w("// loop of MHA decode, which has no GQA reuse and must stream at the memory's speed).")
     w("// Token j of a step accumulates even chunks in Yj and odd ones in Y(4+j); q is a")
     w("// memory operand (it stays in L1). Each row is prefetched pfd bytes ahead, one line")
-    w("// in ROW_PF_STEP/64 (see asmgen_avx2.py).")
+    w(f"// in {ROW_PF_STEP[kind] // 64} (ROW_PF_STEP in asmgen_avx2.py).")
     w(f"TEXT ·{name}(SB), NOSPLIT, $0-40")
     ins("MOVQ s+0(FP), DI", "MOVQ q+8(FP), R8", "MOVQ k+16(FP), SI", "MOVQ nt+24(FP), AX",
         "MOVQ pfd+32(FP), R9", "SHRQ $2, AX", f"JZ {name}done")
     w(f"{name}loop:")
     for j in range(4):
         ro = j * rowb
-        for l in range(0, rowb, ROW_PF_STEP):
+        for l in range(0, rowb, ROW_PF_STEP[kind]):
             ins(f"PREFETCHT1 {off(ro + l)}(SI)(R9*1)")
         for c in range(chunks):
             tmp = f"Y{8 + c % 4}"
@@ -488,7 +493,7 @@ def axpy1w(kind, D):
     w("//")
     w(f"// acc = alpha*acc + sum_{{t<n}} p[t]*v_t, head dim {D}, n >= 0. Four tokens per step,")
     w("// their rows read one after another (within the step's window of four rows) and")
-    w("// prefetched pfd bytes ahead (one line in ROW_PF_STEP/64): the single-row")
+    w(f"// prefetched pfd bytes ahead (one line in {ROW_PF_STEP[kind] // 64}, see ROW_PF_STEP): the single-row")
     w("// accumulation of MHA decode. Dims go in parts of 64 (Y0-Y7, eight independent FMA")
     if halves == 1:
         w("// chains); the four weights of a step are in Y8-Y11 and the accumulator stays in")
@@ -518,7 +523,7 @@ def axpy1w(kind, D):
         for t in range(4):
             ro = t * rowb
             if h == 0:
-                for l in range(0, rowb, ROW_PF_STEP):
+                for l in range(0, rowb, ROW_PF_STEP[kind]):
                     ins(f"PREFETCHT1 {off(ro + l)}(SI)(R9*1)")
             for j in range(8):
                 a = ro + (8 * h + j) * cb

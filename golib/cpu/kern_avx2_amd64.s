@@ -430,7 +430,7 @@ axpy1f32avx2done:
 // loop of MHA decode, which has no GQA reuse and must stream at the memory's speed).
 // Token j of a step accumulates even chunks in Yj and odd ones in Y(4+j); q is a
 // memory operand (it stays in L1). Each row is prefetched pfd bytes ahead, one line
-// in ROW_PF_STEP/64 (see asmgen_avx2.py).
+// in 4 (ROW_PF_STEP in asmgen_avx2.py).
 TEXT ·dots1w64f32avx2(SB), NOSPLIT, $0-40
 	MOVQ s+0(FP), DI
 	MOVQ q+8(FP), R8
@@ -530,7 +530,7 @@ dots1w64f32avx2done:
 //
 // acc = alpha*acc + sum_{t<n} p[t]*v_t, head dim 64, n >= 0. Four tokens per step,
 // their rows read one after another (within the step's window of four rows) and
-// prefetched pfd bytes ahead (one line in ROW_PF_STEP/64): the single-row
+// prefetched pfd bytes ahead (one line in 4, see ROW_PF_STEP): the single-row
 // accumulation of MHA decode. Dims go in parts of 64 (Y0-Y7, eight independent FMA
 // chains); the four weights of a step are in Y8-Y11 and the accumulator stays in
 // Y0-Y7 for the whole call. Tokens past the
@@ -634,7 +634,7 @@ axpy1w64f32avx2store:
 // loop of MHA decode, which has no GQA reuse and must stream at the memory's speed).
 // Token j of a step accumulates even chunks in Yj and odd ones in Y(4+j); q is a
 // memory operand (it stays in L1). Each row is prefetched pfd bytes ahead, one line
-// in ROW_PF_STEP/64 (see asmgen_avx2.py).
+// in 4 (ROW_PF_STEP in asmgen_avx2.py).
 TEXT ·dots1w128f32avx2(SB), NOSPLIT, $0-40
 	MOVQ s+0(FP), DI
 	MOVQ q+8(FP), R8
@@ -802,7 +802,7 @@ dots1w128f32avx2done:
 //
 // acc = alpha*acc + sum_{t<n} p[t]*v_t, head dim 128, n >= 0. Four tokens per step,
 // their rows read one after another (within the step's window of four rows) and
-// prefetched pfd bytes ahead (one line in ROW_PF_STEP/64): the single-row
+// prefetched pfd bytes ahead (one line in 4, see ROW_PF_STEP): the single-row
 // accumulation of MHA decode. Dims go in parts of 64 (Y0-Y7, eight independent FMA
 // chains); the four weights of a step stay in Y8-Y11 for both parts, whose
 // accumulators go through memory (L1) between steps: 16 ymm registers do not
@@ -1671,7 +1671,7 @@ axpy1f16avx2done:
 // loop of MHA decode, which has no GQA reuse and must stream at the memory's speed).
 // Token j of a step accumulates even chunks in Yj and odd ones in Y(4+j); q is a
 // memory operand (it stays in L1). Each row is prefetched pfd bytes ahead, one line
-// in ROW_PF_STEP/64 (see asmgen_avx2.py).
+// in 1 (ROW_PF_STEP in asmgen_avx2.py).
 TEXT ·dots1w64f16avx2(SB), NOSPLIT, $0-40
 	MOVQ s+0(FP), DI
 	MOVQ q+8(FP), R8
@@ -1682,6 +1682,7 @@ TEXT ·dots1w64f16avx2(SB), NOSPLIT, $0-40
 	JZ dots1w64f16avx2done
 dots1w64f16avx2loop:
 	PREFETCHT1 (SI)(R9*1)
+	PREFETCHT1 64(SI)(R9*1)
 	VCVTPH2PS (SI), Y8
 	VMULPS (R8), Y8, Y0
 	VCVTPH2PS 16(SI), Y9
@@ -1699,6 +1700,7 @@ dots1w64f16avx2loop:
 	VCVTPH2PS 112(SI), Y11
 	VFMADD231PS 224(R8), Y11, Y4
 	PREFETCHT1 128(SI)(R9*1)
+	PREFETCHT1 192(SI)(R9*1)
 	VCVTPH2PS 128(SI), Y8
 	VMULPS (R8), Y8, Y1
 	VCVTPH2PS 144(SI), Y9
@@ -1716,6 +1718,7 @@ dots1w64f16avx2loop:
 	VCVTPH2PS 240(SI), Y11
 	VFMADD231PS 224(R8), Y11, Y5
 	PREFETCHT1 256(SI)(R9*1)
+	PREFETCHT1 320(SI)(R9*1)
 	VCVTPH2PS 256(SI), Y8
 	VMULPS (R8), Y8, Y2
 	VCVTPH2PS 272(SI), Y9
@@ -1733,6 +1736,7 @@ dots1w64f16avx2loop:
 	VCVTPH2PS 368(SI), Y11
 	VFMADD231PS 224(R8), Y11, Y6
 	PREFETCHT1 384(SI)(R9*1)
+	PREFETCHT1 448(SI)(R9*1)
 	VCVTPH2PS 384(SI), Y8
 	VMULPS (R8), Y8, Y3
 	VCVTPH2PS 400(SI), Y9
@@ -1771,7 +1775,7 @@ dots1w64f16avx2done:
 //
 // acc = alpha*acc + sum_{t<n} p[t]*v_t, head dim 64, n >= 0. Four tokens per step,
 // their rows read one after another (within the step's window of four rows) and
-// prefetched pfd bytes ahead (one line in ROW_PF_STEP/64): the single-row
+// prefetched pfd bytes ahead (one line in 1, see ROW_PF_STEP): the single-row
 // accumulation of MHA decode. Dims go in parts of 64 (Y0-Y7, eight independent FMA
 // chains); the four weights of a step are in Y8-Y11 and the accumulator stays in
 // Y0-Y7 for the whole call. Tokens past the
@@ -1800,6 +1804,7 @@ axpy1w64f16avx2quad:
 	VBROADCASTSS 8(R8), Y10
 	VBROADCASTSS 12(R8), Y11
 	PREFETCHT1 (SI)(R9*1)
+	PREFETCHT1 64(SI)(R9*1)
 	VCVTPH2PS (SI), Y12
 	VFMADD231PS Y12, Y8, Y0
 	VCVTPH2PS 16(SI), Y13
@@ -1817,6 +1822,7 @@ axpy1w64f16avx2quad:
 	VCVTPH2PS 112(SI), Y13
 	VFMADD231PS Y13, Y8, Y7
 	PREFETCHT1 128(SI)(R9*1)
+	PREFETCHT1 192(SI)(R9*1)
 	VCVTPH2PS 128(SI), Y12
 	VFMADD231PS Y12, Y9, Y0
 	VCVTPH2PS 144(SI), Y13
@@ -1834,6 +1840,7 @@ axpy1w64f16avx2quad:
 	VCVTPH2PS 240(SI), Y13
 	VFMADD231PS Y13, Y9, Y7
 	PREFETCHT1 256(SI)(R9*1)
+	PREFETCHT1 320(SI)(R9*1)
 	VCVTPH2PS 256(SI), Y12
 	VFMADD231PS Y12, Y10, Y0
 	VCVTPH2PS 272(SI), Y13
@@ -1851,6 +1858,7 @@ axpy1w64f16avx2quad:
 	VCVTPH2PS 368(SI), Y13
 	VFMADD231PS Y13, Y10, Y7
 	PREFETCHT1 384(SI)(R9*1)
+	PREFETCHT1 448(SI)(R9*1)
 	VCVTPH2PS 384(SI), Y12
 	VFMADD231PS Y12, Y11, Y0
 	VCVTPH2PS 400(SI), Y13
@@ -1915,7 +1923,7 @@ axpy1w64f16avx2store:
 // loop of MHA decode, which has no GQA reuse and must stream at the memory's speed).
 // Token j of a step accumulates even chunks in Yj and odd ones in Y(4+j); q is a
 // memory operand (it stays in L1). Each row is prefetched pfd bytes ahead, one line
-// in ROW_PF_STEP/64 (see asmgen_avx2.py).
+// in 1 (ROW_PF_STEP in asmgen_avx2.py).
 TEXT ·dots1w128f16avx2(SB), NOSPLIT, $0-40
 	MOVQ s+0(FP), DI
 	MOVQ q+8(FP), R8
@@ -1926,6 +1934,9 @@ TEXT ·dots1w128f16avx2(SB), NOSPLIT, $0-40
 	JZ dots1w128f16avx2done
 dots1w128f16avx2loop:
 	PREFETCHT1 (SI)(R9*1)
+	PREFETCHT1 64(SI)(R9*1)
+	PREFETCHT1 128(SI)(R9*1)
+	PREFETCHT1 192(SI)(R9*1)
 	VCVTPH2PS (SI), Y8
 	VMULPS (R8), Y8, Y0
 	VCVTPH2PS 16(SI), Y9
@@ -1959,6 +1970,9 @@ dots1w128f16avx2loop:
 	VCVTPH2PS 240(SI), Y11
 	VFMADD231PS 480(R8), Y11, Y4
 	PREFETCHT1 256(SI)(R9*1)
+	PREFETCHT1 320(SI)(R9*1)
+	PREFETCHT1 384(SI)(R9*1)
+	PREFETCHT1 448(SI)(R9*1)
 	VCVTPH2PS 256(SI), Y8
 	VMULPS (R8), Y8, Y1
 	VCVTPH2PS 272(SI), Y9
@@ -1992,6 +2006,9 @@ dots1w128f16avx2loop:
 	VCVTPH2PS 496(SI), Y11
 	VFMADD231PS 480(R8), Y11, Y5
 	PREFETCHT1 512(SI)(R9*1)
+	PREFETCHT1 576(SI)(R9*1)
+	PREFETCHT1 640(SI)(R9*1)
+	PREFETCHT1 704(SI)(R9*1)
 	VCVTPH2PS 512(SI), Y8
 	VMULPS (R8), Y8, Y2
 	VCVTPH2PS 528(SI), Y9
@@ -2025,6 +2042,9 @@ dots1w128f16avx2loop:
 	VCVTPH2PS 752(SI), Y11
 	VFMADD231PS 480(R8), Y11, Y6
 	PREFETCHT1 768(SI)(R9*1)
+	PREFETCHT1 832(SI)(R9*1)
+	PREFETCHT1 896(SI)(R9*1)
+	PREFETCHT1 960(SI)(R9*1)
 	VCVTPH2PS 768(SI), Y8
 	VMULPS (R8), Y8, Y3
 	VCVTPH2PS 784(SI), Y9
@@ -2079,7 +2099,7 @@ dots1w128f16avx2done:
 //
 // acc = alpha*acc + sum_{t<n} p[t]*v_t, head dim 128, n >= 0. Four tokens per step,
 // their rows read one after another (within the step's window of four rows) and
-// prefetched pfd bytes ahead (one line in ROW_PF_STEP/64): the single-row
+// prefetched pfd bytes ahead (one line in 1, see ROW_PF_STEP): the single-row
 // accumulation of MHA decode. Dims go in parts of 64 (Y0-Y7, eight independent FMA
 // chains); the four weights of a step stay in Y8-Y11 for both parts, whose
 // accumulators go through memory (L1) between steps: 16 ymm registers do not
@@ -2141,6 +2161,9 @@ axpy1w128f16avx2quad:
 	VMOVUPS 192(DI), Y6
 	VMOVUPS 224(DI), Y7
 	PREFETCHT1 (SI)(R9*1)
+	PREFETCHT1 64(SI)(R9*1)
+	PREFETCHT1 128(SI)(R9*1)
+	PREFETCHT1 192(SI)(R9*1)
 	VCVTPH2PS (SI), Y12
 	VFMADD231PS Y12, Y8, Y0
 	VCVTPH2PS 16(SI), Y13
@@ -2158,6 +2181,9 @@ axpy1w128f16avx2quad:
 	VCVTPH2PS 112(SI), Y13
 	VFMADD231PS Y13, Y8, Y7
 	PREFETCHT1 256(SI)(R9*1)
+	PREFETCHT1 320(SI)(R9*1)
+	PREFETCHT1 384(SI)(R9*1)
+	PREFETCHT1 448(SI)(R9*1)
 	VCVTPH2PS 256(SI), Y12
 	VFMADD231PS Y12, Y9, Y0
 	VCVTPH2PS 272(SI), Y13
@@ -2175,6 +2201,9 @@ axpy1w128f16avx2quad:
 	VCVTPH2PS 368(SI), Y13
 	VFMADD231PS Y13, Y9, Y7
 	PREFETCHT1 512(SI)(R9*1)
+	PREFETCHT1 576(SI)(R9*1)
+	PREFETCHT1 640(SI)(R9*1)
+	PREFETCHT1 704(SI)(R9*1)
 	VCVTPH2PS 512(SI), Y12
 	VFMADD231PS Y12, Y10, Y0
 	VCVTPH2PS 528(SI), Y13
@@ -2192,6 +2221,9 @@ axpy1w128f16avx2quad:
 	VCVTPH2PS 624(SI), Y13
 	VFMADD231PS Y13, Y10, Y7
 	PREFETCHT1 768(SI)(R9*1)
+	PREFETCHT1 832(SI)(R9*1)
+	PREFETCHT1 896(SI)(R9*1)
+	PREFETCHT1 960(SI)(R9*1)
 	VCVTPH2PS 768(SI), Y12
 	VFMADD231PS Y12, Y11, Y0
 	VCVTPH2PS 784(SI), Y13
@@ -3081,7 +3113,7 @@ axpy1bf16avx2done:
 // loop of MHA decode, which has no GQA reuse and must stream at the memory's speed).
 // Token j of a step accumulates even chunks in Yj and odd ones in Y(4+j); q is a
 // memory operand (it stays in L1). Each row is prefetched pfd bytes ahead, one line
-// in ROW_PF_STEP/64 (see asmgen_avx2.py).
+// in 1 (ROW_PF_STEP in asmgen_avx2.py).
 TEXT ·dots1w64bf16avx2(SB), NOSPLIT, $0-40
 	MOVQ s+0(FP), DI
 	MOVQ q+8(FP), R8
@@ -3092,6 +3124,7 @@ TEXT ·dots1w64bf16avx2(SB), NOSPLIT, $0-40
 	JZ dots1w64bf16avx2done
 dots1w64bf16avx2loop:
 	PREFETCHT1 (SI)(R9*1)
+	PREFETCHT1 64(SI)(R9*1)
 	VPMOVZXWD (SI), Y8
 	VPSLLD $16, Y8, Y8
 	VMULPS (R8), Y8, Y0
@@ -3117,6 +3150,7 @@ dots1w64bf16avx2loop:
 	VPSLLD $16, Y11, Y11
 	VFMADD231PS 224(R8), Y11, Y4
 	PREFETCHT1 128(SI)(R9*1)
+	PREFETCHT1 192(SI)(R9*1)
 	VPMOVZXWD 128(SI), Y8
 	VPSLLD $16, Y8, Y8
 	VMULPS (R8), Y8, Y1
@@ -3142,6 +3176,7 @@ dots1w64bf16avx2loop:
 	VPSLLD $16, Y11, Y11
 	VFMADD231PS 224(R8), Y11, Y5
 	PREFETCHT1 256(SI)(R9*1)
+	PREFETCHT1 320(SI)(R9*1)
 	VPMOVZXWD 256(SI), Y8
 	VPSLLD $16, Y8, Y8
 	VMULPS (R8), Y8, Y2
@@ -3167,6 +3202,7 @@ dots1w64bf16avx2loop:
 	VPSLLD $16, Y11, Y11
 	VFMADD231PS 224(R8), Y11, Y6
 	PREFETCHT1 384(SI)(R9*1)
+	PREFETCHT1 448(SI)(R9*1)
 	VPMOVZXWD 384(SI), Y8
 	VPSLLD $16, Y8, Y8
 	VMULPS (R8), Y8, Y3
@@ -3213,7 +3249,7 @@ dots1w64bf16avx2done:
 //
 // acc = alpha*acc + sum_{t<n} p[t]*v_t, head dim 64, n >= 0. Four tokens per step,
 // their rows read one after another (within the step's window of four rows) and
-// prefetched pfd bytes ahead (one line in ROW_PF_STEP/64): the single-row
+// prefetched pfd bytes ahead (one line in 1, see ROW_PF_STEP): the single-row
 // accumulation of MHA decode. Dims go in parts of 64 (Y0-Y7, eight independent FMA
 // chains); the four weights of a step are in Y8-Y11 and the accumulator stays in
 // Y0-Y7 for the whole call. Tokens past the
@@ -3242,6 +3278,7 @@ axpy1w64bf16avx2quad:
 	VBROADCASTSS 8(R8), Y10
 	VBROADCASTSS 12(R8), Y11
 	PREFETCHT1 (SI)(R9*1)
+	PREFETCHT1 64(SI)(R9*1)
 	VPMOVZXWD (SI), Y12
 	VPSLLD $16, Y12, Y12
 	VFMADD231PS Y12, Y8, Y0
@@ -3267,6 +3304,7 @@ axpy1w64bf16avx2quad:
 	VPSLLD $16, Y13, Y13
 	VFMADD231PS Y13, Y8, Y7
 	PREFETCHT1 128(SI)(R9*1)
+	PREFETCHT1 192(SI)(R9*1)
 	VPMOVZXWD 128(SI), Y12
 	VPSLLD $16, Y12, Y12
 	VFMADD231PS Y12, Y9, Y0
@@ -3292,6 +3330,7 @@ axpy1w64bf16avx2quad:
 	VPSLLD $16, Y13, Y13
 	VFMADD231PS Y13, Y9, Y7
 	PREFETCHT1 256(SI)(R9*1)
+	PREFETCHT1 320(SI)(R9*1)
 	VPMOVZXWD 256(SI), Y12
 	VPSLLD $16, Y12, Y12
 	VFMADD231PS Y12, Y10, Y0
@@ -3317,6 +3356,7 @@ axpy1w64bf16avx2quad:
 	VPSLLD $16, Y13, Y13
 	VFMADD231PS Y13, Y10, Y7
 	PREFETCHT1 384(SI)(R9*1)
+	PREFETCHT1 448(SI)(R9*1)
 	VPMOVZXWD 384(SI), Y12
 	VPSLLD $16, Y12, Y12
 	VFMADD231PS Y12, Y11, Y0
@@ -3397,7 +3437,7 @@ axpy1w64bf16avx2store:
 // loop of MHA decode, which has no GQA reuse and must stream at the memory's speed).
 // Token j of a step accumulates even chunks in Yj and odd ones in Y(4+j); q is a
 // memory operand (it stays in L1). Each row is prefetched pfd bytes ahead, one line
-// in ROW_PF_STEP/64 (see asmgen_avx2.py).
+// in 1 (ROW_PF_STEP in asmgen_avx2.py).
 TEXT ·dots1w128bf16avx2(SB), NOSPLIT, $0-40
 	MOVQ s+0(FP), DI
 	MOVQ q+8(FP), R8
@@ -3408,6 +3448,9 @@ TEXT ·dots1w128bf16avx2(SB), NOSPLIT, $0-40
 	JZ dots1w128bf16avx2done
 dots1w128bf16avx2loop:
 	PREFETCHT1 (SI)(R9*1)
+	PREFETCHT1 64(SI)(R9*1)
+	PREFETCHT1 128(SI)(R9*1)
+	PREFETCHT1 192(SI)(R9*1)
 	VPMOVZXWD (SI), Y8
 	VPSLLD $16, Y8, Y8
 	VMULPS (R8), Y8, Y0
@@ -3457,6 +3500,9 @@ dots1w128bf16avx2loop:
 	VPSLLD $16, Y11, Y11
 	VFMADD231PS 480(R8), Y11, Y4
 	PREFETCHT1 256(SI)(R9*1)
+	PREFETCHT1 320(SI)(R9*1)
+	PREFETCHT1 384(SI)(R9*1)
+	PREFETCHT1 448(SI)(R9*1)
 	VPMOVZXWD 256(SI), Y8
 	VPSLLD $16, Y8, Y8
 	VMULPS (R8), Y8, Y1
@@ -3506,6 +3552,9 @@ dots1w128bf16avx2loop:
 	VPSLLD $16, Y11, Y11
 	VFMADD231PS 480(R8), Y11, Y5
 	PREFETCHT1 512(SI)(R9*1)
+	PREFETCHT1 576(SI)(R9*1)
+	PREFETCHT1 640(SI)(R9*1)
+	PREFETCHT1 704(SI)(R9*1)
 	VPMOVZXWD 512(SI), Y8
 	VPSLLD $16, Y8, Y8
 	VMULPS (R8), Y8, Y2
@@ -3555,6 +3604,9 @@ dots1w128bf16avx2loop:
 	VPSLLD $16, Y11, Y11
 	VFMADD231PS 480(R8), Y11, Y6
 	PREFETCHT1 768(SI)(R9*1)
+	PREFETCHT1 832(SI)(R9*1)
+	PREFETCHT1 896(SI)(R9*1)
+	PREFETCHT1 960(SI)(R9*1)
 	VPMOVZXWD 768(SI), Y8
 	VPSLLD $16, Y8, Y8
 	VMULPS (R8), Y8, Y3
@@ -3625,7 +3677,7 @@ dots1w128bf16avx2done:
 //
 // acc = alpha*acc + sum_{t<n} p[t]*v_t, head dim 128, n >= 0. Four tokens per step,
 // their rows read one after another (within the step's window of four rows) and
-// prefetched pfd bytes ahead (one line in ROW_PF_STEP/64): the single-row
+// prefetched pfd bytes ahead (one line in 1, see ROW_PF_STEP): the single-row
 // accumulation of MHA decode. Dims go in parts of 64 (Y0-Y7, eight independent FMA
 // chains); the four weights of a step stay in Y8-Y11 for both parts, whose
 // accumulators go through memory (L1) between steps: 16 ymm registers do not
@@ -3687,6 +3739,9 @@ axpy1w128bf16avx2quad:
 	VMOVUPS 192(DI), Y6
 	VMOVUPS 224(DI), Y7
 	PREFETCHT1 (SI)(R9*1)
+	PREFETCHT1 64(SI)(R9*1)
+	PREFETCHT1 128(SI)(R9*1)
+	PREFETCHT1 192(SI)(R9*1)
 	VPMOVZXWD (SI), Y12
 	VPSLLD $16, Y12, Y12
 	VFMADD231PS Y12, Y8, Y0
@@ -3712,6 +3767,9 @@ axpy1w128bf16avx2quad:
 	VPSLLD $16, Y13, Y13
 	VFMADD231PS Y13, Y8, Y7
 	PREFETCHT1 256(SI)(R9*1)
+	PREFETCHT1 320(SI)(R9*1)
+	PREFETCHT1 384(SI)(R9*1)
+	PREFETCHT1 448(SI)(R9*1)
 	VPMOVZXWD 256(SI), Y12
 	VPSLLD $16, Y12, Y12
 	VFMADD231PS Y12, Y9, Y0
@@ -3737,6 +3795,9 @@ axpy1w128bf16avx2quad:
 	VPSLLD $16, Y13, Y13
 	VFMADD231PS Y13, Y9, Y7
 	PREFETCHT1 512(SI)(R9*1)
+	PREFETCHT1 576(SI)(R9*1)
+	PREFETCHT1 640(SI)(R9*1)
+	PREFETCHT1 704(SI)(R9*1)
 	VPMOVZXWD 512(SI), Y12
 	VPSLLD $16, Y12, Y12
 	VFMADD231PS Y12, Y10, Y0
@@ -3762,6 +3823,9 @@ axpy1w128bf16avx2quad:
 	VPSLLD $16, Y13, Y13
 	VFMADD231PS Y13, Y10, Y7
 	PREFETCHT1 768(SI)(R9*1)
+	PREFETCHT1 832(SI)(R9*1)
+	PREFETCHT1 896(SI)(R9*1)
+	PREFETCHT1 960(SI)(R9*1)
 	VPMOVZXWD 768(SI), Y12
 	VPSLLD $16, Y12, Y12
 	VFMADD231PS Y12, Y11, Y0
