@@ -36,6 +36,17 @@ ROW_PF_STEP = {"f32": 256, "f16": 64, "bf16": 64}
 # L3 with either wide loop (1.00-1.02x at 2k), so float32 keeps the narrow ones.
 WIDE_KINDS = ("f16", "bf16")
 
+# The FMA-port budget of a 16-bit GQA token (Granite Rapids-class Xeon, 256-bit FMAs on
+# ports 0 and 1 only): twelve independent FMAs take 6 cycles, and each VCVTPH2PS (memory
+# form) or VPSLLD added to them costs another half cycle, so a conversion takes an FMA
+# slot; VPMOVZXWD, VPSHUFB, loads and broadcasts do not. A GQA 32/8 d128 token is 128
+# FMAs (four query rows against its K and its V row) and 32 conversions, about 80 cycles,
+# plus about 4 for its share of the exp and 2 for the score reductions: 512 bytes in some
+# 22-24 ns at 3.6-3.7 GHz, near the one-thread streaming read, so the memory and the FMAs
+# must overlap for the 16-bit fractions of the paired probe. Alone on a 512-token block
+# in L2 the fp16 4x3 score loop takes 5.3-5.9 us, against 5.5 us for its 40 cycles a
+# token at 3.7 GHz (the clock twelve-FMA chains measured): no slack is left in the loops.
+
 # element size in bytes, K/V Go type, bytes of one 8-lane K/V chunk
 KINDS = {"f32": (4, "float32", 32), "f16": (2, "uint16", 16), "bf16": (2, "uint16", 16)}
 
