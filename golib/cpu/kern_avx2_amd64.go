@@ -408,16 +408,21 @@ func axpy1wHalf(acc, p []float32, v []uint16, d, n int, alpha float32, pf int, b
 }
 
 // halfPfd is the prefetch distance in bytes of the 16-bit loops for pf
-// rows of head dim d: pf rows, but half as many for head dim 64 (128-byte
-// rows), where 64 rows ahead (8 KiB) streamed slower than 32 (4 KiB).
-// Granite Rapids-class Xeon, AVX2 forced, 16k and 32k tokens, 32 against
-// 64 rows alternated call by call (order swapped every pair), median time
-// ratio: fp16/bf16 GQA 32/8 d64 1.075-1.15x as fast, MHA 32/32 d64
-// 1.07-1.10x (1 and 2 threads); 16 rows 1.02-1.05x; d128 with 32 rows
-// 0.99-1.01x, float32 d64 with 16 rows 0.99-1.00x, so they keep pf rows.
+// rows of head dim d: pf rows of head dim 128 / 4 (64 rows ahead: 4 KiB)
+// for head dims 64 and 128, pf rows otherwise. Granite Rapids-class Xeon,
+// AVX2 forced, 16k and 32k tokens, alternated call by call (order swapped
+// every pair), median time ratio against pf rows (64: 8 KiB at d64, 16
+// KiB at d128): fp16/bf16 GQA 32/8 d64 with 32 rows 1.075-1.15x as fast,
+// MHA 32/32 d64 1.07-1.10x, 16 rows 1.02-1.05x; GQA d128 with 16 rows
+// 1.02-1.06x (two runs, 1 and 2 threads), 32 rows 1.00-1.01x; with the
+// change in place against 16 KiB at d128: GQA 0.98-1.06x, MHA
+// 1.04-1.05x. Shorter distances measured no better on Zen 4 for float32
+// (16 rows of d128, 8 KiB, clearly slower there); float32
+// d64 with 16 rows 0.99-1.00x and d128 with 16 1.00-1.015x, so float32
+// keeps pf rows.
 func halfPfd(pf, d int) int {
-	if d == 64 {
-		pf /= 2
+	if d == 64 || d == 128 {
+		return pf * 64
 	}
 	return pf * d * 2
 }
