@@ -27,13 +27,18 @@ from asmgen_emit import ins, off, out, w
 # paired streaming read against the AVX-512 path's 0.90-1.04.
 ROW_PF_STEP = {"f32": 256, "f16": 64, "bf16": 64}
 
-# The kinds whose four-row loops use the wide register blocks (dots4 4x3: twelve score
-# accumulators, axpy4 passes of 24 dims), the others keep dots4x2 (4x2) and axpy4x16
-# (passes of 16 dims). Forced AVX2 on a Zen 4 (shared machine), GQA 32/8 d128, old and new
-# loops alternated call by call in one process, median time ratio: fp16 and bfloat16 1.04-1.10x
+# The kinds whose four-row score loops use the wide register block (dots4 4x3: twelve
+# score accumulators), the others keep dots4x2 (4x2); every kind's V loop takes passes of
+# 24 dims (axpy4x24; float32 had passes of 16, axpy4x16, until the measurement below).
+# Forced AVX2 on a Zen 4 (shared machine), GQA 32/8 d128, old and new loops alternated
+# call by call in one process, median time ratio: fp16 and bfloat16 1.04-1.10x
 # faster at 2k (L3) and 16k (beyond the L3) tokens, one and two threads (L2-resident loops
 # alone: dots4 0.92-0.98x, axpy4 0.88-0.99x the time); float32 0.95-0.98x as fast beyond the
-# L3 with either wide loop (1.00-1.02x at 2k), so float32 keeps the narrow ones.
+# L3 with either wide loop (1.00-1.02x at 2k; that harness always ran the same side first).
+# On the Granite Rapids-class Xeon, with the order swapped every pair, the float32 24-dim V
+# loop measured 1.027-1.036x as fast (GQA 32/8 d128 16k/32k, 1 and 2 threads, two runs;
+# d64 1.014-1.031x; MHA, which does not use it, 0.998-1.004x) and the 4x3 score loop
+# 0.99-1.01x, so float32 takes the wide V loop and keeps the 4x2 scores.
 WIDE_KINDS = ("f16", "bf16")
 
 # The FMA-port budget of a 16-bit GQA token (Granite Rapids-class Xeon, 256-bit FMAs on
@@ -270,57 +275,6 @@ def dots1(kind):
         "VHADDPS X0, X0, X0", "VHADDPS X0, X0, X0", "VMOVSS X0, (DI)",
         "ADDQ $4, DI", "ADDQ DX, SI", "DECQ AX", f"JNZ {name}one")
     w(f"{name}done:")
-    ins("VZEROUPPER", "RET")
-    w()
-
-
-def axpy4x16(kind):
-    es, gt, cb = KINDS[kind]
-    name = f"axpy4{kind}avx2"
-    vstep = 2 * cb  # V bytes of one 16-dim pass
-    w(f"// func {name}(acc *float32, rb int, p *float32, ldP int, v *{gt}, n int, alpha *[4]float32, pfd int)")
-    w("//")
-    w("// For rows r < 4: acc_r = alpha[r]*acc_r + sum_{t<n} p_r[t]*v_t (alpha nil: 1, the")
-    w("// rows are loaded without the multiply), acc_r at acc + r*rb")
-    w(f"// bytes (rows of rb/4 float32, rb a multiple of 64), p_r at p + r*ldP bytes, v_t at")
-    w(f"// v + t*rb*{es}/4 bytes; n >= 1. Passes of 16 dims: the 4x16 accumulator block is")
-    w("// Y0-Y7, the four weights of a token Y8-Y11 and its two V vectors Y12-Y13, so every")
-    w("// V element is loaded once for the four rows. V is prefetched pfd bytes ahead.")
-    w(f"TEXT ·{name}(SB), NOSPLIT, $0-64")
-    ins("MOVQ acc+0(FP), CX", "MOVQ rb+8(FP), DX", "MOVQ ldP+24(FP), R9", "MOVQ v+32(FP), SI",
-        "MOVQ pfd+56(FP), R11", "LEAQ (CX)(DX*1), DI")
-    if es == 4:
-        ins("MOVQ DX, R12")
-    else:
-        ins("MOVQ DX, R12", "SHRQ $1, R12")
-    w(f"{name}pass:")
-    ins("MOVQ alpha+48(FP), R13", "TESTQ R13, R13", f"JZ {name}load",
-        "VBROADCASTSS 0(R13), Y8", "VBROADCASTSS 4(R13), Y9", "VBROADCASTSS 8(R13), Y10",
-        "VBROADCASTSS 12(R13), Y11", "LEAQ (CX)(DX*2), R13",
-        "VMULPS (CX), Y8, Y0", "VMULPS 32(CX), Y8, Y1",
-        "VMULPS (CX)(DX*1), Y9, Y2", "VMULPS 32(CX)(DX*1), Y9, Y3",
-        "VMULPS (R13), Y10, Y4", "VMULPS 32(R13), Y10, Y5",
-        "VMULPS (R13)(DX*1), Y11, Y6", "VMULPS 32(R13)(DX*1), Y11, Y7", f"JMP {name}go")
-    w(f"{name}load:")
-    ins("LEAQ (CX)(DX*2), R13",
-        "VMOVUPS (CX), Y0", "VMOVUPS 32(CX), Y1", "VMOVUPS (CX)(DX*1), Y2", "VMOVUPS 32(CX)(DX*1), Y3",
-        "VMOVUPS (R13), Y4", "VMOVUPS 32(R13), Y5", "VMOVUPS (R13)(DX*1), Y6", "VMOVUPS 32(R13)(DX*1), Y7")
-    w(f"{name}go:")
-    ins("MOVQ p+16(FP), R8", "LEAQ (R9)(R9*2), R10", "ADDQ R8, R10",
-        "MOVQ SI, BX", "MOVQ n+40(FP), AX")
-    w(f"{name}t:")
-    ins("PREFETCHT1 (BX)(R11*1)")
-    ins(*load(kind, "(BX)", "Y12"))
-    ins(*load(kind, f"{cb}(BX)", "Y13"))
-    ins("VBROADCASTSS (R8), Y8", "VBROADCASTSS (R8)(R9*1), Y9", "VBROADCASTSS (R8)(R9*2), Y10",
-        "VBROADCASTSS (R10), Y11")
-    for r in range(4):
-        ins(f"VFMADD231PS Y12, Y{8+r}, Y{2*r}", f"VFMADD231PS Y13, Y{8+r}, Y{2*r+1}")
-    ins("ADDQ $4, R8", "ADDQ $4, R10", "ADDQ R12, BX", "DECQ AX", f"JNZ {name}t")
-    ins("LEAQ (CX)(DX*2), R13",
-        "VMOVUPS Y0, (CX)", "VMOVUPS Y1, 32(CX)", "VMOVUPS Y2, (CX)(DX*1)", "VMOVUPS Y3, 32(CX)(DX*1)",
-        "VMOVUPS Y4, (R13)", "VMOVUPS Y5, 32(R13)", "VMOVUPS Y6, (R13)(DX*1)", "VMOVUPS Y7, 32(R13)(DX*1)",
-        f"ADDQ ${vstep}, SI", "ADDQ $64, CX", "CMPQ CX, DI", f"JLT {name}pass")
     ins("VZEROUPPER", "RET")
     w()
 
@@ -685,10 +639,7 @@ for k in ("f32", "f16", "bf16"):
     else:
         dots4x2(k)
     dots1(k)
-    if k in WIDE_KINDS:
-        axpy4x24(k)
-    else:
-        axpy4x16(k)
+    axpy4x24(k)
     axpy1(k)
     for dim in (64, 128):
         dots1w(k, dim)

@@ -208,7 +208,8 @@ func axpyAVX2(acc, p, v []float32, alpha float32, pf int) {
 	}
 }
 
-// axpy4AVX2 accumulates four rows (the 4x16 register block) for head dims
+// axpy4AVX2 accumulates four rows (passes of 24 dims, the 4x24 register
+// block, as the 16-bit loops: see WIDE_KINDS in asmgen_avx2.py) for head dims
 // that are a multiple of 16, in tiles of vTileTokens V rows, archsimd
 // otherwise.
 func axpy4AVX2(acc, p, v []float32, alpha *[4]float32, pf int) {
@@ -301,8 +302,8 @@ func cvtBF16AVX2(dst []float32, src []uint16) {
 // halfAVX2 are the AVX2 loops over 16-bit rows straight from storage, for
 // head dims that are multiples of 32; the kernel widens other shapes into
 // scratch blocks (cvtF16AVX2, cvtBF16AVX2) instead. Their four-row loops
-// use wider register blocks than the float32 ones (scores 4 rows x 3
-// tokens, V passes of 24 dims: see WIDE_KINDS in asmgen_avx2.py, which
+// use a wider score block than the float32 one (4 rows x 3 tokens; V
+// passes of 24 dims as float32: see WIDE_KINDS in asmgen_avx2.py, which
 // records the measurements that chose them).
 var halfAVX2 = halfOps{
 	ok: func(dk, dv int) bool { return dk&31 == 0 && dv&31 == 0 },
