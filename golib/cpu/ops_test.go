@@ -148,3 +148,43 @@ func TestOpsScale(t *testing.T) {
 		}
 	}
 }
+
+// TestOpsMaxLong checks maxOf of every path on block-sized lengths (the
+// vector loops' four-chain steps, single steps and scalar tails) against
+// the scalar maximum, and that a NaN or an infinity anywhere (first
+// element, inside a four-chain step, in a single step, in the tail) gives
+// NaN.
+func TestOpsMaxLong(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	bad := []struct {
+		name string
+		v    float32
+	}{{"NaN", float32(math.NaN())}, {"+Inf", float32(math.Inf(1))}, {"-Inf", float32(math.Inf(-1))}}
+	for _, n := range []int{8, 24, 31, 32, 33, 40, 96, 127, 128, 129, 136, 512, 515} {
+		s := randVec(rng, n, 5)
+		for i := range s {
+			s[i] -= 10 // all negative: a zero from masked lanes would show
+		}
+		want := s[0]
+		for _, x := range s {
+			want = max(want, x)
+		}
+		for _, k := range kernelVariants {
+			if got := k.maxOf(s); got != want {
+				t.Fatalf("%s n=%d: max = %v, want %v", k.name, n, got, want)
+			}
+			for _, at := range []int{0, 5, n / 2, n &^ 7, n - 1} {
+				if at >= n || (at&^7 == n&^7 && at != n-1 && n%8 == 0) {
+					continue
+				}
+				for _, b := range bad {
+					c := append([]float32(nil), s...)
+					c[at] = b.v
+					if got := k.maxOf(c); got == got {
+						t.Fatalf("%s n=%d: %s at %d: max = %v, want NaN", k.name, n, b.name, at, got)
+					}
+				}
+			}
+		}
+	}
+}

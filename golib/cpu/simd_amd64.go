@@ -40,7 +40,7 @@ func f32p(s []float32) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData(s
 var avx512Ops = kernelOps{
 	name:    "avx512",
 	dots:    dots16,
-	maxOf:   max16,
+	maxOf:   maxAVX2,
 	readSum: readSum16,
 	expSub:  expSubx16,
 	tanhCap: tanhCap16,
@@ -159,28 +159,6 @@ func scale8(dst, src []float32, f float32) {
 	for ; i < n; i++ {
 		dst[i] = src[i] * f
 	}
-}
-
-func max16(s []float32) float32 {
-	n := len(s)
-	i := 0
-	m := s[0]
-	if n >= 16 {
-		mv := archsimd.LoadFloat32x16Slice(s)
-		z := mv.Mul(archsimd.BroadcastFloat32x16(0)) // NaN lanes: a non-finite score
-		for i = 16; i+16 <= n; i += 16 {
-			x := archsimd.LoadFloat32x16Slice(s[i:])
-			mv = mv.Max(x)
-			z = x.MulAdd(archsimd.BroadcastFloat32x16(0), z)
-		}
-		m8 := mv.GetLo().Max(mv.GetHi())
-		m4 := m8.GetLo().Max(m8.GetHi())
-		m = max(max(m4.GetElem(0), m4.GetElem(1)), max(m4.GetElem(2), m4.GetElem(3)))
-		if zs := hsum8(z.GetLo().Add(z.GetHi())); zs != 0 {
-			return zs
-		}
-	}
-	return maxTail(m, s[i:])
 }
 
 // maxTail folds the elements of s into the running maximum m with the
@@ -423,27 +401,6 @@ func dots8(s, q, k []float32, d int) {
 		}
 		s[t] = sum
 	}
-}
-
-func max8(s []float32) float32 {
-	n := len(s)
-	i := 0
-	m := s[0]
-	if n >= 8 {
-		mv := archsimd.LoadFloat32x8Slice(s)
-		z := mv.Mul(archsimd.BroadcastFloat32x8(0)) // NaN lanes: a non-finite score
-		for i = 8; i+8 <= n; i += 8 {
-			x := archsimd.LoadFloat32x8Slice(s[i:])
-			mv = mv.Max(x)
-			z = x.MulAdd(archsimd.BroadcastFloat32x8(0), z)
-		}
-		m4 := mv.GetLo().Max(mv.GetHi())
-		m = max(max(m4.GetElem(0), m4.GetElem(1)), max(m4.GetElem(2), m4.GetElem(3)))
-		if zs := hsum8(z); zs != 0 {
-			return zs
-		}
-	}
-	return maxTail(m, s[i:])
 }
 
 // exp8 is the 8-lane twin of exp16.
