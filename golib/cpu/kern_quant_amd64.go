@@ -398,9 +398,6 @@ func (l *intLoops) vaxpyParts(acc, p []float32, ld int, parts []quantPart, ahead
 	}
 }
 
-// qones4 is the rescale of every part after a super-block's first: none.
-var qones4 = [4]float32{1, 1, 1, 1}
-
 // intPrep is quantOps.intPrep (head dim a multiple of 16; for int4 K a
 // multiple of 128 up to 256).
 func (l *intLoops) intPrep(dst []byte, q, ks []float32, f cache.QuantFormat, sc, sum []float32) bool {

@@ -35,74 +35,104 @@ func BenchmarkDecodePathsPaired(b *testing.B) {
 	defer SetThreads(Threads())
 	defer SetKernel("auto")
 	var probe []float32
+	forDecodePathCases(b, []int{128, 64}, func(cs *decodePathCase) {
+		for _, th := range []int{1, 2} {
+			b.Run(fmt.Sprintf("%s/t%d", cs.name, th), func(b *testing.B) {
+				if probe == nil {
+					probe = make([]float32, 64<<20)
+					for i := range probe {
+						probe[i] = float32(i & 7)
+					}
+				}
+				c := cs.open(b)
+				SetThreads(th)
+				v, err := c.BeginRead()
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer c.EndRead()
+				times := make([][]float64, len(paths))
+				var gbps []float64
+				round := 0
+				for b.Loop() {
+					round++
+					for j := range paths {
+						i := (j + round) % len(paths)
+						if err := SetKernel(paths[i]); err != nil {
+							b.Fatal(err)
+						}
+						t0 := time.Now()
+						if err := Attention(cs.dst, cs.q, 1, cs.qh, v, Options{}); err != nil {
+							b.Fatal(err)
+						}
+						times[i] = append(times[i], time.Since(t0).Seconds())
+					}
+					if err := SetKernel("auto"); err != nil {
+						b.Fatal(err)
+					}
+					g, err := StreamRead(probe, th)
+					if err != nil {
+						b.Fatal(err)
+					}
+					gbps = append(gbps, g)
+				}
+				pm := medianOf(gbps)
+				for i, p := range paths {
+					b.ReportMetric(cs.bytes/medianOf(times[i])/1e9/pm, p+"_frac")
+					if i == 0 {
+						continue
+					}
+					r := make([]float64, len(gbps))
+					for j := range r {
+						r[j] = times[0][j] / times[i][j]
+					}
+					b.ReportMetric(medianOf(r), paths[0]+"/"+p)
+				}
+				b.ReportMetric(pm, "probeGB/s")
+			})
+		}
+	})
+}
+
+// decodePathCase is one case of the decode-path benchmarks' grid: q heads
+// qh over kvh KV heads of head dim d, element type e, L tokens; its query
+// and output, the K+V bytes a step reads, the sub-benchmark name prefix,
+// and the cache, filled on first use (open) and closed after the case.
+type decodePathCase struct {
+	qh, kvh, d, L int
+	e             cache.ElemType
+	q, dst        []float32
+	bytes         float64
+	name          string
+	c             *cache.KVCache
+	done          func()
+}
+
+// open returns the case's cache, filling it on the first call.
+func (cs *decodePathCase) open(b *testing.B) *cache.KVCache {
+	if cs.c == nil {
+		cs.c, cs.done = openBenchCache(b, cs.e, cs.kvh, cs.d, cs.L, cache.QuantConfig{})
+	}
+	return cs.c
+}
+
+// forDecodePathCases runs run for every case of the decode-path grid (GQA
+// 32/8 and MHA 32/32, head dims dims, fp32/fp16/bf16, 16k and 32k tokens),
+// closing each case's cache after it.
+func forDecodePathCases(b *testing.B, dims []int, run func(cs *decodePathCase)) {
 	for _, hd := range [][2]int{{32, 8}, {32, 32}} {
-		for _, d := range []int{128, 64} {
+		for _, d := range dims {
 			for _, e := range []cache.ElemType{cache.Float32, cache.Float16, cache.BFloat16} {
 				for _, L := range []int{16384, 32768} {
-					var c *cache.KVCache
-					done := func() {}
 					rng := rand.New(rand.NewPCG(3, 5))
-					q := randVec(rng, hd[0]*d, 1)
-					dst := make([]float32, hd[0]*d)
-					bytes := float64(L * hd[1] * 2 * d * e.Size())
-					for _, th := range []int{1, 2} {
-						b.Run(fmt.Sprintf("h%d-%d/d%d/%v/L%d/t%d", hd[0], hd[1], d, e, L, th), func(b *testing.B) {
-							if probe == nil {
-								probe = make([]float32, 64<<20)
-								for i := range probe {
-									probe[i] = float32(i & 7)
-								}
-							}
-							if c == nil {
-								c, done = openBenchCache(b, e, hd[1], d, L, cache.QuantConfig{})
-							}
-							SetThreads(th)
-							v, err := c.BeginRead()
-							if err != nil {
-								b.Fatal(err)
-							}
-							defer c.EndRead()
-							times := make([][]float64, len(paths))
-							var gbps []float64
-							round := 0
-							for b.Loop() {
-								round++
-								for j := range paths {
-									i := (j + round) % len(paths)
-									if err := SetKernel(paths[i]); err != nil {
-										b.Fatal(err)
-									}
-									t0 := time.Now()
-									if err := Attention(dst, q, 1, hd[0], v, Options{}); err != nil {
-										b.Fatal(err)
-									}
-									times[i] = append(times[i], time.Since(t0).Seconds())
-								}
-								if err := SetKernel("auto"); err != nil {
-									b.Fatal(err)
-								}
-								g, err := StreamRead(probe, th)
-								if err != nil {
-									b.Fatal(err)
-								}
-								gbps = append(gbps, g)
-							}
-							pm := medianOf(gbps)
-							for i, p := range paths {
-								b.ReportMetric(bytes/medianOf(times[i])/1e9/pm, p+"_frac")
-								if i == 0 {
-									continue
-								}
-								r := make([]float64, len(gbps))
-								for j := range r {
-									r[j] = times[0][j] / times[i][j]
-								}
-								b.ReportMetric(medianOf(r), paths[0]+"/"+p)
-							}
-							b.ReportMetric(pm, "probeGB/s")
-						})
+					cs := &decodePathCase{qh: hd[0], kvh: hd[1], d: d, L: L, e: e,
+						q: randVec(rng, hd[0]*d, 1), dst: make([]float32, hd[0]*d),
+						bytes: float64(L * hd[1] * 2 * d * e.Size()),
+						name:  fmt.Sprintf("h%d-%d/d%d/%v/L%d", hd[0], hd[1], d, e, L)}
+					run(cs)
+					if cs.done != nil {
+						cs.done()
 					}
-					done()
 				}
 			}
 		}

@@ -165,9 +165,9 @@ func QuantIntDots() bool { return intDots.Load() }
 // to quantRun, which groups whole chunks into super-blocks of up to bt
 // tokens: per chunk it folds the chunk's per-channel scales into the
 // query rows (a quantPart), then unitState.block runs once over the
-// super-block: the score loop per part into the
-// shared score rows at the part's offset, the online-softmax bookkeeping
-// (max, exp, l, rescale) once, and the accumulation per part. Where every
+// super-block: the score loop per part into the shared score rows at the
+// part's offset, the online-softmax bookkeeping (max, exp, l, rescale)
+// once, and the accumulation per part. Where every
 // part takes the integer loops, the score and accumulation loops walk all
 // the parts in one call each (quantOps.intParts, vaxpyParts). A chunk
 // longer than bt is cut in blocks of bt as the native path does.
@@ -198,15 +198,14 @@ type quantPart struct {
 }
 
 // quantBlock is the super-block runUnit is walking: while on,
-// unitState.block reads K and V through its parts
-// instead of float32/16-bit rows.
+// unitState.block reads K and V through its parts instead of
+// float32/16-bit rows.
 type quantBlock struct {
 	on    bool
 	ops   *quantOps
 	parts []quantPart
 	ahead []cache.Segment // the segments after the super-block (prefetched)
 	aff   [24]float32     // intDots4's four-row argument block
-	ones  [4]float32      // the rescale of every part after a row's first: none
 	intV  bool            // the integer accumulation loop (vaxpy4) is on
 	vs    vScratch
 	// pfScales: prefetch the next super-block's scales (quantScalePrefetch,
@@ -260,6 +259,10 @@ var quantPrepAff = true
 // many ahead of the one it prepares (quantOps.prefetchK; 0: none), which
 // quantPart reads first.
 var quantKScaleAhead = 2
+
+// qones4 is the rescale of every part after a super-block's first: none
+// (never written).
+var qones4 = [4]float32{1, 1, 1, 1}
 
 // quantPrefetchTokens is how many rows ahead the loops over quantized
 // rows prefetch (prefetchTokens is the native loops').
@@ -399,7 +402,7 @@ func (qb *quantBlock) axpy(acc, sc []float32, a, e, nr, pf int, alpha *[4]float3
 		} else {
 			qb.ops.axpy(acc, s[:pe-pa], v, alpha, pf)
 		}
-		alpha = &qb.ones
+		alpha = &qones4
 	}
 }
 
@@ -415,7 +418,6 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 	if qb.ops == nil {
 		qb.ops = &goQuantOps
 	}
-	qb.ones = [4]float32{1, 1, 1, 1}
 	intOK := qb.ops.intDots4 != nil && intDots.Load() && s.group%4 == 0 && dk%64 == 0 && dk <= 256
 	qb.intV = qb.ops.vaxpy4 != nil && intDots.Load()
 	maxParts := max(1, min(bt, superFloats/(rows*dk)))

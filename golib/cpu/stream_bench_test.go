@@ -157,47 +157,32 @@ func BenchmarkDecodePaths(b *testing.B) {
 	_, paths := KernelPaths()
 	defer SetThreads(Threads())
 	defer SetKernel("auto")
-	for _, hd := range [][2]int{{32, 8}, {32, 32}} {
-		for _, d := range []int{64, 128} {
-			for _, e := range []cache.ElemType{cache.Float32, cache.Float16, cache.BFloat16} {
-				for _, L := range []int{16384, 32768} {
-					var c *cache.KVCache
-					done := func() {}
-					rng := rand.New(rand.NewPCG(3, 5))
-					q := randVec(rng, hd[0]*d, 1)
-					dst := make([]float32, hd[0]*d)
-					bytes := int64(L * hd[1] * 2 * d * e.Size())
-					for _, th := range []int{1, 2} {
-						for _, path := range paths {
-							if path == "go" {
-								continue
-							}
-							b.Run(fmt.Sprintf("h%d-%d/d%d/%v/L%d/t%d/%s", hd[0], hd[1], d, e, L, th, path), func(b *testing.B) {
-								if c == nil {
-									c, done = openBenchCache(b, e, hd[1], d, L, cache.QuantConfig{})
-								}
-								SetThreads(th)
-								if err := SetKernel(path); err != nil {
-									b.Fatal(err)
-								}
-								v, err := c.BeginRead()
-								if err != nil {
-									b.Fatal(err)
-								}
-								defer c.EndRead()
-								b.ReportAllocs()
-								for b.Loop() {
-									if err := Attention(dst, q, 1, hd[0], v, Options{}); err != nil {
-										b.Fatal(err)
-									}
-								}
-								b.ReportMetric(float64(bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
-							})
+	forDecodePathCases(b, []int{64, 128}, func(cs *decodePathCase) {
+		for _, th := range []int{1, 2} {
+			for _, path := range paths {
+				if path == "go" {
+					continue
+				}
+				b.Run(fmt.Sprintf("%s/t%d/%s", cs.name, th, path), func(b *testing.B) {
+					c := cs.open(b)
+					SetThreads(th)
+					if err := SetKernel(path); err != nil {
+						b.Fatal(err)
+					}
+					v, err := c.BeginRead()
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer c.EndRead()
+					b.ReportAllocs()
+					for b.Loop() {
+						if err := Attention(cs.dst, cs.q, 1, cs.qh, v, Options{}); err != nil {
+							b.Fatal(err)
 						}
 					}
-					done()
-				}
+					b.ReportMetric(cs.bytes*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+				})
 			}
 		}
-	}
+	})
 }
