@@ -276,14 +276,16 @@ func (c *KVCache) sealLocked(s *quantSeq) {
 			convertRows(asBytes(xv[w*dv:(w+r)*dv]), Float32, s.ringV[(h*R+slot)*c.rowV:], cfg.Elem, r*dv, nil)
 			w += r
 		}
-		d := c.sealedAt(s, ci, h, s0, s0+G)
+		var d Segment
+		c.sealedAt(&d, s, ci, h, s0, s0+G)
+		q := &d.Q
 		if g.chStride > 0 {
-			written += quantizePerChannel(g.q.Format, d.qk, d.kScale, d.kZero, xk, G, dk)
+			written += quantizePerChannel(g.q.Format, d.K, q.KScale, q.KZero, xk, G, dk)
 		} else {
-			written += quantizePerToken(g.q.Format, d.qk, d.kScale, d.kZero, xk, G, dk, g.kGroup)
+			written += quantizePerToken(g.q.Format, d.K, q.KScale, q.KZero, xk, G, dk, g.kGroup)
 		}
-		written += quantizePerToken(g.q.Format, d.qv, d.vScale, d.vZero, xv, G, dv, g.vGroup)
-		bounded = bounded && scalesBounded(d.kScale, d.kZero, d.vScale, d.vZero)
+		written += quantizePerToken(g.q.Format, d.V, q.VScale, q.VZero, xv, G, dv, g.vGroup)
+		bounded = bounded && scalesBounded(q.KScale, q.KZero, q.VScale, q.VZero)
 	}
 	s.bounded = append(s.bounded, bounded)
 	s.sealed = s0 + G
@@ -323,19 +325,13 @@ func (s *quantSeq) copyKch(src *quantSeq, nc, heads, chStride int) {
 	}
 }
 
-// sealedRows is one head's storage of a run of sealed positions of one
-// chunk: rows, and the scales and zeros that go with them (zeros nil for
-// int8; per-channel K scales cover the whole chunk).
-type sealedRows struct {
-	qk, qv        []byte
-	kScale, kZero []float32
-	vScale, vZero []float32
-}
-
-// sealedAt returns head h's storage of positions [p0, p1) of chunk i of s:
-// in the contiguous layout rows sit at their position in arrays of
-// Capacity rows, in the paged layout at their offset in the chunk's block.
-func (c *KVCache) sealedAt(s *quantSeq, i, h, p0, p1 int) sealedRows {
+// sealedAt sets sg's rows and scales (K, V and Q's KScale, KZero, VScale,
+// VZero; zeros nil for int8, per-channel K scales cover the whole chunk) to
+// head h's storage of positions [p0, p1) of chunk i of s: in the contiguous
+// layout rows sit at their position in arrays of Capacity rows, in the
+// paged layout at their offset in the chunk's block. It writes in place:
+// the decode path builds one segment per chunk and step.
+func (c *KVCache) sealedAt(sg *Segment, s *quantSeq, i, h, p0, p1 int) {
 	g, dk := &c.qg, c.cfg.HeadDimK
 	var r0, r1 int
 	var qk, qv []byte
@@ -350,22 +346,23 @@ func (c *KVCache) sealedAt(s *quantSeq, i, h, p0, p1 int) sealedRows {
 		qk, qv, kts, kzs, vts, vzs = s.qk, s.qv, s.kts, s.kzs, s.vts, s.vzs
 		kch = s.chunkScales(i, h, g.chStride)
 	}
-	d := sealedRows{qk: qk[r0*g.qRowK : r1*g.qRowK], qv: qv[r0*g.qRowV : r1*g.qRowV], vScale: vts[r0*g.ngV : r1*g.ngV]}
+	q := &sg.Q
+	sg.K, sg.V, q.VScale = qk[r0*g.qRowK:r1*g.qRowK], qv[r0*g.qRowV:r1*g.qRowV], vts[r0*g.ngV:r1*g.ngV]
+	q.KZero, q.VZero = nil, nil
 	if g.zeros {
-		d.vZero = vzs[r0*g.ngV : r1*g.ngV]
+		q.VZero = vzs[r0*g.ngV : r1*g.ngV]
 	}
 	if g.chStride > 0 {
-		d.kScale = kch[:dk]
+		q.KScale = kch[:dk]
 		if g.zeros {
-			d.kZero = kch[dk : 2*dk]
+			q.KZero = kch[dk : 2*dk]
 		}
 	} else {
-		d.kScale = kts[r0*g.ngK : r1*g.ngK]
+		q.KScale = kts[r0*g.ngK : r1*g.ngK]
 		if g.zeros {
-			d.kZero = kzs[r0*g.ngK : r1*g.ngK]
+			q.KZero = kzs[r0*g.ngK : r1*g.ngK]
 		}
 	}
-	return d
 }
 
 // quantSegments appends the segments of positions [from, to) of sequence
@@ -384,10 +381,18 @@ func (c *KVCache) quantSegments(dst []Segment, b, h, from, to int) []Segment {
 			if i+1 < len(s.chunks) {
 				end = min(end, s.chunks[i+1])
 			}
-			d := c.sealedAt(s, i, h, pos, end)
-			dst = append(dst, Segment{Start: pos, Len: end - pos, K: d.qk, V: d.qv,
-				Q: QuantSegment{Format: g.q.Format, KAxis: g.q.KAxis, KGroup: g.kGroup, VGroup: g.vGroup,
-					KScale: d.kScale, KZero: d.kZero, VScale: d.vScale, VZero: d.vZero, Bounded: s.bounded[i]}})
+			// filled in place (a literal is built on the stack and copied:
+			// about 200 bytes per chunk and step)
+			if n := len(dst); n < cap(dst) {
+				dst = dst[:n+1]
+			} else {
+				dst = append(dst, Segment{})
+			}
+			sg := &dst[len(dst)-1]
+			c.sealedAt(sg, s, i, h, pos, end)
+			sg.Start, sg.Len = pos, end-pos
+			q := &sg.Q
+			q.Format, q.KAxis, q.KGroup, q.VGroup, q.Bounded = g.q.Format, g.q.KAxis, g.kGroup, g.vGroup, s.bounded[i]
 			pos = end
 		}
 	}
