@@ -504,9 +504,10 @@ func (u *unitState) quantPart(p *quantPart, ops *kernelOps, s *shape, sg *cache.
 	// with values is built on the stack and copied: a few hundred bytes
 	// twice per chunk); a field added to quantPart starts zero here too
 	*p = quantPart{}
-	p.k = qmat{b: sg.K, f: qs.Format, rb: qs.Format.RowBytes(dk)}
-	p.v = qmat{b: sg.V, f: qs.Format, rb: qs.Format.RowBytes(dv), s: qs.VScale, z: qs.VZero,
-		g: qs.VGroup, ng: dv / qs.VGroup}
+	// (field by field: a qmat literal is built on the stack and copied too)
+	p.k.b, p.k.f, p.k.rb = sg.K, qs.Format, qs.Format.RowBytes(dk)
+	p.v.b, p.v.f, p.v.rb, p.v.s, p.v.z = sg.V, qs.Format, qs.Format.RowBytes(dv), qs.VScale, qs.VZero
+	p.v.g, p.v.ng = qs.VGroup, dv/qs.VGroup
 	p.q = u.qs
 	switch {
 	case qs.KAxis == cache.KPerChannel && intOK && (qs.Format == cache.QuantInt8 || dk%128 == 0):
