@@ -10,6 +10,21 @@ import (
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
 )
 
+func init() {
+	flip := func(name string, f func(t *avx2Tune)) tuneVariant {
+		return tuneVariant{"tune-" + name, func() func() {
+			old := avx2T.Load()
+			t := *old
+			f(&t)
+			avx2T.Store(&t)
+			return func() { avx2T.Store(old) }
+		}}
+	}
+	simdTuneVariants = append(simdTuneVariants,
+		flip("bf16Shuf", func(t *avx2Tune) { t.bf16Shuf = !t.bf16Shuf }),
+		flip("halfShortPfd", func(t *avx2Tune) { t.halfShortPfd = !t.halfShortPfd }))
+}
+
 // needAVX2 skips a test where the CPU has no AVX2 path.
 func needAVX2(t *testing.T) {
 	t.Helper()
@@ -81,9 +96,57 @@ func TestAVX2Ops(t *testing.T) {
 }
 
 // TestAVX2HalfOps checks the fp16/bf16 loops that read 16-bit rows in place
-// against the portable twin on the widened rows.
+// against the portable twin on the widened rows, under each CPU tuning
+// (avx2Tunings) forced in turn.
 func TestAVX2HalfOps(t *testing.T) {
 	needAVX2(t)
+	old := avx2T.Load()
+	defer avx2T.Store(old)
+	for i := range avx2Tunings {
+		avx2T.Store(&avx2Tunings[i])
+		t.Run(avx2Tunings[i].name, checkAVX2HalfOps)
+	}
+}
+
+// TestAVX2TuningsBitIdentical checks that the CPU tunings change speed
+// only: the bf16 4x3 score loop widening by VPSHUFB (dots4bf16avx2) and by
+// shift (dots4bf16shavx2) and both prefetch distances give bit-identical
+// scores, on head dims 64 and 128 and token counts with and without a tail.
+func TestAVX2TuningsBitIdentical(t *testing.T) {
+	needAVX2(t)
+	rng := rand.New(rand.NewPCG(21, 22))
+	for _, d := range []int{64, 128} {
+		for _, n := range []int{1, 3, 4, 5, 96, 517} {
+			q := randVec(rng, 4*d, 1)
+			kh := make([]uint16, n*d)
+			codec.EncodeBF16(kh, randVec(rng, n*d, 1))
+			a, b := make([]float32, 4*n), make([]float32, 4*n)
+			dots4bf16avx2(&a[0], n*4, &q[0], &kh[0], d*2, n, halfPfd(64, d))
+			dots4bf16shavx2(&b[0], n*4, &q[0], &kh[0], d*2, n, 64*d*2)
+			for i := range a {
+				if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+					t.Fatalf("d=%d n=%d: s[%d] shuf %v, shift %v", d, n, i, a[i], b[i])
+				}
+			}
+		}
+	}
+}
+
+// TestPickAVX2Tune checks the tuning rule: AMD (and Hygon) CPUs get "zen",
+// others the first entry.
+func TestPickAVX2Tune(t *testing.T) {
+	for vendor, want := range map[string]string{"AuthenticAMD": "zen", "HygonGenuine": "zen",
+		"GenuineIntel": "intel", "": "intel"} {
+		if got := pickAVX2Tune(Features{Vendor: vendor}).name; got != want {
+			t.Errorf("pickAVX2Tune(%q) = %q, want %q", vendor, got, want)
+		}
+	}
+	if avx2T.Load() != pickAVX2Tune(DetectFeatures()) {
+		t.Errorf("active tuning %q is not the one picked for this CPU", avx2T.Load().name)
+	}
+}
+
+func checkAVX2HalfOps(t *testing.T) {
 	rng := rand.New(rand.NewPCG(13, 14))
 	alpha := [4]float32{1, 0.75, 0, 3}
 	h := avx2Ops.half
