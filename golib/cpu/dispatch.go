@@ -80,11 +80,11 @@ func selectKernel(name string) error {
 // start-up, or nil.
 func KernelStartupError() error { return startupErr }
 
-// avx2Tuning names the CPU tuning of the AVX2 loops picked at start-up
+// cpuTuning names the CPU tuning of the SIMD loops picked at start-up
 // ("" in builds or on CPUs without the AVX2 path).
-var avx2Tuning string
+var cpuTuning string
 
-// KernelTuning returns the name of the CPU tuning the AVX2 path's loops
-// use on this CPU ("intel" or "zen"), picked once at start-up by vendor,
+// KernelTuning returns the name of the CPU tuning the SIMD paths' loops
+// (AVX2 and AVX-512) use on this CPU ("intel" or "zen"), picked once at start-up by vendor,
 // or "" where the build or the CPU has no AVX2 path.
-func KernelTuning() string { return avx2Tuning }
+func KernelTuning() string { return cpuTuning }
