@@ -68,6 +68,8 @@ def load(kind, addr, reg, shuf=False):
     against 6.03-6.25 (ten loads per twelve FMAs there), and on the shared Zen 4 both
     wide loops measured 0.94-0.97x as fast with it (forced AVX2, GQA 32/8 d128 and d64, 4k
     and 16k tokens, 1 and 2 threads, median time ratio), so the other loops keep the shift.
+    The 4x3 loop is emitted both ways (dots4bf16avx2, dots4bf16shavx2) and the CPU tuning
+    picks one: the Zen tuning the shift, which measured 1.01-1.04x as fast there.
     """
     if kind == "f32":
         return [f"VMOVUPS {addr}, {reg}"]
@@ -162,11 +164,13 @@ def dots4x2(kind):
     w()
 
 
-def dots4x3(kind):
+def dots4x3(kind, shuf=True):
+    """The 4x3 score loop; for bfloat16 shuf=False emits the shift-widening twin
+    dots4bf16shavx2 (picked by the Zen tuning: see avx2Tunings in kern_avx2_amd64.go)."""
     es, gt, cb = KINDS[kind]
     qs = qscale(kind)
     chunks = 64 // cb  # 8-lane chunks per 64-byte step of a K row
-    name = f"dots4{kind}avx2"
+    name = f"dots4{kind}avx2" if shuf else f"dots4{kind}shavx2"
     w(f"// func {name}(s *float32, ldS int, q *float32, k *{gt}, krb int, nt int, pfd int)")
     w("//")
     w("// For query rows r < 4 and tokens t < nt: s[r*ldS/4 + t] = dot(q_r, k_t), q rows of")
@@ -191,7 +195,7 @@ def dots4x3(kind):
     ins("PREFETCHT1 (R15)", "PREFETCHT1 64(R15)", "PREFETCHT1 128(R15)", "ADDQ $192, R15")
     for c in range(chunks):
         for t, kb in enumerate(["SI", "R12", "DX"]):
-            ins(*load(kind, f"{off(cb*c)}({kb})(CX*1)", f"Y{12+t}", shuf=True))
+            ins(*load(kind, f"{off(cb*c)}({kb})(CX*1)", f"Y{12+t}", shuf=shuf))
         for r, qb in enumerate(["R8", "R9", "R10", "R11"]):
             ins(f"VMOVUPS {off(32*c)}({qb})(CX*{qs}), Y15")
             for t in range(3):
@@ -215,7 +219,7 @@ def dots4x3(kind):
     w(f"{name}tail:")
     ins("ADDQ $3, AX", f"JZ {name}done", "LEAQ (BX)(BX*2), DX")
     w(f"{name}one:")
-    dots4token(kind, name, chunks, cb, qs, shuf=True)
+    dots4token(kind, name, chunks, cb, qs, shuf=shuf)
     ins("ADDQ $4, DI", "ADDQ R13, SI", "DECQ AX", f"JNZ {name}one")
     w(f"{name}done:")
     ins("VZEROUPPER", "RET")
@@ -636,6 +640,8 @@ def cvt(kind):
 for k in ("f32", "f16", "bf16"):
     if k in WIDE_KINDS:
         dots4x3(k)
+        if k == "bf16":
+            dots4x3(k, shuf=False)
     else:
         dots4x2(k)
     dots1(k)

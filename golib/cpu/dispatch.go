@@ -79,3 +79,12 @@ func selectKernel(name string) error {
 // KernelStartupError reports why the OLKV_KERNEL setting was ignored at
 // start-up, or nil.
 func KernelStartupError() error { return startupErr }
+
+// cpuTuning names the CPU tuning of the SIMD loops picked at start-up
+// ("" in builds or on CPUs without the AVX2 path).
+var cpuTuning string
+
+// KernelTuning returns the name of the CPU tuning the SIMD paths' loops
+// (AVX2 and AVX-512) use on this CPU ("intel" or "zen"), picked once at start-up by vendor,
+// or "" where the build or the CPU has no AVX2 path.
+func KernelTuning() string { return cpuTuning }

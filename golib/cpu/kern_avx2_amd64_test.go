@@ -5,10 +5,27 @@ package cpu
 import (
 	"math"
 	"math/rand/v2"
+	"simd/archsimd"
 	"testing"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
 )
+
+func init() {
+	flip := func(name string, f func(t *cpuTune)) tuneVariant {
+		return tuneVariant{"tune-" + name, func() func() {
+			old := cpuT.Load()
+			t := *old
+			f(&t)
+			cpuT.Store(&t)
+			return func() { cpuT.Store(old) }
+		}}
+	}
+	simdTuneVariants = append(simdTuneVariants,
+		flip("bf16Shuf", func(t *cpuTune) { t.bf16Shuf = !t.bf16Shuf }),
+		flip("halfShortPfd", func(t *cpuTune) { t.halfShortPfd = !t.halfShortPfd }),
+		flip("v4Rows512", func(t *cpuTune) { t.v4Rows512 = !t.v4Rows512 }))
+}
 
 // needAVX2 skips a test where the CPU has no AVX2 path.
 func needAVX2(t *testing.T) {
@@ -81,16 +98,72 @@ func TestAVX2Ops(t *testing.T) {
 }
 
 // TestAVX2HalfOps checks the fp16/bf16 loops that read 16-bit rows in place
-// against the portable twin on the widened rows.
+// against the portable twin on the widened rows, under each CPU tuning
+// (cpuTunings) forced in turn, on the AVX2 path and, where the CPU has it,
+// the AVX-512 path.
 func TestAVX2HalfOps(t *testing.T) {
 	needAVX2(t)
+	old := cpuT.Load()
+	defer cpuT.Store(old)
+	for i := range cpuTunings {
+		cpuT.Store(&cpuTunings[i])
+		t.Run(cpuTunings[i].name, func(t *testing.T) { checkHalfOps(t, avx2Ops.half) })
+		if avx512Ops.half != nil && archsimd.X86.AVX512() {
+			t.Run(cpuTunings[i].name+"/avx512", func(t *testing.T) { checkHalfOps(t, avx512Ops.half) })
+		}
+	}
+}
+
+// TestCPUTuningsBitIdentical checks that the CPU tunings change speed
+// only: the bf16 4x3 score loop widening by VPSHUFB (dots4bf16avx2) and by
+// shift (dots4bf16shavx2) and both prefetch distances give bit-identical
+// scores, on head dims 64 and 128 and token counts with and without a tail.
+func TestCPUTuningsBitIdentical(t *testing.T) {
+	needAVX2(t)
+	rng := rand.New(rand.NewPCG(21, 22))
+	for _, d := range []int{64, 128} {
+		for _, n := range []int{1, 3, 4, 5, 96, 517} {
+			q := randVec(rng, 4*d, 1)
+			kh := make([]uint16, n*d)
+			codec.EncodeBF16(kh, randVec(rng, n*d, 1))
+			a, b := make([]float32, 4*n), make([]float32, 4*n)
+			dots4bf16avx2(&a[0], n*4, &q[0], &kh[0], d*2, n, halfPfd(64, d))
+			dots4bf16shavx2(&b[0], n*4, &q[0], &kh[0], d*2, n, 64*d*2)
+			for i := range a {
+				if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+					t.Fatalf("d=%d n=%d: s[%d] shuf %v, shift %v", d, n, i, a[i], b[i])
+				}
+			}
+		}
+	}
+}
+
+// TestPickCPUTune checks the tuning rule: AMD (and Hygon) CPUs get "zen",
+// others the first entry.
+func TestPickCPUTune(t *testing.T) {
+	for vendor, want := range map[string]string{"AuthenticAMD": "zen", "HygonGenuine": "zen",
+		"GenuineIntel": "intel", "": "intel"} {
+		if got := pickCPUTune(Features{Vendor: vendor}).name; got != want {
+			t.Errorf("pickCPUTune(%q) = %q, want %q", vendor, got, want)
+		}
+	}
+	if cpuT.Load() != pickCPUTune(DetectFeatures()) {
+		t.Errorf("active tuning %q is not the one picked for this CPU", cpuT.Load().name)
+	}
+}
+
+// checkHalfOps checks h's 16-bit loops against the portable twin on the
+// widened rows (TestAVX2HalfOps runs it on both SIMD paths).
+func checkHalfOps(t *testing.T, h *halfOps) {
 	rng := rand.New(rand.NewPCG(13, 14))
 	alpha := [4]float32{1, 0.75, 0, 3}
-	h := avx2Ops.half
 	for _, bf := range []bool{false, true} {
 		for _, d := range []int{32, 64, 96, 128, 160, 256} {
 			if !h.ok(d, d) {
-				t.Fatalf("half.ok(%d) = false", d)
+				if h == avx2Ops.half {
+					t.Fatalf("half.ok(%d) = false", d)
+				}
+				continue
 			}
 			for _, n := range []int{1, 2, 3, 4, 5, 7, 8, 9, 33, 64, 66} {
 				q := randVec(rng, 4*d, 1)
@@ -144,7 +217,7 @@ func TestAVX2HalfOps(t *testing.T) {
 		}
 	}
 	for _, odd := range [][2]int{{80, 80}, {64, 48}, {17, 32}} {
-		if h.ok(odd[0], odd[1]) {
+		if h == avx2Ops.half && h.ok(odd[0], odd[1]) {
 			t.Errorf("half.ok(%d, %d) = true, want the widened path", odd[0], odd[1])
 		}
 	}

@@ -299,9 +299,9 @@ var half16Ops = halfOps{
 		d, n := len(acc)/4, len(p)/4
 		_, _ = p[4*n-1], v[n*d-1]
 		switch {
-		case d&127 == 0 && bf:
+		case d&127 == 0 && bf && !cpuT.Load().v4Rows512:
 			axpy4wbf16asm(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), n*4, unsafe.SliceData(v), n, alpha, pf*d*2)
-		case d&127 == 0:
+		case d&127 == 0 && !cpuT.Load().v4Rows512:
 			axpy4wf16asm(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), n*4, unsafe.SliceData(v), n, alpha, pf*d*2)
 		case bf:
 			axpy4bf16asm(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), n*4, unsafe.SliceData(v), n, alpha, pf*d*2)

@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"simd/archsimd"
 	"testing"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
 )
 
 // TestExpSubAsm checks the assembly exp loop against the archsimd one
@@ -33,6 +35,45 @@ func TestExpSubAsm(t *testing.T) {
 		}
 		if d := math.Abs(float64(sa - sb)); d > 1e-5*math.Abs(float64(sa)) {
 			t.Fatalf("n=%d sum: asm %v, archsimd %v", n, sb, sa)
+		}
+	}
+}
+
+// TestDots4HalfAsmBitIdentical checks that the fp16/bf16 four-row score
+// loops (their K rows read side by side) accumulate in the float32 loop's
+// order: their scores are bit-identical to dots4asm on the widened rows,
+// head dims 32-256, 4 to 64 tokens.
+func TestDots4HalfAsmBitIdentical(t *testing.T) {
+	if x := archsimd.X86; !x.AVX512() || !x.FMA() {
+		t.Skip("no AVX-512")
+	}
+	rng := rand.New(rand.NewPCG(23, 24))
+	for _, bf := range []bool{false, true} {
+		for _, d := range []int{32, 64, 128, 160, 256} {
+			for _, n := range []int{4, 8, 12, 64} {
+				q := randVec(rng, 4*d, 1)
+				kf := randVec(rng, n*d, 1)
+				kh := make([]uint16, n*d)
+				if bf {
+					codec.EncodeBF16(kh, kf)
+					codec.DecodeBF16(kf, kh)
+				} else {
+					codec.EncodeF16(kh, kf)
+					codec.DecodeF16(kf, kh)
+				}
+				want, got := make([]float32, 4*n), make([]float32, 4*n)
+				dots4asm(&want[0], n*4, &q[0], &kf[0], d*4, n, 64*d*4)
+				if bf {
+					dots4bf16asm(&got[0], n*4, &q[0], &kh[0], d*2, n, 64*d*2)
+				} else {
+					dots4f16asm(&got[0], n*4, &q[0], &kh[0], d*2, n, 64*d*2)
+				}
+				for i := range want {
+					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("bf=%v d=%d n=%d: s[%d] = %v, float32 loop %v", bf, d, n, i, got[i], want[i])
+					}
+				}
+			}
 		}
 	}
 }

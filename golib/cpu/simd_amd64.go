@@ -56,10 +56,12 @@ var avx512Ops = kernelOps{
 
 func registerSIMD() {
 	x := archsimd.X86
+	cpuT.Store(pickCPUTune(DetectFeatures()))
 	// The AVX2 path widens fp16 with VCVTPH2PS: it needs F16C too
 	// (archsimd does not report it; cpuid does).
 	if x.AVX2() && x.FMA() && cpuid.CPU.Supports(cpuid.F16C) {
 		kernelVariants = append(kernelVariants, &avx2Ops)
+		cpuTuning = cpuT.Load().name
 	}
 	if x.AVX512() && x.FMA() {
 		kernelVariants = append(kernelVariants, &avx512Ops)
