@@ -87,7 +87,7 @@ KERNEL_CHOICES = ("auto", "go", "avx2", "avx512")
 
 def kernel_paths() -> Dict[str, Any]:
     """The installed package's attention kernel paths: ``{"active": name, "available": [names],
-    "gemm": the matrix kernels' path}`` (portable Go twin first, best last), or ``{}`` when the
+    "gemm": the matrix kernels' path, "tuning": the SIMD loops' CPU tuning}`` (portable Go twin first, best last), or ``{}`` when the
     package cannot be imported."""
     try:
         import onnx_light_kv
@@ -96,7 +96,7 @@ def kernel_paths() -> Dict[str, Any]:
     except Exception:  # the benchmark may run without our package (onnxruntime alone)
         return {}
     return {"active": info.get("attention_kernel"), "available": list(info.get("attention_kernels", [])),
-            "gemm": info.get("gemm_kernel")}
+            "gemm": info.get("gemm_kernel"), "tuning": info.get("kernel_tuning")}
 
 
 def kernel_runs(requested: Sequence[str]) -> List[Tuple[str, str]]:

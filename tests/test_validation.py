@@ -218,6 +218,15 @@ def test_set_kernel_ignores_case() -> None:
         olkv.set_kernel(before)
 
 
+def test_build_info_names_the_cpu_tuning() -> None:
+    info = olkv.build_info()
+    simd = [k for k in info["attention_kernels"] if k != "go"]
+    assert info["kernel_tuning"] in (("intel", "zen") if simd else ("",))
+    if simd:
+        amd = info["vendor"] in ("AuthenticAMD", "HygonGenuine")
+        assert info["kernel_tuning"] == ("zen" if amd else "intel")
+
+
 def test_set_kernel_switches_the_matrix_kernels_too() -> None:
     info = olkv.build_info()
     try:

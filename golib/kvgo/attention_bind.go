@@ -93,6 +93,7 @@ func InfoJSON() (s string, err error) {
 		"attention_kernel":  active,
 		"attention_kernels": avail,
 		"gemm_kernel":       gemm.Path(),
+		"kernel_tuning":     cpu.KernelTuning(),
 		"newest_opsets":     newestOpsets(),
 	}
 	if e := cpu.KernelStartupError(); e != nil {

@@ -35,8 +35,10 @@ __all__ = [
 
 
 def build_info() -> dict[str, Any]:
-    """Version, Go version, CPU model and features, threads and the active
-    attention kernel paths, as a dict."""
+    """Version, Go version, CPU model and features, threads, the active
+    attention kernel paths and the CPU tuning their SIMD loops use
+    (``"kernel_tuning"``: ``"intel"`` or ``"zen"``, picked once by CPU vendor;
+    ``""`` without a SIMD path), as a dict."""
     import json
 
     from . import _lib
