@@ -87,8 +87,8 @@ KERNEL_CHOICES = ("auto", "go", "avx2", "avx512")
 
 def kernel_paths() -> Dict[str, Any]:
     """The installed package's attention kernel paths: ``{"active": name, "available": [names],
-    "gemm": the matrix kernels' path, "tuning": the SIMD loops' CPU tuning}`` (portable Go twin first, best last), or ``{}`` when the
-    package cannot be imported."""
+    "gemm": the matrix kernels' path, "tuning": the SIMD loops' CPU tuning}`` (portable Go twin
+    first, best last), or ``{}`` when the package cannot be imported."""
     try:
         import onnx_light_kv
 
