@@ -167,15 +167,7 @@ func checkHalfOps(t *testing.T, h *halfOps) {
 			}
 			for _, n := range []int{1, 2, 3, 4, 5, 7, 8, 9, 33, 64, 66} {
 				q := randVec(rng, 4*d, 1)
-				kf := randVec(rng, n*d, 1)
-				kh := make([]uint16, n*d)
-				if bf {
-					codec.EncodeBF16(kh, kf)
-					codec.DecodeBF16(kf, kh)
-				} else {
-					codec.EncodeF16(kh, kf)
-					codec.DecodeF16(kf, kh)
-				}
+				kf, kh := randHalfVec(rng, n*d, bf)
 				p := randVec(rng, 4*n, 1)
 				acc0 := randVec(rng, 4*d, 1)
 				want, got := make([]float32, 4*n), make([]float32, 4*n)

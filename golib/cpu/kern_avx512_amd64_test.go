@@ -7,8 +7,6 @@ import (
 	"math/rand/v2"
 	"simd/archsimd"
 	"testing"
-
-	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
 )
 
 // TestExpSubAsm checks the assembly exp loop against the archsimd one
@@ -52,15 +50,7 @@ func TestDots4HalfAsmBitIdentical(t *testing.T) {
 		for _, d := range []int{32, 64, 128, 160, 256} {
 			for _, n := range []int{4, 8, 12, 64} {
 				q := randVec(rng, 4*d, 1)
-				kf := randVec(rng, n*d, 1)
-				kh := make([]uint16, n*d)
-				if bf {
-					codec.EncodeBF16(kh, kf)
-					codec.DecodeBF16(kf, kh)
-				} else {
-					codec.EncodeF16(kh, kf)
-					codec.DecodeF16(kf, kh)
-				}
+				kf, kh := randHalfVec(rng, n*d, bf)
 				want, got := make([]float32, 4*n), make([]float32, 4*n)
 				dots4asm(&want[0], n*4, &q[0], &kf[0], d*4, n, 64*d*4)
 				if bf {

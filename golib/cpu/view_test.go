@@ -90,6 +90,20 @@ func (tv *testView) AppendSegments(dst []cache.Segment, b, h, from, to int) []ca
 	return dst
 }
 
+// randHalfVec returns n random values rounded to bfloat16 (bf) or float16,
+// as the 16-bit encodings h and their exact float32 values f.
+func randHalfVec(rng *rand.Rand, n int, bf bool) (f []float32, h []uint16) {
+	f, h = randVec(rng, n, 1), make([]uint16, n)
+	if bf {
+		codec.EncodeBF16(h, f)
+		codec.DecodeBF16(f, h)
+	} else {
+		codec.EncodeF16(h, f)
+		codec.DecodeF16(f, h)
+	}
+	return f, h
+}
+
 func randVec(rng *rand.Rand, n int, scale float32) []float32 {
 	out := make([]float32, n)
 	for i := range out {
