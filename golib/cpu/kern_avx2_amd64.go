@@ -469,14 +469,14 @@ type cpuTune struct {
 	v4Rows512 bool
 }
 
-// cpuTunings is the one table of AVX2 tunings; the first is the default
+// cpuTunings is the one table of SIMD-loop tunings; the first is the default
 // for CPUs no rule names.
 var cpuTunings = []cpuTune{
 	{name: "intel", bf16Shuf: true, halfShortPfd: true},
 	{name: "zen", bf16Shuf: false, halfShortPfd: false, v4Rows512: true},
 }
 
-// cpuT is the active AVX2 tuning.
+// cpuT is the active tuning (set once by registerSIMD).
 var cpuT atomic.Pointer[cpuTune]
 
 // pickCPUTune returns the tuning for a CPU of vendor f.Vendor.
