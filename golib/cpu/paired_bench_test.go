@@ -116,6 +116,22 @@ func (cs *decodePathCase) open(b *testing.B) *cache.KVCache {
 	return cs.c
 }
 
+// read opens the case's cache at th threads on kernel path, begins a read
+// and ends it when b finishes.
+func (cs *decodePathCase) read(b *testing.B, th int, path string) cache.View {
+	c := cs.open(b)
+	SetThreads(th)
+	if err := SetKernel(path); err != nil {
+		b.Fatal(err)
+	}
+	v, err := c.BeginRead()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(c.EndRead)
+	return v
+}
+
 // forDecodePathCases runs run for every case of the decode-path grid (GQA
 // 32/8 and MHA 32/32, head dims dims, fp32/fp16/bf16, 16k and 32k tokens),
 // closing each case's cache after it.

@@ -164,16 +164,7 @@ func BenchmarkDecodePaths(b *testing.B) {
 					continue
 				}
 				b.Run(fmt.Sprintf("%s/t%d/%s", cs.name, th, path), func(b *testing.B) {
-					c := cs.open(b)
-					SetThreads(th)
-					if err := SetKernel(path); err != nil {
-						b.Fatal(err)
-					}
-					v, err := c.BeginRead()
-					if err != nil {
-						b.Fatal(err)
-					}
-					defer c.EndRead()
+					v := cs.read(b, th, path)
 					b.ReportAllocs()
 					for b.Loop() {
 						if err := Attention(cs.dst, cs.q, 1, cs.qh, v, Options{}); err != nil {

@@ -55,16 +55,7 @@ func BenchmarkTunePaired(b *testing.B) {
 			for _, th := range []int{1, 2} {
 				for _, vr := range variants {
 					b.Run(fmt.Sprintf("%s/%s/t%d/%s", cs.name, path, th, vr.name), func(b *testing.B) {
-						c := cs.open(b)
-						SetThreads(th)
-						if err := SetKernel(path); err != nil {
-							b.Fatal(err)
-						}
-						v, err := c.BeginRead()
-						if err != nil {
-							b.Fatal(err)
-						}
-						defer c.EndRead()
+						v := cs.read(b, th, path)
 						var base, alt []float64
 						it := 0
 						for b.Loop() {
