@@ -382,7 +382,9 @@ func (c *KVCache) quantSegments(dst []Segment, b, h, from, to int) []Segment {
 				end = min(end, s.chunks[i+1])
 			}
 			// filled in place (a literal is built on the stack and copied:
-			// about 200 bytes per chunk and step)
+			// about 200 bytes per chunk and step); the slot may hold an
+			// earlier step's segment, so every field of Segment and
+			// QuantSegment is set here or in sealedAt
 			if n := len(dst); n < cap(dst) {
 				dst = dst[:n+1]
 			} else {

@@ -166,7 +166,7 @@ def dots4x2(kind):
 
 def dots4x3(kind, shuf=True):
     """The 4x3 score loop; for bfloat16 shuf=False emits the shift-widening twin
-    dots4bf16shavx2 (picked by the Zen tuning: see avx2Tunings in kern_avx2_amd64.go)."""
+    dots4bf16shavx2 (picked by the Zen tuning: see cpuTunings in kern_avx2_amd64.go)."""
     es, gt, cb = KINDS[kind]
     qs = qscale(kind)
     chunks = 64 // cb  # 8-lane chunks per 64-byte step of a K row
