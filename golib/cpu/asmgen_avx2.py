@@ -346,6 +346,75 @@ def axpy4x24(kind):
     w()
 
 
+def axpy4s(kind):
+    """The row-streaming four-row V loop: three V rows at a time front to back, the
+    accumulators in memory (L1)."""
+    es, gt, cb = KINDS[kind]
+    qs = qscale(kind)
+    chunks = 64 // cb  # 8-lane chunks per 64-byte step of a V row
+    name = f"axpy4s{kind}avx2"
+    w(f"// func {name}(acc *float32, rb int, p *float32, ldP int, v *{gt}, n int, pfd int)")
+    w("//")
+    w("// For rows r < 4: acc_r += sum_{t<n} p_r[t]*v_t, acc_r at acc + r*rb bytes (rows of")
+    w(f"// rb/4 float32, rb a multiple of {64 * qs}), p_r at p + r*ldP bytes, v_t at v + t*rb*{es}/4")
+    w("// bytes; n >= 1. Three tokens per step: their twelve weights stay in Y4-Y15 while the")
+    w("// step walks the three V rows front to back, 64 bytes of each at a time (Y0-Y2), and")
+    w("// each accumulator chunk is loaded, takes three FMAs and is stored (Y3): the V rows are")
+    w("// read in storage order, as the score loops read K, where the register-blocked passes")
+    w("// (axpy4x24) take a few bytes of every row of a tile in each of six passes. The three")
+    w("// rows of a step are contiguous: three lines per 64-byte step (DX) cover them, pfd")
+    w("// bytes ahead. The last one or two tokens run one-token steps.")
+    w(f"TEXT ·{name}(SB), NOSPLIT, $0-56")
+    ins("MOVQ acc+0(FP), DI", "MOVQ rb+8(FP), DX", "MOVQ p+16(FP), R8", "MOVQ ldP+24(FP), R9",
+        "MOVQ v+32(FP), SI", "MOVQ n+40(FP), AX",
+        "LEAQ (DI)(DX*1), R13", "LEAQ (R13)(DX*1), R14", "LEAQ (R14)(DX*1), R10")
+    if es == 4:
+        ins("MOVQ DX, R12")
+    else:
+        ins("MOVQ DX, R12", "SHRQ $1, R12")
+    ins("SUBQ $3, AX", f"JLT {name}tail")
+    acc = ["DI", "R13", "R14", "R10"]
+    w(f"{name}tri:")
+    ins("LEAQ (R9)(R9*2), DX", "ADDQ R8, DX")
+    for r, pa in enumerate(["(R8)", "(R8)(R9*1)", "(R8)(R9*2)", "(DX)"]):
+        for t in range(3):
+            base = pa if t == 0 else (f"{4*t}" + pa)
+            ins(f"VBROADCASTSS {base}, Y{4+3*r+t}")
+    ins("LEAQ (SI)(R12*1), BX", "LEAQ (BX)(R12*1), R11", "MOVQ pfd+48(FP), DX", "ADDQ SI, DX",
+        "XORQ CX, CX")
+    w(f"{name}in:")
+    ins("PREFETCHT1 (DX)", "PREFETCHT1 64(DX)", "PREFETCHT1 128(DX)", "ADDQ $192, DX")
+    for c in range(chunks):
+        for t, vb in enumerate(["SI", "BX", "R11"]):
+            ins(*load(kind, f"{off(cb*c)}({vb})(CX*1)", f"Y{t}"))
+        for r in range(4):
+            a = f"{off(32*c)}({acc[r]})(CX*{qs})"
+            ins(f"VMOVUPS {a}, Y3")
+            for t in range(3):
+                ins(f"VFMADD231PS Y{t}, Y{4+3*r+t}, Y3")
+            ins(f"VMOVUPS Y3, {a}")
+    ins("ADDQ $64, CX", "CMPQ CX, R12", f"JLT {name}in")
+    ins("ADDQ $12, R8", "LEAQ (R11)(R12*1), SI", "SUBQ $3, AX", f"JGE {name}tri")
+    w(f"{name}tail:")
+    ins("ADDQ $3, AX", f"JZ {name}done")
+    w(f"{name}one:")
+    ins("LEAQ (R9)(R9*2), DX", "ADDQ R8, DX")
+    for r, pa in enumerate(["(R8)", "(R8)(R9*1)", "(R8)(R9*2)", "(DX)"]):
+        ins(f"VBROADCASTSS {pa}, Y{4+r}")
+    ins("XORQ CX, CX")
+    w(f"{name}oin:")
+    for c in range(chunks):
+        ins(*load(kind, f"{off(cb*c)}(SI)(CX*1)", "Y0"))
+        for r in range(4):
+            a = f"{off(32*c)}({acc[r]})(CX*{qs})"
+            ins(f"VMOVUPS {a}, Y3", f"VFMADD231PS Y0, Y{4+r}, Y3", f"VMOVUPS Y3, {a}")
+    ins("ADDQ $64, CX", "CMPQ CX, R12", f"JLT {name}oin")
+    ins("ADDQ $4, R8", "ADDQ R12, SI", "DECQ AX", f"JNZ {name}one")
+    w(f"{name}done:")
+    ins("VZEROUPPER", "RET")
+    w()
+
+
 def axpy1(kind):
     es, gt, cb = KINDS[kind]
     name = f"axpy1{kind}avx2"
@@ -646,6 +715,7 @@ for k in ("f32", "f16", "bf16"):
         dots4x2(k)
     dots1(k)
     axpy4x24(k)
+    axpy4s(k)
     axpy1(k)
     for dim in (64, 128):
         dots1w(k, dim)

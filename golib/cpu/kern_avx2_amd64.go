@@ -44,6 +44,15 @@ func axpy4f16avx2(acc *float32, rb int, p *float32, ldP int, v *uint16, n int, a
 func axpy4bf16avx2(acc *float32, rb int, p *float32, ldP int, v *uint16, n int, alpha *[4]float32, pfd int)
 
 //go:noescape
+func axpy4sf32avx2(acc *float32, rb int, p *float32, ldP int, v *float32, n int, pfd int)
+
+//go:noescape
+func axpy4sf16avx2(acc *float32, rb int, p *float32, ldP int, v *uint16, n int, pfd int)
+
+//go:noescape
+func axpy4sbf16avx2(acc *float32, rb int, p *float32, ldP int, v *uint16, n int, pfd int)
+
+//go:noescape
 func axpy1f32avx2(acc *float32, rb int, p *float32, v *float32, n int, alpha float32, pfd int)
 
 //go:noescape
@@ -214,10 +223,12 @@ func axpyAVX2(acc, p, v []float32, alpha float32, pf int) {
 	}
 }
 
-// axpy4AVX2 accumulates four rows (passes of 24 dims, the 4x24 register
-// block, as the 16-bit loops: see WIDE_KINDS in asmgen_avx2.py) for head dims
-// that are a multiple of 16, in tiles of vTileTokens V rows, archsimd
-// otherwise.
+// axpy4AVX2 accumulates four rows for head dims that are a multiple of 16:
+// with the tuning's vStream (the Zen CPUs) in the row-streaming loop
+// (axpy4sf32avx2: V rows front to back, after the rows' rescale), else in
+// passes of 24 dims (the 4x24 register block, as the 16-bit loops: see
+// WIDE_KINDS in asmgen_avx2.py) over tiles of vTileTokens V rows; archsimd
+// for other head dims.
 func axpy4AVX2(acc, p, v []float32, alpha *[4]float32, pf int) {
 	d, n := len(acc)/4, len(p)/4
 	if n == 0 || d == 0 {
@@ -229,10 +240,28 @@ func axpy4AVX2(acc, p, v []float32, alpha *[4]float32, pf int) {
 		return
 	}
 	a := rescale(alpha)
+	if cpuT.Load().vStream {
+		scaleRows4(acc, d, a)
+		axpy4sf32avx2(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), n*4, unsafe.SliceData(v), n, pf*d*4)
+		return
+	}
 	for t := 0; t < n; t += vTileTokens {
 		m := min(vTileTokens, n-t)
 		axpy4f32avx2(unsafe.SliceData(acc), d*4, &p[t], n*4, &v[t*d], m, a, pf*d*4)
 		a = nil
+	}
+}
+
+// scaleRows4 multiplies the four accumulator rows of d dims in acc by
+// alpha (nil: leaves them): the rescale of the row-streaming V loops
+// (axpy4s), which keep no accumulator in a register across tokens.
+func scaleRows4(acc []float32, d int, alpha *[4]float32) {
+	if alpha == nil {
+		return
+	}
+	for r, f := range alpha {
+		row := acc[r*d : (r+1)*d]
+		scale8(row, row, f)
 	}
 }
 
@@ -373,6 +402,16 @@ var halfAVX2 = halfOps{
 		}
 		_, _ = p[4*n-1], v[n*d-1]
 		a := rescale(alpha)
+		if cpuT.Load().vStream {
+			scaleRows4(acc, d, a)
+			pa, pp, pv := unsafe.SliceData(acc), unsafe.SliceData(p), unsafe.SliceData(v)
+			if bf {
+				axpy4sbf16avx2(pa, d*4, pp, n*4, pv, n, halfPfd(pf, d))
+			} else {
+				axpy4sf16avx2(pa, d*4, pp, n*4, pv, n, halfPfd(pf, d))
+			}
+			return
+		}
 		for t := 0; t < n; t += vTileTokens {
 			m := min(vTileTokens, n-t)
 			if bf {
@@ -467,13 +506,24 @@ type cpuTune struct {
 	// as fast (median 1.19x), so "zen" takes it; "intel" keeps axpy4w, not
 	// measured on an Intel CPU in this change.
 	v4Rows512 bool
+	// vStream runs the AVX2 four-row V accumulation (float32, fp16, bf16)
+	// in the row-streaming loop (axpy4s: three V rows at a time front to
+	// back, accumulators in L1) instead of the register-blocked passes of
+	// 24 dims over tiles of vTileTokens rows (axpy4x24). On an AVX2-only
+	// AMD EPYC Zen 3 (one thread, float32 head dim 128, 256-token blocks)
+	// the two take the same time on L2-resident rows (13-16 ns a token), but
+	// streaming rows from DRAM the passes took 50-55 ns a token and the
+	// row-streaming loop 38-40: the passes read a few bytes of every row of a
+	// tile in turn, an order this CPU's prefetchers follow poorly. "intel"
+	// keeps the passes (not measured on an Intel CPU).
+	vStream bool
 }
 
 // cpuTunings is the one table of SIMD-loop tunings; the first is the default
 // for CPUs no rule names.
 var cpuTunings = []cpuTune{
 	{name: "intel", bf16Shuf: true, halfShortPfd: true},
-	{name: "zen", bf16Shuf: false, halfShortPfd: false, v4Rows512: true},
+	{name: "zen", bf16Shuf: false, halfShortPfd: false, v4Rows512: true, vStream: true},
 }
 
 // cpuT is the active tuning (set once by registerSIMD).

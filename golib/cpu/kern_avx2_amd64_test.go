@@ -24,7 +24,8 @@ func init() {
 	simdTuneVariants = append(simdTuneVariants,
 		flip("bf16Shuf", func(t *cpuTune) { t.bf16Shuf = !t.bf16Shuf }),
 		flip("halfShortPfd", func(t *cpuTune) { t.halfShortPfd = !t.halfShortPfd }),
-		flip("v4Rows512", func(t *cpuTune) { t.v4Rows512 = !t.v4Rows512 }))
+		flip("v4Rows512", func(t *cpuTune) { t.v4Rows512 = !t.v4Rows512 }),
+		flip("vStream", func(t *cpuTune) { t.vStream = !t.vStream }))
 }
 
 // needAVX2 skips a test where the CPU has no AVX2 path.
@@ -45,9 +46,20 @@ func closeTo(got, want float32) bool {
 
 // TestAVX2Ops checks the AVX2 assembly loops against the portable twin on
 // head dims the assembly takes and the ones it leaves to archsimd, and
-// token counts around its steps (pairs, quads, odd tails).
+// token counts around its steps (pairs, triples, quads, odd tails), under
+// each CPU tuning (cpuTunings) forced in turn.
 func TestAVX2Ops(t *testing.T) {
 	needAVX2(t)
+	old := cpuT.Load()
+	defer cpuT.Store(old)
+	for i := range cpuTunings {
+		cpuT.Store(&cpuTunings[i])
+		t.Run(cpuTunings[i].name, checkAVX2Ops)
+	}
+}
+
+// checkAVX2Ops is TestAVX2Ops under the active CPU tuning.
+func checkAVX2Ops(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
 	alpha := [4]float32{0.5, 1, 0, 2}
 	for _, d := range []int{8, 16, 24, 32, 48, 64, 80, 96, 128, 144, 256} {
