@@ -23,7 +23,7 @@ var simdTuneVariants []tuneVariant
 // settings against one changed setting: a prefetchTokens of 32, 128 or 192
 // rows, blocks of half or twice blockBytes, or one choice of the CPU
 // tuning flipped (simdTuneVariants, e.g. tune-bf16Shuf). The decode-path
-// grid (forDecodePathCases, head dim 128), 1 and 2 threads, each SIMD
+// grid (forDecodePathCases, head dims 64 and 128), 1 and 2 threads, each SIMD
 // path. The side that goes first alternates from pair to pair: on the
 // Granite Rapids-class Xeon the second of two identical calls measured
 // 1-7% faster (part of its K/V still in the L3 the first filled). It
@@ -47,7 +47,7 @@ func BenchmarkTunePaired(b *testing.B) {
 		{"blk/2", setting(pf0, bb0/2)}, {"blk*2", setting(pf0, bb0*2)},
 	}
 	variants = append(variants, simdTuneVariants...)
-	forDecodePathCases(b, []int{128}, func(cs *decodePathCase) {
+	forDecodePathCases(b, []int{64, 128}, func(cs *decodePathCase) {
 		for _, path := range paths {
 			if path == "go" {
 				continue
