@@ -25,7 +25,8 @@ func init() {
 		flip("bf16Shuf", func(t *cpuTune) { t.bf16Shuf = !t.bf16Shuf }),
 		flip("halfShortPfd", func(t *cpuTune) { t.halfShortPfd = !t.halfShortPfd }),
 		flip("v4Rows512", func(t *cpuTune) { t.v4Rows512 = !t.v4Rows512 }),
-		flip("vStream", func(t *cpuTune) { t.vStream = !t.vStream }))
+		flip("vStream", func(t *cpuTune) { t.vStream = !t.vStream }),
+		flip("gqaPfRows", func(t *cpuTune) { t.gqaPfRows = 16 - t.gqaPfRows }))
 }
 
 // needAVX2 skips a test where the CPU has no AVX2 path.

@@ -20,7 +20,7 @@ var simdTuneVariants []tuneVariant
 
 // BenchmarkTunePaired compares, call by call in one process (the only
 // comparison a shared machine allows), the decode step at the current
-// settings against one changed setting: a prefetchTokens of 32, 128 or 192
+// settings against one changed setting: a prefetchTokens of 16, 32, 128 or 192
 // rows, blocks of half or twice blockBytes, or one choice of the CPU
 // tuning flipped (simdTuneVariants, e.g. tune-bf16Shuf). The decode-path
 // grid (forDecodePathCases, head dims 64 and 128), 1 and 2 threads, each SIMD
@@ -43,7 +43,7 @@ func BenchmarkTunePaired(b *testing.B) {
 		}
 	}
 	variants := []tuneVariant{
-		{"pf32", setting(32, bb0)}, {"pf128", setting(128, bb0)}, {"pf192", setting(192, bb0)},
+		{"pf16", setting(16, bb0)}, {"pf32", setting(32, bb0)}, {"pf128", setting(128, bb0)}, {"pf192", setting(192, bb0)},
 		{"blk/2", setting(pf0, bb0/2)}, {"blk*2", setting(pf0, bb0*2)},
 	}
 	variants = append(variants, simdTuneVariants...)
