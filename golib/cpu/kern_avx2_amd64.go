@@ -528,8 +528,10 @@ type cpuTune struct {
 	// the two take the same time on L2-resident rows (13-16 ns a token), but
 	// streaming rows from DRAM the passes took 50-55 ns a token and the
 	// row-streaming loop 38-40: the passes read a few bytes of every row of a
-	// tile in turn, an order this CPU's prefetchers follow poorly. "intel"
-	// keeps the passes (not measured on an Intel CPU).
+	// tile in turn, an order this CPU's prefetchers follow poorly. Both add
+	// the tokens to each accumulator in token order after the same rescale,
+	// so their results are bit-identical (TestCPUTuningsBitIdentical).
+	// "intel" keeps the passes (not measured on an Intel CPU).
 	vStream bool
 	// gqaPfRows, when not 0, is the prefetch distance in rows of the
 	// four-row score and V loops at head dim 128 (pf4), in place of

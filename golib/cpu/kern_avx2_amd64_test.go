@@ -130,7 +130,8 @@ func TestAVX2HalfOps(t *testing.T) {
 // TestCPUTuningsBitIdentical checks that the CPU tunings change speed
 // only: the bf16 4x3 score loop widening by VPSHUFB (dots4bf16avx2) and by
 // shift (dots4bf16shavx2) and both prefetch distances give bit-identical
-// scores, on head dims 64 and 128 and token counts with and without a tail.
+// scores, and both four-row V loops (vStream) bit-identical accumulators,
+// on head dims 64 and 128 and token counts with and without a tail.
 func TestCPUTuningsBitIdentical(t *testing.T) {
 	needAVX2(t)
 	rng := rand.New(rand.NewPCG(21, 22))
@@ -145,6 +146,46 @@ func TestCPUTuningsBitIdentical(t *testing.T) {
 			for i := range a {
 				if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
 					t.Fatalf("d=%d n=%d: s[%d] shuf %v, shift %v", d, n, i, a[i], b[i])
+				}
+			}
+			checkVStreamBitIdentical(t, rng, d, n)
+		}
+	}
+}
+
+// checkVStreamBitIdentical checks that the four-row V accumulation gives
+// the same bits in the row-streaming loops (vStream) and in the 24-dim
+// passes, for float32, fp16 and bf16 rows, with and without a rescale: both
+// add the tokens to each accumulator in token order, after the same
+// multiply.
+func checkVStreamBitIdentical(t *testing.T, rng *rand.Rand, d, n int) {
+	t.Helper()
+	old := cpuT.Load()
+	defer cpuT.Store(old)
+	on, off := *old, *old
+	on.vStream, off.vStream = true, false
+	p := randVec(rng, 4*n, 1)
+	vf := randVec(rng, n*d, 1)
+	acc0 := randVec(rng, 4*d, 1)
+	for _, alpha := range [][4]float32{{1, 1, 1, 1}, {0.5, 1, 0, 2}} {
+		for _, kind := range []string{"float32", "float16", "bfloat16"} {
+			var got [2][]float32
+			for i, tune := range []*cpuTune{&on, &off} {
+				cpuT.Store(tune)
+				acc := append([]float32(nil), acc0...)
+				al := alpha
+				switch kind {
+				case "float32":
+					avx2Ops.axpy4(acc, p, vf, &al, 64)
+				default:
+					_, vh := randHalfVec(rand.New(rand.NewPCG(uint64(n), uint64(d))), n*d, kind == "bfloat16")
+					avx2Ops.half.axpy4(acc, p, vh, &al, 64, kind == "bfloat16")
+				}
+				got[i] = acc
+			}
+			for i := range got[0] {
+				if math.Float32bits(got[0][i]) != math.Float32bits(got[1][i]) {
+					t.Fatalf("%s d=%d n=%d alpha=%v: acc[%d] streaming %v, passes %v", kind, d, n, alpha, i, got[0][i], got[1][i])
 				}
 			}
 		}
