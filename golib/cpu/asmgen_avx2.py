@@ -346,12 +346,43 @@ def axpy4x24(kind):
     w()
 
 
+def axpy4s_step(kind, name, lab, tokens):
+    """One step of axpy4s over `tokens` V rows (3, or 1 for the tail): the four rows' weights
+    of those tokens broadcast into Y4.. (row r, token t in Y(4+tokens*r+t)), then the rows
+    walked front to back 64 bytes at a time, each accumulator chunk loaded into Y3, given
+    one FMA per token and stored. The three-token step prefetches its rows pfd bytes ahead."""
+    es, gt, cb = KINDS[kind]
+    qs = qscale(kind)
+    chunks = 64 // cb  # 8-lane chunks per 64-byte step of a V row
+    acc = ["DI", "R13", "R14", "R10"]
+    rows = ["SI", "BX", "R11"][:tokens]
+    ins("LEAQ (R9)(R9*2), DX", "ADDQ R8, DX")
+    for r, pa in enumerate(["(R8)", "(R8)(R9*1)", "(R8)(R9*2)", "(DX)"]):
+        for t in range(tokens):
+            ins(f"VBROADCASTSS {off(4*t)}{pa}, Y{4+tokens*r+t}")
+    if tokens > 1:
+        ins("LEAQ (SI)(R12*1), BX", "LEAQ (BX)(R12*1), R11", "MOVQ pfd+48(FP), DX", "ADDQ SI, DX")
+    ins("XORQ CX, CX")
+    w(f"{name}{lab}:")
+    if tokens > 1:
+        ins("PREFETCHT1 (DX)", "PREFETCHT1 64(DX)", "PREFETCHT1 128(DX)", "ADDQ $192, DX")
+    for c in range(chunks):
+        for t, vb in enumerate(rows):
+            ins(*load(kind, f"{off(cb*c)}({vb})(CX*1)", f"Y{t}"))
+        for r in range(4):
+            a = f"{off(32*c)}({acc[r]})(CX*{qs})"
+            ins(f"VMOVUPS {a}, Y3")
+            for t in range(tokens):
+                ins(f"VFMADD231PS Y{t}, Y{4+tokens*r+t}, Y3")
+            ins(f"VMOVUPS Y3, {a}")
+    ins("ADDQ $64, CX", "CMPQ CX, R12", f"JLT {name}{lab}")
+
+
 def axpy4s(kind):
     """The row-streaming four-row V loop: three V rows at a time front to back, the
     accumulators in memory (L1)."""
     es, gt, cb = KINDS[kind]
     qs = qscale(kind)
-    chunks = 64 // cb  # 8-lane chunks per 64-byte step of a V row
     name = f"axpy4s{kind}avx2"
     w(f"// func {name}(acc *float32, rb int, p *float32, ldP int, v *{gt}, n int, pfd int)")
     w("//")
@@ -373,42 +404,13 @@ def axpy4s(kind):
     else:
         ins("MOVQ DX, R12", "SHRQ $1, R12")
     ins("SUBQ $3, AX", f"JLT {name}tail")
-    acc = ["DI", "R13", "R14", "R10"]
     w(f"{name}tri:")
-    ins("LEAQ (R9)(R9*2), DX", "ADDQ R8, DX")
-    for r, pa in enumerate(["(R8)", "(R8)(R9*1)", "(R8)(R9*2)", "(DX)"]):
-        for t in range(3):
-            base = pa if t == 0 else (f"{4*t}" + pa)
-            ins(f"VBROADCASTSS {base}, Y{4+3*r+t}")
-    ins("LEAQ (SI)(R12*1), BX", "LEAQ (BX)(R12*1), R11", "MOVQ pfd+48(FP), DX", "ADDQ SI, DX",
-        "XORQ CX, CX")
-    w(f"{name}in:")
-    ins("PREFETCHT1 (DX)", "PREFETCHT1 64(DX)", "PREFETCHT1 128(DX)", "ADDQ $192, DX")
-    for c in range(chunks):
-        for t, vb in enumerate(["SI", "BX", "R11"]):
-            ins(*load(kind, f"{off(cb*c)}({vb})(CX*1)", f"Y{t}"))
-        for r in range(4):
-            a = f"{off(32*c)}({acc[r]})(CX*{qs})"
-            ins(f"VMOVUPS {a}, Y3")
-            for t in range(3):
-                ins(f"VFMADD231PS Y{t}, Y{4+3*r+t}, Y3")
-            ins(f"VMOVUPS Y3, {a}")
-    ins("ADDQ $64, CX", "CMPQ CX, R12", f"JLT {name}in")
+    axpy4s_step(kind, name, "in", 3)
     ins("ADDQ $12, R8", "LEAQ (R11)(R12*1), SI", "SUBQ $3, AX", f"JGE {name}tri")
     w(f"{name}tail:")
     ins("ADDQ $3, AX", f"JZ {name}done")
     w(f"{name}one:")
-    ins("LEAQ (R9)(R9*2), DX", "ADDQ R8, DX")
-    for r, pa in enumerate(["(R8)", "(R8)(R9*1)", "(R8)(R9*2)", "(DX)"]):
-        ins(f"VBROADCASTSS {pa}, Y{4+r}")
-    ins("XORQ CX, CX")
-    w(f"{name}oin:")
-    for c in range(chunks):
-        ins(*load(kind, f"{off(cb*c)}(SI)(CX*1)", "Y0"))
-        for r in range(4):
-            a = f"{off(32*c)}({acc[r]})(CX*{qs})"
-            ins(f"VMOVUPS {a}, Y3", f"VFMADD231PS Y0, Y{4+r}, Y3", f"VMOVUPS Y3, {a}")
-    ins("ADDQ $64, CX", "CMPQ CX, R12", f"JLT {name}oin")
+    axpy4s_step(kind, name, "oin", 1)
     ins("ADDQ $4, R8", "ADDQ R12, SI", "DECQ AX", f"JNZ {name}one")
     w(f"{name}done:")
     ins("VZEROUPPER", "RET")

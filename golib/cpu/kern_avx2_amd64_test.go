@@ -169,17 +169,20 @@ func checkVStreamBitIdentical(t *testing.T, rng *rand.Rand, d, n int) {
 	acc0 := randVec(rng, 4*d, 1)
 	for _, alpha := range [][4]float32{{1, 1, 1, 1}, {0.5, 1, 0, 2}} {
 		for _, kind := range []string{"float32", "float16", "bfloat16"} {
+			bf := kind == "bfloat16"
+			var vh []uint16
+			if kind != "float32" {
+				_, vh = randHalfVec(rng, n*d, bf)
+			}
 			var got [2][]float32
 			for i, tune := range []*cpuTune{&on, &off} {
 				cpuT.Store(tune)
 				acc := append([]float32(nil), acc0...)
 				al := alpha
-				switch kind {
-				case "float32":
+				if vh == nil {
 					avx2Ops.axpy4(acc, p, vf, &al, 64)
-				default:
-					_, vh := randHalfVec(rand.New(rand.NewPCG(uint64(n), uint64(d))), n*d, kind == "bfloat16")
-					avx2Ops.half.axpy4(acc, p, vh, &al, 64, kind == "bfloat16")
+				} else {
+					avx2Ops.half.axpy4(acc, p, vh, &al, 64, bf)
 				}
 				got[i] = acc
 			}
