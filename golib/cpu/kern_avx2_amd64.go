@@ -165,6 +165,7 @@ func dotsAVX2(s, q, k []float32, d, pf int) {
 		dots8(s, q, k, d)
 		return
 	}
+	pf = pf1(pf, d)
 	n4 := 0
 	if d == 64 || d == 128 {
 		n4 = n &^ 3
@@ -209,6 +210,7 @@ func axpyAVX2(acc, p, v []float32, alpha float32, pf int) {
 		axpy8(acc, p, v, alpha)
 		return
 	}
+	pf = pf1(pf, d)
 	switch d {
 	case 64:
 		axpy1w64f32avx2(unsafe.SliceData(acc), unsafe.SliceData(p), unsafe.SliceData(v), n, alpha, pf*d*4)
@@ -496,6 +498,17 @@ func pf4(pf, d int) int {
 	return pf
 }
 
+// pf1 is the prefetch distance in rows of the single-row float32 loops for
+// pf rows asked and head dim d: the tuning's mhaPfBytes in rows of d
+// float32 values at head dims 64 and 128 where it sets one (and pf is not
+// 0), else pf.
+func pf1(pf, d int) int {
+	if b := cpuT.Load().mhaPfBytes; b > 0 && pf > 0 && (d == 64 || d == 128) {
+		return b / (4 * d)
+	}
+	return pf
+}
+
 // cpuTune is one CPU tuning of the SIMD loops (AVX2 and AVX-512): the choices that measured
 // faster on one kind of CPU and slower on another, picked once at start-up
 // (pickCPUTune) and reported by KernelTuning.
@@ -541,13 +554,26 @@ type cpuTune struct {
 	// fp16 and 1.01x / 1.02x for bf16; at head dim 64 0.96-1.03x (kept at
 	// 64), and the single-row (MHA) float32 loops 0.92-0.97x (kept).
 	gqaPfRows int
+	// mhaPfBytes, when not 0, is the prefetch distance in bytes of the
+	// single-row (MHA) float32 score and V loops at head dims 64 and 128
+	// (pf1), in place of prefetchTokens rows (32 KiB of d128 rows). These
+	// loops do little work per byte, so the rows must be asked for far
+	// ahead. On the AVX2-only Zen 3 (BenchmarkTunePaired tune-mhaPfBytes,
+	// MHA 32/32, 16k and 32k tokens, alternated call by call) 192 KiB
+	// measured 1.14-1.17x as fast at d128 and 1.14-1.16x at d64 on one
+	// thread, 1.05-1.13x on two; 128 KiB 1.09-1.17x, 256 KiB 1.02-1.19x,
+	// 384 KiB 0.97-1.19x. The four-row (GQA) loops got slower with longer
+	// distances (0.84-1.00x for 128-384 rows at d64), and the 16-bit
+	// single-row loops did not change (0.94-1.04x), so both keep theirs.
+	mhaPfBytes int
 }
 
 // cpuTunings is the one table of SIMD-loop tunings; the first is the default
 // for CPUs no rule names.
 var cpuTunings = []cpuTune{
 	{name: "intel", bf16Shuf: true, halfShortPfd: true},
-	{name: "zen", bf16Shuf: false, halfShortPfd: false, v4Rows512: true, vStream: true, gqaPfRows: 16},
+	{name: "zen", bf16Shuf: false, halfShortPfd: false, v4Rows512: true, vStream: true, gqaPfRows: 16,
+		mhaPfBytes: 192 << 10},
 }
 
 // cpuT is the active tuning (set once by registerSIMD).

@@ -26,7 +26,8 @@ func init() {
 		flip("halfShortPfd", func(t *cpuTune) { t.halfShortPfd = !t.halfShortPfd }),
 		flip("v4Rows512", func(t *cpuTune) { t.v4Rows512 = !t.v4Rows512 }),
 		flip("vStream", func(t *cpuTune) { t.vStream = !t.vStream }),
-		flip("gqaPfRows", func(t *cpuTune) { t.gqaPfRows = 16 - t.gqaPfRows }))
+		flip("gqaPfRows", func(t *cpuTune) { t.gqaPfRows = 16 - t.gqaPfRows }),
+		flip("mhaPfBytes", func(t *cpuTune) { t.mhaPfBytes = 192<<10 - t.mhaPfBytes }))
 }
 
 // needAVX2 skips a test where the CPU has no AVX2 path.
