@@ -499,12 +499,11 @@ func pf4(pf, d int) int {
 }
 
 // pf1 is the prefetch distance in rows of the single-row float32 loops for
-// pf rows asked and head dim d: the tuning's mhaPfBytes in rows of d
-// float32 values at head dims 64 and 128 where it sets one (and pf is not
-// 0), else pf.
+// pf rows asked and head dim d: 0 (no lead) with the tuning's mhaNoPf at
+// head dims 64 and 128, else pf.
 func pf1(pf, d int) int {
-	if b := cpuT.Load().mhaPfBytes; b > 0 && pf > 0 && (d == 64 || d == 128) {
-		return b / (4 * d)
+	if cpuT.Load().mhaNoPf && (d == 64 || d == 128) {
+		return 0
 	}
 	return pf
 }
@@ -554,18 +553,20 @@ type cpuTune struct {
 	// fp16 and 1.01x / 1.02x for bf16; at head dim 64 0.96-1.03x (kept at
 	// 64), and the single-row (MHA) float32 loops 0.92-0.97x (kept).
 	gqaPfRows int
-	// mhaPfBytes, when not 0, is the prefetch distance in bytes of the
-	// single-row (MHA) float32 score and V loops at head dims 64 and 128
-	// (pf1), in place of prefetchTokens rows (32 KiB of d128 rows). These
-	// loops do little work per byte, so the rows must be asked for far
-	// ahead. On the AVX2-only Zen 3 (BenchmarkTunePaired tune-mhaPfBytes,
-	// MHA 32/32, 16k and 32k tokens, alternated call by call) 192 KiB
-	// measured 1.14-1.17x as fast at d128 and 1.14-1.16x at d64 on one
-	// thread, 1.05-1.13x on two; 128 KiB 1.09-1.17x, 256 KiB 1.02-1.19x,
-	// 384 KiB 0.97-1.19x. The four-row (GQA) loops got slower with longer
-	// distances (0.84-1.00x for 128-384 rows at d64), and the 16-bit
-	// single-row loops did not change (0.94-1.04x), so both keep theirs.
-	mhaPfBytes int
+	// mhaNoPf: the single-row (MHA) float32 score and V loops at head
+	// dims 64 and 128 get a prefetch distance of 0 (pf1): their PREFETCHT1
+	// then touch the rows being read, with no lead, and the hardware
+	// prefetchers alone run ahead of the K and V streams. These loops do
+	// little work per byte. On the AVX2-only Zen 3 (BenchmarkTunePaired tune-mhaNoPf, MHA
+	// 32/32, 16k and 32k tokens, alternated call by call) the step measured
+	// 1.21x as fast at d128 and 1.14-1.16x at d64 on one thread, 1.09-1.17x
+	// on two. Prefetching farther than the 64 rows of prefetchTokens
+	// measured in between: 192 KiB ahead 1.05-1.17x, 384 KiB 0.97-1.19x.
+	// The 16-bit single-row loops measured 0.93-1.04x without their
+	// prefetches and the four-row (GQA) ones slower with longer distances,
+	// so both keep theirs; so does the decode GEMV, which runs without
+	// software prefetches (micro_avx2_amd64.s).
+	mhaNoPf bool
 }
 
 // cpuTunings is the one table of SIMD-loop tunings; the first is the default
@@ -573,7 +574,7 @@ type cpuTune struct {
 var cpuTunings = []cpuTune{
 	{name: "intel", bf16Shuf: true, halfShortPfd: true},
 	{name: "zen", bf16Shuf: false, halfShortPfd: false, v4Rows512: true, vStream: true, gqaPfRows: 16,
-		mhaPfBytes: 192 << 10},
+		mhaNoPf: true},
 }
 
 // cpuT is the active tuning (set once by registerSIMD).

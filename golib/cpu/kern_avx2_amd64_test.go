@@ -27,7 +27,7 @@ func init() {
 		flip("v4Rows512", func(t *cpuTune) { t.v4Rows512 = !t.v4Rows512 }),
 		flip("vStream", func(t *cpuTune) { t.vStream = !t.vStream }),
 		flip("gqaPfRows", func(t *cpuTune) { t.gqaPfRows = 16 - t.gqaPfRows }),
-		flip("mhaPfBytes", func(t *cpuTune) { t.mhaPfBytes = 192<<10 - t.mhaPfBytes }))
+		flip("mhaNoPf", func(t *cpuTune) { t.mhaNoPf = !t.mhaNoPf }))
 }
 
 // needAVX2 skips a test where the CPU has no AVX2 path.
