@@ -9,13 +9,12 @@ import (
 	"sync"
 	"syscall"
 	"unsafe"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/hugepage"
 )
 
 // hugePage is the transparent-huge-page size on x86-64 and arm64 Linux.
-const hugePage = 2 << 20
-
-// madvHugepage is MADV_HUGEPAGE (not exported by package syscall).
-const madvHugepage = 14
+const hugePage = hugepage.Size
 
 // mappings remembers the whole mmap region behind each buffer handed out by
 // osAlloc, keyed by the buffer's first byte, so osFree can unmap it.
@@ -38,7 +37,7 @@ func osAlloc(n int) ([]byte, error) {
 	}
 	off := int(-uintptr(unsafe.Pointer(&region[0])) & (hugePage - 1))
 	b := region[off : off+size : off+size]
-	_ = syscall.Madvise(b, madvHugepage) // best effort: without THP the pages are simply 4 KiB
+	hugepage.Advise(b) // best effort: without THP the pages are simply 4 KiB
 	mappings.Store(uintptr(unsafe.Pointer(&b[0])), region)
 	return b[:n:n], nil
 }

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/codec"
 )
@@ -313,4 +315,72 @@ func BenchmarkSmallStepPacked(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkPackedHugePages times the decode step's products (decodeStep's
+// weights, one and four rows, one and two threads) over packs advised for
+// transparent huge pages against the same packs built without the advice
+// (hugePacks off), alternating step by step in one process (the only
+// comparison a shared machine allows): the median per-pair ratio
+// plain/huge (above 1: the advice pays) and both sides' median weight
+// GB/s. Run it with -benchtime=1x (one iteration is 16 pairs). The packs
+// get huge pages only where the kernel has transparent huge pages
+// ("always" or "madvise" in /sys/kernel/mm/transparent_hugepage/enabled).
+func BenchmarkPackedHugePages(b *testing.B) {
+	r := rand.New(rand.NewPCG(5, 6))
+	var sides [2][]*PackedB // plain, huge
+	total := 0
+	defer func(on bool) { hugePacks = on }(hugePacks)
+	for _, s := range decodeStep {
+		w := randSlice(r, s[0]*s[1])
+		for i, on := range []bool{false, true} {
+			hugePacks = on
+			pb, err := PackB(false, s[0], s[1], w, s[1])
+			if err != nil {
+				b.Fatal(err)
+			}
+			sides[i] = append(sides[i], pb)
+		}
+		total += 4 * s[0] * s[1]
+	}
+	a := randSlice(r, 4*2816)
+	c := make([]float32, 4*32000)
+	for _, m := range []int{1, 4} {
+		for _, threads := range []int{1, 2} {
+			b.Run(fmt.Sprintf("m%d/threads%d", m, threads), func(b *testing.B) {
+				step := func(ws []*PackedB) float64 {
+					t0 := time.Now()
+					for i, s := range decodeStep {
+						if err := SgemmPacked(threads, false, m, 1, a, s[0], ws[i], 0, c, s[1]); err != nil {
+							b.Fatal(err)
+						}
+					}
+					return time.Since(t0).Seconds()
+				}
+				var ratio, plain, huge []float64
+				for b.Loop() {
+					for i := range 16 {
+						var dt [2]float64
+						for j := range 2 {
+							side := (i + j) % 2 // the side that goes first alternates
+							dt[side] = step(sides[side])
+						}
+						ratio = append(ratio, dt[0]/dt[1])
+						plain = append(plain, float64(total)/dt[0]/1e9)
+						huge = append(huge, float64(total)/dt[1]/1e9)
+					}
+				}
+				b.ReportMetric(median(ratio), "plain/huge")
+				b.ReportMetric(median(plain), "plainGB/s")
+				b.ReportMetric(median(huge), "hugeGB/s")
+			})
+		}
+	}
+}
+
+// median returns the median of x (the upper one of an even count).
+func median(x []float64) float64 {
+	s := slices.Clone(x)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
