@@ -102,7 +102,10 @@ var hugePacks = true
 const hugePackBytes = 4 << 20
 
 // newPack returns n zeroed values for a new pack, advised for huge pages
-// (hugepage.Advise, before the pack is written) from hugePackBytes on.
+// (hugepage.Advise, before the pack is written) from hugePackBytes on. The
+// pack stays Go heap memory, freed by the collector; the advice stays on
+// its address range after that, so later heap objects there may be backed
+// by huge pages too.
 func newPack[T float32 | uint16](n int) []T {
 	s := make([]T, n)
 	if size := n * int(unsafe.Sizeof(s[0])); hugePacks && size >= hugePackBytes {
