@@ -3,8 +3,10 @@ package runtime
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
@@ -116,6 +118,77 @@ func BenchmarkDecoderGrowing(b *testing.B) {
 					step++
 				}
 				s.DefaultState().Release(held...)
+			})
+		}
+	}
+}
+
+// BenchmarkDecoderHugePool runs BenchmarkDecoderGrowing's decode loop on
+// two sessions of the model, one whose state's pool advises its large
+// buffers for huge pages (hugePoolBuffers) and one whose pool does not,
+// alternating step by step (the only comparison a shared machine allows),
+// and reports the median per-pair ratio plain/huge (above 1: the advice
+// pays) and both sides' median ms per step. Run it with -benchtime=1x (one
+// iteration is 64 pairs).
+func BenchmarkDecoderHugePool(b *testing.B) {
+	defer func(on bool) { hugePoolBuffers = on }(hugePoolBuffers)
+	for _, threads := range []int{1, 2} {
+		for _, context := range []int{1024, 4096} {
+			b.Run(fmt.Sprintf("threads=%d/context=%d", threads, context), func(b *testing.B) {
+				type side struct {
+					s     *Session
+					feeds map[string]*tensor.Tensor
+					held  []*tensor.Tensor
+					ms    []float64
+				}
+				var sides [2]*side
+				for i := range sides {
+					s := decoderSession(b, threads)
+					sides[i] = &side{s: s, feeds: decoderFeeds(b, s, context)}
+				}
+				outNames := make([]string, 0, len(sides[0].s.Outputs()))
+				for _, o := range sides[0].s.Outputs() {
+					outNames = append(outNames, o.Name)
+				}
+				step := func(sd *side, huge bool, k int) {
+					hugePoolBuffers = huge
+					pos, _ := tensor.FromSlice(tensor.Shape{1, 1}, []int64{int64(context + k)})
+					sd.feeds["position_ids"] = pos
+					t0 := time.Now()
+					outs, _, err := sd.s.Run(sd.feeds, outNames)
+					if err != nil {
+						b.Fatal(err)
+					}
+					sd.ms = append(sd.ms, float64(time.Since(t0).Microseconds())/1e3)
+					sd.s.DefaultState().Release(sd.held...)
+					sd.held = outs
+					for i, o := range outNames {
+						if strings.HasPrefix(o, "present") {
+							sd.feeds["past_key_values"+strings.TrimPrefix(o, "present")] = outs[i]
+						}
+					}
+				}
+				var ratio []float64
+				for b.Loop() {
+					for k := range 64 {
+						for j := range 2 {
+							i := (k + j) % 2 // the side that goes first alternates
+							step(sides[i], i == 1, k)
+						}
+						n := len(sides[0].ms)
+						ratio = append(ratio, sides[0].ms[n-1]/sides[1].ms[n-1])
+					}
+				}
+				for _, sd := range sides {
+					sd.s.DefaultState().Release(sd.held...)
+				}
+				slices.Sort(ratio)
+				b.ReportMetric(ratio[len(ratio)/2], "plain/huge")
+				for i, name := range []string{"plain", "huge"} {
+					ms := slices.Clone(sides[i].ms)
+					slices.Sort(ms)
+					b.ReportMetric(ms[len(ms)/2], "ms-"+name)
+				}
 			})
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/onnx-light-kv/onnx-light-kv/golib/hugepage"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
 
@@ -39,6 +40,16 @@ const (
 	// tensor is sized (see Alloc).
 	poolReach = 2
 )
+
+// hugePoolBuffers: new pool buffers of at least hugePoolBytes are advised
+// for transparent huge pages (hugepage.Advise) before they are first
+// written (a variable so that BenchmarkDecoderHugePool can compare).
+var hugePoolBuffers = true
+
+// hugePoolBytes is the size from which a pool buffer is advised for huge
+// pages: the presents of a long context and the tensors derived from the
+// past, which a decode step streams whole.
+const hugePoolBytes = 4 << 20
 
 // poolBuf is one pooled buffer.
 type poolBuf struct {
@@ -199,6 +210,9 @@ func (p *bufferPool) Alloc(n int) ([]byte, bool) {
 		p.mu.Unlock()
 		words := make([]uint64, size/8) // class sizes are multiples of 8
 		b = &poolBuf{data: unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), size), class: c}
+		if hugePoolBuffers && size >= hugePoolBytes {
+			hugepage.Advise(b.data)
+		}
 		p.mu.Lock()
 	}
 	zeroed := !b.dirty
