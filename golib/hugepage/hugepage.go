@@ -5,7 +5,9 @@
 // step. With 4 KiB pages such a stream takes a TLB miss every 4 KiB; with
 // huge pages one every 2 MiB. Linux backs memory with huge pages only where
 // the process advises it when transparent huge pages are in "madvise" mode
-// (a common default), and Go's heap does not advise it.
+// (a common default), and Go's heap does not advise it. The KV cache's
+// arenas, the packed weights, the runtime's pooled buffers and the
+// bandwidth probe advise theirs through Advise.
 package hugepage
 
 // Size is the transparent-huge-page size assumed for alignment (2 MiB).
