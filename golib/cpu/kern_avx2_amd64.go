@@ -557,10 +557,10 @@ type cpuTune struct {
 	// dims 64 and 128 get a prefetch distance of 0 (pf1): their PREFETCHT1
 	// then touch the rows being read, with no lead, and the hardware
 	// prefetchers alone run ahead of the K and V streams. These loops do
-	// little work per byte. On the AVX2-only Zen 3 (BenchmarkTunePaired tune-mhaNoPf, MHA
-	// 32/32, 16k and 32k tokens, alternated call by call) the step measured
-	// 1.21x as fast at d128 and 1.14-1.16x at d64 on one thread, 1.09-1.17x
-	// on two. Prefetching farther than the 64 rows of prefetchTokens
+	// little work per byte. On the AVX2-only Zen 3 (BenchmarkTunePaired
+	// tune-mhaNoPf, MHA 32/32, 16k and 32k tokens, alternated call by call)
+	// the step measured 1.21x as fast at d128 and 1.14-1.16x at d64 on one
+	// thread, 1.09-1.17x on two. Prefetching farther than the 64 rows of prefetchTokens
 	// measured in between: 192 KiB ahead 1.05-1.17x, 384 KiB 0.97-1.19x.
 	// The 16-bit single-row loops measured 0.93-1.04x without their
 	// prefetches and the four-row (GQA) ones slower with longer distances,

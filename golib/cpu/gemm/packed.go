@@ -95,10 +95,11 @@ var hugePacks = true
 // hugePackBytes is the size from which a pack is advised for huge pages
 // (two of them: the 2 MiB-aligned part of a smaller one is too little).
 // A decode step streams every weight once; with 4 KiB pages that stream
-// takes a TLB miss every 4 KiB. On the AVX2-only Zen 3 the one- and
-// four-row decode products of a 4-layer, hidden-1024 decoder's weights
-// (BenchmarkPackedHugePages, alternated step by step) measured 1.06x /
-// 1.08x as fast on one thread and 1.10x / 1.11x on two with the advice.
+// takes a TLB miss every 4 KiB. On the AVX2-only Zen 3 the decode-step
+// products of a 4-layer, hidden-1024 decoder's weights
+// (BenchmarkPackedHugePages, alternated step by step, two runs) measured
+// with the advice 1.01-1.09x as fast for one row and 1.05-1.07x for four
+// on one thread, 1.07-1.10x on two.
 const hugePackBytes = 4 << 20
 
 // newPack returns n zeroed values for a new pack, advised for huge pages
