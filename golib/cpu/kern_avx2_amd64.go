@@ -165,7 +165,7 @@ func dotsAVX2(s, q, k []float32, d, pf int) {
 		dots8(s, q, k, d)
 		return
 	}
-	pf = pf1(pf, d)
+	pf = cpuT.Load().pf1(pf, d)
 	n4 := 0
 	if d == 64 || d == 128 {
 		n4 = n &^ 3
@@ -193,7 +193,7 @@ func dots4AVX2(s, q, k []float32, d, pf int) {
 		dots4x8(s, q, k, d)
 		return
 	}
-	pf = pf4(pf, d)
+	pf = cpuT.Load().pf4(pf, d)
 	dots4f32avx2(unsafe.SliceData(s), n*4, unsafe.SliceData(q), unsafe.SliceData(k), d*4, n, pf*d*4)
 }
 
@@ -210,7 +210,7 @@ func axpyAVX2(acc, p, v []float32, alpha float32, pf int) {
 		axpy8(acc, p, v, alpha)
 		return
 	}
-	pf = pf1(pf, d)
+	pf = cpuT.Load().pf1(pf, d)
 	switch d {
 	case 64:
 		axpy1w64f32avx2(unsafe.SliceData(acc), unsafe.SliceData(p), unsafe.SliceData(v), n, alpha, pf*d*4)
@@ -243,8 +243,9 @@ func axpy4AVX2(acc, p, v []float32, alpha *[4]float32, pf int) {
 		return
 	}
 	a := rescale(alpha)
-	pf = pf4(pf, d)
-	if cpuT.Load().vStream {
+	tune := cpuT.Load()
+	pf = tune.pf4(pf, d)
+	if tune.vStream {
 		scaleRows4(acc, d, a)
 		axpy4sf32avx2(unsafe.SliceData(acc), d*4, unsafe.SliceData(p), n*4, unsafe.SliceData(v), n, pf*d*4)
 		return
@@ -374,9 +375,10 @@ var halfAVX2 = halfOps{
 			return
 		}
 		_, _, _ = s[4*n-1], q[4*d-1], k[n*d-1]
-		pf = pf4(pf, d)
+		tune := cpuT.Load()
+		pf = tune.pf4(pf, d)
 		switch {
-		case bf && cpuT.Load().bf16Shuf:
+		case bf && tune.bf16Shuf:
 			dots4bf16avx2(unsafe.SliceData(s), n*4, unsafe.SliceData(q), unsafe.SliceData(k), d*2, n, halfPfd(pf, d))
 		case bf:
 			dots4bf16shavx2(unsafe.SliceData(s), n*4, unsafe.SliceData(q), unsafe.SliceData(k), d*2, n, halfPfd(pf, d))
@@ -407,8 +409,9 @@ var halfAVX2 = halfOps{
 		}
 		_, _ = p[4*n-1], v[n*d-1]
 		a := rescale(alpha)
-		pf = pf4(pf, d)
-		if cpuT.Load().vStream {
+		tune := cpuT.Load()
+		pf = tune.pf4(pf, d)
+		if tune.vStream {
 			scaleRows4(acc, d, a)
 			pa, pp, pv := unsafe.SliceData(acc), unsafe.SliceData(p), unsafe.SliceData(v)
 			if bf {
@@ -491,9 +494,9 @@ func halfPfd(pf, d int) int {
 // pf4 is the prefetch distance in rows of the four-row (GQA) loops for pf
 // rows asked and head dim d: the tuning's gqaPfRows at head dim 128 where
 // it sets one (and pf is not 0), else pf.
-func pf4(pf, d int) int {
-	if r := cpuT.Load().gqaPfRows; r > 0 && pf > 0 && d == 128 {
-		return r
+func (t *cpuTune) pf4(pf, d int) int {
+	if t.gqaPfRows > 0 && pf > 0 && d == 128 {
+		return t.gqaPfRows
 	}
 	return pf
 }
@@ -501,8 +504,8 @@ func pf4(pf, d int) int {
 // pf1 is the prefetch distance in rows of the single-row float32 loops for
 // pf rows asked and head dim d: 0 (no lead) with the tuning's mhaNoPf at
 // head dims 64 and 128, else pf.
-func pf1(pf, d int) int {
-	if cpuT.Load().mhaNoPf && (d == 64 || d == 128) {
+func (t *cpuTune) pf1(pf, d int) int {
+	if t.mhaNoPf && (d == 64 || d == 128) {
 		return 0
 	}
 	return pf
@@ -560,8 +563,9 @@ type cpuTune struct {
 	// little work per byte. On the AVX2-only Zen 3 (BenchmarkTunePaired
 	// tune-mhaNoPf, MHA 32/32, 16k and 32k tokens, alternated call by call)
 	// the step measured 1.21x as fast at d128 and 1.14-1.16x at d64 on one
-	// thread, 1.09-1.17x on two. Prefetching farther than the 64 rows of prefetchTokens
-	// measured in between: 192 KiB ahead 1.05-1.17x, 384 KiB 0.97-1.19x.
+	// thread, 1.09-1.17x on two. Prefetching farther than the 64 rows of
+	// prefetchTokens measured in between: 192 KiB ahead 1.05-1.17x, 384 KiB
+	// 0.97-1.19x.
 	// The 16-bit single-row loops measured 0.93-1.04x without their
 	// prefetches and the four-row (GQA) ones slower with longer distances,
 	// so both keep theirs; so does the decode GEMV, which runs without

@@ -13,6 +13,11 @@ package hugepage
 // Size is the transparent-huge-page size assumed for alignment (2 MiB).
 const Size = 2 << 20
 
+// HeapMin is the size from which a buffer that is not aligned to Size (Go
+// heap memory) is worth advising: two huge pages, so that whole aligned
+// huge pages cover at least half of it.
+const HeapMin = 2 * Size
+
 // span returns the part of [p, p+n) that whole huge pages cover: its first
 // byte's offset from p and its length, both 0 when no aligned huge page
 // fits.

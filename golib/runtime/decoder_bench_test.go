@@ -56,6 +56,16 @@ func decoderFeeds(b *testing.B, s *Session, context int) map[string]*tensor.Tens
 	return feeds
 }
 
+// feedPresents makes a step's present outputs (outs, named outNames) the
+// next step's past inputs in feeds.
+func feedPresents(feeds map[string]*tensor.Tensor, outNames []string, outs []*tensor.Tensor) {
+	for i, o := range outNames {
+		if strings.HasPrefix(o, "present") {
+			feeds["past_key_values"+strings.TrimPrefix(o, "present")] = outs[i]
+		}
+	}
+}
+
 // BenchmarkDecoderFixed runs decode steps at a fixed context.
 func BenchmarkDecoderFixed(b *testing.B) {
 	for _, threads := range []int{1, 2} {
@@ -110,11 +120,7 @@ func BenchmarkDecoderGrowing(b *testing.B) {
 					}
 					s.DefaultState().Release(held...)
 					held = outs
-					for i, o := range outNames {
-						if strings.HasPrefix(o, "present") {
-							feeds["past_key_values"+strings.TrimPrefix(o, "present")] = outs[i]
-						}
-					}
+					feedPresents(feeds, outNames, outs)
 					step++
 				}
 				s.DefaultState().Release(held...)
@@ -162,11 +168,7 @@ func BenchmarkDecoderHugePool(b *testing.B) {
 					sd.ms = append(sd.ms, float64(time.Since(t0).Microseconds())/1e3)
 					sd.s.DefaultState().Release(sd.held...)
 					sd.held = outs
-					for i, o := range outNames {
-						if strings.HasPrefix(o, "present") {
-							sd.feeds["past_key_values"+strings.TrimPrefix(o, "present")] = outs[i]
-						}
-					}
+					feedPresents(sd.feeds, outNames, outs)
 				}
 				var ratio []float64
 				for b.Loop() {

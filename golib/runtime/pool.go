@@ -41,15 +41,12 @@ const (
 	poolReach = 2
 )
 
-// hugePoolBuffers: new pool buffers of at least hugePoolBytes are advised
-// for transparent huge pages (hugepage.Advise) before they are first
-// written (a variable so that BenchmarkDecoderHugePool can compare).
+// hugePoolBuffers: new pool buffers of at least hugepage.HeapMin (the
+// presents of a long context and the tensors derived from the past, which a
+// decode step streams whole) are advised for transparent huge pages
+// (hugepage.Advise) before they are first written (a variable so that
+// BenchmarkDecoderHugePool can compare).
 var hugePoolBuffers = true
-
-// hugePoolBytes is the size from which a pool buffer is advised for huge
-// pages: the presents of a long context and the tensors derived from the
-// past, which a decode step streams whole.
-const hugePoolBytes = 4 << 20
 
 // poolBuf is one pooled buffer.
 type poolBuf struct {
@@ -210,7 +207,7 @@ func (p *bufferPool) Alloc(n int) ([]byte, bool) {
 		p.mu.Unlock()
 		words := make([]uint64, size/8) // class sizes are multiples of 8
 		b = &poolBuf{data: unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), size), class: c}
-		if hugePoolBuffers && size >= hugePoolBytes {
+		if hugePoolBuffers && size >= hugepage.HeapMin {
 			hugepage.Advise(b.data)
 		}
 		p.mu.Lock()

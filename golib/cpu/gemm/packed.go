@@ -87,29 +87,24 @@ func PackBHalf(kind Half, transB bool, k, n int, b []uint16, ldb int) (*PackedB,
 	return pb, nil
 }
 
-// hugePacks: packs of at least hugePackBytes are advised for transparent
-// huge pages (a variable so that BenchmarkPackedHugePages can build packs
-// without the advice).
+// hugePacks: packs of at least hugepage.HeapMin are advised for
+// transparent huge pages (a variable so that BenchmarkPackedHugePages can
+// build packs without the advice). A decode step streams every weight once;
+// with 4 KiB pages that stream takes a TLB miss every 4 KiB. On the
+// AVX2-only Zen 3 the decode-step products of a 4-layer, hidden-1024
+// decoder's weights (BenchmarkPackedHugePages, alternated step by step, two
+// runs) measured with the advice 1.01-1.09x as fast for one row and
+// 1.05-1.07x for four on one thread, 1.07-1.10x on two.
 var hugePacks = true
 
-// hugePackBytes is the size from which a pack is advised for huge pages
-// (two of them: the 2 MiB-aligned part of a smaller one is too little).
-// A decode step streams every weight once; with 4 KiB pages that stream
-// takes a TLB miss every 4 KiB. On the AVX2-only Zen 3 the decode-step
-// products of a 4-layer, hidden-1024 decoder's weights
-// (BenchmarkPackedHugePages, alternated step by step, two runs) measured
-// with the advice 1.01-1.09x as fast for one row and 1.05-1.07x for four
-// on one thread, 1.07-1.10x on two.
-const hugePackBytes = 4 << 20
-
 // newPack returns n zeroed values for a new pack, advised for huge pages
-// (hugepage.Advise, before the pack is written) from hugePackBytes on. The
+// (hugepage.Advise, before the pack is written) from hugepage.HeapMin on. The
 // pack stays Go heap memory, freed by the collector; the advice stays on
 // its address range after that, so later heap objects there may be backed
 // by huge pages too.
 func newPack[T float32 | uint16](n int) []T {
 	s := make([]T, n)
-	if size := n * int(unsafe.Sizeof(s[0])); hugePacks && size >= hugePackBytes {
+	if size := n * int(unsafe.Sizeof(s[0])); hugePacks && size >= hugepage.HeapMin {
 		hugepage.Advise(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), size))
 	}
 	return s
