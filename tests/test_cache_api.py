@@ -195,12 +195,29 @@ def test_attention_matches_numpy(kernel, dtype, hq, hkv, dk, dv) -> None:
     v = rng.standard_normal((B, hkv, 20, dv)).astype(np.float32)
     cache.append(k, v, counts=[20, 13])
     K, V = cache.export(dtype="float32")
-    for lq in (1, 3):
+    for lq in (1, 3, 13):  # 13: every query of the shorter sequence (a prompt)
         q = rng.standard_normal((B, hq, lq, dk)).astype(np.float32)
         for kw in ({}, {"scale": 0.3}, {"softcap": 2.0}, {"window": 5}):
             got = olkv.attention(q, cache, kernel=kernel, **kw)
             want = ref_attention(q, K, V, [20, 13], **kw)
             np.testing.assert_allclose(got, want, atol=TOL[dtype], rtol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", ["auto", "reference"])
+@pytest.mark.parametrize("lq", [16, 17, 40, 64])
+def test_attention_takes_long_queries(kernel, lq) -> None:
+    """Beyond 16 query tokens (a prompt) the kernel runs on tiles of query rows: the result is
+    the causal attention of every row, windows and softcap included."""
+    rng = np.random.default_rng(lq)
+    B, hq, hkv, d = 2, 4, 2, 16
+    cache = olkv.KVCache(B, hkv, d, dtype="float16", capacity=96)
+    k = rng.standard_normal((B, hkv, 80, d)).astype(np.float32)
+    cache.append(k, -k, counts=[80, 70])
+    K, V = cache.export(dtype="float32")
+    q = rng.standard_normal((B, hq, lq, d)).astype(np.float32)
+    for kw in ({}, {"window": 7, "softcap": 3.0}):
+        got = olkv.attention(q, cache, kernel=kernel, **kw)
+        np.testing.assert_allclose(got, ref_attention(q, K, V, [80, 70], **kw), atol=2e-5, rtol=1e-4)
 
 
 def test_attention_respects_evicted_window() -> None:
@@ -363,6 +380,9 @@ def test_nan_and_noncontiguous_inputs_are_accepted() -> None:
         (lambda c: olkv.attention(np.ones((2, 2, 4), np.float32), c), ValueError),  # rank
         (lambda c: olkv.attention(np.ones((2, 2, 1, 4), np.int64), c), TypeError),
         (lambda c: olkv.attention(np.ones((2, 2, 1, 4), np.float32), c, window=0), ValueError),
+        (lambda c: olkv.attention(np.ones((2, 2, 1, 4), np.float32), c, scale=0.0), ValueError),  # not the default
+        (lambda c: olkv.attention(np.ones((2, 2, 1, 4), np.float32), c, scale=1e-46), ValueError),  # 0 in float32
+        (lambda c: olkv.attention(np.ones((2, 2, 1, 4), np.float32), c, scale=-0.5), ValueError),
         (lambda c: olkv.attention(np.ones((2, 2, 1, 4), np.float32), c, kernel="fast"), ValueError),
         (lambda c: olkv.attention(np.ones((2, 2, 1, 4), np.float32), c, out=np.empty((2, 2, 1, 3), np.float32)), ValueError),
     ],

@@ -29,6 +29,9 @@ func Attention(dst, q []float32, qLen, qHeads int, v cache.View, o Options) erro
 	if err != nil {
 		return err
 	}
+	if qLen > maxQLen {
+		return fmt.Errorf("%w: q_len %d outside 1..%d (AttentionPrefill takes any)", cache.ErrInvalidArgument, qLen, maxQLen)
+	}
 	return thePool.run(&s, dst, q, v, activeOps())
 }
 

@@ -7,7 +7,8 @@ import (
 )
 
 // maxQLen is the largest number of new query tokens per call that the
-// kernels accept (speculative-draft verification uses up to 16).
+// streaming kernel accepts (speculative-draft verification uses up to 16;
+// AttentionPrefill tiles longer queries, the reference takes any).
 const maxQLen = 16
 
 // shape is the validated geometry of one attention call.
@@ -42,8 +43,8 @@ func checkArgs(dst, q []float32, qLen, qHeads int, v cache.View, o Options) (sha
 			cache.ErrInvalidArgument, s.batch, s.kvHeads, s.dk, s.dv)
 	case s.elem.Size() == 0:
 		return s, fmt.Errorf("%w: unsupported cache element type %v", cache.ErrInvalidArgument, s.elem)
-	case qLen < 1 || qLen > maxQLen:
-		return s, fmt.Errorf("%w: q_len %d outside 1..%d", cache.ErrInvalidArgument, qLen, maxQLen)
+	case qLen < 1:
+		return s, fmt.Errorf("%w: q_len %d must be positive", cache.ErrInvalidArgument, qLen)
 	case qHeads <= 0 || qHeads%s.kvHeads != 0:
 		return s, fmt.Errorf("%w: q_heads %d is not a positive multiple of kv_heads %d",
 			cache.ErrInvalidArgument, qHeads, s.kvHeads)

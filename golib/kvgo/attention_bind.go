@@ -15,8 +15,9 @@ import (
 // head_dim_k], qElems values; qPtr and outPtr are array references, see
 // arrayref.go) over cache h, writing float32
 // [batch, qHeads, qLen, head_dim_v] (outElems values) at outPtr. reference
-// selects the plain oracle kernel instead of the streaming one. It holds the
-// cache's read lock for the duration of the kernel.
+// selects the plain oracle kernel instead of the streaming one, which takes
+// any qLen >= 1 (beyond cpu.MaxQLen in tiles, see cpu.AttentionPrefill). It
+// holds the cache's read lock for the duration of the kernel.
 func Attention(h int64, qPtr uintptr, qElems int, outPtr uintptr, outElems int, qHeads, qLen int,
 	scale, softcap float32, window int, reference bool) (err error) {
 	defer recoverTo(&err)
@@ -41,7 +42,7 @@ func Attention(h int64, qPtr uintptr, qElems int, outPtr uintptr, outElems int, 
 	if reference {
 		return classify(cpu.ReferenceAttention(out, q, qLen, qHeads, v, o))
 	}
-	return classify(cpu.Attention(out, q, qLen, qHeads, v, o))
+	return classify(cpu.AttentionPrefill(out, q, qLen, qHeads, v, o))
 }
 
 // SetThreads sets the number of kernel worker threads (n <= 0: all CPUs).

@@ -41,12 +41,16 @@ def attention(
 
     Args:
         q: ``[batch, q_heads, q_len, head_dim]`` queries (float32; other
-            float dtypes and non-contiguous arrays are converted). ``q_heads``
+            float dtypes and non-contiguous arrays are converted), any
+            ``q_len >= 1`` (a decode step, a draft to verify or a whole
+            prompt: beyond 16 tokens the kernel runs on tiles of 16 query
+            rows, each reading the cache once for all of them). ``q_heads``
             must be a multiple of the cache's ``kv_heads`` (GQA/MQA: query
             head ``h`` reads KV head ``h // (q_heads // kv_heads)``).
         cache: the :class:`KVCache`; its last ``q_len`` tokens of each
             sequence must be the keys/values of these queries (append first).
-        scale: factor on q.k, a finite float32 value; default ``1/sqrt(head_dim)``.
+        scale: factor on q.k, a finite nonzero float32 value; default
+            ``1/sqrt(head_dim)``.
         softcap: if > 0, scores become ``softcap * tanh(score / softcap)``
             (finite, >= 0; 0 disables it).
         window: if set, each query sees only its last ``window`` positions
@@ -74,8 +78,9 @@ def attention(
             non-str ``kernel``.
         ValueError: shape mismatch, a sequence shorter than ``q_len``,
             ``q_heads`` not a multiple of ``kv_heads``, ``window`` < 1,
-            non-finite or out-of-float32-range ``scale``/``softcap``, negative
-            ``softcap``, an unknown ``kernel``, a bad ``out``.
+            non-finite or out-of-float32-range ``scale``/``softcap``, a
+            ``scale`` that is 0 or negative (or rounds to 0 in float32),
+            negative ``softcap``, an unknown ``kernel``, a bad ``out``.
     """
     instance(cache, "cache", KVCache)
     if type(q) is not np.ndarray or q.dtype is not _F32 or not q.flags.c_contiguous:
@@ -86,6 +91,10 @@ def attention(
     if b != cache._batch or d != cache._dk:
         raise ValueError(f"q shape {q.shape} does not match the cache (batch={cache._batch}, head_dim={cache._dk})")
     sc = 0.0 if scale is None else real(scale, "scale", float32=True)
+    if scale is not None and not np.float32(sc) > 0:
+        # The kernel reads 0 as "the default"; a scale that is 0 in float32
+        # must not silently become 1/sqrt(head_dim).
+        raise ValueError(f"scale must be > 0 (and nonzero in float32), got {scale!r}")
     cap = real(softcap, "softcap", lo=0.0, hi=FLOAT32_MAX)
     win = optional_integer(window, "window", lo=1) or 0
     reference = choice(kernel, "kernel", ("auto", "reference")) == "reference"
