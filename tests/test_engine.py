@@ -261,6 +261,10 @@ def test_refusals() -> None:
             eng.add_request([1, 2], temperature=0.0, do_sample=True)
         with pytest.raises(ValueError):
             eng.add_request([1, 2], max_new_tokens=0)
+        with pytest.raises(ValueError, match="vocabulary"):  # the model fixes 256 logits
+            eng.add_request([1, 256], max_new_tokens=4)
+        with pytest.raises(TypeError, match="top_k"):
+            eng.add_request([1, 2], max_new_tokens=4, top_k=2.5)
         per = eng.stats()["request_bytes"]
     with pytest.raises(olkv.BudgetError):
         Engine(sess, max_length=16, budget=per - 1)
@@ -345,3 +349,21 @@ def test_state_select_and_adopt() -> None:
     a.select([1])
     assert a.batch == 1 and a.length == 6 and a.lengths.tolist() == [6]
     assert a.info()["totals"]["copy_bytes"] == 0
+
+
+def test_a_request_whose_prompt_fails_ends_alone() -> None:
+    """A prompt the model refuses (a token id beyond a vocabulary the engine could not check
+    up front) ends that request with finish_reason "error"; the others run on unharmed."""
+    sess = ours(MODEL)
+    want = _alone(sess, REQUESTS[0])
+    with Engine(sess, max_length=64) as eng:
+        a = eng.add_request(**REQUESTS[0])
+        eng.step()
+        eng._vocab = None  # as for a model whose logits have a symbolic vocabulary
+        b = eng.add_request([7, 9999], max_new_tokens=4)
+        while eng.has_work():
+            eng.step()
+        assert eng.request(a).tokens == want and eng.request(a).finish_reason in ("stop", "length")
+        rb = eng.request(b)
+        assert rb.finish_reason == "error" and "9999" in rb.error and rb.tokens == []
+        assert eng.stats()["finished"]["error"] == 1

@@ -213,6 +213,40 @@ def test_argument_errors() -> None:
         olkv.generate(sess, gc.PROMPT, max_new_tokens=2, do_sample=True, top_p=1.5)
 
 
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(top_k=2.7), TypeError, "top_k"),  # not silently 2
+    (dict(max_new_tokens=2.0), TypeError, "max_new_tokens"),
+    (dict(temperature="0.5", do_sample=True), TypeError, "temperature"),
+    (dict(do_sample="yes"), TypeError, "do_sample"),
+    (dict(eos_token_id=[1.7]), TypeError, "eos_token_id"),
+    (dict(eos_token_id="7"), TypeError, "eos_token_id"),
+    (dict(pad_token_id=1.5), TypeError, "pad_token_id"),
+    (dict(pad_token_id=2**70, eos_token_id=[1, 2]), ValueError, "pad_token_id"),  # not OverflowError
+    (dict(eos_token_id=-1), ValueError, "eos_token_id"),
+    (dict(length_penalty=float("nan"), num_beams=2), ValueError, "length_penalty"),
+    (dict(repetition_penalty=float("inf")), ValueError, "repetition_penalty"),
+    (dict(num_beams=2.0), TypeError, "num_beams"),
+    (dict(num_beams=257, num_return_sequences=1), ValueError, "vocabulary"),  # 256 tokens
+    (dict(prompt_lookup=-1), ValueError, "prompt_lookup"),
+])
+def test_generation_arguments_follow_the_validation_rule(kw, exc, match) -> None:
+    """One rule per argument kind: integers through operator.index (floats, strings and bools
+    raise TypeError), reals finite, huge values ValueError; checked before the model runs."""
+    kw = {"max_new_tokens": 2, **kw}
+    with pytest.raises(exc, match=match):
+        olkv.generate(gc.ours("llama"), gc.PROMPT, **kw)
+    shared = {k: v for k, v in kw.items() if k in ("top_k", "temperature", "do_sample", "eos_token_id",
+                                                    "pad_token_id", "repetition_penalty")}
+    if shared:  # the Generator takes these options too, under the same rule
+        with pytest.raises(exc, match=match):
+            olkv.Generator(gc.ours("llama"), **shared)
+
+
+def test_draft_with_another_vocabulary_is_refused() -> None:
+    with pytest.raises(ValueError, match="vocabulary"):
+        olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=4, draft_session=gc.ours("llama", vocab=512))
+
+
 def test_stats_and_scores() -> None:
     out = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=5, return_scores=True, state_options=False)
     s = out.stats

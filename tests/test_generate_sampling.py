@@ -91,6 +91,14 @@ def test_repetition_penalty_and_temperature() -> None:
     got = lp.repetition_penalty(x, np.array([[0, 3]]), 2.0, mask=np.array([[0, 1]]))  # padding excluded
     np.testing.assert_allclose(got, [[2.0, -2.0, 1.0, -2.0]])
     np.testing.assert_allclose(lp.temperature(x, 0.5), x * 2)
+    # a temperature whose quotients overflow float32 takes the limit t -> 0 per row (greedy),
+    # never a NaN softmax; rows that do not overflow are plain quotients
+    y = np.array([[5.0, -5.0, 5.0, -1.0], [0.0, 0.0, 0.0, 0.0], [-np.inf, 9.0, 8.5, -np.inf]], np.float32)
+    got = lp.temperature(y, 1e-38)
+    np.testing.assert_array_equal(got[0], [0.0, -np.inf, 0.0, -np.inf])
+    np.testing.assert_array_equal(got[1], [0.0, 0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(got[2], [-np.inf, 0.0, -np.inf, -np.inf])
+    assert np.isfinite(lp.softmax(got)).all()
 
 
 def test_same_seed_same_tokens_and_greedy_limit() -> None:
@@ -105,6 +113,9 @@ def test_same_seed_same_tokens_and_greedy_limit() -> None:
     np.testing.assert_array_equal(top1.new_tokens[0], gc.ort_greedy(gc.model("llama"), gc.PROMPT, 12))
     many = olkv.generate(sess, gc.PROMPT, seed=1, num_return_sequences=3, **kw)
     assert many.sequences.shape == (3, gc.PROMPT.size + 12)
+    for t in (1e-38, 1e-45):  # logits / t overflow float32: sampling picks the greedy tokens
+        cold = olkv.generate(sess, gc.PROMPT, max_new_tokens=12, do_sample=True, temperature=t, seed=3)
+        np.testing.assert_array_equal(cold.new_tokens[0], top1.new_tokens[0])
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p,min_p", [(1.0, 0, 1.0, 0.0), (2.0, 5, 0.9, 0.0),

@@ -108,3 +108,29 @@ def test_errors() -> None:
         g.get_sequence(3)
     with pytest.raises(ValueError, match="max_length"):
         olkv.Generator(gc.ours("llama"), max_length=0)
+
+
+def test_failed_append_changes_nothing() -> None:
+    """A call that raises (here a token id beyond the vocabulary) leaves the rows, their state
+    and the next token exactly as they were."""
+    sess = gc.ours("llama")
+    g = olkv.Generator(sess, max_length=64)
+    g.append_tokens(gc.PROMPT)
+    before = g.sequences
+    with pytest.raises(ValueError, match="out of range"):
+        g.append_tokens([gc.CFG.vocab + 244])
+    np.testing.assert_array_equal(g.sequences, before)
+    for _ in range(4):
+        g.generate_next_token()
+    np.testing.assert_array_equal(g.get_sequence(0)[gc.PROMPT.size:], gc.ort_greedy(gc.model("llama"), gc.PROMPT, 4))
+
+
+def test_closed_generator_raises() -> None:
+    g = olkv.Generator(gc.ours("llama"), max_length=64)
+    g.append_tokens(gc.PROMPT)
+    g.close()
+    g.close()  # twice is fine
+    for verb in (g.generate_next_token, g.get_logits, lambda: g.rewind_to(1), lambda: g.append_tokens([4])):
+        with pytest.raises(ValueError, match="closed"):
+            verb()
+    np.testing.assert_array_equal(g.get_sequence(0), gc.PROMPT)  # what it held stays readable

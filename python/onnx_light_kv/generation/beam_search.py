@@ -149,6 +149,9 @@ def beam_search(runner: Any, prompt: np.ndarray, mask: np.ndarray, opts: Samplin
     step_scores: List[np.ndarray] = []
     eos = set(stop.eos)
     vocab = logits.shape[-1]
+    if k > vocab:
+        raise ValueError(f"num_beams={k} exceeds the vocabulary ({vocab} tokens): there are not that many "
+                         "distinct hypotheses")
     if opts.do_sample and rng is None:
         rng = np.random.default_rng()
     # the prompt tails a stop sequence may start in (padding removed)

@@ -118,6 +118,7 @@ class DecoderIO:
     kv: Tuple[KVInput, ...]
     int_types: Dict[str, Any]
     group_query_attention: bool = False
+    vocab: Optional[int] = None  # the logits' last dimension where the model fixes it
 
     @property
     def left_padding(self) -> bool:
@@ -211,7 +212,17 @@ class DecoderIO:
                    cache_position="cache_position" if "cache_position" in inputs else None,
                    use_cache_branch="use_cache_branch" if "use_cache_branch" in inputs else None,
                    logits=logits, kv=tuple(kv), int_types=ints,
-                   group_query_attention=_uses_group_query_attention(session, sizes))
+                   group_query_attention=_uses_group_query_attention(session, sizes),
+                   vocab=_fixed_last_dim(outputs[logits]))
+
+
+def _fixed_last_dim(arg: Any) -> Optional[int]:
+    """The last dimension of an input/output description when it is a fixed positive size."""
+    shape = getattr(arg, "shape", None)
+    if not shape:
+        return None
+    d = shape[-1]
+    return int(d) if isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0 else None
 
 
 def _uses_group_query_attention(session: Any, sizes: Optional[Dict[str, Any]]) -> bool:

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .._validate import integer, optional_integer, real
 from .beam_search import beam_search
 from .decoder_io import DecoderIO
 from .generator import Generator
@@ -106,21 +107,18 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
     requires the cache path. Both give the same tokens (a quantized cache: close ones).
     Returns a :class:`GenerationOutput`.
     """
-    if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    max_new_tokens = int(max_new_tokens)
+    max_new_tokens = integer(max_new_tokens, "max_new_tokens", lo=1)
+    opts = SamplingOptions(do_sample, temperature, top_k, top_p, min_p, repetition_penalty)
+    stop = StopCondition.of(eos_token_id, stop_sequences)
+    pad_token_id = optional_integer(pad_token_id, "pad_token_id", lo=0)
+    num_beams = integer(num_beams, "num_beams", lo=1)
+    num_return_sequences = integer(num_return_sequences, "num_return_sequences", lo=1)
+    num_draft_tokens = integer(num_draft_tokens, "num_draft_tokens", lo=1)
+    prompt_lookup = integer(prompt_lookup, "prompt_lookup", lo=0)
+    length_penalty = real(length_penalty, "length_penalty")
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     ids, mask = _prompt(input_ids, attention_mask, tok, pad_token_id)
-    opts = SamplingOptions(bool(do_sample), float(temperature), int(top_k), float(top_p), float(min_p),
-                           float(repetition_penalty))
-    stop = StopCondition.of(eos_token_id, stop_sequences)
-    pad = int(pad_token_id if pad_token_id is not None else (stop.eos[0] if stop.eos else 0))
-    for name, v in (("num_beams", num_beams), ("num_return_sequences", num_return_sequences),
-                    ("num_draft_tokens", num_draft_tokens)):
-        if not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-    if not isinstance(prompt_lookup, (int, np.integer)) or prompt_lookup < 0:
-        raise ValueError(f"prompt_lookup must be an int >= 0, got {prompt_lookup!r}")
+    pad = pad_token_id if pad_token_id is not None else (stop.eos[0] if stop.eos else 0)
     if early_stopping not in (True, False, "never"):
         raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
     speculative = draft_session is not None or prompt_lookup > 0
@@ -142,6 +140,12 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
 
     io = DecoderIO.from_session(session)
     draft_io = DecoderIO.from_session(draft_session) if draft_session is not None else None
+    if draft_io is not None and io.vocab is not None and draft_io.vocab is not None and draft_io.vocab != io.vocab:
+        raise ValueError(f"the draft model's vocabulary ({draft_io.vocab}) differs from the target's ({io.vocab}): "
+                         "speculative decoding needs the same vocabulary")
+    if num_beams > 1 and io.vocab is not None and num_beams > io.vocab:
+        raise ValueError(f"num_beams={num_beams} exceeds the vocabulary ({io.vocab} tokens): there are not that "
+                         "many distinct hypotheses")
     padded = not mask.all()
     per_row = speculative or (padded and not io.left_padding)
     groups = [np.array([r]) for r in range(ids.shape[0])] if per_row else [np.arange(ids.shape[0])]

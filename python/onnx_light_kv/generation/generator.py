@@ -16,6 +16,7 @@ import numpy as np
 
 from . import logits_process as lp
 from .decoder_io import DecoderIO
+from .._validate import integer, optional_integer
 from .options import SamplingOptions, StopCondition
 from .runner import make_runner, require_truncate
 
@@ -47,14 +48,12 @@ class Generator:
                  seed: Optional[int] = None, state_options: Union[None, bool, Dict[str, Any]] = None) -> None:
         self.session = session
         self.io = DecoderIO.from_session(session)
-        if max_length is not None and (not isinstance(max_length, (int, np.integer)) or max_length <= 0):
-            raise ValueError(f"max_length must be a positive int or None, got {max_length!r}")
-        self.max_length = None if max_length is None else int(max_length)
-        self.options = SamplingOptions(bool(do_sample), float(temperature), int(top_k), float(top_p),
-                                       float(min_p), float(repetition_penalty))
+        self.max_length = optional_integer(max_length, "max_length", lo=1)
+        self.options = SamplingOptions(do_sample, temperature, top_k, top_p, min_p, repetition_penalty)
         self.stop = StopCondition.of(eos_token_id, stop_sequences)
         default_pad = self.stop.eos[0] if self.stop.eos else 0
-        self.pad_token_id = int(pad_token_id if pad_token_id is not None else default_pad)
+        pad = optional_integer(pad_token_id, "pad_token_id", lo=0)
+        self.pad_token_id = pad if pad is not None else default_pad
         self.rng = np.random.default_rng(seed)
         self._state_options = state_options
         self._runner: Any = None
@@ -63,7 +62,12 @@ class Generator:
         self._done = np.zeros(0, bool)
         self._logits: Optional[np.ndarray] = None
         self._last_processed: Optional[np.ndarray] = None
+        self._closed = False
         self.timings: Dict[str, float] = {"prefill_s": 0.0, "decode_s": 0.0, "decode_runs": 0}
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("the generator is closed")
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -107,7 +111,10 @@ class Generator:
     # -- onnxruntime-genai verbs ---------------------------------------------------------
     def append_tokens(self, tokens: Any, attention_mask: Any = None) -> None:
         """Run the model over ``tokens`` (``[batch, n]`` or ``[n]`` for one row) after what the
-        rows hold; ``attention_mask`` (same shape, first call only) marks left padding with 0."""
+        rows hold; ``attention_mask`` (same shape, first call only) marks left padding with 0.
+        A call that raises (a bad id, a mask the cache path does not take) changes nothing: the
+        rows, their state and the next token's logits stay as they were."""
+        self._check_open()
         ids = np.asarray(tokens)
         if ids.dtype.kind not in "iu":
             raise TypeError(f"tokens must be integer ids, got dtype {ids.dtype}")
@@ -140,17 +147,25 @@ class Generator:
             self._seq = np.zeros((ids.shape[0], 0), np.int64)
             self._mask = np.zeros((ids.shape[0], 0), np.int64)
         is_prefill = self._runner.length == 0
+        kept = (self._seq, self._mask, self._done, self._runner.length)
         self._seq = np.concatenate([self._seq, ids], axis=1)
         self._mask = np.concatenate([self._mask, mask], axis=1)
         self._done = np.zeros(self.batch, bool)
         t = time.perf_counter()
-        self._compute()
+        try:
+            self._compute()
+        except BaseException:
+            self._seq, self._mask, self._done, held = kept
+            if self._runner.length > held:  # positions a failed run may have attached (a reused prefix)
+                self._runner.truncate(held)
+            raise
         dt = time.perf_counter() - t
         self.timings["prefill_s" if is_prefill else "decode_s"] += dt
 
     def generate_next_token(self) -> None:
         """Choose one token per row from the current logits (after the processors) and append
         it; finished rows get ``pad_token_id``. Raises ``RuntimeError`` when :meth:`is_done`."""
+        self._check_open()
         if self._runner is None or self.length == 0:
             raise RuntimeError("append_tokens must come before generate_next_token")
         if self.is_done():
@@ -193,6 +208,7 @@ class Generator:
 
     def get_logits(self) -> np.ndarray:
         """``[batch, vocab]`` float32 logits (before the processors) for the next position."""
+        self._check_open()
         if self._runner is None or self.length == 0:
             raise RuntimeError("append_tokens must come before get_logits")
         if self._logits is None:
@@ -204,8 +220,8 @@ class Generator:
         computed from the kept ones, as if the dropped ones had never been appended. Raises
         ``NotImplementedError`` (changing nothing) on the tensor path of a model with
         window-sized shared buffers, which keep only the most recent positions."""
-        if not isinstance(length, (int, np.integer)) or not 0 <= length <= self.length:
-            raise ValueError(f"rewind length must be an int in [0, {self.length}], got {length!r}")
+        self._check_open()
+        length = integer(length, "rewind length", lo=0, hi=self.length)
         if length == self.length:
             return
         keep = max(length - 1, 0)
@@ -219,7 +235,9 @@ class Generator:
         self._logits = None
 
     def close(self) -> None:
-        """Release the KV state."""
+        """Release the KV state. Later calls of the generation verbs raise ``ValueError``
+        (closing twice is allowed); the sequences so far stay readable."""
+        self._closed = True
         if self._runner is not None:
             self._runner.close()
             self._runner = None

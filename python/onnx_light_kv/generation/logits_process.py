@@ -35,8 +35,18 @@ def repetition_penalty(logits: np.ndarray, sequences: np.ndarray, penalty: float
 
 
 def temperature(logits: np.ndarray, t: float) -> np.ndarray:
-    """``logits / t``."""
-    return logits if t == 1.0 else logits / np.float32(t)
+    """``logits / t``. Where a temperature is so small that a row's quotients overflow float32
+    (``t = 1e-38``), the row takes the limit ``t -> 0``: its largest logits become 0 and every
+    other one ``-inf``, so sampling picks the greedy token instead of reading a NaN softmax."""
+    if t == 1.0:
+        return logits
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = np.asarray(logits, dtype=np.float32) / np.float32(t)
+    bad = np.isnan(out).any(axis=-1) | np.isposinf(out).any(axis=-1)
+    for r in np.flatnonzero(bad & ~np.isnan(logits).all(axis=-1)):
+        row = logits[r]
+        out[r] = np.where(row == np.nanmax(row), np.float32(0), np.float32(-np.inf))
+    return out
 
 
 def top_k(logits: np.ndarray, k: int) -> np.ndarray:

@@ -7,12 +7,19 @@ from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .._validate import integer, real
+
 __all__ = ["SamplingOptions", "StopCondition"]
 
 
 @dataclass(frozen=True)
 class SamplingOptions:
-    """How the next token is chosen (transformers' names and meanings)."""
+    """How the next token is chosen (transformers' names and meanings).
+
+    The fields are checked and normalized by the project's one rule per argument kind
+    (:mod:`onnx_light_kv._validate`): ``do_sample`` must be a ``bool`` (``TypeError``
+    otherwise), ``top_k`` an integer (``1.5`` or ``"2"`` raise ``TypeError``), the others real
+    numbers (strings raise ``TypeError``) that are finite and in range (``ValueError``)."""
 
     do_sample: bool = False
     temperature: float = 1.0
@@ -24,28 +31,35 @@ class SamplingOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.do_sample, (bool, np.bool_)):
             raise TypeError(f"do_sample must be a bool, got {type(self.do_sample).__name__}")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
-            raise ValueError(f"top_k must be an int >= 0, got {self.top_k!r}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        temperature = real(self.temperature, "temperature")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        top_p = real(self.top_p, "top_p")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        repetition_penalty = real(self.repetition_penalty, "repetition_penalty")
+        if not repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {repetition_penalty}")
+        fields = {"do_sample": bool(self.do_sample), "temperature": temperature,
+                  "top_k": integer(self.top_k, "top_k", lo=0), "top_p": top_p,
+                  "min_p": real(self.min_p, "min_p", lo=0.0, hi=1.0), "repetition_penalty": repetition_penalty}
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)  # frozen: normalized once, here
 
 
 def _ids(value: Any, what: str) -> Tuple[int, ...]:
+    """Token ids (an int or an iterable of ints, each >= 0 and within int64)."""
     if value is None:
         return ()
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{what} must be an int or a list of ints, got {type(value).__name__}")
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        return (int(value),)
+        return (integer(value, what, lo=0),)
     try:
-        out = tuple(int(v) for v in value)
+        items = list(value)
     except TypeError:
         raise TypeError(f"{what} must be an int or a list of ints, got {type(value).__name__}") from None
-    return out
+    return tuple(integer(v, what, lo=0) for v in items)
 
 
 @dataclass(frozen=True)

@@ -56,8 +56,10 @@ def accept_sampled(p: np.ndarray, q: np.ndarray, drafts: List[int], rng: np.rand
 class DraftModel:
     """Drafts with a decoder ``runner`` of one row, holding a prefix of the sequence."""
 
-    def __init__(self, runner: Any, opts: SamplingOptions) -> None:
-        self.runner, self.opts = runner, opts
+    def __init__(self, runner: Any, opts: SamplingOptions, vocab: Optional[int] = None) -> None:
+        """``vocab``: the target's vocabulary size when known; the draft's logits must have it
+        (:meth:`propose` raises ``ValueError`` otherwise, before any draft token is used)."""
+        self.runner, self.opts, self.vocab = runner, opts, vocab
 
     def propose(self, seq: np.ndarray, k: int, rng: np.random.Generator) -> Tuple[List[int], Optional[np.ndarray]]:
         """Up to ``k`` draft tokens after ``seq`` and the draft's distributions ``[k, vocab]``
@@ -67,6 +69,9 @@ class DraftModel:
         cur = seq
         for _ in range(k):
             logits = self.runner.run(cur[None, self.runner.length:])[:, -1, :].astype(np.float32)
+            if self.vocab is not None and logits.shape[-1] != self.vocab:
+                raise ValueError(f"the draft model's vocabulary ({logits.shape[-1]} logits) differs from the "
+                                 f"target's ({self.vocab}): speculative decoding needs the same vocabulary")
             processed = lp.process(logits, self.opts, cur[None, :])
             if self.opts.do_sample:
                 q = lp.softmax(processed)
@@ -131,6 +136,8 @@ def speculative_decode(target: Any, proposer: Any, prompt: np.ndarray, opts: Sam
     seq = prompt.astype(np.int64)
     logits = target.run(seq[None, :])[:, -1, :].astype(np.float32)
     on_prefill()
+    if isinstance(proposer, DraftModel) and proposer.vocab is None:
+        proposer.vocab = logits.shape[-1]
     processed = lp.process(logits, opts, seq[None, :])
     first = lp.choose(processed, opts.do_sample, rng)
     if scores is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ from ..generation.options import SamplingOptions, StopCondition
 from ..generation.runner import StateRunner, cache_path_available, paged_states_available, step_feeds
 
 __all__ = ["Engine", "StepOutput", "Request"]
+
+_log = logging.getLogger("onnx_light_kv.serve")
 
 
 class StepOutput(NamedTuple):
@@ -66,8 +69,10 @@ class Request:
     top_logprobs: List[Dict[int, float]] = field(default_factory=list)
     """With ``logprobs=n > 0``: the ``n`` most probable tokens and their log-probabilities per step."""
     finish_reason: Optional[str] = None
-    """None while running; "stop" (eos or a stop sequence), "length" (``max_new_tokens``) or
-    "abort" when done."""
+    """None while running; "stop" (eos or a stop sequence), "length" (``max_new_tokens``),
+    "abort", or "error" (its prompt could not run: :attr:`error` says why) when done."""
+    error: Optional[str] = None
+    """Why the request's prompt failed (``finish_reason == "error"``), else None."""
     arrival: float = 0.0
     first_token_time: Optional[float] = None
     finish_time: Optional[float] = None
@@ -184,6 +189,7 @@ class Engine:
         self._counts = collections.Counter()
         self._recent: Deque[Tuple[float, int]] = collections.deque(maxlen=64)
         self._closed = False
+        self._vocab = self.io.vocab  # known up front where the model fixes it, else from the first logits
 
     # -- requests -------------------------------------------------------------------------
     def add_request(self, input_ids: Any, *, max_new_tokens: int = 16, do_sample: bool = False,
@@ -212,12 +218,14 @@ class Engine:
         ids = ids.astype(np.int64)
         if ids.min() < 0:
             raise ValueError("input_ids must be non-negative")
+        if self._vocab is not None and ids.max() >= self._vocab:
+            raise ValueError(f"input_ids hold token id {int(ids.max())}, beyond the model's vocabulary "
+                             f"of {self._vocab} tokens")
         max_new = integer(max_new_tokens, "max_new_tokens", lo=1)
         if ids.size + max_new > self.max_length:
             raise ValueError(f"the request can never fit: {ids.size} prompt tokens + max_new_tokens={max_new} "
                              f"exceed the engine's max_length={self.max_length}")
-        opts = SamplingOptions(bool(do_sample), float(temperature), int(top_k), float(top_p), float(min_p),
-                               float(repetition_penalty))
+        opts = SamplingOptions(do_sample, temperature, top_k, top_p, min_p, repetition_penalty)
         stop = StopCondition.of(eos_token_id, stop_sequences)
         lpn = optional_integer(logprobs, "logprobs", lo=0, hi=20)
         rid = next(self._ids)
@@ -350,7 +358,21 @@ class Engine:
                 self._counts["prefix_tokens"] += req.reused_tokens
             start = req._prefilled
             n = min(room, req.prompt.size - start)
-            logits = req._runner.run(req.prompt[None, start:start + n])
+            try:
+                logits = req._runner.run(req.prompt[None, start:start + n])
+            except (ValueError, NotImplementedError) as e:
+                # This request's prompt cannot run (a token id beyond a vocabulary the model
+                # does not declare, say): it alone ends, the others go on.
+                _log.warning("request %d failed in its prefill: %s", req.request_id, e)
+                req.error = str(e)
+                self._prefilling.remove(req)
+                req._runner.close()
+                req._runner = None
+                self._finish(req, "error")
+                outputs[req.request_id] = StepOutput(req.request_id, [], True)
+                continue
+            if self._vocab is None:
+                self._vocab = int(np.shape(logits)[-1])
             req._prefilled += n
             room -= n
             self._counts["prompt_tokens"] += n
@@ -472,7 +494,7 @@ class Engine:
                     hits = int((info.get("prefix_cache") or {}).get("hits", 0))
         return {"running": len(self._rows), "prefilling": len(self._prefilling), "queued": len(self._queue) + pending,
                 "requests": c["requests"] + pending,
-                "finished": {r: c["finished_" + r] for r in ("stop", "length", "abort")},
+                "finished": {r: c["finished_" + r] for r in ("stop", "length", "abort", "error")},
                 "prompt_tokens": c["prompt_tokens"], "generated_tokens": c["generated_tokens"],
                 "steps": c["steps"], "mean_step_ms": (c["step_ms"] / 1e3 / c["steps"]) if c["steps"] else 0.0,
                 "tokens_per_s": tps, "cache_reserved_bytes": self._reserved(), "cache_committed_bytes": committed,

@@ -135,7 +135,9 @@ class EngineLoop:
                 for out in outs:
                     sink = self._sinks.get(out.request_id)
                     req = self.engine.request(out.request_id)
-                    if sink is not None:
+                    if sink is not None and req.finish_reason == "error":
+                        sink(ValueError(req.error))  # this request alone failed
+                    elif sink is not None:
                         n = len(out.tokens)
                         lps = req.token_logprobs[len(req.token_logprobs) - n:] if req.logprobs is not None else None
                         tops = req.top_logprobs[len(req.top_logprobs) - n:] if req.logprobs else None
