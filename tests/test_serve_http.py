@@ -323,3 +323,22 @@ def test_cli_serve(tmp_path: Any) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_engine_loop_fails_only_the_request_whose_prompt_fails() -> None:
+    """A request whose prefill the model refuses gets the error through its own callback; the
+    loop counts no step error and a request beside it completes."""
+    from onnx_light_kv.serve.http import EngineLoop
+
+    eng = Engine(ours(MODEL), max_batch=4, max_length=MAX_LENGTH)
+    eng._vocab = None  # as for a model whose logits have a symbolic vocabulary
+    loop = EngineLoop(eng)
+    got: Dict[str, List[Any]] = {"good": [], "bad": []}
+    try:
+        loop.submit([3, 17, 42], got["good"].append, max_new_tokens=4)
+        loop.submit([3, 99999], got["bad"].append, max_new_tokens=4)
+        _wait(lambda: got["bad"] and got["good"] and got["good"][-1][0].finished, "both requests end")
+    finally:
+        loop.close()
+    assert len(got["bad"]) == 1 and isinstance(got["bad"][0], ValueError) and "99999" in str(got["bad"][0])
+    assert sum(len(item[0].tokens) for item in got["good"]) == 4 and loop.step_errors == 0
