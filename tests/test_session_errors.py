@@ -120,6 +120,27 @@ def test_dangling_node_input_is_value_error() -> None:
     _raises(ValueError, lambda: oc.ours(model), "ghost")
 
 
+def _one_node(node: Any, outputs: Sequence[str] = ("y",), opset: int = 23) -> onnx.ModelProto:
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                                            for n in node.input if n],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def test_malformed_nodes_are_value_errors() -> None:
+    """Node-level mistakes of a model are ValueErrors naming the problem: a missing required
+    attribute, an attribute value outside its enumeration, a node with no outputs and a node
+    declaring more outputs than its op has."""
+    _raises(ValueError, lambda: oc.ours(_one_node(helper.make_node("Cast", ["x"], ["y"]))), "'to'")
+    for causal in (2, -1):
+        node = helper.make_node("Attention", ["q", "k", "v"], ["y"], is_causal=causal)
+        _raises(ValueError, lambda: oc.ours(_one_node(node)), "is_causal")
+    _raises(ValueError, lambda: oc.ours(_one_node(helper.make_node("Relu", ["x"], []), outputs=["x"])),
+            "no outputs")
+    sess = oc.ours(_one_node(helper.make_node("Relu", ["x"], ["y", "z"]), outputs=["y", "z"]))
+    _raises(ValueError, lambda: sess.run(None, {"x": X}), "output 1", "Relu")
+
+
 def test_truncated_and_garbage_models_are_value_errors(tmp_path: Any) -> None:
     data = oc.models().llama_decoder(oc.models().DecoderConfig(layers=1)).SerializeToString()
     for cut in (len(data) // 2, len(data) - 3, 7):

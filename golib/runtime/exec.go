@@ -477,7 +477,8 @@ func (p *Plan) executeNode(sc *runScope, i int) error {
 		}
 		t := kctx.Output(k)
 		if t == nil {
-			return withNode(r.node, fmt.Errorf("runtime: kernel produced no value for output %d (%q)", k, r.node.Outputs[k]))
+			return withNode(r.node, fmt.Errorf("%w: the node declares output %d (%q), which %s does not produce",
+				errs.ErrInvalidModel, k, r.node.Outputs[k], r.node.OpType))
 		}
 		fr.store(sc.mem, s, t, inputs, r.in, kept)
 	}

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -259,6 +260,10 @@ func (b *builder) node(g *model.Graph, np *onnxpb.NodeProto, scope func() map[st
 		return nil, fmt.Errorf("%w: %s uses domain %q, which the model does not import", errs.ErrInvalidModel, np.GetOpType(), domain)
 	}
 	pn := &PlanNode{Name: np.GetName(), OpType: np.GetOpType(), Domain: domain, Inputs: np.GetInput(), Outputs: np.GetOutput()}
+	if !slices.ContainsFunc(pn.Outputs, func(o string) bool { return o != "" }) {
+		// Every ONNX op has at least one output; a node without one computes nothing.
+		return nil, withNode(pn, fmt.Errorf("%w: the node declares no outputs", errs.ErrInvalidModel))
+	}
 	info := &ops.Node{Name: pn.Name, OpType: pn.OpType, Domain: domain, Opset: opset,
 		NumInputs: len(pn.Inputs), NumOutputs: len(pn.Outputs),
 		InputPresent: make([]bool, len(pn.Inputs)), OutputPresent: make([]bool, len(pn.Outputs)),

@@ -48,7 +48,10 @@ func newAttention(n *Node) (Kernel, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.IsCausal = causal != 0
+	if causal != 0 && causal != 1 {
+		return nil, fmt.Errorf("%w: %s: is_causal must be 0 or 1, got %d", errs.ErrInvalidArgument, n.Describe(), causal)
+	}
+	a.IsCausal = causal == 1
 	if a.Softcap, err = n.Attrs.Float("softcap", 0); err != nil {
 		return nil, err
 	}

@@ -19,6 +19,9 @@ func newCast(n *Node) (Kernel, error) {
 	if err != nil {
 		return nil, err
 	}
+	if to == 0 { // absent, or TensorProto.UNDEFINED
+		return nil, fmt.Errorf("%w: Cast needs its required attribute 'to' (an element type)", errs.ErrInvalidModel)
+	}
 	dt := tensor.DType(to)
 	if !dt.Valid() {
 		return nil, fmt.Errorf("%w: Cast to element type %d", errs.ErrNotImplemented, to)

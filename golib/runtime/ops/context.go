@@ -139,9 +139,15 @@ func (c *Context) NewOutputUninit(i int, dt tensor.DType, shape tensor.Shape) (*
 	return c.newOutput(i, dt, shape, false)
 }
 
+// errOutputIndex is the error of a kernel that writes output i of a node
+// declaring n outputs: the model gave the node fewer outputs than its op has.
+func errOutputIndex(i, n int) error {
+	return fmt.Errorf("%w: the op writes output %d, but the node declares %d output(s)", errs.ErrInvalidModel, i, n)
+}
+
 func (c *Context) newOutput(i int, dt tensor.DType, shape tensor.Shape, zero bool) (*tensor.Tensor, error) {
 	if i < 0 || i >= len(c.outputs) {
-		return nil, fmt.Errorf("%w: output %d of %d", errs.ErrInvalidArgument, i, len(c.outputs))
+		return nil, errOutputIndex(i, len(c.outputs))
 	}
 	var t *tensor.Tensor
 	if c.alloc == nil {
@@ -260,7 +266,7 @@ func (c *Context) header(i int, dt tensor.DType, shape tensor.Shape, b []byte) (
 // have x's element count.
 func (c *Context) SetReshaped(i int, x *tensor.Tensor, shape tensor.Shape) error {
 	if i < 0 || i >= len(c.outputs) {
-		return fmt.Errorf("%w: output %d of %d", errs.ErrInvalidArgument, i, len(c.outputs))
+		return errOutputIndex(i, len(c.outputs))
 	}
 	if n, err := shape.NumElements(); err != nil {
 		return err
@@ -282,7 +288,7 @@ func (c *Context) SetReshaped(i int, x *tensor.Tensor, shape tensor.Shape) error
 // Identity or Reshape, or tensors built elsewhere).
 func (c *Context) SetOutput(i int, t *tensor.Tensor) error {
 	if i < 0 || i >= len(c.outputs) {
-		return fmt.Errorf("%w: output %d of %d", errs.ErrInvalidArgument, i, len(c.outputs))
+		return errOutputIndex(i, len(c.outputs))
 	}
 	c.outputs[i] = t
 	if len(c.spares) == len(c.outputs) {
