@@ -132,6 +132,7 @@ def test_malformed_nodes_are_value_errors() -> None:
     attribute, an attribute value outside its enumeration, a node with no outputs and a node
     declaring more outputs than its op has."""
     _raises(ValueError, lambda: oc.ours(_one_node(helper.make_node("Cast", ["x"], ["y"]))), "'to'")
+    _raises(ValueError, lambda: oc.ours(_one_node(helper.make_node("Constant", [], ["y"]))), "value attribute")
     for causal in (2, -1):
         node = helper.make_node("Attention", ["q", "k", "v"], ["y"], is_causal=causal)
         _raises(ValueError, lambda: oc.ours(_one_node(node)), "is_causal")

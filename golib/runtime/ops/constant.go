@@ -42,8 +42,10 @@ func newConstant(n *Node) (Kernel, error) {
 		if err == nil {
 			v, err = tensor.FromSlice(tensor.Shape{len(is)}, append([]int64{}, is...))
 		}
+	case n.Attrs.Has("sparse_value") || n.Attrs.Has("value_string") || n.Attrs.Has("value_strings"):
+		return nil, fmt.Errorf("%w: Constant with a sparse or string value", errs.ErrNotImplemented)
 	default:
-		return nil, fmt.Errorf("%w: Constant without a supported value attribute (sparse and string values are not implemented)", errs.ErrNotImplemented)
+		return nil, fmt.Errorf("%w: Constant needs one value attribute (value, value_float(s), value_int(s), ...)", errs.ErrInvalidModel)
 	}
 	if err != nil {
 		return nil, err
@@ -133,10 +135,9 @@ func newRange(n *Node) (Kernel, error) {
 			if d[0] == 0 {
 				return fmt.Errorf("%w: Range delta is 0", errs.ErrInvalidArgument)
 			}
-			cnt := int64(math.Ceil(float64(l[0]-s[0]) / float64(d[0])))
-			cnt = max(cnt, 0)
+			cnt := rangeCount(s[0], l[0], d[0])
 			if cnt > maxRangeElements {
-				return fmt.Errorf("%w: Range of %d elements", errs.ErrLimit, cnt)
+				return fmt.Errorf("%w: Range(%d, %d, %d) has %d elements", errs.ErrLimit, s[0], l[0], d[0], cnt)
 			}
 			shape := ctx.ScratchShape(1) // a literal shape would escape to the heap
 			shape[0] = int(cnt)
@@ -191,9 +192,35 @@ func newRange(n *Node) (Kernel, error) {
 	}), nil
 }
 
-// fillRange writes start, start+delta, ... into v.
+// rangeCount is the number of elements of the integer Range(start, limit,
+// delta), max(ceil((limit-start)/delta), 0), computed exactly: the distance
+// |limit-start| (below 2^64) and |delta| are taken as uint64, so neither
+// limit-start overflowing int64 nor a float64 rounding counts above 2^53
+// can change it. delta must not be 0.
+func rangeCount(start, limit, delta int64) uint64 {
+	var dist, step uint64
+	switch {
+	case delta > 0 && limit > start:
+		dist, step = uint64(limit)-uint64(start), uint64(delta)
+	case delta < 0 && limit < start:
+		dist, step = uint64(start)-uint64(limit), -uint64(delta)
+	default:
+		return 0
+	}
+	n := dist / step
+	if dist%step != 0 {
+		n++
+	}
+	return n
+}
+
+// fillRange writes start, start+delta, ... into v. With len(v) from
+// rangeCount every element lies between start and limit, so it fits int64;
+// the products and sums are taken modulo 2^64 (uint64, which wraps by
+// definition), whose result is then that exact value even where
+// int64(i)*delta alone would not fit.
 func fillRange(v []int64, start, delta int64) {
 	for i := range v {
-		v[i] = start + int64(i)*delta
+		v[i] = int64(uint64(start) + uint64(i)*uint64(delta))
 	}
 }

@@ -15,42 +15,58 @@ func init() {
 	Register("", "Mod", 10, 0, newMod)
 }
 
-// newClip clamps to optional scalar min/max inputs (opset 11+).
+// newClip clamps to optional scalar min/max inputs (opset 11+). Integer
+// inputs are clamped in int64, which holds every integer type exactly;
+// floats in float64.
 func newClip(n *Node) (Kernel, error) {
 	return KernelFunc(func(ctx *Context) error {
 		x, err := ctx.RequireInput(0)
 		if err != nil {
 			return err
 		}
-		lo, hi := math.Inf(-1), math.Inf(1)
-		for i, p := range []*float64{&lo, &hi} {
+		var bounds [2]*tensor.Tensor
+		for i := range bounds {
 			t := ctx.Input(i + 1)
-			if t == nil {
-				continue
-			}
-			if t.Len() != 1 || t.DType() != x.DType() {
+			if t != nil && (t.Len() != 1 || t.DType() != x.DType()) {
 				return fmt.Errorf("%w: Clip bounds must be scalars of the input type", errs.ErrInvalidArgument)
 			}
-			v, err := scalarFloat64(t)
-			if err != nil {
-				return err
-			}
-			*p = v
+			bounds[i] = t
 		}
 		out, err := ctx.NewOutput(0, x.DType(), x.Shape())
 		if err != nil {
 			return err
 		}
-		clamp := func(v float64) float64 { return min(max(v, lo), hi) }
 		if x.DType().IsInt() {
+			lo, hi := int64(math.MinInt64), int64(math.MaxInt64)
+			for i, p := range []*int64{&lo, &hi} {
+				if bounds[i] == nil {
+					continue
+				}
+				b, err := tensor.Int64Values(bounds[i])
+				if err != nil {
+					return err
+				}
+				*p = b[0]
+			}
 			v, err := tensor.Int64Values(x)
 			if err != nil {
 				return err
 			}
 			for i := range v {
-				v[i] = int64(clamp(float64(v[i])))
+				v[i] = min(max(v[i], lo), hi)
 			}
 			return storeInt64(out, v)
+		}
+		lo, hi := math.Inf(-1), math.Inf(1)
+		for i, p := range []*float64{&lo, &hi} {
+			if bounds[i] == nil {
+				continue
+			}
+			b, err := scalarFloat64(bounds[i])
+			if err != nil {
+				return err
+			}
+			*p = b
 		}
 		v, err := reduceSource(nil, x)
 		if err != nil {
@@ -58,7 +74,7 @@ func newClip(n *Node) (Kernel, error) {
 		}
 		for i := range v {
 			if v[i] == v[i] { // NaN stays NaN
-				v[i] = clamp(v[i])
+				v[i] = min(max(v[i], lo), hi)
 			}
 		}
 		return storeFloat64(out, v)
@@ -153,35 +169,15 @@ func newCumSum(n *Node) (Kernel, error) {
 		if err != nil {
 			return err
 		}
-		scan := func(get func(int) float64, set func(int, float64)) {
-			for o := 0; o < outer; o++ {
-				for i := 0; i < inner; i++ {
-					acc := 0.0
-					for k := 0; k < dim; k++ {
-						kk := k
-						if reverse != 0 {
-							kk = dim - 1 - k
-						}
-						j := (o*dim+kk)*inner + i
-						v := get(j)
-						if exclusive != 0 {
-							set(j, acc)
-							acc += v
-						} else {
-							acc += v
-							set(j, acc)
-						}
-					}
-				}
-			}
-		}
 		if x.DType().IsInt() {
+			// int64 holds every integer type exactly, and its sums wrap
+			// like the narrower type's once stored back.
 			src, err := tensor.Int64Values(x)
 			if err != nil {
 				return err
 			}
 			res := make([]int64, len(src))
-			scan(func(j int) float64 { return float64(src[j]) }, func(j int, v float64) { res[j] = int64(v) })
+			cumScan(src, res, outer, dim, inner, exclusive != 0, reverse != 0)
 			return storeInt64(out, res)
 		}
 		src, err := reduceSource(nil, x)
@@ -189,9 +185,35 @@ func newCumSum(n *Node) (Kernel, error) {
 			return err
 		}
 		res := make([]float64, len(src))
-		scan(func(j int) float64 { return src[j] }, func(j int, v float64) { res[j] = v })
+		cumScan(src, res, outer, dim, inner, exclusive != 0, reverse != 0)
 		return storeFloat64(out, res)
 	}), nil
+}
+
+// cumScan writes into dst the running sums of src along the middle axis of
+// its [outer, dim, inner] view: inclusive or exclusive (the sum before each
+// element), from the start or, reversed, from the end of the axis.
+func cumScan[T int64 | float64](src, dst []T, outer, dim, inner int, exclusive, reverse bool) {
+	for o := 0; o < outer; o++ {
+		for i := 0; i < inner; i++ {
+			var acc T
+			for k := 0; k < dim; k++ {
+				kk := k
+				if reverse {
+					kk = dim - 1 - k
+				}
+				j := (o*dim+kk)*inner + i
+				v := src[j]
+				if exclusive {
+					dst[j] = acc
+					acc += v
+				} else {
+					acc += v
+					dst[j] = acc
+				}
+			}
+		}
+	}
 }
 
 // floorMod is Mod with fmod=0 on floats: the remainder takes the divisor's

@@ -113,6 +113,9 @@ func reduceCompute(ctx *Context, x *tensor.Tensor, axes []int64, keep bool, kind
 	if reduceTrailingF32(x, red, out, kind) {
 		return nil
 	}
+	if x.DType().IsInt() {
+		return reduceInt(ctx, x, keepShape, out, kind)
+	}
 	src, err := reduceSource(ctx, x)
 	if err != nil {
 		return err
@@ -132,6 +135,62 @@ func reduceCompute(ctx *Context, x *tensor.Tensor, axes []int64, keep bool, kind
 	if err := tensor.BroadcastIndex(keepShape, sh, idx); err != nil {
 		return err
 	}
+	accumulate(acc, src, idx, kind)
+	if kind == reduceMean && len(acc) > 0 {
+		cnt := float64(len(src) / len(acc))
+		for i := range acc {
+			acc[i] /= cnt
+		}
+	}
+	if x.DType().IsFloat() {
+		return storeFloat64(out, acc)
+	}
+	// bool: the integer types took reduceInt
+	dst := out.Bool()
+	for i, v := range acc {
+		dst[i] = v != 0
+	}
+	return nil
+}
+
+// reduceInt is reduceCompute for the integer types (keepShape: x's shape
+// with the reduced axes set to 1): it reduces in int64, which holds every
+// integer type exactly, so int64 values above 2^53 keep their last bits.
+// Sums wrap modulo 2^64 like onnxruntime's, and a narrower type's, stored
+// back truncated, wraps as its own arithmetic would.
+func reduceInt(ctx *Context, x *tensor.Tensor, keepShape tensor.Shape, out *tensor.Tensor, kind reduceKind) error {
+	src := x.Int64() // read in place when it is int64
+	if src == nil {
+		var err error
+		if src, err = ctx.Int64Values(x); err != nil {
+			return err
+		}
+	}
+	acc := ctx.Int64s(out.Len())
+	if kind == reduceMax || kind == reduceMin {
+		lo, hi, ok := intRange(x.DType())
+		if !ok {
+			return fmt.Errorf("%w: %s of %v", errs.ErrType, kind, x.DType())
+		}
+		id := hi // the result over an empty set
+		if kind == reduceMax {
+			id = lo
+		}
+		for i := range acc {
+			acc[i] = id
+		}
+	}
+	idx := ctx.Ints(len(src))
+	if err := tensor.BroadcastIndex(keepShape, x.Shape(), idx); err != nil {
+		return err
+	}
+	accumulate(acc, src, idx, kind)
+	return storeInt64(out, acc)
+}
+
+// accumulate folds each src[i] into acc[idx[i]]: the largest or smallest
+// value for reduceMax / reduceMin, else the sum.
+func accumulate[T int64 | float64](acc, src []T, idx []int, kind reduceKind) {
 	for i, v := range src {
 		o := idx[i]
 		switch kind {
@@ -143,27 +202,6 @@ func reduceCompute(ctx *Context, x *tensor.Tensor, axes []int64, keep bool, kind
 			acc[o] += v
 		}
 	}
-	if kind == reduceMean && len(acc) > 0 {
-		cnt := float64(len(src) / len(acc))
-		for i := range acc {
-			acc[i] /= cnt
-		}
-	}
-	if x.DType().IsFloat() {
-		return storeFloat64(out, acc)
-	}
-	if isBool {
-		dst := out.Bool()
-		for i, v := range acc {
-			dst[i] = v != 0
-		}
-		return nil
-	}
-	iv := ctx.Int64s(len(acc))
-	for i, v := range acc {
-		iv[i] = tensor.SaturateInt(v, math.MinInt64, math.MaxInt64)
-	}
-	return storeInt64(out, iv)
 }
 
 // reduceTrailingF32 is the path of the normalizations of exported decoders
@@ -219,27 +257,39 @@ func reduceIdentity(kind reduceKind, dt tensor.DType) (float64, error) {
 		lo, hi = math.Inf(-1), math.Inf(1)
 	case tensor.Bool:
 		lo, hi = 0, 1
-	case tensor.Uint8:
-		lo, hi = 0, math.MaxUint8
-	case tensor.Int8:
-		lo, hi = math.MinInt8, math.MaxInt8
-	case tensor.Int16:
-		lo, hi = math.MinInt16, math.MaxInt16
-	case tensor.Uint16:
-		lo, hi = 0, math.MaxUint16
-	case tensor.Uint32:
-		lo, hi = 0, math.MaxUint32
-	case tensor.Int32:
-		lo, hi = math.MinInt32, math.MaxInt32
-	case tensor.Int64:
-		lo, hi = math.MinInt64, math.MaxInt64
 	default:
-		return 0, fmt.Errorf("%w: %s of %v", errs.ErrType, kind, dt)
+		l, h, ok := intRange(dt)
+		if !ok {
+			return 0, fmt.Errorf("%w: %s of %v", errs.ErrType, kind, dt)
+		}
+		lo, hi = float64(l), float64(h)
 	}
 	if kind == reduceMax {
 		return lo, nil
 	}
 	return hi, nil
+}
+
+// intRange is the lowest and highest value of the integer type dt; ok is
+// false for other types.
+func intRange(dt tensor.DType) (lo, hi int64, ok bool) {
+	switch dt {
+	case tensor.Uint8:
+		return 0, math.MaxUint8, true
+	case tensor.Int8:
+		return math.MinInt8, math.MaxInt8, true
+	case tensor.Int16:
+		return math.MinInt16, math.MaxInt16, true
+	case tensor.Uint16:
+		return 0, math.MaxUint16, true
+	case tensor.Uint32:
+		return 0, math.MaxUint32, true
+	case tensor.Int32:
+		return math.MinInt32, math.MaxInt32, true
+	case tensor.Int64:
+		return math.MinInt64, math.MaxInt64, true
+	}
+	return 0, 0, false
 }
 
 // reduceSource widens x to float64 (exact for every supported type except

@@ -113,6 +113,11 @@ func newTrilu(n *Node) (Kernel, error) {
 		}
 		sh := x.Shape()
 		rows, cols := sh[len(sh)-2], sh[len(sh)-1]
+		// Beyond ±(rows+cols) every k keeps (or drops) the whole matrix
+		// alike; clamping first keeps i+k+1 from overflowing int64 for a k
+		// near its limits.
+		bound := int64(rows) + int64(cols)
+		k = min(max(k, -bound), bound)
 		es := x.DType().Size()
 		src, dst := x.Bytes(), out.Bytes()
 		mats := x.Len() / max(rows*cols, 1)
