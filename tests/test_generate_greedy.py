@@ -228,6 +228,10 @@ def test_argument_errors() -> None:
     (dict(num_beams=2.0), TypeError, "num_beams"),
     (dict(num_beams=257, num_return_sequences=1), ValueError, "vocabulary"),  # 256 tokens
     (dict(prompt_lookup=-1), ValueError, "prompt_lookup"),
+    (dict(seed=-1), ValueError, "seed"),
+    (dict(seed="x"), TypeError, "seed"),
+    (dict(progress="yes"), TypeError, "progress"),
+    (dict(return_scores="yes"), TypeError, "return_scores"),
 ])
 def test_generation_arguments_follow_the_validation_rule(kw, exc, match) -> None:
     """One rule per argument kind: integers through operator.index (floats, strings and bools

@@ -101,3 +101,66 @@ def test_cli_generate_text(tmp_path: Any, capsys: Any) -> None:
     assert main(["generate", path, "--prompt", _words(gc.PROMPT), "--tokenizer", tpath,
                  "--max-new-tokens", str(N)]) == 0
     assert capsys.readouterr().out.splitlines()[0] == _words(want)
+
+
+def test_beams_return_the_text_of_every_sequence() -> None:
+    tok = _tokenizer()
+    prompts = [_words(gc.PROMPT), _words(gc.PROMPTS[2])]
+    out = olkv.generate(gc.ours("llama"), prompts, tokenizer=tok, max_new_tokens=4, num_beams=3,
+                        num_return_sequences=2)
+    assert len(out.text) == 4
+    assert out.text == [_words(row) for row in out.new_tokens]
+
+
+def test_stopped_rows_stream_no_more_text() -> None:
+    """A row that stopped gets padding and an empty piece: each row's streamed pieces add up
+    to its text, also when the padding is an ordinary token."""
+    tok = _tokenizer()
+    prompts = [_words(gc.PROMPT), _words(gc.PROMPT[::-1])]  # one batch (equal lengths: no padding)
+    free = olkv.generate(gc.ours("llama"), prompts, tokenizer=tok, max_new_tokens=N)
+    eos = int(free.new_tokens[0][1])  # row 0 stops after two tokens
+    got = ["", ""]
+
+    def streamer(tokens: np.ndarray, text: Any) -> None:
+        for r, piece in enumerate(text):
+            got[r] += piece
+
+    out = olkv.generate(gc.ours("llama"), prompts, tokenizer=tok, max_new_tokens=N, eos_token_id=eos,
+                        pad_token_id=7, streamer=streamer)
+    assert out.text[0] == _words(free.new_tokens[0][:2])
+    assert got == out.text
+
+
+def test_bad_text_inputs_are_clear_errors(tmp_path: Any) -> None:
+    tok = _tokenizer()
+    with pytest.raises(ValueError, match="not valid Unicode"):  # a lone surrogate (undecodable bytes)
+        olkv.generate(gc.ours("llama"), "w1 \udcff", tokenizer=tok, max_new_tokens=2)
+    with pytest.raises(ValueError, match="prompt 1"):
+        olkv.generate(gc.ours("llama"), ["w1", "\ud800"], tokenizer=tok, max_new_tokens=2)
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("not json")
+    with pytest.raises(ValueError, match="cannot read the tokenizer"):
+        olkv.generate(gc.ours("llama"), "w1", tokenizer=str(bad), max_new_tokens=2)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["generate", "MISSING.onnx", "--prompt-ids", "1", "2", "--max-new-tokens", "2"], "no such file"),
+    (["generate", "DIR", "--prompt-ids", "1", "--max-new-tokens", "2"], "is a directory"),
+    (["generate", "MODEL", "--prompt-ids", "1", "2", "--max-new-tokens", "0"], "max_new_tokens"),
+    (["generate", "MODEL", "--prompt-ids", "1", "2", "--max-new-tokens", "2", "--threads", "100000"], "threads"),
+    (["generate", "MODEL", "--prompt-ids", "1", "9999", "--max-new-tokens", "2"], "out of range"),
+    (["generate", "MODEL", "--prompt-ids", "1", "2", "--max-new-tokens", "2", "--sample", "--temperature", "0"],
+     "temperature"),
+    (["generate", "MODEL", "--prompt", "w1", "--tokenizer", "MISSING.json", "--max-new-tokens", "2"], "not found"),
+    (["demo", "--batch", "0"], "batch"),
+])
+def test_cli_user_errors_are_one_line(tmp_path: Any, capsys: Any, args: List[str], needle: str) -> None:
+    """A user mistake ends the command with exit status 2 and one line naming it, no traceback."""
+    path = os.fspath(tmp_path / "llama.onnx")
+    gc.M.save_model(gc.model("llama"), path)
+    subst = {"MODEL": path, "DIR": os.fspath(tmp_path), "MISSING.onnx": os.fspath(tmp_path / "missing.onnx"),
+             "MISSING.json": os.fspath(tmp_path / "missing.json")}
+    assert main([subst.get(a, a) for a in args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("onnx-light-kv: error: ") and needle in err[-1], err
+    assert not any("Traceback" in line for line in err)

@@ -343,6 +343,9 @@ def test_info_figures() -> None:
     (dict(quant="int4", head_dim=63), ValueError),
     (dict(quant="int4", head_dim_v=7), ValueError),
     (dict(quant="int8", layout="paged", block_size=64), ValueError),
+    (dict(k_axis="row"), ValueError),  # bad options are errors also without quant
+    (dict(quant_group=7), ValueError),
+    (dict(residual=-5), ValueError),
 ])
 def test_option_errors(kwargs, exc) -> None:
     args = dict(batch=1, kv_heads=1, head_dim=64, capacity=64)
@@ -412,6 +415,7 @@ def test_create_state_and_generate_take_the_options() -> None:
     (dict(quant="int8", residual=-4), ValueError),
     (dict(quant="int8", layout="paged", block_size=64), ValueError),
     (dict(quant="int8", layout="paged", prefix_cache=True), NotImplementedError),
+    (dict(k_axis="row", quant_group=7), ValueError),  # also without quant
 ])
 def test_create_state_option_errors(kwargs, exc) -> None:
     with pytest.raises(exc):

@@ -183,6 +183,8 @@ def test_models_health_metrics(server: Server, client: Any) -> None:
     ("/v1/completions", {"prompt": P1, "max_tokens": True}, 400, "'max_tokens' must be an integer"),
     ("/v1/completions", {"prompt": 5}, 400, "'prompt' must be"),
     ("/v1/completions", {"prompt": [1, 100000]}, 400, "token-id prompts"),
+    ("/v1/completions", {"prompt": "w1 \udcff"}, 400, "not valid Unicode"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]}, 400, "not valid Unicode"),
     ("/v1/completions", {"prompt": P1, "stop": [1]}, 400, "'stop' must be"),
     ("/v1/completions", {"prompt": P1, "logprobs": 9}, 400, "'logprobs' must be in"),
     ("/v1/completions", {"prompt": P1, "model": "gpt-9"}, 404, "does not exist"),

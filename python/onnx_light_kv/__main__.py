@@ -108,6 +108,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 141  # 128 + SIGPIPE, as a shell reports it
     except KeyboardInterrupt:
         return 130
+    except (ValueError, TypeError, OSError, NotImplementedError, MemoryError) as e:
+        # A user mistake (a bad argument, a missing or malformed file, a model or a size the
+        # runtime refuses): one line and exit status 2, as argparse reports its own errors.
+        # OLKV_TRACEBACK=1 shows the traceback instead.
+        if os.environ.get("OLKV_TRACEBACK", "") not in ("", "0"):
+            raise
+        name = type(e).__name__
+        print(f"onnx-light-kv: error: {e} ({name})" if str(e) else f"onnx-light-kv: error: {name}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

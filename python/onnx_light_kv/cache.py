@@ -200,12 +200,12 @@ _NO_QUANT = ("none", 0, "channel", 0)
 
 def _quant_options(quant: Any, quant_group: Any, k_axis: Any,
                    residual: Any) -> Optional[tuple[str, int, str, int]]:
-    """Validate the quantization options; None when ``quant`` is None."""
-    if quant is None:
-        return None
-    if not isinstance(quant, str):
+    """Validate the quantization options (all of them, also when ``quant`` is None: a bad
+    ``k_axis`` or ``quant_group`` is an error whether or not it takes effect); None when
+    ``quant`` is None."""
+    if quant is not None and not isinstance(quant, str):
         raise TypeError(f"quant must be None or a str, got {type(quant).__name__}")
-    if quant not in QUANT_FORMATS:
+    if quant is not None and quant not in QUANT_FORMATS:
         raise ValueError(f"quant must be None or one of {QUANT_FORMATS}, got {quant!r}")
     group = integer(quant_group, "quant_group")
     if group not in QUANT_GROUPS:
@@ -214,7 +214,8 @@ def _quant_options(quant: Any, quant_group: Any, k_axis: Any,
         raise TypeError(f"k_axis must be a str, got {type(k_axis).__name__}")
     if k_axis not in K_AXES:
         raise ValueError(f"k_axis must be one of {K_AXES}, got {k_axis!r}")
-    return quant, group, k_axis, integer(residual, "residual", lo=0, hi=1 << 20)
+    res = integer(residual, "residual", lo=0, hi=1 << 20)
+    return None if quant is None else (quant, group, k_axis, res)
 
 
 def _quant_block_size(block_size: Optional[int], group: int) -> int:

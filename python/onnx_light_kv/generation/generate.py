@@ -116,6 +116,10 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
     num_draft_tokens = integer(num_draft_tokens, "num_draft_tokens", lo=1)
     prompt_lookup = integer(prompt_lookup, "prompt_lookup", lo=0)
     length_penalty = real(length_penalty, "length_penalty")
+    seed = optional_integer(seed, "seed", lo=0)
+    for name, flag in (("progress", progress), ("return_scores", return_scores)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     ids, mask = _prompt(input_ids, attention_mask, tok, pad_token_id)
     pad = pad_token_id if pad_token_id is not None else (stop.eos[0] if stop.eos else 0)
@@ -195,7 +199,9 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
     if return_scores:
         out.scores = _merge_scores(scores_per_group)
     if tok is not None:
-        out.text = [tok.decode([int(t) for t in _strip(row, stop, ids[r][mask[r] != 0])], skip_special_tokens=True)
+        per = num_return_sequences if num_beams > 1 else 1  # beams: nrs returned rows per prompt row
+        out.text = [tok.decode([int(t) for t in _strip(row, stop, ids[r // per][mask[r // per] != 0])],
+                               skip_special_tokens=True)
                     for r, row in enumerate(new)]
     return out
 
@@ -246,11 +252,12 @@ def _greedy_or_sample(session: Any, ids: np.ndarray, mask: np.ndarray, opts: Sam
     try:
         g.append_tokens(ids, mask)
         while not g.is_done():
+            finished = g.done_rows()  # rows that stopped before this step get padding now
             g.generate_next_token()
             if return_scores:
                 scores.append(g.last_scores)
             if stream is not None:
-                stream.put(g.get_next_tokens())
+                stream.put(g.get_next_tokens(), finished)
             bar.update(1)
         stats.prefill_ms += g.timings["prefill_s"] * 1e3
         stats.decode_ms += g.timings["decode_s"] * 1e3

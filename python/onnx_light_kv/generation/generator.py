@@ -54,7 +54,7 @@ class Generator:
         default_pad = self.stop.eos[0] if self.stop.eos else 0
         pad = optional_integer(pad_token_id, "pad_token_id", lo=0)
         self.pad_token_id = pad if pad is not None else default_pad
-        self.rng = np.random.default_rng(seed)
+        self.rng = np.random.default_rng(optional_integer(seed, "seed", lo=0))
         self._state_options = state_options
         self._runner: Any = None
         self._seq = np.zeros((0, 0), np.int64)

@@ -13,7 +13,7 @@ import numpy as np
 
 from .._optional import require
 
-__all__ = ["load_tokenizer", "encode", "Streamer", "Progress"]
+__all__ = ["load_tokenizer", "encode", "check_text", "Streamer", "Progress"]
 
 _PAD_NAMES = ("<pad>", "[PAD]", "<|pad|>", "<|endoftext|>", "</s>", "<eos>")
 
@@ -27,7 +27,10 @@ def load_tokenizer(tokenizer: Any) -> Any:
             path = os.path.join(path, "tokenizer.json")
         if not os.path.exists(path):
             raise FileNotFoundError(f"tokenizer file not found: {path}")
-        return tokenizer_cls.from_file(path)
+        try:
+            return tokenizer_cls.from_file(path)
+        except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
+            raise ValueError(f"cannot read the tokenizer {path}: {e}") from None
     if not (hasattr(tokenizer, "encode_batch") and hasattr(tokenizer, "decode")):
         raise TypeError("tokenizer must be a tokenizers.Tokenizer or a tokenizer.json path, "
                         f"got {type(tokenizer).__name__}")
@@ -48,6 +51,8 @@ def encode(tokenizer: Any, text: Union[str, Sequence[str]], pad_token_id: int) -
     texts = [text] if isinstance(text, str) else list(text)
     if not texts or not all(isinstance(t, str) for t in texts):
         raise TypeError("text input must be a str or a non-empty list of str")
+    for i, t in enumerate(texts):
+        check_text(t, "the prompt" if isinstance(text, str) else f"prompt {i}")
     rows = [enc.ids for enc in tokenizer.encode_batch(texts)]
     if any(len(r) == 0 for r in rows):
         raise ValueError("a prompt encodes to no tokens")
@@ -60,13 +65,24 @@ def encode(tokenizer: Any, text: Union[str, Sequence[str]], pad_token_id: int) -
     return ids, mask
 
 
+def check_text(text: str, what: str) -> None:
+    """Raise ``ValueError`` naming ``what`` when ``text`` is not valid Unicode (a lone
+    surrogate, as ``surrogateescape`` leaves for undecodable bytes): tokenizers cannot encode it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} is not valid Unicode text ({e.reason} at position {e.start})") from None
+
+
 class Streamer:
     """Hands new tokens (and text pieces) to the user's ``streamer`` as they are produced.
 
     ``streamer`` is either an object with ``put(tokens)`` / ``end()`` (transformers'
     streamer protocol: ``put`` first gets the prompt ``[rows, s]``, then each step's new tokens
     ``[rows]``) or a callable ``streamer(tokens, text)`` called per step with the ``[rows]``
-    new token ids and, with a tokenizer, the list of new text pieces per row (else None)."""
+    new token ids and, with a tokenizer, the list of new text pieces per row (else None). A
+    row that has stopped gets its padding id and an empty piece, so the pieces of a row add up
+    to its ``text`` in the output."""
 
     def __init__(self, streamer: Any, tokenizer: Any, rows: int) -> None:
         self.streamer, self.tokenizer = streamer, tokenizer
@@ -81,8 +97,9 @@ class Streamer:
         if self._protocol:
             self.streamer.put(ids.copy())
 
-    def put(self, tokens: np.ndarray) -> None:
-        """One new token per row."""
+    def put(self, tokens: np.ndarray, finished: Optional[np.ndarray] = None) -> None:
+        """One new token per row; ``finished`` marks rows that had stopped before it (their
+        token is padding: no text)."""
         if self._protocol:
             self.streamer.put(tokens.copy())
             return
@@ -90,6 +107,9 @@ class Streamer:
         if self.tokenizer is not None:
             pieces = []
             for r, t in enumerate(tokens):
+                if finished is not None and finished[r]:
+                    pieces.append("")
+                    continue
                 self._tokens[r].append(int(t))
                 full = self.tokenizer.decode(self._tokens[r], skip_special_tokens=True)
                 if full.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest

@@ -228,8 +228,9 @@ class Engine:
         opts = SamplingOptions(do_sample, temperature, top_k, top_p, min_p, repetition_penalty)
         stop = StopCondition.of(eos_token_id, stop_sequences)
         lpn = optional_integer(logprobs, "logprobs", lo=0, hi=20)
+        rng = np.random.default_rng(optional_integer(seed, "seed", lo=0))
         rid = next(self._ids)
-        req = Request(rid, ids, max_new, opts, stop, lpn, np.random.default_rng(seed), arrival=time.perf_counter())
+        req = Request(rid, ids, max_new, opts, stop, lpn, rng, arrival=time.perf_counter())
         with self._lock:
             if self._closed:
                 raise ValueError("the engine is closed")

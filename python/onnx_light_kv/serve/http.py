@@ -33,6 +33,8 @@ import uuid
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple
 
 from .._optional import require
+from .._validate import integer
+from ..generation.text import check_text
 from .engine import Engine, StepOutput
 
 __all__ = ["EngineLoop", "create_app", "serve", "DEFAULT_CHAT_TEMPLATE", "add_arguments", "run"]
@@ -148,6 +150,14 @@ class EngineLoop:
 
 
 # -- request parsing ---------------------------------------------------------------------------
+def _valid_text(text: str, param: str) -> None:
+    """A prompt text tokenizers can encode, else a 400 naming ``param`` (see check_text)."""
+    try:
+        check_text(text, f"'{param}'")
+    except ValueError as e:
+        raise RequestError(str(e), param) from None
+
+
 def _get(body: Dict[str, Any], name: str, kinds: Tuple[type, ...], default: Any, what: str) -> Any:
     v = body.get(name, default)
     if v is None:
@@ -312,6 +322,7 @@ class _Server:
             raise RequestError("at most 16 prompts per request", "prompt")
         out = []
         for text in prompts:
+            _valid_text(text, "prompt")
             ids = self.tok.encode(text).ids
             if not ids:
                 raise RequestError("a prompt encodes to no tokens", "prompt")
@@ -340,6 +351,7 @@ class _Server:
                 c = "".join(x["text"] for x in c)
             if not isinstance(c, str):
                 raise RequestError(f"messages[{i}].content must be a string", "messages")
+            _valid_text(c, "messages")
             clean.append({"role": m["role"], "content": c})
         try:
             text = self.template.render(messages=clean, add_generation_prompt=True, bos_token="", eos_token="")
@@ -715,6 +727,7 @@ def serve(model: str, tokenizer: str, *, host: str = "127.0.0.1", port: int = 80
     uvicorn = require("uvicorn")
     from .. import InferenceSession
 
+    port = integer(port, "port", lo=0, hi=65535)
     sess = InferenceSession(model, threads=threads)
 
     def factory() -> Engine:
