@@ -384,6 +384,28 @@ for _axis in (0, 1, 2, -1):
     _add(f"Flatten-axis{_axis}", "exact", lambda ax=_axis: node_model("Flatten", [("x", X234)], axis=ax))
 _add("Size-float16", "exact", lambda: node_model("Size", [("x", _r((2, 3, 5), F16))]))
 _add("FastGelu-float32", "transc", lambda: node_model("FastGelu", [("x", _r((2, 3, 16), F32, -4, 4))], domain="com.microsoft"))
+for _dt in (F32, F16):
+    _add(f"FastGelu-bias-{np.dtype(_dt).name}", "transc",
+         lambda d=_dt: node_model("FastGelu", [("x", _r((2, 3, 16), d, -4, 4)), ("b", _r((16,), d, -1, 1, seed=1))],
+                                  domain="com.microsoft"))
+# Edge values the differential fuzzing found: an odd integer exponent above 2^24 keeps a negative
+# base's sign; Gemm's alpha = 0 still lets a NaN/inf of A or B through (0 * (A*B)); Clip without
+# bounds clamps infinities to the type's finite range; integer ReduceMean truncates toward zero.
+_add("Pow-float32-int64-odd-huge", "ew", lambda: node_model(
+    "Pow", [("x", np.array([-1.0, -2.0, -0.5, 3.0], F32)), ("y", np.array([16777217, 1073741823, 2**60 + 1, -3], I64))]))
+_add("Pow-float16-int32-odd", "ew", lambda: node_model(
+    "Pow", [("x", np.array([-1.0, -2.0, 1.5], F16)), ("y", np.array([16777217, 1073741823, 2], I32))]))
+_add("Gemm-alpha0-nonfinite", "ew", lambda: node_model(
+    "Gemm", [("a", np.array([[np.nan, 1.0], [np.inf, 1.0], [1.0, 2.0]], F32)), ("b", np.ones((2, 2), F32)),
+             ("c", np.array([1.0, 2.0], F32))], alpha=0.0, beta=0.5))
+for _dt in (F32, F16):
+    _add(f"Clip-no-bounds-inf-{np.dtype(_dt).name}", "exact", lambda d=_dt: node_model(
+        "Clip", [("x", np.array([-np.inf, np.inf, 1.0, np.nan], d))]))
+_add("Clip-min-only-inf", "exact", lambda: node_model(
+    "Clip", [("x", np.array([-np.inf, np.inf, 1.0], F32)), ("lo", np.array(0.0, F32))]))
+for _dt in (I64, I32):
+    _add(f"ReduceMean-{np.dtype(_dt).name}", "exact", lambda d=_dt: node_model(
+        "ReduceMean", [("x", np.array([[1, 2, 2], [-3, -2, -2]], d)), ("ax", np.array([1], I64))], inits=["ax"]))
 
 # ---------------------------------------------------------------- RotaryEmbedding (opset 23)
 

@@ -65,8 +65,9 @@ func bcastRows(as, bs, out tensor.Shape, row func(o, ia, ib, sa, sb, n int)) err
 	return nil
 }
 
-// binaryApply computes out[i] = f(a[ia], b[ib]) over a broadcast.
-func binaryApply[T, R any](a []T, as tensor.Shape, b []T, bs tensor.Shape, out []R, os tensor.Shape, f func(x, y T) R) error {
+// binaryApply computes out[i] = f(a[ia], b[ib]) over a broadcast (the
+// operands may differ in type: Pow of a float base and an integer exponent).
+func binaryApply[T, U, R any](a []T, as tensor.Shape, b []U, bs tensor.Shape, out []R, os tensor.Shape, f func(x T, y U) R) error {
 	return bcastRows(as, bs, os, func(o, ia, ib, sa, sb, n int) {
 		dst := out[o : o+n]
 		switch {

@@ -82,6 +82,9 @@ func newBinary(name string) Factory {
 			if name == "Pow" && a.DType().IsInt() && b.DType().IsFloat() {
 				return powIntFloat(a, b, out)
 			}
+			if name == "Pow" && a.DType().IsFloat() && b.DType().IsInt() {
+				return powFloatInt(ctx, a, b, out)
+			}
 			if k != 0 && a.DType() == tensor.Float32 && b.DType() == tensor.Float32 {
 				return binaryF32(k, a.Float32(), a.Shape(), b.Float32(), b.Shape(), out.Float32(), out.Shape())
 			}
@@ -156,6 +159,40 @@ func powIntFloat(a, b, out *tensor.Tensor) error {
 		return err
 	}
 	return storeInt64(out, res)
+}
+
+// powFloatInt is Pow with a float base and an integer exponent, computed in
+// float64 with the exponent read exactly: converted to float32 with the
+// base, an odd exponent above 2^24 rounded to an even one and lost the sign
+// of a negative base. Beyond 2^53, where float64 has no odd integers either,
+// the parity comes from the integer.
+func powFloatInt(ctx *Context, a, b, out *tensor.Tensor) error {
+	x, err := reduceSource(ctx, a)
+	if err != nil {
+		return err
+	}
+	y, err := int64OrBoolValues(b)
+	if err != nil {
+		return err
+	}
+	res := ctx.Float64s(out.Len())
+	if err := binaryApply(x, a.Shape(), y, b.Shape(), res, out.Shape(), powInt); err != nil {
+		return err
+	}
+	return storeFloat64(out, res)
+}
+
+// powInt is x**e for an integer exponent, the sign of a negative base taken
+// from e's parity.
+func powInt(x float64, e int64) float64 {
+	if e >= -1<<53 && e <= 1<<53 {
+		return math.Pow(x, float64(e))
+	}
+	r := math.Pow(math.Abs(x), float64(e))
+	if x < 0 && e&1 != 0 {
+		r = -r
+	}
+	return r
 }
 
 // storeInt64 writes int64 values into an integer tensor, wrapping like C.

@@ -86,14 +86,26 @@ func newGemm(n *Node) (Kernel, error) {
 			}
 			bt = beta
 		}
+		prod, pa, pbeta := y, alpha, bt
+		if alpha == 0 {
+			// BLAS skips A*B when alpha is 0; ONNX's formula does not: a
+			// NaN or an infinity in A or B makes 0 * (A*B) NaN. The
+			// product goes to scratch and only that reaches y.
+			prod, pa, pbeta = ctx.Float32s(len(y)), 1, 0
+		}
 		if pb := pack.get(b); pb != nil && gemm.PackedServes(m) {
-			err = gemm.SgemmPacked(ctx.Threads(), transA, m, alpha, af, max(a.Shape()[1], 1), pb, bt, y, max(nn, 1))
+			err = gemm.SgemmPacked(ctx.Threads(), transA, m, pa, af, max(a.Shape()[1], 1), pb, pbeta, prod, max(nn, 1))
 		} else {
-			err = bm.mul(ctx.Threads(), transA, transB, m, nn, k, alpha,
-				af, max(a.Shape()[1], 1), 0, max(b.Shape()[1], 1), bt, y, max(nn, 1))
+			err = bm.mul(ctx.Threads(), transA, transB, m, nn, k, pa,
+				af, max(a.Shape()[1], 1), 0, max(b.Shape()[1], 1), pbeta, prod, max(nn, 1))
 		}
 		if err != nil {
 			return fmt.Errorf("Gemm: %w", err)
+		}
+		if alpha == 0 { // y holds C (broadcast) or zeros
+			for i, v := range prod {
+				y[i] = bt*y[i] + 0*v
+			}
 		}
 		return storeF32Result(out, y)
 	}), nil

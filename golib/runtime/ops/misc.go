@@ -57,7 +57,11 @@ func newClip(n *Node) (Kernel, error) {
 			}
 			return storeInt64(out, v)
 		}
-		lo, hi := math.Inf(-1), math.Inf(1)
+		// An absent bound is the type's lowest / largest finite value, as
+		// the spec says (numeric_limits::lowest() and max()) and onnxruntime
+		// does: infinities are clamped to them.
+		top := maxFinite(x.DType())
+		lo, hi := -top, top
 		for i, p := range []*float64{&lo, &hi} {
 			if bounds[i] == nil {
 				continue
@@ -79,6 +83,19 @@ func newClip(n *Node) (Kernel, error) {
 		}
 		return storeFloat64(out, v)
 	}), nil
+}
+
+// maxFinite is the largest finite value of a floating-point type.
+func maxFinite(dt tensor.DType) float64 {
+	switch dt {
+	case tensor.Float16:
+		return 65504
+	case tensor.BFloat16:
+		return 0x1.fep127 // 3.3895314e38
+	case tensor.Float64:
+		return math.MaxFloat64
+	}
+	return math.MaxFloat32
 }
 
 func scalarFloat64(t *tensor.Tensor) (float64, error) {

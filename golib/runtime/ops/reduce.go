@@ -3,6 +3,7 @@ package ops
 import (
 	"fmt"
 	"math"
+	"math/bits"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
@@ -107,8 +108,8 @@ func reduceCompute(ctx *Context, x *tensor.Tensor, axes []int64, keep bool, kind
 	if err != nil {
 		return err
 	}
-	if !x.DType().IsFloat() && kind == reduceMean {
-		return fmt.Errorf("%w: ReduceMean of %v", errs.ErrNotImplemented, x.DType())
+	if isBool && kind == reduceMean {
+		return fmt.Errorf("%w: ReduceMean of bool", errs.ErrType)
 	}
 	if reduceTrailingF32(x, red, out, kind) {
 		return nil
@@ -184,8 +185,47 @@ func reduceInt(ctx *Context, x *tensor.Tensor, keepShape tensor.Shape, out *tens
 	if err := tensor.BroadcastIndex(keepShape, x.Shape(), idx); err != nil {
 		return err
 	}
-	accumulate(acc, src, idx, kind)
+	if kind == reduceMean {
+		meanInt(acc, src, idx)
+	} else {
+		accumulate(acc, src, idx, kind)
+	}
 	return storeInt64(out, acc)
+}
+
+// meanInt writes into each acc[o] the mean of the src[i] with idx[i] == o,
+// truncated toward zero as onnxruntime's integer ReduceMean does (0 over an
+// empty set). The sums are kept in 128 bits, so they cannot overflow, and
+// the mean of int64 values always fits int64.
+func meanInt(acc, src []int64, idx []int) {
+	hi := make([]int64, len(acc))
+	lo := make([]uint64, len(acc))
+	cnt := make([]uint64, len(acc))
+	for i, v := range src {
+		o := idx[i]
+		var carry uint64
+		lo[o], carry = bits.Add64(lo[o], uint64(v), 0)
+		hi[o] += v>>63 + int64(carry) // v's sign extension and the carry
+		cnt[o]++
+	}
+	for o := range acc {
+		if cnt[o] == 0 {
+			acc[o] = 0
+			continue
+		}
+		h, l, neg := uint64(hi[o]), lo[o], hi[o] < 0
+		if neg { // the magnitude: two's complement negation of the 128 bits
+			var borrow uint64
+			l, borrow = bits.Sub64(0, l, 0)
+			h, _ = bits.Sub64(0, h, borrow)
+		}
+		q, _ := bits.Div64(h, l, cnt[o]) // h < cnt: |sum| <= cnt * 2^63
+		if neg {
+			acc[o] = -int64(q)
+		} else {
+			acc[o] = int64(q)
+		}
+	}
 }
 
 // accumulate folds each src[i] into acc[idx[i]]: the largest or smallest

@@ -168,8 +168,47 @@ func newFastGelu(n *Node) (Kernel, error) {
 	op := unaryOp{f32: geluTanh, f64: func(x float64) float64 { return float64(geluTanh(float32(x))) }}
 	return KernelFunc(func(ctx *Context) error {
 		if b := ctx.Input(1); b != nil {
-			return fmt.Errorf("%w: FastGelu with a bias input", errs.ErrNotImplemented)
+			return fastGeluBias(ctx, b)
 		}
 		return unaryComputeBulk(ctx, "FastGelu", op, mha.GeluTanh)
 	}), nil
+}
+
+// fastGeluBias is FastGelu with its bias input: the tanh GELU of x + bias,
+// bias 1-D over x's last dimension, computed in float32.
+func fastGeluBias(ctx *Context, b *tensor.Tensor) error {
+	x, err := ctx.RequireInput(0)
+	if err != nil {
+		return err
+	}
+	if b.DType() != x.DType() || !x.DType().IsFloat() || x.DType() == tensor.Float64 {
+		return fmt.Errorf("%w: FastGelu takes float32, float16 or bfloat16 x and a bias of its type, got %v and %v",
+			errs.ErrType, x.DType(), b.DType())
+	}
+	sh := x.Shape()
+	if b.Rank() != 1 || x.Rank() == 0 || b.Shape()[0] != sh[len(sh)-1] {
+		return fmt.Errorf("%w: FastGelu bias %v must be 1-D of x's last dimension (x %v)", errs.ErrShape, b.Shape(), sh)
+	}
+	xf, err := ctx.AsFloat32(x)
+	if err != nil {
+		return err
+	}
+	bf, err := ctx.AsFloat32(b)
+	if err != nil {
+		return err
+	}
+	out, err := ctx.NewOutputUninit(0, x.DType(), sh)
+	if err != nil {
+		return err
+	}
+	dst := f32Result(ctx, out)
+	if n := len(bf); n > 0 {
+		for i := 0; i < len(xf); i += n {
+			for j, v := range bf {
+				dst[i+j] = xf[i+j] + v
+			}
+		}
+	}
+	mha.GeluTanh(dst, dst)
+	return storeF32Result(out, dst)
 }
