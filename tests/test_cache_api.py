@@ -216,8 +216,12 @@ def test_attention_takes_long_queries(kernel, lq) -> None:
     K, V = cache.export(dtype="float32")
     q = rng.standard_normal((B, hq, lq, d)).astype(np.float32)
     for kw in ({}, {"window": 7, "softcap": 3.0}):
+        want = ref_attention(q, K, V, [80, 70], **kw)
         got = olkv.attention(q, cache, kernel=kernel, **kw)
-        np.testing.assert_allclose(got, ref_attention(q, K, V, [80, 70], **kw), atol=2e-5, rtol=1e-4)
+        np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
+        inplace = q.copy()  # out=q: every tile reads its query rows before its output replaces them
+        assert olkv.attention(inplace, cache, kernel=kernel, out=inplace, **kw) is inplace
+        np.testing.assert_array_equal(inplace, got)
 
 
 def test_attention_respects_evicted_window() -> None:
