@@ -12,8 +12,15 @@ This module keeps that uniform:
 * :func:`blocked` -- alternating blocks (pause, settling call, A A A A; pause, settling call,
   B B B B; ...): use it for side-by-side ratios of multi-threaded runtimes, whose worker
   threads keep spinning after a call and would take the cores of whoever runs next.
-* :func:`write_json` -- ``benchmarks/results/<name>-<UTC timestamp>.json``; returns the path.
-* :func:`format_table` -- a fixed-width text table from a list of row dicts.
+* :func:`write_json` -- ``benchmarks/results/<name>-<UTC timestamp>.json`` (or ``--results-dir``);
+  returns the path. Strict JSON: NaN and infinities are written as ``null`` (:func:`json_safe`).
+* :func:`format_table` -- a fixed-width text table from a list of row dicts (NaN shows as ``n/a``).
+* argparse ``type=`` checks, so a bad value is argparse's usage error (exit status 2), never a
+  traceback or a table of NaN: :func:`positive_int` (>= 1), :func:`nonneg_int` (>= 0),
+  :func:`int_range` (any bounds, e.g. ``int_range(2)`` for blocks), :func:`threads_arg`
+  (1..1024), :func:`positive_float` (finite, > 0), :func:`heads` (``Q/KV`` -> ``(q, kv)``,
+  Q a multiple of KV), :func:`regex` (a valid regular expression); :func:`add_results_dir`
+  adds the ``--results-dir`` option every benchmark has.
 * :func:`plot_series` -- latency-style line plot with a p10..p90 band, PNG (matplotlib, Agg).
 * :func:`speedup` -- the one ratio every benchmark reports (:data:`SPEEDUP`).
 * :func:`progress` -- a tqdm progress bar over the cases when tqdm is installed.
@@ -31,10 +38,13 @@ Only the standard library and numpy are needed at import; matplotlib loads insid
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
+import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -46,6 +56,107 @@ RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"
 #: CPU flags that matter for the kernels; the full list is recorded as well.
 KEY_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
              "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16")
+
+
+# ---------------------------------------------------------------- argument checks
+#
+# argparse ``type=`` functions: a bad value raises ``argparse.ArgumentTypeError``, which argparse
+# reports as ``error: argument --x: <message>`` after the usage line, with exit status 2.
+
+#: Largest thread count the library accepts (``set_threads``, ``read_bandwidth``, sessions).
+MAX_THREADS = 1024
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(str(text).strip(), 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def int_range(lo: Optional[int] = None, hi: Optional[int] = None, what: str = "an integer") -> Callable[[str], int]:
+    """An argparse ``type=``: an integer in ``lo..hi`` (either bound may be None: open)."""
+    if lo is not None and hi is not None:
+        want = f"{what} in {lo}..{hi}"
+    elif lo is not None:
+        want = f"{what} >= {lo}"
+    elif hi is not None:
+        want = f"{what} <= {hi}"
+    else:
+        want = what
+
+    def parse(text: str) -> int:
+        v = _integer(text)
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"must be {want}, got {v}")
+        return v
+
+    parse.__name__ = f"int_range({lo}, {hi})"
+    return parse
+
+
+_positive = int_range(1)
+_nonneg = int_range(0)
+_threads = int_range(1, MAX_THREADS, "a thread count")
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type=``: an integer >= 1 (counts, sizes, repetitions)."""
+    return _positive(text)
+
+
+def nonneg_int(text: str) -> int:
+    """An argparse ``type=``: an integer >= 0 (warm-up calls, residual windows)."""
+    return _nonneg(text)
+
+
+def threads_arg(text: str) -> int:
+    """An argparse ``type=``: a thread count, 1..:data:`MAX_THREADS`."""
+    return _threads(text)
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type=``: a finite number > 0 (sizes in GiB or MiB)."""
+    try:
+        v = float(str(text).strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return v
+
+
+def heads(text: str) -> Tuple[int, int]:
+    """An argparse ``type=``: ``"Q/KV"`` query and key/value heads -> ``(q, kv)``; both >= 1 and
+    Q a multiple of KV (each KV head serves a whole group of query heads)."""
+    q_s, sep, kv_s = str(text).partition("/")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected Q/KV heads such as 32/8, got {text!r}")
+    try:
+        q, kv = int(q_s.strip(), 10), int(kv_s.strip(), 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected Q/KV heads such as 32/8 (two integers), got {text!r}") from None
+    if kv < 1 or q < 1:
+        raise argparse.ArgumentTypeError(f"Q and KV heads must be >= 1, got {text!r}")
+    if q % kv:
+        raise argparse.ArgumentTypeError(f"query heads must be a multiple of the KV heads, got {text!r}")
+    return q, kv
+
+
+def regex(text: str) -> str:
+    """An argparse ``type=``: a valid regular expression (returned as given)."""
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"invalid regular expression {text!r}: {e}") from None
+    return text
+
+
+def add_results_dir(parser: argparse.ArgumentParser) -> None:
+    """The ``--results-dir`` option (default :data:`RESULTS_DIR`): where the JSON (and PNG) go;
+    pass ``args.results_dir`` to :func:`write_json`."""
+    parser.add_argument("--results-dir", default=RESULTS_DIR,
+                        help="where the JSON (and plot) go (default: benchmarks/results)")
 
 
 def _run(cmd: Sequence[str]) -> str:
@@ -99,9 +210,12 @@ def kernel_paths() -> Dict[str, Any]:
             "gemm": info.get("gemm_kernel"), "tuning": info.get("kernel_tuning")}
 
 
-def kernel_runs(requested: Sequence[str]) -> List[Tuple[str, str]]:
+def kernel_runs(requested: Sequence[str], required: bool = False) -> List[Tuple[str, str]]:
     """``(requested name, path that runs)`` for each name of ``--kernel`` the CPU and build have
-    ("auto" resolves to the best available path); unavailable ones are reported and left out."""
+    ("auto" resolves to the best available path); unavailable ones are reported and left out.
+
+    ``required``: when none of them is available, say so on stderr and exit with status 2
+    (a benchmark asked for kernel paths must not pass with none of them measured)."""
     paths = kernel_paths()
     avail = paths.get("available", [])
     out: List[Tuple[str, str]] = []
@@ -112,6 +226,10 @@ def kernel_runs(requested: Sequence[str]) -> List[Tuple[str, str]]:
             continue
         if all(r != run for _, r in out):
             out.append((name, run))
+    if required and not out:
+        print(f"error: none of the requested kernel paths ({', '.join(requested)}) is available on this "
+              f"CPU/build (available: {', '.join(avail) or 'none'})", file=sys.stderr)
+        raise SystemExit(2)
     return out
 
 
@@ -282,39 +400,60 @@ def write_json(name: str, payload: Mapping[str, Any], results_dir: str = RESULTS
     args = payload.get("args")
     if isinstance(args, Mapping) and "results_dir" in args:
         payload = {**payload, "args": {k: v for k, v in args.items() if k != "results_dir"}}
+    text = json.dumps(json_safe(payload), indent=1, default=_jsonable, allow_nan=False)
     os.makedirs(results_dir, exist_ok=True)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = os.path.join(results_dir, f"{name}-{stamp}.json")
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(payload, f, indent=1, default=_jsonable)
-        f.write("\n")
+        f.write(text + "\n")
     os.replace(tmp, path)
     return path
 
 
-def _jsonable(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every NaN or infinity (Python or numpy float, at any depth of dicts, lists,
+    tuples and arrays) replaced by None, numpy scalars and arrays as Python values: strict JSON
+    has no NaN (``json.dump`` would write a bare ``NaN`` that strict parsers reject)."""
+    if isinstance(obj, (float, np.floating)):
+        v = float(obj)
+        return v if math.isfinite(v) else None
     if isinstance(obj, np.generic):
-        return obj.item()
+        return json_safe(obj.item())
     if isinstance(obj, np.ndarray):
-        return obj.tolist()
+        return json_safe(obj.tolist())
+    if isinstance(obj, Mapping):
+        return {(k.item() if isinstance(k, np.generic) else k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, (np.generic, np.ndarray)):
+        return json_safe(obj)
     return str(obj)
 
 
-def format_table(rows: Sequence[Mapping[str, Any]], columns: Optional[Sequence[str]] = None, floatfmt: str = "{:.3f}") -> str:
-    """Fixed-width table; floats through ``floatfmt``; columns default to the first row's keys."""
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Optional[Sequence[str]] = None, floatfmt: str = "{:.3f}",
+                 labels: Optional[Mapping[str, str]] = None, min_width: int = 0) -> str:
+    """Fixed-width table; floats through ``floatfmt`` (NaN, a figure not measured: ``n/a``);
+    columns default to the first row's keys; ``labels`` gives a column a heading other than its
+    key (a unit, say, without changing the rows' keys in the JSON); every column is at least
+    ``min_width`` wide (so rows printed one at a time line up under one header)."""
     if not rows:
         return "(no rows)"
     cols = list(columns or rows[0].keys())
 
     def cell(v: Any) -> str:
-        if isinstance(v, float):
-            return floatfmt.format(v)
+        if isinstance(v, (float, np.floating)):
+            return floatfmt.format(v) if not math.isnan(v) else "n/a"
         return str(v)
 
     cells = [[cell(r.get(c, "")) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    line = "  ".join(c.rjust(w) for c, w in zip(cols, widths))
+    heads = [(labels or {}).get(c, c) for c in cols]
+    widths = [max(len(h), min_width, *(len(row[i]) for row in cells)) for i, h in enumerate(heads)]
+    line = "  ".join(h.rjust(w) for h, w in zip(heads, widths))
     sep = "  ".join("-" * w for w in widths)
     body = ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
     return "\n".join([line, sep, *body])

@@ -347,25 +347,45 @@ def _printed(row: Dict[str, Any]) -> List[str]:
     return [k for k in row if " " not in k or k.endswith(keep) or k in ("read GB/s", "target")]
 
 
-def main() -> None:
+#: Printed under the tables: what the columns are (the JSON's rows carry the same keys).
+LEGEND = ("times: median ms per call (decode: one step, one new token per sequence; prefill: the whole prompt). "
+          "'A vs B': speed-up of A over B (B's time / A's time, > 1: A is faster).\n"
+          "read GB/s: the streaming-read probe of the case. '<cache> frac': the cache path's bytes per step "
+          "(weights + K/V of the context) / step time, as a fraction of that probe (target "
+          f"{BANDWIDTH_TARGET:g} from 4k on).\n"
+          "'<cache> tensor bound': the speed-up over our tensor path the bytes alone allow ((weights + 3 K/V) / "
+          "(weights + K/V)). target: the issue's speed-up target over onnxruntime's GQA and genai at this context.")
+#: Columns of a row that are not times (the others are sides' median ms).
+NOT_TIMES = ("threads", "batch", "context", "target")
+
+
+def _table(rows: List[Dict[str, Any]], columns: List[str]) -> str:
+    """The printed table: ``columns`` of ``rows``, each side's time headed ``<side> ms``."""
+    return _common.format_table(rows, columns=columns,
+                                labels={c: f"{c} ms" for c in columns if " " not in c and c not in NOT_TIMES})
+
+
+def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small model, short contexts (under a minute)")
     ap.add_argument("--mode", choices=["decode", "prefill"], default="decode")
-    ap.add_argument("--contexts", type=int, nargs="+", default=None)
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--batches", type=int, nargs="+", default=[1], help="sequences per step (decode mode)")
+    ap.add_argument("--contexts", type=_common.positive_int, nargs="+", default=None)
+    ap.add_argument("--threads", type=_common.threads_arg, nargs="+", default=[1, 2])
+    ap.add_argument("--batches", type=_common.positive_int, nargs="+", default=[1], help="sequences per step (decode mode)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float16"], help="the model's type")
     ap.add_argument("--cache-dtype", nargs="+", default=None, choices=["float32", "float16", "bfloat16"],
                     help="our cache path's storage types, timed side by side (default: the model's)")
-    ap.add_argument("--repeat", type=int, default=None)
-    ap.add_argument("--block", type=int, default=5)
+    ap.add_argument("--repeat", type=_common.positive_int, default=None, help="timed calls per side (default 20, quick 8)")
+    ap.add_argument("--block", type=_common.int_range(2), default=5,
+                    help="calls per block, >= 2 (the first one settles and is not timed)")
     ap.add_argument("--no-ort", action="store_true", help="our paths only")
     ap.add_argument("--no-genai", action="store_true", help="skip onnxruntime-genai")
-    ap.add_argument("--genai-max-tokens", type=int, default=4096,
+    ap.add_argument("--genai-max-tokens", type=_common.nonneg_int, default=4096,
                     help="largest batch x context genai is run at (its prefill is not cheap)")
-    ap.add_argument("--max-gib", type=float, default=8.0, help="buffers a case may hold (GiB)")
-    ap.add_argument("--layers", type=int, default=None, help="layers of the default model (8)")
-    args = ap.parse_args()
+    ap.add_argument("--max-gib", type=_common.positive_float, default=8.0, help="buffers a case may hold (GiB)")
+    ap.add_argument("--layers", type=_common.positive_int, default=None, help="layers of the default model (8)")
+    _common.add_results_dir(ap)
+    args = ap.parse_args(argv)
     if args.contexts is None:
         args.contexts = [128, 512] if args.quick else [256, 1024, 4096, 16384]
     if args.repeat is None:
@@ -400,7 +420,7 @@ def main() -> None:
                     r = prefill_case(M, cfg, model, threads, context, args, rng)
                     r["row"]["read GB/s"] = bandwidth[threads]
                     results.append(r)
-                    print(_common.format_table([r["row"]]), flush=True)
+                    print(_table([r["row"]], list(r["row"])), flush=True)
                 continue
             sessions: Dict[str, Any] = {"ours": olkv.InferenceSession(mb, threads=threads)}
             if not args.no_ort:
@@ -417,7 +437,7 @@ def main() -> None:
                 for context in sorted(args.contexts, reverse=True):
                     r = decode_case(M, cfg, model, sessions, threads, batch, context, args, rng)
                     results.append(r)
-                    print(_common.format_table([r["row"]], columns=_printed(r["row"])), flush=True)
+                    print(_table([r["row"]], _printed(r["row"])), flush=True)
                     if r["skipped"]:
                         print(f"  skipped: {r['skipped']}", flush=True)
                     gc.collect()
@@ -432,7 +452,8 @@ def main() -> None:
     cols: List[str] = []
     for r in rows:
         cols += [c for c in _printed(r) if c not in cols]
-    print(_common.format_table(rows, columns=cols))
+    print(_table(rows, cols))
+    print(LEGEND)
     print(_common.SPEEDUP)
     path = _common.write_json(f"cache-path-{args.mode}", {
         "env": _common.environment(threads=args.threads, extra={"mode": args.mode, "genai": genai}),
@@ -440,7 +461,7 @@ def main() -> None:
         "model": {"layers": cfg.layers, "hidden": cfg.hidden, "q_heads": cfg.q_heads, "kv_heads": cfg.kv_heads,
                   "head_dim": cfg.head_dim, "vocab": cfg.vocab, "dtype": cfg.dtype, "weight_bytes": weight_bytes(model)},
         "targets": {"speedup_by_context": TARGETS, "bandwidth_fraction": BANDWIDTH_TARGET},
-        "read_bandwidth_gbs": bandwidth, "rows": rows, "cases": results})
+        "read_bandwidth_gbs": bandwidth, "rows": rows, "cases": results}, args.results_dir)
     print(f"wrote {path}")
 
 

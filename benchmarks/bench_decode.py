@@ -508,14 +508,15 @@ class CacheVariant:
 
 def quant_variants(groups: List[int], k_axis: str, qdtype: str, names: Optional[List[str]] = None) -> List[CacheVariant]:
     """The ``--quant`` caches: fp32, fp16, bf16, then int8 and int4 with residual 0 and 128
-    (native type ``qdtype``) for each quantization group of ``groups``, or those of ``names``."""
+    (native type ``qdtype``) for each quantization group of ``groups``, or those of ``names``
+    (ValueError naming the known ones when one is unknown)."""
     vs = [CacheVariant("float32"), CacheVariant("float16"), CacheVariant("bfloat16")]
     vs += [CacheVariant(qdtype, q, r, g, k_axis) for g in groups for q in ("int8", "int4") for r in (0, 128)]
     if names:
         known = {v.name: v for v in vs}
         missing = [n for n in names if n not in known]
         if missing:
-            raise SystemExit(f"unknown --variants {missing}; known: {list(known)}")
+            raise ValueError(f"unknown variants {missing}; known: {list(known)}")
         vs = [known[n] for n in names]
     return vs
 
@@ -699,9 +700,9 @@ def quant_target_lines(rows: List[Dict[str, Any]]) -> List[str]:
 def main_quant(args: argparse.Namespace, kernels: List[tuple], bw: Dict[int, Dict[str, Any]], llc: int) -> int:
     """``--quant``: our fp32/fp16/bf16 caches and the int8/int4 ones side by side with
     onnxruntime's int8/int4 GroupQueryAttention; table, target check, JSON (and PNG)."""
-    heads = [tuple(int(x) for x in h.split("/")) for h in (args.heads or ["32/8"])]
+    heads = list(args.heads or [(32, 8)])
     variants = quant_variants(args.quant_group, args.k_axis, args.quant_dtype, args.variants)
-    repeat = args.repeat or (10 if args.quick else 30)
+    repeat = args.repeat if args.repeat is not None else (10 if args.quick else 30)
     rng = np.random.default_rng(0)
     results, rows = [], []
     for c in _common.progress(quant_grid(args.quick, args.target, args.contexts, args.threads, args.batches,
@@ -770,23 +771,26 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fp32 GQA 32/8 d128 batch 1, contexts 256..16k")
     ap.add_argument("--target", action="store_true",
                     help="only the target: fp32 GQA 32/8 d128, batch 1 and 4, contexts 1k..32k")
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--contexts", type=int, nargs="+", default=None)
-    ap.add_argument("--repeat", type=int, default=None, help="timed samples per side (default 40, quick 25)")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--max-gib", type=float, default=2.0,
+    ap.add_argument("--threads", type=_common.threads_arg, nargs="+", default=[1, 2])
+    ap.add_argument("--contexts", type=_common.positive_int, nargs="+", default=None)
+    ap.add_argument("--repeat", type=_common.positive_int, default=None,
+                    help="timed samples per side (default 40, quick 25; --quant 30, quick 10)")
+    ap.add_argument("--warmup", type=_common.nonneg_int, default=3)
+    ap.add_argument("--max-gib", type=_common.positive_float, default=2.0,
                     help="skip cases whose K+V exceed this many GiB per side (RAM guard)")
     ap.add_argument("--kernel", nargs="+", default=["auto"], choices=_common.KERNEL_CHOICES,
                     help="attention kernel paths to run side by side (default: auto, the best one)")
     ap.add_argument("--dtypes", nargs="+", choices=["float32", "float16", "bfloat16"], default=None,
                     help="with --heads/--head-dims/--batches: replace the preset grid by the cross product")
-    ap.add_argument("--heads", nargs="+", default=None, help="q_heads/kv_heads pairs, e.g. 32/8 32/32")
-    ap.add_argument("--head-dims", type=int, nargs="+", default=None)
-    ap.add_argument("--batches", type=int, nargs="+", default=None)
+    ap.add_argument("--heads", type=_common.heads, nargs="+", default=None,
+                    help="q_heads/kv_heads pairs, e.g. 32/8 32/32 (q a multiple of kv)")
+    ap.add_argument("--head-dims", type=_common.positive_int, nargs="+", default=None)
+    ap.add_argument("--batches", type=_common.positive_int, nargs="+", default=None)
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--layout", nargs="+", choices=["contiguous", "paged"], default=["contiguous"],
                     help="cache layouts to time side by side (contiguous is always the reference)")
-    ap.add_argument("--block-size", type=int, default=None, help="paged layout block size (default: the library's)")
+    ap.add_argument("--block-size", type=_common.positive_int, default=None,
+                    help="paged layout block size, one of the library's (16 32 64 128 256; default: the library's)")
     ap.add_argument("--quant", action="store_true",
                     help="quantized caches: fp32/fp16/bf16 vs int8/int4 (residual 0 and 128) and onnxruntime's "
                          "int8/int4 GroupQueryAttention (--quick: 1k/4k batch 1; --target: 16k/32k)")
@@ -800,33 +804,40 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="--quant: native type of the quantized caches' residual window")
     ap.add_argument("--ort-quant-kind", choices=["PER_CHANNEL", "PER_TENSOR"], default="PER_CHANNEL",
                     help="--quant: onnxruntime's static scale kind (k_quant_type / v_quant_type)")
-    ap.add_argument("--llc-mib", type=float, default=None,
+    ap.add_argument("--llc-mib", type=_common.positive_float, default=None,
                     help="the last-level cache size the 'beyond the LLC' rows are judged against (default: the "
                          "L3 the OS reports; a virtual machine may report the host socket's whole L3, far more "
                          "than its cores get: measure the knee with read_bandwidth(mib) and pass it here)")
-    ap.add_argument("--results-dir", default=_common.RESULTS_DIR, help="where the JSON and PNG go")
+    _common.add_results_dir(ap)
     args = ap.parse_args(argv)
-    if args.llc_mib is not None and not args.llc_mib > 0:
-        ap.error("--llc-mib must be a positive number of MiB")
+    if args.block_size is not None:
+        try:
+            from onnx_light_kv.cache import BLOCK_SIZES
+        except Exception:  # the package's own check then reports it
+            BLOCK_SIZES = (args.block_size,)
+        if args.block_size not in BLOCK_SIZES:
+            ap.error(f"argument --block-size: must be one of {' '.join(map(str, BLOCK_SIZES))}, got {args.block_size}")
+    if args.quant and args.variants:
+        try:
+            quant_variants(args.quant_group, args.k_axis, args.quant_dtype, args.variants)
+        except ValueError as e:
+            ap.error(f"argument --variants: {e}")
     custom = None
     if (args.dtypes or args.heads or args.head_dims or args.batches) and not args.quant:
-        heads = [tuple(int(x) for x in h.split("/")) for h in (args.heads or ["32/8"])]
+        heads = list(args.heads or [(32, 8)])
         custom = [(dt, b, hq, hkv, d) for dt in (args.dtypes or ["float32"]) for hq, hkv in heads
                   for d in (args.head_dims or [128]) for b in (args.batches or [1])]
 
     import onnx_light_kv as olkv
 
-    repeat = args.repeat or (25 if args.quick else 40)
+    repeat = args.repeat if args.repeat is not None else (25 if args.quick else 40)
     build = olkv.build_info()
     llc_os = int(build.get("cache_bytes", {}).get("l3", 32 << 20) or (32 << 20))
     llc = int(args.llc_mib * 2 ** 20) if args.llc_mib else llc_os
     bw = {t: read_bandwidth(t) for t in sorted(set(args.threads))}
     for t, b in bw.items():
         print(f"streaming read, {t} thread(s): {b['gbps']:.1f} GB/s ({b['method']})")
-    kernels = _common.kernel_runs(args.kernel)
-    if not kernels:
-        print("none of the kernel paths asked for is available")
-        return 2
+    kernels = _common.kernel_runs(args.kernel, required=True)  # exit status 2 when none is available
     print(_common.isa_line())
     print(f"kernel paths run: {', '.join(p for _, p in kernels)}  LLC: {llc / 2**20:.0f} MiB"
           + (f" (--llc-mib; the OS reports {llc_os / 2**20:.0f} MiB)" if llc != llc_os else "")

@@ -16,7 +16,9 @@ means we are faster).
 The Python overhead is measured on the cache path: a proxy session times every ``run`` call;
 overhead = 1 - (time inside run) / (decode time).
 
-Output: a table, and raw figures + environment in ``benchmarks/results/generate-<stamp>.json``.
+Output: a table, and raw figures + environment in ``benchmarks/results/generate-<stamp>.json``
+(``--results-dir`` elsewhere). The genai columns are ``n/a`` in the table and ``null`` in the JSON
+when onnxruntime-genai is not installed.
 Run: ``python benchmarks/bench_generate.py --quick`` (seconds) or without ``--quick`` (the issue's
 grid: prompts 128 / 1024 / 4096, 128 new tokens, 4 layers hidden 1024; minutes).
 """
@@ -29,7 +31,7 @@ import os
 import tempfile
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -104,16 +106,27 @@ class _TimedSession:
         return out
 
 
-def main() -> int:
+#: (max_positions, new tokens) of the model of ``--quick`` and of the full grid.
+QUICK_POSITIONS, QUICK_NEW = 1024, 32
+FULL_POSITIONS, FULL_NEW = 4096 + 160, 128
+
+
+def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--threads", type=_common.threads_arg, nargs="+", default=[1, 2])
+    ap.add_argument("--repeat", type=_common.positive_int, default=2, help="generations per side and case")
     ap.add_argument("--cases", nargs="+", choices=["greedy", "beams", "draft"], default=["greedy", "beams", "draft"],
                     help="which kinds of case to run")
-    ap.add_argument("--beam-prompts", type=int, nargs="+", default=None,
-                    help="prompt lengths of the 4-beam cases (default 1024; --quick 256)")
-    args = ap.parse_args()
+    ap.add_argument("--beam-prompts", type=_common.positive_int, nargs="+", default=None,
+                    help=f"prompt lengths of the 4-beam cases (default 1024; --quick 256; at most "
+                         f"{FULL_POSITIONS - FULL_NEW}, --quick {QUICK_POSITIONS - QUICK_NEW})")
+    _common.add_results_dir(ap)
+    args = ap.parse_args(argv)
+    positions, new = (QUICK_POSITIONS, QUICK_NEW) if args.quick else (FULL_POSITIONS, FULL_NEW)
+    if args.beam_prompts and max(args.beam_prompts) + new > positions:
+        ap.error(f"argument --beam-prompts: {max(args.beam_prompts)} tokens + {new} new ones exceed the model's "
+                 f"{positions} positions{' (--quick)' if args.quick else ''}")
 
     import onnxruntime as ort
 
@@ -122,12 +135,12 @@ def main() -> int:
 
     if args.quick:
         cfg = models.DecoderConfig(layers=2, hidden=256, q_heads=8, kv_heads=4, head_dim=32, vocab=4096,
-                                   max_positions=1024)
-        prompts, new, beam_prompt = [64, 512], 32, 256
+                                   max_positions=QUICK_POSITIONS)
+        prompts, new, beam_prompt = [64, 512], QUICK_NEW, 256
     else:
         cfg = models.DecoderConfig(layers=4, hidden=1024, q_heads=16, kv_heads=8, head_dim=64, vocab=32000,
-                                   max_positions=4096 + 160)
-        prompts, new, beam_prompt = [128, 1024, 4096], 128, 1024
+                                   max_positions=FULL_POSITIONS)
+        prompts, new, beam_prompt = [128, 1024, 4096], FULL_NEW, 1024
     data = models.model_bytes(models.build("llama", cfg))
     draft = models.model_bytes(models.build("llama", cfg.replace(layers=1, seed=1)))
     try:
@@ -209,7 +222,7 @@ def main() -> int:
     print(f"speedup state/tensor: vs onnxruntime; {_common.SPEEDUP}")
     path = _common.write_json("generate", {"environment": _common.environment(extra={"genai": genai}),
                                            "config": vars(cfg) if hasattr(cfg, "__dict__") else str(cfg),
-                                           "new_tokens": new, "rows": rows, "raw": raw})
+                                           "new_tokens": new, "rows": rows, "raw": raw}, args.results_dir)
     print(f"\nraw: {path}")
     return 0
 

@@ -8,7 +8,8 @@ the prompt case writes ``context`` tokens into an empty buffer. Sides alternate 
 pause (``_common.blocked``), with the same thread count.
 
 Outputs: a printed table (median ms, ``speedup`` = onnxruntime time / ours: > 1 means we are
-faster) and raw samples plus the environment in ``benchmarks/results/gqa-op-<UTC>.json``.
+faster) and raw samples plus the environment in ``benchmarks/results/gqa-op-<UTC>.json``
+(``--results-dir`` elsewhere).
 
 Usage::
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import onnx
@@ -62,11 +63,12 @@ def feeds_for(phase: str, ctx: int, max_len: int, heads: int, kv_heads: int, hea
     return f
 
 
-def main() -> None:
+def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--repeat", type=int, default=40)
-    args = ap.parse_args()
+    ap.add_argument("--repeat", type=_common.positive_int, default=40, help="timed calls per side")
+    _common.add_results_dir(ap)
+    args = ap.parse_args(argv)
     import onnxruntime
 
     import onnx_light_kv as olkv
@@ -97,9 +99,12 @@ def main() -> None:
                                  "ours_ms": so_["median"], "ort_ms": sr["median"], "speedup": _common.speedup(so_["median"], sr["median"]),
                                  "max_abs_diff": err})
                     raw.append({**rows[-1], "samples": s})
-                    print(format_table(rows[-1:]), flush=True)
+                    # progress: the header once, then a line per case (the full table follows)
+                    lines = format_table(rows[-1:], min_width=9).splitlines()
+                    print("\n".join(lines if len(rows) == 1 else lines[2:]), flush=True)
+    print()
     print(format_table(rows))
-    print("wrote", write_json("gqa-op", {"environment": environment(), "rows": rows, "raw": raw}))
+    print("wrote", write_json("gqa-op", {"environment": environment(), "rows": rows, "raw": raw}, args.results_dir))
 
 
 if __name__ == "__main__":

@@ -80,12 +80,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         "fixture export's projections, 256 x 64 to 1024 x 256)")
     p.add_argument("--kernel", choices=["auto", "avx2", "avx512", "go"], nargs="+", default=["auto"],
                    help="our kernel paths (attention and GEMM, as onnx_light_kv.set_kernel), run side by side")
-    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--threads", type=_common.threads_arg, nargs="+", default=[1, 2])
     p.add_argument("--dtypes", nargs="+", choices=["float32", "float16"], default=["float32", "float16"])
-    p.add_argument("--samples", type=int, default=40, help="timed calls per side")
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--samples", type=_common.positive_int, default=40, help="timed calls per side")
+    p.add_argument("--warmup", type=_common.nonneg_int, default=3)
     p.add_argument("--name", default="matmul", help="results file prefix")
-    p.add_argument("--results-dir", default=_common.RESULTS_DIR)
+    _common.add_results_dir(p)
     a = p.parse_args(argv)
     a.shapes = QUICK_SHAPES if a.quick else SMALL_SHAPES if a.preset == "small" else SHAPES
     if a.quick:
@@ -97,9 +97,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     import onnx_light_kv
 
-    runs = _common.kernel_runs(args.kernel)
-    if not runs:
-        raise SystemExit("none of the requested kernel paths is available")
+    runs = _common.kernel_runs(args.kernel, required=True)  # exit status 2 when none is available
     # One column set per path ("ours" alone for a single --kernel auto).
     ours = {("ours" if args.kernel == ["auto"] else f"ours-{run}"): run for _, run in runs}
     kernels: Dict[str, Any] = {}

@@ -29,7 +29,8 @@ Per model and thread count (1 and 2 by default), on the tensor path (past in, pr
   (``go_allocs_per_step``).
 
 Speed-up is onnxruntime's median time / ours (above 1: we are faster). Output: a table, and
-raw samples plus the environment in ``benchmarks/results/models-<timestamp>.json``.
+raw samples plus the environment in ``benchmarks/results/models-<timestamp>.json`` (``--results-dir``
+elsewhere).
 ``--quick`` takes fewer samples and only thread count 1.
 
 Run: ``python benchmarks/bench_models.py [--quick] [--models NAME ...]``.
@@ -57,15 +58,23 @@ FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 # models
 
 
-def builtin_models() -> List[Tuple[str, bytes, Dict[str, Any]]]:
-    """(name, model bytes, info) of the built-in decoders (a small configuration)."""
+#: The built-in decoders: (name, kind, build options).
+BUILTINS: Tuple[Tuple[str, str, Dict[str, Any]], ...] = (
+    ("builtin-llama", "llama", {}),
+    ("builtin-llama-derived-pos", "llama", {"position_ids_input": False}),
+    ("builtin-gpt2", "gpt2", {}))
+
+
+def builtin_models(names: Optional[Sequence[str]] = None) -> List[Tuple[str, bytes, Dict[str, Any]]]:
+    """(name, model bytes, info) of the built-in decoders (a small configuration); only those
+    of ``names`` when given."""
     from onnx_light_kv import models
     cfg = models.DecoderConfig(layers=2, hidden=128, q_heads=4, kv_heads=2, head_dim=32, vocab=512,
                                max_positions=1024)
     out = []
-    for name, kind, kw in (("builtin-llama", "llama", {}),
-                           ("builtin-llama-derived-pos", "llama", {"position_ids_input": False}),
-                           ("builtin-gpt2", "gpt2", {})):
+    for name, kind, kw in BUILTINS:
+        if names is not None and name not in names:
+            continue
         out.append((name, models.model_bytes(models.build(kind, cfg, **kw)),
                     {"source": "onnx_light_kv.models", "kind": kind, "config": cfg, **kw}))
     return out
@@ -80,13 +89,22 @@ def _fixtures_module() -> Any:
     return _fixtures
 
 
-def fixture_models() -> List[Tuple[str, bytes, Dict[str, Any]]]:
-    """(name, model bytes, manifest entry) of the fixture exports, when they are present."""
+def fixture_names() -> List[str]:
+    """The fixture exports' names, when they are present."""
     fx = _fixtures_module()
     if fx is None or not os.path.exists(os.path.join(FIXTURES, "manifest.json")):
         return []
+    return list(fx.names())
+
+
+def fixture_models(names: Optional[Sequence[str]] = None) -> List[Tuple[str, bytes, Dict[str, Any]]]:
+    """(name, model bytes, manifest entry) of the fixture exports, when they are present; only
+    those of ``names`` when given."""
+    fx = _fixtures_module()
     out = []
-    for name in fx.names():
+    for name in fixture_names():
+        if names is not None and name not in names:
+            continue
         with open(fx.model_path(name), "rb") as f:
             out.append((name, f.read(), {"fixture": name, **fx.entry(name)}))
     return out
@@ -362,30 +380,37 @@ def fmt_row(r: Dict[str, Any]) -> str:
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer samples, one thread")
-    ap.add_argument("--threads", type=int, nargs="+", default=None)
-    ap.add_argument("--past", type=int, default=32, help="past tokens at the start of each decode burst")
-    ap.add_argument("--prompt", type=int, default=16, help="prefill prompt tokens")
-    ap.add_argument("--samples", type=int, default=None, help="timed decode steps per runtime")
-    ap.add_argument("--block", type=int, default=9, help="calls per block (first one untimed)")
-    ap.add_argument("--share-steps", type=int, default=96,
+    ap.add_argument("--threads", type=_common.threads_arg, nargs="+", default=None,
+                    help="thread counts (default 1 and 2; --quick 1)")
+    ap.add_argument("--past", type=_common.positive_int, default=32, help="past tokens at the start of each decode burst")
+    ap.add_argument("--prompt", type=_common.positive_int, default=16, help="prefill prompt tokens")
+    ap.add_argument("--samples", type=_common.positive_int, default=None,
+                    help="timed decode steps per runtime (default 96, quick 24)")
+    ap.add_argument("--block", type=_common.int_range(2), default=9, help="calls per block, >= 2 (first one untimed)")
+    ap.add_argument("--share-steps", type=_common.positive_int, default=96,
                     help="profiled steps for the executor share (whole pairs: one of each order)")
-    ap.add_argument("--models", nargs="*", default=None, help="regular expressions selecting models")
+    ap.add_argument("--models", type=_common.regex, nargs="*", default=None,
+                    help="regular expressions selecting models (re.search on the names)")
     ap.add_argument("--no-builtin", action="store_true")
+    _common.add_results_dir(ap)
     args = ap.parse_args(argv)
     args.threads = args.threads or ([1] if args.quick else [1, 2])
     args.samples = args.samples or (24 if args.quick else 96)
+    known = fixture_names() + ([] if args.no_builtin else [b[0] for b in BUILTINS])
+    names = [n for n in known if any(re.search(p, n) for p in args.models)] if args.models else known
+    if not names:
+        ap.error(f"argument --models: no model matched {' '.join(map(repr, args.models))}; models: {', '.join(known)}"
+                 if args.models else "no models to run (--no-builtin and no fixture exports)")
     import onnx_light_kv  # noqa: F401  (fail early without the extension)
 
-    todo = fixture_models() + ([] if args.no_builtin else builtin_models())
-    if args.models:
-        todo = [m for m in todo if any(re.search(p, m[0]) for p in args.models)]
+    todo = fixture_models(names) + builtin_models(names)
     env = _common.environment(threads=None, extra={"threads_measured": args.threads})
     print(HEADER)
     rows: List[Dict[str, Any]] = []
     for name, data, info in todo:
         rows.extend(measure(name, data, info, args))
     payload = {"benchmark": "models", "args": vars(args), "environment": env, "rows": rows}
-    path = _common.write_json("models", payload)
+    path = _common.write_json("models", payload, args.results_dir)
     print(f"\nx: onnxruntime median / ours (above 1: ours faster). exec: executor share of a step "
           f"(outside kernels); bind: binding share of the run call; step: share of the whole Python "
           f"step outside the executor; allocs: Go heap allocations per step (binding included)."

@@ -6,21 +6,23 @@ Python call and the same work looped inside Go (``AppendLoop`` /
 ``AttentionLoop`` in the bindings), in one run, and reports the difference:
 what the Python layer (argument checks, pointer hand-off, gopy call, GIL
 release) costs per call. Raw samples and the environment go to
-``benchmarks/results/overhead-<timestamp>.json``.
+``benchmarks/results/overhead-<timestamp>.json`` (``--results-dir`` elsewhere).
 
-    python benchmarks/bench_overhead.py [--contexts 1 256 4096] [--threads 1]
+    python benchmarks/bench_overhead.py [--contexts 1 256 4096] [--threads 1] [--results-dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from typing import List, Optional
 
 import numpy as np
 
 import onnx_light_kv as olkv
 from onnx_light_kv import _lib
 from onnx_light_kv._dtypes import CODES
+import _common
 from _common import environment, format_table, summarize, write_json
 
 
@@ -35,12 +37,13 @@ def py_samples(fn, repeat: int, calls: int = 50) -> list[float]:
     return out
 
 
-def main() -> None:
+def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--contexts", type=int, nargs="+", default=[1, 256, 4096])
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--repeat", type=int, default=40)
-    args = p.parse_args()
+    p.add_argument("--contexts", type=_common.positive_int, nargs="+", default=[1, 256, 4096])
+    p.add_argument("--threads", type=_common.threads_arg, default=1)
+    p.add_argument("--repeat", type=_common.positive_int, default=40, help="samples of 50 calls per side")
+    _common.add_results_dir(p)
+    args = p.parse_args(argv)
     olkv.set_threads(args.threads)
     B, Hq, Hkv, D = 1, 32, 8, 128
     rng = np.random.default_rng(0)
@@ -78,7 +81,8 @@ def main() -> None:
                      "overhead_us": ps["median"] - gs["median"]})
         raw[f"attention_{L}"] = {"python_us": py, "go_us": go}
     print(format_table(rows, floatfmt="{:.2f}"))
-    path = write_json("overhead", {"env": environment(threads=args.threads), "rows": rows, "samples": raw})
+    path = write_json("overhead", {"env": environment(threads=args.threads), "rows": rows, "samples": raw},
+                      args.results_dir)
     print("raw samples:", path)
 
 

@@ -34,7 +34,8 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import environment, format_table, summarize, write_json  # noqa: E402
+from _common import (add_results_dir, environment, format_table, positive_int, summarize,  # noqa: E402
+                     threads_arg, write_json)
 
 KVH, D, L = 8, 128, 4096
 BEAMS = [[0, 0, 1, 1], [3, 3, 3, 3], [1, 0, 3, 2], [2, 2, 0, 1]]
@@ -68,7 +69,8 @@ def beam_case(olkv: Any, bs: Optional[int], repeat: int, rng: np.random.Generato
         s = summarize(samples[lay])
         rows.append({"case": f"beam4@4k {lay}", "ms_per_step": s["median"], "p10": s["p10"], "p90": s["p90"],
                      "copy_MB_per_step": float(np.mean(copied[lay])) / 1e6,
-                     "max_copy_blocks": max(copied[lay]) / block if lay == "paged" else None})
+                     "max_copy_blocks": max(copied[lay]) / block if lay == "paged" else None,
+                     "samples_ms": samples[lay], "copy_bytes": copied[lay]})
         c.close()
     rows[1]["speedup"] = rows[0]["ms_per_step"] / rows[1]["ms_per_step"]
     return rows
@@ -136,19 +138,26 @@ def ttft_case(olkv: Any, bs: Optional[int], repeat: int, rng: np.random.Generato
     diff = float(np.abs(logits["cold"] - logits["reuse"]).max())
     c, r = summarize(samples["cold"]), summarize(samples["reuse"])
     sess.close()
-    return [{"case": "ttft2k cold prefill", "ms": c["median"], "p10": c["p10"], "p90": c["p90"]},
+    return [{"case": "ttft2k cold prefill", "ms": c["median"], "p10": c["p10"], "p90": c["p90"],
+             "samples_ms": samples["cold"]},
             {"case": f"ttft2k prefix reuse ({logits['n']} tokens)", "ms": r["median"], "p10": r["p10"],
-             "p90": r["p90"], "speedup": c["median"] / r["median"], "max_abs_logit_diff": diff}]
+             "p90": r["p90"], "speedup": c["median"] / r["median"], "max_abs_logit_diff": diff,
+             "samples_ms": samples["reuse"]}]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--block-size", type=int, default=None)
-    ap.add_argument("--repeat", type=int, default=20, help="beam steps timed per layout")
-    ap.add_argument("--threads", type=int, default=1)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    ap.add_argument("--block-size", type=positive_int, default=None,
+                    help="paged block size (one of onnx_light_kv.cache.BLOCK_SIZES; default: the library's)")
+    ap.add_argument("--repeat", type=positive_int, default=20, help="beam steps timed per layout")
+    ap.add_argument("--threads", type=threads_arg, default=1)
+    add_results_dir(ap)
     args = ap.parse_args(argv)
 
     import onnx_light_kv as olkv
+
+    if args.block_size is not None and args.block_size not in olkv.cache.BLOCK_SIZES:
+        ap.error(f"argument --block-size: must be one of {olkv.cache.BLOCK_SIZES}, got {args.block_size}")
 
     olkv.set_threads(args.threads)
     rng = np.random.default_rng(0)
@@ -163,14 +172,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     worst = beam[1]["max_copy_blocks"]
     print(f"\nbeam reorder at 4k, 4 beams: at most {worst:.2f} blocks copied per step (target <= 4) -> "
           f"{'met' if worst <= 4 else 'NOT met'}")
-    f1 = [r for r in fork if r["case"].startswith("fork16@4k paged")]
-    print("16 forks sharing a 4k prefix: committed " + ", ".join(
-        f"{r['vs_one_seq']:.3f}x ({r['case'].split('paged ')[1]})" for r in f1)
-          + " of one sequence (target <= 1.1)")
+    for r in (r for r in fork if r["case"].startswith("fork16@4k paged")):
+        print(f"16 forks sharing a 4k prefix, {r['case'].split('paged ')[1]}: committed {r['vs_one_seq']:.3f}x of one "
+              f"sequence (target <= 1.1) -> {'met' if r['vs_one_seq'] <= 1.1 else 'NOT met'}")
     print(f"time to first token of a 2k prompt with prefix reuse: {ttft[1]['speedup']:.1f}x faster than a cold "
           f"prefill (target >= 10) -> {'met' if ttft[1]['speedup'] >= 10 else 'NOT met'}")
     path = write_json("paged", {"benchmark": "paged", "env": environment(threads=args.threads), "args": vars(args),
-                                "beam": beam, "fork": fork, "ttft": ttft})
+                                "beam": beam, "fork": fork, "ttft": ttft}, args.results_dir)
     print(f"\nresults: {path}")
     return 0
 

@@ -70,6 +70,27 @@ TARGETS = {"int8 r0": (0.995, 0.005), "int8 r128": (0.995, 0.005), "int4 r128": 
 #: The built-in decoders measured: a geometry with several KV heads per query group.
 BUILTIN_CONFIG = dict(layers=2, hidden=256, q_heads=8, kv_heads=4, head_dim=32, vocab=512, max_positions=1024)
 TRAINED = "trained-llama-dynamo23"
+#: The built-in decoders ``--models`` accepts (``builtin-<kind>`` of ``onnx_light_kv.models.build``).
+BUILTINS = ("builtin-llama", "builtin-gpt2")
+
+
+def model_names() -> List[str]:
+    """Every name ``--models`` accepts: the trained fixtures present, then the built-ins."""
+    try:
+        trained = list(tr.names())
+    except Exception:  # no fixtures manifest: the built-ins only
+        trained = []
+    return trained + list(BUILTINS)
+
+
+def max_positions(name: str) -> int:
+    """Positions the model ``name`` covers (prompt + generated tokens must fit)."""
+    if name.startswith("trained-"):
+        import _fixtures as fx
+
+        cfg = fx.entry(name).get("config", {})
+        return int(cfg.get("max_position_embeddings") or BUILTIN_CONFIG["max_positions"])
+    return int(BUILTIN_CONFIG["max_positions"])
 
 
 def state_options(label: str, group: int = 32, k_axis: str = "channel") -> Dict[str, Any]:
@@ -234,18 +255,29 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="trained fixtures (trained-llama-dynamo23, trained-llama-torchscript) and/or builtin-llama, "
                          "builtin-gpt2 (default: all four)")
     ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
-    ap.add_argument("--prompts", type=int, default=None, help="prompts per model (default 4, quick 1)")
-    ap.add_argument("--prompt-len", type=int, default=64)
-    ap.add_argument("--tokens", type=int, default=256, help="tokens generated per prompt")
-    ap.add_argument("--quant-group", type=int, default=32)
+    ap.add_argument("--prompts", type=_common.positive_int, default=None, help="prompts per model (default 4, quick 1)")
+    ap.add_argument("--prompt-len", type=_common.positive_int, default=64)
+    ap.add_argument("--tokens", type=_common.positive_int, default=256, help="tokens generated per prompt")
+    ap.add_argument("--quant-group", type=int, choices=[32, 64], default=32, help="tokens per sealed chunk")
     ap.add_argument("--k-axis", choices=["channel", "token"], default="channel")
-    ap.add_argument("--chunk", type=int, default=16, help="tokens per run of the perplexity pass")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--results-dir", default=_common.RESULTS_DIR)
+    ap.add_argument("--chunk", type=_common.positive_int, default=16, help="tokens per run of the perplexity pass")
+    ap.add_argument("--threads", type=_common.threads_arg, default=2)
+    _common.add_results_dir(ap)
     args = ap.parse_args(argv)
     names = args.models or ([TRAINED, "builtin-llama"] if args.quick else
                             [TRAINED, "trained-llama-torchscript", "builtin-llama", "builtin-gpt2"])
-    n_prompts = args.prompts or (1 if args.quick else 4)
+    known = model_names()
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        ap.error(f"argument --models: unknown model(s) {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
+    n_prompts = args.prompts if args.prompts is not None else (1 if args.quick else 4)
+    for name in names:
+        if args.prompt_len + args.tokens - 1 > max_positions(name):  # the last token generated is not fed
+            ap.error(f"--prompt-len {args.prompt_len} + --tokens {args.tokens} exceed the {max_positions(name)} "
+                     f"positions of {name}")
+        if name.startswith("trained-") and n_prompts * args.prompt_len > len(tr.heldout_ids(name)):
+            ap.error(f"{n_prompts} prompt(s) of {args.prompt_len} tokens exceed the {len(tr.heldout_ids(name))} "
+                     f"held-out tokens of {name} (--prompts x --prompt-len)")
     results = []
     for name in _common.progress(names, desc="models"):
         model = Model(name, args.threads)

@@ -22,7 +22,8 @@ time / ours, > 1 means we are faster), raw samples
 plus environment in ``benchmarks/results/tensor-decode-<timestamp>.json`` and a PNG plot next to
 it. ``--quick`` uses a small model and short contexts (seconds); the default is 4 layers,
 hidden 1024, 16/8 heads, head_dim 64, vocab 32000, contexts 128..4096, threads 1 and 2.
-``--runtimes ort`` measures onnxruntime alone (while our InferenceSession is not available).
+``--runtimes ort`` measures onnxruntime alone (while our InferenceSession is not available);
+``--runtimes`` takes ``ours`` and/or ``ort``, space-separated.
 ``--kernel avx2 avx512 go auto`` runs our session on each named kernel path (attention and
 matrix kernels, as ``onnx_light_kv.set_kernel``), side by side in the same alternating rounds
 (runtimes ``ours-avx2``, ``ours-avx512``; one speed-up column per path); ``auto`` alone, the
@@ -47,6 +48,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: ``--runtimes``: our InferenceSession and onnxruntime's.
+RUNTIMES = ("ours", "ort")
 
 
 def load_models() -> Any:
@@ -92,7 +95,8 @@ def expand_runtimes(runtimes: List[str], kernel: List[str]) -> Tuple[List[str], 
     ``kernel`` (kept as ``ours`` for the default ``auto`` alone), and the path of each."""
     if "ours" not in runtimes or kernel == ["auto"]:
         return runtimes, {}
-    paths = {f"ours-{run}": run for _, run in _common.kernel_runs(kernel)}
+    # exit status 2 when none of the paths is available (not a table without our runtime)
+    paths = {f"ours-{run}": run for _, run in _common.kernel_runs(kernel, required=True)}
     out: List[str] = []
     for r in runtimes:
         out.extend(paths if r == "ours" else [r])
@@ -182,22 +186,23 @@ def op_profile(models: Any, cfg: Any, model_bytes: bytes, args: argparse.Namespa
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small model and contexts 128..1024, few samples")
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--q-heads", type=int, default=16)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--layers", type=_common.positive_int, default=4)
+    p.add_argument("--hidden", type=_common.positive_int, default=1024)
+    p.add_argument("--q-heads", type=_common.positive_int, default=16, help="a multiple of --kv-heads")
+    p.add_argument("--kv-heads", type=_common.positive_int, default=8)
+    p.add_argument("--head-dim", type=_common.positive_int, default=64, help="even (rotary embeddings)")
+    p.add_argument("--vocab", type=_common.positive_int, default=32000)
     p.add_argument("--dtype", choices=["float32", "float16"], default="float32")
-    p.add_argument("--contexts", type=int, nargs="+", default=[128, 256, 512, 1024, 2048, 4096])
-    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--samples", type=int, default=30, help="timed steps per (context, threads, runtime)")
+    p.add_argument("--contexts", type=_common.positive_int, nargs="+", default=[128, 256, 512, 1024, 2048, 4096])
+    p.add_argument("--threads", type=_common.threads_arg, nargs="+", default=[1, 2])
+    p.add_argument("--samples", type=_common.positive_int, default=30, help="timed steps per (context, threads, runtime)")
     p.add_argument("--mode", choices=["fixed", "growing", "prefill"], default="fixed",
                    help="fixed: every sample at the same context; growing: a real decode loop from the context, "
                         "each step feeding its present back (new, larger tensors every step); prefill: the "
                         "contexts are prompt lengths, run with an empty past")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--runtimes", default="ours,ort", help="comma list of ours, ort")
+    p.add_argument("--warmup", type=_common.nonneg_int, default=3)
+    p.add_argument("--runtimes", nargs="+", choices=RUNTIMES, default=list(RUNTIMES),
+                   help="the runtimes to time side by side (default: both)")
     p.add_argument("--kernel", nargs="+", default=["auto"], choices=_common.KERNEL_CHOICES,
                    help="our kernel paths (attention and GEMM, as onnx_light_kv.set_kernel), run side by "
                         "side (default: auto, the best one)")
@@ -205,20 +210,24 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--profile", action="store_true",
                    help="also record our per-op time per step (a separate profiled session, 1 thread)")
-    p.add_argument("--results-dir", default=_common.RESULTS_DIR)
+    _common.add_results_dir(p)
     a = p.parse_args(argv)
+    a.runtimes = list(dict.fromkeys(a.runtimes))
     if a.quick:
         a.layers, a.hidden, a.q_heads, a.kv_heads, a.head_dim, a.vocab = 2, 256, 4, 2, 64, 4000
         a.contexts = [c for c in a.contexts if c <= 1024] or [128, 256, 512, 1024]
         a.samples, a.warmup = min(a.samples, 10), min(a.warmup, 2)
+    if a.q_heads % a.kv_heads:
+        p.error(f"--q-heads {a.q_heads} is not a multiple of --kv-heads {a.kv_heads}")
+    if a.head_dim % 2:
+        p.error(f"--head-dim must be even (rotary embeddings), got {a.head_dim}")
     return a
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     models = load_models()
-    runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
-    runtimes, kernel_of = expand_runtimes(runtimes, args.kernel)
+    runtimes, kernel_of = expand_runtimes(args.runtimes, args.kernel)
     ours_names = [r for r in runtimes if r.startswith("ours")]
     cfg = models.DecoderConfig(layers=args.layers, hidden=args.hidden, q_heads=args.q_heads, kv_heads=args.kv_heads,
                                head_dim=args.head_dim, vocab=args.vocab, dtype=args.dtype,

@@ -162,3 +162,145 @@ def test_bench_decode_quant_groups() -> None:
     lines = bench_decode.quant_target_lines(rows)
     assert [ln.split(":")[0] for ln in lines] == ["avx512 int8", "avx512 int4", "avx512 int8 g64", "avx512 int4 g64"]
     assert lines[0].endswith("NOT met") and lines[2].endswith("-> met") and lines[3].endswith("-> met")
+
+
+# ---------------------------------------------------------------- argument checks, strict JSON
+
+import argparse  # noqa: E402
+import math  # noqa: E402
+import subprocess  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("fn, good, bad", [
+    (_common.positive_int, {"1": 1, "7": 7, " 12 ": 12, "100000": 100000}, ["0", "-1", "abc", "1.5", "", "nan"]),
+    (_common.nonneg_int, {"0": 0, "1": 1, "42": 42}, ["-1", "-100", "x", "2.0"]),
+    (_common.threads_arg, {"1": 1, "2": 2, "1024": 1024}, ["0", "-1", "1025", "two"]),
+    (_common.int_range(2), {"2": 2, "9": 9}, ["1", "0", "-3", "b"]),
+    (_common.int_range(0, 3), {"0": 0, "3": 3}, ["-1", "4"]),
+])
+def test_int_argument_types(fn: Any, good: dict, bad: list) -> None:
+    """Integer ``type=`` helpers: values in range (boundaries included) come back as ints; values
+    out of range or not integers raise ArgumentTypeError naming the bound."""
+    for text, want in good.items():
+        assert fn(text) == want and type(fn(text)) is int
+    for text in bad:
+        with pytest.raises(argparse.ArgumentTypeError):
+            fn(text)
+    with pytest.raises(argparse.ArgumentTypeError, match=">= 1"):
+        _common.positive_int("0")
+    with pytest.raises(argparse.ArgumentTypeError, match="1..1024"):
+        _common.threads_arg("-1")
+
+
+def test_float_heads_and_regex_argument_types() -> None:
+    assert _common.positive_float("8") == 8.0 and _common.positive_float("0.125") == 0.125
+    assert _common.positive_float("1e-9") == 1e-9
+    for bad in ("0", "-1", "-0.5", "nan", "inf", "-inf", "abc", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _common.positive_float(bad)
+    assert _common.heads("32/8") == (32, 8) and _common.heads("8/8") == (8, 8) and _common.heads("1/1") == (1, 1)
+    assert _common.heads("32/1") == (32, 1)
+    for bad in ("32/7", "3/2", "abc", "32", "8/0", "0/8", "-8/-4", "a/b", "32/8/2", "/8"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _common.heads(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="multiple"):
+        _common.heads("32/7")
+    assert _common.regex("llama.*dynamo") == "llama.*dynamo"
+    for bad in ("(", "[a-", "*x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="regular expression"):
+            _common.regex(bad)
+
+
+def test_argument_types_give_argparse_errors(capsys: Any) -> None:
+    """Through argparse: a bad value is the usage line plus 'error: argument --x: ...', exit 2."""
+    p = argparse.ArgumentParser(prog="bench")
+    p.add_argument("--threads", type=_common.threads_arg, nargs="+", default=[1])
+    p.add_argument("--heads", type=_common.heads, nargs="+")
+    assert p.parse_args(["--threads", "1", "2", "--heads", "32/8"]).heads == [(32, 8)]
+    for argv in (["--threads", "-1"], ["--heads", "32/7"]):
+        with pytest.raises(SystemExit) as e:
+            p.parse_args(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("usage: bench") and f"error: argument {argv[0]}: " in err
+
+
+def test_write_json_is_strict_json(tmp_path: Any) -> None:
+    """NaN and infinities (Python or numpy, at any depth) are written as null: strict JSON."""
+    nan, inf = float("nan"), float("inf")
+    payload = {"a": nan, "b": [1.0, inf, -inf, {"c": np.float32("nan")}], "d": (np.float64(inf), 2),
+               "e": np.array([1.0, np.nan]), "f": np.int64(3), "g": 0.5, "h": "nan", "i": None, "j": True}
+    path = _common.write_json("strict", payload, str(tmp_path))
+    text = open(path, encoding="utf-8").read()
+
+    def reject(name: str) -> Any:
+        raise ValueError(f"non-standard JSON constant {name}")
+
+    got = json.loads(text, parse_constant=reject)
+    assert got == {"a": None, "b": [1.0, None, None, {"c": None}], "d": [None, 2], "e": [1.0, None], "f": 3,
+                   "g": 0.5, "h": "nan", "i": None, "j": True}
+    assert payload["a"] != payload["a"] and isinstance(payload["d"], tuple)  # the caller's payload is untouched
+    assert _common.json_safe({"x": [math.nan]}) == {"x": [None]}
+
+
+def test_format_table_na_labels_and_width() -> None:
+    """A NaN cell (a figure not measured) shows as n/a; labels change headings only; min_width
+    pads every column."""
+    lines = _common.format_table([{"side": "genai", "tok/s": float("nan")}, {"side": "ours", "tok/s": 2.0}],
+                                 labels={"tok/s": "tok/s ms"}).splitlines()
+    assert lines[0].split() == ["side", "tok/s", "ms"] and lines[2].split() == ["genai", "n/a"]
+    assert "nan" not in "\n".join(lines)
+    assert all(len(c) >= 9 for c in _common.format_table([{"a": 1}], min_width=9).splitlines())
+
+
+def test_kernel_runs_required_exits_2(capsys: Any) -> None:
+    avail = _common.kernel_paths().get("available", [])
+    assert _common.kernel_runs(["auto"], required=True) == [("auto", avail[-1])]
+    missing = [k for k in ("avx2", "avx512") if k not in avail]
+    if not missing:
+        pytest.skip("every kernel path is available on this CPU")
+    with pytest.raises(SystemExit) as e:
+        _common.kernel_runs(missing, required=True)
+    assert e.value.code == 2 and "none of the requested kernel paths" in capsys.readouterr().err
+
+
+def test_tensor_decode_runtimes_are_choices() -> None:
+    assert bench_tensor_decode.parse_args(["--runtimes", "ort", "ours", "ort"]).runtimes == ["ort", "ours"]
+    assert bench_tensor_decode.parse_args([]).runtimes == ["ours", "ort"]
+    with pytest.raises(SystemExit) as e:
+        bench_tensor_decode.parse_args(["--runtimes", "foo"])
+    assert e.value.code == 2
+
+
+@pytest.mark.parametrize("script, args", [
+    ("bench_decode", ["--heads", "32/7"]),
+    ("bench_decode", ["--repeat", "0"]),
+    ("bench_decode", ["--contexts", "-5"]),
+    ("bench_decode", ["--block-size", "24"]),
+    ("bench_cache_path", ["--block", "1"]),
+    ("bench_cache_path", ["--max-gib", "-1"]),
+    ("bench_tensor_decode", ["--runtimes", "foo"]),
+    ("bench_tensor_decode", ["--q-heads", "3", "--kv-heads", "2"]),
+    ("bench_generate", ["--beam-prompts", "-3"]),
+    ("bench_gqa_op", ["--repeat", "0"]),
+    ("bench_matmul", ["--threads", "-1"]),
+    ("bench_models", ["--models", "("]),
+    ("bench_models", ["--models", "nosuchmodel"]),
+    ("bench_overhead", ["--contexts", "0"]),
+    ("bench_quant_quality", ["--models", "builtin-foo"]),
+    ("bench_quant_quality", ["--prompts", "-1"]),
+    ("bench_paged", ["--block-size", "7"]),
+    ("bench_paged", ["--repeat", "0"]),
+    ("bench_serve", ["--concurrency", "0"]),
+    ("bench_serve", ["--prompt-min", "50", "--prompt-max", "10"]),
+])
+def test_bad_arguments_exit_2_without_traceback(script: str, args: list) -> None:
+    """Each benchmark rejects a bad value at argument parsing: argparse's usage error, exit status
+    2, no traceback (nothing is measured, so these are fast)."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", f"{script}.py"), *args],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    assert "error:" in proc.stderr and "usage:" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
