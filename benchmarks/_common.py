@@ -19,7 +19,7 @@ This module keeps that uniform:
   traceback or a table of NaN: :func:`positive_int` (>= 1), :func:`nonneg_int` (>= 0),
   :func:`int_range` (any bounds, e.g. ``int_range(2)`` for blocks), :func:`threads_arg`
   (1..1024), :func:`positive_float` (finite, > 0), :func:`heads` (``Q/KV`` -> ``(q, kv)``,
-  Q a multiple of KV), :func:`regex` (a valid regular expression); :func:`add_results_dir`
+  Q a multiple of KV), :func:`block_size` (one the paged cache takes), :func:`regex` (a valid regular expression); :func:`add_results_dir`
   adds the ``--results-dir`` option every benchmark has.
 * :func:`plot_series` -- latency-style line plot with a p10..p90 band, PNG (matplotlib, Agg).
 * :func:`speedup` -- the one ratio every benchmark reports (:data:`SPEEDUP`).
@@ -95,24 +95,12 @@ def int_range(lo: Optional[int] = None, hi: Optional[int] = None, what: str = "a
     return parse
 
 
-_positive = int_range(1)
-_nonneg = int_range(0)
-_threads = int_range(1, MAX_THREADS, "a thread count")
-
-
-def positive_int(text: str) -> int:
-    """An argparse ``type=``: an integer >= 1 (counts, sizes, repetitions)."""
-    return _positive(text)
-
-
-def nonneg_int(text: str) -> int:
-    """An argparse ``type=``: an integer >= 0 (warm-up calls, residual windows)."""
-    return _nonneg(text)
-
-
-def threads_arg(text: str) -> int:
-    """An argparse ``type=``: a thread count, 1..:data:`MAX_THREADS`."""
-    return _threads(text)
+#: An argparse ``type=``: an integer >= 1 (counts, sizes, repetitions).
+positive_int = int_range(1)
+#: An argparse ``type=``: an integer >= 0 (warm-up calls, residual windows).
+nonneg_int = int_range(0)
+#: An argparse ``type=``: a thread count, 1..:data:`MAX_THREADS`.
+threads_arg = int_range(1, MAX_THREADS, "a thread count")
 
 
 def positive_float(text: str) -> float:
@@ -141,6 +129,20 @@ def heads(text: str) -> Tuple[int, int]:
     if q % kv:
         raise argparse.ArgumentTypeError(f"query heads must be a multiple of the KV heads, got {text!r}")
     return q, kv
+
+
+def block_size(text: str) -> int:
+    """An argparse ``type=``: a paged-cache block size the library takes
+    (``onnx_light_kv.cache.BLOCK_SIZES``; any positive integer where the package is not
+    importable, whose own check then reports it)."""
+    v = positive_int(text)
+    try:
+        from onnx_light_kv.cache import BLOCK_SIZES
+    except Exception:
+        return v
+    if v not in BLOCK_SIZES:
+        raise argparse.ArgumentTypeError(f"must be one of {' '.join(map(str, BLOCK_SIZES))}, got {v}")
+    return v
 
 
 def regex(text: str) -> str:
@@ -430,9 +432,7 @@ def json_safe(obj: Any) -> Any:
 
 
 def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, (np.generic, np.ndarray)):
-        return json_safe(obj)
-    return str(obj)
+    return str(obj)  # what json_safe leaves that JSON has no type for (paths, sets, ...)
 
 
 def format_table(rows: Sequence[Mapping[str, Any]], columns: Optional[Sequence[str]] = None, floatfmt: str = "{:.3f}",
@@ -451,9 +451,9 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Optional[Sequence[s
         return str(v)
 
     cells = [[cell(r.get(c, "")) for c in cols] for r in rows]
-    heads = [(labels or {}).get(c, c) for c in cols]
-    widths = [max(len(h), min_width, *(len(row[i]) for row in cells)) for i, h in enumerate(heads)]
-    line = "  ".join(h.rjust(w) for h, w in zip(heads, widths))
+    titles = [(labels or {}).get(c, c) for c in cols]
+    widths = [max(len(t), min_width, *(len(row[i]) for row in cells)) for i, t in enumerate(titles)]
+    line = "  ".join(t.rjust(w) for t, w in zip(titles, widths))
     sep = "  ".join("-" * w for w in widths)
     body = ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
     return "\n".join([line, sep, *body])

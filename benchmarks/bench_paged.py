@@ -34,8 +34,8 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import (add_results_dir, environment, format_table, positive_int, summarize,  # noqa: E402
-                     threads_arg, write_json)
+from _common import (add_results_dir, block_size, environment, format_table, positive_int,  # noqa: E402
+                     summarize, threads_arg, write_json)
 
 KVH, D, L = 8, 128, 4096
 BEAMS = [[0, 0, 1, 1], [3, 3, 3, 3], [1, 0, 3, 2], [2, 2, 0, 1]]
@@ -147,7 +147,7 @@ def ttft_case(olkv: Any, bs: Optional[int], repeat: int, rng: np.random.Generato
 
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
-    ap.add_argument("--block-size", type=positive_int, default=None,
+    ap.add_argument("--block-size", type=block_size, default=None,
                     help="paged block size (one of onnx_light_kv.cache.BLOCK_SIZES; default: the library's)")
     ap.add_argument("--repeat", type=positive_int, default=20, help="beam steps timed per layout")
     ap.add_argument("--threads", type=threads_arg, default=1)
@@ -155,9 +155,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = ap.parse_args(argv)
 
     import onnx_light_kv as olkv
-
-    if args.block_size is not None and args.block_size not in olkv.cache.BLOCK_SIZES:
-        ap.error(f"argument --block-size: must be one of {olkv.cache.BLOCK_SIZES}, got {args.block_size}")
 
     olkv.set_threads(args.threads)
     rng = np.random.default_rng(0)

@@ -310,20 +310,16 @@ def main() -> int:
     ap.add_argument("--http-repeat", type=_common.positive_int, default=3)
     ap.add_argument("--step-repeat", type=_common.positive_int, default=6, help="timed model steps per batch size")
     ap.add_argument("--shared-prefix", type=_common.positive_int, default=1024)
-    ap.add_argument("--block-size", type=_common.positive_int, default=16, help="paged block size of the memory case")
+    ap.add_argument("--block-size", type=_common.block_size, default=16, help="paged block size of the memory case")
     ap.add_argument("--skip", nargs="*", default=[], choices=["http", "memory", "sequential", "engine", "steps"])
     _common.add_results_dir(ap)
     args = ap.parse_args()
-    if args.prompt_min > args.prompt_max:
-        ap.error(f"--prompt-min {args.prompt_min} exceeds --prompt-max {args.prompt_max}")
-    from onnx_light_kv.cache import BLOCK_SIZES
-
-    if args.block_size not in BLOCK_SIZES:
-        ap.error(f"argument --block-size: must be one of {BLOCK_SIZES}, got {args.block_size}")
     if args.quick:  # the quick sizes, where the command line left the defaults
         for name, v in (("prompt_min", 16), ("prompt_max", 64), ("new_tokens", 16), ("shared_prefix", 128)):
             if getattr(args, name) == ap.get_default(name):
                 setattr(args, name, v)
+    if args.prompt_min > args.prompt_max:
+        ap.error(f"--prompt-min {args.prompt_min} exceeds --prompt-max {args.prompt_max}")
     args.max_length = args.prompt_max + args.new_tokens + 8
     args.max_positions = max(args.max_length, args.shared_prefix + 16 + args.new_tokens) + 8
     import onnx_light_kv as olkv

@@ -3,6 +3,8 @@ package cache
 import (
 	"fmt"
 	"sync"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/hugepage"
 )
 
 // block is one page of the paged layout: BlockSize tokens of K and V for
@@ -73,16 +75,12 @@ func (a *Arena) blockPool(bs, kvHeads, rowK, rowV int) *blockPool {
 		p = &blockPool{arena: a, key: key, kHead: bs * rowK, vHead: bs * rowV}
 		p.blockBytes = kvHeads * (p.kHead + p.vHead)
 		// one kernel tile per run, and at least a huge page per slab
-		p.slots = min(maxSlabBlocks, max(slabTokens/bs, (hugePageBytes+p.blockBytes-1)/p.blockBytes))
+		p.slots = min(maxSlabBlocks, max(slabTokens/bs, (hugepage.Size+p.blockBytes-1)/p.blockBytes))
 		p.slabBytes = p.slots * p.blockBytes
 		a.pools[key] = p
 	}
 	return p
 }
-
-// hugePageBytes is the slab size worth reaching so that slabs are backed
-// by transparent huge pages.
-const hugePageBytes = 2 << 20
 
 // kRows returns the K bytes of rows [r0, r1) of head h of blk.
 func (p *blockPool) kRows(blk *block, h, r0, r1 int) []byte {

@@ -13,9 +13,6 @@ import (
 	"github.com/onnx-light-kv/onnx-light-kv/golib/hugepage"
 )
 
-// hugePage is the transparent-huge-page size on x86-64 and arm64 Linux.
-const hugePage = hugepage.Size
-
 // mappings remembers the whole mmap region behind each buffer handed out by
 // osAlloc, keyed by the buffer's first byte, so osFree can unmap it.
 var mappings sync.Map // uintptr -> []byte
@@ -27,15 +24,15 @@ var mappings sync.Map // uintptr -> []byte
 // buffers return (nil, nil): use the Go heap. A failed mapping is an error
 // (the Go heap would not do better with that much).
 func osAlloc(n int) ([]byte, error) {
-	if n < hugePage {
+	if n < hugepage.Size {
 		return nil, nil
 	}
-	size := (n + hugePage - 1) &^ (hugePage - 1)
-	region, err := syscall.Mmap(-1, 0, size+hugePage, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	size := (n + hugepage.Size - 1) &^ (hugepage.Size - 1)
+	region, err := syscall.Mmap(-1, 0, size+hugepage.Size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
 	if err != nil {
 		return nil, err
 	}
-	off := int(-uintptr(unsafe.Pointer(&region[0])) & (hugePage - 1))
+	off := int(-uintptr(unsafe.Pointer(&region[0])) & (hugepage.Size - 1))
 	b := region[off : off+size : off+size]
 	hugepage.Advise(b) // best effort: without THP the pages are simply 4 KiB
 	mappings.Store(uintptr(unsafe.Pointer(&b[0])), region)

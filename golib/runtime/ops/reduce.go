@@ -193,33 +193,33 @@ func reduceInt(ctx *Context, x *tensor.Tensor, keepShape tensor.Shape, out *tens
 	return storeInt64(out, acc)
 }
 
-// meanInt writes into each acc[o] the mean of the src[i] with idx[i] == o,
-// truncated toward zero as onnxruntime's integer ReduceMean does (0 over an
-// empty set). The sums are kept in 128 bits, so they cannot overflow, and
-// the mean of int64 values always fits int64.
+// meanInt writes into each acc[o] the mean of the src[i] with idx[i] == o
+// (every output reduces the same count of inputs), truncated toward zero as
+// onnxruntime's integer ReduceMean does (0 over an empty set). The sums are
+// kept in 128 bits, so they cannot overflow, and the mean of int64 values
+// always fits int64.
 func meanInt(acc, src []int64, idx []int) {
+	if len(acc) == 0 || len(src) == 0 {
+		clear(acc)
+		return
+	}
+	cnt := uint64(len(src) / len(acc))
 	hi := make([]int64, len(acc))
 	lo := make([]uint64, len(acc))
-	cnt := make([]uint64, len(acc))
 	for i, v := range src {
 		o := idx[i]
 		var carry uint64
 		lo[o], carry = bits.Add64(lo[o], uint64(v), 0)
 		hi[o] += v>>63 + int64(carry) // v's sign extension and the carry
-		cnt[o]++
 	}
 	for o := range acc {
-		if cnt[o] == 0 {
-			acc[o] = 0
-			continue
-		}
 		h, l, neg := uint64(hi[o]), lo[o], hi[o] < 0
 		if neg { // the magnitude: two's complement negation of the 128 bits
 			var borrow uint64
 			l, borrow = bits.Sub64(0, l, 0)
 			h, _ = bits.Sub64(0, h, borrow)
 		}
-		q, _ := bits.Div64(h, l, cnt[o]) // h < cnt: |sum| <= cnt * 2^63
+		q, _ := bits.Div64(h, l, cnt) // h < cnt: |sum| <= cnt * 2^63
 		if neg {
 			acc[o] = -int64(q)
 		} else {
@@ -287,9 +287,9 @@ func (k reduceKind) String() string {
 	return [...]string{"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"}[k]
 }
 
-// reduceIdentity is the start value of ReduceMax/ReduceMin, the result over
-// an empty set: the lowest (highest) value of dt, -inf (+inf) for floats,
-// false (true) for bool.
+// reduceIdentity is the start value of ReduceMax/ReduceMin on the float64
+// path, the result over an empty set: -inf (+inf) for floats, false (true)
+// for bool (the integer types take reduceInt, with intRange).
 func reduceIdentity(kind reduceKind, dt tensor.DType) (float64, error) {
 	var lo, hi float64
 	switch dt {
@@ -298,11 +298,7 @@ func reduceIdentity(kind reduceKind, dt tensor.DType) (float64, error) {
 	case tensor.Bool:
 		lo, hi = 0, 1
 	default:
-		l, h, ok := intRange(dt)
-		if !ok {
-			return 0, fmt.Errorf("%w: %s of %v", errs.ErrType, kind, dt)
-		}
-		lo, hi = float64(l), float64(h)
+		return 0, fmt.Errorf("%w: %s of %v", errs.ErrType, kind, dt)
 	}
 	if kind == reduceMax {
 		return lo, nil

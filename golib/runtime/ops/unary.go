@@ -202,12 +202,8 @@ func fastGeluBias(ctx *Context, b *tensor.Tensor) error {
 		return err
 	}
 	dst := f32Result(ctx, out)
-	if n := len(bf); n > 0 {
-		for i := 0; i < len(xf); i += n {
-			for j, v := range bf {
-				dst[i+j] = xf[i+j] + v
-			}
-		}
+	if err := binaryF32(f32Add, xf, sh, bf, b.Shape(), dst, sh); err != nil {
+		return err
 	}
 	mha.GeluTanh(dst, dst)
 	return storeF32Result(out, dst)

@@ -144,12 +144,6 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
 
     io = DecoderIO.from_session(session)
     draft_io = DecoderIO.from_session(draft_session) if draft_session is not None else None
-    if draft_io is not None and io.vocab is not None and draft_io.vocab is not None and draft_io.vocab != io.vocab:
-        raise ValueError(f"the draft model's vocabulary ({draft_io.vocab}) differs from the target's ({io.vocab}): "
-                         "speculative decoding needs the same vocabulary")
-    if num_beams > 1 and io.vocab is not None and num_beams > io.vocab:
-        raise ValueError(f"num_beams={num_beams} exceeds the vocabulary ({io.vocab} tokens): there are not that "
-                         "many distinct hypotheses")
     padded = not mask.all()
     per_row = speculative or (padded and not io.left_padding)
     groups = [np.array([r]) for r in range(ids.shape[0])] if per_row else [np.arange(ids.shape[0])]
