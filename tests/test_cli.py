@@ -77,3 +77,17 @@ def test_main_in_process(capsys: pytest.CaptureFixture) -> None:
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "version" in out and olkv.__version__ in out and "KiB" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch", "0"], "--batch must be >= 1, got 0"),
+    (["--q-heads", "30"], "--q-heads (30) must be a multiple of --kv-heads (8)"),
+    (["--steps", "-1"], "--steps must be >= 1, got -1"),
+    (["--threads", "5000"], "--threads must be in [0, 1024], got 5000"),
+    (["--gen-prompt", "0"], "--gen-prompt must be >= 1, got 0"),
+])
+def test_demo_checks_options_before_running(args: list, message: str, capsys: pytest.CaptureFixture) -> None:
+    # a bad option of the second part is refused before the first part prints or runs anything
+    assert main(["demo", *args]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == f"onnx-light-kv: error: {message} (ValueError)"

@@ -57,6 +57,8 @@ def integer(value: Any, name: str, *, lo: int = -INT64_MAX - 1, hi: int = INT64_
         if hi == INT64_MAX:
             raise ValueError(f"{name} must be >= {lo}, got {v}" if v < lo else
                              f"{name} must be at most {hi} (int64), got {v}")
+        if lo == -INT64_MAX - 1:
+            raise ValueError(f"{name} must be at most {hi}, got {v}")
         raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
     return v
 

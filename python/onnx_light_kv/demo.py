@@ -165,10 +165,24 @@ def run_generation(args: Any) -> bool:
     return same
 
 
+def check_arguments(args: Any) -> None:
+    """Check every numeric option before anything runs, so a mistake in the second part's options
+    does not surface after the first part (``ValueError`` naming the option)."""
+    from ._validate import INT64_MAX, integer
+
+    for name, lo in (("batch", 1), ("q_heads", 1), ("kv_heads", 1), ("head_dim", 1), ("prompt", 0),
+                     ("steps", 1), ("threads", 0), ("check_every", 0), ("gen_steps", 0), ("gen_prompt", 1),
+                     ("seed", 0)):
+        integer(getattr(args, name), "--" + name.replace("_", "-"), lo=lo, hi=1024 if name == "threads" else INT64_MAX)
+    if args.q_heads % args.kv_heads:
+        raise ValueError(f"--q-heads ({args.q_heads}) must be a multiple of --kv-heads ({args.kv_heads})")
+
+
 def run(args: Any) -> int:
     """Run the demo; returns the process exit code (1 if a check failed)."""
     import onnx_light_kv as olkv
 
+    check_arguments(args)
     olkv.set_threads(args.threads or None)
     info = olkv.build_info()
     print(f"onnx-light-kv {info['version']} | {info['cpu']} | kernel {info['attention_kernel']} | "
