@@ -87,7 +87,36 @@ ARCHS: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
     "gpt2": ("GPT2Config", "GPT2LMHeadModel",
              dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=MAX_POS, n_inner=128,
                   bos_token_id=1, eos_token_id=2, tie_word_embeddings=True)),
+    # architectures whose layers differ from the Llama pattern in ways an exporter shows in the graph:
+    # partial rotary (a rotated slice of each head), parallel attention + MLP, LayerNorm with bias,
+    # learned positions with an offset, q/k norms, scaling multipliers, interleaved rotary (GPT-J)
+    "gptneox": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
+                dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=128, rotary_pct=0.25, max_position_embeddings=MAX_POS,
+                     use_parallel_residual=True, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)),
+    "phi": ("PhiConfig", "PhiForCausalLM",
+            dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=4, partial_rotary_factor=0.5,
+                 max_position_embeddings=MAX_POS, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)),
+    "opt": ("OPTConfig", "OPTForCausalLM",
+            dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, ffn_dim=128, num_attention_heads=4,
+                 max_position_embeddings=MAX_POS, word_embed_proj_dim=64, do_layer_norm_before=True,
+                 pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM",
+                 dict(COMMON, partial_rotary_factor=0.25, use_qkv_bias=True,
+                      tie_word_embeddings=False)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(COMMON, tie_word_embeddings=False)),
+    "granite": ("GraniteConfig", "GraniteForCausalLM",
+                dict(COMMON, embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.125,
+                     logits_scaling=2.0, tie_word_embeddings=False)),
+    "gptj": ("GPTJConfig", "GPTJForCausalLM",
+             dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_inner=128,
+                  n_positions=MAX_POS, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)),
+    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM",
+                   dict(COMMON, use_bias=True, sliding_window=None, tie_word_embeddings=False)),
 }
+# architectures transformers runs only with its eager attention (no sdpa implementation)
+EAGER = {"gptj": "eager"}
 # what is known about exports that do not match transformers (manifest "note"; found by reading the graphs)
 NOTES = {
     "mistral-genai": "the builder applies sliding_window only to layers whose layer_types say sliding_attention; "
@@ -110,7 +139,7 @@ def build_model(arch: str) -> Any:
     cfg_cls, model_cls, kwargs = ARCHS[arch]
     torch.manual_seed(SEED)
     config = getattr(transformers, cfg_cls)(**kwargs)
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = EAGER.get(arch, "sdpa")
     model = getattr(transformers, model_cls)(config).eval()
     gen = torch.Generator().manual_seed(SEED)
     tied = bool(config.tie_word_embeddings)
@@ -156,7 +185,7 @@ def layer_count(model: Any) -> int:
 def kv_geometry(model: Any) -> Tuple[int, int]:
     c = model.config
     heads = int(getattr(c, "num_attention_heads", None) or c.n_head)
-    kv = int(getattr(c, "num_key_value_heads", None) or heads)
+    kv = int(getattr(c, "num_key_value_heads", None) or getattr(c, "num_kv_heads", None) or heads)
     hidden = int(getattr(c, "hidden_size", None) or c.n_embd)
     hd = int(getattr(c, "head_dim", None) or hidden // heads)
     return kv, hd

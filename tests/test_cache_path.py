@@ -229,6 +229,40 @@ def test_fallback_keeps_tensor_path(case: str) -> None:
     np.testing.assert_array_equal(a.logits, b.logits)
 
 
+def _cast_before_present(model: onnx.ModelProto, present: str, to: int) -> onnx.ModelProto:
+    """The model with the Concat that produces ``present`` writing a temporary, and a Cast of it to
+    ``to`` producing the present (as GPT-J's TorchScript export casts its keys)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    nodes = list(m.graph.node)
+    i = next(k for k, n in enumerate(nodes) if present in n.output)
+    nodes[i].output[0] = present + "_concat"
+    nodes.insert(i + 1, helper.make_node("Cast", [present + "_concat"], [present], to=to))
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    return m
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_concat_rule_looks_through_a_cast_to_the_past_type(dtype: str) -> None:
+    """Concat(past, new) -> Cast(to = the past's own type) -> present is rewritten (both nodes
+    dropped) and runs like the tensor path; a Concat output also read elsewhere is not."""
+    cfg = _cfg(dtype)
+    to = onnx.TensorProto.FLOAT if dtype == "float32" else onnx.TensorProto.FLOAT16
+    model = _cast_before_present(_cast_before_present(M.gpt2_decoder(cfg), "present.0.key", to), "present.1.value", to)
+    sess = _session(model)
+    assert all(p["rewritten"] and p["rule"] == "concat-past-present" for p in sess.cache_plan()), sess.cache_plan()
+    ref = M.greedy_generate(sess, model, PROMPT, 8)
+    with sess.create_state() as st:
+        toks, step_logits, prefill = _state_generate(sess, st, PROMPT, 8)
+    np.testing.assert_array_equal(toks, ref.tokens)
+    _close("prefill logits", prefill, ref.prefill_logits, dtype)
+    _close("step logits", np.stack(step_logits), ref.logits, dtype)
+    observed = _with_extra_output(model, helper.make_node("Identity", ["present.0.key_concat"], ["observed"]), "observed")
+    plan = _session(observed).cache_plan()
+    assert not plan[0]["rewritten"] and "nor a Cast of it to the past's type" in plan[0]["reason"], plan[0]
+
+
 def test_gpt2_batch_of_two() -> None:
     """A GPT-2 state of batch 2 (its in-graph mask is causal only) runs like the tensor path."""
     cfg = _cfg()

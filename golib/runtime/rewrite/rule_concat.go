@@ -78,24 +78,36 @@ func (c *chain) take(i int) string {
 }
 
 // concatOf checks that a past feeds Concat(past, new, axis=2) producing
-// the paired present, and returns the Concat's index and the new rows.
-func concatOf(ix *index, past, present string) (int, string, string) {
+// the paired present, directly or through a Cast to the past's own type
+// (GPT-J's TorchScript export casts the keys to float32 whatever their
+// type), and returns the nodes the match drops and the new rows.
+func concatOf(ix *index, past, present string) ([]int, string, string) {
 	i, why := pastUser(ix, past)
 	if why != "" {
-		return -1, "", why
+		return nil, "", why
 	}
 	n := ix.node(i)
 	if !isOp(n, "Concat") {
-		return -1, "", fmt.Sprintf("past %q feeds %s, not Concat", past, describe(n))
+		return nil, "", fmt.Sprintf("past %q feeds %s, not Concat", past, describe(n))
 	}
 	ax := attrInt(n, "axis", 0)
 	if len(n.GetInput()) != 2 || n.GetInput()[0] != past || (ax != 2 && ax != -2) {
-		return -1, "", fmt.Sprintf("%s is not Concat(past, new) on the sequence axis 2", describe(n))
+		return nil, "", fmt.Sprintf("%s is not Concat(past, new) on the sequence axis 2", describe(n))
 	}
-	if len(n.GetOutput()) != 1 || n.GetOutput()[0] != present {
-		return -1, "", fmt.Sprintf("%s does not produce the paired present %q", describe(n), present)
+	if len(n.GetOutput()) != 1 {
+		return nil, "", fmt.Sprintf("%s does not produce the paired present %q", describe(n), present)
 	}
-	return i, n.GetInput()[1], ""
+	if out := n.GetOutput()[0]; out != present {
+		c := &chain{ix: ix}
+		j, cast := c.next(out)
+		if cast == nil || !isOp(cast, "Cast") || len(cast.GetOutput()) != 1 || cast.GetOutput()[0] != present ||
+			attrInt(cast, "to", 0) != int64(ix.inputs[past].DType) {
+			return nil, "", fmt.Sprintf("%s does not produce the paired present %q (nor a Cast of it to the past's type)",
+				describe(n), present)
+		}
+		return []int{i, j}, n.GetInput()[1], ""
+	}
+	return []int{i}, n.GetInput()[1], ""
 }
 
 // presentHead returns the one node that reads a present besides Shape/Size
@@ -208,7 +220,7 @@ func (concatRule) Match(ix *index, p *pair) (*edit, string) {
 	if why != "" {
 		return nil, why
 	}
-	c := &chain{ix: ix, drop: []int{ik, iv}}
+	c := &chain{ix: ix, drop: append(ik, iv...)}
 	hk, why := presentHead(ix, p.presK)
 	if why != "" {
 		return nil, why
