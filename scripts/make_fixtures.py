@@ -112,6 +112,20 @@ ARCHS: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
     "gptj": ("GPTJConfig", "GPTJForCausalLM",
              dict(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_inner=128,
                   n_positions=MAX_POS, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)),
+    # rotary scaling as released checkpoints configure it (Llama 3.x, Phi-3 128k / Phi-3.5), and a
+    # mixture of experts (Mixtral: router TopK and expert gathers in the graph)
+    "llama3": ("LlamaConfig", "LlamaForCausalLM",
+               dict(COMMON, tie_word_embeddings=False,
+                    rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                      original_max_position_embeddings=32))),
+    "phi3longrope": ("Phi3Config", "Phi3ForCausalLM",
+                     dict({k: v for k, v in COMMON.items() if k != "head_dim"}, original_max_position_embeddings=32,
+                          tie_word_embeddings=False, sliding_window=None,
+                          rope_scaling=dict(type="longrope", short_factor=[1.0, 1.1, 1.2, 1.3, 1.5, 1.8, 2.0, 2.5],
+                                            long_factor=[1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0]))),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                dict(COMMON, num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False,
+                     sliding_window=None)),
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM",
                    dict(COMMON, use_bias=True, sliding_window=None, tie_word_embeddings=False)),
 }
@@ -125,6 +139,7 @@ NOTES = {
     "phi3-genai": "the builder wires lm_head to layer 0's post_attention_layernorm output; layer 1 and the final "
                   "norm are computed but unused, so the logits differ from transformers from the first token",
 }
+NOTES["phi3longrope-genai"] = NOTES["phi3-genai"]
 EXPORTERS = ["dynamo", "dynamo23", "torchscript", "optimum", "genai", "dynamo23-fp16", "torchscript-fp16"]
 # the float16 exports (the model cast with .half() before a torch exporter runs) are made for these only
 FP16_ARCHS = ("llama", "qwen3", "gemma2", "gpt2")
