@@ -367,3 +367,49 @@ def test_a_request_whose_prompt_fails_ends_alone() -> None:
         rb = eng.request(b)
         assert rb.finish_reason == "error" and "9999" in rb.error and rb.tokens == []
         assert eng.stats()["finished"]["error"] == 1
+
+
+GENAI = "llama3-genai"  # a GroupQueryAttention export: its K/V head size is symbolic
+
+
+@pytest.mark.skipif(GENAI not in fx.names(), reason=f"fixture {GENAI} missing")
+def test_cache_geometry_from_the_first_run_is_known_at_creation() -> None:
+    """A model whose states learn their K/V geometry from the first run (the genai exports'
+    symbolic head size) still gets its block size and per-request bytes at creation: the paged
+    layout starts, and the budget holds as many requests as it has room for."""
+    sess = oc.ours(fx.model_path(GENAI))
+    with Engine(sess, max_length=32) as eng:
+        per = eng.stats()["request_bytes"]
+    assert per > 0
+    with Engine(sess, max_length=32, block_size=16, prefix_cache=True) as eng:
+        assert eng.block_size == 16 and eng.paged
+    reqs = [dict(input_ids=[3 + i, 9, 4, 8], max_new_tokens=5) for i in range(5)]
+    want = [_alone(sess, r) for r in reqs]
+    with Engine(sess, max_batch=8, max_length=32, budget=2 * per) as eng:
+        ids = {eng.add_request(**r): i for i, r in enumerate(reqs)}
+        peak = 0
+        while eng.has_work():
+            eng.step()
+            st = eng.stats()
+            peak = max(peak, st["running"] + st["prefilling"])
+            assert st["cache_reserved_bytes"] <= eng.budget
+        assert peak == 2 and st["admission_paused"] > 0
+        assert {i: eng.request(rid).tokens for rid, i in ids.items()} == dict(enumerate(want))
+
+
+def test_prefix_hits_count_since_the_start() -> None:
+    """prefix_hits (served as a Prometheus counter) counts the requests that attached a prefix,
+    and keeps its value while no request runs."""
+    sess = ours(MODEL)
+    shared = [(11 * i + 5) % 256 for i in range(40)]  # a prompt no other test registers
+    with Engine(sess, max_length=64, block_size=16, prefix_cache=True) as eng:
+        seen, reused = [], []
+        for k in range(3):
+            rid = eng.add_request(shared + [k], max_new_tokens=3)
+            while eng.has_work():
+                eng.step()
+                seen.append(eng.stats()["prefix_hits"])
+            reused.append(eng.request(rid).reused_tokens)
+        st = eng.stats()
+    assert reused == [0, 32, 32]
+    assert st["prefix_hits"] == 2 and st["prefix_tokens"] == 64 and seen == sorted(seen) and seen[-1] == 2

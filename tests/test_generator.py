@@ -134,3 +134,21 @@ def test_closed_generator_raises() -> None:
         with pytest.raises(ValueError, match="closed"):
             verb()
     np.testing.assert_array_equal(g.get_sequence(0), gc.PROMPT)  # what it held stays readable
+
+
+@pytest.mark.parametrize("state_options", [None, False])
+def test_negative_token_ids_are_refused(state_options: object) -> None:
+    """generate() and Engine refuse negative ids; so does append_tokens (an ONNX Gather would
+    read them from the end of the embedding table), changing nothing."""
+    g = olkv.Generator(gc.ours("llama"), state_options=state_options)
+    with pytest.raises(ValueError, match="non-negative"):
+        g.append_tokens(np.array([3, -1]))
+    with pytest.raises(ValueError, match="batch, n > 0"):
+        g.append_tokens(np.zeros((0, 3), np.int64))
+    assert g.length == 0
+    g.append_tokens(gc.PROMPT)
+    with pytest.raises(ValueError, match="non-negative"):
+        g.append_tokens(np.array([-5]))
+    g.generate_next_token()
+    assert g.get_next_tokens()[0] == gc.ort_greedy(gc.model("llama"), gc.PROMPT, 1)[0]
+    g.close()

@@ -240,6 +240,33 @@ def test_generate_reuses_prefixes() -> None:
         assert stats["hits"] >= 1 and stats["tokens_reused"] >= 288
 
 
+def test_prefix_reuse_on_an_export_without_declared_cache_geometry() -> None:
+    """onnxruntime-genai exports leave the K/V head size symbolic, so a state's caches are created
+    by its first run. The geometry that run finds serves every later state of the session, which
+    then has its caches at creation: reuse_prefix attaches the shared blocks (it returned 0 before)
+    and the continued prefill equals a cold one."""
+    import _fixtures as fx
+
+    sess = olkv.InferenceSession(fx.model_path("llama3-genai"), threads=1)
+    ids = np.random.default_rng(8).integers(3, 256, size=(1, 40), dtype=np.int64)
+
+    def run(st: olkv.GenerationState, part: np.ndarray, total: int) -> np.ndarray:
+        return sess.run(["logits"], {"input_ids": part, "attention_mask": np.ones((1, total), np.int64)},
+                        state=st)[0]
+
+    opts = dict(batch=1, max_length=64, layout="paged", block_size=16, prefix_cache=True)
+    with sess.create_state(**opts) as first:
+        assert first.info()["layers"] is None  # nothing to size the caches by before the first run
+        want = run(first, ids, 40)[:, -1]
+    with sess.create_state(**opts) as st:
+        assert st.info()["layers"] is not None
+        n = st.reuse_prefix(ids[0])
+        assert n == 32 and st.length == 32
+        got = run(st, ids[:, n:], 40)[:, -1]
+        assert float(np.abs(got - want).max()) <= 1e-5 * max(1.0, float(np.abs(want).max()))
+        assert st.info()["prefix_cache"]["hits"] == 1
+
+
 def test_prefix_cache_errors() -> None:
     sess = _llama()
     with pytest.raises(ValueError):

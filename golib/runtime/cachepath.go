@@ -26,6 +26,34 @@ type cachePath struct {
 
 	prefixMu sync.Mutex
 	prefixes *cache.PrefixStore // shared prompt prefixes of paged states (prefix.go); nil until first used
+
+	// geomMu guards learned: the cache geometry (KV heads, K and V head
+	// dims) a run found for a layer slot whose graph does not declare it,
+	// so that states created later create that layer's cache at once.
+	geomMu  sync.Mutex
+	learned map[int][3]int
+}
+
+// geometry returns a layer slot's cache geometry: the graph's, else the one
+// an earlier run learned (zeros when neither is known yet).
+func (cp *cachePath) geometry(slot int) [3]int {
+	l := cp.layers[slot]
+	if l.KVHeads > 0 && l.HeadDimK > 0 && l.HeadDimV > 0 {
+		return [3]int{l.KVHeads, l.HeadDimK, l.HeadDimV}
+	}
+	cp.geomMu.Lock()
+	defer cp.geomMu.Unlock()
+	return cp.learned[slot]
+}
+
+// learn records the geometry a run created a layer slot's cache with.
+func (cp *cachePath) learn(slot int, geom [3]int) {
+	cp.geomMu.Lock()
+	defer cp.geomMu.Unlock()
+	if cp.learned == nil {
+		cp.learned = map[int][3]int{}
+	}
+	cp.learned[slot] = geom
 }
 
 // newCachePath rewrites m's main graph (a copy: m is not changed) and

@@ -120,14 +120,15 @@ func (s *Session) NewCacheState(cfg StateConfig) (*CacheState, error) {
 		}
 		cs.arena, cs.own = a, true
 	}
-	for _, l := range cs.layers {
-		if l.KVHeads == 0 || l.HeadDimK == 0 || l.HeadDimV == 0 {
-			// the graph does not declare the geometry: the first run's
-			// kernel creates the cache from its inputs
+	for slot := range cs.layers {
+		g := s.cache.geometry(slot)
+		if g[0] == 0 || g[1] == 0 || g[2] == 0 {
+			// neither the graph nor an earlier run gave the geometry: the
+			// first run's kernel creates the cache from its inputs
 			cs.caches = append(cs.caches, nil)
 			continue
 		}
-		c, err := cs.newCache(l.KVHeads, l.HeadDimK, l.HeadDimV)
+		c, err := cs.newCache(g[0], g[1], g[2])
 		if err != nil {
 			cs.Close()
 			return nil, err
@@ -276,6 +277,7 @@ func (b *stateBinding) Cache(layer, n int, geom [3]int) (*cache.KVCache, error) 
 			return nil, err
 		}
 		cs.caches[layer] = c
+		cs.sess.cache.learn(layer, geom)
 	}
 	if n > 0 {
 		if cs.step != 0 && cs.step != n {

@@ -121,8 +121,10 @@ class Generator:
         ids = ids.astype(np.int64)
         if ids.ndim == 1:
             ids = ids[None, :]
-        if ids.ndim != 2 or ids.shape[1] == 0:
-            raise ValueError(f"tokens must be [batch, n] or [n] with n > 0, got shape {ids.shape}")
+        if ids.ndim != 2 or ids.shape[0] == 0 or ids.shape[1] == 0:
+            raise ValueError(f"tokens must be [batch, n] or [n] with batch, n > 0, got shape {ids.shape}")
+        if ids.min() < 0:  # a Gather would read a negative id from the end of the vocabulary
+            raise ValueError("tokens must be non-negative ids")
         first = self._runner is None or self.length == 0
         if not first and ids.shape[0] != self.batch:
             raise ValueError(f"tokens have {ids.shape[0]} rows; this generator has {self.batch}")

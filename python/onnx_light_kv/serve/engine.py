@@ -157,11 +157,8 @@ class Engine:
         if self.io.attention_mask is None:
             raise NotImplementedError("the Engine batches sequences of different lengths through the attention mask; "
                                       "this model has no attention_mask input")
-        probe = session.create_state(batch=1, max_length=self.max_length, **opts)
-        try:
-            self._request_bytes = int(probe.info()["totals"].get("committed_bytes", 0))
-        finally:
-            probe.close()
+        info = self._probe(opts)
+        self._request_bytes = int(info["totals"].get("committed_bytes", 0))
         # bytes per cached position (all layers), from the contiguous probe's reservation
         self._position_bytes = self._request_bytes // self.max_length
         self.block_size: Optional[int] = None
@@ -169,11 +166,8 @@ class Engine:
             opts.update(layout="paged", prefix_cache=self.prefix_cache)
             if block_size is not None:
                 opts["block_size"] = integer(block_size, "block_size", lo=1)
-            probe = session.create_state(batch=1, max_length=self.max_length, **opts)  # checks block_size
-            try:
-                self.block_size = int(probe.info()["layers"][0]["block_size"])
-            finally:
-                probe.close()
+            info = self._probe(opts)  # checks block_size
+            self.block_size = int(info["layers"][0]["block_size"]) if info["layers"] else None
         self._state_options = opts
         if self.budget is not None and not self.paged and self._request_bytes > self.budget:
             raise BudgetError(f"budget of {self.budget} bytes cannot hold one request's caches: "
@@ -190,6 +184,22 @@ class Engine:
         self._recent: Deque[Tuple[float, int]] = collections.deque(maxlen=64)
         self._closed = False
         self._vocab = self.io.vocab  # known up front where the model fixes it, else from the first logits
+
+    def _probe(self, opts: Dict[str, Any]) -> Dict[str, Any]:
+        """``info()`` of a one-row state created with ``opts``. A model whose K/V geometry the
+        state learns only from a run (a symbolic head size, as onnxruntime-genai exports name
+        it) gets one token run on the probe first, so the caches, their reservation and their
+        block size exist to be read (else the budget would count nothing for such requests)."""
+        probe = self.session.create_state(batch=1, max_length=self.max_length, **opts)
+        try:
+            info = probe.info()
+            if not info.get("layers"):
+                ids = np.zeros((1, 1), np.int64)
+                self.session.run([self.io.logits], step_feeds(self.io, ids, np.ones_like(ids), 0), state=probe)
+                info = probe.info()
+            return info
+        finally:
+            probe.close()
 
     # -- requests -------------------------------------------------------------------------
     def add_request(self, input_ids: Any, *, max_new_tokens: int = 16, do_sample: bool = False,
@@ -357,6 +367,7 @@ class Engine:
             if self.prefix_cache and req._prefilled == 0 and req._runner.length == 0:
                 req.reused_tokens = req._prefilled = req._runner.reuse_prefix(req.prompt)
                 self._counts["prefix_tokens"] += req.reused_tokens
+                self._counts["prefix_hits"] += int(req.reused_tokens > 0)
             start = req._prefilled
             n = min(room, req.prompt.size - start)
             try:
@@ -471,8 +482,10 @@ class Engine:
         ``mean_step_ms``, ``tokens_per_s`` (over the recent steps), ``cache_reserved_bytes`` /
         ``cache_committed_bytes`` (the running requests' caches), ``budget``,
         ``request_bytes`` (what one request reserves), ``admission_paused`` (steps that left
-        requests queued for the budget), ``cache_blocks_used`` / ``cache_blocks_free`` and
-        ``prefix_hits`` (None/0: contiguous layout, no prefix cache)."""
+        requests queued for the budget), ``cache_blocks_used`` / ``cache_blocks_free`` (None:
+        contiguous layout, or no request running), ``prefix_hits`` / ``prefix_tokens``
+        (requests that attached a registered prompt prefix and the tokens they reused, counted
+        since the engine started; 0 without a prefix cache)."""
         with self._lock:
             pending = sum(1 for k, _ in self._inbox if k == "add")
         c = self._counts
@@ -481,7 +494,7 @@ class Engine:
         if len(recent) >= 2 and recent[-1][0] > recent[0][0]:
             tps = sum(n for _, n in recent[1:]) / (recent[-1][0] - recent[0][0])
         state = self._state
-        committed, used, free, hits = 0, None, None, 0
+        committed, used, free = 0, None, None
         if state is not None and not state.closed:
             try:
                 info = state.info()
@@ -492,7 +505,6 @@ class Engine:
                 if self.paged:
                     used = sum(int(layer.get("blocks_used", 0)) for layer in info["layers"])
                     free = sum(int(layer.get("blocks_free", 0)) for layer in info["layers"])
-                    hits = int((info.get("prefix_cache") or {}).get("hits", 0))
         return {"running": len(self._rows), "prefilling": len(self._prefilling), "queued": len(self._queue) + pending,
                 "requests": c["requests"] + pending,
                 "finished": {r: c["finished_" + r] for r in ("stop", "length", "abort", "error")},
@@ -501,7 +513,7 @@ class Engine:
                 "tokens_per_s": tps, "cache_reserved_bytes": self._reserved(), "cache_committed_bytes": committed,
                 "budget": self.budget, "request_bytes": self._request_bytes,
                 "admission_paused": c["admission_paused"], "max_batch": self.max_batch,
-                "cache_blocks_used": used, "cache_blocks_free": free, "prefix_hits": hits,
+                "cache_blocks_used": used, "cache_blocks_free": free, "prefix_hits": c["prefix_hits"],
                 "prefix_tokens": c["prefix_tokens"]}
 
     def close(self) -> None:
