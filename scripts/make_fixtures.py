@@ -26,6 +26,8 @@ word-level tokenizer, then exported with:
 * ``torchscript``: ``torch.onnx.export(..., dynamo=False)``;
 * ``optimum``: ``optimum.exporters.onnx.main_export(task="text-generation-with-past")``;
 * ``genai``: ``python -m onnxruntime_genai.models.builder -i <dir> -o <out> -p fp32 -e cpu``;
+* ``genai-int4``: the same with ``-p int4`` (every linear layer a com.microsoft ``MatMulNBits`` of
+  block-quantized weights), for a few architectures (``INT4_ARCHS``), to keep the fixtures small;
 * ``dynamo23-fp16``, ``torchscript-fp16``: the model cast to float16, for a few architectures
   (``FP16_ARCHS``; neither optimum nor the builder makes float16 CPU models).
 
@@ -140,9 +142,17 @@ NOTES = {
                   "norm are computed but unused, so the logits differ from transformers from the first token",
 }
 NOTES["phi3longrope-genai"] = NOTES["phi3-genai"]
-EXPORTERS = ["dynamo", "dynamo23", "torchscript", "optimum", "genai", "dynamo23-fp16", "torchscript-fp16"]
+EXPORTERS = ["dynamo", "dynamo23", "torchscript", "optimum", "genai", "genai-int4", "dynamo23-fp16",
+             "torchscript-fp16"]
 # the float16 exports (the model cast with .half() before a torch exporter runs) are made for these only
 FP16_ARCHS = ("llama", "qwen3", "gemma2", "gpt2")
+# the builder's int4 exports (genai-int4) are made for these only
+INT4_ARCHS = ("llama", "qwen3")
+for _arch in INT4_ARCHS:
+    NOTES[f"{_arch}-genai-int4"] = (
+        "int4 weights (com.microsoft MatMulNBits, block 32, accuracy_level 4): the logits differ from transformers' "
+        "float model by the weight quantization, and the greedy tokens with them; the tests compare with onnxruntime "
+        "at accuracy_level 0 (float activations; at 4 onnxruntime quantizes them to int8)")
 
 
 # -- models ------------------------------------------------------------------------------------
@@ -288,11 +298,11 @@ def export_optimum(folder: str, out: str) -> str:
     return os.path.join(out, "model.onnx")
 
 
-def export_genai(folder: str, out: str, cache: str) -> str:
+def export_genai(folder: str, out: str, cache: str, precision: str = "fp32") -> str:
     """The onnxruntime-genai builder, run by GENAI_PYTHON when set (it may need a newer transformers
-    than optimum-onnx allows)."""
-    cmd = [os.environ.get("GENAI_PYTHON", sys.executable), "-m", "onnxruntime_genai.models.builder", "-i", folder, "-o", out, "-p", "fp32",
-           "-e", "cpu", "-c", cache]
+    than optimum-onnx allows); precision is its ``-p`` (``fp32``, or ``int4`` for the genai-int4 exports)."""
+    cmd = [os.environ.get("GENAI_PYTHON", sys.executable), "-m", "onnxruntime_genai.models.builder", "-i", folder, "-o", out,
+           "-p", precision, "-e", "cpu", "-c", cache]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         lines = [ln for ln in (r.stderr or r.stdout).strip().splitlines() if ln.strip()]
@@ -496,7 +506,8 @@ def run_export(arch: str, exporter: str, model: Any, folder: str, work: str) -> 
     elif exporter == "optimum":
         path = export_optimum(folder, out)
     else:
-        path = export_genai(folder, out, os.path.join(work, "genai-cache"))
+        path = export_genai(folder, out, os.path.join(work, "genai-cache"),
+                            precision="int4" if exporter == "genai-int4" else "fp32")
         with open(os.path.join(out, "genai_config.json")) as f:
             genai_cfg = json.load(f)
     return onnx.load(path, load_external_data=True), genai_cfg
@@ -529,7 +540,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             save_hf_folder(model, folder)
             for exporter in args.exporter:
                 fp16 = exporter.endswith("-fp16")
-                if fp16 and model16 is None:
+                if (fp16 and model16 is None) or (exporter == "genai-int4" and arch not in INT4_ARCHS):
                     continue
                 name = f"{arch}-{exporter}"
                 fname = f"{name}.onnx.xz"

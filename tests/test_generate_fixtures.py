@@ -33,7 +33,7 @@ def _session(name: str) -> Any:
 
 
 def _reference(name: str, prompt: np.ndarray) -> np.ndarray:
-    steps = fx.Decoder(name, oc.ort(fx.model_path(name))).generate(prompt[None, :], STEPS - 1)
+    steps = fx.Decoder(name, oc.ort(fx.reference_model_path(name))).generate(prompt[None, :], STEPS - 1)
     return fx.greedy_tokens(steps)[0]
 
 
