@@ -595,6 +595,20 @@ def pair_store(corr=False):
             "VMOVLPS X0, (DI)", "VMOVHPS X0, (DI)(R13*1)", "VMOVLPS X4, (DI)(R13*2)", "VMOVHPS X4, (DI)(R15*1)"]
 
 
+def pair_store_int(corr=False):
+    """pair_store's contract from int32 sums of row r token u in Y(2r+u): the integers are reduced
+    first (VPHADDD, the two lanes joined by VPERM2I128) and converted once. The sums are exact
+    integers below 2^24 (the integer loops' bound), so the float32 steps after the conversion give
+    pair_store's results bit for bit (R13, R15, Y2, Y6, Y8, X4 clobbered)."""
+    return ["VPHADDD Y1, Y0, Y0", "VPHADDD Y3, Y2, Y2", "VPHADDD Y2, Y0, Y0",
+            "VPHADDD Y5, Y4, Y4", "VPHADDD Y7, Y6, Y6", "VPHADDD Y6, Y4, Y4",
+            "VPERM2I128 $0x20, Y4, Y0, Y2", "VPERM2I128 $0x31, Y4, Y0, Y6", "VPADDD Y6, Y2, Y0",
+            "VCVTDQ2PS Y0, Y0", *(["VADDPS (SP), Y0, Y0"] if corr else []),
+            "VMOVUPS (R14), Y8", "VFMADD213PS 32(R14), Y8, Y0", "VEXTRACTF128 $1, Y0, X4",
+            "MOVQ ldS+8(FP), R13", "LEAQ (R13)(R13*2), R15",
+            "VMOVLPS X0, (DI)", "VMOVHPS X0, (DI)(R13*1)", "VMOVLPS X4, (DI)(R13*2)", "VMOVHPS X4, (DI)(R15*1)"]
+
+
 def single_store(ld, corr=False):
     """The store of a one-token step: float32 sums of row r in Y(r), r < 4, reduced to X0 =
     [r0 r1 r2 r3], s = sum*aff[16:20] + aff[20:24], stored at DI (rows ldS apart, loaded into
@@ -853,9 +867,7 @@ def maddw_dots(fmt):
                 ins(f"VPSIGNB Y{8+u}, Y12, Y{t}", f"VPMADDUBSW Y{t}, Y{10+u}, Y{t}", f"VPMADDWD Y15, Y{t}, Y{t}",
                     f"VPADDD Y{t}, Y{2*r+u}, Y{2*r+u}")
         ins("ADDQ $32, CX", "CMPQ CX, DX", f"JLT {name}chunk")
-        for i in range(8):
-            ins(f"VCVTDQ2PS Y{i}, Y{i}")
-        ins(*pair_store(True), "ADDQ $8, DI", "LEAQ (SI)(BX*2), SI", "DECQ AX", f"JNZ {name}pair")
+        ins(*pair_store_int(True), "ADDQ $8, DI", "LEAQ (SI)(BX*2), SI", "DECQ AX", f"JNZ {name}pair")
         w(f"{name}odd:")
         ins("MOVQ nt+48(FP), AX", "ANDQ $1, AX", f"JZ {name}done")
         for i in range(4):
@@ -897,8 +909,8 @@ def maddw_dots(fmt):
                 ins(f"VPMADDUBSW {off(32*h)}({qregs[r]}), Y{los[u]}, Y9", f"VPADDW Y9, {a}, {a}",
                     f"VPMADDUBSW {64+32*h}({qregs[r]}), Y{his[u]}, Y11", f"VPADDW Y11, {a}, {a}")
     for i in range(8):
-        ins(f"VPMADDWD Y15, Y{i}, Y{i}", f"VCVTDQ2PS Y{i}, Y{i}")
-    ins(*pair_store(), "ADDQ $8, DI", "LEAQ (SI)(BX*2), SI", "DECQ AX", f"JNZ {name}pair")
+        ins(f"VPMADDWD Y15, Y{i}, Y{i}")
+    ins(*pair_store_int(), "ADDQ $8, DI", "LEAQ (SI)(BX*2), SI", "DECQ AX", f"JNZ {name}pair")
     w(f"{name}tail:")
     ins("MOVQ nt+48(FP), AX", "ANDQ $1, AX")
     w(f"{name}one:")
