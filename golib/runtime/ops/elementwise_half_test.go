@@ -23,7 +23,8 @@ func halfValues(r *rand.Rand, n int, scale float32) []float32 {
 	return v
 }
 
-// halfT is a tensor of dtype dt (float16 or bfloat16) holding v rounded.
+// halfT is a tensor of a float dtype dt (float32, float16 or bfloat16)
+// holding v, rounded to dt.
 func halfT(t *testing.T, dt tensor.DType, shape tensor.Shape, v []float32) *tensor.Tensor {
 	t.Helper()
 	out, err := tensor.New(dt, shape)

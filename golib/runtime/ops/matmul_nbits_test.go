@@ -49,7 +49,7 @@ func packBits(vals []int, bits, nbytes int) []uint8 {
 // halfRound returns v as the float type dt holds it.
 func halfRound(t *testing.T, dt tensor.DType, v []float32) []float64 {
 	t.Helper()
-	x := floatTensor(t, dt, tensor.Shape{len(v)}, v)
+	x := halfT(t, dt, tensor.Shape{len(v)}, v)
 	f, err := tensor.AsFloat32(x)
 	if err != nil {
 		t.Fatal(err)
@@ -59,18 +59,6 @@ func halfRound(t *testing.T, dt tensor.DType, v []float32) []float64 {
 		out[i] = float64(y)
 	}
 	return out
-}
-
-func floatTensor(t *testing.T, dt tensor.DType, shape tensor.Shape, v []float32) *tensor.Tensor {
-	t.Helper()
-	x, err := tensor.New(dt, shape)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tensor.FromFloat32(x, v); err != nil {
-		t.Fatal(err)
-	}
-	return x
 }
 
 func u8Tensor(t *testing.T, shape tensor.Shape, v []uint8) *tensor.Tensor {
@@ -142,7 +130,7 @@ func (c *nbitsCase) build(t *testing.T, r *rand.Rand) {
 		for n := range c.n {
 			c.zp[n] = zr[n*kb : (n+1)*kb]
 		}
-		zpT = floatTensor(t, c.dt, tensor.Shape{c.n, kb}, zv)
+		zpT = halfT(t, c.dt, tensor.Shape{c.n, kb}, zv)
 	default:
 		for n := range c.n {
 			c.zp[n] = slices.Repeat([]float64{float64(levels / 2)}, kb)
@@ -160,15 +148,15 @@ func (c *nbitsCase) build(t *testing.T, r *rand.Rand) {
 	if c.n%3 == 0 {
 		scalesShape = tensor.Shape{c.n * kb} // the 1D form
 	}
-	c.inputs = []*tensor.Tensor{floatTensor(t, c.dt, c.aShape, av), u8Tensor(t, tensor.Shape{c.n, kb, blob}, bData),
-		floatTensor(t, c.dt, scalesShape, sv), zpT, nil, nil}
+	c.inputs = []*tensor.Tensor{halfT(t, c.dt, c.aShape, av), u8Tensor(t, tensor.Shape{c.n, kb, blob}, bData),
+		halfT(t, c.dt, scalesShape, sv), zpT, nil, nil}
 	if c.bias {
 		bv := make([]float32, c.n)
 		for i := range bv {
 			bv[i] = float32(r.NormFloat64())
 		}
 		c.biasV = halfRound(t, c.dt, bv)
-		c.inputs[nbitsBias] = floatTensor(t, c.dt, tensor.Shape{c.n}, bv)
+		c.inputs[nbitsBias] = halfT(t, c.dt, tensor.Shape{c.n}, bv)
 	}
 }
 
@@ -407,7 +395,7 @@ func TestMatMulNBitsMalformed(t *testing.T) {
 		return as
 	}
 	f16 := func(shape tensor.Shape) *tensor.Tensor {
-		return floatTensor(t, tensor.Float16, shape, make([]float32, shape.Size()))
+		return halfT(t, tensor.Float16, shape, make([]float32, shape.Size()))
 	}
 	cases := []struct {
 		name   string
