@@ -321,13 +321,20 @@ func newConstPack(n *Node, i int, transB bool) *constPack {
 // get returns the packed B when b is the constant it was built from (the
 // same values in the same shape), nil otherwise.
 func (c *constPack) get(b *tensor.Tensor) *gemm.PackedB {
-	if c == nil || b.DType() != c.src.DType() || !b.Shape().Equal(c.src.Shape()) || b.Len() == 0 {
-		return nil
-	}
-	if unsafe.SliceData(b.Bytes()) != unsafe.SliceData(c.src.Bytes()) {
+	if c == nil || b.Len() == 0 || !sameTensor(c.src, b) {
 		return nil
 	}
 	return c.pb
+}
+
+// sameTensor reports whether x and y are both nil or share type, shape and
+// storage (a run's input is the constant a pack was built from).
+func sameTensor(x, y *tensor.Tensor) bool {
+	if x == nil || y == nil {
+		return x == y
+	}
+	return x.DType() == y.DType() && x.Shape().Equal(y.Shape()) &&
+		unsafe.SliceData(x.Bytes()) == unsafe.SliceData(y.Bytes()) && len(x.Bytes()) == len(y.Bytes())
 }
 
 // one computes output batch i.

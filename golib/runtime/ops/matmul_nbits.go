@@ -2,7 +2,6 @@ package ops
 
 import (
 	"fmt"
-	"unsafe"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/gemm"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
@@ -381,14 +380,4 @@ func (k *nbitsKernel) compute(ctx *Context) error {
 // (the same type, shape and storage), so the pack made from them applies.
 func (q *nbitsQuant) same(b, scales, zp *tensor.Tensor) bool {
 	return sameTensor(q.b, b) && sameTensor(q.scales, scales) && sameTensor(q.zp, zp)
-}
-
-// sameTensor reports whether x and y are both nil or share type, shape and
-// storage.
-func sameTensor(x, y *tensor.Tensor) bool {
-	if x == nil || y == nil {
-		return x == y
-	}
-	return x.DType() == y.DType() && x.Shape().Equal(y.Shape()) &&
-		unsafe.SliceData(x.Bytes()) == unsafe.SliceData(y.Bytes()) && len(x.Bytes()) == len(y.Bytes())
 }
