@@ -112,6 +112,7 @@ def test_paged_engine_equals_generate_alone(block_size: Any, prefix_cache: bool)
         got = _run(eng, reqs, {0: 0, 1: 0, 2: 2, 3: 3, 4: 9, 5: 10, 6: 0, 7: 12, 8: 14})
         st = eng.stats()
         reused = [eng.request(rid).reused_tokens for rid in sorted(eng._requests)]
+    assert st["running"] == 0 and st["cache_blocks_used"] == 0 and st["cache_blocks_free"] is None  # idle
     for i in range(len(reqs)):
         assert got[i] == want[i], f"request {i}"
     if prefix_cache:

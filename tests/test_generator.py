@@ -93,6 +93,32 @@ def test_padded_batch_and_eos() -> None:
         assert g.done_rows()[r] == (ref == eos).any()
 
 
+def test_rewind_into_left_padding_is_refused() -> None:
+    """A rewind that would leave a row with only its left padding raises and changes nothing;
+    rewinding to where every row keeps a token continues as before."""
+    ids, mask = gc.padded(gc.PROMPTS)
+    g = olkv.Generator(gc.ours("llama-mask"), pad_token_id=0)
+    g.append_tokens(ids, attention_mask=mask)
+    for _ in range(4):
+        g.generate_next_token()
+    first = g.sequences
+    shortest = min(len(p) for p in gc.PROMPTS)
+    for bad, row in ((1, 1), (ids.shape[1] - shortest, 2)):
+        with pytest.raises(ValueError, match=f"left padding of row {row} .*at least {ids.shape[1] - shortest + 1}"):
+            g.rewind_to(bad)
+        np.testing.assert_array_equal(g.sequences, first)
+    keep = ids.shape[1] - shortest + 1  # every row keeps a token (row 0 loses part of its prompt)
+    g.rewind_to(keep)
+    fresh = olkv.Generator(gc.ours("llama-mask"), pad_token_id=0)
+    fresh.append_tokens(ids[:, :keep], attention_mask=mask[:, :keep])
+    for _ in range(4):
+        g.generate_next_token()
+        fresh.generate_next_token()
+    np.testing.assert_array_equal(g.sequences, fresh.sequences)
+    g.rewind_to(0)
+    assert g.length == 0
+
+
 def test_errors() -> None:
     g = olkv.Generator(gc.ours("llama"), max_length=gc.PROMPT.size + 1)
     with pytest.raises(RuntimeError, match="append_tokens"):

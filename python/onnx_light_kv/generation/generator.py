@@ -221,11 +221,20 @@ class Generator:
         """Drop every position from ``length`` on (0 empties the rows); the next token is then
         computed from the kept ones, as if the dropped ones had never been appended. Raises
         ``NotImplementedError`` (changing nothing) on the tensor path of a model with
-        window-sized shared buffers, which keep only the most recent positions."""
+        window-sized shared buffers, which keep only the most recent positions. Raises
+        ``ValueError`` (changing nothing) when ``length`` is above 0 but would keep only left
+        padding of some row: that row would have no token to continue from."""
         self._check_open()
         length = integer(length, "rewind length", lo=0, hi=self.length)
         if length == self.length:
             return
+        if length:
+            empty = np.flatnonzero(~self._mask[:, :length].any(axis=1))
+            if empty.size:
+                first = int(np.argmax(self._mask[empty[0]] != 0))
+                raise ValueError(f"rewind length {length} would keep only the left padding of row {int(empty[0])} "
+                                 f"(its first token is at position {first}); rewind to 0 or to at least "
+                                 f"{int(max(np.argmax(self._mask != 0, axis=1))) + 1}")
         keep = max(length - 1, 0)
         if self._runner.length > keep:
             require_truncate(self._runner, "rewind_to")

@@ -482,8 +482,9 @@ class Engine:
         ``mean_step_ms``, ``tokens_per_s`` (over the recent steps), ``cache_reserved_bytes`` /
         ``cache_committed_bytes`` (the running requests' caches), ``budget``,
         ``request_bytes`` (what one request reserves), ``admission_paused`` (steps that left
-        requests queued for the budget), ``cache_blocks_used`` / ``cache_blocks_free`` (None:
-        contiguous layout, or no request running), ``prefix_hits`` / ``prefix_tokens``
+        requests queued for the budget), ``cache_blocks_used`` / ``cache_blocks_free`` (None for
+        the contiguous layout; a paged engine with no request running uses 0 blocks and has
+        no pool, so ``cache_blocks_free`` is None then), ``prefix_hits`` / ``prefix_tokens``
         (requests that attached a registered prompt prefix and the tokens they reused, counted
         since the engine started; 0 without a prefix cache)."""
         with self._lock:
@@ -494,7 +495,7 @@ class Engine:
         if len(recent) >= 2 and recent[-1][0] > recent[0][0]:
             tps = sum(n for _, n in recent[1:]) / (recent[-1][0] - recent[0][0])
         state = self._state
-        committed, used, free = 0, None, None
+        committed, used, free = 0, (0 if self.paged else None), None
         if state is not None and not state.closed:
             try:
                 info = state.info()
