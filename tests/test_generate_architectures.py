@@ -190,3 +190,39 @@ def test_engine_equals_generate_alone(name: str, paged: bool) -> None:
         got = {i: eng.request(rid).tokens for rid, i in ids.items()}
     for i in range(len(reqs)):
         assert got[i] == want[i], f"{name} request {i}"
+
+
+@pytest.mark.parametrize("name,rows", [("gpt2-torchscript", 128), ("gptj-dynamo", 128), ("llama-genai", 128),
+                                       ("llama-torchscript", None), ("opt-optimum", None)])
+def test_position_table_is_a_limit_known_up_front(name: str, rows: Any) -> None:
+    """A model whose positions index a table (GPT-2's learned positions, GPT-J's sin/cos table, the
+    genai exports' cos cache) reports its rows; generate() refuses a request past them before
+    running anything and runs one that ends exactly there; a Generator stops at the step that
+    would pass them and keeps its tokens. Rotary computed in the graph (Llama's torch exports)
+    has no limit; OPT's table is reached from the attention mask with an offset, not found."""
+    if name not in fx.names():
+        pytest.skip(f"{name} not in the fixtures")
+    from onnx_light_kv.generation.decoder_io import DecoderIO
+
+    sess = _ours(name)
+    assert DecoderIO.from_session(sess).max_positions == rows
+    if "genai" not in name:  # (a genai export's head size is also read from its file)
+        assert DecoderIO.from_session(olkv.InferenceSession(fx.model_bytes(name))).max_positions is None  # no file
+    if rows is None:
+        return
+    with pytest.raises(ValueError, match=f"needs {rows + 1} positions; the model addresses at most {rows}"):
+        olkv.generate(sess, PROMPT, max_new_tokens=rows + 1 - PROMPT.size)
+    ids, mask = np.zeros((2, 12), np.int64), np.zeros((2, 12), np.int64)
+    ids[0, 4:], mask[0, 4:] = PROMPT, 1
+    ids[1, 2:], mask[1, 2:] = 3, 1  # the longer row (10 tokens) sets the count, not the 12 columns
+    with pytest.raises(ValueError, match=f"needs {rows + 1} positions"):
+        olkv.generate(sess, ids, attention_mask=mask, max_new_tokens=rows + 1 - 10)
+    out = olkv.generate(sess, PROMPT, max_new_tokens=rows - PROMPT.size)
+    assert out.sequences.shape == (1, rows)
+    g = olkv.Generator(sess)
+    g.append_tokens(PROMPT)
+    with pytest.raises(ValueError, match=f"needs {rows + 1} positions"):
+        while True:
+            g.generate_next_token()
+    assert g.length == rows + 1  # the token chosen from the last position's logits is kept
+    np.testing.assert_array_equal(g.sequences[:, :rows], out.sequences)

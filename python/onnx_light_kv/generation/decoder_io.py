@@ -30,6 +30,16 @@ node's ``local_window_size``, the buffer's size whatever the generation's length
 keeps the most recent positions in it and evicts the oldest), as onnxruntime-genai allocates it;
 the other layers' pasts of such a model are shared buffers of the generation's capacity.
 
+:attr:`DecoderIO.max_positions` is the number of positions the model can address when its graph
+fixes one (read from the model file, when the session was created from a path): the rows of a
+constant table that ``position_ids`` index through shape-only ops (a learned position embedding,
+as GPT-2's; a precomputed sin/cos table, as GPT-J's dynamo export), of the ``cos_cache`` of a
+com.microsoft ``RotaryEmbedding`` fed ``position_ids`` or of a ``GroupQueryAttention`` with
+``do_rotary=1`` (onnxruntime-genai exports). Generation refuses up front to go beyond it (the run
+would fail at that position). Rotary embeddings computed in the graph have no such limit (None);
+tables reached otherwise (positions computed from the attention mask with an offset, as OPT's)
+are not found, and such a model fails only at the position it cannot run.
+
 A past whose sequence dimension has the same symbolic name (or the same fixed size) as its
 present's is a pre-allocated buffer shared between steps (onnxruntime's GroupQueryAttention
 exports): the runner allocates it with the generation's capacity once and the attention mask
@@ -119,6 +129,14 @@ class DecoderIO:
     int_types: Dict[str, Any]
     group_query_attention: bool = False
     vocab: Optional[int] = None  # the logits' last dimension where the model fixes it
+    max_positions: Optional[int] = None  # positions the graph can address (module docstring)
+
+    def check_positions(self, needed: int, what: str) -> None:
+        """Raise ``ValueError`` when a row would need more than :attr:`max_positions`
+        positions; ``what`` says where the count comes from (it starts the message)."""
+        if self.max_positions is not None and needed > self.max_positions:
+            raise ValueError(f"{what} needs {needed} positions; the model addresses at most "
+                             f"{self.max_positions} (the rows of its position table)")
 
     @property
     def left_padding(self) -> bool:
@@ -213,7 +231,82 @@ class DecoderIO:
                    use_cache_branch="use_cache_branch" if "use_cache_branch" in inputs else None,
                    logits=logits, kv=tuple(kv), int_types=ints,
                    group_query_attention=_uses_group_query_attention(session, sizes),
-                   vocab=_fixed_last_dim(outputs[logits]))
+                   vocab=_fixed_last_dim(outputs[logits]), max_positions=_max_positions(session))
+
+
+def _max_positions(session: Any) -> Optional[int]:
+    """:attr:`DecoderIO.max_positions` of the session's model file (None without one)."""
+    path = getattr(session, "_model_path", None)
+    if not isinstance(path, str) or not os.path.isfile(path):
+        return None
+    st = os.stat(path)
+    return _position_table_rows(os.path.abspath(path), st.st_mtime_ns, st.st_size)
+
+
+# ops that move or re-type position ids without changing their values
+_SHAPE_ONLY = frozenset({"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Expand", "Tile", "Identity"})
+
+
+@functools.lru_cache(maxsize=16)
+def _position_table_rows(path: str, mtime_ns: int = 0, size: int = 0) -> Optional[int]:
+    """The fewest rows of a table the model's positions index (see :attr:`DecoderIO.max_positions`;
+    None when none is found or the file cannot be read). Cached per (path, mtime_ns, size)."""
+    import onnx
+
+    try:
+        model = onnx.load(path, load_external_data=False)
+    except Exception:  # not readable by onnx: no limit known (the session itself loaded it)
+        return None
+    graph = model.graph
+    dims: Dict[str, List[Optional[int]]] = {t.name: list(t.dims) for t in graph.initializer}
+    for n in graph.node:
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
+            for a in n.attribute:
+                if a.name == "value":
+                    dims[n.output[0]] = list(a.t.dims)
+    inferred: List[Optional[Dict[str, List[Optional[int]]]]] = [None]
+
+    def rows(name: str, axis: int = 0) -> Optional[int]:
+        d = dims.get(name)
+        if d is None:
+            if inferred[0] is None:  # shape inference only for a table that is computed
+                try:
+                    g = onnx.shape_inference.infer_shapes(model).graph
+                    inferred[0] = {vi.name: [x.dim_value if x.HasField("dim_value") else None
+                                             for x in vi.type.tensor_type.shape.dim] for vi in g.value_info}
+                except Exception:
+                    inferred[0] = {}
+            d = inferred[0].get(name)
+        if not d or not -len(d) <= axis < len(d):
+            return None
+        r = d[axis]
+        return int(r) if r else None
+
+    found: List[int] = []
+    consumers: Dict[str, List[Tuple[Any, int]]] = {}
+    for n in graph.node:
+        for i, x in enumerate(n.input):
+            consumers.setdefault(x, []).append((n, i))
+        if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft" and len(n.input) > 7 and n.input[7]:
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+            if int(attrs.get("do_rotary", 0)):
+                found.append(rows(n.input[7]) or 0)
+    frontier = ["position_ids"] if any(i.name == "position_ids" for i in graph.input) else []
+    seen = set(frontier)
+    while frontier:
+        for n, i in consumers.get(frontier.pop(), []):
+            if n.op_type in ("Gather", "GatherElements") and n.domain in ("", "ai.onnx") and i == 1:
+                axis = next((int(onnx.helper.get_attribute_value(a)) for a in n.attribute if a.name == "axis"), 0)
+                found.append(rows(n.input[0], axis) or 0)
+            elif n.op_type == "RotaryEmbedding" and n.domain == "com.microsoft" and i == 1 and len(n.input) > 2:
+                found.append(rows(n.input[2]) or 0)
+            elif n.op_type in _SHAPE_ONLY and n.domain in ("", "ai.onnx") and i == 0:
+                for o in n.output:
+                    if o not in seen:
+                        seen.add(o)
+                        frontier.append(o)
+    found = [r for r in found if r > 0]
+    return min(found) if found else None
 
 
 def _fixed_last_dim(arg: Any) -> Optional[int]:

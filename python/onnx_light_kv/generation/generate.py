@@ -144,6 +144,11 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
 
     io = DecoderIO.from_session(session)
     draft_io = DecoderIO.from_session(draft_session) if draft_session is not None else None
+    longest = int(mask.sum(axis=1).max()) + max_new_tokens  # position ids count a row's tokens
+    io.check_positions(longest, f"the longest prompt ({longest - max_new_tokens} tokens) + max_new_tokens={max_new_tokens}")
+    if draft_io is not None:
+        draft_io.check_positions(longest, f"the draft model, for the longest prompt ({longest - max_new_tokens} "
+                                 f"tokens) + max_new_tokens={max_new_tokens},")
     padded = not mask.all()
     per_row = speculative or (padded and not io.left_padding)
     groups = [np.array([r]) for r in range(ids.shape[0])] if per_row else [np.arange(ids.shape[0])]
