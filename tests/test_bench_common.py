@@ -286,6 +286,7 @@ def test_tensor_decode_runtimes_are_choices() -> None:
     ("bench_generate", ["--beam-prompts", "-3"]),
     ("bench_gqa_op", ["--repeat", "0"]),
     ("bench_matmul", ["--threads", "-1"]),
+    ("bench_matmul", ["--weights", "int4", "--block-size", "24"]),
     ("bench_models", ["--models", "("]),
     ("bench_models", ["--models", "nosuchmodel"]),
     ("bench_overhead", ["--contexts", "0"]),

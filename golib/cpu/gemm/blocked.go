@@ -111,13 +111,19 @@ func (p *product) block(bufs *packBufs, i0, i1, j0, j1 int) {
 		case p.pb != nil && p.pb.h != nil:
 			bb = bufs.b[:n]
 			ks.cvt16(p.pb.half, bb, p.pb.slabHalf(jb, l0, kc)[o:o+n])
+		case p.pb != nil && p.pb.q != nil:
+			// Dequantized sliver by sliver (nr == packNR: PackedServes).
+			bb = bufs.b[:n]
+			for jr := 0; jr < nc; jr += packNR {
+				p.pb.widenQuant(ks, bb[jr*kc:(jr+packNR)*kc], jb, l0, kc, j0-jb*ncBlock+jr)
+			}
 		case p.pb != nil:
 			bb = p.pb.slab(jb, l0, kc)[o : o+n]
 		default:
 			p.packB(bb, j0, nc, l0, kc, nr)
 		}
 		blk := bBlock{f: bb, h: bh}
-		if ks.sliverMajor && p.pb != nil && (bh != nil || p.pb.h == nil) {
+		if ks.sliverMajor && p.pb != nil && (bh != nil || p.pb.float()) {
 			blk.nextF, blk.nextH = p.nextSliver(jb, j0, l0, kc)
 		}
 		// The B block (kc x nc) stays in L2. By default each A panel (mr

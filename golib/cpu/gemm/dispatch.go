@@ -48,6 +48,13 @@ type kernels struct {
 	dot func(x, y []float32) float32
 	// cvt16 widens 16-bit floats of the given encoding into dst, exactly.
 	cvt16 func(kind Half, dst []float32, src []uint16)
+	// dequant widens rows of a quantized sliver (dequantGo's contract,
+	// bit for bit).
+	dequant func(nibbles bool, dst []float32, src []byte, s, z *[packNR]float32)
+	// panelQuantRow, when set, is dequant and panelRow at once for one
+	// row of A: out[c] += sum_r a[r]*W[r][c] over len(a) rows of one
+	// group of a quantized sliver, the values dequantized in registers.
+	panelQuantRow func(nibbles bool, a []float32, src []byte, s, z *[packNR]float32, out *[packNR]float32)
 	// axpy8, when set, is axpy4 over eight rows.
 	axpy8 func(a *[8]float32, x *[8][]float32, y []float32)
 	// axpy8m, when set, is axpy8 for m <= skinnyRows rows of C at once:

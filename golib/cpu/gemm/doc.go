@@ -9,7 +9,10 @@
 // op(A) and op(B) and runs an MR x NR register-tile micro-kernel. A
 // constant B (weights) may also be packed once into column panels (PackB)
 // so that short products read it as one contiguous stream with their
-// results held in registers (SgemmPacked).
+// results held in registers (SgemmPacked). The pack may keep 16-bit floats
+// (PackBHalf) or block-quantized integers (PackBQuant: 2, 4 and 8 bits with
+// per-group scales and zeros), widened a sliver at a time as products read
+// it.
 //
 // Each kernel has a portable Go twin and, when built with GOEXPERIMENT=simd
 // on amd64, AVX2+FMA and AVX-512 variants written with simd/archsimd. The

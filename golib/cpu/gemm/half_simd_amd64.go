@@ -21,6 +21,7 @@ func cvt16AVX512(kind Half, dst []float32, src []uint16) {
 			x := archsimd.LoadUint16x16((*[16]uint16)(unsafe.Add(ps, uintptr(i)*2))).ExtendToUint32()
 			x.ShiftAllLeft(16).AsFloat32x16().Store((*[16]float32)(unsafe.Add(pd, uintptr(i)*4)))
 		}
+		archsimd.ClearAVXUpperBits()
 		cvt16Go(kind, dst[i:], src[i:])
 		return
 	}
@@ -40,6 +41,7 @@ func cvt16AVX512(kind Half, dst []float32, src []uint16) {
 		r = shifted.Or(allOnes).Merge(r, em.GreaterEqual(infExp))
 		r.Or(sign).AsFloat32x16().Store((*[16]float32)(unsafe.Add(pd, uintptr(i)*4)))
 	}
+	archsimd.ClearAVXUpperBits()
 	cvt16Go(kind, dst[i:], src[i:])
 }
 
@@ -54,6 +56,7 @@ func cvt16AVX2(kind Half, dst []float32, src []uint16) {
 			x := archsimd.LoadUint16x8((*[8]uint16)(unsafe.Add(ps, uintptr(i)*2))).ExtendToUint32()
 			x.ShiftAllLeft(16).AsFloat32x8().Store((*[8]float32)(unsafe.Add(pd, uintptr(i)*4)))
 		}
+		archsimd.ClearAVXUpperBits()
 		cvt16Go(kind, dst[i:], src[i:])
 		return
 	}
@@ -73,6 +76,7 @@ func cvt16AVX2(kind Half, dst []float32, src []uint16) {
 		r = shifted.Or(allOnes).Merge(r, em.GreaterEqual(infExp))
 		r.Or(sign).AsFloat32x8().Store((*[8]float32)(unsafe.Add(pd, uintptr(i)*4)))
 	}
+	archsimd.ClearAVXUpperBits()
 	cvt16Go(kind, dst[i:], src[i:])
 }
 
@@ -82,9 +86,14 @@ type half16 struct {
 	scale            archsimd.Float32x16
 }
 
-func newHalf16() half16 {
-	bi := archsimd.BroadcastInt32x16
-	return half16{infBits: bi(0x0f800000), allOnes: bi(0x7f800000), scale: archsimd.BroadcastFloat32x16(0x1p112)}
+// init sets the constants in place: a constructor returning the struct was
+// copied with legacy-SSE moves after 256-bit ops (see ClearAVXUpperBits
+// in simd_amd64.go / exp_simd_amd64.go).
+func (c *half16) init() {
+	b := archsimd.BroadcastInt32x16
+	c.infBits = b(0x0f800000)
+	c.allOnes = b(0x7f800000)
+	c.scale = archsimd.BroadcastFloat32x16(0x1p112)
 }
 
 // load loads sixteen 16-bit floats at p and widens them. For float16 the
@@ -110,7 +119,8 @@ func (h *half16) load(kind Half, p unsafe.Pointer) archsimd.Float32x16 {
 func axpy4HalfAVX512(kind Half, a0, a1, a2, a3 float32, x0, x1, x2, x3 []uint16, y []float32) {
 	n := len(y)
 	x0, x1, x2, x3 = x0[:n], x1[:n], x2[:n], x3[:n]
-	h := newHalf16()
+	var h half16
+	h.init()
 	v0, v1, v2, v3 := bcast16(a0), bcast16(a1), bcast16(a2), bcast16(a3)
 	p0, p1 := unsafe.Pointer(unsafe.SliceData(x0)), unsafe.Pointer(unsafe.SliceData(x1))
 	p2, p3 := unsafe.Pointer(unsafe.SliceData(x2)), unsafe.Pointer(unsafe.SliceData(x3))
@@ -125,6 +135,7 @@ func axpy4HalfAVX512(kind Half, a0, a1, a2, a3 float32, x0, x1, x2, x3 []uint16,
 		acc = h.load(kind, unsafe.Add(p3, off)).MulAdd(v3, acc)
 		acc.Store((*[16]float32)(unsafe.Add(py, yo)))
 	}
+	archsimd.ClearAVXUpperBits()
 	if i < n {
 		var t [4][16]float32
 		r := n - i

@@ -8,16 +8,18 @@ import (
 )
 
 var avx2Kernels = kernels{
-	name:     "avx2",
-	mr:       3,
-	nr:       32,
-	micro:    microAVX2,
-	axpy4:    axpy4AVX2,
-	axpy:     axpyAVX2,
-	dot:      dotAVX2,
-	cvt16:    cvt16AVX2,
-	panel:    panelAVX2,
-	panelRow: panelRowAVX2,
+	name:          "avx2",
+	mr:            3,
+	nr:            32,
+	micro:         microAVX2,
+	axpy4:         axpy4AVX2,
+	axpy:          axpyAVX2,
+	dot:           dotAVX2,
+	cvt16:         cvt16AVX2,
+	dequant:       dequantAVX2,
+	panelQuantRow: panelQuantRowAVX2,
+	panel:         panelAVX2,
+	panelRow:      panelRowAVX2,
 
 	sliverMajor:   true,
 	microNext:     microNextAVX2,
@@ -165,6 +167,7 @@ func axpy4AVX2(a0, a1, a2, a3 float32, x0, x1, x2, x3, y []float32) {
 		acc = archsimd.LoadFloat32x8((*[8]float32)(unsafe.Add(p3, off))).MulAdd(v3, acc)
 		acc.Store((*[8]float32)(unsafe.Add(py, off)))
 	}
+	archsimd.ClearAVXUpperBits()
 	if i < n {
 		axpy4Go(a0, a1, a2, a3, x0[i:], x1[i:], x2[i:], x3[i:], y[i:])
 	}
@@ -178,6 +181,7 @@ func axpyAVX2(a float32, x, y []float32) {
 	for ; i+8 <= n; i += 8 {
 		load8(x[i:]).MulAdd(v, load8(y[i:])).Store((*[8]float32)(y[i : i+8]))
 	}
+	archsimd.ClearAVXUpperBits()
 	if i < n {
 		axpyGo(a, x[i:], y[i:])
 	}
@@ -203,6 +207,7 @@ func dotAVX2(x, y []float32) float32 {
 	}
 	var lanes [8]float32
 	s0.Add(s1).Add(s2.Add(s3)).Store(&lanes)
+	archsimd.ClearAVXUpperBits()
 	var s float32
 	for _, v := range lanes {
 		s += v

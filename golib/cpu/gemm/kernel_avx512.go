@@ -16,6 +16,8 @@ var avx512Kernels = kernels{
 	axpy:  axpyAVX512,
 	dot:   dotAVX512,
 	cvt16: cvt16AVX512,
+	// the ymm loop: no zmm twin, which no AVX-512 CPU here could test
+	dequant: dequantAVX2,
 
 	axpy4Half: axpy4HalfAVX512,
 	axpy8:     axpy8AVX512,
@@ -64,6 +66,7 @@ func axpy4AVX512(a0, a1, a2, a3 float32, x0, x1, x2, x3, y []float32) {
 		acc = archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(p3, off))).MulAdd(v3, acc)
 		acc.Store((*[16]float32)(unsafe.Add(py, off)))
 	}
+	archsimd.ClearAVXUpperBits()
 	if i < n {
 		axpy4Go(a0, a1, a2, a3, x0[i:], x1[i:], x2[i:], x3[i:], y[i:])
 	}
@@ -77,6 +80,7 @@ func axpyAVX512(a float32, x, y []float32) {
 	for ; i+16 <= n; i += 16 {
 		load16(x[i:]).MulAdd(v, load16(y[i:])).Store((*[16]float32)(y[i : i+16]))
 	}
+	archsimd.ClearAVXUpperBits()
 	if i < n {
 		axpyGo(a, x[i:], y[i:])
 	}
@@ -102,6 +106,7 @@ func dotAVX512(x, y []float32) float32 {
 	}
 	var lanes [16]float32
 	s0.Add(s1).Add(s2.Add(s3)).Store(&lanes)
+	archsimd.ClearAVXUpperBits()
 	var s float32
 	for _, v := range lanes {
 		s += v
@@ -137,6 +142,7 @@ func axpy8AVX512(a *[8]float32, x *[8][]float32, y []float32) {
 		acc = archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(p[7], off))).MulAdd(v[7], acc)
 		acc.Store((*[16]float32)(unsafe.Add(py, off)))
 	}
+	archsimd.ClearAVXUpperBits()
 	if i < n {
 		axpy4Go(a[0], a[1], a[2], a[3], x[0][i:n], x[1][i:n], x[2][i:n], x[3][i:n], y[i:])
 		axpy4Go(a[4], a[5], a[6], a[7], x[4][i:n], x[5][i:n], x[6][i:n], x[7][i:n], y[i:])
@@ -185,6 +191,7 @@ func axpy8mAVX512(m int, a *[skinnyRows][8]float32, x *[8][]float32, y *[skinnyR
 			acc.Store((*[16]float32)(unsafe.Add(py[r], off)))
 		}
 	}
+	archsimd.ClearAVXUpperBits()
 	if i < n {
 		for r := range m {
 			ar := &a[r]

@@ -3,15 +3,16 @@ package gemm
 // goKernels is the portable variant, used on every platform and as the
 // reference the SIMD variants are tested against.
 var goKernels = kernels{
-	name:  "go",
-	mr:    4,
-	nr:    4,
-	micro: microGo4x4,
-	axpy4: axpy4Go,
-	axpy:  axpyGo,
-	dot:   dotGo,
-	cvt16: cvt16Go,
-	panel: panelGo,
+	name:    "go",
+	mr:      4,
+	nr:      4,
+	micro:   microGo4x4,
+	axpy4:   axpy4Go,
+	axpy:    axpyGo,
+	dot:     dotGo,
+	cvt16:   cvt16Go,
+	dequant: dequantGo,
+	panel:   panelGo,
 }
 
 // microGo4x4 computes the 4x4 tile as two 2x4 halves so each half's eight

@@ -34,7 +34,26 @@ type PackedB struct {
 	// bytes; kernels widen each k-block of slivers as they read it.
 	h    []uint16
 	half Half
+	// q replaces p for a block-quantized B (PackBQuant): the same layout
+	// at one byte a value, or with nibbles two (byte c of a sliver row
+	// holds column c in its low nibble and column c+16 in its high one).
+	// Each group of qblock rows (of groups per column) of sliver s has
+	// its packNR scales and zeros at qs/qz[(s*groups+g)*packNR:].
+	q       []byte
+	nibbles bool
+	qblock  int
+	groups  int
+	qs, qz  []float32
 }
+
+// Bytes returns the memory the pack holds: its values (float32, 16-bit or
+// quantized) plus, for a quantized pack, its scales and zeros.
+func (b *PackedB) Bytes() int {
+	return 4*len(b.p) + 2*len(b.h) + len(b.q) + 4*(len(b.qs)+len(b.qz))
+}
+
+// float reports whether the pack holds float32 values (PackB).
+func (b *PackedB) float() bool { return b.h == nil && b.q == nil }
 
 // K returns the inner dimension of the packed matrix.
 func (b *PackedB) K() int { return b.k }
@@ -102,7 +121,7 @@ var hugePacks = true
 // pack stays Go heap memory, freed by the collector; the advice stays on
 // its address range after that, so later heap objects there may be backed
 // by huge pages too.
-func newPack[T float32 | uint16](n int) []T {
+func newPack[T float32 | uint16 | byte](n int) []T {
 	s := make([]T, n)
 	if size := n * int(unsafe.Sizeof(s[0])); hugePacks && size >= hugepage.HeapMin {
 		hugepage.Advise(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), size))
@@ -232,7 +251,7 @@ const slabSlivers = ncBlock / packNR
 type sliverScratch struct {
 	acc [slabSlivers][skinnyRows][packNR]float32
 	sub [skinnyRows][]float32
-	// wide holds one widened sliver of a 16-bit pack.
+	// wide holds one widened sliver of a 16-bit or quantized pack.
 	wide [kcBlock * packNR]float32
 }
 
@@ -245,7 +264,7 @@ var sliverScratchPool = sync.Pool{New: func() any { return new(sliverScratch) }}
 func packedSlivers(ks *kernels, b *PackedB, m int, rows *[skinnyRows][]float32, s0, s1 int, alpha float32,
 	c []float32, ldc int) {
 	k, n := b.k, b.n
-	if m == 1 && alpha == 1 && b.h == nil && ks.panelRow != nil && s1 <= n/packNR {
+	if m == 1 && alpha == 1 && b.float() && ks.panelRow != nil && s1 <= n/packNR {
 		packedRow(ks, b, rows[0], s0, s1, c)
 		return
 	}
@@ -281,6 +300,22 @@ func packedSlivers(ks *kernels, b *PackedB, m int, rows *[skinnyRows][]float32, 
 					}
 					w := sc.wide[:kc*packNR]
 					ks.cvt16(b.half, w, ph)
+					ks.panel(m, kc, sub, w, &acc[q-s])
+				}
+				continue
+			}
+			if b.q != nil && m == 1 && ks.panelQuantRow != nil {
+				// Dequantized in registers.
+				for q := s; q < e; q++ {
+					b.panelQuantRow(ks, sub[0], jb, l0, kc, (q-jb*slabSlivers)*packNR, &acc[q-s][0])
+				}
+				continue
+			}
+			if b.q != nil {
+				// Dequantized one sliver at a time into L1.
+				w := sc.wide[:kc*packNR]
+				for q := s; q < e; q++ {
+					b.widenQuant(ks, w, jb, l0, kc, (q-jb*slabSlivers)*packNR)
 					ks.panel(m, kc, sub, w, &acc[q-s])
 				}
 				continue

@@ -8,6 +8,15 @@ import (
 	"github.com/klauspost/cpuid/v2"
 )
 
+// Every function of this package that runs 256- or 512-bit archsimd code calls
+// archsimd.ClearAVXUpperBits (VZEROUPPER) when its vectors are done, before
+// scalar float code and before returning: Go compiles scalar float32 math,
+// and some moves and spills, to legacy SSE instructions, and the compiler
+// does not clear the upper halves itself. Measured on a 2-core AMD EPYC
+// Zen 3 VM, each switch from dirty 256-bit state to legacy SSE cost about
+// 120 ns: a 64-element dot product took 136 ns without the clear and 14 ns
+// with it.
+
 // simdKernels returns the archsimd variants this CPU can run, slowest first.
 // cpuid decides; archsimd's own check guards against a disagreement (for
 // instance an OS that does not save the AVX-512 state).

@@ -41,11 +41,30 @@ type erf16 struct {
 	split, b0, b1, b2, b3, b4, b5, b6, s0, s1, s2, s3, s4, s5, zero, half, r2, k, c archsimd.Float32x16
 }
 
-func newErf16() erf16 {
+// init sets the constants in place: a constructor returning the struct was
+// copied with legacy-SSE moves after 256-bit ops (see ClearAVXUpperBits
+// in simd_amd64.go / exp_simd_amd64.go).
+func (c *erf16) init() {
 	b := archsimd.BroadcastFloat32x16
-	return erf16{split: b(erfSplit), b0: b(erfB0), b1: b(erfB1), b2: b(erfB2), b3: b(erfB3), b4: b(erfB4),
-		b5: b(erfB5), b6: b(erfB6), s0: b(erfS0), s1: b(erfS1), s2: b(erfS2), s3: b(erfS3), s4: b(erfS4),
-		s5: b(erfS5), zero: b(0), half: b(0.5), r2: b(sqrt1_2), k: b(geluTanhK), c: b(geluTanhC)}
+	c.split = b(erfSplit)
+	c.b0 = b(erfB0)
+	c.b1 = b(erfB1)
+	c.b2 = b(erfB2)
+	c.b3 = b(erfB3)
+	c.b4 = b(erfB4)
+	c.b5 = b(erfB5)
+	c.b6 = b(erfB6)
+	c.s0 = b(erfS0)
+	c.s1 = b(erfS1)
+	c.s2 = b(erfS2)
+	c.s3 = b(erfS3)
+	c.s4 = b(erfS4)
+	c.s5 = b(erfS5)
+	c.zero = b(0)
+	c.half = b(0.5)
+	c.r2 = b(sqrt1_2)
+	c.k = b(geluTanhK)
+	c.c = b(geluTanhC)
 }
 
 // of is erf32 lane by lane.
@@ -73,7 +92,10 @@ func geluAVX512(dst, src []float32, tanh bool) {
 	n := len(src)
 	dst = dst[:n]
 	ps, pd := unsafe.Pointer(unsafe.SliceData(src)), unsafe.Pointer(unsafe.SliceData(dst))
-	c, e := newExp16(), newErf16()
+	var c exp16
+	var e erf16
+	c.init()
+	e.init()
 	i := 0
 	for ; i+16 <= n; i += 16 {
 		x := archsimd.LoadFloat32x16((*[16]float32)(unsafe.Add(ps, uintptr(i)*4)))
@@ -88,6 +110,7 @@ func geluAVX512(dst, src []float32, tanh bool) {
 		}
 		y.Store((*[16]float32)(unsafe.Add(pd, uintptr(i)*4)))
 	}
+	archsimd.ClearAVXUpperBits()
 	if tanh {
 		geluTanhGo(dst[i:], src[i:])
 	} else {
@@ -100,11 +123,30 @@ type erf8 struct {
 	split, b0, b1, b2, b3, b4, b5, b6, s0, s1, s2, s3, s4, s5, zero, half, r2, k, c archsimd.Float32x8
 }
 
-func newErf8() erf8 {
+// init sets the constants in place: a constructor returning the struct was
+// copied with legacy-SSE moves after 256-bit ops (see ClearAVXUpperBits
+// in simd_amd64.go / exp_simd_amd64.go).
+func (c *erf8) init() {
 	b := archsimd.BroadcastFloat32x8
-	return erf8{split: b(erfSplit), b0: b(erfB0), b1: b(erfB1), b2: b(erfB2), b3: b(erfB3), b4: b(erfB4),
-		b5: b(erfB5), b6: b(erfB6), s0: b(erfS0), s1: b(erfS1), s2: b(erfS2), s3: b(erfS3), s4: b(erfS4),
-		s5: b(erfS5), zero: b(0), half: b(0.5), r2: b(sqrt1_2), k: b(geluTanhK), c: b(geluTanhC)}
+	c.split = b(erfSplit)
+	c.b0 = b(erfB0)
+	c.b1 = b(erfB1)
+	c.b2 = b(erfB2)
+	c.b3 = b(erfB3)
+	c.b4 = b(erfB4)
+	c.b5 = b(erfB5)
+	c.b6 = b(erfB6)
+	c.s0 = b(erfS0)
+	c.s1 = b(erfS1)
+	c.s2 = b(erfS2)
+	c.s3 = b(erfS3)
+	c.s4 = b(erfS4)
+	c.s5 = b(erfS5)
+	c.zero = b(0)
+	c.half = b(0.5)
+	c.r2 = b(sqrt1_2)
+	c.k = b(geluTanhK)
+	c.c = b(geluTanhC)
 }
 
 func (e *erf8) of(c *exp8, a archsimd.Float32x8) archsimd.Float32x8 {
@@ -131,7 +173,10 @@ func geluAVX2(dst, src []float32, tanh bool) {
 	n := len(src)
 	dst = dst[:n]
 	ps, pd := unsafe.Pointer(unsafe.SliceData(src)), unsafe.Pointer(unsafe.SliceData(dst))
-	c, e := newExp8(), newErf8()
+	var c exp8
+	var e erf8
+	c.init()
+	e.init()
 	i := 0
 	for ; i+8 <= n; i += 8 {
 		x := archsimd.LoadFloat32x8((*[8]float32)(unsafe.Add(ps, uintptr(i)*4)))
@@ -146,6 +191,7 @@ func geluAVX2(dst, src []float32, tanh bool) {
 		}
 		y.Store((*[8]float32)(unsafe.Add(pd, uintptr(i)*4)))
 	}
+	archsimd.ClearAVXUpperBits()
 	if tanh {
 		geluTanhGo(dst[i:], src[i:])
 	} else {

@@ -36,7 +36,9 @@ func nonFiniteAVX512(s []float32) bool {
 	for ; i+16 <= len(s); i += 16 {
 		z0 = load16(s[i:]).MulAdd(zero, z0)
 	}
-	return z0.Add(z1).NotEqual(zero).ToBits() != 0 || nonFiniteGo(s[i:])
+	bad := z0.Add(z1).NotEqual(zero).ToBits() != 0
+	archsimd.ClearAVXUpperBits()
+	return bad || nonFiniteGo(s[i:])
 }
 
 // nonFiniteAVX2 is nonFiniteAVX512 with eight lanes.
@@ -54,7 +56,9 @@ func nonFiniteAVX2(s []float32) bool {
 	for ; i+8 <= len(s); i += 8 {
 		z0 = load8(s[i:]).MulAdd(zero, z0)
 	}
-	return z0.Add(z1).NotEqual(zero).ToBits() != 0 || nonFiniteGo(s[i:])
+	bad := z0.Add(z1).NotEqual(zero).ToBits() != 0
+	archsimd.ClearAVXUpperBits()
+	return bad || nonFiniteGo(s[i:])
 }
 
 // load16 loads s[0:16].

@@ -27,7 +27,8 @@ func tanhAVX512(dst, src []float32) {
 	n := len(src)
 	dst = dst[:n]
 	ps, pd := unsafe.Pointer(unsafe.SliceData(src)), unsafe.Pointer(unsafe.SliceData(dst))
-	c := newExp16()
+	var c exp16
+	c.init()
 	b := archsimd.BroadcastFloat32x16
 	zero, split, m2 := b(0), b(tanhSplit), b(-2)
 	k := [9]archsimd.Float32x16{b(tanhC19), b(tanhC17), b(tanhC15), b(tanhC13), b(tanhC11), b(tanhC9),
@@ -48,6 +49,7 @@ func tanhAVX512(dst, src []float32) {
 		r := x.Merge(big.Merge(small, a.GreaterEqual(split)), x.Equal(zero))
 		r.Store((*[16]float32)(unsafe.Add(pd, uintptr(i)*4)))
 	}
+	archsimd.ClearAVXUpperBits()
 	tanhGo(dst[i:], src[i:])
 }
 
@@ -55,7 +57,8 @@ func tanhAVX2(dst, src []float32) {
 	n := len(src)
 	dst = dst[:n]
 	ps, pd := unsafe.Pointer(unsafe.SliceData(src)), unsafe.Pointer(unsafe.SliceData(dst))
-	c := newExp8()
+	var c exp8
+	c.init()
 	b := archsimd.BroadcastFloat32x8
 	zero, split, m2 := b(0), b(tanhSplit), b(-2)
 	k := [9]archsimd.Float32x8{b(tanhC19), b(tanhC17), b(tanhC15), b(tanhC13), b(tanhC11), b(tanhC9),
@@ -76,5 +79,6 @@ func tanhAVX2(dst, src []float32) {
 		r := x.Merge(big.Merge(small, a.GreaterEqual(split)), x.Equal(zero))
 		r.Store((*[8]float32)(unsafe.Add(pd, uintptr(i)*4)))
 	}
+	archsimd.ClearAVXUpperBits()
 	tanhGo(dst[i:], src[i:])
 }

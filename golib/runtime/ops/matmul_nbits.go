@@ -38,7 +38,7 @@ type nbitsQuant struct {
 	empty         bool
 }
 
-// nbitsKernel is one MatMulNBits node. pb is the dequantized weight packed
+// nbitsKernel is one MatMulNBits node. pb is the quantized weight packed
 // at session build when B, scales and zero_points are constants (src holds
 // those constants, to recognise them at run time); otherwise each run
 // dequantizes into scratch.
@@ -77,10 +77,11 @@ type nbitsKernel struct {
 // that quantization of A.
 //
 // When B, scales and zero_points are constant initializers (the normal
-// case) the weight is dequantized once, when the session is built, to
-// float32 and packed as MatMul packs a constant weight, so runs use the
-// same products (the pack takes the float32 size of the weight: 8x its
-// 4-bit size). Otherwise each run dequantizes into scratch. Not
+// case) the weight is packed once, when the session is built, with its
+// integers kept (gemm.PackBQuant: a 4-bit pack takes about a sixth of the
+// float32 bytes, scales included), and each product dequantizes it a
+// sliver at a time into L1 for the float32 kernels. Otherwise each run
+// dequantizes the whole weight into scratch. Not
 // implemented: g_idx, weight_prepacked layouts, bits 3, 5, 6 and 7.
 func newMatMulNBits(n *Node) (Kernel, error) {
 	g, err := nbitsAttributes(n)
@@ -113,13 +114,12 @@ func newMatMulNBits(n *Node) (Kernel, error) {
 			return nil, fmt.Errorf("%s: %w", n.Describe(), err)
 		}
 		if !q.empty {
-			w, err := g.dequantize(nil, q)
+			qb, err := g.quantB(q)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", n.Describe(), err)
 			}
-			// W is N x K: the product's B is W^T (transB).
-			if k.pb, err = gemm.PackB(true, g.k, g.n, w, g.k); err != nil {
-				return nil, fmt.Errorf("%s: packing the dequantized weight: %w", n.Describe(), err)
+			if k.pb, err = gemm.PackBQuant(qb); err != nil {
+				return nil, fmt.Errorf("%s: packing the quantized weight: %w", n.Describe(), err)
 			}
 		}
 		k.src, k.built = q, true
@@ -236,8 +236,41 @@ func (g *nbitsGeom) check(b, scales, zp *tensor.Tensor) (nbitsQuant, error) {
 	return q, nil
 }
 
+// quantB describes the validated, non-empty q for the gemm package: B's
+// bytes as they are, the scales in float32 and one zero per block (the
+// packed uint8 zero points unpacked, float ones widened, or the default).
+func (g *nbitsGeom) quantB(q nbitsQuant) (gemm.QuantB, error) {
+	qb := gemm.QuantB{Bits: g.bits, Block: g.block, K: g.k, N: g.n, Q: q.b.Uint8()}
+	var err error
+	if qb.Scales, err = tensor.AsFloat32(q.scales); err != nil {
+		return qb, err
+	}
+	switch {
+	case q.zp == nil:
+		qb.Zeros = make([]float32, g.n*g.kBlocks)
+		for i := range qb.Zeros {
+			qb.Zeros[i] = float32(g.defaultZP)
+		}
+	case q.zp.DType() == tensor.Uint8:
+		zp, mask := q.zp.Uint8(), uint8(1)<<g.bits-1
+		qb.Zeros = make([]float32, g.n*g.kBlocks)
+		for r := range g.n {
+			for blk := range g.kBlocks {
+				pos := blk * g.bits // bit offset within the row's zero-point bytes
+				qb.Zeros[r*g.kBlocks+blk] = float32(zp[r*g.zpPerRow+pos/8] >> uint(pos%8) & mask)
+			}
+		}
+	default:
+		if qb.Zeros, err = tensor.AsFloat32(q.zp); err != nil {
+			return qb, err
+		}
+	}
+	return qb, nil
+}
+
 // dequantize writes W (N x K, row-major float32) of the validated,
-// non-empty q into w (nil: a fresh slice) and returns it.
+// non-empty q into w (nil: a fresh slice) and returns it: W[j][l] =
+// (float32(v) - zero) * scale, the values gemm.PackBQuant's packs give.
 func (g *nbitsGeom) dequantize(w []float32, q nbitsQuant) ([]float32, error) {
 	if w == nil {
 		if _, err := tensor.ByteSize(tensor.Float32, tensor.Shape{g.n, g.k}); err != nil {
@@ -245,18 +278,9 @@ func (g *nbitsGeom) dequantize(w []float32, q nbitsQuant) ([]float32, error) {
 		}
 		w = make([]float32, g.n*g.k)
 	}
-	scales, err := tensor.AsFloat32(q.scales)
+	qb, err := g.quantB(q)
 	if err != nil {
 		return nil, err
-	}
-	var zpU8 []uint8
-	var zpF []float32
-	if q.zp != nil {
-		if q.zp.DType() == tensor.Uint8 {
-			zpU8 = q.zp.Uint8()
-		} else if zpF, err = tensor.AsFloat32(q.zp); err != nil {
-			return nil, err
-		}
 	}
 	b := q.b.Uint8()
 	bits, mask := uint(g.bits), uint8(1)<<g.bits-1
@@ -265,15 +289,7 @@ func (g *nbitsGeom) dequantize(w []float32, q nbitsQuant) ([]float32, error) {
 		row := w[r*g.k : (r+1)*g.k]
 		for blk := range g.kBlocks {
 			i := r*g.kBlocks + blk
-			s := scales[i]
-			zf := float32(g.defaultZP)
-			switch {
-			case zpU8 != nil:
-				pos := blk * g.bits // bit offset within the row's zero-point bytes
-				zf = float32(zpU8[r*g.zpPerRow+pos/8] >> uint(pos%8) & mask)
-			case zpF != nil:
-				zf = zpF[i]
-			}
+			s, zf := qb.Scales[i], qb.Zeros[i]
 			blob := b[i*g.blob : (i+1)*g.blob]
 			dst := row[blk*g.block : min((blk+1)*g.block, g.k)]
 			for j := range dst {

@@ -1,0 +1,126 @@
+//go:build goexperiment.simd && amd64
+
+package gemm
+
+import (
+	"simd/archsimd"
+	"unsafe"
+)
+
+// dequantAVX2 is dequantGo eight columns per vector: the nibbles split by
+// a mask and a 16-bit shift (a multiply-high), each eight bytes zero-extended to int32
+// (VPMOVZXBD; the upper eight by VPUNPCKHQDQ first), converted, minus the
+// zeros, times the scales (bit-identical: the same two float32 steps).
+func dequantAVX2(nibbles bool, dst []float32, src []byte, s, z *[packNR]float32) {
+	rows := len(dst) / packNR
+	if rows == 0 {
+		return
+	}
+	var sv, zv [4]archsimd.Float32x8
+	for i := range 4 {
+		sv[i] = archsimd.LoadFloat32x8((*[8]float32)(s[8*i:]))
+		zv[i] = archsimd.LoadFloat32x8((*[8]float32)(z[8*i:]))
+	}
+	pd := unsafe.Pointer(unsafe.SliceData(dst))
+	put := func(r, i int, x archsimd.Uint8x16) {
+		v := x.ExtendLo8ToUint32().AsInt32x8().ConvertToFloat32().Sub(zv[i]).Mul(sv[i])
+		v.Store((*[8]float32)(unsafe.Add(pd, (r*packNR+8*i)*4)))
+	}
+	hi := func(x archsimd.Uint8x16) archsimd.Uint8x16 {
+		q := x.AsUint64x2()
+		return q.InterleaveHi(q).AsUint8x16()
+	}
+	if nibbles {
+		src = src[:rows*packNR/2]
+		// Constants from memory: BroadcastUint8x16 is emulated, and
+		// ShiftAllRight(4) took its count through a legacy-SSE MOVQ that,
+		// after 256-bit ops, cost 20x the loop here (Zen 3); the high half
+		// of x * 2^12 is x >> 4 (VPMULHUW).
+		m, sh := archsimd.LoadUint8x16(&lowNibbles), archsimd.LoadUint16x8(&shift4)
+		for r := range rows {
+			x := archsimd.LoadUint8x16((*[16]uint8)(src[r*16:]))
+			lo := x.And(m)
+			up := x.AsUint16x8().MulHigh(sh).AsUint8x16().And(m)
+			put(r, 0, lo)
+			put(r, 1, hi(lo))
+			put(r, 2, up)
+			put(r, 3, hi(up))
+		}
+		archsimd.ClearAVXUpperBits()
+		return
+	}
+	src = src[:rows*packNR]
+	for r := range rows {
+		a := archsimd.LoadUint8x16((*[16]uint8)(src[r*32:]))
+		b := archsimd.LoadUint8x16((*[16]uint8)(src[r*32+16:]))
+		put(r, 0, a)
+		put(r, 1, hi(a))
+		put(r, 2, b)
+		put(r, 3, hi(b))
+	}
+	archsimd.ClearAVXUpperBits()
+}
+
+// lowNibbles is the mask of a byte's low nibble in every byte.
+var lowNibbles = [16]uint8{15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15}
+
+// shift4 multiplies 16-bit lanes by 2^12: the high half is the lane >> 4.
+var shift4 = [8]uint16{1 << 12, 1 << 12, 1 << 12, 1 << 12, 1 << 12, 1 << 12, 1 << 12, 1 << 12}
+
+// panelQuantRowAVX2 is dequantAVX2 fused with panelRow for one row of A:
+// out[c] += sum_r a[r] * W[r][c] over the len(a) rows of src (one group:
+// scales s, zeros z), the dequantized values never leaving the registers.
+// It makes two passes of 16 columns (panelQuantHalf): with all 32 columns'
+// scales, zeros and sums live the compiler spilled 128-bit values with
+// legacy-SSE MOVUPS, which after 256-bit ops ran the loop 20x slower here
+// (Zen 3).
+func panelQuantRowAVX2(nibbles bool, a []float32, src []byte, s, z *[packNR]float32, out *[packNR]float32) {
+	rows := len(a)
+	if rows == 0 {
+		return
+	}
+	rb := packNR
+	if nibbles {
+		rb = packNR / 2
+	}
+	src = src[:rows*rb]
+	panelQuantHalf(nibbles, false, a, src, rb, (*[16]float32)(s[0:]), (*[16]float32)(z[0:]), (*[16]float32)(out[0:]))
+	panelQuantHalf(nibbles, true, a, src, rb, (*[16]float32)(s[16:]), (*[16]float32)(z[16:]), (*[16]float32)(out[16:]))
+}
+
+// panelQuantHalf is one pass of panelQuantRowAVX2 over columns 0-15 (upper
+// false) or 16-31 (upper true): with nibbles the low or high nibbles of each
+// row's 16 bytes, else the row's first or last 16 bytes; rb is the bytes of
+// a row of src. The group's zero and scale are applied once, at the end:
+// sum_r a_r*(v_r - z)*s = (sum_r a_r*v_r - z*sum_r a_r)*s, so a value
+// costs a conversion and a multiply-add (the float32 rounding differs
+// from dequantizing first by the usual reassociation).
+func panelQuantHalf(nibbles, upper bool, a []float32, src []byte, rb int, s, z, out *[16]float32) {
+	var c0, c1, sum archsimd.Float32x8
+	m, sh := archsimd.LoadUint8x16(&lowNibbles), archsimd.LoadUint16x8(&shift4)
+	off := 0
+	if upper && !nibbles {
+		off = 16
+	}
+	for r, av := range a {
+		x := archsimd.LoadUint8x16((*[16]uint8)(src[r*rb+off:]))
+		if nibbles {
+			if upper {
+				x = x.AsUint16x8().MulHigh(sh).AsUint8x16()
+			}
+			x = x.And(m)
+		}
+		q := x.AsUint64x2()
+		x1 := q.InterleaveHi(q).AsUint8x16()
+		b := archsimd.BroadcastFloat32x8(av)
+		sum = sum.Add(b)
+		c0 = x.ExtendLo8ToUint32().AsInt32x8().ConvertToFloat32().MulAdd(b, c0)
+		c1 = x1.ExtendLo8ToUint32().AsInt32x8().ConvertToFloat32().MulAdd(b, c1)
+	}
+	z0, z1 := archsimd.LoadFloat32x8((*[8]float32)(z[0:])), archsimd.LoadFloat32x8((*[8]float32)(z[8:]))
+	s0, s1 := archsimd.LoadFloat32x8((*[8]float32)(s[0:])), archsimd.LoadFloat32x8((*[8]float32)(s[8:]))
+	o0, o1 := archsimd.LoadFloat32x8((*[8]float32)(out[0:])), archsimd.LoadFloat32x8((*[8]float32)(out[8:]))
+	c0.Sub(z0.Mul(sum)).MulAdd(s0, o0).Store((*[8]float32)(out[0:]))
+	c1.Sub(z1.Mul(sum)).MulAdd(s1, o1).Store((*[8]float32)(out[8:]))
+	archsimd.ClearAVXUpperBits()
+}
