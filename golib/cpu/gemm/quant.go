@@ -132,10 +132,11 @@ func (b *PackedB) quantRowBytes() int {
 	return packNR
 }
 
-// widenQuant writes the sliver at column jr of slab (jb, l0, kc) of a
-// quantized pack into dst (kc*packNR float32 values), dequantized by the
-// kernel set's dequant, one group's run of rows at a time.
-func (b *PackedB) widenQuant(ks *kernels, dst []float32, jb, l0, kc, jr int) {
+// quantGroups calls fn for each run of rows [r0, r1) of the sliver at
+// column jr of slab (jb, l0, kc) of a quantized pack that shares one
+// quantization group: src holds those rows' integers, s and z the group's
+// scales and zeros for the sliver's columns.
+func (b *PackedB) quantGroups(jb, l0, kc, jr int, fn func(r0, r1 int, src []byte, s, z *[packNR]float32)) {
 	off, _ := b.slabOffset(jb, l0, kc)
 	rb := b.quantRowBytes()
 	off = (off + jr*kc) / packNR * rb
@@ -145,29 +146,27 @@ func (b *PackedB) widenQuant(ks *kernels, dst []float32, jb, l0, kc, jr int) {
 		g := (l0 + r0) / b.qblock
 		r1 := min(kc, (g+1)*b.qblock-l0)
 		i := (sg*b.groups + g) * packNR
-		ks.dequant(b.nibbles, dst[r0*packNR:r1*packNR], src[r0*rb:r1*rb],
-			(*[packNR]float32)(b.qs[i:i+packNR]), (*[packNR]float32)(b.qz[i:i+packNR]))
+		fn(r0, r1, src[r0*rb:r1*rb], (*[packNR]float32)(b.qs[i:i+packNR]), (*[packNR]float32)(b.qz[i:i+packNR]))
 		r0 = r1
 	}
 }
 
+// widenQuant writes the sliver at column jr of slab (jb, l0, kc) of a
+// quantized pack into dst (kc*packNR float32 values), dequantized by the
+// kernel set's dequant.
+func (b *PackedB) widenQuant(ks *kernels, dst []float32, jb, l0, kc, jr int) {
+	b.quantGroups(jb, l0, kc, jr, func(r0, r1 int, src []byte, s, z *[packNR]float32) {
+		ks.dequant(b.nibbles, dst[r0*packNR:r1*packNR], src, s, z)
+	})
+}
+
 // panelQuantRow adds a (kc values of one row of A) times the sliver at
 // column jr of slab (jb, l0, kc) of a quantized pack to out, by the kernel
-// set's panelQuantRow, one group's run of rows at a time.
+// set's panelQuantRow.
 func (b *PackedB) panelQuantRow(ks *kernels, a []float32, jb, l0, kc, jr int, out *[packNR]float32) {
-	off, _ := b.slabOffset(jb, l0, kc)
-	rb := b.quantRowBytes()
-	off = (off + jr*kc) / packNR * rb
-	src := b.q[off : off+kc*rb]
-	sg := (jb*ncBlock + jr) / packNR
-	for r0 := 0; r0 < kc; {
-		g := (l0 + r0) / b.qblock
-		r1 := min(kc, (g+1)*b.qblock-l0)
-		i := (sg*b.groups + g) * packNR
-		ks.panelQuantRow(b.nibbles, a[r0:r1], src[r0*rb:r1*rb],
-			(*[packNR]float32)(b.qs[i:i+packNR]), (*[packNR]float32)(b.qz[i:i+packNR]), out)
-		r0 = r1
-	}
+	b.quantGroups(jb, l0, kc, jr, func(r0, r1 int, src []byte, s, z *[packNR]float32) {
+		ks.panelQuantRow(b.nibbles, a[r0:r1], src, s, z, out)
+	})
 }
 
 // dequantGo is the portable dequant kernel: for each row r of

@@ -270,3 +270,31 @@ func BenchmarkDequant(b *testing.B) {
 		}
 	}
 }
+
+// TestSgemmPackedQuantNoAllocs: a decode-shaped product (one and four rows,
+// one thread) with a quantized pack allocates nothing.
+func TestSgemmPackedQuantNoAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's sync.Pool drops items at random")
+	}
+	withPath(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(39, 40))
+		w, _ := randQuant(r, 4, 32, 300, 100)
+		pb, err := PackBQuant(w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, c := randSlice(r, 4*300), make([]float32, 4*100)
+		for _, m := range []int{1, 4} {
+			run := func() {
+				if err := SgemmPacked(1, false, m, 1, a, 300, pb, 0, c, 100); err != nil {
+					t.Fatal(err)
+				}
+			}
+			run()
+			if allocs := testing.AllocsPerRun(20, run); allocs != 0 {
+				t.Errorf("m %d: %v allocations per product, want 0", m, allocs)
+			}
+		}
+	})
+}
