@@ -226,3 +226,16 @@ def test_position_table_is_a_limit_known_up_front(name: str, rows: Any) -> None:
             g.generate_next_token()
     assert g.length == rows + 1  # the token chosen from the last position's logits is kept
     np.testing.assert_array_equal(g.sequences[:, :rows], out.sequences)
+
+
+def test_position_scan_skips_large_model_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model file over the scan limit is not parsed for its position table (None: no limit)."""
+    from onnx_light_kv.generation import decoder_io
+
+    if "gpt2-torchscript" not in fx.names():
+        pytest.skip("gpt2-torchscript not in the fixtures")
+    sess = _ours("gpt2-torchscript")
+    monkeypatch.setattr(decoder_io, "POSITION_SCAN_MAX_BYTES", 1024)
+    assert decoder_io.DecoderIO.from_session(sess).max_positions is None
+    monkeypatch.undo()
+    assert decoder_io.DecoderIO.from_session(sess).max_positions == 128

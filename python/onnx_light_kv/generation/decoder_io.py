@@ -36,7 +36,8 @@ constant table that ``position_ids`` index through shape-only ops (a learned pos
 as GPT-2's; a precomputed sin/cos table, as GPT-J's dynamo export), of the ``cos_cache`` of a
 com.microsoft ``RotaryEmbedding`` fed ``position_ids`` or of a ``GroupQueryAttention`` with
 ``do_rotary=1`` (onnxruntime-genai exports). Generation refuses up front to go beyond it (the run
-would fail at that position). Rotary embeddings computed in the graph have no such limit (None);
+would fail at that position). Model files over 256 MiB (single-file models with their weights
+inline) are not read for it. Rotary embeddings computed in the graph have no such limit (None);
 tables reached otherwise (positions computed from the attention mask with an offset, as OPT's)
 are not found, and such a model fails only at the position it cannot run.
 
@@ -234,12 +235,21 @@ class DecoderIO:
                    vocab=_fixed_last_dim(outputs[logits]), max_positions=_max_positions(session))
 
 
+#: Model files larger than this are not read for :attr:`DecoderIO.max_positions`: a single-file
+#: model keeps its weights inline, and parsing them would hold a second copy of the model in
+#: memory for a moment (exports with external data have a small graph file and are read).
+POSITION_SCAN_MAX_BYTES = 256 << 20
+
+
 def _max_positions(session: Any) -> Optional[int]:
-    """:attr:`DecoderIO.max_positions` of the session's model file (None without one)."""
+    """:attr:`DecoderIO.max_positions` of the session's model file (None without one, or for a
+    file larger than :data:`POSITION_SCAN_MAX_BYTES`)."""
     path = getattr(session, "_model_path", None)
     if not isinstance(path, str) or not os.path.isfile(path):
         return None
     st = os.stat(path)
+    if st.st_size > POSITION_SCAN_MAX_BYTES:
+        return None
     return _position_table_rows(os.path.abspath(path), st.st_mtime_ns, st.st_size)
 
 
