@@ -16,8 +16,9 @@ var avx512Kernels = kernels{
 	axpy:  axpyAVX512,
 	dot:   dotAVX512,
 	cvt16: cvt16AVX512,
-	// the ymm loop: no zmm twin, which no AVX-512 CPU here could test
-	dequant: dequantAVX2,
+	// the ymm loops: no zmm twins, which no AVX-512 CPU here could test
+	dequant:       dequantAVX2,
+	panelQuantRow: panelQuantRowAVX2,
 
 	axpy4Half: axpy4HalfAVX512,
 	axpy8:     axpy8AVX512,
