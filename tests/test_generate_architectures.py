@@ -226,6 +226,12 @@ def test_position_table_is_a_limit_known_up_front(name: str, rows: Any) -> None:
             g.generate_next_token()
     assert g.length == rows + 1  # the token chosen from the last position's logits is kept
     np.testing.assert_array_equal(g.sequences[:, :rows], out.sequences)
+    with Engine(sess, max_batch=2, max_length=2 * rows) as eng:  # max_length beyond the table
+        with pytest.raises(ValueError, match=f"needs {rows + 1} positions"):
+            eng.add_request(PROMPT, max_new_tokens=rows + 1 - PROMPT.size)
+        rid = eng.add_request(PROMPT, max_new_tokens=rows - PROMPT.size)
+        eng.run_until_done()
+        assert eng.request(rid).finish_reason == "length"
 
 
 def test_position_scan_skips_large_model_files(monkeypatch: pytest.MonkeyPatch) -> None:

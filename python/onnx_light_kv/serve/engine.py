@@ -214,7 +214,8 @@ class Engine:
 
         Raises:
             ValueError: bad options, or a prompt that can never fit (``prompt + max_new_tokens
-            > max_length``). TypeError: ids that are not integers.
+            > max_length``, or more positions than the model's position table has: see
+            ``DecoderIO.max_positions``). TypeError: ids that are not integers.
         """
         ids = np.asarray(input_ids)
         if ids.size == 0:
@@ -235,6 +236,9 @@ class Engine:
         if ids.size + max_new > self.max_length:
             raise ValueError(f"the request can never fit: {ids.size} prompt tokens + max_new_tokens={max_new} "
                              f"exceed the engine's max_length={self.max_length}")
+        # a step past the model's position table would fail every running request
+        self.io.check_positions(ids.size + max_new, f"the request ({ids.size} prompt tokens + "
+                                f"max_new_tokens={max_new})")
         opts = SamplingOptions(do_sample, temperature, top_k, top_p, min_p, repetition_penalty)
         stop = StopCondition.of(eos_token_id, stop_sequences)
         lpn = optional_integer(logprobs, "logprobs", lo=0, hi=20)
