@@ -8,6 +8,7 @@ import (
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/model"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/ops"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/rewrite"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
@@ -57,9 +58,10 @@ func (cp *cachePath) learn(slot int, geom [3]int) {
 }
 
 // newCachePath rewrites m's main graph (a copy: m is not changed) and
-// plans the result. A rewrite whose plan fails to build keeps the model
-// on the tensor path, with the error as every layer's reason.
-func newCachePath(m *model.Model, pairs map[string]string) (*cachePath, error) {
+// plans the result, its factories sharing packs with the tensor path's
+// plan. A rewrite whose plan fails to build keeps the model on the tensor
+// path, with the error as every layer's reason.
+func newCachePath(m *model.Model, pairs map[string]string, packs *ops.Packs) (*cachePath, error) {
 	res, err := rewrite.Rewrite(m.Graph, m.Opsets, rewrite.Options{Pairs: pairs})
 	if err != nil {
 		return nil, err
@@ -80,7 +82,7 @@ func newCachePath(m *model.Model, pairs map[string]string) (*cachePath, error) {
 	rm.Graph = res.Graph
 	rm.Opsets = maps.Clone(m.Opsets)
 	rm.Opsets[rewrite.Domain] = rewrite.Version
-	p, err := BuildPlan(&rm)
+	p, err := buildPlan(&rm, true, packs)
 	if err != nil {
 		for i := range cp.layers {
 			cp.layers[i].Rewritten, cp.layers[i].Slot = false, -1

@@ -143,17 +143,21 @@ type builder struct {
 	depth  int
 	// noFold disables folding and the shape cache (Options.DisableFolding).
 	noFold bool
+	// packs is given to every node's factory (ops.Node.Packs).
+	packs *ops.Packs
 }
 
 // BuildPlan builds the plan of a loaded model's main graph, folded (see
 // fold.go).
-func BuildPlan(m *model.Model) (*Plan, error) { return buildPlan(m, true) }
+func BuildPlan(m *model.Model) (*Plan, error) { return buildPlan(m, true, nil) }
 
-func buildPlan(m *model.Model, fold bool) (*Plan, error) {
+// buildPlan builds m's plan, folded when fold is set, the factories sharing
+// packs (nil: none) with the other plans built with it.
+func buildPlan(m *model.Model, fold bool, packs *ops.Packs) (*Plan, error) {
 	if errsReg := ops.RegistryErrors(); len(errsReg) > 0 {
 		return nil, fmt.Errorf("op registry is inconsistent: %v", errsReg[0])
 	}
-	b := &builder{opsets: m.Opsets, noFold: !fold}
+	b := &builder{opsets: m.Opsets, noFold: !fold, packs: packs}
 	return b.build(m.Graph, nil)
 }
 
@@ -267,7 +271,7 @@ func (b *builder) node(g *model.Graph, np *onnxpb.NodeProto, scope func() map[st
 	info := &ops.Node{Name: pn.Name, OpType: pn.OpType, Domain: domain, Opset: opset,
 		NumInputs: len(pn.Inputs), NumOutputs: len(pn.Outputs),
 		InputPresent: make([]bool, len(pn.Inputs)), OutputPresent: make([]bool, len(pn.Outputs)),
-		Constants: make([]*tensor.Tensor, len(pn.Inputs))}
+		Constants: make([]*tensor.Tensor, len(pn.Inputs)), Packs: b.packs}
 	for i, in := range pn.Inputs {
 		info.InputPresent[i] = in != ""
 		if t, ok := g.Initializers[in]; ok && !isOverridable(g, in) {

@@ -147,7 +147,8 @@ func NewSessionFromModel(m *model.Model, opt Options) (*Session, error) {
 	if err := ops.CheckOpsets(m.Opsets); err != nil {
 		return nil, err
 	}
-	p, err := buildPlan(m, !opt.DisableFolding)
+	packs := ops.NewPacks() // one pack per weight for the tensor path's and the cache path's plans
+	p, err := buildPlan(m, !opt.DisableFolding, packs)
 	if err != nil {
 		return nil, err
 	}
@@ -167,7 +168,7 @@ func NewSessionFromModel(m *model.Model, opt Options) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	cp, err := newCachePath(m, opt.CachePairs)
+	cp, err := newCachePath(m, opt.CachePairs, packs)
 	if err != nil {
 		return nil, err
 	}

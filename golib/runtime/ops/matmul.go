@@ -277,7 +277,8 @@ func MatMulTransB(ctx *Context, a, bt *tensor.Tensor) (ok bool, err error) {
 // products read them as their packed B blocks, so no run packs the weights
 // (the pack costs a copy of them in memory; a 16-bit B keeps its encoding
 // in the pack and is widened as it is read). A kernel value is shared by
-// concurrent runs; the pack is read-only.
+// concurrent runs; the pack is read-only, and shared with the session's
+// other plans through Node.Packs.
 type constPack struct {
 	src *tensor.Tensor
 	pb  *gemm.PackedB
@@ -302,20 +303,24 @@ func newConstPack(n *Node, i int, transB bool) *constPack {
 	if k == 0 || nn == 0 {
 		return nil
 	}
-	var pb *gemm.PackedB
-	var err error
-	if isHalf(t.DType()) {
-		var op gemmOperand
-		if op, err = gemmB(t); err == nil {
-			pb, err = gemm.PackBHalf(op.kind, transB, k, nn, op.bits, max(s[1], 1))
-		}
-	} else {
-		pb, err = gemm.PackB(transB, k, nn, t.Float32(), max(s[1], 1))
+	key := packKey{a: t, kind: "gemm"}
+	if transB {
+		key.ints[0] = 1
 	}
+	v, err := n.Packs.get(key, func() (any, error) {
+		if isHalf(t.DType()) {
+			op, err := gemmB(t)
+			if err != nil {
+				return nil, err
+			}
+			return gemm.PackBHalf(op.kind, transB, k, nn, op.bits, max(s[1], 1))
+		}
+		return gemm.PackB(transB, k, nn, t.Float32(), max(s[1], 1))
+	})
 	if err != nil {
 		return nil
 	}
-	return &constPack{src: t, pb: pb}
+	return &constPack{src: t, pb: v.(*gemm.PackedB)}
 }
 
 // get returns the packed B when b is the constant it was built from (the

@@ -114,13 +114,22 @@ func newMatMulNBits(n *Node) (Kernel, error) {
 			return nil, fmt.Errorf("%s: %w", n.Describe(), err)
 		}
 		if !q.empty {
-			qb, err := g.quantB(q)
+			key := packKey{a: b, b: scales, c: zp, kind: "nbits", ints: [4]int{g.k, g.n, g.bits, g.block}}
+			v, err := n.Packs.get(key, func() (any, error) {
+				qb, err := g.quantB(q)
+				if err != nil {
+					return nil, err
+				}
+				pb, err := gemm.PackBQuant(qb)
+				if err != nil {
+					return nil, fmt.Errorf("packing the quantized weight: %w", err)
+				}
+				return pb, nil
+			})
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", n.Describe(), err)
 			}
-			if k.pb, err = gemm.PackBQuant(qb); err != nil {
-				return nil, fmt.Errorf("%s: packing the quantized weight: %w", n.Describe(), err)
-			}
+			k.pb = v.(*gemm.PackedB)
 		}
 		k.src, k.built = q, true
 	}

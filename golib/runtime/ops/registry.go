@@ -90,6 +90,9 @@ type Node struct {
 	// Constant output known at session creation (nil otherwise), so a
 	// factory can precompute from it. Kernels still receive it as input.
 	Constants []*tensor.Tensor
+	// Packs, when set, shares the values factories derive from Constants
+	// with the other plans of the same session (see Packs).
+	Packs *Packs
 }
 
 // Describe returns "OpType (domain d, opset v)" for error messages.
