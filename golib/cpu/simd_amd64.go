@@ -11,12 +11,8 @@ import (
 
 // Every function of this package that runs 256- or 512-bit archsimd code calls
 // archsimd.ClearAVXUpperBits (VZEROUPPER) when its vectors are done, before
-// scalar float code and before returning: Go compiles scalar float32 math,
-// and some moves and spills, to legacy SSE instructions, and the compiler
-// does not clear the upper halves itself. Measured on a 2-core AMD EPYC
-// Zen 3 VM, each switch from dirty 256-bit state to legacy SSE cost about
-// 120 ns: a 64-element dot product took 136 ns without the clear and 14 ns
-// with it.
+// scalar float code and before returning (why, with the measurement: the same
+// note in golib/cpu/gemm/simd_amd64.go).
 
 // The inner loops address rows through unsafe pointers: slice expressions
 // per vector cost more bounds checks and spills than the FMAs themselves.

@@ -87,8 +87,8 @@ type half16 struct {
 }
 
 // init sets the constants in place: a constructor returning the struct was
-// copied with legacy-SSE moves after 256-bit ops (see ClearAVXUpperBits
-// in simd_amd64.go / exp_simd_amd64.go).
+// copied with legacy-SSE moves after 256-bit ops (see the ClearAVXUpperBits note
+// in simd_amd64.go).
 func (c *half16) init() {
 	b := archsimd.BroadcastInt32x16
 	c.infBits = b(0x0f800000)

@@ -68,6 +68,26 @@ func (w *QuantB) value(j, l, groups int) byte {
 	return b >> uint(bit%8) & byte(1<<w.Bits-1)
 }
 
+// Dequantize writes W (N x K, row-major) into dst, of at least N*K values:
+// the values PackBQuant's packs widen to.
+func (w *QuantB) Dequantize(dst []float32) error {
+	if err := w.check(); err != nil {
+		return err
+	}
+	if len(dst) < w.N*w.K {
+		return fmt.Errorf("%w: dequantized B needs %d values, got %d", ErrShape, w.N*w.K, len(dst))
+	}
+	groups := w.Groups()
+	for j := range w.N {
+		row := dst[j*w.K : (j+1)*w.K]
+		for l := range row {
+			i := j*groups + l/w.Block
+			row[l] = (float32(w.value(j, l, groups)) - w.Zeros[i]) * w.Scales[i]
+		}
+	}
+	return nil
+}
+
 // PackBQuant packs the quantized weight w for SgemmPacked: op(B) = W^T
 // (k x n), its integers kept (see the file comment). Products equal those
 // of PackB over the dequantized W within float32 summation order (the

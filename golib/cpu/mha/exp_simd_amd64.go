@@ -11,12 +11,8 @@ import (
 
 // Every function of this package that runs 256- or 512-bit archsimd code calls
 // archsimd.ClearAVXUpperBits (VZEROUPPER) when its vectors are done, before
-// scalar float code and before returning: Go compiles scalar float32 math,
-// and some moves and spills, to legacy SSE instructions, and the compiler
-// does not clear the upper halves itself. Measured on a 2-core AMD EPYC
-// Zen 3 VM, each switch from dirty 256-bit state to legacy SSE cost about
-// 120 ns: a 64-element dot product took 136 ns without the clear and 14 ns
-// with it.
+// scalar float code and before returning (why, with the measurement: the same
+// note in golib/cpu/gemm/simd_amd64.go).
 
 // pickExp follows the gemm package's instruction-set choice, so OLKV_GEMM
 // and gemm.SetPath switch the softmax too.
@@ -52,8 +48,8 @@ type exp16 struct {
 }
 
 // init sets the constants in place: a constructor returning the struct was
-// copied with legacy-SSE moves after 256-bit ops (see ClearAVXUpperBits
-// in simd_amd64.go / exp_simd_amd64.go).
+// copied with legacy-SSE moves after 256-bit ops (see the ClearAVXUpperBits note
+// in exp_simd_amd64.go).
 func (c *exp16) init() {
 	b := archsimd.BroadcastFloat32x16
 	c.lo = b(expLo)
@@ -93,8 +89,8 @@ type exp8 struct {
 }
 
 // init sets the constants in place: a constructor returning the struct was
-// copied with legacy-SSE moves after 256-bit ops (see ClearAVXUpperBits
-// in simd_amd64.go / exp_simd_amd64.go).
+// copied with legacy-SSE moves after 256-bit ops (see the ClearAVXUpperBits note
+// in exp_simd_amd64.go).
 func (c *exp8) init() {
 	b := archsimd.BroadcastFloat32x8
 	c.lo = b(expLo)

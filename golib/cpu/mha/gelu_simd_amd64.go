@@ -42,8 +42,8 @@ type erf16 struct {
 }
 
 // init sets the constants in place: a constructor returning the struct was
-// copied with legacy-SSE moves after 256-bit ops (see ClearAVXUpperBits
-// in simd_amd64.go / exp_simd_amd64.go).
+// copied with legacy-SSE moves after 256-bit ops (see the ClearAVXUpperBits note
+// in exp_simd_amd64.go).
 func (c *erf16) init() {
 	b := archsimd.BroadcastFloat32x16
 	c.split = b(erfSplit)
@@ -124,8 +124,8 @@ type erf8 struct {
 }
 
 // init sets the constants in place: a constructor returning the struct was
-// copied with legacy-SSE moves after 256-bit ops (see ClearAVXUpperBits
-// in simd_amd64.go / exp_simd_amd64.go).
+// copied with legacy-SSE moves after 256-bit ops (see the ClearAVXUpperBits note
+// in exp_simd_amd64.go).
 func (c *erf8) init() {
 	b := archsimd.BroadcastFloat32x8
 	c.split = b(erfSplit)

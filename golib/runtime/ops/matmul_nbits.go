@@ -291,21 +291,8 @@ func (g *nbitsGeom) dequantize(w []float32, q nbitsQuant) ([]float32, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := q.b.Uint8()
-	bits, mask := uint(g.bits), uint8(1)<<g.bits-1
-	perByte := 8 / g.bits
-	for r := range g.n {
-		row := w[r*g.k : (r+1)*g.k]
-		for blk := range g.kBlocks {
-			i := r*g.kBlocks + blk
-			s, zf := qb.Scales[i], qb.Zeros[i]
-			blob := b[i*g.blob : (i+1)*g.blob]
-			dst := row[blk*g.block : min((blk+1)*g.block, g.k)]
-			for j := range dst {
-				v := blob[j/perByte] >> (uint(j%perByte) * bits) & mask
-				dst[j] = (float32(v) - zf) * s
-			}
-		}
+	if err := qb.Dequantize(w); err != nil {
+		return nil, err
 	}
 	return w, nil
 }
