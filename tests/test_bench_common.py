@@ -1,4 +1,5 @@
-"""The benchmark helpers (benchmarks/_common.py) and smoke runs of bench_tensor_decode.py and bench_decode.py --quant."""
+"""The benchmark helpers (benchmarks/_common.py) and smoke runs of bench_tensor_decode.py, bench_decode.py --quant
+and bench_memory.py."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import _common  # noqa: E402
 import bench_decode  # noqa: E402
+import bench_memory  # noqa: E402
 import bench_tensor_decode  # noqa: E402
 
 
@@ -75,6 +77,43 @@ def test_bench_tensor_decode_smoke(tmp_path: Any, capsys: Any) -> None:
     assert [r["context"] for r in data["rows"]] == [16, 32]
     assert all(len(r["samples_ms"]) == 3 for r in data["raw"])
     assert "ort_median_ms" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_bench_memory_smoke(tmp_path: Any) -> None:
+    """A tiny run measures both runtimes on every model kind (the int4 conversion loads in
+    onnxruntime too) and writes the figures."""
+    rc = bench_memory.main(["--layers", "1", "--hidden", "64", "--vocab", "256", "--past", "4",
+                            "--results-dir", str(tmp_path)])
+    assert rc == 0
+    data = json.load(open(tmp_path / os.listdir(tmp_path)[0]))
+    assert [r["model"].split()[-1] for r in data["rows"]] == ["float32", "float16", "int4"]
+    for row in data["rows"]:
+        for rt in ("ours", "ort"):
+            assert row[f"{rt}_peak_mb"] >= row[f"{rt}_session_mb"] - 1, row
+
+
+def test_int4_model_quantizes_every_weight_matmul() -> None:
+    """bench_memory.int4_model turns each constant-weight MatMul into a 4-bit MatMulNBits whose
+    dequantized weight is within half a quantization step of the original (the MLP's down
+    projection has K = 176: its last group is padded)."""
+    from onnx import numpy_helper
+    from onnx_light_kv import models
+
+    m = models.build("llama", models.DecoderConfig(layers=1, hidden=64, vocab=256))
+    weights = {n.input[1]: numpy_helper.to_array(next(t for t in m.graph.initializer if t.name == n.input[1]))
+               for n in m.graph.node if n.op_type == "MatMul" and any(t.name == n.input[1] for t in m.graph.initializer)}
+    q = bench_memory.int4_model(m)
+    inits = {t.name: numpy_helper.to_array(t) for t in q.graph.initializer}
+    nodes = [n for n in q.graph.node if n.op_type == "MatMulNBits"]
+    assert weights and len(nodes) == len(weights)
+    assert not any(n.op_type == "MatMul" and n.input[1] in weights for n in q.graph.node)
+    for n in nodes:
+        w = weights[n.input[1][:-len("_q4")]]
+        packed, scales = inits[n.input[1]], inits[n.input[2]].reshape(w.shape[1], -1, 1)
+        vals = np.stack([packed & 15, packed >> 4], axis=-1).reshape(w.shape[1], -1, 32).astype(np.float32)
+        deq = ((vals - 8) * scales).reshape(w.shape[1], -1)[:, :w.shape[0]].T
+        assert np.all(np.abs(deq - w) <= scales.max() / 2 + 1e-6)
 
 
 def test_kernel_paths_and_runs(capsys: Any) -> None:

@@ -224,6 +224,7 @@ func rebuildWithConstants(n *PlanNode, consts map[string]*tensor.Tensor) error {
 	if err != nil {
 		return withNode(n, err)
 	}
+	n.Info.Packed = nil // the factory says again what it packed
 	k, err := factory(n.Info)
 	if err != nil {
 		return withNode(n, err)

@@ -3,6 +3,7 @@ package runtime
 import (
 	"fmt"
 	goruntime "runtime"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -121,29 +122,44 @@ func (st *State) Leased(t *tensor.Tensor) bool { return st.pool.leased(t) }
 // PoolStats returns the counters of the state's buffer pool.
 func (st *State) PoolStats() PoolStats { return st.pool.snapshot() }
 
-// NewSession loads the model at path and builds its session.
+// NewSession loads the model at path and builds its session. The session
+// owns the model it loaded: the values of the weights its kernels packed
+// are released once packed (see releaseConstants), so a packed weight is
+// held once, as onnxruntime holds it.
 func NewSession(path string, opt Options) (*Session, error) {
 	m, err := model.Load(path, opt.Model)
 	if err != nil {
 		return nil, err
 	}
-	return NewSessionFromModel(m, opt)
+	// The file's bytes are garbage now: collect them before the packs
+	// are built, so the packs reuse their pages instead of adding to them.
+	goruntime.GC()
+	return newSession(m, opt, true)
 }
 
-// NewSessionFromBytes decodes a serialized model and builds its session.
+// NewSessionFromBytes decodes a serialized model and builds its session,
+// which owns the decoded model as NewSession's does.
 func NewSessionFromBytes(b []byte, opt Options) (*Session, error) {
 	m, err := model.LoadBytes(b, opt.Model)
 	if err != nil {
 		return nil, err
 	}
-	return NewSessionFromModel(m, opt)
+	return newSession(m, opt, true)
 }
 
-// NewSessionFromModel builds a session for an already loaded model. Every
-// node's kernel is resolved here: an unsupported op fails now, naming the
-// op, its domain and opset version, and so does an opset import newer than
-// the runtime knows (ops.CheckOpsets).
+// NewSessionFromModel builds a session for an already loaded model, which
+// stays the caller's: m is not changed, so it may build more sessions, and
+// the session holds its packed weights beside m's values. Every node's
+// kernel is resolved here: an unsupported op fails now, naming the op, its
+// domain and opset version, and so does an opset import newer than the
+// runtime knows (ops.CheckOpsets).
 func NewSessionFromModel(m *model.Model, opt Options) (*Session, error) {
+	return newSession(m, opt, false)
+}
+
+// newSession builds a session for m; owned says the session is m's only
+// user, so the constants its kernels packed may be released.
+func newSession(m *model.Model, opt Options, owned bool) (*Session, error) {
 	if err := ops.CheckOpsets(m.Opsets); err != nil {
 		return nil, err
 	}
@@ -171,6 +187,12 @@ func NewSessionFromModel(m *model.Model, opt Options) (*Session, error) {
 	cp, err := newCachePath(m, opt.CachePairs, packs)
 	if err != nil {
 		return nil, err
+	}
+	if owned && releaseConstants(m.Graph, p, cp.plan) > 0 {
+		// Hand the released values (and the load's garbage, such as the
+		// file's bytes) back to the system now: the collector would
+		// otherwise keep the pages until the heap grew into them.
+		debug.FreeOSMemory()
 	}
 	return &Session{model: m, plan: p, threads: threads, profile: opt.Profile, def: NewState(), arena: arena, cache: cp}, nil
 }

@@ -17,6 +17,9 @@ const (
 type packBufs struct {
 	a, b []float32
 	tile []float32
+	// wide holds one widened packNR-wide sliver of a prepacked k-block
+	// while repackSlivers narrows it to the kernel's nr.
+	wide []float32
 }
 
 var bufPool = sync.Pool{New: func() any {
@@ -24,6 +27,7 @@ var bufPool = sync.Pool{New: func() any {
 		a:    make([]float32, mcBlock*kcBlock),
 		b:    make([]float32, kcBlock*ncBlock),
 		tile: make([]float32, 16*64),
+		wide: make([]float32, kcBlock*packNR),
 	}
 }}
 
@@ -106,13 +110,18 @@ func (p *product) block(bufs *packBufs, i0, i1, j0, j1 int) {
 		jb := j0 / ncBlock
 		o, n := (j0-jb*ncBlock)*kc, roundUp(nc, nr)*kc
 		switch {
+		case p.pb != nil && nr != packNR:
+			// A kernel with narrower slivers (the portable one) reads
+			// the prepacked block through its own B block.
+			bb = bufs.b[:n]
+			p.pb.repackSlivers(ks, bb, bufs.wide, jb, l0, kc, j0-jb*ncBlock, nc, nr)
 		case p.pb != nil && p.pb.h != nil && ks.microHalf != nil:
 			bh = p.pb.slabHalf(jb, l0, kc)[o : o+n]
 		case p.pb != nil && p.pb.h != nil:
 			bb = bufs.b[:n]
 			ks.cvt16(p.pb.half, bb, p.pb.slabHalf(jb, l0, kc)[o:o+n])
 		case p.pb != nil && p.pb.q != nil:
-			// Dequantized sliver by sliver (nr == packNR: PackedServes).
+			// Dequantized sliver by sliver (nr == packNR here).
 			bb = bufs.b[:n]
 			for jr := 0; jr < nc; jr += packNR {
 				p.pb.widenQuant(ks, bb[jr*kc:(jr+packNR)*kc], jb, l0, kc, j0-jb*ncBlock+jr)
@@ -123,7 +132,7 @@ func (p *product) block(bufs *packBufs, i0, i1, j0, j1 int) {
 			p.packB(bb, j0, nc, l0, kc, nr)
 		}
 		blk := bBlock{f: bb, h: bh}
-		if ks.sliverMajor && p.pb != nil && (bh != nil || p.pb.float()) {
+		if ks.sliverMajor && p.pb != nil && nr == packNR && (bh != nil || p.pb.float()) {
 			blk.nextF, blk.nextH = p.nextSliver(jb, j0, l0, kc)
 		}
 		// The B block (kc x nc) stays in L2. By default each A panel (mr

@@ -159,13 +159,12 @@ func (b *PackedB) slab(jb, l0, kc int) []float32 {
 
 func roundUp(x, m int) int { return (x + m - 1) / m * m }
 
-// PackedServes reports whether SgemmPacked takes m rows of op(A): up to
-// PackedRows always, more when the active micro kernel's B sliver is
-// packNR wide (the AVX-512 and AVX2 paths), which the blocked algorithm reads
-// straight from the packed blocks (widening a 16-bit pack block by block).
-func PackedServes(m int) bool { return m <= PackedRows || active().nr == packNR }
-
-// PackedRows is the largest number of rows of op(A) SgemmPacked accepts.
+// PackedRows is the largest number of rows of op(A) SgemmPacked computes
+// by streaming the packed slivers (a decode step); longer products take
+// the packed k-blocks as the cache-blocked algorithm's B blocks (read in
+// place where the kernel's slivers are packNR wide, narrowed block by
+// block for the portable kernel's), so a pack serves every row count and
+// a session needs no other copy of a packed weight.
 const PackedRows = skinnyRows
 
 // packedTasksPerThread is the number of panel ranges per thread: with a
@@ -173,8 +172,7 @@ const PackedRows = skinnyRows
 const packedTasksPerThread = 4
 
 // SgemmPacked computes C = alpha*op(A)*B + beta*C for a packed B (k x n)
-// and m rows of op(A) (m x k; A is k x m as stored when transA; m <=
-// PackedRows unless PackedServes(m)), using at most threads threads (<= 0:
+// and m rows of op(A) (m x k; A is k x m as stored when transA), using at most threads threads (<= 0:
 // Threads()). beta 0 does not read C, as in Sgemm.
 func SgemmPacked(threads int, transA bool, m int, alpha float32, a []float32, lda int,
 	b *PackedB, beta float32, c []float32, ldc int) error {
@@ -182,9 +180,6 @@ func SgemmPacked(threads int, transA bool, m int, alpha float32, a []float32, ld
 		return fmt.Errorf("%w: nil packed B", ErrShape)
 	}
 	k, n := b.k, b.n
-	if !PackedServes(m) {
-		return fmt.Errorf("%w: packed B serves at most %d rows on this path, got %d", ErrShape, PackedRows, m)
-	}
 	if err := checkLens(transA, false, m, n, k, len(a), lda, k*n, max(n, 1), len(c), ldc); err != nil {
 		return err
 	}
@@ -372,6 +367,38 @@ func panelGo(m, k int, a *[skinnyRows][]float32, p []float32, out *[skinnyRows][
 			row := (*[packNR]float32)(p[l*packNR : (l+1)*packNR])
 			for j := range o {
 				o[j] += av * row[j]
+			}
+		}
+	}
+}
+
+// repackSlivers writes columns c0..c0+nc (from the start of column block
+// jb) of k-block (l0, kc) of the pack into dst as nr-wide slivers (nr a
+// divisor of packNR; c0 a multiple of nr), the layout packB builds from B
+// as stored: each packNR-wide sliver is widened to float32 in wide (kc *
+// packNR values; a float32 pack is read in place) and its columns copied
+// out, the columns past nc of the last sliver zero.
+func (b *PackedB) repackSlivers(ks *kernels, dst, wide []float32, jb, l0, kc, c0, nc, nr int) {
+	n := roundUp(nc, nr)
+	clear(dst[:n*kc])
+	for s0 := c0 / packNR * packNR; s0 < c0+nc; s0 += packNR {
+		var src []float32
+		switch {
+		case b.q != nil:
+			src = wide[:kc*packNR]
+			b.widenQuant(ks, src, jb, l0, kc, s0)
+		case b.h != nil:
+			src = wide[:kc*packNR]
+			ks.cvt16(b.half, src, b.slabHalf(jb, l0, kc)[s0*kc:(s0+packNR)*kc])
+		default:
+			src = b.slab(jb, l0, kc)[s0*kc : (s0+packNR)*kc]
+		}
+		lo, hi := max(s0, c0), min(s0+packNR, c0+nc)
+		for c := lo; c < hi; c++ {
+			jr, x := (c-c0)/nr*nr, (c-c0)%nr
+			d := dst[jr*kc+x:]
+			for l := range kc {
+				d[l*nr] = src[l*packNR+c-s0]
 			}
 		}
 	}

@@ -74,10 +74,6 @@ func newGemm(n *Node) (Kernel, error) {
 		if err != nil {
 			return err
 		}
-		bm, err := gemmB(b)
-		if err != nil {
-			return err
-		}
 		y := f32Result(ctx, out)
 		bt := float32(0)
 		if c != nil && beta != 0 {
@@ -93,8 +89,10 @@ func newGemm(n *Node) (Kernel, error) {
 			// product goes to scratch and only that reaches y.
 			prod, pa, pbeta = ctx.Float32s(len(y)), 1, 0
 		}
-		if pb := pack.get(b); pb != nil && gemm.PackedServes(m) {
+		if pb := pack.get(b); pb != nil {
 			err = gemm.SgemmPacked(ctx.Threads(), transA, m, pa, af, max(a.Shape()[1], 1), pb, pbeta, prod, max(nn, 1))
+		} else if bm, berr := gemmB(b); berr != nil {
+			err = berr
 		} else {
 			err = bm.mul(ctx.Threads(), transA, transB, m, nn, k, pa,
 				af, max(a.Shape()[1], 1), 0, max(b.Shape()[1], 1), pbeta, prod, max(nn, 1))

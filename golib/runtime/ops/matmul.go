@@ -17,11 +17,11 @@ func init() {
 // newMatMul: numpy matmul. float32/float16/bfloat16 run on cpu/gemm (a
 // 16-bit B, typically the weights, is read in place and widened as it
 // streams; A and the result go through float32); float64 and int32/int64
-// use a plain loop. A constant float32 2D B is packed once, when the
-// session is built (see constPack), for products of at most
-// gemm.PackedRows rows (decode steps) and, where gemm.PackedServes allows,
-// longer ones (prefill: the blocked algorithm reads the packed blocks
-// instead of packing B on every call).
+// use a plain loop. A constant float32 or 16-bit 2D B is packed once, when
+// the session is built (see constPack), and every product reads the pack:
+// decode steps stream its slivers, longer products (prefill) take its
+// blocks as the blocked algorithm's B blocks instead of packing B on every
+// call.
 func newMatMul(n *Node) (Kernel, error) {
 	pack := newConstPack(n, 1, false)
 	return KernelFunc(func(ctx *Context) error {
@@ -53,10 +53,8 @@ func matmulCompute(ctx *Context, pack *constPack) (*tensor.Tensor, error) {
 	}
 	switch a.DType() {
 	case tensor.Float32, tensor.Float16, tensor.BFloat16:
-		if g.fold && gemm.PackedServes(g.batch.Size()*g.m) {
-			if pb := pack.get(b); pb != nil {
-				return out, g.runPacked(ctx, a, pb, out)
-			}
+		if pb := pack.get(b); pb != nil && g.fold {
+			return out, g.runPacked(ctx, a, pb, out)
 		}
 		return out, g.runF32(ctx, a, b, out)
 	case tensor.Float64:
@@ -211,8 +209,7 @@ func (g *matmulPlan) runF32(ctx *Context, a, b *tensor.Tensor, out *tensor.Tenso
 	return storeF32Result(out, dst)
 }
 
-// runPacked computes a folded product with a packed constant B (as many
-// rows as gemm.PackedServes allows).
+// runPacked computes a folded product with a packed constant B.
 func (g *matmulPlan) runPacked(ctx *Context, a *tensor.Tensor, pb *gemm.PackedB, out *tensor.Tensor) error {
 	threads := ctx.Threads()
 	af, err := ctx.AsFloat32(a)
@@ -320,6 +317,7 @@ func newConstPack(n *Node, i int, transB bool) *constPack {
 	if err != nil {
 		return nil
 	}
+	n.markPacked(i) // every product with this constant reads the pack (see get)
 	return &constPack{src: t, pb: v.(*gemm.PackedB)}
 }
 

@@ -130,6 +130,12 @@ func newMatMulNBits(n *Node) (Kernel, error) {
 				return nil, fmt.Errorf("%s: %w", n.Describe(), err)
 			}
 			k.pb = v.(*gemm.PackedB)
+			// compute reads these constants through the pack only
+			for _, i := range []int{nbitsB, nbitsScales, nbitsZeroPoints} {
+				if consts(i) != nil {
+					n.markPacked(i)
+				}
+			}
 		}
 		k.src, k.built = q, true
 	}
@@ -366,16 +372,8 @@ func (k *nbitsKernel) compute(ctx *Context) error {
 	}
 	threads := ctx.Threads()
 	switch {
-	case pb != nil && gemm.PackedServes(m):
-		err = gemm.SgemmPacked(threads, false, m, 1, af, g.k, pb, beta, dst, g.n)
 	case pb != nil:
-		// A kernel whose blocked products cannot read the pack (the
-		// portable one): the rows go through the decode products, a few
-		// at a time.
-		for r := 0; r < m && err == nil; r += gemm.PackedRows {
-			rows := min(gemm.PackedRows, m-r)
-			err = gemm.SgemmPacked(threads, false, rows, 1, af[r*g.k:], g.k, pb, beta, dst[r*g.n:], g.n)
-		}
+		err = gemm.SgemmPacked(threads, false, m, 1, af, g.k, pb, beta, dst, g.n)
 	default:
 		var w []float32
 		if w, err = g.dequantize(ctx.Float32s(g.n*g.k), q); err == nil {

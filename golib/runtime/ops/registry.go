@@ -93,6 +93,21 @@ type Node struct {
 	// Packs, when set, shares the values factories derive from Constants
 	// with the other plans of the same session (see Packs).
 	Packs *Packs
+	// Packed[i] is set by a factory whose kernel reads constant input i
+	// only through what it derived from it at build time (a packed
+	// weight) and never reads the constant's values again: the session
+	// may release a constant all of whose readers say so. Factories leave
+	// it nil otherwise; a rebuild starts from nil.
+	Packed []bool
+}
+
+// markPacked records that the kernel built from n reads constant input i
+// only through a value derived from it (see Node.Packed).
+func (n *Node) markPacked(i int) {
+	if len(n.Packed) < len(n.Constants) {
+		n.Packed = append(n.Packed, make([]bool, len(n.Constants)-len(n.Packed))...)
+	}
+	n.Packed[i] = true
 }
 
 // Describe returns "OpType (domain d, opset v)" for error messages.

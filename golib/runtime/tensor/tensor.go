@@ -230,6 +230,25 @@ func check(dt DType, shape Shape) (int, error) {
 	return shape.NumElements()
 }
 
+// ReleaseStorage lets go of t's values where nothing will read them again
+// (a constant whose every reader kept a derived copy, such as a packed
+// weight): t keeps its type, shape and length, and its bytes now read as
+// zero from a shared read-only mapping that takes no memory, so the
+// collector can free the old storage once no other header aliases it. It
+// reports whether it released anything (false for an empty tensor and
+// where the platform has no such mapping). Writing t afterwards faults.
+func (t *Tensor) ReleaseStorage() bool {
+	if len(t.data) == 0 {
+		return false
+	}
+	z := zeroBytes(len(t.data))
+	if z == nil {
+		return false
+	}
+	t.data = z
+	return true
+}
+
 // DType returns the element type.
 func (t *Tensor) DType() DType { return t.dtype }
 

@@ -1,0 +1,5 @@
+//go:build unix && !linux
+
+package tensor
+
+const mapNoReserve = 0
