@@ -4,7 +4,8 @@ Models: the built-in Llama decoder (``onnx_light_kv.models``) at a benchmark siz
 ``--hidden``, ``--vocab``; 4 x 1024 and a 32000-token vocabulary by default: 439 MB of float32
 weights), in float32, float16, and int4: the float32 model with every constant-weight MatMul
 turned into a com.microsoft ``MatMulNBits`` (4 bits, groups of 32 along K, symmetric: the
-onnxruntime-genai ``-p int4`` layout). Each model is saved to a file and loaded from it.
+onnxruntime-genai ``-p int4`` layout). Each model is saved to a file and loaded from it;
+``--external-data`` stores the weights in a data file next to it, as models over 2 GB must be.
 
 Each runtime runs in a fresh child process per model, so neither the other runtime nor earlier
 models count. The child imports the runtime, reads its resident set (Linux ``/proc/self/status``
@@ -17,7 +18,8 @@ models count. The child imports the runtime, reads its resident set (Linux ``/pr
 
 Peak and steady memory decide which models fit a machine: a packed weight held beside its
 initializer doubles a model's weights. Output: a table, and the figures plus the environment in
-``benchmarks/results/memory-<timestamp>.json`` (``--results-dir`` elsewhere).
+``benchmarks/results/memory-<timestamp>.json`` (``memory-ext-`` with ``--external-data``;
+``--results-dir`` elsewhere).
 
 Run: ``python benchmarks/bench_memory.py [--dtypes float32 float16 int4] [--layers 4] [--hidden 1024]``.
 """
@@ -131,8 +133,8 @@ def build(dtype: str, args: argparse.Namespace, folder: str) -> str:
     m = models.build("llama", cfg)
     if dtype == "int4":
         m = int4_model(m)
-    path = os.path.join(folder, f"llama-{dtype}.onnx")
-    models.save_model(m, path)
+    path = os.path.join(folder, f"llama-{dtype}{'-ext' if args.external_data else ''}.onnx")
+    models.save_model(m, path, external_data=args.external_data)
     return path
 
 
@@ -154,6 +156,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="hidden size (a multiple of 64: heads of 64, a quarter of them K/V heads)")
     p.add_argument("--vocab", type=_common.int_range(2, 1 << 20), default=32000)
     p.add_argument("--past", type=_common.int_range(0, 1 << 16), default=128)
+    p.add_argument("--external-data", action="store_true",
+                   help="save the weights in a data file next to the model (as models over 2 GB must be)")
     p.add_argument("--no-ort", action="store_true", help="measure ours only")
     _common.add_results_dir(p)
     args = p.parse_args(argv)
@@ -169,8 +173,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         for dtype in args.dtypes:
             path = build(dtype, args, folder)
-            row: Dict[str, Any] = {"model": f"llama {args.layers}x{args.hidden} {dtype}",
-                                   "file_mb": round(os.path.getsize(path) / 1e6, 1)}
+            files = [path] + [os.path.join(folder, f) for f in os.listdir(folder)
+                              if f.startswith(os.path.basename(path)) and f != os.path.basename(path)]
+            row: Dict[str, Any] = {"model": f"llama {args.layers}x{args.hidden} {dtype}"
+                                            + (" external" if args.external_data else ""),
+                                   "file_mb": round(sum(os.path.getsize(f) for f in files) / 1e6, 1)}
             for rt in runtimes:
                 print(f"{row['model']}: {rt} ...", file=sys.stderr, flush=True)
                 r = measure(rt, path, args.past)
@@ -181,8 +188,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 row["ours/ort_peak"] = round(row["ours_peak_mb"] / max(row["ort_peak_mb"], 1e-9), 2)
             rows.append(row)
     print(_common.format_table(rows))
-    out = _common.write_json("memory", {"benchmark": "memory", "args": vars(args), "environment": _common.environment(1),
-                                        "rows": rows}, args.results_dir)
+    payload = {"benchmark": "memory", "args": vars(args), "environment": _common.environment(1), "rows": rows}
+    out = _common.write_json("memory-ext" if args.external_data else "memory", payload, args.results_dir)
     print(f"wrote {out}")
     return 0
 

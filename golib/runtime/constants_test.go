@@ -1,7 +1,12 @@
 package runtime
 
 import (
+	"encoding/binary"
+	"fmt"
+	"math"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/internal/onnxtest"
@@ -71,11 +76,38 @@ func TestReleaseConstants(t *testing.T) {
 		weight("captured"), onnxtest.Int64s("idx", []int64{2}, []int64{3, 5}),
 		onnxtest.Raw("nbits", 2, []int64{nbN, d / 32, 16}, nb), onnxtest.Floats("nbits_scales", []int64{nbN, d / 32}, nbs))
 	b := onnxtest.Bytes(onnxtest.Model(17, g, map[string]int64{"com.microsoft": 1}))
-
-	owned, err := NewSessionFromBytes(b, Options{Threads: 2})
+	// The same model with its initializers in an external data file
+	// (mapped by the loader: the kept ones stay file-backed).
+	dir := t.TempDir()
+	gx := proto.Clone(g).(*onnxpb.GraphProto)
+	externalize(t, gx, dir)
+	path := filepath.Join(dir, "m.onnx")
+	if err := os.WriteFile(path, onnxtest.Bytes(onnxtest.Model(17, gx, map[string]int64{"com.microsoft": 1})), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fromBytes, err := NewSessionFromBytes(b, Options{Threads: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
+	fromFile, err := NewSession(path, Options{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := fromFile.Model().Graph.Initializers["gathered"]; tensor.MapFileSupported && !w.FileBacked() {
+		t.Error("a kept weight of the external data file is not file-backed")
+	}
+	for _, owned := range []*Session{fromBytes, fromFile} {
+		checkReleased(t, owned, b, r)
+	}
+}
+
+// checkReleased checks owned, a session over the model of b that released
+// its packed-only constants, against a session over b that released
+// nothing: which constants it released, and its outputs for 1, 3 and 40
+// rows.
+func checkReleased(t *testing.T, owned *Session, b []byte, r *rand.Rand) {
+	t.Helper()
+	const d = 128
 	m, err := model.LoadBytes(b, model.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -157,5 +189,35 @@ func TestReleaseStorage(t *testing.T) {
 	}
 	if e.ReleaseStorage() {
 		t.Fatal("an empty tensor reported a release")
+	}
+}
+
+// externalize moves every initializer of g into the data file w.bin in dir,
+// each at an offset that is a multiple of 64.
+func externalize(t *testing.T, g *onnxpb.GraphProto, dir string) {
+	t.Helper()
+	var data []byte
+	for _, tp := range g.Initializer {
+		raw := tp.RawData
+		for _, v := range tp.FloatData {
+			raw = binary.LittleEndian.AppendUint32(raw, math.Float32bits(v))
+		}
+		for _, v := range tp.Int64Data {
+			raw = binary.LittleEndian.AppendUint64(raw, uint64(v))
+		}
+		for len(data)%64 != 0 {
+			data = append(data, 0)
+		}
+		tp.ExternalData = []*onnxpb.StringStringEntryProto{
+			{Key: proto.String("location"), Value: proto.String("w.bin")},
+			{Key: proto.String("offset"), Value: proto.String(fmt.Sprint(len(data)))},
+			{Key: proto.String("length"), Value: proto.String(fmt.Sprint(len(raw)))},
+		}
+		tp.DataLocation = onnxpb.TensorProto_EXTERNAL.Enum()
+		tp.RawData, tp.FloatData, tp.Int64Data = nil, nil, nil
+		data = append(data, raw...)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "w.bin"), data, 0o644); err != nil {
+		t.Fatal(err)
 	}
 }

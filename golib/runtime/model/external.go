@@ -13,12 +13,39 @@ import (
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
 
-// extBudget counts the external bytes a model may still read.
-type extBudget struct{ left int64 }
+// extBudget counts the external bytes a model may still read, and holds
+// the external data files mapped so far while the model loads (nil: the
+// file could not be mapped and is read instead).
+type extBudget struct {
+	left int64
+	maps map[string][]byte
+}
+
+// mapped returns the mapping of the external data file at path (see
+// tensor.MapFile), mapping it on first use; nil where that fails.
+func (ext *extBudget) mapped(path string) []byte {
+	if m, ok := ext.maps[path]; ok {
+		return m
+	}
+	m, err := tensor.MapFile(path)
+	if err != nil {
+		m = nil
+	}
+	if ext.maps == nil {
+		ext.maps = map[string][]byte{}
+	}
+	ext.maps[path] = m
+	return m
+}
 
 // readExternal loads a tensor stored in a file next to the model. The
 // location must be a local relative path that stays inside baseDir, also
 // after resolving symbolic links; offset and length must lie inside the file.
+// The tensor aliases the file, mapped copy-on-write (tensor.MapFile), as
+// onnxruntime maps external data: the weights cost resident memory only
+// while read, and a weight a session packs leaves the resident set once
+// packed (Tensor.Evict). Where the file cannot be mapped or the tensor's
+// offset is not aligned to its element size, it is read into memory.
 func readExternal(tp *onnxpb.TensorProto, dt tensor.DType, shape tensor.Shape, nbytes int, baseDir string, ext *extBudget) (*tensor.Tensor, error) {
 	var location string
 	offset, length := int64(0), int64(-1)
@@ -61,6 +88,12 @@ func readExternal(tp *onnxpb.TensorProto, dt tensor.DType, shape tensor.Shape, n
 	if !st.Mode().IsRegular() || offset > st.Size() || int64(nbytes) > st.Size()-offset {
 		return nil, fmt.Errorf("%w: external data of %q: file %q has %d bytes, need %d at offset %d",
 			errs.ErrInvalidModel, tp.GetName(), location, st.Size(), nbytes, offset)
+	}
+	if m := ext.mapped(path); int64(len(m)) == st.Size() && nbytes > 0 {
+		if t, err := tensor.FromBytes(dt, shape, m[offset:offset+int64(nbytes):offset+int64(nbytes)]); err == nil {
+			ext.left -= int64(nbytes)
+			return normBool(t), nil
+		}
 	}
 	t, err := tensor.New(dt, shape)
 	if err != nil {

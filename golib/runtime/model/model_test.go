@@ -187,6 +187,29 @@ func TestExternalData(t *testing.T) {
 			}
 		}
 	}
+	// An offset aligned to the element size is mapped (the tensor aliases
+	// the file), another is read into memory; both read the same values.
+	must(t, os.WriteFile(filepath.Join(dir, "odd.bin"), append([]byte{9}, f32raw(7, 8, 9)...), 0o644))
+	odd := external("w", "odd.bin", 12)
+	odd.ExternalData[1].Value = proto.String("1")
+	for _, c := range []struct {
+		tp     *onnxpb.TensorProto
+		mapped bool
+	}{{external("w", "w.bin", 12), true}, {odd, false}} {
+		path := filepath.Join(dir, "m.onnx")
+		must(t, os.WriteFile(path, onnxtest.Bytes(addModel(c.tp)), 0o644))
+		m, err := Load(path, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := m.Graph.Initializers["w"]
+		if got := sprint(w.Float32()); got != "[7 8 9]" {
+			t.Errorf("offset %s: external data read %s", c.tp.ExternalData[1].GetValue(), got)
+		}
+		if want := c.mapped && tensor.MapFileSupported; w.FileBacked() != want {
+			t.Errorf("offset %s: file-backed %v, want %v", c.tp.ExternalData[1].GetValue(), w.FileBacked(), want)
+		}
+	}
 	short := external("w", "w.bin", 12)
 	short.ExternalData[1].Value = proto.String("8") // 8 + 12 > 16 bytes in the file
 	path := filepath.Join(dir, "short.onnx")

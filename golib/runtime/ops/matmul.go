@@ -305,6 +305,7 @@ func newConstPack(n *Node, i int, transB bool) *constPack {
 		key.ints[0] = 1
 	}
 	v, err := n.Packs.get(key, func() (any, error) {
+		defer t.Evict() // a mapped file's pages need not stay resident beside the pack
 		if isHalf(t.DType()) {
 			op, err := gemmB(t)
 			if err != nil {

@@ -124,6 +124,11 @@ func newMatMulNBits(n *Node) (Kernel, error) {
 				if err != nil {
 					return nil, fmt.Errorf("packing the quantized weight: %w", err)
 				}
+				for _, t := range []*tensor.Tensor{b, scales, zp} {
+					if t != nil {
+						t.Evict() // a mapped file's pages need not stay resident beside the pack
+					}
+				}
 				return pb, nil
 			})
 			if err != nil {

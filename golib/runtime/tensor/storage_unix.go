@@ -3,8 +3,11 @@
 package tensor
 
 import (
+	"fmt"
+	"os"
 	"sync"
 	"syscall"
+	"unsafe"
 )
 
 // zeroRegions are read-only anonymous mappings that released tensors point
@@ -31,4 +34,92 @@ func zeroBytes(n int) []byte {
 		zeroRegions.largest = b
 	}
 	return zeroRegions.largest[:n:n]
+}
+
+// MapFileSupported reports whether MapFile maps files on this platform.
+const MapFileSupported = true
+
+// fileMaps are the files MapFile mapped: their address ranges, so that
+// Evict knows a tensor's storage is a file's pages (which the system can
+// read again) and not memory the program wrote.
+var fileMaps struct {
+	mu     sync.Mutex
+	ranges [][2]uintptr
+}
+
+// MapFile maps the whole regular file at path into memory, private and
+// copy-on-write: reading it costs only the pages read, which the system
+// can drop and read again from the file under memory pressure (they are
+// the page cache's), and a write changes the program's copy only. Tensors
+// made from its bytes (FromBytes) alias the file. The mapping is never
+// unmapped, since such tensors may live as long as the process; the file
+// must not be truncated while the process reads it. An empty file maps to
+// an empty slice.
+func MapFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	size := st.Size()
+	if size == 0 {
+		return []byte{}, nil
+	}
+	if size != int64(int(size)) {
+		return nil, fmt.Errorf("%s: %d bytes do not fit the address space", path, size)
+	}
+	b, err := syscall.Mmap(int(f.Fd()), 0, int(size), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE)
+	if err != nil {
+		return nil, fmt.Errorf("mapping %s: %w", path, err)
+	}
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	fileMaps.mu.Lock()
+	fileMaps.ranges = append(fileMaps.ranges, [2]uintptr{start, start + uintptr(len(b))})
+	fileMaps.mu.Unlock()
+	return b, nil
+}
+
+// evictFilePages drops the pages wholly inside b from the process's
+// resident set where b lies in a MapFile mapping: they are read from the
+// file again if read (a private page written before is lost, which no
+// caller does to a file-backed constant). Other memory is left alone.
+func evictFilePages(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	if !inFileMap(b) {
+		return
+	}
+	lo := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	hi := lo + uintptr(len(b))
+	page := uintptr(os.Getpagesize())
+	start, end := (lo+page-1)&^(page-1), hi&^(page-1)
+	if end <= start {
+		return
+	}
+	_, _, _ = syscall.Syscall(syscall.SYS_MADVISE, start, end-start, syscall.MADV_DONTNEED)
+}
+
+// inFileMap reports whether the non-empty b lies in a MapFile mapping.
+func inFileMap(b []byte) bool {
+	if len(b) == 0 {
+		return false
+	}
+	lo := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	hi := lo + uintptr(len(b))
+	fileMaps.mu.Lock()
+	defer fileMaps.mu.Unlock()
+	for _, r := range fileMaps.ranges {
+		if lo >= r[0] && hi <= r[1] {
+			return true
+		}
+	}
+	return false
 }

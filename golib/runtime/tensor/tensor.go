@@ -245,9 +245,22 @@ func (t *Tensor) ReleaseStorage() bool {
 	if z == nil {
 		return false
 	}
+	evictFilePages(t.data)
 	t.data = z
 	return true
 }
+
+// Evict is a hint that t's values will not be read for a while: where they
+// are pages of a mapped file (MapFile), the pages wholly inside t leave the
+// resident set and are read from the file again on the next read; other
+// storage is left alone. A factory that copied a constant into a pack
+// calls it, so a model's weights are not resident twice while a session
+// is built.
+func (t *Tensor) Evict() { evictFilePages(t.data) }
+
+// FileBacked reports whether t's values are pages of a file mapped by
+// MapFile (an external data file the model loader mapped).
+func (t *Tensor) FileBacked() bool { return inFileMap(t.data) }
 
 // DType returns the element type.
 func (t *Tensor) DType() DType { return t.dtype }

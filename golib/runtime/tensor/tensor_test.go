@@ -1,7 +1,11 @@
 package tensor
 
 import (
+	"encoding/binary"
 	"errors"
+	"math"
+	"os"
+	"path/filepath"
 	"testing"
 	"unsafe"
 
@@ -295,5 +299,60 @@ func TestNewSmall(t *testing.T) {
 		if got := testing.AllocsPerRun(16, func() { _, _ = New(c.dt, c.shape) }); got > c.allocs {
 			t.Errorf("New(%v, %v): %v allocations, want at most %v", c.dt, c.shape, got, c.allocs)
 		}
+	}
+}
+
+// TestMapFileEvictRelease: a tensor over a mapped file reads the file's
+// values, is file-backed, reads the same values after Evict (the pages
+// come back from the file), and after ReleaseStorage reads zero while the
+// file keeps its bytes; a heap tensor is not file-backed and Evict leaves
+// it alone.
+func TestMapFileEvictRelease(t *testing.T) {
+	vals := []float32{1.5, -2, 3.25, 4, 5, 6, 7, 8}
+	raw := make([]byte, 4+4*len(vals)) // the values at offset 4
+	for i, v := range vals {
+		binary.LittleEndian.PutUint32(raw[4+4*i:], math.Float32bits(v))
+	}
+	path := filepath.Join(t.TempDir(), "w.bin")
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, err := MapFile(path)
+	if err != nil {
+		t.Skipf("no file mapping here: %v", err)
+	}
+	x, err := FromBytes(Float32, Shape{len(vals)}, m[4:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !x.FileBacked() {
+		t.Fatal("a tensor over a mapped file is not file-backed")
+	}
+	for round := 0; round < 2; round++ {
+		for i, v := range x.Float32() {
+			if v != vals[i] {
+				t.Fatalf("round %d: value %d = %v, want %v", round, i, v, vals[i])
+			}
+		}
+		x.Evict()
+	}
+	if !x.ReleaseStorage() || x.FileBacked() {
+		t.Fatal("release of a file-backed tensor")
+	}
+	for _, v := range x.Float32() {
+		if v != 0 {
+			t.Fatalf("released tensor reads %v", v)
+		}
+	}
+	if b, err := os.ReadFile(path); err != nil || string(b) != string(raw) {
+		t.Fatalf("the file changed: %v", err)
+	}
+	h, err := FromSlice(Shape{2}, []float32{1, 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Evict()
+	if h.FileBacked() || h.Float32()[1] != 2 {
+		t.Fatal("Evict touched a heap tensor")
 	}
 }
