@@ -89,7 +89,7 @@ func TestReleaseConstants(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fromFile, err := NewSession(path, Options{Threads: 2})
+	fromFile, err := NewSession(path, Options{Threads: 2, Model: model.Options{MapMinBytes: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}

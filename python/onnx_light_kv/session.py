@@ -78,6 +78,12 @@ class InferenceSession:
     There is no ``io_binding()``: ``run`` already uses feeds in place and
     hands large outputs to numpy without a copy, so feeding a run's present
     tensors back as the next run's past costs no copy.
+
+    Memory: a model file or external data file of 16 MiB or more is
+    memory-mapped (copy on write, as onnxruntime maps external data), and
+    the weights the session packs are released once packed, so a model's
+    weights are held about once. Do not truncate or rewrite those files in
+    place while the session is alive: write a new export elsewhere.
     """
 
     def __init__(self, path_or_bytes: Union[str, os.PathLike, bytes, bytearray, memoryview],

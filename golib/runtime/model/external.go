@@ -14,28 +14,48 @@ import (
 )
 
 // extBudget counts the external bytes a model may still read, and holds
-// the external data files mapped so far while the model loads (nil: the
-// file could not be mapped and is read instead).
+// the external data files mapped while the model loads.
 type extBudget struct {
 	left int64
-	maps map[string][]byte
+	// mapMin: files of at least this many bytes are mapped (0: none).
+	mapMin int64
+	maps   map[string]*extMap
+}
+
+// extMap is one mapped external data file: b is nil where mapping failed
+// (the file is read instead); used counts the tensors that alias it.
+type extMap struct {
+	b    []byte
+	used int
 }
 
 // mapped returns the mapping of the external data file at path (see
-// tensor.MapFile), mapping it on first use; nil where that fails.
-func (ext *extBudget) mapped(path string) []byte {
+// tensor.MapFile), mapping it on first use.
+func (ext *extBudget) mapped(path string) *extMap {
 	if m, ok := ext.maps[path]; ok {
 		return m
 	}
-	m, err := tensor.MapFile(path)
+	b, err := tensor.MapFile(path)
 	if err != nil {
-		m = nil
+		b = nil
 	}
 	if ext.maps == nil {
-		ext.maps = map[string][]byte{}
+		ext.maps = map[string]*extMap{}
 	}
+	m := &extMap{b: b}
 	ext.maps[path] = m
 	return m
+}
+
+// unmapUnused unmaps the files no tensor aliased (every tensor of theirs
+// was read instead) and forgets them, so a later load maps them anew.
+func (ext *extBudget) unmapUnused() {
+	for path, m := range ext.maps {
+		if m.used == 0 {
+			tensor.UnmapFile(m.b)
+			delete(ext.maps, path)
+		}
+	}
 }
 
 // readExternal loads a tensor stored in a file next to the model. The
@@ -44,8 +64,9 @@ func (ext *extBudget) mapped(path string) []byte {
 // The tensor aliases the file, mapped copy-on-write (tensor.MapFile), as
 // onnxruntime maps external data: the weights cost resident memory only
 // while read, and a weight a session packs leaves the resident set once
-// packed (Tensor.Evict). Where the file cannot be mapped or the tensor's
-// offset is not aligned to its element size, it is read into memory.
+// packed (Tensor.Evict). Where the file is smaller than Options.MapMinBytes or
+// cannot be mapped, or the tensor's offset is not aligned to its element
+// size, it is read into memory.
 func readExternal(tp *onnxpb.TensorProto, dt tensor.DType, shape tensor.Shape, nbytes int, baseDir string, ext *extBudget) (*tensor.Tensor, error) {
 	var location string
 	offset, length := int64(0), int64(-1)
@@ -89,10 +110,14 @@ func readExternal(tp *onnxpb.TensorProto, dt tensor.DType, shape tensor.Shape, n
 		return nil, fmt.Errorf("%w: external data of %q: file %q has %d bytes, need %d at offset %d",
 			errs.ErrInvalidModel, tp.GetName(), location, st.Size(), nbytes, offset)
 	}
-	if m := ext.mapped(path); int64(len(m)) == st.Size() && nbytes > 0 {
-		if t, err := tensor.FromBytes(dt, shape, m[offset:offset+int64(nbytes):offset+int64(nbytes)]); err == nil {
-			ext.left -= int64(nbytes)
-			return normBool(t), nil
+	if ext.mapMin > 0 && st.Size() >= ext.mapMin && nbytes > 0 {
+		if m := ext.mapped(path); int64(len(m.b)) == st.Size() {
+			end := offset + int64(nbytes)
+			if t, err := tensor.FromBytes(dt, shape, m.b[offset:end:end]); err == nil {
+				ext.left -= int64(nbytes)
+				m.used++
+				return normBool(t), nil
+			}
 		}
 	}
 	t, err := tensor.New(dt, shape)

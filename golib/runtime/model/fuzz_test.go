@@ -38,5 +38,11 @@ func FuzzLoadBytes(f *testing.F) {
 		if err == nil && (m.Graph == nil || m.Opsets == nil) {
 			t.Fatal("nil graph without an error")
 		}
+		// The mapped loader's decoding (raw_data cut out, then aliased)
+		// agrees with the plain one wherever it takes the bytes.
+		mm, ok, merr := loadMapped(b, Options{MaxExternalBytes: 1 << 20})
+		if ok {
+			sameLoad(t, m, err, mm, merr)
+		}
 	})
 }

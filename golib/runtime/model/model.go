@@ -14,6 +14,7 @@ import (
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/onnxpb"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/units"
 )
 
@@ -30,6 +31,19 @@ const DefaultMaxExternalBytes = 64 << 30
 // about 30 levels of If/Loop nesting, far beyond real models.
 const maxRecursion = 100
 
+// anyFileBacked reports whether a tensor of ts aliases a mapped file.
+func anyFileBacked(ts map[string]*tensor.Tensor) bool {
+	for _, t := range ts {
+		if t.FileBacked() {
+			return true
+		}
+	}
+	return false
+}
+
+// decodeOptions decodes a ModelProto.
+var decodeOptions = proto.UnmarshalOptions{RecursionLimit: maxRecursion}
+
 // Options tunes loading. The zero value uses the defaults.
 type Options struct {
 	// BaseDir is the folder external data paths are relative to. Load sets
@@ -41,6 +55,29 @@ type Options struct {
 	// MaxExternalBytes bounds the external data read in total
 	// (DefaultMaxExternalBytes if 0).
 	MaxExternalBytes int64
+	// MapMinBytes is the file size from which Load memory-maps a model
+	// file and external data files instead of reading them
+	// (DefaultMapMinBytes if 0; negative: never). A mapping is never
+	// unmapped while a tensor may alias it, and it holds its file (even
+	// deleted) until the process exits; the file must not be truncated
+	// or rewritten in place meanwhile.
+	MapMinBytes int64
+}
+
+// DefaultMapMinBytes is Options.MapMinBytes's default: mapping a small
+// file is not worth a mapping that lives as long as the process.
+const DefaultMapMinBytes = 16 << 20
+
+// mapMin is the resolved MapMinBytes: files of at least that many bytes are
+// mapped; 0 or less maps none.
+func (o Options) mapMin() int64 {
+	switch {
+	case o.MapMinBytes < 0:
+		return 0
+	case o.MapMinBytes == 0:
+		return DefaultMapMinBytes
+	}
+	return o.MapMinBytes
 }
 
 // Model is a loaded ONNX model.
@@ -57,21 +94,36 @@ type Model struct {
 }
 
 // Load reads and decodes the model at path. External data files are resolved
-// relative to the model's folder and may not escape it. The size limit is
-// enforced on the bytes read, so devices and pipes are read with bounded
-// memory (see readModelFile).
+// relative to the model's folder and may not escape it. A regular file is
+// memory-mapped, copy-on-write, and the main graph's initializers alias it
+// (loadMapped; the file must not be truncated while the model is in use).
+// Other files are read with the size limit enforced on the bytes read, so
+// devices and pipes are read with bounded memory (see readModelFile).
 func Load(path string, opt Options) (*Model, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}
 	defer f.Close()
+	if opt.BaseDir == "" {
+		opt.BaseDir = filepath.Dir(path)
+	}
+	// A regular file within the limit is mapped, and its weights alias
+	// the mapping (loadMapped); anything else is read.
+	if st, err := f.Stat(); err == nil && st.Mode().IsRegular() && opt.mapMin() > 0 && st.Size() >= opt.mapMin() && st.Size() <= opt.maxModel() {
+		if b, err := tensor.MapFile(path); err == nil {
+			m, ok, err := loadMapped(b, opt)
+			if !ok || err != nil || !anyFileBacked(m.Graph.Initializers) {
+				tensor.UnmapFile(b) // nothing aliases it
+			}
+			if ok {
+				return m, err
+			}
+		}
+	}
 	b, err := readModelFile(f, path, opt.maxModel())
 	if err != nil {
 		return nil, err
-	}
-	if opt.BaseDir == "" {
-		opt.BaseDir = filepath.Dir(path)
 	}
 	return LoadBytes(b, opt)
 }
@@ -85,8 +137,7 @@ func LoadBytes(b []byte, opt Options) (*Model, error) {
 		return nil, fmt.Errorf("%w: empty model", errs.ErrInvalidModel)
 	}
 	mp := &onnxpb.ModelProto{}
-	uo := proto.UnmarshalOptions{RecursionLimit: maxRecursion}
-	if err := uo.Unmarshal(b, mp); err != nil {
+	if err := decodeOptions.Unmarshal(b, mp); err != nil {
 		return nil, fmt.Errorf("%w: cannot decode ModelProto (truncated or not an ONNX file?): %v", errs.ErrInvalidModel, err)
 	}
 	return FromProto(mp, opt)
@@ -129,8 +180,9 @@ func FromProto(mp *onnxpb.ModelProto, opt Options) (*Model, error) {
 		// as unsupported ops; the functions themselves are not expanded.
 		m.Proto.Functions = nil
 	}
-	ext := &extBudget{left: opt.maxExternal()}
+	ext := &extBudget{left: opt.maxExternal(), mapMin: opt.mapMin()}
 	g, err := newGraph(mp.GetGraph(), opt.BaseDir, ext)
+	ext.unmapUnused() // subgraphs loaded later map their files again
 	if err != nil {
 		return nil, err
 	}

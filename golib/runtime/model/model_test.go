@@ -198,7 +198,7 @@ func TestExternalData(t *testing.T) {
 	}{{external("w", "w.bin", 12), true}, {odd, false}} {
 		path := filepath.Join(dir, "m.onnx")
 		must(t, os.WriteFile(path, onnxtest.Bytes(addModel(c.tp)), 0o644))
-		m, err := Load(path, Options{})
+		m, err := Load(path, Options{MapMinBytes: 1})
 		if err != nil {
 			t.Fatal(err)
 		}

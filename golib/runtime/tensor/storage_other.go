@@ -17,6 +17,9 @@ func MapFile(path string) ([]byte, error) {
 	return nil, errors.New("file mapping is not implemented on this platform")
 }
 
+// UnmapFile does nothing here (MapFile maps nothing).
+func UnmapFile(b []byte) {}
+
 func evictFilePages(b []byte) {}
 
 func inFileMap(b []byte) bool { return false }

@@ -86,6 +86,24 @@ func MapFile(path string) ([]byte, error) {
 	return b, nil
 }
 
+// UnmapFile unmaps b, a mapping MapFile returned that nothing aliases any
+// more (a load that failed or kept no tensor over it).
+func UnmapFile(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	fileMaps.mu.Lock()
+	for i, r := range fileMaps.ranges {
+		if r[0] == start {
+			fileMaps.ranges = append(fileMaps.ranges[:i], fileMaps.ranges[i+1:]...)
+			break
+		}
+	}
+	fileMaps.mu.Unlock()
+	_ = syscall.Munmap(b)
+}
+
 // evictFilePages drops the pages wholly inside b from the process's
 // resident set where b lies in a MapFile mapping: they are read from the
 // file again if read (a private page written before is lost, which no
