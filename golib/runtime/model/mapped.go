@@ -67,88 +67,69 @@ func loadMapped(b []byte, opt Options) (m *Model, ok bool, err error) {
 func stripRawData(b []byte) (out []byte, raws [][]byte, ok bool) {
 	graphs := 0
 	out = make([]byte, 0, 1<<16)
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return nil, nil, false
+	ok = eachField(b, func(num protowire.Number, typ protowire.Type, field, val []byte) bool {
+		if num != modelGraphField || typ != protowire.BytesType {
+			out = append(out, field...)
+			return true
 		}
-		if num == modelGraphField && typ == protowire.BytesType {
-			v, m := protowire.ConsumeBytes(b[n:])
-			if m < 0 || graphs > 0 {
-				return nil, nil, false
-			}
-			graphs++
-			g, ok := stripMessage(v, graphInitializerField, func(t []byte) ([]byte, bool) {
-				st, raw, ok := stripTensor(t)
-				raws = append(raws, raw)
-				return st, ok
+		if graphs++; graphs > 1 {
+			return false
+		}
+		g, ok := editFields(val, graphInitializerField, func(t []byte) ([]byte, bool) {
+			var raw []byte
+			st, ok := editFields(t, tensorRawDataField, func(r []byte) ([]byte, bool) {
+				raw = r
+				return nil, true
 			})
-			if !ok {
-				return nil, nil, false
-			}
-			out = protowire.AppendTag(out, num, typ)
-			out = protowire.AppendBytes(out, g)
-			b = b[n+m:]
-			continue
-		}
-		m := protowire.ConsumeFieldValue(num, typ, b[n:])
-		if m < 0 {
-			return nil, nil, false
-		}
-		out = append(out, b[:n+m]...)
-		b = b[n+m:]
-	}
-	return out, raws, true
+			raws = append(raws, raw)
+			return st, ok
+		})
+		out = protowire.AppendBytes(protowire.AppendTag(out, num, typ), g)
+		return ok
+	})
+	return out, raws, ok
 }
 
-// stripMessage copies the message b field by field, passing each
-// length-delimited field number field through edit.
-func stripMessage(b []byte, field protowire.Number, edit func([]byte) ([]byte, bool)) ([]byte, bool) {
-	out := make([]byte, 0, len(b)/4+64)
+// editFields copies the message b field by field, passing the bytes of
+// each length-delimited field number field through edit, which returns
+// their replacement (nil: the field is dropped).
+func editFields(b []byte, field protowire.Number, edit func([]byte) ([]byte, bool)) ([]byte, bool) {
+	out := make([]byte, 0, min(len(b), 1<<12))
+	ok := eachField(b, func(num protowire.Number, typ protowire.Type, whole, val []byte) bool {
+		if num != field || typ != protowire.BytesType {
+			out = append(out, whole...)
+			return true
+		}
+		e, ok := edit(val)
+		if e != nil {
+			out = protowire.AppendBytes(protowire.AppendTag(out, num, typ), e)
+		}
+		return ok
+	})
+	return out, ok
+}
+
+// eachField calls fn with each field of the message b: its number, wire
+// type, whole encoding (tag included) and, for a length-delimited field,
+// its bytes. It reports false when b is malformed or fn returns false.
+func eachField(b []byte, fn func(num protowire.Number, typ protowire.Type, whole, val []byte) bool) bool {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return nil, false
+			return false
 		}
 		m := protowire.ConsumeFieldValue(num, typ, b[n:])
 		if m < 0 {
-			return nil, false
+			return false
 		}
-		if num == field && typ == protowire.BytesType {
-			v, _ := protowire.ConsumeBytes(b[n:])
-			e, ok := edit(v)
-			if !ok {
-				return nil, false
-			}
-			out = protowire.AppendTag(out, num, typ)
-			out = protowire.AppendBytes(out, e)
-		} else {
-			out = append(out, b[:n+m]...)
+		var val []byte
+		if typ == protowire.BytesType {
+			val, _ = protowire.ConsumeBytes(b[n:])
+		}
+		if !fn(num, typ, b[:n+m], val) {
+			return false
 		}
 		b = b[n+m:]
 	}
-	return out, true
-}
-
-// stripTensor copies the TensorProto b without its raw_data fields and
-// returns the last one's bytes (nil when it has none).
-func stripTensor(b []byte) (out, raw []byte, ok bool) {
-	out = make([]byte, 0, 256)
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return nil, nil, false
-		}
-		m := protowire.ConsumeFieldValue(num, typ, b[n:])
-		if m < 0 {
-			return nil, nil, false
-		}
-		if num == tensorRawDataField && typ == protowire.BytesType {
-			raw, _ = protowire.ConsumeBytes(b[n:])
-		} else {
-			out = append(out, b[:n+m]...)
-		}
-		b = b[n+m:]
-	}
-	return out, raw, true
+	return true
 }
