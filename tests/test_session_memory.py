@@ -63,3 +63,35 @@ def test_session_holds_weights_about_once(tmp_path: Any, external: bool) -> None
         if i.name.startswith("past"):
             feeds[i.name] = np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
     np.testing.assert_array_equal(np.array(r["logits"], np.float32), ref.run(None, feeds)[0][0, -1, :8])
+
+
+@pytest.mark.parametrize("external", [False, True], ids=["one-file", "external-data"])
+def test_unmapped_files_may_be_rewritten_under_a_live_session(tmp_path: Any, external: bool) -> None:
+    """With ``olkv.map_model_files`` = "0" the files are read, not mapped: truncating them while the
+    session lives (which would fault a mapping) leaves its runs unchanged."""
+    cfg = models.DecoderConfig(layers=1, hidden=512, q_heads=8, kv_heads=2, head_dim=64, vocab=16384)
+    path = str(tmp_path / "m.onnx")
+    models.save_model(models.build("llama", cfg), path, external_data=external)
+    assert sum(os.path.getsize(tmp_path / f) for f in os.listdir(tmp_path)) > 32 << 20
+    so = olkv.SessionOptions()
+    so.add_session_config_entry("olkv.map_model_files", "0")
+    sess = olkv.InferenceSession(path, so, threads=1)
+    feeds = {"input_ids": np.array([[3, 5]], np.int64), "position_ids": np.array([[0, 1]], np.int64)}
+    for i in sess.get_inputs():
+        if i.name.startswith("past"):
+            feeds[i.name] = np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
+    before = sess.run(None, feeds)[0]
+    for f in os.listdir(tmp_path):
+        with open(tmp_path / f, "r+b") as fh:
+            fh.truncate(0)
+    np.testing.assert_array_equal(sess.run(None, feeds)[0], before)
+
+
+def test_map_model_files_entry_is_checked() -> None:
+    so = olkv.SessionOptions()
+    with pytest.raises(ValueError, match="map_model_files"):
+        so.add_session_config_entry("olkv.map_model_files", "yes")
+    so.add_session_config_entry("olkv.map_model_files", "1")
+    assert so._map_model_files()
+    so.add_session_config_entry("olkv.map_model_files", "0")
+    assert not so._map_model_files()

@@ -65,9 +65,12 @@ func init() {
 
 // SessionNewPath loads the model at path (external data next to it) and
 // builds a session with the given kernel thread count (<= 0: all CPUs).
-func SessionNewPath(path string, threads int, profile bool) (h int64, err error) {
+// mapMin is model.Options.MapMinBytes (0: the default; negative: files are
+// read, never mapped).
+func SessionNewPath(path string, threads int, profile bool, mapMin int64) (h int64, err error) {
 	defer recoverTo(&err)
-	s, err := runtime.NewSession(path, runtime.Options{Threads: threads, Profile: profile})
+	s, err := runtime.NewSession(path, runtime.Options{Threads: threads, Profile: profile,
+		Model: model.Options{MapMinBytes: mapMin}})
 	if err != nil {
 		return 0, classify(err)
 	}
@@ -76,15 +79,15 @@ func SessionNewPath(path string, threads int, profile bool) (h int64, err error)
 
 // SessionNewBytes builds a session from n serialized model bytes at ptr
 // (borrowed for the call). baseDir, if not empty, is the folder external
-// data files are read from.
-func SessionNewBytes(ptr uintptr, n int, baseDir string, threads int, profile bool) (h int64, err error) {
+// data files are read from; mapMin is as SessionNewPath's.
+func SessionNewBytes(ptr uintptr, n int, baseDir string, threads int, profile bool, mapMin int64) (h int64, err error) {
 	defer recoverTo(&err)
 	b, err := bytesAt(ptr, n)
 	if err != nil {
 		return 0, classify(err)
 	}
 	s, err := runtime.NewSessionFromBytes(b, runtime.Options{Threads: threads, Profile: profile,
-		Model: model.Options{BaseDir: baseDir}})
+		Model: model.Options{BaseDir: baseDir, MapMinBytes: mapMin}})
 	if err != nil {
 		return 0, classify(err)
 	}

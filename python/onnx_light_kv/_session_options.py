@@ -76,6 +76,9 @@ _ACCEPTED: Dict[str, Tuple[Any, Any]] = {
 }
 _OPTIONS = {**_APPLIED, **_ACCEPTED}
 
+#: this project's own session config entries and their allowed values
+_OWN_CONFIG: Dict[str, Set[str]] = {"olkv.map_model_files": {"0", "1"}}
+
 
 def _convert(name: str, value: Any, kind: Any) -> Any:
     if kind is bool:
@@ -116,7 +119,12 @@ class SessionOptions:
     ``use_deterministic_compute`` (runs are deterministic for a given thread
     count anyway), ``use_per_session_threads``, ``log_severity_level``, ``log_verbosity_level``,
     ``logid``, ``optimized_model_filepath`` (nothing is written),
-    ``profile_file_prefix``, and ``add_session_config_entry`` entries.
+    ``profile_file_prefix``, and ``add_session_config_entry`` entries other
+    than this project's own:
+
+    - ``"olkv.map_model_files"``: ``"1"`` (default) memory-maps model and
+      external data files of 16 MiB or more, ``"0"`` reads them into memory
+      (then the files may be rewritten while a session is alive).
 
     Any other attribute raises ``AttributeError``, so a misspelt option is
     never silently ignored. ``register_custom_ops_library``,
@@ -139,10 +147,14 @@ class SessionOptions:
         object.__setattr__(self, name, _convert(name, value, spec[1]))
 
     def add_session_config_entry(self, key: str, value: str) -> None:
-        """Store a session config entry (as onnxruntime does); no entry has an
-        effect here."""
+        """Store a session config entry (as onnxruntime does). Only this
+        project's own keys have an effect (see the class docstring); their
+        values are checked here (ValueError)."""
         if not isinstance(key, str) or not isinstance(value, str):
             raise TypeError("session config entries are str -> str")
+        allowed = _OWN_CONFIG.get(key)
+        if allowed is not None and value not in allowed:
+            raise ValueError(f"session config entry {key!r} takes one of {sorted(allowed)}, got {value!r}")
         self._config[key] = value
 
     def get_session_config_entry(self, key: str) -> str:
@@ -151,6 +163,10 @@ class SessionOptions:
             return self._config[key]
         except KeyError:
             raise KeyError(f"no session config entry {key!r}") from None
+
+    def _map_model_files(self) -> bool:
+        """Whether model and external data files may be memory-mapped."""
+        return self._config.get("olkv.map_model_files", "1") == "1"
 
     def _unsupported(self, what: str) -> None:
         raise NotImplementedError(f"SessionOptions.{what} is not supported by onnx-light-kv")
@@ -183,8 +199,9 @@ class SessionOptions:
         for name, value in self.non_default().items():
             if name not in _APPLIED:
                 log.info("SessionOptions.%s=%r has no effect in onnx-light-kv", name, value)
-        if self._config:
-            log.info("session config entries have no effect in onnx-light-kv: %s", sorted(self._config))
+        ignored = sorted(k for k in self._config if k not in _OWN_CONFIG)
+        if ignored:
+            log.info("session config entries have no effect in onnx-light-kv: %s", ignored)
 
     def __repr__(self) -> str:
         nd = {n: (v.name if isinstance(v, enum.Enum) else v) for n, v in self.non_default().items()}

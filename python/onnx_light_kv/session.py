@@ -83,7 +83,10 @@ class InferenceSession:
     memory-mapped (copy on write, as onnxruntime maps external data), and
     the weights the session packs are released once packed, so a model's
     weights are held about once. Do not truncate or rewrite those files in
-    place while the session is alive: write a new export elsewhere.
+    place while the session is alive (write a new export elsewhere), or
+    turn mapping off with
+    ``sess_options.add_session_config_entry("olkv.map_model_files", "0")``:
+    the files are then read into memory.
     """
 
     def __init__(self, path_or_bytes: Union[str, os.PathLike, bytes, bytearray, memoryview],
@@ -107,12 +110,13 @@ class InferenceSession:
             threads = opts.intra_op_num_threads or 0
         threads = integer(threads, "threads", lo=0, hi=1024)
         prof = bool(opts.enable_profiling if profile is None else profile)
+        map_min = 0 if opts._map_model_files() else -1
         if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
             buf = np.frombuffer(path_or_bytes, dtype=np.uint8)
             self._h = _lib.call(_lib.fn("SessionNewBytes"), buf.ctypes.data if buf.size else 0, int(buf.size),
-                                external_data_dir or "", int(threads), prof)
+                                external_data_dir or "", int(threads), prof, map_min)
         elif isinstance(path_or_bytes, (str, os.PathLike)):
-            self._h = _lib.call(_lib.fn("SessionNewPath"), os.fspath(path_or_bytes), int(threads), prof)
+            self._h = _lib.call(_lib.fn("SessionNewPath"), os.fspath(path_or_bytes), int(threads), prof, map_min)
             self._model_path = os.fspath(path_or_bytes)
         else:
             raise TypeError(f"InferenceSession takes a path or the model bytes, got {type(path_or_bytes).__name__}")
