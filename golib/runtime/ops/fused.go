@@ -64,7 +64,10 @@ func newSiLU(n *Node) (Kernel, error) {
 // a projection with a bias (Qwen2's q/k/v). The product is MatMul's; the
 // bias is added to it in place, the rounding Add does.
 func newMatMulBias(n *Node) (Kernel, error) {
-	pack := newConstPack(n, 1, false)
+	pack, err := newConstPack(n, 1, false)
+	if err != nil {
+		return nil, err
+	}
 	return KernelFunc(func(ctx *Context) error {
 		bias, err := ctx.RequireInput(2)
 		if err != nil {

@@ -35,7 +35,10 @@ func newGemm(n *Node) (Kernel, error) {
 		return nil, err
 	}
 	transA, transB := ta != 0, tb != 0
-	pack := newConstPack(n, 1, transB)
+	pack, err := newConstPack(n, 1, transB)
+	if err != nil {
+		return nil, err
+	}
 	return KernelFunc(func(ctx *Context) error {
 		a, b, err := twoInputs(ctx)
 		if err != nil {

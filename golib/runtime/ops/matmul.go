@@ -1,9 +1,11 @@
 package ops
 
 import (
+	"errors"
 	"fmt"
 	"unsafe"
 
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/gemm"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
@@ -23,7 +25,10 @@ func init() {
 // blocks as the blocked algorithm's B blocks instead of packing B on every
 // call.
 func newMatMul(n *Node) (Kernel, error) {
-	pack := newConstPack(n, 1, false)
+	pack, err := newConstPack(n, 1, false)
+	if err != nil {
+		return nil, err
+	}
 	return KernelFunc(func(ctx *Context) error {
 		_, err := matmulCompute(ctx, pack)
 		return err
@@ -283,14 +288,15 @@ type constPack struct {
 
 // newConstPack returns the pack of input i of n when it is a float32,
 // float16 or bfloat16 2D constant, nil otherwise (or when packing fails:
-// the products then read B as stored).
-func newConstPack(n *Node, i int, transB bool) *constPack {
+// the products then read B as stored). The error is a *cache.BudgetError
+// where the machine has no memory for the pack.
+func newConstPack(n *Node, i int, transB bool) (*constPack, error) {
 	if i >= len(n.Constants) {
-		return nil
+		return nil, nil
 	}
 	t := n.Constants[i]
 	if t == nil || (t.DType() != tensor.Float32 && !isHalf(t.DType())) || t.Rank() != 2 {
-		return nil
+		return nil, nil
 	}
 	s := t.Shape()
 	k, nn := s[0], s[1]
@@ -298,13 +304,14 @@ func newConstPack(n *Node, i int, transB bool) *constPack {
 		k, nn = nn, k
 	}
 	if k == 0 || nn == 0 {
-		return nil
+		return nil, nil
 	}
 	key := packKey{a: t, kind: "gemm"}
 	if transB {
 		key.ints[0] = 1
 	}
-	v, err := n.Packs.get(key, func() (any, error) {
+	size := int64(k) * int64(roundUp(nn, 32)) * int64(t.DType().Size())
+	v, err := n.Packs.get(key, size, func() (any, error) {
 		defer t.Evict() // a mapped file's pages need not stay resident beside the pack
 		if isHalf(t.DType()) {
 			op, err := gemmB(t)
@@ -315,12 +322,17 @@ func newConstPack(n *Node, i int, transB bool) *constPack {
 		}
 		return gemm.PackB(transB, k, nn, t.Float32(), max(s[1], 1))
 	})
+	if errors.Is(err, cache.ErrBudget) {
+		return nil, fmt.Errorf("%s: %w", n.Describe(), err)
+	}
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	n.markPacked(i) // every product with this constant reads the pack (see get)
-	return &constPack{src: t, pb: v.(*gemm.PackedB)}
+	return &constPack{src: t, pb: v.(*gemm.PackedB)}, nil
 }
+
+func roundUp(x, m int) int { return (x + m - 1) / m * m }
 
 // get returns the packed B when b is the constant it was built from (the
 // same values in the same shape), nil otherwise.

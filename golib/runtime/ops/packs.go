@@ -1,8 +1,10 @@
 package ops
 
 import (
+	"fmt"
 	"sync"
 
+	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
 
@@ -17,6 +19,8 @@ import (
 type Packs struct {
 	mu sync.Mutex
 	m  map[packKey]packEntry
+	// bytes is the memory of the packs built so far.
+	bytes int64
 }
 
 // packKey identifies a derived value: up to three constant tensors, the
@@ -46,17 +50,49 @@ func (p *Packs) Len() int {
 }
 
 // get returns the value built for key, building it the first time (its
-// error too is kept and returned again).
-func (p *Packs) get(key packKey, build func() (any, error)) (any, error) {
-	if p == nil {
-		return build()
+// error too is kept and returned again). size is the memory the value will
+// take: a build the machine has no memory for fails with a
+// *cache.BudgetError (checkMemory) instead of running.
+func (p *Packs) get(key packKey, size int64, build func() (any, error)) (any, error) {
+	var done int64
+	if p != nil {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if e, ok := p.m[key]; ok {
+			return e.v, e.err
+		}
+		done = p.bytes
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if e, ok := p.m[key]; ok {
-		return e.v, e.err
+	if err := checkMemory(size, done); err != nil {
+		return nil, err // not kept: memory may be freed before another try
 	}
 	v, err := build()
-	p.m[key] = packEntry{v, err}
+	if p != nil {
+		p.m[key] = packEntry{v, err}
+		if err == nil {
+			p.bytes += size
+		}
+	}
 	return v, err
+}
+
+// availableMemory is cache.AvailableMemory (a variable for tests).
+var availableMemory = cache.AvailableMemory
+
+// packReserve is the memory a pack leaves to the rest of the process and
+// the system: a pack that would take the machine below it is refused.
+const packReserve = 64 << 20
+
+// checkMemory refuses a pack of size bytes, with done bytes of packs
+// already built, when the machine has less available memory than that plus
+// packReserve (where the system says: Linux's MemAvailable): a session
+// whose weights cannot be packed fails with a clear error instead of
+// being killed by the system half way through.
+func checkMemory(size, done int64) error {
+	avail := availableMemory()
+	if avail <= 0 || size+packReserve <= avail {
+		return nil
+	}
+	return fmt.Errorf("packing a weight: %w", &cache.BudgetError{Requested: size, Committed: done,
+		Budget: done + max(avail-packReserve, 0), Machine: true})
 }
