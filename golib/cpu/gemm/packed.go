@@ -61,6 +61,13 @@ func (b *PackedB) K() int { return b.k }
 // N returns the number of columns of the packed matrix.
 func (b *PackedB) N() int { return b.n }
 
+// PackBytes returns the bytes of the pack of a k x n op(B) with elem-byte
+// values: PackB's (elem 4) or PackBHalf's (elem 2), the padding columns of
+// the last sliver included.
+func PackBytes(k, n, elem int) int64 {
+	return int64(k) * int64(roundUp(n, packNR)) * int64(elem)
+}
+
 // PackB packs op(B) (k x n; B is n x k when transB), row stride ldb as
 // stored, for SgemmPacked.
 func PackB(transB bool, k, n int, b []float32, ldb int) (*PackedB, error) {

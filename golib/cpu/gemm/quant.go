@@ -88,6 +88,19 @@ func (w *QuantB) Dequantize(dst []float32) error {
 	return nil
 }
 
+// PackQuantBytes returns the bytes PackBQuant takes for a k x n op(B) of
+// bits-bit values in groups of block along k: the values (nibbles two a
+// byte, other widths a byte each) and a float32 scale and zero per group
+// and column, the padding columns of the last sliver included.
+func PackQuantBytes(k, n, bits, block int) int64 {
+	cols := int64(roundUp(n, packNR))
+	values := int64(k) * cols
+	if bits == 4 {
+		values /= 2
+	}
+	return values + 8*int64((k+block-1)/max(block, 1))*cols
+}
+
 // PackBQuant packs the quantized weight w for SgemmPacked: op(B) = W^T
 // (k x n), its integers kept (see the file comment). Products equal those
 // of PackB over the dequantized W within float32 summation order (the

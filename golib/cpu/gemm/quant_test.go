@@ -169,6 +169,10 @@ func TestPackBQuantBytes(t *testing.T) {
 		if q.Bytes()*16 != f.Bytes()*tc.num || f.Bytes() != 4*512*512 {
 			t.Fatalf("%d bits: %d bytes against float32 %d, want %d/16", tc.bits, q.Bytes(), f.Bytes(), tc.num)
 		}
+		if int64(q.Bytes()) != PackQuantBytes(512, 512, tc.bits, 32) || int64(f.Bytes()) != PackBytes(512, 512, 4) {
+			t.Fatalf("%d bits: the size functions say %d and %d", tc.bits, PackQuantBytes(512, 512, tc.bits, 32),
+				PackBytes(512, 512, 4))
+		}
 	}
 }
 

@@ -47,9 +47,7 @@ func loadMapped(b []byte, opt Options) (m *Model, ok bool, err error) {
 	for _, raw := range raws {
 		// A copied (misaligned) tensor's source pages, and those of
 		// tensors the loader refused, need not stay resident.
-		if src, e := tensor.FromBytes(tensor.Uint8, tensor.Shape{len(raw)}, raw); e == nil {
-			src.Evict()
-		}
+		tensor.EvictFilePages(raw)
 	}
 	if err != nil {
 		return nil, true, err

@@ -310,8 +310,7 @@ func newConstPack(n *Node, i int, transB bool) (*constPack, error) {
 	if transB {
 		key.ints[0] = 1
 	}
-	size := int64(k) * int64(roundUp(nn, 32)) * int64(t.DType().Size())
-	v, err := n.Packs.get(key, size, func() (any, error) {
+	v, err := n.Packs.get(key, gemm.PackBytes(k, nn, t.DType().Size()), func() (any, error) {
 		defer t.Evict() // a mapped file's pages need not stay resident beside the pack
 		if isHalf(t.DType()) {
 			op, err := gemmB(t)
@@ -331,8 +330,6 @@ func newConstPack(n *Node, i int, transB bool) (*constPack, error) {
 	n.markPacked(i) // every product with this constant reads the pack (see get)
 	return &constPack{src: t, pb: v.(*gemm.PackedB)}, nil
 }
-
-func roundUp(x, m int) int { return (x + m - 1) / m * m }
 
 // get returns the packed B when b is the constant it was built from (the
 // same values in the same shape), nil otherwise.

@@ -115,9 +115,7 @@ func newMatMulNBits(n *Node) (Kernel, error) {
 		}
 		if !q.empty {
 			key := packKey{a: b, b: scales, c: zp, kind: "nbits", ints: [4]int{g.k, g.n, g.bits, g.block}}
-			// at most a byte a value (nibbles: half), and a float32 scale and zero per group and column
-			cols := int64(g.n+31) / 32 * 32
-			size := int64(g.k)*cols + 8*int64(g.kBlocks)*cols
+			size := gemm.PackQuantBytes(g.k, g.n, g.bits, g.block)
 			v, err := n.Packs.get(key, size, func() (any, error) {
 				qb, err := g.quantB(q)
 				if err != nil {

@@ -20,6 +20,7 @@ func MapFile(path string) ([]byte, error) {
 // UnmapFile does nothing here (MapFile maps nothing).
 func UnmapFile(b []byte) {}
 
-func evictFilePages(b []byte) {}
+// EvictFilePages does nothing here (MapFile maps nothing).
+func EvictFilePages(b []byte) {}
 
 func inFileMap(b []byte) bool { return false }

@@ -104,11 +104,11 @@ func UnmapFile(b []byte) {
 	_ = syscall.Munmap(b)
 }
 
-// evictFilePages drops the pages wholly inside b from the process's
+// EvictFilePages drops the pages wholly inside b from the process's
 // resident set where b lies in a MapFile mapping: they are read from the
 // file again if read (a private page written before is lost, which no
 // caller does to a file-backed constant). Other memory is left alone.
-func evictFilePages(b []byte) {
+func EvictFilePages(b []byte) {
 	if len(b) == 0 {
 		return
 	}

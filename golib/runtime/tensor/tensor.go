@@ -245,7 +245,7 @@ func (t *Tensor) ReleaseStorage() bool {
 	if z == nil {
 		return false
 	}
-	evictFilePages(t.data)
+	EvictFilePages(t.data)
 	t.data = z
 	return true
 }
@@ -256,7 +256,7 @@ func (t *Tensor) ReleaseStorage() bool {
 // storage is left alone. A factory that copied a constant into a pack
 // calls it, so a model's weights are not resident twice while a session
 // is built.
-func (t *Tensor) Evict() { evictFilePages(t.data) }
+func (t *Tensor) Evict() { EvictFilePages(t.data) }
 
 // FileBacked reports whether t's values are pages of a file mapped by
 // MapFile (an external data file the model loader mapped).
