@@ -4,6 +4,7 @@ onnxruntime). Measured in a fresh child process, Linux only."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -95,3 +96,51 @@ def test_map_model_files_entry_is_checked() -> None:
     assert so._map_model_files()
     so.add_session_config_entry("olkv.map_model_files", "0")
     assert not so._map_model_files()
+
+
+def _mappings(files: Any) -> int:
+    """Mappings of any of ``files`` in this process (deleted or not)."""
+    names = {os.fspath(f) for f in files}
+    n = 0
+    with open("/proc/self/maps") as fh:
+        for line in fh:
+            path = line.rstrip("\n").removesuffix(" (deleted)").split(maxsplit=5)[-1]
+            n += path in names
+    return n
+
+
+@pytest.mark.parametrize("external", [False, True], ids=["one-file", "external-data"])
+def test_sessions_give_back_their_files(tmp_path: Any, external: bool) -> None:
+    """Closing or collecting a session unmaps its model's files: sessions made and dropped in a loop
+    hold no mappings (each one's stayed until the process exited before), and a file deleted under a
+    live session leaves no mapping once the session is closed."""
+    cfg = models.DecoderConfig(layers=1, hidden=512, q_heads=8, kv_heads=2, head_dim=64, vocab=16384)
+    path = tmp_path / "m.onnx"
+    models.save_model(models.build("llama", cfg), str(path), external_data=external)
+    files = [tmp_path / f for f in os.listdir(tmp_path)]
+    assert sum(os.path.getsize(f) for f in files) > 32 << 20  # above the mapping threshold
+    feeds = {"input_ids": np.array([[3, 5]], np.int64), "position_ids": np.array([[0, 1]], np.int64)}
+    want = None
+    for i in range(4):
+        sess = olkv.InferenceSession(str(path), threads=1)
+        assert _mappings(files) >= 1, "the model's file is not mapped"
+        f = dict(feeds)
+        for inp in sess.get_inputs():
+            if inp.name.startswith("past"):
+                f[inp.name] = np.zeros((1, inp.shape[1], 0, inp.shape[3]), np.float32)
+        got = sess.run(None, f)[0]
+        if want is None:
+            want = got
+        np.testing.assert_array_equal(got, want)
+        if i % 2:
+            sess.close()
+        else:
+            del sess  # collected: __del__ closes it
+            gc.collect()
+        assert _mappings(files) == 0, f"session {i}: its mappings outlive it"
+    sess = olkv.InferenceSession(str(path), threads=1)
+    for f in files:
+        os.remove(f)
+    assert _mappings(files) >= 1
+    sess.close()
+    assert _mappings(files) == 0, "a deleted model file stays mapped after close"

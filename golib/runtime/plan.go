@@ -423,3 +423,33 @@ func topoOrder(nodes []*PlanNode, avail, outer map[string]bool) ([]int, []string
 	}
 	return order, dedup(captures), nil
 }
+
+// eachConstant calls f for every constant of p (initializers, folded
+// constants, nodes' constant inputs and tensor attributes) and of its
+// nodes' subgraphs, a tensor possibly more than once. A nil p has none.
+func (p *Plan) eachConstant(f func(*tensor.Tensor)) {
+	if p == nil {
+		return
+	}
+	for _, t := range p.Initializers {
+		f(t)
+	}
+	for _, n := range p.Nodes {
+		if n.Info == nil {
+			continue
+		}
+		for _, t := range n.Info.Constants {
+			if t != nil {
+				f(t)
+			}
+		}
+		for _, a := range n.Info.Attrs {
+			if a.T != nil {
+				f(a.T)
+			}
+			if sg, ok := a.G.(*subgraph); ok {
+				sg.plan.eachConstant(f)
+			}
+		}
+	}
+}

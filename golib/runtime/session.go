@@ -55,6 +55,12 @@ type Session struct {
 	mu     sync.Mutex
 	def    *State
 	closed bool
+	// owned: the session loaded its model (NewSession, NewSessionFromBytes)
+	// and gives back its file mappings when closed.
+	owned bool
+	// runs counts the runs under way (enter, leave): Close waits for them
+	// before it unmaps the weights they read.
+	runs sync.WaitGroup
 }
 
 // State is one request's runtime state: a root Context whose caches and
@@ -194,7 +200,8 @@ func newSession(m *model.Model, opt Options, owned bool) (*Session, error) {
 		// otherwise keep the pages until the heap grew into them.
 		debug.FreeOSMemory()
 	}
-	return &Session{model: m, plan: p, threads: threads, profile: opt.Profile, def: NewState(), arena: arena, cache: cp}, nil
+	return &Session{model: m, plan: p, threads: threads, profile: opt.Profile, def: NewState(), arena: arena, cache: cp,
+		owned: owned}, nil
 }
 
 // Arena returns the session's persistent-state arena: KVCache values of the
@@ -221,21 +228,36 @@ func (s *Session) Model() *model.Model { return s.model }
 // Threads returns the kernel thread count.
 func (s *Session) Threads() int { return s.threads }
 
-// Close releases the default state's values and caches. Later calls fail
-// with errs.ErrClosed.
+// Close releases the default state's values and caches, after the runs
+// under way (on any state) have finished. A session that loaded its own
+// model (NewSession, NewSessionFromBytes) also gives back the model's file
+// mappings (model.Model.Unmap): the files' address space, and the disk
+// space of a file deleted meanwhile, return to the system. Later calls
+// fail with errs.ErrClosed; closing twice does nothing.
 func (s *Session) Close() error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.closed {
+		s.mu.Unlock()
 		return nil
 	}
 	s.closed = true
+	s.mu.Unlock()
+	s.runs.Wait()
 	err := s.def.Reset()
 	s.def.pool.close()
 	if s.cache != nil {
 		s.cache.closePrefixes()
 	}
 	s.arena.Trim()
+	if s.owned {
+		var consts []*tensor.Tensor
+		add := func(t *tensor.Tensor) { consts = append(consts, t) }
+		s.plan.eachConstant(add)
+		if s.cache != nil {
+			s.cache.plan.eachConstant(add)
+		}
+		s.model.Unmap(consts...)
+	}
 	return err
 }
 
@@ -275,6 +297,20 @@ func (s *Session) open() error {
 	return nil
 }
 
+// enter counts a run in (ErrClosed once the session is closed); leave
+// counts it out. Close waits for the runs counted in.
+func (s *Session) enter() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errs.ErrClosed
+	}
+	s.runs.Add(1)
+	return nil
+}
+
+func (s *Session) leave() { s.runs.Done() }
+
 // runOn runs the plan of signature sg (the session's plan, or its cache
 // path's) on st, with feeds in the order of sg's names. bind, when not
 // nil, is called under the state's lock and returns the run's cache
@@ -282,9 +318,10 @@ func (s *Session) open() error {
 // generation state's changes.
 func (s *Session) runOn(sg *Signature, st *State, feeds []*tensor.Tensor,
 	bind func() (rewrite.Binding, func(bool) error, error)) ([]*tensor.Tensor, *RunStats, error) {
-	if err := s.open(); err != nil {
+	if err := s.enter(); err != nil {
 		return nil, nil, err
 	}
+	defer s.leave()
 	if st == nil {
 		return nil, nil, fmt.Errorf("%w: nil state", errs.ErrInvalidArgument)
 	}

@@ -86,7 +86,8 @@ class InferenceSession:
     place while the session is alive (write a new export elsewhere), or
     turn mapping off with
     ``sess_options.add_session_config_entry("olkv.map_model_files", "0")``:
-    the files are then read into memory.
+    the files are then read into memory. :meth:`close` (or collecting the
+    session) unmaps them, after the runs under way have finished.
     """
 
     def __init__(self, path_or_bytes: Union[str, os.PathLike, bytes, bytearray, memoryview],

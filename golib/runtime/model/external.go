@@ -58,6 +58,21 @@ func (ext *extBudget) unmapUnused() {
 	}
 }
 
+// takeMaps returns the mappings tensors alias and forgets every mapping,
+// so that a later load maps the files anew.
+func (ext *extBudget) takeMaps() [][]byte {
+	var maps [][]byte
+	for path, m := range ext.maps {
+		if m.used > 0 && m.b != nil {
+			maps = append(maps, m.b)
+		} else {
+			tensor.UnmapFile(m.b)
+		}
+		delete(ext.maps, path)
+	}
+	return maps
+}
+
 // readExternal loads a tensor stored in a file next to the model. The
 // location must be a local relative path that stays inside baseDir, also
 // after resolving symbolic links; offset and length must lie inside the file.

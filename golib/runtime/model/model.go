@@ -57,15 +57,15 @@ type Options struct {
 	MaxExternalBytes int64
 	// MapMinBytes is the file size from which Load memory-maps a model
 	// file and external data files instead of reading them
-	// (DefaultMapMinBytes if 0; negative: never). A mapping is never
-	// unmapped while a tensor may alias it, and it holds its file (even
-	// deleted) until the process exits; the file must not be truncated
-	// or rewritten in place meanwhile.
+	// (DefaultMapMinBytes if 0; negative: never). A mapping lasts until
+	// Model.Unmap (a session that loaded its own model calls it when
+	// closed) and holds its file, even deleted, until then; the file must
+	// not be truncated or rewritten in place meanwhile.
 	MapMinBytes int64
 }
 
-// DefaultMapMinBytes is Options.MapMinBytes's default: mapping a small
-// file is not worth a mapping that lives as long as the process.
+// DefaultMapMinBytes is Options.MapMinBytes's default: a small file is not
+// worth a mapping (and the rule that it must not be rewritten while used).
 const DefaultMapMinBytes = 16 << 20
 
 // mapMin is the resolved MapMinBytes: files of at least that many bytes are
@@ -91,6 +91,56 @@ type Model struct {
 	// Proto is the decoded ModelProto (initializer payloads already moved
 	// into Graph.Initializers).
 	Proto *onnxpb.ModelProto
+
+	// mapped is the model file's mapping where Load mapped it and
+	// initializers alias it (external data files' are in Graph.ext).
+	mapped []byte
+}
+
+// Unmap gives back the files Load mapped for m (the model file and its
+// external data files; see Options.MapMinBytes). Every tensor of m's main
+// graph and of also whose bytes lie in one of them is released first
+// (tensor.ReleaseStorage: it keeps its type and shape and reads as zeros),
+// then the files are unmapped: their address space, and the disk space of
+// a file deleted meanwhile, go back to the system. The weights that
+// aliased the files are gone; a slice of their bytes taken earlier must
+// not be read afterwards. A session that loaded its own model calls it
+// when closed, passing the constants of its plans (subgraphs' included).
+// It returns the bytes unmapped; a second call unmaps nothing.
+func (m *Model) Unmap(also ...*tensor.Tensor) int64 {
+	var maps [][]byte
+	if m.mapped != nil {
+		maps = append(maps, m.mapped)
+		m.mapped = nil
+	}
+	if m.Graph != nil && m.Graph.ext != nil {
+		maps = append(maps, m.Graph.ext.takeMaps()...)
+	}
+	if len(maps) == 0 {
+		return 0
+	}
+	release := func(t *tensor.Tensor) {
+		for _, b := range maps {
+			if t != nil && t.Aliases(b) {
+				t.ReleaseStorage()
+				return
+			}
+		}
+	}
+	if m.Graph != nil {
+		for _, t := range m.Graph.Initializers {
+			release(t)
+		}
+	}
+	for _, t := range also {
+		release(t)
+	}
+	var n int64
+	for _, b := range maps {
+		n += int64(len(b))
+		tensor.UnmapFile(b)
+	}
+	return n
 }
 
 // Load reads and decodes the model at path. External data files are resolved
@@ -115,6 +165,8 @@ func Load(path string, opt Options) (*Model, error) {
 			m, ok, err := loadMapped(b, opt)
 			if !ok || err != nil || !anyFileBacked(m.Graph.Initializers) {
 				tensor.UnmapFile(b) // nothing aliases it
+			} else {
+				m.mapped = b // until m.Unmap
 			}
 			if ok {
 				return m, err

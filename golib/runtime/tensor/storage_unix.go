@@ -51,10 +51,10 @@ var fileMaps struct {
 // copy-on-write: reading it costs only the pages read, which the system
 // can drop and read again from the file under memory pressure (they are
 // the page cache's), and a write changes the program's copy only. Tensors
-// made from its bytes (FromBytes) alias the file. The mapping is never
-// unmapped, since such tensors may live as long as the process; the file
-// must not be truncated while the process reads it. An empty file maps to
-// an empty slice.
+// made from its bytes (FromBytes) alias the file. It stays mapped until
+// UnmapFile, which the caller calls once nothing reads it (model.Model.Unmap
+// releases the tensors that alias it first); the file must not be
+// truncated meanwhile. An empty file maps to an empty slice.
 func MapFile(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {

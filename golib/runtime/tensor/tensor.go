@@ -258,6 +258,17 @@ func (t *Tensor) ReleaseStorage() bool {
 // is built.
 func (t *Tensor) Evict() { EvictFilePages(t.data) }
 
+// Aliases reports whether t's bytes lie inside region (a file mapping,
+// say). An empty tensor aliases nothing.
+func (t *Tensor) Aliases(region []byte) bool {
+	if len(t.data) == 0 || len(region) == 0 {
+		return false
+	}
+	lo := uintptr(unsafe.Pointer(unsafe.SliceData(t.data)))
+	r0 := uintptr(unsafe.Pointer(unsafe.SliceData(region)))
+	return lo >= r0 && lo+uintptr(len(t.data)) <= r0+uintptr(len(region))
+}
+
 // FileBacked reports whether t's values are pages of a file mapped by
 // MapFile (an external data file the model loader mapped).
 func (t *Tensor) FileBacked() bool { return inFileMap(t.data) }
