@@ -131,7 +131,8 @@ func (st *State) PoolStats() PoolStats { return st.pool.snapshot() }
 // NewSession loads the model at path and builds its session. The session
 // owns the model it loaded: the values of the weights its kernels packed
 // are released once packed (see releaseConstants), so a packed weight is
-// held once, as onnxruntime holds it.
+// held once, as onnxruntime holds it, and Close unmaps the model's files
+// (model.Model.Unmap).
 func NewSession(path string, opt Options) (*Session, error) {
 	m, err := model.Load(path, opt.Model)
 	if err != nil {
@@ -155,7 +156,9 @@ func NewSessionFromBytes(b []byte, opt Options) (*Session, error) {
 
 // NewSessionFromModel builds a session for an already loaded model, which
 // stays the caller's: m is not changed, so it may build more sessions, and
-// the session holds its packed weights beside m's values. Every node's
+// the session holds its packed weights beside m's values. Closing the
+// session leaves m's files mapped: m.Unmap gives them back once no session
+// over m runs any more. Every node's
 // kernel is resolved here: an unsupported op fails now, naming the op, its
 // domain and opset version, and so does an opset import newer than the
 // runtime knows (ops.CheckOpsets).
