@@ -141,7 +141,19 @@ func NewSession(path string, opt Options) (*Session, error) {
 	// The file's bytes are garbage now: collect them before the packs
 	// are built, so the packs reuse their pages instead of adding to them.
 	goruntime.GC()
-	return newSession(m, opt, true)
+	return ownSession(m, opt)
+}
+
+// ownSession builds the session of a model it loaded itself; where that
+// fails, nothing else holds the model, so its files are unmapped now
+// instead of when the process exits.
+func ownSession(m *model.Model, opt Options) (*Session, error) {
+	s, err := newSession(m, opt, true)
+	if err != nil {
+		m.Unmap()
+		return nil, err
+	}
+	return s, nil
 }
 
 // NewSessionFromBytes decodes a serialized model and builds its session,
@@ -151,7 +163,7 @@ func NewSessionFromBytes(b []byte, opt Options) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newSession(m, opt, true)
+	return ownSession(m, opt)
 }
 
 // NewSessionFromModel builds a session for an already loaded model, which

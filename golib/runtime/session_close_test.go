@@ -253,3 +253,33 @@ func TestCloseWaitsForRuns(t *testing.T) {
 		t.Error(f)
 	}
 }
+
+// TestFailedSessionUnmapsModelFiles: a session whose creation fails after
+// its model was loaded (an op the runtime lacks) leaves no mapping of the
+// model's files behind.
+func TestFailedSessionUnmapsModelFiles(t *testing.T) {
+	if !tensor.MapFileSupported {
+		t.Skip("files are read, not mapped, on this platform")
+	}
+	for _, external := range []bool{false, true} {
+		dir := t.TempDir()
+		g := closeModel(rand.New(rand.NewPCG(3, 4)))
+		g.Node = append(g.Node, onnxtest.Node("NoSuchOp", []string{"y"}, []string{"z"}))
+		file := filepath.Join(dir, "m.onnx")
+		if external {
+			externalize(t, g, dir)
+			file = filepath.Join(dir, "w.bin")
+		}
+		path := filepath.Join(dir, "m.onnx")
+		if err := os.WriteFile(path, onnxtest.Bytes(onnxtest.Model(17, g, nil)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := NewSession(path, Options{Threads: 1, Model: model.Options{MapMinBytes: 1}})
+		if !errors.Is(err, errs.ErrUnsupportedOp) {
+			t.Fatalf("external %v: NewSession: %v, want ErrUnsupportedOp", external, err)
+		}
+		if n := mappings(t, file); n != 0 {
+			t.Errorf("external %v: %d mappings of the model's file after a failed NewSession, want 0", external, n)
+		}
+	}
+}
