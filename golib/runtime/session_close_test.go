@@ -57,12 +57,13 @@ func closeFeeds(t *testing.T) map[string]*tensor.Tensor {
 	return map[string]*tensor.Tensor{"x": x, "ids": ids}
 }
 
-// writeCloseModel writes closeModel to dir/m.onnx (its initializers in
-// dir/w.bin when external) and returns the model's path and the file whose
-// bytes the session maps.
-func writeCloseModel(t *testing.T, dir string, external bool) (string, string) {
+// writeCloseModel writes closeModel, with the extra nodes appended, to
+// dir/m.onnx (its initializers in dir/w.bin when external) and returns the
+// model's path and the file whose bytes the session maps.
+func writeCloseModel(t *testing.T, dir string, external bool, extra ...*onnxpb.NodeProto) (string, string) {
 	t.Helper()
 	g := closeModel(rand.New(rand.NewPCG(3, 4)))
+	g.Node = append(g.Node, extra...)
 	mapped := filepath.Join(dir, "m.onnx")
 	if external {
 		externalize(t, g, dir)
@@ -262,18 +263,7 @@ func TestFailedSessionUnmapsModelFiles(t *testing.T) {
 		t.Skip("files are read, not mapped, on this platform")
 	}
 	for _, external := range []bool{false, true} {
-		dir := t.TempDir()
-		g := closeModel(rand.New(rand.NewPCG(3, 4)))
-		g.Node = append(g.Node, onnxtest.Node("NoSuchOp", []string{"y"}, []string{"z"}))
-		file := filepath.Join(dir, "m.onnx")
-		if external {
-			externalize(t, g, dir)
-			file = filepath.Join(dir, "w.bin")
-		}
-		path := filepath.Join(dir, "m.onnx")
-		if err := os.WriteFile(path, onnxtest.Bytes(onnxtest.Model(17, g, nil)), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		path, file := writeCloseModel(t, t.TempDir(), external, onnxtest.Node("NoSuchOp", []string{"y"}, []string{"z"}))
 		_, err := NewSession(path, Options{Threads: 1, Model: model.Options{MapMinBytes: 1}})
 		if !errors.Is(err, errs.ErrUnsupportedOp) {
 			t.Fatalf("external %v: NewSession: %v, want ErrUnsupportedOp", external, err)
