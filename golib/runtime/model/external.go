@@ -58,18 +58,16 @@ func (ext *extBudget) unmapUnused() {
 	}
 }
 
-// takeMaps returns the mappings tensors alias and forgets every mapping,
-// so that a later load maps the files anew.
+// takeMaps unmaps the files no tensor aliased, returns the mappings of the
+// others and forgets every mapping, so that a later load maps the files
+// anew.
 func (ext *extBudget) takeMaps() [][]byte {
+	ext.unmapUnused()
 	var maps [][]byte
-	for path, m := range ext.maps {
-		if m.used > 0 && m.b != nil {
-			maps = append(maps, m.b)
-		} else {
-			tensor.UnmapFile(m.b)
-		}
-		delete(ext.maps, path)
+	for _, m := range ext.maps {
+		maps = append(maps, m.b)
 	}
+	ext.maps = nil
 	return maps
 }
 

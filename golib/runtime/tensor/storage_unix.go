@@ -7,7 +7,6 @@ import (
 	"os"
 	"sync"
 	"syscall"
-	"unsafe"
 )
 
 // zeroRegions are read-only anonymous mappings that released tensors point
@@ -79,9 +78,9 @@ func MapFile(path string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mapping %s: %w", path, err)
 	}
-	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	lo, hi := span(b)
 	fileMaps.mu.Lock()
-	fileMaps.ranges = append(fileMaps.ranges, [2]uintptr{start, start + uintptr(len(b))})
+	fileMaps.ranges = append(fileMaps.ranges, [2]uintptr{lo, hi})
 	fileMaps.mu.Unlock()
 	return b, nil
 }
@@ -92,7 +91,7 @@ func UnmapFile(b []byte) {
 	if len(b) == 0 {
 		return
 	}
-	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	start, _ := span(b)
 	fileMaps.mu.Lock()
 	for i, r := range fileMaps.ranges {
 		if r[0] == start {
@@ -115,8 +114,7 @@ func EvictFilePages(b []byte) {
 	if !inFileMap(b) {
 		return
 	}
-	lo := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-	hi := lo + uintptr(len(b))
+	lo, hi := span(b)
 	page := uintptr(os.Getpagesize())
 	start, end := (lo+page-1)&^(page-1), hi&^(page-1)
 	if end <= start {
@@ -130,8 +128,7 @@ func inFileMap(b []byte) bool {
 	if len(b) == 0 {
 		return false
 	}
-	lo := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-	hi := lo + uintptr(len(b))
+	lo, hi := span(b)
 	fileMaps.mu.Lock()
 	defer fileMaps.mu.Unlock()
 	for _, r := range fileMaps.ranges {

@@ -264,9 +264,15 @@ func (t *Tensor) Aliases(region []byte) bool {
 	if len(t.data) == 0 || len(region) == 0 {
 		return false
 	}
-	lo := uintptr(unsafe.Pointer(unsafe.SliceData(t.data)))
-	r0 := uintptr(unsafe.Pointer(unsafe.SliceData(region)))
-	return lo >= r0 && lo+uintptr(len(t.data)) <= r0+uintptr(len(region))
+	lo, hi := span(t.data)
+	r0, r1 := span(region)
+	return lo >= r0 && hi <= r1
+}
+
+// span returns the address range [lo, hi) of b's bytes.
+func span(b []byte) (lo, hi uintptr) {
+	lo = uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	return lo, lo + uintptr(len(b))
 }
 
 // FileBacked reports whether t's values are pages of a file mapped by
