@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -96,17 +97,10 @@ func mappings(t *testing.T, path string) int {
 	return n
 }
 
-// sameOutputs fails t unless got equals want byte for byte.
+// sameOutputs reports whether got and want hold equal tensors
+// (equalTensor: type, shape and bytes), one for one.
 func sameOutputs(got, want []*tensor.Tensor) bool {
-	if len(got) != len(want) {
-		return false
-	}
-	for i := range got {
-		if string(got[i].Bytes()) != string(want[i].Bytes()) {
-			return false
-		}
-	}
-	return true
+	return slices.EqualFunc(got, want, equalTensor)
 }
 
 // TestCloseUnmapsModelFiles: a session that loaded its model gives back the
