@@ -91,11 +91,15 @@ func (s *Session) prepare(p *Plan, cachePath bool, feedNames, outputNames []stri
 			sg.tokens = i
 		}
 	}
+	var missing string
 	for k := range p.Inputs {
 		in := &p.Inputs[k]
 		i, ok := at[in.Name]
 		if !ok {
-			return nil, fmt.Errorf("%w: input %q is required but was not fed", errs.ErrMissingInput, in.Name)
+			if missing == "" {
+				missing = in.Name
+			}
+			continue
 		}
 		sg.decl[i] = in
 	}
@@ -109,8 +113,16 @@ func (s *Session) prepare(p *Plan, cachePath bool, feedNames, outputNames []stri
 			sg.slots[i] = slot
 		}
 	}
+	sort.Strings(unknown)
+	if missing != "" {
+		// a misspelt name shows up as both: say which names were not inputs
+		hint := ""
+		if len(unknown) > 0 {
+			hint = fmt.Sprintf(" (fed unknown input name(s) %s)", strings.Join(unknown, ", "))
+		}
+		return nil, fmt.Errorf("%w: input %q is required but was not fed%s", errs.ErrMissingInput, missing, hint)
+	}
 	if len(unknown) > 0 {
-		sort.Strings(unknown)
 		return nil, fmt.Errorf("%w: unknown input name(s) %s", errs.ErrInvalidArgument, strings.Join(unknown, ", "))
 	}
 	return sg, nil

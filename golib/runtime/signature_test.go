@@ -52,13 +52,14 @@ func TestSignatureErrors(t *testing.T) {
 	s := session(t, chain())
 	x := f32(t, tensor.Shape{1, 2}, 1, 2)
 	prep := []struct {
-		name         string
-		feeds, outs  []string
-		want         error
-		wantInMesage string
+		name          string
+		feeds, outs   []string
+		want          error
+		wantInMessage string
 	}{
 		{"missing input", nil, nil, errs.ErrMissingInput, `"x"`},
 		{"unknown input", []string{"x", "z"}, nil, errs.ErrInvalidArgument, "unknown input name(s) z"},
+		{"misspelt input", []string{"y", "X"}, nil, errs.ErrMissingInput, `"x" is required but was not fed (fed unknown input name(s) X, y)`},
 		{"duplicate input", []string{"x", "x"}, nil, errs.ErrInvalidArgument, "fed twice"},
 		{"unknown output", []string{"x"}, []string{"nope"}, errs.ErrNotFound, `"nope"`},
 		{"cache path without one", []string{"x"}, nil, errs.ErrNotImplemented, "no cache path"},
@@ -70,8 +71,8 @@ func TestSignatureErrors(t *testing.T) {
 		} else {
 			_, err = s.Prepare(c.feeds, c.outs)
 		}
-		if !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.wantInMesage) {
-			t.Errorf("%s: %v, want %v containing %q", c.name, err, c.want, c.wantInMesage)
+		if !errors.Is(err, c.want) || !strings.Contains(err.Error(), c.wantInMessage) {
+			t.Errorf("%s: %v, want %v containing %q", c.name, err, c.want, c.wantInMessage)
 		}
 	}
 	sg, err := s.Prepare([]string{"x"}, nil)
