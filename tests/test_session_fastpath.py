@@ -91,6 +91,9 @@ def test_errors_raised_on_every_run_of_a_prepared_signature(decoder: bytes) -> N
             sess.run(None, missing)
         with pytest.raises(ValueError, match="unknown input"):
             sess.run(None, dict(good, extra=np.zeros(1, np.float32)))
+        misspelt = dict(missing, position_id=good["position_ids"])
+        with pytest.raises(ValueError, match=r'"position_ids" is required.*unknown input name\(s\) position_id\b'):
+            sess.run(None, misspelt)
         with pytest.raises(ValueError, match="nope"):
             sess.run(["nope"], good)
         assert len(sess.run(None, good)) == 1 + 2 * CFG.layers  # still usable
