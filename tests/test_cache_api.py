@@ -461,10 +461,12 @@ def test_closed_cache_raises_value_error() -> None:
     c.close()
     c.close()  # idempotent
     assert c.closed and repr(c) == "KVCache(closed)"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="the cache is closed"):
         c.append(np.ones((1, 1, 1, 4)), np.ones((1, 1, 1, 4)))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="the cache is closed"):
         c.info()
+    with pytest.raises(ValueError, match="the cache is closed"):
+        olkv.attention(np.ones((1, 1, 1, 4), np.float32), c)
 
 
 def test_garbage_collected_caches_release_handles() -> None:

@@ -56,7 +56,7 @@ var classifiers = []classifier{
 var (
 	errTypeMismatch   = errors.New("type mismatch")
 	errNotImplemented = errors.New("not implemented")
-	errUnknownHandle  = errors.New("unknown or released handle")
+	errUnknownHandle  = errors.New("released or unknown handle")
 )
 
 // classify prefixes err's message with the Python exception class that the

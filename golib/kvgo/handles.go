@@ -33,9 +33,15 @@ func (r *registry[T]) get(h int64) (T, error) {
 	r.mu.RUnlock()
 	if !ok {
 		var zero T
-		return zero, fmt.Errorf("%w: %s handle %d", errUnknownHandle, r.kind, h)
+		return zero, r.missing(h)
 	}
 	return v, nil
+}
+
+// missing is the error for a handle r does not hold: handles are never
+// reused, so it was closed (or never issued).
+func (r *registry[T]) missing(h int64) error {
+	return fmt.Errorf("the %s is closed (%w %d)", r.kind, errUnknownHandle, h)
 }
 
 // take removes and returns the object behind h.

@@ -99,7 +99,7 @@ func SessionFree(h int64) (err error) {
 	defer recoverTo(&err)
 	s, ok := sessions.take(h)
 	if !ok {
-		return classify(fmt.Errorf("%w: session handle %d", errUnknownHandle, h))
+		return classify(sessions.missing(h))
 	}
 	lastStats.Delete(h)
 	signatures.drop(func(sg *runSignature) bool { return sg.h == h })
@@ -257,7 +257,7 @@ func ResultCopyAndFree(rh int64, ptrs uintptr, n int) (err error) {
 	defer recoverTo(&err)
 	res, ok := results.take(rh)
 	if !ok {
-		return classify(fmt.Errorf("%w: run result handle %d", errUnknownHandle, rh))
+		return classify(results.missing(rh))
 	}
 	defer res.releaseCopied()
 	if n != len(res.outs) {
