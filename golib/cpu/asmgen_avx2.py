@@ -41,6 +41,20 @@ ROW_PF_STEP = {"f32": 256, "f16": 64, "bf16": 64}
 # 0.99-1.01x, so float32 takes the wide V loop and keeps the 4x2 scores.
 WIDE_KINDS = ("f16", "bf16")
 
+# The kinds whose four-row loops read the rows of a call as separate streams: the float32
+# score loop (dots4x2) pairs token t with t + n/2 and the row-streaming V loop (axpy4s)
+# takes t, t + n/3 and t + 2n/3, so that each stream is read front to back, instead of two
+# or three neighbouring rows side by side, 64 bytes of each in turn (a pattern the AVX2-only
+# Zen 3's prefetchers followed poorly: the fp32 4x2 score loop alone from DRAM took about
+# 1.3x the time of a streaming read of its bytes, in C with and without software prefetch,
+# and the split one about 1.05-1.1x). GQA 32/8 fp32 decode step on that Zen 3, the builds
+# alternated run by run (six rounds, median K+V GB/s), 16k / 32k tokens: d128 one thread
+# 13.3 -> 16.7 / 13.4 -> 17.0, two threads 20.3 -> 24.3 / 21.8 -> 26.7 (the split score loop
+# alone: 14.8 / 15.1 and 22.0 / 23.0); d64 one thread 13.6 -> 15.5 at 16k. The 16-bit rows
+# (128-256 bytes) measured no faster split (fp16/bf16 d64 0.85-0.95x, d128 0.95-1.05x):
+# their neighbouring rows are a few lines each, close to one stream already.
+SPLIT_KINDS = ("f32",)
+
 # The FMA-port budget of a 16-bit GQA token (Granite Rapids-class Xeon, 256-bit FMAs on
 # ports 0 and 1 only): twelve independent FMAs take 6 cycles, and each VCVTPH2PS (memory
 # form) or VPSLLD added to them costs another half cycle, so a conversion takes an FMA
@@ -124,22 +138,26 @@ def dots4x2(kind):
     w(f"// func {name}(s *float32, ldS int, q *float32, k *{gt}, krb int, nt int, pfd int)")
     w("//")
     w("// For query rows r < 4 and tokens t < nt: s[r*ldS/4 + t] = dot(q_r, k_t), q rows of")
-    w(f"// krb*{qs} bytes, K rows of krb bytes (a multiple of 64). Two tokens per step: the 4x2")
-    w("// block of accumulators is Y0-Y7, each K vector (Y8, Y9) feeds four FMAs and each q")
-    w("// vector (Y10) two; an odd last token runs a 4x1 step. The two K rows of a step are")
-    w("// contiguous, so PREFETCHT1 at 2*offset covers both, pfd bytes ahead.")
+    w(f"// krb*{qs} bytes, K rows of krb bytes (a multiple of 64). Two tokens per step, t and")
+    w("// t + h (h = nt/2): the 4x2 block of accumulators is Y0-Y7, each K vector (Y8, Y9)")
+    w("// feeds four FMAs and each q vector (Y10) two; an odd last token runs a 4x1 step. The")
+    w("// two halves of the rows are two streams read front to back (SI, R12), each")
+    w("// prefetched pfd bytes ahead (R14, R15), with the scores of the second half at DX.")
     w(f"TEXT ·{name}(SB), NOSPLIT, $0-56")
     ins("MOVQ s+0(FP), DI", "MOVQ ldS+8(FP), BX", "MOVQ q+16(FP), R8", "MOVQ k+24(FP), SI",
         "MOVQ krb+32(FP), R13", "MOVQ nt+40(FP), AX", "MOVQ pfd+48(FP), R14",
         f"LEAQ (R8)(R13*{qs}), R9", f"LEAQ (R9)(R13*{qs}), R10", f"LEAQ (R10)(R13*{qs}), R11",
-        "LEAQ (BX)(BX*2), DX", "ADDQ SI, R14", "LEAQ (SI)(R13*1), R12",
-        "SHRQ $1, AX", f"JZ {name}tail")
+        "SHRQ $1, AX",
+        # R12 = the first row of the second half, DX = its first score, R15 its prefetch
+        "MOVQ AX, R12", "IMULQ R13, R12", "ADDQ SI, R12", "LEAQ (DI)(AX*4), DX",
+        "ADDQ SI, R14", "MOVQ R14, R15", "ADDQ R12, R15", "SUBQ SI, R15",
+        "TESTQ AX, AX", f"JZ {name}tail")
     w(f"{name}pair:")
     for i in range(8):
         ins(f"VXORPS Y{i}, Y{i}, Y{i}")
     ins("XORQ CX, CX")
     w(f"{name}in:")
-    ins("PREFETCHT1 (R14)(CX*2)", "PREFETCHT1 64(R14)(CX*2)")
+    ins("PREFETCHT1 (R14)(CX*1)", "PREFETCHT1 (R15)(CX*1)")
     for c in range(chunks):
         ins(*load(kind, f"{off(cb*c)}(SI)(CX*1)", "Y8"))
         ins(*load(kind, f"{off(cb*c)}(R12)(CX*1)", "Y9"))
@@ -148,16 +166,22 @@ def dots4x2(kind):
                 f"VFMADD231PS Y8, Y10, Y{2*r}",
                 f"VFMADD231PS Y9, Y10, Y{2*r+1}")
     ins("ADDQ $64, CX", "CMPQ CX, R13", f"JLT {name}in")
-    # rows (0,1) -> X0 = [r0t0, r0t1, r1t0, r1t1]; rows (2,3) -> X4
+    # rows (0,1) -> X0 = [r0t, r0(t+h), r1t, r1(t+h)]; rows (2,3) -> X4
     ins("VHADDPS Y1, Y0, Y0", "VHADDPS Y3, Y2, Y2", "VHADDPS Y2, Y0, Y0",
         "VEXTRACTF128 $1, Y0, X2", "VADDPS X2, X0, X0",
         "VHADDPS Y5, Y4, Y4", "VHADDPS Y7, Y6, Y6", "VHADDPS Y6, Y4, Y4",
         "VEXTRACTF128 $1, Y4, X6", "VADDPS X6, X4, X4",
-        "VMOVLPS X0, (DI)", "VMOVHPS X0, (DI)(BX*1)", "VMOVLPS X4, (DI)(BX*2)", "VMOVHPS X4, (DI)(DX*1)",
-        "ADDQ $8, DI", "LEAQ (SI)(R13*2), SI", "LEAQ (R12)(R13*2), R12", "LEAQ (R14)(R13*2), R14",
+        "VMOVSS X0, (DI)", "VEXTRACTPS $1, X0, (DX)",
+        "VEXTRACTPS $2, X0, (DI)(BX*1)", "VEXTRACTPS $3, X0, (DX)(BX*1)",
+        "VMOVSS X4, (DI)(BX*2)", "VEXTRACTPS $1, X4, (DX)(BX*2)",
+        "LEAQ (DI)(BX*2), CX", "ADDQ BX, CX", "VEXTRACTPS $2, X4, (CX)",
+        "LEAQ (DX)(BX*2), CX", "ADDQ BX, CX", "VEXTRACTPS $3, X4, (CX)",
+        "ADDQ $4, DI", "ADDQ $4, DX", "ADDQ R13, SI", "ADDQ R13, R12", "ADDQ R13, R14", "ADDQ R13, R15",
         "DECQ AX", f"JNZ {name}pair")
     w(f"{name}tail:")
-    ins("MOVQ nt+40(FP), AX", "ANDQ $1, AX", f"JZ {name}done")
+    # the odd last token, 2h: its row follows the second half (R12), its score too (DX)
+    ins("MOVQ nt+40(FP), AX", "ANDQ $1, AX", f"JZ {name}done",
+        "MOVQ R12, SI", "MOVQ DX, DI", "LEAQ (BX)(BX*2), DX")
     dots4token(kind, name, chunks, cb, qs)
     w(f"{name}done:")
     ins("VZEROUPPER", "RET")
@@ -346,7 +370,7 @@ def axpy4x24(kind):
     w()
 
 
-def axpy4s_step(kind, name, lab, tokens):
+def axpy4s_step(kind, name, lab, tokens, split=False):
     """One step of axpy4s over `tokens` V rows (3, or 1 for the tail): the four rows' weights
     of those tokens broadcast into Y4.. (row r, token t in Y(4+tokens*r+t)), then the rows
     walked front to back 64 bytes at a time, each accumulator chunk loaded into Y3, given
@@ -356,15 +380,28 @@ def axpy4s_step(kind, name, lab, tokens):
     chunks = 64 // cb  # 8-lane chunks per 64-byte step of a V row
     acc = ["DI", "R13", "R14", "R10"]
     rows = ["SI", "BX", "R11"][:tokens]
-    ins("LEAQ (R9)(R9*2), DX", "ADDQ R8, DX")
-    for r, pa in enumerate(["(R8)", "(R8)(R9*1)", "(R8)(R9*2)", "(DX)"]):
-        for t in range(tokens):
-            ins(f"VBROADCASTSS {off(4*t)}{pa}, Y{4+tokens*r+t}")
-    if tokens > 1:
-        ins("LEAQ (SI)(R12*1), BX", "LEAQ (BX)(R12*1), R11", "MOVQ pfd+48(FP), DX", "ADDQ SI, DX")
+    if split and tokens > 1:
+        # token j of the step is t + j*h: its weights 4h*j bytes on (h4), its row h*rowbytes*j (hk)
+        ins("MOVQ h4-8(SP), R15", "MOVQ R8, DX")
+        for r in range(4):
+            if r > 0:
+                ins("ADDQ R9, DX")
+            for t, a in enumerate(["(DX)", "(DX)(R15*1)", "(DX)(R15*2)"]):
+                ins(f"VBROADCASTSS {a}, Y{4+tokens*r+t}")
+        ins("MOVQ hk-16(SP), BX", "ADDQ SI, BX", "MOVQ hk-16(SP), R11", "ADDQ BX, R11",
+            "MOVQ pfd+48(FP), DX")
+    else:
+        ins("LEAQ (R9)(R9*2), DX", "ADDQ R8, DX")
+        for r, pa in enumerate(["(R8)", "(R8)(R9*1)", "(R8)(R9*2)", "(DX)"]):
+            for t in range(tokens):
+                ins(f"VBROADCASTSS {off(4*t)}{pa}, Y{4+tokens*r+t}")
+        if tokens > 1:
+            ins("LEAQ (SI)(R12*1), BX", "LEAQ (BX)(R12*1), R11", "MOVQ pfd+48(FP), DX", "ADDQ SI, DX")
     ins("XORQ CX, CX")
     w(f"{name}{lab}:")
-    if tokens > 1:
+    if split and tokens > 1:
+        ins("PREFETCHT1 (SI)(DX*1)", "PREFETCHT1 (BX)(DX*1)", "PREFETCHT1 (R11)(DX*1)", "ADDQ $64, DX")
+    elif tokens > 1:
         ins("PREFETCHT1 (DX)", "PREFETCHT1 64(DX)", "PREFETCHT1 128(DX)", "ADDQ $192, DX")
     for c in range(chunks):
         for t, vb in enumerate(rows):
@@ -378,7 +415,7 @@ def axpy4s_step(kind, name, lab, tokens):
     ins("ADDQ $64, CX", "CMPQ CX, R12", f"JLT {name}{lab}")
 
 
-def axpy4s(kind):
+def axpy4s(kind, split=False):
     """The row-streaming four-row V loop: three V rows at a time front to back, the
     accumulators in memory (L1)."""
     es, gt, cb = KINDS[kind]
@@ -391,11 +428,17 @@ def axpy4s(kind):
     w("// bytes; n >= 1. Three tokens per step: their twelve weights stay in Y4-Y15 while the")
     w("// step walks the three V rows front to back, 64 bytes of each at a time (Y0-Y2), and")
     w("// each accumulator chunk is loaded, takes three FMAs and is stored (Y3): the V rows are")
-    w("// read in storage order, as the score loops read K, where the register-blocked passes")
-    w("// (axpy4x24) take a few bytes of every row of a tile in each of six passes. The three")
-    w("// rows of a step are contiguous: three lines per 64-byte step (DX) cover them, pfd")
-    w("// bytes ahead. The last one or two tokens run one-token steps.")
-    w(f"TEXT ·{name}(SB), NOSPLIT, $0-56")
+    w("// read front to back, as the score loops read K, where the register-blocked passes")
+    w("// (axpy4x24) take a few bytes of every row of a tile in each of six passes.")
+    if split:
+        w("// The tokens of a step are t, t+h and t+2h (h = n/3, t < h): the three thirds of the")
+        w("// rows are three streams read in storage order, each prefetched pfd bytes ahead")
+        w("// (DX), and the tokens reach each accumulator in that order, not token order. The")
+        w("// last n - 3h tokens run one-token steps.")
+    else:
+        w("// The three rows of a step are contiguous: three lines per 64-byte step (DX) cover")
+        w("// them, pfd bytes ahead. The last one or two tokens run one-token steps.")
+    w(f"TEXT ·{name}(SB), NOSPLIT, ${16 if split else 0}-56")
     ins("MOVQ acc+0(FP), DI", "MOVQ rb+8(FP), DX", "MOVQ p+16(FP), R8", "MOVQ ldP+24(FP), R9",
         "MOVQ v+32(FP), SI", "MOVQ n+40(FP), AX",
         "LEAQ (DI)(DX*1), R13", "LEAQ (R13)(DX*1), R14", "LEAQ (R14)(DX*1), R10")
@@ -403,12 +446,25 @@ def axpy4s(kind):
         ins("MOVQ DX, R12")
     else:
         ins("MOVQ DX, R12", "SHRQ $1, R12")
-    ins("SUBQ $3, AX", f"JLT {name}tail")
-    w(f"{name}tri:")
-    axpy4s_step(kind, name, "in", 3)
-    ins("ADDQ $12, R8", "LEAQ (R11)(R12*1), SI", "SUBQ $3, AX", f"JGE {name}tri")
-    w(f"{name}tail:")
-    ins("ADDQ $3, AX", f"JZ {name}done")
+    if split:
+        # h = n/3 steps of tokens t, t+h, t+2h, then the last n - 3h one at a time
+        ins("MOVL $0xAAAAAAAB, CX", "IMULQ CX, AX", "SHRQ $33, AX",
+            "LEAQ (AX*4), CX", "MOVQ CX, h4-8(SP)", "MOVQ AX, CX", "IMULQ R12, CX", "MOVQ CX, hk-16(SP)",
+            "TESTQ AX, AX", f"JZ {name}tail")
+        w(f"{name}tri:")
+        axpy4s_step(kind, name, "in", 3, split=True)
+        ins("ADDQ $4, R8", "ADDQ R12, SI", "DECQ AX", f"JNZ {name}tri")
+        w(f"{name}tail:")
+        ins("MOVQ h4-8(SP), CX", "LEAQ (R8)(CX*2), R8", "MOVQ hk-16(SP), CX", "LEAQ (SI)(CX*2), SI",
+            "MOVQ h4-8(SP), CX", "LEAQ (CX)(CX*2), CX", "SHRQ $2, CX", "MOVQ n+40(FP), AX", "SUBQ CX, AX",
+            f"JZ {name}done")
+    else:
+        ins("SUBQ $3, AX", f"JLT {name}tail")
+        w(f"{name}tri:")
+        axpy4s_step(kind, name, "in", 3)
+        ins("ADDQ $12, R8", "LEAQ (R11)(R12*1), SI", "SUBQ $3, AX", f"JGE {name}tri")
+        w(f"{name}tail:")
+        ins("ADDQ $3, AX", f"JZ {name}done")
     w(f"{name}one:")
     axpy4s_step(kind, name, "oin", 1)
     ins("ADDQ $4, R8", "ADDQ R12, SI", "DECQ AX", f"JNZ {name}one")
@@ -717,7 +773,7 @@ for k in ("f32", "f16", "bf16"):
         dots4x2(k)
     dots1(k)
     axpy4x24(k)
-    axpy4s(k)
+    axpy4s(k, split=k in SPLIT_KINDS)
     axpy1(k)
     for dim in (64, 128):
         dots1w(k, dim)

@@ -543,10 +543,16 @@ type cpuTune struct {
 	// the two take the same time on L2-resident rows (13-16 ns a token), but
 	// streaming rows from DRAM the passes took 50-55 ns a token and the
 	// row-streaming loop 38-40: the passes read a few bytes of every row of a
-	// tile in turn, an order this CPU's prefetchers follow poorly. Both add
-	// the tokens to each accumulator in token order after the same rescale,
-	// so their results are bit-identical (TestCPUTuningsBitIdentical).
-	// "intel" keeps the passes (not measured on an Intel CPU).
+	// tile in turn, an order this CPU's prefetchers follow poorly. The
+	// float32 streaming loop reads the call's rows as three streams (tokens
+	// t, t+n/3, t+2n/3 in a step: SPLIT_KINDS in asmgen_avx2.py), another
+	// 1.2-1.27x on that Zen 3, so its sums agree with the passes' to
+	// rounding; the 16-bit ones add the tokens in token order after the
+	// same rescale, bit for bit as the passes (TestCPUTuningsBitIdentical).
+	// With the split loop, the passes measured 0.74-0.84x its speed there
+	// (BenchmarkTunePaired tune-vStream, GQA 32/8 d128 fp32, 16k and 32k
+	// tokens, 1 and 2 threads). "intel" keeps the passes (not measured on
+	// an Intel CPU).
 	vStream bool
 	// gqaPfRows, when not 0, is the prefetch distance in rows of the
 	// four-row score and V loops at head dim 128 (pf4), in place of

@@ -10,10 +10,11 @@
 // func dots4f32avx2(s *float32, ldS int, q *float32, k *float32, krb int, nt int, pfd int)
 //
 // For query rows r < 4 and tokens t < nt: s[r*ldS/4 + t] = dot(q_r, k_t), q rows of
-// krb*1 bytes, K rows of krb bytes (a multiple of 64). Two tokens per step: the 4x2
-// block of accumulators is Y0-Y7, each K vector (Y8, Y9) feeds four FMAs and each q
-// vector (Y10) two; an odd last token runs a 4x1 step. The two K rows of a step are
-// contiguous, so PREFETCHT1 at 2*offset covers both, pfd bytes ahead.
+// krb*1 bytes, K rows of krb bytes (a multiple of 64). Two tokens per step, t and
+// t + h (h = nt/2): the 4x2 block of accumulators is Y0-Y7, each K vector (Y8, Y9)
+// feeds four FMAs and each q vector (Y10) two; an odd last token runs a 4x1 step. The
+// two halves of the rows are two streams read front to back (SI, R12), each
+// prefetched pfd bytes ahead (R14, R15), with the scores of the second half at DX.
 TEXT ·dots4f32avx2(SB), NOSPLIT, $0-56
 	MOVQ s+0(FP), DI
 	MOVQ ldS+8(FP), BX
@@ -25,10 +26,16 @@ TEXT ·dots4f32avx2(SB), NOSPLIT, $0-56
 	LEAQ (R8)(R13*1), R9
 	LEAQ (R9)(R13*1), R10
 	LEAQ (R10)(R13*1), R11
-	LEAQ (BX)(BX*2), DX
-	ADDQ SI, R14
-	LEAQ (SI)(R13*1), R12
 	SHRQ $1, AX
+	MOVQ AX, R12
+	IMULQ R13, R12
+	ADDQ SI, R12
+	LEAQ (DI)(AX*4), DX
+	ADDQ SI, R14
+	MOVQ R14, R15
+	ADDQ R12, R15
+	SUBQ SI, R15
+	TESTQ AX, AX
 	JZ dots4f32avx2tail
 dots4f32avx2pair:
 	VXORPS Y0, Y0, Y0
@@ -41,8 +48,8 @@ dots4f32avx2pair:
 	VXORPS Y7, Y7, Y7
 	XORQ CX, CX
 dots4f32avx2in:
-	PREFETCHT1 (R14)(CX*2)
-	PREFETCHT1 64(R14)(CX*2)
+	PREFETCHT1 (R14)(CX*1)
+	PREFETCHT1 (R15)(CX*1)
 	VMOVUPS (SI)(CX*1), Y8
 	VMOVUPS (R12)(CX*1), Y9
 	VMOVUPS (R8)(CX*1), Y10
@@ -84,20 +91,33 @@ dots4f32avx2in:
 	VHADDPS Y6, Y4, Y4
 	VEXTRACTF128 $1, Y4, X6
 	VADDPS X6, X4, X4
-	VMOVLPS X0, (DI)
-	VMOVHPS X0, (DI)(BX*1)
-	VMOVLPS X4, (DI)(BX*2)
-	VMOVHPS X4, (DI)(DX*1)
-	ADDQ $8, DI
-	LEAQ (SI)(R13*2), SI
-	LEAQ (R12)(R13*2), R12
-	LEAQ (R14)(R13*2), R14
+	VMOVSS X0, (DI)
+	VEXTRACTPS $1, X0, (DX)
+	VEXTRACTPS $2, X0, (DI)(BX*1)
+	VEXTRACTPS $3, X0, (DX)(BX*1)
+	VMOVSS X4, (DI)(BX*2)
+	VEXTRACTPS $1, X4, (DX)(BX*2)
+	LEAQ (DI)(BX*2), CX
+	ADDQ BX, CX
+	VEXTRACTPS $2, X4, (CX)
+	LEAQ (DX)(BX*2), CX
+	ADDQ BX, CX
+	VEXTRACTPS $3, X4, (CX)
+	ADDQ $4, DI
+	ADDQ $4, DX
+	ADDQ R13, SI
+	ADDQ R13, R12
+	ADDQ R13, R14
+	ADDQ R13, R15
 	DECQ AX
 	JNZ dots4f32avx2pair
 dots4f32avx2tail:
 	MOVQ nt+40(FP), AX
 	ANDQ $1, AX
 	JZ dots4f32avx2done
+	MOVQ R12, SI
+	MOVQ DX, DI
+	LEAQ (BX)(BX*2), DX
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -412,11 +432,13 @@ axpy4f32avx2done:
 // bytes; n >= 1. Three tokens per step: their twelve weights stay in Y4-Y15 while the
 // step walks the three V rows front to back, 64 bytes of each at a time (Y0-Y2), and
 // each accumulator chunk is loaded, takes three FMAs and is stored (Y3): the V rows are
-// read in storage order, as the score loops read K, where the register-blocked passes
-// (axpy4x24) take a few bytes of every row of a tile in each of six passes. The three
-// rows of a step are contiguous: three lines per 64-byte step (DX) cover them, pfd
-// bytes ahead. The last one or two tokens run one-token steps.
-TEXT ·axpy4sf32avx2(SB), NOSPLIT, $0-56
+// read front to back, as the score loops read K, where the register-blocked passes
+// (axpy4x24) take a few bytes of every row of a tile in each of six passes.
+// The tokens of a step are t, t+h and t+2h (h = n/3, t < h): the three thirds of the
+// rows are three streams read in storage order, each prefetched pfd bytes ahead
+// (DX), and the tokens reach each accumulator in that order, not token order. The
+// last n - 3h tokens run one-token steps.
+TEXT ·axpy4sf32avx2(SB), NOSPLIT, $16-56
 	MOVQ acc+0(FP), DI
 	MOVQ rb+8(FP), DX
 	MOVQ p+16(FP), R8
@@ -427,33 +449,45 @@ TEXT ·axpy4sf32avx2(SB), NOSPLIT, $0-56
 	LEAQ (R13)(DX*1), R14
 	LEAQ (R14)(DX*1), R10
 	MOVQ DX, R12
-	SUBQ $3, AX
-	JLT axpy4sf32avx2tail
+	MOVL $0xAAAAAAAB, CX
+	IMULQ CX, AX
+	SHRQ $33, AX
+	LEAQ (AX*4), CX
+	MOVQ CX, h4-8(SP)
+	MOVQ AX, CX
+	IMULQ R12, CX
+	MOVQ CX, hk-16(SP)
+	TESTQ AX, AX
+	JZ axpy4sf32avx2tail
 axpy4sf32avx2tri:
-	LEAQ (R9)(R9*2), DX
-	ADDQ R8, DX
-	VBROADCASTSS (R8), Y4
-	VBROADCASTSS 4(R8), Y5
-	VBROADCASTSS 8(R8), Y6
-	VBROADCASTSS (R8)(R9*1), Y7
-	VBROADCASTSS 4(R8)(R9*1), Y8
-	VBROADCASTSS 8(R8)(R9*1), Y9
-	VBROADCASTSS (R8)(R9*2), Y10
-	VBROADCASTSS 4(R8)(R9*2), Y11
-	VBROADCASTSS 8(R8)(R9*2), Y12
+	MOVQ h4-8(SP), R15
+	MOVQ R8, DX
+	VBROADCASTSS (DX), Y4
+	VBROADCASTSS (DX)(R15*1), Y5
+	VBROADCASTSS (DX)(R15*2), Y6
+	ADDQ R9, DX
+	VBROADCASTSS (DX), Y7
+	VBROADCASTSS (DX)(R15*1), Y8
+	VBROADCASTSS (DX)(R15*2), Y9
+	ADDQ R9, DX
+	VBROADCASTSS (DX), Y10
+	VBROADCASTSS (DX)(R15*1), Y11
+	VBROADCASTSS (DX)(R15*2), Y12
+	ADDQ R9, DX
 	VBROADCASTSS (DX), Y13
-	VBROADCASTSS 4(DX), Y14
-	VBROADCASTSS 8(DX), Y15
-	LEAQ (SI)(R12*1), BX
-	LEAQ (BX)(R12*1), R11
+	VBROADCASTSS (DX)(R15*1), Y14
+	VBROADCASTSS (DX)(R15*2), Y15
+	MOVQ hk-16(SP), BX
+	ADDQ SI, BX
+	MOVQ hk-16(SP), R11
+	ADDQ BX, R11
 	MOVQ pfd+48(FP), DX
-	ADDQ SI, DX
 	XORQ CX, CX
 axpy4sf32avx2in:
-	PREFETCHT1 (DX)
-	PREFETCHT1 64(DX)
-	PREFETCHT1 128(DX)
-	ADDQ $192, DX
+	PREFETCHT1 (SI)(DX*1)
+	PREFETCHT1 (BX)(DX*1)
+	PREFETCHT1 (R11)(DX*1)
+	ADDQ $64, DX
 	VMOVUPS (SI)(CX*1), Y0
 	VMOVUPS (BX)(CX*1), Y1
 	VMOVUPS (R11)(CX*1), Y2
@@ -503,12 +537,20 @@ axpy4sf32avx2in:
 	ADDQ $64, CX
 	CMPQ CX, R12
 	JLT axpy4sf32avx2in
-	ADDQ $12, R8
-	LEAQ (R11)(R12*1), SI
-	SUBQ $3, AX
-	JGE axpy4sf32avx2tri
+	ADDQ $4, R8
+	ADDQ R12, SI
+	DECQ AX
+	JNZ axpy4sf32avx2tri
 axpy4sf32avx2tail:
-	ADDQ $3, AX
+	MOVQ h4-8(SP), CX
+	LEAQ (R8)(CX*2), R8
+	MOVQ hk-16(SP), CX
+	LEAQ (SI)(CX*2), SI
+	MOVQ h4-8(SP), CX
+	LEAQ (CX)(CX*2), CX
+	SHRQ $2, CX
+	MOVQ n+40(FP), AX
+	SUBQ CX, AX
 	JZ axpy4sf32avx2done
 axpy4sf32avx2one:
 	LEAQ (R9)(R9*2), DX
@@ -1791,10 +1833,10 @@ axpy4f16avx2done:
 // bytes; n >= 1. Three tokens per step: their twelve weights stay in Y4-Y15 while the
 // step walks the three V rows front to back, 64 bytes of each at a time (Y0-Y2), and
 // each accumulator chunk is loaded, takes three FMAs and is stored (Y3): the V rows are
-// read in storage order, as the score loops read K, where the register-blocked passes
-// (axpy4x24) take a few bytes of every row of a tile in each of six passes. The three
-// rows of a step are contiguous: three lines per 64-byte step (DX) cover them, pfd
-// bytes ahead. The last one or two tokens run one-token steps.
+// read front to back, as the score loops read K, where the register-blocked passes
+// (axpy4x24) take a few bytes of every row of a tile in each of six passes.
+// The three rows of a step are contiguous: three lines per 64-byte step (DX) cover
+// them, pfd bytes ahead. The last one or two tokens run one-token steps.
 TEXT ·axpy4sf16avx2(SB), NOSPLIT, $0-56
 	MOVQ acc+0(FP), DI
 	MOVQ rb+8(FP), DX
@@ -3666,10 +3708,10 @@ axpy4bf16avx2done:
 // bytes; n >= 1. Three tokens per step: their twelve weights stay in Y4-Y15 while the
 // step walks the three V rows front to back, 64 bytes of each at a time (Y0-Y2), and
 // each accumulator chunk is loaded, takes three FMAs and is stored (Y3): the V rows are
-// read in storage order, as the score loops read K, where the register-blocked passes
-// (axpy4x24) take a few bytes of every row of a tile in each of six passes. The three
-// rows of a step are contiguous: three lines per 64-byte step (DX) cover them, pfd
-// bytes ahead. The last one or two tokens run one-token steps.
+// read front to back, as the score loops read K, where the register-blocked passes
+// (axpy4x24) take a few bytes of every row of a tile in each of six passes.
+// The three rows of a step are contiguous: three lines per 64-byte step (DX) cover
+// them, pfd bytes ahead. The last one or two tokens run one-token steps.
 TEXT ·axpy4sbf16avx2(SB), NOSPLIT, $0-56
 	MOVQ acc+0(FP), DI
 	MOVQ rb+8(FP), DX

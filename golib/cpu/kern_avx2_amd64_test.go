@@ -131,8 +131,10 @@ func TestAVX2HalfOps(t *testing.T) {
 // TestCPUTuningsBitIdentical checks that the CPU tunings change speed
 // only: the bf16 4x3 score loop widening by VPSHUFB (dots4bf16avx2) and by
 // shift (dots4bf16shavx2) and both prefetch distances give bit-identical
-// scores, and both four-row V loops (vStream) bit-identical accumulators,
-// on head dims 64 and 128 and token counts with and without a tail.
+// scores, and both four-row V loops (vStream) the same accumulators (bit
+// for bit for 16-bit rows, to rounding for float32 rows, which the
+// streaming loop adds in another order), on head dims 64 and 128 and token
+// counts with and without a tail.
 func TestCPUTuningsBitIdentical(t *testing.T) {
 	needAVX2(t)
 	rng := rand.New(rand.NewPCG(21, 22))
@@ -156,9 +158,10 @@ func TestCPUTuningsBitIdentical(t *testing.T) {
 
 // checkVStreamBitIdentical checks that the four-row V accumulation gives
 // the same bits in the row-streaming loops (vStream) and in the 24-dim
-// passes, for float32, fp16 and bf16 rows, with and without a rescale: both
-// add the tokens to each accumulator in token order, after the same
-// multiply.
+// passes for fp16 and bf16 rows, with and without a rescale: both add the
+// tokens to each accumulator in token order, after the same multiply. The
+// float32 streaming loop adds tokens t, t+h, t+2h (h = n/3) in turn, so
+// there the two agree to rounding (closeTo).
 func checkVStreamBitIdentical(t *testing.T, rng *rand.Rand, d, n int) {
 	t.Helper()
 	old := cpuT.Load()
@@ -188,6 +191,9 @@ func checkVStreamBitIdentical(t *testing.T, rng *rand.Rand, d, n int) {
 				got[i] = acc
 			}
 			for i := range got[0] {
+				if vh == nil && closeTo(got[0][i], got[1][i]) {
+					continue
+				}
 				if math.Float32bits(got[0][i]) != math.Float32bits(got[1][i]) {
 					t.Fatalf("%s d=%d n=%d alpha=%v: acc[%d] streaming %v, passes %v", kind, d, n, alpha, i, got[0][i], got[1][i])
 				}
