@@ -66,6 +66,14 @@ SPLIT_KINDS = ("f32",)
 # in L2 the fp16 4x3 score loop takes 5.3-5.9 us, against 5.5 us for its 40 cycles a
 # token at 3.7 GHz (the clock twelve-FMA chains measured): no slack is left in the loops.
 
+# The head dims whose single-row (MHA) loops are unrolled per dim (dots1w, axpy1w): rows
+# read one after another, each front to back. Other dims read four rows side by side
+# (dots1) and V in passes of 64 dims over tiles of rows (axpy1), which streamed DRAM at
+# 0.7-0.85x the d128 loops' rate on the AVX2-only Zen 3 (MHA 32/32 fp32, 2M-token-dims
+# caches: d80 11.7, d96 13.8, d256 12.8 against d128 16.5 GB/s on one thread). 16-bit
+# rows go in place only at multiples of 32 (halfAVX2.ok), so they have no 80.
+WIDE_DIMS = {"f32": (64, 80, 96, 128, 256), "f16": (64, 96, 128, 256), "bf16": (64, 96, 128, 256)}
+
 # element size in bytes, K/V Go type, bytes of one 8-lane K/V chunk
 KINDS = {"f32": (4, "float32", 32), "f16": (2, "uint16", 16), "bf16": (2, "uint16", 16)}
 
@@ -583,80 +591,83 @@ def dots1w(kind, D):
 def axpy1w(kind, D):
     es, gt, cb = KINDS[kind]
     rowb = D * es
-    halves = D // 64
+    # parts of up to 64 dims (eight accumulators each); one part stays in registers
+    parts = [(o, min(64, D - o) // 8) for o in range(0, D, 64)]
+    single = len(parts) == 1
     name = f"axpy1w{D}{kind}avx2"
     w(f"// func {name}(acc *float32, p *float32, v *{gt}, n int, alpha float32, pfd int)")
     w("//")
     w(f"// acc = alpha*acc + sum_{{t<n}} p[t]*v_t, head dim {D}, n >= 0. Four tokens per step,")
     w("// their rows read one after another (within the step's window of four rows) and")
     w(f"// prefetched pfd bytes ahead (one line in {ROW_PF_STEP[kind] // 64}, see ROW_PF_STEP): the single-row")
-    w("// accumulation of MHA decode. Dims go in parts of 64 (Y0-Y7, eight independent FMA")
-    if halves == 1:
-        w("// chains); the four weights of a step are in Y8-Y11 and the accumulator stays in")
-        w("// Y0-Y7 for the whole call. Tokens past the")
+    w("// accumulation of MHA decode. Dims go in parts of up to 64 (Y0-Y7, up to eight")
+    if single:
+        w("// independent FMA chains); the four weights of a step are in Y8-Y11 and the")
+        w("// accumulator stays in registers for the whole call. Tokens past the")
     else:
-        w("// chains); the four weights of a step stay in Y8-Y11 for both parts, whose")
-        w("// accumulators go through memory (L1) between steps: 16 ymm registers do not")
-        w("// hold a row of 128 float32. Tokens past the")
+        w("// independent FMA chains); the four weights of a step stay in Y8-Y11 for every part,")
+        w("// whose accumulators go through memory (L1) between steps: 16 ymm registers do not")
+        w(f"// hold a row of {D} float32. Tokens past the")
     w("// last multiple of four run one at a time.")
     w(f"TEXT ·{name}(SB), NOSPLIT, $0-48")
     ins("MOVQ acc+0(FP), DI", "MOVQ p+8(FP), R8", "MOVQ v+16(FP), SI", "MOVQ n+24(FP), AX",
         "VBROADCASTSS alpha+32(FP), Y15", "MOVQ pfd+40(FP), R9")
-    for h in range(halves):
-        for j in range(8):
-            ins(f"VMULPS {off(256 * h + 32 * j)}(DI), Y15, Y{j}")
-        if halves > 1:
-            for j in range(8):
-                ins(f"VMOVUPS Y{j}, {off(256 * h + 32 * j)}(DI)")
-    ins("MOVQ AX, DX", "SHRQ $2, DX", f"JZ {name}tail")
-    w(f"{name}quad:")
-    for t in range(4):
-        ins(f"VBROADCASTSS {off(4 * t)}(R8), Y{8 + t}")
-    for h in range(halves):
-        if halves > 1:
-            for j in range(8):
-                ins(f"VMOVUPS {off(256 * h + 32 * j)}(DI), Y{j}")
-        for t in range(4):
-            ro = t * rowb
-            if h == 0:
-                for l in range(0, rowb, ROW_PF_STEP[kind]):
-                    ins(f"PREFETCHT1 {off(ro + l)}(SI)(R9*1)")
-            for j in range(8):
-                a = ro + (8 * h + j) * cb
-                if kind == "f32":
-                    ins(f"VFMADD231PS {off(a)}(SI), Y{8 + t}, Y{j}")
-                else:
-                    tmp = f"Y{12 + j % 2}"
-                    ins(*load(kind, f"{off(a)}(SI)", tmp))
-                    ins(f"VFMADD231PS {tmp}, Y{8 + t}, Y{j}")
-        if halves > 1:
-            for j in range(8):
-                ins(f"VMOVUPS Y{j}, {off(256 * h + 32 * j)}(DI)")
-    ins("ADDQ $16, R8", f"ADDQ ${4 * rowb}, SI", "DECQ DX", f"JNZ {name}quad")
-    w(f"{name}tail:")
-    ins("ANDQ $3, AX", f"JZ {name}store")
-    w(f"{name}one:")
-    ins("VBROADCASTSS (R8), Y8")
-    for h in range(halves):
-        if halves > 1:
-            for j in range(8):
-                ins(f"VMOVUPS {off(256 * h + 32 * j)}(DI), Y{j}")
-        for j in range(8):
-            a = (8 * h + j) * cb
+
+    def accs(o, nr, op):
+        for j in range(nr):
+            a = f"{off(4 * o + 32 * j)}(DI)"
+            ins(f"VMULPS {a}, Y15, Y{j}" if op == "scale" else
+                f"VMOVUPS {a}, Y{j}" if op == "load" else f"VMOVUPS Y{j}, {a}")
+
+    def fmas(o, nr, ro, wreg):
+        for j in range(nr):
+            a = ro + (o // 8 + j) * cb
             if kind == "f32":
-                ins(f"VFMADD231PS {off(a)}(SI), Y8, Y{j}")
+                ins(f"VFMADD231PS {off(a)}(SI), {wreg}, Y{j}")
             else:
                 tmp = f"Y{12 + j % 2}"
                 ins(*load(kind, f"{off(a)}(SI)", tmp))
-                ins(f"VFMADD231PS {tmp}, Y8, Y{j}")
-        if halves > 1:
-            for j in range(8):
-                ins(f"VMOVUPS Y{j}, {off(256 * h + 32 * j)}(DI)")
+                ins(f"VFMADD231PS {tmp}, {wreg}, Y{j}")
+
+    for o, nr in parts:
+        accs(o, nr, "scale")
+        if not single:
+            accs(o, nr, "store")
+    if len(parts) > 2:
+        # rows of more than 128 dims: one token a step, its row in storage order (a step of
+        # four rows would read a part of each in turn)
+        ins("TESTQ AX, AX", f"JZ {name}store")
+    else:
+        ins("MOVQ AX, DX", "SHRQ $2, DX", f"JZ {name}tail")
+        w(f"{name}quad:")
+        for t in range(4):
+            ins(f"VBROADCASTSS {off(4 * t)}(R8), Y{8 + t}")
+        for h, (o, nr) in enumerate(parts):
+            if not single:
+                accs(o, nr, "load")
+            for t in range(4):
+                ro = t * rowb
+                if h == 0:
+                    for l in range(0, rowb, ROW_PF_STEP[kind]):
+                        ins(f"PREFETCHT1 {off(ro + l)}(SI)(R9*1)")
+                fmas(o, nr, ro, f"Y{8 + t}")
+            if not single:
+                accs(o, nr, "store")
+        ins("ADDQ $16, R8", f"ADDQ ${4 * rowb}, SI", "DECQ DX", f"JNZ {name}quad")
+        w(f"{name}tail:")
+        ins("ANDQ $3, AX", f"JZ {name}store")
+    w(f"{name}one:")
+    ins("VBROADCASTSS (R8), Y8")
+    for o, nr in parts:
+        if not single:
+            accs(o, nr, "load")
+        fmas(o, nr, 0, "Y8")
+        if not single:
+            accs(o, nr, "store")
     ins("ADDQ $4, R8", f"ADDQ ${rowb}, SI", "DECQ AX", f"JNZ {name}one")
     w(f"{name}store:")
-    if halves == 1:
-        for j in range(8):
-            ins(f"VMOVUPS Y{j}, {off(32 * j)}(DI)")
+    if single:
+        accs(*parts[0], "store")
     ins("VZEROUPPER", "RET")
     w()
 
@@ -775,7 +786,7 @@ for k in ("f32", "f16", "bf16"):
     axpy4x24(k)
     axpy4s(k, split=k in SPLIT_KINDS)
     axpy1(k)
-    for dim in (64, 128):
+    for dim in WIDE_DIMS[k]:
         dots1w(k, dim)
         axpy1w(k, dim)
 maxsub()

@@ -14,6 +14,84 @@ import (
 //go:generate sh -c "python3 asmgen_avx2.py > kern_avx2_amd64.s"
 
 //go:noescape
+func dots1w64f32avx2(s *float32, q *float32, k *float32, nt int, pfd int)
+
+//go:noescape
+func axpy1w64f32avx2(acc *float32, p *float32, v *float32, n int, alpha float32, pfd int)
+
+//go:noescape
+func dots1w80f32avx2(s *float32, q *float32, k *float32, nt int, pfd int)
+
+//go:noescape
+func axpy1w80f32avx2(acc *float32, p *float32, v *float32, n int, alpha float32, pfd int)
+
+//go:noescape
+func dots1w96f32avx2(s *float32, q *float32, k *float32, nt int, pfd int)
+
+//go:noescape
+func axpy1w96f32avx2(acc *float32, p *float32, v *float32, n int, alpha float32, pfd int)
+
+//go:noescape
+func dots1w128f32avx2(s *float32, q *float32, k *float32, nt int, pfd int)
+
+//go:noescape
+func axpy1w128f32avx2(acc *float32, p *float32, v *float32, n int, alpha float32, pfd int)
+
+//go:noescape
+func dots1w256f32avx2(s *float32, q *float32, k *float32, nt int, pfd int)
+
+//go:noescape
+func axpy1w256f32avx2(acc *float32, p *float32, v *float32, n int, alpha float32, pfd int)
+
+//go:noescape
+func dots1w64f16avx2(s *float32, q *float32, k *uint16, nt int, pfd int)
+
+//go:noescape
+func axpy1w64f16avx2(acc *float32, p *float32, v *uint16, n int, alpha float32, pfd int)
+
+//go:noescape
+func dots1w96f16avx2(s *float32, q *float32, k *uint16, nt int, pfd int)
+
+//go:noescape
+func axpy1w96f16avx2(acc *float32, p *float32, v *uint16, n int, alpha float32, pfd int)
+
+//go:noescape
+func dots1w128f16avx2(s *float32, q *float32, k *uint16, nt int, pfd int)
+
+//go:noescape
+func axpy1w128f16avx2(acc *float32, p *float32, v *uint16, n int, alpha float32, pfd int)
+
+//go:noescape
+func dots1w256f16avx2(s *float32, q *float32, k *uint16, nt int, pfd int)
+
+//go:noescape
+func axpy1w256f16avx2(acc *float32, p *float32, v *uint16, n int, alpha float32, pfd int)
+
+//go:noescape
+func dots1w64bf16avx2(s *float32, q *float32, k *uint16, nt int, pfd int)
+
+//go:noescape
+func axpy1w64bf16avx2(acc *float32, p *float32, v *uint16, n int, alpha float32, pfd int)
+
+//go:noescape
+func dots1w96bf16avx2(s *float32, q *float32, k *uint16, nt int, pfd int)
+
+//go:noescape
+func axpy1w96bf16avx2(acc *float32, p *float32, v *uint16, n int, alpha float32, pfd int)
+
+//go:noescape
+func dots1w128bf16avx2(s *float32, q *float32, k *uint16, nt int, pfd int)
+
+//go:noescape
+func axpy1w128bf16avx2(acc *float32, p *float32, v *uint16, n int, alpha float32, pfd int)
+
+//go:noescape
+func dots1w256bf16avx2(s *float32, q *float32, k *uint16, nt int, pfd int)
+
+//go:noescape
+func axpy1w256bf16avx2(acc *float32, p *float32, v *uint16, n int, alpha float32, pfd int)
+
+//go:noescape
 func dots4f32avx2(s *float32, ldS int, q *float32, k *float32, krb int, nt int, pfd int)
 
 //go:noescape
@@ -62,42 +140,6 @@ func axpy1f16avx2(acc *float32, rb int, p *float32, v *uint16, n int, alpha floa
 func axpy1bf16avx2(acc *float32, rb int, p *float32, v *uint16, n int, alpha float32, pfd int)
 
 //go:noescape
-func dots1w64f32avx2(s *float32, q *float32, k *float32, nt int, pfd int)
-
-//go:noescape
-func dots1w64f16avx2(s *float32, q *float32, k *uint16, nt int, pfd int)
-
-//go:noescape
-func dots1w64bf16avx2(s *float32, q *float32, k *uint16, nt int, pfd int)
-
-//go:noescape
-func dots1w128f32avx2(s *float32, q *float32, k *float32, nt int, pfd int)
-
-//go:noescape
-func dots1w128f16avx2(s *float32, q *float32, k *uint16, nt int, pfd int)
-
-//go:noescape
-func dots1w128bf16avx2(s *float32, q *float32, k *uint16, nt int, pfd int)
-
-//go:noescape
-func axpy1w64f32avx2(acc *float32, p *float32, v *float32, n int, alpha float32, pfd int)
-
-//go:noescape
-func axpy1w64f16avx2(acc *float32, p *float32, v *uint16, n int, alpha float32, pfd int)
-
-//go:noescape
-func axpy1w64bf16avx2(acc *float32, p *float32, v *uint16, n int, alpha float32, pfd int)
-
-//go:noescape
-func axpy1w128f32avx2(acc *float32, p *float32, v *float32, n int, alpha float32, pfd int)
-
-//go:noescape
-func axpy1w128f16avx2(acc *float32, p *float32, v *uint16, n int, alpha float32, pfd int)
-
-//go:noescape
-func axpy1w128bf16avx2(acc *float32, p *float32, v *uint16, n int, alpha float32, pfd int)
-
-//go:noescape
 func maxavx2(s *float32, n int) float32
 
 //go:noescape
@@ -108,6 +150,36 @@ func cvtF16avx2(dst *float32, src *uint16, n int)
 
 //go:noescape
 func cvtBF16avx2(dst *float32, src *uint16, n int)
+
+// wide1 are the unrolled single-row (MHA) loops of one head dim, rows read
+// one after another (WIDE_DIMS in asmgen_avx2.py, which records why): scores
+// and accumulation over float32 rows, and over fp16 (H) and bf16 (B) rows
+// where the dim has 16-bit loops (else nil).
+type wide1 struct {
+	d            int
+	dots         func(s, q, k *float32, nt, pfd int)
+	axpy         func(acc, p, v *float32, n int, alpha float32, pfd int)
+	dotsH, dotsB func(s, q *float32, k *uint16, nt, pfd int)
+	axpyH, axpyB func(acc, p *float32, v *uint16, n int, alpha float32, pfd int)
+}
+
+var wideTab = [...]wide1{
+	{64, dots1w64f32avx2, axpy1w64f32avx2, dots1w64f16avx2, dots1w64bf16avx2, axpy1w64f16avx2, axpy1w64bf16avx2},
+	{80, dots1w80f32avx2, axpy1w80f32avx2, nil, nil, nil, nil},
+	{96, dots1w96f32avx2, axpy1w96f32avx2, dots1w96f16avx2, dots1w96bf16avx2, axpy1w96f16avx2, axpy1w96bf16avx2},
+	{128, dots1w128f32avx2, axpy1w128f32avx2, dots1w128f16avx2, dots1w128bf16avx2, axpy1w128f16avx2, axpy1w128bf16avx2},
+	{256, dots1w256f32avx2, axpy1w256f32avx2, dots1w256f16avx2, dots1w256bf16avx2, axpy1w256f16avx2, axpy1w256bf16avx2},
+}
+
+// wideLoops returns the unrolled single-row loops of head dim d, or nil.
+func wideLoops(d int) *wide1 {
+	for i := range wideTab {
+		if wideTab[i].d == d {
+			return &wideTab[i]
+		}
+	}
+	return nil
+}
 
 // Prefetch distance: the loops prefetch prefetchTokens rows ahead (64,
 // shared with the AVX-512 path), each in its own stream. Prefetching the
@@ -151,10 +223,10 @@ var avx2Ops = kernelOps{
 }
 
 // dotsAVX2 is the single-row score loop: assembly (four tokens per step)
-// for head dims that are a multiple of 16, archsimd otherwise. Head dims 64
-// and 128 take the unrolled loops that read the rows one after another
-// (dots1w64/128): MHA decode has no GQA reuse, so this loop alone must
-// stream K at the memory's speed.
+// for head dims that are a multiple of 16, archsimd otherwise. The head dims
+// of wideLoops (64, 80, 96, 128, 256) take the unrolled loops that read the
+// rows one after another (dots1w): MHA decode has no GQA reuse, so this
+// loop alone must stream K at the memory's speed.
 func dotsAVX2(s, q, k []float32, d, pf int) {
 	n := len(s)
 	if n == 0 {
@@ -167,12 +239,10 @@ func dotsAVX2(s, q, k []float32, d, pf int) {
 	}
 	pf = cpuT.Load().pf1(pf, d)
 	n4 := 0
-	if d == 64 || d == 128 {
+	if wl := wideLoops(d); wl != nil {
 		n4 = n &^ 3
-		if n4 > 0 && d == 64 {
-			dots1w64f32avx2(unsafe.SliceData(s), unsafe.SliceData(q), unsafe.SliceData(k), n4, pf*d*4)
-		} else if n4 > 0 {
-			dots1w128f32avx2(unsafe.SliceData(s), unsafe.SliceData(q), unsafe.SliceData(k), n4, pf*d*4)
+		if n4 > 0 {
+			wl.dots(unsafe.SliceData(s), unsafe.SliceData(q), unsafe.SliceData(k), n4, pf*d*4)
 		}
 	}
 	if n4 < n {
@@ -197,28 +267,25 @@ func dots4AVX2(s, q, k []float32, d, pf int) {
 	dots4f32avx2(unsafe.SliceData(s), n*4, unsafe.SliceData(q), unsafe.SliceData(k), d*4, n, pf*d*4)
 }
 
-// axpyAVX2 is the single-row accumulation: assembly for head dims that are
-// a multiple of 32, archsimd otherwise; head dims 64 and 128 read the V rows
-// one after another (axpy1w64/128), others in tiles of vTileTokens.
+// axpyAVX2 is the single-row accumulation: the head dims of wideLoops read
+// the V rows one after another (axpy1w), other multiples of 32 go in tiles
+// of vTileTokens (axpy1), the rest in archsimd.
 func axpyAVX2(acc, p, v []float32, alpha float32, pf int) {
 	d, n := len(acc), len(p)
 	if n == 0 || d == 0 {
 		return
 	}
 	_ = v[n*d-1]
+	if wl := wideLoops(d); wl != nil {
+		pf = cpuT.Load().pf1(pf, d)
+		wl.axpy(unsafe.SliceData(acc), unsafe.SliceData(p), unsafe.SliceData(v), n, alpha, pf*d*4)
+		return
+	}
 	if d&31 != 0 {
 		axpy8(acc, p, v, alpha)
 		return
 	}
 	pf = cpuT.Load().pf1(pf, d)
-	switch d {
-	case 64:
-		axpy1w64f32avx2(unsafe.SliceData(acc), unsafe.SliceData(p), unsafe.SliceData(v), n, alpha, pf*d*4)
-		return
-	case 128:
-		axpy1w128f32avx2(unsafe.SliceData(acc), unsafe.SliceData(p), unsafe.SliceData(v), n, alpha, pf*d*4)
-		return
-	}
 	for t := 0; t < n; t += vTileTokens {
 		m := min(vTileTokens, n-t)
 		axpy1f32avx2(unsafe.SliceData(acc), d*4, &p[t], &v[t*d], m, alpha, pf*d*4)
@@ -354,10 +421,10 @@ var halfAVX2 = halfOps{
 		}
 		_, _ = q[d-1], k[n*d-1]
 		n4 := 0
-		if d == 64 || d == 128 {
+		if wl := wideLoops(d); wl != nil && wl.dotsH != nil {
 			n4 = n &^ 3
 			if n4 > 0 {
-				dots1wHalf(s, q, k, d, n4, pf, bf)
+				dots1wHalf(wl, s, q, k, n4, pf, bf)
 			}
 		}
 		if n4 == n {
@@ -392,8 +459,8 @@ var halfAVX2 = halfOps{
 			return
 		}
 		_ = v[n*d-1]
-		if d == 64 || d == 128 {
-			axpy1wHalf(acc, p, v, d, n, alpha, pf, bf)
+		if wl := wideLoops(d); wl != nil && wl.axpyH != nil {
+			axpy1wHalf(wl, acc, p, v, n, alpha, pf, bf)
 			return
 		}
 		if bf {
@@ -433,35 +500,25 @@ var halfAVX2 = halfOps{
 	},
 }
 
-// dots1wHalf runs the unrolled single-row score loop of head dim d (64 or
-// 128) over the first n (a multiple of 4) 16-bit K rows.
-func dots1wHalf(s, q []float32, k []uint16, d, n, pf int, bf bool) {
+// dots1wHalf runs wl's unrolled single-row score loop over n (a multiple of
+// 4) 16-bit K rows.
+func dots1wHalf(wl *wide1, s, q []float32, k []uint16, n, pf int, bf bool) {
 	ps, pq, pk := unsafe.SliceData(s), unsafe.SliceData(q), unsafe.SliceData(k)
-	switch {
-	case d == 64 && bf:
-		dots1w64bf16avx2(ps, pq, pk, n, halfPfd(pf, d))
-	case d == 64:
-		dots1w64f16avx2(ps, pq, pk, n, halfPfd(pf, d))
-	case bf:
-		dots1w128bf16avx2(ps, pq, pk, n, halfPfd(pf, d))
-	default:
-		dots1w128f16avx2(ps, pq, pk, n, halfPfd(pf, d))
+	if bf {
+		wl.dotsB(ps, pq, pk, n, halfPfd(pf, wl.d))
+	} else {
+		wl.dotsH(ps, pq, pk, n, halfPfd(pf, wl.d))
 	}
 }
 
-// axpy1wHalf runs the unrolled single-row accumulation of head dim d (64 or
-// 128) over n 16-bit V rows.
-func axpy1wHalf(acc, p []float32, v []uint16, d, n int, alpha float32, pf int, bf bool) {
+// axpy1wHalf runs wl's unrolled single-row accumulation over n 16-bit V
+// rows.
+func axpy1wHalf(wl *wide1, acc, p []float32, v []uint16, n int, alpha float32, pf int, bf bool) {
 	pa, pp, pv := unsafe.SliceData(acc), unsafe.SliceData(p), unsafe.SliceData(v)
-	switch {
-	case d == 64 && bf:
-		axpy1w64bf16avx2(pa, pp, pv, n, alpha, halfPfd(pf, d))
-	case d == 64:
-		axpy1w64f16avx2(pa, pp, pv, n, alpha, halfPfd(pf, d))
-	case bf:
-		axpy1w128bf16avx2(pa, pp, pv, n, alpha, halfPfd(pf, d))
-	default:
-		axpy1w128f16avx2(pa, pp, pv, n, alpha, halfPfd(pf, d))
+	if bf {
+		wl.axpyB(pa, pp, pv, n, alpha, halfPfd(pf, wl.d))
+	} else {
+		wl.axpyH(pa, pp, pv, n, alpha, halfPfd(pf, wl.d))
 	}
 }
 
@@ -503,9 +560,9 @@ func (t *cpuTune) pf4(pf, d int) int {
 
 // pf1 is the prefetch distance in rows of the single-row float32 loops for
 // pf rows asked and head dim d: 0 (no lead) with the tuning's mhaNoPf at
-// head dims 64 and 128, else pf.
+// the head dims of wideLoops, else pf.
 func (t *cpuTune) pf1(pf, d int) int {
-	if t.mhaNoPf && (d == 64 || d == 128) {
+	if t.mhaNoPf && wideLoops(d) != nil {
 		return 0
 	}
 	return pf
@@ -562,8 +619,8 @@ type cpuTune struct {
 	// fp16 and 1.01x / 1.02x for bf16; at head dim 64 0.96-1.03x (kept at
 	// 64), and the single-row (MHA) float32 loops 0.92-0.97x (kept).
 	gqaPfRows int
-	// mhaNoPf: the single-row (MHA) float32 score and V loops at head
-	// dims 64 and 128 get a prefetch distance of 0 (pf1): their PREFETCHT1
+	// mhaNoPf: the single-row (MHA) float32 score and V loops at the head
+	// dims of wideLoops get a prefetch distance of 0 (pf1): their PREFETCHT1
 	// then touch the rows being read, with no lead, and the hardware
 	// prefetchers alone run ahead of the K and V streams. These loops do
 	// little work per byte. On the AVX2-only Zen 3 (BenchmarkTunePaired
@@ -571,7 +628,10 @@ type cpuTune struct {
 	// the step measured 1.21x as fast at d128 and 1.14-1.16x at d64 on one
 	// thread, 1.09-1.17x on two. Prefetching farther than the 64 rows of
 	// prefetchTokens measured in between: 192 KiB ahead 1.05-1.17x, 384 KiB
-	// 0.97-1.19x.
+	// 0.97-1.19x. The unrolled loops of head dims 80, 96 and 256 take the
+	// same rule: without prefetches MHA 32/32 measured 1.00-1.09x as fast on
+	// one thread and 1.0-1.3x on two (builds alternated run by run, four
+	// rounds, BenchmarkDecodeHeadDims).
 	// The 16-bit single-row loops measured 0.93-1.04x without their
 	// prefetches and the four-row (GQA) ones slower with longer distances,
 	// so both keep theirs; so does the decode GEMV, which runs without
