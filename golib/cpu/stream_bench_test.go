@@ -76,28 +76,36 @@ func BenchmarkDecodeBW(b *testing.B) {
 	for _, hd := range [][2]int{{32, 8}, {32, 32}} {
 		for _, L := range []int{4096, 16384, 32768} {
 			c := newBenchCache(b, hd[1], d, L)
-			rng := rand.New(rand.NewPCG(3, 5))
-			q := randVec(rng, hd[0]*d, 1)
-			dst := make([]float32, hd[0]*d)
-			bytes := int64(L * hd[1] * 2 * d * 4)
-			for _, th := range []int{1, 2} {
-				b.Run(fmt.Sprintf("h%d-%d/L%d/t%d", hd[0], hd[1], L, th), func(b *testing.B) {
-					SetThreads(th)
-					v, err := c.BeginRead()
-					if err != nil {
-						b.Fatal(err)
-					}
-					defer c.EndRead()
-					b.ReportAllocs()
-					for b.Loop() {
-						if err := Attention(dst, q, 1, hd[0], v, Options{}); err != nil {
-							b.Fatal(err)
-						}
-					}
-					b.ReportMetric(float64(bytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
-				})
-			}
+			runDecodeSteps(b, fmt.Sprintf("h%d-%d/L%d", hd[0], hd[1], L), c, hd[0], d)
 		}
+	}
+}
+
+// runDecodeSteps runs sub-benchmarks name/t1 and name/t2 of one fp32 decode
+// step (q_len 1, qh query heads of head dim d) over the whole of c on 1 and
+// 2 threads, reporting the K+V GB/s read and the allocations per step.
+func runDecodeSteps(b *testing.B, name string, c *cache.KVCache, qh, d int) {
+	rng := rand.New(rand.NewPCG(3, 5))
+	q := randVec(rng, qh*d, 1)
+	dst := make([]float32, qh*d)
+	info := c.Info()
+	bytes := float64(info.Lengths[0] * info.KVHeads * 2 * d * 4)
+	for _, th := range []int{1, 2} {
+		b.Run(fmt.Sprintf("%s/t%d", name, th), func(b *testing.B) {
+			SetThreads(th)
+			v, err := c.BeginRead()
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.EndRead()
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := Attention(dst, q, 1, qh, v, Options{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(bytes*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+		})
 	}
 }
 
@@ -188,29 +196,8 @@ func BenchmarkDecodeHeadDims(b *testing.B) {
 	defer SetThreads(Threads())
 	for _, hd := range [][2]int{{32, 32}, {32, 8}} {
 		for _, d := range []int{80, 96, 128, 256} {
-			L := 16384 * 128 / d
-			c := newBenchCache(b, hd[1], d, L)
-			rng := rand.New(rand.NewPCG(3, 5))
-			q := randVec(rng, hd[0]*d, 1)
-			dst := make([]float32, hd[0]*d)
-			bytes := float64(L * hd[1] * 2 * d * 4)
-			for _, th := range []int{1, 2} {
-				b.Run(fmt.Sprintf("h%d-%d/d%d/t%d", hd[0], hd[1], d, th), func(b *testing.B) {
-					SetThreads(th)
-					v, err := c.BeginRead()
-					if err != nil {
-						b.Fatal(err)
-					}
-					defer c.EndRead()
-					b.ReportAllocs()
-					for b.Loop() {
-						if err := Attention(dst, q, 1, hd[0], v, Options{}); err != nil {
-							b.Fatal(err)
-						}
-					}
-					b.ReportMetric(bytes*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
-				})
-			}
+			c := newBenchCache(b, hd[1], d, 16384*128/d)
+			runDecodeSteps(b, fmt.Sprintf("h%d-%d/d%d", hd[0], hd[1], d), c, hd[0], d)
 		}
 	}
 }
