@@ -69,6 +69,12 @@ CASES = [
     Case(lens=(1000,), q_heads=32, kv_heads=8, head_dim=128),
     Case(lens=(150, 3), dtype="float16"),
     Case(lens=(257,), dtype="float16", q_heads=32, kv_heads=8, head_dim=128),
+    # the unrolled single-row (MHA) loops of head dims 80, 96 and 256 (Phi-2, Phi-3, Gemma)
+    Case(lens=(70, 9), q_heads=4, kv_heads=4, head_dim=80),
+    Case(lens=(131,), q_heads=4, kv_heads=4, head_dim=96),
+    Case(lens=(130, 3), q_heads=2, kv_heads=2, head_dim=256),
+    Case(lens=(67,), dtype="float16", q_heads=4, kv_heads=4, head_dim=96),
+    Case(lens=(45,), dtype="float16", q_heads=2, kv_heads=2, head_dim=256),
 ]
 
 
