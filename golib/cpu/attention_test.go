@@ -118,7 +118,7 @@ func restoreKernel(t *testing.T) {
 // types, softcap and window, batches of 1-3 sequences of different lengths
 // and q_len in 1..16. Under -race or -short a representative subset runs.
 func TestAttentionGrid(t *testing.T) {
-	heads := [][2]int{{32, 32}, {32, 8}, {12, 4}, {8, 1}}
+	heads := [][2]int{{32, 32}, {32, 8}, {12, 4}, {21, 3}, {8, 1}}
 	dims := []int{64, 96, 128, 256}
 	elems := []cache.ElemType{cache.Float32, cache.Float16, cache.BFloat16}
 	small := raceEnabled || testing.Short()
