@@ -463,8 +463,10 @@ def axpy4s(kind, split=False):
         axpy4s_step(kind, name, "in", 3, split=True)
         ins("ADDQ $4, R8", "ADDQ R12, SI", "DECQ AX", f"JNZ {name}tri")
         w(f"{name}tail:")
-        ins("MOVQ h4-8(SP), CX", "LEAQ (R8)(CX*2), R8", "MOVQ hk-16(SP), CX", "LEAQ (SI)(CX*2), SI",
-            "MOVQ h4-8(SP), CX", "LEAQ (CX)(CX*2), CX", "SHRQ $2, CX", "MOVQ n+40(FP), AX", "SUBQ CX, AX",
+        # from token 3h: weights 8h bytes and rows 2h on; n - 3h tokens (MOVQ and LEAQ
+        # keep SUBQ's flags for the JZ)
+        ins("MOVQ h4-8(SP), CX", "LEAQ (R8)(CX*2), R8", "LEAQ (CX)(CX*2), CX", "SHRQ $2, CX",
+            "MOVQ n+40(FP), AX", "SUBQ CX, AX", "MOVQ hk-16(SP), CX", "LEAQ (SI)(CX*2), SI",
             f"JZ {name}done")
     else:
         ins("SUBQ $3, AX", f"JLT {name}tail")

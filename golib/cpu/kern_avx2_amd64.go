@@ -237,9 +237,10 @@ func dotsAVX2(s, q, k []float32, d, pf int) {
 		dots8(s, q, k, d)
 		return
 	}
-	pf = cpuT.Load().pf1(pf, d)
+	wl := wideLoops(d)
+	pf = cpuT.Load().pf1(pf, wl)
 	n4 := 0
-	if wl := wideLoops(d); wl != nil {
+	if wl != nil {
 		n4 = n &^ 3
 		if n4 > 0 {
 			wl.dots(unsafe.SliceData(s), unsafe.SliceData(q), unsafe.SliceData(k), n4, pf*d*4)
@@ -277,7 +278,7 @@ func axpyAVX2(acc, p, v []float32, alpha float32, pf int) {
 	}
 	_ = v[n*d-1]
 	if wl := wideLoops(d); wl != nil {
-		pf = cpuT.Load().pf1(pf, d)
+		pf = cpuT.Load().pf1(pf, wl)
 		wl.axpy(unsafe.SliceData(acc), unsafe.SliceData(p), unsafe.SliceData(v), n, alpha, pf*d*4)
 		return
 	}
@@ -285,7 +286,6 @@ func axpyAVX2(acc, p, v []float32, alpha float32, pf int) {
 		axpy8(acc, p, v, alpha)
 		return
 	}
-	pf = cpuT.Load().pf1(pf, d)
 	for t := 0; t < n; t += vTileTokens {
 		m := min(vTileTokens, n-t)
 		axpy1f32avx2(unsafe.SliceData(acc), d*4, &p[t], &v[t*d], m, alpha, pf*d*4)
@@ -559,10 +559,10 @@ func (t *cpuTune) pf4(pf, d int) int {
 }
 
 // pf1 is the prefetch distance in rows of the single-row float32 loops for
-// pf rows asked and head dim d: 0 (no lead) with the tuning's mhaNoPf at
-// the head dims of wideLoops, else pf.
-func (t *cpuTune) pf1(pf, d int) int {
-	if t.mhaNoPf && wideLoops(d) != nil {
+// pf rows asked: 0 (no lead) with the tuning's mhaNoPf for the unrolled
+// loops of a head dim (wl, from wideLoops), else pf.
+func (t *cpuTune) pf1(pf int, wl *wide1) int {
+	if t.mhaNoPf && wl != nil {
 		return 0
 	}
 	return pf

@@ -544,13 +544,12 @@ axpy4sf32avx2in:
 axpy4sf32avx2tail:
 	MOVQ h4-8(SP), CX
 	LEAQ (R8)(CX*2), R8
-	MOVQ hk-16(SP), CX
-	LEAQ (SI)(CX*2), SI
-	MOVQ h4-8(SP), CX
 	LEAQ (CX)(CX*2), CX
 	SHRQ $2, CX
 	MOVQ n+40(FP), AX
 	SUBQ CX, AX
+	MOVQ hk-16(SP), CX
+	LEAQ (SI)(CX*2), SI
 	JZ axpy4sf32avx2done
 axpy4sf32avx2one:
 	LEAQ (R9)(R9*2), DX

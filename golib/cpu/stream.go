@@ -320,7 +320,7 @@ func (u *unitState) block(ops *kernelOps, s *shape, kb, vb []float32, kh, vh []u
 			nr++
 		}
 		switch {
-		case nr == 3 && r+3 == rows && len(u.m) > rows && !u.qb.on:
+		case nr == 3 && r+3 == rows && padRow(rows, s) && !u.qb.on:
 			nr = 4 // the last three rows and runUnit's padding row (padRow)
 		case nr != 4:
 			nr = 1
