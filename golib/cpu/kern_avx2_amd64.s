@@ -2417,9 +2417,10 @@ axpy1w256f32avx2store:
 // krb*2 bytes, K rows of krb bytes (a multiple of 64). Three tokens per step: the
 // 4x3 block of accumulators is Y0-Y11 (row r, token t in Y(3r+t)), each K vector
 // (Y12-Y14) feeds four FMAs and each q vector (Y15) three: twelve independent FMA
-// chains and 7 loads per 12 FMAs (dots4x2: eight, 6 per 8). The twelve sums
-// are reduced four at a time in register order (three VHADDPS trees). The three K rows
-// of a step are contiguous: three lines per step (R15) cover them, pfd bytes
+// chains and 7 loads per 12 FMAs (dots4x2: eight, 6 per 8). Each row's three sums
+// are reduced by in-lane shuffles and adds and one lane-crossing extract and stored 16
+// bytes at a time (the last step stores 12). The three K
+// rows of a step are contiguous: three lines per step (R15) cover them, pfd bytes
 // ahead. The last one or two tokens run 4x1 steps.
 TEXT ·dots4f16avx2(SB), NOSPLIT, $0-56
 	MOVQ s+0(FP), DI
@@ -2536,39 +2537,79 @@ dots4f16avx2in:
 	ADDQ $64, CX
 	CMPQ CX, R13
 	JLT dots4f16avx2in
-	VHADDPS Y1, Y0, Y0
-	VHADDPS Y3, Y2, Y2
-	VHADDPS Y2, Y0, Y0
-	VEXTRACTF128 $1, Y0, X1
-	VADDPS X1, X0, X0
-	VHADDPS Y5, Y4, Y4
-	VHADDPS Y7, Y6, Y6
-	VHADDPS Y6, Y4, Y4
-	VEXTRACTF128 $1, Y4, X5
-	VADDPS X5, X4, X4
-	VHADDPS Y9, Y8, Y8
-	VHADDPS Y11, Y10, Y10
-	VHADDPS Y10, Y8, Y8
-	VEXTRACTF128 $1, Y8, X9
-	VADDPS X9, X8, X8
+	VUNPCKLPS Y1, Y0, Y12
+	VUNPCKHPS Y1, Y0, Y0
+	VADDPS Y12, Y0, Y0
+	VUNPCKLPS Y2, Y2, Y13
+	VUNPCKHPS Y2, Y2, Y2
+	VADDPS Y13, Y2, Y2
+	VSHUFPS $0x44, Y2, Y0, Y12
+	VSHUFPS $0xee, Y2, Y0, Y0
+	VADDPS Y12, Y0, Y0
+	VEXTRACTF128 $1, Y0, X12
+	VADDPS X12, X0, X0
+	VUNPCKLPS Y4, Y3, Y12
+	VUNPCKHPS Y4, Y3, Y3
+	VADDPS Y12, Y3, Y3
+	VUNPCKLPS Y5, Y5, Y13
+	VUNPCKHPS Y5, Y5, Y5
+	VADDPS Y13, Y5, Y5
+	VSHUFPS $0x44, Y5, Y3, Y12
+	VSHUFPS $0xee, Y5, Y3, Y3
+	VADDPS Y12, Y3, Y3
+	VEXTRACTF128 $1, Y3, X12
+	VADDPS X12, X3, X3
+	VUNPCKLPS Y7, Y6, Y12
+	VUNPCKHPS Y7, Y6, Y6
+	VADDPS Y12, Y6, Y6
+	VUNPCKLPS Y8, Y8, Y13
+	VUNPCKHPS Y8, Y8, Y8
+	VADDPS Y13, Y8, Y8
+	VSHUFPS $0x44, Y8, Y6, Y12
+	VSHUFPS $0xee, Y8, Y6, Y6
+	VADDPS Y12, Y6, Y6
+	VEXTRACTF128 $1, Y6, X12
+	VADDPS X12, X6, X6
+	VUNPCKLPS Y10, Y9, Y12
+	VUNPCKHPS Y10, Y9, Y9
+	VADDPS Y12, Y9, Y9
+	VUNPCKLPS Y11, Y11, Y13
+	VUNPCKHPS Y11, Y11, Y11
+	VADDPS Y13, Y11, Y11
+	VSHUFPS $0x44, Y11, Y9, Y12
+	VSHUFPS $0xee, Y11, Y9, Y9
+	VADDPS Y12, Y9, Y9
+	VEXTRACTF128 $1, Y9, X12
+	VADDPS X12, X9, X9
 	LEAQ (BX)(BX*2), CX
 	ADDQ DI, CX
-	VMOVLPS X0, (DI)
-	VEXTRACTPS $2, X0, 8(DI)
-	VEXTRACTPS $3, X0, (DI)(BX*1)
-	VMOVLPS X4, 4(DI)(BX*1)
-	VMOVHPS X4, (DI)(BX*2)
-	VMOVSS X8, 8(DI)(BX*2)
-	VEXTRACTPS $1, X8, (CX)
-	VMOVHPS X8, 4(CX)
+	SUBQ $3, AX
+	JLT dots4f16avx2last
+	VMOVUPS X0, (DI)
+	VMOVUPS X3, (DI)(BX*1)
+	VMOVUPS X6, (DI)(BX*2)
+	VMOVUPS X9, (CX)
 	ADDQ $12, DI
 	LEAQ (R13)(R13*2), CX
 	ADDQ CX, SI
 	ADDQ CX, R12
 	ADDQ CX, DX
 	ADDQ CX, R14
-	SUBQ $3, AX
-	JGE dots4f16avx2tri
+	JMP dots4f16avx2tri
+dots4f16avx2last:
+	VMOVLPS X0, (DI)
+	VEXTRACTPS $2, X0, 8(DI)
+	VMOVLPS X3, (DI)(BX*1)
+	VEXTRACTPS $2, X3, 8(DI)(BX*1)
+	VMOVLPS X6, (DI)(BX*2)
+	VEXTRACTPS $2, X6, 8(DI)(BX*2)
+	VMOVLPS X9, (CX)
+	VEXTRACTPS $2, X9, 8(CX)
+	ADDQ $12, DI
+	LEAQ (R13)(R13*2), CX
+	ADDQ CX, SI
+	ADDQ CX, R12
+	ADDQ CX, DX
 dots4f16avx2tail:
 	ADDQ $3, AX
 	JZ dots4f16avx2done
@@ -4959,9 +5000,10 @@ axpy1w256f16avx2store:
 // krb*2 bytes, K rows of krb bytes (a multiple of 64). Three tokens per step: the
 // 4x3 block of accumulators is Y0-Y11 (row r, token t in Y(3r+t)), each K vector
 // (Y12-Y14) feeds four FMAs and each q vector (Y15) three: twelve independent FMA
-// chains and 7 loads per 12 FMAs (dots4x2: eight, 6 per 8). The twelve sums
-// are reduced four at a time in register order (three VHADDPS trees). The three K rows
-// of a step are contiguous: three lines per step (R15) cover them, pfd bytes
+// chains and 7 loads per 12 FMAs (dots4x2: eight, 6 per 8). Each row's three sums
+// are reduced by in-lane shuffles and adds and one lane-crossing extract and stored 16
+// bytes at a time (the last step stores 12). The three K
+// rows of a step are contiguous: three lines per step (R15) cover them, pfd bytes
 // ahead. The last one or two tokens run 4x1 steps.
 TEXT ·dots4bf16avx2(SB), NOSPLIT, $0-56
 	MOVQ s+0(FP), DI
@@ -5090,39 +5132,79 @@ dots4bf16avx2in:
 	ADDQ $64, CX
 	CMPQ CX, R13
 	JLT dots4bf16avx2in
-	VHADDPS Y1, Y0, Y0
-	VHADDPS Y3, Y2, Y2
-	VHADDPS Y2, Y0, Y0
-	VEXTRACTF128 $1, Y0, X1
-	VADDPS X1, X0, X0
-	VHADDPS Y5, Y4, Y4
-	VHADDPS Y7, Y6, Y6
-	VHADDPS Y6, Y4, Y4
-	VEXTRACTF128 $1, Y4, X5
-	VADDPS X5, X4, X4
-	VHADDPS Y9, Y8, Y8
-	VHADDPS Y11, Y10, Y10
-	VHADDPS Y10, Y8, Y8
-	VEXTRACTF128 $1, Y8, X9
-	VADDPS X9, X8, X8
+	VUNPCKLPS Y1, Y0, Y12
+	VUNPCKHPS Y1, Y0, Y0
+	VADDPS Y12, Y0, Y0
+	VUNPCKLPS Y2, Y2, Y13
+	VUNPCKHPS Y2, Y2, Y2
+	VADDPS Y13, Y2, Y2
+	VSHUFPS $0x44, Y2, Y0, Y12
+	VSHUFPS $0xee, Y2, Y0, Y0
+	VADDPS Y12, Y0, Y0
+	VEXTRACTF128 $1, Y0, X12
+	VADDPS X12, X0, X0
+	VUNPCKLPS Y4, Y3, Y12
+	VUNPCKHPS Y4, Y3, Y3
+	VADDPS Y12, Y3, Y3
+	VUNPCKLPS Y5, Y5, Y13
+	VUNPCKHPS Y5, Y5, Y5
+	VADDPS Y13, Y5, Y5
+	VSHUFPS $0x44, Y5, Y3, Y12
+	VSHUFPS $0xee, Y5, Y3, Y3
+	VADDPS Y12, Y3, Y3
+	VEXTRACTF128 $1, Y3, X12
+	VADDPS X12, X3, X3
+	VUNPCKLPS Y7, Y6, Y12
+	VUNPCKHPS Y7, Y6, Y6
+	VADDPS Y12, Y6, Y6
+	VUNPCKLPS Y8, Y8, Y13
+	VUNPCKHPS Y8, Y8, Y8
+	VADDPS Y13, Y8, Y8
+	VSHUFPS $0x44, Y8, Y6, Y12
+	VSHUFPS $0xee, Y8, Y6, Y6
+	VADDPS Y12, Y6, Y6
+	VEXTRACTF128 $1, Y6, X12
+	VADDPS X12, X6, X6
+	VUNPCKLPS Y10, Y9, Y12
+	VUNPCKHPS Y10, Y9, Y9
+	VADDPS Y12, Y9, Y9
+	VUNPCKLPS Y11, Y11, Y13
+	VUNPCKHPS Y11, Y11, Y11
+	VADDPS Y13, Y11, Y11
+	VSHUFPS $0x44, Y11, Y9, Y12
+	VSHUFPS $0xee, Y11, Y9, Y9
+	VADDPS Y12, Y9, Y9
+	VEXTRACTF128 $1, Y9, X12
+	VADDPS X12, X9, X9
 	LEAQ (BX)(BX*2), CX
 	ADDQ DI, CX
-	VMOVLPS X0, (DI)
-	VEXTRACTPS $2, X0, 8(DI)
-	VEXTRACTPS $3, X0, (DI)(BX*1)
-	VMOVLPS X4, 4(DI)(BX*1)
-	VMOVHPS X4, (DI)(BX*2)
-	VMOVSS X8, 8(DI)(BX*2)
-	VEXTRACTPS $1, X8, (CX)
-	VMOVHPS X8, 4(CX)
+	SUBQ $3, AX
+	JLT dots4bf16avx2last
+	VMOVUPS X0, (DI)
+	VMOVUPS X3, (DI)(BX*1)
+	VMOVUPS X6, (DI)(BX*2)
+	VMOVUPS X9, (CX)
 	ADDQ $12, DI
 	LEAQ (R13)(R13*2), CX
 	ADDQ CX, SI
 	ADDQ CX, R12
 	ADDQ CX, DX
 	ADDQ CX, R14
-	SUBQ $3, AX
-	JGE dots4bf16avx2tri
+	JMP dots4bf16avx2tri
+dots4bf16avx2last:
+	VMOVLPS X0, (DI)
+	VEXTRACTPS $2, X0, 8(DI)
+	VMOVLPS X3, (DI)(BX*1)
+	VEXTRACTPS $2, X3, 8(DI)(BX*1)
+	VMOVLPS X6, (DI)(BX*2)
+	VEXTRACTPS $2, X6, 8(DI)(BX*2)
+	VMOVLPS X9, (CX)
+	VEXTRACTPS $2, X9, 8(CX)
+	ADDQ $12, DI
+	LEAQ (R13)(R13*2), CX
+	ADDQ CX, SI
+	ADDQ CX, R12
+	ADDQ CX, DX
 dots4bf16avx2tail:
 	ADDQ $3, AX
 	JZ dots4bf16avx2done
@@ -5184,9 +5266,10 @@ dots4bf16avx2done:
 // krb*2 bytes, K rows of krb bytes (a multiple of 64). Three tokens per step: the
 // 4x3 block of accumulators is Y0-Y11 (row r, token t in Y(3r+t)), each K vector
 // (Y12-Y14) feeds four FMAs and each q vector (Y15) three: twelve independent FMA
-// chains and 7 loads per 12 FMAs (dots4x2: eight, 6 per 8). The twelve sums
-// are reduced four at a time in register order (three VHADDPS trees). The three K rows
-// of a step are contiguous: three lines per step (R15) cover them, pfd bytes
+// chains and 7 loads per 12 FMAs (dots4x2: eight, 6 per 8). Each row's three sums
+// are reduced by in-lane shuffles and adds and one lane-crossing extract and stored 16
+// bytes at a time (the last step stores 12). The three K
+// rows of a step are contiguous: three lines per step (R15) cover them, pfd bytes
 // ahead. The last one or two tokens run 4x1 steps.
 TEXT ·dots4bf16shavx2(SB), NOSPLIT, $0-56
 	MOVQ s+0(FP), DI
@@ -5315,39 +5398,79 @@ dots4bf16shavx2in:
 	ADDQ $64, CX
 	CMPQ CX, R13
 	JLT dots4bf16shavx2in
-	VHADDPS Y1, Y0, Y0
-	VHADDPS Y3, Y2, Y2
-	VHADDPS Y2, Y0, Y0
-	VEXTRACTF128 $1, Y0, X1
-	VADDPS X1, X0, X0
-	VHADDPS Y5, Y4, Y4
-	VHADDPS Y7, Y6, Y6
-	VHADDPS Y6, Y4, Y4
-	VEXTRACTF128 $1, Y4, X5
-	VADDPS X5, X4, X4
-	VHADDPS Y9, Y8, Y8
-	VHADDPS Y11, Y10, Y10
-	VHADDPS Y10, Y8, Y8
-	VEXTRACTF128 $1, Y8, X9
-	VADDPS X9, X8, X8
+	VUNPCKLPS Y1, Y0, Y12
+	VUNPCKHPS Y1, Y0, Y0
+	VADDPS Y12, Y0, Y0
+	VUNPCKLPS Y2, Y2, Y13
+	VUNPCKHPS Y2, Y2, Y2
+	VADDPS Y13, Y2, Y2
+	VSHUFPS $0x44, Y2, Y0, Y12
+	VSHUFPS $0xee, Y2, Y0, Y0
+	VADDPS Y12, Y0, Y0
+	VEXTRACTF128 $1, Y0, X12
+	VADDPS X12, X0, X0
+	VUNPCKLPS Y4, Y3, Y12
+	VUNPCKHPS Y4, Y3, Y3
+	VADDPS Y12, Y3, Y3
+	VUNPCKLPS Y5, Y5, Y13
+	VUNPCKHPS Y5, Y5, Y5
+	VADDPS Y13, Y5, Y5
+	VSHUFPS $0x44, Y5, Y3, Y12
+	VSHUFPS $0xee, Y5, Y3, Y3
+	VADDPS Y12, Y3, Y3
+	VEXTRACTF128 $1, Y3, X12
+	VADDPS X12, X3, X3
+	VUNPCKLPS Y7, Y6, Y12
+	VUNPCKHPS Y7, Y6, Y6
+	VADDPS Y12, Y6, Y6
+	VUNPCKLPS Y8, Y8, Y13
+	VUNPCKHPS Y8, Y8, Y8
+	VADDPS Y13, Y8, Y8
+	VSHUFPS $0x44, Y8, Y6, Y12
+	VSHUFPS $0xee, Y8, Y6, Y6
+	VADDPS Y12, Y6, Y6
+	VEXTRACTF128 $1, Y6, X12
+	VADDPS X12, X6, X6
+	VUNPCKLPS Y10, Y9, Y12
+	VUNPCKHPS Y10, Y9, Y9
+	VADDPS Y12, Y9, Y9
+	VUNPCKLPS Y11, Y11, Y13
+	VUNPCKHPS Y11, Y11, Y11
+	VADDPS Y13, Y11, Y11
+	VSHUFPS $0x44, Y11, Y9, Y12
+	VSHUFPS $0xee, Y11, Y9, Y9
+	VADDPS Y12, Y9, Y9
+	VEXTRACTF128 $1, Y9, X12
+	VADDPS X12, X9, X9
 	LEAQ (BX)(BX*2), CX
 	ADDQ DI, CX
-	VMOVLPS X0, (DI)
-	VEXTRACTPS $2, X0, 8(DI)
-	VEXTRACTPS $3, X0, (DI)(BX*1)
-	VMOVLPS X4, 4(DI)(BX*1)
-	VMOVHPS X4, (DI)(BX*2)
-	VMOVSS X8, 8(DI)(BX*2)
-	VEXTRACTPS $1, X8, (CX)
-	VMOVHPS X8, 4(CX)
+	SUBQ $3, AX
+	JLT dots4bf16shavx2last
+	VMOVUPS X0, (DI)
+	VMOVUPS X3, (DI)(BX*1)
+	VMOVUPS X6, (DI)(BX*2)
+	VMOVUPS X9, (CX)
 	ADDQ $12, DI
 	LEAQ (R13)(R13*2), CX
 	ADDQ CX, SI
 	ADDQ CX, R12
 	ADDQ CX, DX
 	ADDQ CX, R14
-	SUBQ $3, AX
-	JGE dots4bf16shavx2tri
+	JMP dots4bf16shavx2tri
+dots4bf16shavx2last:
+	VMOVLPS X0, (DI)
+	VEXTRACTPS $2, X0, 8(DI)
+	VMOVLPS X3, (DI)(BX*1)
+	VEXTRACTPS $2, X3, 8(DI)(BX*1)
+	VMOVLPS X6, (DI)(BX*2)
+	VEXTRACTPS $2, X6, 8(DI)(BX*2)
+	VMOVLPS X9, (CX)
+	VEXTRACTPS $2, X9, 8(CX)
+	ADDQ $12, DI
+	LEAQ (R13)(R13*2), CX
+	ADDQ CX, SI
+	ADDQ CX, R12
+	ADDQ CX, DX
 dots4bf16shavx2tail:
 	ADDQ $3, AX
 	JZ dots4bf16shavx2done
