@@ -267,7 +267,8 @@ def dots4x3(kind, shuf=True):
         "VMOVLPS X3, (DI)(BX*1)", "VEXTRACTPS $2, X3, 8(DI)(BX*1)",
         "VMOVLPS X6, (DI)(BX*2)", "VEXTRACTPS $2, X6, 8(DI)(BX*2)",
         "VMOVLPS X9, (CX)", "VEXTRACTPS $2, X9, 8(CX)",
-        "ADDQ $12, DI", "LEAQ (R13)(R13*2), CX", "ADDQ CX, SI", "ADDQ CX, R12", "ADDQ CX, DX")
+        # the tail reads on from DI and SI only
+        "ADDQ $12, DI", "LEAQ (R13)(R13*2), CX", "ADDQ CX, SI")
     w(f"{name}tail:")
     ins("ADDQ $3, AX", f"JZ {name}done", "LEAQ (BX)(BX*2), DX")
     w(f"{name}one:")

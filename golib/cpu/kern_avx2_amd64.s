@@ -2608,8 +2608,6 @@ dots4f16avx2last:
 	ADDQ $12, DI
 	LEAQ (R13)(R13*2), CX
 	ADDQ CX, SI
-	ADDQ CX, R12
-	ADDQ CX, DX
 dots4f16avx2tail:
 	ADDQ $3, AX
 	JZ dots4f16avx2done
@@ -5203,8 +5201,6 @@ dots4bf16avx2last:
 	ADDQ $12, DI
 	LEAQ (R13)(R13*2), CX
 	ADDQ CX, SI
-	ADDQ CX, R12
-	ADDQ CX, DX
 dots4bf16avx2tail:
 	ADDQ $3, AX
 	JZ dots4bf16avx2done
@@ -5469,8 +5465,6 @@ dots4bf16shavx2last:
 	ADDQ $12, DI
 	LEAQ (R13)(R13*2), CX
 	ADDQ CX, SI
-	ADDQ CX, R12
-	ADDQ CX, DX
 dots4bf16shavx2tail:
 	ADDQ $3, AX
 	JZ dots4bf16shavx2done
