@@ -144,3 +144,35 @@ def test_sessions_give_back_their_files(tmp_path: Any, external: bool) -> None:
     assert _mappings(files) >= 1
     sess.close()
     assert _mappings(files) == 0, "a deleted model file stays mapped after close"
+
+
+_OOM_CHILD = r"""
+import re, resource
+import numpy as np
+from onnx import TensorProto, helper
+import onnx_light_kv as olkv
+
+size = int(re.search(r"VmSize:\s+(\d+)", open("/proc/self/status").read()).group(1)) * 1024
+# 4 GiB of address space left: a stand-in for a container's limit or a busy machine
+resource.setrlimit(resource.RLIMIT_AS, (size + (4 << 30), resource.RLIM_INFINITY))
+value = helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])
+g = helper.make_graph([helper.make_node("ConstantOfShape", ["s"], ["y"], value=value)], "g",
+                      [helper.make_tensor_value_info("s", TensorProto.INT64, [1])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+sess = olkv.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+try:
+    sess.run(None, {"s": np.array([3 << 30], np.int64)})  # 12 GiB: under the per-tensor limit of RAM size
+    print("no error")
+except MemoryError as e:
+    print("MemoryError", "not enough memory" in str(e))
+print(sess.run(None, {"s": np.array([4], np.int64)})[0].tolist())
+"""
+
+
+def test_tensor_beyond_available_memory_raises_memory_error() -> None:
+    """A tensor under the per-tensor limit (the machine's RAM) but beyond what the process can still
+    get (here an address-space limit) raises ``MemoryError`` instead of ending the process (the Go
+    heap's out-of-memory is fatal), and the session keeps working."""
+    out = subprocess.run([sys.executable, "-c", _OOM_CHILD], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["MemoryError True", "[1.0, 1.0, 1.0, 1.0]"], out.stdout

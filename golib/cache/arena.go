@@ -5,6 +5,7 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/onnx-light-kv/onnx-light-kv/golib/sysmem"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/units"
 )
 
@@ -108,7 +109,7 @@ func (a *Arena) allocMany(n, count int) ([][]byte, error) {
 	// cannot hold would otherwise end the process (the Go heap's
 	// out-of-memory is fatal) or get it killed while the pages are touched.
 	if fresh := int64(n) * int64(max(count-len(a.free[n]), 0)); fresh > 0 {
-		if avail := AvailableMemory(); avail > 0 && fresh > avail {
+		if ok, avail := sysmem.Fits(fresh); !ok {
 			return nil, &BudgetError{Requested: total, Committed: a.allocated, Budget: a.allocated + avail, Machine: true}
 		}
 	}

@@ -3,6 +3,8 @@ package cache
 import (
 	"errors"
 	"testing"
+
+	"github.com/onnx-light-kv/onnx-light-kv/golib/sysmem"
 )
 
 // TestLargeBuffersRoundTrip covers buffers big enough for the huge-page
@@ -47,7 +49,7 @@ func TestLargeBuffersRoundTrip(t *testing.T) {
 // budget, and leaves the arena as it was: the Go heap's out-of-memory would
 // end the process instead.
 func TestArenaMachineLimit(t *testing.T) {
-	avail := AvailableMemory()
+	avail := sysmem.Available()
 	if avail <= 0 {
 		t.Skip("available memory unknown on this platform")
 	}

@@ -3,9 +3,6 @@
 package cache
 
 import (
-	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"unsafe"
@@ -37,30 +34,6 @@ func osAlloc(n int) ([]byte, error) {
 	hugepage.Advise(b) // best effort: without THP the pages are simply 4 KiB
 	mappings.Store(uintptr(unsafe.Pointer(&b[0])), region)
 	return b[:n:n], nil
-}
-
-// AvailableMemory returns the kernel's estimate of the memory available
-// for new allocations (MemAvailable), in bytes; 0 when unknown. Arenas
-// refuse fresh buffers beyond it, and so does the bandwidth probe.
-func AvailableMemory() int64 {
-	data, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if rest, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
-			f := strings.Fields(rest)
-			if len(f) == 0 {
-				return 0
-			}
-			kb, err := strconv.ParseInt(f[0], 10, 64)
-			if err != nil {
-				return 0
-			}
-			return kb << 10
-		}
-	}
-	return 0
 }
 
 // osFree unmaps a buffer that came from osAlloc and reports whether it did.

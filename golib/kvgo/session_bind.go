@@ -55,6 +55,7 @@ func init() {
 		classifier{errs.ErrInvalidArgument, classValue},
 		classifier{errs.ErrShape, classValue},
 		classifier{errs.ErrLimit, classValue},
+		classifier{errs.ErrMemory, classMemory},
 		classifier{errs.ErrCycle, classValue},
 		classifier{errs.ErrMissingInput, classValue},
 		classifier{errs.ErrNotFound, classValue},

@@ -175,10 +175,12 @@ func (p *bufferPool) beginRun() {
 // runs and would find its class empty each time: a miss for which a free
 // buffer of a class just below exists (the same tensor's buffer from the
 // last runs, most likely) is taken as growth, and the new buffer is sized
-// poolReach classes ahead, so it serves the next classes too.
-func (p *bufferPool) Alloc(n int) ([]byte, bool) {
+// poolReach classes ahead, so it serves the next classes too (or, when
+// the system cannot give that much, of n's own class). A new buffer the
+// system cannot give is an error wrapping errs.ErrMemory (tensor.MakeBytes).
+func (p *bufferPool) Alloc(n int) ([]byte, bool, error) {
 	if n == 0 {
-		return []byte{}, true
+		return []byte{}, true, nil
 	}
 	class, _ := sizeClass(n)
 	p.mu.Lock()
@@ -201,16 +203,22 @@ func (p *bufferPool) Alloc(n int) ([]byte, bool) {
 				break
 			}
 		}
-		size := classSize(c)
-		p.stats.Allocated++
-		p.stats.AllocatedBytes += int64(size)
 		p.mu.Unlock()
-		words := make([]uint64, size/8) // class sizes are multiples of 8
-		b = &poolBuf{data: unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), size), class: c}
-		if hugePoolBuffers && size >= hugepage.HeapMin {
+		data, err := tensor.MakeBytes(classSize(c)) // class sizes are multiples of 8
+		if err != nil && c != class {
+			c = class // the room to grow is optional
+			data, err = tensor.MakeBytes(classSize(c))
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		b = &poolBuf{data: data, class: c}
+		if hugePoolBuffers && len(data) >= hugepage.HeapMin {
 			hugepage.Advise(b.data)
 		}
 		p.mu.Lock()
+		p.stats.Allocated++
+		p.stats.AllocatedBytes += int64(len(data))
 	}
 	zeroed := !b.dirty
 	b.dirty = true
@@ -219,7 +227,7 @@ func (p *bufferPool) Alloc(n int) ([]byte, bool) {
 	base := uintptr(unsafe.Pointer(&b.data[0]))
 	p.lo, p.hi = min(p.lo, base), max(p.hi, base+uintptr(len(b.data)))
 	p.mu.Unlock()
-	return b.data[:n:n], zeroed
+	return b.data[:n:n], zeroed, nil
 }
 
 // put returns a buffer nobody references any more.

@@ -289,7 +289,7 @@ func TestTrackerOffsetViews(t *testing.T) {
 	p := newBufferPool()
 	p.beginRun()
 	m := newMemTracker(p)
-	b, _ := p.Alloc(4096)
+	b, _, _ := p.Alloc(4096)
 	base, _ := tensor.FromBytes(tensor.Float32, tensor.Shape{1024}, b)
 	view, _ := tensor.FromBytes(tensor.Float32, tensor.Shape{512}, b[2048:])
 	feed, _ := tensor.New(tensor.Float32, tensor.Shape{1024})
@@ -300,7 +300,7 @@ func TestTrackerOffsetViews(t *testing.T) {
 	if ps := p.snapshot(); ps.Recycled != 0 {
 		t.Fatalf("buffer recycled while a view of it lives: %+v", ps)
 	}
-	if c, _ := p.Alloc(4096); unsafe.SliceData(c) == unsafe.SliceData(b) {
+	if c, _, _ := p.Alloc(4096); unsafe.SliceData(c) == unsafe.SliceData(b) {
 		t.Fatal("live buffer handed out again")
 	}
 	m.released(view)
@@ -332,7 +332,7 @@ func TestPoolGrowingTensor(t *testing.T) {
 	const lo, hi, step = 4096, 16384, 64
 	for n := lo; n <= hi; n += step {
 		p.beginRun()
-		b, _ := p.Alloc(n)
+		b, _, _ := p.Alloc(n)
 		if len(b) != n {
 			t.Fatalf("Alloc(%d) returned %d bytes", n, len(b))
 		}
@@ -387,7 +387,7 @@ func TestPoolIdleSweep(t *testing.T) {
 				p.put(held[k])
 				held = slices.Delete(held, k, k+1)
 			case run%7 < 4: // some runs allocate nothing: buffers go idle
-				b, _ := p.Alloc(64 << rng.IntN(4))
+				b, _, _ := p.Alloc(64 << rng.IntN(4))
 				held = append(held, p.lookup(&b[0]))
 			}
 		}

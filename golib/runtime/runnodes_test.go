@@ -113,7 +113,7 @@ func TestPoolLookup(t *testing.T) {
 	p.beginRun()
 	var bufs [][]byte
 	for _, n := range []int{64, 100, 4096, 7, 70000, 64} {
-		b, _ := p.Alloc(n)
+		b, _, _ := p.Alloc(n)
 		bufs = append(bufs, b)
 	}
 	other := make([]byte, 128)
@@ -141,7 +141,7 @@ func TestPoolLookup(t *testing.T) {
 	// A buffer put back and issued again in the same run is found once more.
 	pb := p.lookup(&bufs[3][0])
 	p.put(pb)
-	again, _ := p.Alloc(7)
+	again, _, _ := p.Alloc(7)
 	if got := p.lookup(&again[0]); got != pb {
 		t.Errorf("reissued buffer: found %v, want %v", got, pb)
 	}

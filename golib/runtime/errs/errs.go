@@ -23,6 +23,10 @@ var (
 	ErrType = errors.New("type mismatch")
 	// ErrLimit: a size limit was exceeded (tensor bytes, file size, depth).
 	ErrLimit = errors.New("size limit exceeded")
+	// ErrMemory: the system cannot give the process the memory a tensor
+	// needs (checked before allocating: the Go heap's out-of-memory is
+	// fatal).
+	ErrMemory = errors.New("not enough memory")
 	// ErrCycle: the graph is not a DAG.
 	ErrCycle = errors.New("graph has a cycle")
 	// ErrMissingInput: a required graph input or value was not provided.

@@ -30,8 +30,10 @@ type Subgraph interface {
 // implements it with a per-state pool that recycles buffers across runs.
 type Allocator interface {
 	// Alloc returns a buffer of n bytes, 8-byte aligned, and whether its
-	// bytes are known to be zero (its contents are unspecified otherwise).
-	Alloc(n int) (b []byte, zeroed bool)
+	// bytes are known to be zero (its contents are unspecified otherwise),
+	// or an error (wrapping errs.ErrMemory) when the system cannot give
+	// the memory.
+	Alloc(n int) (b []byte, zeroed bool, err error)
 }
 
 // Context carries one node's inputs and outputs for one Compute call. The
@@ -160,7 +162,10 @@ func (c *Context) newOutput(i int, dt tensor.DType, shape tensor.Shape, zero boo
 		if err != nil {
 			return nil, err
 		}
-		b, zeroed := c.alloc.Alloc(nb)
+		b, zeroed, err := c.alloc.Alloc(nb)
+		if err != nil {
+			return nil, fmt.Errorf("output %d, a %v tensor of shape %v: %w", i, dt, shape, err)
+		}
 		if zero && !zeroed {
 			clear(b)
 		}

@@ -149,13 +149,13 @@ func runCases(t *testing.T, cases []opCase) {
 // test case instead of passing on a fresh, zeroed allocation.
 type poisonAlloc struct{}
 
-func (poisonAlloc) Alloc(n int) ([]byte, bool) {
+func (poisonAlloc) Alloc(n int) ([]byte, bool, error) {
 	w := make([]uint64, (n+7)/8)
 	for i := range w {
 		w[i] = ^uint64(0)
 	}
 	if n == 0 {
-		return []byte{}, false
+		return []byte{}, false, nil
 	}
-	return unsafe.Slice((*byte)(unsafe.Pointer(&w[0])), n), false
+	return unsafe.Slice((*byte)(unsafe.Pointer(&w[0])), n), false, nil
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/sysmem"
 )
 
 // Packs shares what kernel factories derive from constant inputs when a
@@ -76,8 +77,8 @@ func (p *Packs) get(key packKey, size int64, build func() (any, error)) (any, er
 	return v, err
 }
 
-// availableMemory is cache.AvailableMemory (a variable for tests).
-var availableMemory = cache.AvailableMemory
+// availableMemory is sysmem.Available (a variable for tests).
+var availableMemory = sysmem.Available
 
 // packReserve is the memory a pack leaves to the rest of the process and
 // the system: a pack that would take the machine below it is refused.

@@ -60,12 +60,9 @@ func New(dt DType, shape Shape) (*Tensor, error) {
 	if nb > 0 && nb <= smallBytes {
 		return newSmall(dt, shape, nb, nb), nil
 	}
-	words := make([]uint64, (nb+7)/8)
-	var data []byte
-	if len(words) > 0 {
-		data = unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), nb)
-	} else {
-		data = []byte{}
+	data, err := MakeBytes(nb)
+	if err != nil {
+		return nil, fmt.Errorf("a %v tensor of shape %v: %w", dt, shape, err)
 	}
 	return header(dt, shape, data), nil
 }
@@ -107,9 +104,11 @@ func NewCap(dt DType, shape Shape, capBytes int) (*Tensor, error) {
 	case nb <= smallBytes:
 		return newSmall(dt, shape, nb, smallBytes), nil
 	}
-	words := make([]uint64, (capBytes+7)/8)
-	data := unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), len(words)*8)[:nb]
-	return header(dt, shape, data), nil
+	data, err := MakeBytes((capBytes + 7) &^ 7)
+	if err != nil {
+		return nil, fmt.Errorf("a %v tensor of shape %v: %w", dt, shape, err)
+	}
+	return header(dt, shape, data[:nb]), nil
 }
 
 // Reuse turns prev into a tensor of dt and shape in its own header and

@@ -199,6 +199,45 @@ func TestMaxBytes(t *testing.T) {
 	}
 }
 
+// TestMakeBytesAvailable: a fresh buffer of at least memCheckMin bytes
+// larger than what the system can still give is refused with ErrMemory
+// (the Go heap's out-of-memory would end the process); smaller buffers and
+// an unknown figure (0) are not checked.
+func TestMakeBytesAvailable(t *testing.T) {
+	old := availableMemory
+	defer func() { availableMemory = old }()
+	for _, c := range []struct {
+		avail  int64
+		nb     int
+		refuse bool
+	}{
+		{100 << 20, 128 << 20, true},
+		{100 << 20, 96 << 20, false},
+		{100 << 20, memCheckMin - 8, false},
+		{1 << 20, memCheckMin - 8, false}, // under the threshold: never checked
+		{0, 128 << 20, false},             // unknown
+	} {
+		availableMemory = func() int64 { return c.avail }
+		b, err := MakeBytes(c.nb)
+		if c.refuse {
+			if !errors.Is(err, errs.ErrMemory) || b != nil {
+				t.Errorf("avail %d, %d bytes: err %v, want ErrMemory", c.avail, c.nb, err)
+			}
+			continue
+		}
+		if err != nil || len(b) != c.nb || uintptr(unsafe.Pointer(&b[0]))%8 != 0 {
+			t.Errorf("avail %d, %d bytes: %d bytes, err %v", c.avail, c.nb, len(b), err)
+		}
+	}
+	availableMemory = func() int64 { return 100 << 20 }
+	if _, err := New(Float32, Shape{32 << 20}); !errors.Is(err, errs.ErrMemory) {
+		t.Errorf("New of 128 MiB with 100 MiB available: %v", err)
+	}
+	if _, err := NewCap(Float32, Shape{1 << 20}, 128<<20); !errors.Is(err, errs.ErrMemory) {
+		t.Errorf("NewCap of 128 MiB with 100 MiB available: %v", err)
+	}
+}
+
 // TestRecycle: Recycle reuses a header only when it is not pinned and the
 // rank fits in the header, applies FromBytes's checks, and the recycled
 // header describes the new tensor only.
