@@ -369,16 +369,58 @@ def test_attention_over_quantized_rows(quant, k_axis, layout) -> None:
     assert c.info()["quant"]["sealed_tokens"] > 0
     q = rng.standard_normal((1, 8, 1, 64), dtype=np.float32)
     want = olkv.attention(q, c, kernel="reference")
-    # int8 K per channel on AVX-512 VNNI: the integer score loop (on by default) rounds the query
-    # to int8; observed up to 4.5e-3 over 20 seeds of this data, bound about twice that
-    atol = 1e-2 if (quant, k_axis) == ("int8", "channel") else 2e-5
-    np.testing.assert_allclose(olkv.attention(q, c), want, rtol=2e-5, atol=atol)
+    # the integer score loop is off by default (set_quant_int_loops): float32 rounding only
+    np.testing.assert_allclose(olkv.attention(q, c), want, rtol=2e-5, atol=2e-5)
     # relative error against float32: observed up to 0.008 (int8) and 0.116 (int4) over 5 seeds of
     # this data (Gaussian K and V, 200 tokens, residual 16); bounds about twice that
     f32 = olkv.attention(q, f, kernel="reference")
     assert np.linalg.norm(want - f32) / np.linalg.norm(f32) <= (0.02 if quant == "int8" else 0.25)
     c.close()
     f.close()
+
+
+@pytest.fixture
+def _int_loops():
+    """Restores the integer-loop setting a test changes."""
+    was = olkv.get_quant_int_loops()
+    yield
+    olkv.set_quant_int_loops(*was)
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_outlier_k_channels_keep_the_default_kernel_exact(quant, _int_loops) -> None:
+    """K with outlier channels (as trained models have) and per-channel K scales: with the default
+    integer loops (the accumulation loop alone) the fused kernel stays within 1e-3 of the reference
+    over the same dequantized rows, on every kernel path the CPU has. The integer score loop
+    (opt-in) rounds the query times the scales to int8 per row, and an outlier channel's scale makes
+    that rounding coarse for every other channel: its error is asserted to be the larger one, so
+    the docstring's warning stays true."""
+    assert olkv.get_quant_int_loops() == (False, True)
+    assert olkv.build_info()["quant_int_loops"] == "accumulate"
+    rng = np.random.default_rng(0)
+    k, v = (rng.standard_normal((1, 8, 512, 128), dtype=np.float32) for _ in range(2))
+    k[..., 5] *= 30
+    k[..., 77] += 20
+    q = rng.standard_normal((1, 32, 1, 128), dtype=np.float32)
+    c = olkv.KVCache(1, 8, 128, dtype="float16", capacity=1024, quant=quant, residual=0)
+    c.append(k, v)
+    want = olkv.attention(q, c, kernel="reference")
+    paths = olkv.build_info()["attention_kernels"]
+    try:
+        for path in paths:
+            olkv.set_kernel(path)
+            olkv.set_quant_int_loops()
+            assert np.abs(olkv.attention(q, c) - want).max() <= 1e-3, path
+            if path == "avx2":  # (the AVX-512 path has the loop only with VNNI)
+                olkv.set_quant_int_loops(scores=True)
+                assert olkv.get_quant_int_loops() == (True, True)
+                # observed 0.35 (int8) and 0.53 (int4) on AVX2
+                assert np.abs(olkv.attention(q, c) - want).max() > 1e-2, path
+    finally:
+        olkv.set_kernel("auto")
+        c.close()
+    with pytest.raises(TypeError):
+        olkv.set_quant_int_loops(1)  # type: ignore[arg-type]
 
 
 def _decoder_session(mask: bool = False) -> olkv.InferenceSession:

@@ -130,34 +130,57 @@ type vScratch struct {
 	zt [16]float32
 }
 
-// IntDotsEnv is the environment variable that turns the integer
-// score and accumulation loops off (0) or on (anything else, the default);
-// see SetQuantIntDots.
+// IntDotsEnv is the environment variable that chooses the integer loops at
+// start-up: "0" none, "1" both, unset (or anything else) the default, the
+// accumulation loop alone; see SetQuantIntLoops.
 const IntDotsEnv = "OLKV_QUANT_INT_DOTS"
 
-var intDots atomic.Bool
+// intScores and intAccum: the integer score and accumulation loops are on.
+var intScores, intAccum atomic.Bool
 
-func init() { intDots.Store(os.Getenv(IntDotsEnv) != "0") }
+func init() {
+	switch os.Getenv(IntDotsEnv) {
+	case "0":
+	case "1":
+		SetQuantIntLoops(true, true)
+	default:
+		SetQuantIntLoops(false, true)
+	}
+}
 
-// SetQuantIntDots turns on or off the integer loops over quantized
+// SetQuantIntLoops turns on or off the integer loops over quantized
 // segments on the AVX-512 path where the CPU has AVX-512 VNNI and on the
-// AVX2 path. The score loop, over int8 K per channel and int4 K per channel
+// AVX2 path; they change nothing on other CPUs and paths. Both instruction
+// sets compute the same integers and the same float32 steps: their results
+// are bit-identical.
+//
+// The score loop (scores), over int8 K per channel and int4 K per channel
 // (head dim a multiple of 128): the query rows times the chunk's channel
 // scales are quantized to int8 per row and dotted with VPDPBUSD (AVX2:
-// VPMADDUBSW and VPMADDWD), a relative score error of about 2^-8 of the
-// row's largest element. The accumulation loop, over V rows with two or
-// four scale groups (head dim a multiple of 128: group 32 or 64 at 128):
-// the softmax weights times the rows' V scales are quantized to int16 per
-// row and chunk (steps of 1/16383 of the chunk's largest) and dotted with
-// VPDPWSSD (AVX2: VPMADDWD). Both instruction sets compute the same
-// integers and the same float32 steps: their results are bit-identical.
-// On by default (OLKV_QUANT_INT_DOTS=0 turns them off); it changes nothing
-// on other CPUs and paths.
-func SetQuantIntDots(on bool) { intDots.Store(on) }
+// VPMADDUBSW and VPMADDWD). Each score then errs by up to 2^-8 of the
+// row's largest element times the keys' sum, and a K channel with outlier
+// values (large scales) makes that row's largest element dominate: the
+// attention output's error can then exceed the int8 storage's own several
+// times over. It is off by default.
+//
+// The accumulation loop (accum), over V rows with two or four scale groups
+// (head dim a multiple of 128: group 32 or 64 at 128): the softmax weights
+// times the rows' V scales are quantized to int16 per row and chunk (steps
+// of 1/16383 of the chunk's largest) and dotted with VPDPWSSD (AVX2:
+// VPMADDWD); its output error stays within about 1e-4 of the weights' sum
+// times the largest V value. It is on by default.
+func SetQuantIntLoops(scores, accum bool) {
+	intScores.Store(scores)
+	intAccum.Store(accum)
+}
 
-// QuantIntDots reports whether the integer loops are on (see
-// SetQuantIntDots); it says nothing of whether the CPU has it.
-func QuantIntDots() bool { return intDots.Load() }
+// QuantIntLoops reports which integer loops are on (see SetQuantIntLoops);
+// it says nothing of whether the CPU has them.
+func QuantIntLoops() (scores, accum bool) { return intScores.Load(), intAccum.Load() }
+
+// SetQuantIntDots turns both integer loops on or off (SetQuantIntLoops(on,
+// on)).
+func SetQuantIntDots(on bool) { SetQuantIntLoops(on, on) }
 
 // Super-blocks. A sealed chunk is a segment of a few dozen rows (the
 // cache's quantization chunk), far fewer than the native path's block
@@ -418,8 +441,8 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 	if qb.ops == nil {
 		qb.ops = &goQuantOps
 	}
-	intOK := qb.ops.intDots4 != nil && intDots.Load() && s.group%4 == 0 && dk%64 == 0 && dk <= 256
-	qb.intV = qb.ops.vaxpy4 != nil && intDots.Load()
+	intOK := qb.ops.intDots4 != nil && intScores.Load() && s.group%4 == 0 && dk%64 == 0 && dk <= 256
+	qb.intV = qb.ops.vaxpy4 != nil && intAccum.Load()
 	maxParts := max(1, min(bt, superFloats/(rows*dk)))
 	u.qq = growF(u.qq, maxParts*rows*dk)
 	u.qc = growF(u.qc, maxParts*rows)

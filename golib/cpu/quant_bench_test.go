@@ -37,9 +37,9 @@ func BenchmarkDecodeQuant(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				was := QuantIntDots()
+				scores, accum := QuantIntLoops()
 				SetQuantIntDots(intDots)
-				return v, func() { SetQuantIntDots(was); c.EndRead() }
+				return v, func() { SetQuantIntLoops(scores, accum); c.EndRead() }
 			}
 		}
 		views = append(views, storage{"fp16", read(fp16, false)})
@@ -107,7 +107,7 @@ func (r *readCounter) AddBytesRead(n int64) { r.n += n; r.View.AddBytesRead(n) }
 // -benchtime=1x.
 func BenchmarkDecodeQuantAB(b *testing.B) {
 	defer SetThreads(Threads())
-	defer SetQuantIntDots(QuantIntDots())
+	defer SetQuantIntLoops(QuantIntLoops())
 	const qh, kvh, d, res, rounds, calls = 32, 8, 128, 128, 15, 3
 	for _, L := range []int{16384, 32768} {
 		type storage struct {
@@ -171,7 +171,7 @@ func BenchmarkDecodeQuantAB(b *testing.B) {
 func BenchmarkQuantPairedAB(b0 *testing.B) {
 	b := b0
 	defer SetThreads(Threads())
-	defer SetQuantIntDots(QuantIntDots())
+	defer SetQuantIntLoops(QuantIntLoops())
 	const qh, kvh, d, L, res, pairs = 32, 8, 128, 16384, 128, 40
 	rng := rand.New(rand.NewPCG(3, 5))
 	q := randVec(rng, qh*d, 1)

@@ -101,10 +101,7 @@ func checkRealQuantCache(t *testing.T, layout cache.Layout, qcfg cache.QuantConf
 		}
 		_, paths := KernelPaths()
 		got := make([]float32, len(q))
-		tol := tolerance[elem]
-		if intDotsUsed(qcfg.Format, qcfg.KAxis, d, d, qcfg.Group) && QuantIntDots() {
-			tol = intDotsTol // the integer score loop on the paths that have it
-		}
+		tol := intLoopTol(tolerance[elem], qcfg.Format, qcfg.KAxis, d, d, qcfg.Group) // the integer loops on the paths that have them
 		for _, path := range paths {
 			if err := SetKernel(path); err != nil {
 				t.Fatal(err)

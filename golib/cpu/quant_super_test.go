@@ -17,7 +17,7 @@ import (
 // integer score loop where the CPU has it.
 func TestQuantSuperBlocks(t *testing.T) {
 	defer func(b int) { blockBytes = b }(blockBytes)
-	defer SetQuantIntDots(QuantIntDots())
+	defer SetQuantIntLoops(QuantIntLoops())
 	L := 700
 	if raceEnabled || asanEnabled || testing.Short() {
 		L = 230
@@ -76,7 +76,7 @@ var quantVariants = []struct {
 // a last partial one), softcap, windows, fp32 and fp16 residual rows, both settings of the
 // integer loops and non-finite scales, and requires bit-identical outputs.
 func TestQuantVariantsBitIdentical(t *testing.T) {
-	defer SetQuantIntDots(QuantIntDots())
+	defer SetQuantIntLoops(QuantIntLoops())
 	defer restoreKernel(t)
 	defer SetThreads(Threads())
 	_, paths := KernelPaths()

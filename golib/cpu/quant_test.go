@@ -100,7 +100,7 @@ func checkQuantPaths(t *testing.T, c quantCase, threads []int) float64 {
 		tol = c.tol
 	} else {
 		// the native tolerance holds for the float score loops only
-		defer SetQuantIntDots(QuantIntDots())
+		defer SetQuantIntLoops(QuantIntLoops())
 		SetQuantIntDots(false)
 	}
 	_, paths := KernelPaths()
@@ -283,7 +283,7 @@ func TestQuantNonFinite(t *testing.T) {
 	_, paths := KernelPaths()
 	defer restoreKernel(t)
 	defer SetThreads(Threads())
-	defer SetQuantIntDots(QuantIntDots())
+	defer SetQuantIntLoops(QuantIntLoops())
 	threadCounts := 2
 	if raceEnabled || asanEnabled {
 		threadCounts = 1
@@ -419,6 +419,30 @@ func TestQuantNoAllocs(t *testing.T) {
 // (int8) and 7.2e-5 (int4).
 var intDotsTol = [2]float64{1.5e-2, 2e-5}
 
+// intAccumTol is the tolerance of the accumulation loop alone (the
+// default, SetQuantIntLoops(false, true)): up to 7.2e-5 observed, set at
+// about twice that.
+var intAccumTol = [2]float64{1.5e-4, 2e-5}
+
+// intLoopTol returns the tolerance of a cache of format f, K axis ax, head
+// dims dk, dv and group under the integer loops now on (QuantIntLoops),
+// where the CPU has them: intDotsTol when the score loop runs, intAccumTol
+// when only the accumulation loop does, else base.
+func intLoopTol(base [2]float64, f cache.QuantFormat, ax cache.KAxis, dk, dv, group int) [2]float64 {
+	if group == 0 {
+		group = cache.DefaultQuantGroup
+	}
+	scores, accum := QuantIntLoops()
+	vg := cache.RowGroup(dv, group)
+	switch {
+	case scores && ax == cache.KPerChannel && (f == cache.QuantInt8 || dk%128 == 0):
+		return intDotsTol
+	case accum && dv%128 == 0 && (dv == 4*vg || dv == 2*vg):
+		return intAccumTol
+	}
+	return base
+}
+
 // intDotsUsed reports whether an integer loop runs over a cache of format
 // f, K axis ax, head dims dk, dv and quantization group (0: the default)
 // when they are on (SetQuantIntDots) and the CPU has them: the score loop
@@ -444,9 +468,9 @@ func useIntDots(t *testing.T) func() {
 	if !have {
 		t.Skip("no kernel path with integer dots on this CPU/build")
 	}
-	was := QuantIntDots()
+	scores, accum := QuantIntLoops()
 	SetQuantIntDots(true)
-	return func() { SetQuantIntDots(was) }
+	return func() { SetQuantIntLoops(scores, accum) }
 }
 
 // TestQuantIntDotsShapes runs the integer loops of every path that has

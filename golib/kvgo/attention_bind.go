@@ -64,6 +64,36 @@ func SetKernel(name string) (err error) {
 	return classify(cpu.SetKernel(name))
 }
 
+// SetQuantIntLoops turns the integer loops of the quantized (int8/int4)
+// decode kernel on or off: the score loop (query rounded to int8 per row:
+// faster, less exact) and the accumulation loop (int16 weights). See
+// cpu.SetQuantIntLoops.
+func SetQuantIntLoops(scores, accumulate bool) (err error) {
+	defer recoverTo(&err)
+	cpu.SetQuantIntLoops(scores, accumulate)
+	return nil
+}
+
+// QuantIntLoops reports the integer loops that are on: bit 0 the score
+// loop, bit 1 the accumulation loop.
+func QuantIntLoops() int {
+	scores, accum := cpu.QuantIntLoops()
+	n := 0
+	if scores {
+		n |= 1
+	}
+	if accum {
+		n |= 2
+	}
+	return n
+}
+
+// quantIntLoopsName names the integer loops that are on, as build_info
+// reports them: "scores+accumulate", "scores", "accumulate" or "off".
+func quantIntLoopsName() string {
+	return [4]string{"off", "scores", "accumulate", "scores+accumulate"}[QuantIntLoops()]
+}
+
 // newestOpsets names the default domain "ai.onnx" for readers outside Go.
 func newestOpsets() map[string]int {
 	out := ops.NewestOpsets()
@@ -95,6 +125,7 @@ func InfoJSON() (s string, err error) {
 		"attention_kernels": avail,
 		"gemm_kernel":       gemm.Path(),
 		"kernel_tuning":     cpu.KernelTuning(),
+		"quant_int_loops":   quantIntLoopsName(),
 		"newest_opsets":     newestOpsets(),
 	}
 	if e := cpu.KernelStartupError(); e != nil {

@@ -21,13 +21,13 @@ _log.addHandler(_logging.NullHandler())
 from ._errors import BudgetError, CapacityError, StaleCheckpointError
 from ._dtypes import bfloat16
 from .cache import Arena, Checkpoint, KVCache, default_arena
-from .attention import attention, get_threads, set_kernel, set_threads
+from .attention import attention, get_quant_int_loops, get_threads, set_kernel, set_quant_int_loops, set_threads
 from ._kernel import read_bandwidth, stream_read
 
 
 __all__ = [
     "Arena", "KVCache", "Checkpoint", "default_arena", "attention", "set_threads", "get_threads",
-    "set_kernel", "read_bandwidth", "stream_read", "InferenceSession", "SessionOptions", "NodeArg", "ModelMetadata",
+    "set_kernel", "set_quant_int_loops", "get_quant_int_loops", "read_bandwidth", "stream_read", "InferenceSession", "SessionOptions", "NodeArg", "ModelMetadata",
     "GraphOptimizationLevel", "ExecutionMode", "GenerationState", "models", "BudgetError", "CapacityError",
     "StaleCheckpointError", "bfloat16", "build_info", "generate", "Generator", "GenerationOutput", "__version__",
     "Engine",

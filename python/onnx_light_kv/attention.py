@@ -13,7 +13,7 @@ from ._errors import convert
 from .cache import KVCache
 from ._validate import FLOAT32_MAX, choice, instance, optional_integer, real
 
-__all__ = ["attention", "set_threads", "get_threads", "set_kernel"]
+__all__ = ["attention", "set_threads", "get_threads", "set_kernel", "set_quant_int_loops", "get_quant_int_loops"]
 
 _F32 = np.dtype(np.float32)
 _attn = _lib.fn("Attention")
@@ -25,6 +25,26 @@ def _prep_q(q: Any) -> np.ndarray:
     if a.dtype.kind != "f" and a.dtype.name != "bfloat16":
         raise TypeError(f"q must be a floating-point array, got dtype {a.dtype}")
     return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _bad_out(out: Any, shape: tuple[int, int, int, int]) -> Exception:
+    """The error for an ``out`` that :func:`attention` cannot write into, naming
+    the first requirement it misses."""
+    if not isinstance(out, np.ndarray):
+        return TypeError(f"out must be a numpy array, got {type(out).__name__}")
+    if type(out) is not np.ndarray:
+        # the kernel writes the raw buffer; a subclass (masked array, matrix...)
+        # might attach meaning to it that the result would not honour
+        return TypeError(f"out must be a numpy.ndarray itself, not a subclass (got {type(out).__name__}); "
+                         f"pass out.view(np.ndarray) to write into its memory")
+    want = f"float32 array of shape {shape}"
+    if out.dtype != _F32:
+        return ValueError(f"out must be a {want}, got dtype {out.dtype}")
+    if out.shape != shape:
+        return ValueError(f"out must be a {want}, got shape {out.shape}")
+    if not out.flags.c_contiguous:
+        return ValueError(f"out must be C-contiguous (a {want}), got a non-contiguous array")
+    return ValueError(f"out must be writeable (a {want}), got a read-only array")
 
 
 def attention(
@@ -74,13 +94,15 @@ def attention(
 
     Raises:
         TypeError: non-float q, ``cache`` not a KVCache, ``out`` not a numpy
-            array, non-number ``scale``/``softcap``, non-integer ``window``,
+            array or an ndarray subclass (pass ``out.view(np.ndarray)``),
+            non-number ``scale``/``softcap``, non-integer ``window``,
             non-str ``kernel``.
         ValueError: shape mismatch, a sequence shorter than ``q_len``,
             ``q_heads`` not a multiple of ``kv_heads``, ``window`` < 1,
             non-finite or out-of-float32-range ``scale``/``softcap``, a
             ``scale`` that is 0 or negative (or rounds to 0 in float32),
-            negative ``softcap``, an unknown ``kernel``, a bad ``out``.
+            negative ``softcap``, an unknown ``kernel``, an ``out`` of
+            another dtype or shape, not C-contiguous or read-only.
     """
     instance(cache, "cache", KVCache)
     if type(q) is not np.ndarray or q.dtype is not _F32 or not q.flags.c_contiguous:
@@ -102,11 +124,9 @@ def attention(
     if out is None:
         out = np.empty((b, hq, lq, cache._dv), dtype=_F32)
     else:
-        if not isinstance(out, np.ndarray):
-            raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
         if (type(out) is not np.ndarray or out.dtype != _F32 or not out.flags.c_contiguous
                 or not out.flags.writeable or out.shape != (b, hq, lq, cache._dv)):
-            raise ValueError(f"out must be a writeable C-contiguous float32 array of shape {(b, hq, lq, cache._dv)}")
+            raise _bad_out(out, (b, hq, lq, cache._dv))
         if (out.ctypes.data != q.ctypes.data or out.nbytes != q.nbytes) and np.shares_memory(out, q):
             dest, out = out, np.empty_like(out)  # partial overlap: compute through a temporary
     try:
@@ -156,3 +176,37 @@ def set_kernel(name: str) -> None:
     key = name.strip().lower() if isinstance(name, str) else name
     _lib.call(_lib.fn("SetKernel"), choice(key, "name", KERNEL_PATHS))
     logging.getLogger("onnx_light_kv").info("attention kernel path set to %s", name)
+
+
+def set_quant_int_loops(scores: bool = False, accumulate: bool = True) -> None:
+    """Choose the integer loops of the int8/int4 cache's decode kernel (AVX2,
+    and AVX-512 with VNNI; other paths have none and ignore this).
+
+    ``scores``: the score loop over int8 and int4 K per channel rounds each
+    query row times the chunk's channel scales to int8 and takes integer dot
+    products. It makes the quantized decode step up to about 1.5x faster, but
+    each score errs by up to 2^-8 of the row's largest element, and a K
+    channel with outlier values (common in trained models) makes that element
+    dominate: the attention output's error can then be several times that of
+    the int8 storage itself. Off by default.
+
+    ``accumulate``: the V accumulation rounds the softmax weights times the V
+    scales to int16 (steps of 1/16383 of a chunk's largest), an output error
+    of about 1e-4 of the weights' sum times the largest V value. On by
+    default.
+
+    The ``OLKV_QUANT_INT_DOTS`` environment variable sets them at start-up:
+    ``0`` none, ``1`` both, unset the default. ``build_info()["quant_int_loops"]``
+    reports the setting.
+
+    Raises:
+        TypeError: an argument is not a bool.
+    """
+    _lib.call(_lib.fn("SetQuantIntLoops"), instance(scores, "scores", bool), instance(accumulate, "accumulate", bool))
+
+
+def get_quant_int_loops() -> tuple[bool, bool]:
+    """The integer loops that are on, ``(scores, accumulate)``; see
+    :func:`set_quant_int_loops`."""
+    n = int(_lib.fn("QuantIntLoops")())
+    return bool(n & 1), bool(n & 2)
