@@ -58,6 +58,19 @@ func (c *KVCache) Append(k, v []byte, src ElemType, n int, counts []int) error {
 		if err := c.quantReserveLocked(n, counts); err != nil {
 			return err
 		}
+	} else if c.qg.chStride > 0 {
+		for b := range cfg.Batch {
+			cnt := n
+			if counts != nil {
+				cnt = counts[b]
+			}
+			if cnt == 0 {
+				continue
+			}
+			if err := c.reserveKchLocked(c.seqs[b].q, c.chunksAfterLocked(b, cnt)); err != nil {
+				return err
+			}
+		}
 	}
 	var scratch []float32
 	if src != Float32 && src != cfg.Elem && cfg.Elem != Float32 {

@@ -252,6 +252,7 @@ func (c *KVCache) Close() {
 		c.arena.release(s.k, s.v)
 		if s.q != nil {
 			c.arena.releaseChunks(s.q.blks)
+			s.q.releaseKch(c.arena)
 		}
 	}
 	c.seqs = nil

@@ -105,6 +105,12 @@ func (c *KVCache) Fork() (*KVCache, error) {
 		c.pagedForkLocked(f)
 		return f, nil
 	}
+	for b := range c.lens {
+		if err := f.reserveKchLocked(f.seqs[b].q, c.sealedChunksLocked(c.seqs[b], c.lens[b])); err != nil {
+			f.Close()
+			return nil, err
+		}
+	}
 	var copied int64
 	for b := range c.lens {
 		copied += c.copySeqLocked(f.seqs[b], c.seqs[b], c.winStart[b], c.lens[b])
@@ -191,6 +197,20 @@ func (c *KVCache) Reorder(idx []int) error {
 		}
 	}
 	taken := make([]bool, B)
+	// room for the copied chunk scales first, in the pairing the loop below
+	// makes (spares taken from the end), so that a *BudgetError leaves the
+	// cache as it was
+	for n, k := len(spare), 0; k < len(idx); k++ {
+		i := idx[k]
+		if taken[i] {
+			n--
+			if err := c.reserveKchLocked(spare[n].q, c.sealedChunksLocked(oldSeqs[i], oldLens[i])); err != nil {
+				return err
+			}
+		}
+		taken[i] = true
+	}
+	clear(taken)
 	var copied int64
 	for b, i := range idx {
 		if !taken[i] {

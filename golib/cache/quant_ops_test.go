@@ -88,6 +88,91 @@ func TestQuantTruncateIntoChunk(t *testing.T) {
 	m.qcheck(t, c, "after reseal")
 }
 
+// TestQuantChunkScalesInBudget: truncating into a sealed chunk and
+// appending again, over and over, makes one more (shorter) chunk each time;
+// the per-channel scale table that grows with them is arena memory under
+// the budget. Every step either succeeds or fails with a *BudgetError that
+// leaves the rows as they were, the arena never holds more than its
+// budget, the cache's committed bytes are the arena's (and its chunk
+// tables'), and fork, reorder
+// (with a copied sequence) and regrow carry the grown tables bit for bit.
+func TestQuantChunkScalesInBudget(t *testing.T) {
+	cfg := Config{Batch: 2, KVHeads: 2, HeadDimK: 32, Capacity: 512, Elem: Float16,
+		Quant: QuantConfig{Format: QuantInt4, Group: 32, Residual: 0}}
+	probe, _ := NewArena(0)
+	need := mustNew(t, probe, cfg).Info().CommittedBytes
+	probe.Close()
+	budget := need + need/2
+	a, _ := NewArena(budget)
+	defer a.Close()
+	c := mustNew(t, a, cfg)
+	// the committed bytes beyond the arena's: the chunk tables (Go heap)
+	tables := func() int64 {
+		n := int64(0)
+		for _, sq := range c.seqs {
+			n += int64(8*cap(sq.q.chunks) + cap(sq.q.bounded))
+		}
+		return n
+	}
+	if got := a.Stats().Allocated; got != c.Info().CommittedBytes-tables() {
+		t.Fatalf("arena allocated %d, cache committed %d", got, c.Info().CommittedBytes)
+	}
+	r := rand.New(rand.NewPCG(3, 9))
+	k, v := randQKV(r, cfg, 32)
+	refused := false
+	for i := 1; i < 400 && !refused; i++ {
+		before, beforeV := exportF32(t, c)
+		err := c.Append(asBytes(k), asBytes(v), Float32, 32, nil)
+		switch {
+		case errors.Is(err, ErrBudget):
+			refused = true
+			after, afterV := exportF32(t, c)
+			if fmt.Sprint(after) != fmt.Sprint(before) || fmt.Sprint(afterV) != fmt.Sprint(beforeV) {
+				t.Fatalf("step %d: a refused append changed the rows", i)
+			}
+		case err != nil:
+			t.Fatal(err)
+		default:
+			mustOK(t, c.Truncate([]int{i, i})) // into the chunk just sealed
+		}
+		if st := a.Stats(); st.Allocated > budget || st.Allocated != c.Info().CommittedBytes-tables() {
+			t.Fatalf("step %d: arena allocated %d (budget %d), cache committed %d", i, st.Allocated, budget, c.Info().CommittedBytes)
+		}
+	}
+	if !refused {
+		t.Fatal("the chunk scales never reached the budget")
+	}
+	if n := len(c.AppendSegments(nil, 0, 0, 0, c.Lengths()[0])); n <= c.qg.maxChunks {
+		t.Fatalf("%d segments: the table did not grow past %d chunks", n, c.qg.maxChunks)
+	}
+	mustOK(t, a.SetBudget(0))
+	wantK, wantV := exportF32(t, c)
+	f, err := c.Fork()
+	mustOK(t, err)
+	g, err := c.Regrown(2 * cfg.Capacity)
+	mustOK(t, err)
+	for _, x := range []*KVCache{f, g} {
+		gotK, gotV := exportF32(t, x)
+		if fmt.Sprint(gotK) != fmt.Sprint(wantK) || fmt.Sprint(gotV) != fmt.Sprint(wantV) {
+			t.Fatal("fork or regrow changed the rows")
+		}
+	}
+	mustOK(t, c.Reorder([]int{1, 1})) // sequence 0 becomes a copy of sequence 1
+	gotK, gotV := exportF32(t, c)
+	h := len(wantK) / 2
+	for _, w := range [][2][]float32{{gotK[:h], wantK[h:]}, {gotK[h:], wantK[h:]}, {gotV[:h], wantV[h:]}, {gotV[h:], wantV[h:]}} {
+		if fmt.Sprint(w[0]) != fmt.Sprint(w[1]) {
+			t.Fatal("reorder did not copy sequence 1 bit for bit")
+		}
+	}
+	for _, x := range []*KVCache{f, g, c} {
+		x.Close()
+	}
+	if st := a.Stats(); st.Allocated != 0 {
+		t.Fatalf("%d bytes still allocated after close", st.Allocated)
+	}
+}
+
 func segLens(segs []Segment) [][3]any {
 	var out [][3]any
 	for _, s := range segs {

@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 )
@@ -24,11 +25,14 @@ type quantSeq struct {
 	// head by head (a head's chunks one after the other, so the decode
 	// kernel reads them as one stream): chunk i, head h at
 	// [(h*kchCap+i)*chStride:], HeadDimK scales then (int4) HeadDimK zeros.
-	// It is allocated (on the Go heap, like the chunk table) for kchCap =
+	// It is part of the sequence's arena buffer, room for kchCap =
 	// Capacity/Group+1 chunks; truncations into sealed chunks can create
-	// more (shorter) chunks, and then it grows (growKch).
+	// more (shorter) chunks, and then it moves to a larger arena buffer of
+	// its own, kchBuf (reserveKchLocked: under the arena's budget, before
+	// the operation that needs it changes anything).
 	kch    []float32
 	kchCap int
+	kchBuf []byte
 	chunks []int
 	// bounded[i]: every scale and zero of chunk i (every head) passed
 	// scalesBounded when it was sealed (QuantSegment.Bounded)
@@ -78,7 +82,7 @@ func newQuantGeom(cfg Config) quantGeom {
 // parts are the byte sizes of a sequence's buffer, in the order carve
 // takes them. The paged layout keeps only the ring there (sealed rows are
 // in chunk blocks).
-func (g quantGeom) parts(cfg Config) [8]int {
+func (g quantGeom) parts(cfg Config) [9]int {
 	H, C, es := cfg.KVHeads, cfg.Capacity, cfg.Elem.Size()
 	if cfg.Layout == Paged {
 		C = 0
@@ -87,11 +91,12 @@ func (g quantGeom) parts(cfg Config) [8]int {
 	if g.zeros {
 		z = 1
 	}
-	return [8]int{
+	return [9]int{
 		H * g.ring * cfg.HeadDimK * es, H * g.ring * cfg.HeadDimV * es,
 		H * C * g.qRowK, H * C * g.qRowV,
 		4 * H * C * g.ngK, 4 * H * C * g.ngK * z,
 		4 * H * C * g.ngV, 4 * H * C * g.ngV * z,
+		4 * H * g.maxChunks * g.chStride,
 	}
 }
 
@@ -146,8 +151,8 @@ func (g quantGeom) carve(cfg Config, buf []byte) *quantSeq {
 	next := (&carver{buf: buf}).next
 	s := &quantSeq{ringK: next(p[0]), ringV: next(p[1]), qk: next(p[2]), qv: next(p[3]),
 		kts: asF32(next(p[4])), kzs: asF32(next(p[5])), vts: asF32(next(p[6])), vzs: asF32(next(p[7]))}
-	if g.chStride > 0 {
-		s.kch, s.kchCap = make([]float32, g.maxChunks*cfg.KVHeads*g.chStride), g.maxChunks
+	if g.chStride > 0 && cfg.Layout != Paged {
+		s.kch, s.kchCap = asF32(next(p[8])), g.maxChunks
 	}
 	s.chunks = make([]int, 0, g.maxChunks)
 	s.bounded = make([]bool, 0, g.maxChunks)
@@ -262,8 +267,6 @@ func (c *KVCache) sealLocked(s *quantSeq) {
 	s.chunks = append(s.chunks, s0)
 	if c.cfg.Layout == Paged {
 		s.blks = append(s.blks, c.takeChunkLocked())
-	} else if g.chStride > 0 {
-		s.growKch(ci+1, cfg.KVHeads, g.chStride)
 	}
 	xk, xv := c.qscratch[:G*dk], c.qscratch[G*dk:G*(dk+dv)]
 	var written int64
@@ -300,26 +303,71 @@ func (s *quantSeq) chunkScales(i, h, chStride int) []float32 {
 	return s.kch[off : off+chStride]
 }
 
-// growKch makes room in kch for n chunks per head (doubling, each head's
-// chunk scales moved to its new place).
-func (s *quantSeq) growKch(n, heads, chStride int) {
-	if n <= s.kchCap {
-		return
+// reserveKchLocked makes room in s's per-channel scale table for n chunks
+// per head: a larger arena buffer (doubling), each head's chunk scales
+// moved to their new place, the old buffer given back. A *BudgetError
+// leaves s as it was.
+func (c *KVCache) reserveKchLocked(s *quantSeq, n int) error {
+	chStride, heads := c.qg.chStride, c.cfg.KVHeads
+	if chStride == 0 || n <= s.kchCap {
+		return nil
 	}
-	c := max(n, 2*s.kchCap)
-	k := make([]float32, c*heads*chStride)
+	nc := max(n, 2*s.kchCap)
+	buf, err := c.arena.alloc(4 * nc * heads * chStride)
+	for err != nil && errors.Is(err, ErrBudget) && c.arena.reclaim() {
+		buf, err = c.arena.alloc(4 * nc * heads * chStride)
+	}
+	if err != nil {
+		return err
+	}
+	k := asF32(buf)
 	for h := range heads {
-		copy(k[h*c*chStride:(h*c+s.kchCap)*chStride], s.kch[h*s.kchCap*chStride:(h+1)*s.kchCap*chStride])
+		copy(k[h*nc*chStride:(h*nc+s.kchCap)*chStride], s.kch[h*s.kchCap*chStride:(h+1)*s.kchCap*chStride])
 	}
-	s.kch, s.kchCap = k, c
+	if s.kchBuf != nil {
+		c.arena.release(s.kchBuf)
+	}
+	s.kch, s.kchCap, s.kchBuf = k, nc, buf
+	return nil
 }
 
-// copyKch makes the per-channel scales of s's first nc chunks those of src.
+// chunksAfterLocked is the number of chunks sequence b's per-channel scale
+// table must hold for an Append of cnt tokens: those below its length (a
+// cut drops the others) plus the chunks the append seals.
+func (c *KVCache) chunksAfterLocked(b, cnt int) int {
+	g, s, l := &c.qg, c.seqs[b].q, c.lens[b]
+	n := sort.SearchInts(s.chunks, l)
+	sealed := min(s.sealed, l)
+	for end := l + cnt; end-sealed >= g.q.Residual+g.q.Group; sealed += g.q.Group {
+		n++
+	}
+	return n
+}
+
+// sealedChunksLocked is the number of chunks a copy of sequence st's
+// first l positions holds (copyQuantSeqLocked's): those below the end of
+// its sealed rows.
+func (c *KVCache) sealedChunksLocked(st seqStore, l int) int {
+	if st.q == nil {
+		return 0
+	}
+	return sort.SearchInts(st.q.chunks, min(st.q.sealed, l))
+}
+
+// releaseKch gives a grown per-channel scale table back to the arena.
+func (s *quantSeq) releaseKch(a *Arena) {
+	if s != nil && s.kchBuf != nil {
+		a.release(s.kchBuf)
+		s.kchBuf = nil
+	}
+}
+
+// copyKch makes the per-channel scales of s's first nc chunks those of src
+// (s has room for them: reserveKchLocked).
 func (s *quantSeq) copyKch(src *quantSeq, nc, heads, chStride int) {
 	if chStride == 0 || nc == 0 {
 		return
 	}
-	s.growKch(nc, heads, chStride)
 	for h := range heads {
 		copy(s.kch[h*s.kchCap*chStride:(h*s.kchCap+nc)*chStride], src.kch[h*src.kchCap*chStride:(h*src.kchCap+nc)*chStride])
 	}
@@ -475,7 +523,7 @@ func (c *KVCache) quantInfoLocked(in *Info) {
 		if g.chStride > 0 {
 			chunkScales += int64(4 * len(sq.q.chunks) * c.cfg.KVHeads * g.chStride)
 		}
-		heap += int64(4*cap(sq.q.kch) + 8*cap(sq.q.chunks) + cap(sq.q.bounded))
+		heap += int64(len(sq.q.kchBuf) + 8*cap(sq.q.chunks) + cap(sq.q.bounded))
 	}
 	if c.cfg.Layout == Paged {
 		chunkScales = 0
@@ -517,6 +565,12 @@ func (c *KVCache) Regrown(capacity int) (*KVCache, error) {
 	g, err := New(c.arena, cfg)
 	if err != nil {
 		return nil, err
+	}
+	for b := range c.lens {
+		if err := g.reserveKchLocked(g.seqs[b].q, c.sealedChunksLocked(c.seqs[b], c.lens[b])); err != nil {
+			g.Close()
+			return nil, err
+		}
 	}
 	var copied int64
 	for b := range c.lens {

@@ -60,6 +60,7 @@ func (c *KVCache) Select(idx []int) error {
 				c.arena.release(s.k, s.v)
 				if s.q != nil {
 					c.arena.releaseChunks(s.q.blks)
+					s.q.releaseKch(c.arena)
 				}
 			}
 		}
