@@ -197,9 +197,11 @@ def test_engine_equals_generate_alone(name: str, paged: bool) -> None:
 def test_position_table_is_a_limit_known_up_front(name: str, rows: Any) -> None:
     """A model whose positions index a table (GPT-2's learned positions, GPT-J's sin/cos table, the
     genai exports' cos cache) reports its rows; generate() refuses a request past them before
-    running anything and runs one that ends exactly there; a Generator stops at the step that
-    would pass them and keeps its tokens. Rotary computed in the graph (Llama's torch exports)
-    has no limit; OPT's table is reached from the attention mask with an offset, not found."""
+    running anything and runs one that ends exactly there (``rows + 1`` tokens: the last new
+    token is chosen from the last row's logits and never run); a Generator stops at the step
+    that would pass them and keeps its tokens, the same ones. Rotary computed in the graph
+    (Llama's torch exports) has no limit; OPT's table is reached from the attention mask with an
+    offset, not found."""
     if name not in fx.names():
         pytest.skip(f"{name} not in the fixtures")
     from onnx_light_kv.generation.decoder_io import DecoderIO
@@ -211,25 +213,25 @@ def test_position_table_is_a_limit_known_up_front(name: str, rows: Any) -> None:
     if rows is None:
         return
     with pytest.raises(ValueError, match=f"needs {rows + 1} positions; the model addresses at most {rows}"):
-        olkv.generate(sess, PROMPT, max_new_tokens=rows + 1 - PROMPT.size)
+        olkv.generate(sess, PROMPT, max_new_tokens=rows + 2 - PROMPT.size)
     ids, mask = np.zeros((2, 12), np.int64), np.zeros((2, 12), np.int64)
     ids[0, 4:], mask[0, 4:] = PROMPT, 1
     ids[1, 2:], mask[1, 2:] = 3, 1  # the longer row (10 tokens) sets the count, not the 12 columns
     with pytest.raises(ValueError, match=f"needs {rows + 1} positions"):
-        olkv.generate(sess, ids, attention_mask=mask, max_new_tokens=rows + 1 - 10)
-    out = olkv.generate(sess, PROMPT, max_new_tokens=rows - PROMPT.size)
-    assert out.sequences.shape == (1, rows)
+        olkv.generate(sess, ids, attention_mask=mask, max_new_tokens=rows + 2 - 10)
+    out = olkv.generate(sess, PROMPT, max_new_tokens=rows + 1 - PROMPT.size)
+    assert out.sequences.shape == (1, rows + 1)
     g = olkv.Generator(sess)
     g.append_tokens(PROMPT)
     with pytest.raises(ValueError, match=f"needs {rows + 1} positions"):
         while True:
             g.generate_next_token()
     assert g.length == rows + 1  # the token chosen from the last position's logits is kept
-    np.testing.assert_array_equal(g.sequences[:, :rows], out.sequences)
+    np.testing.assert_array_equal(g.sequences, out.sequences)
     with Engine(sess, max_batch=2, max_length=2 * rows) as eng:  # max_length beyond the table
         with pytest.raises(ValueError, match=f"needs {rows + 1} positions"):
-            eng.add_request(PROMPT, max_new_tokens=rows + 1 - PROMPT.size)
-        rid = eng.add_request(PROMPT, max_new_tokens=rows - PROMPT.size)
+            eng.add_request(PROMPT, max_new_tokens=rows + 2 - PROMPT.size)
+        rid = eng.add_request(PROMPT, max_new_tokens=rows + 1 - PROMPT.size)
         eng.run_until_done()
         assert eng.request(rid).finish_reason == "length"
 

@@ -3,6 +3,7 @@ early-stopping rule) that recomputes every beam from an empty past with onnxrunt
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, List, Sequence, Tuple
 
 import numpy as np
@@ -122,11 +123,44 @@ def test_beam_sampling_seeded_and_limits() -> None:
     one = olkv.generate(sess, gc.PROMPT, max_new_tokens=6, num_beams=3, do_sample=True, top_k=1, seed=1)
     np.testing.assert_array_equal(one.new_tokens[0], greedy[:6])
     beams = olkv.generate(sess, gc.PROMPT, max_new_tokens=6, num_beams=3, num_return_sequences=3)
-    cold = olkv.generate(sess, gc.PROMPT, max_new_tokens=6, num_beams=3, num_return_sequences=3, do_sample=True,
-                         temperature=1e-5, seed=3)
-    np.testing.assert_array_equal(cold.new_tokens, beams.new_tokens)
-    # the scores are those of the warped (temperature-divided) log-probabilities, as in transformers
-    np.testing.assert_allclose(cold.sequences_scores * 1e-5, beams.sequences_scores, rtol=1e-3)
+    for t in (1e-5, 1e-38):  # (1e-38: summed scores beyond float32's range used to give NaN probabilities)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            cold = olkv.generate(sess, gc.PROMPT, max_new_tokens=6, num_beams=3, num_return_sequences=3,
+                                 do_sample=True, temperature=t, seed=3)
+        np.testing.assert_array_equal(cold.new_tokens, beams.new_tokens)
+        # the scores are those of the warped (temperature-divided) log-probabilities, as in transformers
+        np.testing.assert_allclose(cold.sequences_scores * t, beams.sequences_scores, rtol=1e-3)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("warp", [dict(top_k=1), dict(top_p=1e-6), dict(temperature=1e-300)])
+def test_beam_sampling_returns_only_real_hypotheses(warp: dict) -> None:
+    """Warpers that leave one candidate per beam leave one hypothesis (the greedy continuation,
+    scored by its warped log-probabilities): it comes back alone, and asking for more raises
+    ValueError instead of returning the empty beams as copies of it (scored about -1e9 / len)."""
+    sess = gc.ours("llama")
+    kw = dict(max_new_tokens=6, num_beams=3, do_sample=True, seed=0, **warp)
+    with pytest.raises(ValueError, match="found 1 hypothesis for row 0, fewer than num_return_sequences=3"):
+        olkv.generate(sess, gc.PROMPT, num_return_sequences=3, **kw)
+    with pytest.raises(ValueError, match="found 1 hypothesis"):
+        olkv.generate(sess, gc.PROMPT, num_return_sequences=2, **kw)
+    one = olkv.generate(sess, gc.PROMPT, **kw)
+    greedy = olkv.generate(sess, gc.PROMPT, max_new_tokens=6, return_scores=True)
+    np.testing.assert_array_equal(one.new_tokens, greedy.new_tokens)
+    mean = np.mean([s[0, t] for s, t in zip(greedy.scores, greedy.new_tokens[0])])
+    want = 0.0 if "temperature" in warp else mean  # (the t -> 0 limit's log-probabilities are 0)
+    assert one.sequences_scores[0] == pytest.approx(want, abs=1e-4)
+
+
+def test_beam_sampling_with_few_candidates_branches_into_real_hypotheses() -> None:
+    """top_k=2 fills 2 of 3 beams at the first step and all 3 after: three distinct hypotheses
+    with real scores, best first."""
+    out = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=6, num_beams=3, num_return_sequences=3,
+                        do_sample=True, top_k=2, seed=0)
+    assert len({row.tobytes() for row in out.new_tokens}) == 3
+    scores = out.sequences_scores
+    assert (scores > -20).all() and (np.diff(scores) <= 0).all()
 
 
 def test_beam_search_batch_rows_are_independent() -> None:

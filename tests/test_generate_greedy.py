@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, List
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
@@ -13,7 +15,7 @@ import _gen_common as gc
 import _ort_compare as oc
 
 olkv = pytest.importorskip("onnx_light_kv")
-from onnx_light_kv.generation import DecoderIO  # noqa: E402
+from onnx_light_kv.generation import DecoderIO, StopCondition  # noqa: E402
 
 N = 12
 
@@ -106,6 +108,47 @@ def test_stop_sequences() -> None:
     out = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=N, stop_sequences=across)
     np.testing.assert_array_equal(out.new_tokens[0], ref[:1])
     assert out.stats.decode_tokens == 0
+
+
+#: the same ids in each kind of container the stop arguments accept (built anew for each use:
+#: iterators are read once)
+CONTAINERS = {"list": list, "tuple": tuple, "iterator": iter, "generator": lambda ids: (t for t in ids),
+              "map": lambda ids: map(lambda t: t, ids), "array": np.array}
+STRATEGIES = {"greedy": {}, "tensor": dict(state_options=False),
+              "sample": dict(do_sample=True, temperature=0.8, seed=5), "beams": dict(num_beams=2),
+              "lookup": dict(prompt_lookup=2)}
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_stop_arguments_in_any_container(strategy: str) -> None:
+    """eos_token_id and stop_sequences as any iterable (a one-shot iterator included) or numpy
+    array give what lists give, on every strategy (the greedy/sampling path used to read them
+    twice: an iterator's eos was ignored, a 2-D array raised numpy's truth-value error)."""
+    sess = gc.ours("llama")
+    kw: dict = dict(max_new_tokens=8, pad_token_id=1, **STRATEGIES[strategy])
+    free = olkv.generate(sess, gc.PROMPT, **kw).new_tokens[0]
+    eos, stop = int(free[2]), [int(free[1]), int(free[2])]
+    by_eos = olkv.generate(sess, gc.PROMPT, eos_token_id=[eos], **kw).new_tokens
+    by_stop = olkv.generate(sess, gc.PROMPT, stop_sequences=[stop], **kw).new_tokens
+    if strategy != "beams":  # (an eos hypothesis changes the beams' ranking)
+        for got in (by_eos, by_stop):
+            np.testing.assert_array_equal(got[0], free[:3])  # (one row: nothing after the stop)
+    for name, make in CONTAINERS.items():
+        got = olkv.generate(sess, gc.PROMPT, eos_token_id=make([eos]), **kw).new_tokens
+        np.testing.assert_array_equal(got, by_eos, err_msg=f"eos_token_id as {name}")
+        got = olkv.generate(sess, gc.PROMPT, stop_sequences=make([make(stop)]), **kw).new_tokens
+        np.testing.assert_array_equal(got, by_stop, err_msg=f"stop_sequences as {name}")
+
+
+@pytest.mark.parametrize("eos,stops,want", [
+    (np.int64(7), np.array([[0]]), StopCondition((7,), ((0,),))),  # a falsy array is not dropped
+    (iter([7, 8]), iter([iter([1, 2]), (3,)]), StopCondition((7, 8), ((1, 2), (3,)))),
+    (np.array([7]), np.array([[1, 2], [3, 4]]), StopCondition((7,), ((1, 2), (3, 4)))),
+    ((t for t in [9]), [np.array([5, 6])], StopCondition((9,), ((5, 6),))),
+    (None, [5, np.int64(6)], StopCondition((), ((5,), (6,)))),  # an int in stop_sequences: one token
+])
+def test_stop_condition_reads_any_iterable_once(eos, stops, want) -> None:
+    assert StopCondition.of(eos, stops) == want
 
 
 def _rename(mp: onnx.ModelProto, mapping: dict) -> onnx.ModelProto:
@@ -223,6 +266,12 @@ def test_argument_errors() -> None:
     (dict(pad_token_id=1.5), TypeError, "pad_token_id"),
     (dict(pad_token_id=2**70, eos_token_id=[1, 2]), ValueError, "pad_token_id"),  # not OverflowError
     (dict(eos_token_id=-1), ValueError, "eos_token_id"),
+    (dict(eos_token_id=np.array([[1, 2]])), TypeError, "eos_token_id"),
+    (dict(stop_sequences=5), TypeError, "stop_sequences"),
+    (dict(stop_sequences="ab"), TypeError, "stop_sequences"),
+    (dict(stop_sequences=[[1.5]]), TypeError, "stop sequence"),
+    (dict(stop_sequences=np.zeros((1, 0), np.int64)), ValueError, "empty"),
+    (dict(stop_sequences=[iter([])]), ValueError, "empty"),
     (dict(length_penalty=float("nan"), num_beams=2), ValueError, "length_penalty"),
     (dict(repetition_penalty=float("inf")), ValueError, "repetition_penalty"),
     (dict(num_beams=2.0), TypeError, "num_beams"),
@@ -240,15 +289,31 @@ def test_generation_arguments_follow_the_validation_rule(kw, exc, match) -> None
     with pytest.raises(exc, match=match):
         olkv.generate(gc.ours("llama"), gc.PROMPT, **kw)
     shared = {k: v for k, v in kw.items() if k in ("top_k", "temperature", "do_sample", "eos_token_id",
-                                                    "pad_token_id", "repetition_penalty")}
+                                                    "stop_sequences", "pad_token_id", "repetition_penalty")}
     if shared:  # the Generator takes these options too, under the same rule
         with pytest.raises(exc, match=match):
             olkv.Generator(gc.ours("llama"), **shared)
 
 
 def test_draft_with_another_vocabulary_is_refused() -> None:
-    with pytest.raises(ValueError, match="vocabulary"):
-        olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=4, draft_session=gc.ours("llama", vocab=512))
+    """Both models declare their vocabulary: refused before any run (no token streamed)."""
+    streamed: List[Any] = []
+    with pytest.raises(ValueError, match=r"vocabulary \(512 logits\) differs from the target's \(256\)"):
+        olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=4, draft_session=gc.ours("llama", vocab=512),
+                      streamer=lambda tokens, text: streamed.append(tokens))
+    assert streamed == []
+
+
+def test_position_check_counts_the_positions_run() -> None:
+    """prompt + max_new_tokens - 1 positions run (the last new token is chosen from the logits of
+    the one before it), the count a Generator checks step by step."""
+    io = dataclasses.replace(DecoderIO.from_session(gc.ours("gpt2")), max_positions=128)
+    for prompt, new in ((100, 29), (1, 128), (128, 1)):
+        io.check_generation(prompt, new, "the request")
+    for prompt, new in ((100, 30), (129, 1)):
+        with pytest.raises(ValueError, match="the request, which runs all but the last new token, needs 129 "
+                                             "positions; the model addresses at most 128"):
+            io.check_generation(prompt, new, "the request")
 
 
 def test_stats_and_scores() -> None:

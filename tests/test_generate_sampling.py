@@ -5,6 +5,7 @@ sampling."""
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -13,8 +14,11 @@ import pytest
 import _gen_common as gc
 
 olkv = pytest.importorskip("onnx_light_kv")
+from onnx_light_kv.generation import SamplingOptions  # noqa: E402
 from onnx_light_kv.generation import logits_process as lp  # noqa: E402
 from onnx_light_kv.generation.speculative import accept_sampled  # noqa: E402
+
+INF = np.inf
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -101,6 +105,70 @@ def test_repetition_penalty_and_temperature() -> None:
     assert np.isfinite(lp.softmax(got)).all()
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("penalty,row,want", [
+    (1e-40, [2.0, -1.0, 0.0, 5.0], [INF, -1e-40, 0.0, 5.0]),  # 2 / 1e-40 overflows float32: +inf
+    (1e-300, [2.0, -1.0, 0.0, 5.0], [INF, -0.0, 0.0, 5.0]),  # (a float32 penalty would be 0: 0 / 0 = NaN)
+    (1e300, [2.0, -1.0, 0.0, 5.0], [0.0, -INF, 0.0, 5.0]),
+    (2.0, [2.0, -1.0, 0.0, 5.0], [1.0, -2.0, 0.0, 5.0]),
+])
+def test_repetition_penalty_beyond_float32(penalty: float, row: list, want: list) -> None:
+    """Any finite penalty > 0 is taken exactly (float64 products), the results beyond float32's
+    range become infinities, never NaN, and no numpy warning leaks (token 3 is not penalized)."""
+    got = lp.repetition_penalty(np.array([row], np.float32), np.array([[0, 1, 2]]), penalty)
+    np.testing.assert_array_equal(got[0], np.array(want, np.float32))
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("t,row,want", [
+    (1e-38, [5.0, -5.0, 5.0, -1.0], [0.0, -INF, 0.0, -INF]),  # quotients overflow to +inf
+    (1e-38, [-5.0, -6.0, -INF, -7.0], [0.0, -INF, -INF, -INF]),  # log-probabilities: all overflow to -inf
+    (1e-300, [1.0, 2.0, 0.0, 2.0], [-INF, 0.0, -INF, 0.0]),  # t rounds to 0 in float32: 1 / 0
+    (1e-300, [0.0, -3.0, 0.0, -INF], [0.0, -INF, 0.0, -INF]),  # 0 / 0
+    (0.5, [INF, 1.0, INF, -INF], [0.0, -INF, 0.0, -INF]),  # +inf logits: the +inf entries
+    (0.5, [1.0, -2.0, 0.0, -INF], [2.0, -4.0, 0.0, -INF]),  # plain quotients
+])
+def test_temperature_limit_without_warnings(t: float, row: list, want: list) -> None:
+    np.testing.assert_array_equal(lp.temperature(np.array([row], np.float32), t)[0], np.array(want, np.float32))
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("options", [dict(), dict(temperature=0.5), dict(temperature=2.0), dict(top_k=3),
+                                     dict(top_p=0.9), dict(min_p=0.1), dict(top_k=4, top_p=0.8, min_p=0.2)])
+def test_posinf_logits_are_uniform_over_their_entries_whatever_the_options(options: dict) -> None:
+    """+inf logits (a tiny repetition penalty overflows float32) take one limit, with or
+    without a temperature (t == 1 skips the division): the probability is spread evenly over
+    the +inf entries; a row without +inf is unchanged; greedy choice takes the first +inf."""
+    x = np.array([[-1.0, INF, 1.0, INF, -INF, 3.0], [0.5, 1.0, 0.0, 2.0, -1.0, 0.0]], np.float32)
+    processed = lp.process(x, SamplingOptions(do_sample=True, **options), np.zeros((2, 0), np.int64))
+    probs = lp.softmax(processed)
+    np.testing.assert_allclose(probs[0], [0.0, 0.5, 0.0, 0.5, 0.0, 0.0])
+    np.testing.assert_allclose(np.exp(lp.log_softmax(processed)[0]), probs[0], atol=1e-7)
+    alone = lp.process(x[1:], SamplingOptions(do_sample=True, **options), np.zeros((1, 0), np.int64))
+    np.testing.assert_array_equal(processed[1:], alone)
+    assert np.isfinite(probs[1]).all() and probs[1].sum() == pytest.approx(1.0)
+    draws = np.concatenate([lp.choose(processed, True, np.random.default_rng(s))[:1] for s in range(200)])
+    assert set(draws.tolist()) == {1, 3}
+    assert lp.choose(lp.process(x, SamplingOptions(), np.zeros((2, 0), np.int64)), False, None)[0] == 1
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_tiny_repetition_penalty_samples_the_seen_tokens_at_any_temperature() -> None:
+    """repetition_penalty=1e-40 turns the positive logits of the tokens seen so far into +inf:
+    sampling draws among them, at temperature 1 as at 0.999 (same seed, same draws), through
+    generate and Generator alike (it used to return token 0, a NaN softmax's pick, at t == 1)."""
+    sess = gc.ours("llama")
+    kw = dict(do_sample=True, repetition_penalty=1e-40, seed=0)
+    outs = [olkv.generate(sess, gc.PROMPT, max_new_tokens=8, temperature=t, **kw).new_tokens[0] for t in (1.0, 0.999)]
+    assert set(outs[0].tolist()) <= set(gc.PROMPT.tolist())
+    np.testing.assert_array_equal(outs[0], outs[1])
+    g = olkv.Generator(sess, **kw)
+    g.append_tokens(gc.PROMPT)
+    for _ in range(8):
+        g.generate_next_token()
+    np.testing.assert_array_equal(g.sequences[0, gc.PROMPT.size:], outs[0])
+
+
 def test_same_seed_same_tokens_and_greedy_limit() -> None:
     sess = gc.ours("llama")
     kw = dict(max_new_tokens=12, do_sample=True, temperature=1.3, top_k=50, top_p=0.95)
@@ -113,8 +181,10 @@ def test_same_seed_same_tokens_and_greedy_limit() -> None:
     np.testing.assert_array_equal(top1.new_tokens[0], gc.ort_greedy(gc.model("llama"), gc.PROMPT, 12))
     many = olkv.generate(sess, gc.PROMPT, seed=1, num_return_sequences=3, **kw)
     assert many.sequences.shape == (3, gc.PROMPT.size + 12)
-    for t in (1e-38, 1e-45):  # logits / t overflow float32: sampling picks the greedy tokens
-        cold = olkv.generate(sess, gc.PROMPT, max_new_tokens=12, do_sample=True, temperature=t, seed=3)
+    for t in (1e-38, 1e-45, 1e-300):  # logits / t overflow float32: sampling picks the greedy tokens
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # (1e-300 is 0 in float32: no divide warning)
+            cold = olkv.generate(sess, gc.PROMPT, max_new_tokens=12, do_sample=True, temperature=t, seed=3)
         np.testing.assert_array_equal(cold.new_tokens[0], top1.new_tokens[0])
 
 

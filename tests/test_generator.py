@@ -169,7 +169,7 @@ def test_negative_token_ids_are_refused(state_options: object) -> None:
     g = olkv.Generator(gc.ours("llama"), state_options=state_options)
     with pytest.raises(ValueError, match="non-negative"):
         g.append_tokens(np.array([3, -1]))
-    with pytest.raises(ValueError, match="batch, n > 0"):
+    with pytest.raises(ValueError, match="at least one token"):
         g.append_tokens(np.zeros((0, 3), np.int64))
     assert g.length == 0
     g.append_tokens(gc.PROMPT)
@@ -178,3 +178,53 @@ def test_negative_token_ids_are_refused(state_options: object) -> None:
     g.generate_next_token()
     assert g.get_next_tokens()[0] == gc.ort_greedy(gc.model("llama"), gc.PROMPT, 1)[0]
     g.close()
+
+
+@pytest.mark.parametrize("tokens,mask,exc,match", [
+    ([], None, ValueError, "at least one token"),  # (an empty list is float64 to numpy: emptiness first)
+    ([[]], None, ValueError, "at least one token"),
+    (np.zeros((2, 0), np.int64), None, ValueError, "at least one token"),
+    ([1.0, 2.0], None, TypeError, "integer token ids"),
+    ([True, False], None, TypeError, "integer token ids"),
+    (np.ones((1, 2, 2), np.int64), None, ValueError, r"\[batch, s\] or \[s\]"),
+    ([3, -1], None, ValueError, "non-negative"),
+    ([[3, 4, 5]], [[1, 1]], ValueError, "shape"),
+    ([[3, 4, 5]], [["a", "b", "c"]], TypeError, "attention_mask must hold numbers"),
+    ([[3, 4, 5]], [[1, 1, 0]], ValueError, "left padding: every row's last position"),
+    ([[3, 4, 5]], [[1, 0, 1]], ValueError, "left padding: zeros only before"),  # (NotImplementedError / nothing)
+    ([[3, 4, 5], [6, 7, 8]], [[0, 1, 1], [1, 0, 2]], ValueError, "left padding: zeros only before"),
+])
+@pytest.mark.parametrize("state_options", [None, False])
+def test_append_tokens_and_generate_share_the_prompt_rule(tokens, mask, exc, match, state_options) -> None:
+    """One rule for a prompt's ids and mask: append_tokens raises what generate raises (the ids
+    named tokens there), before running anything, on both paths, and holds nothing after."""
+    sess = gc.ours("llama-mask")
+    with pytest.raises(exc, match=match) as by_generate:
+        olkv.generate(sess, tokens, attention_mask=mask, max_new_tokens=2, state_options=state_options)
+    g = olkv.Generator(sess, state_options=state_options)
+    with pytest.raises(exc, match=match) as by_generator:
+        g.append_tokens(tokens, attention_mask=mask)
+    assert str(by_generator.value) == str(by_generate.value).replace("input_ids", "tokens")
+    assert g.length == 0 and g.batch == 0
+    g.append_tokens(gc.PROMPT)  # and it still works
+    g.generate_next_token()
+    assert g.get_next_tokens()[0] == gc.ort_greedy(gc.model("llama-mask"), gc.PROMPT, 1)[0]
+
+
+@pytest.mark.parametrize("state_options", [None, False])
+def test_append_tokens_reads_the_mask_as_nonzero(state_options: object) -> None:
+    """A mask of any nonzero values for the tokens (2s, bools, 0.5) is the 0/1 mask, as in
+    generate: same positions, same tokens (2s used to shift the position ids)."""
+    sess = gc.ours("llama-mask")
+    ids, mask = gc.padded(gc.PROMPTS)
+    want = olkv.generate(sess, ids, attention_mask=mask, max_new_tokens=4, pad_token_id=0,
+                         state_options=state_options)
+    for given in (mask * 2, mask.astype(bool), mask.astype(np.float32) * 0.5):
+        assert olkv.generate(sess, ids, attention_mask=given, max_new_tokens=4, pad_token_id=0,
+                             state_options=state_options).sequences.tolist() == want.sequences.tolist()
+        g = olkv.Generator(sess, pad_token_id=0, state_options=state_options)
+        g.append_tokens(ids, attention_mask=given)
+        np.testing.assert_array_equal(g.attention_mask, mask)
+        for _ in range(4):
+            g.generate_next_token()
+        np.testing.assert_array_equal(g.sequences, want.sequences)

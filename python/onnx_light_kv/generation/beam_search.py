@@ -13,6 +13,14 @@ longest possible length when ``length_penalty > 0``.
 At the end, running beams of unfinished rows are added as hypotheses, and each row returns
 its ``num_return_sequences`` best.
 
+A beam slot that no candidate fills holds no hypothesis (score ``-inf``): the first step's
+copies of the prompt beyond the first beam (whose continuations would only repeat its own),
+and the slots left when eos continuations or the sampling warpers use up a row's candidates.
+Such slots never become candidates or hypotheses, and a row left without running beams is
+done. Only real hypotheses are returned: a row that ends with fewer than
+``num_return_sequences`` of them (beam sampling with ``top_k=1``, whose beams cannot branch)
+raises ``ValueError``.
+
 A continuation that ends with one of the stop sequences (which may start in the prompt) is
 finished like an eos continuation, its stop tokens kept.
 
@@ -102,9 +110,15 @@ def _sampled(scores: np.ndarray, n: int, rng: np.random.Generator) -> List[np.nd
     """Per row, ``n`` indices drawn without replacement from ``softmax(row)``, ranked by score,
     best first (ties: lower index first). When fewer than ``n`` have a probability that is not
     zero in float64 (a low temperature underflows), the rest are the best-scoring remaining
-    finite candidates (the draw's limit as the probabilities vanish); filtered candidates
-    (``-inf``) are never taken, so a row may get fewer than ``n``."""
-    probs = lp.softmax(scores.astype(np.float32))
+    finite candidates (the draw's limit as the probabilities vanish); filtered candidates and
+    empty beam slots (``-inf``) are never taken, so a row may get fewer than ``n`` (none when
+    every score is ``-inf``)."""
+    live = np.isfinite(scores).any(axis=1)
+    probs = np.zeros(scores.shape, np.float64)
+    kept = scores[live]
+    shifted = kept - kept.max(axis=1, keepdims=True)  # in float64: summed scores may pass float32's range
+    with np.errstate(over="ignore"):  # differences beyond float32's range: probability 0 either way
+        probs[live] = lp.softmax(shifted.astype(np.float32))
     out: List[np.ndarray] = []
     for row, p in zip(scores, probs):
         m = min(n, int(np.count_nonzero(p)))
@@ -128,7 +142,8 @@ def beam_search(runner: Any, prompt: np.ndarray, mask: np.ndarray, opts: Samplin
     by ``reorder``) or, when its row count is fixed, ``batch * num_beams`` rows.
     Returns, for each row in order, its ``num_return_sequences`` best hypotheses (generated
     tokens only) and their scores. ``on_step()`` is called after each model run. ``rng`` draws
-    the candidates when ``opts.do_sample``."""
+    the candidates when ``opts.do_sample``. Raises ``ValueError`` when a row ends with fewer
+    than ``num_return_sequences`` hypotheses (the module docstring)."""
     batch, k = prompt.shape[0], num_beams
     rows = np.repeat(np.arange(batch), k)
     if runner.batch == batch * k and k > 1:  # a runner of fixed rows: every beam runs the prompt
@@ -142,7 +157,7 @@ def beam_search(runner: Any, prompt: np.ndarray, mask: np.ndarray, opts: Samplin
     seq_prompt, mask_prompt = prompt[rows], mask[rows]
     gen = np.zeros((batch * k, 0), np.int64)
     beam_scores = np.zeros((batch, k), np.float64)
-    beam_scores[:, 1:] = -1e9
+    beam_scores[:, 1:] = -np.inf  # empty slots until the first step: the beams would all be the prompt
     beam_scores = beam_scores.reshape(-1)
     hyps = [BeamHypotheses(k, length_penalty, early_stopping, max_new_tokens) for _ in range(batch)]
     done = np.zeros(batch, bool)
@@ -184,6 +199,8 @@ def beam_search(runner: Any, prompt: np.ndarray, mask: np.ndarray, opts: Samplin
             for rank, flat in enumerate(best[b]):
                 src, tok = b * k + int(flat) // vocab, int(flat) % vocab
                 score = float(total[b, flat])
+                if score == -np.inf:  # (ranked best first: no candidate is left)
+                    break
                 if finishes(b, src, tok):
                     if rank < k:
                         hyps[b].add(np.append(gen[src], tok), score)
@@ -192,8 +209,8 @@ def beam_search(runner: Any, prompt: np.ndarray, mask: np.ndarray, opts: Samplin
                 n += 1
                 if n == k:
                     break
-            new_score[b * k + n:(b + 1) * k] = -1e9  # (only when eos ids fill the candidates)
-            done[b] = hyps[b].is_done(float(total[b, best[b][0]]), step + 1)
+            new_score[b * k + n:(b + 1) * k] = -np.inf  # slots no candidate filled
+            done[b] = n == 0 or hyps[b].is_done(float(total[b, best[b][0]]), step + 1)
         gen = np.concatenate([gen[new_beam], new_tok[:, None]], axis=1)
         beam_scores = new_score
         if done.all() or step == max_new_tokens - 1:
@@ -205,10 +222,17 @@ def beam_search(runner: Any, prompt: np.ndarray, mask: np.ndarray, opts: Samplin
     for b in range(batch):
         if not done[b]:
             for j in range(k):
-                hyps[b].add(gen[b * k + j].copy(), float(beam_scores[b * k + j]))
+                if beam_scores[b * k + j] > -np.inf:
+                    hyps[b].add(gen[b * k + j].copy(), float(beam_scores[b * k + j]))
     tokens: List[np.ndarray] = []
     scores: List[float] = []
     for b in range(batch):
+        found = len(hyps[b].hyps)
+        if found < num_return_sequences:
+            raise ValueError(f"beam search found {found} hypothes{'is' if found == 1 else 'es'} for row {b}, "
+                             f"fewer than num_return_sequences={num_return_sequences}: the sampling warpers "
+                             f"(top_k, top_p, min_p, a vanishing temperature) or the eos ids left fewer candidates "
+                             f"than the {k} beams; widen the warpers or lower num_return_sequences")
         ranked = sorted(hyps[b].hyps, key=lambda h: -h[0])[:num_return_sequences]
         for score, toks, _ in ranked:
             tokens.append(toks)

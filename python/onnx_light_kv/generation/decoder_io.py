@@ -139,6 +139,14 @@ class DecoderIO:
             raise ValueError(f"{what} needs {needed} positions; the model addresses at most "
                              f"{self.max_positions} (the rows of its position table)")
 
+    def check_generation(self, prompt_tokens: int, max_new_tokens: int, what: str) -> None:
+        """:meth:`check_positions` for a row of ``prompt_tokens`` (padding excluded) followed by
+        ``max_new_tokens`` generated ones. The model runs every position but the last generated
+        token's, which is chosen from the logits of the position before it: the check counts
+        ``prompt_tokens + max_new_tokens - 1`` positions, as :class:`.Generator` runs them."""
+        self.check_positions(prompt_tokens + max_new_tokens - 1,
+                             f"{what}, which runs all but the last new token,")
+
     @property
     def left_padding(self) -> bool:
         """True when rows of different lengths can share a run as left padding: the model takes

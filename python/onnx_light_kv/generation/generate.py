@@ -12,7 +12,7 @@ give the same tokens.
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -20,10 +20,10 @@ from .._validate import integer, optional_integer, real
 from .beam_search import beam_search
 from .decoder_io import DecoderIO
 from .generator import Generator
-from .options import SamplingOptions, StopCondition
+from .options import SamplingOptions, StopCondition, prompt_ids
 from .output import GenerationOutput, GenerationStats
 from .runner import cache_path_available, make_runner, paged_states_available, require_truncate
-from .speculative import DraftModel, PromptLookup, speculative_decode
+from .speculative import DraftModel, PromptLookup, check_draft_vocabulary, speculative_decode
 from .text import Progress, Streamer, default_pad_id, encode, load_tokenizer
 
 __all__ = ["generate"]
@@ -39,37 +39,15 @@ def _prompt(input_ids: Any, attention_mask: Any, tokenizer: Any,
             raise ValueError("attention_mask is computed from the text; pass token ids to give your own")
         pad = pad_token_id if pad_token_id is not None else (default_pad_id(tokenizer) or 0)
         return encode(tokenizer, input_ids, pad)
-    ids = np.asarray(input_ids)
-    if ids.dtype.kind not in "iu":
-        raise TypeError(f"input_ids must be integer token ids, got dtype {ids.dtype}")
-    ids = ids.astype(np.int64)
-    if ids.ndim == 1:
-        ids = ids[None, :]
-    if ids.ndim != 2 or ids.shape[0] == 0 or ids.shape[1] == 0:
-        raise ValueError(f"input_ids must be [batch, s] or [s] with batch, s > 0, got shape {ids.shape}")
-    if ids.min() < 0:
-        raise ValueError("input_ids must be non-negative")
-    if attention_mask is None:
-        return ids, np.ones_like(ids)
-    mask = np.asarray(attention_mask)
-    if mask.ndim == 1:
-        mask = mask[None, :]
-    if mask.shape != ids.shape:
-        raise ValueError(f"attention_mask shape {mask.shape} differs from input_ids shape {ids.shape}")
-    mask = (mask != 0).astype(np.int64)
-    if not mask[:, -1].all():
-        raise ValueError("attention_mask must use left padding: every row's last position must be 1")
-    if (np.diff(mask, axis=1) < 0).any():
-        raise ValueError("attention_mask must use left padding: zeros only before a row's first token")
-    return ids, mask
+    return prompt_ids(input_ids, attention_mask, "input_ids")
 
 
 def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mask: Any = None,
              do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              min_p: float = 0.0, repetition_penalty: float = 1.0, num_beams: int = 1, length_penalty: float = 1.0,
              early_stopping: Union[bool, str] = False, num_return_sequences: int = 1,
-             eos_token_id: Union[int, Sequence[int], None] = None, pad_token_id: Optional[int] = None,
-             stop_sequences: Optional[Sequence[Sequence[int]]] = None, seed: Optional[int] = None,
+             eos_token_id: Union[int, Iterable[int], None] = None, pad_token_id: Optional[int] = None,
+             stop_sequences: Optional[Iterable[Iterable[int]]] = None, seed: Optional[int] = None,
              draft_session: Any = None, num_draft_tokens: int = 4, prompt_lookup: int = 0, streamer: Any = None,
              progress: bool = False, return_scores: bool = False,
              state_options: Union[None, bool, Dict[str, Any]] = None,
@@ -89,7 +67,8 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
     ``num_beams > 1``: beam search with ``length_penalty`` and ``early_stopping`` (True, False or
     "never"), returning ``num_return_sequences`` per row; with ``do_sample`` it is beam
     sampling (transformers' rule: the candidates of each step are drawn from the softmax of the
-    warped, summed beam scores). Without beams, ``num_return_sequences`` with ``do_sample``
+    warped, summed beam scores; ``ValueError`` when the warpers leave a row fewer distinct
+    hypotheses than ``num_return_sequences``, as ``top_k=1`` does). Without beams, ``num_return_sequences`` with ``do_sample``
     gives that many samples per row.
     Speculative decoding: ``draft_session`` (a smaller decoder with the same vocabulary)
     proposes ``num_draft_tokens`` per verification step, or ``prompt_lookup=n`` proposes up to
@@ -144,11 +123,14 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
 
     io = DecoderIO.from_session(session)
     draft_io = DecoderIO.from_session(draft_session) if draft_session is not None else None
-    longest = int(mask.sum(axis=1).max()) + max_new_tokens  # position ids count a row's tokens
-    io.check_positions(longest, f"the longest prompt ({longest - max_new_tokens} tokens) + max_new_tokens={max_new_tokens}")
+    longest = int(mask.sum(axis=1).max())  # position ids count a row's tokens
+    io.check_generation(longest, max_new_tokens, f"the longest prompt ({longest} tokens) + "
+                        f"max_new_tokens={max_new_tokens}")
     if draft_io is not None:
-        draft_io.check_positions(longest, f"the draft model, for the longest prompt ({longest - max_new_tokens} "
-                                 f"tokens) + max_new_tokens={max_new_tokens},")
+        if io.vocab is not None and draft_io.vocab is not None:  # (else the first draft step checks)
+            check_draft_vocabulary(io.vocab, draft_io.vocab)
+        draft_io.check_generation(longest, max_new_tokens, f"the draft model, for the longest prompt ({longest} "
+                                  f"tokens) + max_new_tokens={max_new_tokens}")
     padded = not mask.all()
     per_row = speculative or (padded and not io.left_padding)
     groups = [np.array([r]) for r in range(ids.shape[0])] if per_row else [np.arange(ids.shape[0])]
@@ -183,9 +165,8 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
                 seq_scores = bscores if seq_scores is None else np.concatenate([seq_scores, bscores])
                 scores_per_group.append(step_scores)
             else:
-                gen, step_scores = _greedy_or_sample(session, g_ids, g_mask, opts, eos_token_id, stop_sequences, pad,
-                                                     max_new_tokens, rng, return_scores, state_options, stream, bar,
-                                                     stats)
+                gen, step_scores = _greedy_or_sample(session, g_ids, g_mask, opts, stop, pad, max_new_tokens, rng,
+                                                     return_scores, state_options, stream, bar, stats)
                 results.append(gen)
                 scores_per_group.append(step_scores)
             if stream is not None:
@@ -239,13 +220,14 @@ def _merge_scores(groups: List[List[np.ndarray]]) -> List[np.ndarray]:
     return merged
 
 
-def _greedy_or_sample(session: Any, ids: np.ndarray, mask: np.ndarray, opts: SamplingOptions, eos: Any, stops: Any,
+def _greedy_or_sample(session: Any, ids: np.ndarray, mask: np.ndarray, opts: SamplingOptions, stop: StopCondition,
                       pad: int, max_new: int, rng: np.random.Generator, return_scores: bool, state_options: Any,
                       stream: Optional[Streamer], bar: Progress,
                       stats: GenerationStats) -> Tuple[np.ndarray, List[np.ndarray]]:
     g = Generator(session, max_length=ids.shape[1] + max_new, do_sample=opts.do_sample, temperature=opts.temperature,
                   top_k=opts.top_k, top_p=opts.top_p, min_p=opts.min_p, repetition_penalty=opts.repetition_penalty,
-                  eos_token_id=eos, stop_sequences=stops, pad_token_id=pad, state_options=state_options)
+                  pad_token_id=pad, state_options=state_options)
+    g.stop = stop  # parsed once, by generate (the caller's ids may be a one-shot iterator)
     g.rng = rng  # one random stream for the whole call
     scores: List[np.ndarray] = []
     try:

@@ -10,14 +10,14 @@ class for greedy and sampled generation.
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, Optional, Union
 
 import numpy as np
 
 from . import logits_process as lp
 from .decoder_io import DecoderIO
 from .._validate import integer, optional_integer
-from .options import SamplingOptions, StopCondition
+from .options import SamplingOptions, StopCondition, prompt_ids
 from .runner import make_runner, require_truncate
 
 __all__ = ["Generator"]
@@ -43,8 +43,8 @@ class Generator:
 
     def __init__(self, session: Any, *, max_length: Optional[int] = None, do_sample: bool = False,
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-                 repetition_penalty: float = 1.0, eos_token_id: Union[int, Sequence[int], None] = None,
-                 stop_sequences: Optional[Sequence[Sequence[int]]] = None, pad_token_id: Optional[int] = None,
+                 repetition_penalty: float = 1.0, eos_token_id: Union[int, Iterable[int], None] = None,
+                 stop_sequences: Optional[Iterable[Iterable[int]]] = None, pad_token_id: Optional[int] = None,
                  seed: Optional[int] = None, state_options: Union[None, bool, Dict[str, Any]] = None) -> None:
         self.session = session
         self.io = DecoderIO.from_session(session)
@@ -112,34 +112,17 @@ class Generator:
     def append_tokens(self, tokens: Any, attention_mask: Any = None) -> None:
         """Run the model over ``tokens`` (``[batch, n]`` or ``[n]`` for one row) after what the
         rows hold; ``attention_mask`` (same shape, first call only) marks left padding with 0.
+        Ids and mask follow :func:`~onnx_light_kv.generate`'s rule (:func:`.options.prompt_ids`:
+        the mask is read as ``mask != 0`` and must be left padding, else ``ValueError``).
         A call that raises (a bad id, a mask the cache path does not take) changes nothing: the
         rows, their state and the next token's logits stay as they were."""
         self._check_open()
-        ids = np.asarray(tokens)
-        if ids.dtype.kind not in "iu":
-            raise TypeError(f"tokens must be integer ids, got dtype {ids.dtype}")
-        ids = ids.astype(np.int64)
-        if ids.ndim == 1:
-            ids = ids[None, :]
-        if ids.ndim != 2 or ids.shape[0] == 0 or ids.shape[1] == 0:
-            raise ValueError(f"tokens must be [batch, n] or [n] with batch, n > 0, got shape {ids.shape}")
-        if ids.min() < 0:  # a Gather would read a negative id from the end of the vocabulary
-            raise ValueError("tokens must be non-negative ids")
         first = self._runner is None or self.length == 0
+        if attention_mask is not None and not first:
+            raise ValueError("attention_mask is accepted only with the first tokens (left padding)")
+        ids, mask = prompt_ids(tokens, attention_mask, "tokens")
         if not first and ids.shape[0] != self.batch:
             raise ValueError(f"tokens have {ids.shape[0]} rows; this generator has {self.batch}")
-        if attention_mask is None:
-            mask = np.ones_like(ids)
-        else:
-            if not first:
-                raise ValueError("attention_mask is accepted only with the first tokens (left padding)")
-            mask = np.asarray(attention_mask).astype(np.int64)
-            if mask.ndim == 1:
-                mask = mask[None, :]
-            if mask.shape != ids.shape:
-                raise ValueError(f"attention_mask shape {mask.shape} differs from tokens shape {ids.shape}")
-            if not mask[:, -1].all():
-                raise ValueError("attention_mask must use left padding: every row's last position must be 1")
         if self.max_length is not None and self.length + ids.shape[1] > self.max_length:
             raise ValueError(f"{self.length + ids.shape[1]} positions exceed max_length={self.max_length}")
         if self._runner is None or self._runner.batch != ids.shape[0]:

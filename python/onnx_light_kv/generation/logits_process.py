@@ -3,6 +3,12 @@
 They follow transformers' processors and warpers of the same names, applied in transformers'
 order by :func:`process`: repetition penalty, then (when sampling) temperature, top-k, top-p and
 min-p. Filtered tokens get ``-inf``; at least one token always survives.
+
+A row holding ``+inf`` logits (a tiny repetition penalty overflows float32, as may a float16
+model's logits) takes the limit of its values growing without bound: its probability is spread
+evenly over its ``+inf`` entries, 0 elsewhere. :func:`softmax` and :func:`log_softmax` apply
+that rule (and so do top-p, min-p and sampling, which read them); greedy choice takes the first
+``+inf`` entry, argmax's rule for ties.
 """
 
 from __future__ import annotations
@@ -22,27 +28,34 @@ def repetition_penalty(logits: np.ndarray, sequences: np.ndarray, penalty: float
     """Divide positive (multiply negative) logits of the tokens already in each row by ``penalty``.
 
     ``sequences [rows, length]`` are the ids so far; ``mask`` (same shape, 0 for padding)
-    excludes padding positions. Returns a new array (``logits`` itself when ``penalty == 1``)."""
+    excludes padding positions. Returns a new array (``logits`` itself when ``penalty == 1``).
+    The products are taken in float64 (a penalty beyond float32's range does not round to 0 or
+    ``inf``); those beyond float32's range become ``-inf`` or ``+inf`` (the module docstring)."""
     if penalty == 1.0 or sequences.shape[1] == 0:
         return logits
     out = np.array(logits, dtype=np.float32, copy=True)
     for r in range(out.shape[0]):
         ids = sequences[r] if mask is None else sequences[r][mask[r] != 0]
         ids = np.unique(ids)
-        v = out[r, ids]
-        out[r, ids] = np.where(v < 0, v * penalty, v / penalty)
+        v = out[r, ids].astype(np.float64)
+        with np.errstate(over="ignore"):
+            out[r, ids] = np.where(v < 0, v * penalty, v / penalty)
     return out
 
 
 def temperature(logits: np.ndarray, t: float) -> np.ndarray:
     """``logits / t``. Where a temperature is so small that a row's quotients overflow float32
-    (``t = 1e-38``), the row takes the limit ``t -> 0``: its largest logits become 0 and every
-    other one ``-inf``, so sampling picks the greedy token instead of reading a NaN softmax."""
+    (``t = 1e-38`` turns large logits into ``+inf``, or every logit of a row of log-probabilities
+    into ``-inf``; a ``t`` below float32's range divides by 0), the row takes the limit
+    ``t -> 0``: its largest logits become 0 and every other one ``-inf``, so sampling picks the
+    greedy token instead of reading a NaN softmax."""
     if t == 1.0:
         return logits
-    with np.errstate(over="ignore", invalid="ignore"):
-        out = np.asarray(logits, dtype=np.float32) / np.float32(t)
-    bad = np.isnan(out).any(axis=-1) | np.isposinf(out).any(axis=-1)
+    x = np.asarray(logits, dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        out = x / np.float32(t)
+    lost = np.isneginf(out).all(axis=-1) & ~np.isneginf(x).all(axis=-1)  # every quotient overflowed to -inf
+    bad = np.isnan(out).any(axis=-1) | np.isposinf(out).any(axis=-1) | lost
     for r in np.flatnonzero(bad & ~np.isnan(logits).all(axis=-1)):
         row = logits[r]
         out[r] = np.where(row == np.nanmax(row), np.float32(0), np.float32(-np.inf))
@@ -85,11 +98,17 @@ def min_p(logits: np.ndarray, p: float) -> np.ndarray:
 def _shifted(logits: np.ndarray) -> np.ndarray:
     """``logits - rowmax`` in float32 (float64 stays float64): numpy's float32 ``exp`` is
     vectorized and an order of magnitude faster than float64's, which matters at vocabularies
-    of 32k-256k on every generated token."""
+    of 32k-256k on every generated token. A row whose maximum is ``+inf`` becomes 0 at its
+    ``+inf`` entries and ``-inf`` elsewhere (the module docstring's limit), not NaN."""
     x = np.asarray(logits)
     if x.dtype != np.float64:
         x = x.astype(np.float32, copy=False)
-    return x - x.max(axis=-1, keepdims=True)
+    top = x.max(axis=-1, keepdims=True)
+    inf = np.isposinf(top)
+    if inf.any():
+        x = np.where(inf, np.where(np.isposinf(x), x.dtype.type(0), x.dtype.type(-np.inf)), x)
+        top = np.where(inf, x.dtype.type(0), top)
+    return x - top
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

@@ -1,15 +1,16 @@
-"""Validated generation options and the per-row stop conditions they define."""
+"""Validated generation options, the per-row stop conditions they define, and prompts (token ids
+with their attention mask) as every generation entry point takes them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 
 from .._validate import integer, real
 
-__all__ = ["SamplingOptions", "StopCondition"]
+__all__ = ["SamplingOptions", "StopCondition", "prompt_ids"]
 
 
 @dataclass(frozen=True)
@@ -71,10 +72,24 @@ class StopCondition:
     stop_sequences: Tuple[Tuple[int, ...], ...] = ()
 
     @classmethod
-    def of(cls, eos_token_id: Union[int, Sequence[int], None],
-           stop_sequences: Optional[Sequence[Sequence[int]]]) -> "StopCondition":
-        """Validate ``eos_token_id`` (int or list) and ``stop_sequences`` (lists of ids)."""
-        seqs = tuple(_ids(s, "each stop sequence") for s in (stop_sequences or ()))
+    def of(cls, eos_token_id: Union[int, Iterable[int], None],
+           stop_sequences: Optional[Iterable[Iterable[int]]]) -> "StopCondition":
+        """Validate ``eos_token_id`` (an int or an iterable of ints: list, tuple, 1-D numpy array,
+        iterator) and ``stop_sequences`` (an iterable of such iterables: a list of lists, a 2-D
+        array; an int in it is a one-token sequence). Each argument is read once, so one-shot
+        iterators work. ``TypeError`` for ids that are not integers or containers that are not
+        iterable; ``ValueError`` for negative ids and empty stop sequences."""
+        if stop_sequences is None:
+            items: List[Any] = []
+        elif isinstance(stop_sequences, (str, bytes)):
+            raise TypeError(f"stop_sequences must be a list of lists of ints, got {type(stop_sequences).__name__}")
+        else:
+            try:
+                items = list(stop_sequences)
+            except TypeError:
+                raise TypeError("stop_sequences must be a list of lists of ints, got "
+                                f"{type(stop_sequences).__name__}") from None
+        seqs = tuple(_ids(s, "each stop sequence") for s in items)
         if any(len(s) == 0 for s in seqs):
             raise ValueError("stop sequences must not be empty")
         return cls(eos=_ids(eos_token_id, "eos_token_id"), stop_sequences=seqs)
@@ -96,3 +111,47 @@ class StopCondition:
         if not self.eos and not self.stop_sequences:
             return np.zeros(sequences.shape[0], dtype=bool)
         return np.array([self.hit(row) for row in sequences], dtype=bool)
+
+
+def prompt_ids(input_ids: Any, attention_mask: Any = None, name: str = "input_ids") -> Tuple[np.ndarray, np.ndarray]:
+    """A prompt as ``([batch, s] int64 ids, [batch, s] int64 0/1 mask)``: the one rule of
+    :func:`~onnx_light_kv.generate` and :meth:`.Generator.append_tokens` (``name`` is the ids'
+    argument name in the messages).
+
+    ``input_ids``: ``[batch, s]`` or ``[s]`` (one row) non-negative integer ids, ``batch, s > 0``.
+    ``attention_mask``: None (no padding) or numbers of the same shape, nonzero for a token and 0
+    for left padding (``mask != 0``, as transformers reads it: a mask of 2s is a mask of 1s).
+
+    Raises:
+        ValueError: no ids (checked first: an empty list, ``[]`` or ``[[]]``, is empty whatever
+            dtype numpy gives it), another shape, a negative id; a mask of another shape, or one
+            that is not left padding (a row's last position is 0, or a 0 follows a token).
+        TypeError: ids that are not integers (floats, bools); a mask that does not hold numbers.
+    """
+    ids = np.asarray(input_ids)
+    if ids.size == 0:
+        raise ValueError(f"{name} must hold at least one token, got shape {ids.shape}")
+    if ids.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integer token ids, got dtype {ids.dtype}")
+    if ids.ndim == 1:
+        ids = ids[None, :]
+    if ids.ndim != 2:
+        raise ValueError(f"{name} must be [batch, s] or [s], got shape {ids.shape}")
+    ids = ids.astype(np.int64)
+    if ids.min() < 0:  # a Gather would read a negative id from the end of the vocabulary
+        raise ValueError(f"{name} must be non-negative ids")
+    if attention_mask is None:
+        return ids, np.ones_like(ids)
+    mask = np.asarray(attention_mask)
+    if mask.ndim == 1:
+        mask = mask[None, :]
+    if mask.shape != ids.shape:
+        raise ValueError(f"attention_mask shape {mask.shape} differs from {name} shape {ids.shape}")
+    if mask.dtype.kind not in "biuf":
+        raise TypeError(f"attention_mask must hold numbers (0 for left padding), got dtype {mask.dtype}")
+    mask = (mask != 0).astype(np.int64)
+    if not mask[:, -1].all():
+        raise ValueError("attention_mask must use left padding: every row's last position must be 1")
+    if (np.diff(mask, axis=1) < 0).any():
+        raise ValueError("attention_mask must use left padding: zeros only before a row's first token")
+    return ids, mask

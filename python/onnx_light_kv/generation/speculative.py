@@ -21,7 +21,15 @@ import numpy as np
 from . import logits_process as lp
 from .options import SamplingOptions, StopCondition
 
-__all__ = ["DraftModel", "PromptLookup", "speculative_decode", "accept_greedy", "accept_sampled"]
+__all__ = ["DraftModel", "PromptLookup", "speculative_decode", "accept_greedy", "accept_sampled",
+           "check_draft_vocabulary"]
+
+
+def check_draft_vocabulary(target: int, draft: int) -> None:
+    """Raise ``ValueError`` unless the draft model's vocabulary size equals the target's."""
+    if draft != target:
+        raise ValueError(f"the draft model's vocabulary ({draft} logits) differs from the target's ({target}): "
+                         "speculative decoding needs the same vocabulary")
 
 
 def accept_greedy(processed: np.ndarray, drafts: List[int]) -> Tuple[int, int]:
@@ -69,9 +77,8 @@ class DraftModel:
         cur = seq
         for _ in range(k):
             logits = self.runner.run(cur[None, self.runner.length:])[:, -1, :].astype(np.float32)
-            if self.vocab is not None and logits.shape[-1] != self.vocab:
-                raise ValueError(f"the draft model's vocabulary ({logits.shape[-1]} logits) differs from the "
-                                 f"target's ({self.vocab}): speculative decoding needs the same vocabulary")
+            if self.vocab is not None:
+                check_draft_vocabulary(self.vocab, logits.shape[-1])
             processed = lp.process(logits, self.opts, cur[None, :])
             if self.opts.do_sample:
                 q = lp.softmax(processed)
