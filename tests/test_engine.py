@@ -124,7 +124,8 @@ def test_paged_engine_equals_generate_alone(block_size: Any, prefix_cache: bool)
 
 def test_paged_engine_budget_counts_blocks_not_max_length() -> None:
     """Paged admission counts prompt + max_new_tokens in whole blocks: a budget that cannot hold
-    max_length positions still runs short requests; a request bigger than the budget raises."""
+    max_length positions still runs short requests; add_request refuses a request bigger than
+    the whole budget (the requests beside it run on), and creation a budget below one block."""
     sess = ours(MODEL)
     with Engine(sess, max_length=64) as eng:
         per_position = eng.stats()["request_bytes"] // 64
@@ -135,9 +136,103 @@ def test_paged_engine_budget_counts_blocks_not_max_length() -> None:
         assert eng.stats()["admission_paused"] > 0  # two fit at once, the third waited
     assert got == {0: want, 1: want, 2: want}
     with Engine(sess, max_length=64, block_size=16, budget=16 * per_position) as eng:
-        eng.add_request(list(range(20)), max_new_tokens=4)
-        with pytest.raises(olkv.BudgetError):
-            eng.run_until_done()
+        rid = eng.add_request(**req)
+        with pytest.raises(ValueError, match="can never fit.*budget"):
+            eng.add_request(list(range(20)), max_new_tokens=4)  # 24 positions: two blocks
+        eng.run_until_done()
+        assert eng.request(rid).tokens == want and eng.stats()["requests"] == 1
+    with pytest.raises(olkv.BudgetError, match="one block of 16 positions"):
+        Engine(sess, max_length=64, block_size=16, budget=16 * per_position - 1)
+
+
+class _Failing:
+    """A session proxy whose runs fail (RuntimeError) where ``when(input_ids)`` holds, once."""
+
+    def __init__(self, sess: Any, when: Any) -> None:
+        self._sess, self._when = sess, when
+        self.failed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sess, name)
+
+    def run(self, names: Any, feeds: Any, state: Any = None) -> Any:
+        if not self.failed and state is not None and self._when(feeds["input_ids"]):
+            self.failed = True
+            raise RuntimeError("the model call failed")
+        return self._sess.run(names, feeds, state=state)
+
+
+@pytest.mark.parametrize("call,failed", [
+    ("decode", {0, 1}),  # the batched call of the two running requests: both end
+    ("prefill", {2}),    # one request's prefill (a state of its own): it alone ends
+    ("admission", {2}),  # its state cannot be made: it alone ends
+])
+def test_a_failed_model_call_ends_only_the_requests_it_ran(call: str, failed: Any) -> None:
+    """Requests 0 and 1 run; 2 is prefilled in the step of the failing decode call and 3 waits
+    for a free slot. The requests the failed call ran end with finish_reason "error" and no
+    more tokens; the others get generate()'s tokens, and the engine keeps serving."""
+    sess = ours(MODEL)
+    reqs = [dict(r, max_new_tokens=6) for r in REQUESTS[:4]]
+    want = [_alone(sess, r) for r in reqs]
+    when = {"decode": lambda ids: ids.shape == (2, 1), "prefill": lambda ids: ids.shape == (1, 2),
+            "admission": None}[call]  # (request 2's prompt is the only one of 2 tokens)
+    failing = _Failing(sess, when or (lambda ids: False))
+    with Engine(failing, max_batch=3, max_length=64) as eng:
+        if call == "admission":
+            from onnx_light_kv.serve import engine as engine_module
+
+            made = engine_module.StateRunner
+
+            def runner(*a: Any, **kw: Any) -> Any:
+                if len(eng._rows) == 2:  # request 2's state, with 0 and 1 running
+                    engine_module.StateRunner = made
+                    raise RuntimeError("the state cannot be made")
+                return made(*a, **kw)
+
+            engine_module.StateRunner = runner
+        try:
+            ids = [eng.add_request(**r) for r in reqs[:2]]
+            eng.step()
+            ids += [eng.add_request(**r) for r in reqs[2:]]
+            while eng.has_work():
+                eng.step()
+        finally:
+            if call == "admission":
+                engine_module.StateRunner = made
+        for i, rid in enumerate(ids):
+            r = eng.request(rid)
+            if i in failed:
+                assert r.finish_reason == "error" and r.error and r.tokens == want[i][:len(r.tokens)], i
+                assert len(r.tokens) <= 1, i
+            else:
+                assert r.tokens == want[i] and r.finish_reason == "length", i
+        assert eng.stats()["finished"]["error"] == len(failed)
+        rid = eng.add_request(**reqs[0])
+        eng.run_until_done()
+        assert eng.request(rid).tokens == want[0]
+
+
+def test_close_aborts_every_request_and_stops_the_engine() -> None:
+    """close() ends the running, the queued and the just-added requests with "abort"; after
+    it the engine takes no request and runs no step; request ids are never reused."""
+    sess = ours(MODEL)
+    eng = Engine(sess, max_batch=1, max_length=64)
+    running = eng.add_request([3, 17, 42], max_new_tokens=8)
+    queued = eng.add_request([1, 2], max_new_tokens=8)
+    eng.step()
+    added = eng.add_request([5, 6], max_new_tokens=8)  # still in the inbox
+    assert eng.stats()["running"] == 1 and eng.stats()["queued"] == 2
+    eng.close()
+    assert [eng.request(r).finish_reason for r in (running, queued, added)] == ["abort"] * 3
+    st = eng.stats()
+    assert not eng.has_work() and st["requests"] == 3 and st["finished"]["abort"] == 3 and st["queued"] == 0
+    with pytest.raises(ValueError, match="closed"):
+        eng.step()
+    with pytest.raises(ValueError, match="closed"):
+        eng.add_request([1, 2], max_new_tokens=2)
+    eng.close()  # again: nothing happens
+    with Engine(sess, max_length=64) as other:
+        assert other.add_request([1, 2], max_new_tokens=2) > added
 
 
 def test_requests_join_and_leave_mid_run() -> None:
@@ -267,7 +362,7 @@ def test_refusals() -> None:
         with pytest.raises(TypeError, match="top_k"):
             eng.add_request([1, 2], max_new_tokens=4, top_k=2.5)
         per = eng.stats()["request_bytes"]
-    with pytest.raises(olkv.BudgetError):
+    with pytest.raises(olkv.BudgetError, match="max_length=16"):
         Engine(sess, max_length=16, budget=per - 1)
     with pytest.raises(ValueError, match="block_size"):
         Engine(sess, block_size=24)
@@ -350,6 +445,29 @@ def test_state_select_and_adopt() -> None:
     a.select([1])
     assert a.batch == 1 and a.length == 6 and a.lengths.tolist() == [6]
     assert a.info()["totals"]["copy_bytes"] == 0
+
+
+TABLE = "gpt2-torchscript"  # learned positions: a 128-row table
+
+
+@pytest.mark.skipif(TABLE not in fx.names(), reason=f"fixture {TABLE} missing")
+def test_position_table_counts_the_positions_run() -> None:
+    """The last new token is chosen from the logits of the position before it and never run,
+    so a request may end exactly one token past the position table (as a Generator does)."""
+    sess = oc.ours(fx.model_path(TABLE))
+    rows = olkv.generation.DecoderIO.from_session(sess).max_positions
+    assert rows == 128
+    prompt = (np.arange(rows - 8) * 7) % 256
+    g = olkv.Generator(sess)
+    g.append_tokens(prompt)
+    for _ in range(9):
+        g.generate_next_token()
+    with Engine(sess, max_length=2 * rows) as eng:
+        with pytest.raises(ValueError, match=f"needs {rows + 1} positions"):
+            eng.add_request(prompt, max_new_tokens=10)
+        rid = eng.add_request(prompt, max_new_tokens=9)  # runs all 128 positions
+        eng.run_until_done()
+        assert eng.request(rid).tokens == [int(t) for t in g.sequences[0, prompt.size:]]
 
 
 def test_a_request_whose_prompt_fails_ends_alone() -> None:

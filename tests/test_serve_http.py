@@ -193,6 +193,14 @@ def test_models_health_metrics(server: Server, client: Any) -> None:
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]}, 400, "content must be a string"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}], "top_logprobs": 2}, 400,
      "needs 'logprobs'"),
+    # an integer beyond any float, and JSON nested beyond the parser's recursion limit
+    ("/v1/completions", b'{"prompt": "w1", "temperature": ' + b"9" * 400 + b"}", 400, "'temperature' must be in"),
+    ("/v1/completions", b'{"prompt": "w1", "top_p": -' + b"9" * 400 + b"}", 400, "'top_p' must be in"),
+    ("/v1/completions", b'{"prompt": ' + b"[" * 100000 + b"]" * 100000 + b"}", 400, "nested too deeply"),
+    ("/v1/completions", {"prompt": [[1, 2]] * 17}, 400, "at most 16 prompts"),
+    ("/v1/completions", {"prompt": P1, "max_tokens": 2, "seed": 2 ** 63 - 1, "n": 2}, 400, "'seed' must be in"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": words(range(100))}]}, 400,
+     "and no room is left for a completion"),  # no max_tokens sent: the prompt alone is too long
 ])
 def test_malformed_requests(server: Server, path: str, body: Any, status: int, needle: str) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as h:
@@ -201,6 +209,8 @@ def test_malformed_requests(server: Server, path: str, body: Any, status: int, n
         assert r.status_code == status, r.text
         err = r.json()["error"]
         assert needle in err["message"] and err["type"] == "invalid_request_error"
+        if "no room" in needle:
+            assert err["code"] == "context_length_exceeded" and err["param"] == "messages"
         assert h.get("/health").status_code == 200
 
 
@@ -211,9 +221,12 @@ def _wait(cond: Any, what: str, timeout: float = 30) -> None:
         time.sleep(0.02)
 
 
-def test_client_disconnect_aborts(server: Server, monkeypatch: Any) -> None:
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_disconnect_aborts(server: Server, monkeypatch: Any, stream: bool) -> None:
+    """A client that goes away while its tokens keep coming has its request aborted, streamed
+    or not (a non-streaming request's connection is checked while it runs, not only when idle)."""
     eng = server.engine
-    aborted = eng.stats()["finished"]["abort"]
+    before = eng.stats()
     step = eng.step
 
     def slow_step() -> Any:  # so that the 80 tokens cannot all be produced before the disconnect is seen
@@ -221,16 +234,17 @@ def test_client_disconnect_aborts(server: Server, monkeypatch: Any) -> None:
         return step()
 
     monkeypatch.setattr(eng, "step", slow_step)
-    with httpx.Client(base_url=server.url, timeout=30) as h:
-        with h.stream("POST", "/v1/completions", json={"prompt": P1, "max_tokens": 80, "stream": True}) as r:
-            assert r.status_code == 200
-            it = r.iter_lines()
-            got = [next(it) for _ in range(3)]
-            assert all(g.startswith("data: ") or g == "" for g in got)
-    _wait(lambda: eng.stats()["finished"]["abort"] > aborted and eng.stats()["running"] == 0,
+    body = json.dumps({"prompt": P1, "max_tokens": 80, "stream": stream}).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        _wait(lambda: eng.stats()["generated_tokens"] >= before["generated_tokens"] + 3, "the request runs")
+    _wait(lambda: eng.stats()["finished"]["abort"] > before["finished"]["abort"] and eng.stats()["running"] == 0,
           "the disconnected request was not aborted")
     monkeypatch.undo()
-    assert eng.stats()["generated_tokens"] < 10 ** 6
+    after = eng.stats()
+    assert after["finished"]["length"] == before["finished"]["length"]
+    assert after["generated_tokens"] - before["generated_tokens"] < 80
     # the server keeps serving
     with httpx.Client(base_url=server.url, timeout=30) as h:
         r = h.post("/v1/completions", json={"prompt": P2, "max_tokens": 3, "temperature": 0})
@@ -344,3 +358,117 @@ def test_engine_loop_fails_only_the_request_whose_prompt_fails() -> None:
         loop.close()
     assert len(got["bad"]) == 1 and isinstance(got["bad"][0], ValueError) and "99999" in str(got["bad"][0])
     assert sum(len(item[0].tokens) for item in got["good"]) == 4 and loop.step_errors == 0
+
+
+def _per_position() -> int:
+    with Engine(ours(MODEL), max_length=MAX_LENGTH) as eng:
+        return eng.stats()["request_bytes"] // MAX_LENGTH
+
+
+def test_a_request_that_can_never_fit_the_budget_is_refused_alone(monkeypatch: Any) -> None:
+    """On a paged engine with a budget of two blocks, a request needing three gets a 400 up
+    front while a request running beside it completes."""
+    eng = Engine(ours(MODEL), max_length=MAX_LENGTH, block_size=16, budget=2 * 16 * _per_position())
+    step = eng.step
+
+    def slow_step() -> Any:  # the small request still runs when the big one arrives
+        time.sleep(0.01)
+        return step()
+
+    monkeypatch.setattr(eng, "step", slow_step)
+    srv = Server(create_app(eng, TOK, model_name=NAME))
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as h:
+            small = {"prompt": P2, "max_tokens": 20, "temperature": 0, "stream": True}  # 22 positions
+            with h.stream("POST", "/v1/completions", json=small) as r:
+                lines = r.iter_lines()
+                parts = [next(lines)]
+                big = h.post("/v1/completions", json={"prompt": P1, "max_tokens": 40})  # 47 positions
+                assert big.status_code == 400 and "can never fit" in big.json()["error"]["message"], big.text
+                parts += list(lines)
+        text = "".join(json.loads(p[6:])["choices"][0]["text"] for p in parts if p.startswith("data: {"))
+        assert text == expected_text(P2, 20)
+        assert srv.app.state.olkv["server"].loop.step_errors == 0
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("factory", ["none", "given", "failing twice"])
+def test_engine_loop_recovers_from_a_failed_step(factory: str) -> None:
+    """A step that raises (a failure the engine did not contain) fails the requests in flight;
+    the loop goes on with a fresh engine (without a factory: one like the failed engine; while
+    the factory fails, submit raises RuntimeError). The failed request's id reaches no request
+    of the new engine (its late abort leaves the new request running), and the counters go on
+    from the failed engine's."""
+    from onnx_light_kv.serve.http import EngineLoop
+
+    sess = ours(MODEL)
+    eng = Engine(sess, max_batch=3, max_length=MAX_LENGTH)
+    made: List[int] = []
+
+    def make() -> Engine:
+        made.append(1)
+        if factory == "failing twice" and len(made) <= 2:
+            raise MemoryError("no room")
+        return Engine(sess, max_batch=3, max_length=MAX_LENGTH)
+
+    def boom() -> Any:
+        raise RuntimeError("boom")
+
+    eng.step = boom
+    loop = EngineLoop(eng, None if factory == "none" else make)
+    got: Dict[str, List[Any]] = {"a": [], "c": []}
+    try:
+        a = loop.submit([3, 17, 42], got["a"].append, max_new_tokens=4)
+        _wait(lambda: got["a"], "the failed step reaches the request in flight")
+        assert len(got["a"]) == 1 and isinstance(got["a"][0], RuntimeError) and loop.step_errors == 1
+        if factory == "failing twice":
+            with pytest.raises(RuntimeError, match="cannot be rebuilt: no room"):
+                loop.submit([1, 2], got["c"].append, max_new_tokens=2)
+            assert loop.stats()["requests"] == 1 and loop.stats()["finished"]["abort"] == 1
+        c = loop.submit([200, 9], got["c"].append, max_new_tokens=5)
+        assert c != a and loop.engine is not eng
+        assert (loop.engine.max_batch, loop.engine.max_length) == (3, MAX_LENGTH)
+        loop.abort(a)  # what the failed request's handler does when it ends
+        _wait(lambda: got["c"] and got["c"][-1][0].finished, "the new request ends")
+        assert [t for item in got["c"] for t in item[0].tokens] == expected([200, 9], 5)
+        st = loop.stats()
+        assert st["requests"] == 2 and st["finished"]["abort"] == 1 and st["finished"]["length"] == 1
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("factory,statuses", [
+    (False, [500, 200]),
+    (True, [500, 503, 200]),  # the factory fails at the rebuild and again at the next request
+])
+def test_app_recovers_after_a_failed_step(factory: bool, statuses: List[int]) -> None:
+    """create_app with or without engine_factory: the request in flight when a step raises
+    gets a 500, a request while no engine can be made a 503, and then the app serves again."""
+    sess = ours(MODEL)
+    eng = Engine(sess, max_length=MAX_LENGTH)
+    made: List[int] = []
+
+    def make() -> Engine:
+        made.append(1)
+        if len(made) <= 2:
+            raise MemoryError("no room")
+        return Engine(sess, max_length=MAX_LENGTH)
+
+    def boom() -> Any:
+        raise RuntimeError("boom")
+
+    eng.step = boom
+    srv = Server(create_app(eng, TOK, model_name=NAME, engine_factory=make if factory else None))
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as h:
+            got = []
+            for _ in statuses:
+                r = h.post("/v1/completions", json={"prompt": P2, "max_tokens": 3, "temperature": 0})
+                got.append(r.status_code)
+                if r.status_code != 200:
+                    assert r.json()["error"]["type"] == "server_error", r.text
+            assert got == statuses
+            assert r.json()["choices"][0]["text"] == expected_text(P2, 3)
+    finally:
+        srv.stop()

@@ -18,6 +18,7 @@ tokens ``generate`` gives it alone.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
 import threading
@@ -37,6 +38,10 @@ from ..generation.runner import StateRunner, cache_path_available, paged_states_
 __all__ = ["Engine", "StepOutput", "Request"]
 
 _log = logging.getLogger("onnx_light_kv.serve")
+
+#: request ids, shared by every engine of the process: an id is never handed out twice, so an id
+#: kept from one engine (a rebuilt server's, say) cannot reach another engine's request
+_REQUEST_IDS = itertools.count(1)
 
 
 class StepOutput(NamedTuple):
@@ -70,9 +75,9 @@ class Request:
     """With ``logprobs=n > 0``: the ``n`` most probable tokens and their log-probabilities per step."""
     finish_reason: Optional[str] = None
     """None while running; "stop" (eos or a stop sequence), "length" (``max_new_tokens``),
-    "abort", or "error" (its prompt could not run: :attr:`error` says why) when done."""
+    "abort", or "error" (its state or a model call it ran failed: :attr:`error` says why) when done."""
     error: Optional[str] = None
-    """Why the request's prompt failed (``finish_reason == "error"``), else None."""
+    """Why the request failed (``finish_reason == "error"``), else None."""
     arrival: float = 0.0
     first_token_time: Optional[float] = None
     finish_time: Optional[float] = None
@@ -109,7 +114,9 @@ class Engine:
             a longer prompt is prefilled in chunks over several steps).
         budget: bytes the running requests' KV caches may reserve (None: no limit but the
             machine's). When the next request does not fit, admission pauses (it waits in the
-            queue) and running requests are never failed.
+            queue) and running requests are never failed; :meth:`add_request` refuses a request
+            whose caches alone exceed it, and a budget that cannot hold the smallest request
+            raises ``BudgetError`` here.
         max_length: positions per sequence, prompt included: a request whose
             ``prompt + max_new_tokens`` exceeds it is refused with ``ValueError``. On
             contiguous caches every request reserves (and the budget counts) this many
@@ -125,6 +132,12 @@ class Engine:
             as the request's own, so the budget is never exceeded by a shared block's release.
         state_options: more ``create_state`` keyword arguments (``dtype`` of the caches; the
             quantization options ``quant``, ``quant_group``, ``k_axis``, ``residual``).
+
+    A model call that fails ends the requests it ran with ``finish_reason == "error"`` (a
+    prefill: that request; a decode call: the running requests, whose shared caches it may have
+    left half-written) and the engine goes on with the others.
+
+    Request ids are unique in the process: no two engines hand out the same id.
 
     Thread safety: :meth:`add_request`, :meth:`abort`, :meth:`stats` and :meth:`request` may be
     called from any thread while one thread runs :meth:`step`; requests added or aborted during
@@ -169,10 +182,14 @@ class Engine:
             info = self._probe(opts)  # checks block_size
             self.block_size = int(info["layers"][0]["block_size"]) if info["layers"] else None
         self._state_options = opts
-        if self.budget is not None and not self.paged and self._request_bytes > self.budget:
-            raise BudgetError(f"budget of {self.budget} bytes cannot hold one request's caches: "
-                              f"{self._request_bytes} bytes for max_length={self.max_length}")
-        self._ids = itertools.count(1)
+        smallest = self._cost(2)  # one prompt token and one new token
+        if self.budget is not None and smallest > self.budget:
+            raise BudgetError(f"budget of {self.budget} bytes cannot hold one request's caches: {smallest} bytes for "
+                              + (f"one block of {self.block_size} positions" if self.paged
+                                 else f"max_length={self.max_length}"))
+        self._config = dict(max_batch=max_batch, max_tokens_per_step=max_tokens_per_step, budget=budget,
+                            max_length=max_length, block_size=block_size, prefix_cache=prefix_cache,
+                            state_options=dict(state_options or {}))
         self._lock = threading.Lock()
         self._inbox: Deque[Tuple[str, Any]] = collections.deque()
         self._requests: Dict[int, Request] = {}
@@ -213,9 +230,11 @@ class Engine:
         probable alternatives (0: the chosen token's only). Returns the request id.
 
         Raises:
-            ValueError: bad options, or a prompt that can never fit (``prompt + max_new_tokens
-            > max_length``, or more positions than the model's position table has: see
-            ``DecoderIO.max_positions``). TypeError: ids that are not integers.
+            ValueError: bad options, a closed engine, or a prompt that can never fit
+            (``prompt + max_new_tokens > max_length``; caches larger than the whole ``budget``;
+            or more positions than the model's position table has: see
+            ``DecoderIO.check_generation``).
+            TypeError: ids that are not integers.
         """
         ids = np.asarray(input_ids)
         if ids.size == 0:
@@ -237,17 +256,20 @@ class Engine:
             raise ValueError(f"the request can never fit: {ids.size} prompt tokens + max_new_tokens={max_new} "
                              f"exceed the engine's max_length={self.max_length}")
         # a step past the model's position table would fail every running request
-        self.io.check_positions(ids.size + max_new, f"the request ({ids.size} prompt tokens + "
-                                f"max_new_tokens={max_new})")
+        self.io.check_generation(ids.size, max_new, f"the request ({ids.size} prompt tokens + "
+                                 f"max_new_tokens={max_new})")
+        cost = self._cost(ids.size + max_new)
+        if self.budget is not None and cost > self.budget:  # admission would wait for it forever
+            raise ValueError(self._beyond_budget(ids.size, max_new, cost))
         opts = SamplingOptions(do_sample, temperature, top_k, top_p, min_p, repetition_penalty)
         stop = StopCondition.of(eos_token_id, stop_sequences)
         lpn = optional_integer(logprobs, "logprobs", lo=0, hi=20)
         rng = np.random.default_rng(optional_integer(seed, "seed", lo=0))
-        rid = next(self._ids)
-        req = Request(rid, ids, max_new, opts, stop, lpn, rng, arrival=time.perf_counter())
         with self._lock:
             if self._closed:
                 raise ValueError("the engine is closed")
+            rid = next(_REQUEST_IDS)
+            req = Request(rid, ids, max_new, opts, stop, lpn, rng, arrival=time.perf_counter())
             self._requests[rid] = req
             self._inbox.append(("add", req))
         return rid
@@ -284,15 +306,21 @@ class Engine:
         """Run one step: one model call over every running request (one new token each), then
         prefill chunks of new requests (up to ``max_tokens_per_step`` prompt tokens), admitting
         queued requests while ``max_batch`` and the budget allow. Returns each request's new
-        tokens and whether it finished (an aborted request is reported once, finished, with
-        no tokens)."""
+        tokens and whether it finished (an aborted request, or one a failed model call ended
+        with ``finish_reason == "error"``, is reported once, finished, with no tokens).
+
+        Raises:
+            ValueError: the engine is closed (:meth:`close`).
+        """
+        if self._closed:
+            raise ValueError("the engine is closed")
         outputs: Dict[int, StepOutput] = {}
         self._drain(outputs)
         t0 = time.perf_counter()
         produced = 0
         if self._rows:
             produced += self._decode(outputs)
-        self._admit()
+        self._admit(outputs)
         produced += self._prefill(outputs)
         self._leave()
         if produced:
@@ -332,31 +360,48 @@ class Engine:
     def _reserved(self) -> int:
         return sum(r._cost for r in self._rows) + sum(r._cost for r in self._prefilling)
 
-    def _cost_of(self, req: Request) -> int:
-        """The cache bytes admission counts for ``req``: ``max_length`` positions on contiguous
-        caches; its ``prompt + max_new_tokens`` in whole blocks on paged ones."""
+    def _cost(self, positions: int) -> int:
+        """The cache bytes admission counts for a request of ``positions`` (its ``prompt +
+        max_new_tokens``): ``max_length`` positions on contiguous caches; ``positions`` in whole
+        blocks on paged ones."""
         if not self.paged or not self._position_bytes:
             return self._request_bytes
         bs = self.block_size or 1
-        return -(-(req.prompt.size + req.max_new_tokens) // bs) * bs * self._position_bytes
+        return -(-positions // bs) * bs * self._position_bytes
 
-    def _admit(self) -> None:
+    def _cost_of(self, req: Request) -> int:
+        return self._cost(req.prompt.size + req.max_new_tokens)
+
+    def _beyond_budget(self, prompt: int, max_new: int, cost: int) -> str:
+        where = f"in blocks of {self.block_size} positions" if self.paged else f"for max_length={self.max_length}"
+        return (f"the request can never fit: {prompt} prompt tokens + max_new_tokens={max_new} need {cost} bytes of "
+                f"caches ({where}), more than the engine's whole budget of {self.budget} bytes")
+
+    def _admit(self, outputs: Dict[int, StepOutput]) -> None:
         while self._queue and len(self._rows) + len(self._prefilling) < self.max_batch:
             req = self._queue[0]
             cost = self._cost_of(req)
             if self.budget is not None and self._reserved() + cost > self.budget:
-                if cost > self.budget:  # learnt from the first run: nothing ever fits
-                    raise BudgetError(f"budget of {self.budget} bytes cannot hold one request's caches: "
-                                      f"{cost} bytes for max_length={self.max_length}")
+                if cost > self.budget:  # its size learnt from the first run: it alone can never start
+                    self._queue.popleft()
+                    self._fail(req, ValueError(self._beyond_budget(req.prompt.size, req.max_new_tokens, cost)),
+                               outputs)
+                    continue
                 self._counts["admission_paused"] += 1
                 return
             try:
                 req._runner = StateRunner(self.session, self.io, 1, self.max_length, self._state_options)
-            except MemoryError:  # the machine (not our budget) is out of room: wait for rows to leave
-                if not self._rows and not self._prefilling:
-                    raise
+            except MemoryError as e:  # the machine (not our budget) is out of room: wait for rows to leave
+                if not self._rows and not self._prefilling:  # nothing will leave: it can never start
+                    self._queue.popleft()
+                    self._fail(req, e, outputs)
+                    continue
                 self._counts["admission_paused"] += 1
                 return
+            except Exception as e:  # its state cannot be made: it alone ends
+                self._queue.popleft()
+                self._fail(req, e, outputs)
+                continue
             self._queue.popleft()
             req._cost = cost
             req._seq = req.prompt.copy()
@@ -368,24 +413,20 @@ class Engine:
         for req in list(self._prefilling):
             if room <= 0:
                 break
-            if self.prefix_cache and req._prefilled == 0 and req._runner.length == 0:
-                req.reused_tokens = req._prefilled = req._runner.reuse_prefix(req.prompt)
-                self._counts["prefix_tokens"] += req.reused_tokens
-                self._counts["prefix_hits"] += int(req.reused_tokens > 0)
-            start = req._prefilled
-            n = min(room, req.prompt.size - start)
             try:
+                if self.prefix_cache and req._prefilled == 0 and req._runner.length == 0:
+                    req.reused_tokens = req._prefilled = req._runner.reuse_prefix(req.prompt)
+                    self._counts["prefix_tokens"] += req.reused_tokens
+                    self._counts["prefix_hits"] += int(req.reused_tokens > 0)
+                start = req._prefilled
+                n = min(room, req.prompt.size - start)
                 logits = req._runner.run(req.prompt[None, start:start + n])
-            except (ValueError, NotImplementedError) as e:
+            except Exception as e:
                 # This request's prompt cannot run (a token id beyond a vocabulary the model
-                # does not declare, say): it alone ends, the others go on.
-                _log.warning("request %d failed in its prefill: %s", req.request_id, e)
-                req.error = str(e)
+                # does not declare, its state out of memory, ...): it runs on a state of its
+                # own, so it alone ends and the others go on.
                 self._prefilling.remove(req)
-                req._runner.close()
-                req._runner = None
-                self._finish(req, "error")
-                outputs[req.request_id] = StepOutput(req.request_id, [], True)
+                self._fail(req, e, outputs)
                 continue
             if self._vocab is None:
                 self._vocab = int(np.shape(logits)[-1])
@@ -428,7 +469,20 @@ class Engine:
         mask = (np.arange(P + 1)[None, :] >= (P - held)[:, None]).astype(np.int64)
         ids = np.array([[r._seq[-1]] for r in rows], np.int64)
         feeds = step_feeds(self.io, ids, mask, P)
-        logits, = self.session.run([self.io.logits], feeds, state=state)
+        try:
+            logits, = self.session.run([self.io.logits], feeds, state=state)
+        except Exception as e:
+            # The running requests share this state, which the call may have left half-written:
+            # they end; queued and prefilling requests (states of their own) go on.
+            _log.exception("the decode call failed: its %d running requests end", B)
+            for req in rows:
+                if not req.finished:
+                    self._fail(req, e, outputs)
+            self._rows = []
+            self._state = None
+            with contextlib.suppress(Exception):
+                state.close()
+            return 0
         logits = np.asarray(logits)
         for b in range(B):
             req = rows[b]
@@ -462,6 +516,17 @@ class Engine:
         elif len(req.tokens) >= req.max_new_tokens:
             self._finish(req, "length")
         return req.finished
+
+    def _fail(self, req: Request, error: BaseException, outputs: Dict[int, StepOutput]) -> None:
+        """End ``req`` (already out of the queue and the running lists) with ``finish_reason ==
+        "error"`` because a model call or its state failed; the others go on."""
+        _log.warning("request %d failed: %s: %s", req.request_id, type(error).__name__, error)
+        req.error = str(error)
+        if req._runner is not None:
+            req._runner.close()
+            req._runner = None
+        self._finish(req, "error")
+        outputs[req.request_id] = StepOutput(req.request_id, [], True)
 
     def _finish(self, req: Request, reason: str) -> None:
         req.finish_reason = reason
@@ -521,11 +586,24 @@ class Engine:
                 "cache_blocks_used": used, "cache_blocks_free": free, "prefix_hits": c["prefix_hits"],
                 "prefix_tokens": c["prefix_tokens"]}
 
+    def fresh(self) -> "Engine":
+        """A new engine with no requests over the same session and with the same options (what
+        :class:`~onnx_light_kv.serve.http.EngineLoop` rebuilds after a failed step when it was
+        given no factory)."""
+        return type(self)(self.session, **self._config)
+
     def close(self) -> None:
-        """Abort everything and release the caches."""
+        """Abort everything and release the caches: every request not finished yet (queued ones
+        and those added since the last step included) ends with ``finish_reason == "abort"``.
+        Afterwards :meth:`add_request` and :meth:`step` raise ``ValueError`` and
+        :meth:`has_work` is False; closing again does nothing."""
         with self._lock:
             self._closed = True
-        for req in list(self._queue) + list(self._prefilling) + list(self._rows):
+            items = list(self._inbox)
+            self._inbox.clear()
+        added = [req for kind, req in items if kind == "add"]
+        self._counts["requests"] += len(added)
+        for req in added + list(self._queue) + list(self._prefilling) + list(self._rows):
             if not req.finished:
                 self._finish(req, "abort")
             if req._runner is not None:

@@ -14,9 +14,10 @@ when there is one (rendered with jinja2, ``add_generation_prompt=True``), else t
 :data:`DEFAULT_CHAT_TEMPLATE`: one ``role: content`` line per message, then ``assistant:``.
 
 Errors use OpenAI's body (``{"error": {"message", "type", "param", "code"}}``): malformed JSON
-or parameters get 400, an unknown model 404. One thread runs the engine's steps; the event loop
-only queues requests and streams tokens, so a client that disconnects has its request aborted
-at the next step and nothing a client sends reaches another request's state.
+or parameters get 400 (as does a request that can never fit the engine), an unknown model 404, a
+failed model call 500, an engine that cannot take requests now 503. One thread runs the engine's
+steps; the event loop only queues requests and streams tokens, so a client that disconnects has
+its request aborted at the next step and nothing a client sends reaches another request's state.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import contextlib
 import inspect
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -40,6 +42,12 @@ from .engine import Engine, StepOutput
 __all__ = ["EngineLoop", "create_app", "serve", "DEFAULT_CHAT_TEMPLATE", "add_arguments", "run"]
 
 _log = logging.getLogger("onnx_light_kv")
+
+#: seconds between two checks that a non-streaming request's client is still connected
+_DISCONNECT_POLL_S = 0.25
+#: the engine stats that count since the start (a rebuilt engine's count on from its predecessor's)
+_COUNTERS = ("requests", "prompt_tokens", "generated_tokens", "steps", "admission_paused", "prefix_hits",
+             "prefix_tokens")
 
 #: the chat template used when the tokenizer has none (jinja2 syntax, documented in the README)
 DEFAULT_CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -64,17 +72,23 @@ class EngineLoop:
     """Runs ``engine.step()`` on a thread of its own while there is work and hands each
     request's outputs to the callback it was submitted with (called on the loop thread).
 
-    ``factory`` makes a fresh engine when a step raises: the requests in flight then get the
-    error (their callback receives it) and the server keeps serving.
+    A failed model call ends only the requests it ran (the engine finishes them with
+    ``finish_reason == "error"``; their callbacks receive the error). Should a step raise
+    nonetheless, the engine's state is unknown: the requests in flight get the error and
+    ``factory`` makes a fresh engine (None: :meth:`Engine.fresh`, the same session and options),
+    so the server keeps serving. Request ids are never reused, so an abort of a request of the
+    failed engine reaches no other; :meth:`stats` keeps counting across engines.
     """
 
     def __init__(self, engine: Engine, factory: Optional[Callable[[], Engine]] = None) -> None:
         self.engine = engine
-        self._factory = factory
+        self._factory = factory if factory is not None else engine.fresh
         self._lock = threading.Lock()
         self._sinks: Dict[int, Callable[[Any], None]] = {}
         self._wake = threading.Event()
         self._stop = False
+        self._lost: Optional[BaseException] = None  # why the last rebuild failed
+        self._retired: Dict[str, Any] = {"finished": {}}  # the counters of the engines replaced
         self.step_errors = 0
         self._thread = threading.Thread(target=self._run, name="olkv-engine", daemon=True)
         self._thread.start()
@@ -85,15 +99,34 @@ class EngineLoop:
         return self.engine.max_length
 
     def stats(self) -> Dict[str, Any]:
-        """The engine's :meth:`~Engine.stats` plus ``step_errors``."""
-        return dict(self.engine.stats(), step_errors=self.step_errors)
+        """The engine's :meth:`~Engine.stats` plus ``step_errors``; the counters (requests,
+        finished, tokens, steps, ...) include those of the engines a failed step replaced."""
+        with self._lock:
+            st = dict(self.engine.stats(), step_errors=self.step_errors)
+            past = self._retired
+            for k in _COUNTERS:
+                st[k] += past.get(k, 0)
+            st["finished"] = {r: n + past["finished"].get(r, 0) for r, n in st["finished"].items()}
+        return st
 
     def submit(self, input_ids: Any, sink: Callable[[Any], None], session: Optional[str] = None,
                **options: Any) -> int:
         """Add a request (``Engine.add_request`` options); ``sink`` receives ``(StepOutput,
         logprobs, top_logprobs, finish_reason)`` tuples, or an exception if the engine fails.
-        ``session`` (a conversation id) only matters to backends with several engines."""
+        ``session`` (a conversation id) only matters to backends with several engines.
+
+        Raises:
+            ValueError, TypeError: the engine refuses the request. RuntimeError: the loop is
+            closed, or its engine failed and cannot be rebuilt now.
+        """
         with self._lock:
+            if self._stop:
+                raise RuntimeError("the engine loop is closed")
+            if self._lost is not None:  # the rebuild after a failed step failed: try again
+                try:
+                    self._swap(self._factory())
+                except Exception as e:
+                    raise RuntimeError(f"the engine failed and cannot be rebuilt: {e}") from e
             rid = self.engine.add_request(input_ids, **options)
             self._sinks[rid] = sink
         self._wake.set()
@@ -121,15 +154,12 @@ class EngineLoop:
                 continue
             try:
                 outs = self.engine.step()
-            except Exception as e:  # a model failure must not end the server
+            except Exception as e:  # a failure the engine did not contain must not end the server
                 _log.exception("engine step failed; failing the requests in flight")
                 self.step_errors += 1
                 with self._lock:
                     sinks, self._sinks = self._sinks, {}
-                    old = self.engine
-                    if self._factory is not None:
-                        self.engine = self._factory()
-                old.close()
+                    self._replace()
                 for sink in sinks.values():
                     sink(e)
                 continue
@@ -147,6 +177,29 @@ class EngineLoop:
                     if out.finished:
                         self._sinks.pop(out.request_id, None)
                         self.engine.release(out.request_id)
+
+    def _replace(self) -> None:
+        """Close the engine a step failed in (its requests end) and make a fresh one (under
+        the lock). If that fails, the next :meth:`submit` tries again."""
+        try:
+            self.engine.close()
+        except Exception:
+            _log.exception("closing the failed engine failed")
+        try:
+            self._swap(self._factory())
+        except Exception as e:
+            _log.exception("the engine could not be rebuilt")
+            self._lost = e
+
+    def _swap(self, engine: Engine) -> None:
+        """Go on with ``engine``, keeping the counters of the closed one (under the lock)."""
+        st = self.engine.stats()
+        for k in _COUNTERS:
+            self._retired[k] = self._retired.get(k, 0) + st[k]
+        for r, n in st["finished"].items():
+            self._retired["finished"][r] = self._retired["finished"].get(r, 0) + n
+        self.engine = engine
+        self._lost = None
 
 
 # -- request parsing ---------------------------------------------------------------------------
@@ -170,7 +223,11 @@ def _get(body: Dict[str, Any], name: str, kinds: Tuple[type, ...], default: Any,
 
 
 def _number(body: Dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
-    v = float(_get(body, name, (int, float), default, "a number"))
+    v = _get(body, name, (int, float), default, "a number")
+    try:
+        v = float(v)
+    except OverflowError:  # an integer beyond any float: out of range
+        v = math.inf if v > 0 else -math.inf
     if not lo <= v <= hi:
         raise RequestError(f"'{name}' must be in [{lo}, {hi}], got {v}", name)
     return v
@@ -187,14 +244,20 @@ class _Params:
         #: the conversation key for session-affinity routing (x-session-id header, else 'user')
         self.session = session or user
         room = max_length - prompt_len
-        default = 16 if not chat else room
         key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
-        self.max_tokens = int(_get(body, key, (int,), default, "an integer"))
+        given = body.get(key) is not None
+        # chat's default is the room left, at least one token (the check below refuses none left)
+        self.max_tokens = int(_get(body, key, (int,), 16 if not chat else max(room, 1), "an integer"))
         if self.max_tokens < 1:
             raise RequestError(f"'{key}' must be >= 1, got {self.max_tokens}", key)
         if self.max_tokens > room:
+            if given:
+                more = f"'{key}' asks for {self.max_tokens} more"
+            else:
+                more = "no room is left for a completion" if room < 1 else (
+                    f"only {room} more fit ('{key}' defaults to {self.max_tokens})")
             raise RequestError(f"this model's maximum context length is {max_length} tokens; the prompt has "
-                               f"{prompt_len} and '{key}' asks for {self.max_tokens} more", key,
+                               f"{prompt_len} and {more}", key if given else ("messages" if chat else "prompt"),
                                code="context_length_exceeded")
         self.temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
         self.top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
@@ -204,8 +267,9 @@ class _Params:
         if not 1 <= self.n <= 16:
             raise RequestError(f"'n' must be in [1, 16], got {self.n}", "n")
         self.seed = _get(body, "seed", (int,), None, "an integer")
-        if self.seed is not None and not 0 <= self.seed < 2 ** 63:
-            raise RequestError("'seed' must be in [0, 2**63)", "seed")
+        if self.seed is not None and not 0 <= self.seed <= 2 ** 63 - self.n:  # choice i seeds seed + i
+            raise RequestError(f"'seed' must be in [0, 2**63 - n] (choice i uses seed + i), got {self.seed} "
+                               f"with n={self.n}", "seed")
         stop = body.get("stop")
         if stop is None:
             self.stop: List[str] = []
@@ -308,13 +372,13 @@ class _Server:
     def completion_prompts(self, body: Dict[str, Any]) -> List[List[int]]:
         p = body.get("prompt")
         if isinstance(p, str):
-            prompts = [p]
+            prompts: List[Any] = [p]
         elif isinstance(p, list) and p and all(isinstance(x, str) for x in p):
             prompts = list(p)
         elif isinstance(p, list) and p and all(isinstance(x, int) and not isinstance(x, bool) for x in p):
-            return [self._check_ids(p)]
+            prompts = [p]
         elif isinstance(p, list) and p and all(isinstance(x, list) for x in p):
-            return [self._check_ids(x) for x in p]
+            prompts = list(p)
         else:
             raise RequestError("'prompt' must be a string, a list of strings, a list of token ids or a list of "
                                "such lists (non-empty)", "prompt")
@@ -322,6 +386,9 @@ class _Server:
             raise RequestError("at most 16 prompts per request", "prompt")
         out = []
         for text in prompts:
+            if isinstance(text, list):
+                out.append(self._check_ids(text))
+                continue
             _valid_text(text, "prompt")
             ids = self.tok.encode(text).ids
             if not ids:
@@ -373,6 +440,8 @@ class _Server:
                                    session=session, **opts)
         except (ValueError, TypeError) as e:
             raise RequestError(str(e)) from None
+        except RuntimeError as e:  # closed, or its engine failed and cannot be rebuilt now
+            raise RequestError(str(e), status=503) from None
         return rid, q
 
     async def choices(self, prompts: List[List[int]], params: _Params, request: Any
@@ -401,12 +470,16 @@ class _Server:
 
                 pumps.append(asyncio.ensure_future(pump()))
             left = len(runs)
+            clock = asyncio.get_running_loop()
+            polled = clock.time()
             while left:
-                try:
-                    i, item = await asyncio.wait_for(merged.get(), timeout=1.0)
-                except asyncio.TimeoutError:
-                    if request is not None and await request.is_disconnected():
+                if request is not None and clock.time() - polled >= _DISCONNECT_POLL_S:
+                    if await request.is_disconnected():  # (a stream's client is seen by the response)
                         return
+                    polled = clock.time()
+                try:
+                    i, item = await asyncio.wait_for(merged.get(), timeout=_DISCONNECT_POLL_S)
+                except asyncio.TimeoutError:
                     continue
                 if isinstance(item, Exception):
                     raise RequestError(f"the model failed: {item}", status=500)
@@ -443,7 +516,9 @@ def create_app(engine: Any, tokenizer: Any, *, model_name: str = "model", chat_t
     """The Starlette application serving ``engine`` (see the module docstring). The engine's
     steps run on a thread the app starts at startup and stops at shutdown. ``tokenizer``: a
     ``tokenizers.Tokenizer`` or a ``tokenizer.json`` path (a ``tokenizer_config.json`` next to it
-    supplies the chat template unless ``chat_template`` is given).
+    supplies the chat template unless ``chat_template`` is given). ``engine_factory`` makes the
+    fresh engine the app goes on with when a step raises (None: :meth:`Engine.fresh`, one like
+    ``engine``; see :class:`EngineLoop`).
 
     ``engine`` may also be a backend with :class:`EngineLoop`'s interface (``submit``, ``abort``,
     ``stats``, ``close``, ``max_length``), such as the Ray Serve router of
@@ -483,6 +558,8 @@ def create_app(engine: Any, tokenizer: Any, *, model_name: str = "model", chat_t
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             raise RequestError(f"the request body is not valid JSON: {e}") from None
+        except RecursionError:
+            raise RequestError("the request body is not valid JSON: nested too deeply") from None
         if not isinstance(body, dict):
             raise RequestError("the request body must be a JSON object")
         m = body.get("model")
