@@ -496,3 +496,256 @@ def test_repr_info_and_html() -> None:
 
 def test_gopy_gc_hook_removed() -> None:
     assert not [cb for cb in gc.callbacks if getattr(cb, "__name__", "").startswith("_gopy")]
+
+
+# -- select under concurrency -------------------------------------------------
+
+
+@pytest.fixture
+def fast_thread_switches():
+    """Switch threads every few microseconds (not every 5 ms) so races show up in a
+    few hundred iterations."""
+    import sys
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    yield
+    sys.setswitchinterval(before)
+
+
+def _labelled_cache(batch: int, length: int = 8, layout: str = "contiguous") -> olkv.KVCache:
+    """A cache whose sequence b holds only the value b + 1 (K) and -(b + 1) (V)."""
+    c = olkv.KVCache(batch, 1, 4, capacity=16, layout=layout)
+    ids = np.arange(1, batch + 1, dtype=np.float32).reshape(batch, 1, 1, 1)
+    k = np.broadcast_to(ids, (batch, 1, length, 4))
+    c.append(k, -k)
+    return c
+
+
+def _state_of(k: np.ndarray, v: np.ndarray, states: list) -> bool:
+    """Whether an export (k, v) of a :func:`_labelled_cache` is exactly one of
+    ``states`` (lists of the kept sequences' labels)."""
+    for ids in states:
+        want = np.broadcast_to(np.asarray(ids, np.float32).reshape(-1, 1, 1, 1), (len(ids),) + k.shape[1:])
+        if k.shape[0] == len(ids) and np.array_equal(k, want) and np.array_equal(v, -want):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_select_is_atomic_for_export_lengths_checkpoint_and_fork(layout: str, fast_thread_switches) -> None:
+    """Threads exporting, reading lengths, checkpointing and forking while another
+    selects always see the batch before or after a select, never a mix (export used to
+    size its buffers from a stale batch and return uninitialized rows)."""
+    import threading
+
+    chain = [list(range(1, 17)), [2, 4, 6, 8, 10, 12, 14, 16], [4, 8, 12, 16], [16, 4], [4]]
+    picks = [[1, 3, 5, 7, 9, 11, 13, 15], [1, 3, 5, 7], [3, 0], [1]]  # indices into the previous state
+    problems: list = []
+    for _ in range(25):
+        c = _labelled_cache(16, layout=layout)
+        done = threading.Event()
+
+        def reader() -> None:
+            try:
+                while True:
+                    last = done.is_set()
+                    k, v = c.export()
+                    if not _state_of(k, v, chain):
+                        problems.append(("export", k.shape))
+                    n = len(c.lengths)
+                    ck = c.checkpoint()
+                    f = c.fork()
+                    fk, fv = f.export()
+                    f.close()
+                    if n not in {len(s) for s in chain} or len(ck.lengths) not in {len(s) for s in chain}:
+                        problems.append(("lengths", n, len(ck.lengths)))
+                    if not _state_of(fk, fv, chain):
+                        problems.append(("fork", fk.shape))
+                    if last:
+                        return
+            except Exception as e:  # noqa: BLE001 - any error is a failure of the test
+                problems.append(e)
+
+        threads = [threading.Thread(target=reader) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for p in picks:
+            c.select(p)
+        done.set()
+        for t in threads:
+            t.join(timeout=30)
+        assert not problems, problems[:5]
+        assert c.batch == c.info()["batch"] == 1 and _state_of(*c.export(), [[4]])
+        c.close()
+
+
+def test_concurrent_selects_keep_python_and_go_batch_equal(fast_thread_switches) -> None:
+    """Of two racing selects, the one that runs second either fails (its indices no
+    longer fit) or wins; the wrapper's batch always ends equal to the Go cache's (it
+    used to keep the size of whichever select updated it last)."""
+    import threading
+
+    for _ in range(300):
+        c = _labelled_cache(4)
+        start = threading.Barrier(2)
+
+        def sel(idx: list) -> None:
+            start.wait()
+            try:
+                c.select(idx)
+            except (ValueError, IndexError):
+                pass
+
+        ts = [threading.Thread(target=sel, args=([0, 1, 2],)), threading.Thread(target=sel, args=([0],))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(timeout=30)
+        assert c.batch == c.info()["batch"] == len(c.lengths) == 1  # [0, 1, 2] then [0], or [0] alone
+        assert _state_of(*c.export(), [[1]]), c.export()[0][:, 0, 0, 0]
+        c.close()
+
+
+def test_stale_batch_on_unlocked_paths_raises_and_changes_nothing() -> None:
+    """append, attention, truncate and reorder take no Python lock: while a select from
+    another thread is under way they may still see the old batch. The Go side checks
+    every size, so such a call raises ValueError and leaves the cache as it was."""
+    c = _labelled_cache(4)
+    c.select([1, 3])
+    before = c.export()
+    c._batch = 4  # what a thread sees between select's Go call and its update of the batch
+    k = np.ones((4, 1, 1, 4), np.float32)
+    calls = [lambda: c.append(k, k), lambda: c.append(k, k, counts=[1, 1, 1, 1]),
+             lambda: olkv.attention(np.ones((4, 2, 1, 4), np.float32), c),
+             lambda: olkv.attention(np.ones((4, 2, 1, 4), np.float32), c, kernel="reference"),
+             lambda: c.truncate([1, 1, 1, 1]), lambda: c.reorder([0, 1, 1, 0])]
+    for call in calls:
+        with pytest.raises(ValueError):
+            call()
+    c._batch = 2
+    after = c.export()
+    np.testing.assert_array_equal(before[0], after[0])
+    np.testing.assert_array_equal(before[1], after[1])
+    assert c.counters["append_calls"] == 1 and c.lengths.tolist() == [8, 8]
+
+
+def test_failed_checkpoint_leaves_no_native_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint() that raises after Go took the snapshot releases it (no Python
+    object would own it: it would pin rows until 64 newer checkpoints push it out)."""
+    c = _labelled_cache(2)
+
+    def fail(self: olkv.KVCache) -> np.ndarray:
+        raise ValueError("simulated failure")
+
+    monkeypatch.setattr(olkv.KVCache, "_lengths_locked", fail)
+    with pytest.raises(ValueError, match="simulated"):
+        c.checkpoint()
+    monkeypatch.undo()
+    assert c.info()["checkpoints"] == 0
+    ck = c.checkpoint()
+    assert c.info()["checkpoints"] == 1 and ck.lengths.tolist() == [8, 8]
+
+
+# -- pickling and copies --------------------------------------------------------
+
+
+def test_cache_arena_and_checkpoint_refuse_pickling() -> None:
+    """Handles are numbers valid in one process: pickling one would alias whatever
+    has that number elsewhere."""
+    import pickle
+
+    arena = olkv.Arena()
+    c = olkv.KVCache(1, 1, 4, capacity=8, arena=arena)
+    ck = c.checkpoint()
+    for obj, name in [(c, "KVCache"), (arena, "Arena"), (ck, "Checkpoint")]:
+        for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+            with pytest.raises(TypeError, match=f"{name} cannot be pickled: it holds native memory"):
+                pickle.dumps(obj, protocol=protocol)
+    with pytest.raises(TypeError, match="export\\(\\) its contents"):
+        pickle.dumps(c)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+@pytest.mark.parametrize("how", ["copy", "deepcopy"])
+def test_copy_and_deepcopy_of_a_cache_fork_it(layout: str, how: str) -> None:
+    """copy.copy and copy.deepcopy return fork(): an independent cache in the same
+    arena that outlives the original (they used to share its handle, or return a
+    closed cache)."""
+    import copy
+
+    c = _labelled_cache(2, length=3, layout=layout)
+    c.evict(2)
+    k0, v0 = c.export()
+    d = getattr(copy, how)(c)
+    assert isinstance(d, olkv.KVCache) and d is not c and d._h != c._h
+    assert d.arena is c.arena and d.layout == layout and d.batch == 2 and not d.closed
+    d.append(np.zeros((2, 1, 1, 4)), np.zeros((2, 1, 1, 4)))
+    c.select([1])
+    np.testing.assert_array_equal(c.export()[0], k0[1:])
+    del c
+    gc.collect()
+    k, v = d.export()
+    np.testing.assert_array_equal(k[:, :, :3], k0)
+    np.testing.assert_array_equal(v[:, :, :3], v0)
+    assert d.lengths.tolist() == [4, 4]
+    holder = copy.deepcopy({"a": d, "b": d})  # the memo keeps one copy per cache
+    assert holder["a"] is holder["b"] and holder["a"] is not d
+    d.close()
+    with pytest.raises(ValueError, match="closed"):
+        getattr(copy, how)(d)
+
+
+def test_arena_cannot_be_copied_and_checkpoint_copies_are_itself() -> None:
+    import copy
+
+    arena = olkv.Arena(budget=1 << 20)
+    for fn in (copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match="Arena cannot be copied"):
+            fn(arena)
+    c = olkv.KVCache(1, 1, 4, capacity=8, arena=arena)
+    c.append(np.ones((1, 1, 2, 4)), np.ones((1, 1, 2, 4)))
+    ck = c.checkpoint()
+    assert copy.copy(ck) is ck and copy.deepcopy(ck) is ck
+    c.append(np.ones((1, 1, 2, 4)), np.ones((1, 1, 2, 4)))
+    c.rollback(copy.copy(ck))
+    assert c.lengths.tolist() == [2] and arena.budget == 1 << 20
+
+
+# -- messages ---------------------------------------------------------------------
+
+
+def test_dtype_none_is_refused_by_name() -> None:
+    with pytest.raises(TypeError, match="dtype must be .*got None") as ei:
+        olkv.KVCache(1, 1, 8, capacity=4, dtype=None)
+    assert "float64" not in str(ei.value)
+
+
+class _Sub(np.ndarray):
+    pass
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+@pytest.mark.parametrize("make,exc,match", [
+    (lambda: np.empty((1, 2, 1, 8), np.float32).view(_Sub), TypeError, "not a subclass \\(got _Sub\\)"),
+    (lambda: np.ma.masked_array(np.empty((1, 2, 1, 8), np.float32)), TypeError, "not a subclass \\(got MaskedArray\\)"),
+    (lambda: [0.0] * 16, TypeError, "must be a numpy array, got list"),
+    (lambda: np.empty((1, 2, 1, 8), np.float64), ValueError, "got dtype float64"),
+    (lambda: np.empty((1, 2, 1, 7), np.float32), ValueError, "got shape \\(1, 2, 1, 7\\)"),
+    (lambda: np.empty((1, 2, 1, 16), np.float32)[..., ::2], ValueError, "C-contiguous"),
+    (lambda: np.broadcast_to(np.float32(0), (1, 2, 1, 8)), ValueError, "C-contiguous"),
+    (lambda: _readonly(np.empty((1, 2, 1, 8), np.float32)), ValueError, "writeable"),
+])
+def test_attention_out_errors_name_the_reason(make, exc, match) -> None:
+    c = olkv.KVCache(1, 1, 8, capacity=4)
+    c.append(np.ones((1, 1, 1, 8)), np.ones((1, 1, 1, 8)))
+    out = make()
+    with pytest.raises(exc, match=match):
+        olkv.attention(np.ones((1, 2, 1, 8), np.float32), c, out=out)
+    if isinstance(out, np.ndarray) and type(out) is not np.ndarray:  # the advice works
+        got = olkv.attention(np.ones((1, 2, 1, 8), np.float32), c, out=out.view(np.ndarray))
+        np.testing.assert_allclose(np.asarray(out), got)

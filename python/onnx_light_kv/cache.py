@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
 import weakref
-from typing import Any, Optional, Sequence, Union
+from typing import Any, NoReturn, Optional, Sequence, Union
 
 import numpy as np
 
@@ -67,12 +68,24 @@ def _export_presents(export: Any, hint: int, geom_k: tuple[int, int, int], geom_
         bound = max(n, 2 * bound)
 
 
+def _refuse_pickle(obj: Any, advice: str) -> NoReturn:
+    """Raise the TypeError of an object that holds native memory through a
+    handle: handle numbers are per process, so a pickled one would name an
+    unrelated object (or none) wherever it is unpickled."""
+    raise TypeError(f"{type(obj).__name__} cannot be pickled: it holds native memory through a handle that is "
+                    f"valid only in the process that created it; {advice}")
+
+
 class Arena:
     """Persistent memory that caches live in, with a byte budget.
 
     Caches reserve their capacity from an arena when they are created; freed
     caches return their buffers to it for reuse. Exceeding the budget raises
     :class:`BudgetError` (a ``MemoryError``) and changes nothing.
+
+    An arena is a shared pool, not a value: ``copy.copy``, ``copy.deepcopy``
+    and pickling raise TypeError (pass the same object around instead; a copy
+    of a cache, :meth:`KVCache.fork`, allocates from the original's arena).
 
     Args:
         budget: maximum bytes the arena hands out; ``None`` or 0 = unlimited.
@@ -121,6 +134,19 @@ class Arena:
         use = [("allocations", human_count(s["allocations"])), ("fragmentation", f"{s['fragmentation']:.1%}")]
         return html_table("Arena", {"memory": mem, "use": use})
 
+    # -- copies -------------------------------------------------------------
+    # The default protocol would copy the handle: two objects freeing one
+    # arena, or (unpickled elsewhere) another process's arena of that number.
+    def __copy__(self) -> NoReturn:
+        raise TypeError("an Arena cannot be copied: it is a shared pool of native memory; "
+                        "pass the same Arena object to every cache that should use it")
+
+    def __deepcopy__(self, memo: dict) -> NoReturn:
+        self.__copy__()
+
+    def __reduce_ex__(self, protocol: Any) -> NoReturn:
+        _refuse_pickle(self, "create an Arena in the receiving process")
+
 
 _default: Optional[Arena] = None
 
@@ -138,6 +164,16 @@ class Checkpoint:
 
     Obtained from :meth:`KVCache.checkpoint`; pass it to :meth:`KVCache.rollback`.
     It is released when garbage-collected or by :meth:`release`.
+
+    ``lengths`` are the lengths read right after the snapshot (by
+    :meth:`KVCache.checkpoint` under the lock :meth:`KVCache.select` takes, so
+    one per sequence of the snapshot); an append or truncate from another
+    thread in between would show in them. The snapshot that rollback
+    restores is taken in one step.
+
+    A checkpoint names a snapshot inside its cache: ``copy.copy`` and
+    ``copy.deepcopy`` return the checkpoint itself, and pickling raises
+    TypeError.
     """
 
     def __init__(self, cache: Any, ck_id: int, lengths: np.ndarray, release: Optional[tuple] = None) -> None:
@@ -156,6 +192,19 @@ class Checkpoint:
     def __repr__(self) -> str:
         return summary("Checkpoint", id=self.id, lengths=self.lengths,
                        released=True if not self._finalizer.alive else None)
+
+    # -- copies -------------------------------------------------------------
+    # The default protocol would share (copy) or duplicate (deepcopy) the
+    # finalizer that releases the snapshot, so a copy would go stale when the
+    # original is collected.
+    def __copy__(self) -> "Checkpoint":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "Checkpoint":
+        return self
+
+    def __reduce_ex__(self, protocol: Any) -> NoReturn:
+        _refuse_pickle(self, "a checkpoint is usable only with the cache it was taken on")
 
 
 #: Tokens per block of the paged layout when ``block_size`` is not given
@@ -259,6 +308,23 @@ class KVCache:
     ``residual + quant_group`` rows per sequence and head. Attention reads the
     sealed rows in place (dequantized in registers by the fused kernels).
 
+    Threads: every operation runs under the Go cache's lock, so one cache may
+    be used from several threads. :meth:`select` changes :attr:`batch`
+    together with the Go cache under a lock of this object, which
+    :meth:`export`, :attr:`lengths`, :meth:`checkpoint` and :meth:`fork` also
+    hold: each sees the batch before or after a concurrent select, never a
+    mix. :meth:`append`, :meth:`truncate`, :meth:`reorder` and
+    :func:`attention` take no lock of their own; when a select from another
+    thread changes the batch their arguments were sized for, they raise
+    ValueError (the Go side checks every size) and change nothing.
+
+    Copies: ``copy.copy(cache)`` and ``copy.deepcopy(cache)`` return
+    :meth:`fork`, an independent cache in the same arena (checkpoints are not
+    carried over; :class:`BudgetError` when the arena cannot hold it). A cache
+    cannot be pickled (TypeError): its memory is native and its handle is
+    valid only in the process that created it; send the tensors of
+    :meth:`export` and :meth:`append` them to a new cache instead.
+
     Args:
         batch: sequences (or beams) in the request.
         kv_heads: key/value heads.
@@ -313,6 +379,8 @@ class KVCache:
         self._layout = _layout(layout, block_size)
         q = _quant_options(quant, quant_group, k_axis, residual)
         self._quant = None if q is None else q[0]
+        if dtype is None:  # np.dtype(None) is float64: name what was passed
+            raise TypeError("dtype must be 'float32', 'float16' or 'bfloat16' (or the numpy dtype), got None")
         self._dtype = cache_dtype(dtype)
         self._batch = integer(batch, "batch", lo=1)
         self._kv_heads = integer(kv_heads, "kv_heads", lo=1)
@@ -335,6 +403,12 @@ class KVCache:
     def _adopt(self, h: int) -> None:
         self._h = h
         self._finalizer = weakref.finalize(self, _lib.ext.kvgo_CacheClose, h)
+        # Held by select() around the Go call and the update of _batch, and by
+        # every operation that sizes buffers or results from _batch (export,
+        # lengths, checkpoint, fork), so those never see a batch the Go cache
+        # no longer has. Operations whose Go side checks the exact batch
+        # (append, attention, truncate, reorder) do not take it.
+        self._lock = threading.Lock()
 
     # -- geometry -----------------------------------------------------------
     @property
@@ -385,6 +459,11 @@ class KVCache:
     @property
     def lengths(self) -> np.ndarray:
         """Valid tokens per sequence (int64 array of shape [batch])."""
+        with self._lock:
+            return self._lengths_locked()
+
+    def _lengths_locked(self) -> np.ndarray:
+        """:attr:`lengths`; the caller holds ``_lock``."""
         out = np.empty(self._batch, dtype=np.int64)
         _call(_f("CacheLengths"), self._h, out.ctypes.data, self._batch)
         return out
@@ -449,13 +528,17 @@ class KVCache:
         This is the only operation that copies the whole cache; generation
         loops that do not observe present tensors never need it. The length
         and the rows are read in one Go call under the cache's lock, so an
-        append or reset from another thread yields either the state before
-        it or the state after it, never a mix.
+        append, reset or select from another thread yields either the state
+        before it or the state after it, never a mix.
         """
         dt = self._dtype if dtype is None else cache_dtype(dtype)
         h = self._h
-        return _export_presents(lambda *a: _call(_f("CacheExport"), h, *a), _call(_f("CacheMaxLen"), h),
-                                (self._batch, self._kv_heads, self._dk), (self._batch, self._kv_heads, self._dv), dt)
+        # Go fills the leading bytes of buffers at least as large as its
+        # batch needs: size and shape them from a batch select cannot change.
+        with self._lock:
+            return _export_presents(lambda *a: _call(_f("CacheExport"), h, *a), _call(_f("CacheMaxLen"), h),
+                                    (self._batch, self._kv_heads, self._dk), (self._batch, self._kv_heads, self._dv),
+                                    dt)
 
     def reset(self) -> None:
         """Empty every sequence (keeps the reserved memory); drops checkpoints."""
@@ -467,13 +550,23 @@ class KVCache:
         Raises:
             BudgetError: the arena cannot hold the copy.
         """
-        h = _call(_f("CacheFork"), self._h)
-        new = object.__new__(KVCache)
-        new.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("_h", "_finalizer")})
+        with self._lock:  # the copy's batch is the one Go forked
+            h = _call(_f("CacheFork"), self._h)
+            new = object.__new__(KVCache)
+            new.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("_h", "_finalizer", "_lock")})
         new._adopt(h)
         return new
 
     clone = fork
+
+    def __copy__(self) -> "KVCache":
+        return self.fork()
+
+    def __deepcopy__(self, memo: dict) -> "KVCache":
+        return self.fork()
+
+    def __reduce_ex__(self, protocol: Any) -> NoReturn:
+        _refuse_pickle(self, "export() its contents and append() them to a new KVCache in the receiving process")
 
     def truncate(self, n: Union[int, Sequence[int]]) -> None:
         """Shrink sequence lengths: ``n`` is one length for all sequences or
@@ -513,8 +606,9 @@ class KVCache:
         a = _i64(indices, "indices")
         if a.size == 0:
             raise ValueError("select keeps at least one sequence")
-        _call(_f("CacheSelect"), self._h, a.ctypes.data, a.size)
-        self._batch = int(a.size)
+        with self._lock:
+            _call(_f("CacheSelect"), self._h, a.ctypes.data, a.size)
+            self._batch = int(a.size)
 
     def evict(self, keep_last: int) -> None:
         """Sliding window: keep only the last ``keep_last`` tokens of each
@@ -532,8 +626,15 @@ class KVCache:
         oldest live one, and rolling back to it raises
         :class:`StaleCheckpointError` saying so.
         """
-        ck = _call(_f("CacheCheckpoint"), self._h)
-        return Checkpoint(self, ck, self.lengths)
+        with self._lock:  # no select between the snapshot and reading its lengths
+            ck = _call(_f("CacheCheckpoint"), self._h)
+            try:
+                return Checkpoint(self, ck, self._lengths_locked())
+            except BaseException:
+                # no Checkpoint owns it: release it rather than let it pin rows
+                # (and blocks) until 64 newer checkpoints push it out
+                _lib.ext.kvgo_CacheReleaseCheckpoint(self._h, ck)
+                raise
 
     def rollback(self, checkpoint: Checkpoint) -> None:
         """Restore the lengths saved by ``checkpoint`` (drafted tokens are
