@@ -520,3 +520,227 @@ def test_load_presents_continues_on_the_cache_path() -> None:
         st.load({k: v.astype(np.int32) for k, v in presents.items()})
     assert st.length == P
     np.testing.assert_array_equal(st.export()["present.0.key"], presents["present.0.key"])
+
+
+# -- select and adopt under concurrency; copies ----------------------------------------------
+
+
+@pytest.fixture
+def fast_thread_switches():
+    """Switch threads every few microseconds (not every 5 ms) so races show up in a few hundred
+    iterations."""
+    import sys
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    yield
+    sys.setswitchinterval(before)
+
+
+def _labelled_state(sess: olkv.InferenceSession, batch: int, length: int = 8) -> olkv.GenerationState:
+    """A state whose sequence b holds only the value b + 1 (keys) and -(b + 1) (values) in every
+    layer (loaded, not run: no model call)."""
+    st = sess.create_state(batch=batch, max_length=16)
+    ids = np.arange(1, batch + 1, dtype=np.float32).reshape(batch, 1, 1, 1)
+    plan = sess.cache_plan()
+    k = np.ascontiguousarray(np.broadcast_to(ids, (batch, 2, length, 16)))  # _cfg(): 2 KV heads of 16
+    st.load({name: (k if key == "present_key" else -k) for p in plan for key, name in
+             (("present_key", p["present_key"]), ("present_value", p["present_value"]))})
+    return st
+
+
+def _state_of(presents: Dict[str, np.ndarray], states: List[List[int]]) -> bool:
+    """Whether an export of a :func:`_labelled_state` is exactly one of ``states`` (lists of the
+    kept sequences' labels) in every layer."""
+    for ids in states:
+        want = np.asarray(ids, np.float32).reshape(-1, 1, 1, 1)
+        if all(a.shape[0] == len(ids) and np.array_equal(a, np.broadcast_to(want if name.endswith("key") else -want,
+                                                                             (len(ids),) + a.shape[1:]))
+               for name, a in presents.items()):
+            return True
+    return False
+
+
+@pytest.fixture(scope="module")
+def small_session() -> olkv.InferenceSession:
+    return _session(M.llama_decoder(_cfg()))
+
+
+def test_state_select_is_atomic_for_export_lengths_checkpoint_and_fork(fast_thread_switches, small_session) -> None:
+    """Threads exporting, reading lengths, checkpointing and forking while another selects always
+    see the batch before or after a select, never a mix (export used to size its buffers from a
+    stale batch and return uninitialized rows; lengths raised; a fork kept the wrong batch)."""
+    sess = small_session
+    chain = [list(range(1, 17)), [2, 4, 6, 8, 10, 12, 14, 16], [4, 8, 12, 16], [16, 4], [4]]
+    picks = [[1, 3, 5, 7, 9, 11, 13, 15], [1, 3, 5, 7], [3, 0], [1]]  # indices into the previous state
+    sizes = {len(s) for s in chain}
+    problems: list = []
+    for _ in range(20):
+        st = _labelled_state(sess, 16)
+        done = threading.Event()
+
+        def reader() -> None:
+            try:
+                while True:
+                    last = done.is_set()
+                    ex = st.export()
+                    if not _state_of(ex, chain):
+                        problems.append(("export", ex["present.0.key"][:, 0, 0, 0].tolist()))
+                    n = len(st.lengths)
+                    ck = st.checkpoint()
+                    f = st.fork()
+                    if f.batch != f.info()["batch"] or not _state_of(f.export(), chain):
+                        problems.append(("fork", f.batch, f.info()["batch"]))
+                    f.close()
+                    if n not in sizes or len(ck.lengths) not in sizes:
+                        problems.append(("lengths", n, len(ck.lengths)))
+                    if last:
+                        return
+            except Exception as e:  # noqa: BLE001 - any error is a failure of the test
+                problems.append(e)
+
+        threads = [threading.Thread(target=reader) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for p in picks:
+            st.select(p)
+        done.set()
+        for t in threads:
+            t.join(timeout=30)
+        assert not problems, problems[:5]
+        assert st.batch == st.info()["batch"] == 1 and _state_of(st.export(), [[4]])
+        st.close()
+
+
+def test_concurrent_selects_and_adopts_keep_python_and_go_batch_equal(fast_thread_switches, small_session) -> None:
+    """Of two racing selects (or a select racing an adopt), the one that runs second either fails
+    (its indices no longer fit) or applies to what the first left; the wrapper's batch always
+    ends equal to the Go state's (it used to keep the size of whichever call updated it last)."""
+    sess = small_session
+    for i in range(150):
+        st = _labelled_state(sess, 4)
+        other = _labelled_state(sess, 2) if i % 2 else None
+        start = threading.Barrier(2)
+
+        def call(fn: Any) -> None:
+            start.wait()
+            try:
+                fn()
+            except (ValueError, IndexError):
+                pass
+
+        second = (lambda: st.adopt(other)) if other is not None else (lambda: st.select([0]))
+        ts = [threading.Thread(target=call, args=(lambda: st.select([0, 1, 2]) if other is None else st.select([0]),)),
+              threading.Thread(target=call, args=(second,))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(timeout=30)
+        assert st.batch == st.info()["batch"] == len(st.lengths)
+        if other is None:  # [0, 1, 2] then [0], or [0] alone
+            assert st.batch == 1 and _state_of(st.export(), [[1]])
+        else:  # adopt then select [0], or select [0] then adopt
+            assert other.closed and _state_of(st.export(), [[1], [1, 1, 2]])
+        st.close()
+
+
+def test_state_stale_batch_on_unlocked_paths_raises_and_changes_nothing(small_session) -> None:
+    """reorder, load and run take no Python lock: while a select from another thread is under
+    way they may still see the old batch. The Go side checks every size, so such a call raises
+    ValueError and leaves the state as it was."""
+    sess = small_session
+    st = _labelled_state(sess, 4)
+    st.select([1, 3])
+    before = st.export()
+    st._batch = 4  # what a thread sees between select's Go call and its update of the batch
+    stale = {n: np.zeros((4,) + a.shape[1:2] + (1,) + a.shape[3:], np.float32) for n, a in before.items()}
+    calls = [lambda: st.reorder([0, 1, 1, 0]), lambda: st.load(stale),
+             lambda: sess.run(["logits"], {"input_ids": np.ones((4, 1), np.int64),
+                                           "position_ids": np.full((4, 1), 8, np.int64)}, state=st)]
+    for call in calls:
+        with pytest.raises(ValueError):
+            call()
+    st._batch = 2
+    after = st.export()
+    assert before.keys() == after.keys()
+    for name in before:
+        np.testing.assert_array_equal(before[name], after[name])
+    assert st.lengths.tolist() == [8, 8] and st.length == 8
+
+
+def test_failed_state_checkpoint_leaves_no_native_checkpoint(monkeypatch: pytest.MonkeyPatch,
+                                                             small_session) -> None:
+    """A checkpoint() that raises after Go took the snapshot releases it (no Python object would
+    own it: every layer would keep it until 64 newer checkpoints push it out)."""
+    sess = small_session
+    st = _labelled_state(sess, 2)
+
+    def fail(self: olkv.GenerationState) -> np.ndarray:
+        raise ValueError("simulated failure")
+
+    monkeypatch.setattr(olkv.GenerationState, "_lengths_locked", fail)
+    with pytest.raises(ValueError, match="simulated"):
+        st.checkpoint()
+    monkeypatch.undo()
+    assert [layer["checkpoints"] for layer in st.info()["layers"]] == [0, 0]
+    ck = st.checkpoint()
+    assert [layer["checkpoints"] for layer in st.info()["layers"]] == [1, 1] and ck.lengths.tolist() == [8, 8]
+
+
+@pytest.mark.parametrize("how", ["copy", "deepcopy"])
+def test_copy_and_deepcopy_of_a_state_fork_it(how: str, small_session) -> None:
+    """copy.copy and copy.deepcopy return fork(): an independent state of the same session that
+    outlives the original (they used to share its handle: closing either closed both)."""
+    import copy
+    import gc
+
+    sess = small_session
+    st = _labelled_state(sess, 2, length=3)
+    before = st.export()
+    d = getattr(copy, how)(st)
+    assert isinstance(d, olkv.GenerationState) and d is not st and d._h != st._h
+    assert d._session is sess and d.batch == 2 and not d.closed
+    st.select([1])
+    st.close()
+    del st
+    gc.collect()
+    got = d.export()
+    for name in before:
+        np.testing.assert_array_equal(got[name], before[name])
+    sess.run(["logits"], {"input_ids": np.ones((2, 1), np.int64), "position_ids": np.full((2, 1), 3, np.int64)},
+             state=d)
+    assert d.lengths.tolist() == [4, 4]
+    holder = copy.deepcopy({"a": d, "b": d})  # the memo keeps one copy per state
+    assert holder["a"] is holder["b"] and holder["a"] is not d
+    d.close()
+    with pytest.raises(ValueError, match="closed"):
+        getattr(copy, how)(d)
+
+
+def test_state_checkpoint_and_generator_refuse_pickling_and_generator_copies(small_session) -> None:
+    """Handles are numbers valid in one process: pickling a state (or its checkpoint, or a
+    Generator holding one) would alias whatever has that number elsewhere. A Generator has no
+    copy of its KV state: copying it raises instead of sharing the state."""
+    import copy
+    import pickle
+
+    sess = small_session
+    st = _labelled_state(sess, 1)
+    ck = st.checkpoint()
+    g = olkv.Generator(sess, max_length=16)
+    g.append_tokens(np.array([[1, 2, 3]]))
+    assert g.runner_kind == "state"
+    for obj, match in [(st, "GenerationState cannot be pickled: it holds native memory"),
+                       (ck, "Checkpoint cannot be pickled"), (g, "Generator cannot be pickled")]:
+        for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+            with pytest.raises(TypeError, match=match):
+                pickle.dumps(obj, protocol=protocol)
+    with pytest.raises(TypeError, match="load\\(\\) them"):
+        pickle.dumps(st)
+    assert copy.copy(ck) is ck and copy.deepcopy(ck) is ck
+    for fn in (copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match="Generator cannot be copied"):
+            fn(g)
+    g.generate_next_token()  # the generator is untouched
+    assert g.length == 4
+    g.close()

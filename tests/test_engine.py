@@ -235,6 +235,25 @@ def test_close_aborts_every_request_and_stops_the_engine() -> None:
         assert other.add_request([1, 2], max_new_tokens=2) > added
 
 
+def test_engine_refuses_pickling_and_copies() -> None:
+    """A copy used to share the engine's requests and generation state (closing the copy aborted
+    the original's requests and closed its caches); pickling failed on a lock, naming neither."""
+    import copy
+    import pickle
+
+    sess = ours(MODEL)
+    with Engine(sess, max_length=32) as eng:
+        rid = eng.add_request([3, 17, 42], max_new_tokens=4)
+        eng.step()
+        with pytest.raises(TypeError, match="Engine cannot be pickled: its session and KV caches"):
+            pickle.dumps(eng)
+        for fn in (copy.copy, copy.deepcopy):
+            with pytest.raises(TypeError, match="Engine cannot be copied.*fresh\\(\\)"):
+                fn(eng)
+        eng.run_until_done()
+        assert eng.request(rid).finish_reason == "length" and len(eng.request(rid).tokens) == 4
+
+
 def test_requests_join_and_leave_mid_run() -> None:
     sess = ours(MODEL)
     reqs = _with_stops(sess)

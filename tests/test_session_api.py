@@ -91,3 +91,22 @@ def test_unsupported_feed_dtype_is_type_error() -> None:
     sess = InferenceSession(_cast_model())
     with pytest.raises(TypeError, match="x"):
         sess.run(None, {"x": np.ones((1, 3), np.complex64), "i": np.array([1]), "j": np.array([1])})
+
+
+def test_session_refuses_pickling_and_copies() -> None:
+    """A session owns its model through a handle valid in one process: a copy used to share the
+    handle (collecting the copy closed the original) and a pickle carried the bare number."""
+    import copy
+    import gc
+    import pickle
+
+    sess = InferenceSession(_cast_model(), threads=1)
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        with pytest.raises(TypeError, match="InferenceSession cannot be pickled: it holds native memory"):
+            pickle.dumps(sess, protocol=protocol)
+    for fn in (copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match="InferenceSession cannot be copied"):
+            fn(sess)
+    gc.collect()
+    h, b, eq = sess.run(None, {"x": np.ones((1, 3), np.float32), "i": np.array([2]), "j": np.array([2])})
+    assert not sess.closed and eq.tolist() == [True]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, NoReturn, Optional, Sequence, Union
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from ._format import html_table, summary
 from ._session_options import (CPU_PROVIDER, ExecutionMode, GraphOptimizationLevel, ModelMetadata, SessionOptions,
                                check_providers)
 from .cache import BLOCK_SIZES, DEFAULT_BLOCK_SIZE, DEFAULT_QUANT_GROUP, DEFAULT_RESIDUAL, _layout as check_layout
-from .cache import _NO_QUANT, _quant_block_size, _quant_options
+from .cache import _NO_QUANT, _quant_block_size, _quant_options, _refuse_pickle
 from .state import GenerationState
 from ._validate import integer, optional_integer
 
@@ -88,6 +88,13 @@ class InferenceSession:
     ``sess_options.add_session_config_entry("olkv.map_model_files", "0")``:
     the files are then read into memory. :meth:`close` (or collecting the
     session) unmaps them, after the runs under way have finished.
+
+    Copies: a session cannot be copied (``copy.copy``, ``copy.deepcopy``) or
+    pickled: TypeError. It owns the loaded model in native memory through a
+    handle that is valid only in the process that created it (a copy would
+    close the original's model when collected). Share the same session
+    instead (it runs from several threads, one state per thread); another
+    process loads the model into an ``InferenceSession`` of its own.
     """
 
     def __init__(self, path_or_bytes: Union[str, os.PathLike, bytes, bytearray, memoryview],
@@ -367,6 +374,20 @@ class InferenceSession:
             self.close()
         except Exception:
             pass
+
+    # -- copies -------------------------------------------------------------------------
+    # The default protocol would copy the handle: the copy's close (or collection) would free
+    # the original's model, and unpickled elsewhere it would name another process's session.
+    def __copy__(self) -> NoReturn:
+        raise TypeError("an InferenceSession cannot be copied: it owns the loaded model in native memory "
+                        "through a handle; use the same session (it may run from several threads) or create "
+                        "another InferenceSession from the model")
+
+    def __deepcopy__(self, memo: dict) -> NoReturn:
+        self.__copy__()
+
+    def __reduce_ex__(self, protocol: Any) -> NoReturn:
+        _refuse_pickle(self, "create an InferenceSession from the model file in the receiving process")
 
     @property
     def closed(self) -> bool:

@@ -9,8 +9,9 @@ caches (only those rows are copied) and attends over the caches in place.
 from __future__ import annotations
 
 import json
+import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NoReturn, Sequence
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from . import _lib
 from ._dtypes import CODES
 from ._format import html_table, human_bytes, human_count, summary
 from ._validate import integer
-from .cache import Checkpoint, _export_presents, _i64
+from .cache import Checkpoint, _export_presents, _i64, _refuse_pickle
 
 if TYPE_CHECKING:  # pragma: no cover
     from .session import InferenceSession
@@ -37,6 +38,22 @@ class GenerationState:
     included), :attr:`lengths` the tokens each sequence stores (padding is never stored).
     One state is used by one caller at a time; several states of one session may run
     concurrently from several threads. Operations that fail change nothing.
+
+    Threads: the Go side locks every operation, so calls from several threads do not corrupt a
+    state (their order is the callers' business). :meth:`select` and :meth:`adopt` change
+    :attr:`batch` together with the Go state under a lock of this object, which :meth:`export`,
+    :attr:`lengths`, :meth:`checkpoint` and :meth:`fork` also hold: each sees the batch before
+    or after a concurrent select or adopt, never a mix. :meth:`reorder`, :meth:`load` and
+    ``InferenceSession.run(..., state=)`` take no lock of their own; when a select or adopt
+    from another thread changes the batch their arguments were sized for, they raise ValueError
+    (the Go side checks every size) and change nothing.
+
+    Copies: ``copy.copy(state)`` and ``copy.deepcopy(state)`` return :meth:`fork`, an
+    independent state of the same session in the same arena (checkpoints are not carried
+    over; :class:`~onnx_light_kv.BudgetError` when the arena cannot hold it). A state cannot
+    be pickled (TypeError): its caches are native memory and its handle is valid only in the
+    process that created it; send the presents of :meth:`export` and :meth:`load` them into a
+    state of a session created in the receiving process instead.
     """
 
     def __init__(self, session: "InferenceSession", handle: int, batch: int, dtype: np.dtype,
@@ -47,6 +64,11 @@ class GenerationState:
         self._dtype = dtype
         self._plan = plan
         self._finalizer = weakref.finalize(self, _lib.ext.kvgo_StateFree, handle)
+        # Held by select() and adopt() around the Go call and the update of _batch, and by
+        # every operation that sizes buffers or results from _batch (export, lengths,
+        # checkpoint, fork), so those never see a batch the Go state no longer has. Operations
+        # whose Go side checks the exact batch (reorder, load, run) do not take it.
+        self._lock = threading.Lock()
 
     # -- properties ---------------------------------------------------------
     @property
@@ -67,6 +89,11 @@ class GenerationState:
     @property
     def lengths(self) -> np.ndarray:
         """Tokens stored per sequence (int64 ``[batch]``; left padding is not stored)."""
+        with self._lock:
+            return self._lengths_locked()
+
+    def _lengths_locked(self) -> np.ndarray:
+        """:attr:`lengths`; the caller holds ``_lock``."""
         out = np.empty(self._batch, dtype=np.int64)
         _call(_f("StateLengths"), self._handle(), out.ctypes.data, self._batch)
         return out
@@ -95,10 +122,21 @@ class GenerationState:
         Raises:
             BudgetError: the arena cannot hold the copy.
         """
-        h = _call(_f("StateFork"), self._handle())
-        return GenerationState(self._session, h, self._batch, self._dtype, self._plan)
+        with self._lock:  # the copy's batch is the one Go forked
+            h = _call(_f("StateFork"), self._handle())
+            return GenerationState(self._session, h, self._batch, self._dtype, self._plan)
 
     clone = fork
+
+    def __copy__(self) -> "GenerationState":
+        return self.fork()
+
+    def __deepcopy__(self, memo: dict) -> "GenerationState":
+        return self.fork()  # the session is shared, not copied: a state belongs to its session
+
+    def __reduce_ex__(self, protocol: Any) -> NoReturn:
+        _refuse_pickle(self, "export() its presents and load() them into a state of a session created in the "
+                             "receiving process")
 
     def reorder(self, beam_indices: Sequence[int]) -> None:
         """Beam search: sequence ``b`` of every layer becomes old sequence ``beam_indices[b]``.
@@ -126,8 +164,9 @@ class GenerationState:
             raise ValueError("select keeps at least one sequence")
         if np.unique(a).size != a.size:
             raise ValueError("select keeps a subset: an index appears twice (use fork or reorder to copy)")
-        _call(_f("StateSelect"), self._handle(), a.ctypes.data, a.size)
-        self._batch = int(a.size)
+        with self._lock:
+            _call(_f("StateSelect"), self._handle(), a.ctypes.data, a.size)
+            self._batch = int(a.size)
 
     def adopt(self, other: "GenerationState") -> None:
         """Move every sequence of ``other`` (a state of the same session, created with the same
@@ -144,8 +183,12 @@ class GenerationState:
             raise TypeError(f"adopt expects a GenerationState, got {type(other).__name__}")
         if other is self:
             raise ValueError("a state cannot adopt itself")
-        _call(_f("StateAdopt"), self._handle(), other._handle())
-        self._batch += other._batch
+        # both batches change: hold both locks (in one global order, so that two threads
+        # adopting each other's states cannot deadlock)
+        first, second = (self, other) if id(self) < id(other) else (other, self)
+        with first._lock, second._lock:
+            _call(_f("StateAdopt"), self._handle(), other._handle())
+            self._batch += other._batch
         other._finalizer()
 
     def reuse_prefix(self, token_ids: Sequence[int]) -> int:
@@ -168,9 +211,15 @@ class GenerationState:
 
     def checkpoint(self) -> Checkpoint:
         """Snapshot every layer for speculative decoding (see :meth:`rollback`)."""
-        h = self._handle()
-        ck = _call(_f("StateCheckpoint"), h)
-        return Checkpoint(self, ck, self.lengths, release=(_lib.ext.kvgo_StateReleaseCheckpoint, h))
+        with self._lock:  # no select or adopt between the snapshot and reading its lengths
+            h = self._handle()
+            ck = _call(_f("StateCheckpoint"), h)
+            try:
+                return Checkpoint(self, ck, self._lengths_locked(), release=(_lib.ext.kvgo_StateReleaseCheckpoint, h))
+            except BaseException:
+                # no Checkpoint owns it: release it rather than leave it live in the state
+                _lib.ext.kvgo_StateReleaseCheckpoint(h, ck)
+                raise
 
     def rollback(self, checkpoint: Checkpoint) -> None:
         """Restore a checkpoint of this state: tokens appended since are dropped.
@@ -192,21 +241,27 @@ class GenerationState:
     def export(self, dtype: Any = None) -> Dict[str, np.ndarray]:
         """The caches as present tensors, by present output name: ``[batch, kv_heads, L,
         head_dim]`` with ``L`` the longest stored sequence (shorter sequences are zero-filled
-        at the end). ``dtype`` defaults to the cache dtype. This copies the whole cache."""
+        at the end). ``dtype`` defaults to the cache dtype. This copies the whole cache. A
+        :meth:`select` or :meth:`adopt` from another thread yields the sequences before it or
+        after it, never a mix (layers are read one after another: a run from another thread may
+        show in some layers only)."""
         h = self._handle()
         dt = self._dtype if dtype is None else np.dtype(dtype)
         if dt not in CODES:
             raise TypeError(f"unsupported export dtype {dt}: use float32, float16 or bfloat16")
-        info = self.info()
         out: Dict[str, np.ndarray] = {}
-        for layer in info["layers"]:
-            slot = layer["slot"]
-            k, v = _export_presents(lambda *a, s=slot: _call(_f("StateExport"), h, s, *a),
-                                   _call(_f("StateExportLen"), h, slot),
-                                   (self._batch, layer["kv_heads"], layer["head_dim_k"]),
-                                   (self._batch, layer["kv_heads"], layer["head_dim_v"]), dt)
-            out[layer["present_key"]] = k
-            out[layer["present_value"]] = v
+        # Go fills the leading bytes of buffers at least as large as its batch needs: size and
+        # shape them from a batch select and adopt cannot change
+        with self._lock:
+            info = self.info()
+            for layer in info["layers"]:
+                slot = layer["slot"]
+                k, v = _export_presents(lambda *a, s=slot: _call(_f("StateExport"), h, s, *a),
+                                       _call(_f("StateExportLen"), h, slot),
+                                       (self._batch, layer["kv_heads"], layer["head_dim_k"]),
+                                       (self._batch, layer["kv_heads"], layer["head_dim_v"]), dt)
+                out[layer["present_key"]] = k
+                out[layer["present_value"]] = v
         return out
 
     def load(self, presents: Mapping[str, np.ndarray]) -> None:

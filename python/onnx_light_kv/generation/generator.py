@@ -10,7 +10,7 @@ class for greedy and sampled generation.
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Iterable, Optional, Union
+from typing import Any, Dict, Iterable, NoReturn, Optional, Union
 
 import numpy as np
 
@@ -39,6 +39,11 @@ class Generator:
 
     Rows advance together: ``append_tokens`` takes ``[batch, n]`` ids; the first call may pass
     an ``attention_mask`` with zeros for left padding (models with an ``attention_mask`` input).
+
+    A generator cannot be copied (``copy.copy``, ``copy.deepcopy``) or pickled: TypeError. Its
+    rows' KV state lives in its session (a generation state's native caches, or past tensors
+    the session returned), which a copy would share. To continue the same rows independently,
+    create another ``Generator`` and ``append_tokens(g.sequences, g.attention_mask)``.
     """
 
     def __init__(self, session: Any, *, max_length: Optional[int] = None, do_sample: bool = False,
@@ -235,6 +240,22 @@ class Generator:
         if self._runner is not None:
             self._runner.close()
             self._runner = None
+
+    # -- copies --------------------------------------------------------------------------
+    # The default protocol would share the runner (its KV state): closing or advancing the copy
+    # would close or desynchronise the original; pickled, it would carry native handles.
+    def __copy__(self) -> NoReturn:
+        raise TypeError("a Generator cannot be copied: its KV state belongs to it (a copy would share it); create "
+                        "another Generator and append_tokens(g.sequences, g.attention_mask) to continue the same "
+                        "rows independently")
+
+    def __deepcopy__(self, memo: dict) -> NoReturn:
+        self.__copy__()
+
+    def __reduce_ex__(self, protocol: Any) -> NoReturn:
+        raise TypeError("a Generator cannot be pickled: its session and KV state hold native memory through handles "
+                        "valid only in this process; send its sequences and attention_mask and append_tokens them to "
+                        "a Generator in the receiving process")
 
     def __repr__(self) -> str:
         from .._format import human_bytes, summary

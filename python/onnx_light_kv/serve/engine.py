@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Deque, Dict, List, NamedTuple, NoReturn, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -142,6 +142,10 @@ class Engine:
     Thread safety: :meth:`add_request`, :meth:`abort`, :meth:`stats` and :meth:`request` may be
     called from any thread while one thread runs :meth:`step`; requests added or aborted during
     a step take effect at the next one.
+
+    An engine cannot be copied (``copy.copy``, ``copy.deepcopy``) or pickled: TypeError. It owns
+    its requests and their KV caches (native memory), which a copy would share; :meth:`fresh`
+    makes a new engine over the same session with the same options and no requests.
     """
 
     def __init__(self, session: Any, *, max_batch: int = 16, max_tokens_per_step: int = 2048,
@@ -615,6 +619,21 @@ class Engine:
         if self._state is not None:
             self._state.close()
             self._state = None
+
+    # -- copies ---------------------------------------------------------------------------
+    # The default copy would share the requests and the generation state: closing or stepping
+    # the copy would abort or advance the original's requests.
+    def __copy__(self) -> NoReturn:
+        raise TypeError("an Engine cannot be copied: it owns its requests and their KV caches (a copy would share "
+                        "them); use fresh() for a new engine over the same session with the same options")
+
+    def __deepcopy__(self, memo: dict) -> NoReturn:
+        self.__copy__()
+
+    def __reduce_ex__(self, protocol: Any) -> NoReturn:
+        raise TypeError("an Engine cannot be pickled: its session and KV caches hold native memory through handles "
+                        "valid only in this process; create an Engine over a session loaded in the receiving "
+                        "process")
 
     def __enter__(self) -> "Engine":
         return self
