@@ -184,3 +184,23 @@ def test_modelmeta_from_a_file(tmp_path) -> None:
     meta = olkv.InferenceSession(str(p)).get_modelmeta()
     assert meta.custom_metadata_map["author"] == "nobody" and meta.version == 42
     assert onnx.load(str(p)).model_version == 42
+
+
+@pytest.mark.parametrize("clone", ["pickle", "copy", "deepcopy"])
+def test_session_options_pickle_and_copy(clone: str) -> None:
+    """SessionOptions are plain values: pickling and copies keep every option and config entry,
+    and a copy's entries are its own."""
+    import copy
+    import pickle
+
+    so = olkv.SessionOptions()
+    so.intra_op_num_threads = 2
+    so.graph_optimization_level = olkv.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    c = {"pickle": lambda x: pickle.loads(pickle.dumps(x)), "copy": copy.copy, "deepcopy": copy.deepcopy}[clone](so)
+    assert c.intra_op_num_threads == 2
+    assert c.graph_optimization_level == olkv.GraphOptimizationLevel.ORT_DISABLE_ALL
+    assert c.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    c.add_session_config_entry("other", "1")
+    with pytest.raises(KeyError):
+        so.get_session_config_entry("other")

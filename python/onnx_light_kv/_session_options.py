@@ -146,6 +146,19 @@ class SessionOptions:
                                  f"{', '.join(sorted(_OPTIONS))})")
         object.__setattr__(self, name, _convert(name, value, spec[1]))
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The options and config entries, for pickling and copies (each copy gets its own
+        config entries)."""
+        state = {name: getattr(self, name) for name in _OPTIONS}
+        state["_config"] = dict(self._config)
+        return state
+
+    def __setstate__(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`__getstate__`'s options (validated as on assignment)."""
+        object.__setattr__(self, "_config", dict(state.get("_config", {})))
+        for name, (default, _) in _OPTIONS.items():
+            setattr(self, name, state.get(name, default))
+
     def add_session_config_entry(self, key: str, value: str) -> None:
         """Store a session config entry (as onnxruntime does). Only this
         project's own keys have an effect (see the class docstring); their
