@@ -23,12 +23,15 @@ import (
 
 // fusion is one rule: match looks at the chain ending at p.Nodes[i] and
 // returns the fused node and the indices of the chain's nodes (i
-// included), or ok false. A rule whose fused node is not a registered op
-// (its kernel holds the chain itself) sets plan instead, which returns the
-// planned node.
+// included), or ok false; guard, when not nil, is a condition on a run's
+// inputs that plan time cannot decide (a dimension, a rank) under which
+// the fused op gives the chain's result: the other runs execute the
+// chain's own nodes (guardedKernel). A rule whose fused node is not a
+// registered op (its kernel holds the chain itself) sets plan instead,
+// which returns the planned node.
 type fusion struct {
 	name  string
-	match func(fc *fuseContext, i int) (fused *onnxpb.NodeProto, chain []int, ok bool)
+	match func(fc *fuseContext, i int) (fused *onnxpb.NodeProto, chain []int, guard func(*ops.Context) bool, ok bool)
 	plan  func(fc *fuseContext, i int) (fused *PlanNode, chain []int, ok bool)
 }
 
@@ -122,17 +125,21 @@ func (fc *fuseContext) projection(v string) (*PlanNode, *tensor.Tensor, bool) {
 	return mm, w, ok
 }
 
-// scalar returns the value of v when it is a one-element float constant.
-func (fc *fuseContext) scalar(v string) (float64, bool) {
+// scalar returns the value of v when it is a one-element float constant,
+// and its rank: an operand of rank k broadcasts a chain's value of a lower
+// rank up to k, so a fused node that keeps x's shape gives the chain's
+// shape only when x has rank k or more (a rule checks that at run time
+// when a constant's rank is above 0).
+func (fc *fuseContext) scalar(v string) (float64, int, bool) {
 	t, ok := fc.consts[v]
 	if !ok || t.Len() != 1 || !t.DType().IsFloat() {
-		return 0, false
+		return 0, 0, false
 	}
 	f, err := tensor.AsFloat32(t)
 	if err != nil {
-		return 0, false
+		return 0, 0, false
 	}
-	return float64(f[0]), true
+	return float64(f[0]), t.Rank(), true
 }
 
 // other returns the input of a two-input node that is not v ("" when
@@ -168,7 +175,7 @@ func (b *builder) fusePlan(p *Plan, g *model.Graph) error {
 					continue
 				}
 			} else {
-				np, ch, ok := f.match(fc, i)
+				np, ch, guard, ok := f.match(fc, i)
 				if !ok || overlaps(ch, drop) {
 					continue
 				}
@@ -178,6 +185,9 @@ func (b *builder) fusePlan(p *Plan, g *model.Graph) error {
 				}
 				if err := rebuildWithConstants(pn, fc.consts); err != nil {
 					continue
+				}
+				if guard != nil {
+					pn.Kernel = &guardedKernel{fused: pn.Kernel, guard: guard, chain: fc.chainRun(ch, pn.Inputs)}
 				}
 				chain = ch
 			}
@@ -276,6 +286,24 @@ func (fc *fuseContext) chainRun(chain []int, inputs []string) *chainRun {
 		}
 	}
 	return cr
+}
+
+// guardedKernel is the kernel of a fused node (of a registered op) that
+// computes the chain's result only on the runs guard accepts: the other
+// runs execute the chain.
+type guardedKernel struct {
+	fused ops.Kernel
+	guard func(ctx *ops.Context) bool
+	chain *chainRun
+}
+
+// Compute runs the fused kernel when the guard accepts the run's inputs,
+// else the chain.
+func (k *guardedKernel) Compute(ctx *ops.Context) error {
+	if k.guard(ctx) {
+		return k.fused.Compute(ctx)
+	}
+	return k.chain.run(ctx)
 }
 
 // run computes the fused node's output 0 with the chain's own kernels.

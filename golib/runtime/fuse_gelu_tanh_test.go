@@ -18,6 +18,8 @@ type geluChain struct {
 	tanhOut   bool    // the Tanh's output is also a graph output
 	otherHalf bool    // the 0.5 multiply reads another value than the Pow
 	rank4     bool    // the constants have shape [1, 1, 1, 1] (broadcasting x's rank up)
+	rank1     []bool  // per constant (e, c1, c2, one, half): of shape [1] instead of []
+	anyShape  bool    // x is declared without a shape (any rank, a scalar included)
 }
 
 func (c geluChain) model() *onnxpb.ModelProto {
@@ -31,10 +33,16 @@ func (c geluChain) model() *onnxpb.ModelProto {
 	if c.rank4 {
 		dims = []int64{1, 1, 1, 1}
 	}
+	cdims := func(k int) []int64 {
+		if k < len(c.rank1) && c.rank1[k] {
+			return []int64{1}
+		}
+		return dims
+	}
 	inits := []*onnxpb.TensorProto{
-		onnxtest.Floats("e", dims, []float32{c.exp}), onnxtest.Floats("c1", dims, []float32{0.044715}),
-		onnxtest.Floats("c2", dims, []float32{0.7978845834732056}), onnxtest.Floats("one", dims, []float32{1}),
-		onnxtest.Floats("half", dims, []float32{0.5}),
+		onnxtest.Floats("e", cdims(0), []float32{c.exp}), onnxtest.Floats("c1", cdims(1), []float32{0.044715}),
+		onnxtest.Floats("c2", cdims(2), []float32{0.7978845834732056}), onnxtest.Floats("one", cdims(3), []float32{1}),
+		onnxtest.Floats("half", cdims(4), []float32{0.5}),
 	}
 	hx := "x"
 	if c.otherHalf {
@@ -52,6 +60,10 @@ func (c geluChain) model() *onnxpb.ModelProto {
 	}
 	inputs := []*onnxpb.ValueInfoProto{onnxtest.Info("x", 1, -1, -1, 16), onnxtest.Info("z", 1, -1, -1, 16)}
 	outputs := []*onnxpb.ValueInfoProto{onnxtest.Info("y", 1, -1, -1, -1)}
+	if c.anyShape {
+		inputs = []*onnxpb.ValueInfoProto{infoAnyShape("x", 1), infoAnyShape("z", 1)}
+		outputs = []*onnxpb.ValueInfoProto{infoAnyShape("y", 1)}
+	}
 	if c.tanhOut {
 		outputs = append(outputs, onnxtest.Info("t", 1, -1, -1, -1))
 	}
@@ -105,6 +117,65 @@ func TestFuseGeluTanh(t *testing.T) {
 				for i := range w {
 					if math.Float32bits(g[i]) != math.Float32bits(w[i]) {
 						t.Fatalf("%s %v: output %d [%d] = %v, unfused %v", c.name, shape, k, i, g[i], w[i])
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestFuseGeluTanhRank: a constant of shape [1] broadcasts a scalar x to
+// [1]; the fused kernel, which keeps x's shape, runs the chain for such an
+// x and its own path for the others (GPT-2's dynamo export writes some of
+// the constants with shape [1]).
+func TestFuseGeluTanhRank(t *testing.T) {
+	cases := []struct {
+		name  string
+		rank1 []bool
+	}{
+		{"all constants of shape [1]", []bool{true, true, true, true, true}},
+		{"the exponent", []bool{true}},
+		{"c1", []bool{false, true}},
+		{"c2", []bool{false, false, true}},
+		{"the 1", []bool{false, false, false, true}},
+		{"the 0.5", []bool{false, false, false, false, true}},
+	}
+	for _, c := range cases {
+		b := onnxtest.Bytes(geluChain{exp: 3, rank1: c.rank1, anyShape: true}.model())
+		s, ref := fusedPair(t, c.name, b, "GeluTanhChain", true, "Tanh ", "Pow")
+		for _, sh := range []struct {
+			x     tensor.Shape
+			chain bool
+		}{{tensor.Shape{}, true}, {tensor.Shape{3}, false}, {tensor.Shape{2, 3}, false}} {
+			x, _ := tensor.FromSlice(sh.x, randFloats(rand.New(rand.NewSource(1)), sh.x.Size()))
+			feeds := map[string]*tensor.Tensor{"x": x, "z": x}
+			var before int64
+			for _, n := range s.Plan().Nodes {
+				if k, ok := n.Kernel.(*geluTanhChain); ok {
+					before = k.chain.runs.Load()
+				}
+			}
+			got, _, err1 := s.Run(feeds, nil)
+			want, _, err2 := ref.Run(feeds, nil)
+			if err1 != nil || err2 != nil {
+				t.Fatalf("%s %v: %v / %v", c.name, sh.x, err1, err2)
+			}
+			if !got[0].Shape().Equal(want[0].Shape()) {
+				t.Fatalf("%s %v: shape %v, unfused %v", c.name, sh.x, got[0].Shape(), want[0].Shape())
+			}
+			if len(sh.x) == 0 && !want[0].Shape().Equal(tensor.Shape{1}) {
+				t.Fatalf("%s: the unfused chain gives %v for a scalar", c.name, want[0].Shape())
+			}
+			g, w := got[0].Float32(), want[0].Float32()
+			for i := range w {
+				if math.Float32bits(g[i]) != math.Float32bits(w[i]) {
+					t.Fatalf("%s %v: [%d] = %v, unfused %v", c.name, sh.x, i, g[i], w[i])
+				}
+			}
+			for _, n := range s.Plan().Nodes {
+				if k, ok := n.Kernel.(*geluTanhChain); ok {
+					if took := k.chain.runs.Load() > before; took != sh.chain {
+						t.Errorf("%s %v: took the chain %v, want %v", c.name, sh.x, took, sh.chain)
 					}
 				}
 			}

@@ -18,10 +18,10 @@ import (
 // y must have no other reader and be neither a graph output nor captured.
 // A bias of any other shape (which could broadcast the sum to a larger
 // rank) keeps the chain.
-func matchMatMulBias(fc *fuseContext, i int) (*onnxpb.NodeProto, []int, bool) {
+func matchMatMulBias(fc *fuseContext, i int) (*onnxpb.NodeProto, []int, func(*ops.Context) bool, bool) {
 	n := fc.p.Nodes[i]
 	if n.OpType != "Add" || n.Domain != "" || len(n.Inputs) != 2 || len(n.Outputs) != 1 {
-		return nil, nil, false
+		return nil, nil, nil, false
 	}
 	for k := range 2 {
 		y, b := n.Inputs[k], n.Inputs[1-k]
@@ -39,7 +39,7 @@ func matchMatMulBias(fc *fuseContext, i int) (*onnxpb.NodeProto, []int, bool) {
 		}
 		np := fusedNode("MatMulBias", n.Name, []string{mm.Inputs[0], mm.Inputs[1], b}, []string{n.Outputs[0]})
 		np.Domain = ptr(ops.FusedDomain)
-		return np, []int{i, mi}, true
+		return np, []int{i, mi}, nil, true
 	}
-	return nil, nil, false
+	return nil, nil, nil, false
 }

@@ -28,10 +28,17 @@ import (
 // share their type), so the fused kernel sees the types the chain did; it
 // sums the squares in float64 and applies the scale in float32, which
 // differs from the chain's float32 steps by a few ulps.
-func matchRMSNorm(fc *fuseContext, i int) (*onnxpb.NodeProto, []int, bool) {
+//
+// The fused op keeps x's shape; the chain broadcasts x with its constants
+// and the weight. They agree when x's last dimension is the weight's
+// length and x's rank is at least every constant's (1 for the weight):
+// decided per run (x's shape is not known at plan time), the other runs
+// execute the chain (a weight of 8 over a last dimension of 1 broadcasts
+// there, eps of shape [1, 1, 1] raises a 2D x's rank).
+func matchRMSNorm(fc *fuseContext, i int) (*onnxpb.NodeProto, []int, func(*ops.Context) bool, bool) {
 	n := fc.p.Nodes[i]
 	if n.OpType != "Mul" || n.Domain != "" || len(n.Inputs) != 2 || len(n.Outputs) != 1 {
-		return nil, nil, false
+		return nil, nil, nil, false
 	}
 	w, y := "", ""
 	for k, in := range n.Inputs {
@@ -42,85 +49,95 @@ func matchRMSNorm(fc *fuseContext, i int) (*onnxpb.NodeProto, []int, bool) {
 		}
 	}
 	if w == "" || y == "" || fc.consts[y] != nil || !fc.internal(y) {
-		return nil, nil, false
+		return nil, nil, nil, false
 	}
 	chain := []int{i}
 	if ci, c, ok := fc.node(y, "Cast"); ok {
 		if to, err := c.Info.Attrs.Int("to", 0); err != nil || tensor.DType(to) != tensor.Float32 || !fc.internal(c.Inputs[0]) {
-			return nil, nil, false
+			return nil, nil, nil, false
 		}
 		chain = append(chain, ci)
 		y = c.Inputs[0]
 	}
 	mi, mul, ok := fc.node(y, "Mul")
 	if !ok || len(mul.Inputs) != 2 {
-		return nil, nil, false
+		return nil, nil, nil, false
 	}
 	for k := range 2 {
 		x, r := mul.Inputs[k], mul.Inputs[1-k]
 		if x == r || !fc.internal(r) {
 			continue
 		}
-		core, eps, ok := matchInvRMS(fc, r, x)
+		core, eps, rank, ok := matchInvRMS(fc, r, x)
 		if !ok {
 			continue
 		}
 		chain = append(append(chain, mi), core...)
 		np := fusedNode("SimplifiedLayerNormalization", n.Name, []string{x, w}, []string{n.Outputs[0]},
 			attrInt("axis", -1), attrFloat("epsilon", eps))
-		return np, chain, true
+		cols, minRank := fc.consts[w].Len(), max(rank, 1)
+		guard := func(ctx *ops.Context) bool {
+			x := ctx.Input(0)
+			return x != nil && x.Rank() >= minRank && x.Shape()[x.Rank()-1] == cols
+		}
+		return np, chain, guard, true
 	}
-	return nil, nil, false
+	return nil, nil, nil, false
 }
 
 // matchInvRMS matches r = 1 / Sqrt(ReduceMean(Pow(x, 2), [-1]) + eps) and
-// returns the chain's node indices and eps.
-func matchInvRMS(fc *fuseContext, r, x string) ([]int, float32, bool) {
+// returns the chain's node indices, eps and the largest rank of the
+// chain's constants (the 1, eps and 2), which x's rank must reach for the
+// chain to keep x's shape.
+func matchInvRMS(fc *fuseContext, r, x string) ([]int, float32, int, bool) {
 	var chain []int
 	var s string
+	rank := 0
 	if ri, rec, ok := fc.node(r, "Reciprocal"); ok && len(rec.Inputs) == 1 {
 		chain, s = append(chain, ri), rec.Inputs[0]
 	} else if di, div, ok := fc.node(r, "Div"); ok && len(div.Inputs) == 2 {
-		if one, ok := fc.scalar(div.Inputs[0]); !ok || one != 1 {
-			return nil, 0, false
+		one, k, ok := fc.scalar(div.Inputs[0])
+		if !ok || one != 1 {
+			return nil, 0, 0, false
 		}
-		chain, s = append(chain, di), div.Inputs[1]
+		chain, s, rank = append(chain, di), div.Inputs[1], max(rank, k)
 	} else {
-		return nil, 0, false
+		return nil, 0, 0, false
 	}
 	si, sqrt, ok := fc.node(s, "Sqrt")
 	if !ok || !fc.internal(s) || len(sqrt.Inputs) != 1 {
-		return nil, 0, false
+		return nil, 0, 0, false
 	}
 	a := sqrt.Inputs[0]
 	ai, add, ok := fc.node(a, "Add")
 	if !ok || !fc.internal(a) || len(add.Inputs) != 2 {
-		return nil, 0, false
+		return nil, 0, 0, false
 	}
 	var m string
 	var eps float64
 	for k := range 2 {
-		if e, ok := fc.scalar(add.Inputs[k]); ok {
-			m, eps = add.Inputs[1-k], e
+		if e, er, ok := fc.scalar(add.Inputs[k]); ok {
+			m, eps, rank = add.Inputs[1-k], e, max(rank, er)
 			break
 		}
 	}
 	if m == "" || !(eps >= 0) || math.IsInf(eps, 0) || !fc.internal(m) {
-		return nil, 0, false
+		return nil, 0, 0, false
 	}
 	mi, mean, ok := fc.node(m, "ReduceMean")
 	if !ok || !lastAxisMean(fc, mean) {
-		return nil, 0, false
+		return nil, 0, 0, false
 	}
 	q := mean.Inputs[0]
 	pi, pow, ok := fc.node(q, "Pow")
 	if !ok || !fc.internal(q) || len(pow.Inputs) != 2 || pow.Inputs[0] != x {
-		return nil, 0, false
+		return nil, 0, 0, false
 	}
-	if two, ok := fc.scalar(pow.Inputs[1]); !ok || two != 2 {
-		return nil, 0, false
+	two, k, ok := fc.scalar(pow.Inputs[1])
+	if !ok || two != 2 {
+		return nil, 0, 0, false
 	}
-	return append(chain, si, ai, mi, pi), float32(eps), true
+	return append(chain, si, ai, mi, pi), float32(eps), max(rank, k), true
 }
 
 // lastAxisMean reports whether a ReduceMean node averages over the last
@@ -154,8 +171,9 @@ func lastAxisMean(fc *fuseContext, n *PlanNode) bool {
 //	n   = Cast(Mul(x32, r), to=float16)
 //	out = Mul(w, n)                      // w: a rank-1 float16 constant
 //
-// into one RMSNormHalf node. Its own path (w as long as x's last axis; x
-// of any type the Cast converts, as the Cast does) computes the inverse like SimplifiedLayerNormalization (sum
+// into one RMSNormHalf node. Its own path (w as long as x's last axis, x
+// of at least the constants' rank, so neither broadcasts x's shape; x of
+// any type the Cast converts, as the Cast does) computes the inverse like SimplifiedLayerNormalization (sum
 // of squares in float64), rounds x*r to float16 and multiplies by w in
 // float32 with a float16 rounding, as the chain's Cast and Mul do (results
 // within an ulp of float16 of the chain's); any other run executes the
@@ -200,7 +218,7 @@ func matchRMSNormHalf(fc *fuseContext, i int) (*PlanNode, []int, bool) {
 		if to, err := cast32.Info.Attrs.Int("to", 0); err != nil || tensor.DType(to) != tensor.Float32 {
 			continue
 		}
-		core, eps, ok := matchInvRMS(fc, r, x32)
+		core, eps, rank, ok := matchInvRMS(fc, r, x32)
 		if !ok {
 			continue
 		}
@@ -210,7 +228,7 @@ func matchRMSNormHalf(fc *fuseContext, i int) (*PlanNode, []int, bool) {
 		if err != nil {
 			continue
 		}
-		k := &rmsNormHalf{eps: eps, w: wf, chain: fc.chainRun(chain, inputs)}
+		k := &rmsNormHalf{eps: eps, w: wf, minRank: max(rank, 1), chain: fc.chainRun(chain, inputs)}
 		return fc.plannedNode(n.Name, "RMSNormHalf", inputs, n.Outputs[0], k), chain, true
 	}
 	return nil, nil, false
@@ -218,19 +236,20 @@ func matchRMSNormHalf(fc *fuseContext, i int) (*PlanNode, []int, bool) {
 
 // rmsNormHalf is RMSNormHalf's kernel: inputs x and the weight.
 type rmsNormHalf struct {
-	eps   float32
-	w     []float32 // the weight, widened once
-	chain *chainRun
+	eps     float32
+	w       []float32 // the weight, widened once
+	minRank int       // the largest rank of the chain's constants: below it they raise x's rank
+	chain   *chainRun
 }
 
 // halfBufs recycles the float32 rows of rmsNormHalf runs.
 var halfBufs = sync.Pool{New: func() any { return new([]float32) }}
 
-// Compute runs the fused path for an x whose last axis the weight covers,
-// else the chain.
+// Compute runs the fused path for an x whose last axis the weight covers
+// and whose rank the constants do not raise, else the chain.
 func (k *rmsNormHalf) Compute(ctx *ops.Context) error {
 	x := ctx.Input(0)
-	if x == nil || x.Rank() == 0 || x.Shape()[x.Rank()-1] != len(k.w) || len(k.w) == 0 {
+	if x == nil || x.Rank() < k.minRank || x.Shape()[x.Rank()-1] != len(k.w) || len(k.w) == 0 {
 		return k.chain.run(ctx)
 	}
 	bp := halfBufs.Get().(*[]float32)

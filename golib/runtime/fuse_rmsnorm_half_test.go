@@ -18,6 +18,11 @@ import (
 // float16 weight (d values). extraRead makes the float32 x a graph output
 // too.
 func halfRMSModel(xType int32, d int, extraRead bool) *onnxpb.ModelProto {
+	return halfRMSModelEps(xType, d, extraRead, nil)
+}
+
+// halfRMSModelEps is halfRMSModel with an eps constant of shape epsDims.
+func halfRMSModelEps(xType int32, d int, extraRead bool, epsDims []int64) *onnxpb.ModelProto {
 	rng := rand.New(rand.NewSource(2))
 	w := make([]float32, d)
 	for i := range w {
@@ -30,7 +35,7 @@ func halfRMSModel(xType int32, d int, extraRead bool) *onnxpb.ModelProto {
 		binary.LittleEndian.PutUint16(raw[2*i:], b)
 	}
 	inits := []*onnxpb.TensorProto{
-		onnxtest.Floats("two", nil, []float32{2}), onnxtest.Floats("eps", nil, []float32{1e-6}),
+		onnxtest.Floats("two", nil, []float32{2}), onnxtest.Floats("eps", epsDims, []float32{1e-6}),
 		onnxtest.Floats("one", nil, []float32{1}), onnxtest.Int64s("axes", []int64{1}, []int64{-1}),
 		onnxtest.Raw("w", 10, []int64{int64(d)}, raw),
 	}
@@ -127,6 +132,34 @@ func TestFuseRMSNormHalf(t *testing.T) {
 					t.Errorf("%s: %d runs took the chain, want chain %v", c.name, runs, c.chain)
 				}
 			}
+		}
+	}
+}
+
+// TestFuseRMSNormHalfRank: an eps of a higher rank than x broadcasts the
+// chain's output up to its rank; the fused kernel takes the chain for such
+// an x and returns its shape.
+func TestFuseRMSNormHalfRank(t *testing.T) {
+	const d = 16
+	b := onnxtest.Bytes(halfRMSModelEps(10, d, false, []int64{1, 1, 1, 1}))
+	s, ref := fusedPair(t, "eps of rank 4", b, "RMSNormHalf", true, "Pow")
+	x, _ := tensor.New(tensor.Float16, tensor.Shape{1, 3, d})
+	if err := tensor.FromFloat32(x, randFloats(rand.New(rand.NewSource(6)), 3*d)); err != nil {
+		t.Fatal(err)
+	}
+	got, _, err1 := s.Run(map[string]*tensor.Tensor{"x": x}, nil)
+	want, _, err2 := ref.Run(map[string]*tensor.Tensor{"x": x}, nil)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("%v / %v", err1, err2)
+	}
+	if sh := (tensor.Shape{1, 1, 3, d}); !want[0].Shape().Equal(sh) || !got[0].Shape().Equal(sh) {
+		t.Fatalf("shape %v, unfused %v, want %v", got[0].Shape(), want[0].Shape(), sh)
+	}
+	g, _ := tensor.AsFloat32(got[0])
+	w, _ := tensor.AsFloat32(want[0])
+	for i := range w {
+		if g[i] != w[i] {
+			t.Fatalf("[%d] = %v, unfused %v", i, g[i], w[i])
 		}
 	}
 }

@@ -20,10 +20,10 @@ import (
 // shape); s and m have no other reader and are neither graph outputs nor
 // captured. The rule is tried at the gate multiply (chain Sigmoid, Mul,
 // Mul) and at the SiLU's own Mul when no gate multiply follows it.
-func matchSiLU(fc *fuseContext, i int) (*onnxpb.NodeProto, []int, bool) {
+func matchSiLU(fc *fuseContext, i int) (*onnxpb.NodeProto, []int, func(*ops.Context) bool, bool) {
 	n := fc.p.Nodes[i]
 	if n.OpType != "Mul" || n.Domain != "" || len(n.Inputs) != 2 || len(n.Outputs) != 1 {
-		return nil, nil, false
+		return nil, nil, nil, false
 	}
 	for k := range 2 {
 		m, up := n.Inputs[k], n.Inputs[1-k]
@@ -45,24 +45,24 @@ func matchSiLU(fc *fuseContext, i int) (*onnxpb.NodeProto, []int, bool) {
 		}
 		np := fusedNode("SiLU", n.Name, []string{x, up}, []string{n.Outputs[0]})
 		np.Domain = ptr(ops.FusedDomain)
-		return np, append([]int{i, mi}, core...), true
+		return np, append([]int{i, mi}, core...), nil, true
 	}
 	// no gate: the SiLU alone, unless its output feeds a gate multiply
 	// this rule fuses at that later node
 	x, core, ok := siluCore(fc, n)
 	if !ok {
-		return nil, nil, false
+		return nil, nil, nil, false
 	}
 	if out := n.Outputs[0]; fc.internal(out) {
 		if r := fc.p.Nodes[fc.reader[out]]; r.OpType == "Mul" && r.Domain == "" {
-			if _, _, gated := matchSiLU(fc, fc.reader[out]); gated {
-				return nil, nil, false
+			if _, _, _, gated := matchSiLU(fc, fc.reader[out]); gated {
+				return nil, nil, nil, false
 			}
 		}
 	}
 	np := fusedNode("SiLU", n.Name, []string{x}, []string{n.Outputs[0]})
 	np.Domain = ptr(ops.FusedDomain)
-	return np, append([]int{i}, core...), true
+	return np, append([]int{i}, core...), nil, true
 }
 
 // siluCore matches mul = Mul(x, Sigmoid(x)) with x a float32 projection

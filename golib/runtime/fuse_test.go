@@ -22,6 +22,9 @@ type rmsChain struct {
 	exponent  float32 // Pow's exponent
 	numerator float32 // Div's numerator
 	epsDims   []int64 // shape of the eps constant
+	powDims   []int64 // shape of Pow's exponent
+	oneDims   []int64 // shape of Div's numerator
+	anyShape  bool    // the input is declared without a shape (any rank)
 	weightIn  bool    // the weight is a graph input, not a constant
 	weight2D  bool    // the weight has rank 2
 	meanOut   bool    // the mean is also a graph output
@@ -56,11 +59,14 @@ func (c rmsChain) model() *onnxpb.ModelProto {
 		eps[i] = 1e-6
 	}
 	inits := []*onnxpb.TensorProto{
-		onnxtest.Floats("two", nil, []float32{c.exponent}),
+		onnxtest.Floats("two", c.powDims, []float32{c.exponent}),
 		onnxtest.Floats("eps", c.epsDims, eps),
-		onnxtest.Floats("one", nil, []float32{c.numerator}),
+		onnxtest.Floats("one", c.oneDims, []float32{c.numerator}),
 	}
 	inputs := []*onnxpb.ValueInfoProto{onnxtest.Info("in", 1, 2, 3, d)}
+	if c.anyShape {
+		inputs[0] = infoAnyShape("in", 1)
+	}
 	switch {
 	case c.weightIn:
 		inputs = append(inputs, onnxtest.Info("w", 1, d))
@@ -101,6 +107,9 @@ func (c rmsChain) model() *onnxpb.ModelProto {
 	}
 	nodes = append(nodes, onnxtest.Node("Mul", pair("w", last), []string{"y"}))
 	outputs := []*onnxpb.ValueInfoProto{onnxtest.Info("y", 1, 2, 3, d)}
+	if c.anyShape {
+		outputs[0] = infoAnyShape("y", 1)
+	}
 	if c.meanOut {
 		outputs = append(outputs, onnxtest.Info("m", 1, 2, 3, 1))
 	}
@@ -162,6 +171,75 @@ func TestFuseRMSNorm(t *testing.T) {
 					break
 				}
 			}
+		}
+	}
+}
+
+// infoAnyShape declares a tensor value of the given element type and no
+// shape (any rank).
+func infoAnyShape(name string, dtype int32) *onnxpb.ValueInfoProto {
+	return &onnxpb.ValueInfoProto{Name: &name, Type: &onnxpb.TypeProto{Value: &onnxpb.TypeProto_TensorType{
+		TensorType: &onnxpb.TypeProto_Tensor{ElemType: &dtype}}}}
+}
+
+// TestFuseRMSNormShapes: the fused SimplifiedLayerNormalization keeps x's
+// shape, the chain broadcasts x with its constants and the weight; a run
+// where they differ (constants of a higher rank than x, a weight longer
+// than x's last dimension of 1) executes the chain and returns its shape,
+// and the exporters' runs still take the fused kernel.
+func TestFuseRMSNormShapes(t *testing.T) {
+	const d = 8
+	cases := []struct {
+		name  string
+		edit  func(*rmsChain)
+		shape tensor.Shape // the fed input's
+		want  tensor.Shape // the chain's output
+		chain bool         // the run must take the chain
+	}{
+		{"rank-0 constants", func(*rmsChain) {}, tensor.Shape{2, d}, tensor.Shape{2, d}, false},
+		{"rank-0 constants, 3D", func(*rmsChain) {}, tensor.Shape{1, 3, d}, tensor.Shape{1, 3, d}, false},
+		{"eps of shape [1, 1, 1], x 2D", func(c *rmsChain) { c.epsDims = []int64{1, 1, 1} }, tensor.Shape{2, d}, tensor.Shape{1, 2, d}, true},
+		{"eps of shape [1, 1, 1], x 3D", func(c *rmsChain) { c.epsDims = []int64{1, 1, 1} }, tensor.Shape{2, 3, d}, tensor.Shape{2, 3, d}, false},
+		{"exponent of shape [1, 1, 1], x 2D", func(c *rmsChain) { c.powDims = []int64{1, 1, 1} }, tensor.Shape{2, d}, tensor.Shape{1, 2, d}, true},
+		{"numerator of shape [1, 1, 1, 1], x 3D", func(c *rmsChain) { c.div, c.oneDims = true, []int64{1, 1, 1, 1} },
+			tensor.Shape{2, 3, d}, tensor.Shape{1, 2, 3, d}, true},
+		{"eps of shape [1], x 1D", func(c *rmsChain) { c.epsDims = []int64{1} }, tensor.Shape{d}, tensor.Shape{d}, false},
+		{"weight broadcast over a last dimension of 1", func(*rmsChain) {}, tensor.Shape{2, 1}, tensor.Shape{2, d}, true},
+	}
+	rng := rand.New(rand.NewSource(5))
+	for _, c := range cases {
+		rc := defaultRMS()
+		rc.anyShape = true
+		c.edit(&rc)
+		b := onnxtest.Bytes(rc.model())
+		s, ref := fusedPair(t, c.name, b, "SimplifiedLayerNormalization", true, "Pow", "ReduceMean")
+		x, _ := tensor.FromSlice(c.shape, randFloats(rng, c.shape.Size()))
+		feeds := map[string]*tensor.Tensor{"in": x}
+		got, _, err1 := s.Run(feeds, nil)
+		want, _, err2 := ref.Run(feeds, nil)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("%s: %v / %v", c.name, err1, err2)
+		}
+		if !want[0].Shape().Equal(c.want) || !got[0].Shape().Equal(c.want) {
+			t.Fatalf("%s: shape %v, unfused %v, want %v", c.name, got[0].Shape(), want[0].Shape(), c.want)
+		}
+		g, w := got[0].Float32(), want[0].Float32()
+		for i := range w {
+			if math.Abs(float64(g[i]-w[i])) > 1e-6*math.Max(1, math.Abs(float64(w[i]))) {
+				t.Fatalf("%s: [%d] = %v, unfused %v", c.name, i, g[i], w[i])
+			}
+		}
+		found := false
+		for _, n := range s.Plan().Nodes {
+			if k, ok := n.Kernel.(*guardedKernel); ok {
+				found = true
+				if runs := k.chain.runs.Load(); (runs > 0) != c.chain {
+					t.Errorf("%s: %d runs took the chain, want chain %v", c.name, runs, c.chain)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s: no guarded fused node in the plan", c.name)
 		}
 	}
 }

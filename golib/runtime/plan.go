@@ -116,8 +116,9 @@ type Plan struct {
 	// Captures lists values the graph reads from an enclosing scope.
 	Captures []string
 	kinds    map[string]ValueKind
-	// defaults are graph inputs that have an initializer (optional feeds).
-	defaults map[string]bool
+	// defaults are graph inputs that have an initializer (optional feeds),
+	// with their declarations, which a feed of one must match.
+	defaults map[string]*model.ValueInfo
 	// Slots (slots.go): slots maps value names to slots; base holds the
 	// initializers by slot; outSlots and captureSlots are the slots of
 	// Outputs and Captures.
@@ -145,6 +146,8 @@ type builder struct {
 	noFold bool
 	// packs is given to every node's factory (ops.Node.Packs).
 	packs *ops.Packs
+	// declared caches each graph's declaredTypes.
+	declared map[*model.Graph]map[string]tensor.DType
 }
 
 // BuildPlan builds the plan of a loaded model's main graph, folded (see
@@ -164,14 +167,15 @@ func buildPlan(m *model.Model, fold bool, packs *ops.Packs) (*Plan, error) {
 // build plans g; outer names the values visible from enclosing graphs (nil
 // for the main graph).
 func (b *builder) build(g *model.Graph, outer map[string]bool) (*Plan, error) {
-	p := &Plan{Initializers: g.Initializers, Outputs: g.Outputs, kinds: map[string]ValueKind{}, defaults: map[string]bool{}}
+	p := &Plan{Initializers: g.Initializers, Outputs: g.Outputs, kinds: map[string]ValueKind{}, defaults: map[string]*model.ValueInfo{}}
 	avail := map[string]bool{}
 	for name := range g.Initializers {
 		avail[name] = true
 	}
 	for _, in := range g.Inputs {
 		if _, ok := g.Initializers[in.Name]; ok {
-			p.defaults[in.Name] = true
+			decl := in
+			p.defaults[in.Name] = &decl
 		} else {
 			p.Inputs = append(p.Inputs, in)
 		}
@@ -271,12 +275,14 @@ func (b *builder) node(g *model.Graph, np *onnxpb.NodeProto, scope func() map[st
 	info := &ops.Node{Name: pn.Name, OpType: pn.OpType, Domain: domain, Opset: opset,
 		NumInputs: len(pn.Inputs), NumOutputs: len(pn.Outputs),
 		InputPresent: make([]bool, len(pn.Inputs)), OutputPresent: make([]bool, len(pn.Outputs)),
-		Constants: make([]*tensor.Tensor, len(pn.Inputs)), Packs: b.packs}
+		Constants: make([]*tensor.Tensor, len(pn.Inputs)), InputTypes: make([]tensor.DType, len(pn.Inputs)), Packs: b.packs}
+	declared := b.declaredTypes(g)
 	for i, in := range pn.Inputs {
 		info.InputPresent[i] = in != ""
 		if t, ok := g.Initializers[in]; ok && !isOverridable(g, in) {
 			info.Constants[i] = t
 		}
+		info.InputTypes[i] = declared[in] // Undefined when not declared
 	}
 	for i, o := range pn.Outputs {
 		info.OutputPresent[i] = o != ""
@@ -316,6 +322,44 @@ func (b *builder) node(g *model.Graph, np *onnxpb.NodeProto, scope func() map[st
 	}
 	pn.Kernel = k
 	return pn, nil
+}
+
+// declaredTypes returns the element types g declares for its values (made
+// once per graph): an initializer's (a graph input's declaration must
+// agree with it, see model.Graph), else a graph input's, value_info's or a
+// graph output's, in that order of precedence. A value g declares no type
+// the runtime supports for (a value of an enclosing graph, an untyped
+// declaration) is absent. The factories check the types their kernels
+// compute against them (ops.Node.InputType).
+func (b *builder) declaredTypes(g *model.Graph) map[string]tensor.DType {
+	if m, ok := b.declared[g]; ok {
+		return m
+	}
+	m := map[string]tensor.DType{}
+	add := func(vi model.ValueInfo) {
+		if vi.Kind == model.KindTensor && vi.DType.Valid() {
+			m[vi.Name] = vi.DType
+		} else {
+			delete(m, vi.Name) // an untyped declaration of higher precedence
+		}
+	}
+	for _, vi := range g.Outputs {
+		add(vi)
+	}
+	for _, vi := range g.ValueInfos {
+		add(vi)
+	}
+	for _, vi := range g.Inputs {
+		add(vi)
+	}
+	for name, t := range g.Initializers {
+		m[name] = t.DType()
+	}
+	if b.declared == nil {
+		b.declared = map[*model.Graph]map[string]tensor.DType{}
+	}
+	b.declared[g] = m
+	return m
 }
 
 // isOverridable reports whether an initializer is also a graph input (then

@@ -28,8 +28,8 @@ type Signature struct {
 	// slots holds each feed's value slot; -1 for an initializer default
 	// the plan never reads.
 	slots []int32
-	// decl holds each feed's declared input (nil for an initializer
-	// default, which is not checked, as before).
+	// decl holds each feed's declared input (an initializer default's
+	// too: a feed replacing it is checked like any other).
 	decl []*model.ValueInfo
 	// outIdx holds the index of each requested output in the plan's
 	// outputs; outputs is the requested names (nil: all outputs).
@@ -105,8 +105,10 @@ func (s *Session) prepare(p *Plan, cachePath bool, feedNames, outputNames []stri
 	}
 	var unknown []string
 	for i, name := range feedNames {
-		if sg.decl[i] == nil && !p.defaults[name] {
-			unknown = append(unknown, name)
+		if sg.decl[i] == nil {
+			if sg.decl[i] = p.defaults[name]; sg.decl[i] == nil {
+				unknown = append(unknown, name)
+			}
 		}
 		sg.slots[i] = -1
 		if slot, ok := p.slots[name]; ok { // an unread initializer default has none

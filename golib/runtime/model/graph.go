@@ -54,10 +54,11 @@ type Graph struct {
 // Subgraph decodes a graph attribute (If branch, Loop body) with the same
 // loading rules as the graph that holds it.
 func (g *Graph) Subgraph(gp *onnxpb.GraphProto) (*Graph, error) {
-	return newGraph(gp, g.baseDir, g.ext)
+	return newGraph(gp, g.baseDir, g.ext, false)
 }
 
-func newGraph(gp *onnxpb.GraphProto, baseDir string, ext *extBudget) (*Graph, error) {
+// newGraph decodes gp; main is set for a model's main graph.
+func newGraph(gp *onnxpb.GraphProto, baseDir string, ext *extBudget, main bool) (*Graph, error) {
 	g := &Graph{
 		Name:         gp.GetName(),
 		Nodes:        gp.GetNode(),
@@ -92,6 +93,23 @@ func newGraph(gp *onnxpb.GraphProto, baseDir string, ext *extBudget) (*Graph, er
 	if g.Outputs, err = valueInfos(gp.GetOutput()); err != nil {
 		return nil, fmt.Errorf("graph outputs: %w", err)
 	}
+	if err := uniqueNames(g.Inputs); err != nil {
+		return nil, fmt.Errorf("graph inputs: %w", err)
+	}
+	if main {
+		// A subgraph may list one value twice (a Loop body's carried value
+		// and scan output); the model's outputs are returned by name.
+		if err := uniqueNames(g.Outputs); err != nil {
+			return nil, fmt.Errorf("graph outputs: %w", err)
+		}
+	}
+	for _, in := range g.Inputs {
+		if t, ok := g.Initializers[in.Name]; ok {
+			if err := agrees(in, t); err != nil {
+				return nil, err
+			}
+		}
+	}
 	vis, err := valueInfos(gp.GetValueInfo())
 	if err != nil {
 		return nil, fmt.Errorf("value_info: %w", err)
@@ -105,6 +123,64 @@ func newGraph(gp *onnxpb.GraphProto, baseDir string, ext *extBudget) (*Graph, er
 		}
 	}
 	return g, nil
+}
+
+// uniqueNames fails with errs.ErrInvalidModel when two values share a name.
+func uniqueNames(vis []ValueInfo) error {
+	seen := make(map[string]bool, len(vis))
+	for _, vi := range vis {
+		if seen[vi.Name] {
+			return fmt.Errorf("%w: %q is declared twice", errs.ErrInvalidModel, vi.Name)
+		}
+		seen[vi.Name] = true
+	}
+	return nil
+}
+
+// agrees checks the initializer t of graph input in (its default value)
+// against the input's declaration, which every feed of it must match too:
+// a tensor of the declared element type, rank and fixed dimensions
+// (errs.ErrInvalidModel otherwise).
+func agrees(in ValueInfo, t *tensor.Tensor) error {
+	if in.Kind != KindTensor {
+		return fmt.Errorf("%w: graph input %q has an initializer but is not declared a tensor", errs.ErrInvalidModel, in.Name)
+	}
+	if in.DType != tensor.Undefined && in.DType != t.DType() {
+		return fmt.Errorf("%w: graph input %q is declared %v but its initializer is %v",
+			errs.ErrInvalidModel, in.Name, in.DType, t.DType())
+	}
+	if in.Shape == nil {
+		return nil
+	}
+	ok := len(in.Shape) == t.Rank()
+	for k := 0; ok && k < len(in.Shape); k++ {
+		ok = in.Shape[k].Value < 0 || in.Shape[k].Value == int64(t.Shape()[k])
+	}
+	if !ok {
+		return fmt.Errorf("%w: graph input %q is declared of shape %v but its initializer has shape %v",
+			errs.ErrInvalidModel, in.Name, dimsString(in.Shape), t.Shape())
+	}
+	return nil
+}
+
+// dimsString renders a declared shape: fixed sizes, parameter names, "?"
+// for unknown dimensions.
+func dimsString(dims []Dim) string {
+	s := "("
+	for k, d := range dims {
+		if k > 0 {
+			s += ", "
+		}
+		switch {
+		case d.Value >= 0:
+			s += fmt.Sprint(d.Value)
+		case d.Param != "":
+			s += d.Param
+		default:
+			s += "?"
+		}
+	}
+	return s + ")"
 }
 
 func valueInfos(vps []*onnxpb.ValueInfoProto) ([]ValueInfo, error) {

@@ -233,7 +233,7 @@ func FromProto(mp *onnxpb.ModelProto, opt Options) (*Model, error) {
 		m.Proto.Functions = nil
 	}
 	ext := &extBudget{left: opt.maxExternal(), mapMin: opt.mapMin()}
-	g, err := newGraph(mp.GetGraph(), opt.BaseDir, ext)
+	g, err := newGraph(mp.GetGraph(), opt.BaseDir, ext, true)
 	ext.unmapUnused() // subgraphs loaded later map their files again
 	if err != nil {
 		return nil, err

@@ -57,6 +57,9 @@ func newConcat(n *Node) (Kernel, error) {
 		off := 0
 		for _, t := range ins {
 			chunk := t.Shape()[ax] * inner
+			if chunk == 0 {
+				continue // outer may be huge when nothing is copied
+			}
 			src := t.Bytes()
 			for o := 0; o < outer; o++ {
 				copy(dst[o*rowOut+off:o*rowOut+off+chunk], src[o*chunk:(o+1)*chunk])
@@ -140,7 +143,7 @@ func newSplit(splitInput bool) Factory {
 				}
 				chunk := int(s) * inner
 				dst := out.Bytes()
-				for o := 0; o < outer; o++ {
+				for o := 0; o < outer && chunk > 0; o++ { // outer may be huge when nothing is copied
 					copy(dst[o*chunk:(o+1)*chunk], src[o*rowIn+off:o*rowIn+off+chunk])
 				}
 				off += chunk

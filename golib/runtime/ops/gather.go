@@ -55,6 +55,9 @@ func newGather(n *Node) (Kernel, error) {
 			}
 		}
 		ni := len(idx)
+		if out.Len() == 0 {
+			return nil // outer may be huge when nothing is copied
+		}
 		for o := 0; o < outer; o++ {
 			for k, v := range idx {
 				s := (o*int(dim) + int(v)) * inner

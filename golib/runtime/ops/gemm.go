@@ -14,10 +14,16 @@ func init() {
 	Register("", "Gemm", 7, 0, newGemm)
 }
 
+// gemmTypes are the element types Gemm computes.
+var gemmTypes = typeSet{tensor.Float32, tensor.Float16, tensor.BFloat16}
+
 // newGemm: Y = alpha * op(A) * op(B) + beta * C with C broadcast
 // (unidirectionally) to [M, N]. float32/float16/bfloat16, computed in
 // float32 (a 16-bit B is read in place, see gemmOperand).
 func newGemm(n *Node) (Kernel, error) {
+	if err := n.checkTypes(gemmTypes, 0, 1, 2); err != nil {
+		return nil, err
+	}
 	ta, err := n.Attrs.Int("transA", 0)
 	if err != nil {
 		return nil, err
@@ -46,8 +52,8 @@ func newGemm(n *Node) (Kernel, error) {
 		}
 		c := ctx.Input(2)
 		dt := a.DType()
-		if dt != tensor.Float32 && !isHalf(dt) {
-			return fmt.Errorf("%w: Gemm supports float32, float16 and bfloat16, got %v", errs.ErrType, dt)
+		if !gemmTypes.has(dt) {
+			return fmt.Errorf("%w: Gemm supports %v, got %v", errs.ErrType, gemmTypes, dt)
 		}
 		if b.DType() != dt || (c != nil && c.DType() != dt) {
 			return fmt.Errorf("%w: Gemm inputs must share one type", errs.ErrType)

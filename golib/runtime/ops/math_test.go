@@ -2,6 +2,7 @@ package ops
 
 import (
 	"errors"
+	"math"
 	"testing"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
@@ -87,5 +88,82 @@ func TestRotaryEmbedding(t *testing.T) {
 	}
 	if _, err := call("RotaryEmbedding", 23, nil, 1, x4, cos, sin, it(tensor.Shape{1, 2}, 0, 7)); !errors.Is(err, errs.ErrInvalidArgument) {
 		t.Errorf("position outside the cache: %v", err)
+	}
+}
+
+// TestFloat64SoftmaxGelu checks that float64 Softmax, LogSoftmax and Gelu
+// compute in float64 (they went through float32: values beyond its range
+// became NaN or inf and in-range ones lost about 1e-7): the results are
+// onnx.reference's, exact or within a few ulps of float64.
+func TestFloat64SoftmaxGelu(t *testing.T) {
+	f64 := func(shape tensor.Shape, v ...float64) *tensor.Tensor {
+		x, err := tensor.FromSlice(shape, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return x
+	}
+	// many rows (with two threads: the parallel path), values that
+	// float32 cannot tell apart
+	big := make([]float64, 2*130)
+	for i := range big {
+		big[i] = 1 + float64(i%2)*1e-12 + float64(i/2)*1e-3
+	}
+	bigWant := make([]float64, len(big))
+	for r := 0; r < len(big); r += 2 {
+		e := math.Exp(big[r] - big[r+1])
+		bigWant[r], bigWant[r+1] = e/(e+1), 1/(e+1)
+	}
+	cases := []struct {
+		name  string
+		op    string
+		opset int
+		attrs Attributes
+		x     *tensor.Tensor
+		want  []float64
+	}{
+		{name: "softmax beyond float32", op: "Softmax", opset: 13, x: f64(tensor.Shape{2}, 1e300, 0), want: []float64{1, 0}},
+		{name: "softmax close values", op: "Softmax", opset: 13, x: f64(tensor.Shape{4}, 1e-3, 2e-3, 1, 1+1e-12),
+			want: []float64{0.1345509239182698, 0.1346855421400808, 0.365381766970642, 0.36538176697100744}},
+		{name: "softmax axis 0 (strided)", op: "Softmax", opset: 13, attrs: attrs(intA("axis", 0)), x: f64(tensor.Shape{2, 2}, 1e300, 0, 0, 0),
+			want: []float64{1, 0.5, 0, 0.5}},
+		{name: "softmax-11 flattened tail", op: "Softmax", opset: 11, attrs: attrs(intA("axis", 0)), x: f64(tensor.Shape{2, 2}, 1e300, 0, 0, 0),
+			want: []float64{1, 0, 0, 0}},
+		{name: "softmax many rows", op: "Softmax", opset: 13, x: f64(tensor.Shape{130, 2}, big...), want: bigWant},
+		{name: "softmax rank 0", op: "Softmax", opset: 13, x: f64(tensor.Shape{}, 1e300), want: []float64{1}},
+		{name: "logsoftmax beyond float32", op: "LogSoftmax", opset: 13, x: f64(tensor.Shape{2}, 1e40, 0), want: []float64{0, -1e40}},
+		{name: "logsoftmax", op: "LogSoftmax", opset: 13, x: f64(tensor.Shape{3}, 0.1, 0.2, 0.3),
+			want: []float64{-1.201942848229244, -1.101942848229244, -1.001942848229244}},
+		// 3 * Phi(3) = 2.9959503059051097
+		{name: "gelu exact", op: "Gelu", opset: 20, x: f64(tensor.Shape{4}, 0.5, 3, 1e39, -1e39),
+			want: []float64{0.34573123063700656, 2.9959503059051097, 1e39, 0}},
+		{name: "gelu tanh", op: "Gelu", opset: 20, attrs: attrs(strA("approximate", "tanh")), x: f64(tensor.Shape{3}, 0.5, 3, 1e39),
+			want: []float64{0.34571400982514394, 2.996362607918227, 1e39}},
+	}
+	for _, c := range cases {
+		outs, err := call(c.op, c.opset, c.attrs, 1, c.x)
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		y := outs[0]
+		if y.DType() != tensor.Float64 || !y.Shape().Equal(c.x.Shape()) {
+			t.Errorf("%s: %v %v, want float64 %v", c.name, y.DType(), y.Shape(), c.x.Shape())
+			continue
+		}
+		for i, g := range y.Float64() {
+			if w := c.want[i]; g != w && math.Abs(g-w) > 4e-16*math.Abs(w) {
+				t.Errorf("%s: element %d is %v, want %v", c.name, i, g, w)
+			}
+		}
+	}
+	outs, err := callDomain("com.microsoft", "FastGelu", 1, nil, 1, f64(tensor.Shape{2}, 3, 1e39))
+	if err != nil || outs[0].Float64()[0] != 2.996362607918227 || outs[0].Float64()[1] != 1e39 {
+		t.Errorf("float64 FastGelu: %v %v", err, outs)
+	}
+	// the float32 kernels are unchanged
+	outs, err = call("Softmax", 13, nil, 1, ft(tensor.Shape{2}, 1e30, 0))
+	if err != nil || values(outs[0]) != "[1 0]" {
+		t.Errorf("float32 Softmax: %v %s", err, values(outs[0]))
 	}
 }

@@ -25,6 +25,9 @@ func init() {
 // blocks as the blocked algorithm's B blocks instead of packing B on every
 // call.
 func newMatMul(n *Node) (Kernel, error) {
+	if err := n.checkTypes(matmulTypes, 0, 1); err != nil {
+		return nil, err
+	}
 	pack, err := newConstPack(n, 1, false)
 	if err != nil {
 		return nil, err
@@ -56,6 +59,10 @@ func matmulCompute(ctx *Context, pack *constPack) (*tensor.Tensor, error) {
 	if err != nil {
 		return nil, err
 	}
+	if out.Len() == 0 && matmulTypes.has(a.DType()) {
+		// nothing to compute, though the batch may be huge (2^30 x 2 x 0)
+		return out, nil
+	}
 	switch a.DType() {
 	case tensor.Float32, tensor.Float16, tensor.BFloat16:
 		if pb := pack.get(b); pb != nil && g.fold {
@@ -73,6 +80,9 @@ func matmulCompute(ctx *Context, pack *constPack) (*tensor.Tensor, error) {
 	}
 	return out, nil
 }
+
+// matmulTypes are the element types MatMul computes (matmulCompute).
+var matmulTypes = typeSet{tensor.Float32, tensor.Float16, tensor.BFloat16, tensor.Float64, tensor.Int64, tensor.Int32}
 
 // minSplitWork is the multiply-adds per thread below which the batched
 // path keeps the products on one thread (waking a second costs more than

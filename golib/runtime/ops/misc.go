@@ -127,6 +127,11 @@ func newTile(n *Node) (Kernel, error) {
 			if r < 0 || r > tensor.MaxElements {
 				return fmt.Errorf("%w: Tile repeat %d", errs.ErrInvalidArgument, r)
 			}
+			// an input with no elements may have dimensions above the
+			// limit: their product must not wrap around
+			if d := x.Shape()[i]; d != 0 && int(r) > math.MaxInt/d {
+				return fmt.Errorf("%w: Tile of %v by %v", errs.ErrLimit, x.Shape(), reps)
+			}
 			outShape[i] = x.Shape()[i] * int(r)
 		}
 		if _, err := outShape.NumElements(); err != nil {
@@ -185,6 +190,9 @@ func newCumSum(n *Node) (Kernel, error) {
 		out, err := ctx.NewOutput(0, x.DType(), sh)
 		if err != nil {
 			return err
+		}
+		if out.Len() == 0 {
+			return nil // outer * inner may be huge (2^30 x 2^30 x 0)
 		}
 		if x.DType().IsInt() {
 			// int64 holds every integer type exactly, and its sums wrap

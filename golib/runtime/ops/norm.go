@@ -203,6 +203,9 @@ func normCompute(ctx *Context, axis int, eps float32, sp normSpec) error {
 			sum = ctx.Float32s(len(src))
 		}
 	}
+	if len(src) == 0 && len(meanOut) == 0 && len(invOut) == 0 {
+		return nil // nothing to write, though rows may be huge (2^30 x 2^30 x 0)
+	}
 	dst := f32Result(ctx, y)
 	nr := normRows{src: src, dst: dst, sum: sum, skipV: skipV, pre: pre, preIdx: preIdx, sv: sv, sIdx: sIdx,
 		bv: bv, bIdx: bIdx, meanOut: meanOut, invOut: invOut, cols: cols, eps: eps, rms: sp.rms}

@@ -35,7 +35,10 @@
 // initializer (weights), so a kernel may pre-pack it once; it still
 // arrives as ctx.Input(i) at run time. n.InputPresent / n.OutputPresent
 // tell which optional inputs and outputs the node uses;
-// ctx.OutputWanted(i) says the same at run time.
+// ctx.OutputWanted(i) says the same at run time. n.InputType(i) is input
+// i's element type when the graph declares it; a kernel that computes a
+// fixed set of types refuses a declared type it lacks with n.checkTypes,
+// so the session fails at creation (errs.ErrNotImplemented), not every run.
 //
 // Rules: the domain is "" for the default ONNX domain ("ai.onnx" is accepted
 // as a synonym) and "com.microsoft" for contrib ops. Kernels must not modify
@@ -90,6 +93,11 @@ type Node struct {
 	// Constant output known at session creation (nil otherwise), so a
 	// factory can precompute from it. Kernels still receive it as input.
 	Constants []*tensor.Tensor
+	// InputTypes holds the element type the graph declares for each input
+	// (a graph input's, an initializer's, value_info's), tensor.Undefined
+	// where it declares none; nil when the planner knows none. Read it
+	// through InputType, which also takes Constants' types (see types.go).
+	InputTypes []tensor.DType
 	// Packs, when set, shares the values factories derive from Constants
 	// with the other plans of the same session (see Packs).
 	Packs *Packs

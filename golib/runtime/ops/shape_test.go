@@ -116,3 +116,47 @@ func TestConstantOps(t *testing.T) {
 		t.Errorf("Constant string: %v", err)
 	}
 }
+
+// TestZeroElementShapesUnderLimit checks that tensors with no elements are
+// never over the element limit, wherever their 0 is (a running product
+// rejected (2^30, 2^30, 0) and accepted (0, 2^30, 2^30)), and that Tile
+// refuses a product of dimensions that would wrap around.
+func TestZeroElementShapesUnderLimit(t *testing.T) {
+	const g = 1 << 30
+	empty := func(s tensor.Shape) *tensor.Tensor {
+		x, err := tensor.New(tensor.Float32, s)
+		if err != nil {
+			t.Fatalf("New(%v): %v", s, err)
+		}
+		return x
+	}
+	runCases(t, []opCase{
+		{name: "softmax, zero last", op: "Softmax", opset: 13, in: []*tensor.Tensor{empty(tensor.Shape{g, g, 0})}, shape: tensor.Shape{g, g, 0}, want: "[]"},
+		{name: "softmax, zero first", op: "Softmax", opset: 13, in: []*tensor.Tensor{empty(tensor.Shape{0, g, g})}, shape: tensor.Shape{0, g, g}, want: "[]"},
+		{name: "transpose to zero last", op: "Transpose", opset: 13, in: []*tensor.Tensor{empty(tensor.Shape{0, g, g})}, shape: tensor.Shape{g, g, 0}, want: "[]"},
+		{name: "reshape to zero last", op: "Reshape", opset: 14, attrs: attrs(intA("allowzero", 1)),
+			in: []*tensor.Tensor{empty(tensor.Shape{0}), it(tensor.Shape{3}, g, g, 0)}, shape: tensor.Shape{g, g, 0}, want: "[]"},
+		{name: "reshape copying a zero", op: "Reshape", opset: 14,
+			in: []*tensor.Tensor{empty(tensor.Shape{1, 1, 0}), it(tensor.Shape{3}, 1<<21, 1<<21, 0)}, shape: tensor.Shape{1 << 21, 1 << 21, 0}, want: "[]"},
+		{name: "add broadcast", op: "Add", opset: 14, in: []*tensor.Tensor{empty(tensor.Shape{g, g, 0}), ft(tensor.Shape{1}, 1)}, shape: tensor.Shape{g, g, 0}, want: "[]"},
+		{name: "tile of an empty tensor", op: "Tile", opset: 13, in: []*tensor.Tensor{empty(tensor.Shape{g, 0}), it(tensor.Shape{2}, 4, 3)}, shape: tensor.Shape{4 * g, 0}, want: "[]"},
+		// kernels looping over the rows of an empty tensor: 2^60 of them
+		{name: "softmax over an empty axis", op: "Softmax", opset: 13, attrs: attrs(intA("axis", 0)), in: []*tensor.Tensor{empty(tensor.Shape{0, g, g})}, shape: tensor.Shape{0, g, g}, want: "[]"},
+		{name: "softmax-11 of an empty tail", op: "Softmax", opset: 11, in: []*tensor.Tensor{empty(tensor.Shape{g, g, 0})}, shape: tensor.Shape{g, g, 0}, want: "[]"},
+		{name: "logsoftmax", op: "LogSoftmax", opset: 13, in: []*tensor.Tensor{empty(tensor.Shape{g, g, 0})}, shape: tensor.Shape{g, g, 0}, want: "[]"},
+		{name: "layernorm", op: "LayerNormalization", opset: 17, in: []*tensor.Tensor{empty(tensor.Shape{g, g, 0}), empty(tensor.Shape{0})}, shape: tensor.Shape{g, g, 0}, want: "[]"},
+		{name: "rmsnorm", op: "RMSNormalization", opset: 23, in: []*tensor.Tensor{empty(tensor.Shape{g, g, 0}), empty(tensor.Shape{0})}, shape: tensor.Shape{g, g, 0}, want: "[]"},
+		{name: "cumsum", op: "CumSum", opset: 14, in: []*tensor.Tensor{empty(tensor.Shape{g, 0, g}), it(tensor.Shape{}, 1)}, shape: tensor.Shape{g, 0, g}, want: "[]"},
+		{name: "concat", op: "Concat", opset: 13, attrs: attrs(intA("axis", 2)), in: []*tensor.Tensor{empty(tensor.Shape{g, g, 0}), empty(tensor.Shape{g, g, 0})}, shape: tensor.Shape{g, g, 0}, want: "[]"},
+		{name: "split", op: "Split", opset: 18, attrs: attrs(intA("axis", 2), intA("num_outputs", 1)), in: []*tensor.Tensor{empty(tensor.Shape{g, g, 0})}, shape: tensor.Shape{g, g, 0}, want: "[]"},
+		{name: "gather", op: "Gather", opset: 13, attrs: attrs(intA("axis", 2)), in: []*tensor.Tensor{empty(tensor.Shape{g, g, 0}), it(tensor.Shape{0})}, shape: tensor.Shape{g, g, 0}, want: "[]"},
+		{name: "matmul batch", op: "MatMul", opset: 13, in: []*tensor.Tensor{ft(tensor.Shape{2, 0}), empty(tensor.Shape{g, 0, 0})}, shape: tensor.Shape{g, 2, 0}, want: "[]"},
+	})
+	// still over the limit with elements
+	if _, err := call("Reshape", 14, nil, 1, ft(tensor.Shape{1}, 1), it(tensor.Shape{3}, g, g, 1)); !errors.Is(err, errs.ErrLimit) {
+		t.Errorf("Reshape to (2^30, 2^30, 1): %v", err)
+	}
+	if _, err := call("Tile", 13, nil, 1, empty(tensor.Shape{0, 1 << 40}), it(tensor.Shape{2}, 1, 1<<40)); !errors.Is(err, errs.ErrLimit) {
+		t.Errorf("Tile to a dimension of 2^80: %v", err)
+	}
+}

@@ -59,7 +59,7 @@ func newReshape(n *Node) (Kernel, error) {
 // and -1 (inferred) entries.
 func reshapeTarget(ctx *Context, in tensor.Shape, spec []int64, allowZero bool) (tensor.Shape, error) {
 	out := ctx.ScratchShape(len(spec))
-	infer, known := -1, 1
+	infer := -1
 	for i, d := range spec {
 		switch {
 		case d == -1:
@@ -67,7 +67,7 @@ func reshapeTarget(ctx *Context, in tensor.Shape, spec []int64, allowZero bool) 
 				return nil, fmt.Errorf("%w: Reshape with more than one -1 in %v", errs.ErrInvalidArgument, spec)
 			}
 			infer = i
-			continue
+			out[i] = 1 // counted as 1 in known below, then inferred
 		case d == 0 && !allowZero:
 			if i >= len(in) {
 				return nil, fmt.Errorf("%w: Reshape copies dimension %d of a rank-%d input", errs.ErrInvalidArgument, i, len(in))
@@ -78,10 +78,12 @@ func reshapeTarget(ctx *Context, in tensor.Shape, spec []int64, allowZero bool) 
 		default:
 			out[i] = int(d)
 		}
-		if out[i] != 0 && known > tensor.MaxElements/out[i] {
-			return nil, fmt.Errorf("%w: Reshape to %v", errs.ErrLimit, spec)
-		}
-		known *= out[i]
+	}
+	// the element count of the given dimensions: 0 (never over the
+	// limit) when one of them is 0, wherever it is
+	known, err := out.NumElements()
+	if err != nil {
+		return nil, fmt.Errorf("%w: Reshape to %v", errs.ErrLimit, spec)
 	}
 	total := in.Size()
 	if infer >= 0 {

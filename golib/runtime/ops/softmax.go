@@ -64,6 +64,23 @@ func softmaxCompute(ctx *Context, axis64 int64, single, logOut bool) error {
 	if err != nil {
 		return err
 	}
+	if out.Len() == 0 {
+		// no elements, though outer * inner may be huge (2^30 x 2^30 x 0)
+		return nil
+	}
+	if x.DType() == tensor.Float64 {
+		// float64 is computed in float64, as the other float64 kernels
+		// (binaryCompute, unaryComputeBulk) do: through float32 it would
+		// lose precision and overflow beyond float32's range.
+		src, dst := x.Float64(), out.Float64()
+		if n := outer * inner; ctx.Serial(n, 64) {
+			softmaxRows64(src, dst, 0, n, inner, dim, logOut)
+			return nil
+		}
+		return ctx.ParallelFor(outer*inner, 64, func(lo, hi int) {
+			softmaxRows64(src, dst, lo, hi, inner, dim, logOut)
+		})
+	}
 	src, err := ctx.AsFloat32(x)
 	if err != nil {
 		return err
@@ -123,5 +140,42 @@ func softmaxRow(src, dst []float32, base, stride, dim int, logOut bool) {
 	inv := float32(1 / sum)
 	for k := 0; k < dim; k++ {
 		dst[base+k*stride] *= inv
+	}
+}
+
+// softmaxRows64 is softmaxRows for float64 tensors, computed in float64
+// (as onnx.reference: exp(x - max) divided by their sum, or
+// x - max - log(sum) for LogSoftmax).
+func softmaxRows64(src, dst []float64, lo, hi, inner, dim int, logOut bool) {
+	for r := lo; r < hi; r++ {
+		o, i := r/inner, r%inner
+		softmaxRow64(src, dst, o*dim*inner+i, inner, dim, logOut)
+	}
+}
+
+// softmaxRow64 normalizes dim float64 elements starting at base with the
+// given stride.
+func softmaxRow64(src, dst []float64, base, stride, dim int, logOut bool) {
+	m := math.Inf(-1)
+	for k := 0; k < dim; k++ {
+		m = max(m, src[base+k*stride])
+	}
+	var sum float64
+	for k := 0; k < dim; k++ {
+		j := base + k*stride
+		e := math.Exp(src[j] - m)
+		dst[j] = e
+		sum += e
+	}
+	if logOut {
+		ls := math.Log(sum)
+		for k := 0; k < dim; k++ {
+			j := base + k*stride
+			dst[j] = src[j] - m - ls
+		}
+		return
+	}
+	for k := 0; k < dim; k++ {
+		dst[base+k*stride] /= sum
 	}
 }

@@ -59,7 +59,14 @@ func init() {
 }
 
 func newUnary(name string, op unaryOp) Factory {
+	types := floatTypes
+	if op.i64 != nil {
+		types = numericTypes
+	}
 	return func(n *Node) (Kernel, error) {
+		if err := n.checkTypes(types, 0); err != nil {
+			return nil, err
+		}
 		return KernelFunc(func(ctx *Context) error { return unaryCompute(ctx, name, op) }), nil
 	}
 }
@@ -134,38 +141,45 @@ func unaryComputeBulk(ctx *Context, name string, op unaryOp, bulk func(dst, src 
 func sigmoidSlice(dst, src []float32) { mha.Sigmoid(dst, src[:len(dst)]) }
 
 // gelu is the exact GELU x/2 (1 + erf(x/sqrt 2)) of the float16/bfloat16
-// and float64 paths; float32 tensors take mha.Gelu (vector erf, about 1
-// ulp), as the tanh form takes mha.GeluTanh.
-func gelu(x float32) float32 {
-	return float32(0.5 * float64(x) * (1 + math.Erf(float64(x)/math.Sqrt2)))
-}
+// path, computed in float64 (gelu64) and rounded; float32 tensors take
+// mha.Gelu (vector erf, about 1 ulp), as the tanh form takes mha.GeluTanh.
+func gelu(x float32) float32 { return float32(gelu64(float64(x))) }
 
-// geluTanh is the tanh approximation used by GPT-2.
-func geluTanh(x float32) float32 {
-	v := float64(x)
-	return float32(0.5 * v * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(v+0.044715*v*v*v))))
+// gelu64 is the exact GELU in float64: the float64 path's function.
+func gelu64(v float64) float64 { return 0.5 * v * (1 + math.Erf(v/math.Sqrt2)) }
+
+// geluTanh is the tanh approximation used by GPT-2, computed in float64
+// (geluTanh64) and rounded.
+func geluTanh(x float32) float32 { return float32(geluTanh64(float64(x))) }
+
+// geluTanh64 is the tanh approximation in float64: the float64 path's
+// function.
+func geluTanh64(v float64) float64 {
+	return 0.5 * v * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(v+0.044715*v*v*v)))
 }
 
 func newGelu(n *Node) (Kernel, error) {
+	if err := n.checkTypes(floatTypes, 0); err != nil {
+		return nil, err
+	}
 	approx, err := n.Attrs.String("approximate", "none")
 	if err != nil {
 		return nil, err
 	}
-	f, bulk := gelu, mha.Gelu
+	op, bulk := unaryOp{f32: gelu, f64: gelu64}, mha.Gelu
 	switch approx {
 	case "none":
 	case "tanh":
-		f, bulk = geluTanh, mha.GeluTanh
+		op, bulk = unaryOp{f32: geluTanh, f64: geluTanh64}, mha.GeluTanh
 	default:
 		return nil, fmt.Errorf("%w: Gelu approximate=%q", errs.ErrInvalidArgument, approx)
 	}
-	op := unaryOp{f32: f, f64: func(x float64) float64 { return float64(f(float32(x))) }}
 	return KernelFunc(func(ctx *Context) error { return unaryComputeBulk(ctx, "Gelu", op, bulk) }), nil
 }
 
 // newFastGelu is com.microsoft FastGelu: tanh GELU of x (+ optional bias).
 func newFastGelu(n *Node) (Kernel, error) {
-	op := unaryOp{f32: geluTanh, f64: func(x float64) float64 { return float64(geluTanh(float32(x))) }}
+	op := unaryOp{f32: geluTanh, f64: geluTanh64}
 	return KernelFunc(func(ctx *Context) error {
 		if b := ctx.Input(1); b != nil {
 			return fastGeluBias(ctx, b)

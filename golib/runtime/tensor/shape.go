@@ -17,24 +17,26 @@ const MaxElements = 1 << 40
 type Shape []int
 
 // NumElements returns the product of the dimensions (1 for a scalar). It
-// fails for a negative dimension or a product above MaxElements.
+// fails for a negative dimension or a product above MaxElements. A shape
+// with a zero dimension has no elements wherever the zero is, so it is
+// never over the limit, however large its other dimensions.
 func (s Shape) NumElements() (int, error) {
-	n := 1
+	zero := false
 	for _, d := range s {
 		if d < 0 {
 			return 0, fmt.Errorf("%w: negative dimension in shape %v", errs.ErrShape, s)
 		}
-		if d == 0 {
-			n = 0
-			continue
-		}
-		if n != 0 && d > MaxElements/n {
+		zero = zero || d == 0
+	}
+	if zero {
+		return 0, nil
+	}
+	n := 1
+	for _, d := range s {
+		if d > MaxElements/n {
 			return 0, fmt.Errorf("%w: shape %v has more than %d elements", errs.ErrLimit, s, MaxElements)
 		}
 		n *= d
-	}
-	if n > MaxElements {
-		return 0, fmt.Errorf("%w: shape %v has more than %d elements", errs.ErrLimit, s, MaxElements)
 	}
 	return n, nil
 }
