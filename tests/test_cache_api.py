@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import onnx_light_kv as olkv
+from _races import fast_thread_switches, race_pair, race_readers  # noqa: F401 - a fixture
 
 DTYPES = ["float32", "float16", "bfloat16"]
 
@@ -501,18 +502,6 @@ def test_gopy_gc_hook_removed() -> None:
 # -- select under concurrency -------------------------------------------------
 
 
-@pytest.fixture
-def fast_thread_switches():
-    """Switch threads every few microseconds (not every 5 ms) so races show up in a
-    few hundred iterations."""
-    import sys
-
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    yield
-    sys.setswitchinterval(before)
-
-
 def _labelled_cache(batch: int, length: int = 8, layout: str = "contiguous") -> olkv.KVCache:
     """A cache whose sequence b holds only the value b + 1 (K) and -(b + 1) (V)."""
     c = olkv.KVCache(batch, 1, 4, capacity=16, layout=layout)
@@ -537,44 +526,29 @@ def test_select_is_atomic_for_export_lengths_checkpoint_and_fork(layout: str, fa
     """Threads exporting, reading lengths, checkpointing and forking while another
     selects always see the batch before or after a select, never a mix (export used to
     size its buffers from a stale batch and return uninitialized rows)."""
-    import threading
-
     chain = [list(range(1, 17)), [2, 4, 6, 8, 10, 12, 14, 16], [4, 8, 12, 16], [16, 4], [4]]
     picks = [[1, 3, 5, 7, 9, 11, 13, 15], [1, 3, 5, 7], [3, 0], [1]]  # indices into the previous state
-    problems: list = []
+    sizes = {len(s) for s in chain}
     for _ in range(25):
         c = _labelled_cache(16, layout=layout)
-        done = threading.Event()
 
-        def reader() -> None:
-            try:
-                while True:
-                    last = done.is_set()
-                    k, v = c.export()
-                    if not _state_of(k, v, chain):
-                        problems.append(("export", k.shape))
-                    n = len(c.lengths)
-                    ck = c.checkpoint()
-                    f = c.fork()
-                    fk, fv = f.export()
-                    f.close()
-                    if n not in {len(s) for s in chain} or len(ck.lengths) not in {len(s) for s in chain}:
-                        problems.append(("lengths", n, len(ck.lengths)))
-                    if not _state_of(fk, fv, chain):
-                        problems.append(("fork", fk.shape))
-                    if last:
-                        return
-            except Exception as e:  # noqa: BLE001 - any error is a failure of the test
-                problems.append(e)
+        def check() -> list:
+            problems: list = []
+            k, v = c.export()
+            if not _state_of(k, v, chain):
+                problems.append(("export", k.shape))
+            n = len(c.lengths)
+            ck = c.checkpoint()
+            f = c.fork()
+            fk, fv = f.export()
+            f.close()
+            if n not in sizes or len(ck.lengths) not in sizes:
+                problems.append(("lengths", n, len(ck.lengths)))
+            if not _state_of(fk, fv, chain):
+                problems.append(("fork", fk.shape))
+            return problems
 
-        threads = [threading.Thread(target=reader) for _ in range(2)]
-        for t in threads:
-            t.start()
-        for p in picks:
-            c.select(p)
-        done.set()
-        for t in threads:
-            t.join(timeout=30)
+        problems = race_readers(check, lambda: [c.select(p) for p in picks])
         assert not problems, problems[:5]
         assert c.batch == c.info()["batch"] == 1 and _state_of(*c.export(), [[4]])
         c.close()
@@ -584,24 +558,9 @@ def test_concurrent_selects_keep_python_and_go_batch_equal(fast_thread_switches)
     """Of two racing selects, the one that runs second either fails (its indices no
     longer fit) or wins; the wrapper's batch always ends equal to the Go cache's (it
     used to keep the size of whichever select updated it last)."""
-    import threading
-
     for _ in range(300):
         c = _labelled_cache(4)
-        start = threading.Barrier(2)
-
-        def sel(idx: list) -> None:
-            start.wait()
-            try:
-                c.select(idx)
-            except (ValueError, IndexError):
-                pass
-
-        ts = [threading.Thread(target=sel, args=([0, 1, 2],)), threading.Thread(target=sel, args=([0],))]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(timeout=30)
+        race_pair(lambda: c.select([0, 1, 2]), lambda: c.select([0]))
         assert c.batch == c.info()["batch"] == len(c.lengths) == 1  # [0, 1, 2] then [0], or [0] alone
         assert _state_of(*c.export(), [[1]]), c.export()[0][:, 0, 0, 0]
         c.close()

@@ -18,6 +18,7 @@ from onnx import helper
 
 import onnx_light_kv as olkv
 from onnx_light_kv import models as M
+from _races import fast_thread_switches, race_pair, race_readers  # noqa: F401 - a fixture
 
 STEPS = 64
 PROMPT = np.array([[3, 17, 42, 5, 99, 7, 250, 31, 8, 64, 120, 77, 1, 200, 13, 90, 45, 6, 150, 22]], dtype=np.int64)
@@ -525,18 +526,6 @@ def test_load_presents_continues_on_the_cache_path() -> None:
 # -- select and adopt under concurrency; copies ----------------------------------------------
 
 
-@pytest.fixture
-def fast_thread_switches():
-    """Switch threads every few microseconds (not every 5 ms) so races show up in a few hundred
-    iterations."""
-    import sys
-
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    yield
-    sys.setswitchinterval(before)
-
-
 def _labelled_state(sess: olkv.InferenceSession, batch: int, length: int = 8) -> olkv.GenerationState:
     """A state whose sequence b holds only the value b + 1 (keys) and -(b + 1) (values) in every
     layer (loaded, not run: no model call)."""
@@ -574,39 +563,25 @@ def test_state_select_is_atomic_for_export_lengths_checkpoint_and_fork(fast_thre
     chain = [list(range(1, 17)), [2, 4, 6, 8, 10, 12, 14, 16], [4, 8, 12, 16], [16, 4], [4]]
     picks = [[1, 3, 5, 7, 9, 11, 13, 15], [1, 3, 5, 7], [3, 0], [1]]  # indices into the previous state
     sizes = {len(s) for s in chain}
-    problems: list = []
     for _ in range(20):
         st = _labelled_state(sess, 16)
-        done = threading.Event()
 
-        def reader() -> None:
-            try:
-                while True:
-                    last = done.is_set()
-                    ex = st.export()
-                    if not _state_of(ex, chain):
-                        problems.append(("export", ex["present.0.key"][:, 0, 0, 0].tolist()))
-                    n = len(st.lengths)
-                    ck = st.checkpoint()
-                    f = st.fork()
-                    if f.batch != f.info()["batch"] or not _state_of(f.export(), chain):
-                        problems.append(("fork", f.batch, f.info()["batch"]))
-                    f.close()
-                    if n not in sizes or len(ck.lengths) not in sizes:
-                        problems.append(("lengths", n, len(ck.lengths)))
-                    if last:
-                        return
-            except Exception as e:  # noqa: BLE001 - any error is a failure of the test
-                problems.append(e)
+        def check() -> list:
+            problems: list = []
+            ex = st.export()
+            if not _state_of(ex, chain):
+                problems.append(("export", ex["present.0.key"][:, 0, 0, 0].tolist()))
+            n = len(st.lengths)
+            ck = st.checkpoint()
+            f = st.fork()
+            if f.batch != f.info()["batch"] or not _state_of(f.export(), chain):
+                problems.append(("fork", f.batch, f.info()["batch"]))
+            f.close()
+            if n not in sizes or len(ck.lengths) not in sizes:
+                problems.append(("lengths", n, len(ck.lengths)))
+            return problems
 
-        threads = [threading.Thread(target=reader) for _ in range(2)]
-        for t in threads:
-            t.start()
-        for p in picks:
-            st.select(p)
-        done.set()
-        for t in threads:
-            t.join(timeout=30)
+        problems = race_readers(check, lambda: [st.select(p) for p in picks])
         assert not problems, problems[:5]
         assert st.batch == st.info()["batch"] == 1 and _state_of(st.export(), [[4]])
         st.close()
@@ -620,22 +595,9 @@ def test_concurrent_selects_and_adopts_keep_python_and_go_batch_equal(fast_threa
     for i in range(150):
         st = _labelled_state(sess, 4)
         other = _labelled_state(sess, 2) if i % 2 else None
-        start = threading.Barrier(2)
-
-        def call(fn: Any) -> None:
-            start.wait()
-            try:
-                fn()
-            except (ValueError, IndexError):
-                pass
-
+        first = (lambda: st.select([0])) if other is not None else (lambda: st.select([0, 1, 2]))
         second = (lambda: st.adopt(other)) if other is not None else (lambda: st.select([0]))
-        ts = [threading.Thread(target=call, args=(lambda: st.select([0, 1, 2]) if other is None else st.select([0]),)),
-              threading.Thread(target=call, args=(second,))]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(timeout=30)
+        race_pair(first, second)
         assert st.batch == st.info()["batch"] == len(st.lengths)
         if other is None:  # [0, 1, 2] then [0], or [0] alone
             assert st.batch == 1 and _state_of(st.export(), [[1]])

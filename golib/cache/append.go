@@ -60,10 +60,7 @@ func (c *KVCache) Append(k, v []byte, src ElemType, n int, counts []int) error {
 		}
 	} else if c.qg.chStride > 0 {
 		for b := range cfg.Batch {
-			cnt := n
-			if counts != nil {
-				cnt = counts[b]
-			}
+			cnt := appendCount(n, counts, b)
 			if cnt == 0 {
 				continue
 			}
@@ -78,10 +75,7 @@ func (c *KVCache) Append(k, v []byte, src ElemType, n int, counts []int) error {
 	}
 	var written, tokens int64
 	for b := range cfg.Batch {
-		cnt := n
-		if counts != nil {
-			cnt = counts[b]
-		}
+		cnt := appendCount(n, counts, b)
 		if cnt == 0 {
 			continue
 		}
@@ -121,4 +115,13 @@ func (c *KVCache) Append(k, v []byte, src ElemType, n int, counts []int) error {
 	c.appendBytes += written
 	c.appendCalls++
 	return nil
+}
+
+// appendCount is the number of tokens an Append of n tokens (per-sequence
+// counts, nil: n for every sequence) writes to sequence b.
+func appendCount(n int, counts []int, b int) int {
+	if counts != nil {
+		return counts[b]
+	}
+	return n
 }

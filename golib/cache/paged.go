@@ -19,10 +19,7 @@ func (c *KVCache) pagedReserveLocked(n int, counts []int) error {
 	ps := c.pg
 	ps.reqs = ps.reqs[:0]
 	for b := range c.cfg.Batch {
-		cnt := n
-		if counts != nil {
-			cnt = counts[b]
-		}
+		cnt := appendCount(n, counts, b)
 		ps.need[b] = 0
 		if cnt == 0 {
 			continue
@@ -62,10 +59,7 @@ func (c *KVCache) pagedReserveLocked(n int, counts []int) error {
 		if ps.need[b] == 0 {
 			continue
 		}
-		cnt := n
-		if counts != nil {
-			cnt = counts[b]
-		}
+		cnt := appendCount(n, counts, b)
 		t := ps.tables[b]
 		pos := c.lens[b]
 		for i := pos / ps.bs; i <= (pos+cnt-1)/ps.bs; i++ {

@@ -56,10 +56,7 @@ func (c *KVCache) quantReserveLocked(n int, counts []int) error {
 	g := &c.qg
 	need := 0
 	for b := range c.cfg.Batch {
-		cnt := n
-		if counts != nil {
-			cnt = counts[b]
-		}
+		cnt := appendCount(n, counts, b)
 		if cnt == 0 {
 			continue
 		}

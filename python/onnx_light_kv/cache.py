@@ -76,7 +76,28 @@ def _refuse_pickle(obj: Any, advice: str) -> NoReturn:
                     f"valid only in the process that created it; {advice}")
 
 
-class Arena:
+class _Uncopyable:
+    """Mixin of the objects that own native memory through a handle and have no
+    meaningful copy: ``copy.copy``/``copy.deepcopy`` raise ``TypeError`` with
+    the class's ``_COPY_ADVICE`` (the default protocol would copy the handle:
+    closing or collecting the copy would free the original's memory), pickling
+    raises :func:`_refuse_pickle`'s with its ``_PICKLE_ADVICE``."""
+
+    __slots__ = ()
+    _COPY_ADVICE = ""
+    _PICKLE_ADVICE = ""
+
+    def __copy__(self) -> NoReturn:
+        raise TypeError(f"{type(self).__name__} cannot be copied: {self._COPY_ADVICE}")
+
+    def __deepcopy__(self, memo: dict) -> NoReturn:
+        self.__copy__()
+
+    def __reduce_ex__(self, protocol: Any) -> NoReturn:
+        _refuse_pickle(self, self._PICKLE_ADVICE)
+
+
+class Arena(_Uncopyable):
     """Persistent memory that caches live in, with a byte budget.
 
     Caches reserve their capacity from an arena when they are created; freed
@@ -134,18 +155,9 @@ class Arena:
         use = [("allocations", human_count(s["allocations"])), ("fragmentation", f"{s['fragmentation']:.1%}")]
         return html_table("Arena", {"memory": mem, "use": use})
 
-    # -- copies -------------------------------------------------------------
-    # The default protocol would copy the handle: two objects freeing one
-    # arena, or (unpickled elsewhere) another process's arena of that number.
-    def __copy__(self) -> NoReturn:
-        raise TypeError("an Arena cannot be copied: it is a shared pool of native memory; "
-                        "pass the same Arena object to every cache that should use it")
-
-    def __deepcopy__(self, memo: dict) -> NoReturn:
-        self.__copy__()
-
-    def __reduce_ex__(self, protocol: Any) -> NoReturn:
-        _refuse_pickle(self, "create an Arena in the receiving process")
+    _COPY_ADVICE = ("it is a shared pool of native memory; pass the same Arena object to every cache that "
+                    "should use it")
+    _PICKLE_ADVICE = "create an Arena in the receiving process"
 
 
 _default: Optional[Arena] = None

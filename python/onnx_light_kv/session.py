@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, NoReturn, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from ._format import html_table, summary
 from ._session_options import (CPU_PROVIDER, ExecutionMode, GraphOptimizationLevel, ModelMetadata, SessionOptions,
                                check_providers)
 from .cache import BLOCK_SIZES, DEFAULT_BLOCK_SIZE, DEFAULT_QUANT_GROUP, DEFAULT_RESIDUAL, _layout as check_layout
-from .cache import _NO_QUANT, _quant_block_size, _quant_options, _refuse_pickle
+from .cache import _NO_QUANT, _Uncopyable, _quant_block_size, _quant_options
 from .state import GenerationState
 from ._validate import integer, optional_integer
 
@@ -62,7 +62,7 @@ class NodeArg:
         return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape!r})"
 
 
-class InferenceSession:
+class InferenceSession(_Uncopyable):
     """Runs a standard ONNX model on the CPU.
 
     ``path_or_bytes`` is a file path (external data files are read from its
@@ -375,19 +375,9 @@ class InferenceSession:
         except Exception:
             pass
 
-    # -- copies -------------------------------------------------------------------------
-    # The default protocol would copy the handle: the copy's close (or collection) would free
-    # the original's model, and unpickled elsewhere it would name another process's session.
-    def __copy__(self) -> NoReturn:
-        raise TypeError("an InferenceSession cannot be copied: it owns the loaded model in native memory "
-                        "through a handle; use the same session (it may run from several threads) or create "
-                        "another InferenceSession from the model")
-
-    def __deepcopy__(self, memo: dict) -> NoReturn:
-        self.__copy__()
-
-    def __reduce_ex__(self, protocol: Any) -> NoReturn:
-        _refuse_pickle(self, "create an InferenceSession from the model file in the receiving process")
+    _COPY_ADVICE = ("it owns the loaded model in native memory through a handle; use the same session (it may "
+                    "run from several threads) or create another InferenceSession from the model")
+    _PICKLE_ADVICE = "create an InferenceSession from the model file in the receiving process"
 
     @property
     def closed(self) -> bool:

@@ -10,20 +10,21 @@ class for greedy and sampled generation.
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Iterable, NoReturn, Optional, Union
+from typing import Any, Dict, Iterable, Optional, Union
 
 import numpy as np
 
 from . import logits_process as lp
 from .decoder_io import DecoderIO
 from .._validate import integer, optional_integer
+from ..cache import _Uncopyable
 from .options import SamplingOptions, StopCondition, prompt_ids
 from .runner import make_runner, require_truncate
 
 __all__ = ["Generator"]
 
 
-class Generator:
+class Generator(_Uncopyable):
     """Step-by-step generation over one decoder session (onnxruntime-genai's ``og.Generator``).
 
     ``session``: our :class:`~onnx_light_kv.InferenceSession` or an ``onnxruntime``
@@ -241,21 +242,10 @@ class Generator:
             self._runner.close()
             self._runner = None
 
-    # -- copies --------------------------------------------------------------------------
-    # The default protocol would share the runner (its KV state): closing or advancing the copy
-    # would close or desynchronise the original; pickled, it would carry native handles.
-    def __copy__(self) -> NoReturn:
-        raise TypeError("a Generator cannot be copied: its KV state belongs to it (a copy would share it); create "
-                        "another Generator and append_tokens(g.sequences, g.attention_mask) to continue the same "
-                        "rows independently")
-
-    def __deepcopy__(self, memo: dict) -> NoReturn:
-        self.__copy__()
-
-    def __reduce_ex__(self, protocol: Any) -> NoReturn:
-        raise TypeError("a Generator cannot be pickled: its session and KV state hold native memory through handles "
-                        "valid only in this process; send its sequences and attention_mask and append_tokens them to "
-                        "a Generator in the receiving process")
+    _COPY_ADVICE = ("its KV state belongs to it (a copy would share it); create another Generator and "
+                    "append_tokens(g.sequences, g.attention_mask) to continue the same rows independently")
+    _PICKLE_ADVICE = ("send its sequences and attention_mask and append_tokens them to a Generator in the receiving "
+                      "process")
 
     def __repr__(self) -> str:
         from .._format import human_bytes, summary

@@ -24,11 +24,12 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, List, NamedTuple, NoReturn, Optional, Sequence, Tuple, Union
+from typing import Any, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from .._errors import BudgetError
+from ..cache import _Uncopyable
 from .._validate import integer, optional_integer
 from ..generation import logits_process as lp
 from ..generation.decoder_io import DecoderIO
@@ -102,7 +103,7 @@ def _position_bytes(info: Dict[str, Any]) -> int:
                * size.get(str(layer["dtype"]), 4) for layer in info["layers"])
 
 
-class Engine:
+class Engine(_Uncopyable):
     """Continuous batching over one decoder :class:`~onnx_light_kv.InferenceSession`.
 
     ``session`` must run on the cache path (``session.cache_plan()`` rewrites every layer) and
@@ -620,20 +621,9 @@ class Engine:
             self._state.close()
             self._state = None
 
-    # -- copies ---------------------------------------------------------------------------
-    # The default copy would share the requests and the generation state: closing or stepping
-    # the copy would abort or advance the original's requests.
-    def __copy__(self) -> NoReturn:
-        raise TypeError("an Engine cannot be copied: it owns its requests and their KV caches (a copy would share "
-                        "them); use fresh() for a new engine over the same session with the same options")
-
-    def __deepcopy__(self, memo: dict) -> NoReturn:
-        self.__copy__()
-
-    def __reduce_ex__(self, protocol: Any) -> NoReturn:
-        raise TypeError("an Engine cannot be pickled: its session and KV caches hold native memory through handles "
-                        "valid only in this process; create an Engine over a session loaded in the receiving "
-                        "process")
+    _COPY_ADVICE = ("it owns its requests and their KV caches (a copy would share them); use fresh() for a new "
+                    "engine over the same session with the same options")
+    _PICKLE_ADVICE = "create an Engine over a session loaded in the receiving process"
 
     def __enter__(self) -> "Engine":
         return self
