@@ -151,6 +151,7 @@ func TestZeroElementShapesUnderLimit(t *testing.T) {
 		{name: "split", op: "Split", opset: 18, attrs: attrs(intA("axis", 2), intA("num_outputs", 1)), in: []*tensor.Tensor{empty(tensor.Shape{g, g, 0})}, shape: tensor.Shape{g, g, 0}, want: "[]"},
 		{name: "gather", op: "Gather", opset: 13, attrs: attrs(intA("axis", 2)), in: []*tensor.Tensor{empty(tensor.Shape{g, g, 0}), it(tensor.Shape{0})}, shape: tensor.Shape{g, g, 0}, want: "[]"},
 		{name: "matmul batch", op: "MatMul", opset: 13, in: []*tensor.Tensor{ft(tensor.Shape{2, 0}), empty(tensor.Shape{g, 0, 0})}, shape: tensor.Shape{g, 2, 0}, want: "[]"},
+		{name: "flatten of an empty tail", op: "Flatten", opset: 13, attrs: attrs(intA("axis", 2)), in: []*tensor.Tensor{empty(tensor.Shape{g, 4, 0})}, shape: tensor.Shape{4 * g, 0}, want: "[]"},
 	})
 	// still over the limit with elements
 	if _, err := call("Reshape", 14, nil, 1, ft(tensor.Shape{1}, 1), it(tensor.Shape{3}, g, g, 1)); !errors.Is(err, errs.ErrLimit) {
@@ -158,5 +159,9 @@ func TestZeroElementShapesUnderLimit(t *testing.T) {
 	}
 	if _, err := call("Tile", 13, nil, 1, empty(tensor.Shape{0, 1 << 40}), it(tensor.Shape{2}, 1, 1<<40)); !errors.Is(err, errs.ErrLimit) {
 		t.Errorf("Tile to a dimension of 2^80: %v", err)
+	}
+	// Flatten's leading product of (2^30, 2^30, 2^30, 0) would wrap around
+	if _, err := call("Flatten", 13, attrs(intA("axis", 3)), 1, empty(tensor.Shape{g, g, g, 0})); !errors.Is(err, errs.ErrLimit) {
+		t.Errorf("Flatten to a dimension of 2^90: %v", err)
 	}
 }

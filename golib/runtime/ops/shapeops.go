@@ -123,8 +123,17 @@ func newFlatten(n *Node) (Kernel, error) {
 		if a < 0 || a > r {
 			return fmt.Errorf("%w: Flatten axis %d for rank %d", errs.ErrInvalidArgument, axis, r)
 		}
+		// an empty tensor's other dimensions can multiply beyond the limit
+		outer, err := tensor.Shape(x.Shape()[:a]).NumElements()
+		if err != nil {
+			return fmt.Errorf("Flatten of %v at axis %d: %w", x.Shape(), axis, err)
+		}
+		inner, err := tensor.Shape(x.Shape()[a:]).NumElements()
+		if err != nil {
+			return fmt.Errorf("Flatten of %v at axis %d: %w", x.Shape(), axis, err)
+		}
 		shape := ctx.ScratchShape(2) // a literal shape would escape to the heap
-		shape[0], shape[1] = tensor.Shape(x.Shape()[:a]).Size(), tensor.Shape(x.Shape()[a:]).Size()
+		shape[0], shape[1] = outer, inner
 		return setReshaped(ctx, x, shape)
 	}), nil
 }
