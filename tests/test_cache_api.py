@@ -594,10 +594,10 @@ def test_failed_checkpoint_leaves_no_native_checkpoint(monkeypatch: pytest.Monke
     object would own it: it would pin rows until 64 newer checkpoints push it out)."""
     c = _labelled_cache(2)
 
-    def fail(self: olkv.KVCache) -> np.ndarray:
+    def fail(*args: object) -> None:
         raise ValueError("simulated failure")
 
-    monkeypatch.setattr(olkv.KVCache, "_lengths_locked", fail)
+    monkeypatch.setattr(olkv.cache, "Checkpoint", fail)
     with pytest.raises(ValueError, match="simulated"):
         c.checkpoint()
     monkeypatch.undo()

@@ -129,6 +129,18 @@ func (c *KVCache) Rollback(id uint64) error {
 	return nil
 }
 
+// CheckpointLengths returns the sequence lengths checkpoint id saved (what
+// Rollback restores), or ErrInvalidArgument when it is not live.
+func (c *KVCache) CheckpointLengths(id uint64) ([]int, error) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	ck := c.cks.find(id)
+	if ck == nil {
+		return nil, fmt.Errorf("%w: checkpoint %d is not live", ErrInvalidArgument, id)
+	}
+	return append([]int(nil), ck.lens...), nil
+}
+
 // ReleaseCheckpoint forgets checkpoint id (a no-op for unknown ids).
 func (c *KVCache) ReleaseCheckpoint(id uint64) {
 	c.mu.Lock()

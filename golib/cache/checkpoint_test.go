@@ -56,3 +56,25 @@ func TestStaleCheckpointReasons(t *testing.T) {
 		t.Fatalf("a checkpoint taken after reset: %v", err)
 	}
 }
+
+// TestCheckpointLengths: a live checkpoint reports the lengths it saved,
+// not the cache's after later appends; a released one is an error.
+func TestCheckpointLengths(t *testing.T) {
+	cfg := Config{Batch: 2, KVHeads: 1, HeadDimK: 2, Capacity: 8, Elem: Float32}
+	a, _ := NewArena(0)
+	defer a.Close()
+	c := mustNew(t, a, cfg)
+	row := make([]byte, 2*1*1*2*4)
+	mustOK(t, c.Append(row, row, Float32, 1, nil))
+	id, err := c.Checkpoint()
+	mustOK(t, err)
+	mustOK(t, c.Append(row, row, Float32, 1, nil))
+	got, err := c.CheckpointLengths(id)
+	if err != nil || len(got) != 2 || got[0] != 1 || got[1] != 1 {
+		t.Fatalf("CheckpointLengths = %v, %v; want [1 1] (the cache now holds %v)", got, err, c.Lengths())
+	}
+	c.ReleaseCheckpoint(id)
+	if _, err := c.CheckpointLengths(id); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("released checkpoint: %v", err)
+	}
+}

@@ -322,6 +322,32 @@ func CacheCheckpoint(h int64) (id int64, err error) {
 	return int64(u), classify(err)
 }
 
+// CacheCheckpointLengths writes the n sequence lengths live checkpoint id
+// saved into the int64 buffer at ptr (the snapshot's own, whatever ran on
+// the cache since).
+func CacheCheckpointLengths(h, id int64, ptr uintptr, n int) (err error) {
+	defer recoverTo(&err)
+	c, err := caches.get(h)
+	if err != nil {
+		return classify(err)
+	}
+	dst, err := int64sAt(ptr, n)
+	if err != nil {
+		return classify(err)
+	}
+	lens, err := c.CheckpointLengths(uint64(id))
+	if err != nil {
+		return classify(err)
+	}
+	if len(lens) != n {
+		return classify(fmt.Errorf("%w: lengths buffer holds %d entries for a checkpoint of batch %d", errInvalid, n, len(lens)))
+	}
+	for i, l := range lens {
+		dst[i] = int64(l)
+	}
+	return nil
+}
+
 // CacheRollback restores a checkpoint.
 func CacheRollback(h, id int64) (err error) {
 	defer recoverTo(&err)

@@ -177,11 +177,10 @@ class Checkpoint:
     Obtained from :meth:`KVCache.checkpoint`; pass it to :meth:`KVCache.rollback`.
     It is released when garbage-collected or by :meth:`release`.
 
-    ``lengths`` are the lengths read right after the snapshot (by
-    :meth:`KVCache.checkpoint` under the lock :meth:`KVCache.select` takes, so
-    one per sequence of the snapshot); an append or truncate from another
-    thread in between would show in them. The snapshot that rollback
-    restores is taken in one step.
+    ``lengths`` are the lengths the snapshot saved (a KVCache's: what
+    rollback restores, whatever other threads did since; a generation
+    state's: read right after its snapshot, under the lock its select and
+    adopt take, so a run from another thread in between would show in them).
 
     A checkpoint names a snapshot inside its cache: ``copy.copy`` and
     ``copy.deepcopy`` return the checkpoint itself, and pickling raises
@@ -638,10 +637,12 @@ class KVCache:
         oldest live one, and rolling back to it raises
         :class:`StaleCheckpointError` saying so.
         """
-        with self._lock:  # no select between the snapshot and reading its lengths
+        with self._lock:  # no select between the snapshot and sizing its lengths
             ck = _call(_f("CacheCheckpoint"), self._h)
             try:
-                return Checkpoint(self, ck, self._lengths_locked())
+                lengths = np.empty(self._batch, dtype=np.int64)  # the snapshot's own, not the cache's now
+                _call(_f("CacheCheckpointLengths"), self._h, ck, lengths.ctypes.data, self._batch)
+                return Checkpoint(self, ck, lengths)
             except BaseException:
                 # no Checkpoint owns it: release it rather than let it pin rows
                 # (and blocks) until 64 newer checkpoints push it out
