@@ -64,7 +64,8 @@ func (c *KVCache) Append(k, v []byte, src ElemType, n int, counts []int) error {
 			if cnt == 0 {
 				continue
 			}
-			if err := c.reserveKchLocked(c.seqs[b].q, c.chunksAfterLocked(b, cnt)); err != nil {
+			s := c.seqs[b].q
+			if err := c.reserveKchLocked(s, s.chunksBelow(c.lens[b])+c.sealsLocked(b, cnt)); err != nil {
 				return err
 			}
 		}

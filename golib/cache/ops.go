@@ -106,7 +106,7 @@ func (c *KVCache) Fork() (*KVCache, error) {
 		return f, nil
 	}
 	for b := range c.lens {
-		if err := f.reserveKchLocked(f.seqs[b].q, c.sealedChunksLocked(c.seqs[b], c.lens[b])); err != nil {
+		if err := f.reserveKchLocked(f.seqs[b].q, c.seqs[b].q.chunksBelow(c.lens[b])); err != nil {
 			f.Close()
 			return nil, err
 		}
@@ -196,33 +196,35 @@ func (c *KVCache) Reorder(idx []int) error {
 			spare = append(spare, oldSeqs[i])
 		}
 	}
+	// sequence b gets old sequence idx[b] itself the first time it is
+	// taken, then a spare that receives a copy of it
 	taken := make([]bool, B)
-	// room for the copied chunk scales first, in the pairing the loop below
-	// makes (spares taken from the end), so that a *BudgetError leaves the
-	// cache as it was
-	for n, k := len(spare), 0; k < len(idx); k++ {
-		i := idx[k]
-		if taken[i] {
-			n--
-			if err := c.reserveKchLocked(spare[n].q, c.sealedChunksLocked(oldSeqs[i], oldLens[i])); err != nil {
-				return err
-			}
-		}
-		taken[i] = true
-	}
-	clear(taken)
-	var copied int64
+	seqs := make([]seqStore, B)
+	var copies []int // the b whose sequence is a copy
 	for b, i := range idx {
 		if !taken[i] {
 			taken[i] = true
-			c.seqs[b] = oldSeqs[i]
+			seqs[b] = oldSeqs[i]
 			continue
 		}
-		s := spare[len(spare)-1]
+		seqs[b] = spare[len(spare)-1]
 		spare = spare[:len(spare)-1]
-		copied += c.copySeqLocked(s, oldSeqs[i], oldWin[i], oldLens[i])
-		c.seqs[b] = s
+		copies = append(copies, b)
 	}
+	// room for the copied chunk scales before anything changes, so that a
+	// *BudgetError leaves the cache as it was
+	for _, b := range copies {
+		i := idx[b]
+		if err := c.reserveKchLocked(seqs[b].q, oldSeqs[i].q.chunksBelow(oldLens[i])); err != nil {
+			return err
+		}
+	}
+	var copied int64
+	for _, b := range copies {
+		i := idx[b]
+		copied += c.copySeqLocked(seqs[b], oldSeqs[i], oldWin[i], oldLens[i])
+	}
+	copy(c.seqs, seqs)
 	for b, i := range idx {
 		c.setWinLocked(b, oldWin[i])
 		c.setLenLocked(b, oldLens[i])

@@ -60,10 +60,7 @@ func (c *KVCache) quantReserveLocked(n int, counts []int) error {
 		if cnt == 0 {
 			continue
 		}
-		sealed := min(c.seqs[b].q.sealed, c.lens[b])
-		for end := c.lens[b] + cnt; end-sealed >= g.q.Residual+g.q.Group; sealed += g.q.Group {
-			need++
-		}
+		need += c.sealsLocked(b, cnt)
 	}
 	if need == 0 {
 		return nil

@@ -331,27 +331,25 @@ func (c *KVCache) reserveKchLocked(s *quantSeq, n int) error {
 	return nil
 }
 
-// chunksAfterLocked is the number of chunks sequence b's per-channel scale
-// table must hold for an Append of cnt tokens: those below its length (a
-// cut drops the others) plus the chunks the append seals.
-func (c *KVCache) chunksAfterLocked(b, cnt int) int {
-	g, s, l := &c.qg, c.seqs[b].q, c.lens[b]
-	n := sort.SearchInts(s.chunks, l)
-	sealed := min(s.sealed, l)
-	for end := l + cnt; end-sealed >= g.q.Residual+g.q.Group; sealed += g.q.Group {
+// sealsLocked is the number of chunks an Append of cnt tokens seals in
+// sequence b (after cutting its sealed rows at its length).
+func (c *KVCache) sealsLocked(b, cnt int) int {
+	g, l := &c.qg, c.lens[b]
+	n := 0
+	for sealed := min(c.seqs[b].q.sealed, l); l+cnt-sealed >= g.q.Residual+g.q.Group; sealed += g.q.Group {
 		n++
 	}
 	return n
 }
 
-// sealedChunksLocked is the number of chunks a copy of sequence st's
-// first l positions holds (copyQuantSeqLocked's): those below the end of
-// its sealed rows.
-func (c *KVCache) sealedChunksLocked(st seqStore, l int) int {
-	if st.q == nil {
+// chunksBelow is the number of s's chunks that start below position l:
+// those a copy of its first l positions holds, and those an append at l
+// keeps (0 for a cache that is not quantized, s nil).
+func (s *quantSeq) chunksBelow(l int) int {
+	if s == nil {
 		return 0
 	}
-	return sort.SearchInts(st.q.chunks, min(st.q.sealed, l))
+	return sort.SearchInts(s.chunks, min(s.sealed, l))
 }
 
 // releaseKch gives a grown per-channel scale table back to the arena.
@@ -465,12 +463,11 @@ func (c *KVCache) copyQuantSeqLocked(dst, src *quantSeq, lo, hi int) int64 {
 	cfg, g := c.cfg, &c.qg
 	C := cfg.Capacity
 	dst.reset(c.arena)
-	sEnd := min(src.sealed, hi)
+	sEnd, nc := min(src.sealed, hi), src.chunksBelow(hi)
 	var n int64
 	n += int64(copy(dst.ringK, src.ringK) + copy(dst.ringV, src.ringV))
 	if cfg.Layout == Paged {
 		// the chunk blocks are immutable: shared, not copied
-		nc := sort.SearchInts(src.chunks, sEnd)
 		dst.chunks = append(dst.chunks, src.chunks[:nc]...)
 		dst.bounded = append(dst.bounded, src.bounded[:nc]...)
 		dst.blks = append(dst.blks, src.blks[:nc]...)
@@ -491,7 +488,6 @@ func (c *KVCache) copyQuantSeqLocked(dst, src *quantSeq, lo, hi int) int64 {
 			}
 		}
 	}
-	nc := sort.SearchInts(src.chunks, sEnd)
 	dst.chunks = append(dst.chunks, src.chunks[:nc]...)
 	dst.bounded = append(dst.bounded, src.bounded[:nc]...)
 	dst.copyKch(src, nc, cfg.KVHeads, g.chStride)
@@ -567,7 +563,7 @@ func (c *KVCache) Regrown(capacity int) (*KVCache, error) {
 		return nil, err
 	}
 	for b := range c.lens {
-		if err := g.reserveKchLocked(g.seqs[b].q, c.sealedChunksLocked(c.seqs[b], c.lens[b])); err != nil {
+		if err := g.reserveKchLocked(g.seqs[b].q, c.seqs[b].q.chunksBelow(c.lens[b])); err != nil {
 			g.Close()
 			return nil, err
 		}
@@ -610,7 +606,7 @@ func (c *KVCache) regrowSeqLocked(g *KVCache, b int) int64 {
 			n += int64(copy(dst.ringV[gs*c.rowV:(gs+1)*c.rowV], src.ringV[s*c.rowV:(s+1)*c.rowV]))
 		}
 	}
-	nc := sort.SearchInts(src.chunks, sEnd)
+	nc := src.chunksBelow(hi)
 	dst.chunks = append(dst.chunks[:0], src.chunks[:nc]...)
 	dst.bounded = append(dst.bounded[:0], src.bounded[:nc]...)
 	dst.copyKch(src, nc, c.cfg.KVHeads, q.chStride)

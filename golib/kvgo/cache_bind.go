@@ -234,13 +234,18 @@ func CacheLengths(h int64, ptr uintptr, n int) (err error) {
 	if err != nil {
 		return classify(err)
 	}
+	return classify(putLengths(ptr, n, c.Lengths(), "batch"))
+}
+
+// putLengths writes lens into the n-entry int64 buffer at ptr, refusing a
+// buffer of another size (of names what the lengths are of).
+func putLengths(ptr uintptr, n int, lens []int, of string) error {
 	dst, err := int64sAt(ptr, n)
 	if err != nil {
-		return classify(err)
+		return err
 	}
-	lens := c.Lengths()
 	if len(lens) != n {
-		return classify(fmt.Errorf("%w: lengths buffer holds %d entries for batch %d", errInvalid, n, len(lens)))
+		return fmt.Errorf("%w: lengths buffer holds %d entries for %s %d", errInvalid, n, of, len(lens))
 	}
 	for i, l := range lens {
 		dst[i] = int64(l)
@@ -331,21 +336,11 @@ func CacheCheckpointLengths(h, id int64, ptr uintptr, n int) (err error) {
 	if err != nil {
 		return classify(err)
 	}
-	dst, err := int64sAt(ptr, n)
-	if err != nil {
-		return classify(err)
-	}
 	lens, err := c.CheckpointLengths(uint64(id))
 	if err != nil {
 		return classify(err)
 	}
-	if len(lens) != n {
-		return classify(fmt.Errorf("%w: lengths buffer holds %d entries for a checkpoint of batch %d", errInvalid, n, len(lens)))
-	}
-	for i, l := range lens {
-		dst[i] = int64(l)
-	}
-	return nil
+	return classify(putLengths(ptr, n, lens, "a checkpoint of batch"))
 }
 
 // CacheRollback restores a checkpoint.

@@ -233,17 +233,7 @@ func StateLengths(sh int64, ptr uintptr, n int) (err error) {
 	if err != nil {
 		return classify(err)
 	}
-	if n != cs.Batch() {
-		return classify(fmt.Errorf("%w: %d lengths for batch %d", errInvalid, n, cs.Batch()))
-	}
-	dst, err := int64sAt(ptr, n)
-	if err != nil {
-		return classify(err)
-	}
-	for i, l := range cs.Lengths() {
-		dst[i] = int64(l)
-	}
-	return nil
+	return classify(putLengths(ptr, n, cs.Lengths(), "batch"))
 }
 
 // StateInfoJSON returns {"batch", "length", "dtype", "layers": [per-layer

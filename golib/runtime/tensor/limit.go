@@ -34,9 +34,10 @@ func SetMaxBytes(n int64) int64 {
 }
 
 // memCheckMin is the size from which MakeBytes checks a fresh buffer
-// against the memory the system can still give: reading the system's
-// figures costs tens of microseconds, nothing next to filling 64 MiB.
-const memCheckMin = 64 << 20
+// against the memory the system can still give (sysmem.FreshMin: reading
+// the system's figures costs tens of microseconds, nothing next to filling
+// that much).
+const memCheckMin = sysmem.FreshMin
 
 // availableMemory is sysmem.Available (a variable for tests).
 var availableMemory = sysmem.Available

@@ -386,28 +386,27 @@ class Engine(_Uncopyable):
         while self._queue and len(self._rows) + len(self._prefilling) < self.max_batch:
             req = self._queue[0]
             cost = self._cost_of(req)
+            error: Optional[BaseException] = None
             if self.budget is not None and self._reserved() + cost > self.budget:
-                if cost > self.budget:  # its size learnt from the first run: it alone can never start
-                    self._queue.popleft()
-                    self._fail(req, ValueError(self._beyond_budget(req.prompt.size, req.max_new_tokens, cost)),
-                               outputs)
-                    continue
-                self._counts["admission_paused"] += 1
-                return
-            try:
-                req._runner = StateRunner(self.session, self.io, 1, self.max_length, self._state_options)
-            except MemoryError as e:  # the machine (not our budget) is out of room: wait for rows to leave
-                if not self._rows and not self._prefilling:  # nothing will leave: it can never start
-                    self._queue.popleft()
-                    self._fail(req, e, outputs)
-                    continue
-                self._counts["admission_paused"] += 1
-                return
-            except Exception as e:  # its state cannot be made: it alone ends
-                self._queue.popleft()
-                self._fail(req, e, outputs)
-                continue
+                if cost <= self.budget:
+                    self._counts["admission_paused"] += 1
+                    return
+                # its size learnt from the first run: it alone can never start
+                error = ValueError(self._beyond_budget(req.prompt.size, req.max_new_tokens, cost))
+            else:
+                try:
+                    req._runner = StateRunner(self.session, self.io, 1, self.max_length, self._state_options)
+                except MemoryError as e:
+                    if self._rows or self._prefilling:  # the machine is out of room: wait for rows to leave
+                        self._counts["admission_paused"] += 1
+                        return
+                    error = e  # nothing will leave: it can never start
+                except Exception as e:  # its state cannot be made: it alone ends
+                    error = e
             self._queue.popleft()
+            if error is not None:
+                self._fail(req, error, outputs)
+                continue
             req._cost = cost
             req._seq = req.prompt.copy()
             self._prefilling.append(req)
