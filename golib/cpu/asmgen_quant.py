@@ -7,9 +7,9 @@ dequantized in registers as they are loaded: int8 VPMOVSXBD + VCVTDQ2PS; int4 (t
 per byte, element 2i in the low nibble) VPAND/VPSRLW into two byte vectors interleaved back
 in element order by VPUNPCKLBW/VPUNPCKHBW, then VPMOVZXBD + VCVTDQ2PS; then x*s (+ z) with
 the group's broadcast scale (and zero). Contracts are in kern_quant_amd64.go.
-The integer loops (query rows rounded to int8, V weights to int16) come in an AVX-512 VNNI
-flavour (vnni, vint(.., "avx512"): VPDPBUSD, VPDPWSSD) and an AVX2 one (maddw, vint(..,
-"avx2"): VPMADDUBSW, VPMADDWD) computing the same integers and float32 steps: bit-identical.
+The integer loops (query rows and V weights rounded to int16) come in an AVX-512 VNNI
+flavour (vnni, vint(.., "avx512"): VPDPWSSD) and an AVX2 one (maddw, vint(.., "avx2"):
+VPMADDWD) computing the same integers and float32 steps: bit-identical.
 Run from this directory:  python3 asmgen_quant.py > kern_quant_amd64.s
 (TestAsmgenQuantInSync checks that the committed file is this script's output.)
 """
@@ -291,27 +291,27 @@ def transpose4(op, regs, dst, tmp):
 
 
 def vnni():
-    """AVX-512 VNNI score loop for int8 K per channel: q (scales folded) quantized to int8
-    per row once per segment (qprep: maximum, checks and rounding in one call), integer dots
-    by VPDPBUSD."""
-    w("// func qprepavx512(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int, kz *float32, aff *float32) int")
+    """AVX-512 VNNI score loop for int8 and int4 K per channel: q (scales folded) quantized to
+    int16 per row once per segment (qprep: maximum, checks and rounding in one call), integer
+    dots by VPDPWSSD."""
+    w("// func qprepavx512(dst *int16, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int, kz *float32, aff *float32) int")
     w("//")
-    w("// intPrep in one pass per row (q n elements apart, dst n bytes apart; n a multiple of 16,")
-    w("// of 128 with i4 set): m = max_i |q_ri*ks_i|, sc[r] = m/127, dst_r[i] =")
-    w("// round-to-even(q_ri*ks_i*(127/m)) as int8 (0 for a row of zeros), sums[r] = the sum of")
-    w("// the row's dst values. With i4 set the row is stored in qi4Order: of each 32 elements,")
-    w("// the first 16 at the block's next 16 bytes, the second 16 64 bytes further (blocks of")
-    w("// 128). It returns 0, at the first row that fails, when a product is not finite or a")
-    w("// nonzero m/127 or 127/m leaves float32's normal range; 1 otherwise.")
+    w("// intPrep in one pass per row (q n elements apart, dst n words apart; n a multiple of 16,")
+    w("// of 128 with i4 set): m = max_i |q_ri*ks_i|, sc[r] = m/32767, dst_r[i] =")
+    w("// round-to-even(q_ri*ks_i*(32767/m)) as int16 (0 for a row of zeros), sums[r] = the sum of")
+    w("// the row's dst values. With i4 set the row is stored in qi16Order: of each 64 elements,")
+    w("// the 32 even ones, then the 32 odd ones. It returns 0, at the first row that fails, when a")
+    w("// product is not finite or a nonzero m/32767 or 32767/m leaves float32's normal range; 1")
+    w("// otherwise.")
     w("// With aff != nil (rows a multiple of four) each group of four rows also gets its score")
-    w("// offsets in sums instead (int8: -128*sc*sum, undoing VNNI's +128; int4, kz the channel")
-    w("// zeros: the dot of the float query row with kz) and intDots4's argument block at aff")
+    w("// offsets in sums instead (int8: 0; int4, kz the channel zeros: the dot of the float query")
+    w("// row with kz) and intDots4's argument block at aff")
     w("// (24 floats a group: [c0 c0 c1 c1 c2 c2 c3 c3], the offsets so, [c0..c3], [o0..o3]).")
     w("TEXT ·qprepavx512(SB), NOSPLIT, $0-88")
     ins("MOVQ dst+0(FP), DI", "MOVQ q+8(FP), SI", "MOVQ ks+16(FP), R8", "MOVQ n+24(FP), CX",
         "MOVQ rows+32(FP), R10", "MOVQ sc+40(FP), DX", "MOVQ sums+48(FP), R11",
         "VXORPS Z4, Z4, Z4", "MOVL $0x7fffffff, R9", "VPBROADCASTD R9, Z2",
-        "MOVL $0x42fe0000, R9", "VMOVD R9, X6",  # 127
+        "MOVL $0x46fffe00, R9", "VMOVD R9, X6",  # 32767
         "MOVL $0x7f7fffff, R9", "VMOVD R9, X7")  # MaxFloat32
     # four rows at a time while four are left: the channel scales loaded once per step, four
     # independent chains (q rows SI R13 R14 R15, dst rows DI R9 R12 AX)
@@ -354,7 +354,7 @@ def vnni():
     ins("VXORPS X5, X5, X5",
         # a product that is not finite: its x*0 is NaN
         "VCMPPS $4, X5, X3, X0", "VPTEST X0, X0", "JNZ qprepfail",
-        # rows with m > 0 (X8): sc = m/127 must not be 0, inv = 127/m not above MaxFloat32
+        # rows with m > 0 (X8): sc = m/32767 must not be 0, inv = 32767/m not above MaxFloat32
         "VCMPPS $4, X5, X1, X8", "VBROADCASTSS X6, X9", "VDIVPS X9, X1, X10", "VDIVPS X1, X9, X11",
         "VCMPPS $0, X5, X10, X0", "VANDPS X8, X0, X0", "VPTEST X0, X0", "JNZ qprepfail",
         "VBROADCASTSS X7, X12", "VCMPPS $0x1e, X12, X11, X0", "VANDPS X8, X0, X0", "VPTEST X0, X0", "JNZ qprepfail",
@@ -362,25 +362,32 @@ def vnni():
     for i in range(4):
         ins(f"VSHUFPS ${i * 0x55}, X11, X11, X{12+i}", f"VBROADCASTSS X{12+i}, Z{12+i}",
             f"VPXORD Z{16+i}, Z{16+i}, Z{16+i}")
-    ins("LEAQ (DI)(CX*1), R9", "LEAQ (R9)(CX*1), R12", "LEAQ (R12)(CX*1), AX")
+    ins("LEAQ (DI)(CX*2), R9", "LEAQ (R9)(CX*2), R12", "LEAQ (R12)(CX*2), AX")
     ins("XORQ BX, BX", "CMPQ i4+56(FP), $0", "JNE qprep4i4")
     w("qprep4i8:")
     ins("VMOVUPS (R8)(BX*4), Z5")
     for i in range(4):
         ins(f"VMULPS ({qrow[i]})(BX*4), Z5, Z{8+i}", f"VMULPS Z{12+i}, Z{8+i}, Z{8+i}",
-            f"VCVTPS2DQ Z{8+i}, Z{8+i}", f"VPADDD Z{8+i}, Z{16+i}, Z{16+i}", f"VPMOVSDB Z{8+i}, ({drow[i]})(BX*1)")
-    ins("ADDQ $16, BX", "CMPQ BX, CX", "JLT qprep4i8", "LEAQ (DI)(CX*4), DI", "JMP qprep4sum")
+            f"VCVTPS2DQ Z{8+i}, Z{8+i}", f"VPADDD Z{8+i}, Z{16+i}, Z{16+i}", f"VPMOVSDW Z{8+i}, ({drow[i]})(BX*2)")
+    ins("ADDQ $16, BX", "CMPQ BX, CX", "JLT qprep4i8", "LEAQ (DI)(CX*8), DI", "JMP qprep4sum")
+    # qi16Order: of each 64 elements, the even ones first, then the odd ones (VPERMI2D of the two
+    # halves of 32 rounded elements; Z30, Z31 the even and odd indices)
     w("qprep4i4:")
-    ins("VMOVUPS (R8)(BX*4), Z5", "VMOVUPS 64(R8)(BX*4), Z24")
-    for i in range(4):
-        for h, (o, kreg) in enumerate(((0, "Z5"), (64, "Z24"))):
-            ins(f"VMULPS {off(o)}({qrow[i]})(BX*4), {kreg}, Z{8+i}", f"VMULPS Z{12+i}, Z{8+i}, Z{8+i}",
-                f"VCVTPS2DQ Z{8+i}, Z{8+i}", f"VPADDD Z{8+i}, Z{16+i}, Z{16+i}",
-                f"VPMOVSDB Z{8+i}, {off(o)}({drow[i]})")
-    ins(*[f"ADDQ $16, {r}" for r in drow])
-    ins("ADDQ $32, BX", "TESTQ $127, BX", "JNZ qprep4i4next", *[f"ADDQ $64, {r}" for r in drow])
-    w("qprep4i4next:")
-    ins("CMPQ BX, CX", "JLT qprep4i4", "LEAQ (DI)(CX*2), DI", "ADDQ CX, DI")  # DI had moved n on
+    ins("VMOVDQU32 qevn<>(SB), Z30", "VMOVDQU32 qodd<>(SB), Z31")
+    w("qprep4i4blk:")
+    for h in range(2):
+        ins(f"VMOVUPS {off(128*h)}(R8)(BX*4), Z5", f"VMOVUPS {128*h+64}(R8)(BX*4), Z24")
+        for i in range(4):
+            a, b = f"Z{8+i}", f"Z{20+i}"
+            ins(f"VMULPS {off(128*h)}({qrow[i]})(BX*4), Z5, {a}", f"VMULPS Z{12+i}, {a}, {a}",
+                f"VCVTPS2DQ {a}, {a}", f"VPADDD {a}, Z{16+i}, Z{16+i}",
+                f"VMULPS {128*h+64}({qrow[i]})(BX*4), Z24, {b}", f"VMULPS Z{12+i}, {b}, {b}",
+                f"VCVTPS2DQ {b}, {b}", f"VPADDD {b}, Z{16+i}, Z{16+i}",
+                "VMOVDQA32 Z30, Z1", f"VPERMI2D {b}, {a}, Z1", f"VPMOVSDW Z1, {off(32*h)}({drow[i]})",
+                "VMOVDQA32 Z31, Z3", f"VPERMI2D {b}, {a}, Z3", f"VPMOVSDW Z3, {64+32*h}({drow[i]})")
+    ins(*[f"ADDQ $128, {r}" for r in drow])
+    ins("ADDQ $64, BX", "CMPQ BX, CX", "JLT qprep4i4blk",
+        "LEAQ (CX)(CX*2), R9", "LEAQ (DI)(R9*2), DI")  # DI had moved 2n on: 8n in all
     w("qprep4sum:")
     for i in range(4):
         ins(f"VEXTRACTI64X4 $1, Z{16+i}, Y0", f"VPADDD Y0, Y{16+i}, Y{8+i}", f"VEXTRACTI128 $1, Y{8+i}, X0",
@@ -388,9 +395,8 @@ def vnni():
     ins("VPHADDD X9, X8, X0", "VPHADDD X11, X10, X1", "VPHADDD X1, X0, X0", "VCVTDQ2PS X0, X0", "VMOVUPS X0, (R11)",
         "MOVQ aff+72(FP), R9", "TESTQ R9, R9", "JZ qprep4gnext", "VMOVUPS (DX), X1", "CMPQ i4+56(FP), $0",
         "JNE qprep4off4",
-        # int8: offsets sum*(-128*sc) (-128*sc exact), as quantPart did
-        "MOVL $0xc3000000, R12", "VMOVD R12, X3", "VBROADCASTSS X3, X3", "VMULPS X3, X1, X3", "VMULPS X3, X0, X0",
-        "JMP qprep4aff")
+        # int8: no offset (signed products)
+        "VXORPS X0, X0, X0", "JMP qprep4aff")
     w("qprep4off4:")
     # REDUCE4 (kern_avx512_amd64.s) of the four rows' sums
     for i in range(4):
@@ -413,7 +419,7 @@ def vnni():
 def prep_rows(isa, pfx, ret=64):
     """intPrep's one-row loop (qprep*: the rows left after the four-row groups, every row on
     AVX2), from label {pfx}1start: rows R10, q SI, dst DI, ks R8, n CX, sc DX, sums R11, with
-    Y/Z2 the abs mask, Y/Z4 zero, X6 127 and X7 MaxFloat32 set. The same products, maximum,
+    Y/Z2 the abs mask, Y/Z4 zero, X6 32767 and X7 MaxFloat32 set. The same products, maximum,
     divisions and rounding on both instruction sets: bit-identical rows."""
     lanes, vp = ISAS[isa]
     wide = isa == "avx512"
@@ -423,12 +429,14 @@ def prep_rows(isa, pfx, ret=64):
         return c + [f"VEXTRACTF128 $1, Y{r}, X0", f"VMAXPS X0, X{r}, X{r}", f"VPERMILPS $0x4e, X{r}, X0",
                     f"VMAXPS X0, X{r}, X{r}", f"VPERMILPS $0xb1, X{r}, X0", f"VMAXPS X0, X{r}, X{r}"]
 
-    def quant(src, dst):  # lanes products at src times Y/Z9 rounded, summed into Y/Z1, stored at dst
-        c = [f"VMOVUPS {src.format('SI')}, {vp}0", f"VMULPS {src.format('R8')}, {vp}0, {vp}0",
-             f"VMULPS {vp}9, {vp}0, {vp}0", f"VCVTPS2DQ {vp}0, {vp}0", f"VPADDD {vp}0, {vp}1, {vp}1"]
+    def rnd(src, r):  # lanes products at src times Y/Z9 rounded into Y/Z{r}, summed into Y/Z1
+        return [f"VMOVUPS {src.format('SI')}, {vp}{r}", f"VMULPS {src.format('R8')}, {vp}{r}, {vp}{r}",
+                f"VMULPS {vp}9, {vp}{r}, {vp}{r}", f"VCVTPS2DQ {vp}{r}, {vp}{r}", f"VPADDD {vp}{r}, {vp}1, {vp}1"]
+
+    def store(r, dst, t):  # the int32 lanes of Y/Z{r} as int16 at dst (avx2: X{t} clobbered)
         if wide:
-            return c + [f"VPMOVSDB Z0, {dst}"]
-        return c + ["VEXTRACTI128 $1, Y0, X3", "VPACKSSDW X3, X0, X0", "VPACKSSWB X0, X0, X0", f"VMOVQ X0, {dst}"]
+            return [f"VPMOVSDW Z{r}, {dst}"]
+        return [f"VEXTRACTI128 $1, Y{r}, X{t}", f"VPACKSSDW X{t}, X{r}, X{r}", f"VMOVDQU X{r}, {dst}"]
 
     w(f"{pfx}1start:")
     ins("TESTQ R10, R10", f"JZ {pfx}ok", "MOVQ i4+56(FP), AX")
@@ -445,154 +453,43 @@ def prep_rows(isa, pfx, ret=64):
         # every product finite: the sum of products times 0 is exactly 0
         "VXORPS X5, X5, X5", "VUCOMISS X5, X3", f"JNE {pfx}fail", f"JPS {pfx}fail",
         "VXORPS X8, X8, X8", "VXORPS X9, X9, X9", "VUCOMISS X5, X1", f"JEQ {pfx}inv")
-    # m > 0: sc = m/127 must not be 0, inv = 127/m not above MaxFloat32
+    # m > 0: sc = m/32767 must not be 0, inv = 32767/m not above MaxFloat32
     ins("VDIVSS X6, X1, X8", "VUCOMISS X5, X8", f"JEQ {pfx}fail", "VDIVSS X1, X6, X9",
         "VUCOMISS X7, X9", f"JHI {pfx}fail")
     w(f"{pfx}inv:")
     ins("VMOVSS X8, (DX)", f"VBROADCASTSS X9, {vp}9", f"VPXOR{'D' if wide else ''} {vp}1, {vp}1, {vp}1",
         "XORQ BX, BX", "TESTQ AX, AX", f"JNZ {pfx}4")
     w(f"{pfx}quant:")
-    ins(*quant("({})(BX*4)", "(DI)(BX*1)"), f"ADDQ ${lanes}, BX", "CMPQ BX, CX",
+    ins(*rnd("({})(BX*4)", 0), *store(0, "(DI)(BX*2)", 3), f"ADDQ ${lanes}, BX", "CMPQ BX, CX",
         f"JLT {pfx}quant", f"JMP {pfx}sum")
     w(f"{pfx}4:")
     ins("MOVQ DI, R12")
+    if wide:
+        ins("VMOVDQU32 qevn<>(SB), Z30", "VMOVDQU32 qodd<>(SB), Z31")
     w(f"{pfx}4loop:")
-    # qi4Order: of each 32 elements, the first 16 at the next 16 bytes, the second 16 64 further
-    for k in range(32 // lanes):
-        e = k * lanes
-        ins(*quant(f"{off(4*e)}({{}})(BX*4)", f"{off(e % 16 + e // 16 * 64)}(R12)"))
-    ins("ADDQ $16, R12", "ADDQ $32, BX", "MOVQ BX, R13", "ANDQ $127, R13", f"JNZ {pfx}4next",
-        "ADDQ $64, R12")
-    w(f"{pfx}4next:")
-    ins("CMPQ BX, CX", f"JLT {pfx}4loop")
+    # qi16Order: of each 64 elements, the 32 even ones, then the 32 odd ones; two runs of lanes
+    # elements at a time split into their even and odd halves (AVX-512: VPERMI2D; AVX2: VSHUFPS
+    # within the 128-bit lanes, then VPERMQ)
+    for k in range(64 // (2 * lanes)):
+        e = 2 * lanes * k
+        ins(*rnd(f"{off(4*e)}({{}})(BX*4)", 0), *rnd(f"{4*(e+lanes)}({{}})(BX*4)", 3))
+        if wide:
+            ins("VMOVDQA32 Z30, Z5", "VPERMI2D Z3, Z0, Z5", "VMOVDQA32 Z31, Z10", "VPERMI2D Z3, Z0, Z10")
+        else:
+            ins("VSHUFPS $0x88, Y3, Y0, Y5", "VSHUFPS $0xdd, Y3, Y0, Y10", "VPERMQ $0xd8, Y5, Y5",
+                "VPERMQ $0xd8, Y10, Y10")
+        ins(*store(5, f"{off(e)}(R12)", 11), *store(10, f"{64+e}(R12)", 11))
+    ins("ADDQ $128, R12", "ADDQ $64, BX", "CMPQ BX, CX", f"JLT {pfx}4loop")
     w(f"{pfx}sum:")
     if wide:
         ins("VEXTRACTI64X4 $1, Z1, Y0", "VPADDD Y0, Y1, Y1")
     ins("VEXTRACTI128 $1, Y1, X0", "VPADDD X0, X1, X1",
         "VPHADDD X1, X1, X1", "VPHADDD X1, X1, X1", "VCVTDQ2PS X1, X1", "VMOVSS X1, (R11)",
-        "LEAQ (SI)(CX*4), SI", "ADDQ CX, DI", "ADDQ $4, DX", "ADDQ $4, R11", "DECQ R10", f"JNZ {pfx}row")
+        "LEAQ (SI)(CX*4), SI", "LEAQ (DI)(CX*2), DI", "ADDQ $4, DX", "ADDQ $4, R11", "DECQ R10", f"JNZ {pfx}row")
     w(f"{pfx}ok:")
     ins(f"MOVQ $1, ret+{ret}(FP)", "VZEROUPPER", "RET")
     w(f"{pfx}fail:")
     ins(f"MOVQ $0, ret+{ret}(FP)", "VZEROUPPER", "RET")
-
-
-def vnni_quads_pairs(name, fmt, qregs):
-    """The four-token step of qdots4*vnni at head dim 128 (int4: one 64-byte chunk a row, int8:
-    two): each pair of tokens in one zmm per quarter (int8: [t0 bytes 32j..32j+31 | t1 the
-    same]) or half row (int4: bytes 0-31, then 32-63, nibbles unpacked as vnni_quads), so a
-    row's accumulator holds both tokens (8 lanes each) and the step reduces 8 accumulators
-    (Z16-Z23, row r pair u in Z(16+2r+u)) instead of 16. The query rows, each 32-byte quarter
-    repeated in both halves (VBROADCASTI64X4), stay in Z0-Z15 (row r in Z(4r)..Z(4r+3)); the
-    affine terms spread per lane (as vnni_quads) wait in the frame. The 16 sums come out in
-    the lane order vwq4idx undoes (VPERMD). Leaves the last nt%4 tokens to the pair loop."""
-    mask = "0x0f0f0f0f" if fmt == "i4" else "0x80808080"
-    ins(f"MOVL ${mask}, CX", "VPBROADCASTD CX, Z31", "VMOVDQU32 qidx4<>(SB), Z30",
-        "VMOVUPS 64(R14), X28", "VPERMPS Z28, Z30, Z28", "VMOVUPS Z28, (SP)",
-        "VMOVUPS 80(R14), X28", "VPERMPS Z28, Z30, Z28", "VMOVUPS Z28, 64(SP)",
-        "VMOVDQU32 vwq4idx<>(SB), Z30")
-    # q quarter j of row r pairs with K operand j: int4 qi4Order (A lo, A hi, B lo, B hi), int8 in order
-    qoffs = (0, 64, 32, 96) if fmt == "i4" else (0, 32, 64, 96)
-    for r in range(4):
-        for j, o in enumerate(qoffs):
-            ins(f"VBROADCASTI64X4 {off(o)}({qregs[r]}), Z{4*r+j}")
-    w(f"{name}p2:")
-    for i in range(16, 24):
-        ins(f"VPXORD Z{i}, Z{i}, Z{i}")
-    ins("MOVQ pfd+72(FP), R12", "LEAQ (SI)(R12*1), R12", "PREFETCHT1 (R12)", "PREFETCHT1 64(R12)",
-        "PREFETCHT1 (R12)(BX*1)", "PREFETCHT1 64(R12)(BX*1)", "LEAQ (R12)(BX*2), R12",
-        "PREFETCHT1 (R12)", "PREFETCHT1 64(R12)", "PREFETCHT1 (R12)(BX*1)", "PREFETCHT1 64(R12)(BX*1)",
-        "LEAQ (SI)(BX*2), R13")
-    for u, (t0, t1) in enumerate((("(SI)", "(SI)(BX*1)"), ("(R13)", "(R13)(BX*1)"))):
-        if fmt == "i4":
-            ins(f"VMOVDQU64 {t0}, Y24", f"VINSERTI64X4 $1, {t1}, Z24, Z24",
-                f"VMOVDQU64 32{t0}, Y28", f"VINSERTI64X4 $1, 32{t1}, Z28, Z28",
-                "VPSRLW $4, Z24, Z25", "VPSRLW $4, Z28, Z29", "VPANDD Z31, Z24, Z24", "VPANDD Z31, Z25, Z25",
-                "VPANDD Z31, Z28, Z28", "VPANDD Z31, Z29, Z29",
-                "VPUNPCKLBW Z25, Z24, Z26", "VPUNPCKHBW Z25, Z24, Z27",
-                "VPUNPCKLBW Z29, Z28, Z24", "VPUNPCKHBW Z29, Z28, Z25")
-            ks = (26, 27, 24, 25)
-        else:
-            for j in range(4):
-                ins(f"VMOVDQU64 {off(32*j)}{t0}, Y{24+j}", f"VINSERTI64X4 $1, {off(32*j)}{t1}, Z{24+j}, Z{24+j}",
-                    f"VPXORD Z31, Z{24+j}, Z{24+j}")
-            ks = (24, 25, 26, 27)
-        for r in range(4):
-            for j, k in enumerate(ks):
-                ins(f"VPDPBUSD Z{4*r+j}, Z{k}, Z{16+2*r+u}")
-    # row r: its two pairs' accumulators into one, then rows 0,1 and 2,3, then the halves
-    for r in range(4):
-        a, b = 16 + 2 * r, 17 + 2 * r
-        ins(f"VPUNPCKLDQ Z{b}, Z{a}, Z24", f"VPUNPCKHDQ Z{b}, Z{a}, Z25", f"VPADDD Z25, Z24, Z{a}")
-    for h in range(2):
-        a, b = 16 + 4 * h, 18 + 4 * h
-        ins(f"VPUNPCKLQDQ Z{b}, Z{a}, Z24", f"VPUNPCKHQDQ Z{b}, Z{a}, Z25", f"VPADDD Z25, Z24, Z{26+h}")
-    ins("VSHUFI32X4 $0x88, Z27, Z26, Z24", "VSHUFI32X4 $0xdd, Z27, Z26, Z25", "VPADDD Z25, Z24, Z24",
-        "VPERMD Z24, Z30, Z24", "VCVTDQ2PS Z24, Z24", "VMOVUPS 64(SP), Z25", "VFMADD231PS (SP), Z24, Z25",
-        "MOVQ ldS+8(FP), R13", "LEAQ (R13)(R13*2), R15",
-        "VMOVUPS X25, (DI)", "VEXTRACTF32X4 $1, Z25, (DI)(R13*1)", "VEXTRACTF32X4 $2, Z25, (DI)(R13*2)",
-        "VEXTRACTF32X4 $3, Z25, (DI)(R15*1)",
-        "ADDQ $16, DI", "LEAQ (SI)(BX*4), SI", "DECQ AX", f"JNZ {name}p2", f"JMP {name}pairs")
-
-
-def vnni_quads(name, fmt, const, qregs, qstep):
-    """The four-token step of qdots4*vnni: a 4x4 block of int32 accumulators (row r token u
-    in Z(4r+u)) reduced at once by a transpose tree (VPUNPCK*DQ, VSHUFI32X4) into one vector
-    of the 16 scores, lane r = row r's four tokens; affine with aff[16:24] spread per lane."""
-    ins(const, "VPBROADCASTD CX, Z31", "VMOVDQU32 qidx4<>(SB), Z30",
-        "VMOVUPS 64(R14), X28", "VPERMPS Z28, Z30, Z28", "VMOVUPS 80(R14), X29", "VPERMPS Z29, Z30, Z29")
-    w(f"{name}quad:")
-    for i in range(16):
-        ins(f"VPXORD Z{i}, Z{i}, Z{i}")
-    ins("MOVQ pfd+72(FP), R12", "LEAQ (SI)(R12*1), R12", "PREFETCHT1 (R12)", "PREFETCHT1 64(R12)",
-        "PREFETCHT1 (R12)(BX*1)", "PREFETCHT1 64(R12)(BX*1)", "LEAQ (R12)(BX*2), R12",
-        "PREFETCHT1 (R12)", "PREFETCHT1 64(R12)", "PREFETCHT1 (R12)(BX*1)", "PREFETCHT1 64(R12)(BX*1)",
-        "XORQ CX, CX", "MOVQ SI, R12", "LEAQ (SI)(BX*1), R13", "MOVQ cpg+56(FP), R15")
-    w(f"{name}qchunk:")
-    bases = ["(R12)", "(R13)", "(R12)(BX*2)", "(R13)(BX*2)"]
-    for u in range(4):
-        if fmt == "i8":
-            ins(f"VPXORD {bases[u]}, Z31, Z{16+u}")
-        else:
-            ins(f"VMOVDQU64 {bases[u]}, Z24", "VPSRLW $4, Z24, Z25", "VPANDD Z31, Z24, Z24", "VPANDD Z31, Z25, Z25",
-                f"VPUNPCKLBW Z25, Z24, Z{16+2*u}", f"VPUNPCKHBW Z25, Z24, Z{17+2*u}")
-    for r in range(4):
-        for u in range(4):
-            if fmt == "i8":
-                ins(f"VPDPBUSD ({qregs[r]})(CX*1), Z{16+u}, Z{4*r+u}")
-            else:
-                ins(f"VPDPBUSD ({qregs[r]})(CX*1), Z{16+2*u}, Z{4*r+u}",
-                    f"VPDPBUSD 64({qregs[r]})(CX*1), Z{17+2*u}, Z{4*r+u}")
-    ins("ADDQ $64, R12", "ADDQ $64, R13", f"ADDQ ${qstep}, CX", "DECQ R15", f"JNZ {name}qchunk")
-    for r in range(4):
-        a = [f"Z{4*r+u}" for u in range(4)]
-        ins(f"VPUNPCKLDQ {a[1]}, {a[0]}, Z16", f"VPUNPCKHDQ {a[1]}, {a[0]}, Z17", "VPADDD Z17, Z16, Z16",
-            f"VPUNPCKLDQ {a[3]}, {a[2]}, Z18", f"VPUNPCKHDQ {a[3]}, {a[2]}, Z19", "VPADDD Z19, Z18, Z18",
-            "VPUNPCKLQDQ Z18, Z16, Z17", "VPUNPCKHQDQ Z18, Z16, Z19", f"VPADDD Z19, Z17, Z{20+r}")
-    ins("VSHUFI32X4 $0x44, Z21, Z20, Z16", "VSHUFI32X4 $0xee, Z21, Z20, Z17", "VPADDD Z17, Z16, Z16",
-        "VSHUFI32X4 $0x44, Z23, Z22, Z18", "VSHUFI32X4 $0xee, Z23, Z22, Z19", "VPADDD Z19, Z18, Z18",
-        "VSHUFI32X4 $0x88, Z18, Z16, Z17", "VSHUFI32X4 $0xdd, Z18, Z16, Z19", "VPADDD Z19, Z17, Z17",
-        "VCVTDQ2PS Z17, Z17", "VFMADD213PS Z29, Z28, Z17",
-        "MOVQ ldS+8(FP), R13", "LEAQ (R13)(R13*2), R15",
-        "VMOVUPS X17, (DI)", "VEXTRACTF32X4 $1, Z17, (DI)(R13*1)", "VEXTRACTF32X4 $2, Z17, (DI)(R13*2)",
-        "VEXTRACTF32X4 $3, Z17, (DI)(R15*1)",
-        "ADDQ $16, DI", "LEAQ (SI)(BX*4), SI", "DECQ AX", f"JNZ {name}quad")
-
-
-def pair_store(corr=False):
-    """The integer score loops' store of a two-token step: float32 sums (exact integers) of row
-    r token u in Y(2r+u), r < 4, reduced to X0 = [r0u0 r0u1 r1u0 r1u1], X4 = [r2.. r3..], then
-    s = sum*aff[0:8] + aff[8:16] (aff at R14) stored at DI (rows ldS apart; R13, R15, X2, X6,
-    X8 clobbered). corr: first add the per-row integers at (SP) (0(SP) in the order of X0,
-    16(SP) of X4)."""
-    return ["VHADDPS Y1, Y0, Y0", "VHADDPS Y3, Y2, Y2", "VHADDPS Y2, Y0, Y0",
-            "VEXTRACTF128 $1, Y0, X2", "VADDPS X2, X0, X0",
-            "VHADDPS Y5, Y4, Y4", "VHADDPS Y7, Y6, Y6", "VHADDPS Y6, Y4, Y4",
-            "VEXTRACTF128 $1, Y4, X6", "VADDPS X6, X4, X4",
-            *(["VADDPS (SP), X0, X0", "VADDPS 16(SP), X4, X4"] if corr else []),
-            "VMOVUPS (R14), X8", "VFMADD213PS 32(R14), X8, X0", "VMOVUPS 16(R14), X8", "VFMADD213PS 48(R14), X8, X4",
-            "MOVQ ldS+8(FP), R13", "LEAQ (R13)(R13*2), R15",
-            "VMOVLPS X0, (DI)", "VMOVHPS X0, (DI)(R13*1)", "VMOVLPS X4, (DI)(R13*2)", "VMOVHPS X4, (DI)(R15*1)"]
 
 
 def pair_store_int(corr=False):
@@ -609,107 +506,130 @@ def pair_store_int(corr=False):
             "VMOVLPS X0, (DI)", "VMOVHPS X0, (DI)(R13*1)", "VMOVLPS X4, (DI)(R13*2)", "VMOVHPS X4, (DI)(R15*1)"]
 
 
-def single_store(ld, corr=False):
-    """The store of a one-token step: float32 sums of row r in Y(r), r < 4, reduced to X0 =
-    [r0 r1 r2 r3], s = sum*aff[16:20] + aff[20:24], stored at DI (rows ldS apart, loaded into
-    register ld; R15, X1, X8 clobbered). corr: first add the per-row integers at 32(SP)."""
-    return ["VHADDPS Y1, Y0, Y0", "VHADDPS Y3, Y2, Y2", "VHADDPS Y2, Y0, Y0",
-            "VEXTRACTF128 $1, Y0, X1", "VADDPS X1, X0, X0", *(["VADDPS 32(SP), X0, X0"] if corr else []),
+def k16_chunk(fmt, isa, bases, kregs, mask):
+    """One step of the int16 score loops over the K rows of a few tokens at bases: the rows'
+    int8 (VPMOVSXBW) or int4 (VPMOVZXBW, then the low nibble by VPAND with the word mask and
+    the high one by VPSRLW) values widened to int16 words, token u's in registers kregs[u]
+    (int8: one; int4: two, the even and the odd elements). A step covers 32 K bytes on AVX-512
+    (int8: 32 elements; int4: 64) and 16 on AVX2. Returns the code and, per token, the
+    (q byte offset, register) pairs its words meet (the query rows in qi16Order)."""
+    code, ops = [], []
+    wide = isa == "avx512"
+    vp = "Z" if wide else "Y"
+    for u, base in enumerate(bases):
+        if fmt == "i8":
+            code.append(f"VPMOVSXBW {base}, {vp}{kregs[u][0]}")
+            ops.append([(0, kregs[u][0])])
+        else:
+            lo, hi = kregs[u]
+            code += [f"VPMOVZXBW {base}, {vp}{lo}", f"VPSRLW $4, {vp}{lo}, {vp}{hi}",
+                     f"VPAND{'D' if wide else ''} {vp}{mask}, {vp}{lo}, {vp}{lo}"]
+            # the even elements meet q words [0, 32) of the 64-element block, the odd ones
+            # [32, 64) (AVX2: the first or second 16 of each, the caller's offset)
+            ops.append([(0, lo), (64, hi)])
+    return code, ops
+
+
+def single_store_int(ld):
+    """The store of a one-token step from int32 sums of row r in Y(r), r < 4: reduced as
+    integers (VPHADDD) to X0 = [r0 r1 r2 r3] and converted once, s = sum*aff[16:20] +
+    aff[20:24], stored at DI (rows ldS apart, loaded into register ld; R15, X1, X8 clobbered)."""
+    return ["VPHADDD Y1, Y0, Y0", "VPHADDD Y3, Y2, Y2", "VPHADDD Y2, Y0, Y0",
+            "VEXTRACTI128 $1, Y0, X1", "VPADDD X1, X0, X0", "VCVTDQ2PS X0, X0",
             "VMOVUPS 64(R14), X8", "VFMADD213PS 80(R14), X8, X0",
             f"MOVQ ldS+8(FP), {ld}", f"LEAQ ({ld})({ld}*2), R15", "VMOVSS X0, (DI)", f"VEXTRACTPS $1, X0, (DI)({ld}*1)",
             f"VEXTRACTPS $2, X0, (DI)({ld}*2)", "VEXTRACTPS $3, X0, (DI)(R15*1)"]
 
 
-def vnni_dots(fmt):
-    """The VPDPBUSD score loop of four rows over K per channel: int8 rows (bytes XOR 0x80 as
-    the unsigned operand) or int4 rows (nibbles, already unsigned, unpacked in registers)."""
-    name = f"qdots4{fmt}vnni"
-    w(f"// func {name}(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)")
+def dots_header(name, fmt, how):
+    w(f"// func {name}(s *float32, ldS int, qi *int16, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)")
     w("//")
     if fmt == "i8":
-        w("// Scores of four rows from int8 query rows qi (qib bytes apart) and int8 K rows (krb bytes,")
-        w("// cpg chunks of 64): VPDPBUSD of the K bytes XOR 0x80 (unsigned k+128) with the signed q")
-        w("// bytes, then s = acc*scale + offset per row (offset = -128*scale*sum(q_r) undoes the")
-        w("// +128, plus the row's constant).")
+        w("// Scores of four rows from int16 query rows qi (qib bytes apart) and int8 K rows (krb bytes,")
+        w(f"// cpg chunks of 64): {how} of the K bytes widened to int16 (VPMOVSXBW) with the q words,")
+        w("// then s = acc*scale + offset per row.")
     else:
-        w("// Scores of four rows from int8 query rows qi (qib bytes apart) and int4 K rows (krb bytes,")
-        w("// cpg chunks of 64 bytes, 128 elements): the nibbles, split by VPAND/VPSRLW and interleaved")
-        w("// back by VPUNPCKLBW/VPUNPCKHBW, are the unsigned operand of VPDPBUSD; in each 128-bit lane")
-        w("// that gives elements 32j..32j+15 (low unpack) and 32j+16..32j+31 (high), so the q rows are")
-        w("// stored in that order (qi4Order). s = acc*scale + offset per row (offset: the row's zero")
-        w("// term).")
-    w("// Four tokens per step (vnni_quads in asmgen_quant.py, with aff[16:24]), then the rest in")
-    w("// steps of two: a 4x2 block of int32 accumulators")
-    w("// Z0-Z7 (row r token u in Z(2r+u)), aff[0:8] scales and aff[8:16] offsets in the order of")
-    w("// the pair reduction ([r0 r0 r1 r1], [r2 r2 r3 r3]); an odd last token uses aff[16:20]")
-    w("// (scales of r0..r3) and aff[20:24] (offsets).")
-    w("// Head dim 128 takes the four tokens of a step as two pairs instead (vnni_quads_pairs):")
-    w("// both tokens of a pair in one zmm, a quarter (int8) or half (int4) row each.")
-    w(f"TEXT ·{name}(SB), NOSPLIT, $128-80")
+        w("// Scores of four rows from int16 query rows qi (qib bytes apart) and int4 K rows (krb bytes,")
+        w("// cpg chunks of 64 bytes, 128 elements): the bytes widened to words (VPMOVZXBW) give the even")
+        w("// elements by VPAND 0x000f and the odd ones by VPSRLW 4, so the q rows are stored with each 64")
+        w(f"// elements' even ones first (qi16Order); {how}. s = acc*scale + offset per row (offset: the")
+        w("// row's zero term).")
+    w("// The int32 sums (at most 32767*127*256 in magnitude: exact) are reduced as integers and")
+    w("// converted once on both instruction sets: bit-identical scores.")
+
+
+def vnni_dots(fmt):
+    """The VPDPWSSD score loop of four rows over K per channel: int16 query rows (intPrep)
+    against K widened to int16 words (k16_chunk)."""
+    name = f"qdots4{fmt}vnni"
+    dots_header(name, fmt, "VPDPWSSD")
+    w("// Four tokens per step (a 4x4 block of accumulators, row r token u in Z(4r+u), reduced by a")
+    w("// transpose tree into one vector of the 16 sums, lane 4r+u; aff[16:24] spread per lane), then")
+    w("// a two-token step (Z(2r+u); aff[0:8] scales and aff[8:16] offsets in the order of the pair")
+    w("// reduction, [r0 r0 r1 r1], [r2 r2 r3 r3]), then an odd last token (aff[16:20] scales of")
+    w("// r0..r3, aff[20:24] offsets).")
+    w(f"TEXT ·{name}(SB), NOSPLIT, $0-80")
     ins("MOVQ s+0(FP), DI", "MOVQ qi+16(FP), R8", "MOVQ qib+24(FP), DX", "LEAQ (R8)(DX*1), R9",
         "LEAQ (R9)(DX*1), R10", "LEAQ (R10)(DX*1), R11", "MOVQ k+32(FP), SI", "MOVQ krb+40(FP), BX",
         "MOVQ nt+48(FP), AX", "MOVQ aff+64(FP), R14",
+        "MOVL $0x000f000f, CX", "VPBROADCASTD CX, Z31", "VMOVDQU32 qidx4<>(SB), Z30",
+        "VMOVUPS 64(R14), X28", "VPERMPS Z28, Z30, Z28", "VMOVUPS 80(R14), X29", "VPERMPS Z29, Z30, Z29",
         "SHRQ $2, AX", f"JZ {name}pairs")
-    const = "MOVL $0x80808080, CX" if fmt == "i8" else "MOVL $0x0f0f0f0f, CX"
     qregs = ["R8", "R9", "R10", "R11"]
+    # a chunk (64 K bytes) is two steps of 32 bytes: int8 32 elements (q 64 bytes), int4 64 (128)
     qstep = 64 if fmt == "i8" else 128
-    ins(f"CMPQ cpg+56(FP), ${1 if fmt == 'i4' else 2}", f"JNE {name}quads")
-    vnni_quads_pairs(name, fmt, qregs)
-    w(f"{name}quads:")
-    vnni_quads(name, fmt, const, qregs, qstep)
-    w(f"{name}pairs:")
-    ins("MOVQ nt+48(FP), AX", "SHRQ $1, AX", "ANDQ $1, AX", f"JZ {name}odd")
 
-    def load(base, u):
-        """K of token u at (base) into the unsigned operands: int8 Z(8+u); int4 Z(16+2u),
-        Z(17+2u) (the q halves at +0 and +64)."""
-        if fmt == "i8":
-            return [f"VPXORD ({base}), Z15, Z{8+u}"], [(0, f"Z{8+u}")]
-        a, b = 16 + 2 * u, 17 + 2 * u
-        return ([f"VMOVDQU64 ({base}), Z{24+u}", f"VPSRLW $4, Z{24+u}, Z{26+u}",
-                 f"VPANDD Z15, Z{24+u}, Z{24+u}", f"VPANDD Z15, Z{26+u}, Z{26+u}",
-                 f"VPUNPCKLBW Z{26+u}, Z{24+u}, Z{a}", f"VPUNPCKHBW Z{26+u}, Z{24+u}, Z{b}"],
-                [(0, f"Z{a}"), (64, f"Z{b}")])
+    def chunk(label, bases, accs):
+        """The loop over the rows' chunks for the tokens at bases, row r token u accumulated
+        in Z(accs(r, u)); K words in Z16-Z23."""
+        ins("XORQ CX, CX", "MOVQ SI, R12", "LEAQ (SI)(BX*1), R13", "MOVQ cpg+56(FP), R15")
+        w(f"{label}:")
+        for h in range(2):
+            kregs = [(16 + 2 * u, 17 + 2 * u) if fmt == "i4" else (16 + u,) for u in range(len(bases))]
+            code, ops = k16_chunk(fmt, "avx512", [f"{off(32*h)}{b}" for b in bases], kregs, 31)
+            ins(*code)
+            for r in range(4):
+                for u in range(len(bases)):
+                    for o, reg in ops[u]:
+                        ins(f"VPDPWSSD {off(qstep*h + o)}({qregs[r]})(CX*1), Z{reg}, Z{accs(r, u)}")
+        ins("ADDQ $64, R12", "ADDQ $64, R13", f"ADDQ ${2*qstep}, CX", "DECQ R15", f"JNZ {label}")
 
-    w(f"{name}pair:")
-    ins(const, "VPBROADCASTD CX, Z15")  # the reduction below clobbers Y8-Y15
-    for i in range(8):
+    w(f"{name}quad:")
+    for i in range(16):
         ins(f"VPXORD Z{i}, Z{i}, Z{i}")
     ins("MOVQ pfd+72(FP), R12", "LEAQ (SI)(R12*1), R12", "PREFETCHT1 (R12)", "PREFETCHT1 64(R12)",
-        "PREFETCHT1 (R12)(BX*1)", "PREFETCHT1 64(R12)(BX*1)",
-        "XORQ CX, CX", "MOVQ SI, R12", "LEAQ (SI)(BX*1), R13", "MOVQ cpg+56(FP), R15")
-    w(f"{name}chunk:")
-    ops = []
-    for u, base in enumerate(["R12", "R13"]):
-        code, opnds = load(base, u)
-        ins(*code)
-        ops.append(opnds)
+        "PREFETCHT1 (R12)(BX*1)", "PREFETCHT1 64(R12)(BX*1)", "LEAQ (R12)(BX*2), R12",
+        "PREFETCHT1 (R12)", "PREFETCHT1 64(R12)", "PREFETCHT1 (R12)(BX*1)", "PREFETCHT1 64(R12)(BX*1)")
+    chunk(f"{name}qchunk", ["(R12)", "(R13)", "(R12)(BX*2)", "(R13)(BX*2)"], lambda r, u: 4 * r + u)
     for r in range(4):
-        for u in range(2):
-            for o, reg in ops[u]:
-                ins(f"VPDPBUSD {off(o)}({qregs[r]})(CX*1), {reg}, Z{2*r+u}")
-    ins("ADDQ $64, R12", "ADDQ $64, R13", f"ADDQ ${qstep}, CX", "DECQ R15", f"JNZ {name}chunk")
+        a = [f"Z{4*r+u}" for u in range(4)]
+        ins(f"VPUNPCKLDQ {a[1]}, {a[0]}, Z16", f"VPUNPCKHDQ {a[1]}, {a[0]}, Z17", "VPADDD Z17, Z16, Z16",
+            f"VPUNPCKLDQ {a[3]}, {a[2]}, Z18", f"VPUNPCKHDQ {a[3]}, {a[2]}, Z19", "VPADDD Z19, Z18, Z18",
+            "VPUNPCKLQDQ Z18, Z16, Z17", "VPUNPCKHQDQ Z18, Z16, Z19", f"VPADDD Z19, Z17, Z{20+r}")
+    ins("VSHUFI32X4 $0x44, Z21, Z20, Z16", "VSHUFI32X4 $0xee, Z21, Z20, Z17", "VPADDD Z17, Z16, Z16",
+        "VSHUFI32X4 $0x44, Z23, Z22, Z18", "VSHUFI32X4 $0xee, Z23, Z22, Z19", "VPADDD Z19, Z18, Z18",
+        "VSHUFI32X4 $0x88, Z18, Z16, Z17", "VSHUFI32X4 $0xdd, Z18, Z16, Z19", "VPADDD Z19, Z17, Z17",
+        "VCVTDQ2PS Z17, Z17", "VFMADD213PS Z29, Z28, Z17",
+        "MOVQ ldS+8(FP), R13", "LEAQ (R13)(R13*2), R15",
+        "VMOVUPS X17, (DI)", "VEXTRACTF32X4 $1, Z17, (DI)(R13*1)", "VEXTRACTF32X4 $2, Z17, (DI)(R13*2)",
+        "VEXTRACTF32X4 $3, Z17, (DI)(R15*1)",
+        "ADDQ $16, DI", "LEAQ (SI)(BX*4), SI", "DECQ AX", f"JNZ {name}quad")
+    w(f"{name}pairs:")
+    ins("MOVQ nt+48(FP), AX", "TESTQ $2, AX", f"JZ {name}odd")
     for i in range(8):
-        ins(f"VCVTDQ2PS Z{i}, Z{i}")
+        ins(f"VPXORD Z{i}, Z{i}, Z{i}")
+    chunk(f"{name}pchunk", ["(R12)", "(R13)"], lambda r, u: 2 * r + u)
     for i in range(8):
-        ins(f"VEXTRACTF64X4 $1, Z{i}, Y{8+i}", f"VADDPS Y{8+i}, Y{i}, Y{i}")
-    ins(*pair_store(), "ADDQ $8, DI", "LEAQ (SI)(BX*2), SI", "DECQ AX", f"JNZ {name}pair")
+        ins(f"VEXTRACTI64X4 $1, Z{i}, Y{8+i}", f"VPADDD Y{8+i}, Y{i}, Y{i}")
+    ins(*pair_store_int(), "ADDQ $8, DI", "LEAQ (SI)(BX*2), SI")
     w(f"{name}odd:")
     ins("MOVQ nt+48(FP), AX", "ANDQ $1, AX", f"JZ {name}done")
-    ins(const, "VPBROADCASTD CX, Z15")
     for i in range(4):
         ins(f"VPXORD Z{i}, Z{i}, Z{i}")
-    ins("XORQ CX, CX", "MOVQ SI, R12", "MOVQ cpg+56(FP), R15")
-    w(f"{name}ochunk:")
-    code, opnds = load("R12", 0)
-    ins(*code)
-    for r in range(4):
-        for o, reg in opnds:
-            ins(f"VPDPBUSD {off(o)}({qregs[r]})(CX*1), {reg}, Z{r}")
-    ins("ADDQ $64, R12", f"ADDQ ${qstep}, CX", "DECQ R15", f"JNZ {name}ochunk")
+    chunk(f"{name}ochunk", ["(R12)"], lambda r, u: r)
     for i in range(4):
-        ins(f"VCVTDQ2PS Z{i}, Z{i}", f"VEXTRACTF64X4 $1, Z{i}, Y{8+i}", f"VADDPS Y{8+i}, Y{i}, Y{i}")
-    ins(*single_store("BX"))
+        ins(f"VEXTRACTI64X4 $1, Z{i}, Y{8+i}", f"VPADDD Y{8+i}, Y{i}, Y{i}")
+    ins(*single_store_int("BX"))
     w(f"{name}done:")
     ins("VZEROUPPER", "RET")
     w()
@@ -717,9 +637,8 @@ def vnni_dots(fmt):
 
 def maddw():
     """AVX2 integer score loop (no VNNI): intPrep's rows by qprepavx2 (prep_rows, the same
-    rounding as qprepavx512), dots by VPMADDUBSW (unsigned x signed byte pairs to int16) and
-    VPMADDWD (int16 pairs to int32)."""
-    w("// func qprepavx2(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int")
+    rounding as qprepavx512), dots by VPMADDWD (int16 pairs to int32)."""
+    w("// func qprepavx2(dst *int16, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int")
     w("//")
     w("// qprepavx512 in ymm registers (four rows at a time while four are left, then one): the same")
     w("// products, maxima, divisions and rounding, so the same integers, scales and sums bit for bit.")
@@ -734,10 +653,10 @@ def maddw():
 
 
 def prep_consts(isa):
-    """The constants of the prep loops: Y4 zero, Y2 the abs mask, X6 127, X7 MaxFloat32 (R9
+    """The constants of the prep loops: Y4 zero, Y2 the abs mask, X6 32767, X7 MaxFloat32 (R9
     clobbered)."""
     return ["VXORPS Y4, Y4, Y4", "MOVL $0x7fffffff, R9", "VMOVD R9, X2", "VPBROADCASTD X2, Y2",
-            "MOVL $0x42fe0000, R9", "VMOVD R9, X6", "MOVL $0x7f7fffff, R9", "VMOVD R9, X7"]
+            "MOVL $0x46fffe00, R9", "VMOVD R9, X6", "MOVL $0x7f7fffff, R9", "VMOVD R9, X7"]
 
 
 def prep4_avx2(pfx):
@@ -750,7 +669,7 @@ def prep4_avx2(pfx):
     tmp = [0, 1, 3, 14]
     w(f"{pfx}4grp:")
     ins(*prep_consts("avx2"), "CMPQ R10, $4", f"JLT {pfx}1start", "LEAQ (SI)(CX*4), R13", "LEAQ (R13)(CX*4), R14",
-        "LEAQ (R14)(CX*4), R15", "LEAQ (DI)(CX*1), R9", "LEAQ (R9)(CX*1), R12", "LEAQ (R12)(CX*1), AX")
+        "LEAQ (R14)(CX*4), R15", "LEAQ (DI)(CX*2), R9", "LEAQ (R9)(CX*2), R12", "LEAQ (R12)(CX*2), AX")
     for i in range(4):
         ins(f"VPXOR Y{8+i}, Y{8+i}, Y{8+i}")
     ins("XORQ BX, BX")
@@ -774,27 +693,33 @@ def prep4_avx2(pfx):
     # Y12-15: the rows' inverses, Y8-11: their integer sums
     ins("XORQ BX, BX", "CMPQ i4+56(FP), $0", f"JNE {pfx}4i4")
 
-    def quant(i, src, dst):  # Y2 (the abs mask) clobbered: reset by prep_consts
-        t = [0, 1, 3, 2][i]
-        return [f"VMULPS {src.format(qrow[i])}, Y5, Y{t}", f"VMULPS Y{12+i}, Y{t}, Y{t}", f"VCVTPS2DQ Y{t}, Y{t}",
-                f"VPADDD Y{t}, Y{8+i}, Y{8+i}", f"VEXTRACTI128 $1, Y{t}, X4", f"VPACKSSDW X4, X{t}, X{t}",
-                f"VPACKSSWB X{t}, X{t}, X{t}", f"VMOVQ X{t}, {dst.format(drow[i])}"]
+    # (Y2 the abs mask, Y4 zero, X6 and X7 clobbered below: reset by prep_consts)
+    def rnd(i, src, ks, t):  # the products at src times Y{ks}, times the row's inverse, rounded into Y{t}
+        return [f"VMULPS {src.format(qrow[i])}, Y{ks}, Y{t}", f"VMULPS Y{12+i}, Y{t}, Y{t}", f"VCVTPS2DQ Y{t}, Y{t}",
+                f"VPADDD Y{t}, Y{8+i}, Y{8+i}"]
+
+    def store(t, dst, tmp):  # the int32 lanes of Y{t} as int16 at dst
+        return [f"VEXTRACTI128 $1, Y{t}, X{tmp}", f"VPACKSSDW X{tmp}, X{t}, X{t}", f"VMOVDQU X{t}, {dst}"]
 
     w(f"{pfx}4i8:")
     ins("VMOVUPS (R8)(BX*4), Y5")
     for i in range(4):
-        ins(*quant(i, "({})(BX*4)", "({})(BX*1)"))
-    ins("ADDQ $8, BX", "CMPQ BX, CX", f"JLT {pfx}4i8", "LEAQ (DI)(CX*4), DI", f"JMP {pfx}4sum")
+        t = [0, 1, 3, 2][i]
+        ins(*rnd(i, "({})(BX*4)", 5, t), *store(t, f"({drow[i]})(BX*2)", 4))
+    ins("ADDQ $8, BX", "CMPQ BX, CX", f"JLT {pfx}4i8", "LEAQ (DI)(CX*8), DI", f"JMP {pfx}4sum")
     w(f"{pfx}4i4:")
-    for k in range(4):  # qi4Order, as prep_rows
-        e = 8 * k
-        ins(f"VMOVUPS {off(4*e)}(R8)(BX*4), Y5")
+    # qi16Order, as prep_rows: 16 elements a step split into their even and odd halves
+    for k in range(4):
+        e = 16 * k
+        ins(f"VMOVUPS {off(4*e)}(R8)(BX*4), Y5", f"VMOVUPS {4*e+32}(R8)(BX*4), Y7")
         for i in range(4):
-            ins(*quant(i, f"{off(4*e)}({{}})(BX*4)", f"{off(e % 16 + e // 16 * 64)}({{}})"))
-    ins(*[f"ADDQ $16, {r}" for r in drow])
-    ins("ADDQ $32, BX", "TESTQ $127, BX", f"JNZ {pfx}4i4next", *[f"ADDQ $64, {r}" for r in drow])
-    w(f"{pfx}4i4next:")
-    ins("CMPQ BX, CX", f"JLT {pfx}4i4", "LEAQ (DI)(CX*2), DI", "ADDQ CX, DI")  # DI had moved n on
+            ins(*rnd(i, f"{off(4*e)}({{}})(BX*4)", 5, 0), *rnd(i, f"{4*e+32}({{}})(BX*4)", 7, 1),
+                "VSHUFPS $0x88, Y1, Y0, Y2", "VSHUFPS $0xdd, Y1, Y0, Y3", "VPERMQ $0xd8, Y2, Y2",
+                "VPERMQ $0xd8, Y3, Y3", *store(2, f"{off(e // 2 * 2)}({drow[i]})", 4),
+                *store(3, f"{64 + e // 2 * 2}({drow[i]})", 6))
+    ins(*[f"ADDQ $128, {r}" for r in drow])
+    ins("ADDQ $64, BX", "CMPQ BX, CX", f"JLT {pfx}4i4", "LEAQ (CX)(CX*2), R9",
+        "LEAQ (DI)(R9*2), DI")  # DI had moved 2n on: 8n in all
     w(f"{pfx}4sum:")
     for i in range(4):
         s = 8 + i
@@ -809,27 +734,20 @@ def bcast(const, reg):
 
 
 def maddw_dots(fmt):
+    """The AVX2 score loop of four rows over K per channel (no VNNI): qdots4*vnni's integers by
+    VPMADDWD (int16 pairs to int32) and VPADDD, two tokens per step (row r token u in Y(2r+u)),
+    then the odd last one."""
     name = f"qdots4{fmt}maddw"
-    w(f"// func {name}(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)")
-    w("//")
-    w("// qdots4" + fmt + "vnni's contract without VNNI (the same integers, exact, and the same float32")
-    w("// scaling: bit-identical scores).")
-    if fmt == "i8":
-        w("// Products of int8 K and the signed q bytes as |K| (VPABSB, unsigned) times q with K's sign")
-        w("// (VPSIGNB): VPMADDUBSW's pair sums stay within int16 (2*128*127), VPMADDWD by ones widens")
-        w("// them to int32. VNNI's integer is that of K+128 (the offset in aff undoes it): 128*sum(q_r),")
-        w("// summed once per call into the frame, is added to each row's (exact integers in float32).")
-        w("// Two tokens per step (row r token u in Y(2r+u)), then the odd last one.")
-    else:
-        w("// The nibbles (VPAND/VPSRLW, VPUNPCKLBW/VPUNPCKHBW in 128-bit lanes, which is qi4Order) are")
-        w("// VPMADDUBSW's unsigned operand against the q bytes from memory; with one chunk (cpg = 1,")
-        w("// head dim 128) two tokens per step sum their int16 pair sums over the chunk (8 products")
-        w("// of at most 15*127 a lane) before VPMADDWD by ones; other head dims one token per step,")
-        w("// widened to int32 per chunk.")
-    w(f"TEXT ·{name}(SB), NOSPLIT, ${48 if fmt == 'i8' else 0}-80")
+    dots_header(name, fmt, "VPMADDWD")
+    w("// qdots4" + fmt + "vnni's contract without VNNI: two tokens per step (row r token u in Y(2r+u)),")
+    w("// then the odd last one.")
+    w(f"TEXT ·{name}(SB), NOSPLIT, $0-80")
     ins("MOVQ s+0(FP), DI", "MOVQ qi+16(FP), R8", "MOVQ qib+24(FP), DX", "LEAQ (R8)(DX*1), R9",
         "LEAQ (R9)(DX*1), R10", "LEAQ (R10)(DX*1), R11", "MOVQ k+32(FP), SI", "MOVQ krb+40(FP), BX",
-        "MOVQ aff+64(FP), R14", *bcast(0x00010001, 15))
+        "MOVQ aff+64(FP), R14", *bcast(0x000f000f, 15),
+        # DX: the end of a row, in elements (int8, CX counts elements) or q bytes (int4, CX
+        # counts q bytes while R12 and R13 walk the K rows)
+        "MOVQ cpg+56(FP), DX", f"SHLQ ${6 if fmt == 'i8' else 8}, DX")
     qregs = ["R8", "R9", "R10", "R11"]
 
     def prefetch(tokens):
@@ -841,97 +759,51 @@ def maddw_dots(fmt):
                 c.append(f"PREFETCHT1 64{base}")
         return c
 
-    if fmt == "i8":
-        ins("MOVQ cpg+56(FP), DX", "SHLQ $6, DX", *bcast(0x01010101, 12))
-        for i in range(4):
-            ins(f"VPXOR Y{i}, Y{i}, Y{i}")
-        ins("XORQ CX, CX")
-        w(f"{name}qsum:")  # sum(q_r) by VPMADDUBSW of ones
-        for r in range(4):
-            ins(f"VPMADDUBSW ({qregs[r]})(CX*1), Y12, Y13", "VPMADDWD Y15, Y13, Y13", f"VPADDD Y13, Y{r}, Y{r}")
-        ins("ADDQ $32, CX", "CMPQ CX, DX", f"JLT {name}qsum",
-            "VPHADDD Y1, Y0, Y0", "VPHADDD Y3, Y2, Y2", "VPHADDD Y2, Y0, Y0", "VEXTRACTI128 $1, Y0, X1",
-            "VPADDD X1, X0, X0", "VPSLLD $7, X0, X0", "VCVTDQ2PS X0, X0", "VMOVUPS X0, 32(SP)",
-            "VUNPCKLPS X0, X0, X1", "VMOVUPS X1, (SP)", "VUNPCKHPS X0, X0, X1", "VMOVUPS X1, 16(SP)")
-        ins("MOVQ nt+48(FP), AX", "SHRQ $1, AX", f"JZ {name}odd")
-        w(f"{name}pair:")
-        for i in range(8):
-            ins(f"VPXOR Y{i}, Y{i}, Y{i}")
-        ins(*prefetch(2), "XORQ CX, CX", "MOVQ SI, R12", "LEAQ (SI)(BX*1), R13")
-        w(f"{name}chunk:")
-        ins("VMOVDQU (R12)(CX*1), Y8", "VMOVDQU (R13)(CX*1), Y9", "VPABSB Y8, Y10", "VPABSB Y9, Y11")
-        for r in range(4):
-            ins(f"VMOVDQU ({qregs[r]})(CX*1), Y12")
-            for u in range(2):
-                t = 13 + u
-                ins(f"VPSIGNB Y{8+u}, Y12, Y{t}", f"VPMADDUBSW Y{t}, Y{10+u}, Y{t}", f"VPMADDWD Y15, Y{t}, Y{t}",
-                    f"VPADDD Y{t}, Y{2*r+u}, Y{2*r+u}")
-        ins("ADDQ $32, CX", "CMPQ CX, DX", f"JLT {name}chunk")
-        ins(*pair_store_int(True), "ADDQ $8, DI", "LEAQ (SI)(BX*2), SI", "DECQ AX", f"JNZ {name}pair")
-        w(f"{name}odd:")
-        ins("MOVQ nt+48(FP), AX", "ANDQ $1, AX", f"JZ {name}done")
-        for i in range(4):
-            ins(f"VPXOR Y{i}, Y{i}, Y{i}")
-        ins("XORQ CX, CX")
-        w(f"{name}ochunk:")
-        ins("VMOVDQU (SI)(CX*1), Y8", "VPABSB Y8, Y10")
-        for r in range(4):
-            t = 13 + r % 2
-            ins(f"VMOVDQU ({qregs[r]})(CX*1), Y12", f"VPSIGNB Y8, Y12, Y{t}", f"VPMADDUBSW Y{t}, Y10, Y{t}",
-                f"VPMADDWD Y15, Y{t}, Y{t}", f"VPADDD Y{t}, Y{r}, Y{r}")
-        ins("ADDQ $32, CX", "CMPQ CX, DX", f"JLT {name}ochunk")
-        for i in range(4):
-            ins(f"VCVTDQ2PS Y{i}, Y{i}")
-        ins(*single_store("BX", True))
-        w(f"{name}done:")
-        ins("VZEROUPPER", "RET")
-        w()
-        return
+    def chunk(label, ntok):
+        """The loop over a row for ntok tokens (at SI and SI+BX), row r token u accumulated in
+        Y(ntok*r+u)."""
+        acc = lambda r, u: ntok * r + u
+        if fmt == "i8":
+            ins("XORQ CX, CX", "LEAQ (SI)(BX*1), R13")
+            w(f"{label}:")
+            for h in range(2):
+                code, ops = k16_chunk(fmt, "avx2", [f"{off(16*h)}(SI)(CX*1)", f"{off(16*h)}(R13)(CX*1)"][:ntok],
+                                      [(8,), (9,)], 15)
+                ins(*code)
+                for r in range(4):
+                    ins(f"VMOVDQU {off(32*h)}({qregs[r]})(CX*2), Y12")
+                    for u in range(ntok):
+                        t = 10 + u
+                        ins(f"VPMADDWD Y12, Y{ops[u][0][1]}, Y{t}", f"VPADDD Y{t}, Y{acc(r, u)}, Y{acc(r, u)}")
+            ins("ADDQ $32, CX", "CMPQ CX, DX", f"JLT {label}")
+            return
+        ins("XORQ CX, CX", "MOVQ SI, R12", "LEAQ (SI)(BX*1), R13")
+        w(f"{label}:")
+        for h in range(2):
+            code, ops = k16_chunk(fmt, "avx2", [f"{off(16*h)}(R12)", f"{off(16*h)}(R13)"][:ntok],
+                                  [(8, 9), (13, 14)], 15)
+            ins(*code)
+            for r in range(4):
+                for u in range(ntok):
+                    for j, (o, reg) in enumerate(ops[u]):
+                        t = 10 + j
+                        ins(f"VPMADDWD {off(32*h + o)}({qregs[r]})(CX*1), Y{reg}, Y{t}",
+                            f"VPADDD Y{t}, Y{acc(r, u)}, Y{acc(r, u)}")
+        ins("ADDQ $32, R12", "ADDQ $32, R13", "ADDQ $128, CX", "CMPQ CX, DX", f"JLT {label}")
 
-    def split(o, base, lo, hi, tmp):
-        """The 64 nibbles of 32 bytes at o(base): lo = VPUNPCKLBW order, hi = VPUNPCKHBW."""
-        return [f"VMOVDQU {off(o)}{base}, Y{lo}", f"VPSRLW $4, Y{lo}, Y{tmp}", f"VPAND Y14, Y{lo}, Y{lo}",
-                f"VPAND Y14, Y{tmp}, Y{tmp}", f"VPUNPCKHBW Y{tmp}, Y{lo}, Y{hi}", f"VPUNPCKLBW Y{tmp}, Y{lo}, Y{lo}"]
-
-    ins(*bcast(0x0f0f0f0f, 14), "MOVQ nt+48(FP), AX", "CMPQ cpg+56(FP), $1", f"JNE {name}one",
-        "SHRQ $1, AX", f"JZ {name}tail")
+    ins("MOVQ nt+48(FP), AX", "SHRQ $1, AX", f"JZ {name}odd")
     w(f"{name}pair:")
     for i in range(8):
         ins(f"VPXOR Y{i}, Y{i}, Y{i}")
-    ins(*prefetch(2), "LEAQ (SI)(BX*1), R13")
-    # bytes [32h, 32h+32) of a row: lo pairs with q positions [32h, 32h+32), hi with [64+32h, ..)
-    for h in range(2):
-        ins(*split(32 * h, "(SI)", 8, 12, 9), *split(32 * h, "(R13)", 10, 13, 11))
-        los, his = [8, 10], [12, 13]
-        for r in range(4):
-            for u in range(2):
-                a = f"Y{2*r+u}"
-                ins(f"VPMADDUBSW {off(32*h)}({qregs[r]}), Y{los[u]}, Y9", f"VPADDW Y9, {a}, {a}",
-                    f"VPMADDUBSW {64+32*h}({qregs[r]}), Y{his[u]}, Y11", f"VPADDW Y11, {a}, {a}")
-    for i in range(8):
-        ins(f"VPMADDWD Y15, Y{i}, Y{i}")
+    ins(*prefetch(2))
+    chunk(f"{name}chunk", 2)
     ins(*pair_store_int(), "ADDQ $8, DI", "LEAQ (SI)(BX*2), SI", "DECQ AX", f"JNZ {name}pair")
-    w(f"{name}tail:")
-    ins("MOVQ nt+48(FP), AX", "ANDQ $1, AX")
-    w(f"{name}one:")
-    ins("TESTQ AX, AX", f"JZ {name}done")
-    w(f"{name}tok:")
+    w(f"{name}odd:")
+    ins("MOVQ nt+48(FP), AX", "ANDQ $1, AX", f"JZ {name}done")
     for i in range(4):
         ins(f"VPXOR Y{i}, Y{i}, Y{i}")
-    ins(*prefetch(1), "XORQ CX, CX", "MOVQ SI, R12", "MOVQ cpg+56(FP), R15")
-    w(f"{name}chunk:")
-    ins(*split(0, "(R12)", 8, 10, 9), *split(32, "(R12)", 9, 12, 11))
-    # Y8: q [0, 32), Y9: [32, 64), Y10: [64, 96), Y12: [96, 128)
-    for r in range(4):
-        q = qregs[r]
-        ins(f"VPMADDUBSW ({q})(CX*1), Y8, Y11", f"VPMADDUBSW 32({q})(CX*1), Y9, Y13", "VPADDW Y13, Y11, Y11",
-            f"VPMADDUBSW 64({q})(CX*1), Y10, Y13", "VPADDW Y13, Y11, Y11",
-            f"VPMADDUBSW 96({q})(CX*1), Y12, Y13", "VPADDW Y13, Y11, Y11",
-            "VPMADDWD Y15, Y11, Y11", f"VPADDD Y11, Y{r}, Y{r}")
-    ins("ADDQ $64, R12", "ADDQ $128, CX", "DECQ R15", f"JNZ {name}chunk")
-    for i in range(4):
-        ins(f"VCVTDQ2PS Y{i}, Y{i}")
-    ins(*single_store("R13"), "ADDQ $4, DI", "ADDQ BX, SI", "DECQ AX", f"JNZ {name}tok")
+    chunk(f"{name}ochunk", 1)
+    ins(*single_store_int("BX"))
     w(f"{name}done:")
     ins("VZEROUPPER", "RET")
     w()
@@ -1411,6 +1283,14 @@ w("// qidx4: VPERMPS indices spreading four row values over the four 128-bit lan
 for i in range(16):
     w(f"DATA qidx4<>+{4*i}(SB)/4, ${i // 4}")
 w("GLOBL qidx4<>(SB), RODATA|NOPTR, $64")
+w()
+w("// qevn, qodd: VPERMI2D indices taking the even and the odd dwords of two vectors (qi16Order).")
+for i in range(16):
+    w(f"DATA qevn<>+{4*i}(SB)/4, ${2*i}")
+w("GLOBL qevn<>(SB), RODATA|NOPTR, $64")
+for i in range(16):
+    w(f"DATA qodd<>+{4*i}(SB)/4, ${2*i+1}")
+w("GLOBL qodd<>(SB), RODATA|NOPTR, $64")
 w()
 w("// vwperm: VPERMPS indices interleaving the four group scales of two tokens.")
 for i, x in enumerate([0, 4, 1, 5, 2, 6, 3, 7]):

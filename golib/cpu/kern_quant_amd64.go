@@ -288,8 +288,8 @@ func init() {
 // float32 steps on every instruction set, so their results are bit for bit
 // those of intVNNI (kern_quant_amd64.s).
 type intLoops struct {
-	prep  func(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int
-	dots4 [2]func(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int) // int8, int4
+	prep  func(dst *int16, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int
+	dots4 [2]func(s *float32, ldS int, qi *int16, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int) // int8, int4
 	// wprep: rows of four and of two V scale groups
 	wprep [2]func(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
 	vaxpy [2]func(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)
@@ -302,7 +302,7 @@ type intLoops struct {
 // intVNNI are the AVX-512 VNNI integer loops (VPDPBUSD, VPDPWSSD).
 var intVNNI = intLoops{
 	prep:  qprep512,
-	dots4: [2]func(*float32, int, *byte, int, *byte, int, int, int, *[24]float32, int){qdots4i8vnni, qdots4i4vnni},
+	dots4: [2]func(*float32, int, *int16, int, *byte, int, int, int, *[24]float32, int){qdots4i8vnni, qdots4i4vnni},
 	wprep: [2]func(*int32, *float32, int, *float32, int, *float32, *[16]float32, *[3][4]float32){qvwprep, qvwprep2},
 	vaxpy: [2]func(*float32, int, *byte, int, int, int, *int32, int, int, *[4]float32, *[4]float32, *float32, int, int, int, int){qvaxpy4i8vnni, qvaxpy4i4vnni},
 	cb:    64,
@@ -311,7 +311,7 @@ var intVNNI = intLoops{
 // intMaddw are the AVX2 integer loops (VPMADDUBSW, VPMADDWD; ymm).
 var intMaddw = intLoops{
 	prep:  qprepavx2,
-	dots4: [2]func(*float32, int, *byte, int, *byte, int, int, int, *[24]float32, int){qdots4i8maddw, qdots4i4maddw},
+	dots4: [2]func(*float32, int, *int16, int, *byte, int, int, int, *[24]float32, int){qdots4i8maddw, qdots4i4maddw},
 	wprep: [2]func(*int32, *float32, int, *float32, int, *float32, *[16]float32, *[3][4]float32){qvwprepavx2, qvwprep2avx2},
 	vaxpy: [2]func(*float32, int, *byte, int, int, int, *int32, int, int, *[4]float32, *[4]float32, *float32, int, int, int, int){qvaxpy4i8maddw, qvaxpy4i4maddw},
 	cb:    16,
@@ -326,7 +326,7 @@ func (l *intLoops) set(o *quantOps) {
 
 // intPrepAff512 is quantOps.intPrepAff (qprepavx512 with its offsets and
 // argument blocks; head dims as intPrep, int4 at 128 only).
-func intPrepAff512(dst []byte, q, ks, kz []float32, f cache.QuantFormat, sc, off, aff []float32) bool {
+func intPrepAff512(dst []int16, q, ks, kz []float32, f cache.QuantFormat, sc, off, aff []float32) bool {
 	n, rows := len(ks), len(sc)
 	if n == 0 || rows == 0 || rows%4 != 0 || n%16 != 0 || (f == cache.QuantInt4 && (n != 128 || len(kz) < n)) {
 		return false
@@ -365,9 +365,9 @@ func (l *intLoops) intParts(s []float32, ld int, parts []quantPart, ahead []cach
 		qi := p.qi[r*dk : (r+4)*dk]
 		aff := (*[24]float32)(p.aff[r/4*24:])
 		if p.k.f == cache.QuantInt4 {
-			l.dots4[1](&s[pa-a], ld*4, &qi[0], dk, &k[0], rb, n, dk/128, aff, pf*rb)
+			l.dots4[1](&s[pa-a], ld*4, &qi[0], 2*dk, &k[0], rb, n, dk/128, aff, pf*rb)
 		} else {
-			l.dots4[0](&s[pa-a], ld*4, &qi[0], dk, &k[0], rb, n, dk/64, aff, pf*rb)
+			l.dots4[0](&s[pa-a], ld*4, &qi[0], 2*dk, &k[0], rb, n, dk/64, aff, pf*rb)
 		}
 	}
 }
@@ -400,7 +400,7 @@ func (l *intLoops) vaxpyParts(acc, p []float32, ld int, parts []quantPart, ahead
 
 // intPrep is quantOps.intPrep (head dim a multiple of 16; for int4 K a
 // multiple of 128 up to 256).
-func (l *intLoops) intPrep(dst []byte, q, ks []float32, f cache.QuantFormat, sc, sum []float32) bool {
+func (l *intLoops) intPrep(dst []int16, q, ks []float32, f cache.QuantFormat, sc, sum []float32) bool {
 	n, rows := len(ks), len(sc)
 	if n == 0 || rows == 0 || n%16 != 0 || (f == cache.QuantInt4 && (n%128 != 0 || n > 256)) {
 		return false
@@ -415,16 +415,16 @@ func (l *intLoops) intPrep(dst []byte, q, ks []float32, f cache.QuantFormat, sc,
 
 // intDots4 is quantOps.intDots4 (head dim a multiple of 64; of 128 for
 // int4 K).
-func (l *intLoops) intDots4(s []float32, ld, n int, qi []byte, k qmat, d int, aff *[24]float32, pf int) {
+func (l *intLoops) intDots4(s []float32, ld, n int, qi []int16, k qmat, d int, aff *[24]float32, pf int) {
 	if n == 0 {
 		return
 	}
 	_, _, _ = s[3*ld+n-1], qi[4*d-1], k.b[n*k.rb-1]
 	if k.f == cache.QuantInt4 {
-		l.dots4[1](&s[0], ld*4, &qi[0], d, &k.b[0], k.rb, n, d/128, aff, pf*k.rb)
+		l.dots4[1](&s[0], ld*4, &qi[0], 2*d, &k.b[0], k.rb, n, d/128, aff, pf*k.rb)
 		return
 	}
-	l.dots4[0](&s[0], ld*4, &qi[0], d, &k.b[0], k.rb, n, d/64, aff, pf*k.rb)
+	l.dots4[0](&s[0], ld*4, &qi[0], 2*d, &k.b[0], k.rb, n, d/64, aff, pf*k.rb)
 }
 
 // Declarations of the integer score loops (kern_quant_amd64.s).
@@ -464,28 +464,28 @@ func f32p0(s []float32) *float32 {
 func qprefetch4(ks *float32, nks int, kz *float32, nkz int, vs *float32, nvs int, vz *float32, nvz int)
 
 //go:noescape
-func qprepavx512(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int, kz *float32, aff *float32) int
+func qprepavx512(dst *int16, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int, kz *float32, aff *float32) int
 
 // qprep512 is qprepavx512 without the offsets and argument blocks
 // (intLoops.prep).
-func qprep512(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int {
+func qprep512(dst *int16, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int {
 	return qprepavx512(dst, q, ks, n, rows, sc, sums, i4, nil, nil)
 }
 
 //go:noescape
-func qprepavx2(dst *byte, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int
+func qprepavx2(dst *int16, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int
 
 //go:noescape
-func qdots4i8vnni(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)
+func qdots4i8vnni(s *float32, ldS int, qi *int16, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)
 
 //go:noescape
-func qdots4i4vnni(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)
+func qdots4i4vnni(s *float32, ldS int, qi *int16, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)
 
 //go:noescape
-func qdots4i8maddw(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)
+func qdots4i8maddw(s *float32, ldS int, qi *int16, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)
 
 //go:noescape
-func qdots4i4maddw(s *float32, ldS int, qi *byte, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)
+func qdots4i4maddw(s *float32, ldS int, qi *int16, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)
 
 // vwMax is the largest int16 weight of vaxpy4 (15 bits: int32 sums of
 // 2^19 tokens of |w*q| <= vwMax*128 stay exact).

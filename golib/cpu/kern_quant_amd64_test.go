@@ -158,7 +158,7 @@ func intISAs(t testing.TB) []intISA {
 }
 
 // TestQuantIntDotsOps checks the integer score loops (int8 K, int4 K in
-// qi4Order) of every instruction set against the same integer dots in
+// qi16Order) of every instruction set against the same integer dots in
 // scalar Go: intPrep's rounding is the only difference from float32.
 func TestQuantIntDotsOps(t *testing.T) {
 	for _, is := range intISAs(t) {
@@ -177,14 +177,13 @@ func testQuantIntDotsOps(t *testing.T, is intISA) {
 				k := randQmat(rng, f, n, d, d, false)
 				q := randVec(rng, 4*d, 1)
 				ks := randVec(rng, d, 0.02)
-				qi := make([]byte, 4*d)
+				qi := make([]int16, 4*d)
 				var isc, ioff, sums [4]float32
 				if !is.l.intPrep(qi, q, ks, f, isc[:], sums[:]) {
 					t.Fatal("intPrep failed on finite input")
 				}
 				for r := 0; r < 4; r++ {
 					sc, sum := isc[r], sums[r]
-					ioff[r] = -128 * sc * sum
 					if f == cache.QuantInt4 {
 						ioff[r] = float32(r) - 1.5 // a zero term
 					}
@@ -192,13 +191,13 @@ func testQuantIntDotsOps(t *testing.T, is intISA) {
 					for j := 0; j < d; j++ {
 						e := j
 						if f == cache.QuantInt4 {
-							e = qi4Elem(j)
+							e = qi16Elem(j)
 						}
-						want := math.RoundToEven(float64(q[r*d+e] * ks[e] * (127 / (sc * 127))))
-						if x := int8(qi[r*d+j]); math.Abs(float64(x)-want) > 1 {
+						want := math.RoundToEven(float64(q[r*d+e] * ks[e] * (32767 / (sc * 32767))))
+						if x := qi[r*d+j]; math.Abs(float64(x)-want) > 1 {
 							t.Fatalf("%s d=%d row %d: qi[%d] = %d, want about %v", f, d, r, j, x, want)
 						}
-						s32 += int32(int8(qi[r*d+j]))
+						s32 += int32(qi[r*d+j])
 					}
 					if float32(s32) != sum {
 						t.Fatalf("%s d=%d row %d: sum %v, want %d", f, d, r, sum, s32)
@@ -213,7 +212,7 @@ func testQuantIntDotsOps(t *testing.T, is intISA) {
 					qb.intScores(&p, want[r*n:(r+1)*n], n, r, 1, k, n, d, 0)
 				}
 				for i := range want {
-					if !closeToMag(got[i], want[i], float64(d)*127*127*float64(isc[i/n])) {
+					if !closeToMag(got[i], want[i], float64(d)*32767*127*float64(isc[i/n])) {
 						t.Fatalf("%s %s d=%d n=%d: s[%d] = %v, want %v", is.name, f, d, n, i, got[i], want[i])
 					}
 				}
@@ -222,12 +221,12 @@ func testQuantIntDotsOps(t *testing.T, is intISA) {
 	}
 }
 
-// TestQi4Order: qi4Elem is a permutation of each block of 128.
-func TestQi4Order(t *testing.T) {
+// TestQi16Order: qi16Elem is a permutation of each block of 64.
+func TestQi16Order(t *testing.T) {
 	seen := make([]bool, 256)
 	for j := range seen {
-		e := qi4Elem(j)
-		if e < 0 || e >= 256 || seen[e] || e/128 != j/128 {
+		e := qi16Elem(j)
+		if e < 0 || e >= 256 || seen[e] || e/64 != j/64 {
 			t.Fatalf("position %d maps to element %d", j, e)
 		}
 		seen[e] = true
@@ -324,13 +323,13 @@ func testQuantIntPrepRows(t *testing.T, is intISA) {
 		const d, rows = 128, 7
 		q := randVec(rng, rows*d, 1)
 		ks := randVec(rng, d, 0.02)
-		qi := make([]byte, rows*d)
+		qi := make([]int16, rows*d)
 		sc, sum := make([]float32, rows), make([]float32, rows)
 		if !intPrep(qi, q, ks, f, sc, sum) {
 			t.Fatal("intPrep failed on finite input")
 		}
 		for r := 0; r < rows; r++ {
-			qi1 := make([]byte, d)
+			qi1 := make([]int16, d)
 			var sc1, sum1 [1]float32
 			if !intPrep(qi1, q[r*d:(r+1)*d], ks, f, sc1[:], sum1[:]) {
 				t.Fatal("intPrep failed on finite input")
@@ -423,7 +422,7 @@ func testQuantIntPrepFails(t *testing.T, is intISA) {
 				}
 				ks[5] = 10
 				q[d+5] = tc.x
-				qi := make([]byte, rows*d)
+				qi := make([]int16, rows*d)
 				sc, sum := make([]float32, rows), make([]float32, rows)
 				if got := is.l.intPrep(qi, q, ks, f, sc, sum); got != tc.ok {
 					t.Fatalf("%s %s %s rows %d: intPrep = %v, want %v", is.name, f, tc.name, rows, got, tc.ok)
@@ -431,15 +430,15 @@ func testQuantIntPrepFails(t *testing.T, is intISA) {
 				if !tc.ok {
 					continue
 				}
-				row0 := float32(20) / 127 // |q[5]*ks[5]| = 2*10
+				row0 := float32(20) / 32767 // |q[5]*ks[5]| = 2*10
 				var wantSc float32
 				if tc.name == "finite" {
-					wantSc = 5 / float32(127) // |0.5*10| = 5 of the second row
+					wantSc = 5 / float32(32767) // |0.5*10| = 5 of the second row
 				}
 				if sc[1] != wantSc || sc[0] != row0 {
 					t.Fatalf("%s %s: scales %v, want [%v %v]", f, tc.name, sc, row0, wantSc)
 				}
-				if tc.name == "zeros" && (sum[1] != 0 || slices.ContainsFunc(qi[d:2*d], func(b byte) bool { return b != 0 })) {
+				if tc.name == "zeros" && (sum[1] != 0 || slices.ContainsFunc(qi[d:2*d], func(x int16) bool { return x != 0 })) {
 					t.Fatalf("%s: a row of zeros gave sum %v, integers %v", f, sum[1], qi[d:2*d])
 				}
 			}
@@ -481,7 +480,7 @@ func intExtremes(rng *rand.Rand, b []byte, f cache.QuantFormat, pattern int) {
 // saturation), and vaxpy4's accumulators, over int8/int4, head dims 64-512,
 // V groups of two and four a row, token counts around the two-token and
 // four-token steps, padded score rows and extreme values (+-127, -128, 0,
-// 15 and query rows whose every element rounds to +-127).
+// 15 and query rows whose every element rounds to +-32767).
 func TestQuantIntBitIdentical(t *testing.T) {
 	isas := intISAs(t)
 	rng := rand.New(rand.NewPCG(16, 17))
@@ -503,7 +502,7 @@ func TestQuantIntBitIdentical(t *testing.T) {
 					k := randQmat(rng, f, n, d, d, false)
 					intExtremes(rng, k.b, f, pat)
 					q := randVec(rng, 4*d, 1)
-					if pat >= 4 { // every q*ks of a row the same magnitude: all +-127
+					if pat >= 4 { // every q*ks of a row the same magnitude: all +-32767
 						for i := range q {
 							q[i] = float32(1 - 2*rng.IntN(2))
 						}
@@ -516,10 +515,10 @@ func TestQuantIntBitIdentical(t *testing.T) {
 					}
 					ld := n + pat%2*3
 					var ref []float32
-					var refQi []byte
+					var refQi []int16
 					var refSc, refSum [4]float32
 					for ii, is := range isas {
-						qi := make([]byte, 4*d)
+						qi := make([]int16, 4*d)
 						var isc, ioff, sums [4]float32
 						if !is.l.intPrep(qi, q, ks, f, isc[:], sums[:]) {
 							t.Fatalf("%s: intPrep failed on finite input", is.name)
@@ -529,9 +528,8 @@ func TestQuantIntBitIdentical(t *testing.T) {
 						} else if !slices.Equal(qi, refQi) || isc != refSc || sums != refSum {
 							t.Fatalf("%s %s d=%d pattern %d: intPrep differs from %s", is.name, f, d, pat, isas[0].name)
 						}
-						for r := range ioff {
-							ioff[r] = -128 * isc[r] * sums[r]
-							if f == cache.QuantInt4 {
+						if f == cache.QuantInt4 {
+							for r := range ioff {
 								ioff[r] = float32(r) - 1.5
 							}
 						}
@@ -551,12 +549,12 @@ func TestQuantIntBitIdentical(t *testing.T) {
 							for tk := 0; tk < n; tk++ {
 								var want int
 								for j := 0; j < d; j++ {
-									x := int(int8(qi[r*d+j]))
+									x := int(qi[r*d+j])
 									if f == cache.QuantInt4 {
-										e := qi4Elem(j)
+										e := qi16Elem(j)
 										want += x * int(k.b[tk*k.rb+e/2]>>(4*(e&1))&15)
 									} else {
-										want += x * (int(int8(k.b[tk*k.rb+j])) + 128) // VNNI's K+128
+										want += x * int(int8(k.b[tk*k.rb+j]))
 									}
 								}
 								if got[r*ld+tk] != float32(want) {
@@ -616,7 +614,7 @@ func BenchmarkQuantIntLoops(b *testing.B) {
 		for _, f := range quantFormats {
 			k := randQmat(rng, f, n, d, d, false)
 			q, ks := randVec(rng, 4*d, 1), randVec(rng, d, 0.02)
-			qi := make([]byte, 4*d)
+			qi := make([]int16, 4*d)
 			var isc, sums [4]float32
 			var aff [24]float32
 			s := make([]float32, 4*n)
@@ -716,7 +714,7 @@ func TestQuantMax4(t *testing.T) {
 
 // TestQuantIntPrepAff checks intPrepAff (AVX-512 VNNI) against intPrep and
 // quantPart's Go steps it replaces: the same integers, scales and offsets
-// bit for bit (int8: -128*sc*sum; int4: the float query rows dotted with
+// bit for bit (int8: 0; int4: the float query rows dotted with
 // the channel zeros as the AVX-512 ops.dots does), and the argument blocks
 // laid out as intScores builds them; rows 4 to 12, head dims 64 to 256
 // (int4: 128), and refusal where a row fails.
@@ -732,7 +730,7 @@ func TestQuantIntPrepAff(t *testing.T) {
 			}
 			for _, rows := range []int{4, 8, 12} {
 				q, ks, kz := randVec(rng, rows*d, 1), randVec(rng, d, 0.05), randVec(rng, d, 0.5)
-				qi, qi2 := make([]byte, rows*d), make([]byte, rows*d)
+				qi, qi2 := make([]int16, rows*d), make([]int16, rows*d)
 				sc, sc2, off, sum := make([]float32, rows), make([]float32, rows), make([]float32, rows), make([]float32, rows)
 				aff := make([]float32, rows/4*24)
 				if !quant512Ops.intPrepAff(qi, q, ks, kz, f, sc, off, aff) || !quant512Ops.intPrep(qi2, q, ks, f, sc2, sum) {
@@ -743,8 +741,8 @@ func TestQuantIntPrepAff(t *testing.T) {
 				}
 				for r := 0; r < rows; r++ {
 					if f == cache.QuantInt8 {
-						if want := sum[r] * (-128 * sc[r]); off[r] != want {
-							t.Fatalf("%s d=%d rows %d: row %d offset %v, want %v", f, d, rows, r, off[r], want)
+						if off[r] != 0 {
+							t.Fatalf("%s d=%d rows %d: row %d offset %v, want 0", f, d, rows, r, off[r])
 						}
 						continue
 					}

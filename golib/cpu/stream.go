@@ -87,7 +87,7 @@ type unitState struct {
 	zero   []float32  // dv zeros, never written (the finiteness check)
 	chk    []float32  // per-row finiteness check of acc
 	qq, qc []float32  // query rows folded with per-channel K scales, their zero constants
-	qi     []byte     // int8 query rows of the integer score loop
+	qi     []int16    // int16 query rows of the integer score loop
 	isc    []float32  // their scales
 	ioff   []float32  // their score offsets
 	aff    []float32  // intDots4's argument blocks (quantPart.aff)
