@@ -159,8 +159,8 @@ func init() {
 // errs by up to half a step times the keys' sum: with K channels whose
 // scales are 30 times the others' (outliers, as trained models have) the
 // attention output erred by 1.7e-3 (int8) and 2.6e-3 (int4) against the
-// dequantize-then-reference oracle, a few percent of the int8 storage's own
-// error. It is on by default.
+// dequantize-then-reference oracle, 6.5% and 1% of the quantization's own
+// error against float32 attention there. It is on by default.
 //
 // The accumulation loop (accum), over V rows with two or four scale groups
 // (head dim a multiple of 128: group 32 or 64 at 128): the softmax weights

@@ -190,7 +190,7 @@ def set_quant_int_loops(scores: bool = True, accumulate: bool = True) -> None:
     decode step about 1.1-1.4x faster. With K channels whose scales are 30
     times the others' (outliers, common in trained models) the attention
     output erred by 1.7e-3 (int8) and 2.6e-3 (int4) against the reference,
-    a few percent of the int8 storage's own error.
+    6.5% and 1% of the quantization's own error against float32 there.
 
     ``accumulate``: the V accumulation rounds the softmax weights times the V
     scales to int16 (steps of 1/16383 of a chunk's largest), an output error
