@@ -431,6 +431,41 @@ def test_outlier_k_channels_keep_the_default_kernel_close(quant, _int_loops) -> 
         olkv.set_quant_int_loops(1)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+@pytest.mark.parametrize("case", ["tiny V", "V group offset", "V channel x1000"])
+def test_default_loops_keep_uneven_v_close(quant, case, _int_loops) -> None:
+    """V whose chunk is tiny (steps of the int16 weights would be subnormal) or whose scale groups
+    lie far apart (one group's step would swamp the others): the integer accumulation loop hands
+    such chunks to the float loop, so every column stays within 1e-3 of the reference relative to
+    its own magnitude (before, tiny V came out 0 or 7 times too large, and the small groups of an
+    offset one came out 0)."""
+    olkv.set_quant_int_loops()
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal((1, 2, 256, 128), dtype=np.float32)
+    v = rng.standard_normal((1, 2, 256, 128), dtype=np.float32)
+    if case == "tiny V":
+        v *= np.float32(1e-34)
+    elif case == "V group offset":
+        v[..., :32] += np.float32(1e5)
+    else:
+        v[..., 5] *= np.float32(1000)
+    q = rng.standard_normal((1, 8, 1, 128), dtype=np.float32)
+    c = olkv.KVCache(1, 2, 128, capacity=256, quant=quant, quant_group=32, residual=0)
+    c.append(k, v)
+    want = olkv.attention(q, c, kernel="reference")
+    try:
+        for path in olkv.build_info()["attention_kernels"]:
+            olkv.set_kernel(path)
+            got = olkv.attention(q, c)
+            for g in range(4):  # each V scale group against its own magnitude
+                cols = slice(32 * g, 32 * g + 32)
+                err = np.abs(got[..., cols] - want[..., cols]).max() / np.abs(want[..., cols]).max()
+                assert err <= 1e-3, (path, g, err)
+    finally:
+        olkv.set_kernel("auto")
+        c.close()
+
+
 def _decoder_session(mask: bool = False) -> olkv.InferenceSession:
     from onnx_light_kv import models as M
     cfg = M.DecoderConfig(layers=2, hidden=64, q_heads=4, kv_heads=2, head_dim=16, vocab=256, max_positions=256)

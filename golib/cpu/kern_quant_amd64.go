@@ -3,6 +3,7 @@
 package cpu
 
 import (
+	"math"
 	"simd/archsimd"
 	"unsafe"
 
@@ -294,6 +295,9 @@ type intLoops struct {
 	wprep [2]func(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
 	vaxpy [2]func(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)
 	cb    int // the column block of vaxpy (elements)
+	// axpyF is the float accumulation loop of the same instruction set
+	// (quantOps.axpy4), which vaxpyParts runs on a part vaxpyRaw refuses
+	axpyF func(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, pf int)
 	// fused: vaxpy runs every column block in one call (its s2 argument
 	// is then the blocks to a scale group of the four-group layout)
 	fused bool
@@ -320,6 +324,7 @@ var intMaddw = intLoops{
 
 // set installs the loops in o.
 func (l *intLoops) set(o *quantOps) {
+	l.axpyF = o.axpy4
 	o.intPrep, o.intDots4, o.vaxpy4 = l.intPrep, l.intDots4, l.vaxpy4
 	o.intParts, o.vaxpyParts = l.intParts, l.vaxpyParts
 }
@@ -393,7 +398,9 @@ func (l *intLoops) vaxpyParts(acc, p []float32, ld int, parts []quantPart, ahead
 		if v.f == cache.QuantInt4 {
 			vz = &v.z[o*v.ng : (o+n)*v.ng][0]
 		}
-		l.vaxpyRaw(acc, d, &p[pa-a], ld, n, &vb[0], v.rb, &vs[0], vz, v.ng, v.f, alpha, pf, ws)
+		if !l.vaxpyRaw(acc, d, &p[pa-a], ld, n, &vb[0], v.rb, vs, vz, v.ng, v.f, alpha, pf, ws) {
+			l.axpyF(acc, p[pa-a:], ld, n, v.rows(o, o+n), alpha, pf)
+		}
 		alpha = &qones4
 	}
 }
@@ -503,14 +510,20 @@ func (l *intLoops) vaxpy4(acc, p []float32, ld, n int, v qmat, alpha *[4]float32
 		_ = v.z[n*v.ng-1]
 		vz = &v.z[0]
 	}
-	l.vaxpyRaw(acc, d, &p[0], ld, n, &v.b[0], v.rb, &v.s[0], vz, v.ng, v.f, alpha, pf, ws)
-	return true
+	return l.vaxpyRaw(acc, d, &p[0], ld, n, &v.b[0], v.rb, v.s[:n*v.ng], vz, v.ng, v.f, alpha, pf, ws)
 }
 
 // vaxpyRaw is vaxpy4 over rows already checked: n > 0 tokens of V rows
-// (vrb bytes) at vb with ng (2 or 4) scales (and zeros, int4) a row at vs
-// (vz), weights p (rows ld apart), d columns (a multiple of 128).
-func (l *intLoops) vaxpyRaw(acc []float32, d int, p *float32, ld, n int, vb *byte, vrb int, vs, vz *float32, ng int, f cache.QuantFormat, alpha *[4]float32, pf int, ws *vScratch) {
+// (vrb bytes) at vb with ng (2 or 4) scales (and zeros, int4) a row in vs
+// (vz), weights p (rows ld apart), d columns (a multiple of 128). It
+// returns false, leaving acc as it was, where the int16 weights would lose
+// the precision the loop promises: the groups' scales too far apart
+// (vGroupsEven) or a row's largest weight times scale so small that its
+// step (1/vwMax of it) is not a normal float32 (vwMinMax).
+func (l *intLoops) vaxpyRaw(acc []float32, d int, p *float32, ld, n int, vb *byte, vrb int, vs []float32, vz *float32, ng int, f cache.QuantFormat, alpha *[4]float32, pf int, ws *vScratch) bool {
+	if !vGroupsEven(vs, ng) {
+		return false
+	}
 	int4 := f == cache.QuantInt4
 	// rows of two groups: the weights and zero terms in the four-group
 	// layout, each group standing for two of d/4 elements
@@ -519,14 +532,19 @@ func (l *intLoops) vaxpyRaw(acc []float32, d int, p *float32, ld, n int, vb *byt
 		wprep = l.wprep[1]
 	}
 	ws.w = growI32(ws.w, (n+1)/2*16)
-	wprep(&ws.w[0], p, ld*4, vs, n, vz, &ws.zt, &ws.ms)
+	wprep(&ws.w[0], p, ld*4, &vs[0], n, vz, &ws.zt, &ws.ms)
+	for _, m := range ws.ms[0] {
+		if m > 0 && m < vwMinMax {
+			return false
+		}
+	}
 	fn := l.vaxpy[0]
 	if int4 {
 		fn = l.vaxpy[1]
 	}
 	if l.fused {
 		fn(&acc[0], d*4, vb, vrb, n/2, n&1, &ws.w[0], 64, d/4/l.cb, alpha, &ws.ms[2], &ws.zt[0], 16, pf*vrb, 1, 0)
-		return
+		return true
 	}
 	// column blocks of cb (64) elements: all in one call where every block
 	// covers two scale groups (head dim 128: the second one s2 = 4 bytes
@@ -539,7 +557,7 @@ func (l *intLoops) vaxpyRaw(acc []float32, d int, p *float32, ld, n int, vb *byt
 			s2 = 4
 		}
 		fn(&acc[0], d*4, vb, vrb, n/2, n&1, &ws.w[0], 64, s2, alpha, &ws.ms[2], &ws.zt[0], 16, pf*vrb, d/l.cb, 4*l.cb/gw)
-		return
+		return true
 	}
 	for j0 := 0; j0 < d; j0 += l.cb {
 		g0 := j0 / (d / 4)
@@ -556,6 +574,59 @@ func (l *intLoops) vaxpyRaw(acc []float32, d int, p *float32, ld, n int, vb *byt
 		}
 		fn(&acc[j0], d*4, (*byte)(unsafe.Add(unsafe.Pointer(vb), vo)), vrb, n/2, n&1, &ws.w[g0], 64, s2, alpha, &ws.ms[2], &ws.zt[g0], 16, pfd, 1, 0)
 	}
+	return true
+}
+
+// vwMinMax is the smallest nonzero maximum weight times scale of a row that
+// the integer accumulation loop takes: its step, vwMinMax/vwMax, is the
+// smallest normal float32 (below it the steps lose bits, and where
+// vwMax/max overflows every weight would round to 0).
+const vwMinMax = vwMax * 0x1p-126
+
+// vSpreadMax is the largest ratio between the V scale groups' largest
+// scales in a chunk that the integer accumulation loop takes: its int16
+// weights step by 1/vwMax of a row's largest weight times scale over every
+// group, so a group whose scales are 1/vSpreadMax of another's keeps
+// weights of vwMax/vSpreadMax = 512 steps at most, a relative rounding of
+// 1e-3, a quarter of int8 V's own step. Groups further apart go to the
+// float loop (one V channel 100 times the others' erred by 3e-3 of its
+// neighbours' magnitude in the integer loop, 1000 times by 4e-2).
+const vSpreadMax = 32
+
+// vGroupsEven reports whether the largest |scale| of each of the ng (2 or
+// 4) V scale groups over the rows of vs (ng scales a row) lie within a
+// factor vSpreadMax of each other, groups whose scales are all zero aside;
+// false where a scale is NaN.
+func vGroupsEven(vs []float32, ng int) bool {
+	const abs = 0x7fffffff
+	p, m := f32p(vs), archsimd.BroadcastInt32x8(0)
+	mask := archsimd.BroadcastInt32x8(abs)
+	i := 0
+	for ; i+8 <= len(vs); i += 8 {
+		// |x| as bits: ordered as the values (NaN above +Inf)
+		m = m.Max(ld8(p, 4*i).AsInt32x8().And(mask))
+	}
+	var lanes [8]int32
+	m.Store(&lanes)
+	for ; i < len(vs); i++ { // lane i%8 holds group i%ng (8 is a multiple of ng)
+		lanes[i%8] = max(lanes[i%8], int32(math.Float32bits(vs[i])&abs))
+	}
+	var g [4]int32
+	for j, x := range lanes {
+		g[j%ng] = max(g[j%ng], x)
+	}
+	lo, hi := float32(math.Inf(1)), float32(0)
+	for _, b := range g[:ng] {
+		x := math.Float32frombits(uint32(b))
+		if x != x {
+			return false
+		}
+		if x > 0 {
+			lo = min(lo, x)
+		}
+		hi = max(hi, x)
+	}
+	return hi <= vSpreadMax*lo
 }
 
 // max4avx512 and max4avx2 are kernelOps.max4.

@@ -256,7 +256,7 @@ func testQuantIntAxpyOps(t *testing.T, name string, ops *quantOps) {
 				for _, ld := range []int{n, n + 5} {
 					v := randQmat(rng, f, n, d, g, true)
 					for i := range v.s {
-						v.s[i] = float32(math.Abs(float64(v.s[i])))
+						v.s[i] = 0.02 + float32(math.Abs(float64(v.s[i]))) // groups within vSpreadMax
 					}
 					p := make([]float32, 3*ld+n)
 					for i := range p {
@@ -575,7 +575,7 @@ func TestQuantIntBitIdentical(t *testing.T) {
 					v := randQmat(rng, f, n, d, g, true)
 					intExtremes(rng, v.b, f, pat)
 					for i := range v.s {
-						v.s[i] = float32(math.Abs(float64(v.s[i])))
+						v.s[i] = 0.02 + float32(math.Abs(float64(v.s[i]))) // groups within vSpreadMax
 					}
 					p := make([]float32, 3*ld+n)
 					for i := range p {
@@ -764,6 +764,99 @@ func TestQuantIntPrepAff(t *testing.T) {
 				q[(rows-1)*d+3] = float32(math.Inf(1))
 				if quant512Ops.intPrepAff(qi, q, ks, kz, f, sc, off, aff) {
 					t.Fatalf("%s d=%d rows %d: an infinite query element was taken", f, d, rows)
+				}
+			}
+		}
+	}
+}
+
+// TestVGroupsEven checks the group-spread rule of the integer accumulation
+// loop: the ratio of the groups' largest |scale| against vSpreadMax, zero
+// groups aside, NaN refused, over row counts with and without an 8-lane
+// tail.
+func TestVGroupsEven(t *testing.T) {
+	nan := float32(math.NaN())
+	for _, ng := range []int{2, 4} {
+		for _, n := range []int{1, 2, 3, 5, 32, 33} {
+			for _, tc := range []struct {
+				name string
+				set  func(vs []float32)
+				want bool
+			}{
+				{"equal", func([]float32) {}, true},
+				{"x31", func(vs []float32) { vs[(n-1)*ng] *= 31 }, true},
+				{"x33", func(vs []float32) { vs[(n-1)*ng+1] *= 33 }, false},
+				{"negative x33", func(vs []float32) { vs[ng-1] *= -33 }, false},
+				{"zero group", func(vs []float32) {
+					for t := 0; t < n; t++ {
+						vs[t*ng+1] = 0
+					}
+				}, true},
+				{"tiny group", func(vs []float32) {
+					for t := 0; t < n; t++ {
+						vs[t*ng] = 1e-30
+					}
+				}, false},
+				{"NaN", func(vs []float32) { vs[n*ng-1] = nan }, false},
+			} {
+				vs := make([]float32, n*ng)
+				for i := range vs {
+					vs[i] = 1
+				}
+				tc.set(vs)
+				if got := vGroupsEven(vs, ng); got != tc.want {
+					t.Errorf("ng %d n %d %s: vGroupsEven = %v, want %v", ng, n, tc.name, got, tc.want)
+				}
+			}
+		}
+	}
+}
+
+// TestQuantIntAxpyRefuses: vaxpy4 (every instruction set) refuses, leaving
+// acc as it was, V whose groups' scales lie too far apart and weights times
+// scales so small that the int16 steps would not be normal floats; the
+// float loop then takes the part.
+func TestQuantIntAxpyRefuses(t *testing.T) {
+	rng := rand.New(rand.NewPCG(20, 21))
+	const d, n = 128, 33
+	for _, is := range intISAs(t) {
+		for _, f := range quantFormats {
+			for _, tc := range []struct {
+				name string
+				set  func(v *qmat)
+				ok   bool
+			}{
+				{"ordinary", func(*qmat) {}, true},
+				{"group 0 x100", func(v *qmat) {
+					for t := 0; t < n; t++ {
+						v.s[t*v.ng] *= 100
+					}
+				}, false},
+				{"tiny scales", func(v *qmat) {
+					for i := range v.s {
+						v.s[i] *= 1e-36
+					}
+				}, false},
+			} {
+				v := randQmat(rng, f, n, d, 32, true)
+				for i := range v.s {
+					v.s[i] = 0.01 + float32(math.Abs(float64(v.s[i])))
+				}
+				tc.set(&v)
+				p := make([]float32, 3*n+n)
+				for i := range p {
+					p[i] = rng.Float32()
+				}
+				acc := randVec(rng, 4*d, 1)
+				acc0 := slices.Clone(acc)
+				alpha := [4]float32{0.5, 1, 2, 1}
+				var ws vScratch
+				got := is.ops.vaxpy4(acc, p, n, n, v, &alpha, 0, &ws)
+				if got != tc.ok {
+					t.Fatalf("%s %s %s: vaxpy4 = %v, want %v", is.name, f, tc.name, got, tc.ok)
+				}
+				if !got && !slices.Equal(acc, acc0) {
+					t.Fatalf("%s %s %s: a refused call changed acc", is.name, f, tc.name)
 				}
 			}
 		}

@@ -148,9 +148,10 @@ func init() {
 
 // SetQuantIntLoops turns on or off the integer loops over quantized
 // segments on the AVX-512 path where the CPU has AVX-512 VNNI and on the
-// AVX2 path; they change nothing on other CPUs and paths. Both instruction
-// sets compute the same integers and the same float32 steps: their results
-// are bit-identical.
+// AVX2 path; they change nothing on other CPUs and paths. Given the same
+// inputs both instruction sets' loops compute the same integers and the
+// same float32 steps: bit-identical results (the float steps around them,
+// such as the softmax, may differ by a rounding).
 //
 // The score loop (scores), over int8 K per channel and int4 K per channel
 // (head dim a multiple of 128): the query rows times the chunk's channel
@@ -167,7 +168,9 @@ func init() {
 // times the rows' V scales are quantized to int16 per row and chunk (steps
 // of 1/16383 of the chunk's largest) and dotted with VPDPWSSD (AVX2:
 // VPMADDWD); its output error stays within about 1e-4 of the weights' sum
-// times the largest V value. It is on by default.
+// times the largest V value. A chunk whose scale groups lie more than
+// vSpreadMax apart, or whose steps would not be normal floats, goes to the
+// float loop. It is on by default.
 func SetQuantIntLoops(scores, accum bool) {
 	intScores.Store(scores)
 	intAccum.Store(accum)

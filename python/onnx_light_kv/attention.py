@@ -194,7 +194,9 @@ def set_quant_int_loops(scores: bool = True, accumulate: bool = True) -> None:
 
     ``accumulate``: the V accumulation rounds the softmax weights times the V
     scales to int16 (steps of 1/16383 of a chunk's largest), an output error
-    of about 1e-4 of the weights' sum times the largest V value.
+    of about 1e-4 of the weights' sum times the largest V value. A chunk whose
+    V scale groups lie more than 32 times apart, or whose values are too small
+    for such steps (below about 1e-30), is accumulated in float instead.
 
     The ``OLKV_QUANT_INT_DOTS`` environment variable sets them at start-up:
     ``0`` none, anything else (or unset) both. ``build_info()["quant_int_loops"]``
