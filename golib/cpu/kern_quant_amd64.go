@@ -606,27 +606,33 @@ func vGroupsEven(vs []float32, ng int) bool {
 		// |x| as bits: ordered as the values (NaN above +Inf)
 		m = m.Max(ld8(p, 4*i).AsInt32x8().And(mask))
 	}
-	var lanes [8]int32
-	m.Store(&lanes)
-	for ; i < len(vs); i++ { // lane i%8 holds group i%ng (8 is a multiple of ng)
-		lanes[i%8] = max(lanes[i%8], int32(math.Float32bits(vs[i])&abs))
-	}
-	var g [4]int32
-	for j, x := range lanes {
-		g[j%ng] = max(g[j%ng], x)
-	}
-	lo, hi := float32(math.Inf(1)), float32(0)
-	for _, b := range g[:ng] {
-		x := math.Float32frombits(uint32(b))
-		if x != x {
-			return false
+	// lane j of the halves' maximum holds group j%ng (4 is a multiple of ng)
+	g := m.GetLo().Max(m.GetHi())
+	g0, g1, g2, g3 := uint32(g.GetElem(0)), uint32(g.GetElem(1)), uint32(g.GetElem(2)), uint32(g.GetElem(3))
+	for ; i < len(vs); i++ {
+		b := math.Float32bits(vs[i]) & abs
+		switch i % 4 {
+		case 0:
+			g0 = max(g0, b)
+		case 1:
+			g1 = max(g1, b)
+		case 2:
+			g2 = max(g2, b)
+		default:
+			g3 = max(g3, b)
 		}
-		if x > 0 {
-			lo = min(lo, x)
-		}
-		hi = max(hi, x)
 	}
-	return hi <= vSpreadMax*lo
+	// on the bits (|x| orders as x; NaN above +Inf); b-1 wraps a zero group
+	// above every other, so the least nonzero group wins the minimum
+	hi := max(g0, g1, g2, g3)
+	lo := min(g0-1, g1-1, g2-1, g3-1) + 1
+	switch {
+	case hi > 0x7f800000: // NaN
+		return false
+	case hi == 0:
+		return true
+	}
+	return math.Float32frombits(hi) <= vSpreadMax*math.Float32frombits(lo)
 }
 
 // max4avx512 and max4avx2 are kernelOps.max4.
