@@ -551,3 +551,28 @@ def test_prefix_hits_count_since_the_start() -> None:
         st = eng.stats()
     assert reused == [0, 32, 32]
     assert st["prefix_hits"] == 2 and st["prefix_tokens"] == 64 and seen == sorted(seen) and seen[-1] == 2
+
+
+@pytest.mark.parametrize("opts", [dict(quant="int8", residual=0), dict(quant="int4", residual=16),
+                                  dict(quant="int8")])
+def test_quantized_paged_engine_keeps_its_caches_within_the_budget(opts: Dict[str, Any]) -> None:
+    """A quantized paged state commits its native ring (residual + quant_group rows) when it is
+    created, whatever its length, and a sealed block per quant_group positions beyond the residual
+    window: admission counts both, so the caches committed never exceed what the engine counts,
+    nor that the budget (it counted only the positions in whole blocks, and the caches committed up
+    to five times the budget)."""
+    sess = ours(MODEL)
+    with Engine(sess, max_length=128, block_size=32, state_options=opts) as probe:
+        one = probe._cost(40)
+    budget = 3 * one + one // 2
+    with Engine(sess, max_batch=16, max_length=128, block_size=32, budget=budget, state_options=opts) as eng:
+        rng = np.random.default_rng(0)
+        for _ in range(10):
+            eng.add_request(rng.integers(0, 200, 20), max_new_tokens=20)
+        peak = 0
+        while eng.has_work():
+            eng.step()
+            st = eng.stats()
+            assert st["cache_committed_bytes"] <= st["cache_reserved_bytes"] <= budget, st
+            peak = max(peak, st["running"] + st["prefilling"])
+        assert peak == 3

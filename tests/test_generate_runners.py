@@ -93,3 +93,24 @@ def test_state_options() -> None:
         olkv.generate(gc.ort("llama"), gc.PROMPT, max_new_tokens=2, state_options={})
     with pytest.raises(TypeError, match="state_options"):
         olkv.generate(sess, gc.PROMPT, max_new_tokens=2, state_options="yes")
+
+
+def test_state_options_that_cannot_hold_the_generation_are_refused_up_front() -> None:
+    """A state ``max_length`` below the positions the generation may store, or a ``batch`` (the
+    prompt sets the rows), is refused with ValueError before any token is made (a too-short state
+    used to run out of room mid-way, losing the tokens made, and ``batch`` gave an internal
+    TypeError); a ``max_length`` one below prompt + max_new_tokens fits (the last token is not
+    stored)."""
+    sess = gc.ours("llama")
+    if not hasattr(sess, "create_state"):
+        pytest.skip("this build's InferenceSession has no cache path")
+    n = gc.PROMPT.size
+    for opts in ({"max_length": n + 4}, {"max_length": n + 4, "quant": "int8"}):
+        with pytest.raises(ValueError, match="cannot hold"):
+            olkv.generate(sess, gc.PROMPT, max_new_tokens=6, state_options=opts)
+    out = olkv.generate(sess, gc.PROMPT, max_new_tokens=6, state_options={"max_length": n + 5})
+    assert out.new_tokens.shape == (1, 6)
+    with pytest.raises(ValueError, match="batch"):
+        olkv.generate(sess, gc.PROMPT, max_new_tokens=2, state_options={"batch": 2})
+    with pytest.raises(ValueError, match="cannot hold"):
+        olkv.Generator(sess, max_length=n + 20, state_options={"max_length": n + 4}).append_tokens(gc.PROMPT[None])

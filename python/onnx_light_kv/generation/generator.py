@@ -208,7 +208,10 @@ class Generator(_Uncopyable):
 
     def rewind_to(self, length: int) -> None:
         """Drop every position from ``length`` on (0 empties the rows); the next token is then
-        computed from the kept ones, as if the dropped ones had never been appended. Raises
+        computed from the kept ones, as if the dropped ones had never been appended (on a
+        quantized state, ``state_options={"quant": ...}``, up to quantization: kept positions
+        that were sealed since stay quantized, and a sealed chunk the rewind cuts keeps the
+        scales its dropped rows helped set). Raises
         ``NotImplementedError`` (changing nothing) on the tensor path of a model with
         window-sized shared buffers, which keep only the most recent positions. Raises
         ``ValueError`` (changing nothing) when ``length`` is above 0 but would keep only left

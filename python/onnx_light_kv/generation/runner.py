@@ -177,8 +177,15 @@ class StateRunner:
     def __init__(self, session: Any, io: DecoderIO, batch: int, capacity: Optional[int],
                  options: Dict[str, Any]) -> None:
         opts = dict(options)
+        if "batch" in opts:
+            raise ValueError("state_options must not set 'batch': the rows come from the prompt (and num_beams)")
         if capacity and "max_length" not in opts:
             opts["max_length"] = int(capacity)
+        elif capacity and opts["max_length"] is not None and int(opts["max_length"]) < capacity - 1:
+            # refused before any token is made (the state would run out of room mid-way)
+            raise ValueError(f"state_options max_length={opts['max_length']} cannot hold the {capacity - 1} positions "
+                             "this generation may store (the prompt, padding included, and every new token but "
+                             "the last); raise it or leave it out")
         self.session, self.io, self.batch = session, io, batch
         self.state = session.create_state(batch=batch, **opts)
         self._prefix = bool(opts.get("prefix_cache"))

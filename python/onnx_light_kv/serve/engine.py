@@ -186,6 +186,16 @@ class Engine(_Uncopyable):
                 opts["block_size"] = integer(block_size, "block_size", lo=1)
             info = self._probe(opts)  # checks block_size
             self.block_size = int(info["layers"][0]["block_size"]) if info["layers"] else None
+        # a quantized paged state commits its native ring (residual + quant_group rows) when
+        # created, whatever its length, and one block per quant_group sealed positions beyond
+        # the residual window
+        quant = [layer.get("quant") for layer in info["layers"]]
+        self._ring_bytes = self._sealed_position_bytes = self._residual = 0
+        if self.paged and quant and all(quant):
+            self._ring_bytes = sum((int(q["residual"]) + int(q["group"])) * int(q["native_bytes_per_token"])
+                                   for q in quant)
+            self._sealed_position_bytes = sum(int(q["bytes_per_token"]) for q in quant)
+            self._residual = min(int(q["residual"]) for q in quant)
         self._state_options = opts
         smallest = self._cost(2)  # one prompt token and one new token
         if self.budget is not None and smallest > self.budget:
@@ -368,10 +378,14 @@ class Engine(_Uncopyable):
     def _cost(self, positions: int) -> int:
         """The cache bytes admission counts for a request of ``positions`` (its ``prompt +
         max_new_tokens``): ``max_length`` positions on contiguous caches; ``positions`` in whole
-        blocks on paged ones."""
+        blocks on paged ones (quantized: the native ring, plus a sealed block for each whole
+        quant_group of positions beyond the residual window; the rest stay in the ring)."""
+        bs = self.block_size or 1
+        if self.paged and self._sealed_position_bytes:
+            sealed = max(0, positions - self._residual) // bs * bs
+            return self._ring_bytes + sealed * self._sealed_position_bytes
         if not self.paged or not self._position_bytes:
             return self._request_bytes
-        bs = self.block_size or 1
         return -(-positions // bs) * bs * self._position_bytes
 
     def _cost_of(self, req: Request) -> int:
