@@ -103,6 +103,24 @@ nonneg_int = int_range(0)
 threads_arg = int_range(1, MAX_THREADS, "a thread count")
 
 
+#: An argparse ``type=``: a decoder's layer count, 1..256.
+layers_arg = int_range(1, 256, "a layer count")
+
+
+def run_main(main: Callable[[], Optional[int]]) -> int:
+    """Run a benchmark's ``main`` and return its exit status: a size the machine or the library
+    refuses (a ``MemoryError``, or a ``ValueError``/``OverflowError`` from numpy or the runtime,
+    such as a context or batch far too large) is one ``error:`` line and status 2, as argparse
+    reports a bad value; Ctrl-C is status 130 without a traceback."""
+    try:
+        return int(main() or 0)
+    except KeyboardInterrupt:
+        return 130
+    except (MemoryError, ValueError, OverflowError) as e:
+        print(f"{os.path.basename(sys.argv[0])}: error: {e} ({type(e).__name__})", file=sys.stderr)
+        return 2
+
+
 def positive_float(text: str) -> float:
     """An argparse ``type=``: a finite number > 0 (sizes in GiB or MiB)."""
     try:
@@ -155,10 +173,10 @@ def regex(text: str) -> str:
 
 
 def add_results_dir(parser: argparse.ArgumentParser) -> None:
-    """The ``--results-dir`` option (default :data:`RESULTS_DIR`): where the JSON (and PNG) go;
-    pass ``args.results_dir`` to :func:`write_json`."""
+    """The ``--results-dir`` option (default :data:`RESULTS_DIR`): where the JSON (and, for the
+    programs that draw one, the PNG plot) go; pass ``args.results_dir`` to :func:`write_json`."""
     parser.add_argument("--results-dir", default=RESULTS_DIR,
-                        help="where the JSON (and plot) go (default: benchmarks/results)")
+                        help="where the JSON (and a plot, where the program draws one) go (default: benchmarks/results)")
 
 
 def _run(cmd: Sequence[str]) -> str:

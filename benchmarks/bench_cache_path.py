@@ -383,7 +383,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--genai-max-tokens", type=_common.nonneg_int, default=4096,
                     help="largest batch x context genai is run at (its prefill is not cheap)")
     ap.add_argument("--max-gib", type=_common.positive_float, default=8.0, help="buffers a case may hold (GiB)")
-    ap.add_argument("--layers", type=_common.positive_int, default=None, help="layers of the default model (8)")
+    ap.add_argument("--layers", type=_common.layers_arg, default=None, help="layers of the default model (8)")
     _common.add_results_dir(ap)
     args = ap.parse_args(argv)
     if args.contexts is None:
@@ -466,4 +466,4 @@ def main(argv: Optional[List[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(_common.run_main(main))

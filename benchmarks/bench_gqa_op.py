@@ -108,4 +108,4 @@ def main(argv: Optional[List[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(_common.run_main(main))

@@ -151,7 +151,7 @@ def measure(runtime: str, path: str, past: int) -> Optional[Dict[str, float]]:
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dtypes", nargs="+", default=["float32", "float16", "int4"], choices=["float32", "float16", "int4"])
-    p.add_argument("--layers", type=_common.int_range(1, 256), default=4)
+    p.add_argument("--layers", type=_common.layers_arg, default=4)
     p.add_argument("--hidden", type=_common.int_range(64, 16384), default=1024,
                    help="hidden size (a multiple of 64: heads of 64, a quarter of them K/V heads)")
     p.add_argument("--vocab", type=_common.int_range(2, 1 << 20), default=32000)
@@ -195,4 +195,4 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_common.run_main(main))

@@ -14,6 +14,7 @@ release) costs per call. Raw samples and the environment go to
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import List, Optional
 
@@ -87,4 +88,4 @@ def main(argv: Optional[List[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(_common.run_main(main))

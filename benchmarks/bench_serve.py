@@ -299,7 +299,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true",
                     help="small model and few tokens (seconds): --prompt-min 16, --prompt-max 64, --new-tokens 16, "
                          "--shared-prefix 128 unless given")
-    ap.add_argument("--layers", type=_common.positive_int, default=8)
+    ap.add_argument("--layers", type=_common.layers_arg, default=8)
     ap.add_argument("--concurrency", type=_common.positive_int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--prompt-min", type=_common.positive_int, default=64)
     ap.add_argument("--prompt-max", type=_common.positive_int, default=256)
@@ -380,4 +380,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_common.run_main(main))

@@ -186,7 +186,7 @@ def op_profile(models: Any, cfg: Any, model_bytes: bytes, args: argparse.Namespa
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small model and contexts 128..1024, few samples")
-    p.add_argument("--layers", type=_common.positive_int, default=4)
+    p.add_argument("--layers", type=_common.layers_arg, default=4)
     p.add_argument("--hidden", type=_common.positive_int, default=1024)
     p.add_argument("--q-heads", type=_common.positive_int, default=16, help="a multiple of --kv-heads")
     p.add_argument("--kv-heads", type=_common.positive_int, default=8)
@@ -327,4 +327,4 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_common.run_main(main))

@@ -344,3 +344,22 @@ def test_bad_arguments_exit_2_without_traceback(script: str, args: list) -> None
     assert proc.returncode == 2, proc.stderr
     assert "error:" in proc.stderr and "usage:" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_run_main_turns_refused_sizes_into_one_error_line(capsys: Any) -> None:
+    """A size numpy or the library refuses ends a benchmark with one ``error:`` line and status
+    2 (it was a traceback), Ctrl-C with 130; a bug keeps its traceback."""
+    def refuse(exc: BaseException) -> Any:
+        def main() -> None:
+            raise exc
+        return main
+
+    for exc in (MemoryError("Unable to allocate 7.28 TiB"), ValueError("Maximum allowed size exceeded"),
+                OverflowError("int too large")):
+        assert _common.run_main(refuse(exc)) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.endswith(f"error: {exc} ({type(exc).__name__})") and "\n" not in err
+    assert _common.run_main(refuse(KeyboardInterrupt())) == 130
+    assert _common.run_main(lambda: None) == 0 and _common.run_main(lambda: 3) == 3
+    with pytest.raises(KeyError):
+        _common.run_main(refuse(KeyError("a bug")))

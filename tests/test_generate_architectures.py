@@ -247,3 +247,21 @@ def test_position_scan_skips_large_model_files(monkeypatch: pytest.MonkeyPatch) 
     assert decoder_io.DecoderIO.from_session(sess).max_positions is None
     monkeypatch.undo()
     assert decoder_io.DecoderIO.from_session(sess).max_positions == 128
+
+
+def test_position_table_of_the_standard_rotary_op_is_known(tmp_path: Any) -> None:
+    """The built-in decoders use the standard (opset 23) RotaryEmbedding, whose cos/sin caches
+    (input 1 and 2) are indexed by position_ids (input 3): loaded from a file, the table's rows are
+    the limit, and generate() refuses a request past it before running anything (it ran to the
+    table's end and failed there; the server answered 500 after generating)."""
+    from onnx_light_kv import models as M
+    from onnx_light_kv.generation.decoder_io import DecoderIO
+
+    cfg = M.DecoderConfig(layers=1, hidden=32, q_heads=2, kv_heads=1, head_dim=16, vocab=64, max_positions=40)
+    path = tmp_path / "decoder.onnx"
+    path.write_bytes(M.model_bytes(M.llama_decoder(cfg, attention_mask_input=True)))
+    sess = olkv.InferenceSession(str(path), threads=1)
+    assert DecoderIO.from_session(sess).max_positions == 40
+    with pytest.raises(ValueError, match="needs 41 positions; the model addresses at most 40"):
+        olkv.generate(sess, [1, 2, 3], max_new_tokens=39)
+    assert olkv.generate(sess, [1, 2, 3], max_new_tokens=38).sequences.shape == (1, 41)

@@ -91,6 +91,20 @@ def test_cli_generate_ids_and_text(tmp_path: Any, capsys: Any) -> None:
     assert lines[0].split() == [str(t) for t in want] and "drafts accepted" in lines[1]
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--prompt-ids", "99999999999999999999999"], "--prompt-ids must be token ids in [0, 2**63), got 99999999999999999999999"),
+    (["--prompt-ids", "3", "-1"], "--prompt-ids must be token ids in [0, 2**63), got -1"),
+    (["--prompt", "hi"], "--prompt needs --tokenizer (or give --prompt-ids)"),
+])
+def test_cli_generate_refuses_bad_prompts(tmp_path: Any, capsys: Any, args: list, message: str) -> None:
+    """One error line and exit status 2, no traceback (a huge id gave an OverflowError traceback)."""
+    path = os.fspath(tmp_path / "llama.onnx")
+    gc.M.save_model(gc.model("llama"), path)
+    assert main(["generate", path, *args, "--max-new-tokens", "2"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == f"onnx-light-kv: error: {message} (ValueError)"
+
+
 def test_cli_generate_text(tmp_path: Any, capsys: Any) -> None:
     path = os.fspath(tmp_path / "llama.onnx")
     gc.M.save_model(gc.model("llama"), path)

@@ -39,8 +39,11 @@ def run(args: Any, out: Any = None) -> int:
 
     out = out or sys.stdout
     if args.prompt is not None and not args.tokenizer:
-        print("error: --prompt needs --tokenizer (or give --prompt-ids)", file=sys.stderr)
-        return 2
+        raise ValueError("--prompt needs --tokenizer (or give --prompt-ids)")
+    if args.prompt_ids is not None:
+        bad = [i for i in args.prompt_ids if not 0 <= i < 2**63]
+        if bad:
+            raise ValueError(f"--prompt-ids must be token ids in [0, 2**63), got {bad[0]}")
     sess = InferenceSession(args.model, threads=args.threads)
     draft = InferenceSession(args.draft, threads=args.threads) if args.draft else None
     tok = None

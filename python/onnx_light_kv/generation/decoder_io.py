@@ -318,6 +318,9 @@ def _position_table_rows(path: str, mtime_ns: int = 0, size: int = 0) -> Optiona
                 found.append(rows(n.input[0], axis) or 0)
             elif n.op_type == "RotaryEmbedding" and n.domain == "com.microsoft" and i == 1 and len(n.input) > 2:
                 found.append(rows(n.input[2]) or 0)
+            elif n.op_type == "RotaryEmbedding" and n.domain in ("", "ai.onnx") and i == 3:
+                # opset 23: (X, cos_cache, sin_cache, position_ids), the caches indexed by position
+                found.append(rows(n.input[1]) or 0)
             elif n.op_type in _SHAPE_ONLY and n.domain in ("", "ai.onnx") and i == 0:
                 for o in n.output:
                     if o not in seen:
