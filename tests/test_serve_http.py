@@ -472,3 +472,20 @@ def test_app_recovers_after_a_failed_step(factory: bool, statuses: List[int]) ->
             assert r.json()["choices"][0]["text"] == expected_text(P2, 3)
     finally:
         srv.stop()
+
+
+def test_serve_fails_at_once_where_it_cannot_listen() -> None:
+    """A port in use or an unknown host is one OSError naming host:port before the model loads
+    (uvicorn reported it only after loading, in its own log lines, with exit status 3)."""
+    import socket
+
+    from onnx_light_kv.serve import http as H
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}"):
+            H.serve("no-such-model.onnx", "no-such-tokenizer.json", port=port)
+    with pytest.raises(OSError, match="cannot listen on nosuchhost.invalid"):
+        H._check_listen("nosuchhost.invalid", 0)

@@ -16,11 +16,16 @@ import os
 import sys
 from typing import Optional, Sequence
 
-_DESCRIPTION = "CPU KV-cache runtime for autoregressive attention: build info and a demo."
+_DESCRIPTION = "CPU KV-cache runtime for autoregressive attention: build info, a demo, generation and an OpenAI-compatible server."
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Plain-text help that shows every option's default."""
+    """Plain-text help that shows every option's default (once: a help text that already says
+    its default in words keeps only those)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        return text if "(default:" in text else super()._get_help_string(action)
 
 
 def _info(bandwidth: bool) -> int:

@@ -795,6 +795,25 @@ def add_arguments(p: Any) -> None:
                    help="share the caches of common prompt prefixes between requests (paged layout)")
 
 
+def _check_listen(host: str, port: int) -> None:
+    """Raise OSError naming ``host:port`` when the server could not listen there (an unknown
+    host, a port in use or not allowed), as uvicorn would only after loading the model, in lines
+    of its own log."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind(addr)
+        except OSError as e:
+            raise OSError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
 def serve(model: str, tokenizer: str, *, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 16,
           max_length: int = 2048, max_tokens_per_step: int = 2048, budget: Optional[int] = None,
           threads: Optional[int] = None, model_name: Optional[str] = None, block_size: Optional[int] = None,
@@ -805,6 +824,7 @@ def serve(model: str, tokenizer: str, *, host: str = "127.0.0.1", port: int = 80
     from .. import InferenceSession
 
     port = integer(port, "port", lo=0, hi=65535)
+    _check_listen(host, port)  # before the model loads: a taken port or unknown host fails at once
     sess = InferenceSession(model, threads=threads)
 
     def factory() -> Engine:
