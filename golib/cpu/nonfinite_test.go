@@ -35,6 +35,14 @@ type poison struct {
 	kv func(set func(isV bool, b, h, pos, d int, x float32), lens []int, dk, dv int)
 	// opts changes the options.
 	opts func(o *Options)
+	// illCond: every query element is huge, so a score whose products
+	// cancel (a K row summing to about 0, likely with 16-bit K and a
+	// small head dim) is ill-conditioned: float32 and the reference round
+	// it to different values, which a softcap's tanh then saturates to
+	// +-cap or not. Where the case is not chosen for it, only the pattern
+	// of non-finite outputs and their bound by V are comparable
+	// (boundedLikeReference).
+	illCond bool
 }
 
 func allTo(x float32) func([]float32) {
@@ -90,8 +98,8 @@ var poisons = []poison{
 	{name: "q-one-nan", q: firstTo(nan)},
 	{name: "q-one-inf", q: firstTo(posInf)},
 	{name: "q-one-neginf", q: firstTo(-posInf)},
-	{name: "q-all-huge", q: allTo(huge)},
-	{name: "q-all-neghuge", q: allTo(-huge)},
+	{name: "q-all-huge", q: allTo(huge), illCond: true},
+	{name: "q-all-neghuge", q: allTo(-huge), illCond: true},
 	{name: "q-one-huge", q: firstTo(huge)},
 	{name: "q-subnormal", q: allTo(subn)},
 	{name: "k-last-nan", kv: lastPos(false, 0, nan)},
@@ -111,7 +119,7 @@ var poisons = []poison{
 	{name: "softcap-inf", opts: func(o *Options) { o.Softcap = posInf }},
 	{name: "softcap-huge", opts: func(o *Options) { o.Softcap = huge }},
 	{name: "softcap-subnormal", opts: func(o *Options) { o.Softcap = subn }},
-	{name: "softcap-q-huge", q: allTo(huge), opts: func(o *Options) { o.Softcap = 30 }},
+	{name: "softcap-q-huge", q: allTo(huge), opts: func(o *Options) { o.Softcap = 30 }, illCond: true},
 	{name: "softcap-q-nan", q: firstTo(nan), opts: func(o *Options) { o.Softcap = 30 }},
 	{name: "softcap-k-inf", kv: lastPos(false, 0, posInf), opts: func(o *Options) { o.Softcap = 30 }},
 	{name: "window-hides-nan-k", kv: firstPos(false, nan), opts: func(o *Options) { o.Window = 3 }},
@@ -159,6 +167,31 @@ func sameAsReference(got, want []float32, mag float64) (int, bool) {
 		default:
 			d := math.Abs(float64(g) - float64(w))
 			if !(d <= 2e-5+2e-5*math.Abs(float64(w))+2e-6*mag) {
+				return i, false
+			}
+		}
+	}
+	return 0, true
+}
+
+// boundedLikeReference is sameAsReference for an ill-conditioned case
+// (poison.illCond): NaN and infinities where the reference has them, and
+// finite outputs within the largest finite |V| (a weighted mean of V rows)
+// where its are finite.
+func boundedLikeReference(got, want []float32, mag float64) (int, bool) {
+	for i, w := range want {
+		g := got[i]
+		switch {
+		case w != w:
+			if g == g {
+				return i, false
+			}
+		case math.IsInf(float64(w), 0):
+			if g != w {
+				return i, false
+			}
+		default:
+			if !(math.Abs(float64(g)) <= mag*(1+1e-5)+1e-5) {
 				return i, false
 			}
 		}
