@@ -153,25 +153,9 @@ func (tv *testView) setStored(isV bool, b, h, pos, d int, x float32) {
 // want is infinite, else within the float32 tolerance scaled by the largest
 // finite magnitude involved (huge V values make absolute errors huge too).
 func sameAsReference(got, want []float32, mag float64) (int, bool) {
-	for i, w := range want {
-		g := got[i]
-		switch {
-		case w != w:
-			if g == g {
-				return i, false
-			}
-		case math.IsInf(float64(w), 0):
-			if g != w {
-				return i, false
-			}
-		default:
-			d := math.Abs(float64(g) - float64(w))
-			if !(d <= 2e-5+2e-5*math.Abs(float64(w))+2e-6*mag) {
-				return i, false
-			}
-		}
-	}
-	return 0, true
+	return matchesReference(got, want, func(g, w float64) bool {
+		return math.Abs(g-w) <= 2e-5+2e-5*math.Abs(w)+2e-6*mag
+	})
 }
 
 // boundedLikeReference is sameAsReference for an ill-conditioned case
@@ -179,6 +163,15 @@ func sameAsReference(got, want []float32, mag float64) (int, bool) {
 // finite outputs within the largest finite |V| (a weighted mean of V rows)
 // where its are finite.
 func boundedLikeReference(got, want []float32, mag float64) (int, bool) {
+	return matchesReference(got, want, func(g, _ float64) bool {
+		return math.Abs(g) <= mag*(1+1e-5)+1e-5
+	})
+}
+
+// matchesReference reports the first element where got breaks the
+// non-finite rule against want (NaN where want is NaN, the same infinity
+// where want is infinite) or, where want is finite, fails ok(got, want).
+func matchesReference(got, want []float32, ok func(g, w float64) bool) (int, bool) {
 	for i, w := range want {
 		g := got[i]
 		switch {
@@ -191,7 +184,7 @@ func boundedLikeReference(got, want []float32, mag float64) (int, bool) {
 				return i, false
 			}
 		default:
-			if !(math.Abs(float64(g)) <= mag*(1+1e-5)+1e-5) {
+			if !ok(float64(g), float64(w)) { // NaN fails too
 				return i, false
 			}
 		}
