@@ -531,7 +531,7 @@ func (l *intLoops) vaxpyRaw(acc []float32, d int, p *float32, ld, n int, vb *byt
 	if ng == 2 {
 		wprep = l.wprep[1]
 	}
-	ws.w = growI32(ws.w, (n+1)/2*16)
+	ws.w = grow(ws.w, (n+1)/2*16)
 	wprep(&ws.w[0], p, ld*4, &vs[0], n, vz, &ws.zt, &ws.ms)
 	for _, m := range ws.ms[0] {
 		if m > 0 && m < vwMinMax {

@@ -112,7 +112,7 @@ func (p *pool) run(s *shape, dst, q []float32, v cache.View, ops *kernelOps) err
 	p.ntasks, p.nsplit = units*nsplit, nsplit
 	p.err = nil
 	if nsplit > 1 {
-		p.parts = growF(p.parts, p.ntasks*rows*(s.dv+2))
+		p.parts = grow(p.parts, p.ntasks*rows*(s.dv+2))
 	}
 	if len(p.states) < threads {
 		p.states = append(p.states, make([]unitState, threads-len(p.states))...)

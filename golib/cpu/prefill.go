@@ -43,8 +43,8 @@ func AttentionPrefill(dst, q []float32, qLen, qHeads int, v cache.View, o Option
 	}
 	sc := tileScratch.Get().(*prefillTile)
 	defer tileScratch.Put(sc)
-	sc.q = growF(sc.q, units*maxQLen*dk)
-	sc.o = growF(sc.o, units*maxQLen*dv)
+	sc.q = grow(sc.q, units*maxQLen*dk)
+	sc.o = grow(sc.o, units*maxQLen*dv)
 	sc.view = prefixView{View: v}
 	if o.Exact != nil { // its rows are numbered among all q_len tokens
 		if sc.exactFn == nil {

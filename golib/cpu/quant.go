@@ -445,12 +445,12 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 	intOK := qb.ops.intDots4 != nil && intScores.Load() && s.group%4 == 0 && dk%64 == 0 && dk <= 256
 	qb.intV = qb.ops.vaxpy4 != nil && intAccum.Load()
 	maxParts := max(1, min(bt, superFloats/(rows*dk)))
-	u.qq = growF(u.qq, maxParts*rows*dk)
-	u.qc = growF(u.qc, maxParts*rows)
+	u.qq = grow(u.qq, maxParts*rows*dk)
+	u.qc = grow(u.qc, maxParts*rows)
 	if intOK {
-		u.qi = growI16(u.qi, maxParts*rows*dk)
-		u.isc, u.ioff = growF(u.isc, maxParts*rows), growF(u.ioff, maxParts*rows)
-		u.aff = growF(u.aff, maxParts*rows/4*24)
+		u.qi = grow(u.qi, maxParts*rows*dk)
+		u.isc, u.ioff = grow(u.isc, maxParts*rows), grow(u.ioff, maxParts*rows)
+		u.aff = grow(u.aff, maxParts*rows/4*24)
 	}
 	qb.allInt, qb.allIntV = rows%4 == 0, true
 	qb.pfScales = quantScalePrefetch && !(len(segs) > 1 && segs[1].Q.Format != cache.QuantNone &&
@@ -669,18 +669,4 @@ func checkQuantSegment(sg *cache.Segment, dk, dv int) error {
 func badQuantSegment(sg *cache.Segment, what string) error {
 	return fmt.Errorf("%w: cache view returned a malformed quantized segment (start %d len %d, %s %s): %s",
 		cache.ErrInvalidArgument, sg.Start, sg.Len, sg.Q.Format, sg.Q.KAxis, what)
-}
-
-func growI16(b []int16, n int) []int16 {
-	if cap(b) < n {
-		return make([]int16, n)
-	}
-	return b[:n]
-}
-
-func growI32(b []int32, n int) []int32 {
-	if cap(b) < n {
-		return make([]int32, n)
-	}
-	return b[:n]
 }

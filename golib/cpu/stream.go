@@ -96,16 +96,12 @@ type unitState struct {
 	read   int64      // K/V bytes (with scales) this state's units read in the current call
 }
 
-func growF(b []float32, n int) []float32 {
+// grow returns b resized to n elements, reusing its storage when it holds
+// them (the contents are then what it held), else a new zeroed slice: the
+// per-unit scratch of the loops, allocated once and reused across calls.
+func grow[T any](b []T, n int) []T {
 	if cap(b) < n {
-		return make([]float32, n)
-	}
-	return b[:n]
-}
-
-func growI(b []int, n int) []int {
-	if cap(b) < n {
-		return make([]int, n)
+		return make([]T, n)
 	}
 	return b[:n]
 }
@@ -124,14 +120,14 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 	if padRow(rows, s) {
 		rowsP++
 	}
-	u.qs = growF(u.qs, rowsP*dk)
-	u.acc = growF(u.acc, rowsP*dv)
-	u.m = growF(u.m, rowsP)
-	u.l = growF(u.l, rowsP)
-	u.lo = growI(u.lo, rowsP)
-	u.hi = growI(u.hi, rowsP)
+	u.qs = grow(u.qs, rowsP*dk)
+	u.acc = grow(u.acc, rowsP*dv)
+	u.m = grow(u.m, rowsP)
+	u.l = grow(u.l, rowsP)
+	u.lo = grow(u.lo, rowsP)
+	u.hi = grow(u.hi, rowsP)
 	bt := blockTokens(dk, dv)
-	u.sc = growF(u.sc, 4*bt)
+	u.sc = grow(u.sc, 4*bt)
 
 	// Scale the group's query rows once; with a softcap the 1/cap factor is
 	// folded in too, so the block only needs cap*tanh(dot).
@@ -159,7 +155,7 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 		u.m[rows], u.l[rows] = negInf, 0
 	}
 	if m := s.mask; m != nil {
-		u.moff = growI(u.moff, rows)
+		u.moff = grow(u.moff, rows)
 		for r := 0; r < rows; r++ {
 			u.moff[r] = b*m.StrideB + (h*s.group+r%s.group)*m.StrideH + (r/s.group)*m.StrideI
 		}
@@ -223,8 +219,8 @@ func (u *unitState) runUnit(ops *kernelOps, s *shape, q []float32, v cache.View,
 	if dst != nil {
 		// chk[r] = sum(0*acc[r]): NaN exactly when the row's accumulator
 		// holds a NaN or an infinity (u.zero is never written).
-		u.zero = growF(u.zero, dv)
-		u.chk = growF(u.chk, rows)
+		u.zero = grow(u.zero, dv)
+		u.chk = grow(u.chk, rows)
 		ops.dots(u.chk, u.zero, u.acc[:rows*dv], dv, 0)
 		for r := 0; r < rows; r++ {
 			e := q0 + s.extRow(r)
@@ -267,14 +263,14 @@ func (u *unitState) loadBlock(ops *kernelOps, buf *[]float32, raw []byte, off, n
 		if uintptr(unsafe.Pointer(unsafe.SliceData(b)))%4 == 0 {
 			return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), cnt)
 		}
-		*buf = growF(*buf, cnt)
+		*buf = grow(*buf, cnt)
 		for i := range *buf {
 			(*buf)[i] = math.Float32frombits(uint32(b[4*i]) | uint32(b[4*i+1])<<8 | uint32(b[4*i+2])<<16 | uint32(b[4*i+3])<<24)
 		}
 		return *buf
 	default:
 		b := raw[off*d*2 : (off+n)*d*2]
-		*buf = growF(*buf, cnt)
+		*buf = grow(*buf, cnt)
 		var src []uint16
 		if uintptr(unsafe.Pointer(unsafe.SliceData(b)))%2 == 0 {
 			src = unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(b))), cnt)
