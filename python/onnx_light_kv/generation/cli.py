@@ -44,6 +44,12 @@ def run(args: Any, out: Any = None) -> int:
         bad = [i for i in args.prompt_ids if not 0 <= i < 2**63]
         if bad:
             raise ValueError(f"--prompt-ids must be token ids in [0, 2**63), got {bad[0]}")
+    if not args.sample:
+        unused = [flag for flag, value, default in (("--temperature", args.temperature, 1.0), ("--top-k", args.top_k, 0),
+                                                    ("--top-p", args.top_p, 1.0), ("--seed", args.seed, None))
+                  if value != default]
+        if unused:
+            raise ValueError(f"{', '.join(unused)} take effect only with --sample (greedy choice ignores them)")
     sess = InferenceSession(args.model, threads=args.threads)
     draft = InferenceSession(args.draft, threads=args.threads) if args.draft else None
     tok = None
