@@ -31,7 +31,7 @@ Usage::
     samples = interleaved({"ours": f, "ort": g}, repeat=20, warmup=3)
     row = {"case": "x", **{k: summarize(v)["median"] for k, v in samples.items()}}
     print(format_table([row]))
-    write_json("my-bench", {"env": environment(threads=1), "rows": [row], "samples": samples})
+    write_json("my-bench", {"environment": environment(threads=1), "rows": [row], "samples": samples})
 
 Only the standard library and numpy are needed at import; matplotlib loads inside plot_series.
 """
@@ -415,8 +415,12 @@ def summarize(samples: Iterable[float]) -> Dict[str, float]:
 def write_json(name: str, payload: Mapping[str, Any], results_dir: str = RESULTS_DIR) -> str:
     """Write ``payload`` to ``<results_dir>/<name>-<YYYYmmddTHHMMSSZ>.json`` and return the path.
 
-    Where the file goes is not part of the measurement: a ``results_dir`` among the payload's
-    ``args`` is left out (it would record a path of this machine)."""
+    Every result records where it was measured: the payload must have an ``"environment"`` key
+    (:func:`environment`'s dict; ValueError otherwise), the one name all benchmarks use. Where the
+    file goes is not part of the measurement: a ``results_dir`` among the payload's ``args`` is
+    left out (it would record a path of this machine)."""
+    if "environment" not in payload:
+        raise ValueError(f"benchmark result {name!r} has no 'environment' (CPU, flags, kernel path)")
     args = payload.get("args")
     if isinstance(args, Mapping) and "results_dir" in args:
         payload = {**payload, "args": {k: v for k, v in args.items() if k != "results_dir"}}

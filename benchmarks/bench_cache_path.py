@@ -456,7 +456,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     print(LEGEND)
     print(_common.SPEEDUP)
     path = _common.write_json(f"cache-path-{args.mode}", {
-        "env": _common.environment(threads=args.threads, extra={"mode": args.mode, "genai": genai}),
+        "environment": _common.environment(threads=args.threads, extra={"mode": args.mode, "genai": genai}),
         "args": {k: v for k, v in vars(args).items()},
         "model": {"layers": cfg.layers, "hidden": cfg.hidden, "q_heads": cfg.q_heads, "kv_heads": cfg.kv_heads,
                   "head_dim": cfg.head_dim, "vocab": cfg.vocab, "dtype": cfg.dtype, "weight_bytes": weight_bytes(model)},

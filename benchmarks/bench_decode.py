@@ -737,7 +737,7 @@ def main_quant(args: argparse.Namespace, kernels: List[tuple], bw: Dict[int, Dic
           "int8/int4 GroupQueryAttention time / ours")
     for line in quant_target_lines(rows):
         print(line)
-    payload = {"benchmark": "decode-quant", "env": environment(threads=max(args.threads)),
+    payload = {"benchmark": "decode-quant", "environment": environment(threads=max(args.threads)),
                "kernels_run": [p for _, p in kernels], "args": vars(args), "read_bandwidth": bw, "llc_bytes": llc,
                "variants": [asdict(v) for v in variants], "rows": rows, "results": results}
     path = write_json("decode-quant", payload, args.results_dir)
@@ -905,7 +905,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                      if all(key in r for r in rs)]
             print(f"  {label:<35} " + ", ".join(parts))
 
-    payload = {"benchmark": "decode", "env": environment(threads=max(args.threads)),
+    payload = {"benchmark": "decode", "environment": environment(threads=max(args.threads)),
                "kernels_run": [p for _, p in kernels], "args": vars(args), "read_bandwidth": bw, "llc_bytes": llc, "rows": rows, "results": results}
     path = write_json("decode", payload, args.results_dir)
     print(f"\nraw samples: {path}")

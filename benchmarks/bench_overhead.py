@@ -82,7 +82,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                      "overhead_us": ps["median"] - gs["median"]})
         raw[f"attention_{L}"] = {"python_us": py, "go_us": go}
     print(format_table(rows, floatfmt="{:.2f}"))
-    path = write_json("overhead", {"env": environment(threads=args.threads), "rows": rows, "samples": raw},
+    path = write_json("overhead", {"environment": environment(threads=args.threads), "rows": rows, "samples": raw},
                       args.results_dir)
     print("raw samples:", path)
 

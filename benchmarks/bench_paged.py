@@ -175,7 +175,7 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"sequence (target <= 1.1) -> {'met' if r['vs_one_seq'] <= 1.1 else 'NOT met'}")
     print(f"time to first token of a 2k prompt with prefix reuse: {ttft[1]['speedup']:.1f}x faster than a cold "
           f"prefill (target >= 10) -> {'met' if ttft[1]['speedup'] >= 10 else 'NOT met'}")
-    path = write_json("paged", {"benchmark": "paged", "env": environment(threads=args.threads), "args": vars(args),
+    path = write_json("paged", {"benchmark": "paged", "environment": environment(threads=args.threads), "args": vars(args),
                                 "beam": beam, "fork": fork, "ttft": ttft}, args.results_dir)
     print(f"\nresults: {path}")
     return 0

@@ -297,7 +297,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(format_table(rows, [c for c in cols if any(c in r for r in rows)], floatfmt="{:.4g}"))
     for line in target_lines(results):
         print(line)
-    path = write_json("quant-quality", {"benchmark": "quant-quality", "env": environment(threads=args.threads),
+    path = write_json("quant-quality", {"benchmark": "quant-quality", "environment": environment(threads=args.threads),
                                         "args": vars(args), "targets": TARGETS, "rows": rows, "results": results},
                       args.results_dir)
     print(f"\nraw results: {path}")

@@ -48,9 +48,9 @@ def test_table_json_and_plot(tmp_path: Any) -> None:
     table = _common.format_table([{"ctx": 128, "ms": 1.23456}, {"ctx": 4096, "ms": 10.0}])
     lines = table.splitlines()
     assert lines[0].split() == ["ctx", "ms"] and lines[2].split() == ["128", "1.235"] and len(lines) == 4
-    path = _common.write_json("unit", {"x": np.float32(1.5), "a": np.arange(3)}, str(tmp_path))
+    path = _common.write_json("unit", {"environment": {}, "x": np.float32(1.5), "a": np.arange(3)}, str(tmp_path))
     assert os.path.basename(path).startswith("unit-") and path.endswith(".json")
-    assert json.load(open(path)) == {"x": 1.5, "a": [0, 1, 2]}
+    assert json.load(open(path)) == {"environment": {}, "x": 1.5, "a": [0, 1, 2]}
     png = _common.plot_series(str(tmp_path / "p.png"), {"s": {"x": [1, 2], "median": [1.0, 2.0], "p10": [0.5, 1.5], "p90": [1.5, 2.5]}},
                               "x", "y", ratio={"r": ([1, 2], [1.0, 0.9])})
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
@@ -182,11 +182,11 @@ def test_bench_decode_rejects_a_bad_llc_size() -> None:
 
 def test_write_json_leaves_out_the_results_dir(tmp_path) -> None:
     """The JSON records what was measured, not where this machine keeps the files."""
-    payload = {"args": {"quick": True, "results_dir": str(tmp_path)}, "rows": [1, 2]}
+    payload = {"environment": {}, "args": {"quick": True, "results_dir": str(tmp_path)}, "rows": [1, 2]}
     path = _common.write_json("unit", payload, str(tmp_path))
     with open(path, encoding="utf-8") as f:
         got = json.load(f)
-    assert got == {"args": {"quick": True}, "rows": [1, 2]}
+    assert got == {"environment": {}, "args": {"quick": True}, "rows": [1, 2]}
     assert payload["args"]["results_dir"] == str(tmp_path)  # the caller's dict is untouched
 
 
@@ -266,11 +266,18 @@ def test_argument_types_give_argparse_errors(capsys: Any) -> None:
         assert err.startswith("usage: bench") and f"error: argument {argv[0]}: " in err
 
 
+def test_write_json_needs_the_environment(tmp_path: Any) -> None:
+    """A result without the environment it was measured in is refused, and nothing is written."""
+    with pytest.raises(ValueError, match="'unit' has no 'environment'"):
+        _common.write_json("unit", {"env": {}, "rows": []}, str(tmp_path))
+    assert os.listdir(tmp_path) == []
+
+
 def test_write_json_is_strict_json(tmp_path: Any) -> None:
     """NaN and infinities (Python or numpy, at any depth) are written as null: strict JSON."""
     nan, inf = float("nan"), float("inf")
     payload = {"a": nan, "b": [1.0, inf, -inf, {"c": np.float32("nan")}], "d": (np.float64(inf), 2),
-               "e": np.array([1.0, np.nan]), "f": np.int64(3), "g": 0.5, "h": "nan", "i": None, "j": True}
+               "e": np.array([1.0, np.nan]), "f": np.int64(3), "g": 0.5, "h": "nan", "i": None, "j": True, "environment": {}}
     path = _common.write_json("strict", payload, str(tmp_path))
     text = open(path, encoding="utf-8").read()
 
@@ -279,7 +286,7 @@ def test_write_json_is_strict_json(tmp_path: Any) -> None:
 
     got = json.loads(text, parse_constant=reject)
     assert got == {"a": None, "b": [1.0, None, None, {"c": None}], "d": [None, 2], "e": [1.0, None], "f": 3,
-                   "g": 0.5, "h": "nan", "i": None, "j": True}
+                   "g": 0.5, "h": "nan", "i": None, "j": True, "environment": {}}
     assert payload["a"] != payload["a"] and isinstance(payload["d"], tuple)  # the caller's payload is untouched
     assert _common.json_safe({"x": [math.nan]}) == {"x": [None]}
 
