@@ -183,3 +183,19 @@ def test_beam_search_one_beam_is_greedy_and_errors() -> None:
         olkv.generate(sess, gc.PROMPT, max_new_tokens=3, num_beams=2, streamer=lambda t, s: None)
     with pytest.raises(ValueError, match="early_stopping"):
         olkv.generate(sess, gc.PROMPT, max_new_tokens=3, num_beams=2, early_stopping="sometimes")
+    with pytest.raises(TypeError, match="early_stopping must be True, False or 'never', got int 1"):
+        olkv.generate(sess, gc.PROMPT, max_new_tokens=3, num_beams=2, early_stopping=1)
+    for lp in (300.0, -300.0, 1e308):  # 20 ** 300 overflowed (OverflowError), 20 ** -300 divided by zero
+        with pytest.raises(ValueError, match=r"length_penalty must lie within \+-233.7 for max_new_tokens=20"):
+            olkv.generate(sess, gc.PROMPT, max_new_tokens=20, num_beams=2, length_penalty=lp)
+
+
+def test_beam_search_numpy_bool_early_stopping_is_the_bool() -> None:
+    """``early_stopping=np.True_`` stops as ``True`` does (it passed the check, then acted as False)."""
+    sess, eos = gc.ours("llama"), _eos_candidates()
+    outs = [olkv.generate(sess, gc.PROMPT, max_new_tokens=12, num_beams=4, eos_token_id=eos, length_penalty=2.0,
+                          early_stopping=v) for v in (True, np.True_, False, np.False_)]
+    assert outs[0].sequences.shape != outs[2].sequences.shape  # the case tells True from False
+    for a, b in ((outs[0], outs[1]), (outs[2], outs[3])):
+        np.testing.assert_array_equal(a.sequences, b.sequences)
+        np.testing.assert_array_equal(a.sequences_scores, b.sequences_scores)

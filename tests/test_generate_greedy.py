@@ -265,6 +265,10 @@ def test_argument_errors() -> None:
     (dict(eos_token_id="7"), TypeError, "eos_token_id"),
     (dict(pad_token_id=1.5), TypeError, "pad_token_id"),
     (dict(pad_token_id=2**70, eos_token_id=[1, 2]), ValueError, "pad_token_id"),  # not OverflowError
+    (dict(pad_token_id=256, eos_token_id=[1, 2]), ValueError,  # the Gather failed once a row finished
+     r"pad_token_id: token id 256 is beyond the model's vocabulary of 256 tokens \(ids 0..255\)"),
+    (dict(early_stopping=1, num_beams=2), TypeError, "early_stopping"),  # 1 == True, yet acted as False
+    (dict(eos_token_id=np.array(-1)), ValueError, "eos_token_id"),  # a 0-d array is one id
     (dict(eos_token_id=-1), ValueError, "eos_token_id"),
     (dict(eos_token_id=np.array([[1, 2]])), TypeError, "eos_token_id"),
     (dict(stop_sequences=5), TypeError, "stop_sequences"),
@@ -293,6 +297,26 @@ def test_generation_arguments_follow_the_validation_rule(kw, exc, match) -> None
     if shared:  # the Generator takes these options too, under the same rule
         with pytest.raises(exc, match=match):
             olkv.Generator(gc.ours("llama"), **shared)
+
+
+def test_token_ids_beyond_the_vocabulary() -> None:
+    """Prompt ids beyond the vocabulary are named before the model runs; a default pad (the first
+    eos id) beyond it gives way to the first eos id inside it, so a row that finishes early does
+    not feed the model an id it cannot embed."""
+    sess = gc.ours("llama")  # 256 tokens
+    for make in (lambda: olkv.generate(sess, [3, 300], max_new_tokens=2),
+                 lambda: olkv.Generator(sess).append_tokens([3, 300])):
+        with pytest.raises(ValueError, match=r"token id 300 is beyond the model's vocabulary of 256 tokens"):
+            make()
+    ids = np.array([gc.PROMPT, gc.PROMPT[::-1]])
+    alone = [olkv.generate(sess, row, max_new_tokens=6).new_tokens[0] for row in ids]
+    eos = int(alone[0][1])  # row 0 stops at its second new token
+    assert eos not in alone[1].tolist()
+    out = olkv.generate(sess, ids, max_new_tokens=6, eos_token_id=[50000, eos])
+    np.testing.assert_array_equal(out.new_tokens[0], [alone[0][0], eos, eos, eos, eos, eos])
+    np.testing.assert_array_equal(out.new_tokens[1], alone[1])
+    assert olkv.Generator(sess, eos_token_id=[999, eos]).pad_token_id == eos
+    assert olkv.Generator(sess, eos_token_id=[999]).pad_token_id == 0
 
 
 def test_draft_with_another_vocabulary_is_refused() -> None:

@@ -25,6 +25,16 @@ def test_draft_is_target_accepts_everything(k: int) -> None:
     assert s.model_runs < N  # fewer target runs than tokens
 
 
+def test_huge_num_draft_tokens_sizes_the_cache_by_what_can_be_drafted() -> None:
+    """At most max_new_tokens - 1 drafts are proposed, so the cache does not grow with
+    num_draft_tokens (10**9 asked for gigabytes before, and a budget error)."""
+    want = gc.ort_greedy(gc.model("llama"), gc.PROMPT, 8)
+    for k in (4, 10**9):
+        out = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=8, draft_session=gc.ours("llama"),
+                            num_draft_tokens=k)
+        np.testing.assert_array_equal(out.new_tokens[0], want)
+
+
 @pytest.mark.parametrize("target,draft", [("llama", "gpt2"), ("gpt2", "llama"), ("llama-mask", "llama")])
 def test_other_draft_model_gives_the_greedy_output(target: str, draft: str) -> None:
     want = gc.ort_greedy(gc.model(target), gc.PROMPT, N)

@@ -165,7 +165,7 @@ def test_bad_text_inputs_are_clear_errors(tmp_path: Any) -> None:
     (["generate", "DIR", "--prompt-ids", "1", "--max-new-tokens", "2"], "is a directory"),
     (["generate", "MODEL", "--prompt-ids", "1", "2", "--max-new-tokens", "0"], "max_new_tokens"),
     (["generate", "MODEL", "--prompt-ids", "1", "2", "--max-new-tokens", "2", "--threads", "100000"], "threads"),
-    (["generate", "MODEL", "--prompt-ids", "1", "9999", "--max-new-tokens", "2"], "out of range"),
+    (["generate", "MODEL", "--prompt-ids", "1", "9999", "--max-new-tokens", "2"], "token id 9999 is beyond the model's vocabulary of 256 tokens"),
     (["generate", "MODEL", "--prompt-ids", "1", "2", "--max-new-tokens", "2", "--sample", "--temperature", "0"],
      "temperature"),
     (["generate", "MODEL", "--prompt", "w1", "--tokenizer", "MISSING.json", "--max-new-tokens", "2"], "not found"),

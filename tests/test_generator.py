@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -132,17 +134,25 @@ def test_errors() -> None:
         g.append_tokens(np.ones((2, 1), np.int64))
     with pytest.raises(IndexError):
         g.get_sequence(3)
+    for bad in ("0", 1.0):  # an index that is not an integer is a TypeError, as in numpy
+        with pytest.raises(TypeError, match="index must be an integer"):
+            g.get_sequence(bad)
+    np.testing.assert_array_equal(g.get_sequence(np.int64(0)), gc.PROMPT)
     with pytest.raises(ValueError, match="max_length"):
         olkv.Generator(gc.ours("llama"), max_length=0)
 
 
 def test_failed_append_changes_nothing() -> None:
-    """A call that raises (here a token id beyond the vocabulary) leaves the rows, their state
-    and the next token exactly as they were."""
+    """A call that raises (here a token id beyond the vocabulary: refused up front, or by the
+    model's Gather where the vocabulary is not known up front) leaves the rows, their state and
+    the next token exactly as they were."""
     sess = gc.ours("llama")
     g = olkv.Generator(sess, max_length=64)
     g.append_tokens(gc.PROMPT)
     before = g.sequences
+    with pytest.raises(ValueError, match="beyond the model's vocabulary"):
+        g.append_tokens([gc.CFG.vocab + 244])
+    g.io = dataclasses.replace(g.io, vocab=None)  # as for a model whose logits' last dim is symbolic
     with pytest.raises(ValueError, match="out of range"):
         g.append_tokens([gc.CFG.vocab + 244])
     np.testing.assert_array_equal(g.sequences, before)

@@ -11,6 +11,7 @@ give the same tokens.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
@@ -20,13 +21,34 @@ from .._validate import integer, optional_integer, real
 from .beam_search import beam_search
 from .decoder_io import DecoderIO
 from .generator import Generator
-from .options import SamplingOptions, StopCondition, prompt_ids
+from .options import SamplingOptions, StopCondition, check_vocabulary, pad_id, prompt_ids
 from .output import GenerationOutput, GenerationStats
 from .runner import cache_path_available, make_runner, paged_states_available, require_truncate
 from .speculative import DraftModel, PromptLookup, check_draft_vocabulary, speculative_decode
 from .text import Progress, Streamer, default_pad_id, encode, load_tokenizer
 
 __all__ = ["generate"]
+
+
+def _early_stopping(value: Any) -> Union[bool, str]:
+    """``early_stopping`` as True, False or "never" (a numpy bool as a bool: beam search tests
+    ``is True``)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, str):
+        if value != "never":
+            raise ValueError(f"early_stopping must be True, False or 'never', got {value!r}")
+        return value
+    raise TypeError(f"early_stopping must be True, False or 'never', got {type(value).__name__} {value!r}")
+
+
+def _check_length_penalty(length_penalty: float, max_new_tokens: int) -> None:
+    """Beam scores divide by ``length ** length_penalty`` for lengths up to ``max_new_tokens``:
+    ``ValueError`` unless that power stays a normal float64 (|exponent| <= 700 in e)."""
+    top = 700.0 / math.log(max(max_new_tokens, 2))
+    if abs(length_penalty) > top:
+        raise ValueError(f"length_penalty must lie within +-{top:.4g} for max_new_tokens={max_new_tokens} "
+                         f"(length ** length_penalty must stay within float64), got {length_penalty}")
 
 
 def _prompt(input_ids: Any, attention_mask: Any, tokenizer: Any,
@@ -61,11 +83,14 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
     ``tokenizer.json`` path; then ``text`` holds the decoded new tokens).
     Exactly ``max_new_tokens`` new tokens unless a row stops on ``eos_token_id`` (int or list)
     or on one of ``stop_sequences`` (lists of ids; the stopping tokens are kept); stopped rows
-    are padded with ``pad_token_id`` (default: the first eos id, else 0).
+    are padded with ``pad_token_id`` (default: the first eos id inside the model's vocabulary,
+    else 0). Token ids (prompt, ``pad_token_id``) beyond a vocabulary the model fixes raise
+    ``ValueError`` before the model runs.
     ``do_sample`` with ``temperature``, ``top_k``, ``top_p``, ``min_p``; ``repetition_penalty``
     applies to greedy choice too; ``seed`` seeds a ``numpy.random.Generator``.
-    ``num_beams > 1``: beam search with ``length_penalty`` and ``early_stopping`` (True, False or
-    "never"), returning ``num_return_sequences`` per row; with ``do_sample`` it is beam
+    ``num_beams > 1``: beam search with ``length_penalty`` (``ValueError`` when
+    ``max_new_tokens ** length_penalty`` would leave float64's range) and ``early_stopping``
+    (True, False or "never"; another type is a ``TypeError``), returning ``num_return_sequences`` per row; with ``do_sample`` it is beam
     sampling (transformers' rule: the candidates of each step are drawn from the softmax of the
     warped, summed beam scores; ``ValueError`` when the warpers leave a row fewer distinct
     hypotheses than ``num_return_sequences``, as ``top_k=1`` does). Without beams, ``num_return_sequences`` with ``do_sample``
@@ -101,9 +126,7 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     ids, mask = _prompt(input_ids, attention_mask, tok, pad_token_id)
-    pad = pad_token_id if pad_token_id is not None else (stop.eos[0] if stop.eos else 0)
-    if early_stopping not in (True, False, "never"):
-        raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
+    early_stopping = _early_stopping(early_stopping)
     speculative = draft_session is not None or prompt_lookup > 0
     if num_beams > 1:
         if speculative:
@@ -123,6 +146,10 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
 
     io = DecoderIO.from_session(session)
     draft_io = DecoderIO.from_session(draft_session) if draft_session is not None else None
+    check_vocabulary(ids, io.vocab, "input_ids")
+    pad = pad_id(pad_token_id, stop, io.vocab)
+    if num_beams > 1:
+        _check_length_penalty(length_penalty, max_new_tokens)
     longest = int(mask.sum(axis=1).max())  # position ids count a row's tokens
     io.check_generation(longest, max_new_tokens, f"the longest prompt ({longest} tokens) + "
                         f"max_new_tokens={max_new_tokens}")
@@ -149,7 +176,8 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
             stream = Streamer(streamer, tok, len(g)) if streamer is not None else None
             if stream is not None:
                 stream.prompt(g_ids)
-            capacity = g_ids.shape[1] + max_new_tokens + (num_draft_tokens if speculative else 0)
+            # a verification step feeds at most max_new_tokens - 1 drafts (speculative_decode)
+            capacity = g_ids.shape[1] + max_new_tokens + (min(num_draft_tokens, max_new_tokens) if speculative else 0)
             if speculative:
                 spec_scores: Optional[List[np.ndarray]] = [] if return_scores else None
                 gen = _speculative(session, io, draft_session, draft_io, g_ids[0], opts, stop, max_new_tokens,

@@ -18,7 +18,7 @@ from . import logits_process as lp
 from .decoder_io import DecoderIO
 from .._validate import integer, optional_integer
 from ..cache import _Uncopyable
-from .options import SamplingOptions, StopCondition, prompt_ids
+from .options import SamplingOptions, StopCondition, check_vocabulary, pad_id, prompt_ids
 from .runner import make_runner, require_truncate
 
 __all__ = ["Generator"]
@@ -33,7 +33,8 @@ class Generator(_Uncopyable):
     for models whose pasts are fixed-capacity buffers). ``do_sample``, ``temperature``,
     ``top_k``, ``top_p``, ``min_p``, ``repetition_penalty``: as in transformers. ``eos_token_id``
     (int or list) and ``stop_sequences`` (lists of ids) finish a row; ``pad_token_id`` (default:
-    the first eos id, else 0) is what finished rows produce. ``seed`` seeds the numpy
+    the first eos id inside the model's vocabulary, else 0) is what finished rows produce; it
+    and the tokens must lie inside a vocabulary the model fixes (else ``ValueError``). ``seed`` seeds the numpy
     ``Generator`` used for sampling. ``state_options``: None uses the session's cache path
     (``create_state``) when it rewrites every layer, else the tensor path; False forces the
     tensor path; a dict of ``create_state`` keyword arguments requires the cache path.
@@ -57,9 +58,7 @@ class Generator(_Uncopyable):
         self.max_length = optional_integer(max_length, "max_length", lo=1)
         self.options = SamplingOptions(do_sample, temperature, top_k, top_p, min_p, repetition_penalty)
         self.stop = StopCondition.of(eos_token_id, stop_sequences)
-        default_pad = self.stop.eos[0] if self.stop.eos else 0
-        pad = optional_integer(pad_token_id, "pad_token_id", lo=0)
-        self.pad_token_id = pad if pad is not None else default_pad
+        self.pad_token_id = pad_id(optional_integer(pad_token_id, "pad_token_id", lo=0), self.stop, self.io.vocab)
         self.rng = np.random.default_rng(optional_integer(seed, "seed", lo=0))
         self._state_options = state_options
         self._runner: Any = None
@@ -127,6 +126,7 @@ class Generator(_Uncopyable):
         if attention_mask is not None and not first:
             raise ValueError("attention_mask is accepted only with the first tokens (left padding)")
         ids, mask = prompt_ids(tokens, attention_mask, "tokens")
+        check_vocabulary(ids, self.io.vocab, "tokens")
         if not first and ids.shape[0] != self.batch:
             raise ValueError(f"tokens have {ids.shape[0]} rows; this generator has {self.batch}")
         if self.max_length is not None and self.length + ids.shape[1] > self.max_length:
@@ -182,7 +182,9 @@ class Generator(_Uncopyable):
         return self._seq[:, -1].copy()
 
     def get_sequence(self, index: int) -> np.ndarray:
-        """Row ``index``'s ids so far, without its left padding."""
+        """Row ``index``'s ids so far, without its left padding (``TypeError`` for an index that
+        is not an integer, ``IndexError`` out of range)."""
+        index = integer(index, "index")
         if not -self.batch <= index < self.batch:
             raise IndexError(f"row {index} out of range for batch {self.batch}")
         return self._seq[index][self._mask[index] != 0].copy()

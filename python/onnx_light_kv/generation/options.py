@@ -10,7 +10,7 @@ import numpy as np
 
 from .._validate import integer, real
 
-__all__ = ["SamplingOptions", "StopCondition", "prompt_ids"]
+__all__ = ["SamplingOptions", "StopCondition", "check_vocabulary", "pad_id", "prompt_ids"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,8 @@ def _ids(value: Any, what: str) -> Tuple[int, ...]:
         return ()
     if isinstance(value, (str, bytes)):
         raise TypeError(f"{what} must be an int or a list of ints, got {type(value).__name__}")
+    if isinstance(value, np.ndarray) and value.ndim == 0:  # a 0-d array is one id, as operator.index reads it
+        value = value[()]
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return (integer(value, what, lo=0),)
     try:
@@ -111,6 +113,25 @@ class StopCondition:
         if not self.eos and not self.stop_sequences:
             return np.zeros(sequences.shape[0], dtype=bool)
         return np.array([self.hit(row) for row in sequences], dtype=bool)
+
+
+def check_vocabulary(ids: np.ndarray, vocab: Optional[int], name: str) -> None:
+    """Raise ``ValueError`` when ``ids`` (non-negative, any shape) hold a token id at or beyond
+    ``vocab``, the model's vocabulary size (None: the model does not fix it; nothing is checked):
+    the one rule of generate, Generator and the Engine, so that an id the embedding's Gather
+    would refuse is named before the model runs."""
+    if vocab is not None and ids.size and int(ids.max()) >= vocab:
+        raise ValueError(f"{name}: token id {int(ids.max())} is beyond the model's vocabulary of {vocab} tokens "
+                         f"(ids 0..{vocab - 1})")
+
+
+def pad_id(pad_token_id: Optional[int], stop: StopCondition, vocab: Optional[int]) -> int:
+    """The id fed to (and appended for) finished rows: ``pad_token_id`` where given (``ValueError``
+    when beyond ``vocab``), else the first eos id inside the vocabulary, else 0."""
+    if pad_token_id is not None:
+        check_vocabulary(np.array([pad_token_id]), vocab, "pad_token_id")
+        return pad_token_id
+    return next((e for e in stop.eos if vocab is None or e < vocab), 0)
 
 
 def prompt_ids(input_ids: Any, attention_mask: Any = None, name: str = "input_ids") -> Tuple[np.ndarray, np.ndarray]:

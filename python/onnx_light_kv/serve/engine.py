@@ -33,7 +33,7 @@ from ..cache import _Uncopyable
 from .._validate import integer, optional_integer
 from ..generation import logits_process as lp
 from ..generation.decoder_io import DecoderIO
-from ..generation.options import SamplingOptions, StopCondition
+from ..generation.options import SamplingOptions, StopCondition, check_vocabulary
 from ..generation.runner import StateRunner, cache_path_available, paged_states_available, step_feeds
 
 __all__ = ["Engine", "StepOutput", "Request"]
@@ -263,9 +263,7 @@ class Engine(_Uncopyable):
         ids = ids.astype(np.int64)
         if ids.min() < 0:
             raise ValueError("input_ids must be non-negative")
-        if self._vocab is not None and ids.max() >= self._vocab:
-            raise ValueError(f"input_ids hold token id {int(ids.max())}, beyond the model's vocabulary "
-                             f"of {self._vocab} tokens")
+        check_vocabulary(ids, self._vocab, "input_ids")
         max_new = integer(max_new_tokens, "max_new_tokens", lo=1)
         if ids.size + max_new > self.max_length:
             raise ValueError(f"the request can never fit: {ids.size} prompt tokens + max_new_tokens={max_new} "
