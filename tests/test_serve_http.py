@@ -308,6 +308,38 @@ def test_chat_template_from_tokenizer_config(tmp_path: Any) -> None:
         srv.stop()
 
 
+def test_chat_default_max_tokens_fits_a_short_position_table(tmp_path: Any) -> None:
+    """A model that addresses fewer positions than the engine's max_length: the engine serves
+    max_positions + 1 of them, so a chat request without max_tokens fills exactly that (it got a
+    400 asking for max_length - prompt new tokens, which the model cannot run)."""
+    from onnx_light_kv import models
+
+    rows = 40
+    cfg = models.DecoderConfig(layers=2, hidden=64, q_heads=4, kv_heads=2, head_dim=16, vocab=256, max_positions=rows)
+    path = tmp_path / "m.onnx"  # the position table is read from the model file
+    path.write_bytes(models.model_bytes(models.build("llama", cfg, attention_mask_input=True)))
+    sess = olkv.InferenceSession(str(path))
+    eng = Engine(sess, max_batch=2, max_length=MAX_LENGTH)
+    assert eng.max_length == rows + 1
+    srv = Server(create_app(eng, TOK, model_name=NAME))
+    try:
+        msgs = [{"role": "user", "content": "w4 w5 w6"}]
+        prompt = _chat_ids(msgs)
+        with httpx.Client(base_url=srv.url, timeout=60) as h:
+            r = h.post("/v1/chat/completions", json={"messages": msgs, "temperature": 0})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        new = rows + 1 - len(prompt)
+        # the usage counts every new token, those without text (the special <pad>, 255) too
+        assert body["usage"]["completion_tokens"] == new
+        assert body["choices"][0]["finish_reason"] == "length"
+        want = olkv.generate(sess, np.array(prompt), max_new_tokens=new).new_tokens[0]
+        assert 255 in want.tolist()  # (this case does produce tokens without text)
+        assert body["choices"][0]["message"]["content"] == TOK.decode([int(t) for t in want])
+    finally:
+        srv.stop()
+
+
 def test_cli_serve(tmp_path: Any) -> None:
     path = tmp_path / "m.onnx"
     path.write_bytes(model(MODEL).SerializeToString())

@@ -121,7 +121,8 @@ class Engine(_Uncopyable):
         max_length: positions per sequence, prompt included: a request whose
             ``prompt + max_new_tokens`` exceeds it is refused with ``ValueError``. On
             contiguous caches every request reserves (and the budget counts) this many
-            positions.
+            positions. Lowered to the model's limit, ``max_positions + 1`` (the last new token
+            is never run), where the model declares fewer positions (a position table).
         block_size: tokens per block of the paged cache layout (16, 32, 64, 128 or 256):
             caches take blocks as tokens arrive, and the budget counts each request's
             ``prompt + max_new_tokens`` rounded up to whole blocks. None: contiguous caches
@@ -175,6 +176,13 @@ class Engine(_Uncopyable):
         if self.io.attention_mask is None:
             raise NotImplementedError("the Engine batches sequences of different lengths through the attention mask; "
                                       "this model has no attention_mask input")
+        # the model runs all but a request's last new token, so it serves at most
+        # max_positions + 1 positions; a longer max_length would reserve positions no request
+        # can use and advertise a context (the server's default max_tokens) no request can reach
+        if self.io.max_positions is not None and self.max_length > self.io.max_positions + 1:
+            _log.info("max_length %d lowered to %d: the model addresses %d positions", self.max_length,
+                      self.io.max_positions + 1, self.io.max_positions)
+            self.max_length = self.io.max_positions + 1
         info = self._probe(opts)
         self._request_bytes = int(info["totals"].get("committed_bytes", 0))
         # bytes per cached position (all layers), from the contiguous probe's reservation

@@ -499,7 +499,7 @@ class _Server:
                     left -= 1
                     rids.pop(i)
                     yield i, piece, entries, "stop" if (ts.stopped or reason == "stop") else "length", len(out.tokens)
-                elif piece or entries:
+                elif piece or entries or out.tokens:  # (tokens without text, as special ones, still count)
                     yield i, piece, entries, None, len(out.tokens)
         finally:
             for rid in rids.values():
@@ -690,7 +690,8 @@ async def _stream(srv: _Server, gen: Any, first: Any, cid: str, created: int, ch
         item = first
         while item is not None:
             i, piece, entries, reason, _ = item
-            yield chunk(i, piece, entries, reason)
+            if piece or entries or reason is not None:  # tokens without text make no chunk
+                yield chunk(i, piece, entries, reason)
             try:
                 item = await gen.__anext__()
             except StopAsyncIteration:
