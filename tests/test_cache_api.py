@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import gc
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -708,3 +710,46 @@ def test_attention_out_errors_name_the_reason(make, exc, match) -> None:
     if isinstance(out, np.ndarray) and type(out) is not np.ndarray:  # the advice works
         got = olkv.attention(np.ones((1, 2, 1, 8), np.float32), c, out=out.view(np.ndarray))
         np.testing.assert_allclose(np.asarray(out), got)
+
+
+def test_arena_pool_stays_bounded_over_caches_of_changing_sizes() -> None:
+    """Caches created and closed one at a time, each of another capacity: the arena keeps at most
+    about twice the largest one pooled (it kept every size it saw: 2 GB after 40 caches of ~50 MB),
+    and a cache of the size just freed still reuses its buffers."""
+    arena = olkv.Arena()
+    largest = total = 0
+    for i in range(40):
+        c = olkv.KVCache(1, 2, 64, capacity=1000 + 37 * i, arena=arena)
+        size = c.info()["committed_bytes"]
+        largest, total = max(largest, size), total + size
+        c.close()
+        st = arena.stats()
+        assert st["allocated_bytes"] == 0 and st["pooled_bytes"] <= 2 * largest, st
+    assert 4 * 2 * largest < total  # (the bound is far below what was freed)
+    n = arena.stats()["allocations"]
+    pooled = arena.stats()["pooled_bytes"]
+    olkv.KVCache(1, 2, 64, capacity=1000 + 37 * 39, arena=arena).close()  # the size just freed
+    st = arena.stats()
+    assert st["pooled_bytes"] == pooled and st["peak_bytes"] == largest and st["allocations"] > n
+
+
+def test_checkpoint_is_atomic_with_concurrent_reorder() -> None:
+    """checkpoint() takes the snapshot and its lengths in one call: a reorder on another thread
+    cannot invalidate it in between (about 1 in 1,000 calls raised ValueError 'not live')."""
+    c = olkv.KVCache(2, 1, 8, capacity=64)
+    c.append(np.ones((2, 1, 4, 8), np.float32), np.ones((2, 1, 4, 8), np.float32))
+    stop = threading.Event()
+
+    def other() -> None:
+        while not stop.is_set():
+            c.reorder([1, 0])
+
+    t = threading.Thread(target=other)
+    t.start()
+    try:
+        for _ in range(5000):
+            ck = c.checkpoint()
+            assert ck.lengths.tolist() == [4, 4]
+    finally:
+        stop.set()
+        t.join()

@@ -11,8 +11,13 @@ import (
 
 // Arena is the persistent, session-owned memory that caches live in. It
 // outlives single invocations, enforces a byte budget and exposes its
-// accounting. Freed buffers are kept for reuse (pooled) and given back to the
-// Go heap only when the budget needs the room or Trim is called.
+// accounting. Freed buffers are kept for reuse (pooled) by a cache of the
+// same byte size, within bounds: the pool never holds more than the peak of
+// allocated bytes (beyond that, buffers of other sizes than the one just
+// freed are given back), and it is emptied before an allocation is refused
+// for lack of machine memory. The budget, Trim and Close give pooled memory
+// back too. So caches of ever-changing sizes, created and closed one at a
+// time, hold at most about twice the largest one, not every size seen.
 //
 // Arena is safe for concurrent use.
 type Arena struct {
@@ -59,6 +64,11 @@ type ArenaStats struct {
 	Fragmentation float64
 }
 
+// machineFits is sysmem.Fits: whether fresh memory of n bytes fits what the
+// machine can still give (a variable so that tests can stand in a small
+// machine).
+var machineFits = sysmem.Fits
+
 // alignment of every buffer handed out (one cache line; AVX-512 friendly).
 const alignment = 64
 
@@ -80,7 +90,9 @@ func (a *Arena) SetBudget(budget int64) error {
 			units.Bytes(budget), units.Bytes(a.allocated))
 	}
 	a.budget = budget
-	a.trimLocked(a.budget)
+	if budget > 0 {
+		a.trimLocked(a.budget-a.allocated, -1)
+	}
 	return nil
 }
 
@@ -109,7 +121,13 @@ func (a *Arena) allocMany(n, count int) ([][]byte, error) {
 	// cannot hold would otherwise end the process (the Go heap's
 	// out-of-memory is fatal) or get it killed while the pages are touched.
 	if fresh := int64(n) * int64(max(count-len(a.free[n]), 0)); fresh > 0 {
-		if ok, avail := sysmem.Fits(fresh); !ok {
+		ok, avail := machineFits(fresh)
+		if !ok && a.pooled > int64(n)*int64(len(a.free[n])) {
+			// the pool's other sizes are memory nobody uses: give them back first
+			a.trimLocked(0, n)
+			ok, avail = machineFits(fresh)
+		}
+		if !ok {
 			return nil, &BudgetError{Requested: total, Committed: a.allocated, Budget: a.allocated + avail, Machine: true}
 		}
 	}
@@ -124,6 +142,10 @@ func (a *Arena) allocMany(n, count int) ([][]byte, error) {
 			continue
 		}
 		b, err := alignedBytes(n)
+		if err != nil && a.pooled > 0 {
+			a.trimLocked(0, n) // the other sizes' memory, then one more try
+			b, err = alignedBytes(n)
+		}
 		if err != nil {
 			for _, done := range out[:i] {
 				a.free[n] = append(a.free[n], done) // back to the pool: all or nothing
@@ -140,7 +162,7 @@ func (a *Arena) allocMany(n, count int) ([][]byte, error) {
 	}
 	// keep what the arena holds within the budget
 	if a.budget > 0 {
-		a.trimLocked(a.budget - a.allocated)
+		a.trimLocked(a.budget-a.allocated, -1)
 	}
 	return out, nil
 }
@@ -149,20 +171,27 @@ func (a *Arena) allocMany(n, count int) ([][]byte, error) {
 func (a *Arena) release(bufs ...[]byte) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	last := -1
 	for _, b := range bufs {
 		if b == nil {
 			continue
 		}
-		n := len(b)
-		a.allocated -= int64(n)
-		a.free[n] = append(a.free[n], b)
-		a.pooled += int64(n)
+		last = len(b)
+		a.allocated -= int64(last)
+		a.free[last] = append(a.free[last], b)
+		a.pooled += int64(last)
 	}
-	switch {
-	case a.closed:
-		a.trimLocked(0)
-	case a.budget > 0:
-		a.trimLocked(a.budget - a.allocated)
+	keep := a.peak // (buffers of one size never exceed the peak: see Arena)
+	if a.budget > 0 {
+		keep = min(keep, a.budget-a.allocated)
+	}
+	if a.closed {
+		keep = 0
+	}
+	// the size just freed is the likeliest to be asked for again: it goes last
+	a.trimLocked(keep, last)
+	if a.pooled > keep && last >= 0 && (a.closed || a.budget > 0) {
+		a.trimLocked(keep, -1)
 	}
 }
 
@@ -173,7 +202,7 @@ func (a *Arena) Close() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.closed = true
-	a.trimLocked(0)
+	a.trimLocked(0, -1)
 }
 
 // addLive adjusts the live-bytes figure (called by caches on append,
@@ -187,16 +216,20 @@ func (a *Arena) addLive(n int64) {
 // Trim gives every pooled buffer back to the Go heap.
 func (a *Arena) Trim() {
 	a.mu.Lock()
-	a.trimLocked(0)
+	a.trimLocked(0, -1)
 	a.mu.Unlock()
 }
 
-// trimLocked drops pooled buffers until at most keep bytes are pooled.
-func (a *Arena) trimLocked(keep int64) {
+// trimLocked drops pooled buffers until at most keep bytes are pooled,
+// sparing buffers of byte size spare (-1: none).
+func (a *Arena) trimLocked(keep int64, spare int) {
 	if keep < 0 {
 		keep = 0
 	}
 	for size, list := range a.free {
+		if size == spare {
+			continue
+		}
 		for len(list) > 0 && a.pooled > keep {
 			osFree(list[len(list)-1])
 			list[len(list)-1] = nil

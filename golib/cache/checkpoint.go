@@ -74,10 +74,18 @@ func (cs *checkpoints) find(id uint64) *checkpoint {
 // checkpoints. At most MaxCheckpoints stay alive: taking one more drops the
 // oldest live one.
 func (c *KVCache) Checkpoint() (uint64, error) {
+	id, _, err := c.CheckpointLengths()
+	return id, err
+}
+
+// CheckpointLengths is Checkpoint that also returns the sequence lengths the
+// snapshot saved (what Rollback restores), taken under the same lock: a
+// Reorder or Reset running at the same time comes before or after both.
+func (c *KVCache) CheckpointLengths() (uint64, []int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return 0, ErrClosed
+		return 0, nil, ErrClosed
 	}
 	cs := &c.cks
 	cs.next++
@@ -97,7 +105,7 @@ func (c *KVCache) Checkpoint() (uint64, error) {
 	}
 	cs.list = append(cs.list, ck)
 	c.trimLocked() // the dropped checkpoint may have held blocks
-	return ck.id, nil
+	return ck.id, append([]int(nil), ck.lens...), nil
 }
 
 // Rollback restores the lengths saved by Checkpoint(id), shrinking or
@@ -127,18 +135,6 @@ func (c *KVCache) Rollback(id uint64) error {
 	}
 	c.trimLocked()
 	return nil
-}
-
-// CheckpointLengths returns the sequence lengths checkpoint id saved (what
-// Rollback restores), or ErrInvalidArgument when it is not live.
-func (c *KVCache) CheckpointLengths(id uint64) ([]int, error) {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	ck := c.cks.find(id)
-	if ck == nil {
-		return nil, fmt.Errorf("%w: checkpoint %d is not live", ErrInvalidArgument, id)
-	}
-	return append([]int(nil), ck.lens...), nil
 }
 
 // ReleaseCheckpoint forgets checkpoint id (a no-op for unknown ids).

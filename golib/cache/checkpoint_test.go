@@ -57,8 +57,8 @@ func TestStaleCheckpointReasons(t *testing.T) {
 	}
 }
 
-// TestCheckpointLengths: a live checkpoint reports the lengths it saved,
-// not the cache's after later appends; a released one is an error.
+// TestCheckpointLengths: the lengths a checkpoint saved come with its id,
+// not the cache's after later appends, and Rollback restores them.
 func TestCheckpointLengths(t *testing.T) {
 	cfg := Config{Batch: 2, KVHeads: 1, HeadDimK: 2, Capacity: 8, Elem: Float32}
 	a, _ := NewArena(0)
@@ -66,15 +66,18 @@ func TestCheckpointLengths(t *testing.T) {
 	c := mustNew(t, a, cfg)
 	row := make([]byte, 2*1*1*2*4)
 	mustOK(t, c.Append(row, row, Float32, 1, nil))
-	id, err := c.Checkpoint()
+	id, got, err := c.CheckpointLengths()
 	mustOK(t, err)
 	mustOK(t, c.Append(row, row, Float32, 1, nil))
-	got, err := c.CheckpointLengths(id)
-	if err != nil || len(got) != 2 || got[0] != 1 || got[1] != 1 {
-		t.Fatalf("CheckpointLengths = %v, %v; want [1 1] (the cache now holds %v)", got, err, c.Lengths())
+	if len(got) != 2 || got[0] != 1 || got[1] != 1 {
+		t.Fatalf("CheckpointLengths = %v; want [1 1] (the cache now holds %v)", got, c.Lengths())
 	}
-	c.ReleaseCheckpoint(id)
-	if _, err := c.CheckpointLengths(id); !errors.Is(err, ErrInvalidArgument) {
-		t.Fatalf("released checkpoint: %v", err)
+	mustOK(t, c.Rollback(id))
+	if l := c.Lengths(); l[0] != 1 || l[1] != 1 {
+		t.Fatalf("after Rollback: %v, want [1 1]", l)
+	}
+	c.Close()
+	if _, _, err := c.CheckpointLengths(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("closed cache: %v", err)
 	}
 }

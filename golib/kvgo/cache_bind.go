@@ -316,31 +316,25 @@ func CacheEvict(h int64, keep int) (err error) {
 	return classify(err)
 }
 
-// CacheCheckpoint snapshots the lengths and returns the checkpoint id.
-func CacheCheckpoint(h int64) (id int64, err error) {
+// CacheCheckpoint snapshots the lengths, writes the n lengths it saved into
+// the int64 buffer at ptr (in the same critical section: a concurrent
+// reorder or reset cannot come between) and returns the checkpoint id. On an
+// error no checkpoint is left behind.
+func CacheCheckpoint(h int64, ptr uintptr, n int) (id int64, err error) {
 	defer recoverTo(&err)
 	c, err := caches.get(h)
 	if err != nil {
 		return 0, classify(err)
 	}
-	u, err := c.Checkpoint()
-	return int64(u), classify(err)
-}
-
-// CacheCheckpointLengths writes the n sequence lengths live checkpoint id
-// saved into the int64 buffer at ptr (the snapshot's own, whatever ran on
-// the cache since).
-func CacheCheckpointLengths(h, id int64, ptr uintptr, n int) (err error) {
-	defer recoverTo(&err)
-	c, err := caches.get(h)
+	u, lens, err := c.CheckpointLengths()
 	if err != nil {
-		return classify(err)
+		return 0, classify(err)
 	}
-	lens, err := c.CheckpointLengths(uint64(id))
-	if err != nil {
-		return classify(err)
+	if err := putLengths(ptr, n, lens, "a checkpoint of batch"); err != nil {
+		c.ReleaseCheckpoint(u)
+		return 0, classify(err)
 	}
-	return classify(putLengths(ptr, n, lens, "a checkpoint of batch"))
+	return int64(u), nil
 }
 
 // CacheRollback restores a checkpoint.

@@ -101,8 +101,13 @@ class Arena(_Uncopyable):
     """Persistent memory that caches live in, with a byte budget.
 
     Caches reserve their capacity from an arena when they are created; freed
-    caches return their buffers to it for reuse. Exceeding the budget raises
-    :class:`BudgetError` (a ``MemoryError``) and changes nothing.
+    caches return their buffers to it for reuse by a later cache of the same
+    byte size. The pool is bounded: it never holds more than the peak of
+    allocated bytes (buffers of other sizes than the one just freed are given
+    back first), the budget counts it, and it is emptied before an allocation
+    is refused for lack of machine memory; :meth:`trim` empties it at once.
+    Exceeding the budget raises :class:`BudgetError` (a ``MemoryError``) and
+    changes nothing.
 
     An arena is a shared pool, not a value: ``copy.copy``, ``copy.deepcopy``
     and pickling raise TypeError (pass the same object around instead; a copy
@@ -637,11 +642,12 @@ class KVCache:
         oldest live one, and rolling back to it raises
         :class:`StaleCheckpointError` saying so.
         """
-        with self._lock:  # no select between the snapshot and sizing its lengths
-            ck = _call(_f("CacheCheckpoint"), self._h)
+        with self._lock:  # no select between sizing the lengths and the snapshot
+            lengths = np.empty(self._batch, dtype=np.int64)  # the snapshot's own, not the cache's now
+            # one Go call takes the snapshot and its lengths (a reorder or reset on another
+            # thread comes before or after both); on an error it leaves no checkpoint behind
+            ck = _call(_f("CacheCheckpoint"), self._h, lengths.ctypes.data, self._batch)
             try:
-                lengths = np.empty(self._batch, dtype=np.int64)  # the snapshot's own, not the cache's now
-                _call(_f("CacheCheckpointLengths"), self._h, ck, lengths.ctypes.data, self._batch)
                 return Checkpoint(self, ck, lengths)
             except BaseException:
                 # no Checkpoint owns it: release it rather than let it pin rows
