@@ -228,8 +228,9 @@ def test_position_table_is_a_limit_known_up_front(name: str, rows: Any) -> None:
             g.generate_next_token()
     assert g.length == rows + 1  # the token chosen from the last position's logits is kept
     np.testing.assert_array_equal(g.sequences, out.sequences)
-    with Engine(sess, max_batch=2, max_length=2 * rows) as eng:  # max_length beyond the table
-        with pytest.raises(ValueError, match=f"needs {rows + 1} positions"):
+    with Engine(sess, max_batch=2, max_length=2 * rows) as eng:  # max_length beyond the table: lowered
+        assert eng.max_length == rows + 1
+        with pytest.raises(ValueError, match=f"exceed the engine's max_length={rows + 1}"):
             eng.add_request(PROMPT, max_new_tokens=rows + 2 - PROMPT.size)
         rid = eng.add_request(PROMPT, max_new_tokens=rows + 1 - PROMPT.size)
         eng.run_until_done()

@@ -182,8 +182,12 @@ class InferenceSession(_Uncopyable):
         path: ``input_feed`` holds only the new tokens' inputs (feeding a past
         raises ValueError naming it), the new K/V are appended to the state's
         caches and attention reads them in place; a present is exported from
-        the cache only when ``output_names`` names it. A failed run leaves the
-        state unchanged.
+        the cache only when ``output_names`` names it, in
+        :meth:`GenerationState.export`'s layout: each sequence's stored tokens
+        first, zero-filled at the end. The cache stores no left padding, so for
+        a left-padded sequence that differs from the graph's own present (its
+        padding positions first): feed it back only to a state, not as a past
+        with the same attention mask. A failed run leaves the state unchanged.
 
         The first run with a given set of feed names (in their order), output
         names and path resolves and checks the names once (missing, unknown and

@@ -146,6 +146,27 @@ func isOp(n *onnxpb.NodeProto, op string) bool {
 	return n != nil && (d == "" || d == "ai.onnx") && n.GetOpType() == op
 }
 
+// constantValue reports whether name is an initializer or a Constant node's
+// output, directly or through Cast, Sqrt or Reciprocal (a scale, never the
+// activations the scale multiplies).
+func (ix *index) constantValue(name string) bool {
+	for depth := 0; depth < 8; depth++ {
+		if _, ok := ix.g.Initializers[name]; ok {
+			return true
+		}
+		n := ix.producerOf(name)
+		switch {
+		case isOp(n, "Constant"):
+			return true
+		case isOp(n, "Cast") || isOp(n, "Sqrt") || isOp(n, "Reciprocal"):
+			name = n.GetInput()[0]
+		default:
+			return false
+		}
+	}
+	return false
+}
+
 // constInts returns the int64 values of an initializer or Constant node
 // output (nil when name is neither).
 func (ix *index) constInts(name string) []int64 {

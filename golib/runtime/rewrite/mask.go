@@ -24,10 +24,12 @@ const blockedBelow = -1e4
 // that: for every real query row i (position P+i) it attends the positions
 // max(pad_b, P+i-window+1) .. P+i, where pad_b is the sequence's first
 // real position (from the attention_mask input when the graph has one,
-// else from the tokens the state holds, else the first position the last
-// row attends); and the positions before P it attends must be the tokens
-// the state holds. Rows of padding queries are not checked (their outputs
-// are zeros). Anything else fails with errs.ErrNotImplemented before the
+// else from the tokens the state holds, else the first position a row that
+// attends some but not all keys attends); and the positions before P it
+// attends must be the tokens the state holds. Rows of padding queries are
+// not checked (their outputs are zeros), except that where the mask alone
+// placed the padding they must attend nothing or everything, as padding rows
+// do: a chunked or windowed mask's earlier rows are not padding. Anything else fails with errs.ErrNotImplemented before the
 // state is touched. The verdict is computed once per mask tensor and run.
 func (k *cacheAttention) padding(ctx *ops.Context, bind Binding, g geometry, kv *cache.KVCache) ([]int, int, error) {
 	m := ctx.Input(3)
@@ -108,20 +110,48 @@ func (k *cacheAttention) verdict(ctx *ops.Context, m *tensor.Tensor, g geometry,
 			"(sequence %d, query %d, key %d: attends=%v): the cache path supports those masks only",
 			errs.ErrNotImplemented, b, i, t, a)
 	}
+	// paddingRow: query i of sequence b attends no key, or every key while
+	// keys after it exist (no real row of a causal mask does either; masks
+	// of left-padded batches leave padding rows empty or, as transformers'
+	// SDPA masks, full)
+	paddingRow := func(b, i int) (bool, error) {
+		n := 0
+		for t := 0; t < T; t++ {
+			a, err := attends(b, i, t)
+			if err != nil {
+				return false, err
+			}
+			if a {
+				n++
+			}
+		}
+		return n == 0 || (n == T && P+i < T-1), nil
+	}
 	v := verdict{firsts: make([]int, g.b)}
 	span := 0 // the longest range a row attends from its sequence's start
 	for b := 0; b < g.b; b++ {
 		pad := pads[b]
-		if pad < 0 { // from the last row
+		guessed := pad < 0
+		if guessed {
+			// from the rows: the first key any row that is not a padding row attends (the
+			// last row's alone would take the rows before a sliding window, or the chunks
+			// before a chunked mask's last one, for padding)
 			pad = T
-			for t := 0; t < T; t++ {
-				a, err := attends(b, g.s-1, t)
-				if err != nil {
+			for i := 0; i < g.s; i++ {
+				if pr, err := paddingRow(b, i); err != nil {
 					return verdict{}, err
+				} else if pr {
+					continue
 				}
-				if a {
-					pad = t
-					break
+				for t := 0; t < pad; t++ {
+					a, err := attends(b, i, t)
+					if err != nil {
+						return verdict{}, err
+					}
+					if a {
+						pad = t
+						break
+					}
 				}
 			}
 		}
@@ -129,6 +159,16 @@ func (k *cacheAttention) verdict(ctx *ops.Context, m *tensor.Tensor, g geometry,
 		for i := 0; i < g.s; i++ {
 			p := P + i
 			if p < pad {
+				if guessed { // no attention_mask or held tokens say it is padding: its row must
+					if pr, err := paddingRow(b, i); err != nil {
+						return verdict{}, err
+					} else if !pr {
+						return verdict{}, fmt.Errorf("%w: the attention mask is not causal plus left padding (and a "+
+							"sliding window): query %d of sequence %d lies before the first key the other rows attend "+
+							"(%d) but attends some keys and not others, which padding rows do not; the cache path "+
+							"supports those masks only", errs.ErrNotImplemented, i, b, pad)
+					}
+				}
 				continue // a padding query
 			}
 			lo := -1
@@ -175,7 +215,7 @@ func (k *cacheAttention) verdict(ctx *ops.Context, m *tensor.Tensor, g geometry,
 // padStarts returns each sequence's first real position: from the
 // attention_mask input when the node has one (a row must be zeros then
 // ones), else P - stored tokens for a sequence the state holds tokens of,
-// else -1 (taken from the mask's last row).
+// else -1 (taken from the mask's rows, see verdict).
 func (k *cacheAttention) padStarts(ctx *ops.Context, g geometry, T, P int, held []int) ([]int, error) {
 	pads := make([]int, g.b)
 	var am *tensor.Tensor

@@ -12,7 +12,8 @@ import (
 // not materialized), either
 //
 //   - as standard Attention without past inputs (torch.onnx dynamo at
-//     opset 23), or
+//     opset 23) with a mask and is_causal=0 (is_causal=1 there would align
+//     the triangle to the first key, not to the end of the past), or
 //   - decomposed: MatMul(q, Transpose(K, [0, 1, 3, 2])) (or the same
 //     transpose as Reshape/Transpose(0, 2, 1)/Reshape, whose targets are
 //     checked at run time) with scalar Mul/Div
@@ -280,7 +281,14 @@ func (c *chain) attentionEnd(ai int, kEnd, vEnd string, vi int, kNew, vNew strin
 	}
 	causal := attrInt(n, "is_causal", 0)
 	mask := argAt(in, 3)
-	if mask == "" && causal != 1 {
+	if causal != 0 {
+		// Without past inputs on the op, is_causal aligns the triangle to the top left of
+		// [query, past + new] (the ONNX definition; onnxruntime and torch agree): a query after
+		// a past would see only the first keys. The kernel aligns it to the end of the cache.
+		return nil, fmt.Sprintf("%s is causal (is_causal=1) over Concat pasts: ONNX aligns that triangle to the "+
+			"first key, not to the end of the past, which the cache path does not implement", describe(n))
+	}
+	if mask == "" {
 		return nil, fmt.Sprintf("%s is neither causal nor masked", describe(n))
 	}
 	c.drop = append(c.drop, ai)
@@ -367,13 +375,17 @@ func (c *chain) decomposedEnd(ti int, kEnd, vEnd string, vi int, kNew, vNew stri
 		if len(in) != 2 || len(ix.consumers[q]) != 1 || ix.outputs[q] {
 			break
 		}
-		f, ok := scaleOp(pn, in[0])
-		if !ok || f.name == in[0] {
+		qi := 0
+		if isOp(pn, "Mul") && ix.constantValue(in[0]) && !ix.constantValue(in[1]) {
+			qi = 1 // Mul(scale, q)
+		}
+		f, ok := scaleOp(pn, in[qi])
+		if !ok || f.name == in[qi] {
 			break
 		}
 		factors = append(factors, f)
 		c.drop = append(c.drop, pi)
-		q = in[0]
+		q = in[qi]
 	}
 	x = c.take(qk)
 	i, n = c.next(x)
