@@ -126,3 +126,43 @@ def test_query_scale_on_either_side_of_mul(scale_first: bool) -> None:
     assert plan[0]["rewritten"] and plan[0]["rule"] == "concat-past-present", plan
     errs = _run_both(mb, [5, 1, 2], lambda P, s: _windowed(P, s, lambda p, t: t <= p))
     assert max(errs) < 1e-5, errs
+
+
+def _typed_attention(elem: int) -> bytes:
+    node = helper.make_node("Attention", ["q", "k", "v", "", PK, PV], ["y", YK, YV], is_causal=1)
+
+    def vi(name: str, shape: List) -> object:
+        return helper.make_tensor_value_info(name, elem, shape)
+
+    g = helper.make_graph([node], "layer", [vi("q", [B, H, "s", D]), vi("k", [B, H, "s", D]), vi("v", [B, H, "s", D]),
+                                            vi(PK, [B, H, "p", D]), vi(PV, [B, H, "p", D])],
+                          [vi("y", None), vi(YK, None), vi(YV, None)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)], ir_version=10).SerializeToString()
+
+
+@pytest.mark.parametrize("want", ["float32", "float16", "bfloat16", None])
+def test_state_dtype_of_a_float16_model(want: Optional[str]) -> None:
+    """create_state(dtype="float32") on a float16 model stores float32 (the request was read as
+    "the model's type", as float32 is the storage type's zero value); None keeps float16."""
+    sess = olkv.InferenceSession(_typed_attention(TP.FLOAT16))
+    st = sess.create_state(dtype=want)
+    assert str(st.dtype) == (want or "float16")
+    rng = np.random.default_rng(3)
+    feed = {n: rng.standard_normal((B, H, 3, D)).astype(np.float16) for n in "qkv"}
+    y = sess.run(["y"], feed, state=st)[0]
+    ref = ort.InferenceSession(_typed_attention(TP.FLOAT16), providers=["CPUExecutionProvider"])
+    zero = np.zeros((B, H, 0, D), np.float16)
+    np.testing.assert_allclose(y.astype(np.float32), ref.run(["y"], {**feed, PK: zero, PV: zero})[0].astype(np.float32),
+                               atol=3e-2 if want == "bfloat16" else 2e-3)  # (bf16 K/V: 8 bits of mantissa)
+
+
+def test_float64_pasts_stay_on_the_tensor_path() -> None:
+    """The cache kernel reads float32/float16/bfloat16: a float64 model's layers are reported as not
+    rewritten, with the reason, and create_state refuses (it was reported rewritten, then every
+    state run failed with a TypeError)."""
+    sess = olkv.InferenceSession(_typed_attention(TP.DOUBLE))
+    plan = sess.cache_plan()
+    assert not plan[0]["rewritten"] and "the pasts are float64" in plan[0]["reason"], plan
+    for dtype in (None, "float32", "float16"):
+        with pytest.raises(NotImplementedError, match="the pasts are float64"):
+            sess.create_state(dtype=dtype)

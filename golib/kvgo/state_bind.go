@@ -69,6 +69,7 @@ func StateNew(h int64, batch, maxLength, elem int, budget int64, layout, blockSi
 		if cfg.Elem, err = elemOf(elem); err != nil {
 			return 0, classify(err)
 		}
+		cfg.ElemSet = true
 	}
 	cs, err := sess.NewCacheState(cfg)
 	if err != nil {

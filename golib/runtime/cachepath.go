@@ -78,6 +78,14 @@ func newCachePath(m *model.Model, pairs map[string]string, packs *ops.Packs) (*c
 	if !res.Rewritten() {
 		return cp, nil
 	}
+	if _, ok := rewrite.ElemOf(cp.elem); !ok && cp.elem != tensor.Undefined {
+		// the cache kernel reads float32, float16 and bfloat16 Q, K and V only
+		for i := range cp.layers {
+			cp.layers[i].Rewritten, cp.layers[i].Slot = false, -1
+			cp.layers[i].Reason = fmt.Sprintf("the pasts are %v: the cache path runs float32, float16 and bfloat16 attention", cp.elem)
+		}
+		return cp, nil
+	}
 	rm := *m
 	rm.Graph = res.Graph
 	rm.Opsets = maps.Clone(m.Opsets)

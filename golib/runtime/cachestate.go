@@ -19,8 +19,11 @@ type StateConfig struct {
 	// grow on demand (each growth copies the valid rows once, and makes the
 	// state's checkpoints stale).
 	MaxLength int
-	// Elem is the caches' storage type (0: the model's K/V type).
-	Elem cache.ElemType
+	// Elem is the caches' storage type where ElemSet; otherwise the model's
+	// K/V type (cache.Float32 is Elem's zero value, so the flag tells an
+	// explicit float32 from none).
+	Elem    cache.ElemType
+	ElemSet bool
 	// Budget, when > 0, gives the state an arena of its own with that byte
 	// budget; otherwise the caches come from the session's arena.
 	Budget int64
@@ -100,12 +103,12 @@ func (s *Session) NewCacheState(cfg StateConfig) (*CacheState, error) {
 	if cfg.Batch < 1 || cfg.MaxLength < 0 {
 		return nil, fmt.Errorf("%w: batch %d must be >= 1 and max_length %d >= 0", errs.ErrInvalidArgument, cfg.Batch, cfg.MaxLength)
 	}
-	if cfg.Elem == 0 {
+	if !cfg.ElemSet {
 		e, ok := rewrite.ElemOf(s.cache.elem)
 		if !ok {
 			return nil, fmt.Errorf("%w: the model's K/V type %v has no cache storage type", errs.ErrNotImplemented, s.cache.elem)
 		}
-		cfg.Elem = e
+		cfg.Elem, cfg.ElemSet = e, true
 	}
 	if cfg.PrefixCache {
 		if err := s.enablePrefixes(cfg); err != nil {

@@ -34,7 +34,7 @@ func TestCacheStateLoad(t *testing.T) {
 	}
 	_, _, _, first := run(7)
 	pk, pv = first[2].Clone(), first[3].Clone()
-	cs, err := s.NewCacheState(StateConfig{Batch: 1, MaxLength: 10, Elem: cache.Float32})
+	cs, err := s.NewCacheState(StateConfig{Batch: 1, MaxLength: 10, Elem: cache.Float32, ElemSet: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -86,7 +86,7 @@ func BenchmarkDecoderCache(b *testing.B) {
 // 0.5 (as bench_cache_path.py loads; zeros would give every position the
 // same score, which no real cache does).
 func decoderCacheState(b *testing.B, s *Session, context int) *CacheState {
-	cs, err := s.NewCacheState(StateConfig{Batch: 1, MaxLength: context + 8, Elem: cache.Float32})
+	cs, err := s.NewCacheState(StateConfig{Batch: 1, MaxLength: context + 8, Elem: cache.Float32, ElemSet: true})
 	if err != nil {
 		b.Fatal(err)
 	}
