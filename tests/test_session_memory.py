@@ -176,3 +176,18 @@ def test_tensor_beyond_available_memory_raises_memory_error() -> None:
     out = subprocess.run([sys.executable, "-c", _OOM_CHILD], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[:2] == ["MemoryError True", "[1.0, 1.0, 1.0, 1.0]"], out.stdout
+
+
+def test_tensor_beyond_the_per_tensor_limit_raises_memory_error() -> None:
+    """A tensor over the per-tensor limit (by default the machine's physical memory) is a memory
+    error too, as the README says: MemoryError, not ValueError; the session keeps working."""
+    from onnx import TensorProto, helper
+
+    value = helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])
+    g = helper.make_graph([helper.make_node("ConstantOfShape", ["s"], ["y"], value=value)], "g",
+                          [helper.make_tensor_value_info("s", TensorProto.INT64, [1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    sess = olkv.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    with pytest.raises(MemoryError, match="over the per-tensor limit"):
+        sess.run(None, {"s": np.array([1 << 40], np.int64)})  # 4 TiB
+    assert sess.run(None, {"s": np.array([3], np.int64)})[0].tolist() == [1.0, 1.0, 1.0]

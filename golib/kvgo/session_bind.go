@@ -54,8 +54,8 @@ func init() {
 		classifier{errs.ErrInvalidModel, classValue},
 		classifier{errs.ErrInvalidArgument, classValue},
 		classifier{errs.ErrShape, classValue},
+		classifier{errs.ErrMemory, classMemory}, // (before ErrLimit: a tensor beyond the machine is both)
 		classifier{errs.ErrLimit, classValue},
-		classifier{errs.ErrMemory, classMemory},
 		classifier{errs.ErrCycle, classValue},
 		classifier{errs.ErrMissingInput, classValue},
 		classifier{errs.ErrNotFound, classValue},

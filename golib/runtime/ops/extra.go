@@ -76,13 +76,23 @@ func newIsInf(n *Node) (Kernel, error) {
 	}), nil
 }
 
+// requireFloat returns an ErrType error unless x is a floating-point tensor:
+// the input rule of the ops ONNX defines for float types only (their integer
+// arithmetic would return numbers, silently wrong).
+func requireFloat(x *tensor.Tensor) error {
+	if !x.DType().IsFloat() {
+		return fmt.Errorf("%w: want a float tensor, got %v", errs.ErrType, x.DType())
+	}
+	return nil
+}
+
 func floatTest(ctx *Context, f func(float64) bool) error {
 	x, err := ctx.RequireInput(0)
 	if err != nil {
 		return err
 	}
-	if !x.DType().IsFloat() {
-		return fmt.Errorf("%w: want a float tensor, got %v", errs.ErrType, x.DType())
+	if err := requireFloat(x); err != nil {
+		return err
 	}
 	out, err := ctx.NewOutputUninit(0, tensor.Bool, x.Shape())
 	if err != nil {

@@ -167,3 +167,29 @@ func TestFloat64SoftmaxGelu(t *testing.T) {
 		t.Errorf("float32 Softmax: %v %s", err, values(outs[0]))
 	}
 }
+
+// TestFloatOnlyOpsRefuseIntegers: ops ONNX defines for float types only
+// refuse an integer input with ErrType (Softmax, LogSoftmax and the norms
+// ran integer arithmetic and returned numbers: Softmax([1, 2]) = [0, 0]).
+func TestFloatOnlyOpsRefuseIntegers(t *testing.T) {
+	x := i32t(tensor.Shape{2, 2}, 1, 2, 3, 4)
+	scale := i32t(tensor.Shape{2}, 1, 1)
+	cases := []struct {
+		domain, op string
+		opset      int
+		in         []*tensor.Tensor
+	}{
+		{"", "Softmax", 13, []*tensor.Tensor{x}},
+		{"", "LogSoftmax", 13, []*tensor.Tensor{x}},
+		{"", "LayerNormalization", 17, []*tensor.Tensor{x, scale}},
+		{"", "RMSNormalization", 23, []*tensor.Tensor{x, scale}},
+		{"com.microsoft", "SimplifiedLayerNormalization", 1, []*tensor.Tensor{x, scale}},
+		{"com.microsoft", "SkipLayerNormalization", 1, []*tensor.Tensor{x, x, scale}},
+		{"", "IsNaN", 20, []*tensor.Tensor{x}},
+	}
+	for _, c := range cases {
+		if _, err := callDomain(c.domain, c.op, c.opset, nil, 1, c.in...); !errors.Is(err, errs.ErrType) {
+			t.Errorf("%s on int32: err %v, want ErrType", c.op, err)
+		}
+	}
+}

@@ -123,6 +123,9 @@ func normCompute(ctx *Context, axis int, eps float32, sp normSpec) error {
 	if err != nil {
 		return err
 	}
+	if err := requireFloat(x); err != nil {
+		return err
+	}
 	scaleIn := 1
 	var skipV []float32
 	if sp.skip {

@@ -41,6 +41,9 @@ func softmaxCompute(ctx *Context, axis64 int64, single, logOut bool) error {
 	if err != nil {
 		return err
 	}
+	if err := requireFloat(x); err != nil {
+		return err
+	}
 	sh := x.Shape()
 	if len(sh) == 0 {
 		sh = tensor.Shape{1}

@@ -171,8 +171,10 @@ func ByteSize(dt DType, shape Shape) (int, error) {
 	}
 	nb, ok := checkedMul(n, dt.Size())
 	if !ok || int64(nb) > maxBytes.Load() {
-		return 0, fmt.Errorf("%w: a %v tensor of shape %v needs %s, over the per-tensor limit of %s",
-			errs.ErrLimit, dt, shape, units.Bytes(int64(n)*int64(dt.Size())), units.Bytes(maxBytes.Load()))
+		// a size limit, and (by default the machine's memory) a request for more memory
+		// than there is: both sentinels, so the bindings raise MemoryError
+		return 0, fmt.Errorf("%w (%w): a %v tensor of shape %v needs %s, over the per-tensor limit of %s",
+			errs.ErrMemory, errs.ErrLimit, dt, shape, units.Bytes(int64(n)*int64(dt.Size())), units.Bytes(maxBytes.Load()))
 	}
 	return nb, nil
 }
