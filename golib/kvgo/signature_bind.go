@@ -80,8 +80,12 @@ func LiveSignatures() int { return signatures.len() }
 // memory is borrowed: the caller keeps the arrays alive until
 // ResultCopyAndFree.
 //
-// The outputs are described into the nMeta int64 values at meta (an array
-// reference): meta[0] is the count of values written after it, then per
+// The outputs are described into the first nMeta-1 int64 values at meta
+// (an array reference), and the result handle rh is also written into its
+// last value (the caller sets it to 0 first: a caller that cannot take the
+// return value, such as Python when a KeyboardInterrupt is raised as the
+// call returns, frees the result from there). meta[0] is the count of values
+// written after it, then per
 // output [element code, rank, dims..., address, lent handle]. An output of
 // at least lendMin bytes from the session's buffer pool is lent (address
 // of its data, valid until OutputRelease(handle)); the others have address
@@ -134,13 +138,16 @@ func SessionRunPrepared(h, sh, sig int64, desc uintptr, nDesc int, lendMin int, 
 		}
 	}
 	m, err := int64sAt(arrayData(meta), nMeta)
-	if err != nil || nMeta < 1 {
+	if err != nil || nMeta < 2 {
 		res.releaseLent()
 		res.releaseCopied()
 		return 0, classify(fmt.Errorf("%w: output description array of %d values", errs.ErrInvalidArgument, nMeta))
 	}
+	m, slot := m[:nMeta-1], &m[nMeta-1]
 	if !res.describe(m) || copied > 0 {
-		return results.put(res), nil
+		rh := results.put(res)
+		*slot = rh
+		return rh, nil
 	}
 	return 0, nil
 }

@@ -8,9 +8,12 @@ explicitly through handles instead.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
-from typing import Any, Callable
+import signal
+import threading
+from typing import Any, Callable, Iterator
 
 from ._errors import convert
 
@@ -67,3 +70,32 @@ def fn(name: str) -> Callable[..., Any]:
 addr: Callable[[Any], int] = _probe_array_refs()
 """Array reference for the hot entry points (Attention, CacheAppend): pass
 ``addr(arr)``, never ``arr.ctypes.data``, to those functions."""
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """Hold back Ctrl-C (SIGINT) for the block, then deliver it: for native calls that create
+    a handle (a session, a state, a fork) and the statement that hands it to its owner. Python
+    raises a pending KeyboardInterrupt as soon as a native call returns, before its result is
+    stored, so the handle (and the memory behind it) would be lost for good. Outside the main
+    thread, or where SIGINT's handler is not Python's, the block runs as it is (Python delivers
+    signals to the main thread only)."""
+    old = signal.getsignal(signal.SIGINT)
+    if old is None or threading.current_thread() is not threading.main_thread():
+        yield  # (None: a handler installed outside Python, which could not be put back)
+        return
+    got: list = []
+    try:
+        signal.signal(signal.SIGINT, lambda signum, frame: got.append(frame))
+    except (ValueError, TypeError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+        if got:
+            if callable(old):
+                old(signal.SIGINT, got[0])
+            elif old == signal.SIG_DFL:
+                raise KeyboardInterrupt

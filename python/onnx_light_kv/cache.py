@@ -123,8 +123,9 @@ class Arena(_Uncopyable):
 
     def __init__(self, budget: Optional[int] = None) -> None:
         b = optional_integer(budget, "budget", lo=0) or 0
-        self._h: int = _call(_f("ArenaNew"), b)
-        self._finalizer = weakref.finalize(self, _lib.ext.kvgo_ArenaFree, self._h)
+        with _lib.deferred_interrupts():  # owned (finalizer) before a Ctrl-C arrives
+            self._h: int = _call(_f("ArenaNew"), b)
+            self._finalizer = weakref.finalize(self, _lib.ext.kvgo_ArenaFree, self._h)
 
     @property
     def budget(self) -> Optional[int]:
@@ -411,10 +412,11 @@ class KVCache:
                 raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {bs}")
             if q is not None:
                 bs = _quant_block_size(block_size, q[1])
-        h = _call(_f("CacheNew"), self._arena._h, self._batch, self._kv_heads, self._dk, self._dv,
-                  self._capacity, CODES[self._dtype], int(self._layout == "paged"), bs,
-                  *(q if q is not None else _NO_QUANT))
-        self._adopt(h)
+        with _lib.deferred_interrupts():  # owned (finalizer) before a Ctrl-C arrives
+            h = _call(_f("CacheNew"), self._arena._h, self._batch, self._kv_heads, self._dk, self._dv,
+                      self._capacity, CODES[self._dtype], int(self._layout == "paged"), bs,
+                      *(q if q is not None else _NO_QUANT))
+            self._adopt(h)
 
     def _adopt(self, h: int) -> None:
         self._h = h
@@ -566,11 +568,11 @@ class KVCache:
         Raises:
             BudgetError: the arena cannot hold the copy.
         """
-        with self._lock:  # the copy's batch is the one Go forked
-            h = _call(_f("CacheFork"), self._h)
+        with self._lock, _lib.deferred_interrupts():  # the copy's batch is the one Go forked
+            h = _call(_f("CacheFork"), self._h)  # (owned below before a Ctrl-C arrives)
             new = object.__new__(KVCache)
             new.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("_h", "_finalizer", "_lock")})
-        new._adopt(h)
+            new._adopt(h)
         return new
 
     clone = fork

@@ -119,12 +119,15 @@ class InferenceSession(_Uncopyable):
         threads = integer(threads, "threads", lo=0, hi=1024)
         prof = bool(opts.enable_profiling if profile is None else profile)
         map_min = 0 if opts._map_model_files() else -1
+        # (Ctrl-C during a long load arrives once the session is owned here: close() frees it)
         if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
             buf = np.frombuffer(path_or_bytes, dtype=np.uint8)
-            self._h = _lib.call(_lib.fn("SessionNewBytes"), buf.ctypes.data if buf.size else 0, int(buf.size),
-                                external_data_dir or "", int(threads), prof, map_min)
+            with _lib.deferred_interrupts():
+                self._h = _lib.call(_lib.fn("SessionNewBytes"), buf.ctypes.data if buf.size else 0, int(buf.size),
+                                    external_data_dir or "", int(threads), prof, map_min)
         elif isinstance(path_or_bytes, (str, os.PathLike)):
-            self._h = _lib.call(_lib.fn("SessionNewPath"), os.fspath(path_or_bytes), int(threads), prof, map_min)
+            with _lib.deferred_interrupts():
+                self._h = _lib.call(_lib.fn("SessionNewPath"), os.fspath(path_or_bytes), int(threads), prof, map_min)
             self._model_path = os.fspath(path_or_bytes)
         else:
             raise TypeError(f"InferenceSession takes a path or the model bytes, got {type(path_or_bytes).__name__}")
@@ -233,18 +236,25 @@ class InferenceSession(_Uncopyable):
             desc.append(a.ndim)
             desc.extend(a.shape)
         d = np.array(desc, dtype=np.int64)
-        meta = sig.meta.pop() if sig.meta else np.empty(sig.meta_len, dtype=np.int64)
+        # the description, then one value for the result handle (see SessionRunPrepared)
+        meta = sig.meta.pop() if sig.meta else np.empty(sig.meta_len + 1, dtype=np.int64)
+        meta[0] = meta[-1] = 0
+        taken = [False]  # _outputs owns the result and the loans
         try:
             rh = _lib.call(_RUN_PREPARED, self._h, sh, sig.handle, addr(d) if d.size else 0, int(d.size),
                            LEND_MIN_BYTES, addr(meta), int(meta.size))
-            m = meta.tolist()
+            m = meta.tolist()[:-1]
             if m[0] < 0:  # outputs of a rank the description array had no room for
-                meta = np.empty(-m[0], dtype=np.int64)
-                _lib.call(_DESCRIBE, rh, addr(meta), int(meta.size))
-                m = meta.tolist()
-            if meta.size == sig.meta_len:
-                sig.meta.append(meta)
-            return _outputs(rh, m)
+                more = np.empty(-m[0], dtype=np.int64)
+                _lib.call(_DESCRIBE, rh, addr(more), int(more.size))
+                m = more.tolist()
+            outs = _outputs(rh, m, taken)
+            sig.meta.append(meta)
+            return outs
+        except BaseException:
+            if not taken[0]:  # a KeyboardInterrupt raised as the run returned: free what it made
+                _drop_orphaned(meta)
+            raise
         finally:
             del arrays  # feeds had to stay alive until the copy
 
@@ -337,11 +347,15 @@ class InferenceSession(_Uncopyable):
                 raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {bs}")
             if q is not None:
                 bs = _quant_block_size(block_size, q[1])
-        h = _lib.call(_lib.fn("StateNew"), self._h, batch, max_len, code, bud, int(layout == "paged"), bs,
-                      int(prefix_cache), *(q if q is not None else _NO_QUANT))
-        info = json.loads(_lib.call(_lib.fn("StateInfoJSON"), h))
-        dt = cache_dtype(info["dtype"])
-        return GenerationState(self, h, int(batch), dt, self._plan())
+        with _lib.deferred_interrupts():  # the new state reaches its owner before a Ctrl-C does
+            h = _lib.call(_lib.fn("StateNew"), self._h, batch, max_len, code, bud, int(layout == "paged"), bs,
+                          int(prefix_cache), *(q if q is not None else _NO_QUANT))
+            try:
+                info = json.loads(_lib.call(_lib.fn("StateInfoJSON"), h))
+                return GenerationState(self, h, int(batch), cache_dtype(info["dtype"]), self._plan())
+            except BaseException:
+                _lib.ext.kvgo_StateFree(h)  # (a GenerationState owns it only once created)
+                raise
 
     def _plan(self) -> List[Dict[str, Any]]:
         if self._cache_plan is None:
@@ -470,14 +484,38 @@ class _Signature:
             pass
 
 
-def _outputs(rh: int, m: List[int]) -> List[np.ndarray]:
+def _release_loans(m: List[int], k: int) -> None:
+    """Release the lent outputs of description ``m`` from entry ``k`` on (releasing twice does
+    nothing)."""
+    end = m[0] + 1
+    while k < end:
+        j = k + 2 + m[k + 1]
+        if m[j + 1]:
+            _release(m[j + 1])
+        k = j + 2
+
+
+def _drop_orphaned(meta: np.ndarray) -> None:
+    """Free a run's result that never reached :func:`_outputs` (its handle is meta's last value;
+    a result of lent outputs only has none: their loans are in the description). Nothing when
+    the run itself failed (meta[0] stays 0)."""
+    rh = int(meta[-1])
+    if rh:
+        _lib.call(_RESULT_FREE, rh)  # releases the lent outputs too
+    elif meta[0] > 0:
+        _release_loans(meta.tolist()[:-1], 1)
+
+
+def _outputs(rh: int, m: List[int], taken: List[bool]) -> List[np.ndarray]:
     """The outputs described by ``m`` (see SessionRunPrepared): lent ones wrapped, the others
-    allocated here and filled by one copy call of result ``rh`` (0: nothing to copy)."""
+    allocated here and filled by one copy call of result ``rh`` (0: nothing to copy). Sets
+    ``taken[0]`` once it owns the result (from then on it frees what it does not return)."""
     outs: List[np.ndarray] = []
     refs: List[int] = []
     addr = _lib.addr
+    k, end = 1, m[0] + 1  # k: the start of an output's entry
     try:
-        k, end = 1, m[0] + 1  # k: the start of an output's entry
+        taken[0] = True
         while k < end:
             dt = _FROM_CODE[m[k]]
             j = k + 2 + m[k + 1]  # its address and lent handle
@@ -497,11 +535,7 @@ def _outputs(rh: int, m: List[int]) -> List[np.ndarray]:
         if rh:
             _lib.call(_RESULT_FREE, rh)  # releases the lent outputs too
         else:  # release the loans not yet wrapped (the wrapped ones release themselves)
-            while k < end:
-                j = k + 2 + m[k + 1]
-                if m[j + 1]:
-                    _release(m[j + 1])  # releasing twice does nothing
-                k = j + 2
+            _release_loans(m, k)
         raise
     if rh:
         r = np.array(refs, dtype=np.int64)

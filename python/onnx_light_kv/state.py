@@ -122,8 +122,8 @@ class GenerationState:
         Raises:
             BudgetError: the arena cannot hold the copy.
         """
-        with self._lock:  # the copy's batch is the one Go forked
-            h = _call(_f("StateFork"), self._handle())
+        with self._lock, _lib.deferred_interrupts():  # the copy's batch is the one Go forked
+            h = _call(_f("StateFork"), self._handle())  # (owned below before a Ctrl-C arrives)
             return GenerationState(self._session, h, self._batch, self._dtype, self._plan)
 
     clone = fork

@@ -211,7 +211,14 @@ class StateRunner:
                     ids = arr[:, n:]
                     mask = None if mask is None else np.asarray(mask)[:, n:]
         ids, full, total = _prepare(self, ids, mask)
-        out = self.session.run(self._outputs, step_feeds(self.io, ids, full, self.length), state=self.state)
+        try:
+            out = self.session.run(self._outputs, step_feeds(self.io, ids, full, self.length), state=self.state)
+        except BaseException:
+            # a run that raised after the state took the tokens (a KeyboardInterrupt arriving as
+            # the native call returned) leaves the state ahead of this runner: give them back
+            if not self.state.closed and self.state.length > self.length:
+                self.state.truncate(self.length)
+            raise
         self._mask = full
         self.length = total
         return np.asarray(out[0])
