@@ -240,6 +240,36 @@ def test_generate_reuses_prefixes() -> None:
         assert stats["hits"] >= 1 and stats["tokens_reused"] >= 288
 
 
+def test_prefix_cache_is_capped() -> None:
+    """Ever new prompts keep the registered blocks within prefix_cache_bytes (they grew with every
+    distinct prompt: 12,000 blocks after 3,000 prompts, RSS +360 MB); the most recent prompt is
+    still reused; an Engine with a budget caps them at it; a cap without prefix_cache is refused."""
+    sess = _long_llama()
+    with sess.create_state(layout="paged", block_size=32, prefix_cache=True) as st:
+        per_block = st.info()["layers"][0]["kv_heads"] * 32 * 2 * 16 * 4 * len(st.info()["layers"])
+    cap = 20 * per_block
+    opts = {"layout": "paged", "block_size": 32, "prefix_cache": True, "prefix_cache_bytes": cap}
+    rng = np.random.default_rng(7)
+    for _ in range(15):  # 15 prompts of 3 full blocks each: 45 blocks registered in all
+        olkv.generate(sess, rng.integers(1, 256, size=(1, 100), dtype=np.int64), max_new_tokens=1, state_options=opts)
+    last = rng.integers(1, 256, size=(1, 100), dtype=np.int64)
+    olkv.generate(sess, last, max_new_tokens=1, state_options=opts)
+    with sess.create_state(layout="paged", block_size=32, prefix_cache=True) as st:
+        stats = st.info()["prefix_cache"]
+        assert stats["max_bytes"] == cap and 0 < stats["registered_bytes"] <= cap, stats
+        assert stats["evicted"] > 0, stats
+        assert st.reuse_prefix(last[0].tolist()) == 96  # the newest prompt's blocks stay
+    with pytest.raises(ValueError, match="prefix_cache_bytes needs prefix_cache=True"):
+        sess.create_state(layout="paged", prefix_cache_bytes=cap)
+    cfg = M.DecoderConfig(layers=2, hidden=64, q_heads=4, kv_heads=2, head_dim=16, vocab=256, max_positions=512)
+    masked = olkv.InferenceSession(M.model_bytes(M.build("llama", cfg, attention_mask_input=True)), threads=2)
+    with olkv.Engine(masked, budget=1 << 24, block_size=32, prefix_cache=True) as eng:
+        eng.add_request(last[0], max_new_tokens=2)
+        eng.run_until_done()
+    with masked.create_state(layout="paged", block_size=32, prefix_cache=True) as st:
+        assert st.info()["prefix_cache"]["max_bytes"] == 1 << 24
+
+
 def test_prefix_reuse_on_an_export_without_declared_cache_geometry() -> None:
     """onnxruntime-genai exports leave the K/V head size symbolic, so a state's caches are created
     by its first run. The geometry that run finds serves every later state of the session, which

@@ -13,15 +13,17 @@ import (
 // tokens attaches those blocks by reference (read-only: a write into a
 // shared block copies it) and runs only the rest of its prompt.
 // Registered blocks nobody else references are evicted least recently used
-// when an append finds the arena's budget exhausted.
+// when an append finds the arena's budget exhausted, and whenever the
+// registered blocks' bytes exceed the store's cap (SetMaxBytes).
 //
 // PrefixStore is safe for concurrent use. Lock order: a cache's lock is
 // never taken while the store's is held.
 type PrefixStore struct {
-	mu      sync.Mutex
-	entries map[uint64]*prefixEntry
-	clock   uint64
-	stats   PrefixStats
+	mu       sync.Mutex
+	entries  map[uint64]*prefixEntry
+	clock    uint64
+	stats    PrefixStats
+	maxBytes int64 // cap on the registered blocks' bytes (0: none)
 }
 
 // prefixEntry is one registered block of every layer.
@@ -31,6 +33,7 @@ type prefixEntry struct {
 	blocks []*block // per layer
 	pools  []*blockPool
 	used   uint64 // LRU clock
+	bytes  int64  // the blocks' bytes, all layers
 }
 
 // PrefixStats are a store's figures.
@@ -40,7 +43,9 @@ type PrefixStats struct {
 	TokensReused int64 // tokens attached instead of recomputed
 	BytesSaved   int64 // K/V bytes attached instead of recomputed (all layers)
 	Entries      int64 // registered blocks (one per layer each)
-	Evicted      int64 // entries evicted under budget pressure
+	Evicted      int64 // entries evicted under budget pressure or over the cap
+	Bytes        int64 // bytes of the registered blocks (all layers; shared ones too)
+	MaxBytes     int64 // the cap on Bytes (0: none)
 }
 
 // NewPrefixStore returns an empty store.
@@ -128,10 +133,12 @@ func (s *PrefixStore) Register(caches []*KVCache, tokens []int64) error {
 			for l, c := range caches {
 				e.blocks = append(e.blocks, layers[l][i])
 				e.pools = append(e.pools, c.pg.pool)
+				e.bytes += int64(c.pg.pool.blockBytes)
 				layers[l][i] = nil // the entry keeps this reference
 			}
 			s.entries[key] = e
 			s.stats.Entries++
+			s.stats.Bytes += e.bytes
 		}
 		path = append(path, e)
 	}
@@ -146,7 +153,32 @@ func (s *PrefixStore) Register(caches []*KVCache, tokens []int64) error {
 		caches[l].pg.pool.release(unused)
 		unused = unused[:0]
 	}
+	s.trim()
 	return nil
+}
+
+// SetMaxBytes caps the registered blocks' bytes at n (0: no cap), evicting
+// least recently used blocks that no cache references until they fit.
+// Blocks live caches share stay: the cap bounds what the store alone keeps.
+func (s *PrefixStore) SetMaxBytes(n int64) {
+	s.mu.Lock()
+	s.maxBytes = max(n, 0)
+	s.stats.MaxBytes = s.maxBytes
+	s.mu.Unlock()
+	s.trim()
+}
+
+// trim evicts until the registered blocks fit the cap or nothing more can
+// be evicted.
+func (s *PrefixStore) trim() {
+	for {
+		s.mu.Lock()
+		over := s.maxBytes > 0 && s.stats.Bytes > s.maxBytes
+		s.mu.Unlock()
+		if !over || !s.EvictOne() {
+			return
+		}
+	}
 }
 
 // touchLocked marks a chain used, its root last: eviction takes the
@@ -249,6 +281,7 @@ func (s *PrefixStore) EvictOne() bool {
 		delete(s.entries, vkey)
 		s.stats.Entries--
 		s.stats.Evicted++
+		s.stats.Bytes -= victim.bytes
 	}
 	s.mu.Unlock()
 	if victim == nil {
@@ -272,7 +305,7 @@ func (s *PrefixStore) Close() {
 	s.mu.Lock()
 	entries := s.entries
 	s.entries = map[uint64]*prefixEntry{}
-	s.stats.Entries = 0
+	s.stats.Entries, s.stats.Bytes = 0, 0
 	s.mu.Unlock()
 	for _, e := range entries {
 		for l, b := range e.blocks {

@@ -111,6 +111,50 @@ func TestPrefixStoreReclaimUnderBudget(t *testing.T) {
 	}
 }
 
+// TestPrefixStoreCap: registering the blocks of ever new prompts keeps the
+// store within its byte cap (it grew with every distinct prompt until a
+// budget ran out, and the default arena has none), evicting the least
+// recently used blocks; blocks a live cache still shares stay, and a
+// lowered cap evicts at once.
+func TestPrefixStoreCap(t *testing.T) {
+	r := rand.New(rand.NewPCG(25, 26))
+	a, _ := NewArena(0)
+	cfg := pagedCfg(1, 16, 4096)
+	s := NewPrefixStore()
+	entry := int64(2 * 16 * (8 + 8) * 4) // two KV heads, 16 tokens of K and V rows of 8 float32
+	s.SetMaxBytes(10 * entry)
+	live := mustNew(t, a, cfg)
+	fill(t, r, live, 48) // three blocks, kept referenced by this cache
+	first := make([]int64, 48)
+	mustOK(t, s.Register([]*KVCache{live}, first))
+	for i := 1; i <= 40; i++ {
+		c := mustNew(t, a, cfg)
+		fill(t, r, c, 32)
+		tokens := []int64{int64(i)} // a new prompt each time (its first token differs)
+		tokens = append(tokens, make([]int64, 31)...)
+		mustOK(t, s.Register([]*KVCache{c}, tokens))
+		c.Close()
+		if st := s.Stats(); st.Bytes > 10*entry || st.Bytes != st.Entries*entry {
+			t.Fatalf("after %d prompts: %+v (entry %d bytes, cap %d)", i, st, entry, 10*entry)
+		}
+	}
+	st := s.Stats()
+	if st.Evicted == 0 || st.MaxBytes != 10*entry {
+		t.Fatalf("stats %+v", st)
+	}
+	d := mustNew(t, a, cfg)
+	if n, err := s.Attach([]*KVCache{d}, first, 1000); err != nil || n != 48 {
+		t.Fatalf("the live cache's prefix: attached %d, %v; want all 48 tokens (never evicted while shared)", n, err)
+	}
+	d.Close()
+	s.SetMaxBytes(entry) // lower: evicts down to what live caches share (3 entries)
+	if st := s.Stats(); st.Entries != 3 {
+		t.Fatalf("after lowering the cap: %+v, want the 3 shared entries left", st)
+	}
+	live.Close()
+	s.Close()
+}
+
 // TestPrefixStoreConcurrent registers, attaches, appends to and closes
 // states sharing prefixes from several goroutines while others evict (run
 // with -race); at the end, after Close, the pool is empty.

@@ -48,10 +48,11 @@ func SessionCachePlanJSON(h int64) (s string, err error) {
 // cache element code (-1: the model's K/V type), budget the bytes of an
 // arena of the state's own (0: the session's arena). layout 0 is contiguous, 1 paged (blockSize tokens per block, 0 for
 // the default; prefixCache != 0 shares prompt prefixes through the
-// session's prefix store); quant, group, kAxis and residual are those of
+// session's prefix store, prefixMaxBytes > 0 setting the cap on its
+// registered blocks); quant, group, kAxis and residual are those of
 // CacheNew ("none" for native caches).
 func StateNew(h int64, batch, maxLength, elem int, budget int64, layout, blockSize, prefixCache int,
-	quant string, group int, kAxis string, residual int) (sh int64, err error) {
+	prefixMaxBytes int64, quant string, group int, kAxis string, residual int) (sh int64, err error) {
 	defer recoverTo(&err)
 	sess, err := sessions.get(h)
 	if err != nil {
@@ -64,6 +65,7 @@ func StateNew(h int64, batch, maxLength, elem int, budget int64, layout, blockSi
 	cfg := runtime.StateConfig{Batch: batch, MaxLength: maxLength, Budget: budget, Quant: q}
 	if layout == 1 {
 		cfg.Layout, cfg.BlockSize, cfg.PrefixCache = cache.Paged, blockSize, prefixCache != 0
+		cfg.PrefixMaxBytes = prefixMaxBytes
 	}
 	if elem >= 0 {
 		if cfg.Elem, err = elemOf(elem); err != nil {
@@ -276,7 +278,7 @@ func StateInfoJSON(sh int64) (s string, err error) {
 		ps := cs.Session().PrefixStats()
 		info["prefix_cache"] = map[string]int64{"lookups": ps.Lookups, "hits": ps.Hits,
 			"tokens_reused": ps.TokensReused, "bytes_saved": ps.BytesSaved, "shared_blocks": ps.Entries,
-			"evicted": ps.Evicted}
+			"evicted": ps.Evicted, "registered_bytes": ps.Bytes, "max_bytes": ps.MaxBytes}
 	}
 	b, err := json.Marshal(info)
 	return string(b), classify(err)

@@ -38,6 +38,11 @@ type StateConfig struct {
 	// arena register what they run, ReusePrefix attaches a registered
 	// prefix.
 	PrefixCache bool
+	// PrefixMaxBytes, when > 0, caps the bytes of the blocks the session's
+	// prefix store registers (least recently used unreferenced blocks are
+	// evicted beyond it); 0 keeps the store's cap, at first a quarter of the
+	// memory available when the store was created.
+	PrefixMaxBytes int64
 	// Quant quantizes the caches' rows older than a recent-token window
 	// (cache.QuantConfig; the zero value keeps every row in Elem).
 	Quant cache.QuantConfig

@@ -6,6 +6,7 @@ import (
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/sysmem"
 )
 
 // prefixInput is the feed whose token ids key the prefix store.
@@ -22,13 +23,23 @@ func (s *Session) enablePrefixes(cfg StateConfig) error {
 		return fmt.Errorf("%w: prefix_cache with a quantized cache", errs.ErrNotImplemented)
 	case cfg.Budget > 0:
 		return fmt.Errorf("%w: prefix_cache shares blocks through the session's arena: a state budget of its own is not supported", errs.ErrInvalidArgument)
+	case cfg.PrefixMaxBytes < 0:
+		return fmt.Errorf("%w: negative prefix cache cap %d", errs.ErrInvalidArgument, cfg.PrefixMaxBytes)
 	}
 	cp := s.cache
 	cp.prefixMu.Lock()
-	defer cp.prefixMu.Unlock()
-	if cp.prefixes == nil {
-		cp.prefixes = cache.NewPrefixStore()
-		s.arena.SetReclaimer(cp.prefixes.EvictOne)
+	store := cp.prefixes
+	if store == nil {
+		store = cache.NewPrefixStore()
+		// without a cap the registered blocks of every distinct prompt would stay until
+		// the arena's budget (none by default) ran out
+		store.SetMaxBytes(sysmem.Available() / 4)
+		cp.prefixes = store
+		s.arena.SetReclaimer(store.EvictOne)
+	}
+	cp.prefixMu.Unlock()
+	if cfg.PrefixMaxBytes > 0 {
+		store.SetMaxBytes(cfg.PrefixMaxBytes)
 	}
 	return nil
 }

@@ -287,7 +287,7 @@ class InferenceSession(_Uncopyable):
     def create_state(self, *, batch: int = 1, max_length: Optional[int] = None, dtype: Any = None,
                      budget: Optional[int] = None, layout: str = "contiguous",
                      block_size: Optional[int] = None, prefix_cache: bool = False,
-                     quant: Optional[str] = None, quant_group: int = DEFAULT_QUANT_GROUP,
+                     prefix_cache_bytes: Optional[int] = None, quant: Optional[str] = None, quant_group: int = DEFAULT_QUANT_GROUP,
                      k_axis: str = "channel", residual: int = DEFAULT_RESIDUAL) -> GenerationState:
         """A new :class:`GenerationState` for :meth:`run` ``(..., state=)``: one KVCache per
         rewritten layer, ``batch`` sequences.
@@ -311,8 +311,13 @@ class InferenceSession(_Uncopyable):
                 chained hash of the token ids), :meth:`GenerationState.reuse_prefix` attaches the
                 longest registered prefix by reference, and :func:`generate` does so by itself.
                 Unreferenced registered blocks are evicted least recently used when an append
-                finds the budget full. Needs ``layout="paged"`` and the session's arena (no
-                ``budget``).
+                finds the budget full, and beyond the store's cap. Needs ``layout="paged"`` and
+                the session's arena (no ``budget``).
+            prefix_cache_bytes: the cap on the bytes of the session's registered prefix blocks
+                (every layer; blocks live states share count too and stay), set for the whole
+                session; None keeps the cap, at first a quarter of the memory available when
+                the first prefix-cache state was created. ``info()["prefix_cache"]`` reports
+                ``registered_bytes`` and ``max_bytes``.
             quant, quant_group, k_axis, residual: quantized caches, as
                 :class:`onnx_light_kv.KVCache` takes them: None (every row in ``dtype``),
                 ``"int8"`` or ``"int4"``; tokens per sealed chunk (32 or 64); K scales per
@@ -339,6 +344,9 @@ class InferenceSession(_Uncopyable):
             raise TypeError(f"prefix_cache must be a bool, got {type(prefix_cache).__name__}")
         if prefix_cache and layout != "paged":
             raise ValueError("prefix_cache=True needs layout='paged'")
+        prefix_cap = optional_integer(prefix_cache_bytes, "prefix_cache_bytes", lo=1) or 0
+        if prefix_cap and not prefix_cache:
+            raise ValueError("prefix_cache_bytes needs prefix_cache=True")
         q = _quant_options(quant, quant_group, k_axis, residual)
         bs = 0
         if layout == "paged":
@@ -349,7 +357,7 @@ class InferenceSession(_Uncopyable):
                 bs = _quant_block_size(block_size, q[1])
         with _lib.deferred_interrupts():  # the new state reaches its owner before a Ctrl-C does
             h = _lib.call(_lib.fn("StateNew"), self._h, batch, max_len, code, bud, int(layout == "paged"), bs,
-                          int(prefix_cache), *(q if q is not None else _NO_QUANT))
+                          int(prefix_cache), prefix_cap, *(q if q is not None else _NO_QUANT))
             try:
                 info = json.loads(_lib.call(_lib.fn("StateInfoJSON"), h))
                 return GenerationState(self, h, int(batch), cache_dtype(info["dtype"]), self._plan())

@@ -109,7 +109,8 @@ class GenerationState:
         counters) and ``totals`` over the layers (committed/live bytes, append/export/copy/
         attention bytes and calls), plus ``batch``, ``length`` and ``dtype``. A
         ``prefix_cache`` state adds ``prefix_cache``: the session store's ``lookups``,
-        ``hits``, ``tokens_reused``, ``bytes_saved``, ``shared_blocks`` and ``evicted``."""
+        ``hits``, ``tokens_reused``, ``bytes_saved``, ``shared_blocks``, ``evicted``,
+        ``registered_bytes`` and ``max_bytes`` (the cap, see ``create_state``)."""
         return json.loads(_call(_f("StateInfoJSON"), self._handle()))
 
     def reset_counters(self) -> None:

@@ -132,6 +132,10 @@ class Engine(_Uncopyable):
             longest prefix of its prompt that earlier requests registered and prefills only
             the rest (:attr:`Request.reused_tokens`). Admission still counts a reused prefix
             as the request's own, so the budget is never exceeded by a shared block's release.
+            The registered blocks themselves are capped at ``budget`` bytes where one is given
+            (else at the session's default, see ``create_state(prefix_cache_bytes=)``; a
+            ``state_options`` ``prefix_cache_bytes`` overrides it), least recently used
+            evicted first.
         state_options: more ``create_state`` keyword arguments (``dtype`` of the caches; the
             quantization options ``quant``, ``quant_group``, ``k_axis``, ``residual``).
 
@@ -190,6 +194,8 @@ class Engine(_Uncopyable):
         self.block_size: Optional[int] = None
         if self.paged:
             opts.update(layout="paged", prefix_cache=self.prefix_cache)
+            if self.prefix_cache and self.budget is not None and "prefix_cache_bytes" not in opts:
+                opts["prefix_cache_bytes"] = self.budget  # the registered prompts' blocks: within it too
             if block_size is not None:
                 opts["block_size"] = integer(block_size, "block_size", lo=1)
             info = self._probe(opts)  # checks block_size
