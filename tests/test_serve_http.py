@@ -392,6 +392,34 @@ def test_engine_loop_fails_only_the_request_whose_prompt_fails() -> None:
     assert sum(len(item[0].tokens) for item in got["good"]) == 4 and loop.step_errors == 0
 
 
+def test_engine_loop_close_leaves_a_long_step_to_finish() -> None:
+    """close() while a step runs past its wait: the engine is not closed under the step (the
+    step failed with IndexError and the engine kept a live state); the thread closes it once the
+    step ends, with no step error."""
+    from onnx_light_kv.serve.http import EngineLoop
+
+    eng = Engine(ours(MODEL), max_batch=4, max_length=MAX_LENGTH)
+    started, release = threading.Event(), threading.Event()
+    real_step = eng.step
+
+    def slow_step() -> Any:
+        started.set()
+        release.wait(30)
+        return real_step()
+
+    eng.step = slow_step  # type: ignore[method-assign]
+    loop = EngineLoop(eng)
+    loop.close_wait_s = 0.05
+    got: List[Any] = []
+    loop.submit([3, 17, 42], got.append, max_new_tokens=4)
+    assert started.wait(30)
+    loop.close()
+    assert loop._thread.is_alive() and not eng._closed  # left to the thread
+    release.set()
+    loop._thread.join(30)
+    assert not loop._thread.is_alive() and eng._closed and loop.step_errors == 0
+
+
 def _per_position() -> int:
     with Engine(ours(MODEL), max_length=MAX_LENGTH) as eng:
         return eng.stats()["request_bytes"] // MAX_LENGTH

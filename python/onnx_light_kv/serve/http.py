@@ -80,6 +80,9 @@ class EngineLoop:
     failed engine reaches no other; :meth:`stats` keeps counting across engines.
     """
 
+    #: seconds :meth:`close` waits for a running step before leaving the engine to the thread
+    close_wait_s = 30.0
+
     def __init__(self, engine: Engine, factory: Optional[Callable[[], Engine]] = None) -> None:
         self.engine = engine
         self._factory = factory if factory is not None else engine.fresh
@@ -140,13 +143,25 @@ class EngineLoop:
         self._wake.set()
 
     def close(self) -> None:
-        """Stop the thread and close the engine."""
+        """Stop the thread and close the engine. A step still running after 30 s (a very long
+        prefill) is not cut short: the thread closes the engine when that step ends (closing it
+        under a running step would fail the step)."""
         self._stop = True
         self._wake.set()
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=self.close_wait_s)
+        if self._thread.is_alive():
+            _log.warning("the engine step is still running: the engine closes when it ends")
+            return
         self.engine.close()
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            if self._stop:
+                self.engine.close()  # (again after close() joined it: closing twice does nothing)
+
+    def _loop(self) -> None:
         while not self._stop:
             if not self.engine.has_work():
                 self._wake.wait(0.05)
