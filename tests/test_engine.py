@@ -490,6 +490,53 @@ def test_position_table_counts_the_positions_run() -> None:
         assert eng.request(rid).tokens == [int(t) for t in g.sequences[0, prompt.size:]]
 
 
+def test_steps_from_two_threads_and_close_during_a_step() -> None:
+    """Two threads stepping one engine run one step at a time (they raised IndexError and left a
+    request unfinished); every request equals generate() alone. A close() from another thread
+    waits for the step in progress instead of failing it."""
+    import threading
+
+    sess = ours(MODEL)
+    eng = Engine(sess, max_batch=4, max_length=64)
+    ids = [eng.add_request(**r) for r in REQUESTS]
+    errors: List[BaseException] = []
+
+    def stepper() -> None:
+        try:
+            while eng.has_work():
+                eng.step()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=stepper) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    for rid, req in zip(ids, REQUESTS):
+        assert eng.request(rid).tokens == _alone(sess, req), req
+    eng.add_request(**REQUESTS[0])
+    real = eng._step
+    entered = threading.Event()
+
+    def slow() -> Any:
+        entered.set()
+        import time
+
+        time.sleep(0.2)
+        return real()
+
+    eng._step = slow  # type: ignore[method-assign]
+    t = threading.Thread(target=stepper)
+    t.start()
+    assert entered.wait(30)
+    eng.close()  # waits for that step
+    t.join(30)
+    assert errors == [] or all(isinstance(e, ValueError) and "closed" in str(e) for e in errors), errors
+    assert eng.stats()["running"] == 0
+
+
 def test_a_request_whose_prompt_fails_ends_alone() -> None:
     """A prompt the model refuses (a token id beyond a vocabulary the engine could not check
     up front) ends that request with finish_reason "error"; the others run on unharmed."""

@@ -220,6 +220,7 @@ class Engine(_Uncopyable):
                             max_length=max_length, block_size=block_size, prefix_cache=prefix_cache,
                             state_options=dict(state_options or {}))
         self._lock = threading.Lock()
+        self._step_lock = threading.Lock()  # one step at a time; close waits for it
         self._inbox: Deque[Tuple[str, Any]] = collections.deque()
         self._requests: Dict[int, Request] = {}
         self._queue: Deque[Request] = collections.deque()
@@ -336,9 +337,17 @@ class Engine(_Uncopyable):
         tokens and whether it finished (an aborted request, or one a failed model call ended
         with ``finish_reason == "error"``, is reported once, finished, with no tokens).
 
+        Steps from several threads run one after another, and :meth:`close` waits for a step
+        in progress.
+
         Raises:
             ValueError: the engine is closed (:meth:`close`).
         """
+        with self._step_lock:
+            return self._step()
+
+    def _step(self) -> List[StepOutput]:
+        """:meth:`step` under ``_step_lock``."""
         if self._closed:
             raise ValueError("the engine is closed")
         outputs: Dict[int, StepOutput] = {}
@@ -627,24 +636,25 @@ class Engine(_Uncopyable):
         and those added since the last step included) ends with ``finish_reason == "abort"``.
         Afterwards :meth:`add_request` and :meth:`step` raise ``ValueError`` and
         :meth:`has_work` is False; closing again does nothing."""
-        with self._lock:
-            self._closed = True
-            items = list(self._inbox)
-            self._inbox.clear()
-        added = [req for kind, req in items if kind == "add"]
-        self._counts["requests"] += len(added)
-        for req in added + list(self._queue) + list(self._prefilling) + list(self._rows):
-            if not req.finished:
-                self._finish(req, "abort")
-            if req._runner is not None:
-                req._runner.close()
-                req._runner = None
-        self._queue.clear()
-        self._prefilling.clear()
-        self._rows.clear()
-        if self._state is not None:
-            self._state.close()
-            self._state = None
+        with self._step_lock:  # after a step in progress; one close at a time
+            with self._lock:
+                self._closed = True
+                items = list(self._inbox)
+                self._inbox.clear()
+            added = [req for kind, req in items if kind == "add"]
+            self._counts["requests"] += len(added)
+            for req in added + list(self._queue) + list(self._prefilling) + list(self._rows):
+                if not req.finished:
+                    self._finish(req, "abort")
+                if req._runner is not None:
+                    req._runner.close()
+                    req._runner = None
+            self._queue.clear()
+            self._prefilling.clear()
+            self._rows.clear()
+            if self._state is not None:
+                self._state.close()
+                self._state = None
 
     _COPY_ADVICE = ("it owns its requests and their KV caches (a copy would share them); use fresh() for a new "
                     "engine over the same session with the same options")
