@@ -181,3 +181,22 @@ def test_cli_user_errors_are_one_line(tmp_path: Any, capsys: Any, args: List[str
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("onnx-light-kv: error: ") and needle in err[-1], err
     assert not any("Traceback" in line for line in err)
+
+
+def test_streamer_pieces_add_up_when_the_text_ends_inside_a_character() -> None:
+    """The last step's piece carries a character the generation cut short (U+FFFD, as the full
+    decode has it): the pieces held it back for good, so the streamed text (and the CLI's line)
+    lacked the text's last character."""
+    from onnx_light_kv.generation.text import Streamer
+
+    class Bytes:  # token t is byte t; decode as UTF-8 with replacement, as byte-level BPE does
+        def decode(self, ids: List[int], skip_special_tokens: bool = True) -> str:
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    for seq in ([0x61, 0xC3, 0xA9, 0x62], [0x61, 0xE2, 0x82], [0xF0, 0x9F, 0x98, 0x80], [0x61, 0xC3]):
+        got: List[str] = []
+        s = Streamer(lambda tokens, text: got.append(text[0]), Bytes(), 1)
+        for t in seq:
+            s.put(np.array([t], np.int64))
+        s.end()
+        assert "".join(got) == Bytes().decode(seq) and len(got) == len(seq), (seq, got)

@@ -340,6 +340,70 @@ def test_chat_default_max_tokens_fits_a_short_position_table(tmp_path: Any) -> N
         srv.stop()
 
 
+def test_chat_templates_render_as_transformers_does(tmp_path: Any) -> None:
+    """The tokenizer config's bos/eos tokens reach the template, an undefined name tests false
+    (Qwen 2.5's `{% if tools %}` failed every request), {% continue %} works, blocks trim their
+    newline; a template that reaches Python's internals is refused in its sandbox (it ran shell
+    commands); one that does not compile fails create_app with ValueError (the server exited
+    with a traceback after loading the model)."""
+    TOK.save(str(tmp_path / "tokenizer.json"))
+    template = ("{{ bos_token }} {% for m in messages %}{% if m['role'] == 'system' %}{% continue %}{% endif %}\n"
+                "{{ m['content'] }} {% endfor %}{% if tools %}w1{% endif %}"
+                "{% if add_generation_prompt %}w7 {{ eos_token }}{% endif %}")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": template, "bos_token": {"content": "w9"}, "eos_token": "w8"}))
+    eng = Engine(ours(MODEL), max_batch=4, max_length=MAX_LENGTH)
+    srv = Server(create_app(eng, str(tmp_path / "tokenizer.json"), model_name=NAME))
+    try:
+        msgs = [{"role": "system", "content": "w3"}, {"role": "user", "content": "w4 w5 w6"}]
+        with httpx.Client(base_url=srv.url, timeout=30) as h:
+            r = h.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 5, "temperature": 0})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == 6  # w9 w4 w5 w6 w7 w8: no system, no tools
+        assert r.json()["choices"][0]["message"]["content"] == expected_text([9, 4, 5, 6, 7, 8], 5)
+    finally:
+        srv.stop()
+    proof = tmp_path / "proof.txt"
+    evil = "{{ cycler.__init__.__globals__.os.popen('touch " + str(proof) + "').read() }}"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": evil}))
+    eng = Engine(ours(MODEL), max_batch=4, max_length=MAX_LENGTH)
+    srv = Server(create_app(eng, str(tmp_path / "tokenizer.json"), model_name=NAME))
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as h:
+            r = h.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 2})
+        assert r.status_code == 400 and "chat template" in r.json()["error"]["message"]
+        assert not proof.exists()
+    finally:
+        srv.stop()
+    with pytest.raises(ValueError, match=r"the chat template does not compile: .* \(line 1\)"):
+        create_app(Engine(ours(MODEL), max_length=MAX_LENGTH), TOK, chat_template="{% for m in messages %}{{ m }")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_with_several_choices(server: Server, stream: bool) -> None:
+    """n > 1 with a stop string: every choice ends before its stop string (outputs the engine had
+    already queued for a stopped choice raised KeyError: a 500, or a stream cut off)."""
+    body = {"prompt": P1, "max_tokens": 12, "n": 3, "temperature": 1.0, "seed": 5, "stop": [" "], "stream": stream}
+    with httpx.Client(base_url=server.url, timeout=60) as h:
+        r = h.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        if stream:
+            texts, reasons = [""] * 3, [None] * 3
+            lines = [x[6:] for x in r.text.splitlines() if x.startswith("data: ")]
+            assert lines[-1] == "[DONE]"
+            for x in lines[:-1]:
+                c = json.loads(x)["choices"][0]
+                texts[c["index"]] += c["text"]
+                reasons[c["index"]] = c["finish_reason"] or reasons[c["index"]]
+        else:
+            cs = r.json()["choices"]
+            texts, reasons = [c["text"] for c in cs], [c["finish_reason"] for c in cs]
+    for i in range(3):
+        full = TOK.decode(expected(P1, 12, do_sample=True, temperature=1.0, seed=5 + i))
+        cut = full.find(" ")
+        assert texts[i] == (full if cut < 0 else full[:cut]) and reasons[i] == ("stop" if cut >= 0 else "length")
+
+
 def test_cli_serve(tmp_path: Any) -> None:
     path = tmp_path / "m.onnx"
     path.write_bytes(model(MODEL).SerializeToString())

@@ -82,7 +82,11 @@ class Streamer:
     ``[rows]``) or a callable ``streamer(tokens, text)`` called per step with the ``[rows]``
     new token ids and, with a tokenizer, the list of new text pieces per row (else None). A
     row that has stopped gets its padding id and an empty piece, so the pieces of a row add up
-    to its ``text`` in the output."""
+    to its ``text`` in the output. With a tokenizer the callable is called one step late: a
+    piece that ends inside a multi-byte character waits for the next token, and the last step's
+    call, made by :meth:`end`, carries whatever is left (a character the generation cut short
+    included). A byte-fallback tokenizer that rewrites text it already decoded (a later byte
+    making an earlier byte group invalid) is the one case where the pieces cannot add up."""
 
     def __init__(self, streamer: Any, tokenizer: Any, rows: int) -> None:
         self.streamer, self.tokenizer = streamer, tokenizer
@@ -91,6 +95,7 @@ class Streamer:
             raise TypeError("streamer must have put()/end() or be callable(tokens, text)")
         self._tokens: List[List[int]] = [[] for _ in range(rows)]
         self._text = [""] * rows
+        self._pending: Optional[Tuple[np.ndarray, Optional[np.ndarray]]] = None
 
     def prompt(self, ids: np.ndarray) -> None:
         """Announce the prompt (transformers' protocol only)."""
@@ -103,26 +108,39 @@ class Streamer:
         if self._protocol:
             self.streamer.put(tokens.copy())
             return
-        pieces = None
-        if self.tokenizer is not None:
-            pieces = []
-            for r, t in enumerate(tokens):
-                if finished is not None and finished[r]:
-                    pieces.append("")
-                    continue
-                self._tokens[r].append(int(t))
-                full = self.tokenizer.decode(self._tokens[r], skip_special_tokens=True)
-                if full.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
-                    pieces.append("")
-                    continue
-                pieces.append(full[len(self._text[r]):])
+        if self.tokenizer is None:
+            self.streamer(tokens.copy(), None)
+            return
+        if self._pending is not None:
+            self._deliver(*self._pending, last=False)
+        self._pending = (tokens.copy(), None if finished is None else finished.copy())
+
+    def _deliver(self, tokens: np.ndarray, finished: Optional[np.ndarray], last: bool) -> None:
+        pieces = []
+        for r, t in enumerate(tokens):
+            if finished is not None and finished[r]:
+                pieces.append("")
+                continue
+            self._tokens[r].append(int(t))
+            full = self.tokenizer.decode(self._tokens[r], skip_special_tokens=True)
+            if full.endswith("\ufffd") and not last:  # an incomplete multi-byte character: wait for the rest
+                pieces.append("")
+                continue
+            if not full.startswith(self._text[r]):  # rewritten by a later byte: what was sent stays
+                pieces.append("")
                 self._text[r] = full
-        self.streamer(tokens.copy(), pieces)
+                continue
+            pieces.append(full[len(self._text[r]):])
+            self._text[r] = full
+        self.streamer(tokens, pieces)
 
     def end(self) -> None:
-        """Generation finished."""
+        """Generation finished: the last step's call (with a tokenizer), or ``end()``."""
         if self._protocol:
             self.streamer.end()
+        elif self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._deliver(*pending, last=True)
 
 
 class Progress:

@@ -368,18 +368,14 @@ def _sse(data: Any) -> bytes:
 class _Server:
     """The app's state: engine loop, tokenizer, model name, chat template and counters."""
 
-    def __init__(self, loop: EngineLoop, tokenizer: Any, model_name: str, chat_template: Optional[str]) -> None:
+    def __init__(self, loop: EngineLoop, tokenizer: Any, model_name: str, template: Any,
+                 special: Dict[str, str]) -> None:
         self.loop, self.tok, self.model = loop, tokenizer, model_name
-        jinja2 = require("jinja2")
-        env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-
-        def raise_exception(msg: str) -> None:
-            raise RequestError(f"chat template: {msg}", "messages")
-
-        env.globals["raise_exception"] = raise_exception
-        self.template = env.from_string(chat_template or DEFAULT_CHAT_TEMPLATE)
-        self.eos = [i for i in (tokenizer.token_to_id(t) for t in ("</s>", "<|endoftext|>", "<eos>", "<|im_end|>",
-                                                                     "<|eot_id|>")) if i is not None]
+        self.template, self.special = template, special
+        names = ["</s>", "<|endoftext|>", "<eos>", "<|im_end|>", "<|eot_id|>"]
+        if special.get("eos_token"):
+            names.insert(0, special["eos_token"])
+        self.eos = list(dict.fromkeys(i for i in (tokenizer.token_to_id(t) for t in names) if i is not None))
         self.http = {}  # (route, status) -> count
         self.started = time.time()
 
@@ -436,7 +432,8 @@ class _Server:
             _valid_text(c, "messages")
             clean.append({"role": m["role"], "content": c})
         try:
-            text = self.template.render(messages=clean, add_generation_prompt=True, bos_token="", eos_token="")
+            text = self.template.render(messages=clean, add_generation_prompt=True, **{
+                "bos_token": "", "eos_token": "", **self.special})
         except RequestError:
             raise
         except Exception as e:
@@ -496,6 +493,8 @@ class _Server:
                     i, item = await asyncio.wait_for(merged.get(), timeout=_DISCONNECT_POLL_S)
                 except asyncio.TimeoutError:
                     continue
+                if i not in rids:  # a choice that ended at a stop string: outputs already queued
+                    continue
                 if isinstance(item, Exception):
                     raise RequestError(f"the model failed: {item}", status=500)
                 out, lps, tops, reason = item
@@ -547,15 +546,18 @@ def create_app(engine: Any, tokenizer: Any, *, model_name: str = "model", chat_t
 
     from ..generation.text import load_tokenizer
 
-    if chat_template is None and isinstance(tokenizer, (str, os.PathLike)):
-        chat_template = _template_next_to(os.fspath(tokenizer))
+    special: Dict[str, str] = {}
+    if isinstance(tokenizer, (str, os.PathLike)):
+        found, special = _template_next_to(os.fspath(tokenizer))
+        chat_template = found if chat_template is None else chat_template
+    template = compile_chat_template(chat_template or DEFAULT_CHAT_TEMPLATE)
     tok = load_tokenizer(tokenizer)
     state: Dict[str, Any] = {}
 
     def server() -> _Server:
         if "server" not in state:
             backend = EngineLoop(engine, engine_factory) if isinstance(engine, Engine) else engine
-            state["server"] = _Server(backend, tok, model_name, chat_template)
+            state["server"] = _Server(backend, tok, model_name, template, special)
         return state["server"]
 
     def count(route: str, status: int) -> None:
@@ -779,16 +781,55 @@ def _metrics(srv: _Server, st: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _template_next_to(tokenizer_path: str) -> Optional[str]:
+def compile_chat_template(source: str) -> Any:
+    """A chat template compiled as transformers renders them: a sandboxed jinja2 environment (a
+    template from a downloaded model must not reach Python's internals: no attribute of a
+    function, module or class behind ``__``), ``trim_blocks`` and ``lstrip_blocks``, the
+    ``loopcontrols`` extension (``{% break %}``, ``{% continue %}``), undefined names rendering
+    as empty (``{% if tools %}``), and ``raise_exception(msg)`` failing the request with a 400.
+
+    Raises:
+        ValueError: the template does not compile (named with jinja2's message and line).
+    """
+    jinja2 = require("jinja2")
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+
+    def raise_exception(msg: str) -> None:
+        raise RequestError(f"chat template: {msg}", "messages")
+
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateError as e:
+        line = getattr(e, "lineno", None)
+        raise ValueError(f"the chat template does not compile: {e}" + (f" (line {line})" if line else "")) from None
+
+
+def _template_next_to(tokenizer_path: str) -> Tuple[Optional[str], Dict[str, str]]:
+    """The chat template and the special tokens (``bos_token``, ``eos_token``: strings, or
+    transformers' AddedToken dicts' ``content``) of the ``tokenizer_config.json`` beside a
+    tokenizer file (None and {} without one)."""
     folder = tokenizer_path if os.path.isdir(tokenizer_path) else os.path.dirname(tokenizer_path)
     cfg = os.path.join(folder, "tokenizer_config.json")
     if not os.path.exists(cfg):
-        return None
+        return None, {}
     with open(cfg) as f:
-        t = json.load(f).get("chat_template")
+        conf = json.load(f)
+    if not isinstance(conf, dict):
+        raise ValueError(f"{cfg}: the tokenizer config must be a JSON object")
+    t = conf.get("chat_template")
     if isinstance(t, list):  # named templates: the default one
         t = next((x.get("template") for x in t if isinstance(x, dict) and x.get("name") == "default"), None)
-    return t if isinstance(t, str) else None
+    special = {}
+    for name in ("bos_token", "eos_token"):
+        v = conf.get(name)
+        if isinstance(v, dict):
+            v = v.get("content")
+        if isinstance(v, str):
+            special[name] = v
+    return (t if isinstance(t, str) else None), special
 
 
 # -- command line --------------------------------------------------------------------------------
