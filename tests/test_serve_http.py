@@ -54,8 +54,14 @@ def expected(prompt: Any, max_tokens: int, **kw: Any) -> List[int]:
     return [int(t) for t in olkv.generate(ours(MODEL), ids, max_new_tokens=max_tokens, **kw).new_tokens[0]]
 
 
-def expected_text(prompt: Any, max_tokens: int, **kw: Any) -> str:
-    return TOK.decode(expected(prompt, max_tokens, **kw))
+def expected_text(prompt: Any, max_tokens: int, chat: bool = False, **kw: Any) -> str:
+    """What the server returns for generate()'s tokens: chat content is their text alone; a
+    completion's text continues the prompt (prompt text + completion = the decode of both)."""
+    new = expected(prompt, max_tokens, **kw)
+    if chat:
+        return TOK.decode(new)
+    ids = list(TOK.encode(prompt).ids if isinstance(prompt, str) else prompt)
+    return TOK.decode(ids + new)[len(TOK.decode(ids)):]
 
 
 class Server:
@@ -132,7 +138,7 @@ def test_stop_strings(client: Any) -> None:
     stop = full[4]
     first = full.index(stop)
     r = client.completions.create(model=NAME, prompt=P1, max_tokens=12, temperature=0, stop=[stop, "zz"])
-    assert r.choices[0].text == " ".join(full[:first]) + " " and r.choices[0].finish_reason == "stop"
+    assert r.choices[0].text == "".join(" " + w for w in full[:first]) + " " and r.choices[0].finish_reason == "stop"
     parts = [c.choices[0] for c in client.completions.create(model=NAME, prompt=P1, max_tokens=12, temperature=0,
                                                               stop=stop, stream=True)]
     assert "".join(p.text for p in parts) == r.choices[0].text and parts[-1].finish_reason == "stop"
@@ -147,7 +153,7 @@ def _chat_ids(messages: List[Dict[str, str]], template: str = DEFAULT_CHAT_TEMPL
 
 def test_chat_openai_client(client: Any) -> None:
     msgs = [{"role": "system", "content": "w1 w2"}, {"role": "user", "content": P2}]
-    want = expected_text(_chat_ids(msgs), 7)
+    want = expected_text(_chat_ids(msgs), 7, chat=True)
     r = client.chat.completions.create(model=NAME, messages=msgs, max_tokens=7, temperature=0)
     assert r.choices[0].message.content == want and r.choices[0].message.role == "assistant"
     chunks = list(client.chat.completions.create(model=NAME, messages=msgs, max_tokens=7, temperature=0, stream=True))
@@ -303,7 +309,7 @@ def test_chat_template_from_tokenizer_config(tmp_path: Any) -> None:
         assert _chat_ids(msgs, template) == [4, 5, 6, 7]
         with httpx.Client(base_url=srv.url, timeout=30) as h:
             r = h.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 5, "temperature": 0})
-        assert r.json()["choices"][0]["message"]["content"] == expected_text([4, 5, 6, 7], 5)
+        assert r.json()["choices"][0]["message"]["content"] == expected_text([4, 5, 6, 7], 5, chat=True)
     finally:
         srv.stop()
 
@@ -360,7 +366,7 @@ def test_chat_templates_render_as_transformers_does(tmp_path: Any) -> None:
             r = h.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 5, "temperature": 0})
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["prompt_tokens"] == 6  # w9 w4 w5 w6 w7 w8: no system, no tools
-        assert r.json()["choices"][0]["message"]["content"] == expected_text([9, 4, 5, 6, 7, 8], 5)
+        assert r.json()["choices"][0]["message"]["content"] == expected_text([9, 4, 5, 6, 7, 8], 5, chat=True)
     finally:
         srv.stop()
     proof = tmp_path / "proof.txt"
@@ -383,7 +389,7 @@ def test_chat_templates_render_as_transformers_does(tmp_path: Any) -> None:
 def test_stop_with_several_choices(server: Server, stream: bool) -> None:
     """n > 1 with a stop string: every choice ends before its stop string (outputs the engine had
     already queued for a stopped choice raised KeyError: a 500, or a stream cut off)."""
-    body = {"prompt": P1, "max_tokens": 12, "n": 3, "temperature": 1.0, "seed": 5, "stop": [" "], "stream": stream}
+    body = {"prompt": P1, "max_tokens": 12, "n": 3, "temperature": 1.0, "seed": 5, "stop": ["3"], "stream": stream}
     with httpx.Client(base_url=server.url, timeout=60) as h:
         r = h.post("/v1/completions", json=body)
         assert r.status_code == 200, r.text
@@ -399,8 +405,8 @@ def test_stop_with_several_choices(server: Server, stream: bool) -> None:
             cs = r.json()["choices"]
             texts, reasons = [c["text"] for c in cs], [c["finish_reason"] for c in cs]
     for i in range(3):
-        full = TOK.decode(expected(P1, 12, do_sample=True, temperature=1.0, seed=5 + i))
-        cut = full.find(" ")
+        full = expected_text(P1, 12, do_sample=True, temperature=1.0, seed=5 + i)
+        cut = full.find("3")
         assert texts[i] == (full if cut < 0 else full[:cut]) and reasons[i] == ("stop" if cut >= 0 else "length")
 
 

@@ -32,7 +32,7 @@ import os
 import threading
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Tuple
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .._optional import require
 from .._validate import integer
@@ -258,6 +258,8 @@ class _Params:
             raise RequestError("'user' must be a string", "user")
         #: the conversation key for session-affinity routing (x-session-id header, else 'user')
         self.session = session or user
+        #: completions' text continues the prompt's (decoded after it); chat content stands alone
+        self.chat = chat
         room = max_length - prompt_len
         key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
         given = body.get(key) is not None
@@ -326,20 +328,36 @@ class _Params:
                     eos_token_id=eos or None, logprobs=self.top if self.logprobs else None)
 
 
+#: prompt tokens decoded before the new ones, so that the new text reads as it does after the
+#: prompt (a SentencePiece word's leading space, which a decode of the new tokens alone drops)
+_CONTEXT_TOKENS = 6
+
+
 class _TextStream:
     """Incremental detokenization with stop strings: ``push(tokens)`` returns the new text
-    (held back while it may be the start of a stop string) and whether a stop string ended it."""
+    (held back while it may be the start of a stop string) and whether a stop string ended it.
+    The new tokens are decoded after the last few tokens of ``prompt`` and the text of those
+    removed, as vLLM does: ``prompt text + completion`` reads as the decode of both."""
 
-    def __init__(self, tokenizer: Any, stop: List[str]) -> None:
+    def __init__(self, tokenizer: Any, stop: List[str], prompt: Sequence[int] = ()) -> None:
         self.tok, self.stop = tokenizer, stop
+        self.context = list(prompt[-_CONTEXT_TOKENS:])
+        self.context_text = tokenizer.decode(self.context, skip_special_tokens=True) if self.context else ""
         self.ids: List[int] = []
         self.sent = 0
         self.text = ""
         self.stopped = False
 
+    def _decode(self) -> str:
+        if self.context:
+            both = self.tok.decode(self.context + self.ids, skip_special_tokens=True)
+            if both.startswith(self.context_text):
+                return both[len(self.context_text):]
+        return self.tok.decode(self.ids, skip_special_tokens=True)
+
     def push(self, tokens: List[int], final: bool = False) -> str:
         self.ids.extend(tokens)
-        text = self.tok.decode(self.ids, skip_special_tokens=True)
+        text = self._decode()
         if not final and text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for more
             return ""
         for s in self.stop:
@@ -466,7 +484,7 @@ class _Server:
                 runs.append((len(runs), prompt, j))
         merged: "asyncio.Queue[Any]" = asyncio.Queue()
         rids: Dict[int, int] = {}
-        streams = {i: _TextStream(self.tok, params.stop) for i, _, _ in runs}
+        streams = {i: _TextStream(self.tok, params.stop, () if params.chat else prompt) for i, prompt, _ in runs}
         pumps = []
         try:
             for i, prompt, j in runs:
