@@ -126,7 +126,9 @@ def test_completions_sampling_seed_n_and_logprobs(client: Any) -> None:
     r = client.completions.create(model=NAME, prompt=[P1, P2], max_tokens=4, temperature=0, logprobs=2)
     assert [c.text for c in sorted(r.choices, key=lambda c: c.index)] == [expected_text(P1, 4), expected_text(P2, 4)]
     lp = r.choices[0].logprobs
-    assert lp.tokens == expected_text(P1, 4).split() and len(lp.token_logprobs) == 4
+    # each token's text within the completion: they concatenate to it, offsets where each starts
+    assert "".join(lp.tokens) == expected_text(P1, 4) and [t.strip() for t in lp.tokens] == expected_text(P1, 4).split()
+    assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(4)] and len(lp.token_logprobs) == 4
     assert all(len(t) == 2 and max(t.values()) == pytest.approx(v) for t, v in zip(lp.top_logprobs, lp.token_logprobs))
     ids = [3, 17, 42]
     r = client.completions.create(model=NAME, prompt=ids, max_tokens=5, temperature=0)
@@ -163,7 +165,9 @@ def test_chat_openai_client(client: Any) -> None:
     r = client.chat.completions.create(model=NAME, messages=msgs, max_tokens=3, temperature=0, logprobs=True,
                                        top_logprobs=2)
     content = r.choices[0].logprobs.content
-    assert [c.token for c in content] == want.split()[:3] and all(len(c.top_logprobs) == 2 for c in content)
+    assert [c.token.strip() for c in content] == want.split()[:3] and all(len(c.top_logprobs) == 2 for c in content)
+    three = r.choices[0].message.content
+    assert "".join(c.token for c in content) == three and bytes(b for c in content for b in c.bytes) == three.encode()
 
 
 def test_models_health_metrics(server: Server, client: Any) -> None:

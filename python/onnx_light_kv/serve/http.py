@@ -347,17 +347,37 @@ class _TextStream:
         self.sent = 0
         self.text = ""
         self.stopped = False
+        self.pieces: List[str] = []  # the text of each token of the last push (see push)
+        self._whole = ""  # the decoded text of self.ids up to its last complete character
 
-    def _decode(self) -> str:
+    def _decode(self, ids: List[int]) -> str:
         if self.context:
-            both = self.tok.decode(self.context + self.ids, skip_special_tokens=True)
+            both = self.tok.decode(self.context + ids, skip_special_tokens=True)
             if both.startswith(self.context_text):
                 return both[len(self.context_text):]
-        return self.tok.decode(self.ids, skip_special_tokens=True)
+        return self.tok.decode(ids, skip_special_tokens=True)
 
-    def push(self, tokens: List[int], final: bool = False) -> str:
+    def _token_pieces(self, tokens: List[int]) -> None:
+        """Each new token's text, as the growth of the decoded text it brings: a token that ends
+        inside a multi-byte character gets "" and the one completing it the character, so the
+        pieces concatenate to the text (a token decoded alone loses a SentencePiece space and
+        turns a partial character into U+FFFD)."""
+        self.pieces = []
+        base = len(self.ids) - len(tokens)
+        for k in range(len(tokens)):
+            cur = self._decode(self.ids[:base + k + 1])
+            if cur.endswith("\ufffd") or not cur.startswith(self._whole):
+                self.pieces.append("")
+                continue
+            self.pieces.append(cur[len(self._whole):])
+            self._whole = cur
+
+    def push(self, tokens: List[int], final: bool = False, pieces: bool = False) -> str:
+        """The new text of ``tokens`` (see the class); ``pieces``: also set :attr:`pieces`."""
         self.ids.extend(tokens)
-        text = self._decode()
+        if pieces:
+            self._token_pieces(tokens)
+        text = self._decode(self.ids)
         if not final and text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for more
             return ""
         for s in self.stop:
@@ -517,10 +537,11 @@ class _Server:
                     raise RequestError(f"the model failed: {item}", status=500)
                 out, lps, tops, reason = item
                 ts = streams[i]
-                piece = ts.push(list(out.tokens), final=out.finished)
+                piece = ts.push(list(out.tokens), final=out.finished, pieces=lps is not None)
                 entries = None
                 if lps is not None:
-                    entries = [(t, lp, top) for t, lp, top in zip(out.tokens, lps, tops or [None] * len(lps))]
+                    entries = [(t, lp, top, s) for t, lp, top, s in zip(out.tokens, lps, tops or [None] * len(lps),
+                                                                       ts.pieces)]
                 if ts.stopped and not out.finished:
                     self.loop.abort(rids[i])
                     left -= 1
@@ -741,8 +762,7 @@ async def _stream(srv: _Server, gen: Any, first: Any, cid: str, created: int, ch
 def _completion_logprobs(srv: _Server, entries: List[Any]) -> Dict[str, Any]:
     tokens, lps, tops, offsets = [], [], [], []
     off = 0
-    for t, lp, top in entries:
-        s = srv.token_text(t)
+    for t, lp, top, s in entries:  # s: the token's text within the completion's
         tokens.append(s)
         lps.append(lp)
         tops.append({srv.token_text(k): v for k, v in top.items()} if top else None)
@@ -753,8 +773,7 @@ def _completion_logprobs(srv: _Server, entries: List[Any]) -> Dict[str, Any]:
 
 def _chat_logprobs(srv: _Server, entries: List[Any]) -> Dict[str, Any]:
     content = []
-    for t, lp, top in entries:
-        s = srv.token_text(t)
+    for t, lp, top, s in entries:  # s: the token's text within the content
         content.append({"token": s, "logprob": lp, "bytes": list(s.encode()),
                         "top_logprobs": [{"token": srv.token_text(k), "logprob": v,
                                           "bytes": list(srv.token_text(k).encode())} for k, v in (top or {}).items()]})
