@@ -466,6 +466,27 @@ def test_state_select_and_adopt() -> None:
     assert a.info()["totals"]["copy_bytes"] == 0
 
 
+@pytest.mark.parametrize("name, refused", [("gemma2-optimum", True), ("gemma3-optimum", True), ("granite-genai", False)])
+def test_models_positioned_by_slot_are_refused(name: str, refused: bool) -> None:
+    """Exports without position_ids take positions from the slot: a request joining a longer
+    batch gained left padding and was run at shifted positions (the shorter request's tokens
+    differed from generate alone from its first decode step). Refused; a GroupQueryAttention
+    export (each row's length) and models with position_ids are served."""
+    if name not in fx.names():
+        pytest.skip(f"fixture {name} missing")
+    sess = oc.ours(fx.model_path(name))
+    if refused:
+        with pytest.raises(NotImplementedError, match="takes position_ids"):
+            Engine(sess, max_length=64)
+        return
+    prompts = [np.arange(3, 8), np.arange(20, 37)]
+    with Engine(sess, max_batch=4, max_length=64) as eng:
+        ids = [eng.add_request(p, max_new_tokens=6) for p in prompts]
+        eng.run_until_done()
+        for rid, p in zip(ids, prompts):
+            assert eng.request(rid).tokens == [int(t) for t in olkv.generate(sess, p, max_new_tokens=6).new_tokens[0]]
+
+
 TABLE = "gpt2-torchscript"  # learned positions: a 128-row table
 
 

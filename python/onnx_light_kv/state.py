@@ -174,7 +174,9 @@ class GenerationState:
         ``max_length`` and ``dtype``, on the same arena, run at least once) to the end of this
         one and close ``other``. No K/V is copied. :attr:`length` becomes the larger of the two
         lengths (the shorter state's sequences gain left padding, which is not stored).
-        Checkpoints become stale.
+        Checkpoints become stale. Feed the adopted rows ``position_ids`` that count their own
+        tokens: a model that takes its positions from the slot index (no ``position_ids``
+        input) would run them at shifted positions, which rotary attention notices.
 
         Raises:
             TypeError: ``other`` is not a GenerationState. ValueError: another session, the

@@ -107,7 +107,9 @@ class Engine(_Uncopyable):
     """Continuous batching over one decoder :class:`~onnx_light_kv.InferenceSession`.
 
     ``session`` must run on the cache path (``session.cache_plan()`` rewrites every layer) and
-    take an ``attention_mask`` input (rows of different lengths are left-padded in the mask).
+    take an ``attention_mask`` input (rows of different lengths are left-padded in the mask),
+    and ``position_ids`` unless it is a GroupQueryAttention export (else a row that joins a
+    longer batch would be run at shifted positions); other models raise NotImplementedError.
 
     Args:
         max_batch: most requests running (decoding) or prefilling at once; more wait in a queue.
@@ -180,6 +182,14 @@ class Engine(_Uncopyable):
         if self.io.attention_mask is None:
             raise NotImplementedError("the Engine batches sequences of different lengths through the attention mask; "
                                       "this model has no attention_mask input")
+        if self.io.position_ids is None and not self.io.group_query_attention:
+            # a request joining a longer batch gains left padding: without position_ids (or a
+            # GroupQueryAttention that reads each row's length) the model takes its positions
+            # from the slot, so the row's new tokens would be rotated at the wrong positions
+            raise NotImplementedError("the Engine batches requests of different lengths by left-padding the shorter "
+                                      "ones, which shifts a row's positions unless the model takes position_ids (or "
+                                      "is a GroupQueryAttention export); this model has neither: run generate() per "
+                                      "request")
         # the model runs all but a request's last new token, so it serves at most
         # max_positions + 1 positions; a longer max_length would reserve positions no request
         # can use and advertise a context (the server's default max_tokens) no request can reach
