@@ -91,3 +91,15 @@ def test_demo_checks_options_before_running(args: list, message: str, capsys: py
     assert main(["demo", *args]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.strip() == f"onnx-light-kv: error: {message} (ValueError)"
+
+
+@pytest.mark.parametrize("var, value", [("OLKV_KERNEL", "bogus"), ("OLKV_GEMM", "zzz")])
+def test_unknown_kernel_path_in_the_environment_warns(var: str, value: str) -> None:
+    """An unknown kernel path in OLKV_KERNEL or OLKV_GEMM is named in a RuntimeWarning at import
+    (OLKV_GEMM's was ignored silently) and the package still loads."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OLKV_KERNEL", "OLKV_GEMM")}
+    env[var] = value
+    r = subprocess.run([sys.executable, "-c", "import onnx_light_kv as o; print(o.build_info()['gemm_kernel'])"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"RuntimeWarning: {var}" in r.stderr and value in r.stderr and r.stdout.strip(), r.stderr

@@ -58,6 +58,13 @@ def _check_kernel_env() -> str:
         if err:
             _log.warning("OLKV_KERNEL ignored: %s", err)
             warnings.warn(f"OLKV_KERNEL ignored: {err}", RuntimeWarning, stacklevel=2)
+    gemm = os.environ.get("OLKV_GEMM", "").strip().lower()
+    paths = ["auto", *info.get("attention_kernels", [])]  # (the matrix kernels have the same paths)
+    if gemm and gemm not in paths:
+        msg = (f'OLKV_GEMM="{os.environ["OLKV_GEMM"]}" ignored: not a kernel path of this CPU/build '
+               f'(available: {", ".join(paths)}); the matrix kernels use {info.get("gemm_kernel")}')
+        _log.warning("%s", msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=2)
     _log.info("attention kernel path %s (available: %s), %d threads", info.get("attention_kernel"),
               ", ".join(info.get("attention_kernels", [])), info.get("threads", 0))
     return str(info["version"])
