@@ -200,3 +200,22 @@ def test_streamer_pieces_add_up_when_the_text_ends_inside_a_character() -> None:
             s.put(np.array([t], np.int64))
         s.end()
         assert "".join(got) == Bytes().decode(seq) and len(got) == len(seq), (seq, got)
+
+
+def test_streamer_flushes_a_row_that_stops_before_the_others() -> None:
+    """A row that stops (eos) while its text ends inside a character gets the rest of its text
+    in its last step's piece, though other rows go on (it got "" and then only padding)."""
+    from onnx_light_kv.generation.text import Streamer
+
+    class Bytes:
+        def decode(self, ids: List[int], skip_special_tokens: bool = True) -> str:
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    rows = [[0x61, 0xC3], [0x62, 0x63, 0x64, 0x65]]  # row 0 stops after its second token
+    got: List[List[str]] = [[], []]
+    s = Streamer(lambda tokens, text: [got[r].append(p) for r, p in enumerate(text)], Bytes(), 2)
+    for step in range(4):
+        finished = np.array([step >= 2, False])
+        s.put(np.array([rows[0][step] if step < 2 else 0, rows[1][step]], np.int64), finished)
+    s.end()
+    assert ["".join(g) for g in got] == [Bytes().decode(rows[0]), Bytes().decode(rows[1])], got

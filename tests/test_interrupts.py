@@ -42,6 +42,13 @@ def test_deferred_interrupts_deliver_after_the_block() -> None:
     assert reached == [True] and signal.getsignal(signal.SIGINT) is before
     with _lib.deferred_interrupts():  # no signal: nothing raised
         pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # ignored: the block leaves it alone
+    try:
+        with _lib.deferred_interrupts():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_creation_under_ctrl_c_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:

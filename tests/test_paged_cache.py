@@ -268,6 +268,12 @@ def test_prefix_cache_is_capped() -> None:
         eng.run_until_done()
     with masked.create_state(layout="paged", block_size=32, prefix_cache=True) as st:
         assert st.info()["prefix_cache"]["max_bytes"] == 1 << 24
+    with olkv.Engine(masked, budget=1 << 24, block_size=32, prefix_cache=True,
+                     state_options={"prefix_cache_bytes": 1 << 20}):  # overrides the budget's cap
+        with masked.create_state(layout="paged", block_size=32, prefix_cache=True) as st:
+            assert st.info()["prefix_cache"]["max_bytes"] == 1 << 20
+    with pytest.raises(ValueError, match="prefix_cache_bytes needs prefix_cache=True"):
+        olkv.Engine(masked, block_size=32, state_options={"prefix_cache_bytes": 1 << 20})
 
 
 def test_prefix_reuse_on_an_export_without_declared_cache_geometry() -> None:

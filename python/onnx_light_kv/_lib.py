@@ -79,10 +79,13 @@ def deferred_interrupts() -> Iterator[None]:
     raises a pending KeyboardInterrupt as soon as a native call returns, before its result is
     stored, so the handle (and the memory behind it) would be lost for good. Outside the main
     thread, or where SIGINT's handler is not Python's, the block runs as it is (Python delivers
-    signals to the main thread only)."""
+    signals to the main thread only), as it does where Ctrl-C's disposition is the system's
+    (SIG_DFL: the process ends, nothing leaks) or ignored."""
     old = signal.getsignal(signal.SIGINT)
-    if old is None or threading.current_thread() is not threading.main_thread():
-        yield  # (None: a handler installed outside Python, which could not be put back)
+    if old in (None, signal.SIG_DFL, signal.SIG_IGN) or threading.current_thread() is not threading.main_thread():
+        # None: a handler installed outside Python, which could not be put back; SIG_DFL: Ctrl-C
+        # ends the process (nothing is left to leak); SIG_IGN: it is ignored anyway
+        yield
         return
     got: list = []
     try:
@@ -94,8 +97,5 @@ def deferred_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, old)
-        if got:
-            if callable(old):
-                old(signal.SIGINT, got[0])
-            elif old == signal.SIG_DFL:
-                raise KeyboardInterrupt
+        if got and callable(old):
+            old(signal.SIGINT, got[0])

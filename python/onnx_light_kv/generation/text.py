@@ -112,10 +112,16 @@ class Streamer:
             self.streamer(tokens.copy(), None)
             return
         if self._pending is not None:
-            self._deliver(*self._pending, last=False)
+            # rows stopped since the pending step: that step was their last
+            ended = None
+            if finished is not None:
+                before = self._pending[1]
+                ended = finished if before is None else finished & ~before
+            self._deliver(*self._pending, last=False, ended=ended)
         self._pending = (tokens.copy(), None if finished is None else finished.copy())
 
-    def _deliver(self, tokens: np.ndarray, finished: Optional[np.ndarray], last: bool) -> None:
+    def _deliver(self, tokens: np.ndarray, finished: Optional[np.ndarray], last: bool,
+                 ended: Optional[np.ndarray] = None) -> None:
         pieces = []
         for r, t in enumerate(tokens):
             if finished is not None and finished[r]:
@@ -123,7 +129,8 @@ class Streamer:
                 continue
             self._tokens[r].append(int(t))
             full = self.tokenizer.decode(self._tokens[r], skip_special_tokens=True)
-            if full.endswith("\ufffd") and not last:  # an incomplete multi-byte character: wait for the rest
+            row_last = last or (ended is not None and bool(ended[r]))
+            if full.endswith("\ufffd") and not row_last:  # an incomplete multi-byte character: wait for the rest
                 pieces.append("")
                 continue
             if not full.startswith(self._text[r]):  # rewritten by a later byte: what was sent stays

@@ -174,6 +174,9 @@ class Engine(_Uncopyable):
         for k in ("max_length", "budget", "batch", "layout", "block_size", "prefix_cache"):
             if k in opts:
                 raise ValueError(f"state_options must not set {k!r}: the Engine manages it")
+        prefix_cap = opts.pop("prefix_cache_bytes", None)  # (a paged prefix-cache option: set below)
+        if prefix_cap is not None and not prefix_cache:
+            raise ValueError("state_options prefix_cache_bytes needs prefix_cache=True")
         self.session = session
         self.io = DecoderIO.from_session(session)
         if not cache_path_available(session):
@@ -204,8 +207,9 @@ class Engine(_Uncopyable):
         self.block_size: Optional[int] = None
         if self.paged:
             opts.update(layout="paged", prefix_cache=self.prefix_cache)
-            if self.prefix_cache and self.budget is not None and "prefix_cache_bytes" not in opts:
-                opts["prefix_cache_bytes"] = self.budget  # the registered prompts' blocks: within it too
+            if self.prefix_cache and (prefix_cap is not None or self.budget is not None):
+                # the registered prompts' blocks: within the budget too, unless given
+                opts["prefix_cache_bytes"] = prefix_cap if prefix_cap is not None else self.budget
             if block_size is not None:
                 opts["block_size"] = integer(block_size, "block_size", lo=1)
             info = self._probe(opts)  # checks block_size
