@@ -80,10 +80,7 @@ func newCachePath(m *model.Model, pairs map[string]string, packs *ops.Packs) (*c
 	}
 	if _, ok := rewrite.ElemOf(cp.elem); !ok && cp.elem != tensor.Undefined {
 		// the cache kernel reads float32, float16 and bfloat16 Q, K and V only
-		for i := range cp.layers {
-			cp.layers[i].Rewritten, cp.layers[i].Slot = false, -1
-			cp.layers[i].Reason = fmt.Sprintf("the pasts are %v: the cache path runs float32, float16 and bfloat16 attention", cp.elem)
-		}
+		cp.keepOnTensorPath(fmt.Sprintf("the pasts are %v: the cache path runs float32, float16 and bfloat16 attention", cp.elem))
 		return cp, nil
 	}
 	rm := *m
@@ -92,10 +89,7 @@ func newCachePath(m *model.Model, pairs map[string]string, packs *ops.Packs) (*c
 	rm.Opsets[rewrite.Domain] = rewrite.Version
 	p, err := buildPlan(&rm, true, packs)
 	if err != nil {
-		for i := range cp.layers {
-			cp.layers[i].Rewritten, cp.layers[i].Slot = false, -1
-			cp.layers[i].Reason = fmt.Sprintf("the rewritten graph does not plan: %v", err)
-		}
+		cp.keepOnTensorPath(fmt.Sprintf("the rewritten graph does not plan: %v", err))
 		return cp, nil
 	}
 	cp.plan = p
@@ -103,6 +97,13 @@ func newCachePath(m *model.Model, pairs map[string]string, packs *ops.Packs) (*c
 		cp.presentSlot[l.PresentKey], cp.presentSlot[l.PresentValue] = l.Slot, l.Slot
 	}
 	return cp, nil
+}
+
+// keepOnTensorPath marks every layer not rewritten, for reason.
+func (cp *cachePath) keepOnTensorPath(reason string) {
+	for i := range cp.layers {
+		cp.layers[i].Rewritten, cp.layers[i].Slot, cp.layers[i].Reason = false, -1, reason
+	}
 }
 
 // CachePlan returns the cache rewrite's verdict for every past/present

@@ -110,48 +110,47 @@ func (k *cacheAttention) verdict(ctx *ops.Context, m *tensor.Tensor, g geometry,
 			"(sequence %d, query %d, key %d: attends=%v): the cache path supports those masks only",
 			errs.ErrNotImplemented, b, i, t, a)
 	}
-	// paddingRow: query i of sequence b attends no key, or every key while
-	// keys after it exist (no real row of a causal mask does either; masks
-	// of left-padded batches leave padding rows empty or, as transformers'
-	// SDPA masks, full)
-	paddingRow := func(b, i int) (bool, error) {
-		n := 0
+	// rowSpan returns the first key query i of sequence b attends (-1: none)
+	// and how many it attends.
+	rowSpan := func(b, i int) (first, n int, err error) {
+		first = -1
 		for t := 0; t < T; t++ {
 			a, err := attends(b, i, t)
 			if err != nil {
-				return false, err
+				return 0, 0, err
 			}
 			if a {
+				if first < 0 {
+					first = t
+				}
 				n++
 			}
 		}
-		return n == 0 || (n == T && P+i < T-1), nil
+		return first, n, nil
 	}
 	v := verdict{firsts: make([]int, g.b)}
-	span := 0 // the longest range a row attends from its sequence's start
+	span := 0         // the longest range a row attends from its sequence's start
+	var rows [][2]int // a sequence's rows' (first key, keys attended), where pad is guessed
 	for b := 0; b < g.b; b++ {
 		pad := pads[b]
 		guessed := pad < 0
+		// a padding row attends no key, or every key while keys after it exist (no real row
+		// of a causal mask does either; masks of left-padded batches leave padding rows empty
+		// or, as transformers' SDPA masks, full)
+		paddingRow := func(i int) bool { return rows[i][1] == 0 || (rows[i][1] == T && P+i < T-1) }
 		if guessed {
 			// from the rows: the first key any row that is not a padding row attends (the
 			// last row's alone would take the rows before a sliding window, or the chunks
 			// before a chunked mask's last one, for padding)
-			pad = T
+			rows, pad = rows[:0], T
 			for i := 0; i < g.s; i++ {
-				if pr, err := paddingRow(b, i); err != nil {
+				first, n, err := rowSpan(b, i)
+				if err != nil {
 					return verdict{}, err
-				} else if pr {
-					continue
 				}
-				for t := 0; t < pad; t++ {
-					a, err := attends(b, i, t)
-					if err != nil {
-						return verdict{}, err
-					}
-					if a {
-						pad = t
-						break
-					}
+				rows = append(rows, [2]int{first, n})
+				if !paddingRow(i) {
+					pad = min(pad, first)
 				}
 			}
 		}
@@ -159,15 +158,11 @@ func (k *cacheAttention) verdict(ctx *ops.Context, m *tensor.Tensor, g geometry,
 		for i := 0; i < g.s; i++ {
 			p := P + i
 			if p < pad {
-				if guessed { // no attention_mask or held tokens say it is padding: its row must
-					if pr, err := paddingRow(b, i); err != nil {
-						return verdict{}, err
-					} else if !pr {
-						return verdict{}, fmt.Errorf("%w: the attention mask is not causal plus left padding (and a "+
-							"sliding window): query %d of sequence %d lies before the first key the other rows attend "+
-							"(%d) but attends some keys and not others, which padding rows do not; the cache path "+
-							"supports those masks only", errs.ErrNotImplemented, i, b, pad)
-					}
+				if guessed && !paddingRow(i) { // no attention_mask or held tokens say it is padding
+					return verdict{}, fmt.Errorf("%w: the attention mask is not causal plus left padding (and a "+
+						"sliding window): query %d of sequence %d lies before the first key the other rows attend "+
+						"(%d) but attends some keys and not others, which padding rows do not; the cache path "+
+						"supports those masks only", errs.ErrNotImplemented, i, b, pad)
 				}
 				continue // a padding query
 			}
