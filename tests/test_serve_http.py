@@ -130,6 +130,8 @@ def test_completions_sampling_seed_n_and_logprobs(client: Any) -> None:
     assert "".join(lp.tokens) == expected_text(P1, 4) and [t.strip() for t in lp.tokens] == expected_text(P1, 4).split()
     assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(4)] and len(lp.token_logprobs) == 4
     assert all(len(t) == 2 and max(t.values()) == pytest.approx(v) for t, v in zip(lp.top_logprobs, lp.token_logprobs))
+    # greedy: the likeliest alternative is the chosen token, with the same text in the same place
+    assert [max(t, key=t.get) for t in lp.top_logprobs] == lp.tokens
     ids = [3, 17, 42]
     r = client.completions.create(model=NAME, prompt=ids, max_tokens=5, temperature=0)
     assert r.choices[0].text == expected_text(ids, 5)
@@ -166,6 +168,7 @@ def test_chat_openai_client(client: Any) -> None:
                                        top_logprobs=2)
     content = r.choices[0].logprobs.content
     assert [c.token.strip() for c in content] == want.split()[:3] and all(len(c.top_logprobs) == 2 for c in content)
+    assert [max(c.top_logprobs, key=lambda a: a.logprob).token for c in content] == [c.token for c in content]
     three = r.choices[0].message.content
     assert "".join(c.token for c in content) == three and bytes(b for c in content for b in c.bytes) == three.encode()
 

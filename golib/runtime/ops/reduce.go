@@ -137,7 +137,8 @@ func reduceCompute(ctx *Context, x *tensor.Tensor, axes []int64, keep bool, kind
 		return err
 	}
 	accumulate(acc, src, idx, kind)
-	if kind == reduceMean && len(acc) > 0 {
+	if kind == reduceMean && len(acc) > 0 && len(src) > 0 {
+		// A mean over an empty set stays 0, as onnxruntime's (not 0/0).
 		cnt := float64(len(src) / len(acc))
 		for i := range acc {
 			acc[i] /= cnt

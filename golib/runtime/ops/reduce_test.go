@@ -16,7 +16,8 @@ func emptyT(dt tensor.DType, shape tensor.Shape) *tensor.Tensor {
 }
 
 // TestReduceMaxMinEmptyAndBool covers ReduceMax/ReduceMin over empty sets
-// (the type's lowest/highest value, -inf/+inf, false/true) and bool inputs.
+// (the type's lowest/highest value, -inf/+inf, false/true), ReduceMean and
+// ReduceSum over empty sets (0, as onnxruntime's) and bool inputs.
 func TestReduceMaxMinEmptyAndBool(t *testing.T) {
 	b := bt(tensor.Shape{2, 3}, true, false, false, false, false, false)
 	axis1 := it(tensor.Shape{1}, 1)
@@ -32,6 +33,9 @@ func TestReduceMaxMinEmptyAndBool(t *testing.T) {
 		{name: "min empty uint8", op: "ReduceMin", opset: 18, in: []*tensor.Tensor{emptyT(tensor.Uint8, tensor.Shape{1, 0}), axis1}, shape: tensor.Shape{1, 1}, want: "[255]"},
 		{name: "max empty int64", op: "ReduceMax", opset: 18, in: []*tensor.Tensor{emptyT(tensor.Int64, tensor.Shape{1, 0}), axis1}, shape: tensor.Shape{1, 1}, want: "[-9223372036854775808]"},
 		{name: "min empty int64", op: "ReduceMin", opset: 18, in: []*tensor.Tensor{emptyT(tensor.Int64, tensor.Shape{1, 0}), axis1}, shape: tensor.Shape{1, 1}, want: "[9223372036854775807]"},
+		{name: "mean empty float", op: "ReduceMean", opset: 18, in: []*tensor.Tensor{emptyT(tensor.Float32, tensor.Shape{2, 0, 3}), axis1}, shape: tensor.Shape{2, 1, 3}, want: "[0 0 0 0 0 0]"},
+		{name: "mean empty float16 all", op: "ReduceMean", opset: 13, attrs: attrs(intA("keepdims", 0)), in: []*tensor.Tensor{emptyT(tensor.Float16, tensor.Shape{0, 4})}, shape: tensor.Shape{}, want: "[0]"},
+		{name: "sum empty float", op: "ReduceSum", opset: 13, in: []*tensor.Tensor{emptyT(tensor.Float32, tensor.Shape{2, 0}), axis1}, shape: tensor.Shape{2, 1}, want: "[0 0]"},
 		{name: "min empty int32", op: "ReduceMin", opset: 13, attrs: attrs(intA("keepdims", 0)), in: []*tensor.Tensor{emptyT(tensor.Int32, tensor.Shape{0})}, shape: tensor.Shape{}, want: "[2147483647]"},
 	})
 	if _, err := call("ReduceSum", 13, nil, 1, b); err == nil {

@@ -372,6 +372,28 @@ class _TextStream:
             self.pieces.append(cur[len(self._whole):])
             self._whole = cur
 
+    def alternatives(self, pos: int, alts: Sequence[int]) -> List[str]:
+        """The text each token of ``alts`` would have added in place of ``self.ids[pos]``: each is
+        decoded after the tokens before it (the last few, prompt context included) and the text
+        of those removed, as :meth:`_token_pieces` does for the chosen token, so a SentencePiece
+        word keeps its leading space. A token that ends inside a multi-byte character, or whose
+        text does not extend its context's, is decoded alone."""
+        ctx = (self.context + self.ids[:pos])[-_CONTEXT_TOKENS:]
+        base = self.tok.decode(ctx, skip_special_tokens=False) if ctx else ""
+        out = []
+        for a in alts:
+            text = ""
+            if ctx:
+                both = self.tok.decode(ctx + [int(a)], skip_special_tokens=False)
+                if both.startswith(base) and not both.endswith("\ufffd"):
+                    text = both[len(base):]
+                else:
+                    text = self.tok.decode([int(a)], skip_special_tokens=False)
+            else:
+                text = self.tok.decode([int(a)], skip_special_tokens=False)
+            out.append(text)
+        return out
+
     def push(self, tokens: List[int], final: bool = False, pieces: bool = False) -> str:
         """The new text of ``tokens`` (see the class); ``pieces``: also set :attr:`pieces`."""
         self.ids.extend(tokens)
@@ -540,8 +562,12 @@ class _Server:
                 piece = ts.push(list(out.tokens), final=out.finished, pieces=lps is not None)
                 entries = None
                 if lps is not None:
-                    entries = [(t, lp, top, s) for t, lp, top, s in zip(out.tokens, lps, tops or [None] * len(lps),
-                                                                       ts.pieces)]
+                    first = len(ts.ids) - len(out.tokens)  # the position of this output's first token
+                    entries = []
+                    for k, (t, lp, top, s) in enumerate(zip(out.tokens, lps, tops or [None] * len(lps), ts.pieces)):
+                        if top:  # each alternative's text in the place of the chosen token
+                            top = list(zip(ts.alternatives(first + k, list(top)), top.values()))
+                        entries.append((t, lp, top, s))
                 if ts.stopped and not out.finished:
                     self.loop.abort(rids[i])
                     left -= 1
@@ -559,9 +585,6 @@ class _Server:
                 self.loop.abort(rid)
             for p in pumps:
                 p.cancel()
-
-    def token_text(self, t: int) -> str:
-        return self.tok.decode([t], skip_special_tokens=False)
 
 
 def create_app(engine: Any, tokenizer: Any, *, model_name: str = "model", chat_template: Optional[str] = None,
@@ -682,9 +705,9 @@ def create_app(engine: Any, tokenizer: Any, *, model_name: str = "model", chat_t
         for i in range(nchoices):
             if chat:
                 c = {"index": i, "message": {"role": "assistant", "content": texts[i]},
-                     "logprobs": _chat_logprobs(srv, lps[i]) if params.logprobs else None, "finish_reason": reasons[i]}
+                     "logprobs": _chat_logprobs(lps[i]) if params.logprobs else None, "finish_reason": reasons[i]}
             else:
-                c = {"index": i, "text": texts[i], "logprobs": _completion_logprobs(srv, lps[i]) if params.logprobs
+                c = {"index": i, "text": texts[i], "logprobs": _completion_logprobs(lps[i]) if params.logprobs
                      else None, "finish_reason": reasons[i]}
             choices.append(c)
         count(route, 200)
@@ -732,10 +755,10 @@ async def _stream(srv: _Server, gen: Any, first: Any, cid: str, created: int, ch
         if chat:
             delta: Dict[str, Any] = {"role": "assistant", "content": piece} if role else (
                 {"content": piece} if piece or reason is None else {})
-            c: Dict[str, Any] = {"index": i, "delta": delta, "logprobs": _chat_logprobs(srv, entries) if entries
+            c: Dict[str, Any] = {"index": i, "delta": delta, "logprobs": _chat_logprobs(entries) if entries
                                  else None, "finish_reason": reason}
         else:
-            c = {"index": i, "text": piece, "logprobs": _completion_logprobs(srv, entries) if entries else None,
+            c = {"index": i, "text": piece, "logprobs": _completion_logprobs(entries) if entries else None,
                  "finish_reason": reason}
         return _sse({"id": cid, "object": obj, "created": created, "model": srv.model, "choices": [c]})
 
@@ -759,24 +782,24 @@ async def _stream(srv: _Server, gen: Any, first: Any, cid: str, created: int, ch
         await gen.aclose()  # a disconnect cancels this generator: abort its requests
 
 
-def _completion_logprobs(srv: _Server, entries: List[Any]) -> Dict[str, Any]:
+def _completion_logprobs(entries: List[Any]) -> Dict[str, Any]:
     tokens, lps, tops, offsets = [], [], [], []
     off = 0
     for t, lp, top, s in entries:  # s: the token's text within the completion's
         tokens.append(s)
         lps.append(lp)
-        tops.append({srv.token_text(k): v for k, v in top.items()} if top else None)
+        tops.append(dict(top) if top else None)  # (text, logprob) pairs, as choices() made them
         offsets.append(off)
         off += len(s)
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
-def _chat_logprobs(srv: _Server, entries: List[Any]) -> Dict[str, Any]:
+def _chat_logprobs(entries: List[Any]) -> Dict[str, Any]:
     content = []
     for t, lp, top, s in entries:  # s: the token's text within the content
         content.append({"token": s, "logprob": lp, "bytes": list(s.encode()),
-                        "top_logprobs": [{"token": srv.token_text(k), "logprob": v,
-                                          "bytes": list(srv.token_text(k).encode())} for k, v in (top or {}).items()]})
+                        "top_logprobs": [{"token": k, "logprob": v, "bytes": list(k.encode())}
+                                         for k, v in (top or [])]})
     return {"content": content}
 
 
