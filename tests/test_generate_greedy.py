@@ -355,3 +355,37 @@ def test_stats_and_scores() -> None:
     want = want - np.log(np.exp(want).sum(-1, keepdims=True))
     np.testing.assert_allclose(np.concatenate(out.scores), want, atol=2e-3)
     assert all(np.exp(sc).sum() == pytest.approx(1.0, abs=1e-4) for sc in out.scores)
+
+
+def test_huge_max_new_tokens_reserves_nothing_up_front() -> None:
+    """max_new_tokens is an upper bound: on the cache path a bound far beyond memory lets the
+    state grow on demand (no reservation), so generation stops at eos as on the tensor path."""
+    sess = gc.ours("llama")
+    ref = olkv.generate(sess, gc.PROMPT, max_new_tokens=6, state_options=False)
+    eos = int(ref.sequences[0, gc.PROMPT.size + 2])
+    for opts in (None, False):
+        out = olkv.generate(sess, gc.PROMPT, max_new_tokens=10**9, eos_token_id=eos, state_options=opts)
+        np.testing.assert_array_equal(out.sequences[0, gc.PROMPT.size:], ref.sequences[0, gc.PROMPT.size:][:3])
+
+
+def test_arguments_refused_before_the_model_runs() -> None:
+    """num_beams above the vocabulary, uint64 ids beyond int64 and a num_return_sequences that
+    makes too many rows raise ValueError naming the argument, without running the model."""
+    sess = gc.ours("llama")
+    runs = []
+    real_run = sess.run
+
+    def counting(*a: Any, **k: Any) -> Any:
+        runs.append(1)
+        return real_run(*a, **k)
+
+    sess.run = counting
+    cases = [
+        (dict(input_ids=gc.PROMPT, num_beams=gc.CFG.vocab + 1), "num_beams=257 exceeds the vocabulary"),
+        (dict(input_ids=np.array([2**63], np.uint64)), "beyond any vocabulary"),
+        (dict(input_ids=gc.PROMPT, do_sample=True, num_return_sequences=2**40), "num_return_sequences"),
+    ]
+    for kw, match in cases:
+        with pytest.raises(ValueError, match=match):
+            olkv.generate(sess, max_new_tokens=2, **kw)
+    assert not runs

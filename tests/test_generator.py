@@ -238,3 +238,75 @@ def test_append_tokens_reads_the_mask_as_nonzero(state_options: object) -> None:
         for _ in range(4):
             g.generate_next_token()
         np.testing.assert_array_equal(g.sequences, want.sequences)
+
+
+def test_stop_sequences_never_match_left_padding() -> None:
+    """A stop sequence that would end in a row's left padding plus its first new token does not
+    stop the row: batched rows give what each gives alone."""
+    ids = np.array([[0, 0, 0, 5], [1, 2, 3, 4]])
+    mask = np.array([[0, 0, 0, 1], [1, 1, 1, 1]])
+    alone = olkv.Generator(gc.ours("llama-mask"))
+    alone.append_tokens([5])
+    alone.generate_next_token()
+    first = int(alone.get_next_tokens()[0])
+    stop = [[0, 0, 5, first]]  # the padding, the prompt and the first token
+    g = olkv.Generator(gc.ours("llama-mask"), stop_sequences=stop, pad_token_id=0)
+    g.append_tokens(ids, attention_mask=mask)
+    g.generate_next_token()
+    assert int(g.get_next_tokens()[0]) == first and not g.done_rows()[0]
+    out = olkv.generate(gc.ours("llama-mask"), ids, attention_mask=mask, max_new_tokens=4, stop_sequences=stop,
+                        pad_token_id=0)
+    want = olkv.generate(gc.ours("llama-mask"), [5], max_new_tokens=4, stop_sequences=stop)
+    np.testing.assert_array_equal(out.sequences[0, ids.shape[1]:], want.sequences[0, 1:])
+
+
+def test_rewind_keeps_finished_rows_finished_and_prompts_live() -> None:
+    """After rewind_to, a row is finished exactly when the token that finished it is kept: a row
+    whose eos lies before the rewind point stays finished (and keeps getting padding), and a
+    prompt ending in an eos id is live again, as right after append_tokens."""
+    ids, mask = gc.padded(gc.PROMPTS)
+    refs = [gc.ort_greedy(gc.model("llama-mask"), p, N) for p in gc.PROMPTS]
+    eos = int(refs[2][1])  # row 2 stops at its second token
+    g = olkv.Generator(gc.ours("llama-mask"), eos_token_id=eos, pad_token_id=1)
+    g.append_tokens(ids, attention_mask=mask)
+    for _ in range(6):
+        g.generate_next_token()
+    done = g.done_rows()
+    assert done[2]
+    stop_at = ids.shape[1] + 2  # row 2's eos is kept by a rewind to any later length
+    g.rewind_to(stop_at + 1)
+    np.testing.assert_array_equal(g.done_rows(), done & True)
+    g.generate_next_token()
+    assert int(g.get_next_tokens()[2]) == 1  # a finished row gets padding
+    g.rewind_to(stop_at - 1)  # the eos is dropped: the row is live again and regenerates it
+    assert not g.done_rows()[2]
+    g.generate_next_token()
+    assert int(g.get_next_tokens()[2]) == eos and g.done_rows()[2]
+
+    prompt = np.append(gc.PROMPT, eos)  # a prompt ending in an eos id (a chat turn's end)
+    h = olkv.Generator(gc.ours("llama-mask"), eos_token_id=eos)
+    h.append_tokens(prompt)
+    assert not h.is_done()
+    h.generate_next_token()
+    again = int(h.get_next_tokens()[0])
+    h.rewind_to(prompt.size)
+    assert not h.is_done()
+    h.generate_next_token()
+    assert int(h.get_next_tokens()[0]) == again
+
+
+def test_append_that_cannot_make_its_state_keeps_the_old_one() -> None:
+    """append_tokens with another row count (after rewind_to(0)) builds the new state before
+    giving up the old: when that fails (the budget holds one row, not four), the generator
+    still runs its one-row prompts."""
+    g = olkv.Generator(gc.ours("llama"), max_length=64, state_options={"budget": 40000})
+    g.append_tokens(gc.PROMPT[:4])
+    g.generate_next_token()
+    want = g.sequences
+    g.rewind_to(0)
+    with pytest.raises(olkv.BudgetError):
+        g.append_tokens(np.ones((4, 2), np.int64))
+    assert g.batch == 1 and g.length == 0
+    g.append_tokens(gc.PROMPT[:4])
+    g.generate_next_token()
+    np.testing.assert_array_equal(g.sequences, want)

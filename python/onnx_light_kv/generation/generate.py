@@ -27,6 +27,9 @@ from .runner import cache_path_available, make_runner, paged_states_available, r
 from .speculative import DraftModel, PromptLookup, check_draft_vocabulary, speculative_decode
 from .text import Progress, Streamer, default_pad_id, encode, load_tokenizer
 
+#: the most rows (prompt rows times ``num_return_sequences``) one sampling call runs at once
+_MAX_ROWS = 65536
+
 __all__ = ["generate"]
 
 
@@ -93,8 +96,10 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
     (True, False or "never"; another type is a ``TypeError``), returning ``num_return_sequences`` per row; with ``do_sample`` it is beam
     sampling (transformers' rule: the candidates of each step are drawn from the softmax of the
     warped, summed beam scores; ``ValueError`` when the warpers leave a row fewer distinct
-    hypotheses than ``num_return_sequences``, as ``top_k=1`` does). Without beams, ``num_return_sequences`` with ``do_sample``
-    gives that many samples per row.
+    hypotheses than ``num_return_sequences``, as ``top_k=1`` does; ``num_beams`` above a vocabulary
+    the model fixes is a ``ValueError`` before the model runs). Without beams,
+    ``num_return_sequences`` with ``do_sample`` gives that many samples per row (at most 65536
+    rows in all, else ``ValueError``).
     Speculative decoding: ``draft_session`` (a smaller decoder with the same vocabulary)
     proposes ``num_draft_tokens`` per verification step, or ``prompt_lookup=n`` proposes up to
     ``n`` tokens copied from after the latest earlier match of the sequence's last 3-, 2- or
@@ -139,6 +144,9 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
         if not opts.do_sample:
             raise ValueError("greedy search returns one sequence per row: num_return_sequences > 1 needs "
                              "do_sample=True or num_beams > 1")
+        if ids.shape[0] * num_return_sequences > _MAX_ROWS:
+            raise ValueError(f"num_return_sequences={num_return_sequences} makes {ids.shape[0] * num_return_sequences} "
+                             f"rows of {ids.shape[0]} prompt rows; at most {_MAX_ROWS} rows run at once")
         rows = np.repeat(np.arange(ids.shape[0]), num_return_sequences)
         ids, mask = ids[rows], mask[rows]
     if draft_session is not None and prompt_lookup > 0:
@@ -150,6 +158,9 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
     pad = pad_id(pad_token_id, stop, io.vocab)
     if num_beams > 1:
         _check_length_penalty(length_penalty, max_new_tokens)
+        if io.vocab is not None and num_beams > io.vocab:  # (else beam_search checks at the first step)
+            raise ValueError(f"num_beams={num_beams} exceeds the vocabulary ({io.vocab} tokens): there are not "
+                             "that many distinct continuations")
     longest = int(mask.sum(axis=1).max())  # position ids count a row's tokens
     io.check_generation(longest, max_new_tokens, f"the longest prompt ({longest} tokens) + "
                         f"max_new_tokens={max_new_tokens}")
@@ -272,7 +283,8 @@ def _greedy_or_sample(session: Any, ids: np.ndarray, mask: np.ndarray, opts: Sam
         stats.decode_ms += g.timings["decode_s"] * 1e3
         stats.model_runs += 1 + int(g.timings["decode_runs"])
         new = g.sequences[:, ids.shape[1]:]
-        stats.decode_tokens += int(sum(max(len(_strip(row, g.stop, ids[r])) - 1, 0) for r, row in enumerate(new)))
+        stats.decode_tokens += int(sum(max(len(_strip(row, g.stop, ids[r][mask[r] != 0])) - 1, 0)
+                                       for r, row in enumerate(new)))
         stats.cache_bytes = max(stats.cache_bytes, g.cache_bytes())
         stats.runner = g.runner_kind
     finally:

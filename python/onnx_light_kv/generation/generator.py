@@ -65,6 +65,9 @@ class Generator(_Uncopyable):
         self._seq = np.zeros((0, 0), np.int64)
         self._mask = np.zeros((0, 0), np.int64)
         self._done = np.zeros(0, bool)
+        # the length each finished row had when it finished (-1: not finished): rewind_to keeps
+        # a row finished only while its stopping token is among the kept positions
+        self._done_at = np.zeros(0, np.int64)
         self._logits: Optional[np.ndarray] = None
         self._last_processed: Optional[np.ndarray] = None
         self._closed = False
@@ -132,21 +135,27 @@ class Generator(_Uncopyable):
         if self.max_length is not None and self.length + ids.shape[1] > self.max_length:
             raise ValueError(f"{self.length + ids.shape[1]} positions exceed max_length={self.max_length}")
         if self._runner is None or self._runner.batch != ids.shape[0]:
+            # the new runner first: if it cannot be made (a budget, an interrupt), the old one
+            # and the rows stay as they were
+            runner = make_runner(self.session, self.io, ids.shape[0], self.max_length, self._state_options)
             if self._runner is not None:
                 self._runner.close()
-            self._runner = make_runner(self.session, self.io, ids.shape[0], self.max_length, self._state_options)
+            self._runner = runner
             self._seq = np.zeros((ids.shape[0], 0), np.int64)
             self._mask = np.zeros((ids.shape[0], 0), np.int64)
+            self._done = np.zeros(ids.shape[0], bool)
+            self._done_at = np.full(ids.shape[0], -1, np.int64)
         is_prefill = self._runner.length == 0
-        kept = (self._seq, self._mask, self._done, self._runner.length)
+        kept = (self._seq, self._mask, self._done, self._done_at, self._runner.length)
         self._seq = np.concatenate([self._seq, ids], axis=1)
         self._mask = np.concatenate([self._mask, mask], axis=1)
         self._done = np.zeros(self.batch, bool)
+        self._done_at = np.full(self.batch, -1, np.int64)
         t = time.perf_counter()
         try:
             self._compute()
         except BaseException:
-            self._seq, self._mask, self._done, held = kept
+            self._seq, self._mask, self._done, self._done_at, held = kept
             if self._runner.length > held:  # positions a failed run may have attached (a reused prefix)
                 self._runner.truncate(held)
             raise
@@ -172,7 +181,9 @@ class Generator(_Uncopyable):
         tok[self._done] = self.pad_token_id
         self._seq = np.concatenate([self._seq, tok[:, None]], axis=1)
         self._mask = np.concatenate([self._mask, np.ones((self.batch, 1), np.int64)], axis=1)
-        self._done |= self.stop.hits(self._seq)
+        newly = self.stop.hits(self._seq, self._mask) & ~self._done  # (a row's padding never matches)
+        self._done_at[newly] = self.length
+        self._done |= newly
         self._logits = None
 
     def get_next_tokens(self) -> np.ndarray:
@@ -236,7 +247,10 @@ class Generator(_Uncopyable):
         self._mask = self._mask[:, :length]
         if self._runner.length > keep:
             self._runner.truncate(keep)
-        self._done = self.stop.hits(self._seq) if length else np.zeros(self.batch, bool)
+        # a row stays finished while the token that finished it is kept; prompt tokens never
+        # finish a row (append_tokens does not check them either)
+        self._done = (self._done_at >= 0) & (self._done_at <= length)
+        self._done_at[~self._done] = -1
         self._logits = None
 
     def close(self) -> None:

@@ -108,11 +108,14 @@ class StopCondition:
                 return True
         return False
 
-    def hits(self, sequences: np.ndarray) -> np.ndarray:
-        """:meth:`hit` for each row of ``sequences [rows, length]``."""
+    def hits(self, sequences: np.ndarray, mask: Optional[np.ndarray] = None) -> np.ndarray:
+        """:meth:`hit` for each row of ``sequences [rows, length]``; ``mask`` (same shape, 0 for
+        left padding) leaves a row's padding out, so a stop sequence never matches it."""
         if not self.eos and not self.stop_sequences:
             return np.zeros(sequences.shape[0], dtype=bool)
-        return np.array([self.hit(row) for row in sequences], dtype=bool)
+        if mask is None:
+            return np.array([self.hit(row) for row in sequences], dtype=bool)
+        return np.array([self.hit(row[m != 0]) for row, m in zip(sequences, mask)], dtype=bool)
 
 
 def check_vocabulary(ids: np.ndarray, vocab: Optional[int], name: str) -> None:
@@ -158,6 +161,8 @@ def prompt_ids(input_ids: Any, attention_mask: Any = None, name: str = "input_id
         ids = ids[None, :]
     if ids.ndim != 2:
         raise ValueError(f"{name} must be [batch, s] or [s], got shape {ids.shape}")
+    if ids.dtype == np.uint64 and int(ids.max()) > np.iinfo(np.int64).max:  # (astype would wrap it negative)
+        raise ValueError(f"{name} holds id {int(ids.max())}, beyond any vocabulary (int64)")
     ids = ids.astype(np.int64)
     if ids.min() < 0:  # a Gather would read a negative id from the end of the vocabulary
         raise ValueError(f"{name} must be non-negative ids")

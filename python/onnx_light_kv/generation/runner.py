@@ -25,6 +25,7 @@ cache path, which keeps every position).
 
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, Optional, Union
 
 import numpy as np
@@ -180,7 +181,11 @@ class StateRunner:
         if "batch" in opts:
             raise ValueError("state_options must not set 'batch': the rows come from the prompt (and num_beams)")
         if capacity and "max_length" not in opts:
-            opts["max_length"] = int(capacity)
+            if _reservable(io, batch, int(capacity), opts.get("budget")):
+                opts["max_length"] = int(capacity)
+            # else the caches grow on demand: a generation allowed far more tokens than memory
+            # holds (max_new_tokens=10**9) stops at eos like on the tensor path, and fails with
+            # the budget's error only if it really grows that long
         elif capacity and opts["max_length"] is not None and int(opts["max_length"]) < capacity - 1:
             # refused before any token is made (the state would run out of room mid-way)
             raise ValueError(f"state_options max_length={opts['max_length']} cannot hold the {capacity - 1} positions "
@@ -266,6 +271,30 @@ class StateRunner:
     def close(self) -> None:
         """Release the state's caches."""
         self.state.close()
+
+
+def _reservable(io: DecoderIO, batch: int, capacity: int, budget: Any) -> bool:
+    """Whether a state may reserve ``capacity`` positions of ``batch`` rows up front: their K/V
+    (counted at 4 bytes an element, the widest storage) fit ``budget`` and a quarter of the
+    machine's memory. A reservation saves the copies of growing; one beyond these would only
+    fail before the first token."""
+    per_token = sum(kv.kv_heads * kv.head_dim * 4 for kv in io.kv)  # (io.kv: each past, keys and values)
+    need = per_token * batch * capacity
+    limit = _physical_memory() // 4
+    if budget is not None:
+        try:
+            limit = min(limit, int(budget))
+        except (TypeError, ValueError):  # create_state reports a bad budget itself
+            pass
+    return need <= limit
+
+
+def _physical_memory() -> int:
+    """The machine's memory in bytes (a large default where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, OSError, ValueError):
+        return 1 << 40
 
 
 def require_truncate(runner: Any, what: str) -> None:
