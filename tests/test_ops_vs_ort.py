@@ -719,3 +719,60 @@ def test_cast_to_and_from_bfloat16_rounds_to_nearest_even() -> None:
     (ort_z,) = oc.ort(helper.make_model(helper.make_graph(graph.node, "g", graph.input, [graph.output[1]]),
                                         opset_imports=[helper.make_opsetid("", 23)], ir_version=10)).run(None, {"x": x})
     np.testing.assert_array_equal(z, ort_z)
+
+
+def _ort_and_ours(m: onnx.ModelProto, feeds: Dict[str, np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
+    from onnx_light_kv.session import InferenceSession
+
+    import onnxruntime as ort
+
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = np.asarray(InferenceSession(m.SerializeToString(), threads=1).run(None, feeds)[0])
+    return want, got
+
+
+@pytest.mark.parametrize("scan_shape", [[1], None, ["k"]])
+@pytest.mark.parametrize("trips", [2, 0])
+def test_loop_scan_output_keeps_its_declared_type(scan_shape: Any, trips: int) -> None:
+    """A Loop's scan output keeps the type its body declares when no iteration runs, whether the
+    declared shape is fixed, absent or symbolic (it was float32 unless fixed)."""
+    vi = helper.make_tensor_value_info
+    body = helper.make_graph(
+        [helper.make_node("Unsqueeze", ["i", "ax"], ["sc"]), helper.make_node("Identity", ["v"], ["vo"])], "body",
+        [vi("i", TensorProto.INT64, []), vi("c", TensorProto.BOOL, []), vi("v", TensorProto.FLOAT, [2])],
+        [vi("c", TensorProto.BOOL, []), vi("vo", TensorProto.FLOAT, [2]), vi("sc", TensorProto.INT64, scan_shape)],
+        initializer=[numpy_helper.from_array(np.array([0], np.int64), "ax")])
+    nodes = [helper.make_node("Loop", ["M", "cond", "v0"], ["vf", "scan"], body=body),
+             helper.make_node("Flatten", ["scan"], ["flat"], axis=0),
+             helper.make_node("Squeeze", ["flat"], ["ids0"]),
+             helper.make_node("Concat", ["ids0", "tail"], ["ids"], axis=0)]
+    g = helper.make_graph(nodes, "g", [vi("M", TensorProto.INT64, []), vi("cond", TensorProto.BOOL, []),
+                                       vi("v0", TensorProto.FLOAT, [2]), vi("tail", TensorProto.INT64, [1])],
+                          [vi("ids", TensorProto.INT64, ["n"])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=10)
+    feeds = {"M": np.array(trips, np.int64), "cond": np.array(True), "v0": np.array([1.0, 2.0], np.float32),
+             "tail": np.array([7], np.int64)}
+    want, got = _ort_and_ours(m, feeds)
+    assert got.dtype == want.dtype and got.tolist() == want.tolist()
+
+
+def test_rmsnorm_chain_with_a_cast_keeps_its_float32_output() -> None:
+    """The RMSNorm chain of a float16 x with Cast(to=float) before the float32 weight outputs
+    float32 (the fusion runs only on float32 x), so a float32 residual Add after it runs."""
+    n = helper.make_node
+    nodes = [n("Pow", ["x", "two"], ["q"]), n("ReduceMean", ["q", "ax"], ["m"], keepdims=1),
+             n("Add", ["m", "eps"], ["a"]), n("Sqrt", ["a"], ["s"]), n("Reciprocal", ["s"], ["r"]),
+             n("Mul", ["x", "r"], ["yy"]), n("Cast", ["yy"], ["yc"], to=TensorProto.FLOAT),
+             n("Mul", ["w", "yc"], ["out"]), n("Add", ["out", "res"], ["z"])]
+    inits = [numpy_helper.from_array(np.array(2, np.float16), "two"),
+             numpy_helper.from_array(np.array([-1], np.int64), "ax"),
+             numpy_helper.from_array(np.array(1e-5, np.float16), "eps"),
+             numpy_helper.from_array(np.linspace(0.5, 1.5, 8).astype(np.float32), "w")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 3, 8]),
+                                       helper.make_tensor_value_info("res", TensorProto.FLOAT, [2, 3, 8])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 3, 8])], initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    x = np.random.default_rng(0).uniform(-2, 2, (2, 3, 8)).astype(np.float16)
+    want, got = _ort_and_ours(m, {"x": x, "res": np.ones((2, 3, 8), np.float32)})
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, atol=4e-3)

@@ -24,8 +24,10 @@ import (
 // into SimplifiedLayerNormalization(x, w, axis=-1, epsilon=eps), the kernel
 // of the contrib op onnxruntime fuses the same chain into. Every value
 // inside the chain must have exactly one reader and be neither a graph
-// output nor captured. A float32 weight implies a float32 x (Mul's operands
-// share their type), so the fused kernel sees the types the chain did; it
+// output nor captured. Without the Cast a float32 weight implies a float32
+// x (Mul's operands share their type); with it x may be another float type,
+// so the fused op runs only on a float32 x (the guard) and the fused kernel
+// sees the types the chain did; it
 // sums the squares in float64 and applies the scale in float32, which
 // differs from the chain's float32 steps by a few ulps.
 //
@@ -78,7 +80,10 @@ func matchRMSNorm(fc *fuseContext, i int) (*onnxpb.NodeProto, []int, func(*ops.C
 		cols, minRank := fc.consts[w].Len(), max(rank, 1)
 		guard := func(ctx *ops.Context) bool {
 			x := ctx.Input(0)
-			return x != nil && x.Rank() >= minRank && x.Shape()[x.Rank()-1] == cols
+			// float32 x only: with the Cast in the chain x may be float16
+			// or float64 and the chain's output is float32, the fused op's
+			// x's type
+			return x != nil && x.DType() == tensor.Float32 && x.Rank() >= minRank && x.Shape()[x.Rank()-1] == cols
 		}
 		return np, chain, guard, true
 	}

@@ -17,19 +17,23 @@ type subgraph struct {
 // NumOutputs returns the number of graph outputs.
 func (s *subgraph) NumOutputs() int { return len(s.plan.Outputs) }
 
-// OutputType returns output i's declared type when it is fully static.
+// OutputType returns output i's declared element type (ok false when it
+// has none) and its shape when every dimension is fixed (else nil).
 func (s *subgraph) OutputType(i int) (tensor.DType, tensor.Shape, bool) {
 	if i < 0 || i >= len(s.plan.Outputs) {
 		return 0, nil, false
 	}
 	o := s.plan.Outputs[i]
-	if !o.DType.Valid() || o.Shape == nil {
+	if !o.DType.Valid() {
 		return 0, nil, false
+	}
+	if o.Shape == nil {
+		return o.DType, nil, true
 	}
 	shape := make(tensor.Shape, len(o.Shape))
 	for k, d := range o.Shape {
 		if d.Value < 0 {
-			return 0, nil, false
+			return o.DType, nil, true
 		}
 		shape[k] = int(d.Value)
 	}

@@ -35,8 +35,11 @@ func newConcat(n *Node) (Kernel, error) {
 		outShape := append(ctx.ScratchShape(first.Rank())[:0], first.Shape()...)
 		outShape[ax] = 0
 		for _, t := range ins {
-			if t.DType() != first.DType() || t.Rank() != r {
-				return fmt.Errorf("%w: Concat of %v %v and %v %v", errs.ErrShape, first.DType(), first.Shape(), t.DType(), t.Shape())
+			if t.DType() != first.DType() {
+				return fmt.Errorf("%w: Concat of %v %v and %v %v", errs.ErrType, first.DType(), first.Shape(), t.DType(), t.Shape())
+			}
+			if t.Rank() != r {
+				return fmt.Errorf("%w: Concat of %v and %v (ranks differ)", errs.ErrShape, first.Shape(), t.Shape())
 			}
 			for d := 0; d < r; d++ {
 				if d != ax && t.Shape()[d] != first.Shape()[d] {

@@ -21,8 +21,9 @@ type Subgraph interface {
 	Run(parent Scope, inputs []*tensor.Tensor) ([]*tensor.Tensor, error)
 	// NumOutputs returns the number of graph outputs.
 	NumOutputs() int
-	// OutputType returns graph output i's declared element type and shape;
-	// ok is false when the type or any dimension is not fixed.
+	// OutputType returns graph output i's declared element type (ok false
+	// when it declares none) and its shape when every dimension is fixed
+	// (nil otherwise).
 	OutputType(i int) (dt tensor.DType, shape tensor.Shape, ok bool)
 }
 

@@ -80,6 +80,7 @@ func newLoop(n *Node) (Kernel, error) {
 		for k, parts := range stacks {
 			if len(parts) == 0 {
 				// no iteration ran: an empty stack of the declared type
+				// (and of the declared shape where it is fixed)
 				dt, shape, ok := body.OutputType(1 + carried + k)
 				if !ok {
 					dt, shape = tensor.Float32, nil

@@ -331,6 +331,11 @@ func paramIndex(p *tensor.Tensor, normShape tensor.Shape) ([]int, error) {
 	for len(ps) > 0 && len(ps) < len(normShape) && ps[0] == 1 {
 		ps = ps[1:] // a leading 1 broadcasts like a missing dimension
 	}
+	if len(ps) > len(normShape) {
+		// one scale per row (dimensions before the axis that are not 1)
+		return nil, fmt.Errorf("%w: a scale or bias of shape %v over the normalized shape %v (its dimensions before the axis vary per row)",
+			errs.ErrNotImplemented, p.Shape(), normShape)
+	}
 	if ps.Equal(normShape[len(normShape)-len(ps):]) && ps.Size() == normShape.Size() {
 		return nil, nil
 	}

@@ -41,9 +41,13 @@ func newReduce(kind reduceKind, axesInput bool) Factory {
 		if err != nil {
 			return nil, err
 		}
-		attrAxes, _, err := n.Attrs.Ints("axes")
+		attrAxes, hasAttr, err := n.Attrs.Ints("axes")
 		if err != nil {
 			return nil, err
+		}
+		if axesInput && hasAttr { // (ignored, it would reduce every axis)
+			return nil, fmt.Errorf("%w: %s (opset %d) takes its axes as an input; the axes attribute was removed",
+				errs.ErrInvalidModel, kind, n.Opset)
 		}
 		return KernelFunc(func(ctx *Context) error {
 			x, err := ctx.RequireInput(0)

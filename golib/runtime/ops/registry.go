@@ -223,3 +223,16 @@ func Registered() []string {
 	sort.Strings(out)
 	return out
 }
+
+// requireInputs wraps f to refuse a node with fewer than n inputs given
+// (inputs the op requires), instead of reading a missing one as omitted.
+func requireInputs(n int, f Factory) Factory {
+	return func(node *Node) (Kernel, error) {
+		for i := 0; i < n; i++ {
+			if i >= len(node.InputPresent) || !node.InputPresent[i] {
+				return nil, fmt.Errorf("%w: %s (opset %d) requires input %d", errs.ErrInvalidModel, node.OpType, node.Opset, i)
+			}
+		}
+		return f(node)
+	}
+}

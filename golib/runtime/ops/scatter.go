@@ -43,7 +43,10 @@ func newScatterND(n *Node) (Kernel, error) {
 			return fmt.Errorf("%w: ScatterND index depth %d for data rank %d", errs.ErrShape, k, len(ds))
 		}
 		wantUpd := append(is[:len(is)-1:len(is)-1].Clone(), ds[k:]...)
-		if upd.DType() != data.DType() || !upd.Shape().Equal(wantUpd) {
+		if upd.DType() != data.DType() {
+			return fmt.Errorf("%w: ScatterND updates %v, data %v", errs.ErrType, upd.DType(), data.DType())
+		}
+		if !upd.Shape().Equal(wantUpd) {
 			return fmt.Errorf("%w: ScatterND updates %v %v, want %v %v", errs.ErrShape, upd.DType(), upd.Shape(), data.DType(), wantUpd)
 		}
 		out, err := ctx.NewOutput(0, data.DType(), ds)

@@ -13,7 +13,7 @@ func init() {
 	Register("", "Identity", 1, 0, newIdentity)
 	Register("", "Flatten", 1, 0, newFlatten)
 	Register("", "Unsqueeze", 1, 12, newAxesReshape(false, unsqueezeShape))
-	Register("", "Unsqueeze", 13, 0, newAxesReshape(true, unsqueezeShape))
+	Register("", "Unsqueeze", 13, 0, requireInputs(2, newAxesReshape(true, unsqueezeShape)))
 	Register("", "Squeeze", 1, 12, newAxesReshape(false, squeezeShape))
 	Register("", "Squeeze", 13, 0, newAxesReshape(true, squeezeShape))
 	Register("", "Shape", 1, 0, newShape)

@@ -46,6 +46,9 @@ func newSlice(n *Node) (Kernel, error) {
 				if a, err = tensor.NormAxis(int(axes[i]), r); err != nil {
 					return err
 				}
+			} else if i >= r {
+				return fmt.Errorf("%w: Slice without axes takes at most one start per dimension: %d starts for rank %d",
+					errs.ErrInvalidArgument, len(starts), r)
 			}
 			if seen[a] {
 				return fmt.Errorf("%w: Slice axis %d repeated", errs.ErrInvalidArgument, a)
