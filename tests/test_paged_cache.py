@@ -240,6 +240,53 @@ def test_generate_reuses_prefixes() -> None:
         assert stats["hits"] >= 1 and stats["tokens_reused"] >= 288
 
 
+@pytest.mark.parametrize("how", ["select after adopt", "reset and load", "positions elsewhere"])
+def test_prefix_store_registers_only_blocks_whose_ids_it_knows(how: str) -> None:
+    """A state registers blocks only under the ids that made them: after select/adopt (rows of
+    another request) or reset + load (positions without ids) it registers nothing until a
+    reset, and a run at positions other than the state's length registers nothing. A later
+    prompt with those ids then gets the tokens of a cold start (these cases registered the
+    wrong K/V under them before)."""
+    sess, ref = _long_llama(), _long_llama()
+    po = dict(layout="paged", block_size=16, prefix_cache=True, max_length=128)
+    rng = np.random.default_rng(0)
+    pa = rng.integers(0, 255, (1, 40))
+    pb = rng.integers(0, 255, (1, 20))
+    x = np.arange(11, 23)[None]  # the next 12 tokens complete block 1
+    if how == "select after adopt":
+        a = sess.create_state(**po)
+        _run(sess, a, pa, 0)
+        b = sess.create_state(**po)
+        _run(sess, b, pb, 0)
+        a.adopt(b)
+        a.select([1])  # pb's row, 20 positions
+        _run(sess, a, x, 20)
+        a.close()
+        probe = np.concatenate([pa[:, :20], x, [[5]]], axis=1)
+    elif how == "reset and load":
+        with ref.create_state(max_length=128) as other:
+            _run(ref, other, pb, 0)
+            presents = other.export()
+        a = sess.create_state(**po)
+        _run(sess, a, pa, 0)
+        a.reset()
+        a.load(presents)
+        _run(sess, a, x, 20)
+        a.close()
+        probe = np.concatenate([pa[:, :20], x, [[5]]], axis=1)
+    else:
+        with sess.create_state(**po) as a:
+            _run(sess, a, pa, 100)
+        probe = np.concatenate([pa, [[5]]], axis=1)
+    got = olkv.generate(sess, probe, max_new_tokens=8, state_options={k: po[k] for k in ("layout", "block_size",
+                                                                                          "prefix_cache")})
+    want = olkv.generate(ref, probe, max_new_tokens=8)
+    np.testing.assert_array_equal(got.sequences, want.sequences)
+    with sess.create_state(**po) as st:  # the probe did reuse what was rightly registered (pa's block 0)
+        stats = st.info()["prefix_cache"]
+    assert stats["tokens_reused"] == (0 if how == "positions elsewhere" else 16)
+
+
 def test_prefix_cache_is_capped() -> None:
     """Ever new prompts keep the registered blocks within prefix_cache_bytes (they grew with every
     distinct prompt: 12,000 blocks after 3,000 prompts, RSS +360 MB); the most recent prompt is

@@ -137,6 +137,31 @@ def test_completions_sampling_seed_n_and_logprobs(client: Any) -> None:
     assert r.choices[0].text == expected_text(ids, 5)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprob_tokens_end_where_a_stop_string_cuts(client: Any, stream: bool) -> None:
+    """A stop string ending the text inside a token: the logprob tokens end with that token's
+    part within the text (they concatenate to it), and chat lists no token past the cut."""
+    full = expected_text(P1, 6)
+    stop = full.split(" ")[2][:2]  # inside the second new word
+    if stream:
+        parts = list(client.completions.create(model=NAME, prompt=P1, max_tokens=6, temperature=0, stop=[stop],
+                                               logprobs=0, stream=True))
+        text = "".join(p.choices[0].text for p in parts)
+        toks = [t for p in parts if p.choices[0].logprobs for t in p.choices[0].logprobs.tokens]
+    else:
+        c = client.completions.create(model=NAME, prompt=P1, max_tokens=6, temperature=0, stop=[stop],
+                                      logprobs=0).choices[0]
+        text, toks = c.text, c.logprobs.tokens
+    assert text == full[:full.index(stop)] and "".join(toks) == text
+    msgs = [{"role": "user", "content": P2}]
+    want = expected_text(_chat_ids(msgs), 6, chat=True)
+    cut = want.split(" ")[1][:2]
+    r = client.chat.completions.create(model=NAME, messages=msgs, max_tokens=6, temperature=0, stop=[cut],
+                                       logprobs=True)
+    content = r.choices[0].message.content
+    assert content == want[:want.index(cut)] and "".join(c.token for c in r.choices[0].logprobs.content) == content
+
+
 def test_stop_strings(client: Any) -> None:
     full = expected_text(P1, 12).split()
     stop = full[4]
@@ -211,6 +236,8 @@ def test_models_health_metrics(server: Server, client: Any) -> None:
     ("/v1/completions", b'{"prompt": "w1", "top_p": -' + b"9" * 400 + b"}", 400, "'top_p' must be in"),
     ("/v1/completions", b'{"prompt": ' + b"[" * 100000 + b"]" * 100000 + b"}", 400, "nested too deeply"),
     ("/v1/completions", {"prompt": [[1, 2]] * 17}, 400, "at most 16 prompts"),
+    # a body past the server's limit (8 MiB): refused before it is parsed or tokenized
+    ("/v1/completions", b'{"prompt": "' + b"w1 " * (3 << 20) + b'"}', 413, "exceeds the server's limit"),
     ("/v1/completions", {"prompt": P1, "max_tokens": 2, "seed": 2 ** 63 - 1, "n": 2}, 400, "'seed' must be in"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": words(range(100))}]}, 400,
      "and no room is left for a completion"),  # no max_tokens sent: the prompt alone is too long
@@ -262,6 +289,34 @@ def test_client_disconnect_aborts(server: Server, monkeypatch: Any, stream: bool
     with httpx.Client(base_url=server.url, timeout=30) as h:
         r = h.post("/v1/completions", json={"prompt": P2, "max_tokens": 3, "temperature": 0})
         assert r.json()["choices"][0]["text"] == expected_text(P2, 3)
+
+
+def test_a_queued_stream_whose_client_left_is_never_prefilled(server: Server, monkeypatch: Any) -> None:
+    """A streaming request whose client leaves before its first token (here while the engine's
+    step is held) is aborted before its prompt is prefilled, as a non-streaming one is."""
+    eng = server.engine
+    gate = threading.Event()
+    step = eng.step
+
+    def held_step() -> Any:
+        gate.wait(20)
+        return step()
+
+    monkeypatch.setattr(eng, "step", held_step)
+    before = eng.stats()
+    body = json.dumps({"prompt": P1, "max_tokens": 5, "stream": True}).encode()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            time.sleep(0.5)
+        time.sleep(1.0)  # the client is polled every 0.25 s
+    finally:
+        gate.set()
+        monkeypatch.undo()
+    _wait(lambda: eng.stats()["finished"]["abort"] > before["finished"]["abort"], "the request was not aborted")
+    _wait(lambda: eng.stats()["running"] == 0 and eng.stats()["queued"] == 0, "the engine did not drain")
+    assert eng.stats()["prompt_tokens"] == before["prompt_tokens"]
 
 
 def test_32_concurrent_streaming_clients(server: Server) -> None:

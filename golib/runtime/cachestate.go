@@ -209,7 +209,13 @@ func (s *Session) RunCacheSignature(cs *CacheState, sg *Signature, feeds []*tens
 		if sg.tokens >= 0 && sg.tokens < len(feeds) {
 			ids = feeds[sg.tokens]
 		}
-		cs.registerPrefix(prev, ids)
+		var pos []*tensor.Tensor
+		for _, i := range sg.positions {
+			if i < len(feeds) {
+				pos = append(pos, feeds[i])
+			}
+		}
+		cs.registerPrefix(prev, ids, pos)
 	}
 	return out, stats, err
 }
@@ -459,6 +465,7 @@ func (cs *CacheState) Select(rows []int) error {
 			cs.length = max(cs.length, n)
 		}
 		clear(cs.cks)
+		cs.tokens = cs.tokens[:0] // other rows' ids: no registration until a reset
 		return nil
 	})
 }
@@ -503,6 +510,7 @@ func (cs *CacheState) Adopt(src *CacheState) error {
 		cs.cfg.Batch += src.cfg.Batch
 		cs.length = max(cs.length, src.length)
 		clear(cs.cks)
+		cs.tokens = cs.tokens[:0] // (see Select)
 		src.closed = true
 		src.st.pool.close() // src's arena is cs's, so src owns none
 		return nil
@@ -609,6 +617,7 @@ func (cs *CacheState) Reset() error {
 		}
 		clear(cs.cks)
 		cs.length = 0
+		cs.tokens = cs.tokens[:0]
 		return nil
 	})
 }

@@ -71,6 +71,7 @@ func (cs *CacheState) Load(rows []LayerRows, elem cache.ElemType, n int) error {
 				return err
 			}
 		}
+		cs.tokens = cs.tokens[:0] // positions without token ids: no registration until a reset
 		return end(true)
 	})
 }

@@ -12,6 +12,39 @@ import (
 // prefixInput is the feed whose token ids key the prefix store.
 const prefixInput = "input_ids"
 
+// prefixPositionInputs are the feeds that place the tokens: a run whose
+// positions do not continue the state's length (prev, prev+1, ...) holds
+// K/V its token ids alone do not determine, and is not registered.
+var prefixPositionInputs = map[string]bool{"position_ids": true, "cache_position": true}
+
+// positionsContinue reports whether a batch-1 position feed holds
+// prev, prev+1, ..., prev+n-1 for the n new tokens (nil: no such feed).
+func positionsContinue(pos *tensor.Tensor, prev, n int) bool {
+	if pos == nil {
+		return true
+	}
+	if pos.Len() != n {
+		return false
+	}
+	var vals []int64
+	switch pos.DType() {
+	case tensor.Int64:
+		vals = pos.Int64()
+	case tensor.Int32:
+		for _, v := range pos.Int32() {
+			vals = append(vals, int64(v))
+		}
+	default:
+		return false
+	}
+	for i, v := range vals {
+		if v != int64(prev+i) {
+			return false
+		}
+	}
+	return true
+}
+
 // enablePrefixes checks a prefix-cache state's configuration and creates
 // the session's prefix store on first use; unreferenced registered blocks
 // are evicted (LRU) when an append finds the session arena's budget full.
@@ -62,11 +95,17 @@ func (cp *cachePath) closePrefixes() {
 // registerPrefix records the token ids of a successful run (positions
 // prev..length-1; ids is the run's input_ids feed, nil when it had none)
 // and registers the state's full blocks. Only batch-1
-// states whose every position came with an input_ids feed register; any
-// other run stops the state's registration until it is reset.
-func (cs *CacheState) registerPrefix(prev int, ids *tensor.Tensor) {
+// states whose every position came with an input_ids feed, at positions
+// counting on from the state's length (positions: the run's position_ids
+// and cache_position feeds), register; any other run, and a Select, Adopt
+// or Load (rows whose ids the state does not hold), stops the state's
+// registration until it is reset.
+func (cs *CacheState) registerPrefix(prev int, ids *tensor.Tensor, positions []*tensor.Tensor) {
 	store := cs.sess.cache.prefixStore()
 	ok := ids != nil
+	for _, p := range positions {
+		ok = ok && positionsContinue(p, prev, cs.length-prev)
+	}
 	caches := cs.live()
 	if prev == 0 {
 		cs.tokens = cs.tokens[:0] // a new sequence (first run, reset)

@@ -35,8 +35,12 @@ type Signature struct {
 	// outputs; outputs is the requested names (nil: all outputs).
 	outIdx  []int
 	outputs []string
-	// tokens is the index of the prefix store's token feed, -1 if absent.
-	tokens int
+	// tokens is the index of the prefix store's token feed, -1 if absent;
+	// positions those of the feeds that place the tokens (position_ids,
+	// cache_position), which must count on from the state's length for a
+	// run to register its blocks.
+	tokens    int
+	positions []int
 }
 
 // FeedNames returns the feed names the signature takes, in order.
@@ -89,6 +93,9 @@ func (s *Session) prepare(p *Plan, cachePath bool, feedNames, outputNames []stri
 		at[name] = i
 		if name == prefixInput {
 			sg.tokens = i
+		}
+		if prefixPositionInputs[name] {
+			sg.positions = append(sg.positions, i)
 		}
 	}
 	var missing string

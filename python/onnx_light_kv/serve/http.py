@@ -45,6 +45,8 @@ _log = logging.getLogger("onnx_light_kv")
 
 #: seconds between two checks that a non-streaming request's client is still connected
 _DISCONNECT_POLL_S = 0.25
+#: the largest request body :func:`create_app` reads (``max_request_bytes``); a larger one is a 413
+MAX_REQUEST_BYTES = 8 << 20
 #: the engine stats that count since the start (a rebuilt engine's count on from its predecessor's)
 _COUNTERS = ("requests", "prompt_tokens", "generated_tokens", "steps", "admission_paused", "prefix_hits",
              "prefix_tokens")
@@ -348,6 +350,7 @@ class _TextStream:
         self.text = ""
         self.stopped = False
         self.pieces: List[str] = []  # the text of each token of the last push (see push)
+        self.piece_end = 0  # the length of the text of the pieces reported so far
         self._whole = ""  # the decoded text of self.ids up to its last complete character
 
     def _decode(self, ids: List[int]) -> str:
@@ -516,10 +519,11 @@ class _Server:
             raise RequestError(str(e), status=503) from None
         return rid, q
 
-    async def choices(self, prompts: List[List[int]], params: _Params, request: Any
+    async def choices(self, prompts: List[List[int]], params: _Params, request: Any, until_first: bool = False
                       ) -> AsyncIterator[Tuple[int, str, Optional[List[Any]], Optional[str], int]]:
         """Yield ``(choice index, text delta, logprob entries, finish_reason, tokens)`` as the
-        engine produces them; aborts every request of the call when the consumer stops."""
+        engine produces them; aborts every request of the call when the consumer stops, or when
+        ``request``'s client disconnects (polled; ``until_first``: only until the first yield)."""
         runs = []
         for pi, prompt in enumerate(prompts):
             for j in range(params.n):
@@ -544,7 +548,10 @@ class _Server:
             left = len(runs)
             clock = asyncio.get_running_loop()
             polled = clock.time()
+            yielded = False
             while left:
+                if request is not None and until_first and yielded:
+                    request = None
                 if request is not None and clock.time() - polled >= _DISCONNECT_POLL_S:
                     if await request.is_disconnected():  # (a stream's client is seen by the response)
                         return
@@ -565,6 +572,11 @@ class _Server:
                     first = len(ts.ids) - len(out.tokens)  # the position of this output's first token
                     entries = []
                     for k, (t, lp, top, s) in enumerate(zip(out.tokens, lps, tops or [None] * len(lps), ts.pieces)):
+                        if ts.stopped:  # the tokens within the text a stop string cut, the last one cut too
+                            if ts.piece_end >= len(ts.text):
+                                break
+                            s = s[:len(ts.text) - ts.piece_end]
+                        ts.piece_end += len(s)
                         if top:  # each alternative's text in the place of the chosen token
                             top = list(zip(ts.alternatives(first + k, list(top)), top.values()))
                         entries.append((t, lp, top, s))
@@ -572,13 +584,16 @@ class _Server:
                     self.loop.abort(rids[i])
                     left -= 1
                     rids.pop(i)
+                    yielded = True
                     yield i, piece, entries, "stop", len(out.tokens)
                     continue
                 if out.finished:
                     left -= 1
                     rids.pop(i)
+                    yielded = True
                     yield i, piece, entries, "stop" if (ts.stopped or reason == "stop") else "length", len(out.tokens)
                 elif piece or entries or out.tokens:  # (tokens without text, as special ones, still count)
+                    yielded = True
                     yield i, piece, entries, None, len(out.tokens)
         finally:
             for rid in rids.values():
@@ -588,7 +603,8 @@ class _Server:
 
 
 def create_app(engine: Any, tokenizer: Any, *, model_name: str = "model", chat_template: Optional[str] = None,
-               engine_factory: Optional[Callable[[], Engine]] = None) -> Any:
+               engine_factory: Optional[Callable[[], Engine]] = None,
+               max_request_bytes: int = MAX_REQUEST_BYTES) -> Any:
     """The Starlette application serving ``engine`` (see the module docstring). The engine's
     steps run on a thread the app starts at startup and stops at shutdown. ``tokenizer``: a
     ``tokenizers.Tokenizer`` or a ``tokenizer.json`` path (a ``tokenizer_config.json`` next to it
@@ -631,8 +647,23 @@ def create_app(engine: Any, tokenizer: Any, *, model_name: str = "model", chat_t
         count(route, e.status)
         return JSONResponse(e.body(), status_code=e.status)
 
-    async def body_of(request: Request) -> Dict[str, Any]:
-        raw = await request.body()
+    async def raw_body(request: Request) -> bytes:
+        """The body, refused with 413 past ``max_request_bytes`` (declared or read so far), so
+        one huge request neither fills memory nor holds the event loop in its parsing."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_request_bytes:
+            raise RequestError(f"the request body ({int(declared)} bytes) exceeds the server's limit of "
+                               f"{max_request_bytes} bytes", status=413, code="request_too_large")
+        parts, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_request_bytes:
+                raise RequestError(f"the request body exceeds the server's limit of {max_request_bytes} bytes",
+                                   status=413, code="request_too_large")
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def parse_body(raw: bytes) -> Dict[str, Any]:
         try:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
@@ -641,6 +672,9 @@ def create_app(engine: Any, tokenizer: Any, *, model_name: str = "model", chat_t
             raise RequestError("the request body is not valid JSON: nested too deeply") from None
         if not isinstance(body, dict):
             raise RequestError("the request body must be a JSON object")
+        return body
+
+    def check_model(body: Dict[str, Any]) -> Dict[str, Any]:
         m = body.get("model")
         if m is not None and m != model_name:
             raise RequestError(f"the model '{m}' does not exist (this server serves '{model_name}')", "model",
@@ -656,11 +690,18 @@ def create_app(engine: Any, tokenizer: Any, *, model_name: str = "model", chat_t
     async def _generate(request: Request, chat: bool) -> Response:
         route = "/v1/chat/completions" if chat else "/v1/completions"
         srv = server()
-        try:
-            body = await body_of(request)
+
+        def prepare(raw: bytes) -> Tuple[Dict[str, Any], List[List[int]], _Params]:
+            body = check_model(parse_body(raw))
             prompts = [srv.chat_prompt(body)] if chat else srv.completion_prompts(body)
             params = _Params(body, chat, srv.loop.max_length, max(len(p) for p in prompts),
                              request.headers.get("x-session-id"))
+            return body, prompts, params
+
+        try:
+            # parsing, the chat template and tokenization run on a worker thread: the event
+            # loop keeps serving other requests' tokens meanwhile
+            body, prompts, params = await asyncio.to_thread(prepare, await raw_body(request))
         except RequestError as e:
             return error(route, e)
         cid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
@@ -668,7 +709,9 @@ def create_app(engine: Any, tokenizer: Any, *, model_name: str = "model", chat_t
         nchoices = len(prompts) * params.n
         usage = {"prompt_tokens": sum(len(p) for p in prompts) * params.n}
         if params.stream:
-            gen = srv.choices(prompts, params, None)
+            # the request is polled for a disconnect until the first token (a queued stream whose
+            # client left is dropped before its prefill); then the response sees the client
+            gen = srv.choices(prompts, params, request, until_first=True)
             # start the requests now, so that a refused one is a 400, not a broken stream
             try:
                 first = await gen.__anext__()
