@@ -256,3 +256,33 @@ def test_set_threads_bounds() -> None:
         assert olkv.get_threads() == 3
     finally:
         olkv.set_threads(before)
+
+
+@pytest.mark.parametrize("extra", [{}, {"dtype": "bfloat16"}, {"layout": "paged", "block_size": 16}],
+                         ids=["fp32", "bf16", "paged"])
+def test_a_key_far_below_the_maximum_weighs_nothing(extra: dict) -> None:
+    """A key scoring 100 below the others gets weight exp(-100) ~ 4e-44, which is 0 in float32:
+    its huge finite V row (3e38) must not reach the output (a weight floored at the smallest
+    normal float32 added 0.11 here), on every path and thread count."""
+    d, n = 16, 32
+    cache = olkv.KVCache(1, 1, d, capacity=64, **extra)
+    k = np.zeros((1, 1, n, d), np.float32)
+    k[0, 0, :, 0] = 100.0
+    k[0, 0, 0, 0] = 0.0
+    v = np.zeros((1, 1, n, d), np.float32)
+    v[0, 0, 0, :] = 3e38
+    cache.append(k, v)
+    q = np.zeros((1, 1, 1, d), np.float32)
+    q[0, 0, 0, 0] = 1.0
+    before = olkv.get_threads()
+    try:
+        for path in _kernels():
+            olkv.set_kernel(path)
+            for threads in (1, 2):
+                olkv.set_threads(threads)
+                got = olkv.attention(q, cache, scale=1.0)
+                assert float(np.abs(got).max()) < 1e-5, f"path {path} threads {threads}: {float(got.max())}"
+    finally:
+        olkv.set_kernel("auto")
+        olkv.set_threads(before)
+        cache.close()

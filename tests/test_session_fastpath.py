@@ -197,3 +197,26 @@ def test_concurrent_runs_while_signatures_cycle(decoder: bytes) -> None:
         t.join()
     assert not errors, errors[0]
     assert len(sess._signatures) <= session._MAX_SIGNATURES
+
+
+@pytest.mark.parametrize("outputs", [None, ["y", "y"]], ids=["identity output", "name twice"])
+def test_an_output_returned_twice_outlives_its_twin(outputs: Any) -> None:
+    """Two returned arrays backed by one runtime tensor (an output that is an Identity of another,
+    or one name asked for twice) are lent once and copied once: dropping one leaves the other's
+    values alone through later runs (a second loan of the tensor gave its buffer back early)."""
+    n = 64 * 1024  # 256 KiB: above the lending threshold
+    g = helper.make_graph(
+        [helper.make_node("Add", ["x", "x"], ["y"]), helper.make_node("Identity", ["y"], ["z"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n])],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, [n]) for name in ("y", "z")])
+    s = InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)],
+                                           ir_version=10).SerializeToString())
+    a, b = s.run(outputs, {"x": np.full(n, 1.0, np.float32)})
+    del a
+    gc.collect()
+    for v in (100.0, 101.0):
+        s.run(outputs, {"x": np.full(n, v, np.float32)})
+    assert (b == 2).all()
+    del b
+    gc.collect()
+    assert _lib.fn("LentOutputs")() == 0

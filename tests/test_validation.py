@@ -122,6 +122,7 @@ def _cache_calls() -> List[Tuple[str, CacheCall, Type[Exception]]]:
         ("softcap=-1", lambda c: olkv.attention(_q(), c, softcap=-1.0), ValueError),
         ("softcap=inf", lambda c: olkv.attention(_q(), c, softcap=math.inf), ValueError),
         ("softcap=nan", lambda c: olkv.attention(_q(), c, softcap=math.nan), ValueError),
+        ("softcap=1e-46 (0 in float32)", lambda c: olkv.attention(_q(), c, softcap=1e-46), ValueError),
         ("window=1.5", lambda c: olkv.attention(_q(), c, window=1.5), TypeError),
         ("window=True", lambda c: olkv.attention(_q(), c, window=True), TypeError),
         ("window=0", lambda c: olkv.attention(_q(), c, window=0), ValueError),

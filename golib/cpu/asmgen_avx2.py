@@ -701,7 +701,7 @@ def f32bits(x):
 
 # The constants of expf (ops_go.go) as float32 bits, in table order.
 EXPCONST = [
-    ("hi", f32bits(88.0)), ("lo", 0xC2AEAC50), ("log2e", 0x3FB8AA3B), ("mag", 0x4B400000),
+    ("hi", f32bits(88.0)), ("lo", f32bits(-88.0)), ("log2e", 0x3FB8AA3B), ("mag", 0x4B400000),
     ("nln2hi", f32bits(-0.693359375)), ("nln2lo", 0x395E8083),
     ("p0", 0x39506967), ("p1", 0x3AB743CE), ("p2", 0x3C088908), ("p3", 0x3D2AA9C1),
     ("p4", 0x3E2AAAAA), ("p5", 0x3F000000), ("one", 0x3F800000), ("bias", 0x3F800000),

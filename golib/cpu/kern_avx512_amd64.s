@@ -825,7 +825,7 @@ expdone:
 	RET
 
 DATA expconst<>+0(SB)/4, $0x42b00000
-DATA expconst<>+4(SB)/4, $0xc2aeac50
+DATA expconst<>+4(SB)/4, $0xc2b00000
 DATA expconst<>+8(SB)/4, $0x3fb8aa3b
 DATA expconst<>+12(SB)/4, $0x4b400000
 DATA expconst<>+16(SB)/4, $0xbf318000

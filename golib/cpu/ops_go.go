@@ -124,10 +124,13 @@ func goAxpy(acc, p, v []float32, alpha float32) {
 // Constants of the float32 exp approximation shared by every variant:
 // exp(x) = 2^n * exp(r) with n = round(x*log2(e)) and r = x - n*ln2 split in
 // two parts (Cody-Waite), exp(r) by a degree-6 polynomial (Cephes expf
-// coefficients). Relative error about 2 ulp over the clamped input range.
+// coefficients). Relative error about 2 ulp down to the smallest normal
+// result (x = -87.34); below, results are subnormal, and from x = -87.68
+// on they are exactly 0 (n = -127 makes 2^n's bits 0), so a key the
+// softmax leaves far behind weighs nothing, not the smallest normal.
 const (
 	expHi    = 88.0              // keeps n <= 127 so 2^n stays a normal float32
-	expLo    = -87.3365447505531 // exp(expLo) is the smallest normal float32
+	expLo    = -88.0             // keeps n >= -127, where 2^n's bits are 0 (the exp 0)
 	log2e    = 1.44269504088896341
 	ln2Hi    = 0.693359375
 	ln2Lo    = -2.12194440e-4

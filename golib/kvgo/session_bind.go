@@ -294,10 +294,20 @@ func ResultFree(rh int64) (err error) {
 // releaseCopied hands the outputs that were not lent back to the pool.
 func (r *runResult) releaseCopied() {
 	for i, t := range r.outs {
-		if r.lent[i] == 0 {
+		if r.lent[i] == 0 && !r.isLent(t) { // (a lent twin keeps the buffer until its release)
 			r.st.Release(t)
 		}
 	}
+}
+
+// isLent reports whether t is one of the result's lent outputs.
+func (r *runResult) isLent(t *tensor.Tensor) bool {
+	for i, u := range r.outs {
+		if u == t && r.lent[i] != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // releaseLent ends the loans of a result whose arrays Python never built.

@@ -131,7 +131,11 @@ func SessionRunPrepared(h, sh, sig int64, desc uintptr, nDesc int, lendMin int, 
 	res := &runResult{st: st, outs: outs, lent: make([]int64, len(outs))}
 	copied := 0
 	for i, t := range outs {
-		if lendMin >= 0 && t.NumBytes() > 0 && t.NumBytes() >= lendMin && st.Leased(t) {
+		// a tensor returned twice (an output asked for twice, or an
+		// Identity of another output) is lent once and copied after: two
+		// loans of one tensor would free its buffer at the first release
+		// while the other array still reads it
+		if lendMin >= 0 && t.NumBytes() > 0 && t.NumBytes() >= lendMin && st.Leased(t) && !res.isLent(t) {
 			res.lent[i] = lent.put(lentOutput{st: st, t: t})
 		} else {
 			copied++

@@ -225,7 +225,7 @@ func (s *Session) RunCacheSignature(cs *CacheState, sg *Signature, feeds []*tens
 // function that ends the run (committing or rolling back).
 func (cs *CacheState) begin(outputNames []string) (rewrite.Binding, func(bool) error, error) {
 	if cs.closed {
-		return nil, nil, fmt.Errorf("%w: the generation state is closed", errs.ErrClosed)
+		return nil, nil, errs.ErrStateClosed
 	}
 	for i, c := range cs.caches {
 		cs.saved[i] = cs.saved[i][:0]
@@ -392,7 +392,7 @@ func (cs *CacheState) locked(fn func() error) error {
 	cs.st.mu.Lock()
 	defer cs.st.mu.Unlock()
 	if cs.closed {
-		return fmt.Errorf("%w: the generation state is closed", errs.ErrClosed)
+		return errs.ErrStateClosed
 	}
 	return fn()
 }
@@ -484,7 +484,7 @@ func (cs *CacheState) Adopt(src *CacheState) error {
 		src.st.mu.Lock()
 		defer src.st.mu.Unlock()
 		if src.closed {
-			return fmt.Errorf("%w: the adopted generation state is closed", errs.ErrClosed)
+			return fmt.Errorf("%w (the adopted one)", errs.ErrStateClosed)
 		}
 		if cs.cfg.MaxLength == 0 || cs.cfg.MaxLength != src.cfg.MaxLength || cs.cfg.Elem != src.cfg.Elem || cs.arena != src.arena {
 			return fmt.Errorf("%w: adopting needs states of one fixed max_length, storage type and arena (max_length %d and %d)",

@@ -13,6 +13,7 @@ import gc
 import os
 import signal
 import threading
+import weakref
 from typing import Any, Callable, Iterator
 
 from ._errors import convert
@@ -54,8 +55,51 @@ def _probe_array_refs() -> Callable[[Any], int]:
     return slow
 
 
+FORK_MESSAGE = ("onnx-light-kv cannot be used in a process forked from one that had imported it: the Go "
+                "runtime does not survive fork() (its other threads are gone, so calls can hang); start "
+                "worker processes with multiprocessing's 'spawn' or 'forkserver' method "
+                "(multiprocessing.get_context('spawn')) and import onnx_light_kv in them")
+
+#: set in a child process forked after this module was imported (os.register_at_fork)
+forked = False
+
+
+def _after_fork_in_child() -> None:
+    global forked
+    forked = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def check_process() -> None:
+    """Raise ``RuntimeError`` in a forked child (see :data:`FORK_MESSAGE`): for the hot entry
+    points that call the extension without :func:`call`."""
+    if forked:
+        raise RuntimeError(FORK_MESSAGE)
+
+
+def _release(fn: Callable[..., Any], *args: Any) -> None:
+    if not forked:  # a forked child leaves its parent's handles alone (freeing them could hang)
+        fn(*args)
+
+
+def finalizer(obj: Any, fn: Callable[..., Any], *args: Any) -> "weakref.finalize":
+    """``weakref.finalize(obj, fn, *args)`` for a native handle: it does nothing in a forked
+    child, and it is not run at interpreter exit (``atexit`` False: the process's memory goes
+    with it, and a free at exit would wait for a daemon thread's call in flight, while that
+    thread could create the next object: exit would never finish)."""
+    f = weakref.finalize(obj, _release, fn, *args)
+    f.atexit = False
+    return f
+
+
 def call(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call a raw extension function, converting Go errors to Python classes."""
+    """Call a raw extension function, converting Go errors to Python classes (``RuntimeError``
+    in a forked child, :data:`FORK_MESSAGE`)."""
+    if forked:
+        raise RuntimeError(FORK_MESSAGE)
     try:
         return fn(*args)
     except RuntimeError as e:

@@ -101,7 +101,7 @@ def attention(
             ``q_heads`` not a multiple of ``kv_heads``, ``window`` < 1,
             non-finite or out-of-float32-range ``scale``/``softcap``, a
             ``scale`` that is 0 or negative (or rounds to 0 in float32),
-            negative ``softcap``, an unknown ``kernel``, an ``out`` of
+            negative ``softcap`` or a positive one that rounds to 0 in float32, an unknown ``kernel``, an ``out`` of
             another dtype or shape, not C-contiguous or read-only.
     """
     instance(cache, "cache", KVCache)
@@ -118,6 +118,9 @@ def attention(
         # must not silently become 1/sqrt(head_dim).
         raise ValueError(f"scale must be > 0 (and nonzero in float32), got {scale!r}")
     cap = real(softcap, "softcap", lo=0.0, hi=FLOAT32_MAX)
+    if cap > 0 and not np.float32(cap) > 0:
+        # 0 means "no softcap" to the kernel: a positive one that rounds to 0 would vanish
+        raise ValueError(f"softcap must be 0 (off) or nonzero in float32, got {softcap!r}")
     win = optional_integer(window, "window", lo=1) or 0
     reference = choice(kernel, "kernel", ("auto", "reference")) == "reference"
     dest = None
@@ -129,6 +132,7 @@ def attention(
             raise _bad_out(out, (b, hq, lq, cache._dv))
         if (out.ctypes.data != q.ctypes.data or out.nbytes != q.nbytes) and np.shares_memory(out, q):
             dest, out = out, np.empty_like(out)  # partial overlap: compute through a temporary
+    _lib.check_process()
     try:
         _attn(cache._h, _addr(q), q.size, _addr(out), out.size, hq, lq, sc, cap, win, reference)
     except RuntimeError as e:

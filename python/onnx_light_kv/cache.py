@@ -125,7 +125,7 @@ class Arena(_Uncopyable):
         b = optional_integer(budget, "budget", lo=0) or 0
         with _lib.deferred_interrupts():  # owned (finalizer) before a Ctrl-C arrives
             self._h: int = _call(_f("ArenaNew"), b)
-            self._finalizer = weakref.finalize(self, _lib.ext.kvgo_ArenaFree, self._h)
+            self._finalizer = _lib.finalizer(self, _lib.ext.kvgo_ArenaFree, self._h)
 
     @property
     def budget(self) -> Optional[int]:
@@ -200,7 +200,7 @@ class Checkpoint:
         self.id = ck_id
         self.lengths = lengths
         fn, h = release if release is not None else (_lib.ext.kvgo_CacheReleaseCheckpoint, cache._h)
-        self._finalizer = weakref.finalize(self, fn, h, ck_id)
+        self._finalizer = _lib.finalizer(self, fn, h, ck_id)
 
     def release(self) -> None:
         """Forget the checkpoint; a later rollback to it raises StaleCheckpointError."""
@@ -420,7 +420,7 @@ class KVCache:
 
     def _adopt(self, h: int) -> None:
         self._h = h
-        self._finalizer = weakref.finalize(self, _lib.ext.kvgo_CacheClose, h)
+        self._finalizer = _lib.finalizer(self, _lib.ext.kvgo_CacheClose, h)
         # Held by select() around the Go call and the update of _batch, and by
         # every operation that sizes buffers or results from _batch (export,
         # lengths, checkpoint, fork), so those never see a batch the Go cache
@@ -533,6 +533,7 @@ class KVCache:
                 raise ValueError(f"counts must have {self._batch} entries, got {c.size}")
             cptr = c.ctypes.data
         try:
+            _lib.check_process()
             _append(self._h, _addr(k), k.nbytes, _addr(v), v.nbytes, CODES[k.dtype], n, cptr)
         except RuntimeError as e:
             raise convert(e) from None

@@ -385,7 +385,7 @@ class InferenceSession(_Uncopyable):
     def close(self) -> None:
         """Release the session's Go memory now (also done when collected)."""
         h, self._h = self._h, 0
-        if h:
+        if h and not _lib.forked:  # (a forked child leaves its parent's handles alone)
             self._signatures.clear()  # freed with the session
             _lib.call(_lib.fn("SessionFree"), h)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import threading
-import weakref
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NoReturn, Sequence
 
 import numpy as np
@@ -63,7 +62,7 @@ class GenerationState:
         self._batch = batch
         self._dtype = dtype
         self._plan = plan
-        self._finalizer = weakref.finalize(self, _lib.ext.kvgo_StateFree, handle)
+        self._finalizer = _lib.finalizer(self, _lib.ext.kvgo_StateFree, handle)
         # Held by select() and adopt() around the Go call and the update of _batch, and by
         # every operation that sizes buffers or results from _batch (export, lengths,
         # checkpoint, fork), so those never see a batch the Go state no longer has. Operations

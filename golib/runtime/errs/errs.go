@@ -36,3 +36,13 @@ var (
 	// ErrClosed: the session was closed.
 	ErrClosed = errors.New("session is closed")
 )
+
+// ErrStateClosed: the generation state was closed. It is an ErrClosed
+// (errors.Is) whose message names the state, not the session.
+var ErrStateClosed error = closedErr("the generation state is closed")
+
+// closedErr is a closed-object error that unwraps to ErrClosed.
+type closedErr string
+
+func (e closedErr) Error() string { return string(e) }
+func (e closedErr) Unwrap() error { return ErrClosed }

@@ -156,8 +156,9 @@ class Generator(_Uncopyable):
             self._compute()
         except BaseException:
             self._seq, self._mask, self._done, self._done_at, held = kept
-            if self._runner.length > held:  # positions a failed run may have attached (a reused prefix)
-                self._runner.truncate(held)
+            runner = self._runner
+            if runner is not None and not self._closed and runner.length > held:
+                runner.truncate(held)  # positions a failed run may have attached (a reused prefix)
             raise
         dt = time.perf_counter() - t
         self.timings["prefill_s" if is_prefill else "decode_s"] += dt
@@ -277,8 +278,11 @@ class Generator(_Uncopyable):
     # -- internals -------------------------------------------------------------------------
     def _compute(self) -> None:
         """Run the positions the runner does not hold yet; keep the last position's logits."""
-        start = self._runner.length
+        runner = self._runner  # (read once: close() from another thread sets it to None)
+        if runner is None or self._closed:
+            raise ValueError("the generator is closed")
+        start = runner.length
         if self.io.max_positions is not None:  # (a sum over the rows per step otherwise spent for nothing)
             self.io.check_positions(int(self._mask.sum(axis=1).max()), "the next run")
-        logits = self._runner.run(self._seq[:, start:], self._mask[:, start:])
+        logits = runner.run(self._seq[:, start:], self._mask[:, start:])
         self._logits = np.asarray(logits[:, -1, :], dtype=np.float32)
