@@ -129,8 +129,8 @@ func goAxpy(acc, p, v []float32, alpha float32) {
 // on they are exactly 0 (n = -127 makes 2^n's bits 0), so a key the
 // softmax leaves far behind weighs nothing, not the smallest normal.
 const (
-	expHi    = 88.0              // keeps n <= 127 so 2^n stays a normal float32
-	expLo    = -88.0             // keeps n >= -127, where 2^n's bits are 0 (the exp 0)
+	expHi    = 88.0  // keeps n <= 127 so 2^n stays a normal float32
+	expLo    = -88.0 // keeps n >= -127, where 2^n's bits are 0 (the exp 0)
 	log2e    = 1.44269504088896341
 	ln2Hi    = 0.693359375
 	ln2Lo    = -2.12194440e-4
