@@ -210,3 +210,76 @@ def test_hostile_allocation_fails_cleanly() -> None:
     _raises((MemoryError, ValueError), lambda: sess.run(None, {"s": np.array([1_000_000, 1_000_000, 1_000])}))
     (y,) = sess.run(None, {"s": np.array([2, 2])})
     assert y.shape == (2, 2)
+
+
+def test_external_data_that_is_not_a_regular_file_is_refused_at_once(tmp_path: Any) -> None:
+    """External data naming a FIFO (or a folder) in the model's folder is a ValueError at load:
+    opening a FIFO would wait for a writer forever."""
+    import os
+    import subprocess
+    import sys
+
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs on this platform")
+    t = TensorProto()
+    t.name, t.data_type, t.data_location = "w", TensorProto.FLOAT, TensorProto.EXTERNAL
+    t.dims.append(4)
+    e = t.external_data.add()
+    e.key, e.value = "location", "weights.bin"
+    g = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], initializer=[t])
+    path = tmp_path / "model.onnx"
+    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+                     .SerializeToString())
+    os.mkfifo(tmp_path / "weights.bin")
+    code = (f"import onnx_light_kv as o\ntry:\n    o.InferenceSession({str(path)!r})\n"
+            f"except ValueError as e:\n    print('ValueError', e)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert "ValueError" in r.stdout and "not a regular file" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_model_path_the_os_refuses_is_an_os_error(tmp_path: Any) -> None:
+    """A symlink loop or a file used as a folder raises OSError, as open() would (it was a
+    RuntimeError)."""
+    import os
+
+    loop = tmp_path / "loopA"
+    os.symlink(tmp_path / "loopB", loop)
+    os.symlink(loop, tmp_path / "loopB")
+    (tmp_path / "file").write_bytes(b"x")
+    for p in (loop, tmp_path / "file" / "model.onnx"):
+        with pytest.raises(OSError):
+            oc.ours(str(p))
+
+
+def _mutate_one_input_reshape(m: onnx.ModelProto) -> None:
+    for n in m.graph.node:
+        if n.name == "node_transpose_1":  # Transpose of the keys -> a Reshape without its shape
+            n.op_type = "Reshape"
+
+
+def _mutate_one_input_matmul(m: onnx.ModelProto) -> None:
+    for n in m.graph.node:
+        if n.name == "node_MatMul_209":  # the Q.K^T product loses an operand
+            del n.input[0]
+
+
+@pytest.mark.parametrize("fixture,mutate", [("gptj-dynamo", _mutate_one_input_reshape),
+                                            ("opt-dynamo", _mutate_one_input_matmul)])
+def test_malformed_nodes_in_an_attention_chain_are_no_internal_error(fixture: str, mutate: Any) -> None:
+    """A node of the attention chain with too few inputs is not a match for the cache-path
+    rewrite (it indexed past the inputs: RuntimeError 'internal error'); the session loads or
+    refuses it with ValueError, and its plan reads as usual."""
+    import _fixtures as fx
+
+    if fixture not in fx.names():
+        pytest.skip(f"fixture {fixture} absent")
+    m = onnx.load_from_string(fx.model_bytes(fixture))
+    mutate(m)
+    try:
+        s = oc.ours(m.SerializeToString())
+    except (ValueError, NotImplementedError):
+        return
+    assert isinstance(s.cache_plan(), list)

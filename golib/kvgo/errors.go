@@ -14,6 +14,7 @@ package kvgo
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"runtime/debug"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
@@ -29,6 +30,8 @@ const (
 	classRuntime  = "RuntimeError"
 	classKey      = "KeyError"
 	classFile     = "FileNotFoundError"
+	classPerm     = "PermissionError"
+	classOS       = "OSError"
 	classCapacity = "CapacityError"
 	classBudget   = "BudgetError"
 )
@@ -69,6 +72,9 @@ func classify(err error) error {
 		if errors.Is(err, c.target) {
 			return fmt.Errorf("%s: %w", c.class, err)
 		}
+	}
+	if pe := (*fs.PathError)(nil); errors.As(err, &pe) { // a file the OS refused: a loop, not a folder, ...
+		return fmt.Errorf("%s: %w", classOS, err)
 	}
 	return fmt.Errorf("%s: %w", classRuntime, err)
 }

@@ -61,6 +61,7 @@ func init() {
 		classifier{errs.ErrNotFound, classValue},
 		classifier{errs.ErrClosed, classValue},
 		classifier{fs.ErrNotExist, classFile},
+		classifier{fs.ErrPermission, classPerm},
 	)
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/model"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/ops"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/rewrite"
@@ -197,6 +198,7 @@ func computeDetached(n *PlanNode, inputs []*tensor.Tensor) (outs []*tensor.Tenso
 		}
 	}()
 	kctx := ops.NewContext(inputs, n.Info.OutputPresent, 1, nil)
+	kctx.SetAllocator(foldAlloc{}) // an output past the fold limit fails at once, before it is filled
 	if err := n.Kernel.Compute(kctx); err != nil {
 		return nil, err
 	}
@@ -231,4 +233,18 @@ func rebuildWithConstants(n *PlanNode, consts map[string]*tensor.Tensor) error {
 	}
 	n.Kernel = k
 	return nil
+}
+
+// foldAlloc gives folded nodes fresh buffers up to maxFoldedBytes: a node
+// whose output would be larger (a ConstantOfShape of 2^29 elements) is left
+// to run per run instead of being computed at load for nothing.
+type foldAlloc struct{}
+
+// Alloc returns n fresh zero bytes, or an error past maxFoldedBytes.
+func (foldAlloc) Alloc(n int) ([]byte, bool, error) {
+	if n > maxFoldedBytes {
+		return nil, false, fmt.Errorf("%w: %d bytes is past the constant-folding limit", errs.ErrLimit, n)
+	}
+	b, err := tensor.MakeBytes(n)
+	return b, true, err
 }

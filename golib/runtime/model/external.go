@@ -110,6 +110,12 @@ func readExternal(tp *onnxpb.TensorProto, dt tensor.DType, shape tensor.Shape, n
 	if int64(nbytes) > ext.left {
 		return nil, fmt.Errorf("%w: external data of %q exceeds the external data budget", errs.ErrLimit, tp.GetName())
 	}
+	// stat before opening: opening a FIFO (or a device) would wait for a writer
+	if st, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("%w: external data of %q: %v", errs.ErrInvalidModel, tp.GetName(), err)
+	} else if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%w: external data of %q: %q is not a regular file (%v)", errs.ErrInvalidModel, tp.GetName(), location, st.Mode().Type())
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("%w: external data of %q: %v", errs.ErrInvalidModel, tp.GetName(), err)

@@ -87,6 +87,9 @@ func newSplit(splitInput bool) Factory {
 		if err != nil {
 			return nil, err
 		}
+		if numOut != 0 && numOut != int64(n.NumOutputs) { // (before any use: 2^62 parts would exhaust memory)
+			return nil, fmt.Errorf("%w: Split num_outputs=%d for a node of %d outputs", errs.ErrInvalidModel, numOut, n.NumOutputs)
+		}
 		return KernelFunc(func(ctx *Context) error {
 			x, err := ctx.RequireInput(0)
 			if err != nil {
@@ -111,6 +114,9 @@ func newSplit(splitInput bool) Factory {
 				}
 				if parts < 1 {
 					return fmt.Errorf("%w: Split into %d parts", errs.ErrInvalidArgument, parts)
+				}
+				if numOut == 0 && dim%parts != 0 { // equal parts; only num_outputs (opset 18) allows a smaller last one
+					return fmt.Errorf("%w: Split of a dimension of %d into %d equal parts", errs.ErrInvalidArgument, dim, parts)
 				}
 				each := (dim + parts - 1) / parts // the last part may be smaller
 				for i := 0; i < parts; i++ {

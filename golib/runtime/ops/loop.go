@@ -5,6 +5,8 @@ import (
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/sysmem"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/units"
 )
 
 // maxLoopIterations bounds a Loop whose trip count and condition never stop
@@ -53,6 +55,7 @@ func newLoop(n *Node) (Kernel, error) {
 			}
 		}
 		stacks := make([][]*tensor.Tensor, scans)
+		var held, checked int64 // bytes of the scan outputs so far; at the last check
 		for it := int64(0); cond && (trips < 0 || it < trips); it++ {
 			if it >= maxLoopIterations {
 				return fmt.Errorf("%w: Loop ran %d iterations without stopping", errs.ErrLimit, it)
@@ -70,6 +73,16 @@ func newLoop(n *Node) (Kernel, error) {
 			copy(state, outs[1:1+carried])
 			for k := range stacks {
 				stacks[k] = append(stacks[k], outs[1+carried+k])
+				held += int64(outs[1+carried+k].NumBytes())
+			}
+			if held-checked >= sysmem.FreshMin {
+				// the scan outputs grow by an iteration's tensors, then are stacked
+				// (as much again): refused before the Go heap runs out, which ends
+				// the process
+				if err := loopFits(held); err != nil {
+					return fmt.Errorf("Loop iteration %d: %w", it, err)
+				}
+				checked = held
 			}
 		}
 		for i, t := range state {
@@ -120,4 +133,19 @@ func stack(parts []*tensor.Tensor) (*tensor.Tensor, error) {
 		copy(dst[i*nb:(i+1)*nb], p.Bytes())
 	}
 	return out, nil
+}
+
+// loopFits checks that scan outputs holding held bytes can still be
+// stacked: the stack is under the per-tensor limit, and the memory the
+// system can give holds it (the parts are already held).
+func loopFits(held int64) error {
+	if held > tensor.MaxBytes() {
+		return fmt.Errorf("%w: Loop scan outputs of %s exceed the per-tensor limit of %s",
+			errs.ErrMemory, units.Bytes(held), units.Bytes(tensor.MaxBytes()))
+	}
+	if avail := sysmem.Available(); avail > 0 && held > avail {
+		return fmt.Errorf("%w: Loop scan outputs of %s are more than the %s the system can still give this process",
+			errs.ErrMemory, units.Bytes(held), units.Bytes(avail))
+	}
+	return nil
 }

@@ -34,14 +34,32 @@ func TestMalformedNodesAreRefused(t *testing.T) {
 		{"Slice with more starts than dims", "Slice", 13, nil, []*tensor.Tensor{x23, three, three}, errs.ErrInvalidArgument},
 		{"RMSNormalization per-row scale", "RMSNormalization", 23, nil, []*tensor.Tensor{x23, scale23}, errs.ErrNotImplemented},
 		{"LayerNormalization per-row bias", "LayerNormalization", 17, nil, []*tensor.Tensor{x23, scale3, scale23}, errs.ErrNotImplemented},
+		{"Split num_outputs past the outputs", "Split", 18, attrs(intA("num_outputs", 1<<62)), []*tensor.Tensor{x23}, errs.ErrInvalidModel},
+		{"Split-13 into unequal parts", "Split", 13, attrs(intA("axis", 1)), []*tensor.Tensor{x23}, errs.ErrInvalidArgument},
 		{"Concat of two types", "Concat", 13, attrs(intA("axis", 0)), []*tensor.Tensor{ft(tensor.Shape{1}, 1), it(tensor.Shape{1}, 1)}, errs.ErrType},
 		{"ScatterND updates of another type", "ScatterND", 13, nil, []*tensor.Tensor{ft(tensor.Shape{2}, 1, 2), it(tensor.Shape{1, 1}, 0), it(tensor.Shape{1}, 7)}, errs.ErrType},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			if _, err := call(c.op, c.opset, c.attrs, 1, c.in...); !errors.Is(err, c.want) {
+			nOut := 1
+			if c.op == "Split" {
+				nOut = 2 // Split-13 of 3 columns into 2: unequal
+			}
+			if _, err := call(c.op, c.opset, c.attrs, nOut, c.in...); !errors.Is(err, c.want) {
 				t.Errorf("got %v, want %v", err, c.want)
 			}
 		})
 	}
+}
+
+// TestSliceHugeSteps covers steps near the int64 limits, whose element count
+// overflowed to an empty result: each takes one element, as numpy does.
+func TestSliceHugeSteps(t *testing.T) {
+	x := ft(tensor.Shape{5}, 0, 1, 2, 3, 4)
+	const maxI, minI = int64(1<<63 - 1), int64(-1 << 63)
+	runCases(t, []opCase{
+		{name: "step max", op: "Slice", opset: 13, in: []*tensor.Tensor{x, it(tensor.Shape{1}, 0), it(tensor.Shape{1}, 5), it(tensor.Shape{1}, 0), it(tensor.Shape{1}, maxI)}, shape: tensor.Shape{1}, want: "[0]"},
+		{name: "step min", op: "Slice", opset: 13, in: []*tensor.Tensor{x, it(tensor.Shape{1}, 4), it(tensor.Shape{1}, minI), it(tensor.Shape{1}, 0), it(tensor.Shape{1}, minI)}, shape: tensor.Shape{1}, want: "[4]"},
+		{name: "step -max", op: "Slice", opset: 13, in: []*tensor.Tensor{x, it(tensor.Shape{1}, maxI), it(tensor.Shape{1}, minI), it(tensor.Shape{1}, 0), it(tensor.Shape{1}, -maxI)}, shape: tensor.Shape{1}, want: "[4]"},
+	})
 }

@@ -107,14 +107,18 @@ func sliceRange(start, end, step, dim int64) (int64, int64) {
 	if step > 0 {
 		start = clamp(start, 0, dim)
 		end = clamp(end, 0, dim)
-		if end > start {
-			cnt = (end - start + step - 1) / step
+		if end > start { // (in this order: step may be near 2^63)
+			cnt = (end-start-1)/step + 1
 		}
 	} else {
 		start = clamp(start, 0, dim-1)
 		end = clamp(end, -1, dim-1)
 		if start > end {
-			cnt = (start - end - step - 1) / (-step)
+			if step == math.MinInt64 { // (-step would overflow; the range is far shorter)
+				cnt = 1
+			} else {
+				cnt = (start-end-1)/(-step) + 1
+			}
 		}
 	}
 	return start, cnt

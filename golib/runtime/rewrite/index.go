@@ -159,7 +159,7 @@ func (ix *index) constantValue(name string) bool {
 		case isOp(n, "Constant"):
 			return true
 		case isOp(n, "Cast") || isOp(n, "Sqrt") || isOp(n, "Reciprocal"):
-			name = n.GetInput()[0]
+			name = inputName(n, 0)
 		default:
 			return false
 		}

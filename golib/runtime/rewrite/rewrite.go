@@ -381,5 +381,15 @@ func firstInput(n *onnxpb.NodeProto) string {
 	if len(n.GetInput()) == 0 {
 		return ""
 	}
-	return n.GetInput()[0]
+	return inputName(n, 0)
+}
+
+// inputName returns node n's input i, "" when n has no such input (a
+// malformed node: the matchers read it as a non-match instead of indexing
+// past the inputs; the op's own checks report it when it runs).
+func inputName(n *onnxpb.NodeProto, i int) string {
+	if in := n.GetInput(); i < len(in) {
+		return in[i]
+	}
+	return ""
 }

@@ -101,13 +101,13 @@ func paddingMaskSource(ix *index, mask string) (string, string) {
 	if !isOp(ex, "Expand") {
 		return fail()
 	}
-	un := ix.producerOf(ex.GetInput()[0])
+	un := ix.producerOf(inputName(ex, 0))
 	if !isOp(un, "Unsqueeze") {
 		return fail()
 	}
 	axes := attrInts(un, "axes")
 	if len(un.GetInput()) > 1 {
-		t, ok := ix.g.Initializers[un.GetInput()[1]]
+		t, ok := ix.g.Initializers[inputName(un, 1)]
 		if !ok || t.Int64() == nil {
 			return fail()
 		}
@@ -116,11 +116,11 @@ func paddingMaskSource(ix *index, mask string) (string, string) {
 	if len(axes) != 2 || axes[0] != 1 || axes[1] != 2 {
 		return fail()
 	}
-	c := ix.producerOf(un.GetInput()[0])
+	c := ix.producerOf(inputName(un, 0))
 	if !isOp(c, "Cast") || attrInt(c, "to", 0) != int64(onnxpb.TensorProto_BOOL) {
 		return fail()
 	}
-	src := c.GetInput()[0]
+	src := inputName(c, 0)
 	if !ix.isGraphInput(src) || ix.captured[src] {
 		return fail()
 	}

@@ -92,7 +92,7 @@ func concatOf(ix *index, past, present string) ([]int, string, string) {
 		return nil, "", fmt.Sprintf("past %q feeds %s, not Concat", past, describe(n))
 	}
 	ax := attrInt(n, "axis", 0)
-	if len(n.GetInput()) != 2 || n.GetInput()[0] != past || (ax != 2 && ax != -2) {
+	if len(n.GetInput()) != 2 || inputName(n, 0) != past || (ax != 2 && ax != -2) {
 		return nil, "", fmt.Sprintf("%s is not Concat(past, new) on the sequence axis 2", describe(n))
 	}
 	if len(n.GetOutput()) != 1 {
@@ -106,9 +106,9 @@ func concatOf(ix *index, past, present string) ([]int, string, string) {
 			return nil, "", fmt.Sprintf("%s does not produce the paired present %q (nor a Cast of it to the past's type)",
 				describe(n), present)
 		}
-		return []int{i, j}, n.GetInput()[1], ""
+		return []int{i, j}, inputName(n, 1), ""
 	}
-	return []int{i}, n.GetInput()[1], ""
+	return []int{i}, inputName(n, 1), ""
 }
 
 // presentHead returns the one node that reads a present besides Shape/Size
@@ -144,7 +144,7 @@ func (c *chain) repeatKV(v string, i int, value bool) (string, int) {
 	}
 	axes := attrInts(n, "axes")
 	if len(n.GetInput()) > 1 {
-		axes = c.ix.constInts(n.GetInput()[1])
+		axes = c.ix.constInts(inputName(n, 1))
 	}
 	if len(axes) != 1 || (axes[0] != 2 && axes[0] != -3) {
 		c.why = fmt.Sprintf("%s on %q is not the repeat_kv Unsqueeze at axis 2", describe(n), v)
@@ -152,7 +152,7 @@ func (c *chain) repeatKV(v string, i int, value bool) (string, int) {
 	}
 	u := c.take(i)
 	j, e := c.next(u)
-	if e == nil || !isOp(e, "Expand") || e.GetInput()[0] != u {
+	if e == nil || !isOp(e, "Expand") || inputName(e, 0) != u {
 		if c.why == "" {
 			c.why = fmt.Sprintf("repeat_kv of %q: Unsqueeze is not followed by Expand", v)
 		}
@@ -160,7 +160,7 @@ func (c *chain) repeatKV(v string, i int, value bool) (string, int) {
 	}
 	x := c.take(j)
 	k, r := c.next(x)
-	if r == nil || !isOp(r, "Reshape") || r.GetInput()[0] != x {
+	if r == nil || !isOp(r, "Reshape") || inputName(r, 0) != x {
 		if c.why == "" {
 			c.why = fmt.Sprintf("repeat_kv of %q: Expand is not followed by Reshape", v)
 		}
@@ -259,7 +259,7 @@ func (concatRule) Match(ix *index, p *pair) (*edit, string) {
 		presK: p.presK, presV: p.presV, kNew: kNew, replace: map[int]*onnxpb.NodeProto{}}
 	for _, es := range c.expShapes {
 		sn := shapeNode(ix.node(es.node), pastRef{value: es.value, present: kNew})
-		sn.Input = append(sn.Input, node.GetInput()[0]) // q gives the expanded head count
+		sn.Input = append(sn.Input, inputName(node, 0)) // q gives the expanded head count
 		sn.Attribute = append(sn.Attribute, intAttr("expanded", 1))
 		e.replace[es.node] = sn
 	}
@@ -323,7 +323,7 @@ func (c *chain) decomposedEnd(ti int, kEnd, vEnd string, vi int, kNew, vNew stri
 	case isOp(t, "Reshape"):
 		// K^T as Reshape([B*H, T, D]) -> Transpose(0, 2, 1) -> Reshape([B, H, D, T])
 		// (torch.onnx dynamo at its default opset)
-		s1 := t.GetInput()[1]
+		s1 := inputName(t, 1)
 		x = c.take(ti)
 		j, tr := c.next(x)
 		if tr == nil {
@@ -337,10 +337,10 @@ func (c *chain) decomposedEnd(ti int, kEnd, vEnd string, vi int, kNew, vNew stri
 		if r2 == nil {
 			return nil, c.why
 		}
-		if !isOp(r2, "Reshape") || r2.GetInput()[0] != x {
+		if !isOp(r2, "Reshape") || inputName(r2, 0) != x {
 			return nil, fmt.Sprintf("the transposed keys feed %s, not Reshape", describe(r2))
 		}
-		ktShapes = []string{s1, r2.GetInput()[1]}
+		ktShapes = []string{s1, inputName(r2, 1)}
 		x = c.take(j)
 	default:
 		return nil, fmt.Sprintf("the keys %q feed %s, not Transpose(perm=[0, 1, 3, 2]) or Attention", kEnd, describe(t))
@@ -359,12 +359,12 @@ func (c *chain) decomposedEnd(ti int, kEnd, vEnd string, vi int, kNew, vNew stri
 	if n == nil {
 		return nil, c.why
 	}
-	if !isOp(n, "MatMul") || n.GetInput()[1] != x {
+	if !isOp(n, "MatMul") || inputName(n, 1) != x {
 		return nil, fmt.Sprintf("the transposed keys feed %s, not MatMul(q, K^T)", describe(n))
 	}
 	qk := i
 	// q side: scalar factors between q and the MatMul
-	q := n.GetInput()[0]
+	q := inputName(n, 0)
 	for {
 		pi, ok := ix.producer[q]
 		if !ok {
@@ -458,7 +458,7 @@ func (c *chain) decomposedEnd(ti int, kEnd, vEnd string, vi int, kNew, vNew stri
 			return nil, c.why
 		}
 	}
-	if !isOp(n, "MatMul") || n.GetInput()[0] != x || n.GetInput()[1] != vEnd || i != vi {
+	if !isOp(n, "MatMul") || inputName(n, 0) != x || inputName(n, 1) != vEnd || i != vi {
 		return nil, fmt.Sprintf("the probabilities feed %s, not MatMul(p, V) with the paired values", describe(n))
 	}
 	c.drop = append(c.drop, i)
@@ -495,7 +495,7 @@ func (c *chain) nanGuard(p string) (string, int, *onnxpb.NodeProto) {
 			a, b, ia, ib = b, a, ib, ia
 		}
 		if isOp(a, "IsNaN") && isOp(b, "Where") && len(b.GetInput()) == 3 &&
-			b.GetInput()[0] == a.GetOutput()[0] && b.GetInput()[2] == p && len(c.ix.consumers[a.GetOutput()[0]]) == 1 {
+			inputName(b, 0) == a.GetOutput()[0] && inputName(b, 2) == p && len(c.ix.consumers[a.GetOutput()[0]]) == 1 {
 			c.drop = append(c.drop, ia)
 			x := c.take(ib)
 			i, n := c.next(x)
