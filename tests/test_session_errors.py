@@ -283,3 +283,19 @@ def test_malformed_nodes_in_an_attention_chain_are_no_internal_error(fixture: st
     except (ValueError, NotImplementedError):
         return
     assert isinstance(s.cache_plan(), list)
+
+
+def test_a_constant_saved_as_external_data_loads_from_its_path(tmp_path: Any) -> None:
+    """onnx.save_model(..., save_as_external_data=True, convert_attribute=True) stores a Constant's
+    value in the data file too: loaded from the model's path, it reads like an initializer."""
+    g = helper.make_graph([helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(
+                               np.arange(1024, dtype=np.float32), "cv")),
+                           helper.make_node("Add", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1024])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1024])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path = tmp_path / "model.onnx"
+    onnx.save_model(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location="weights.bin",
+                    size_threshold=0, convert_attribute=True)
+    got = oc.ours(str(path)).run(None, {"x": np.ones(1024, np.float32)})[0]
+    np.testing.assert_array_equal(got, np.arange(1024, dtype=np.float32) + 1)

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"strings"
 	"runtime/debug"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
@@ -68,15 +69,17 @@ func classify(err error) error {
 	if err == nil {
 		return nil
 	}
+	class := classRuntime
 	for _, c := range classifiers {
 		if errors.Is(err, c.target) {
-			return fmt.Errorf("%s: %w", c.class, err)
+			class = c.class
+			break
 		}
 	}
-	if pe := (*fs.PathError)(nil); errors.As(err, &pe) { // a file the OS refused: a loop, not a folder, ...
-		return fmt.Errorf("%s: %w", classOS, err)
+	if pe := (*fs.PathError)(nil); class == classRuntime && errors.As(err, &pe) { // a file the OS refused: a loop, not a folder, ...
+		class = classOS
 	}
-	return fmt.Errorf("%s: %w", classRuntime, err)
+	return classified{msg: class + ": " + strings.ToValidUTF8(err.Error(), "\uFFFD"), err: err}
 }
 
 // recoverTo converts a panic into a classified RuntimeError stored in *errp.
@@ -86,3 +89,14 @@ func recoverTo(errp *error) {
 		*errp = fmt.Errorf("%s: internal error (please report): %v\n%s", classRuntime, r, debug.Stack())
 	}
 }
+
+// classified is a classified error: its message is the class prefix and the
+// error's text as valid UTF-8 (a model's names may not be, and Python
+// decodes the message strictly); it unwraps to the error.
+type classified struct {
+	msg string
+	err error
+}
+
+func (c classified) Error() string { return c.msg }
+func (c classified) Unwrap() error { return c.err }

@@ -121,6 +121,9 @@ func newGraph(gp *onnxpb.GraphProto, baseDir string, ext *extBudget, main bool) 
 		if n.GetOpType() == "" {
 			return nil, fmt.Errorf("%w: node %d (%q) has no op_type", errs.ErrInvalidModel, i, n.GetName())
 		}
+		if err := inlineExternalAttrs(n, baseDir, ext); err != nil {
+			return nil, fmt.Errorf("node %q: %w", n.GetName(), err)
+		}
 	}
 	return g, nil
 }
@@ -224,4 +227,24 @@ func valueInfos(vps []*onnxpb.ValueInfoProto) ([]ValueInfo, error) {
 		out = append(out, vi)
 	}
 	return out, nil
+}
+
+// inlineExternalAttrs reads the external data of n's tensor attributes (a
+// Constant saved with onnx's convert_attribute=True) into their raw_data,
+// under the same folder and budget rules as initializers, so the node's
+// kernel decodes them like any other attribute.
+func inlineExternalAttrs(n *onnxpb.NodeProto, baseDir string, ext *extBudget) error {
+	for _, ap := range n.GetAttribute() {
+		tp := ap.GetT()
+		if tp == nil || tp.GetDataLocation() != onnxpb.TensorProto_EXTERNAL || !littleEndian {
+			continue
+		}
+		t, err := tensorFromProto(tp, baseDir, ext)
+		if err != nil {
+			return fmt.Errorf("attribute %q: %w", ap.GetName(), err)
+		}
+		tp.RawData = append([]byte(nil), t.Bytes()...)
+		tp.DataLocation, tp.ExternalData = nil, nil
+	}
+	return nil
 }
