@@ -15,8 +15,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"strings"
 	"runtime/debug"
+	"strings"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 )
