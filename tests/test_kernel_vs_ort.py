@@ -20,7 +20,7 @@ Tolerances (``|got - want| <= atol + rtol * |want|``):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -172,6 +172,21 @@ def _kernels() -> List[str]:
     return list(olkv.build_info().get("attention_kernels", ["go"]))
 
 
+def _paths_and_threads() -> Iterator[Tuple[str, int]]:
+    """Set each kernel path of this CPU with 1 and 2 threads in turn, yielding (path, threads);
+    the path and thread count are put back at the end."""
+    before = olkv.get_threads()
+    try:
+        for path in _kernels():
+            olkv.set_kernel(path)
+            for threads in (1, 2):
+                olkv.set_threads(threads)
+                yield path, threads
+    finally:
+        olkv.set_kernel("auto")
+        olkv.set_threads(before)
+
+
 @pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
 def test_kernel_matches_onnxruntime_gqa(c: Case) -> None:
     x = _inputs(c)
@@ -183,22 +198,16 @@ def test_kernel_matches_onnxruntime_gqa(c: Case) -> None:
         raise
     cache = _cache(c, x)
     rtol, atol = TOL[c.dtype]
-    before = olkv.get_threads()
     try:
-        for path in _kernels():
-            olkv.set_kernel(path)
-            for threads in (1, 2):
-                olkv.set_threads(threads)
-                got = olkv.attention(x["q"], cache, scale=c.scale, softcap=c.softcap, window=c.window)
-                err = np.abs(got - want)
-                bad = err > atol + rtol * np.abs(want)
-                assert not bad.any(), (f"path {path} threads {threads}: {int(bad.sum())} elements off, "
-                                       f"max |diff| {float(err.max()):.3g}")
+        for path, threads in _paths_and_threads():
+            got = olkv.attention(x["q"], cache, scale=c.scale, softcap=c.softcap, window=c.window)
+            err = np.abs(got - want)
+            bad = err > atol + rtol * np.abs(want)
+            assert not bad.any(), (f"path {path} threads {threads}: {int(bad.sum())} elements off, "
+                                   f"max |diff| {float(err.max()):.3g}")
         ref = olkv.attention(x["q"], cache, scale=c.scale, softcap=c.softcap, window=c.window, kernel="reference")
         np.testing.assert_allclose(ref, want, rtol=rtol, atol=atol)
     finally:
-        olkv.set_kernel("auto")
-        olkv.set_threads(before)
         cache.close()
 
 
@@ -274,15 +283,9 @@ def test_a_key_far_below_the_maximum_weighs_nothing(extra: dict) -> None:
     cache.append(k, v)
     q = np.zeros((1, 1, 1, d), np.float32)
     q[0, 0, 0, 0] = 1.0
-    before = olkv.get_threads()
     try:
-        for path in _kernels():
-            olkv.set_kernel(path)
-            for threads in (1, 2):
-                olkv.set_threads(threads)
-                got = olkv.attention(q, cache, scale=1.0)
-                assert float(np.abs(got).max()) < 1e-5, f"path {path} threads {threads}: {float(got.max())}"
+        for path, threads in _paths_and_threads():
+            got = olkv.attention(q, cache, scale=1.0)
+            assert float(np.abs(got).max()) < 1e-5, f"path {path} threads {threads}: {float(got.max())}"
     finally:
-        olkv.set_kernel("auto")
-        olkv.set_threads(before)
         cache.close()
