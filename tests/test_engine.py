@@ -645,3 +645,22 @@ def test_quantized_paged_engine_keeps_its_caches_within_the_budget(opts: Dict[st
             assert st["cache_committed_bytes"] <= st["cache_reserved_bytes"] <= budget, st
             peak = max(peak, st["running"] + st["prefilling"])
         assert peak == 3
+
+
+@pytest.mark.parametrize("block_size", [None, 16], ids=["contiguous", "paged"])
+def test_requests_adopt_on_a_machine_too_small_to_reserve_max_length(monkeypatch: Any, block_size: Any) -> None:
+    """The Engine gives each request's state its max_length, even where generate() would not
+    reserve that much (a quarter of the machine's memory, simulated small here): requests join
+    one state, which needs one fixed max_length."""
+    from onnx_light_kv.generation import runner
+
+    monkeypatch.setattr(runner, "_physical_memory", lambda: 1 << 16)  # a quarter holds 32 positions
+    sess = ours(MODEL)
+    eng = Engine(sess, max_length=256, max_batch=4, block_size=block_size)
+    reqs = [{"input_ids": np.arange(1, 9), "max_new_tokens": 4}, {"input_ids": np.arange(3, 7), "max_new_tokens": 4}]
+    try:
+        got = _run(eng, reqs, {0: 0, 1: 1})
+    finally:
+        eng.close()
+    for i, r in enumerate(reqs):
+        assert got[i] == _alone(sess, r)

@@ -197,6 +197,13 @@ def _long_llama() -> olkv.InferenceSession:
     return olkv.InferenceSession(M.model_bytes(M.llama_decoder(cfg)), threads=2)
 
 
+def _masked_llama() -> olkv.InferenceSession:
+    cfg = M.DecoderConfig(layers=2, hidden=64, q_heads=4, kv_heads=2, head_dim=16, vocab=256, dtype="float32",
+                          max_positions=512)
+    return olkv.InferenceSession(M.model_bytes(M.llama_decoder(cfg, attention_mask_input=True,
+                                                                position_ids_input=False)), threads=2)
+
+
 def _run(sess: olkv.InferenceSession, st: olkv.GenerationState, ids: np.ndarray, start: int) -> np.ndarray:
     pos = np.arange(start, start + ids.shape[1], dtype=np.int64)[None]
     return sess.run(["logits"], {"input_ids": ids, "position_ids": pos}, state=st)[0]
@@ -240,7 +247,7 @@ def test_generate_reuses_prefixes() -> None:
         assert stats["hits"] >= 1 and stats["tokens_reused"] >= 288
 
 
-@pytest.mark.parametrize("how", ["select after adopt", "reset and load", "positions elsewhere"])
+@pytest.mark.parametrize("how", ["select after adopt", "reset and load", "positions elsewhere", "left padding"])
 def test_prefix_store_registers_only_blocks_whose_ids_it_knows(how: str) -> None:
     """A state registers blocks only under the ids that made them: after select/adopt (rows of
     another request) or reset + load (positions without ids) it registers nothing until a
@@ -274,9 +281,16 @@ def test_prefix_store_registers_only_blocks_whose_ids_it_knows(how: str) -> None
         _run(sess, a, x, 20)
         a.close()
         probe = np.concatenate([pa[:, :20], x, [[5]]], axis=1)
-    else:
+    elif how == "positions elsewhere":
         with sess.create_state(**po) as a:
             _run(sess, a, pa, 100)
+        probe = np.concatenate([pa, [[5]]], axis=1)
+    else:  # a mask with zeros: the padding is not stored, so the blocks hold later tokens' K/V
+        sess, ref = _masked_llama(), _masked_llama()
+        mask = np.ones_like(pa)
+        mask[0, :8] = 0
+        with sess.create_state(**po) as a:
+            sess.run(["logits"], {"input_ids": pa, "attention_mask": mask}, state=a)
         probe = np.concatenate([pa, [[5]]], axis=1)
     got = olkv.generate(sess, probe, max_new_tokens=8, state_options={k: po[k] for k in ("layout", "block_size",
                                                                                           "prefix_cache")})
@@ -284,7 +298,7 @@ def test_prefix_store_registers_only_blocks_whose_ids_it_knows(how: str) -> None
     np.testing.assert_array_equal(got.sequences, want.sequences)
     with sess.create_state(**po) as st:  # the probe did reuse what was rightly registered (pa's block 0)
         stats = st.info()["prefix_cache"]
-    assert stats["tokens_reused"] == (0 if how == "positions elsewhere" else 16)
+    assert stats["tokens_reused"] == (16 if how in ("select after adopt", "reset and load") else 0)
 
 
 def test_prefix_cache_is_capped() -> None:

@@ -138,11 +138,14 @@ def test_completions_sampling_seed_n_and_logprobs(client: Any) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_logprob_tokens_end_where_a_stop_string_cuts(client: Any, stream: bool) -> None:
-    """A stop string ending the text inside a token: the logprob tokens end with that token's
-    part within the text (they concatenate to it), and chat lists no token past the cut."""
+@pytest.mark.parametrize("span", [False, True], ids=["inside a token", "across tokens"])
+def test_logprob_tokens_end_where_a_stop_string_cuts(client: Any, stream: bool, span: bool) -> None:
+    """A stop string ending the text inside a token, or spanning two tokens (the first one's text
+    held back, then cut): the logprob tokens end with the text (they concatenate to it), and chat
+    lists no token past the cut."""
     full = expected_text(P1, 6)
-    stop = full.split(" ")[2][:2]  # inside the second new word
+    words_ = full.split(" ")
+    stop = (words_[2] + " " + words_[3]) if span else words_[2][:2]
     if stream:
         parts = list(client.completions.create(model=NAME, prompt=P1, max_tokens=6, temperature=0, stop=[stop],
                                                logprobs=0, stream=True))

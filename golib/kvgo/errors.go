@@ -86,7 +86,8 @@ func classify(err error) error {
 // Use as the first statement: defer recoverTo(&err).
 func recoverTo(errp *error) {
 	if r := recover(); r != nil {
-		*errp = fmt.Errorf("%s: internal error (please report): %v\n%s", classRuntime, r, debug.Stack())
+		msg := fmt.Sprintf("%s: internal error (please report): %v\n%s", classRuntime, r, debug.Stack())
+		*errp = errors.New(strings.ToValidUTF8(msg, "\uFFFD"))
 	}
 }
 

@@ -88,8 +88,9 @@ func LiveSignatures() int { return signatures.len() }
 // written after it, then per
 // output [element code, rank, dims..., address, lent handle]. An output of
 // at least lendMin bytes from the session's buffer pool is lent (address
-// of its data, valid until OutputRelease(handle)); the others have address
-// and handle 0 and are copied by ResultCopyAndFree(rh, ...). When meta is
+// of its data, valid until OutputRelease(handle)), once: a later output
+// that is the same tensor is copied; the others have address and handle 0
+// and are copied by ResultCopyAndFree(rh, ...). When meta is
 // too short, meta[0] is minus the length needed and ResultDescribe(rh,
 // ...) describes the outputs. The result handle rh is 0 when there is
 // nothing to copy (every output lent, or none): the result is freed.

@@ -215,7 +215,11 @@ func (s *Session) RunCacheSignature(cs *CacheState, sg *Signature, feeds []*tens
 				pos = append(pos, feeds[i])
 			}
 		}
-		cs.registerPrefix(prev, ids, pos)
+		var mask *tensor.Tensor
+		if sg.mask >= 0 && sg.mask < len(feeds) {
+			mask = feeds[sg.mask]
+		}
+		cs.registerPrefix(prev, ids, mask, pos)
 	}
 	return out, stats, err
 }

@@ -17,6 +17,40 @@ const prefixInput = "input_ids"
 // K/V its token ids alone do not determine, and is not registered.
 var prefixPositionInputs = map[string]bool{"position_ids": true, "cache_position": true}
 
+// prefixMaskInput is the feed whose zeros mark left padding: the caches
+// store no padding, so a run with any does not hold the K/V of its ids.
+const prefixMaskInput = "attention_mask"
+
+// noPadding reports whether a mask feed has no zero (nil: no such feed).
+func noPadding(mask *tensor.Tensor) bool {
+	if mask == nil {
+		return true
+	}
+	switch mask.DType() {
+	case tensor.Int64:
+		for _, v := range mask.Int64() {
+			if v == 0 {
+				return false
+			}
+		}
+	case tensor.Int32:
+		for _, v := range mask.Int32() {
+			if v == 0 {
+				return false
+			}
+		}
+	case tensor.Bool:
+		for _, v := range mask.Bool() {
+			if !v {
+				return false
+			}
+		}
+	default:
+		return false
+	}
+	return true
+}
+
 // positionsContinue reports whether a batch-1 position feed holds
 // prev, prev+1, ..., prev+n-1 for the n new tokens (nil: no such feed).
 func positionsContinue(pos *tensor.Tensor, prev, n int) bool {
@@ -97,12 +131,13 @@ func (cp *cachePath) closePrefixes() {
 // and registers the state's full blocks. Only batch-1
 // states whose every position came with an input_ids feed, at positions
 // counting on from the state's length (positions: the run's position_ids
-// and cache_position feeds), register; any other run, and a Select, Adopt
+// and cache_position feeds) and without padding (mask: its attention_mask
+// feed, nil if none), register; any other run, and a Select, Adopt
 // or Load (rows whose ids the state does not hold), stops the state's
 // registration until it is reset.
-func (cs *CacheState) registerPrefix(prev int, ids *tensor.Tensor, positions []*tensor.Tensor) {
+func (cs *CacheState) registerPrefix(prev int, ids, mask *tensor.Tensor, positions []*tensor.Tensor) {
 	store := cs.sess.cache.prefixStore()
-	ok := ids != nil
+	ok := ids != nil && noPadding(mask)
 	for _, p := range positions {
 		ok = ok && positionsContinue(p, prev, cs.length-prev)
 	}
@@ -113,8 +148,8 @@ func (cs *CacheState) registerPrefix(prev int, ids *tensor.Tensor, positions []*
 	if len(cs.tokens) > prev {
 		cs.tokens = cs.tokens[:prev] // truncated since
 	}
-	if store == nil || !ok || ids.DType() != tensor.Int64 || cs.cfg.Batch != 1 || len(caches) != len(cs.caches) ||
-		len(cs.tokens) != prev || prev+ids.Len() != cs.length {
+	if store == nil || !ok || ids.DType() != tensor.Int64 || cs.cfg.Batch != 1 || len(caches) == 0 || len(caches) != len(cs.caches) ||
+		len(cs.tokens) != prev || prev+ids.Len() != cs.length || caches[0].Lengths()[0] != cs.length {
 		cs.tokens = cs.tokens[:0] // out of step (until the state is reset)
 		return
 	}

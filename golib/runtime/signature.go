@@ -41,6 +41,10 @@ type Signature struct {
 	// run to register its blocks.
 	tokens    int
 	positions []int
+	// mask is the index of the attention_mask feed, -1 if absent: a run
+	// whose mask has a 0 (left padding, which the caches do not store)
+	// does not register.
+	mask int
 }
 
 // FeedNames returns the feed names the signature takes, in order.
@@ -81,7 +85,7 @@ func (s *Session) prepare(p *Plan, cachePath bool, feedNames, outputNames []stri
 		return nil, err
 	}
 	sg := &Signature{sess: s, plan: p, cache: cachePath, names: append([]string(nil), feedNames...),
-		slots: make([]int32, len(feedNames)), decl: make([]*model.ValueInfo, len(feedNames)), outIdx: outIdx, tokens: -1}
+		slots: make([]int32, len(feedNames)), decl: make([]*model.ValueInfo, len(feedNames)), outIdx: outIdx, tokens: -1, mask: -1}
 	if len(outputNames) > 0 {
 		sg.outputs = append([]string(nil), outputNames...)
 	}
@@ -96,6 +100,9 @@ func (s *Session) prepare(p *Plan, cachePath bool, feedNames, outputNames []stri
 		}
 		if prefixPositionInputs[name] {
 			sg.positions = append(sg.positions, i)
+		}
+		if name == prefixMaskInput {
+			sg.mask = i
 		}
 	}
 	var missing string

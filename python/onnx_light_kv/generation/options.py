@@ -108,14 +108,21 @@ class StopCondition:
                 return True
         return False
 
+    @property
+    def longest(self) -> int:
+        """The most trailing tokens :meth:`hit` reads (1 for eos alone)."""
+        return max((len(s) for s in self.stop_sequences), default=1)
+
     def hits(self, sequences: np.ndarray, mask: Optional[np.ndarray] = None) -> np.ndarray:
         """:meth:`hit` for each row of ``sequences [rows, length]``; ``mask`` (same shape, 0 for
-        left padding) leaves a row's padding out, so a stop sequence never matches it."""
+        left padding) leaves a row's padding out, so a stop sequence never matches it. Only the
+        last :attr:`longest` positions are read (the cost per step does not grow with length)."""
         if not self.eos and not self.stop_sequences:
             return np.zeros(sequences.shape[0], dtype=bool)
+        k = self.longest
         if mask is None:
-            return np.array([self.hit(row) for row in sequences], dtype=bool)
-        return np.array([self.hit(row[m != 0]) for row, m in zip(sequences, mask)], dtype=bool)
+            return np.array([self.hit(row) for row in sequences[:, -k:]], dtype=bool)
+        return np.array([self.hit(row[m != 0]) for row, m in zip(sequences[:, -k:], mask[:, -k:])], dtype=bool)
 
 
 def check_vocabulary(ids: np.ndarray, vocab: Optional[int], name: str) -> None:

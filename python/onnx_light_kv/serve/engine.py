@@ -444,7 +444,9 @@ class Engine(_Uncopyable):
                 error = ValueError(self._beyond_budget(req.prompt.size, req.max_new_tokens, cost))
             else:
                 try:
-                    req._runner = StateRunner(self.session, self.io, 1, self.max_length, self._state_options)
+                    # max_length given, never left to the runner's choice: adopting needs one fixed length
+                    req._runner = StateRunner(self.session, self.io, 1, self.max_length,
+                                              dict(self._state_options, max_length=self.max_length))
                 except MemoryError as e:
                     if self._rows or self._prefilling:  # the machine is out of room: wait for rows to leave
                         self._counts["admission_paused"] += 1

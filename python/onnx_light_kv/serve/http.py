@@ -351,6 +351,7 @@ class _TextStream:
         self.stopped = False
         self.pieces: List[str] = []  # the text of each token of the last push (see push)
         self.piece_end = 0  # the length of the text of the pieces reported so far
+        self.pending: List[Any] = []  # logprob entries whose text is not all sent yet
         self._whole = ""  # the decoded text of self.ids up to its last complete character
 
     def _decode(self, ids: List[int]) -> str:
@@ -395,6 +396,28 @@ class _TextStream:
             else:
                 text = self.tok.decode([int(a)], skip_special_tokens=False)
             out.append(text)
+        return out
+
+    def sent_entries(self, final: bool) -> List[Any]:
+        """The pending logprob entries ``(token, logprob, top, text)`` whose text lies within the
+        text sent so far (:attr:`text`): a token whose text is held back (it may start a stop
+        string) waits. At the end (``final``: finished or stopped) the token the text ends in
+        is cut to its part within it, and the tokens after it are dropped, so the entries'
+        texts concatenate to the returned text."""
+        out = []
+        while self.pending:
+            t, lp, top, s = self.pending[0]
+            room = len(self.text) - self.piece_end
+            if len(s) > room:
+                if not final:
+                    break
+                if room <= 0:
+                    self.pending.clear()
+                    break
+                s = s[:room]
+            self.pending.pop(0)
+            self.piece_end += len(s)
+            out.append((t, lp, top, s))
         return out
 
     def push(self, tokens: List[int], final: bool = False, pieces: bool = False) -> str:
@@ -570,16 +593,11 @@ class _Server:
                 entries = None
                 if lps is not None:
                     first = len(ts.ids) - len(out.tokens)  # the position of this output's first token
-                    entries = []
                     for k, (t, lp, top, s) in enumerate(zip(out.tokens, lps, tops or [None] * len(lps), ts.pieces)):
-                        if ts.stopped:  # the tokens within the text a stop string cut, the last one cut too
-                            if ts.piece_end >= len(ts.text):
-                                break
-                            s = s[:len(ts.text) - ts.piece_end]
-                        ts.piece_end += len(s)
                         if top:  # each alternative's text in the place of the chosen token
                             top = list(zip(ts.alternatives(first + k, list(top)), top.values()))
-                        entries.append((t, lp, top, s))
+                        ts.pending.append((t, lp, top, s))
+                    entries = ts.sent_entries(final=out.finished or ts.stopped)
                 if ts.stopped and not out.finished:
                     self.loop.abort(rids[i])
                     left -= 1
@@ -715,8 +733,9 @@ def create_app(engine: Any, tokenizer: Any, *, model_name: str = "model", chat_t
             # start the requests now, so that a refused one is a 400, not a broken stream
             try:
                 first = await gen.__anext__()
-            except StopAsyncIteration:
-                first = None
+            except StopAsyncIteration:  # every choice yields at least its end: the client went away
+                count(route, 499)
+                return Response(status_code=499)
             except RequestError as e:
                 return error(route, e)
             count(route, 200)
