@@ -175,8 +175,20 @@ def regex(text: str) -> str:
 def add_results_dir(parser: argparse.ArgumentParser) -> None:
     """The ``--results-dir`` option (default :data:`RESULTS_DIR`): where the JSON (and, for the
     programs that draw one, the PNG plot) go; pass ``args.results_dir`` to :func:`write_json`."""
-    parser.add_argument("--results-dir", default=RESULTS_DIR,
+    parser.add_argument("--results-dir", default=RESULTS_DIR, type=results_dir_arg,
                         help="where the JSON (and a plot, where the program draws one) go (default: benchmarks/results)")
+
+
+def results_dir_arg(text: str) -> str:
+    """An argparse ``type=``: a folder results can be written to, created if missing (checked
+    before the run, so a bad one does not lose a finished run's results)."""
+    try:
+        os.makedirs(text, exist_ok=True)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot use {text!r} as the results folder: {e.strerror or e}") from None
+    if not os.access(text, os.W_OK):
+        raise argparse.ArgumentTypeError(f"cannot write to the results folder {text!r}")
+    return text
 
 
 def _run(cmd: Sequence[str]) -> str:

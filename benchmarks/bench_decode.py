@@ -727,6 +727,8 @@ def main_quant(args: argparse.Namespace, kernels: List[tuple], bw: Dict[int, Dic
                   + (f"  x{row['vs_fp16']:5.2f} vs fp16" if "vs_fp16" in row else "")
                   + (f"  ort {row['ort_ms']:8.3f} ms  ort/ours {row['speedup']:5.2f}" if "speedup" in row else "")
                   + (f"  [{row['note']}]" if "note" in row else ""), flush=True)
+    if not results:
+        raise ValueError(f"every case is larger than --max-gib={args.max_gib} GiB of K+V: nothing was measured")
     cols = ["case", "cache", "kernel", "context", "ours_ms", "ours_p10", "ours_p90", "kv_read_MB", "ours_GBps",
             "bw_frac_paired", "vs_fp16", "ort_ms", "ort_p10", "ort_p90", "speedup", "max_abs_diff_vs_fp32",
             "ort_max_abs_diff_vs_fp32", "note"]
@@ -865,6 +867,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                      if "bw_frac_paired" in row else ")")
                   + (f"  paged {row['paged_ms']:8.3f} ms ({row['paged_ratio']:4.2f}x)" if "paged_ms" in row else "")
                   + (f"  [{row['note']}]" if "note" in row else ""), flush=True)
+    if not results:
+        raise ValueError(f"every case is larger than --max-gib={args.max_gib} GiB of K+V: nothing was measured")
 
     cols = ["case", "kernel", "context", "kv_MB", "ours_ms", "ours_p10", "ours_p90", "ort_ms", "ort_p10", "ort_p90",
             "speedup", "ours_GBps", "bw_frac", "bw_paired_GBps", "bw_frac_paired", "beyond_llc",

@@ -370,3 +370,16 @@ def test_run_main_turns_refused_sizes_into_one_error_line(capsys: Any) -> None:
     assert _common.run_main(lambda: None) == 0 and _common.run_main(lambda: 3) == 3
     with pytest.raises(KeyError):
         _common.run_main(refuse(KeyError("a bug")))
+
+
+def test_results_dir_is_checked_before_the_run(tmp_path: Any) -> None:
+    """--results-dir that cannot hold results is an argparse error before anything runs."""
+    import argparse
+
+    p = argparse.ArgumentParser()
+    _common.add_results_dir(p)
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(SystemExit):
+        p.parse_args(["--results-dir", str(tmp_path / "a_file")])
+    assert p.parse_args(["--results-dir", str(tmp_path / "new")]).results_dir == str(tmp_path / "new")
+    assert (tmp_path / "new").is_dir()

@@ -103,3 +103,22 @@ def test_unknown_kernel_path_in_the_environment_warns(var: str, value: str) -> N
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert f"RuntimeWarning: {var}" in r.stderr and value in r.stderr and r.stdout.strip(), r.stderr
+
+
+def test_closed_stdout_and_missing_extras_are_no_traceback(monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    """Output to a closed stdout (`>&-`) goes nowhere instead of raising; an optional package
+    that is missing is one error line and status 2."""
+    r = subprocess.run([sys.executable, "-m", "onnx_light_kv", "info"], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, text=True, timeout=120, close_fds=True,
+                       preexec_fn=lambda: os.close(1))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+
+    def missing(*a: object, **k: object) -> None:
+        raise ImportError("the HTTP server needs the optional package 'uvicorn': pip install 'onnx-light-kv[serve]'")
+
+    import onnx_light_kv.serve.http as serve_http
+
+    monkeypatch.setattr(serve_http, "run", missing)
+    assert main(["serve", "model.onnx", "--tokenizer", "tok.json"]) == 2
+    assert "optional package 'uvicorn'" in capsys.readouterr().err

@@ -96,8 +96,8 @@ def test_cli_generate_ids_and_text(tmp_path: Any, capsys: Any) -> None:
     (["--prompt-ids", "3", "-1"], "--prompt-ids must be token ids in [0, 2**63), got -1"),
     (["--prompt", "hi"], "--prompt needs --tokenizer (or give --prompt-ids)"),
     (["--prompt-ids", "3", "--temperature", "0.5", "--seed", "1"],
-     "--temperature, --seed take effect only with --sample (greedy choice ignores them)"),
-    (["--prompt-ids", "3", "--top-k", "5"], "--top-k take effect only with --sample (greedy choice ignores them)"),
+     "--temperature, --seed only take effect with --sample (greedy choice ignores them)"),
+    (["--prompt-ids", "3", "--top-k", "5"], "--top-k only take effect with --sample (greedy choice ignores them)"),
 ])
 def test_cli_generate_refuses_bad_prompts(tmp_path: Any, capsys: Any, args: list, message: str) -> None:
     """One error line and exit status 2, no traceback (a huge id gave an OverflowError traceback)."""

@@ -185,3 +185,19 @@ def test_gqa_model_runs_on_a_shared_past_present_buffer() -> None:
         step_in = token[:, None]
     key0 = bufs["past_key_values.0.key"].numpy()[:, :, :PROMPT.shape[1] + STEPS]
     oc.assert_close("shared key buffer", key0, want.presents["present.0.key"], PRESENT_TOL["float32"], PRESENT_TOL["float32"])
+
+
+@pytest.mark.parametrize("kw,exc", [
+    ({"layers": 2.5}, TypeError), ({"layers": True}, TypeError), ({"hidden": "64"}, TypeError),
+    ({"opset": "23"}, TypeError), ({"intermediate": -5}, ValueError), ({"seed": -1}, ValueError),
+    ({"rope_theta": float("nan")}, ValueError), ({"rope_theta": 0.0}, ValueError), ({"norm_eps": -1.0}, ValueError),
+    ({"kv_heads": 3}, ValueError), ({"max_positions": 10 ** 12}, ValueError),
+])
+def test_decoder_config_refuses_bad_fields_up_front(kw: dict, exc: type) -> None:
+    """Every DecoderConfig field is checked when the config is made (types, ranges, and a
+    geometry whose weights and position tables would not fit the memory), not when a build
+    fails later or fills the memory."""
+    from onnx_light_kv import models as Mod
+
+    with pytest.raises(exc):
+        Mod.DecoderConfig(**kw)

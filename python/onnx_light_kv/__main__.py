@@ -101,6 +101,9 @@ def _main(argv: Optional[Sequence[str]]) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``python -m onnx_light_kv`` and the ``onnx-light-kv`` command."""
+    for name in ("stdout", "stderr"):  # a closed stream (`>&-`): the output goes nowhere, not to a traceback
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))
     try:
         code = _main(argv)
         sys.stdout.flush()
@@ -113,9 +116,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 141  # 128 + SIGPIPE, as a shell reports it
     except KeyboardInterrupt:
         return 130
-    except (ValueError, TypeError, OSError, NotImplementedError, MemoryError) as e:
+    except (ValueError, TypeError, OSError, NotImplementedError, MemoryError, ImportError) as e:
         # A user mistake (a bad argument, a missing or malformed file, a model or a size the
-        # runtime refuses): one line and exit status 2, as argparse reports its own errors.
+        # runtime refuses, an optional package not installed): one line and exit status 2, as
+        # argparse reports its own errors.
         # OLKV_TRACEBACK=1 shows the traceback instead.
         if os.environ.get("OLKV_TRACEBACK", "") not in ("", "0"):
             raise

@@ -94,6 +94,10 @@ def real(value: Any, name: str, *, finite: bool = True, float32: bool = False,
     if float32 and math.isfinite(v) and abs(v) > FLOAT32_MAX:
         raise ValueError(f"{name} must be within float32 range (|x| <= {FLOAT32_MAX:.7g}), got {v}")
     if (lo is not None and v < lo) or (hi is not None and v > hi):
+        if hi is None:
+            raise ValueError(f"{name} must be >= {lo}, got {v}")
+        if lo is None:
+            raise ValueError(f"{name} must be <= {hi}, got {v}")
         raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
     return v
 

@@ -108,6 +108,10 @@ def _plot(path: str, prompt_len: int, series: Any) -> None:
     ax.set_title("greedy decode step latency vs context")
     ax.legend()
     fig.tight_layout()
+    if os.path.isdir(path):
+        path = os.path.join(path, "onnx_light_kv_demo_generation.png")
+    elif not os.path.splitext(path)[1]:
+        path += ".png"  # (what savefig would write; printed as written)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     print(f"  plot: {path}")

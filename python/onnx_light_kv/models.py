@@ -40,6 +40,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ._validate import integer, real
+
 __all__ = [
     "DecoderConfig",
     "GenerationResult",
@@ -61,6 +63,14 @@ _META_CONFIG = "onnx_light_kv.config"
 _META_KIND = "onnx_light_kv.kind"
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16}
 _ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
+
+
+def _memory_bytes() -> int:
+    """The machine's memory in bytes (1 TiB where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, OSError, ValueError):
+        return 1 << 40
 
 
 @dataclass(frozen=True)
@@ -90,17 +100,39 @@ class DecoderConfig:
     logit_scale: float = 8.0
 
     def __post_init__(self) -> None:
-        if self.dtype not in _NP_DTYPES:
+        """Validate every field (``TypeError`` for a wrong type, ``ValueError`` for a value out
+        of range or a model whose weights and position tables would not fit the memory)."""
+        def put(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        if not isinstance(self.dtype, str) or self.dtype not in _NP_DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_NP_DTYPES)}, got {self.dtype!r}")
-        if self.q_heads % max(self.kv_heads, 1) != 0:
+        for name in ("layers", "hidden", "q_heads", "kv_heads", "head_dim", "vocab", "max_positions"):
+            put(name, integer(getattr(self, name), name, lo=1))
+        put("intermediate", integer(self.intermediate, "intermediate", lo=0))
+        put("seed", integer(self.seed, "seed", lo=0))
+        put("opset", integer(self.opset, "opset", lo=23, hi=24))
+        put("rope_theta", real(self.rope_theta, "rope_theta"))
+        put("norm_eps", real(self.norm_eps, "norm_eps", lo=0.0))
+        put("logit_scale", real(self.logit_scale, "logit_scale"))
+        if not self.rope_theta > 0:
+            raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
+        if self.q_heads % self.kv_heads != 0:
             raise ValueError(f"q_heads={self.q_heads} is not a multiple of kv_heads={self.kv_heads}")
         if self.head_dim % 2 != 0:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
-        if self.opset not in (23, 24):
-            raise ValueError(f"opset must be 23 or 24, got {self.opset}")
-        for name in ("layers", "hidden", "q_heads", "kv_heads", "head_dim", "vocab", "max_positions"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        need = self.build_bytes()
+        if need > _memory_bytes() // 2:
+            raise ValueError(f"this geometry needs about {need / 2**30:.1f} GiB to build (weights and position "
+                             f"tables), more than half of this machine's {_memory_bytes() / 2**30:.1f} GiB")
+
+    def build_bytes(self) -> int:
+        """About how many bytes building the model takes: its weights (the widest kind's) and
+        the float64 rotary/position tables (a few copies of ``max_positions x head_dim``)."""
+        attn = self.hidden * self.q_heads * self.head_dim * 2 + self.hidden * self.kv_heads * self.head_dim * 2
+        ffn = 3 * self.hidden * max(self.ffn("llama"), self.ffn("gpt2"))
+        params = self.layers * (attn + ffn) + 2 * self.vocab * self.hidden + self.max_positions * self.hidden
+        return params * 4 + 4 * self.max_positions * self.head_dim * 8
 
     @property
     def np_dtype(self) -> type:

@@ -49,7 +49,7 @@ def run(args: Any, out: Any = None) -> int:
                                                     ("--top-p", args.top_p, 1.0), ("--seed", args.seed, None))
                   if value != default]
         if unused:
-            raise ValueError(f"{', '.join(unused)} take effect only with --sample (greedy choice ignores them)")
+            raise ValueError(f"{', '.join(unused)} only take effect with --sample (greedy choice ignores them)")
     sess = InferenceSession(args.model, threads=args.threads)
     draft = InferenceSession(args.draft, threads=args.threads) if args.draft else None
     tok = None

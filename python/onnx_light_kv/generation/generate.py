@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
@@ -218,11 +219,26 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
     if return_scores:
         out.scores = _merge_scores(scores_per_group)
     if tok is not None:
+        _warn_unknown_ids(tok, new)
         per = num_return_sequences if num_beams > 1 else 1  # beams: nrs returned rows per prompt row
         out.text = [tok.decode([int(t) for t in _strip(row, stop, ids[r // per][mask[r // per] != 0])],
                                skip_special_tokens=True)
                     for r, row in enumerate(new)]
     return out
+
+
+def _warn_unknown_ids(tok: Any, new: np.ndarray) -> None:
+    """Warn when generated ids lie beyond the tokenizer's vocabulary: they decode to no text
+    (a tokenizer smaller than the model's logits; models that pad their logits never choose
+    the padding ids, so this only fires for a mismatched tokenizer)."""
+    size = getattr(tok, "get_vocab_size", None)
+    if size is None or new.size == 0:
+        return
+    n = int(size(with_added_tokens=True))
+    beyond = new[new >= n]
+    if beyond.size:
+        warnings.warn(f"{beyond.size} generated token id(s) (e.g. {int(beyond[0])}) are beyond the tokenizer's "
+                      f"vocabulary of {n}: they decode to no text (is it the model's tokenizer?)", stacklevel=3)
 
 
 def _strip(row: np.ndarray, stop: StopCondition, prompt: np.ndarray) -> np.ndarray:

@@ -45,6 +45,8 @@ _log = logging.getLogger("onnx_light_kv")
 
 #: seconds between two checks that a non-streaming request's client is still connected
 _DISCONNECT_POLL_S = 0.25
+#: seconds that requests in flight get to finish when ``serve`` is stopped (Ctrl-C, SIGTERM)
+_SHUTDOWN_GRACE_S = 5
 #: the largest request body :func:`create_app` reads (``max_request_bytes``); a larger one is a 413
 MAX_REQUEST_BYTES = 8 << 20
 #: the engine stats that count since the start (a rebuilt engine's count on from its predecessor's)
@@ -1012,7 +1014,12 @@ def serve(model: str, tokenizer: str, *, host: str = "127.0.0.1", port: int = 80
 
     name = model_name or os.path.splitext(os.path.basename(model))[0]
     app = create_app(factory(), tokenizer, model_name=name, engine_factory=factory)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    extra: Dict[str, Any] = {}
+    if "timeout_graceful_shutdown" in inspect.signature(uvicorn.Config).parameters:
+        # Ctrl-C: streams in flight get this long to end, then are cancelled (their requests
+        # aborted), instead of running to their last token
+        extra["timeout_graceful_shutdown"] = _SHUTDOWN_GRACE_S
+    uvicorn.run(app, host=host, port=port, log_level="info", **extra)
 
 
 def run(args: Any) -> int:

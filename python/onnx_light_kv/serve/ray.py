@@ -237,8 +237,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--max-length", type=int, default=2048)
     p.add_argument("--model-name", default=None)
     args = p.parse_args(argv)
-    ray = require("ray")
-    serve = require("ray.serve")
+    for name in ("replicas", "max_batch", "max_length"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not 0 <= args.port <= 65535:
+        p.error(f"--port must be in [0, 65535], got {args.port}")
+    for path in (args.model, args.tokenizer):
+        if not os.path.isfile(path):
+            p.error(f"no such file: {path}")
+    try:
+        ray = require("ray")
+        serve = require("ray.serve")
+    except ImportError as e:
+        print(f"{p.prog}: error: {e}", file=sys.stderr)
+        return 2
     ray.init(address=args.address)
     serve.start(http_options={"host": args.host, "port": args.port})
     serve.run(build_app(args.model, args.tokenizer, replicas=args.replicas, threads=args.threads,
