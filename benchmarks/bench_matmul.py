@@ -42,7 +42,6 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SHAPES: List[Tuple[int, int, int]] = [(1, 1024, 4096), (1, 4096, 1024), (4, 1024, 4096), (1, 1024, 32000),
                                       (16, 1024, 1024), (16, 512, 2048), (128, 1024, 1024), (512, 1024, 4096)]
@@ -244,7 +243,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                "load_average_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
                "rows": rows, "raw": raw}
     path = _common.write_json(f"{args.name}-{'-'.join(ours.values())}", payload, args.results_dir)
-    print(f"\nresults: {os.path.relpath(path, ROOT)}")
+    print(f"\nresults: {os.path.abspath(path)}")
     return 0
 
 

@@ -301,7 +301,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     }
     name = args.name if args.mode == "fixed" else f"{args.name}-{args.mode}"
     path = _common.write_json(name, payload, args.results_dir)
-    print(f"\nresults: {os.path.relpath(path, ROOT)}")
+    print(f"\nresults: {os.path.abspath(path)}")
     if not args.no_plot:
         series = {}
         ratio = {}
@@ -322,7 +322,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         png = _common.plot_series(path[:-5] + ".png", series, xlabel, ylabel,
                                   title=f"tensor-path decode ({args.mode}): {cfg.layers}L h{cfg.hidden} {cfg.q_heads}/{cfg.kv_heads} heads "
                                         f"d{cfg.head_dim} V{cfg.vocab} {cfg.dtype}", ratio=ratio or None)
-        print(f"plot:    {os.path.relpath(png, ROOT)}")
+        print(f"plot:    {os.path.abspath(png)}")
     return 0
 
 

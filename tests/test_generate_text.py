@@ -98,6 +98,8 @@ def test_cli_generate_ids_and_text(tmp_path: Any, capsys: Any) -> None:
     (["--prompt-ids", "3", "--temperature", "0.5", "--seed", "1"],
      "--temperature, --seed only take effect with --sample (greedy choice ignores them)"),
     (["--prompt-ids", "3", "--top-k", "5"], "--top-k only take effect with --sample (greedy choice ignores them)"),
+    (["--prompt-ids", "3", "--num-draft-tokens", "8"],
+     "--num-draft-tokens only takes effect with --draft (prompt lookup proposes --prompt-lookup tokens)"),
 ])
 def test_cli_generate_refuses_bad_prompts(tmp_path: Any, capsys: Any, args: list, message: str) -> None:
     """One error line and exit status 2, no traceback (a huge id gave an OverflowError traceback)."""

@@ -299,3 +299,10 @@ def test_a_constant_saved_as_external_data_loads_from_its_path(tmp_path: Any) ->
                     size_threshold=0, convert_attribute=True)
     got = oc.ours(str(path)).run(None, {"x": np.ones(1024, np.float32)})[0]
     np.testing.assert_array_equal(got, np.arange(1024, dtype=np.float32) + 1)
+
+
+def test_a_model_path_that_is_not_utf8_is_a_value_error(tmp_path: Any) -> None:
+    """A file name with bytes that are not UTF-8 (str with surrogate escapes) gives ValueError
+    naming the path (it was a UnicodeEncodeError from the binding)."""
+    with pytest.raises(ValueError, match="not valid UTF-8"):
+        oc.ours(str(tmp_path) + "/m\udcff.onnx")

@@ -126,6 +126,13 @@ class InferenceSession(_Uncopyable):
                 self._h = _lib.call(_lib.fn("SessionNewBytes"), buf.ctypes.data if buf.size else 0, int(buf.size),
                                     external_data_dir or "", int(threads), prof, map_min)
         elif isinstance(path_or_bytes, (str, os.PathLike)):
+            try:
+                os.fspath(path_or_bytes).encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(f"the model path {os.fspath(path_or_bytes)!r} is not valid UTF-8, which the "
+                                 "runtime needs: rename the file (or pass its bytes)") from None
+            except AttributeError:  # a bytes path
+                raise TypeError("InferenceSession takes a str path or the model bytes, got a bytes path") from None
             with _lib.deferred_interrupts():
                 self._h = _lib.call(_lib.fn("SessionNewPath"), os.fspath(path_or_bytes), int(threads), prof, map_min)
             self._model_path = os.fspath(path_or_bytes)

@@ -50,6 +50,9 @@ def run(args: Any, out: Any = None) -> int:
                   if value != default]
         if unused:
             raise ValueError(f"{', '.join(unused)} only take effect with --sample (greedy choice ignores them)")
+    if args.num_draft_tokens != 4 and not args.draft:
+        raise ValueError("--num-draft-tokens only takes effect with --draft (prompt lookup proposes --prompt-lookup "
+                         "tokens)")
     sess = InferenceSession(args.model, threads=args.threads)
     draft = InferenceSession(args.draft, threads=args.threads) if args.draft else None
     tok = None

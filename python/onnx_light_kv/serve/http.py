@@ -939,8 +939,11 @@ def _template_next_to(tokenizer_path: str) -> Tuple[Optional[str], Dict[str, str
     cfg = os.path.join(folder, "tokenizer_config.json")
     if not os.path.exists(cfg):
         return None, {}
-    with open(cfg) as f:
-        conf = json.load(f)
+    try:
+        with open(cfg, encoding="utf-8") as f:
+            conf = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{cfg}: not valid JSON: {e}") from None
     if not isinstance(conf, dict):
         raise ValueError(f"{cfg}: the tokenizer config must be a JSON object")
     t = conf.get("chat_template")
@@ -969,7 +972,7 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--max-tokens-per-step", type=int, default=2048, help="prompt tokens prefilled per step")
     p.add_argument("--budget", type=int, default=None, help="bytes the running requests' caches may reserve")
     p.add_argument("--threads", type=int, default=None, help="threads of the session (None: all CPUs)")
-    p.add_argument("--model-name", default=None, help="the model id clients send (default: the file's name)")
+    p.add_argument("--model-name", default=None, help="the model id clients send (default: the file's name without .onnx)")
     p.add_argument("--block-size", type=int, default=None,
                    help="paged cache blocks of this many tokens (default: contiguous caches)")
     p.add_argument("--prefix-cache", action="store_true",
