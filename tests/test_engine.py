@@ -652,9 +652,9 @@ def test_requests_adopt_on_a_machine_too_small_to_reserve_max_length(monkeypatch
     """The Engine gives each request's state its max_length, even where generate() would not
     reserve that much (a quarter of the machine's memory, simulated small here): requests join
     one state, which needs one fixed max_length."""
-    from onnx_light_kv.generation import runner
+    from onnx_light_kv import _system
 
-    monkeypatch.setattr(runner, "_physical_memory", lambda: 1 << 16)  # a quarter holds 32 positions
+    monkeypatch.setattr(_system, "physical_memory", lambda: 1 << 16)  # a quarter holds 32 positions
     sess = ours(MODEL)
     eng = Engine(sess, max_length=256, max_batch=4, block_size=block_size)
     reqs = [{"input_ids": np.arange(1, 9), "max_new_tokens": 4}, {"input_ids": np.arange(3, 7), "max_new_tokens": 4}]

@@ -40,7 +40,22 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ._validate import integer, real
+try:
+    from ._system import physical_memory
+    from ._validate import integer, real
+except ImportError:  # loaded from its file alone (the package mid-build): the siblings by path
+    import importlib.util as _ilu
+
+    def _sibling(name: str) -> Any:
+        spec = _ilu.spec_from_file_location("_olkv_src" + name, os.path.join(os.path.dirname(__file__), name + ".py"))
+        assert spec is not None and spec.loader is not None
+        mod = _ilu.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    physical_memory = _sibling("_system").physical_memory
+    _v = _sibling("_validate")
+    integer, real = _v.integer, _v.real
 
 __all__ = [
     "DecoderConfig",
@@ -63,14 +78,6 @@ _META_CONFIG = "onnx_light_kv.config"
 _META_KIND = "onnx_light_kv.kind"
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16}
 _ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
-
-
-def _memory_bytes() -> int:
-    """The machine's memory in bytes (1 TiB where the OS does not say)."""
-    try:
-        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, OSError, ValueError):
-        return 1 << 40
 
 
 @dataclass(frozen=True)
@@ -121,10 +128,10 @@ class DecoderConfig:
             raise ValueError(f"q_heads={self.q_heads} is not a multiple of kv_heads={self.kv_heads}")
         if self.head_dim % 2 != 0:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
-        need = self.build_bytes()
-        if need > _memory_bytes() // 2:
+        need, have = self.build_bytes(), physical_memory()
+        if need > have // 2:
             raise ValueError(f"this geometry needs about {need / 2**30:.1f} GiB to build (weights and position "
-                             f"tables), more than half of this machine's {_memory_bytes() / 2**30:.1f} GiB")
+                             f"tables), more than half of this machine's {have / 2**30:.1f} GiB")
 
     def build_bytes(self) -> int:
         """About how many bytes building the model takes: its weights (the widest kind's) and

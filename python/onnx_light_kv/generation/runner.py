@@ -25,11 +25,11 @@ cache path, which keeps every position).
 
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, Optional, Union
 
 import numpy as np
 
+from .. import _system
 from .decoder_io import DecoderIO
 
 __all__ = ["TensorRunner", "StateRunner", "make_runner", "cache_path_available", "require_truncate", "step_feeds"]
@@ -280,21 +280,13 @@ def _reservable(io: DecoderIO, batch: int, capacity: int, budget: Any) -> bool:
     fail before the first token."""
     per_token = sum(kv.kv_heads * kv.head_dim * 4 for kv in io.kv)  # (io.kv: each past, keys and values)
     need = per_token * batch * capacity
-    limit = _physical_memory() // 4
+    limit = _system.physical_memory() // 4
     if budget is not None:
         try:
             limit = min(limit, int(budget))
         except (TypeError, ValueError):  # create_state reports a bad budget itself
             pass
     return need <= limit
-
-
-def _physical_memory() -> int:
-    """The machine's memory in bytes (a large default where the OS does not say)."""
-    try:
-        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, OSError, ValueError):
-        return 1 << 40
 
 
 def require_truncate(runner: Any, what: str) -> None:
