@@ -295,3 +295,23 @@ def test_onnxruntime_agrees_with_onnx_reference(name: str) -> None:
     got = oc.ort(model).run(names, feeds)
     for n, g, w in zip(names, got, want):
         oc.assert_close(n, _masked_as_neginf(n, g), _masked_as_neginf(n, w), 1e-4, 1e-5)
+
+
+@pytest.mark.parametrize("mode", [2])  # (mode 1 is before the mask)
+def test_float16_qk_output_marks_excluded_positions_with_float16_lowest(mode: int) -> None:
+    """The qk_matmul_output of a float16 Attention gives excluded (causal) positions float16's
+    lowest value, -65504, as onnxruntime does (float32's lowest narrowed to float16 was -inf)."""
+    import onnxruntime as ort
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+
+    rng = np.random.default_rng(0)
+    f = {n: rng.standard_normal((1, 1, 3, 8)).astype(np.float16) for n in "qkv"}
+    node = h.make_node("Attention", ["q", "k", "v"], ["y", "", "", "qk"], is_causal=1, qk_matmul_output_mode=mode,
+                       **({"softcap": 2.0} if mode == 2 else {}))
+    g = h.make_graph([node], "g", [h.make_tensor_value_info(k, TP.FLOAT16, v.shape) for k, v in f.items()],
+                     [h.make_tensor_value_info(o, TP.FLOAT16, None) for o in ("y", "qk")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 23)], ir_version=10).SerializeToString()
+    want = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, f)[1]
+    got = oc.ours(m).run(None, f)[1]
+    assert not np.isinf(got).any() and (got == np.float16(-65504)).sum() == (want == np.float16(-65504)).sum() == 3

@@ -664,3 +664,18 @@ def test_requests_adopt_on_a_machine_too_small_to_reserve_max_length(monkeypatch
         eng.close()
     for i, r in enumerate(reqs):
         assert got[i] == _alone(sess, r)
+
+
+def test_a_quantized_paged_requests_ring_is_counted_up_to_max_length() -> None:
+    """A quantized paged state's native ring holds at most max_length rows: the engine counts a
+    request's cost so (it counted residual + quant_group rows, 2.5x here), and a budget of two
+    full requests is accepted."""
+    sess = ours(MODEL)
+    so = {"quant": "int8"}  # residual 128 + group 32 > max_length 64
+    with sess.create_state(max_length=64, layout="paged", block_size=32, **so) as st:
+        n = 63
+        sess.run(["logits"], {"input_ids": np.arange(1, n + 1)[None], "position_ids": np.arange(n)[None],
+                              "attention_mask": np.ones((1, n), np.int64)}, state=st)
+        full = st.info()["totals"]["committed_bytes"]
+    with Engine(sess, max_length=64, block_size=32, budget=2 * full, state_options=so) as eng:
+        assert eng._cost(64) <= full

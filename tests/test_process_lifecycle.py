@@ -40,13 +40,14 @@ def test_a_forked_child_gets_a_clear_error() -> None:
             for f in (lambda: olkv.InferenceSession(mb), lambda: olkv.KVCache(1, 1, 16, capacity=8),
                       lambda: olkv.attention(np.ones((1, 1, 1, 16), np.float32), c),
                       lambda: c.append(np.ones((1, 1, 1, 16), np.float32), np.ones((1, 1, 1, 16), np.float32)),
-                      lambda: s.run(None, {"input_ids": np.array([[1]]), "position_ids": np.array([[0]])})):
+                      lambda: s.run(None, {"input_ids": np.array([[1]]), "position_ids": np.array([[0]])}),
+                      olkv.get_threads, olkv.get_quant_int_loops):
                 try:
                     f()
                 except RuntimeError as e:
                     errors += "spawn" in str(e)
             c.close(); s.close(); del c, s
-            os._exit(0 if errors == 5 else 3)
+            os._exit(0 if errors == 7 else 3)
         _, status = os.waitpid(pid, 0)
         out = olkv.attention(np.ones((1, 1, 1, 16), np.float32), c)
         print(os.waitstatus_to_exitcode(status), float(out.sum()))

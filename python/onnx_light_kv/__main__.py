@@ -49,7 +49,7 @@ def _info(bandwidth: bool) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the command line (subcommands ``info``, ``demo`` and ``generate``)."""
+    """The argument parser of the command line (subcommands ``info``, ``demo``, ``generate`` and ``serve``)."""
     from . import __version__
 
     p = argparse.ArgumentParser(prog="onnx-light-kv", description=_DESCRIPTION, formatter_class=HelpFormatter,

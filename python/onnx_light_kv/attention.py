@@ -158,7 +158,7 @@ def set_threads(n: Optional[int] = None) -> None:
 
 def get_threads() -> int:
     """Number of kernel worker threads."""
-    return int(_lib.fn("Threads")())
+    return int(_lib.call(_lib.fn("Threads")))
 
 
 KERNEL_PATHS = ("auto", "go", "avx2", "avx512")
@@ -215,5 +215,5 @@ def set_quant_int_loops(scores: bool = True, accumulate: bool = True) -> None:
 def get_quant_int_loops() -> tuple[bool, bool]:
     """The integer loops that are on, ``(scores, accumulate)``; see
     :func:`set_quant_int_loops`."""
-    n = int(_lib.fn("QuantIntLoops")())
+    n = int(_lib.call(_lib.fn("QuantIntLoops")))
     return bool(n & 1), bool(n & 2)

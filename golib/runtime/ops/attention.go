@@ -3,6 +3,7 @@ package ops
 import (
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cpu/mha"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
@@ -234,6 +235,9 @@ func attentionOutputs(ctx *Context, ar *f32Arena, g *mha.Geometry, in mha.Inputs
 		case attnPresentV:
 			err = concatPresent(g, t, pv, v, g.HeadDimV)
 		default:
+			if sl.idx == attnQK {
+				lowestIn(t.DType(), *dsts[i])
+			}
 			err = tensor.FromFloat32(t, *dsts[i])
 		}
 		if err != nil {
@@ -241,4 +245,19 @@ func attentionOutputs(ctx *Context, ar *f32Arena, g *mha.Geometry, in mha.Inputs
 		}
 	}
 	return nil
+}
+
+// lowestIn replaces -MaxFloat32, the score of excluded positions, by the
+// lowest finite value of dt (float16's -65504, as onnxruntime writes it)
+// before the QK output is narrowed to dt: narrowed as it is, it would
+// overflow to -inf.
+func lowestIn(dt tensor.DType, qk []float32) {
+	if dt != tensor.Float16 {
+		return // bfloat16 and float64 hold -MaxFloat32's magnitude
+	}
+	for i, v := range qk {
+		if v == -math.MaxFloat32 {
+			qk[i] = -65504
+		}
+	}
 }

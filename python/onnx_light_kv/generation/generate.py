@@ -113,8 +113,9 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
     on the session's cache path (``create_state``) when it rewrites every layer (beam search on
     paged caches, whose beam reorder shares blocks instead of copying duplicated beams), else on
     the tensor path; False forces the tensor path; a dict of ``create_state`` keyword arguments
-    (``dtype``, ``budget``, ``max_length``, ``quant``, ``quant_group``, ``k_axis``, ``residual``)
-    requires the cache path. Both give the same tokens (a quantized cache: close ones).
+    (``dtype``, ``budget``, ``max_length``, ``layout``, ``block_size``, ``prefix_cache``,
+    ``prefix_cache_bytes``, ``quant``, ``quant_group``, ``k_axis``, ``residual``) requires the
+    cache path. Both give the same tokens (a quantized cache: close ones).
     Returns a :class:`GenerationOutput`.
     """
     max_new_tokens = integer(max_new_tokens, "max_new_tokens", lo=1)

@@ -181,7 +181,7 @@ class StateRunner:
         if "batch" in opts:
             raise ValueError("state_options must not set 'batch': the rows come from the prompt (and num_beams)")
         if capacity and "max_length" not in opts:
-            if _reservable(io, batch, int(capacity), opts.get("budget")):
+            if _reservable(io, batch, int(capacity), opts):
                 opts["max_length"] = int(capacity)
             # else the caches grow on demand: a generation allowed far more tokens than memory
             # holds (max_new_tokens=10**9) stops at eos like on the tensor path, and fails with
@@ -273,13 +273,25 @@ class StateRunner:
         self.state.close()
 
 
-def _reservable(io: DecoderIO, batch: int, capacity: int, budget: Any) -> bool:
-    """Whether a state may reserve ``capacity`` positions of ``batch`` rows up front: their K/V
-    (counted at 4 bytes an element, the widest storage) fit ``budget`` and a quarter of the
-    machine's memory. A reservation saves the copies of growing; one beyond these would only
-    fail before the first token."""
-    per_token = sum(kv.kv_heads * kv.head_dim * 4 for kv in io.kv)  # (io.kv: each past, keys and values)
-    need = per_token * batch * capacity
+def _element_bytes(options: Dict[str, Any]) -> float:
+    """About how many bytes a state of these ``create_state`` options stores per K/V element:
+    int8 / int4 with their scales, else the storage type (4 when it is not given: the widest)."""
+    quant = options.get("quant")
+    if quant == "int8":
+        return 1.25
+    if quant == "int4":
+        return 0.75
+    return {"float16": 2, "bfloat16": 2}.get(str(options.get("dtype")), 4)
+
+
+def _reservable(io: DecoderIO, batch: int, capacity: int, options: Dict[str, Any]) -> bool:
+    """Whether a state of ``options`` may reserve ``capacity`` positions of ``batch`` rows up
+    front: their K/V (:func:`_element_bytes` per element) fit the options' ``budget`` and a
+    quarter of the machine's memory. A reservation saves the copies of growing; one beyond
+    these would only fail before the first token."""
+    budget = options.get("budget")
+    per_token = sum(kv.kv_heads * kv.head_dim for kv in io.kv)  # elements (io.kv: each past, keys and values)
+    need = int(per_token * batch * capacity * _element_bytes(options))
     limit = _system.physical_memory() // 4
     if budget is not None:
         try:

@@ -220,8 +220,9 @@ class Engine(_Uncopyable):
         quant = [layer.get("quant") for layer in info["layers"]]
         self._ring_bytes = self._sealed_position_bytes = self._residual = 0
         if self.paged and quant and all(quant):
-            self._ring_bytes = sum((int(q["residual"]) + int(q["group"])) * int(q["native_bytes_per_token"])
-                                   for q in quant)
+            # (the state caps its ring at max_length rows)
+            self._ring_bytes = sum(min(int(q["residual"]) + int(q["group"]), self.max_length)
+                                   * int(q["native_bytes_per_token"]) for q in quant)
             self._sealed_position_bytes = sum(int(q["bytes_per_token"]) for q in quant)
             self._residual = min(int(q["residual"]) for q in quant)
         self._state_options = opts

@@ -630,7 +630,9 @@ def create_app(engine: Any, tokenizer: Any, *, model_name: str = "model", chat_t
     ``tokenizers.Tokenizer`` or a ``tokenizer.json`` path (a ``tokenizer_config.json`` next to it
     supplies the chat template unless ``chat_template`` is given). ``engine_factory`` makes the
     fresh engine the app goes on with when a step raises (None: :meth:`Engine.fresh`, one like
-    ``engine``; see :class:`EngineLoop`).
+    ``engine``; see :class:`EngineLoop`). ``model_name`` is the id ``/v1/models`` lists and
+    requests may name (another one gets a 404); ``max_request_bytes`` bounds a request body (a
+    larger one gets a 413 before it is parsed).
 
     ``engine`` may also be a backend with :class:`EngineLoop`'s interface (``submit``, ``abort``,
     ``stats``, ``close``, ``max_length``), such as the Ray Serve router of
@@ -846,13 +848,24 @@ async def _stream(srv: _Server, gen: Any, first: Any, cid: str, created: int, ch
         await gen.aclose()  # a disconnect cancels this generator: abort its requests
 
 
+def _first_per_text(top: List[Tuple[str, float]]) -> Dict[str, float]:
+    """``top``'s (text, logprob) pairs as a map, likeliest first; a text that several
+    alternatives share keeps the likeliest one's logprob."""
+    out: Dict[str, float] = {}
+    for k, v in top:
+        out.setdefault(k, v)
+    return out
+
+
 def _completion_logprobs(entries: List[Any]) -> Dict[str, Any]:
     tokens, lps, tops, offsets = [], [], [], []
     off = 0
     for t, lp, top, s in entries:  # s: the token's text within the completion's
         tokens.append(s)
         lps.append(lp)
-        tops.append(dict(top) if top else None)  # (text, logprob) pairs, as choices() made them
+        # (text, logprob) pairs, likeliest first: alternatives with one text (partial characters
+        # all read U+FFFD) keep the likeliest's logprob
+        tops.append(_first_per_text(top) if top else None)
         offsets.append(off)
         off += len(s)
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
@@ -1015,7 +1028,8 @@ def serve(model: str, tokenizer: str, *, host: str = "127.0.0.1", port: int = 80
         return Engine(sess, max_batch=max_batch, max_length=max_length, max_tokens_per_step=max_tokens_per_step,
                       budget=budget, block_size=block_size, prefix_cache=prefix_cache)
 
-    name = model_name or os.path.splitext(os.path.basename(model))[0]
+    base = os.path.basename(model)
+    name = model_name or (base[:-len(".onnx")] if base.endswith(".onnx") else base)
     app = create_app(factory(), tokenizer, model_name=name, engine_factory=factory)
     extra: Dict[str, Any] = {}
     if "timeout_graceful_shutdown" in inspect.signature(uvicorn.Config).parameters:
