@@ -160,7 +160,7 @@ PAST = replace(B, p=4, s=2, l=2)
 NAMED: Dict[str, Attn] = {
     "4d": B, "3d": replace(B, layout="3d"), "4d_fp16": replace(B, dtype="float16"),
     "4d_scaled": replace(B, scale=0.2), "3d_scaled": replace(B, layout="3d", scale=0.2),
-    "4d_softcap": replace(B, softcap=2.0), "3d_softcap": replace(B, layout="3d", softcap=2.0),
+    "4d_softcap": replace(B, softcap=2.0), "4d_negative_softcap": replace(B, softcap=-2.0), "3d_softcap": replace(B, layout="3d", softcap=2.0),
     "4d_causal": replace(B, causal=1), "3d_causal": replace(B, layout="3d", causal=1),
     "4d_causal_fp16": replace(B, causal=1, dtype="float16"), "4d_causal_square": replace(B, causal=1, s=5),
     "4d_gqa": GQA, "3d_gqa": replace(GQA, layout="3d"), "4d_gqa_causal": replace(GQA, causal=1),

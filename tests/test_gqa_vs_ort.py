@@ -210,6 +210,7 @@ CASES: Dict[str, G] = {
     "decode-total-above-lengths": G(batch=2, lens=(7, 9), total=30),
     # several new tokens after a past (speculative verification, chunked prompts)
     "multi-token-step": G(seq=4, lens=(13,)),
+    "decode-negative-softcap": G(**B2, softcap=-2.0),  # onnxruntime applies a softcap only when > 0
     "multi-token-step-rotary-window": G(seq=3, lens=(20,), rotary=1, window=6),
     "multi-token-step-long": G(seq=24, lens=(30,), max_len=32, rotary=2),
     "multi-token-step-smooth-bias": G(seq=3, lens=(10,), smooth=True, bias=True),

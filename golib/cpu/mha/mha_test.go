@@ -367,7 +367,7 @@ func TestPlanErrors(t *testing.T) {
 		{"mask rank 5", Attrs{}, Shapes{Q: q4, K: k4, V: v4, Mask: []int{1, 1, 1, 3, 3}}, ErrShape},
 		{"qk mode 4", Attrs{QKMode: 4}, Shapes{Q: q4, K: k4, V: v4}, ErrValue},
 		{"softmax precision int", Attrs{SoftmaxPrecision: 7}, Shapes{Q: q4, K: k4, V: v4}, ErrValue},
-		{"negative softcap", Attrs{Softcap: -1}, Shapes{Q: q4, K: k4, V: v4}, ErrValue},
+		{"NaN softcap", Attrs{Softcap: float32(math.NaN())}, Shapes{Q: q4, K: k4, V: v4}, ErrValue},
 		{"nonpad with past", Attrs{}, Shapes{Q: q4, K: k4, V: v4, PastKey: []int{1, 2, 1, 4}, PastValue: []int{1, 2, 1, 4}, NonpadKVSeqlen: []int{1}}, ErrShape},
 		{"nonpad shape", Attrs{}, Shapes{Q: q4, K: k4, V: v4, NonpadKVSeqlen: []int{2}}, ErrShape},
 		{"negative dim", Attrs{}, Shapes{Q: []int{1, 2, -3, 4}, K: k4, V: v4}, ErrShape},

@@ -304,8 +304,11 @@ func (g *Geometry) planAttrs() error {
 	default:
 		return fmt.Errorf("%w: softmax_precision %d is not a floating-point type", ErrValue, g.SoftmaxPrecision)
 	}
-	if math.IsNaN(float64(g.Softcap)) || g.Softcap < 0 {
-		return fmt.Errorf("%w: softcap %v must be >= 0", ErrValue, g.Softcap)
+	if math.IsNaN(float64(g.Softcap)) {
+		return fmt.Errorf("%w: softcap %v", ErrValue, g.Softcap)
+	}
+	if g.Softcap < 0 {
+		g.Softcap = 0 // onnxruntime applies a softcap only when it is > 0
 	}
 	if !g.HasScale {
 		g.Scale = float32(1 / math.Sqrt(float64(g.HeadDimK)))

@@ -89,6 +89,9 @@ func newGroupQueryAttention(n *Node) (Kernel, error) {
 	if a.softcap, err = n.Attrs.Float("softcap", 0); err != nil {
 		return nil, err
 	}
+	if a.softcap < 0 {
+		a.softcap = 0 // onnxruntime applies a softcap only when it is > 0
+	}
 	for _, name := range []string{"k_quant_type", "v_quant_type"} {
 		q, err := n.Attrs.String(name, "NONE")
 		if err != nil {
@@ -103,8 +106,8 @@ func newGroupQueryAttention(n *Node) (Kernel, error) {
 		return nil, fmt.Errorf("%w: %s: num_heads %d must be a positive multiple of kv_num_heads %d", errs.ErrInvalidArgument, n.Describe(), nh, kvh)
 	case window == 0 || window < -1:
 		return nil, fmt.Errorf("%w: %s: local_window_size %d must be -1 or > 0", errs.ErrInvalidArgument, n.Describe(), window)
-	case math.IsNaN(float64(a.softcap)) || a.softcap < 0:
-		return nil, fmt.Errorf("%w: %s: softcap %v must be >= 0", errs.ErrInvalidArgument, n.Describe(), a.softcap)
+	case math.IsNaN(float64(a.softcap)):
+		return nil, fmt.Errorf("%w: %s: softcap %v", errs.ErrInvalidArgument, n.Describe(), a.softcap)
 	case causal != 1:
 		return nil, fmt.Errorf("%w: %s: causal=%d (bidirectional attention)", errs.ErrNotImplemented, n.Describe(), causal)
 	case qkOut != 0 || (n.NumOutputs > gqaOutputQK && n.OutputPresent[gqaOutputQK]):

@@ -63,8 +63,11 @@ func newCacheAttention(n *ops.Node) (ops.Kernel, error) {
 	if k.opts.Softcap, err = n.Attrs.Float("softcap", 0); err != nil {
 		return nil, err
 	}
-	if k.opts.Scale < 0 || k.opts.Softcap < 0 {
-		return nil, fmt.Errorf("%w: %s: negative scale or softcap", errs.ErrNotImplemented, n.Describe())
+	if k.opts.Softcap < 0 {
+		k.opts.Softcap = 0 // onnxruntime applies a softcap only when it is > 0 (the tensor path too)
+	}
+	if k.opts.Scale < 0 {
+		return nil, fmt.Errorf("%w: %s: negative scale", errs.ErrNotImplemented, n.Describe())
 	}
 	return k, err
 }

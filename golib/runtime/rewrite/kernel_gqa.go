@@ -51,6 +51,9 @@ func newCacheGQA(n *ops.Node) (ops.Kernel, error) {
 	if k.opts.Softcap, err = n.Attrs.Float("softcap", 0); err != nil {
 		return nil, err
 	}
+	if k.opts.Softcap < 0 {
+		k.opts.Softcap = 0 // onnxruntime applies a softcap only when it is > 0 (the tensor path too)
+	}
 	if k.nh <= 0 || k.kvh <= 0 || k.nh%k.kvh != 0 {
 		return nil, fmt.Errorf("%w: %s: num_heads %d, kv_num_heads %d", errs.ErrInvalidArgument, n.Describe(), k.nh, k.kvh)
 	}
