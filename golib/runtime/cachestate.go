@@ -74,6 +74,7 @@ type CacheState struct {
 	closed bool
 
 	tokens []int64 // input ids of positions 0..length-1 (prefix-cache states)
+	ints   []int64 // scratch of registerPrefix's position and mask reads
 
 	// per run (guarded by st.mu)
 	saved  [][]int
@@ -205,21 +206,7 @@ func (s *Session) RunCacheSignature(cs *CacheState, sg *Signature, feeds []*tens
 		return cs.begin(sg.outputs)
 	})
 	if err == nil && cs.cfg.PrefixCache {
-		var ids *tensor.Tensor
-		if sg.tokens >= 0 && sg.tokens < len(feeds) {
-			ids = feeds[sg.tokens]
-		}
-		var pos []*tensor.Tensor
-		for _, i := range sg.positions {
-			if i < len(feeds) {
-				pos = append(pos, feeds[i])
-			}
-		}
-		var mask *tensor.Tensor
-		if sg.mask >= 0 && sg.mask < len(feeds) {
-			mask = feeds[sg.mask]
-		}
-		cs.registerPrefix(prev, ids, mask, pos)
+		cs.registerPrefix(prev, sg, feeds)
 	}
 	return out, stats, err
 }

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
@@ -21,58 +22,44 @@ var prefixPositionInputs = map[string]bool{"position_ids": true, "cache_position
 // store no padding, so a run with any does not hold the K/V of its ids.
 const prefixMaskInput = "attention_mask"
 
+// intFeed reads an integer feed into the state's scratch (nil when it
+// is not an integer tensor): one reading rule, tensor.Int64ValuesTo, and
+// no allocation per run once the scratch has grown.
+func (cs *CacheState) intFeed(t *tensor.Tensor) []int64 {
+	if cap(cs.ints) < t.Len() {
+		cs.ints = make([]int64, t.Len())
+	}
+	v, err := tensor.Int64ValuesTo(cs.ints[:t.Len()], t)
+	if err != nil {
+		return nil
+	}
+	return v
+}
+
 // noPadding reports whether a mask feed has no zero (nil: no such feed).
-func noPadding(mask *tensor.Tensor) bool {
+func (cs *CacheState) noPadding(mask *tensor.Tensor) bool {
 	if mask == nil {
 		return true
 	}
-	switch mask.DType() {
-	case tensor.Int64:
-		for _, v := range mask.Int64() {
-			if v == 0 {
-				return false
-			}
-		}
-	case tensor.Int32:
-		for _, v := range mask.Int32() {
-			if v == 0 {
-				return false
-			}
-		}
-	case tensor.Bool:
-		for _, v := range mask.Bool() {
-			if !v {
-				return false
-			}
-		}
-	default:
-		return false
+	if b := mask.Bool(); b != nil {
+		return !slices.Contains(b, false)
 	}
-	return true
+	v := cs.intFeed(mask)
+	return v != nil && !slices.Contains(v, 0)
 }
 
 // positionsContinue reports whether a batch-1 position feed holds
 // prev, prev+1, ..., prev+n-1 for the n new tokens (nil: no such feed).
-func positionsContinue(pos *tensor.Tensor, prev, n int) bool {
+func (cs *CacheState) positionsContinue(pos *tensor.Tensor, prev, n int) bool {
 	if pos == nil {
 		return true
 	}
-	if pos.Len() != n {
+	v := cs.intFeed(pos)
+	if v == nil || len(v) != n {
 		return false
 	}
-	var vals []int64
-	switch pos.DType() {
-	case tensor.Int64:
-		vals = pos.Int64()
-	case tensor.Int32:
-		for _, v := range pos.Int32() {
-			vals = append(vals, int64(v))
-		}
-	default:
-		return false
-	}
-	for i, v := range vals {
-		if v != int64(prev+i) {
+	for i, p := range v {
+		if p != int64(prev+i) {
 			return false
 		}
 	}
@@ -126,20 +113,25 @@ func (cp *cachePath) closePrefixes() {
 	}
 }
 
-// registerPrefix records the token ids of a successful run (positions
-// prev..length-1; ids is the run's input_ids feed, nil when it had none)
-// and registers the state's full blocks. Only batch-1
-// states whose every position came with an input_ids feed, at positions
-// counting on from the state's length (positions: the run's position_ids
-// and cache_position feeds) and without padding (mask: its attention_mask
-// feed, nil if none), register; any other run, and a Select, Adopt
-// or Load (rows whose ids the state does not hold), stops the state's
-// registration until it is reset.
-func (cs *CacheState) registerPrefix(prev int, ids, mask *tensor.Tensor, positions []*tensor.Tensor) {
+// registerPrefix records the token ids of a successful run of sg's feeds
+// (positions prev..length-1) and registers the state's full blocks. Only
+// batch-1 states whose every position came with an input_ids feed, at
+// positions counting on from the state's length (the run's position_ids
+// and cache_position feeds) and without padding (its attention_mask feed),
+// register; any other run, and a Select, Adopt or Load (rows whose ids the
+// state does not hold), stops the state's registration until it is reset.
+func (cs *CacheState) registerPrefix(prev int, sg *Signature, feeds []*tensor.Tensor) {
+	feed := func(i int) *tensor.Tensor {
+		if i >= 0 && i < len(feeds) {
+			return feeds[i]
+		}
+		return nil
+	}
 	store := cs.sess.cache.prefixStore()
-	ok := ids != nil && noPadding(mask)
-	for _, p := range positions {
-		ok = ok && positionsContinue(p, prev, cs.length-prev)
+	ids := feed(sg.tokens)
+	ok := ids != nil && cs.noPadding(feed(sg.mask))
+	for _, i := range sg.positions {
+		ok = ok && cs.positionsContinue(feed(i), prev, cs.length-prev)
 	}
 	caches := cs.live()
 	if prev == 0 {
@@ -149,7 +141,7 @@ func (cs *CacheState) registerPrefix(prev int, ids, mask *tensor.Tensor, positio
 		cs.tokens = cs.tokens[:prev] // truncated since
 	}
 	if store == nil || !ok || ids.DType() != tensor.Int64 || cs.cfg.Batch != 1 || len(caches) == 0 || len(caches) != len(cs.caches) ||
-		len(cs.tokens) != prev || prev+ids.Len() != cs.length || caches[0].Lengths()[0] != cs.length {
+		len(cs.tokens) != prev || prev+ids.Len() != cs.length {
 		cs.tokens = cs.tokens[:0] // out of step (until the state is reset)
 		return
 	}

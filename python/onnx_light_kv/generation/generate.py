@@ -245,7 +245,7 @@ def _warn_unknown_ids(tok: Any, new: np.ndarray) -> None:
 def _strip(row: np.ndarray, stop: StopCondition, prompt: np.ndarray) -> np.ndarray:
     """The new tokens of a row up to where it stopped (the padding after removed); ``prompt``
     is the row's prompt, which a stop sequence may start in."""
-    tail = prompt[-max((len(s) for s in stop.stop_sequences), default=1):]
+    tail = prompt[-stop.longest:]
     full = np.concatenate([tail, row])
     for i in range(row.size):
         if stop.hit(full[:tail.size + i + 1]):

@@ -64,7 +64,6 @@ class Generator(_Uncopyable):
         self._runner: Any = None
         self._seq = np.zeros((0, 0), np.int64)
         self._mask = np.zeros((0, 0), np.int64)
-        self._done = np.zeros(0, bool)
         # the length each finished row had when it finished (-1: not finished): rewind_to keeps
         # a row finished only while its stopping token is among the kept positions
         self._done_at = np.zeros(0, np.int64)
@@ -143,19 +142,17 @@ class Generator(_Uncopyable):
             self._runner = runner
             self._seq = np.zeros((ids.shape[0], 0), np.int64)
             self._mask = np.zeros((ids.shape[0], 0), np.int64)
-            self._done = np.zeros(ids.shape[0], bool)
             self._done_at = np.full(ids.shape[0], -1, np.int64)
         is_prefill = self._runner.length == 0
-        kept = (self._seq, self._mask, self._done, self._done_at, self._runner.length)
+        kept = (self._seq, self._mask, self._done_at, self._runner.length)
         self._seq = np.concatenate([self._seq, ids], axis=1)
         self._mask = np.concatenate([self._mask, mask], axis=1)
-        self._done = np.zeros(self.batch, bool)
         self._done_at = np.full(self.batch, -1, np.int64)
         t = time.perf_counter()
         try:
             self._compute()
         except BaseException:
-            self._seq, self._mask, self._done, self._done_at, held = kept
+            self._seq, self._mask, self._done_at, held = kept
             runner = self._runner
             if runner is not None and not self._closed and runner.length > held:
                 runner.truncate(held)  # positions a failed run may have attached (a reused prefix)
@@ -179,12 +176,12 @@ class Generator(_Uncopyable):
         processed = lp.process(self._logits, self.options, self._seq, self._mask)
         self._last_processed = processed
         tok = lp.choose(processed, self.options.do_sample, self.rng)
-        tok[self._done] = self.pad_token_id
+        done = self._done
+        tok[done] = self.pad_token_id
         self._seq = np.concatenate([self._seq, tok[:, None]], axis=1)
         self._mask = np.concatenate([self._mask, np.ones((self.batch, 1), np.int64)], axis=1)
-        newly = self.stop.hits(self._seq, self._mask) & ~self._done  # (a row's padding never matches)
+        newly = self.stop.hits(self._seq, self._mask) & ~done  # (a row's padding never matches)
         self._done_at[newly] = self.length
-        self._done |= newly
         self._logits = None
 
     def get_next_tokens(self) -> np.ndarray:
@@ -201,6 +198,11 @@ class Generator(_Uncopyable):
             raise IndexError(f"row {index} out of range for batch {self.batch}")
         return self._seq[index][self._mask[index] != 0].copy()
 
+    @property
+    def _done(self) -> np.ndarray:
+        """``[batch]`` bool: which rows finished (derived from ``_done_at``)."""
+        return self._done_at >= 0
+
     def is_done(self) -> bool:
         """True when every row finished or the rows reached ``max_length``."""
         if self.batch == 0:
@@ -209,7 +211,7 @@ class Generator(_Uncopyable):
 
     def done_rows(self) -> np.ndarray:
         """``[batch]`` bool: which rows finished (eos or a stop sequence)."""
-        return self._done.copy()
+        return self._done
 
     def get_logits(self) -> np.ndarray:
         """``[batch, vocab]`` float32 logits (before the processors) for the next position."""
@@ -250,8 +252,7 @@ class Generator(_Uncopyable):
             self._runner.truncate(keep)
         # a row stays finished while the token that finished it is kept; prompt tokens never
         # finish a row (append_tokens does not check them either)
-        self._done = (self._done_at >= 0) & (self._done_at <= length)
-        self._done_at[~self._done] = -1
+        self._done_at[self._done_at > length] = -1
         self._logits = None
 
     def close(self) -> None:

@@ -30,6 +30,7 @@ from typing import Any, Dict, Optional, Union
 import numpy as np
 
 from .. import _system
+from .._dtypes import cache_dtype
 from .decoder_io import DecoderIO
 
 __all__ = ["TensorRunner", "StateRunner", "make_runner", "cache_path_available", "require_truncate", "step_feeds"]
@@ -281,7 +282,12 @@ def _element_bytes(options: Dict[str, Any]) -> float:
         return 1.25
     if quant == "int4":
         return 0.75
-    return {"float16": 2, "bfloat16": 2}.get(str(options.get("dtype")), 4)
+    if options.get("dtype") is None:
+        return 4
+    try:
+        return cache_dtype(options["dtype"]).itemsize
+    except TypeError:  # create_state reports it
+        return 4
 
 
 def _reservable(io: DecoderIO, batch: int, capacity: int, options: Dict[str, Any]) -> bool:
