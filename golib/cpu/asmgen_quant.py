@@ -232,6 +232,11 @@ def axpy(rows, fmt, isa):
         ins(f"VBROADCASTSS {off(4*r)}(R12), {vp}{pr[r]}")
         for i, a in enumerate(acc[r]):
             ins(f"VMULPS {accaddr(r, i*lanes*4)}, {vp}{pr[r]}, {vp}{a}")
+    # zacc: the one-row loop's sums of p*z per group (int4)
+    zacc = [24, 25] if isa == "avx512" else [13]
+    if rows == 1 and fmt == "i4":
+        for z in zacc:
+            ins(f"VXORPS {vp}{z}, {vp}{z}, {vp}{z}")
     ins("XORQ R12, R12", "TESTQ AX, AX", f"JZ {name}store")
     w(f"{name}tok:")
     ins("PREFETCHT1 (SI)(CX*1)")
@@ -256,22 +261,36 @@ def axpy(rows, fmt, isa):
         if fmt == "i4":
             ins(f"VBROADCASTSS (R14), Y{zr[0]}")
         groups = [0, 0]
-    for i, v in enumerate(vals):
-        g = groups[i]
-        if fmt == "i4":
-            ins(f"VFMADD213PS {vp}{zr[g]}, {vp}{sc[g]}, {vp}{v}")
-        else:
-            ins(f"VMULPS {vp}{sc[g]}, {vp}{v}, {vp}{v}")
-    for r in range(rows):
-        ins(f"VBROADCASTSS ({pregs[r]})(R12*4), {vp}{pr[r]}")
-    for r in range(rows):
+    if rows == 1:
+        # one row: the weight folded into the group scales (w_g = p*s_g) and the zero terms
+        # p*z_g summed apart (zacc), added to the group's columns at the end
+        ins(f"VBROADCASTSS (R8)(R12*4), {vp}{pr[0]}")
+        for g in range(len(sc)):
+            ins(f"VMULPS {vp}{pr[0]}, {vp}{sc[g]}, {vp}{sc[g]}")
+            if fmt == "i4":
+                ins(f"VFMADD231PS {vp}{zr[g]}, {vp}{pr[0]}, {vp}{zacc[g]}")
         for i, v in enumerate(vals):
-            ins(f"VFMADD231PS {vp}{v}, {vp}{pr[r]}, {vp}{acc[r][i]}")
+            ins(f"VFMADD231PS {vp}{v}, {vp}{sc[groups[i]]}, {vp}{acc[0][i]}")
+    else:
+        for i, v in enumerate(vals):
+            g = groups[i]
+            if fmt == "i4":
+                ins(f"VFMADD213PS {vp}{zr[g]}, {vp}{sc[g]}, {vp}{v}")
+            else:
+                ins(f"VMULPS {vp}{sc[g]}, {vp}{v}, {vp}{v}")
+        for r in range(rows):
+            ins(f"VBROADCASTSS ({pregs[r]})(R12*4), {vp}{pr[r]}")
+        for r in range(rows):
+            for i, v in enumerate(vals):
+                ins(f"VFMADD231PS {vp}{v}, {vp}{pr[r]}, {vp}{acc[r][i]}")
     ins("ADDQ vrb+40(FP), SI", "ADDQ srb+80(FP), R13")
     if fmt == "i4":
         ins("ADDQ srb+80(FP), R14")
     ins("INCQ R12", "CMPQ R12, AX", f"JLT {name}tok")
     w(f"{name}store:")
+    if rows == 1 and fmt == "i4":
+        for i, a in enumerate(acc[0]):
+            ins(f"VADDPS {vp}{zacc[groups[i]]}, {vp}{a}, {vp}{a}")
     for r in range(rows):
         for i, a in enumerate(acc[r]):
             ins(f"VMOVUPS {vp}{a}, {accaddr(r, i*lanes*4)}")
@@ -414,6 +433,8 @@ def vnni():
     w()
     vnni_dots("i8")
     vnni_dots("i4")
+    vnni_dots1("i8")
+    vnni_dots1("i4")
 
 
 def prep_rows(isa, pfx, ret=64):
@@ -635,6 +656,133 @@ def vnni_dots(fmt):
     w()
 
 
+def dots1_header(name, fmt, how, step):
+    w(f"// func {name}(s *float32, qi *int16, k *byte, krb int, nt int, cpg int, aff *[2]float32, pfd int)")
+    w("//")
+    w("// The score loop of one query row (a KV head's only row: MHA decode, or a row left after the")
+    w("// groups of four) over K per channel: s[t] = acc_t*aff[0] + aff[1] for t < nt, acc_t the dot")
+    w("// of the int16 query row qi (intPrep; int4: qi16Order) with token t's K row (krb bytes, cpg")
+    w(f"// chunks of 64 bytes) widened to int16 words (k16_chunk), by {how}. {step} tokens per step, one")
+    w("// accumulator each, reduced as integers and converted once, then one token at a time: the")
+    w("// same integers and float32 steps as the four-row loops, bit-identical across instruction sets.")
+
+
+def vnni_dots1(fmt):
+    """The VPDPWSSD score loop of one row: eight tokens per step (token u in Z(u), reduced by a
+    transpose tree into the eight sums of one ymm), then single tokens."""
+    name = f"qdots1{fmt}vnni"
+    dots1_header(name, fmt, "VPDPWSSD", "Eight")
+    w(f"TEXT ·{name}(SB), NOSPLIT, $0-64")
+    ins("MOVQ s+0(FP), DI", "MOVQ qi+8(FP), R8", "MOVQ k+16(FP), SI", "MOVQ krb+24(FP), BX",
+        "LEAQ (BX)(BX*2), R14", "MOVQ nt+32(FP), AX", "MOVQ aff+48(FP), DX",
+        "MOVL $0x000f000f, CX", "VPBROADCASTD CX, Z31", "VBROADCASTSS (DX), Z28", "VBROADCASTSS 4(DX), Z29",
+        "SHRQ $3, AX", f"JZ {name}tail")
+    qstep = 64 if fmt == "i8" else 128
+
+    def chunk(label, ntok):
+        """The loop over the row's chunks for ntok tokens (at R12 + u*BX, u < 4, and R10 + (u-4)*BX),
+        token u accumulated in Z(u); K words in Z8-Z23."""
+        bases = ["(R12)", "(R12)(BX*1)", "(R12)(BX*2)", "(R12)(R14*1)",
+                 "(R10)", "(R10)(BX*1)", "(R10)(BX*2)", "(R10)(R14*1)"][:ntok]
+        ins("XORQ CX, CX", "MOVQ SI, R12", "LEAQ (SI)(BX*4), R10", "MOVQ cpg+40(FP), R15")
+        w(f"{label}:")
+        for h in range(2):
+            kregs = [(8 + 2 * u, 9 + 2 * u) if fmt == "i4" else (8 + u,) for u in range(ntok)]
+            code, ops = k16_chunk(fmt, "avx512", [f"{off(32*h)}{b}" for b in bases], kregs, 31)
+            ins(*code)
+            for u in range(ntok):
+                for o, reg in ops[u]:
+                    ins(f"VPDPWSSD {off(qstep*h + o)}(R8)(CX*1), Z{reg}, Z{u}")
+        ins("ADDQ $64, R12", "ADDQ $64, R10", f"ADDQ ${2*qstep}, CX", "DECQ R15", f"JNZ {label}")
+
+    w(f"{name}oct:")
+    for i in range(8):
+        ins(f"VPXORD Z{i}, Z{i}, Z{i}")
+    ins("MOVQ pfd+56(FP), R12", "LEAQ (SI)(R12*1), R12", "LEAQ (R12)(BX*4), R10")
+    for b in ("(R12)", "(R12)(BX*1)", "(R12)(BX*2)", "(R12)(R14*1)", "(R10)", "(R10)(BX*1)", "(R10)(BX*2)", "(R10)(R14*1)"):
+        ins(f"PREFETCHT1 {b}")
+        if fmt == "i8":
+            ins(f"PREFETCHT1 64{b}")
+    chunk(f"{name}ochunk", 8)
+    # [t0 t1 t2 t3] in each 128-bit lane of Z16, [t4..t7] in Z17, then the lanes summed
+    for i, (a, b) in enumerate(((0, 1), (2, 3), (4, 5), (6, 7))):
+        ins(f"VPUNPCKLDQ Z{b}, Z{a}, Z{8+2*i}", f"VPUNPCKHDQ Z{b}, Z{a}, Z{9+2*i}", f"VPADDD Z{9+2*i}, Z{8+2*i}, Z{a}")
+    for i, (a, b) in enumerate(((0, 2), (4, 6))):
+        ins(f"VPUNPCKLQDQ Z{b}, Z{a}, Z8", f"VPUNPCKHQDQ Z{b}, Z{a}, Z9", f"VPADDD Z9, Z8, Z{16+i}")
+    ins("VSHUFI32X4 $0x44, Z17, Z16, Z8", "VSHUFI32X4 $0xee, Z17, Z16, Z9", "VPADDD Z9, Z8, Z8",
+        "VSHUFI32X4 $0x88, Z8, Z8, Z9", "VSHUFI32X4 $0xdd, Z8, Z8, Z10", "VPADDD Z10, Z9, Z9",
+        "VCVTDQ2PS Y9, Y9", "VFMADD213PS Y29, Y28, Y9", "VMOVUPS Y9, (DI)",
+        "ADDQ $32, DI", "LEAQ (SI)(BX*8), SI", "DECQ AX", f"JNZ {name}oct")
+    w(f"{name}tail:")
+    ins("MOVQ nt+32(FP), AX", "ANDQ $7, AX", f"JZ {name}done")
+    w(f"{name}one:")
+    ins("VPXORD Z0, Z0, Z0")
+    chunk(f"{name}tchunk", 1)
+    ins("VEXTRACTI64X4 $1, Z0, Y1", "VPADDD Y1, Y0, Y0", "VEXTRACTI128 $1, Y0, X1", "VPADDD X1, X0, X0",
+        "VPHADDD X0, X0, X0", "VPHADDD X0, X0, X0", "VCVTDQ2PS X0, X0", "VFMADD213PS X29, X28, X0",
+        "VMOVSS X0, (DI)", "ADDQ $4, DI", "ADDQ BX, SI", "DECQ AX", f"JNZ {name}one")
+    w(f"{name}done:")
+    ins("VZEROUPPER", "RET")
+    w()
+
+
+def maddw_dots1(fmt):
+    """The AVX2 score loop of one row (no VNNI): qdots1*vnni's integers by VPMADDWD and VPADDD,
+    four tokens per step (token u in Y(u)), then single tokens."""
+    name = f"qdots1{fmt}maddw"
+    dots1_header(name, fmt, "VPMADDWD", "Four")
+    w(f"TEXT ·{name}(SB), NOSPLIT, $0-64")
+    ins("MOVQ s+0(FP), DI", "MOVQ qi+8(FP), R8", "MOVQ k+16(FP), SI", "MOVQ krb+24(FP), BX",
+        "LEAQ (BX)(BX*2), R14", *bcast(0x000f000f, 15),
+        # DX: the end of the row in q bytes (int8: 2 per element, int4: 256 per 64-byte chunk)
+        "MOVQ cpg+40(FP), DX", f"SHLQ ${7 if fmt == 'i8' else 8}, DX",
+        "MOVQ nt+32(FP), AX", "SHRQ $2, AX", f"JZ {name}tail")
+    bases_all = ["(R12)", "(R12)(BX*1)", "(R12)(BX*2)", "(R12)(R14*1)"]
+
+    def chunk(label, ntok):
+        """The loop over the row for ntok tokens (at R12 + u*BX), token u accumulated in Y(u); K
+        words in Y4-Y11, products in Y12, Y13. A step covers 32 K bytes (two of 16)."""
+        ins("XORQ CX, CX", "MOVQ SI, R12")
+        w(f"{label}:")
+        for h in range(2):
+            kregs = [(4 + 2 * u, 5 + 2 * u) if fmt == "i4" else (4 + u,) for u in range(ntok)]
+            code, ops = k16_chunk(fmt, "avx2", [f"{off(16*h)}{b}" for b in bases_all[:ntok]], kregs, 15)
+            ins(*code)
+            j = 0
+            for u in range(ntok):
+                for o, reg in ops[u]:
+                    t = 12 + j % 2
+                    j += 1
+                    ins(f"VPMADDWD {off(32*h + o)}(R8)(CX*1), Y{reg}, Y{t}", f"VPADDD Y{t}, Y{u}, Y{u}")
+        ins("ADDQ $32, R12", f"ADDQ ${64 if fmt == 'i8' else 128}, CX", "CMPQ CX, DX", f"JLT {label}")
+
+    w(f"{name}quad:")
+    for i in range(4):
+        ins(f"VPXOR Y{i}, Y{i}, Y{i}")
+    ins("MOVQ pfd+56(FP), R12", "LEAQ (SI)(R12*1), R12")
+    for b in bases_all:
+        ins(f"PREFETCHT1 {b}")
+        if fmt == "i8":
+            ins(f"PREFETCHT1 64{b}")
+    chunk(f"{name}qchunk", 4)
+    ins("VPHADDD Y1, Y0, Y0", "VPHADDD Y3, Y2, Y2", "VPHADDD Y2, Y0, Y0",
+        "VEXTRACTI128 $1, Y0, X1", "VPADDD X1, X0, X0", "VCVTDQ2PS X0, X0",
+        "MOVQ aff+48(FP), R13", "VBROADCASTSS (R13), X12", "VBROADCASTSS 4(R13), X13",
+        "VFMADD213PS X13, X12, X0", "VMOVUPS X0, (DI)",
+        "ADDQ $16, DI", "LEAQ (SI)(BX*4), SI", "DECQ AX", f"JNZ {name}quad")
+    w(f"{name}tail:")
+    ins("MOVQ nt+32(FP), AX", "ANDQ $3, AX", f"JZ {name}done")
+    w(f"{name}one:")
+    ins("VPXOR Y0, Y0, Y0")
+    chunk(f"{name}tchunk", 1)
+    ins("VEXTRACTI128 $1, Y0, X1", "VPADDD X1, X0, X0", "VPHADDD X0, X0, X0", "VPHADDD X0, X0, X0",
+        "VCVTDQ2PS X0, X0", "MOVQ aff+48(FP), R13", "VBROADCASTSS (R13), X12", "VBROADCASTSS 4(R13), X13",
+        "VFMADD213PS X13, X12, X0", "VMOVSS X0, (DI)", "ADDQ $4, DI", "ADDQ BX, SI", "DECQ AX", f"JNZ {name}one")
+    w(f"{name}done:")
+    ins("VZEROUPPER", "RET")
+    w()
+
+
 def maddw():
     """AVX2 integer score loop (no VNNI): intPrep's rows by qprepavx2 (prep_rows, the same
     rounding as qprepavx512), dots by VPMADDWD (int16 pairs to int32)."""
@@ -650,6 +798,8 @@ def maddw():
     w()
     maddw_dots("i8")
     maddw_dots("i4")
+    maddw_dots1("i8")
+    maddw_dots1("i4")
 
 
 def prep_consts(isa):
@@ -809,10 +959,12 @@ def maddw_dots(fmt):
     w()
 
 
-def vaxpy_maddw(fmt):
-    name = f"qvaxpy4{fmt}maddw"
+def vaxpy_maddw(fmt, rows=4):
+    name = f"qvaxpy{rows}{fmt}maddw"
     w(f"// func {name}(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, bpg int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)")
     w("//")
+    if rows == 1:
+        w("// One row (qvaxpy1" + fmt + "vnni's contract): rows 1-3 are neither read nor written.")
     w("// qvaxpy4" + fmt + "vnni's contract without VNNI over every column of the rows (accrb/4 elements) in")
     w("// one call: blocks of 16 columns, bpg blocks to a scale group of the four-group layout (the")
     w("// weights and zero terms of the block's group 4 bytes on from the last group's); the same")
@@ -837,7 +989,7 @@ def vaxpy_maddw(fmt):
         else:
             ins("VMOVQ (SI), X0", "VMOVQ (SI)(BX*1), X1", "VPUNPCKLBW X1, X0, X0", "VPMOVZXBW X0, Y0",
                 "VPSRLW $4, Y0, Y3", "VPAND Y7, Y0, Y2")
-        for r in range(4):
+        for r in range(rows):
             ins(f"VBROADCASTSS {wrow[r]}, Y4", f"VPMADDWD Y4, Y2, Y5", f"VPADDD Y5, Y{8+2*r}, Y{8+2*r}",
                 f"VPMADDWD Y4, Y3, Y6", f"VPADDD Y6, Y{9+2*r}, Y{9+2*r}")
 
@@ -853,7 +1005,7 @@ def vaxpy_maddw(fmt):
     w(f"{name}blk:")
     ins("MOVQ np+32(FP), AX", "MOVQ v+16(FP), SI", "MOVQ R15, R12", f"SHLQ ${4 if fmt == 'i8' else 3}, R12",
         "ADDQ R12, SI", "MOVQ w+48(FP), R8", "ADDQ R13, R8")
-    for i in range(8, 16):
+    for i in range(8, 8 + 2 * rows):
         ins(f"VPXOR Y{i}, Y{i}, Y{i}")
     ins("TESTQ AX, AX", f"JZ {name}odd", "TESTQ R15, R15", f"JNZ {name}pair")
     pairs("pairpf", True)
@@ -864,7 +1016,7 @@ def vaxpy_maddw(fmt):
     w(f"{name}store:")
     ins("MOVQ acc+0(FP), DI", "MOVQ R15, R12", "SHLQ $6, R12", "ADDQ R12, DI", "MOVQ accrb+8(FP), BX",
         "MOVQ alpha+72(FP), R12", "MOVQ sc+80(FP), DX", "MOVQ zt+88(FP), R14", "ADDQ R13, R14")
-    for r in range(4):
+    for r in range(rows):
         lo, hi = 8 + 2 * r, 9 + 2 * r
         ins(f"VBROADCASTSS {off(4*r)}(R12), Y4", f"VBROADCASTSS {off(4*r)}(DX), Y5",
             f"VCVTDQ2PS Y{lo}, Y{lo}", f"VCVTDQ2PS Y{hi}, Y{hi}")
@@ -1058,11 +1210,13 @@ def vint(ng, isa):
     ins("VZEROUPPER", "RET")
     w()
     if ng == 4:
-        for fmt in ("i8", "i4"):
+        # one row: int4 only (for int8 the weights' preparation costs what the loop saves
+        # over the float one, and beyond the L3 it was slower; see kern_quant_amd64.go)
+        for rows, fmt in ((4, "i8"), (4, "i4"), (1, "i4")):
             if isa == "avx512":
-                vaxpy(fmt)
+                vaxpy(fmt, rows)
             else:
-                vaxpy_maddw(fmt)
+                vaxpy_maddw(fmt, rows)
 
 
 def sumsq(isa):
@@ -1162,10 +1316,13 @@ def max4(isa):
     w()
 
 
-def vaxpy(fmt):
-    name = f"qvaxpy4{fmt}vnni"
+def vaxpy(fmt, rows=4):
+    name = f"qvaxpy{rows}{fmt}vnni"
     w(f"// func {name}(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)")
     w("//")
+    if rows == 1:
+        w("// qvaxpy4" + fmt + "vnni for one row (MHA decode, or the rows left after the groups of four):")
+        w("// the weights of rows 1-3 and their accumulators are neither read nor written.")
     w("// nb column blocks of 64 elements of four rows, one after the other, block i's weights and")
     w("// zero terms wstep*i bytes on (the first block prefetches pfd bytes ahead, the others not);")
     w("// each: acc_r = alpha[r]*acc_r + sc[r] * sum_t w_rt")
@@ -1191,7 +1348,7 @@ def vaxpy(fmt):
         "MOVQ pfd+104(FP), CX")
     if fmt == "i4":
         ins("MOVL $0x000f000f, DX", "VPBROADCASTD DX, Z15")
-    for i in range(16, 32):
+    for i in range(16, 16 + 4 * rows):
         ins(f"VPXORD Z{i}, Z{i}, Z{i}")
 
     def acc(r, h, x):
@@ -1213,9 +1370,9 @@ def vaxpy(fmt):
                     "VPMOVZXBW Y2, Z2", "VPSRLW $4, Z2, Z3", "VPANDD Z15, Z2, Z2")
             # each weight dword broadcast once into Z4-Z11 for its two VPDPWSSD (one load
             # instead of two)
-            for r in range(4):
+            for r in range(rows):
                 ins(f"VPBROADCASTD {wrow(r, h)}, Z{4+4*h+r}")
-            for r in range(4):
+            for r in range(rows):
                 for x in range(2):
                     ins(f"VPDPWSSD Z{4+4*h+r}, Z{2+x}, {acc(r, h, x)}")
 
@@ -1232,7 +1389,7 @@ def vaxpy(fmt):
     w(f"{name}store:")
     ins("MOVQ acc+0(FP), DI", "MOVQ accrb+8(FP), BX", "MOVQ alpha+72(FP), R12", "MOVQ sc+80(FP), R13",
         "MOVQ zt+88(FP), R14", "MOVQ s2+64(FP), R10")
-    for r in range(4):
+    for r in range(rows):
         ins(f"VBROADCASTSS {off(4*r)}(R12), Z12", f"VBROADCASTSS {off(4*r)}(R13), Z13")
         for h in range(2):
             lo, hi = acc(r, h, 0), acc(r, h, 1)

@@ -291,10 +291,14 @@ func init() {
 type intLoops struct {
 	prep  func(dst *int16, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int
 	dots4 [2]func(s *float32, ldS int, qi *int16, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int) // int8, int4
+	dots1 [2]func(s *float32, qi *int16, k *byte, krb int, nt int, cpg int, aff *[2]float32, pfd int)                    // int8, int4
 	// wprep: rows of four and of two V scale groups
 	wprep [2]func(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
 	vaxpy [2]func(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)
-	cb    int // the column block of vaxpy (elements)
+	// vaxpyOne: vaxpy for one row (row 0 of the weights, alpha, sc and zt),
+	// int4 only
+	vaxpyOne func(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)
+	cb       int // the column block of vaxpy (elements)
 	// axpyF is the float accumulation loop of the same instruction set
 	// (quantOps.axpy4), which vaxpyParts runs on a part vaxpyRaw refuses
 	axpyF func(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, pf int)
@@ -305,27 +309,31 @@ type intLoops struct {
 
 // intVNNI are the AVX-512 VNNI integer loops (VPDPBUSD, VPDPWSSD).
 var intVNNI = intLoops{
-	prep:  qprep512,
-	dots4: [2]func(*float32, int, *int16, int, *byte, int, int, int, *[24]float32, int){qdots4i8vnni, qdots4i4vnni},
-	wprep: [2]func(*int32, *float32, int, *float32, int, *float32, *[16]float32, *[3][4]float32){qvwprep, qvwprep2},
-	vaxpy: [2]func(*float32, int, *byte, int, int, int, *int32, int, int, *[4]float32, *[4]float32, *float32, int, int, int, int){qvaxpy4i8vnni, qvaxpy4i4vnni},
-	cb:    64,
+	prep:     qprep512,
+	dots4:    [2]func(*float32, int, *int16, int, *byte, int, int, int, *[24]float32, int){qdots4i8vnni, qdots4i4vnni},
+	dots1:    [2]func(*float32, *int16, *byte, int, int, int, *[2]float32, int){qdots1i8vnni, qdots1i4vnni},
+	wprep:    [2]func(*int32, *float32, int, *float32, int, *float32, *[16]float32, *[3][4]float32){qvwprep, qvwprep2},
+	vaxpy:    [2]func(*float32, int, *byte, int, int, int, *int32, int, int, *[4]float32, *[4]float32, *float32, int, int, int, int){qvaxpy4i8vnni, qvaxpy4i4vnni},
+	vaxpyOne: qvaxpy1i4vnni,
+	cb:       64,
 }
 
 // intMaddw are the AVX2 integer loops (VPMADDUBSW, VPMADDWD; ymm).
 var intMaddw = intLoops{
-	prep:  qprepavx2,
-	dots4: [2]func(*float32, int, *int16, int, *byte, int, int, int, *[24]float32, int){qdots4i8maddw, qdots4i4maddw},
-	wprep: [2]func(*int32, *float32, int, *float32, int, *float32, *[16]float32, *[3][4]float32){qvwprepavx2, qvwprep2avx2},
-	vaxpy: [2]func(*float32, int, *byte, int, int, int, *int32, int, int, *[4]float32, *[4]float32, *float32, int, int, int, int){qvaxpy4i8maddw, qvaxpy4i4maddw},
-	cb:    16,
-	fused: true,
+	prep:     qprepavx2,
+	dots4:    [2]func(*float32, int, *int16, int, *byte, int, int, int, *[24]float32, int){qdots4i8maddw, qdots4i4maddw},
+	dots1:    [2]func(*float32, *int16, *byte, int, int, int, *[2]float32, int){qdots1i8maddw, qdots1i4maddw},
+	wprep:    [2]func(*int32, *float32, int, *float32, int, *float32, *[16]float32, *[3][4]float32){qvwprepavx2, qvwprep2avx2},
+	vaxpy:    [2]func(*float32, int, *byte, int, int, int, *int32, int, int, *[4]float32, *[4]float32, *float32, int, int, int, int){qvaxpy4i8maddw, qvaxpy4i4maddw},
+	vaxpyOne: qvaxpy1i4maddw,
+	cb:       16,
+	fused:    true,
 }
 
 // set installs the loops in o.
 func (l *intLoops) set(o *quantOps) {
 	l.axpyF = o.axpy4
-	o.intPrep, o.intDots4, o.vaxpy4 = l.intPrep, l.intDots4, l.vaxpy4
+	o.intPrep, o.intDots4, o.intDots1, o.vaxpy4, o.vaxpy1 = l.intPrep, l.intDots4, l.intDots1, l.vaxpy4, l.vaxpy1
 	o.intParts, o.vaxpyParts = l.intParts, l.vaxpyParts
 }
 
@@ -398,7 +406,7 @@ func (l *intLoops) vaxpyParts(acc, p []float32, ld int, parts []quantPart, ahead
 		if v.f == cache.QuantInt4 {
 			vz = &v.z[o*v.ng : (o+n)*v.ng][0]
 		}
-		if !l.vaxpyRaw(acc, d, &p[pa-a], ld, n, &vb[0], v.rb, vs, vz, v.ng, v.f, alpha, pf, ws) {
+		if !l.vaxpyRaw(4, acc, d, &p[pa-a], ld, n, &vb[0], v.rb, vs, vz, v.ng, v.f, alpha, pf, ws) {
 			l.axpyF(acc, p[pa-a:], ld, n, v.rows(o, o+n), alpha, pf)
 		}
 		alpha = &qones4
@@ -432,6 +440,19 @@ func (l *intLoops) intDots4(s []float32, ld, n int, qi []int16, k qmat, d int, a
 		return
 	}
 	l.dots4[0](&s[0], ld*4, &qi[0], 2*d, &k.b[0], k.rb, n, d/64, aff, pf*k.rb)
+}
+
+// intDots1 is quantOps.intDots1 (head dims as intDots4).
+func (l *intLoops) intDots1(s []float32, n int, qi []int16, k qmat, d int, aff *[2]float32, pf int) {
+	if n == 0 {
+		return
+	}
+	_, _, _ = s[n-1], qi[d-1], k.b[n*k.rb-1]
+	if k.f == cache.QuantInt4 {
+		l.dots1[1](&s[0], &qi[0], &k.b[0], k.rb, n, d/128, aff, pf*k.rb)
+		return
+	}
+	l.dots1[0](&s[0], &qi[0], &k.b[0], k.rb, n, d/64, aff, pf*k.rb)
 }
 
 // Declarations of the integer score loops (kern_quant_amd64.s).
@@ -494,6 +515,18 @@ func qdots4i8maddw(s *float32, ldS int, qi *int16, qib int, k *byte, krb int, nt
 //go:noescape
 func qdots4i4maddw(s *float32, ldS int, qi *int16, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)
 
+//go:noescape
+func qdots1i8vnni(s *float32, qi *int16, k *byte, krb int, nt int, cpg int, aff *[2]float32, pfd int)
+
+//go:noescape
+func qdots1i4vnni(s *float32, qi *int16, k *byte, krb int, nt int, cpg int, aff *[2]float32, pfd int)
+
+//go:noescape
+func qdots1i8maddw(s *float32, qi *int16, k *byte, krb int, nt int, cpg int, aff *[2]float32, pfd int)
+
+//go:noescape
+func qdots1i4maddw(s *float32, qi *int16, k *byte, krb int, nt int, cpg int, aff *[2]float32, pfd int)
+
 // vwMax is the largest int16 weight of vaxpy4 (15 bits: int32 sums of
 // 2^19 tokens of |w*q| <= vwMax*128 stay exact).
 const vwMax = 16383
@@ -510,17 +543,39 @@ func (l *intLoops) vaxpy4(acc, p []float32, ld, n int, v qmat, alpha *[4]float32
 		_ = v.z[n*v.ng-1]
 		vz = &v.z[0]
 	}
-	return l.vaxpyRaw(acc, d, &p[0], ld, n, &v.b[0], v.rb, v.s[:n*v.ng], vz, v.ng, v.f, alpha, pf, ws)
+	return l.vaxpyRaw(4, acc, d, &p[0], ld, n, &v.b[0], v.rb, v.s[:n*v.ng], vz, v.ng, v.f, alpha, pf, ws)
 }
 
-// vaxpyRaw is vaxpy4 over rows already checked: n > 0 tokens of V rows
+// vaxpy1 is quantOps.vaxpy1: vaxpy4 for one row, int4 V only. For int8
+// V the float loop stays: paired on a Zen 4 (MHA 32/32, head dim 128,
+// group 64, one thread) the integer one gained nothing within the L3
+// (2k tokens: its weights' preparation, done for four rows, costs what
+// the loop saves) and was 1.25x slower at 16k, where for int4 it was
+// 1.3-1.4x faster at both.
+func (l *intLoops) vaxpy1(acc, p []float32, n int, v qmat, alpha *[4]float32, pf int, ws *vScratch) bool {
+	d := len(acc)
+	if n == 0 || v.f != cache.QuantInt4 || d%128 != 0 || v.s == nil || (v.ng != 4 && v.ng != 2) || v.g*v.ng != d || n >= 1<<19 {
+		return false
+	}
+	_, _, _ = p[n-1], v.b[n*v.rb-1], v.s[n*v.ng-1]
+	var vz *float32
+	if v.f == cache.QuantInt4 {
+		_ = v.z[n*v.ng-1]
+		vz = &v.z[0]
+	}
+	return l.vaxpyRaw(1, acc, d, &p[0], 0, n, &v.b[0], v.rb, v.s[:n*v.ng], vz, v.ng, v.f, alpha, pf, ws)
+}
+
+// vaxpyRaw is vaxpy4 (rows 4) or vaxpy1 (rows 1, ld 0: the weights are
+// prepared for four rows that are all row 0, and the loop reads row 0's)
+// over rows already checked: n > 0 tokens of V rows
 // (vrb bytes) at vb with ng (2 or 4) scales (and zeros, int4) a row in vs
 // (vz), weights p (rows ld apart), d columns (a multiple of 128). It
 // returns false, leaving acc as it was, where the int16 weights would lose
 // the precision the loop promises: the groups' scales too far apart
 // (vGroupsEven) or a row's largest weight times scale so small that its
 // step (1/vwMax of it) is not a normal float32 (vwMinMax).
-func (l *intLoops) vaxpyRaw(acc []float32, d int, p *float32, ld, n int, vb *byte, vrb int, vs []float32, vz *float32, ng int, f cache.QuantFormat, alpha *[4]float32, pf int, ws *vScratch) bool {
+func (l *intLoops) vaxpyRaw(rows int, acc []float32, d int, p *float32, ld, n int, vb *byte, vrb int, vs []float32, vz *float32, ng int, f cache.QuantFormat, alpha *[4]float32, pf int, ws *vScratch) bool {
 	if !vGroupsEven(vs, ng) {
 		return false
 	}
@@ -539,7 +594,10 @@ func (l *intLoops) vaxpyRaw(acc []float32, d int, p *float32, ld, n int, vb *byt
 		}
 	}
 	fn := l.vaxpy[0]
-	if int4 {
+	switch {
+	case rows == 1:
+		fn = l.vaxpyOne
+	case int4:
 		fn = l.vaxpy[1]
 	}
 	if l.fused {
@@ -705,3 +763,9 @@ func qvaxpy4i8vnni(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w
 
 //go:noescape
 func qvaxpy4i4vnni(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)
+
+//go:noescape
+func qvaxpy1i4maddw(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, bpg int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)
+
+//go:noescape
+func qvaxpy1i4vnni(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)

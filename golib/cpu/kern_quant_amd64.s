@@ -681,15 +681,13 @@ qaxpy1i8avx512tok:
 	VCVTDQ2PS Z3, Z3
 	VBROADCASTSS (R13), Z4
 	VBROADCASTSS (R13)(DX*1), Z5
-	VMULPS Z4, Z0, Z0
-	VMULPS Z4, Z1, Z1
-	VMULPS Z5, Z2, Z2
-	VMULPS Z5, Z3, Z3
 	VBROADCASTSS (R8)(R12*4), Z8
-	VFMADD231PS Z0, Z8, Z16
-	VFMADD231PS Z1, Z8, Z17
-	VFMADD231PS Z2, Z8, Z18
-	VFMADD231PS Z3, Z8, Z19
+	VMULPS Z8, Z4, Z4
+	VMULPS Z8, Z5, Z5
+	VFMADD231PS Z0, Z4, Z16
+	VFMADD231PS Z1, Z4, Z17
+	VFMADD231PS Z2, Z5, Z18
+	VFMADD231PS Z3, Z5, Z19
 	ADDQ vrb+40(FP), SI
 	ADDQ srb+80(FP), R13
 	INCQ R12
@@ -1281,6 +1279,8 @@ TEXT ·qaxpy1i4avx512(SB), NOSPLIT, $0-104
 	VMULPS 64(DI), Z8, Z17
 	VMULPS 128(DI), Z8, Z18
 	VMULPS 192(DI), Z8, Z19
+	VXORPS Z24, Z24, Z24
+	VXORPS Z25, Z25, Z25
 	XORQ R12, R12
 	TESTQ AX, AX
 	JZ qaxpy1i4avx512store
@@ -1310,15 +1310,15 @@ qaxpy1i4avx512tok:
 	VBROADCASTSS (R13)(DX*1), Z5
 	VBROADCASTSS (R14), Z6
 	VBROADCASTSS (R14)(DX*1), Z7
-	VFMADD213PS Z6, Z4, Z0
-	VFMADD213PS Z6, Z4, Z1
-	VFMADD213PS Z7, Z5, Z2
-	VFMADD213PS Z7, Z5, Z3
 	VBROADCASTSS (R8)(R12*4), Z8
-	VFMADD231PS Z0, Z8, Z16
-	VFMADD231PS Z1, Z8, Z17
-	VFMADD231PS Z2, Z8, Z18
-	VFMADD231PS Z3, Z8, Z19
+	VMULPS Z8, Z4, Z4
+	VFMADD231PS Z6, Z8, Z24
+	VMULPS Z8, Z5, Z5
+	VFMADD231PS Z7, Z8, Z25
+	VFMADD231PS Z0, Z4, Z16
+	VFMADD231PS Z1, Z4, Z17
+	VFMADD231PS Z2, Z5, Z18
+	VFMADD231PS Z3, Z5, Z19
 	ADDQ vrb+40(FP), SI
 	ADDQ srb+80(FP), R13
 	ADDQ srb+80(FP), R14
@@ -1326,6 +1326,10 @@ qaxpy1i4avx512tok:
 	CMPQ R12, AX
 	JLT qaxpy1i4avx512tok
 qaxpy1i4avx512store:
+	VADDPS Z24, Z16, Z16
+	VADDPS Z24, Z17, Z17
+	VADDPS Z25, Z18, Z18
+	VADDPS Z25, Z19, Z19
 	VMOVUPS Z16, (DI)
 	VMOVUPS Z17, 64(DI)
 	VMOVUPS Z18, 128(DI)
@@ -1766,11 +1770,10 @@ qaxpy1i8avx2tok:
 	VCVTDQ2PS Y8, Y8
 	VCVTDQ2PS Y9, Y9
 	VBROADCASTSS (R13), Y10
-	VMULPS Y10, Y8, Y8
-	VMULPS Y10, Y9, Y9
 	VBROADCASTSS (R8)(R12*4), Y12
-	VFMADD231PS Y8, Y12, Y0
-	VFMADD231PS Y9, Y12, Y1
+	VMULPS Y12, Y10, Y10
+	VFMADD231PS Y8, Y10, Y0
+	VFMADD231PS Y9, Y10, Y1
 	ADDQ vrb+40(FP), SI
 	ADDQ srb+80(FP), R13
 	INCQ R12
@@ -2249,6 +2252,7 @@ TEXT ·qaxpy1i4avx2(SB), NOSPLIT, $0-104
 	VBROADCASTSS (R12), Y12
 	VMULPS (DI), Y12, Y0
 	VMULPS 32(DI), Y12, Y1
+	VXORPS Y13, Y13, Y13
 	XORQ R12, R12
 	TESTQ AX, AX
 	JZ qaxpy1i4avx2store
@@ -2266,11 +2270,11 @@ qaxpy1i4avx2tok:
 	VCVTDQ2PS Y9, Y9
 	VBROADCASTSS (R13), Y10
 	VBROADCASTSS (R14), Y11
-	VFMADD213PS Y11, Y10, Y8
-	VFMADD213PS Y11, Y10, Y9
 	VBROADCASTSS (R8)(R12*4), Y12
-	VFMADD231PS Y8, Y12, Y0
-	VFMADD231PS Y9, Y12, Y1
+	VMULPS Y12, Y10, Y10
+	VFMADD231PS Y11, Y12, Y13
+	VFMADD231PS Y8, Y10, Y0
+	VFMADD231PS Y9, Y10, Y1
 	ADDQ vrb+40(FP), SI
 	ADDQ srb+80(FP), R13
 	ADDQ srb+80(FP), R14
@@ -2278,6 +2282,8 @@ qaxpy1i4avx2tok:
 	CMPQ R12, AX
 	JLT qaxpy1i4avx2tok
 qaxpy1i4avx2store:
+	VADDPS Y13, Y0, Y0
+	VADDPS Y13, Y1, Y1
 	VMOVUPS Y0, (DI)
 	VMOVUPS Y1, 32(DI)
 	VZEROUPPER
@@ -3541,6 +3547,372 @@ qdots4i4vnnidone:
 	VZEROUPPER
 	RET
 
+// func qdots1i8vnni(s *float32, qi *int16, k *byte, krb int, nt int, cpg int, aff *[2]float32, pfd int)
+//
+// The score loop of one query row (a KV head's only row: MHA decode, or a row left after the
+// groups of four) over K per channel: s[t] = acc_t*aff[0] + aff[1] for t < nt, acc_t the dot
+// of the int16 query row qi (intPrep; int4: qi16Order) with token t's K row (krb bytes, cpg
+// chunks of 64 bytes) widened to int16 words (k16_chunk), by VPDPWSSD. Eight tokens per step, one
+// accumulator each, reduced as integers and converted once, then one token at a time: the
+// same integers and float32 steps as the four-row loops, bit-identical across instruction sets.
+TEXT ·qdots1i8vnni(SB), NOSPLIT, $0-64
+	MOVQ s+0(FP), DI
+	MOVQ qi+8(FP), R8
+	MOVQ k+16(FP), SI
+	MOVQ krb+24(FP), BX
+	LEAQ (BX)(BX*2), R14
+	MOVQ nt+32(FP), AX
+	MOVQ aff+48(FP), DX
+	MOVL $0x000f000f, CX
+	VPBROADCASTD CX, Z31
+	VBROADCASTSS (DX), Z28
+	VBROADCASTSS 4(DX), Z29
+	SHRQ $3, AX
+	JZ qdots1i8vnnitail
+qdots1i8vnnioct:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	MOVQ pfd+56(FP), R12
+	LEAQ (SI)(R12*1), R12
+	LEAQ (R12)(BX*4), R10
+	PREFETCHT1 (R12)
+	PREFETCHT1 64(R12)
+	PREFETCHT1 (R12)(BX*1)
+	PREFETCHT1 64(R12)(BX*1)
+	PREFETCHT1 (R12)(BX*2)
+	PREFETCHT1 64(R12)(BX*2)
+	PREFETCHT1 (R12)(R14*1)
+	PREFETCHT1 64(R12)(R14*1)
+	PREFETCHT1 (R10)
+	PREFETCHT1 64(R10)
+	PREFETCHT1 (R10)(BX*1)
+	PREFETCHT1 64(R10)(BX*1)
+	PREFETCHT1 (R10)(BX*2)
+	PREFETCHT1 64(R10)(BX*2)
+	PREFETCHT1 (R10)(R14*1)
+	PREFETCHT1 64(R10)(R14*1)
+	XORQ CX, CX
+	MOVQ SI, R12
+	LEAQ (SI)(BX*4), R10
+	MOVQ cpg+40(FP), R15
+qdots1i8vnniochunk:
+	VPMOVSXBW (R12), Z8
+	VPMOVSXBW (R12)(BX*1), Z9
+	VPMOVSXBW (R12)(BX*2), Z10
+	VPMOVSXBW (R12)(R14*1), Z11
+	VPMOVSXBW (R10), Z12
+	VPMOVSXBW (R10)(BX*1), Z13
+	VPMOVSXBW (R10)(BX*2), Z14
+	VPMOVSXBW (R10)(R14*1), Z15
+	VPDPWSSD (R8)(CX*1), Z8, Z0
+	VPDPWSSD (R8)(CX*1), Z9, Z1
+	VPDPWSSD (R8)(CX*1), Z10, Z2
+	VPDPWSSD (R8)(CX*1), Z11, Z3
+	VPDPWSSD (R8)(CX*1), Z12, Z4
+	VPDPWSSD (R8)(CX*1), Z13, Z5
+	VPDPWSSD (R8)(CX*1), Z14, Z6
+	VPDPWSSD (R8)(CX*1), Z15, Z7
+	VPMOVSXBW 32(R12), Z8
+	VPMOVSXBW 32(R12)(BX*1), Z9
+	VPMOVSXBW 32(R12)(BX*2), Z10
+	VPMOVSXBW 32(R12)(R14*1), Z11
+	VPMOVSXBW 32(R10), Z12
+	VPMOVSXBW 32(R10)(BX*1), Z13
+	VPMOVSXBW 32(R10)(BX*2), Z14
+	VPMOVSXBW 32(R10)(R14*1), Z15
+	VPDPWSSD 64(R8)(CX*1), Z8, Z0
+	VPDPWSSD 64(R8)(CX*1), Z9, Z1
+	VPDPWSSD 64(R8)(CX*1), Z10, Z2
+	VPDPWSSD 64(R8)(CX*1), Z11, Z3
+	VPDPWSSD 64(R8)(CX*1), Z12, Z4
+	VPDPWSSD 64(R8)(CX*1), Z13, Z5
+	VPDPWSSD 64(R8)(CX*1), Z14, Z6
+	VPDPWSSD 64(R8)(CX*1), Z15, Z7
+	ADDQ $64, R12
+	ADDQ $64, R10
+	ADDQ $128, CX
+	DECQ R15
+	JNZ qdots1i8vnniochunk
+	VPUNPCKLDQ Z1, Z0, Z8
+	VPUNPCKHDQ Z1, Z0, Z9
+	VPADDD Z9, Z8, Z0
+	VPUNPCKLDQ Z3, Z2, Z10
+	VPUNPCKHDQ Z3, Z2, Z11
+	VPADDD Z11, Z10, Z2
+	VPUNPCKLDQ Z5, Z4, Z12
+	VPUNPCKHDQ Z5, Z4, Z13
+	VPADDD Z13, Z12, Z4
+	VPUNPCKLDQ Z7, Z6, Z14
+	VPUNPCKHDQ Z7, Z6, Z15
+	VPADDD Z15, Z14, Z6
+	VPUNPCKLQDQ Z2, Z0, Z8
+	VPUNPCKHQDQ Z2, Z0, Z9
+	VPADDD Z9, Z8, Z16
+	VPUNPCKLQDQ Z6, Z4, Z8
+	VPUNPCKHQDQ Z6, Z4, Z9
+	VPADDD Z9, Z8, Z17
+	VSHUFI32X4 $0x44, Z17, Z16, Z8
+	VSHUFI32X4 $0xee, Z17, Z16, Z9
+	VPADDD Z9, Z8, Z8
+	VSHUFI32X4 $0x88, Z8, Z8, Z9
+	VSHUFI32X4 $0xdd, Z8, Z8, Z10
+	VPADDD Z10, Z9, Z9
+	VCVTDQ2PS Y9, Y9
+	VFMADD213PS Y29, Y28, Y9
+	VMOVUPS Y9, (DI)
+	ADDQ $32, DI
+	LEAQ (SI)(BX*8), SI
+	DECQ AX
+	JNZ qdots1i8vnnioct
+qdots1i8vnnitail:
+	MOVQ nt+32(FP), AX
+	ANDQ $7, AX
+	JZ qdots1i8vnnidone
+qdots1i8vnnione:
+	VPXORD Z0, Z0, Z0
+	XORQ CX, CX
+	MOVQ SI, R12
+	LEAQ (SI)(BX*4), R10
+	MOVQ cpg+40(FP), R15
+qdots1i8vnnitchunk:
+	VPMOVSXBW (R12), Z8
+	VPDPWSSD (R8)(CX*1), Z8, Z0
+	VPMOVSXBW 32(R12), Z8
+	VPDPWSSD 64(R8)(CX*1), Z8, Z0
+	ADDQ $64, R12
+	ADDQ $64, R10
+	ADDQ $128, CX
+	DECQ R15
+	JNZ qdots1i8vnnitchunk
+	VEXTRACTI64X4 $1, Z0, Y1
+	VPADDD Y1, Y0, Y0
+	VEXTRACTI128 $1, Y0, X1
+	VPADDD X1, X0, X0
+	VPHADDD X0, X0, X0
+	VPHADDD X0, X0, X0
+	VCVTDQ2PS X0, X0
+	VFMADD213PS X29, X28, X0
+	VMOVSS X0, (DI)
+	ADDQ $4, DI
+	ADDQ BX, SI
+	DECQ AX
+	JNZ qdots1i8vnnione
+qdots1i8vnnidone:
+	VZEROUPPER
+	RET
+
+// func qdots1i4vnni(s *float32, qi *int16, k *byte, krb int, nt int, cpg int, aff *[2]float32, pfd int)
+//
+// The score loop of one query row (a KV head's only row: MHA decode, or a row left after the
+// groups of four) over K per channel: s[t] = acc_t*aff[0] + aff[1] for t < nt, acc_t the dot
+// of the int16 query row qi (intPrep; int4: qi16Order) with token t's K row (krb bytes, cpg
+// chunks of 64 bytes) widened to int16 words (k16_chunk), by VPDPWSSD. Eight tokens per step, one
+// accumulator each, reduced as integers and converted once, then one token at a time: the
+// same integers and float32 steps as the four-row loops, bit-identical across instruction sets.
+TEXT ·qdots1i4vnni(SB), NOSPLIT, $0-64
+	MOVQ s+0(FP), DI
+	MOVQ qi+8(FP), R8
+	MOVQ k+16(FP), SI
+	MOVQ krb+24(FP), BX
+	LEAQ (BX)(BX*2), R14
+	MOVQ nt+32(FP), AX
+	MOVQ aff+48(FP), DX
+	MOVL $0x000f000f, CX
+	VPBROADCASTD CX, Z31
+	VBROADCASTSS (DX), Z28
+	VBROADCASTSS 4(DX), Z29
+	SHRQ $3, AX
+	JZ qdots1i4vnnitail
+qdots1i4vnnioct:
+	VPXORD Z0, Z0, Z0
+	VPXORD Z1, Z1, Z1
+	VPXORD Z2, Z2, Z2
+	VPXORD Z3, Z3, Z3
+	VPXORD Z4, Z4, Z4
+	VPXORD Z5, Z5, Z5
+	VPXORD Z6, Z6, Z6
+	VPXORD Z7, Z7, Z7
+	MOVQ pfd+56(FP), R12
+	LEAQ (SI)(R12*1), R12
+	LEAQ (R12)(BX*4), R10
+	PREFETCHT1 (R12)
+	PREFETCHT1 (R12)(BX*1)
+	PREFETCHT1 (R12)(BX*2)
+	PREFETCHT1 (R12)(R14*1)
+	PREFETCHT1 (R10)
+	PREFETCHT1 (R10)(BX*1)
+	PREFETCHT1 (R10)(BX*2)
+	PREFETCHT1 (R10)(R14*1)
+	XORQ CX, CX
+	MOVQ SI, R12
+	LEAQ (SI)(BX*4), R10
+	MOVQ cpg+40(FP), R15
+qdots1i4vnniochunk:
+	VPMOVZXBW (R12), Z8
+	VPSRLW $4, Z8, Z9
+	VPANDD Z31, Z8, Z8
+	VPMOVZXBW (R12)(BX*1), Z10
+	VPSRLW $4, Z10, Z11
+	VPANDD Z31, Z10, Z10
+	VPMOVZXBW (R12)(BX*2), Z12
+	VPSRLW $4, Z12, Z13
+	VPANDD Z31, Z12, Z12
+	VPMOVZXBW (R12)(R14*1), Z14
+	VPSRLW $4, Z14, Z15
+	VPANDD Z31, Z14, Z14
+	VPMOVZXBW (R10), Z16
+	VPSRLW $4, Z16, Z17
+	VPANDD Z31, Z16, Z16
+	VPMOVZXBW (R10)(BX*1), Z18
+	VPSRLW $4, Z18, Z19
+	VPANDD Z31, Z18, Z18
+	VPMOVZXBW (R10)(BX*2), Z20
+	VPSRLW $4, Z20, Z21
+	VPANDD Z31, Z20, Z20
+	VPMOVZXBW (R10)(R14*1), Z22
+	VPSRLW $4, Z22, Z23
+	VPANDD Z31, Z22, Z22
+	VPDPWSSD (R8)(CX*1), Z8, Z0
+	VPDPWSSD 64(R8)(CX*1), Z9, Z0
+	VPDPWSSD (R8)(CX*1), Z10, Z1
+	VPDPWSSD 64(R8)(CX*1), Z11, Z1
+	VPDPWSSD (R8)(CX*1), Z12, Z2
+	VPDPWSSD 64(R8)(CX*1), Z13, Z2
+	VPDPWSSD (R8)(CX*1), Z14, Z3
+	VPDPWSSD 64(R8)(CX*1), Z15, Z3
+	VPDPWSSD (R8)(CX*1), Z16, Z4
+	VPDPWSSD 64(R8)(CX*1), Z17, Z4
+	VPDPWSSD (R8)(CX*1), Z18, Z5
+	VPDPWSSD 64(R8)(CX*1), Z19, Z5
+	VPDPWSSD (R8)(CX*1), Z20, Z6
+	VPDPWSSD 64(R8)(CX*1), Z21, Z6
+	VPDPWSSD (R8)(CX*1), Z22, Z7
+	VPDPWSSD 64(R8)(CX*1), Z23, Z7
+	VPMOVZXBW 32(R12), Z8
+	VPSRLW $4, Z8, Z9
+	VPANDD Z31, Z8, Z8
+	VPMOVZXBW 32(R12)(BX*1), Z10
+	VPSRLW $4, Z10, Z11
+	VPANDD Z31, Z10, Z10
+	VPMOVZXBW 32(R12)(BX*2), Z12
+	VPSRLW $4, Z12, Z13
+	VPANDD Z31, Z12, Z12
+	VPMOVZXBW 32(R12)(R14*1), Z14
+	VPSRLW $4, Z14, Z15
+	VPANDD Z31, Z14, Z14
+	VPMOVZXBW 32(R10), Z16
+	VPSRLW $4, Z16, Z17
+	VPANDD Z31, Z16, Z16
+	VPMOVZXBW 32(R10)(BX*1), Z18
+	VPSRLW $4, Z18, Z19
+	VPANDD Z31, Z18, Z18
+	VPMOVZXBW 32(R10)(BX*2), Z20
+	VPSRLW $4, Z20, Z21
+	VPANDD Z31, Z20, Z20
+	VPMOVZXBW 32(R10)(R14*1), Z22
+	VPSRLW $4, Z22, Z23
+	VPANDD Z31, Z22, Z22
+	VPDPWSSD 128(R8)(CX*1), Z8, Z0
+	VPDPWSSD 192(R8)(CX*1), Z9, Z0
+	VPDPWSSD 128(R8)(CX*1), Z10, Z1
+	VPDPWSSD 192(R8)(CX*1), Z11, Z1
+	VPDPWSSD 128(R8)(CX*1), Z12, Z2
+	VPDPWSSD 192(R8)(CX*1), Z13, Z2
+	VPDPWSSD 128(R8)(CX*1), Z14, Z3
+	VPDPWSSD 192(R8)(CX*1), Z15, Z3
+	VPDPWSSD 128(R8)(CX*1), Z16, Z4
+	VPDPWSSD 192(R8)(CX*1), Z17, Z4
+	VPDPWSSD 128(R8)(CX*1), Z18, Z5
+	VPDPWSSD 192(R8)(CX*1), Z19, Z5
+	VPDPWSSD 128(R8)(CX*1), Z20, Z6
+	VPDPWSSD 192(R8)(CX*1), Z21, Z6
+	VPDPWSSD 128(R8)(CX*1), Z22, Z7
+	VPDPWSSD 192(R8)(CX*1), Z23, Z7
+	ADDQ $64, R12
+	ADDQ $64, R10
+	ADDQ $256, CX
+	DECQ R15
+	JNZ qdots1i4vnniochunk
+	VPUNPCKLDQ Z1, Z0, Z8
+	VPUNPCKHDQ Z1, Z0, Z9
+	VPADDD Z9, Z8, Z0
+	VPUNPCKLDQ Z3, Z2, Z10
+	VPUNPCKHDQ Z3, Z2, Z11
+	VPADDD Z11, Z10, Z2
+	VPUNPCKLDQ Z5, Z4, Z12
+	VPUNPCKHDQ Z5, Z4, Z13
+	VPADDD Z13, Z12, Z4
+	VPUNPCKLDQ Z7, Z6, Z14
+	VPUNPCKHDQ Z7, Z6, Z15
+	VPADDD Z15, Z14, Z6
+	VPUNPCKLQDQ Z2, Z0, Z8
+	VPUNPCKHQDQ Z2, Z0, Z9
+	VPADDD Z9, Z8, Z16
+	VPUNPCKLQDQ Z6, Z4, Z8
+	VPUNPCKHQDQ Z6, Z4, Z9
+	VPADDD Z9, Z8, Z17
+	VSHUFI32X4 $0x44, Z17, Z16, Z8
+	VSHUFI32X4 $0xee, Z17, Z16, Z9
+	VPADDD Z9, Z8, Z8
+	VSHUFI32X4 $0x88, Z8, Z8, Z9
+	VSHUFI32X4 $0xdd, Z8, Z8, Z10
+	VPADDD Z10, Z9, Z9
+	VCVTDQ2PS Y9, Y9
+	VFMADD213PS Y29, Y28, Y9
+	VMOVUPS Y9, (DI)
+	ADDQ $32, DI
+	LEAQ (SI)(BX*8), SI
+	DECQ AX
+	JNZ qdots1i4vnnioct
+qdots1i4vnnitail:
+	MOVQ nt+32(FP), AX
+	ANDQ $7, AX
+	JZ qdots1i4vnnidone
+qdots1i4vnnione:
+	VPXORD Z0, Z0, Z0
+	XORQ CX, CX
+	MOVQ SI, R12
+	LEAQ (SI)(BX*4), R10
+	MOVQ cpg+40(FP), R15
+qdots1i4vnnitchunk:
+	VPMOVZXBW (R12), Z8
+	VPSRLW $4, Z8, Z9
+	VPANDD Z31, Z8, Z8
+	VPDPWSSD (R8)(CX*1), Z8, Z0
+	VPDPWSSD 64(R8)(CX*1), Z9, Z0
+	VPMOVZXBW 32(R12), Z8
+	VPSRLW $4, Z8, Z9
+	VPANDD Z31, Z8, Z8
+	VPDPWSSD 128(R8)(CX*1), Z8, Z0
+	VPDPWSSD 192(R8)(CX*1), Z9, Z0
+	ADDQ $64, R12
+	ADDQ $64, R10
+	ADDQ $256, CX
+	DECQ R15
+	JNZ qdots1i4vnnitchunk
+	VEXTRACTI64X4 $1, Z0, Y1
+	VPADDD Y1, Y0, Y0
+	VEXTRACTI128 $1, Y0, X1
+	VPADDD X1, X0, X0
+	VPHADDD X0, X0, X0
+	VPHADDD X0, X0, X0
+	VCVTDQ2PS X0, X0
+	VFMADD213PS X29, X28, X0
+	VMOVSS X0, (DI)
+	ADDQ $4, DI
+	ADDQ BX, SI
+	DECQ AX
+	JNZ qdots1i4vnnione
+qdots1i4vnnidone:
+	VZEROUPPER
+	RET
+
 // func qvwprep(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
 //
 // The int16 weights of the integer accumulation loop in one call, three passes over the
@@ -4437,6 +4809,157 @@ qvaxpy4i4vnnistore:
 	MOVQ $0, pfd+104(FP)
 	DECQ R15
 	JNZ qvaxpy4i4vnniblk
+	VZEROUPPER
+	RET
+
+// func qvaxpy1i4vnni(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)
+//
+// qvaxpy4i4vnni for one row (MHA decode, or the rows left after the groups of four):
+// the weights of rows 1-3 and their accumulators are neither read nor written.
+// nb column blocks of 64 elements of four rows, one after the other, block i's weights and
+// zero terms wstep*i bytes on (the first block prefetches pfd bytes ahead, the others not);
+// each: acc_r = alpha[r]*acc_r + sc[r] * sum_t w_rt
+// * q_t + zt_r (int4: the zero term of the element's group), acc rows accrb bytes apart,
+// V rows (int4) vrb bytes apart, np token pairs and an odd last token (odd = 1,
+// its pair's second weight 0). The weights (qvwprep) are int16 pairs, one dword per row
+// and scale group: row r's for the block's first 32 elements at w + r*zrb, its second 32
+// s2 bytes further, the next pair's wpb bytes on; zt likewise (rows zrb bytes apart).
+// V rows are interleaved by pair (VPUNPCKLBW/HBW), widened to int16 (VPMOVZXBW) and split
+// into even and odd elements (VPANDD, VPSRLW), dotted
+// by VPDPWSSD with the weight dword broadcast (VPBROADCASTD, once for the two halves of
+// the block's elements); int32 sums, exact (|w| <= 16383, |q| <= 128,
+// fewer than 2^19 tokens), put back in element order when the block is stored.
+TEXT ·qvaxpy1i4vnni(SB), NOSPLIT, $0-128
+	MOVQ nb+112(FP), R15
+qvaxpy1i4vnniblk:
+	MOVQ v+16(FP), SI
+	MOVQ vrb+24(FP), BX
+	MOVQ w+48(FP), R8
+	MOVQ zrb+96(FP), R9
+	LEAQ (R9)(R9*2), R11
+	MOVQ s2+64(FP), R10
+	ADDQ R8, R10
+	MOVQ np+32(FP), AX
+	MOVQ pfd+104(FP), CX
+	MOVL $0x000f000f, DX
+	VPBROADCASTD DX, Z15
+	VPXORD Z16, Z16, Z16
+	VPXORD Z17, Z17, Z17
+	VPXORD Z18, Z18, Z18
+	VPXORD Z19, Z19, Z19
+	TESTQ AX, AX
+	JZ qvaxpy1i4vnniodd
+qvaxpy1i4vnnipair:
+	LEAQ (SI)(CX*1), R12
+	PREFETCHT1 (R12)
+	PREFETCHT1 (R12)(BX*1)
+	VMOVDQU (SI), X0
+	VMOVDQU (SI)(BX*1), X1
+	VPUNPCKLBW X1, X0, X2
+	VPUNPCKHBW X1, X0, X3
+	VINSERTI128 $1, X3, Y2, Y2
+	VPMOVZXBW Y2, Z2
+	VPSRLW $4, Z2, Z3
+	VPANDD Z15, Z2, Z2
+	VPBROADCASTD (R8), Z4
+	VPDPWSSD Z4, Z2, Z16
+	VPDPWSSD Z4, Z3, Z17
+	VMOVDQU 16(SI), X0
+	VMOVDQU 16(SI)(BX*1), X1
+	VPUNPCKLBW X1, X0, X2
+	VPUNPCKHBW X1, X0, X3
+	VINSERTI128 $1, X3, Y2, Y2
+	VPMOVZXBW Y2, Z2
+	VPSRLW $4, Z2, Z3
+	VPANDD Z15, Z2, Z2
+	VPBROADCASTD (R10), Z8
+	VPDPWSSD Z8, Z2, Z18
+	VPDPWSSD Z8, Z3, Z19
+	ADDQ wpb+56(FP), R8
+	ADDQ wpb+56(FP), R10
+	LEAQ (SI)(BX*2), SI
+	DECQ AX
+	JNZ qvaxpy1i4vnnipair
+qvaxpy1i4vnniodd:
+	MOVQ odd+40(FP), AX
+	TESTQ AX, AX
+	JZ qvaxpy1i4vnnistore
+	XORQ BX, BX
+	VMOVDQU (SI), X0
+	VMOVDQU (SI)(BX*1), X1
+	VPUNPCKLBW X1, X0, X2
+	VPUNPCKHBW X1, X0, X3
+	VINSERTI128 $1, X3, Y2, Y2
+	VPMOVZXBW Y2, Z2
+	VPSRLW $4, Z2, Z3
+	VPANDD Z15, Z2, Z2
+	VPBROADCASTD (R8), Z4
+	VPDPWSSD Z4, Z2, Z16
+	VPDPWSSD Z4, Z3, Z17
+	VMOVDQU 16(SI), X0
+	VMOVDQU 16(SI)(BX*1), X1
+	VPUNPCKLBW X1, X0, X2
+	VPUNPCKHBW X1, X0, X3
+	VINSERTI128 $1, X3, Y2, Y2
+	VPMOVZXBW Y2, Z2
+	VPSRLW $4, Z2, Z3
+	VPANDD Z15, Z2, Z2
+	VPBROADCASTD (R10), Z8
+	VPDPWSSD Z8, Z2, Z18
+	VPDPWSSD Z8, Z3, Z19
+qvaxpy1i4vnnistore:
+	MOVQ acc+0(FP), DI
+	MOVQ accrb+8(FP), BX
+	MOVQ alpha+72(FP), R12
+	MOVQ sc+80(FP), R13
+	MOVQ zt+88(FP), R14
+	MOVQ s2+64(FP), R10
+	VBROADCASTSS (R12), Z12
+	VBROADCASTSS (R13), Z13
+	VPUNPCKLDQ Z17, Z16, Z0
+	VPUNPCKHDQ Z17, Z16, Z1
+	VCVTDQ2PS Z0, Z0
+	VCVTDQ2PS Z1, Z1
+	VSHUFF32X4 $0x44, Z1, Z0, Z2
+	VSHUFF32X4 $0xee, Z1, Z0, Z3
+	VSHUFF32X4 $0xd8, Z2, Z2, Z2
+	VSHUFF32X4 $0xd8, Z3, Z3, Z3
+	VBROADCASTSS (R14), Z14
+	VMULPS (DI), Z12, Z4
+	VFMADD231PS Z2, Z13, Z4
+	VADDPS Z14, Z4, Z4
+	VMOVUPS Z4, (DI)
+	VMULPS 64(DI), Z12, Z5
+	VFMADD231PS Z3, Z13, Z5
+	VADDPS Z14, Z5, Z5
+	VMOVUPS Z5, 64(DI)
+	VPUNPCKLDQ Z19, Z18, Z0
+	VPUNPCKHDQ Z19, Z18, Z1
+	VCVTDQ2PS Z0, Z0
+	VCVTDQ2PS Z1, Z1
+	VSHUFF32X4 $0x44, Z1, Z0, Z2
+	VSHUFF32X4 $0xee, Z1, Z0, Z3
+	VSHUFF32X4 $0xd8, Z2, Z2, Z2
+	VSHUFF32X4 $0xd8, Z3, Z3, Z3
+	VBROADCASTSS (R14)(R10*1), Z14
+	VMULPS 128(DI), Z12, Z4
+	VFMADD231PS Z2, Z13, Z4
+	VADDPS Z14, Z4, Z4
+	VMOVUPS Z4, 128(DI)
+	VMULPS 192(DI), Z12, Z5
+	VFMADD231PS Z3, Z13, Z5
+	VADDPS Z14, Z5, Z5
+	VMOVUPS Z5, 192(DI)
+	ADDQ BX, DI
+	ADDQ zrb+96(FP), R14
+	ADDQ $256, acc+0(FP)
+	ADDQ $32, v+16(FP)
+	MOVQ wstep+120(FP), AX
+	ADDQ AX, w+48(FP)
+	ADDQ AX, zt+88(FP)
+	MOVQ $0, pfd+104(FP)
+	DECQ R15
+	JNZ qvaxpy1i4vnniblk
 	VZEROUPPER
 	RET
 
@@ -5875,6 +6398,282 @@ qdots4i4maddwdone:
 	VZEROUPPER
 	RET
 
+// func qdots1i8maddw(s *float32, qi *int16, k *byte, krb int, nt int, cpg int, aff *[2]float32, pfd int)
+//
+// The score loop of one query row (a KV head's only row: MHA decode, or a row left after the
+// groups of four) over K per channel: s[t] = acc_t*aff[0] + aff[1] for t < nt, acc_t the dot
+// of the int16 query row qi (intPrep; int4: qi16Order) with token t's K row (krb bytes, cpg
+// chunks of 64 bytes) widened to int16 words (k16_chunk), by VPMADDWD. Four tokens per step, one
+// accumulator each, reduced as integers and converted once, then one token at a time: the
+// same integers and float32 steps as the four-row loops, bit-identical across instruction sets.
+TEXT ·qdots1i8maddw(SB), NOSPLIT, $0-64
+	MOVQ s+0(FP), DI
+	MOVQ qi+8(FP), R8
+	MOVQ k+16(FP), SI
+	MOVQ krb+24(FP), BX
+	LEAQ (BX)(BX*2), R14
+	MOVL $0x000f000f, CX
+	VMOVD CX, X15
+	VPBROADCASTD X15, Y15
+	MOVQ cpg+40(FP), DX
+	SHLQ $7, DX
+	MOVQ nt+32(FP), AX
+	SHRQ $2, AX
+	JZ qdots1i8maddwtail
+qdots1i8maddwquad:
+	VPXOR Y0, Y0, Y0
+	VPXOR Y1, Y1, Y1
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	MOVQ pfd+56(FP), R12
+	LEAQ (SI)(R12*1), R12
+	PREFETCHT1 (R12)
+	PREFETCHT1 64(R12)
+	PREFETCHT1 (R12)(BX*1)
+	PREFETCHT1 64(R12)(BX*1)
+	PREFETCHT1 (R12)(BX*2)
+	PREFETCHT1 64(R12)(BX*2)
+	PREFETCHT1 (R12)(R14*1)
+	PREFETCHT1 64(R12)(R14*1)
+	XORQ CX, CX
+	MOVQ SI, R12
+qdots1i8maddwqchunk:
+	VPMOVSXBW (R12), Y4
+	VPMOVSXBW (R12)(BX*1), Y5
+	VPMOVSXBW (R12)(BX*2), Y6
+	VPMOVSXBW (R12)(R14*1), Y7
+	VPMADDWD (R8)(CX*1), Y4, Y12
+	VPADDD Y12, Y0, Y0
+	VPMADDWD (R8)(CX*1), Y5, Y13
+	VPADDD Y13, Y1, Y1
+	VPMADDWD (R8)(CX*1), Y6, Y12
+	VPADDD Y12, Y2, Y2
+	VPMADDWD (R8)(CX*1), Y7, Y13
+	VPADDD Y13, Y3, Y3
+	VPMOVSXBW 16(R12), Y4
+	VPMOVSXBW 16(R12)(BX*1), Y5
+	VPMOVSXBW 16(R12)(BX*2), Y6
+	VPMOVSXBW 16(R12)(R14*1), Y7
+	VPMADDWD 32(R8)(CX*1), Y4, Y12
+	VPADDD Y12, Y0, Y0
+	VPMADDWD 32(R8)(CX*1), Y5, Y13
+	VPADDD Y13, Y1, Y1
+	VPMADDWD 32(R8)(CX*1), Y6, Y12
+	VPADDD Y12, Y2, Y2
+	VPMADDWD 32(R8)(CX*1), Y7, Y13
+	VPADDD Y13, Y3, Y3
+	ADDQ $32, R12
+	ADDQ $64, CX
+	CMPQ CX, DX
+	JLT qdots1i8maddwqchunk
+	VPHADDD Y1, Y0, Y0
+	VPHADDD Y3, Y2, Y2
+	VPHADDD Y2, Y0, Y0
+	VEXTRACTI128 $1, Y0, X1
+	VPADDD X1, X0, X0
+	VCVTDQ2PS X0, X0
+	MOVQ aff+48(FP), R13
+	VBROADCASTSS (R13), X12
+	VBROADCASTSS 4(R13), X13
+	VFMADD213PS X13, X12, X0
+	VMOVUPS X0, (DI)
+	ADDQ $16, DI
+	LEAQ (SI)(BX*4), SI
+	DECQ AX
+	JNZ qdots1i8maddwquad
+qdots1i8maddwtail:
+	MOVQ nt+32(FP), AX
+	ANDQ $3, AX
+	JZ qdots1i8maddwdone
+qdots1i8maddwone:
+	VPXOR Y0, Y0, Y0
+	XORQ CX, CX
+	MOVQ SI, R12
+qdots1i8maddwtchunk:
+	VPMOVSXBW (R12), Y4
+	VPMADDWD (R8)(CX*1), Y4, Y12
+	VPADDD Y12, Y0, Y0
+	VPMOVSXBW 16(R12), Y4
+	VPMADDWD 32(R8)(CX*1), Y4, Y12
+	VPADDD Y12, Y0, Y0
+	ADDQ $32, R12
+	ADDQ $64, CX
+	CMPQ CX, DX
+	JLT qdots1i8maddwtchunk
+	VEXTRACTI128 $1, Y0, X1
+	VPADDD X1, X0, X0
+	VPHADDD X0, X0, X0
+	VPHADDD X0, X0, X0
+	VCVTDQ2PS X0, X0
+	MOVQ aff+48(FP), R13
+	VBROADCASTSS (R13), X12
+	VBROADCASTSS 4(R13), X13
+	VFMADD213PS X13, X12, X0
+	VMOVSS X0, (DI)
+	ADDQ $4, DI
+	ADDQ BX, SI
+	DECQ AX
+	JNZ qdots1i8maddwone
+qdots1i8maddwdone:
+	VZEROUPPER
+	RET
+
+// func qdots1i4maddw(s *float32, qi *int16, k *byte, krb int, nt int, cpg int, aff *[2]float32, pfd int)
+//
+// The score loop of one query row (a KV head's only row: MHA decode, or a row left after the
+// groups of four) over K per channel: s[t] = acc_t*aff[0] + aff[1] for t < nt, acc_t the dot
+// of the int16 query row qi (intPrep; int4: qi16Order) with token t's K row (krb bytes, cpg
+// chunks of 64 bytes) widened to int16 words (k16_chunk), by VPMADDWD. Four tokens per step, one
+// accumulator each, reduced as integers and converted once, then one token at a time: the
+// same integers and float32 steps as the four-row loops, bit-identical across instruction sets.
+TEXT ·qdots1i4maddw(SB), NOSPLIT, $0-64
+	MOVQ s+0(FP), DI
+	MOVQ qi+8(FP), R8
+	MOVQ k+16(FP), SI
+	MOVQ krb+24(FP), BX
+	LEAQ (BX)(BX*2), R14
+	MOVL $0x000f000f, CX
+	VMOVD CX, X15
+	VPBROADCASTD X15, Y15
+	MOVQ cpg+40(FP), DX
+	SHLQ $8, DX
+	MOVQ nt+32(FP), AX
+	SHRQ $2, AX
+	JZ qdots1i4maddwtail
+qdots1i4maddwquad:
+	VPXOR Y0, Y0, Y0
+	VPXOR Y1, Y1, Y1
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	MOVQ pfd+56(FP), R12
+	LEAQ (SI)(R12*1), R12
+	PREFETCHT1 (R12)
+	PREFETCHT1 (R12)(BX*1)
+	PREFETCHT1 (R12)(BX*2)
+	PREFETCHT1 (R12)(R14*1)
+	XORQ CX, CX
+	MOVQ SI, R12
+qdots1i4maddwqchunk:
+	VPMOVZXBW (R12), Y4
+	VPSRLW $4, Y4, Y5
+	VPAND Y15, Y4, Y4
+	VPMOVZXBW (R12)(BX*1), Y6
+	VPSRLW $4, Y6, Y7
+	VPAND Y15, Y6, Y6
+	VPMOVZXBW (R12)(BX*2), Y8
+	VPSRLW $4, Y8, Y9
+	VPAND Y15, Y8, Y8
+	VPMOVZXBW (R12)(R14*1), Y10
+	VPSRLW $4, Y10, Y11
+	VPAND Y15, Y10, Y10
+	VPMADDWD (R8)(CX*1), Y4, Y12
+	VPADDD Y12, Y0, Y0
+	VPMADDWD 64(R8)(CX*1), Y5, Y13
+	VPADDD Y13, Y0, Y0
+	VPMADDWD (R8)(CX*1), Y6, Y12
+	VPADDD Y12, Y1, Y1
+	VPMADDWD 64(R8)(CX*1), Y7, Y13
+	VPADDD Y13, Y1, Y1
+	VPMADDWD (R8)(CX*1), Y8, Y12
+	VPADDD Y12, Y2, Y2
+	VPMADDWD 64(R8)(CX*1), Y9, Y13
+	VPADDD Y13, Y2, Y2
+	VPMADDWD (R8)(CX*1), Y10, Y12
+	VPADDD Y12, Y3, Y3
+	VPMADDWD 64(R8)(CX*1), Y11, Y13
+	VPADDD Y13, Y3, Y3
+	VPMOVZXBW 16(R12), Y4
+	VPSRLW $4, Y4, Y5
+	VPAND Y15, Y4, Y4
+	VPMOVZXBW 16(R12)(BX*1), Y6
+	VPSRLW $4, Y6, Y7
+	VPAND Y15, Y6, Y6
+	VPMOVZXBW 16(R12)(BX*2), Y8
+	VPSRLW $4, Y8, Y9
+	VPAND Y15, Y8, Y8
+	VPMOVZXBW 16(R12)(R14*1), Y10
+	VPSRLW $4, Y10, Y11
+	VPAND Y15, Y10, Y10
+	VPMADDWD 32(R8)(CX*1), Y4, Y12
+	VPADDD Y12, Y0, Y0
+	VPMADDWD 96(R8)(CX*1), Y5, Y13
+	VPADDD Y13, Y0, Y0
+	VPMADDWD 32(R8)(CX*1), Y6, Y12
+	VPADDD Y12, Y1, Y1
+	VPMADDWD 96(R8)(CX*1), Y7, Y13
+	VPADDD Y13, Y1, Y1
+	VPMADDWD 32(R8)(CX*1), Y8, Y12
+	VPADDD Y12, Y2, Y2
+	VPMADDWD 96(R8)(CX*1), Y9, Y13
+	VPADDD Y13, Y2, Y2
+	VPMADDWD 32(R8)(CX*1), Y10, Y12
+	VPADDD Y12, Y3, Y3
+	VPMADDWD 96(R8)(CX*1), Y11, Y13
+	VPADDD Y13, Y3, Y3
+	ADDQ $32, R12
+	ADDQ $128, CX
+	CMPQ CX, DX
+	JLT qdots1i4maddwqchunk
+	VPHADDD Y1, Y0, Y0
+	VPHADDD Y3, Y2, Y2
+	VPHADDD Y2, Y0, Y0
+	VEXTRACTI128 $1, Y0, X1
+	VPADDD X1, X0, X0
+	VCVTDQ2PS X0, X0
+	MOVQ aff+48(FP), R13
+	VBROADCASTSS (R13), X12
+	VBROADCASTSS 4(R13), X13
+	VFMADD213PS X13, X12, X0
+	VMOVUPS X0, (DI)
+	ADDQ $16, DI
+	LEAQ (SI)(BX*4), SI
+	DECQ AX
+	JNZ qdots1i4maddwquad
+qdots1i4maddwtail:
+	MOVQ nt+32(FP), AX
+	ANDQ $3, AX
+	JZ qdots1i4maddwdone
+qdots1i4maddwone:
+	VPXOR Y0, Y0, Y0
+	XORQ CX, CX
+	MOVQ SI, R12
+qdots1i4maddwtchunk:
+	VPMOVZXBW (R12), Y4
+	VPSRLW $4, Y4, Y5
+	VPAND Y15, Y4, Y4
+	VPMADDWD (R8)(CX*1), Y4, Y12
+	VPADDD Y12, Y0, Y0
+	VPMADDWD 64(R8)(CX*1), Y5, Y13
+	VPADDD Y13, Y0, Y0
+	VPMOVZXBW 16(R12), Y4
+	VPSRLW $4, Y4, Y5
+	VPAND Y15, Y4, Y4
+	VPMADDWD 32(R8)(CX*1), Y4, Y12
+	VPADDD Y12, Y0, Y0
+	VPMADDWD 96(R8)(CX*1), Y5, Y13
+	VPADDD Y13, Y0, Y0
+	ADDQ $32, R12
+	ADDQ $128, CX
+	CMPQ CX, DX
+	JLT qdots1i4maddwtchunk
+	VEXTRACTI128 $1, Y0, X1
+	VPADDD X1, X0, X0
+	VPHADDD X0, X0, X0
+	VPHADDD X0, X0, X0
+	VCVTDQ2PS X0, X0
+	MOVQ aff+48(FP), R13
+	VBROADCASTSS (R13), X12
+	VBROADCASTSS 4(R13), X13
+	VFMADD213PS X13, X12, X0
+	VMOVSS X0, (DI)
+	ADDQ $4, DI
+	ADDQ BX, SI
+	DECQ AX
+	JNZ qdots1i4maddwone
+qdots1i4maddwdone:
+	VZEROUPPER
+	RET
+
 // func qvwprepavx2(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
 //
 // The int16 weights of the integer accumulation loop in one call, three passes over the
@@ -6556,6 +7355,138 @@ qvaxpy4i4maddwnext:
 	SHRQ $6, R12
 	CMPQ R15, R12
 	JLT qvaxpy4i4maddwblk
+	VZEROUPPER
+	RET
+
+// func qvaxpy1i4maddw(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, bpg int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)
+//
+// One row (qvaxpy1i4vnni's contract): rows 1-3 are neither read nor written.
+// qvaxpy4i4vnni's contract without VNNI over every column of the rows (accrb/4 elements) in
+// one call: blocks of 16 columns, bpg blocks to a scale group of the four-group layout (the
+// weights and zero terms of the block's group 4 bytes on from the last group's); the same
+// int32 sums, exact, and the same float32 steps when stored (bit-identical). Per token pair
+// the two rows are widened to int16 and interleaved
+// (VPUNPCKLBW, VPMOVZXBW), split into even and odd elements (VPAND, VPSRLW), dotted by
+// VPMADDWD with the pair's weight dword broadcast (VPBROADCASTD) and summed by VPADDD. The
+// first block prefetches the rows pfd bytes ahead. nb and wstep are unused (qvaxpy4*vnni's).
+TEXT ·qvaxpy1i4maddw(SB), NOSPLIT, $0-128
+	MOVQ vrb+24(FP), BX
+	MOVQ zrb+96(FP), R9
+	LEAQ (R9)(R9*2), R11
+	MOVQ pfd+104(FP), CX
+	XORQ R15, R15
+	XORQ R13, R13
+	MOVQ bpg+64(FP), R10
+	MOVL $0x000f000f, DX
+	VMOVD DX, X7
+	VPBROADCASTD X7, Y7
+qvaxpy1i4maddwblk:
+	MOVQ np+32(FP), AX
+	MOVQ v+16(FP), SI
+	MOVQ R15, R12
+	SHLQ $3, R12
+	ADDQ R12, SI
+	MOVQ w+48(FP), R8
+	ADDQ R13, R8
+	VPXOR Y8, Y8, Y8
+	VPXOR Y9, Y9, Y9
+	TESTQ AX, AX
+	JZ qvaxpy1i4maddwodd
+	TESTQ R15, R15
+	JNZ qvaxpy1i4maddwpair
+qvaxpy1i4maddwpairpf:
+	LEAQ (SI)(CX*1), R12
+	PREFETCHT1 (R12)
+	PREFETCHT1 (R12)(BX*1)
+	VMOVQ (SI), X0
+	VMOVQ (SI)(BX*1), X1
+	VPUNPCKLBW X1, X0, X0
+	VPMOVZXBW X0, Y0
+	VPSRLW $4, Y0, Y3
+	VPAND Y7, Y0, Y2
+	VBROADCASTSS (R8), Y4
+	VPMADDWD Y4, Y2, Y5
+	VPADDD Y5, Y8, Y8
+	VPMADDWD Y4, Y3, Y6
+	VPADDD Y6, Y9, Y9
+	ADDQ wpb+56(FP), R8
+	LEAQ (SI)(BX*2), SI
+	DECQ AX
+	JNZ qvaxpy1i4maddwpairpf
+	JMP qvaxpy1i4maddwodd
+qvaxpy1i4maddwpair:
+	VMOVQ (SI), X0
+	VMOVQ (SI)(BX*1), X1
+	VPUNPCKLBW X1, X0, X0
+	VPMOVZXBW X0, Y0
+	VPSRLW $4, Y0, Y3
+	VPAND Y7, Y0, Y2
+	VBROADCASTSS (R8), Y4
+	VPMADDWD Y4, Y2, Y5
+	VPADDD Y5, Y8, Y8
+	VPMADDWD Y4, Y3, Y6
+	VPADDD Y6, Y9, Y9
+	ADDQ wpb+56(FP), R8
+	LEAQ (SI)(BX*2), SI
+	DECQ AX
+	JNZ qvaxpy1i4maddwpair
+	JMP qvaxpy1i4maddwodd
+qvaxpy1i4maddwodd:
+	MOVQ odd+40(FP), AX
+	TESTQ AX, AX
+	JZ qvaxpy1i4maddwstore
+	XORQ BX, BX
+	VMOVQ (SI), X0
+	VMOVQ (SI)(BX*1), X1
+	VPUNPCKLBW X1, X0, X0
+	VPMOVZXBW X0, Y0
+	VPSRLW $4, Y0, Y3
+	VPAND Y7, Y0, Y2
+	VBROADCASTSS (R8), Y4
+	VPMADDWD Y4, Y2, Y5
+	VPADDD Y5, Y8, Y8
+	VPMADDWD Y4, Y3, Y6
+	VPADDD Y6, Y9, Y9
+qvaxpy1i4maddwstore:
+	MOVQ acc+0(FP), DI
+	MOVQ R15, R12
+	SHLQ $6, R12
+	ADDQ R12, DI
+	MOVQ accrb+8(FP), BX
+	MOVQ alpha+72(FP), R12
+	MOVQ sc+80(FP), DX
+	MOVQ zt+88(FP), R14
+	ADDQ R13, R14
+	VBROADCASTSS (R12), Y4
+	VBROADCASTSS (DX), Y5
+	VCVTDQ2PS Y8, Y8
+	VCVTDQ2PS Y9, Y9
+	VUNPCKLPS Y9, Y8, Y2
+	VUNPCKHPS Y9, Y8, Y3
+	VPERM2F128 $0x20, Y3, Y2, Y0
+	VPERM2F128 $0x31, Y3, Y2, Y1
+	VBROADCASTSS (R14), Y6
+	VMULPS (DI), Y4, Y2
+	VFMADD231PS Y0, Y5, Y2
+	VADDPS Y6, Y2, Y2
+	VMOVUPS Y2, (DI)
+	VMULPS 32(DI), Y4, Y2
+	VFMADD231PS Y1, Y5, Y2
+	VADDPS Y6, Y2, Y2
+	VMOVUPS Y2, 32(DI)
+	ADDQ BX, DI
+	ADDQ R9, R14
+	MOVQ vrb+24(FP), BX
+	INCQ R15
+	DECQ R10
+	JNZ qvaxpy1i4maddwnext
+	MOVQ bpg+64(FP), R10
+	ADDQ $4, R13
+qvaxpy1i4maddwnext:
+	MOVQ accrb+8(FP), R12
+	SHRQ $6, R12
+	CMPQ R15, R12
+	JLT qvaxpy1i4maddwblk
 	VZEROUPPER
 	RET
 

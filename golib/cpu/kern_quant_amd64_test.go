@@ -173,7 +173,7 @@ func testQuantIntDotsOps(t *testing.T, is intISA) {
 			if f == cache.QuantInt4 && d%128 != 0 {
 				continue
 			}
-			for _, n := range []int{1, 2, 3, 8, 33} {
+			for _, n := range []int{1, 2, 3, 7, 8, 9, 33} {
 				k := randQmat(rng, f, n, d, d, false)
 				q := randVec(rng, 4*d, 1)
 				ks := randVec(rng, d, 0.02)
@@ -207,17 +207,41 @@ func testQuantIntDotsOps(t *testing.T, is intISA) {
 				p := quantPart{qi: qi, isc: isc[:], ioff: ioff[:], intOn: true}
 				got := make([]float32, 4*n)
 				qb.intScores(&p, got, n, 0, 4, k, n, d, 0)
+				got1 := make([]float32, 4*n)
 				want := make([]float32, 4*n)
 				for r := 0; r < 4; r++ {
-					qb.intScores(&p, want[r*n:(r+1)*n], n, r, 1, k, n, d, 0)
+					qb.intScores(&p, got1[r*n:(r+1)*n], n, r, 1, k, n, d, 0)
+					scalarIntScores(&p, want[r*n:(r+1)*n], r, k, n, d)
 				}
 				for i := range want {
-					if !closeToMag(got[i], want[i], float64(d)*32767*127*float64(isc[i/n])) {
-						t.Fatalf("%s %s d=%d n=%d: s[%d] = %v, want %v", is.name, f, d, n, i, got[i], want[i])
+					tol := float64(d) * 32767 * 127 * float64(isc[i/n])
+					if !closeToMag(got[i], want[i], tol) || !closeToMag(got1[i], want[i], tol) {
+						t.Fatalf("%s %s d=%d n=%d: s[%d] = %v (four rows), %v (one row), want %v",
+							is.name, f, d, n, i, got[i], got1[i], want[i])
 					}
 				}
 			}
 		}
+	}
+}
+
+// scalarIntScores is the integer score loop of row r in scalar Go: the
+// dots of its int16 query row (int4: in qi16Order) with n K rows, s =
+// float32(acc)*scale + offset.
+func scalarIntScores(p *quantPart, s []float32, r int, k qmat, n, dk int) {
+	qi := p.qi[r*dk : (r+1)*dk]
+	for t := 0; t < n; t++ {
+		row := k.b[t*k.rb : (t+1)*k.rb]
+		var acc int32
+		for j, x := range qi {
+			if k.f == cache.QuantInt4 {
+				e := qi16Elem(j)
+				acc += int32(x) * int32(row[e/2]>>(4*(e&1))&15)
+			} else {
+				acc += int32(x) * int32(int8(row[j]))
+			}
+		}
+		s[t] = float32(acc)*p.isc[r] + p.ioff[r]
 	}
 }
 
@@ -478,6 +502,7 @@ func intExtremes(rng *rand.Rand, b []byte, f cache.QuantFormat, pattern int) {
 // intPrep's integers, scales and sums, the scores of intDots4 (and their
 // integers exactly, against scalar Go, with scale 1 and offset 0: no int16
 // saturation), and vaxpy4's accumulators, over int8/int4, head dims 64-512,
+// the one-row loops (intDots1, vaxpy1) against the four-row ones' rows,
 // V groups of two and four a row, token counts around the two-token and
 // four-token steps, padded score rows and extreme values (+-127, -128, 0,
 // 15 and query rows whose every element rounds to +-32767).
@@ -498,7 +523,7 @@ func TestQuantIntBitIdentical(t *testing.T) {
 				continue
 			}
 			for pat := 0; pat < 6; pat++ {
-				for _, n := range []int{1, 2, 3, 4, 5, 8, 33} {
+				for _, n := range []int{1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33} {
 					k := randQmat(rng, f, n, d, d, false)
 					intExtremes(rng, k.b, f, pat)
 					q := randVec(rng, 4*d, 1)
@@ -542,9 +567,26 @@ func TestQuantIntBitIdentical(t *testing.T) {
 						} else if i := same(got, ref); i >= 0 {
 							t.Fatalf("%s %s d=%d n=%d pattern %d: s[%d] = %v, %s %v", is.name, f, d, n, pat, i, got[i], isas[0].name, ref[i])
 						}
+						// one row at a time (intDots1): the same bits
+						for r := 0; r < 4; r++ {
+							one := make([]float32, n)
+							qb.intScores(&p, one, ld, r, 1, k, n, d, 0)
+							if i := same(one, got[r*ld:r*ld+n]); i >= 0 {
+								t.Fatalf("%s %s d=%d n=%d pattern %d: row %d one-row s[%d] = %v, four-row %v",
+									is.name, f, d, n, pat, r, i, one[i], got[r*ld+i])
+							}
+						}
 						// the integers themselves: scale 1, offset 0
 						p.isc, p.ioff = []float32{1, 1, 1, 1}, make([]float32, 4)
 						qb.intScores(&p, got, ld, 0, 4, k, n, d, 0)
+						for r := 0; r < 4; r++ {
+							one := make([]float32, n)
+							qb.intScores(&p, one, ld, r, 1, k, n, d, 0)
+							if i := same(one, got[r*ld:r*ld+n]); i >= 0 {
+								t.Fatalf("%s %s d=%d n=%d pattern %d: row %d one-row integer %v, four-row %v",
+									is.name, f, d, n, pat, r, one[i], got[r*ld+i])
+							}
+						}
 						for r := 0; r < 4; r++ {
 							for tk := 0; tk < n; tk++ {
 								var want int
@@ -596,6 +638,21 @@ func TestQuantIntBitIdentical(t *testing.T) {
 							ref = slices.Clone(got)
 						} else if i := same(got, ref); i >= 0 {
 							t.Fatalf("%s %s d=%d g=%d n=%d pattern %d: acc[%d] = %v, %s %v", is.name, f, d, g, n, pat, i, got[i], isas[0].name, ref[i])
+						}
+						// one row at a time (vaxpy1, int4 only): row r's bits of vaxpy4
+						for r := 0; r < 4; r++ {
+							one := slices.Clone(acc0[r*d : (r+1)*d])
+							a1 := [4]float32{alpha[r]}
+							ok := is.ops.vaxpy1(one, p[r*ld:r*ld+n], n, v, &a1, 0, &ws)
+							if ok != (f == cache.QuantInt4) {
+								t.Fatalf("%s %s d=%d g=%d: vaxpy1 took the shape: %v", is.name, f, d, g, ok)
+							}
+							if ok {
+								if i := same(one, got[r*d:(r+1)*d]); i >= 0 {
+									t.Fatalf("%s %s d=%d g=%d n=%d pattern %d: row %d one-row acc[%d] = %v, four-row %v",
+										is.name, f, d, g, n, pat, r, i, one[i], got[r*d+i])
+								}
+							}
 						}
 					}
 				}

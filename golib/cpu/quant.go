@@ -92,6 +92,10 @@ type quantOps struct {
 	// intDots4's argument blocks in aff (quantPart.aff) in the same call.
 	intPrepAff func(dst []int16, q, ks, kz []float32, f cache.QuantFormat, sc, off, aff []float32) bool
 	intDots4   func(s []float32, ld, n int, qi []int16, k qmat, d int, aff *[24]float32, pf int)
+	// intDots1 is intDots4 for one row (s = acc*aff[0] + aff[1]): a KV
+	// head's only query row (MHA decode) and the rows left after the
+	// groups of four.
+	intDots1 func(s []float32, n int, qi []int16, k qmat, d int, aff *[2]float32, pf int)
 	// vaxpy4, when set (AVX-512 VNNI, AVX2), is axpy4 by integer dots: the
 	// weights p_rt times the rows' V scales are quantized to int16 per row
 	// (steps of max_t,g p_rt*s_tg / 16383 over the n tokens), V rows widened
@@ -100,6 +104,8 @@ type quantOps struct {
 	// shape is not one it takes (two or four V scale groups per row, head
 	// dim a multiple of 128); ws is its scratch.
 	vaxpy4 func(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, pf int, ws *vScratch) bool
+	// vaxpy1 is vaxpy4 for one row (alpha[0]; acc and p one row each).
+	vaxpy1 func(acc, p []float32, n int, v qmat, alpha *[4]float32, pf int, ws *vScratch) bool
 	// sumsq2, when set, returns sum_i a[i]^2 + sum_i b[i]^2 in float32
 	// (any order of summation): scalesSafe's check in one call instead of
 	// a dot per run.
@@ -231,6 +237,7 @@ type quantBlock struct {
 	parts []quantPart
 	ahead []cache.Segment // the segments after the super-block (prefetched)
 	aff   [24]float32     // intDots4's four-row argument block
+	aff1  [2]float32      // intDots1's: the row's scale and offset
 	intV  bool            // the integer accumulation loop (vaxpy4) is on
 	vs    vScratch
 	// pfScales: prefetch the next super-block's scales (quantScalePrefetch,
@@ -356,9 +363,7 @@ func (qb *quantBlock) dots(sc []float32, r, nr, a, e, dk, pf int) {
 }
 
 // intScores is dots for the integer loop over part p's rows k (n tokens,
-// score rows ld apart): four rows by intDots4, a single row (not met when
-// the group is a multiple of four) in scalar Go (the same integers: int8
-// K, or int4 nibbles against q in qi16Order).
+// score rows ld apart): four rows by intDots4, a single row by intDots1.
 func (qb *quantBlock) intScores(p *quantPart, s []float32, ld, r, nr int, k qmat, n, dk, pf int) {
 	if nr == 4 {
 		c, o := (*[4]float32)(p.isc[r:r+4]), (*[4]float32)(p.ioff[r:r+4])
@@ -370,22 +375,8 @@ func (qb *quantBlock) intScores(p *quantPart, s []float32, ld, r, nr int, k qmat
 		qb.ops.intDots4(s, ld, n, p.qi[r*dk:(r+4)*dk], k, dk, &qb.aff, pf)
 		return
 	}
-	qi := p.qi[r*dk : (r+1)*dk]
-	for t := 0; t < n; t++ {
-		row := k.b[t*k.rb : (t+1)*k.rb]
-		var acc int32
-		if k.f == cache.QuantInt4 {
-			for j, x := range qi {
-				e := qi16Elem(j)
-				acc += int32(x) * int32(row[e/2]>>(4*(e&1))&15)
-			}
-		} else {
-			for j, x := range qi {
-				acc += int32(x) * int32(int8(row[j]))
-			}
-		}
-		s[t] = float32(acc)*p.isc[r] + p.ioff[r] // int8: the offset is 0
-	}
+	qb.aff1 = [2]float32{p.isc[r], p.ioff[r]} // int8: the offset is 0
+	qb.ops.intDots1(s[:n], n, p.qi[r*dk:(r+1)*dk], k, dk, &qb.aff1, pf)
 }
 
 // qi16Elem is the element of a K row that position j of a query row in
@@ -423,7 +414,7 @@ func (qb *quantBlock) axpy(acc, sc []float32, a, e, nr, pf int, alpha *[4]float3
 			if !qb.intV || !qb.ops.vaxpy4(acc, s, cnt, pe-pa, v, alpha, pf, &qb.vs) {
 				qb.ops.axpy4(acc, s, cnt, pe-pa, v, alpha, pf)
 			}
-		} else {
+		} else if !qb.intV || qb.ops.vaxpy1 == nil || !qb.ops.vaxpy1(acc, s[:pe-pa], pe-pa, v, alpha, pf, &qb.vs) {
 			qb.ops.axpy(acc, s[:pe-pa], v, alpha, pf)
 		}
 		alpha = &qones4
@@ -442,7 +433,7 @@ func (u *unitState) quantRun(ops *kernelOps, s *shape, segs []cache.Segment, pos
 	if qb.ops == nil {
 		qb.ops = &goQuantOps
 	}
-	intOK := qb.ops.intDots4 != nil && intScores.Load() && s.group%4 == 0 && dk%64 == 0 && dk <= 256
+	intOK := qb.ops.intDots4 != nil && qb.ops.intDots1 != nil && intScores.Load() && dk%64 == 0 && dk <= 256
 	qb.intV = qb.ops.vaxpy4 != nil && intAccum.Load()
 	maxParts := max(1, min(bt, superFloats/(rows*dk)))
 	u.qq = grow(u.qq, maxParts*rows*dk)
