@@ -1339,7 +1339,7 @@ def vaxpy(fmt, rows=4):
         w("// into even and odd elements (VPANDD, VPSRLW), dotted")
     w("// by VPDPWSSD with the weight dword broadcast (VPBROADCASTD, once for the two halves of")
     w("// the block's elements); int32 sums, exact (|w| <= 16383, |q| <= 128,")
-    w("// fewer than 2^19 tokens), put back in element order when the block is stored.")
+    w("// at most 1024 tokens a call), put back in element order when the block is stored.")
     w(f"TEXT ·{name}(SB), NOSPLIT, $0-128")
     ins("MOVQ nb+112(FP), R15")
     w(f"{name}blk:")

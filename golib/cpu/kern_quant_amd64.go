@@ -527,14 +527,10 @@ func qdots1i8maddw(s *float32, qi *int16, k *byte, krb int, nt int, cpg int, aff
 //go:noescape
 func qdots1i4maddw(s *float32, qi *int16, k *byte, krb int, nt int, cpg int, aff *[2]float32, pfd int)
 
-// vwMax is the largest int16 weight of vaxpy4 (15 bits: int32 sums of
-// 2^19 tokens of |w*q| <= vwMax*128 stay exact).
-const vwMax = 16383
-
 // vaxpy4 is quantOps.vaxpy4.
 func (l *intLoops) vaxpy4(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, pf int, ws *vScratch) bool {
 	d := len(acc) / 4
-	if n == 0 || d%128 != 0 || v.s == nil || (v.ng != 4 && v.ng != 2) || v.g*v.ng != d || n >= 1<<19 {
+	if n == 0 || d%128 != 0 || v.s == nil || (v.ng != 4 && v.ng != 2) || v.g*v.ng != d || n > vwMaxTokens {
 		return false
 	}
 	_, _, _, _ = acc[4*d-1], p[3*ld+n-1], v.b[n*v.rb-1], v.s[n*v.ng-1]
@@ -554,7 +550,7 @@ func (l *intLoops) vaxpy4(acc, p []float32, ld, n int, v qmat, alpha *[4]float32
 // 1.3-1.4x faster at both.
 func (l *intLoops) vaxpy1(acc, p []float32, n int, v qmat, alpha *[4]float32, pf int, ws *vScratch) bool {
 	d := len(acc)
-	if n == 0 || v.f != cache.QuantInt4 || d%128 != 0 || v.s == nil || (v.ng != 4 && v.ng != 2) || v.g*v.ng != d || n >= 1<<19 {
+	if n == 0 || v.f != cache.QuantInt4 || d%128 != 0 || v.s == nil || (v.ng != 4 && v.ng != 2) || v.g*v.ng != d || n > vwMaxTokens {
 		return false
 	}
 	_, _, _ = p[n-1], v.b[n*v.rb-1], v.s[n*v.ng-1]

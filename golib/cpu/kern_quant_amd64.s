@@ -4272,7 +4272,7 @@ qvwprepqdone:
 // elements 0-7, 16-23 and 8-15, 24-31 of 32) and widened to int16 (VPMOVSXBW), dotted
 // by VPDPWSSD with the weight dword broadcast (VPBROADCASTD, once for the two halves of
 // the block's elements); int32 sums, exact (|w| <= 16383, |q| <= 128,
-// fewer than 2^19 tokens), put back in element order when the block is stored.
+// at most 1024 tokens a call), put back in element order when the block is stored.
 TEXT ·qvaxpy4i8vnni(SB), NOSPLIT, $0-128
 	MOVQ nb+112(FP), R15
 qvaxpy4i8vnniblk:
@@ -4515,7 +4515,7 @@ qvaxpy4i8vnnistore:
 // into even and odd elements (VPANDD, VPSRLW), dotted
 // by VPDPWSSD with the weight dword broadcast (VPBROADCASTD, once for the two halves of
 // the block's elements); int32 sums, exact (|w| <= 16383, |q| <= 128,
-// fewer than 2^19 tokens), put back in element order when the block is stored.
+// at most 1024 tokens a call), put back in element order when the block is stored.
 TEXT ·qvaxpy4i4vnni(SB), NOSPLIT, $0-128
 	MOVQ nb+112(FP), R15
 qvaxpy4i4vnniblk:
@@ -4828,7 +4828,7 @@ qvaxpy4i4vnnistore:
 // into even and odd elements (VPANDD, VPSRLW), dotted
 // by VPDPWSSD with the weight dword broadcast (VPBROADCASTD, once for the two halves of
 // the block's elements); int32 sums, exact (|w| <= 16383, |q| <= 128,
-// fewer than 2^19 tokens), put back in element order when the block is stored.
+// at most 1024 tokens a call), put back in element order when the block is stored.
 TEXT ·qvaxpy1i4vnni(SB), NOSPLIT, $0-128
 	MOVQ nb+112(FP), R15
 qvaxpy1i4vnniblk:

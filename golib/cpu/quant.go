@@ -127,6 +127,14 @@ type quantOps struct {
 	vaxpyParts func(acc, p []float32, ld int, parts []quantPart, ahead []cache.Segment, a, e int, alpha *[4]float32, pf int, ws *vScratch, apart bool)
 }
 
+// vwMax is the largest int16 weight of the integer accumulation loop (quantOps.vaxpy4); vwMaxTokens bounds the
+// tokens of one call so that its int32 sums of |w*q| <= vwMax*128 stay
+// exact (a call takes one sealed chunk, at most 64 tokens).
+const (
+	vwMax       = 16383
+	vwMaxTokens = (1<<31 - 1) / (vwMax * 128)
+)
+
 // vScratch is vaxpy4's per-unit scratch: the int16 weight pairs of a part,
 // the rows' maxima, inverse steps and steps (ms[0], ms[1], ms[2]) and zero
 // terms.
@@ -167,7 +175,9 @@ func init() {
 // scales are 30 times the others' (outliers, as trained models have) the
 // attention output erred by 1.7e-3 (int8) and 2.6e-3 (int4) against the
 // dequantize-then-reference oracle, 6.5% and 1% of the quantization's own
-// error against float32 attention there. It is on by default.
+// error against float32 attention there. Rows go four at a time, and one
+// at a time where fewer are left (a KV head with one query row: MHA
+// decode). It is on by default.
 //
 // The accumulation loop (accum), over V rows with two or four scale groups
 // (head dim a multiple of 128: group 32 or 64 at 128): the softmax weights
@@ -176,7 +186,9 @@ func init() {
 // VPMADDWD); its output error stays within about 1e-4 of the weights' sum
 // times the largest V value. A chunk whose scale groups lie more than
 // vSpreadMax apart, or whose steps would not be normal floats, goes to the
-// float loop. It is on by default.
+// float loop. It takes four rows at a time, and one at a time for int4 V
+// (int8 V rows of a single query row take the float loop, which was as
+// fast). It is on by default.
 func SetQuantIntLoops(scores, accum bool) {
 	intScores.Store(scores)
 	intAccum.Store(accum)
@@ -571,7 +583,7 @@ func (u *unitState) quantPart(p *quantPart, ops *kernelOps, s *shape, sg *cache.
 	}
 	// a chunk the cache bounded when it sealed it needs no check
 	p.bad = p.bad || (!qs.Bounded && !scalesSafe(ops, qb.ops, &u.ss, qs, sg.Len, dk, dv))
-	p.intV = qb.intV && dv%128 == 0 && (p.v.ng == 4 || p.v.ng == 2) && p.v.g*p.v.ng == dv && sg.Len < 1<<19
+	p.intV = qb.intV && dv%128 == 0 && (p.v.ng == 4 || p.v.ng == 2) && p.v.g*p.v.ng == dv && sg.Len <= vwMaxTokens
 }
 
 // scalesSafe reports whether every scale and zero of a segment of n rows is
