@@ -249,7 +249,7 @@ func StateInfoJSON(sh int64) (s string, err error) {
 	if err != nil {
 		return "", classify(err)
 	}
-	var layers []map[string]any
+	layers := []map[string]any{} // [] (not null) before any layer has a cache
 	totals := map[string]int64{}
 	for i, c := range cs.Caches() {
 		if c == nil {

@@ -81,6 +81,9 @@ type CacheState struct {
 	wanted []bool
 	step   int
 	memo   map[any]any
+	// loading: the run is a Load, whose new caches the session does not
+	// learn the geometry of
+	loading bool
 }
 
 // stateCheckpoint is a checkpoint of every layer's cache.
@@ -282,7 +285,9 @@ func (b *stateBinding) Cache(layer, n int, geom [3]int) (*cache.KVCache, error) 
 			return nil, err
 		}
 		cs.caches[layer] = c
-		cs.sess.cache.learn(layer, geom)
+		if !cs.loading {
+			cs.sess.cache.learn(layer, geom)
+		}
 	}
 	if n > 0 {
 		if cs.step != 0 && cs.step != n {

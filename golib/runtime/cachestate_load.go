@@ -21,7 +21,10 @@ type LayerRows struct {
 // inverse of exporting the presents, to continue on the cache path what
 // the tensor path (ours or onnxruntime's) computed. Every sequence gets
 // the n positions. The rows are stored as given (keys already rotated, as
-// presents hold them). Layers with window-sized buffers
+// presents hold them). Where the graph does not declare a layer's K/V
+// geometry and no run of the session has shown it yet, the rows' geometry
+// is taken as given: a later run whose K/V differ from it fails on this
+// state (ErrShape), not on others. Layers with window-sized buffers
 // (rewrite.Layer.WindowBuffer) hold only the last positions in their
 // presents and cannot be loaded (ErrNotImplemented). On error nothing
 // changes.
@@ -39,7 +42,7 @@ func (cs *CacheState) Load(rows []LayerRows, elem cache.ElemType, n int) error {
 					errs.ErrNotImplemented, l.Index, l.WindowBuffer)
 			}
 			r, c := rows[slot], cs.caches[slot]
-			geom := [3]int{l.KVHeads, l.HeadDimK, l.HeadDimV}
+			geom := cs.sess.cache.geometry(slot) // the graph's, or what a run showed
 			if c != nil {
 				cfg := c.Config()
 				geom = [3]int{cfg.KVHeads, cfg.HeadDimK, cfg.HeadDimV}
@@ -58,6 +61,15 @@ func (cs *CacheState) Load(rows []LayerRows, elem cache.ElemType, n int) error {
 		if err != nil {
 			return err
 		}
+		// caches this load creates take the rows' geometry, which no run
+		// has confirmed: the session does not learn it (stateBinding.Cache),
+		// and a failed load drops them again
+		existed := make([]bool, len(cs.caches))
+		for slot, c := range cs.caches {
+			existed[slot] = c != nil
+		}
+		cs.loading = true
+		defer func() { cs.loading = false }()
 		for slot := range cs.caches {
 			r := rows[slot]
 			c, err := bind.Cache(slot, n, [3]int{r.KVHeads, r.HeadDimK, r.HeadDimV})
@@ -65,7 +77,14 @@ func (cs *CacheState) Load(rows []LayerRows, elem cache.ElemType, n int) error {
 				err = c.Append(r.K, r.V, elem, n, nil)
 			}
 			if err != nil {
-				if e := end(false); e != nil {
+				e := end(false)
+				for i, c := range cs.caches {
+					if !existed[i] && c != nil {
+						c.Close()
+						cs.caches[i] = nil
+					}
+				}
+				if e != nil {
 					return fmt.Errorf("%w (restoring the state: %v)", err, e)
 				}
 				return err

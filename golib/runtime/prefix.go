@@ -145,6 +145,15 @@ func (cs *CacheState) registerPrefix(prev int, sg *Signature, feeds []*tensor.Te
 		cs.tokens = cs.tokens[:0] // out of step (until the state is reset)
 		return
 	}
+	for _, c := range caches {
+		// rows stored for every position, none for padding: a mask input of
+		// another name (not checked above) can leave fewer rows than
+		// positions, at other offsets than the ids'
+		if c.SeqLen(0) != cs.length {
+			cs.tokens = cs.tokens[:0]
+			return
+		}
+	}
 	cs.tokens = append(cs.tokens, ids.Int64()...)
 	if bs := caches[0].Config().BlockSize; prev/bs == cs.length/bs {
 		return // no block was completed by this run

@@ -81,6 +81,11 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return importlib.import_module(".models", __name__)
+    if name in ("session", "state", "serve"):
+        import importlib
+
+        # submodules the README names as olkv.session... (an import of them works too)
+        return importlib.import_module(f".{name}", __name__)
     if name in ("generate", "Generator", "GenerationOutput", "generation"):
         import importlib
 

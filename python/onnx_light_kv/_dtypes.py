@@ -33,14 +33,17 @@ def cache_dtype(dtype: DTypeLike) -> np.dtype:
 def as_float_array(x: Any, name: str) -> np.ndarray:
     """Return x as a C-contiguous float32/float16/bfloat16 ndarray.
 
-    Array-likes are converted with ``np.asarray``; float64 is converted to
-    float32 and non-contiguous arrays are copied (both documented costs);
+    Array-likes are converted with ``np.asarray``; float64 (and other float widths) is
+    converted to float32, non-native byte orders to the native one, and non-contiguous
+    arrays are copied (documented costs);
     integer, bool, complex and object arrays raise TypeError.
     """
     a = np.asarray(x)
     dt = a.dtype
     if dt not in CODES:
-        if dt.kind == "f":
+        if dt.kind == "f" and dt.newbyteorder("=") in CODES:
+            a = a.astype(dt.newbyteorder("="))  # big-endian float16/float32: same width, native order
+        elif dt.kind == "f":
             a = a.astype(np.float32)
         else:
             raise TypeError(f"{name} must be a float32, float16 or bfloat16 array, got dtype {dt}")

@@ -121,6 +121,9 @@ class InferenceSession(_Uncopyable):
         map_min = 0 if opts._map_model_files() else -1
         # (Ctrl-C during a long load arrives once the session is owned here: close() frees it)
         if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
+            if isinstance(path_or_bytes, memoryview) and not path_or_bytes.c_contiguous:
+                raise ValueError("InferenceSession: the model memoryview is not contiguous: pass bytes(view) "
+                                 "or a contiguous view")
             buf = np.frombuffer(path_or_bytes, dtype=np.uint8)
             with _lib.deferred_interrupts():
                 self._h = _lib.call(_lib.fn("SessionNewBytes"), buf.ctypes.data if buf.size else 0, int(buf.size),

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, NoReturn, Sequence
 import numpy as np
 
 from . import _lib
-from ._dtypes import CODES
+from ._dtypes import CODES, cache_dtype
 from ._format import html_table, human_bytes, human_count, summary
 from ._validate import integer
 from .cache import Checkpoint, _export_presents, _i64, _refuse_pickle
@@ -248,9 +248,7 @@ class GenerationState:
         after it, never a mix (layers are read one after another: a run from another thread may
         show in some layers only)."""
         h = self._handle()
-        dt = self._dtype if dtype is None else np.dtype(dtype)
-        if dt not in CODES:
-            raise TypeError(f"unsupported export dtype {dt}: use float32, float16 or bfloat16")
+        dt = self._dtype if dtype is None else cache_dtype(dtype)
         out: Dict[str, np.ndarray] = {}
         # Go fills the leading bytes of buffers at least as large as its batch needs: size and
         # shape them from a batch select and adopt cannot change

@@ -1,0 +1,126 @@
+"""Generation states of models that do not declare their K/V geometry, prefix registration
+with a mask input of another name, and small API edges (found by adversarial runs)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+import onnx_light_kv as olkv
+from onnx_light_kv import models
+
+
+def _undeclared_model() -> Any:
+    """A built-in decoder whose past/present K/V shapes are not declared."""
+    m = models.build("llama", models.DecoderConfig(layers=1, hidden=64, q_heads=4, kv_heads=2, head_dim=16))
+    for v in list(m.graph.input) + list(m.graph.output):
+        if "past" in v.name or "present" in v.name:
+            v.type.tensor_type.ClearField("shape")
+    return olkv.InferenceSession(m.SerializeToString(), threads=1)
+
+
+_FEEDS = {"input_ids": np.arange(1, 5)[None], "position_ids": np.arange(4)[None]}
+
+
+def _rows(sess: Any, heads: int, dim: int, n: int) -> dict:
+    return {name: np.ones((1, heads, n, dim), np.float32)
+            for p in sess.cache_plan() for name in (p["present_key"], p["present_value"])}
+
+
+def test_failed_load_leaves_state_and_session_working() -> None:
+    sess = _undeclared_model()
+    st = sess.create_state(batch=1, max_length=32)
+    with pytest.raises(olkv.CapacityError):
+        st.load(_rows(sess, 3, 8, 40))  # wrong geometry and longer than the state
+    ref = _undeclared_model()
+    want = ref.run(["logits"], _FEEDS, state=ref.create_state(batch=1, max_length=32))[0]
+    for s in (st, sess.create_state(batch=1, max_length=32)):
+        got = sess.run(["logits"], _FEEDS, state=s)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_load_of_wrong_geometry_stays_on_its_state() -> None:
+    sess = _undeclared_model()
+    st = sess.create_state(batch=1, max_length=32)
+    st.load(_rows(sess, 3, 8, 4))  # no run has shown the geometry: taken as given
+    with pytest.raises(ValueError, match="heads"):
+        sess.run(["logits"], {"input_ids": np.array([[5]]), "position_ids": np.array([[4]])}, state=st)
+    other = sess.create_state(batch=1, max_length=32)
+    sess.run(["logits"], _FEEDS, state=other)  # the session did not learn 3 heads of 8
+    with pytest.raises(ValueError, match="heads"):
+        sess.create_state(batch=1, max_length=32).load(_rows(sess, 3, 8, 4))  # now the run showed 2 of 16
+
+
+def test_fresh_state_of_undeclared_model_exports_and_prints() -> None:
+    sess = _undeclared_model()
+    st = sess.create_state(batch=1, max_length=32)
+    assert st.info()["layers"] == []
+    assert st.export() == {}
+    assert "GenerationState" in repr(st) or repr(st)
+    assert isinstance(st._repr_html_(), str)
+
+
+def test_state_export_takes_bf16_name() -> None:
+    sess = olkv.InferenceSession(models.model_bytes(models.build(
+        "llama", models.DecoderConfig(layers=1, hidden=64, q_heads=4, kv_heads=2, head_dim=16))), threads=1)
+    st = sess.create_state(batch=1, max_length=16)
+    sess.run(["logits"], _FEEDS, state=st)
+    out = st.export("bf16")
+    assert out and all(a.dtype == olkv.bfloat16 for a in out.values())
+
+
+def test_prefix_not_registered_when_rows_miss_positions() -> None:
+    # a padding mask input not named attention_mask: the run stores fewer rows than positions,
+    # which must not be registered under the ids (a later request would reuse shifted K/V)
+    m = models.build("llama", models.DecoderConfig(layers=1, hidden=64, q_heads=4, kv_heads=2, head_dim=16),
+                     attention_mask_input=True)
+    for v in m.graph.input:
+        if v.name == "attention_mask":
+            v.name = "mask"
+    for node in m.graph.node:
+        node.input[:] = ["mask" if x == "attention_mask" else x for x in node.input]
+    sess = olkv.InferenceSession(m.SerializeToString(), threads=1)
+    ids = np.concatenate([[0, 0], np.random.default_rng(0).integers(1, 256, 40)])[None]
+    pos = np.arange(42)[None]
+
+    def new(**kw: Any) -> Any:
+        return sess.create_state(batch=1, max_length=128, layout="paged", block_size=16, **kw)
+
+    s1 = new(prefix_cache=True)
+    sess.run(["logits"], {"input_ids": ids, "mask": np.r_[[0, 0], np.ones(40, int)][None], "position_ids": pos},
+             state=s1)
+    full = {"input_ids": ids, "mask": np.ones((1, 42), int), "position_ids": pos}
+    want = sess.run(["logits"], full, state=new())[0][0, -1]
+    s2 = new(prefix_cache=True)
+    n = s2.reuse_prefix(ids[0])
+    got = sess.run(["logits"], {"input_ids": ids[:, n:], "mask": full["mask"], "position_ids": pos[:, n:]},
+                   state=s2)[0][0, -1]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_session_submodule_by_attribute() -> None:
+    # a fresh interpreter: nothing has imported the submodule yet
+    code = "import onnx_light_kv as o; print(any('Attention' in s for s in o.session.supported_ops()))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"
+
+
+def test_big_endian_half_keeps_its_width() -> None:
+    c = olkv.KVCache(batch=1, kv_heads=1, head_dim=4, capacity=8, dtype="float16")
+    k = np.ones((1, 1, 2, 4), ">f2")
+    v = np.ones((1, 1, 2, 4), "<f2")
+    c.append(k, v)
+    np.testing.assert_array_equal(c.export()[0], np.ones((1, 1, 2, 4), np.float16))
+
+
+def test_non_contiguous_memoryview_model_is_value_error() -> None:
+    data = models.model_bytes(models.build("llama", models.DecoderConfig(layers=1, hidden=64, q_heads=4,
+                                                                          kv_heads=2, head_dim=16)))
+    view = memoryview(np.frombuffer(data + data[-1:] * (len(data) % 2), np.uint8))[::2]
+    with pytest.raises(ValueError, match="contiguous"):
+        olkv.InferenceSession(view)
