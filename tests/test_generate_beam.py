@@ -17,8 +17,10 @@ olkv = pytest.importorskip("onnx_light_kv")
 def reference_beam_search(mp: Any, prompt: np.ndarray, num_beams: int, max_new: int, eos: List[int],
                           length_penalty: float, early_stopping: Any, nrs: int,
                           stops: Sequence[Sequence[int]] = ()) -> List[Tuple[float, List[int]]]:
-    """Plain loops: every candidate of every beam, sorted; transformers' BeamHypotheses rules.
-    A candidate that ends with one of ``stops`` (prompt included) finishes like eos."""
+    """Plain loops: every candidate of every beam, sorted; transformers' beam search rules
+    (``max(2, 1 + len(eos)) * num_beams`` candidates, the best running beam in the stopping
+    bound, the first ``num_beams`` candidates finished at the length limit). A candidate that
+    ends with one of ``stops`` (prompt included) finishes like eos."""
     sess = gc.ort("llama")
     beams = [(0.0, [])] + [(-1e9, []) for _ in range(num_beams - 1)]
     finished: List[Tuple[float, List[int]]] = []
@@ -30,8 +32,14 @@ def reference_beam_search(mp: Any, prompt: np.ndarray, num_beams: int, max_new: 
             lp = gc.full_logprobs(sess, mp, list(prompt) + toks)
             cands += [(score + lp[t], b, t) for t in range(vocab)]
         cands.sort(key=lambda c: (-c[0], c[1] * vocab + c[2]))
-        top = cands[:2 * num_beams]
+        top = cands[:max(2, 1 + len(eos)) * num_beams]
         new = []
+        if step == max_new - 1:  # the length limit: the first num_beams finish, eos or not
+            for score, b, t in top[:num_beams]:
+                finished.append((score / (step + 1) ** length_penalty, beams[b][1] + [t]))
+            finished = sorted(finished, key=lambda f: -f[0])[:num_beams]
+            done = True
+            break
         for rank, (score, b, t) in enumerate(top):
             seq = list(prompt) + beams[b][1] + [t]
             if t in eos or any(len(q) <= len(seq) and seq[-len(q):] == list(q) for q in stops):
@@ -48,7 +56,7 @@ def reference_beam_search(mp: Any, prompt: np.ndarray, num_beams: int, max_new: 
                 done = True
             else:
                 length = max_new if (early_stopping == "never" and length_penalty > 0) else step + 1
-                done = worst >= top[0][0] / length ** length_penalty
+                done = not new or worst >= new[0][0] / length ** length_penalty
         beams = new
         if done:
             break
@@ -199,3 +207,34 @@ def test_beam_search_numpy_bool_early_stopping_is_the_bool() -> None:
     for a, b in ((outs[0], outs[1]), (outs[2], outs[3])):
         np.testing.assert_array_equal(a.sequences, b.sequences)
         np.testing.assert_array_equal(a.sequences_scores, b.sequences_scores)
+
+
+# Recorded from transformers 5.25.0 (the same beam rules as 4.57.6, the version the fixtures
+# were exported with) on the torch twin of the llama-optimum fixture (scripts/make_fixtures.py
+# build_model("llama")): generate(do_sample=False, pad_token_id=251, return_dict_in_generate=True,
+# output_scores=True, **kw); generated tokens (pads dropped) and sequences_scores. They exercise
+# the three rules where a plain reading of BeamHypotheses differs: the stopping bound uses the
+# best running beam (A), max(2, 1 + n_eos) * num_beams candidates (B), and the first num_beams
+# candidates finishing at the length limit (C).
+_HF_BEAM_CASES = [
+    ([5, 17, 42, 99, 7, 130], dict(max_new_tokens=5, num_beams=2, num_return_sequences=2, eos_token_id=[23, 166, 149]),
+     [[23], [166]], [-3.3598, -3.8245]),
+    ([5, 17, 42, 99, 7, 130], dict(max_new_tokens=5, num_beams=2, num_return_sequences=2,
+                                   eos_token_id=[23, 166, 149, 68], early_stopping="never"),
+     [[226, 112, 27, 155, 160], [226, 112, 27, 155, 244]], [-3.3059, -3.3515]),
+    ([108, 35, 195, 236], dict(max_new_tokens=2, num_beams=4, num_return_sequences=4, eos_token_id=[223, 29],
+                               early_stopping=True, length_penalty=2.0),
+     [[202, 223], [219, 189], [13, 223], [219, 192]], [-1.6687, -1.7396, -1.7541, -1.777]),
+]
+
+
+@pytest.mark.parametrize("case", range(len(_HF_BEAM_CASES)))
+def test_beam_search_equals_transformers_recorded(case: int) -> None:
+    import _fixtures as fx
+
+    prompt, kw, want_tokens, want_scores = _HF_BEAM_CASES[case]
+    sess = olkv.InferenceSession(fx.model_path("llama-optimum"), threads=1)
+    out = olkv.generate(sess, np.array(prompt), pad_token_id=251, **kw)
+    got = [[int(t) for t in row if t != 251] for row in out.new_tokens]
+    assert got == want_tokens
+    np.testing.assert_allclose(out.sequences_scores, want_scores, atol=2e-4)

@@ -2,16 +2,18 @@
 
 All ``batch * num_beams`` beams live in one runner; each step the chosen beams are gathered
 with ``runner.reorder`` (the prompt is run once per row and then expanded to the beams).
-Per step and row: the ``2 * num_beams`` best continuations of all beams (summed
-log-probabilities after the logits processors) are scanned in order; an eos continuation
-ranked among the first ``num_beams`` becomes a finished hypothesis scored
-``sum_logprobs / generated_len ** length_penalty`` (the eos counted), the others continue
-until ``num_beams`` beams are found. A row is done when it holds ``num_beams`` hypotheses
-and: ``early_stopping=True``; ``False``: the best running score normalized at the current
-length cannot beat the worst kept hypothesis; ``"never"``: the same bound taken at the
-longest possible length when ``length_penalty > 0``.
-At the end, running beams of unfinished rows are added as hypotheses, and each row returns
-its ``num_return_sequences`` best.
+Per step and row: the ``max(2, 1 + n_eos) * num_beams`` best continuations of all beams
+(summed log-probabilities after the logits processors; ``n_eos`` the number of eos ids, so
+that ``num_beams`` continue even when eos continuations fill the top) are scanned in order;
+an eos continuation ranked among the first ``num_beams`` becomes a finished hypothesis
+scored ``sum_logprobs / generated_len ** length_penalty`` (the eos counted), the others
+continue until ``num_beams`` beams are found. A row is done when it holds ``num_beams``
+hypotheses and: ``early_stopping=True``; ``False``: the best running beam's score normalized
+at the current length cannot beat the worst kept hypothesis; ``"never"``: the same bound
+taken at the longest possible length when ``length_penalty > 0``. At the last step every
+continuation ranked among the first ``num_beams`` is offered as a finished hypothesis, eos
+or not (transformers' max-length criterion), and each row returns its
+``num_return_sequences`` best.
 
 A beam slot that no candidate fills holds no hypothesis (score ``-inf``): the first step's
 copies of the prompt beyond the first beam (whose continuations would only repeat its own),
@@ -26,10 +28,10 @@ finished like an eos continuation, its stop tokens kept.
 
 Beam sampling (``do_sample=True``) follows transformers: the log-probabilities go through the
 repetition penalty and the sampling warpers (temperature, top-k, top-p, min-p), the beams'
-running scores are added, and the ``2 * num_beams`` candidates of a row are drawn without
+running scores are added, and the candidates of a row (as many as above) are drawn without
 replacement from the softmax of those summed scores over all its beams' continuations, then
-ranked by score (see :func:`_sampled` for rows with fewer than ``2 * num_beams`` candidates of
-non-zero probability). The rest is as above.
+ranked by score (see :func:`_sampled` for rows with fewer candidates of non-zero
+probability). The rest is as above.
 """
 
 from __future__ import annotations
@@ -163,6 +165,7 @@ def beam_search(runner: Any, prompt: np.ndarray, mask: np.ndarray, opts: Samplin
     done = np.zeros(batch, bool)
     step_scores: List[np.ndarray] = []
     eos = set(stop.eos)
+    keep = max(2, 1 + len(eos)) * k  # candidates per row and step (transformers' beams_to_keep)
     vocab = logits.shape[-1]
     if k > vocab:
         raise ValueError(f"num_beams={k} exceeds the vocabulary ({vocab} tokens): there are not that many "
@@ -188,7 +191,8 @@ def beam_search(runner: Any, prompt: np.ndarray, mask: np.ndarray, opts: Samplin
         if return_scores:
             step_scores.append(processed)
         total = (processed.astype(np.float64) + beam_scores[:, None]).reshape(batch, k * vocab)
-        best = _sampled(total, 2 * k, rng) if opts.do_sample else _top(total, 2 * k)
+        best = _sampled(total, keep, rng) if opts.do_sample else _top(total, keep)
+        last = step == max_new_tokens - 1
         new_beam = np.repeat(np.arange(batch) * k, k)
         new_tok = np.full(batch * k, pad_token_id, np.int64)
         new_score = np.zeros(batch * k, np.float64)
@@ -201,6 +205,11 @@ def beam_search(runner: Any, prompt: np.ndarray, mask: np.ndarray, opts: Samplin
                 score = float(total[b, flat])
                 if score == -np.inf:  # (ranked best first: no candidate is left)
                     break
+                if last:  # the length limit finishes the first num_beams, eos or not
+                    if rank == k:
+                        break
+                    hyps[b].add(np.append(gen[src], tok), score)
+                    continue
                 if finishes(b, src, tok):
                     if rank < k:
                         hyps[b].add(np.append(gen[src], tok), score)
@@ -210,10 +219,11 @@ def beam_search(runner: Any, prompt: np.ndarray, mask: np.ndarray, opts: Samplin
                 if n == k:
                     break
             new_score[b * k + n:(b + 1) * k] = -np.inf  # slots no candidate filled
-            done[b] = n == 0 or hyps[b].is_done(float(total[b, best[b][0]]), step + 1)
+            # the best running beam (slot 0: the candidates are ranked) against the kept ones
+            done[b] = last or n == 0 or hyps[b].is_done(float(new_score[b * k]), step + 1)
         gen = np.concatenate([gen[new_beam], new_tok[:, None]], axis=1)
         beam_scores = new_score
-        if done.all() or step == max_new_tokens - 1:
+        if done.all():
             break
         runner.reorder(new_beam)
         logits = np.asarray(runner.run(new_tok[:, None])[:, -1, :], dtype=np.float32)

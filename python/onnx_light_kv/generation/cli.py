@@ -21,7 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, required=True, help="number of tokens to generate")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy choice")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (with --sample)")
-    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
+    p.add_argument("--top-k", type=int, default=50,
+                   help="sample among the k most likely tokens (default 50, as transformers; 0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: smallest set of tokens with this probability")
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling (None: fresh entropy)")
     p.add_argument("--num-beams", type=int, default=1, help="beam search with this many beams (1: no beam search)")
@@ -45,7 +46,7 @@ def run(args: Any, out: Any = None) -> int:
         if bad:
             raise ValueError(f"--prompt-ids must be token ids in [0, 2**63), got {bad[0]}")
     if not args.sample:
-        unused = [flag for flag, value, default in (("--temperature", args.temperature, 1.0), ("--top-k", args.top_k, 0),
+        unused = [flag for flag, value, default in (("--temperature", args.temperature, 1.0), ("--top-k", args.top_k, 50),
                                                     ("--top-p", args.top_p, 1.0), ("--seed", args.seed, None))
                   if value != default]
         if unused:

@@ -69,7 +69,7 @@ def _prompt(input_ids: Any, attention_mask: Any, tokenizer: Any,
 
 
 def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mask: Any = None,
-             do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+             do_sample: bool = False, temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0,
              min_p: float = 0.0, repetition_penalty: float = 1.0, num_beams: int = 1, length_penalty: float = 1.0,
              early_stopping: Union[bool, str] = False, num_return_sequences: int = 1,
              eos_token_id: Union[int, Iterable[int], None] = None, pad_token_id: Optional[int] = None,
@@ -90,8 +90,9 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
     are padded with ``pad_token_id`` (default: the first eos id inside the model's vocabulary,
     else 0). Token ids (prompt, ``pad_token_id``) beyond a vocabulary the model fixes raise
     ``ValueError`` before the model runs.
-    ``do_sample`` with ``temperature``, ``top_k``, ``top_p``, ``min_p``; ``repetition_penalty``
-    applies to greedy choice too; ``seed`` seeds a ``numpy.random.Generator``.
+    ``do_sample`` with ``temperature``, ``top_k`` (default 50, as in transformers and
+    onnxruntime-genai; 0 samples from the whole vocabulary), ``top_p``, ``min_p``;
+    ``repetition_penalty`` applies to greedy choice too; ``seed`` seeds a ``numpy.random.Generator``.
     ``num_beams > 1``: beam search with ``length_penalty`` (``ValueError`` when
     ``max_new_tokens ** length_penalty`` would leave float64's range) and ``early_stopping``
     (True, False or "never"; another type is a ``TypeError``), returning ``num_return_sequences`` per row; with ``do_sample`` it is beam

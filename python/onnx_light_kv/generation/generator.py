@@ -31,7 +31,8 @@ class Generator(_Uncopyable):
     session of a decoder with past/present inputs (see :mod:`.decoder_io`).
     ``max_length``: most positions per row, prompt included (generation is done there; needed
     for models whose pasts are fixed-capacity buffers). ``do_sample``, ``temperature``,
-    ``top_k``, ``top_p``, ``min_p``, ``repetition_penalty``: as in transformers. ``eos_token_id``
+    ``top_k``, ``top_p``, ``min_p``, ``repetition_penalty``: as in transformers (``top_k``
+    defaults to 50 as there and in onnxruntime-genai; 0 means the whole vocabulary). ``eos_token_id``
     (int or list) and ``stop_sequences`` (lists of ids) finish a row; ``pad_token_id`` (default:
     the first eos id inside the model's vocabulary, else 0) is what finished rows produce; it
     and the tokens must lie inside a vocabulary the model fixes (else ``ValueError``). ``seed`` seeds the numpy
@@ -49,7 +50,7 @@ class Generator(_Uncopyable):
     """
 
     def __init__(self, session: Any, *, max_length: Optional[int] = None, do_sample: bool = False,
-                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+                 temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0, min_p: float = 0.0,
                  repetition_penalty: float = 1.0, eos_token_id: Union[int, Iterable[int], None] = None,
                  stop_sequences: Optional[Iterable[Iterable[int]]] = None, pad_token_id: Optional[int] = None,
                  seed: Optional[int] = None, state_options: Union[None, bool, Dict[str, Any]] = None) -> None:

@@ -271,7 +271,8 @@ class Engine(_Uncopyable):
                     logprobs: Optional[int] = None) -> int:
         """Queue a request: ``input_ids`` (1-D ids, or ``[1, n]``) and ``generate``'s options of
         the same names (``max_new_tokens``, sampling, ``eos_token_id``, ``stop_sequences``,
-        ``seed``); ``logprobs=n`` records each token's log-probability and the ``n`` most
+        ``seed``), except that ``top_k`` defaults to 0, the whole vocabulary (the OpenAI API the
+        server speaks has no top_k; ``generate``'s default is transformers' 50); ``logprobs=n`` records each token's log-probability and the ``n`` most
         probable alternatives (0: the chosen token's only). Returns the request id.
 
         Raises:
