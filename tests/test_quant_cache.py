@@ -11,6 +11,8 @@ native. ``export()`` must equal the model bit for bit after every operation.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -35,14 +37,29 @@ def dequantized(fmt: str, x: np.ndarray, axis: int) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if fmt == "int8":
             scale = (np.abs(x).max(axis=axis, keepdims=True) / np.float32(127)).astype(np.float32)
+            scale = _fit_scale(scale, lambda s: s * np.float32(127))
             q = np.where(scale != 0, np.clip(np.rint(x / scale), -127, 127), 0).astype(np.float32)
             out = (scale * q).astype(np.float32)
         else:
             lo = x.min(axis=axis, keepdims=True)
             scale = ((x.max(axis=axis, keepdims=True) - lo) / np.float32(15)).astype(np.float32)
+            scale = _fit_scale(scale, lambda s: np.maximum((s * np.float32(15)).astype(np.float32) + lo,
+                                                           (s.astype(np.float64) * 15 + lo).astype(np.float32)))
             q = np.where(scale != 0, np.clip(np.rint((x - lo) / scale), 0, 15), 0).astype(np.float32)
             out = ((scale * q).astype(np.float32) + lo).astype(np.float32)
     return np.where(bad, np.float32(np.nan), out).astype(np.float32)
+
+
+def _fit_scale(scale: np.ndarray, top: Any) -> np.ndarray:
+    """The seal's rule for groups reaching float32's largest value: a finite scale whose
+    ``top(scale)`` (the largest integer read back) is infinite steps down a float32 at a time."""
+    scale = scale.copy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        while True:
+            over = np.isfinite(scale) & (scale > 0) & np.isinf(top(scale))
+            if not over.any():
+                return scale
+            scale[over] = np.nextafter(scale[over], np.float32(0))
 
 
 def row_groups(fmt: str, rows: np.ndarray, group: int) -> np.ndarray:
@@ -431,6 +448,37 @@ def test_outlier_k_channels_keep_the_default_kernel_close(quant, _int_loops) -> 
         olkv.set_quant_int_loops(1)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("quant,change", [("int8", 3e3), ("int8", 3e4), ("int8", 1e5), ("int4", -1e4)])
+def test_k_channel_of_large_spread_keeps_the_default_kernel_close(quant: str, change: float) -> None:
+    """One K channel offset by a large amount (int8; int4: multiplied, a negative change): its
+    per-channel scale is hundreds to thousands of times the others', so the integer score loop's
+    int16 query would keep the other channels in a few steps; such chunks (cache.KSpreadMax) take
+    the float score loop, and the default kernel stays below a tenth of the quantization's own
+    error (it reached 77% of the output at an offset of 1e5 before)."""
+    rng = np.random.default_rng(0)
+    k, v = (rng.standard_normal((1, 8, 512, 128), dtype=np.float32) for _ in range(2))
+    if change > 0:
+        k[..., 77] += np.float32(change)
+    else:
+        k[..., 77] *= np.float32(-change)
+    q = rng.standard_normal((1, 32, 1, 128), dtype=np.float32)
+    c = olkv.KVCache(1, 8, 128, capacity=1024, quant=quant, residual=0)
+    f = olkv.KVCache(1, 8, 128, capacity=1024)
+    c.append(k, v)
+    f.append(k, v)
+    want = olkv.attention(q, c, kernel="reference")
+    storage_err = np.abs(want - olkv.attention(q, f, kernel="reference")).max()
+    try:
+        for path in olkv.build_info()["attention_kernels"]:
+            olkv.set_kernel(path)
+            err = np.abs(olkv.attention(q, c) - want).max()
+            assert err <= 0.1 * storage_err, (path, err, storage_err)
+    finally:
+        olkv.set_kernel("auto")
+        c.close()
+        f.close()
+
+
 @pytest.mark.parametrize("quant", ["int8", "int4"])
 @pytest.mark.parametrize("case", ["tiny V", "V group offset", "V channel x1000"])
 def test_default_loops_keep_uneven_v_close(quant, case, _int_loops) -> None:
@@ -550,3 +598,61 @@ def test_engine_takes_the_options(block_size) -> None:
     vocab = sess.get_outputs()[0].shape[-1]
     assert [len(t) for t in sealed] == [6]
     assert all(0 <= int(t) < vocab for t in sealed[0])
+
+
+def test_largest_float_reads_back_finite() -> None:
+    """A group reaching float32's largest finite value seals to a scale whose largest integer
+    reads back finite (it rounded up to an infinity, and attention gave inf/NaN where the
+    unquantized cache is finite)."""
+    big = np.finfo(np.float32).max
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal((1, 1, 64, 64)).astype(np.float32)
+    v = rng.standard_normal((1, 1, 64, 64)).astype(np.float32)
+    v[0, 0, 3, 0] = big
+    q = rng.standard_normal((1, 4, 1, 64)).astype(np.float32)
+    c = olkv.KVCache(1, 1, 64, capacity=64, quant="int8", residual=0)
+    c.append(k, v)
+    assert np.isfinite(c.export("float32")[1]).all()
+    assert np.isfinite(olkv.attention(q, c)).all()
+    c4 = olkv.KVCache(1, 1, 32, capacity=64, quant="int4", residual=0, k_axis="token")
+    x = np.full((1, 1, 32, 32), 1e36, np.float32)
+    x[..., 0] = big
+    c4.append(x, x)
+    back = c4.export("float32")[0]
+    assert np.isfinite(back).all()
+    np.testing.assert_allclose(back[0, 0, 0, :2], [big, 1e36], rtol=0.08)
+
+
+def test_paged_scale_bytes_after_evict_count_held_chunks() -> None:
+    """info()["quant"]["scale_bytes"] of a paged cache counts the K channel scales of the chunk
+    blocks it still holds, not of those a window's evict gave back."""
+    k = np.random.default_rng(0).standard_normal((1, 2, 300, 64)).astype(np.float32)
+    c = olkv.KVCache(1, 2, 64, capacity=512, quant="int8", residual=0, layout="paged")
+    c.append(k, k)
+    c.evict(40)
+    i = c.info()
+    # per-token V scales of the readable sealed rows (2 heads, 2 groups of 32: 4 bytes each)
+    # plus the K channel scales (2 heads x 64 x 4 bytes) of each chunk block still held
+    assert i["quant"]["scale_bytes"] == i["quant"]["sealed_tokens"] * 2 * 2 * 4 + i["blocks_used"] * 2 * 64 * 4
+
+
+@pytest.mark.parametrize("group,q_len", [(6, 2), (5, 4), (7, 4), (10, 2), (1, 1), (3, 3)])
+def test_integer_loops_with_groups_not_multiple_of_four(group: int, q_len: int) -> None:
+    """Query rows per KV head that run four at a time from a row that is not a multiple of four
+    (group 6 with two query tokens: rows 6-9) and one at a time: the default integer loops stay
+    at the float loops' figure (a run took another run's scales: errors up to 3.7)."""
+    rng = np.random.default_rng(0)
+    c = olkv.KVCache(1, 1, 128, capacity=128, quant="int8", quant_group=32, residual=0)
+    c.append(rng.standard_normal((1, 1, 64, 128), np.float32), rng.standard_normal((1, 1, 64, 128), np.float32))
+    q = rng.standard_normal((1, group, q_len, 128), np.float32)
+    k, v = (x[0, 0].astype(np.float64) for x in c.export())
+    ref = np.empty((group, q_len, 128))
+    for h in range(group):
+        for i in range(q_len):
+            n = 64 - q_len + 1 + i  # causal over the last q_len positions
+            s = k[:n] @ q[0, h, i] / np.sqrt(128)
+            w = np.exp(s - s.max())
+            ref[h, i] = (w / w.sum()) @ v[:n]
+    assert olkv.get_quant_int_loops() == (True, True)
+    err = np.abs(olkv.attention(q, c)[0] - ref).max()
+    assert err < 1e-3, err

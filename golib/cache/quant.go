@@ -160,6 +160,47 @@ type QuantSegment struct {
 	// float32's range, so a kernel may skip its own check of the scales.
 	// False means unchecked, not unbounded.
 	Bounded bool
+	// KUneven reports that the cache found, when the chunk was sealed, a
+	// head whose per-channel K scales spread wider than KSpreadMax (the
+	// largest above KSpreadMax times the mean of the others: a channel with a
+	// large offset or an extreme outlier): the decode kernels then
+	// use their float score loop for the chunk, whose precision does not
+	// depend on the spread. False means even or unchecked.
+	KUneven bool
+}
+
+// KSpreadMax is the widest spread of a chunk's per-channel K scales (per
+// head, the largest over the mean of the others) that the kernels' integer
+// score loop takes (QuantSegment.KUneven). That loop rounds the query times
+// the channel scales to int16 steps of 1/32767 of the largest product, so
+// the other channels keep fewer steps the wider the spread: measured with
+// one int8 channel offset by 3e3 (spread about 1000), its attention error
+// was 13% of the quantization's own error, growing in proportion to the
+// offset; at 512 it stays near 7%. A trained model's outlier channels
+// (scales tens of times the others') are far below it.
+const KSpreadMax = 512
+
+// chunk flags (quantSeq.flags)
+const (
+	chunkBounded uint8 = 1 << iota
+	chunkUneven
+)
+
+// scalesUneven reports whether the largest of the scales s is above
+// KSpreadMax times the mean of the others (NaN scales count as uneven).
+func scalesUneven(s []float32) bool {
+	if len(s) < 2 {
+		return false
+	}
+	var sum, hi float32
+	for _, x := range s {
+		if x != x {
+			return true
+		}
+		sum += x
+		hi = max(hi, x)
+	}
+	return hi > KSpreadMax*(sum-hi)/float32(len(s)-1)
 }
 
 // ScaleBound bounds the magnitude of the scales and zeros of a chunk that

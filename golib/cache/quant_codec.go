@@ -18,6 +18,10 @@ import (
 //   - int4 (asymmetric): zero = min x, scale = (max x - min x) / 15,
 //     q = round((x - zero) / scale) clamped to [0, 15], x' = scale*q + zero.
 //     A constant group has scale 0, q = 0 and reads back exactly as zero.
+//   - a scale whose largest integer would read back as an infinity (a group
+//     reaching float32's largest value: scale*127, or scale*15 + zero, rounds
+//     up past it) is stepped down to the next smaller float32 until it does
+//     not (fitScale).
 //
 // Rounding is to nearest, ties to even; every step is a float32 operation
 // rounded on its own (no fused multiply-add), so a numpy model computing the
@@ -41,7 +45,7 @@ func groupParams(f QuantFormat, x []float32, off, stride, n int) (scale, zero fl
 			}
 			amax = max(amax, math.Float32frombits(math.Float32bits(a)&^(1<<31)))
 		}
-		return amax / 127, 0
+		return fitScale(QuantInt8, amax/127, 0), 0
 	}
 	lo, hi := x[off], x[off]
 	for i := 0; i < n; i++ {
@@ -51,7 +55,31 @@ func groupParams(f QuantFormat, x []float32, off, stride, n int) (scale, zero fl
 		}
 		lo, hi = min(lo, a), max(hi, a)
 	}
-	return float32(hi-lo) / 15, lo
+	return fitScale(QuantInt4, float32(hi-lo)/15, lo), lo
+}
+
+// fitScale returns scale, stepped down to the next smaller float32 while
+// the group's largest value would read back as an infinity: scale*127
+// (int8) or scale*15 + zero (int4, rounded once or twice) overflowing, as
+// it can by one rounding for a group reaching float32's largest finite
+// value. Then such a value reads back finite (the largest integer,
+// clamped, times the smaller scale). Infinite and NaN scales stay.
+func fitScale(f QuantFormat, scale, zero float32) float32 {
+	inf := func(x float32) bool { return math.IsInf(float64(x), 0) }
+	if inf(scale) || scale != scale {
+		return scale
+	}
+	for scale > 0 {
+		if f == QuantInt8 {
+			if !inf(float32(scale * 127)) {
+				break
+			}
+		} else if t := float32(scale * 15); !inf(t) && !inf(t+zero) && !inf(float32(math.FMA(float64(scale), 15, float64(zero)))) {
+			break
+		}
+		scale = math.Nextafter32(scale, 0)
+	}
+	return scale
 }
 
 // quantValue returns the stored integer of x in a group of the given scale

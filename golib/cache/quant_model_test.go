@@ -206,6 +206,9 @@ func refQuantGroup(f QuantFormat, x []float32) {
 			amax = max(amax, float32(math.Abs(float64(a))))
 		}
 		scale := amax / 127
+		for math.IsInf(float64(float32(scale*127)), 0) {
+			scale = math.Nextafter32(scale, 0)
+		}
 		for i, a := range x {
 			var q float64
 			if scale != 0 {
@@ -217,6 +220,14 @@ func refQuantGroup(f QuantFormat, x []float32) {
 	}
 	lo, hi := slices.Min(x), slices.Max(x)
 	scale := (hi - lo) / 15
+	over := func(s float32) bool {
+		t := float32(s * 15)
+		return math.IsInf(float64(t), 0) || math.IsInf(float64(t+lo), 0) ||
+			math.IsInf(float64(float32(math.FMA(float64(s), 15, float64(lo)))), 0)
+	}
+	for !math.IsInf(float64(scale), 0) && scale > 0 && over(scale) {
+		scale = math.Nextafter32(scale, 0)
+	}
 	for i, a := range x {
 		var q float64
 		if scale != 0 {

@@ -110,7 +110,7 @@ func TestQuantChunkScalesInBudget(t *testing.T) {
 	tables := func() int64 {
 		n := int64(0)
 		for _, sq := range c.seqs {
-			n += int64(8*cap(sq.q.chunks) + cap(sq.q.bounded))
+			n += int64(8*cap(sq.q.chunks) + cap(sq.q.flags))
 		}
 		return n
 	}
@@ -551,6 +551,60 @@ func TestQuantScaleBound(t *testing.T) {
 				mustOK(t, c.Truncate([]int{40}))
 				check(c, "truncated into chunk 1", 40)
 			})
+		}
+	}
+}
+
+// TestQuantKUneven checks QuantSegment.KUneven: a chunk in which one K
+// channel of one head has a large offset (its per-channel scale far above
+// the others') is KUneven in every head, the chunks around it are not, per
+// token K never is, and the flags follow the chunks through fork and
+// truncation; both layouts.
+func TestQuantKUneven(t *testing.T) {
+	for _, f := range []QuantFormat{QuantInt8, QuantInt4} {
+		for _, ax := range []KAxis{KPerChannel, KPerToken} {
+			for _, layout := range []Layout{Contiguous, Paged} {
+				t.Run(fmt.Sprintf("%v/%v/%v", f, ax, layout), func(t *testing.T) {
+					cfg := Config{Batch: 1, KVHeads: 2, HeadDimK: 64, Capacity: 128, Elem: Float32, Layout: layout,
+						Quant: QuantConfig{Format: f, Group: 32, KAxis: ax, Residual: 0}}
+					if layout == Paged {
+						cfg.BlockSize = 32
+					}
+					a, _ := NewArena(0)
+					defer a.Close()
+					c := mustNew(t, a, cfg)
+					k, v := randQKV(rand.New(rand.NewPCG(5, 9)), cfg, 96)
+					// head 1, tokens 32..63, channel 7: offset 30000 (int8: scale 30000/127
+					// against at most 8/127, 320/127 for the x40 channel; int4 scales widen with a multiplicative
+					// outlier, the offset falls into the zero)
+					for tok := 32; tok < 64; tok++ {
+						if f == QuantInt4 {
+							k[(96+tok)*64+7] *= 3000
+						} else {
+							k[(96+tok)*64+7] += 30000
+						}
+					}
+					mustOK(t, c.Append(asBytes(k), asBytes(v), Float32, 96, nil))
+					want := []bool{false, ax == KPerChannel, false}
+					check := func(c *KVCache, label string, n int) {
+						t.Helper()
+						for h := range 2 {
+							for i, sg := range c.AppendSegments(nil, 0, h, 0, n) {
+								if sg.Q.KUneven != want[i] {
+									t.Fatalf("%s: head %d chunk %d KUneven %v, want %v", label, h, i, sg.Q.KUneven, want[i])
+								}
+							}
+						}
+					}
+					check(c, "sealed", 96)
+					fk, err := c.Fork()
+					mustOK(t, err)
+					defer fk.Close()
+					check(fk, "fork", 96)
+					mustOK(t, c.Truncate([]int{40}))
+					check(c, "truncated into chunk 1", 40)
+				})
+			}
 		}
 	}
 }

@@ -34,10 +34,10 @@ type quantSeq struct {
 	kchCap int
 	kchBuf []byte
 	chunks []int
-	// bounded[i]: every scale and zero of chunk i (every head) passed
-	// scalesBounded when it was sealed (QuantSegment.Bounded)
-	bounded []bool
-	sealed  int
+	// flags[i]: what sealing found of chunk i (every head): chunkBounded
+	// (QuantSegment.Bounded), chunkUneven (QuantSegment.KUneven)
+	flags  []uint8
+	sealed int
 	// blks are the paged layout's chunk blocks, one per entry of chunks
 	// (nil once a sliding window gave the chunk back).
 	blks []*qchunk
@@ -155,7 +155,7 @@ func (g quantGeom) carve(cfg Config, buf []byte) *quantSeq {
 		s.kch, s.kchCap = asF32(next(p[8])), g.maxChunks
 	}
 	s.chunks = make([]int, 0, g.maxChunks)
-	s.bounded = make([]bool, 0, g.maxChunks)
+	s.flags = make([]uint8, 0, g.maxChunks)
 	return s
 }
 
@@ -208,7 +208,7 @@ func (s *quantSeq) cut(pos, heads, chStride int, a *Arena) {
 	s.sealed = pos
 	i := sort.SearchInts(s.chunks, pos)
 	s.chunks = s.chunks[:i]
-	s.bounded = s.bounded[:i]
+	s.flags = s.flags[:i]
 	if i < len(s.blks) {
 		a.releaseChunks(s.blks[i:])
 		s.blks = s.blks[:i]
@@ -219,7 +219,7 @@ func (s *quantSeq) cut(pos, heads, chStride int, a *Arena) {
 func (s *quantSeq) reset(a *Arena) {
 	s.sealed = 0
 	s.chunks = s.chunks[:0]
-	s.bounded = s.bounded[:0]
+	s.flags = s.flags[:0]
 	a.releaseChunks(s.blks)
 	s.blks = s.blks[:0]
 }
@@ -270,7 +270,7 @@ func (c *KVCache) sealLocked(s *quantSeq) {
 	}
 	xk, xv := c.qscratch[:G*dk], c.qscratch[G*dk:G*(dk+dv)]
 	var written int64
-	bounded := true
+	bounded, uneven := true, false
 	for h := range cfg.KVHeads {
 		for w := 0; w < G; {
 			slot := (s0 + w) % R
@@ -289,8 +289,16 @@ func (c *KVCache) sealLocked(s *quantSeq) {
 		}
 		written += quantizePerToken(g.q.Format, d.V, q.VScale, q.VZero, xv, G, dv, g.vGroup)
 		bounded = bounded && scalesBounded(q.KScale, q.KZero, q.VScale, q.VZero)
+		uneven = uneven || (g.chStride > 0 && scalesUneven(q.KScale[:dk]))
 	}
-	s.bounded = append(s.bounded, bounded)
+	var fl uint8
+	if bounded {
+		fl |= chunkBounded
+	}
+	if uneven {
+		fl |= chunkUneven
+	}
+	s.flags = append(s.flags, fl)
 	s.sealed = s0 + G
 	c.sealBytes += written
 	c.sealCalls++
@@ -440,7 +448,8 @@ func (c *KVCache) quantSegments(dst []Segment, b, h, from, to int) []Segment {
 			c.sealedAt(sg, s, i, h, pos, end)
 			sg.Start, sg.Len = pos, end-pos
 			q := &sg.Q
-			q.Format, q.KAxis, q.KGroup, q.VGroup, q.Bounded = g.q.Format, g.q.KAxis, g.kGroup, g.vGroup, s.bounded[i]
+			q.Format, q.KAxis, q.KGroup, q.VGroup = g.q.Format, g.q.KAxis, g.kGroup, g.vGroup
+			q.Bounded, q.KUneven = s.flags[i]&chunkBounded != 0, s.flags[i]&chunkUneven != 0
 			pos = end
 		}
 	}
@@ -469,7 +478,7 @@ func (c *KVCache) copyQuantSeqLocked(dst, src *quantSeq, lo, hi int) int64 {
 	if cfg.Layout == Paged {
 		// the chunk blocks are immutable: shared, not copied
 		dst.chunks = append(dst.chunks, src.chunks[:nc]...)
-		dst.bounded = append(dst.bounded, src.bounded[:nc]...)
+		dst.flags = append(dst.flags, src.flags[:nc]...)
 		dst.blks = append(dst.blks, src.blks[:nc]...)
 		retainChunks(dst.blks)
 		dst.sealed = sEnd
@@ -489,7 +498,7 @@ func (c *KVCache) copyQuantSeqLocked(dst, src *quantSeq, lo, hi int) int64 {
 		}
 	}
 	dst.chunks = append(dst.chunks, src.chunks[:nc]...)
-	dst.bounded = append(dst.bounded, src.bounded[:nc]...)
+	dst.flags = append(dst.flags, src.flags[:nc]...)
 	dst.copyKch(src, nc, cfg.KVHeads, g.chStride)
 	n += int64(4*nc*cfg.KVHeads*g.chStride + 8*nc)
 	dst.sealed = sEnd
@@ -519,12 +528,17 @@ func (c *KVCache) quantInfoLocked(in *Info) {
 		if g.chStride > 0 {
 			chunkScales += int64(4 * len(sq.q.chunks) * c.cfg.KVHeads * g.chStride)
 		}
-		heap += int64(len(sq.q.kchBuf) + 8*cap(sq.q.chunks) + cap(sq.q.bounded))
+		heap += int64(len(sq.q.kchBuf) + 8*cap(sq.q.chunks) + cap(sq.q.flags))
 	}
 	if c.cfg.Layout == Paged {
+		// the chunk blocks still held (a window's evict gives the others back)
 		chunkScales = 0
 		for _, sq := range c.seqs {
-			chunkScales += int64(4 * c.cfg.KVHeads * g.chStride * len(sq.q.chunks))
+			for _, b := range sq.q.blks {
+				if b != nil {
+					chunkScales += int64(4 * c.cfg.KVHeads * g.chStride)
+				}
+			}
 		}
 	}
 	in.ScaleBytes = sealed*int64(g.scaleBytesPerToken(c.cfg)) + chunkScales
@@ -608,7 +622,7 @@ func (c *KVCache) regrowSeqLocked(g *KVCache, b int) int64 {
 	}
 	nc := src.chunksBelow(hi)
 	dst.chunks = append(dst.chunks[:0], src.chunks[:nc]...)
-	dst.bounded = append(dst.bounded[:0], src.bounded[:nc]...)
+	dst.flags = append(dst.flags[:0], src.flags[:nc]...)
 	dst.copyKch(src, nc, c.cfg.KVHeads, q.chStride)
 	dst.sealed = sEnd
 	return n + int64(4*nc*c.cfg.KVHeads*q.chStride+8*nc)

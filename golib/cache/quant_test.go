@@ -327,3 +327,35 @@ func randomQuantOps(t *testing.T, cfg Config, r *rand.Rand, steps int, label str
 		t.Fatalf("%s: after close allocated=%d live=%d", label, st.Allocated, st.Live)
 	}
 }
+
+// TestQuantScaleFitsTheLargestFloat: a group reaching float32's largest
+// finite value reads back finite (fitScale steps the scale down where
+// scale*127, or scale*15 + zero, would round up to an infinity), within one
+// quantization step of what was stored.
+func TestQuantScaleFitsTheLargestFloat(t *testing.T) {
+	const big = math.MaxFloat32
+	cases := []struct {
+		name string
+		f    QuantFormat
+		x    []float32
+	}{
+		{"int8 +max", QuantInt8, []float32{big, 1, -3, 0}},
+		{"int8 -max", QuantInt8, []float32{-big, 1, 2, 3}},
+		{"int4 [1e36, max]", QuantInt4, []float32{1e36, big, 2e36, 5e37}},
+		{"int4 [0, max]", QuantInt4, []float32{0, big, 1, big / 2}},
+		{"int4 max constant", QuantInt4, []float32{big, big}},
+	}
+	for _, c := range cases {
+		s, z := groupParams(c.f, c.x, 0, 1, len(c.x))
+		for i, x := range c.x {
+			q := quantValue(c.f, x, s, z)
+			got := dequantValue(c.f, q, s, z)
+			if math.IsInf(float64(got), 0) || got != got {
+				t.Fatalf("%s: element %d (%v) reads back %v (scale %v, zero %v)", c.name, i, x, got, s, z)
+			}
+			if d := math.Abs(float64(got) - float64(x)); d > float64(s)*1.0001 {
+				t.Fatalf("%s: element %d: %v reads back %v, more than a step (%v) away", c.name, i, x, got, s)
+			}
+		}
+	}
+}

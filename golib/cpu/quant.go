@@ -175,7 +175,9 @@ func init() {
 // scales are 30 times the others' (outliers, as trained models have) the
 // attention output erred by 1.7e-3 (int8) and 2.6e-3 (int4) against the
 // dequantize-then-reference oracle, 6.5% and 1% of the quantization's own
-// error against float32 attention there. Rows go four at a time, and one
+// error against float32 attention there. A chunk whose channel scales
+// spread wider (cache.KSpreadMax, QuantSegment.KUneven: one channel with a
+// large offset) takes the float loop. Rows go four at a time, and one
 // at a time where fewer are left (a KV head with one query row: MHA
 // decode). It is on by default.
 //
@@ -320,7 +322,10 @@ const superFloats = 32 << 10
 // super-block's tokens [a, e) into sc (nr rows of e-a).
 func (qb *quantBlock) dots(sc []float32, r, nr, a, e, dk, pf int) {
 	cnt := e - a
-	if nr == 4 && qb.allInt && quantPartsLoops && qb.ops.intParts != nil {
+	// (the parts' argument blocks are per four rows from row 0: a run of four
+	// that starts elsewhere, as groups of 5-7 query heads per KV head form
+	// with several query tokens, goes part by part through intScores)
+	if nr == 4 && r%4 == 0 && qb.allInt && quantPartsLoops && qb.ops.intParts != nil {
 		ahead := qb.ahead
 		if !qb.pfScales {
 			ahead = nil
@@ -537,7 +542,7 @@ func (u *unitState) quantPart(p *quantPart, ops *kernelOps, s *shape, sg *cache.
 	p.v.g, p.v.ng = qs.VGroup, dv/qs.VGroup
 	p.q = u.qs
 	switch {
-	case qs.KAxis == cache.KPerChannel && intOK && (qs.Format == cache.QuantInt8 || dk%128 == 0):
+	case qs.KAxis == cache.KPerChannel && intOK && !qs.KUneven && (qs.Format == cache.QuantInt8 || dk%128 == 0):
 		// int32 sums of dk products of at most 32767*127 (int8) or
 		// 32767*15 (int4) stay within int32 up to dk = 256; every path
 		// reduces them as integers and converts once (VCVTDQ2PS)

@@ -474,7 +474,7 @@ func useIntDots(t *testing.T) func() {
 
 // TestQuantIntDotsShapes runs the integer loops of every path that has
 // them (AVX-512 VNNI, AVX2) against the oracle with intDotsTol over query
-// lengths 1-4, four and eight query heads per KV head, int8/int4 at groups
+// lengths 1-4, 1 and 4-8 query heads per KV head, int8/int4 at groups
 // 32 and 64, and lengths just around a chunk and the residual window
 // (one thread; the thread split is TestQuantIntDots').
 func TestQuantIntDotsShapes(t *testing.T) {
@@ -482,7 +482,10 @@ func TestQuantIntDotsShapes(t *testing.T) {
 	n := 0
 	for _, f := range quantFormats {
 		for _, group := range []int{32, 64} {
-			for _, hd := range [][2]int{{8, 2}, {8, 1}} {
+			// groups of 4 and 8, and of 6, 5, 7 and 1 (MHA) query heads per KV
+			// head, whose rows run four at a time from rows that are not a
+			// multiple of four (group 6, q_len 2: rows 6-9) and one at a time
+			for _, hd := range [][2]int{{8, 2}, {8, 1}, {6, 1}, {10, 2}, {7, 1}, {4, 4}} {
 				for qLen := 1; qLen <= 4; qLen++ {
 					n++
 					res := []int{0, 16}[n%2]
