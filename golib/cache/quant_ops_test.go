@@ -531,25 +531,7 @@ func TestQuantScaleBound(t *testing.T) {
 				}
 				v[(96+40)*64+7] = big
 				mustOK(t, c.Append(asBytes(k), asBytes(v), Float32, 96, nil))
-				want := []bool{true, false, true}
-				check := func(c *KVCache, label string, n int) {
-					t.Helper()
-					for h := range 2 {
-						segs := c.AppendSegments(nil, 0, h, 0, n)
-						for i, sg := range segs {
-							if sg.Q.Bounded != want[i] {
-								t.Fatalf("%s: head %d chunk %d Bounded %v, want %v", label, h, i, sg.Q.Bounded, want[i])
-							}
-						}
-					}
-				}
-				check(c, "sealed", 96)
-				fk, err := c.Fork()
-				mustOK(t, err)
-				defer fk.Close()
-				check(fk, "fork", 96)
-				mustOK(t, c.Truncate([]int{40}))
-				check(c, "truncated into chunk 1", 40)
+				checkChunkFlag(t, c, "Bounded", func(q *QuantSegment) bool { return q.Bounded }, []bool{true, false, true})
 			})
 		}
 	}
@@ -585,26 +567,34 @@ func TestQuantKUneven(t *testing.T) {
 						}
 					}
 					mustOK(t, c.Append(asBytes(k), asBytes(v), Float32, 96, nil))
-					want := []bool{false, ax == KPerChannel, false}
-					check := func(c *KVCache, label string, n int) {
-						t.Helper()
-						for h := range 2 {
-							for i, sg := range c.AppendSegments(nil, 0, h, 0, n) {
-								if sg.Q.KUneven != want[i] {
-									t.Fatalf("%s: head %d chunk %d KUneven %v, want %v", label, h, i, sg.Q.KUneven, want[i])
-								}
-							}
-						}
-					}
-					check(c, "sealed", 96)
-					fk, err := c.Fork()
-					mustOK(t, err)
-					defer fk.Close()
-					check(fk, "fork", 96)
-					mustOK(t, c.Truncate([]int{40}))
-					check(c, "truncated into chunk 1", 40)
+					checkChunkFlag(t, c, "KUneven", func(q *QuantSegment) bool { return q.KUneven },
+						[]bool{false, ax == KPerChannel, false})
 				})
 			}
 		}
 	}
+}
+
+// checkChunkFlag checks a per-chunk flag of the segments of a two-head cache
+// of 96 sealed tokens (three chunks of 32) against want, in every head: as
+// sealed, in a fork, and after a truncation into chunk 1.
+func checkChunkFlag(t *testing.T, c *KVCache, name string, flag func(*QuantSegment) bool, want []bool) {
+	t.Helper()
+	check := func(c *KVCache, label string, n int) {
+		t.Helper()
+		for h := range 2 {
+			for i, sg := range c.AppendSegments(nil, 0, h, 0, n) {
+				if got := flag(&sg.Q); got != want[i] {
+					t.Fatalf("%s: head %d chunk %d %s %v, want %v", label, h, i, name, got, want[i])
+				}
+			}
+		}
+	}
+	check(c, "sealed", 96)
+	fk, err := c.Fork()
+	mustOK(t, err)
+	defer fk.Close()
+	check(fk, "fork", 96)
+	mustOK(t, c.Truncate([]int{40}))
+	check(c, "truncated into chunk 1", 40)
 }

@@ -667,6 +667,21 @@ def dots1_header(name, fmt, how, step):
     w("// same integers and float32 steps as the four-row loops, bit-identical across instruction sets.")
 
 
+def dots1_tail(name, step, chunk, zero, reduce):
+    """The one-row score loops' end: the tokens left after the steps of step tokens one at a
+    time (zero clears the accumulator, chunk(label, 1) sums the token's row into it, reduce
+    leaves its score in X0), then the return."""
+    w(f"{name}tail:")
+    ins("MOVQ nt+32(FP), AX", f"ANDQ ${step - 1}, AX", f"JZ {name}done")
+    w(f"{name}one:")
+    ins(*zero)
+    chunk(f"{name}tchunk", 1)
+    ins(*reduce, "VMOVSS X0, (DI)", "ADDQ $4, DI", "ADDQ BX, SI", "DECQ AX", f"JNZ {name}one")
+    w(f"{name}done:")
+    ins("VZEROUPPER", "RET")
+    w()
+
+
 def vnni_dots1(fmt):
     """The VPDPWSSD score loop of one row: eight tokens per step (token u in Z(u), reduced by a
     transpose tree into the eight sums of one ymm), then single tokens."""
@@ -713,17 +728,9 @@ def vnni_dots1(fmt):
         "VSHUFI32X4 $0x88, Z8, Z8, Z9", "VSHUFI32X4 $0xdd, Z8, Z8, Z10", "VPADDD Z10, Z9, Z9",
         "VCVTDQ2PS Y9, Y9", "VFMADD213PS Y29, Y28, Y9", "VMOVUPS Y9, (DI)",
         "ADDQ $32, DI", "LEAQ (SI)(BX*8), SI", "DECQ AX", f"JNZ {name}oct")
-    w(f"{name}tail:")
-    ins("MOVQ nt+32(FP), AX", "ANDQ $7, AX", f"JZ {name}done")
-    w(f"{name}one:")
-    ins("VPXORD Z0, Z0, Z0")
-    chunk(f"{name}tchunk", 1)
-    ins("VEXTRACTI64X4 $1, Z0, Y1", "VPADDD Y1, Y0, Y0", "VEXTRACTI128 $1, Y0, X1", "VPADDD X1, X0, X0",
-        "VPHADDD X0, X0, X0", "VPHADDD X0, X0, X0", "VCVTDQ2PS X0, X0", "VFMADD213PS X29, X28, X0",
-        "VMOVSS X0, (DI)", "ADDQ $4, DI", "ADDQ BX, SI", "DECQ AX", f"JNZ {name}one")
-    w(f"{name}done:")
-    ins("VZEROUPPER", "RET")
-    w()
+    dots1_tail(name, 8, chunk, ["VPXORD Z0, Z0, Z0"],
+               ["VEXTRACTI64X4 $1, Z0, Y1", "VPADDD Y1, Y0, Y0", "VEXTRACTI128 $1, Y0, X1", "VPADDD X1, X0, X0",
+                "VPHADDD X0, X0, X0", "VPHADDD X0, X0, X0", "VCVTDQ2PS X0, X0", "VFMADD213PS X29, X28, X0"])
 
 
 def maddw_dots1(fmt):
@@ -770,17 +777,10 @@ def maddw_dots1(fmt):
         "MOVQ aff+48(FP), R13", "VBROADCASTSS (R13), X12", "VBROADCASTSS 4(R13), X13",
         "VFMADD213PS X13, X12, X0", "VMOVUPS X0, (DI)",
         "ADDQ $16, DI", "LEAQ (SI)(BX*4), SI", "DECQ AX", f"JNZ {name}quad")
-    w(f"{name}tail:")
-    ins("MOVQ nt+32(FP), AX", "ANDQ $3, AX", f"JZ {name}done")
-    w(f"{name}one:")
-    ins("VPXOR Y0, Y0, Y0")
-    chunk(f"{name}tchunk", 1)
-    ins("VEXTRACTI128 $1, Y0, X1", "VPADDD X1, X0, X0", "VPHADDD X0, X0, X0", "VPHADDD X0, X0, X0",
-        "VCVTDQ2PS X0, X0", "MOVQ aff+48(FP), R13", "VBROADCASTSS (R13), X12", "VBROADCASTSS 4(R13), X13",
-        "VFMADD213PS X13, X12, X0", "VMOVSS X0, (DI)", "ADDQ $4, DI", "ADDQ BX, SI", "DECQ AX", f"JNZ {name}one")
-    w(f"{name}done:")
-    ins("VZEROUPPER", "RET")
-    w()
+    dots1_tail(name, 4, chunk, ["VPXOR Y0, Y0, Y0"],
+               ["VEXTRACTI128 $1, Y0, X1", "VPADDD X1, X0, X0", "VPHADDD X0, X0, X0", "VPHADDD X0, X0, X0",
+                "VCVTDQ2PS X0, X0", "MOVQ aff+48(FP), R13", "VBROADCASTSS (R13), X12", "VBROADCASTSS 4(R13), X13",
+                "VFMADD213PS X13, X12, X0"])
 
 
 def maddw():
