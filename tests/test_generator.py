@@ -310,3 +310,18 @@ def test_append_that_cannot_make_its_state_keeps_the_old_one() -> None:
     g.append_tokens(gc.PROMPT[:4])
     g.generate_next_token()
     np.testing.assert_array_equal(g.sequences, want)
+
+
+def test_state_max_length_must_hold_every_appended_position() -> None:
+    """A Generator's appends run every position up to max_length, so a state of one position
+    fewer is refused at the first append with ValueError (it failed with CapacityError at the
+    append that reached the last position); one of max_length positions takes them all."""
+    sess = gc.ours("llama")
+    ids = np.arange(3, 23)
+    g = olkv.Generator(sess, max_length=20, state_options={"max_length": 19})
+    with pytest.raises(ValueError, match="max_length=19"):
+        g.append_tokens(ids[:5])
+    g = olkv.Generator(sess, max_length=20, state_options={"max_length": 20})
+    g.append_tokens(ids[:19])
+    g.append_tokens(ids[19:])
+    assert g.get_sequence(0).size == 20

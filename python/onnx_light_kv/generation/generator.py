@@ -137,7 +137,8 @@ class Generator(_Uncopyable):
         if self._runner is None or self._runner.batch != ids.shape[0]:
             # the new runner first: if it cannot be made (a budget, an interrupt), the old one
             # and the rows stay as they were
-            runner = make_runner(self.session, self.io, ids.shape[0], self.max_length, self._state_options)
+            runner = make_runner(self.session, self.io, ids.shape[0], self.max_length, self._state_options,
+                                     stores_all=True)
             if self._runner is not None:
                 self._runner.close()
             self._runner = runner

@@ -177,8 +177,12 @@ class StateRunner:
     kind = "state"
 
     def __init__(self, session: Any, io: DecoderIO, batch: int, capacity: Optional[int],
-                 options: Dict[str, Any]) -> None:
+                 options: Dict[str, Any], stores_all: bool = False) -> None:
+        """``capacity``: the positions a generation may reach; the state must hold all of them
+        when ``stores_all`` (a ``Generator``, whose appends run every position), else all but
+        the last (``generate``: the last new token is never run)."""
         opts = dict(options)
+        need = None if not capacity else int(capacity) - (0 if stores_all else 1)
         if "batch" in opts:
             raise ValueError("state_options must not set 'batch': the rows come from the prompt (and num_beams)")
         if capacity and "max_length" not in opts:
@@ -187,11 +191,13 @@ class StateRunner:
             # else the caches grow on demand: a generation allowed far more tokens than memory
             # holds (max_new_tokens=10**9) stops at eos like on the tensor path, and fails with
             # the budget's error only if it really grows that long
-        elif capacity and opts["max_length"] is not None and int(opts["max_length"]) < capacity - 1:
+        elif need is not None and opts["max_length"] is not None and int(opts["max_length"]) < need:
             # refused before any token is made (the state would run out of room mid-way)
-            raise ValueError(f"state_options max_length={opts['max_length']} cannot hold the {capacity - 1} positions "
-                             "this generation may store (the prompt, padding included, and every new token but "
-                             "the last); raise it or leave it out")
+            what = ("max_length positions the Generator may append" if stores_all else
+                    "positions this generation may store (the prompt, padding included, and every new token "
+                    "but the last)")
+            raise ValueError(f"state_options max_length={opts['max_length']} cannot hold the {need} {what}; "
+                             "raise it or leave it out")
         self.session, self.io, self.batch = session, io, batch
         self.state = session.create_state(batch=batch, **opts)
         self._prefix = bool(opts.get("prefix_cache"))
@@ -337,8 +343,9 @@ def paged_states_available(session: Any) -> bool:
 
 
 def make_runner(session: Any, io: DecoderIO, batch: int, capacity: Optional[int],
-                state_options: Union[None, bool, Dict[str, Any]] = None) -> Union[TensorRunner, StateRunner]:
-    """The runner for ``session``.
+                state_options: Union[None, bool, Dict[str, Any]] = None,
+                stores_all: bool = False) -> Union[TensorRunner, StateRunner]:
+    """The runner for ``session`` (``stores_all``: see :class:`StateRunner`).
 
     ``state_options``: None picks the cache path when :func:`cache_path_available`, else the
     tensor path; False forces the tensor path; a dict (keyword arguments of
@@ -349,7 +356,7 @@ def make_runner(session: Any, io: DecoderIO, batch: int, capacity: Optional[int]
         return TensorRunner(session, io, batch, capacity)
     if state_options is None or state_options is True:
         if cache_path_available(session):
-            return StateRunner(session, io, batch, capacity, {})
+            return StateRunner(session, io, batch, capacity, {}, stores_all)
         if state_options is None:
             return TensorRunner(session, io, batch, capacity)
         state_options = {}
@@ -359,4 +366,4 @@ def make_runner(session: Any, io: DecoderIO, batch: int, capacity: Optional[int]
         raise NotImplementedError(
             f"state_options needs the cache path, but {type(session).__name__} has no create_state(); "
             "leave state_options=None to run on the tensor past/present path")
-    return StateRunner(session, io, batch, capacity, state_options)
+    return StateRunner(session, io, batch, capacity, state_options, stores_all)

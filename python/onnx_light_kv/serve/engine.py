@@ -265,14 +265,14 @@ class Engine(_Uncopyable):
 
     # -- requests -------------------------------------------------------------------------
     def add_request(self, input_ids: Any, *, max_new_tokens: int = 16, do_sample: bool = False,
-                    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+                    temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0, min_p: float = 0.0,
                     repetition_penalty: float = 1.0, eos_token_id: Union[int, Sequence[int], None] = None,
                     stop_sequences: Optional[Sequence[Sequence[int]]] = None, seed: Optional[int] = None,
                     logprobs: Optional[int] = None) -> int:
         """Queue a request: ``input_ids`` (1-D ids, or ``[1, n]``) and ``generate``'s options of
         the same names (``max_new_tokens``, sampling, ``eos_token_id``, ``stop_sequences``,
-        ``seed``), except that ``top_k`` defaults to 0, the whole vocabulary (the OpenAI API the
-        server speaks has no top_k; ``generate``'s default is transformers' 50); ``logprobs=n`` records each token's log-probability and the ``n`` most
+        ``seed``; ``top_k`` defaults to 50 as there, so a request equals ``generate`` alone; the
+        OpenAI-style server passes ``top_k=0``, the whole vocabulary); ``logprobs=n`` records each token's log-probability and the ``n`` most
         probable alternatives (0: the chosen token's only). Returns the request id.
 
         Raises:

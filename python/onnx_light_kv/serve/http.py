@@ -327,8 +327,9 @@ class _Params:
     def engine_options(self, i: int, eos: List[int]) -> Dict[str, Any]:
         """``Engine.add_request`` options of choice ``i`` (seeds ``seed + i``)."""
         sample = self.temperature > 0
+        # top_k=0: the OpenAI API has no top_k, its sampling covers the whole vocabulary
         return dict(max_new_tokens=self.max_tokens, do_sample=sample, temperature=self.temperature if sample else 1.0,
-                    top_p=self.top_p if sample else 1.0, seed=None if self.seed is None else self.seed + i,
+                    top_k=0, top_p=self.top_p if sample else 1.0, seed=None if self.seed is None else self.seed + i,
                     eos_token_id=eos or None, logprobs=self.top if self.logprobs else None)
 
 
