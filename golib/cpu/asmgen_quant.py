@@ -183,12 +183,14 @@ def dots_pairs(name, fmt, cb):
     ins("MOVQ ldS+8(FP), BX", "MOVQ nt+48(FP), AX", "ANDQ $1, AX", "MOVQ ks+72(FP), R13")
 
 
-def axpy(rows, fmt, isa):
+def axpy(rows, fmt, isa, wide=False):
     lanes, vp = ISAS[isa]
-    # column block: avx512 64 elements (4 zmm), avx2 16 (2 ymm), per row
-    cbe = 64 if isa == "avx512" else 16
+    # column block: avx512 64 elements (4 zmm), avx2 16 (2 ymm) per row, or with wide (avx2, one
+    # row) 32 (4 ymm)
+    wide1 = wide and isa == "avx2" and rows == 1
+    cbe = 64 if isa == "avx512" else 32 if wide1 else 16
     nv = cbe // lanes
-    name = f"qaxpy{rows}{fmt}{isa}"
+    name = f"qaxpy{rows}{'w' if wide1 else ''}{fmt}{isa}"
     w(f"// func {name}(acc *float32, accrb int, p *float32, ldP int, v *byte, vrb int, n int, alpha *[4]float32, vs *float32, vz *float32, srb int, s2 int, pfd int)")
     w("//")
     w(f"// One column block of {cbe} elements: for rows r < {rows}, acc_r = alpha[r]*acc_r +")
@@ -198,7 +200,7 @@ def axpy(rows, fmt, isa):
     if isa == "avx512":
         w("// at vz + t*srb (the block's second 32 elements: s2 bytes further). The accumulators")
     else:
-        w("// at vz + t*srb" + (" (s2 unused: a block is in one group)." if True else "") + " The accumulators")
+        w("// at vz + t*srb (s2 unused: a block is in one group). The accumulators")
     w("// stay in registers over the tokens; each dequantized vector feeds every row. V is")
     w("// prefetched pfd bytes ahead.")
     w(f"TEXT ·{name}(SB), NOSPLIT, $0-104")
@@ -228,12 +230,14 @@ def axpy(rows, fmt, isa):
         acc = [[r * nv + i for i in range(nv)] for r in range(rows)]
         vals, sc, zr = [8, 9], [10], [11]
         pr = [12 + r for r in range(rows)]
+        if wide1:  # acc Y0-3, values Y4-7, scale Y8, zero Y9, zero sum Y10, p Y11, temps X12-14
+            vals, sc, zr, pr = [4, 5, 6, 7], [8], [9], [11]
     for r in range(rows):
         ins(f"VBROADCASTSS {off(4*r)}(R12), {vp}{pr[r]}")
         for i, a in enumerate(acc[r]):
             ins(f"VMULPS {accaddr(r, i*lanes*4)}, {vp}{pr[r]}, {vp}{a}")
     # zacc: the one-row loop's sums of p*z per group (int4)
-    zacc = [24, 25] if isa == "avx512" else [13]
+    zacc = [24, 25] if isa == "avx512" else [10] if wide1 else [13]
     if rows == 1 and fmt == "i4":
         for z in zacc:
             ins(f"VXORPS {vp}{z}, {vp}{z}, {vp}{z}")
@@ -250,6 +254,11 @@ def axpy(rows, fmt, isa):
         if fmt == "i4":
             ins(f"VBROADCASTSS (R14), Z{zr[0]}", f"VBROADCASTSS (R14)(DX*1), Z{zr[1]}")
         groups = [0, 0, 1, 1]
+    elif wide1:
+        ins(*load_chunk(fmt, isa, "SI", 0, vals, (12, 13, 14)), f"VBROADCASTSS (R13), Y{sc[0]}")
+        if fmt == "i4":
+            ins(f"VBROADCASTSS (R14), Y{zr[0]}")
+        groups = [0, 0, 0, 0]
     else:
         if fmt == "i8":
             ins("VPMOVSXBD (SI), Y8", "VPMOVSXBD 8(SI), Y9")
@@ -1477,6 +1486,8 @@ for isa in ("avx512", "avx2"):
             for scaled in (False, True):
                 dots(rows, fmt, scaled, isa)
             axpy(rows, fmt, isa)
+        if isa == "avx2":
+            axpy(1, fmt, isa, wide=True)
 vnni()
 vint(4, "avx512")
 vint(2, "avx512")

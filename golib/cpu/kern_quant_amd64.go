@@ -53,6 +53,12 @@ func qdots1i4savx512(s *float32, ldS int, q *float32, qrb int, k *byte, krb int,
 func qaxpy1i4avx512(acc *float32, accrb int, p *float32, ldP int, v *byte, vrb int, n int, alpha *[4]float32, vs *float32, vz *float32, srb int, s2 int, pfd int)
 
 //go:noescape
+func qaxpy1wi8avx2(acc *float32, accrb int, p *float32, ldP int, v *byte, vrb int, n int, alpha *[4]float32, vs *float32, vz *float32, srb int, s2 int, pfd int)
+
+//go:noescape
+func qaxpy1wi4avx2(acc *float32, accrb int, p *float32, ldP int, v *byte, vrb int, n int, alpha *[4]float32, vs *float32, vz *float32, srb int, s2 int, pfd int)
+
+//go:noescape
 func qdots4i8ravx2(s *float32, ldS int, q *float32, qrb int, k *byte, krb int, nt int, ng int, cpg int, ks *float32, kz *float32, pfd int)
 
 //go:noescape
@@ -101,6 +107,10 @@ type quantAsm struct {
 	// cb is the column block of the accumulation loops (elements); groups of
 	// V scales must be a multiple of vg elements.
 	cb, vg int
+	// axpy1w, when set, is axpy1 over column blocks of cbw elements (V groups
+	// a multiple of cbw), which it takes where the shape allows
+	axpy1w [2]qaxpyFn
+	cbw    int
 	mul    func(dst, a, b []float32)
 }
 
@@ -118,6 +128,7 @@ var quantAsmAVX2 = quantAsm{
 	axpy4: [2]qaxpyFn{qaxpy4i8avx2, qaxpy4i4avx2},
 	axpy1: [2]qaxpyFn{qaxpy1i8avx2, qaxpy1i4avx2},
 	cb:    16, vg: 16, mul: mul8,
+	axpy1w: [2]qaxpyFn{qaxpy1wi8avx2, qaxpy1wi4avx2}, cbw: 32,
 }
 
 func fmtIndex(f cache.QuantFormat) int {
@@ -184,14 +195,17 @@ func (a *quantAsm) axpyLd(rows int, acc, p []float32, ld, n int, m qmat, alpha *
 	if int4 {
 		_ = m.z[n*m.ng-1]
 	}
-	fn := a.axpy1[fmtIndex(m.f)]
-	if rows == 4 {
+	fn, cb := a.axpy1[fmtIndex(m.f)], a.cb
+	switch {
+	case rows == 4:
 		fn = a.axpy4[fmtIndex(m.f)]
+	case a.cbw > 0 && d%a.cbw == 0 && m.g%a.cbw == 0:
+		fn, cb = a.axpy1w[fmtIndex(m.f)], a.cbw
 	}
-	for j0 := 0; j0 < d; j0 += a.cb {
+	for j0 := 0; j0 < d; j0 += cb {
 		gi := j0 / m.g
 		s2 := 0
-		if a.cb > 32 {
+		if cb > 32 {
 			s2 = ((j0+32)/m.g - gi) * 4
 		}
 		vb := j0

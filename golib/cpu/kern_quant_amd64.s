@@ -1785,6 +1785,64 @@ qaxpy1i8avx2store:
 	VZEROUPPER
 	RET
 
+// func qaxpy1wi8avx2(acc *float32, accrb int, p *float32, ldP int, v *byte, vrb int, n int, alpha *[4]float32, vs *float32, vz *float32, srb int, s2 int, pfd int)
+//
+// One column block of 32 elements: for rows r < 1, acc_r = alpha[r]*acc_r +
+// sum_t p[r*ldP/4 + t] * x_t, acc rows accrb bytes apart, V rows vrb bytes apart, x_t the
+// block's elements of V row t dequantized: integers times the scale at vs + t*srb
+// at vz + t*srb (s2 unused: a block is in one group). The accumulators
+// stay in registers over the tokens; each dequantized vector feeds every row. V is
+// prefetched pfd bytes ahead.
+TEXT ·qaxpy1wi8avx2(SB), NOSPLIT, $0-104
+	MOVQ acc+0(FP), DI
+	MOVQ accrb+8(FP), BX
+	MOVQ p+16(FP), R8
+	MOVQ ldP+24(FP), DX
+	MOVQ v+32(FP), SI
+	MOVQ n+48(FP), AX
+	MOVQ alpha+56(FP), R12
+	MOVQ vs+64(FP), R13
+	MOVQ vz+72(FP), R14
+	MOVQ s2+88(FP), DX
+	MOVQ pfd+96(FP), CX
+	VBROADCASTSS (R12), Y11
+	VMULPS (DI), Y11, Y0
+	VMULPS 32(DI), Y11, Y1
+	VMULPS 64(DI), Y11, Y2
+	VMULPS 96(DI), Y11, Y3
+	XORQ R12, R12
+	TESTQ AX, AX
+	JZ qaxpy1wi8avx2store
+qaxpy1wi8avx2tok:
+	PREFETCHT1 (SI)(CX*1)
+	VPMOVSXBD (SI), Y4
+	VPMOVSXBD 8(SI), Y5
+	VPMOVSXBD 16(SI), Y6
+	VPMOVSXBD 24(SI), Y7
+	VCVTDQ2PS Y4, Y4
+	VCVTDQ2PS Y5, Y5
+	VCVTDQ2PS Y6, Y6
+	VCVTDQ2PS Y7, Y7
+	VBROADCASTSS (R13), Y8
+	VBROADCASTSS (R8)(R12*4), Y11
+	VMULPS Y11, Y8, Y8
+	VFMADD231PS Y4, Y8, Y0
+	VFMADD231PS Y5, Y8, Y1
+	VFMADD231PS Y6, Y8, Y2
+	VFMADD231PS Y7, Y8, Y3
+	ADDQ vrb+40(FP), SI
+	ADDQ srb+80(FP), R13
+	INCQ R12
+	CMPQ R12, AX
+	JLT qaxpy1wi8avx2tok
+qaxpy1wi8avx2store:
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	VZEROUPPER
+	RET
+
 // func qdots4i4ravx2(s *float32, ldS int, q *float32, qrb int, k *byte, krb int, nt int, ng int, cpg int, ks *float32, kz *float32, pfd int)
 //
 // For query rows r < 4 and tokens t < nt: s[r*ldS/4 + t] = dot(q_r, x_t), q rows of qrb
@@ -2286,6 +2344,80 @@ qaxpy1i4avx2store:
 	VADDPS Y13, Y1, Y1
 	VMOVUPS Y0, (DI)
 	VMOVUPS Y1, 32(DI)
+	VZEROUPPER
+	RET
+
+// func qaxpy1wi4avx2(acc *float32, accrb int, p *float32, ldP int, v *byte, vrb int, n int, alpha *[4]float32, vs *float32, vz *float32, srb int, s2 int, pfd int)
+//
+// One column block of 32 elements: for rows r < 1, acc_r = alpha[r]*acc_r +
+// sum_t p[r*ldP/4 + t] * x_t, acc rows accrb bytes apart, V rows vrb bytes apart, x_t the
+// block's elements of V row t dequantized: integers times the scale at vs + t*srb plus the zero
+// at vz + t*srb (s2 unused: a block is in one group). The accumulators
+// stay in registers over the tokens; each dequantized vector feeds every row. V is
+// prefetched pfd bytes ahead.
+TEXT ·qaxpy1wi4avx2(SB), NOSPLIT, $0-104
+	MOVQ acc+0(FP), DI
+	MOVQ accrb+8(FP), BX
+	MOVQ p+16(FP), R8
+	MOVQ ldP+24(FP), DX
+	MOVQ v+32(FP), SI
+	MOVQ n+48(FP), AX
+	MOVQ alpha+56(FP), R12
+	MOVQ vs+64(FP), R13
+	MOVQ vz+72(FP), R14
+	MOVQ s2+88(FP), DX
+	MOVQ pfd+96(FP), CX
+	VBROADCASTSS (R12), Y11
+	VMULPS (DI), Y11, Y0
+	VMULPS 32(DI), Y11, Y1
+	VMULPS 64(DI), Y11, Y2
+	VMULPS 96(DI), Y11, Y3
+	VXORPS Y10, Y10, Y10
+	XORQ R12, R12
+	TESTQ AX, AX
+	JZ qaxpy1wi4avx2store
+qaxpy1wi4avx2tok:
+	PREFETCHT1 (SI)(CX*1)
+	VMOVDQU (SI), X12
+	VPSRLW $4, X12, X13
+	VPAND nibmask<>(SB), X12, X12
+	VPAND nibmask<>(SB), X13, X13
+	VPUNPCKLBW X13, X12, X14
+	VPUNPCKHBW X13, X12, X12
+	VPMOVZXBD X14, Y4
+	VPSRLDQ $8, X14, X14
+	VPMOVZXBD X14, Y5
+	VPMOVZXBD X12, Y6
+	VPSRLDQ $8, X12, X12
+	VPMOVZXBD X12, Y7
+	VCVTDQ2PS Y4, Y4
+	VCVTDQ2PS Y5, Y5
+	VCVTDQ2PS Y6, Y6
+	VCVTDQ2PS Y7, Y7
+	VBROADCASTSS (R13), Y8
+	VBROADCASTSS (R14), Y9
+	VBROADCASTSS (R8)(R12*4), Y11
+	VMULPS Y11, Y8, Y8
+	VFMADD231PS Y9, Y11, Y10
+	VFMADD231PS Y4, Y8, Y0
+	VFMADD231PS Y5, Y8, Y1
+	VFMADD231PS Y6, Y8, Y2
+	VFMADD231PS Y7, Y8, Y3
+	ADDQ vrb+40(FP), SI
+	ADDQ srb+80(FP), R13
+	ADDQ srb+80(FP), R14
+	INCQ R12
+	CMPQ R12, AX
+	JLT qaxpy1wi4avx2tok
+qaxpy1wi4avx2store:
+	VADDPS Y10, Y0, Y0
+	VADDPS Y10, Y1, Y1
+	VADDPS Y10, Y2, Y2
+	VADDPS Y10, Y3, Y3
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
 	VZEROUPPER
 	RET
 
