@@ -97,7 +97,7 @@ def test_cli_generate_ids_and_text(tmp_path: Any, capsys: Any) -> None:
     (["--prompt", "hi"], "--prompt needs --tokenizer (or give --prompt-ids)"),
     (["--prompt-ids", "3", "--temperature", "0.5", "--seed", "1"],
      "--temperature, --seed only take effect with --sample (greedy choice ignores them)"),
-    (["--prompt-ids", "3", "--top-k", "5"], "--top-k only take effect with --sample (greedy choice ignores them)"),
+    (["--prompt-ids", "3", "--top-k", "5"], "--top-k only takes effect with --sample (greedy choice ignores it)"),
     (["--prompt-ids", "3", "--num-draft-tokens", "8"],
      "--num-draft-tokens only takes effect with --draft (prompt lookup proposes --prompt-lookup tokens)"),
 ])

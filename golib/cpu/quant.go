@@ -167,8 +167,9 @@ func init() {
 // same float32 steps: bit-identical results (the float steps around them,
 // such as the softmax, may differ by a rounding).
 //
-// The score loop (scores), over int8 K per channel and int4 K per channel
-// (head dim a multiple of 128): the query rows times the chunk's channel
+// The score loop (scores), over int8 K per channel (head dim a multiple of
+// 64) and int4 K per channel (a multiple of 128), head dims up to 256: the
+// query rows times the chunk's channel
 // scales are quantized to int16 per row (steps of 1/32767 of the row's
 // largest element) and dotted with VPDPWSSD (AVX2: VPMADDWD). Each score
 // errs by up to half a step times the keys' sum: with K channels whose

@@ -75,6 +75,11 @@ __version__: str = _check_kernel_env()
 which the package metadata reads too)."""
 
 
+def __dir__() -> list[str]:
+    """The module's names, the lazily loaded ones (``__all__``) included."""
+    return sorted(set(globals()) | set(__all__))
+
+
 def __getattr__(name: str) -> Any:
     # heavy or optional parts load on first use
     if name == "models":

@@ -69,7 +69,7 @@ def attention(
             head ``h`` reads KV head ``h // (q_heads // kv_heads)``).
         cache: the :class:`KVCache`; its last ``q_len`` tokens of each
             sequence must be the keys/values of these queries (append first).
-        scale: factor on q.k, a finite nonzero float32 value; default
+        scale: factor on q.k, a finite positive float32 value; default
             ``1/sqrt(head_dim)``.
         softcap: if > 0, scores become ``softcap * tanh(score / softcap)``
             (finite, >= 0; 0 disables it).
@@ -194,7 +194,10 @@ def set_quant_int_loops(scores: bool = True, accumulate: bool = True) -> None:
     decode step about 1.1-1.4x faster. With K channels whose scales are 30
     times the others' (outliers, common in trained models) the attention
     output erred by 1.7e-3 (int8) and 2.6e-3 (int4) against the reference,
-    6.5% and 1% of the quantization's own error against float32 there.
+    6.5% and 1% of the quantization's own error against float32 there. It
+    takes head dims that are a multiple of 64 (128 for int4) up to 256;
+    chunks whose K channel scales spread wider (one channel with a large
+    offset) take the float loop.
 
     ``accumulate``: the V accumulation rounds the softmax weights times the V
     scales to int16 (steps of 1/16383 of a chunk's largest), an output error

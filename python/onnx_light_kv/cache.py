@@ -693,8 +693,13 @@ class KVCache:
         ``"quant"`` is None, or for a quantized cache a dict: ``format``,
         ``group``, ``k_axis``, ``residual``, ``sealed_tokens`` and
         ``native_tokens`` (readable tokens held quantized and in ``dtype``,
-        summed over sequences), ``scale_bytes`` (scales and zero points of
-        the sealed rows), ``bytes_per_token`` (one sealed token, all heads,
+        summed over sequences), ``scale_bytes`` (scales and zero points:
+        the per-token ones of the readable sealed rows, plus the per-channel K
+        scales of every chunk the cache still holds: in the contiguous layout
+        every chunk below the sealed length, those an evict or a window made
+        unreadable included (their table keeps them); in the paged layout the
+        chunk blocks still held),
+        ``bytes_per_token`` (one sealed token, all heads,
         K and V, scales included, per-channel K scales amortized over a
         chunk) and ``native_bytes_per_token``. The counters include
         ``seal_calls`` (chunks sealed) and ``seal_bytes`` (bytes written by

@@ -249,7 +249,10 @@ def save_model(model: onnx.ModelProto, path: Union[str, os.PathLike], external_d
 
 
 def build(kind: str, config: Optional[DecoderConfig] = None, **overrides: Any) -> onnx.ModelProto:
-    """Build a model by kind name; ``overrides`` change fields of ``config`` (or the defaults)."""
+    """Build a model by kind name. ``overrides`` are the kind's builder keywords (for example
+    :func:`llama_decoder`'s ``attention_mask_input``; see each builder) and fields of
+    :class:`DecoderConfig`, which change ``config`` (or the defaults). An unknown keyword raises
+    ``TypeError`` naming the builder's keywords and the config fields."""
     builders: Dict[str, Callable[..., onnx.ModelProto]] = {
         "llama": llama_decoder,
         "gpt2": gpt2_decoder,
@@ -262,6 +265,17 @@ def build(kind: str, config: Optional[DecoderConfig] = None, **overrides: Any) -
 
 def _resolve(config: Optional[DecoderConfig], overrides: Dict[str, Any]) -> DecoderConfig:
     cfg = config or DecoderConfig()
+    fields = {f.name for f in dataclasses.fields(DecoderConfig)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        import inspect
+
+        caller = inspect.stack()[1].function
+        builder = globals().get(caller)
+        own = [p for p in inspect.signature(builder).parameters if p not in ("config", "overrides")] if builder else []
+        raise TypeError(f"{caller}() got unknown keyword(s) {', '.join(unknown)}: it takes "
+                        f"{', '.join(own) or 'no keywords of its own'} and the DecoderConfig fields "
+                        f"({', '.join(sorted(fields))})")
     return cfg.replace(**overrides) if overrides else cfg
 
 

@@ -274,7 +274,8 @@ class GenerationState:
         rotary applied). The rows are copied once into the caches.
 
         Raises:
-            KeyError: a layer's present is missing. ValueError: wrong shapes (batch, geometry,
+            TypeError: ``presents`` is not a mapping. KeyError: a layer's present is missing.
+            ValueError: wrong shapes (batch, geometry,
             differing ``n``), or the positions do not fit ``max_length``
             (:class:`~onnx_light_kv.CapacityError`). TypeError: a non-float dtype or mixed
             dtypes. NotImplementedError: a layer keeps window-sized presents
@@ -283,6 +284,9 @@ class GenerationState:
             changes on error.
         """
         h = self._handle()
+        if not isinstance(presents, Mapping):
+            raise TypeError(f"load takes a mapping of present names to arrays (as export() returns), "
+                            f"got {type(presents).__name__}")
         arrays: List[np.ndarray] = []
         n = None
         for layer in self._plan:

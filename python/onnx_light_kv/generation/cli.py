@@ -18,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--prompt-ids", type=int, nargs="+", metavar="ID", help="prompt token ids")
     src.add_argument("--prompt", help="prompt text (needs --tokenizer)")
     p.add_argument("--tokenizer", help="tokenizer.json (Hugging Face tokenizers; optional dependency)")
-    p.add_argument("--max-new-tokens", type=int, required=True, help="number of tokens to generate")
+    p.add_argument("--max-new-tokens", type=int, required=True, default=argparse.SUPPRESS,
+                   help="number of tokens to generate")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy choice")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (with --sample)")
     p.add_argument("--top-k", type=int, default=50,
@@ -50,7 +51,9 @@ def run(args: Any, out: Any = None) -> int:
                                                     ("--top-p", args.top_p, 1.0), ("--seed", args.seed, None))
                   if value != default]
         if unused:
-            raise ValueError(f"{', '.join(unused)} only take effect with --sample (greedy choice ignores them)")
+            one = len(unused) == 1
+            raise ValueError(f"{', '.join(unused)} only take{'s' if one else ''} effect with --sample (greedy choice "
+                             f"ignores {'it' if one else 'them'})")
     if args.num_draft_tokens != 4 and not args.draft:
         raise ValueError("--num-draft-tokens only takes effect with --draft (prompt lookup proposes --prompt-lookup "
                          "tokens)")
