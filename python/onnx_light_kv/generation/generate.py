@@ -286,6 +286,7 @@ def _greedy_or_sample(session: Any, ids: np.ndarray, mask: np.ndarray, opts: Sam
                   pad_token_id=pad, state_options=state_options)
     g.stop = stop  # parsed once, by generate (the caller's ids may be a one-shot iterator)
     g.rng = rng  # one random stream for the whole call
+    g._stores_all = False  # the last new token is never run: the state holds one position fewer
     scores: List[np.ndarray] = []
     try:
         g.append_tokens(ids, mask)

@@ -62,6 +62,9 @@ class Generator(_Uncopyable):
         self.pad_token_id = pad_id(optional_integer(pad_token_id, "pad_token_id", lo=0), self.stop, self.io.vocab)
         self.rng = np.random.default_rng(optional_integer(seed, "seed", lo=0))
         self._state_options = state_options
+        # the state holds every position up to max_length (appends run them all); generate(),
+        # which never runs its last token, sets False
+        self._stores_all = True
         self._runner: Any = None
         self._seq = np.zeros((0, 0), np.int64)
         self._mask = np.zeros((0, 0), np.int64)
@@ -138,7 +141,7 @@ class Generator(_Uncopyable):
             # the new runner first: if it cannot be made (a budget, an interrupt), the old one
             # and the rows stay as they were
             runner = make_runner(self.session, self.io, ids.shape[0], self.max_length, self._state_options,
-                                     stores_all=True)
+                                 stores_all=self._stores_all)
             if self._runner is not None:
                 self._runner.close()
             self._runner = runner
