@@ -124,3 +124,84 @@ def test_non_contiguous_memoryview_model_is_value_error() -> None:
     view = memoryview(np.frombuffer(data + data[-1:] * (len(data) % 2), np.uint8))[::2]
     with pytest.raises(ValueError, match="contiguous"):
         olkv.InferenceSession(view)
+
+
+def _genai(name: str) -> Any:
+    import _fixtures as fx
+
+    return olkv.InferenceSession(fx.model_path(name), threads=1)
+
+
+def _ids_feeds(n: int = 20) -> dict:
+    ids = np.arange(3, 3 + n)[None]
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+
+
+def test_checkpoint_before_the_first_run_of_an_undeclared_geometry() -> None:
+    """On an export whose graph does not declare its K/V head size, the session's first state
+    has no caches until it runs: a checkpoint taken before stays valid after the run (it was
+    always stale), as on any later state."""
+    sess = _genai("qwen2-genai")
+    for attempt in ("first state of the session", "second state"):
+        st = sess.create_state(max_length=64)
+        ck = st.checkpoint()
+        sess.run(["logits"], _ids_feeds(), state=st)
+        st.rollback(ck)
+        assert st.length == 0, attempt
+        sess.run(["logits"], _ids_feeds(), state=st)  # runs again from empty
+        assert st.length == 20
+
+
+def test_reuse_prefix_on_a_state_made_before_the_first_run() -> None:
+    """A prefix-cache state created before the session's first run reuses a prompt another
+    state registered since (it returned 0: its caches did not exist yet)."""
+    sess = _genai("qwen2-genai")
+    opts = dict(max_length=64, layout="paged", block_size=16, prefix_cache=True)
+    early = sess.create_state(**opts)
+    first = sess.create_state(**opts)
+    feeds = _ids_feeds(40)
+    want = sess.run(["logits"], feeds, state=first)[0][:, -1]
+    n = early.reuse_prefix(feeds["input_ids"][0])
+    assert n == 32
+    got = sess.run(["logits"], {"input_ids": feeds["input_ids"][:, n:], "attention_mask": feeds["attention_mask"]},
+                   state=early)[0][:, -1]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_load_checks_a_partly_declared_geometry_and_reset_recovers() -> None:
+    """qwen2-genai declares its KV heads (2) but not their size: a load of 4 heads is refused on
+    a fresh session (it was accepted and the state could never run again, reset or not)."""
+    bad = {f"present.{layer}.{kv}": np.zeros((1, 4, 10, 8), np.float32) for layer in range(2)
+           for kv in ("key", "value")}
+    sess = _genai("qwen2-genai")
+    st = sess.create_state(max_length=64)
+    with pytest.raises(ValueError, match="KV heads"):
+        st.load(bad)
+    sess.run(["logits"], _ids_feeds(), state=st)
+
+
+def test_load_into_undeclared_geometry_then_reset_runs() -> None:
+    """A load whose geometry no run has confirmed (the model declares none) stays on its state;
+    reset() drops those caches, so the state runs again."""
+    sess = _undeclared_model()
+    st = sess.create_state(batch=1, max_length=32)
+    st.load(_rows(sess, 3, 8, 4))
+    with pytest.raises(ValueError, match="heads"):
+        sess.run(["logits"], _FEEDS, state=st)
+    st.reset()
+    sess.run(["logits"], _FEEDS, state=st)
+    assert st.length == 4
+
+
+def test_load_of_window_sized_presents_is_not_implemented() -> None:
+    """gemma2-genai keeps window-sized presents in its sliding layers: load(export()) raises
+    NotImplementedError at every length (it raised a ValueError about position counts unless the
+    length equalled the window)."""
+    sess = _genai("gemma2-genai")
+    assert any(p["window_buffer"] for p in sess.cache_plan())
+    for n in (3, 8, 12):
+        ids = (np.arange(n) % 40 + 1)[None]
+        st = sess.create_state(max_length=64)
+        sess.run(["logits"], {"input_ids": ids, "attention_mask": np.ones_like(ids)}, state=st)
+        with pytest.raises(NotImplementedError, match="window"):
+            sess.create_state(max_length=64).load(st.export())

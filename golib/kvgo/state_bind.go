@@ -23,11 +23,12 @@ type layerJSON struct {
 	Rewritten    bool   `json:"rewritten"`
 	Rule         string `json:"rule"`
 	Reason       string `json:"reason"`
+	WindowBuffer int    `json:"window_buffer"`
 }
 
 // SessionCachePlanJSON returns the cache rewrite's verdict per layer as a
 // JSON list of {layer, past_key, past_value, present_key, present_value,
-// rewritten, rule, reason}.
+// rewritten, rule, reason, window_buffer}.
 func SessionCachePlanJSON(h int64) (s string, err error) {
 	defer recoverTo(&err)
 	sess, err := sessions.get(h)
@@ -37,7 +38,8 @@ func SessionCachePlanJSON(h int64) (s string, err error) {
 	out := []layerJSON{}
 	for _, l := range sess.CachePlan() {
 		out = append(out, layerJSON{Layer: l.Index, PastKey: l.PastKey, PastValue: l.PastValue, PresentKey: l.PresentKey,
-			PresentValue: l.PresentValue, Rewritten: l.Rewritten, Rule: l.Rule, Reason: l.Reason})
+			PresentValue: l.PresentValue, Rewritten: l.Rewritten, Rule: l.Rule, Reason: l.Reason,
+			WindowBuffer: l.WindowBuffer})
 	}
 	b, err := json.Marshal(out)
 	return string(b), classify(err)

@@ -3,6 +3,7 @@ package runtime
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/cache"
@@ -82,13 +83,18 @@ type CacheState struct {
 	step   int
 	memo   map[any]any
 	// loading: the run is a Load, whose new caches the session does not
-	// learn the geometry of
-	loading bool
+	// learn the geometry of; unconfirmed[i]: a Load created slot i's cache
+	// with the rows' geometry and no run has used it since (Reset drops it)
+	loading     bool
+	unconfirmed []bool
 }
 
-// stateCheckpoint is a checkpoint of every layer's cache.
+// stateCheckpoint is a checkpoint of every layer's cache: ids per layer
+// slot, absent[i] when slot i had no cache yet (its rollback empties the
+// cache a run created since).
 type stateCheckpoint struct {
 	ids    []uint64
+	absent []bool
 	length int
 }
 
@@ -149,7 +155,33 @@ func (s *Session) NewCacheState(cfg StateConfig) (*CacheState, error) {
 	}
 	cs.saved = make([][]int, len(cs.caches))
 	cs.wanted = make([]bool, len(cs.caches))
+	cs.unconfirmed = make([]bool, len(cs.caches))
 	return cs, nil
+}
+
+// ensureCaches creates the caches of layer slots that have none yet where
+// the session knows their geometry by now (the graph does not declare it
+// and another state's run has shown it since this one was created), so
+// that checkpoints and prefix reuse see every layer.
+func (cs *CacheState) ensureCaches() error {
+	if cs.length > 0 {
+		return nil // a run or a load made every layer's cache
+	}
+	for slot, c := range cs.caches {
+		if c != nil {
+			continue
+		}
+		g := cs.sess.cache.geometry(slot)
+		if g[0] == 0 || g[1] == 0 || g[2] == 0 {
+			continue
+		}
+		nc, err := cs.newCache(g[0], g[1], g[2])
+		if err != nil {
+			return err
+		}
+		cs.caches[slot] = nc
+	}
+	return nil
 }
 
 // newCache creates one layer's cache with the state's batch, capacity and
@@ -296,6 +328,14 @@ func (b *stateBinding) Cache(layer, n int, geom [3]int) (*cache.KVCache, error) 
 		cs.step = n
 	}
 	c := cs.caches[layer]
+	if cs.unconfirmed[layer] && !cs.loading {
+		if cfg := c.Config(); geom[0] > 0 && geom != [3]int{cfg.KVHeads, cfg.HeadDimK, cfg.HeadDimV} {
+			return nil, fmt.Errorf("%w: layer %d: the run's K/V have %d heads of %d/%d, the rows loaded into the "+
+				"state %d of %d/%d (reset() drops them)", errs.ErrShape, cs.layers[layer].Index, geom[0], geom[1], geom[2],
+				cfg.KVHeads, cfg.HeadDimK, cfg.HeadDimV)
+		}
+		cs.unconfirmed[layer] = false // the run's geometry is the loaded one
+	}
 	if cs.cfg.MaxLength == 0 && c.MaxLen()+n > c.Config().Capacity {
 		g, err := grown(c, cs.arena, c.MaxLen()+n)
 		if err != nil {
@@ -417,6 +457,7 @@ func (cs *CacheState) Fork() (*CacheState, error) {
 		}
 		f.saved = make([][]int, len(f.caches))
 		f.wanted = make([]bool, len(f.caches))
+		f.unconfirmed = slices.Clone(cs.unconfirmed)
 		return nil
 	})
 	return f, err
@@ -503,6 +544,9 @@ func (cs *CacheState) Adopt(src *CacheState) error {
 				return err // checked above: cannot fail past the first layer
 			}
 		}
+		for i := range cs.unconfirmed { // the same geometry: confirmed if either was
+			cs.unconfirmed[i] = cs.unconfirmed[i] && src.unconfirmed[i]
+		}
 		cs.cfg.Batch += src.cfg.Batch
 		cs.length = max(cs.length, src.length)
 		clear(cs.cks)
@@ -540,13 +584,25 @@ func (cs *CacheState) Truncate(n int) error {
 func (cs *CacheState) Checkpoint() (int64, error) {
 	var id int64
 	err := cs.locked(func() error {
-		ck := stateCheckpoint{length: cs.length}
-		for _, c := range cs.live() {
+		if err := cs.ensureCaches(); err != nil {
+			return err
+		}
+		ck := stateCheckpoint{length: cs.length, ids: make([]uint64, len(cs.caches)), absent: make([]bool, len(cs.caches))}
+		for i, c := range cs.caches {
+			if c == nil { // no geometry known yet: the first run creates it
+				ck.absent[i] = true
+				continue
+			}
 			cid, err := c.Checkpoint()
 			if err != nil {
+				for j := 0; j < i; j++ {
+					if !ck.absent[j] {
+						cs.caches[j].ReleaseCheckpoint(ck.ids[j])
+					}
+				}
 				return err
 			}
-			ck.ids = append(ck.ids, cid)
+			ck.ids[i] = cid
 		}
 		cs.nextCk++
 		id = cs.nextCk
@@ -562,19 +618,34 @@ func (cs *CacheState) Checkpoint() (int64, error) {
 // and changes nothing.
 func (cs *CacheState) Rollback(id int64) error {
 	return cs.locked(func() error {
-		live := cs.live()
 		ck, ok := cs.cks[id]
-		if !ok || len(ck.ids) != len(live) {
+		stale := !ok || len(ck.ids) != len(cs.caches)
+		for i := 0; !stale && i < len(cs.caches); i++ {
+			stale = !ck.absent[i] && cs.caches[i] == nil // (a failed load dropped it)
+		}
+		if stale {
 			return fmt.Errorf("%w: state checkpoint %d was released or invalidated", cache.ErrStaleCheckpoint, id)
 		}
-		before := make([][]int, len(live))
-		for i, c := range live {
-			before[i] = c.Lengths()
+		before := make([][]int, len(cs.caches))
+		for i, c := range cs.caches {
+			if c != nil {
+				before[i] = c.Lengths()
+			}
 		}
-		for i, c := range live {
-			if err := c.Rollback(ck.ids[i]); err != nil {
+		for i, c := range cs.caches {
+			var err error
+			switch {
+			case c == nil:
+			case ck.absent[i]: // created since: everything it holds came after the checkpoint
+				err = c.Truncate(make([]int, cs.cfg.Batch))
+			default:
+				err = c.Rollback(ck.ids[i])
+			}
+			if err != nil {
 				for j := 0; j < i; j++ { // undo the layers already restored
-					_ = live[j].Truncate(before[j])
+					if cs.caches[j] != nil {
+						_ = cs.caches[j].Truncate(before[j])
+					}
 				}
 				if errors.Is(err, cache.ErrStaleCheckpoint) {
 					return err
@@ -591,8 +662,8 @@ func (cs *CacheState) Rollback(id int64) error {
 func (cs *CacheState) ReleaseCheckpoint(id int64) {
 	_ = cs.locked(func() error {
 		if ck, ok := cs.cks[id]; ok {
-			for i, c := range cs.live() {
-				if i < len(ck.ids) {
+			for i, c := range cs.caches {
+				if c != nil && i < len(ck.ids) && !ck.absent[i] {
 					c.ReleaseCheckpoint(ck.ids[i])
 				}
 			}
@@ -606,7 +677,15 @@ func (cs *CacheState) ReleaseCheckpoint(id int64) {
 // checkpoints.
 func (cs *CacheState) Reset() error {
 	return cs.locked(func() error {
-		for _, c := range cs.live() {
+		for i, c := range cs.caches {
+			if c == nil {
+				continue
+			}
+			if cs.unconfirmed[i] { // a load's geometry no run has confirmed: the next run creates it
+				c.Close()
+				cs.caches[i], cs.unconfirmed[i] = nil, false
+				continue
+			}
 			if err := c.Reset(); err != nil {
 				return err
 			}

@@ -42,7 +42,12 @@ func (cs *CacheState) Load(rows []LayerRows, elem cache.ElemType, n int) error {
 					errs.ErrNotImplemented, l.Index, l.WindowBuffer)
 			}
 			r, c := rows[slot], cs.caches[slot]
-			geom := cs.sess.cache.geometry(slot) // the graph's, or what a run showed
+			// what the graph declares (each part on its own), or all three as
+			// the graph or a run showed them
+			geom := [3]int{l.KVHeads, l.HeadDimK, l.HeadDimV}
+			if g := cs.sess.cache.geometry(slot); g[0] > 0 {
+				geom = g
+			}
 			if c != nil {
 				cfg := c.Config()
 				geom = [3]int{cfg.KVHeads, cfg.HeadDimK, cfg.HeadDimV}
@@ -88,6 +93,15 @@ func (cs *CacheState) Load(rows []LayerRows, elem cache.ElemType, n int) error {
 					return fmt.Errorf("%w (restoring the state: %v)", err, e)
 				}
 				return err
+			}
+		}
+		for slot, ok := range existed {
+			if !ok {
+				// created with the rows' geometry: unconfirmed unless the graph
+				// or a run gave the same
+				g := cs.sess.cache.geometry(slot)
+				r := rows[slot]
+				cs.unconfirmed[slot] = g != [3]int{r.KVHeads, r.HeadDimK, r.HeadDimV}
 			}
 		}
 		cs.tokens = cs.tokens[:0] // positions without token ids: no registration until a reset

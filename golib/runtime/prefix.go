@@ -175,6 +175,9 @@ func (cs *CacheState) ReusePrefix(tokens []int64) (int, error) {
 		if cs.length != 0 {
 			return fmt.Errorf("%w: reuse_prefix needs an empty state (length %d)", errs.ErrInvalidArgument, cs.length)
 		}
+		if err := cs.ensureCaches(); err != nil {
+			return err
+		}
 		caches := cs.live()
 		store := cs.sess.cache.prefixStore()
 		if store == nil || len(caches) != len(cs.caches) || len(tokens) < 2 {

@@ -290,8 +290,10 @@ class InferenceSession(_Uncopyable):
     def cache_plan(self) -> List[Dict[str, Any]]:
         """The cache rewrite's verdict, one dict per past/present pair (layer order):
         ``layer``, ``past_key``, ``past_value``, ``present_key``, ``present_value``,
-        ``rewritten`` (bool), ``rule`` (the rule that rewrote it) and ``reason`` (why the
-        layer stays on the tensor path; empty when rewritten)."""
+        ``rewritten`` (bool), ``rule`` (the rule that rewrote it), ``reason`` (why the
+        layer stays on the tensor path; empty when rewritten) and ``window_buffer`` (the
+        positions of a window-sized present buffer, GroupQueryAttention's
+        ``sliding_window_cache=1``; 0 for none)."""
         return [dict(d) for d in self._plan()]
 
     def create_state(self, *, batch: int = 1, max_length: Optional[int] = None, dtype: Any = None,

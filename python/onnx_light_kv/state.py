@@ -287,6 +287,11 @@ class GenerationState:
         if not isinstance(presents, Mapping):
             raise TypeError(f"load takes a mapping of present names to arrays (as export() returns), "
                             f"got {type(presents).__name__}")
+        for layer in self._plan:
+            if layer.get("window_buffer"):
+                raise NotImplementedError(
+                    f"layer {layer['layer']} keeps window-sized presents (sliding_window_cache=1): they hold only "
+                    f"its last {layer['window_buffer']} positions and cannot be loaded")
         arrays: List[np.ndarray] = []
         n = None
         for layer in self._plan:
