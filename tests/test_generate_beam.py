@@ -142,11 +142,12 @@ def test_beam_sampling_seeded_and_limits() -> None:
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
-@pytest.mark.parametrize("warp", [dict(top_k=1), dict(top_p=1e-6), dict(temperature=1e-300)])
+@pytest.mark.parametrize("warp", [dict(temperature=1e-300)])
 def test_beam_sampling_returns_only_real_hypotheses(warp: dict) -> None:
-    """Warpers that leave one candidate per beam leave one hypothesis (the greedy continuation,
-    scored by its warped log-probabilities): it comes back alone, and asking for more raises
-    ValueError instead of returning the empty beams as copies of it (scored about -1e9 / len)."""
+    """A temperature whose probabilities underflow leaves one candidate with non-zero
+    probability per beam, so one hypothesis (the greedy continuation, scored by its warped
+    log-probabilities): it comes back alone, and asking for more raises ValueError instead of
+    returning the empty beams as copies of it (scored about -1e9 / len)."""
     sess = gc.ours("llama")
     kw = dict(max_new_tokens=6, num_beams=3, do_sample=True, seed=0, **warp)
     with pytest.raises(ValueError, match="found 1 hypothesis for row 0, fewer than num_return_sequences=3"):
@@ -159,6 +160,25 @@ def test_beam_sampling_returns_only_real_hypotheses(warp: dict) -> None:
     mean = np.mean([s[0, t] for s, t in zip(greedy.scores, greedy.new_tokens[0])])
     want = 0.0 if "temperature" in warp else mean  # (the t -> 0 limit's log-probabilities are 0)
     assert one.sequences_scores[0] == pytest.approx(want, abs=1e-4)
+
+
+@pytest.mark.parametrize("warp", [dict(top_k=1), dict(top_k=0, top_p=0.01), dict(top_k=0, min_p=0.99)])
+def test_beam_sampling_filters_keep_two_tokens_as_transformers(warp: dict) -> None:
+    """In beam sampling the filters keep at least max(2, eos ids + 1) tokens per beam
+    (transformers' min_tokens_to_keep), so beams branch even at top_k=1. Outputs recorded from
+    transformers 5.25 on the llama-optimum fixture's torch twin (the same for seeds 0-2; before,
+    the beams could not branch: one hypothesis, or ValueError for two)."""
+    import _fixtures as fx
+
+    sess = olkv.InferenceSession(fx.model_path("llama-optimum"), threads=1)
+    kw = dict(do_sample=True, num_beams=2, max_new_tokens=3, eos_token_id=[26], pad_token_id=251, **warp)
+    for seed in range(3):
+        out = olkv.generate(sess, np.array([[13, 52]]), length_penalty=2.0, seed=seed, **kw)
+        assert out.sequences.tolist() == [[13, 52, 163, 197, 26]]
+        assert out.sequences_scores[0] == pytest.approx(-1.0390, abs=2e-4)
+    two = olkv.generate(sess, np.array([[13, 52]]), num_return_sequences=2, seed=0, **kw)
+    assert two.sequences.tolist() == [[13, 52, 26, 251, 251], [13, 52, 163, 197, 26]]
+    np.testing.assert_allclose(two.sequences_scores, [-3.0144, -3.1169], atol=2e-4)
 
 
 def test_beam_sampling_with_few_candidates_branches_into_real_hypotheses() -> None:

@@ -20,8 +20,9 @@ copies of the prompt beyond the first beam (whose continuations would only repea
 and the slots left when eos continuations or the sampling warpers use up a row's candidates.
 Such slots never become candidates or hypotheses, and a row left without running beams is
 done. Only real hypotheses are returned: a row that ends with fewer than
-``num_return_sequences`` of them (beam sampling with ``top_k=1``, whose beams cannot branch)
-raises ``ValueError``.
+``num_return_sequences`` of them raises ``ValueError`` (in beam sampling the warpers keep at
+least ``max(2, number of eos ids + 1)`` tokens per beam, transformers' ``min_tokens_to_keep``, so
+beams branch even at ``top_k=1``; eos continuations can still use up a small row's candidates).
 
 A continuation that ends with one of the stop sequences (which may start in the prompt) is
 finished like an eos continuation, its stop tokens kept.
@@ -165,7 +166,9 @@ def beam_search(runner: Any, prompt: np.ndarray, mask: np.ndarray, opts: Samplin
     done = np.zeros(batch, bool)
     step_scores: List[np.ndarray] = []
     eos = set(stop.eos)
-    keep = max(2, 1 + len(eos)) * k  # candidates per row and step (transformers' beams_to_keep)
+    # transformers counts the eos ids as given, repeats included
+    keep = max(2, 1 + len(stop.eos)) * k  # candidates per row and step (transformers' beams_to_keep)
+    min_keep = max(2, 1 + len(stop.eos))  # the sampling filters leave at least this many (min_tokens_to_keep)
     vocab = logits.shape[-1]
     if k > vocab:
         raise ValueError(f"num_beams={k} exceeds the vocabulary ({vocab} tokens): there are not that many "
@@ -187,7 +190,7 @@ def beam_search(runner: Any, prompt: np.ndarray, mask: np.ndarray, opts: Samplin
         full = np.concatenate([seq_prompt, gen], axis=1)
         full_mask = np.concatenate([mask_prompt, np.ones_like(gen)], axis=1)
         logprobs = lp.log_softmax(logits)
-        processed = lp.process(logprobs, opts, full, full_mask)
+        processed = lp.process(logprobs, opts, full, full_mask, keep=min_keep)
         if return_scores:
             step_scores.append(processed)
         total = (processed.astype(np.float64) + beam_scores[:, None]).reshape(batch, k * vocab)

@@ -97,8 +97,9 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
     ``max_new_tokens ** length_penalty`` would leave float64's range) and ``early_stopping``
     (True, False or "never"; another type is a ``TypeError``), returning ``num_return_sequences`` per row; with ``do_sample`` it is beam
     sampling (transformers' rule: the candidates of each step are drawn from the softmax of the
-    warped, summed beam scores; ``ValueError`` when the warpers leave a row fewer distinct
-    hypotheses than ``num_return_sequences``, as ``top_k=1`` does; ``num_beams`` above a vocabulary
+    warped, summed beam scores, the warpers keeping at least ``max(2, number of eos ids + 1)``
+    tokens per beam as transformers' ``min_tokens_to_keep``; ``ValueError`` when a row ends with
+    fewer distinct hypotheses than ``num_return_sequences``; ``num_beams`` above a vocabulary
     the model fixes is a ``ValueError`` before the model runs). Without beams,
     ``num_return_sequences`` with ``do_sample`` gives that many samples per row (at most 65536
     rows in all, else ``ValueError``).

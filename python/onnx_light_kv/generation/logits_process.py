@@ -62,37 +62,45 @@ def temperature(logits: np.ndarray, t: float) -> np.ndarray:
     return out
 
 
-def top_k(logits: np.ndarray, k: int) -> np.ndarray:
-    """Keep the ``k`` largest logits of each row (ties with the k-th are kept), others ``-inf``."""
+def top_k(logits: np.ndarray, k: int, keep: int = 1) -> np.ndarray:
+    """Keep the ``k`` largest logits of each row (ties with the k-th are kept), others ``-inf``;
+    at least ``keep`` (transformers' ``min_tokens_to_keep``)."""
+    if k > 0:
+        k = max(k, keep)
     if k <= 0 or k >= logits.shape[-1]:
         return logits
     kth = np.partition(logits, -k, axis=-1)[:, -k][:, None]
     return np.where(logits < kth, -np.inf, logits).astype(np.float32)
 
 
-def top_p(logits: np.ndarray, p: float) -> np.ndarray:
+def top_p(logits: np.ndarray, p: float, keep: int = 1) -> np.ndarray:
     """Nucleus filtering: keep the smallest set of most probable tokens whose probability
     reaches ``p`` (transformers' rule: drop the tokens whose ascending cumulative probability
-    is at most ``1 - p``; the most probable token is always kept)."""
+    is at most ``1 - p``; the ``keep`` most probable tokens are always kept)."""
     if p >= 1.0:
         return logits
     order = np.argsort(logits, axis=-1, kind="stable")
     sorted_logits = np.take_along_axis(logits, order, axis=-1)
     cum = np.cumsum(softmax(sorted_logits).astype(np.float64), axis=-1)
     drop_sorted = cum <= 1.0 - p
-    drop_sorted[:, -1] = False
+    drop_sorted[:, -max(1, keep):] = False
     drop = np.zeros_like(drop_sorted)
     np.put_along_axis(drop, order, drop_sorted, axis=-1)
     return np.where(drop, -np.inf, logits).astype(np.float32)
 
 
-def min_p(logits: np.ndarray, p: float) -> np.ndarray:
-    """Drop tokens whose probability is below ``p`` times the row's largest probability."""
+def min_p(logits: np.ndarray, p: float, keep: int = 1) -> np.ndarray:
+    """Drop tokens whose probability is below ``p`` times the row's largest probability, keeping
+    at least the ``keep`` most probable."""
     if p <= 0.0:
         return logits
     probs = softmax(logits)
     thresh = p * probs.max(axis=-1, keepdims=True)
-    return np.where(probs < thresh, -np.inf, logits).astype(np.float32)
+    drop = probs < thresh
+    if keep > 1:
+        order = np.argsort(-logits, axis=-1, kind="stable")[:, :keep]
+        np.put_along_axis(drop, order, False, axis=-1)
+    return np.where(drop, -np.inf, logits).astype(np.float32)
 
 
 def _shifted(logits: np.ndarray) -> np.ndarray:
@@ -127,14 +135,17 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def process(logits: np.ndarray, opts: SamplingOptions, sequences: np.ndarray,
-            mask: Optional[np.ndarray] = None, sampling: Optional[bool] = None) -> np.ndarray:
+            mask: Optional[np.ndarray] = None, sampling: Optional[bool] = None, keep: int = 1) -> np.ndarray:
     """The processed logits that greedy choice or sampling reads.
 
     The repetition penalty always applies; temperature, top-k, top-p and min-p only when
-    sampling (``sampling`` defaults to ``opts.do_sample``), as in transformers."""
+    sampling (``sampling`` defaults to ``opts.do_sample``), as in transformers. ``keep``: the
+    fewest tokens each filter leaves (transformers' ``min_tokens_to_keep``: 1, and for beam
+    sampling the number of eos ids + 1, at least 2, so that beams can branch)."""
     out = repetition_penalty(logits, sequences, opts.repetition_penalty, mask)
     if opts.do_sample if sampling is None else sampling:
-        out = min_p(top_p(top_k(temperature(out, opts.temperature), opts.top_k), opts.top_p), opts.min_p)
+        out = min_p(top_p(top_k(temperature(out, opts.temperature), opts.top_k, keep), opts.top_p, keep),
+                    opts.min_p, keep)
     return out
 
 
