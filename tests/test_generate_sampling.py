@@ -234,3 +234,49 @@ def test_sampled_speculative_is_seeded() -> None:
     b = olkv.generate(sess, gc.PROMPT, draft_session=gc.ours("llama", seed=1), **kw)
     np.testing.assert_array_equal(a.sequences, b.sequences)
     assert a.new_tokens.shape == (1, 10) and a.stats.draft_tokens > 0
+
+
+# Cases where a probability sits exactly on the cutoff, with transformers 5.25's results
+# (TopPLogitsWarper, MinPLogitsWarper: float32 probabilities, sums and cutoff); a float64 cutoff
+# kept one token too many (or dropped one).
+@pytest.mark.parametrize("row,p,kept", [
+    ([0.0] * 10, 0.9, 9),
+    ([0.0] * 5, 0.8, 4),
+    ([0.0] * 10, 0.8, 8),
+    ([1.0986123, 0.0], 0.75, 1),
+])
+def test_top_p_cutoff_in_float32_as_transformers(row: list, p: float, kept: int) -> None:
+    out = lp.top_p(np.array([row], np.float32), p)
+    assert int(np.isfinite(out).sum()) == kept
+
+
+@pytest.mark.parametrize("row,p,kept", [
+    ([-0.91629076, -1.2039728, -1.2039728], 0.75, 3),
+    ([1.0986123, 0.0], 1 / 3, 1),
+])
+def test_min_p_cutoff_in_float32_as_transformers(row: list, p: float, kept: int) -> None:
+    out = lp.min_p(np.array([row], np.float32), p)
+    assert int(np.isfinite(out).sum()) == kept
+
+
+def test_nan_logits_are_refused_by_sampling_not_made_greedy() -> None:
+    """A NaN logit passes through the temperature (it made the row greedy at t != 1 and not at
+    t = 1), and sampling a row with NaN, or with every token -inf, raises ValueError as
+    transformers does (it returned token 0)."""
+    row = np.array([[1.0, np.nan, 3.0, 2.0]], np.float32)
+    assert np.isnan(lp.temperature(row, 0.7)[0, 1])
+    rng = np.random.default_rng(0)
+    for t in (1.0, 0.7):
+        with pytest.raises(ValueError, match="NaN"):
+            lp.choose(lp.temperature(row, t), True, rng)
+    with pytest.raises(ValueError, match="-inf"):
+        lp.choose(np.full((1, 4), -np.inf, np.float32), True, rng)
+    assert int(lp.choose(row, False, rng)[0]) == 1  # greedy takes the first NaN, as torch.argmax
+
+
+def test_repetition_penalty_ids_beyond_the_vocabulary() -> None:
+    x = np.array([[2.0, -2.0, 3.0, -1.0, 4.0]], np.float32)
+    out = lp.repetition_penalty(x, np.array([[1, 7]]), 2.0)  # 7 is beyond the 5 logits: skipped
+    np.testing.assert_array_equal(out, [[2.0, -4.0, 3.0, -1.0, 4.0]])
+    with pytest.raises(ValueError, match="negative"):
+        lp.repetition_penalty(x, np.array([[1, -1]]), 2.0)

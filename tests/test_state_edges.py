@@ -205,3 +205,55 @@ def test_load_of_window_sized_presents_is_not_implemented() -> None:
         sess.run(["logits"], {"input_ids": ids, "attention_mask": np.ones_like(ids)}, state=st)
         with pytest.raises(NotImplementedError, match="window"):
             sess.create_state(max_length=64).load(st.export())
+
+
+def test_rollback_before_a_wrong_load_restores_a_runnable_state() -> None:
+    """A checkpoint from before a load whose geometry no run confirmed: rolling back drops the
+    load's caches as reset() does (they kept the wrong head size: the state could not run)."""
+    sess = _genai("qwen2-genai")  # declares 2 KV heads, not their size (16)
+    st = sess.create_state(max_length=64)
+    ck = st.checkpoint()
+    st.load({f"present.{layer}.{kv}": np.zeros((1, 2, 5, 8), np.float32) for layer in range(2)
+             for kv in ("key", "value")})
+    st.rollback(ck)
+    assert st.length == 0
+    ref = _genai("qwen2-genai")
+    want = ref.run(["logits"], _ids_feeds(), state=ref.create_state(max_length=64))[0]
+    np.testing.assert_allclose(sess.run(["logits"], _ids_feeds(), state=st)[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_checkpoint_from_before_a_cache_growth_is_stale() -> None:
+    """A growable state replaces a cache that outgrows its capacity; the new cache numbers its
+    checkpoints afresh, so a checkpoint from before is stale (it rolled back to, or released,
+    whichever newer checkpoint had the same number)."""
+    m = models.build("llama", models.DecoderConfig(layers=1, hidden=64, q_heads=4, kv_heads=2, head_dim=16,
+                                                   max_positions=1024))
+    sess = olkv.InferenceSession(m.SerializeToString(), threads=1)
+
+    def run(st: Any, n: int) -> None:
+        p = st.length
+        sess.run(["logits"], {"input_ids": (np.arange(n)[None] % 200) + 3,
+                              "position_ids": np.arange(p, p + n)[None]}, state=st)
+
+    st = sess.create_state(batch=1)  # grows on demand
+    run(st, 10)
+    old = st.checkpoint()
+    cap = st.info()["layers"][0]["capacity"]
+    run(st, cap)  # past the capacity: the cache is replaced by a larger one
+    assert st.info()["layers"][0]["capacity"] > cap
+    new = st.checkpoint()
+    run(st, 2)
+    with pytest.raises(olkv.StaleCheckpointError):
+        st.rollback(old)
+    old.release()  # releases nothing of the new cache's
+    st.rollback(new)
+    assert st.length == 10 + cap
+
+
+def test_load_of_an_empty_export_loads_nothing() -> None:
+    sess = _undeclared_model()
+    st = sess.create_state(batch=1, max_length=32)
+    assert st.export() == {}
+    st.load(st.export())
+    assert st.length == 0
+    sess.run(["logits"], _FEEDS, state=st)

@@ -95,6 +95,10 @@ type CacheState struct {
 type stateCheckpoint struct {
 	ids    []uint64
 	absent []bool
+	// caches are the caches the ids belong to: a slot whose cache was
+	// replaced since (grown, or dropped and made again) makes the
+	// checkpoint stale (a new cache numbers its checkpoints afresh)
+	caches []*cache.KVCache
 	length int
 }
 
@@ -587,7 +591,8 @@ func (cs *CacheState) Checkpoint() (int64, error) {
 		if err := cs.ensureCaches(); err != nil {
 			return err
 		}
-		ck := stateCheckpoint{length: cs.length, ids: make([]uint64, len(cs.caches)), absent: make([]bool, len(cs.caches))}
+		ck := stateCheckpoint{length: cs.length, ids: make([]uint64, len(cs.caches)), absent: make([]bool, len(cs.caches)),
+			caches: slices.Clone(cs.caches)}
 		for i, c := range cs.caches {
 			if c == nil { // no geometry known yet: the first run creates it
 				ck.absent[i] = true
@@ -621,7 +626,8 @@ func (cs *CacheState) Rollback(id int64) error {
 		ck, ok := cs.cks[id]
 		stale := !ok || len(ck.ids) != len(cs.caches)
 		for i := 0; !stale && i < len(cs.caches); i++ {
-			stale = !ck.absent[i] && cs.caches[i] == nil // (a failed load dropped it)
+			// a cache dropped (a failed load) or replaced (grown) since
+			stale = !ck.absent[i] && cs.caches[i] != ck.caches[i]
 		}
 		if stale {
 			return fmt.Errorf("%w: state checkpoint %d was released or invalidated", cache.ErrStaleCheckpoint, id)
@@ -632,10 +638,13 @@ func (cs *CacheState) Rollback(id int64) error {
 				before[i] = c.Lengths()
 			}
 		}
+		var drop []int
 		for i, c := range cs.caches {
 			var err error
 			switch {
 			case c == nil:
+			case ck.absent[i] && cs.unconfirmed[i]: // a load's, after the checkpoint: dropped below
+				drop = append(drop, i)
 			case ck.absent[i]: // created since: everything it holds came after the checkpoint
 				err = c.Truncate(make([]int, cs.cfg.Batch))
 			default:
@@ -653,6 +662,10 @@ func (cs *CacheState) Rollback(id int64) error {
 				return fmt.Errorf("%w: %w", cache.ErrStaleCheckpoint, err)
 			}
 		}
+		for _, i := range drop { // as before the load: no cache, its geometry unknown
+			cs.caches[i].Close()
+			cs.caches[i], cs.unconfirmed[i] = nil, false
+		}
 		cs.length = ck.length
 		return nil
 	})
@@ -663,7 +676,7 @@ func (cs *CacheState) ReleaseCheckpoint(id int64) {
 	_ = cs.locked(func() error {
 		if ck, ok := cs.cks[id]; ok {
 			for i, c := range cs.caches {
-				if c != nil && i < len(ck.ids) && !ck.absent[i] {
+				if c != nil && i < len(ck.ids) && !ck.absent[i] && c == ck.caches[i] {
 					c.ReleaseCheckpoint(ck.ids[i])
 				}
 			}

@@ -274,7 +274,8 @@ class GenerationState:
         rotary applied). The rows are copied once into the caches.
 
         Raises:
-            TypeError: ``presents`` is not a mapping. KeyError: a layer's present is missing.
+            TypeError: ``presents`` is not a mapping. KeyError: a layer's present is missing (an
+            empty mapping, what :meth:`export` gives for a state without caches, loads nothing).
             ValueError: wrong shapes (batch, geometry,
             differing ``n``), or the positions do not fit ``max_length``
             (:class:`~onnx_light_kv.CapacityError`). TypeError: a non-float dtype or mixed
@@ -287,6 +288,8 @@ class GenerationState:
         if not isinstance(presents, Mapping):
             raise TypeError(f"load takes a mapping of present names to arrays (as export() returns), "
                             f"got {type(presents).__name__}")
+        if not presents:
+            return  # nothing to load: what export() gives for a state without caches
         for layer in self._plan:
             if layer.get("window_buffer"):
                 raise NotImplementedError(

@@ -27,16 +27,21 @@ def repetition_penalty(logits: np.ndarray, sequences: np.ndarray, penalty: float
                        mask: Optional[np.ndarray] = None) -> np.ndarray:
     """Divide positive (multiply negative) logits of the tokens already in each row by ``penalty``.
 
-    ``sequences [rows, length]`` are the ids so far; ``mask`` (same shape, 0 for padding)
-    excludes padding positions. Returns a new array (``logits`` itself when ``penalty == 1``).
+    ``sequences [rows, length]`` are the ids so far (ids beyond the vocabulary are skipped, a
+    negative one raises ``ValueError``); ``mask`` (same shape, 0 for padding) excludes padding
+    positions. Returns a new array (``logits`` itself when ``penalty == 1``).
     The products are taken in float64 (a penalty beyond float32's range does not round to 0 or
     ``inf``); those beyond float32's range become ``-inf`` or ``+inf`` (the module docstring)."""
     if penalty == 1.0 or sequences.shape[1] == 0:
         return logits
     out = np.array(logits, dtype=np.float32, copy=True)
+    vocab = out.shape[-1]
     for r in range(out.shape[0]):
         ids = sequences[r] if mask is None else sequences[r][mask[r] != 0]
         ids = np.unique(ids)
+        if ids.size and ids[0] < 0:
+            raise ValueError(f"repetition_penalty: negative token id {int(ids[0])}")
+        ids = ids[ids < vocab]  # ids beyond the logits have nothing to penalize (as transformers)
         v = out[r, ids].astype(np.float64)
         with np.errstate(over="ignore"):
             out[r, ids] = np.where(v < 0, v * penalty, v / penalty)
@@ -55,7 +60,9 @@ def temperature(logits: np.ndarray, t: float) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         out = x / np.float32(t)
     lost = np.isneginf(out).all(axis=-1) & ~np.isneginf(x).all(axis=-1)  # every quotient overflowed to -inf
-    bad = np.isnan(out).any(axis=-1) | np.isposinf(out).any(axis=-1) | lost
+    # (a NaN logit passes through, as at t = 1: sampling refuses it)
+    made_nan = np.isnan(out) & ~np.isnan(x)
+    bad = (made_nan.any(axis=-1) | np.isposinf(out).any(axis=-1) | lost) & ~np.isnan(x).any(axis=-1)
     for r in np.flatnonzero(bad & ~np.isnan(logits).all(axis=-1)):
         row = logits[r]
         out[r] = np.where(row == np.nanmax(row), np.float32(0), np.float32(-np.inf))
@@ -81,8 +88,10 @@ def top_p(logits: np.ndarray, p: float, keep: int = 1) -> np.ndarray:
         return logits
     order = np.argsort(logits, axis=-1, kind="stable")
     sorted_logits = np.take_along_axis(logits, order, axis=-1)
-    cum = np.cumsum(softmax(sorted_logits).astype(np.float64), axis=-1)
-    drop_sorted = cum <= 1.0 - p
+    # float32 probabilities, cumulative sums and cutoff, as transformers computes them (a
+    # float64 cutoff 1 - p = 0.0999... kept a token whose float32 cumulative sum is 0.1)
+    cum = np.cumsum(softmax(sorted_logits).astype(np.float32), axis=-1, dtype=np.float32)
+    drop_sorted = cum <= np.float32(1.0 - p)
     drop_sorted[:, -max(1, keep):] = False
     drop = np.zeros_like(drop_sorted)
     np.put_along_axis(drop, order, drop_sorted, axis=-1)
@@ -94,9 +103,13 @@ def min_p(logits: np.ndarray, p: float, keep: int = 1) -> np.ndarray:
     at least the ``keep`` most probable."""
     if p <= 0.0:
         return logits
-    probs = softmax(logits)
-    thresh = p * probs.max(axis=-1, keepdims=True)
-    drop = probs < thresh
+    # prob_i < p * prob_max compared in log space, in float64 (exactly as the ratio of the
+    # float32 logits' probabilities: a product of rounded probabilities kept or dropped tokens
+    # right at the cutoff); a +inf maximum keeps only the +inf entries (the module docstring's
+    # limit), a NaN row stays as it is
+    x = np.asarray(logits, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        drop = x - x.max(axis=-1, keepdims=True) < np.log(p)
     if keep > 1:
         order = np.argsort(-logits, axis=-1, kind="stable")[:, :keep]
         np.put_along_axis(drop, order, False, axis=-1)
@@ -116,7 +129,8 @@ def _shifted(logits: np.ndarray) -> np.ndarray:
     if inf.any():
         x = np.where(inf, np.where(np.isposinf(x), x.dtype.type(0), x.dtype.type(-np.inf)), x)
         top = np.where(inf, x.dtype.type(0), top)
-    return x - top
+    with np.errstate(invalid="ignore"):  # a row of -inf only (or NaN) gives NaN: sampling refuses it
+        return x - top
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -157,7 +171,12 @@ def choose(processed: np.ndarray, do_sample: bool, rng: np.random.Generator) -> 
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """One draw per row from ``probs [rows, vocab]`` (rows sum to 1) with ``rng``."""
+    """One draw per row from ``probs [rows, vocab]`` (rows sum to 1) with ``rng``. A row holding
+    NaN (NaN logits) or no probability at all (every logit ``-inf``) raises ``ValueError``, as
+    transformers' sampling refuses them."""
+    if np.isnan(probs).any() or not (probs.sum(axis=-1) > 0).all():
+        raise ValueError("cannot sample: the logits hold NaN, or every token of a row is -inf "
+                         "(the model's output is not a distribution)")
     cum = np.cumsum(probs, axis=-1)
     u = rng.random(probs.shape[0]) * cum[:, -1]
     idx = (cum > u[:, None]).argmax(axis=-1)
