@@ -544,7 +544,7 @@ func qdots1i4maddw(s *float32, qi *int16, k *byte, krb int, nt int, cpg int, aff
 // vaxpy4 is quantOps.vaxpy4.
 func (l *intLoops) vaxpy4(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, pf int, ws *vScratch) bool {
 	d := len(acc) / 4
-	if n == 0 || d%128 != 0 || v.s == nil || (v.ng != 4 && v.ng != 2) || v.g*v.ng != d || n > vwMaxTokens {
+	if v.s == nil || !vIntShape(d, n, &v) {
 		return false
 	}
 	_, _, _, _ = acc[4*d-1], p[3*ld+n-1], v.b[n*v.rb-1], v.s[n*v.ng-1]
@@ -564,16 +564,11 @@ func (l *intLoops) vaxpy4(acc, p []float32, ld, n int, v qmat, alpha *[4]float32
 // 1.3-1.4x faster at both.
 func (l *intLoops) vaxpy1(acc, p []float32, n int, v qmat, alpha *[4]float32, pf int, ws *vScratch) bool {
 	d := len(acc)
-	if n == 0 || v.f != cache.QuantInt4 || d%128 != 0 || v.s == nil || (v.ng != 4 && v.ng != 2) || v.g*v.ng != d || n > vwMaxTokens {
+	if v.f != cache.QuantInt4 || v.s == nil || !vIntShape(d, n, &v) {
 		return false
 	}
-	_, _, _ = p[n-1], v.b[n*v.rb-1], v.s[n*v.ng-1]
-	var vz *float32
-	if v.f == cache.QuantInt4 {
-		_ = v.z[n*v.ng-1]
-		vz = &v.z[0]
-	}
-	return l.vaxpyRaw(1, acc, d, &p[0], 0, n, &v.b[0], v.rb, v.s[:n*v.ng], vz, v.ng, v.f, alpha, pf, ws)
+	_, _, _, _ = p[n-1], v.b[n*v.rb-1], v.s[n*v.ng-1], v.z[n*v.ng-1]
+	return l.vaxpyRaw(1, acc, d, &p[0], 0, n, &v.b[0], v.rb, v.s[:n*v.ng], &v.z[0], v.ng, v.f, alpha, pf, ws)
 }
 
 // vaxpyRaw is vaxpy4 (rows 4) or vaxpy1 (rows 1, ld 0: the weights are

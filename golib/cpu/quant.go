@@ -135,6 +135,13 @@ const (
 	vwMaxTokens = (1<<31 - 1) / (vwMax * 128)
 )
 
+// vIntShape reports whether n tokens of V rows m with head dim d are a
+// shape the integer accumulation loops take: two or four scale groups a
+// row, head dim a multiple of 128, at most vwMaxTokens tokens.
+func vIntShape(d, n int, m *qmat) bool {
+	return n > 0 && n <= vwMaxTokens && d%128 == 0 && (m.ng == 4 || m.ng == 2) && m.g*m.ng == d
+}
+
 // vScratch is vaxpy4's per-unit scratch: the int16 weight pairs of a part,
 // the rows' maxima, inverse steps and steps (ms[0], ms[1], ms[2]) and zero
 // terms.
@@ -589,7 +596,7 @@ func (u *unitState) quantPart(p *quantPart, ops *kernelOps, s *shape, sg *cache.
 	}
 	// a chunk the cache bounded when it sealed it needs no check
 	p.bad = p.bad || (!qs.Bounded && !scalesSafe(ops, qb.ops, &u.ss, qs, sg.Len, dk, dv))
-	p.intV = qb.intV && dv%128 == 0 && (p.v.ng == 4 || p.v.ng == 2) && p.v.g*p.v.ng == dv && sg.Len <= vwMaxTokens
+	p.intV = qb.intV && vIntShape(dv, sg.Len, &p.v)
 }
 
 // scalesSafe reports whether every scale and zero of a segment of n rows is

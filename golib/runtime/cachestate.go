@@ -90,14 +90,12 @@ type CacheState struct {
 }
 
 // stateCheckpoint is a checkpoint of every layer's cache: ids per layer
-// slot, absent[i] when slot i had no cache yet (its rollback empties the
-// cache a run created since).
+// slot and the caches they belong to. A slot whose cache was replaced
+// since (grown, or dropped and made again) makes the checkpoint stale (a
+// new cache numbers its checkpoints afresh); a nil cache is a slot that had
+// none yet (its rollback empties the cache a run created since).
 type stateCheckpoint struct {
 	ids    []uint64
-	absent []bool
-	// caches are the caches the ids belong to: a slot whose cache was
-	// replaced since (grown, or dropped and made again) makes the
-	// checkpoint stale (a new cache numbers its checkpoints afresh)
 	caches []*cache.KVCache
 	length int
 }
@@ -591,18 +589,16 @@ func (cs *CacheState) Checkpoint() (int64, error) {
 		if err := cs.ensureCaches(); err != nil {
 			return err
 		}
-		ck := stateCheckpoint{length: cs.length, ids: make([]uint64, len(cs.caches)), absent: make([]bool, len(cs.caches)),
-			caches: slices.Clone(cs.caches)}
+		ck := stateCheckpoint{length: cs.length, ids: make([]uint64, len(cs.caches)), caches: slices.Clone(cs.caches)}
 		for i, c := range cs.caches {
 			if c == nil { // no geometry known yet: the first run creates it
-				ck.absent[i] = true
 				continue
 			}
 			cid, err := c.Checkpoint()
 			if err != nil {
-				for j := 0; j < i; j++ {
-					if !ck.absent[j] {
-						cs.caches[j].ReleaseCheckpoint(ck.ids[j])
+				for j, cj := range cs.caches[:i] {
+					if cj != nil {
+						cj.ReleaseCheckpoint(ck.ids[j])
 					}
 				}
 				return err
@@ -627,7 +623,7 @@ func (cs *CacheState) Rollback(id int64) error {
 		stale := !ok || len(ck.ids) != len(cs.caches)
 		for i := 0; !stale && i < len(cs.caches); i++ {
 			// a cache dropped (a failed load) or replaced (grown) since
-			stale = !ck.absent[i] && cs.caches[i] != ck.caches[i]
+			stale = ck.caches[i] != nil && cs.caches[i] != ck.caches[i]
 		}
 		if stale {
 			return fmt.Errorf("%w: state checkpoint %d was released or invalidated", cache.ErrStaleCheckpoint, id)
@@ -643,9 +639,9 @@ func (cs *CacheState) Rollback(id int64) error {
 			var err error
 			switch {
 			case c == nil:
-			case ck.absent[i] && cs.unconfirmed[i]: // a load's, after the checkpoint: dropped below
+			case ck.caches[i] == nil && cs.unconfirmed[i]: // a load's, after the checkpoint: dropped below
 				drop = append(drop, i)
-			case ck.absent[i]: // created since: everything it holds came after the checkpoint
+			case ck.caches[i] == nil: // created since: everything it holds came after the checkpoint
 				err = c.Truncate(make([]int, cs.cfg.Batch))
 			default:
 				err = c.Rollback(ck.ids[i])
@@ -676,7 +672,7 @@ func (cs *CacheState) ReleaseCheckpoint(id int64) {
 	_ = cs.locked(func() error {
 		if ck, ok := cs.cks[id]; ok {
 			for i, c := range cs.caches {
-				if c != nil && i < len(ck.ids) && !ck.absent[i] && c == ck.caches[i] {
+				if c != nil && i < len(ck.ids) && c == ck.caches[i] {
 					c.ReleaseCheckpoint(ck.ids[i])
 				}
 			}

@@ -166,9 +166,11 @@ def beam_search(runner: Any, prompt: np.ndarray, mask: np.ndarray, opts: Samplin
     done = np.zeros(batch, bool)
     step_scores: List[np.ndarray] = []
     eos = set(stop.eos)
-    # transformers counts the eos ids as given, repeats included
-    keep = max(2, 1 + len(stop.eos)) * k  # candidates per row and step (transformers' beams_to_keep)
-    min_keep = max(2, 1 + len(stop.eos))  # the sampling filters leave at least this many (min_tokens_to_keep)
+    # the sampling filters leave at least min_keep tokens (transformers' min_tokens_to_keep), and each
+    # step ranks min_keep * num_beams candidates a row (its beams_to_keep); the eos ids are counted
+    # as given, repeats included, as there
+    min_keep = max(2, 1 + len(stop.eos))
+    keep = min_keep * k
     vocab = logits.shape[-1]
     if k > vocab:
         raise ValueError(f"num_beams={k} exceeds the vocabulary ({vocab} tokens): there are not that many "
