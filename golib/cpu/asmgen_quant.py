@@ -571,6 +571,21 @@ def single_store_int(ld):
             f"VEXTRACTPS $2, X0, (DI)({ld}*2)", "VEXTRACTPS $3, X0, (DI)(R15*1)"]
 
 
+def vnni_chunk_body(fmt, bases, qregs, accs, kbase):
+    """One 64-byte chunk of the VPDPWSSD score loops: the K rows of the tokens at bases (two
+    steps of 32 bytes, words in Z(kbase)...) dotted with the int16 query rows at qregs (q offset
+    CX; int8 32 elements a step, int4 64), row r token u accumulated in Z(accs(r, u))."""
+    qstep = 64 if fmt == "i8" else 128
+    for h in range(2):
+        kregs = [(kbase + 2 * u, kbase + 1 + 2 * u) if fmt == "i4" else (kbase + u,) for u in range(len(bases))]
+        code, ops = k16_chunk(fmt, "avx512", [f"{off(32*h)}{b}" for b in bases], kregs, 31)
+        ins(*code)
+        for r, q in enumerate(qregs):
+            for u in range(len(bases)):
+                for o, reg in ops[u]:
+                    ins(f"VPDPWSSD {off(qstep*h + o)}({q})(CX*1), Z{reg}, Z{accs(r, u)}")
+
+
 def dots_header(name, fmt, how):
     w(f"// func {name}(s *float32, ldS int, qi *int16, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int)")
     w("//")
@@ -614,14 +629,7 @@ def vnni_dots(fmt):
         in Z(accs(r, u)); K words in Z16-Z23."""
         ins("XORQ CX, CX", "MOVQ SI, R12", "LEAQ (SI)(BX*1), R13", "MOVQ cpg+56(FP), R15")
         w(f"{label}:")
-        for h in range(2):
-            kregs = [(16 + 2 * u, 17 + 2 * u) if fmt == "i4" else (16 + u,) for u in range(len(bases))]
-            code, ops = k16_chunk(fmt, "avx512", [f"{off(32*h)}{b}" for b in bases], kregs, 31)
-            ins(*code)
-            for r in range(4):
-                for u in range(len(bases)):
-                    for o, reg in ops[u]:
-                        ins(f"VPDPWSSD {off(qstep*h + o)}({qregs[r]})(CX*1), Z{reg}, Z{accs(r, u)}")
+        vnni_chunk_body(fmt, bases, qregs, accs, 16)
         ins("ADDQ $64, R12", "ADDQ $64, R13", f"ADDQ ${2*qstep}, CX", "DECQ R15", f"JNZ {label}")
 
     w(f"{name}quad:")
@@ -710,13 +718,7 @@ def vnni_dots1(fmt):
                  "(R10)", "(R10)(BX*1)", "(R10)(BX*2)", "(R10)(R14*1)"][:ntok]
         ins("XORQ CX, CX", "MOVQ SI, R12", "LEAQ (SI)(BX*4), R10", "MOVQ cpg+40(FP), R15")
         w(f"{label}:")
-        for h in range(2):
-            kregs = [(8 + 2 * u, 9 + 2 * u) if fmt == "i4" else (8 + u,) for u in range(ntok)]
-            code, ops = k16_chunk(fmt, "avx512", [f"{off(32*h)}{b}" for b in bases], kregs, 31)
-            ins(*code)
-            for u in range(ntok):
-                for o, reg in ops[u]:
-                    ins(f"VPDPWSSD {off(qstep*h + o)}(R8)(CX*1), Z{reg}, Z{u}")
+        vnni_chunk_body(fmt, bases, ["R8"], lambda r, u: u, 8)
         ins("ADDQ $64, R12", "ADDQ $64, R10", f"ADDQ ${2*qstep}, CX", "DECQ R15", f"JNZ {label}")
 
     w(f"{name}oct:")
