@@ -68,9 +68,11 @@ def _prompt(input_ids: Any, attention_mask: Any, tokenizer: Any,
     return prompt_ids(input_ids, attention_mask, "input_ids")
 
 
-def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mask: Any = None,
-             do_sample: bool = False, temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0,
-             min_p: float = 0.0, repetition_penalty: float = 1.0, num_beams: int = 1, length_penalty: float = 1.0,
+def generate(session: Any, input_ids: Any, *, max_new_tokens: Optional[int] = None, attention_mask: Any = None,
+             max_length: Optional[int] = None, min_new_tokens: int = 0, do_sample: bool = False,
+             temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0,
+             min_p: float = 0.0, repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
+             num_beams: int = 1, length_penalty: float = 1.0,
              early_stopping: Union[bool, str] = False, num_return_sequences: int = 1,
              eos_token_id: Union[int, Iterable[int], None] = None, pad_token_id: Optional[int] = None,
              stop_sequences: Optional[Iterable[Iterable[int]]] = None, seed: Optional[int] = None,
@@ -85,6 +87,12 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
     ``input_ids``: ``[batch, s]`` or ``[s]`` ids, left-padded when ``attention_mask`` has
     zeros; or a str / list of str with ``tokenizer`` (a ``tokenizers.Tokenizer`` or a
     ``tokenizer.json`` path; then ``text`` holds the decoded new tokens).
+    ``max_length`` (transformers' meaning: positions per row, the prompt's padded width included)
+    stands for ``max_new_tokens = max_length - input width`` when ``max_new_tokens`` is not given
+    (one of the two is required: ``ValueError``; both: ``max_new_tokens`` wins, as there).
+    ``min_new_tokens``: the eos ids are banned (``-inf``) until a row holds that many new
+    tokens (stop sequences still stop it). ``no_repeat_ngram_size``: a token that would repeat
+    an n-gram of that size already in the row (prompt included, its padding left out) is banned.
     Exactly ``max_new_tokens`` new tokens unless a row stops on ``eos_token_id`` (int or list)
     or on one of ``stop_sequences`` (lists of ids; the stopping tokens are kept); stopped rows
     are padded with ``pad_token_id`` (default: the first eos id inside the model's vocabulary,
@@ -120,8 +128,14 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
     cache path. Both give the same tokens (a quantized cache: close ones).
     Returns a :class:`GenerationOutput`.
     """
-    max_new_tokens = integer(max_new_tokens, "max_new_tokens", lo=1)
-    opts = SamplingOptions(do_sample, temperature, top_k, top_p, min_p, repetition_penalty)
+    if max_new_tokens is not None:
+        max_new_tokens = integer(max_new_tokens, "max_new_tokens", lo=1)
+    elif max_length is None:
+        raise ValueError("give max_new_tokens (new tokens per row) or max_length (positions per row, prompt included)")
+    if max_length is not None:
+        max_length = integer(max_length, "max_length", lo=1)
+    opts = SamplingOptions(do_sample, temperature, top_k, top_p, min_p, repetition_penalty, no_repeat_ngram_size,
+                           min_new_tokens)
     stop = StopCondition.of(eos_token_id, stop_sequences)
     pad_token_id = optional_integer(pad_token_id, "pad_token_id", lo=0)
     num_beams = integer(num_beams, "num_beams", lo=1)
@@ -135,6 +149,12 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: int, attention_mas
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     ids, mask = _prompt(input_ids, attention_mask, tok, pad_token_id)
+    if max_new_tokens is None:
+        assert max_length is not None
+        if max_length <= ids.shape[1]:
+            raise ValueError(f"max_length={max_length} leaves no room after the prompt ({ids.shape[1]} positions); "
+                             "raise it or give max_new_tokens")
+        max_new_tokens = max_length - ids.shape[1]
     early_stopping = _early_stopping(early_stopping)
     speculative = draft_session is not None or prompt_lookup > 0
     if num_beams > 1:
@@ -284,6 +304,7 @@ def _greedy_or_sample(session: Any, ids: np.ndarray, mask: np.ndarray, opts: Sam
                       stats: GenerationStats) -> Tuple[np.ndarray, List[np.ndarray]]:
     g = Generator(session, max_length=ids.shape[1] + max_new, do_sample=opts.do_sample, temperature=opts.temperature,
                   top_k=opts.top_k, top_p=opts.top_p, min_p=opts.min_p, repetition_penalty=opts.repetition_penalty,
+                  no_repeat_ngram_size=opts.no_repeat_ngram_size, min_length=ids.shape[1] + opts.min_new_tokens,
                   pad_token_id=pad, state_options=state_options)
     g.stop = stop  # parsed once, by generate (the caller's ids may be a one-shot iterator)
     g.rng = rng  # one random stream for the whole call

@@ -32,7 +32,11 @@ class Generator(_Uncopyable):
     ``max_length``: most positions per row, prompt included (generation is done there; needed
     for models whose pasts are fixed-capacity buffers). ``do_sample``, ``temperature``,
     ``top_k``, ``top_p``, ``min_p``, ``repetition_penalty``: as in transformers (``top_k``
-    defaults to 50 as there and in onnxruntime-genai; 0 means the whole vocabulary). ``eos_token_id``
+    defaults to 50 as there and in onnxruntime-genai; 0 means the whole vocabulary),
+    ``no_repeat_ngram_size`` (0: off; bans a token that would repeat an n-gram of that size in
+    the row, its left padding left out). ``min_length`` (onnxruntime-genai's and transformers'
+    meaning: positions per row, prompt and its left padding included): the eos ids are banned
+    while a row is shorter (stop sequences are not). ``eos_token_id``
     (int or list) and ``stop_sequences`` (lists of ids) finish a row; ``pad_token_id`` (default:
     the first eos id inside the model's vocabulary, else 0) is what finished rows produce; it
     and the tokens must lie inside a vocabulary the model fixes (else ``ValueError``). ``seed`` seeds the numpy
@@ -51,13 +55,16 @@ class Generator(_Uncopyable):
 
     def __init__(self, session: Any, *, max_length: Optional[int] = None, do_sample: bool = False,
                  temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0, min_p: float = 0.0,
-                 repetition_penalty: float = 1.0, eos_token_id: Union[int, Iterable[int], None] = None,
+                 repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0, min_length: int = 0,
+                 eos_token_id: Union[int, Iterable[int], None] = None,
                  stop_sequences: Optional[Iterable[Iterable[int]]] = None, pad_token_id: Optional[int] = None,
                  seed: Optional[int] = None, state_options: Union[None, bool, Dict[str, Any]] = None) -> None:
         self.session = session
         self.io = DecoderIO.from_session(session)
         self.max_length = optional_integer(max_length, "max_length", lo=1)
-        self.options = SamplingOptions(do_sample, temperature, top_k, top_p, min_p, repetition_penalty)
+        self.options = SamplingOptions(do_sample, temperature, top_k, top_p, min_p, repetition_penalty,
+                                       no_repeat_ngram_size)
+        self.min_length = integer(min_length, "min_length", lo=0)
         self.stop = StopCondition.of(eos_token_id, stop_sequences)
         self.pad_token_id = pad_id(optional_integer(pad_token_id, "pad_token_id", lo=0), self.stop, self.io.vocab)
         self.rng = np.random.default_rng(optional_integer(seed, "seed", lo=0))
@@ -178,7 +185,8 @@ class Generator(_Uncopyable):
             self._compute()
             self.timings["decode_s"] += time.perf_counter() - t
             self.timings["decode_runs"] += 1
-        processed = lp.process(self._logits, self.options, self._seq, self._mask)
+        processed = lp.process(self._logits, self.options, self._seq, self._mask, eos=self.stop.eos,
+                               min_length=self.min_length)
         self._last_processed = processed
         tok = lp.choose(processed, self.options.do_sample, self.rng)
         done = self._done

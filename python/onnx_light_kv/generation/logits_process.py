@@ -1,8 +1,8 @@
 """Logits processors as plain numpy functions over ``[rows, vocab]`` float32 arrays.
 
 They follow transformers' processors and warpers of the same names, applied in transformers'
-order by :func:`process`: repetition penalty, then (when sampling) temperature, top-k, top-p and
-min-p. Filtered tokens get ``-inf``; at least one token always survives.
+order by :func:`process`: repetition penalty, no-repeat n-grams, the eos ban of a minimum
+length, then (when sampling) temperature, top-k, top-p and min-p. Filtered tokens get ``-inf``; at least one token always survives.
 
 A row holding ``+inf`` logits (a tiny repetition penalty overflows float32, as may a float16
 model's logits) takes the limit of its values growing without bound: its probability is spread
@@ -13,13 +13,13 @@ that rule (and so do top-p, min-p and sampling, which read them); greedy choice 
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
 from .options import SamplingOptions
 
-__all__ = ["repetition_penalty", "temperature", "top_k", "top_p", "min_p", "log_softmax", "softmax", "process",
+__all__ = ["repetition_penalty", "no_repeat_ngram", "ban_eos", "temperature", "top_k", "top_p", "min_p", "log_softmax", "softmax", "process",
            "choose", "sample"]
 
 
@@ -45,6 +45,46 @@ def repetition_penalty(logits: np.ndarray, sequences: np.ndarray, penalty: float
         v = out[r, ids].astype(np.float64)
         with np.errstate(over="ignore"):
             out[r, ids] = np.where(v < 0, v * penalty, v / penalty)
+    return out
+
+
+def no_repeat_ngram(logits: np.ndarray, sequences: np.ndarray, n: int,
+                    mask: Optional[np.ndarray] = None) -> np.ndarray:
+    """transformers' ``no_repeat_ngram_size``: in each row, the tokens that would complete an
+    n-gram already present in the row (its last ``n - 1`` ids followed by the token) get
+    ``-inf``; ``n = 1`` bans every id the row holds. ``sequences [rows, length]`` are the ids so
+    far; ``mask`` (same shape, 0 for padding) leaves a row's left padding out, so padding never
+    forms an n-gram. Ids beyond the vocabulary are skipped. Returns a new array (``logits``
+    itself when ``n == 0`` or no row is long enough)."""
+    if n <= 0:
+        return logits
+    out: Optional[np.ndarray] = None
+    vocab = logits.shape[-1]
+    for r in range(sequences.shape[0]):
+        seq = sequences[r] if mask is None else sequences[r][mask[r] != 0]
+        if seq.size < n:  # (no n-gram yet; transformers bans nothing there either)
+            continue
+        windows = np.lib.stride_tricks.sliding_window_view(seq, n)
+        if n > 1:
+            windows = windows[(windows[:, :-1] == seq[seq.size - n + 1:]).all(axis=1)]
+        banned = windows[:, -1]
+        banned = banned[(banned >= 0) & (banned < vocab)]
+        if banned.size:
+            if out is None:
+                out = np.array(logits, dtype=np.float32, copy=True)
+            out[r, banned] = -np.inf
+    return logits if out is None else out
+
+
+def ban_eos(logits: np.ndarray, eos: Sequence[int]) -> np.ndarray:
+    """``logits`` with the ``eos`` ids (those inside the vocabulary) set to ``-inf`` in every row:
+    transformers' ``min_new_tokens`` / ``min_length`` before a row reaches that length. Returns
+    a new array (``logits`` itself when there are no eos ids)."""
+    ids = [e for e in eos if 0 <= e < logits.shape[-1]]
+    if not ids:
+        return logits
+    out = np.array(logits, dtype=np.float32, copy=True)
+    out[:, ids] = -np.inf
     return out
 
 
@@ -149,14 +189,21 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def process(logits: np.ndarray, opts: SamplingOptions, sequences: np.ndarray,
-            mask: Optional[np.ndarray] = None, sampling: Optional[bool] = None, keep: int = 1) -> np.ndarray:
+            mask: Optional[np.ndarray] = None, sampling: Optional[bool] = None, keep: int = 1,
+            eos: Sequence[int] = (), min_length: int = 0) -> np.ndarray:
     """The processed logits that greedy choice or sampling reads.
 
-    The repetition penalty always applies; temperature, top-k, top-p and min-p only when
-    sampling (``sampling`` defaults to ``opts.do_sample``), as in transformers. ``keep``: the
-    fewest tokens each filter leaves (transformers' ``min_tokens_to_keep``: 1, and for beam
-    sampling the number of eos ids + 1, at least 2, so that beams can branch)."""
+    The repetition penalty, ``opts.no_repeat_ngram_size`` and the eos ban always apply;
+    temperature, top-k, top-p and min-p only when sampling (``sampling`` defaults to
+    ``opts.do_sample``), as in transformers. ``keep``: the fewest tokens each filter leaves
+    (transformers' ``min_tokens_to_keep``: 1, and for beam sampling the number of eos ids + 1,
+    at least 2, so that beams can branch). ``eos`` are banned while ``sequences`` (prompt
+    included, padding counted as transformers counts it) are shorter than ``min_length``: the
+    caller's prompt width plus ``opts.min_new_tokens``."""
     out = repetition_penalty(logits, sequences, opts.repetition_penalty, mask)
+    out = no_repeat_ngram(out, sequences, opts.no_repeat_ngram_size, mask)
+    if sequences.shape[-1] < min_length:
+        out = ban_eos(out, eos)
     if opts.do_sample if sampling is None else sampling:
         out = min_p(top_p(top_k(temperature(out, opts.temperature), opts.top_k, keep), opts.top_p, keep),
                     opts.min_p, keep)

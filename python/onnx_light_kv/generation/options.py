@@ -17,6 +17,11 @@ __all__ = ["SamplingOptions", "StopCondition", "check_vocabulary", "pad_id", "pr
 class SamplingOptions:
     """How the next token is chosen (transformers' names and meanings).
 
+    ``no_repeat_ngram_size`` (0: off) bans every token that would repeat an n-gram of that size
+    already in the row; ``min_new_tokens`` (0: off) bans the eos ids until a row holds that
+    many new tokens (:func:`.logits_process.process` applies both, given the eos ids and the
+    length they read).
+
     The fields are checked and normalized by the project's one rule per argument kind
     (:mod:`onnx_light_kv._validate`): ``do_sample`` must be a ``bool`` (``TypeError``
     otherwise), ``top_k`` an integer (``1.5`` or ``"2"`` raise ``TypeError``), the others real
@@ -28,6 +33,8 @@ class SamplingOptions:
     top_p: float = 1.0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    min_new_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.do_sample, (bool, np.bool_)):
@@ -43,7 +50,9 @@ class SamplingOptions:
             raise ValueError(f"repetition_penalty must be > 0, got {repetition_penalty}")
         fields = {"do_sample": bool(self.do_sample), "temperature": temperature,
                   "top_k": integer(self.top_k, "top_k", lo=0), "top_p": top_p,
-                  "min_p": real(self.min_p, "min_p", lo=0.0, hi=1.0), "repetition_penalty": repetition_penalty}
+                  "min_p": real(self.min_p, "min_p", lo=0.0, hi=1.0), "repetition_penalty": repetition_penalty,
+                  "no_repeat_ngram_size": integer(self.no_repeat_ngram_size, "no_repeat_ngram_size", lo=0),
+                  "min_new_tokens": integer(self.min_new_tokens, "min_new_tokens", lo=0)}
         for name, value in fields.items():
             object.__setattr__(self, name, value)  # frozen: normalized once, here
 

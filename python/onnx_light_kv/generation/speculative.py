@@ -68,6 +68,10 @@ class DraftModel:
         """``vocab``: the target's vocabulary size when known; the draft's logits must have it
         (:meth:`propose` raises ``ValueError`` otherwise, before any draft token is used)."""
         self.runner, self.opts, self.vocab = runner, opts, vocab
+        # the eos ids banned while a sequence is shorter than min_length (speculative_decode sets
+        # them: the target's rule, so that the drafts' distributions are the ones it verifies)
+        self.eos: Tuple[int, ...] = ()
+        self.min_length = 0
 
     def propose(self, seq: np.ndarray, k: int, rng: np.random.Generator) -> Tuple[List[int], Optional[np.ndarray]]:
         """Up to ``k`` draft tokens after ``seq`` and the draft's distributions ``[k, vocab]``
@@ -79,7 +83,7 @@ class DraftModel:
             logits = self.runner.run(cur[None, self.runner.length:])[:, -1, :].astype(np.float32)
             if self.vocab is not None:
                 check_draft_vocabulary(self.vocab, logits.shape[-1])
-            processed = lp.process(logits, self.opts, cur[None, :])
+            processed = lp.process(logits, self.opts, cur[None, :], eos=self.eos, min_length=self.min_length)
             if self.opts.do_sample:
                 q = lp.softmax(processed)
                 tok = int(lp.sample(q, rng)[0])
@@ -141,11 +145,18 @@ def speculative_decode(target: Any, proposer: Any, prompt: np.ndarray, opts: Sam
     ``{"draft_tokens", "accepted_draft_tokens", "verify_steps"}``."""
     stats = {"draft_tokens": 0, "accepted_draft_tokens": 0, "verify_steps": 0}
     seq = prompt.astype(np.int64)
+    min_length = prompt.size + opts.min_new_tokens  # the eos ids are banned below it
+
+    def process(x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        return lp.process(x, opts, ids[None, :], eos=stop.eos, min_length=min_length)
+
+    if isinstance(proposer, DraftModel):
+        proposer.eos, proposer.min_length = stop.eos, min_length
     logits = target.run(seq[None, :])[:, -1, :].astype(np.float32)
     on_prefill()
     if isinstance(proposer, DraftModel) and proposer.vocab is None:
         proposer.vocab = logits.shape[-1]
-    processed = lp.process(logits, opts, seq[None, :])
+    processed = process(logits, seq)
     first = lp.choose(processed, opts.do_sample, rng)
     if scores is not None:
         scores.append(lp.log_softmax(processed))
@@ -162,7 +173,7 @@ def speculative_decode(target: Any, proposer: Any, prompt: np.ndarray, opts: Sam
         stats["draft_tokens"] += len(drafts)
         # processed target rows, each given the drafts before it (only read when those were accepted)
         # (np.append of an empty list would turn the ids into float64)
-        rows = [lp.process(out[i:i + 1], opts, np.append(seq, np.asarray(drafts[:i], np.int64))[None, :])[0]
+        rows = [process(out[i:i + 1], np.append(seq, np.asarray(drafts[:i], np.int64)))[0]
                 for i in range(len(drafts) + 1)]
         if opts.do_sample:
             p = lp.softmax(np.stack(rows))

@@ -1,0 +1,178 @@
+"""``no_repeat_ngram_size``, ``min_new_tokens`` and ``max_length``: the logits processors against a
+plain reading of transformers' rules, and generation with them (greedy, sampling, beams,
+speculative decoding, the Generator) against a reference loop that applies the same rules by
+hand to an onnxruntime session."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+import pytest
+
+import onnx_light_kv as olkv
+from onnx_light_kv.generation import logits_process as lp
+from onnx_light_kv.generation.options import SamplingOptions
+
+import _gen_common as gc
+
+
+def _banned_plain(seq: Sequence[int], n: int) -> List[int]:
+    """transformers' _get_ngrams / _get_generated_ngrams, written as plain loops."""
+    seq = list(seq)
+    if len(seq) + 1 < n:
+        return []
+    grams: Dict[Tuple[int, ...], List[int]] = {}
+    for i in range(len(seq) - n + 1):
+        g = tuple(seq[i:i + n])
+        grams.setdefault(g[:-1], []).append(g[-1])
+    return grams.get(tuple(seq[len(seq) + 1 - n:]), [])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_no_repeat_ngram_equals_plain_rule(n: int) -> None:
+    rng = np.random.default_rng(n)
+    for _ in range(200):
+        length = int(rng.integers(0, 12))
+        seqs = rng.integers(0, 5, size=(3, length))
+        logits = rng.standard_normal((3, 7)).astype(np.float32)
+        out = lp.no_repeat_ngram(logits, seqs, n)
+        for r in range(3):
+            want = logits[r].copy()
+            want[_banned_plain(seqs[r], n)] = -np.inf
+            np.testing.assert_array_equal(out[r], want)
+    same = np.zeros((1, 4), np.float32)
+    assert lp.no_repeat_ngram(same, np.zeros((1, 0), np.int64), 2) is same  # nothing to ban: no copy
+
+
+def test_no_repeat_ngram_leaves_padding_and_foreign_ids_out() -> None:
+    logits = np.zeros((2, 6), np.float32)
+    seqs = np.array([[0, 0, 0, 3, 4, 3], [9, 9, 2, 9, 2, 9]])
+    mask = np.array([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    out = lp.no_repeat_ngram(logits, seqs, 2, mask)
+    # row 0 is [0, 3, 4, 3]: 3 was followed by 4; the padding's (0, 0) pairs do not count
+    assert np.isneginf(out[0]).tolist() == [False, False, False, False, True, False]
+    # row 1: 9 was followed by 9 (beyond the 6 logits: skipped) and by 2
+    assert np.isneginf(out[1]).tolist() == [False, False, True, False, False, False]
+
+
+def test_ban_eos_and_process_min_length() -> None:
+    logits = np.arange(12, dtype=np.float32).reshape(2, 6)
+    opts = SamplingOptions(min_new_tokens=2)
+    seqs = np.zeros((2, 3), np.int64)
+    out = lp.process(logits, opts, seqs, eos=(5, 1, 99), min_length=4)
+    assert np.isneginf(out[:, [1, 5]]).all() and np.isfinite(np.delete(out, [1, 5], axis=1)).all()
+    np.testing.assert_array_equal(lp.process(logits, opts, seqs, eos=(5,), min_length=3), logits)
+    assert lp.ban_eos(logits, ()) is logits
+
+
+@pytest.mark.parametrize("bad", [dict(no_repeat_ngram_size=-1), dict(min_new_tokens=-2),
+                                 dict(no_repeat_ngram_size=1.5), dict(min_new_tokens="3")])
+def test_option_errors(bad: dict) -> None:
+    err = TypeError if any(isinstance(v, (float, str)) for v in bad.values()) else ValueError
+    with pytest.raises(err):
+        olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=2, **bad)
+
+
+def _reference(prompt: np.ndarray, steps: int, n: int = 0, min_new: int = 0, eos: Sequence[int] = ()) -> List[int]:
+    """Greedy decoding by hand on the onnxruntime twin, full recompute each step, applying the
+    plain n-gram and min-new-tokens rules."""
+    sess = gc.ort("llama")
+    names = [i.name for i in sess.get_inputs()]
+    seq = list(prompt)
+    new: List[int] = []
+    for _ in range(steps):
+        ids = np.array([seq], np.int64)
+        feeds = {"input_ids": ids}
+        if "position_ids" in names:
+            feeds["position_ids"] = np.arange(len(seq), dtype=np.int64)[None, :]
+        for i in sess.get_inputs():
+            if i.name.startswith("past"):
+                shape = [1 if d == "batch" else (0 if isinstance(d, str) else d) for d in i.shape]
+                feeds[i.name] = np.zeros(shape, np.float32)
+        logits = sess.run(None, feeds)[0][0, -1].astype(np.float64)
+        if n:
+            logits[_banned_plain(seq, n)] = -np.inf
+        if len(new) < min_new:
+            logits[list(eos)] = -np.inf
+        tok = int(np.argmax(logits))
+        seq.append(tok)
+        new.append(tok)
+        if tok in eos:
+            break
+    return new
+
+
+def test_greedy_no_repeat_ngram_equals_reference() -> None:
+    plain = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=24).new_tokens[0].tolist()
+    assert len(set(zip(plain, plain[1:]))) < len(plain) - 1  # the case repeats bigrams without the rule
+    for n in (1, 2, 3):
+        got = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=24, no_repeat_ngram_size=n)
+        row = got.new_tokens[0].tolist()
+        assert row == _reference(gc.PROMPT, 24, n=n)
+        full = gc.PROMPT.tolist() + row
+        grams = [tuple(full[i:i + n]) for i in range(len(full) - n + 1)]
+        assert len(grams) == len(set(grams))
+
+
+def test_min_new_tokens_holds_back_eos() -> None:
+    plain = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=12).new_tokens[0].tolist()
+    eos = plain[1]  # the second token: without the rule generation stops there
+    out = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=12, eos_token_id=eos)
+    assert out.new_tokens[0].tolist()[:2] == [plain[0], eos] and out.new_tokens.shape[1] == 2
+    for min_new in (1, 2, 5, 12):
+        got = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=12, eos_token_id=eos,
+                            min_new_tokens=min_new, pad_token_id=0)
+        row = [int(t) for t in got.new_tokens[0]]
+        want = _reference(gc.PROMPT, 12, min_new=min_new, eos=[eos])
+        assert row[:len(want)] == want
+        assert eos not in row[:min_new]
+
+
+def test_constraints_in_beams_sampling_speculative_and_generator() -> None:
+    sess = gc.ours("llama")
+    kw = dict(max_new_tokens=16, no_repeat_ngram_size=2)
+    greedy = olkv.generate(sess, gc.PROMPT, **kw).new_tokens[0].tolist()
+    # speculative decoding gives the greedy tokens under the same processors
+    assert olkv.generate(sess, gc.PROMPT, prompt_lookup=3, **kw).new_tokens[0].tolist() == greedy
+    assert olkv.generate(sess, gc.PROMPT, draft_session=gc.ours("llama", seed=1), **kw).new_tokens[0].tolist() == greedy
+    g = olkv.Generator(sess, max_length=gc.PROMPT.size + 16, no_repeat_ngram_size=2)
+    g.append_tokens(gc.PROMPT)
+    while not g.is_done():
+        g.generate_next_token()
+    assert g.get_sequence(0)[gc.PROMPT.size:].tolist() == greedy
+    for out in (olkv.generate(sess, gc.PROMPT, num_beams=3, num_return_sequences=3, **kw),
+                olkv.generate(sess, gc.PROMPT, do_sample=True, num_return_sequences=4, seed=0, top_k=0, **kw)):
+        for row in out.sequences.tolist():
+            grams = list(zip(row, row[1:]))
+            assert len(grams) == len(set(grams))
+    eos = greedy[0]
+    for extra in (dict(num_beams=2), dict(do_sample=True, seed=3), dict(prompt_lookup=2)):
+        out = olkv.generate(sess, gc.PROMPT, max_new_tokens=6, eos_token_id=eos, min_new_tokens=4, **extra)
+        assert eos not in out.new_tokens[0].tolist()[:4]
+    g = olkv.Generator(sess, max_length=gc.PROMPT.size + 6, eos_token_id=eos, min_length=gc.PROMPT.size + 3)
+    g.append_tokens(gc.PROMPT)
+    for _ in range(3):
+        g.generate_next_token()
+    assert eos not in g.get_sequence(0)[gc.PROMPT.size:].tolist()
+
+
+def test_max_length_stands_for_max_new_tokens() -> None:
+    sess = gc.ours("llama")
+    want = olkv.generate(sess, gc.PROMPT, max_new_tokens=5)
+    got = olkv.generate(sess, gc.PROMPT, max_length=gc.PROMPT.size + 5)
+    np.testing.assert_array_equal(got.sequences, want.sequences)
+    # both: max_new_tokens wins (transformers' rule)
+    both = olkv.generate(sess, gc.PROMPT, max_new_tokens=5, max_length=gc.PROMPT.size + 2)
+    np.testing.assert_array_equal(both.sequences, want.sequences)
+    ids, mask = gc.padded(gc.PROMPTS)
+    padded = olkv.generate(gc.ours("llama-mask"), ids, attention_mask=mask, max_length=ids.shape[1] + 3)
+    assert padded.sequences.shape == (len(gc.PROMPTS), ids.shape[1] + 3)
+    with pytest.raises(ValueError, match="max_new_tokens .* or max_length"):
+        olkv.generate(sess, gc.PROMPT)
+    with pytest.raises(ValueError, match="leaves no room"):
+        olkv.generate(sess, gc.PROMPT, max_length=gc.PROMPT.size)
+    with pytest.raises(ValueError):
+        olkv.generate(sess, gc.PROMPT, max_length=0)
+    with pytest.raises(TypeError):
+        olkv.generate(sess, gc.PROMPT, max_length=7.0)
