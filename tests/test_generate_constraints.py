@@ -176,3 +176,32 @@ def test_max_length_stands_for_max_new_tokens() -> None:
         olkv.generate(sess, gc.PROMPT, max_length=0)
     with pytest.raises(TypeError):
         olkv.generate(sess, gc.PROMPT, max_length=7.0)
+
+
+# Recorded from transformers 5.25.0 on the torch twin of the llama-optimum fixture
+# (scripts/make_fixtures.py build_model("llama")): generate(do_sample=False, pad_token_id=251,
+# return_dict_in_generate=True, output_scores=True, **kw); new tokens and sequences_scores. The eos
+# id 11 of the min_new_tokens cases is plain greedy's second new token.
+_HF_CASES = [
+    ([5, 17, 42, 99, 7, 130], dict(max_new_tokens=12, no_repeat_ngram_size=1),
+     [[23, 75, 223, 27, 67, 196, 170, 15, 189, 39, 59, 210]], None),
+    ([5, 17, 42, 99, 7, 130], dict(max_new_tokens=10, num_beams=3, num_return_sequences=2, no_repeat_ngram_size=3),
+     [[23, 99, 112, 27, 80, 33, 194, 177, 194, 177], [23, 99, 112, 27, 10, 80, 33, 194, 177, 194]], [-3.2532, -3.256]),
+    ([108, 35, 195, 236], dict(max_new_tokens=8, min_new_tokens=5, eos_token_id=11),
+     [[223, 205, 219, 189, 196, 223, 205, 177]], None),
+    ([108, 35, 195, 236], dict(max_new_tokens=6, num_beams=2, min_new_tokens=4, eos_token_id=11),
+     [[223, 205, 97, 167, 196, 223]], [-3.003]),
+    ([108, 35, 195, 236], dict(max_length=9), [[223, 11, 196, 223, 223]], None),
+]
+
+
+@pytest.mark.parametrize("case", range(len(_HF_CASES)))
+def test_equals_transformers_recorded(case: int) -> None:
+    import _fixtures as fx
+
+    prompt, kw, want, want_scores = _HF_CASES[case]
+    sess = olkv.InferenceSession(fx.model_path("llama-optimum"), threads=1)
+    out = olkv.generate(sess, np.array(prompt), pad_token_id=251, **kw)
+    assert out.new_tokens.tolist() == want
+    if want_scores is not None:
+        np.testing.assert_allclose(out.sequences_scores, want_scores, atol=2e-4)
