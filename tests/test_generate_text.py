@@ -89,6 +89,14 @@ def test_cli_generate_ids_and_text(tmp_path: Any, capsys: Any) -> None:
     assert main(args + ["--draft", path]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].split() == [str(t) for t in want] and "drafts accepted" in lines[1]
+    # the processors: the CLI's tokens are generate's with the same options
+    extra = ["--no-repeat-ngram-size", "2", "--repetition-penalty", "1.3", "--eos", str(want[0]),
+             "--min-new-tokens", "3"]
+    assert main(args + extra) == 0
+    got = capsys.readouterr().out.strip().splitlines()[0].split()
+    ref = olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=N, no_repeat_ngram_size=2, repetition_penalty=1.3,
+                        eos_token_id=want[0], min_new_tokens=3)
+    assert got == [str(t) for t in ref.new_tokens[0]][:len(got)] and len(got) >= 3
 
 
 @pytest.mark.parametrize("args, message", [

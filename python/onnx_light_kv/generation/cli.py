@@ -25,6 +25,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=50,
                    help="sample among the k most likely tokens (default 50, as transformers; 0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: smallest set of tokens with this probability")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="divide (multiply) the logits of tokens already present (1: off)")
+    p.add_argument("--no-repeat-ngram-size", type=int, default=0, metavar="N",
+                   help="never repeat an n-gram of this size (0: off)")
+    p.add_argument("--min-new-tokens", type=int, default=0, metavar="N",
+                   help="ban the --eos ids until this many new tokens")
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling (None: fresh entropy)")
     p.add_argument("--num-beams", type=int, default=1, help="beam search with this many beams (1: no beam search)")
     p.add_argument("--eos", type=int, nargs="+", default=None, metavar="ID", help="end-of-sequence id(s)")
@@ -75,6 +81,8 @@ def run(args: Any, out: Any = None) -> int:
 
     res = generate(sess, prompt, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                   repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
+                   min_new_tokens=args.min_new_tokens,
                    num_beams=args.num_beams, eos_token_id=args.eos, draft_session=draft,
                    num_draft_tokens=args.num_draft_tokens, prompt_lookup=args.prompt_lookup,
                    streamer=stream if args.num_beams == 1 else None, tokenizer=tok)
