@@ -26,6 +26,7 @@ REQUESTS: List[Dict[str, Any]] = [
     dict(input_ids=[8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 4], max_new_tokens=7, do_sample=True, top_k=20, seed=3),
     dict(input_ids=[11, 12, 13], max_new_tokens=10, repetition_penalty=1.3),
     dict(input_ids=[60, 61], max_new_tokens=8, do_sample=True, min_p=0.05, seed=11),
+    dict(input_ids=[5, 6, 7], max_new_tokens=10, no_repeat_ngram_size=2),
 ]
 
 
@@ -57,6 +58,7 @@ def _with_stops(sess: Any) -> List[Dict[str, Any]]:
 def _run(engine: Engine, reqs: List[Dict[str, Any]], add_at: Dict[int, int]) -> Dict[int, List[int]]:
     """Step the engine, adding request i at step add_at[i]; returns the tokens by request index,
     checking that the step outputs stream exactly the request's tokens."""
+    assert set(add_at) == set(range(len(reqs))), "every request needs its step"
     ids: Dict[int, int] = {}
     streamed: Dict[int, List[int]] = {}
     finished: Dict[int, bool] = {}
@@ -96,6 +98,17 @@ def test_concurrent_requests_equal_generate_alone(max_batch: int) -> None:
     assert st["generated_tokens"] == sum(len(w) for w in want)
 
 
+def test_min_new_tokens_holds_back_eos_as_generate_does() -> None:
+    sess = ours(MODEL)
+    first = _alone(sess, dict(input_ids=[3, 17, 42], max_new_tokens=8))
+    reqs = [dict(input_ids=[3, 17, 42], max_new_tokens=8, eos_token_id=first[1], min_new_tokens=m) for m in (0, 2, 5)]
+    want = [_alone(sess, r) for r in reqs]
+    assert len(want[0]) == 2 and first[1] not in want[2][:5]  # the eos fires at once without the rule
+    with Engine(sess, max_batch=3, max_length=32) as eng:
+        got = _run(eng, reqs, {0: 0, 1: 0, 2: 1})
+    assert [got[i] for i in range(3)] == want
+
+
 @pytest.mark.parametrize("block_size,prefix_cache", [(16, False), (16, True), (None, True)])
 def test_paged_engine_equals_generate_alone(block_size: Any, prefix_cache: bool) -> None:
     """On the paged layout (with and without the prefix cache) requests joining at different
@@ -109,7 +122,7 @@ def test_paged_engine_equals_generate_alone(block_size: Any, prefix_cache: bool)
     want = [_alone(sess, r) for r in reqs]
     with Engine(sess, max_batch=4, max_length=64, block_size=block_size, prefix_cache=prefix_cache) as eng:
         assert eng.paged and (eng.block_size == 16 or block_size is None)
-        got = _run(eng, reqs, {0: 0, 1: 0, 2: 2, 3: 3, 4: 9, 5: 10, 6: 0, 7: 12, 8: 14})
+        got = _run(eng, reqs, {0: 0, 1: 0, 2: 2, 3: 3, 4: 9, 5: 10, 6: 5, 7: 0, 8: 12, 9: 14})
         st = eng.stats()
         reused = [eng.request(rid).reused_tokens for rid in sorted(eng._requests)]
     assert st["running"] == 0 and st["cache_blocks_used"] == 0 and st["cache_blocks_free"] is None  # idle
@@ -259,7 +272,7 @@ def test_requests_join_and_leave_mid_run() -> None:
     reqs = _with_stops(sess)
     want = [_alone(sess, r) for r in reqs]
     with Engine(sess, max_batch=4, max_length=64) as eng:
-        got = _run(eng, reqs, {0: 0, 1: 0, 2: 2, 3: 3, 4: 9, 5: 10})
+        got = _run(eng, reqs, {0: 0, 1: 0, 2: 2, 3: 3, 4: 9, 5: 10, 6: 4})
     for i in range(len(reqs)):
         assert got[i] == want[i], f"request {i}"
 

@@ -137,6 +137,22 @@ def test_completions_sampling_seed_n_and_logprobs(client: Any) -> None:
     assert r.choices[0].text == expected_text(ids, 5)
 
 
+def test_vllm_extra_sampling_parameters(server: Server) -> None:
+    """top_k, min_p, repetition_penalty (vLLM's extra parameters) reach the engine: the text is
+    generate()'s with the same options."""
+    with httpx.Client(base_url=server.url, timeout=60) as h:
+        body = dict(prompt=P1, max_tokens=9, temperature=0.8, top_k=5, min_p=0.05, repetition_penalty=1.4, seed=5,
+                    min_tokens=3)
+        r = h.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == expected_text(P1, 9, do_sample=True, temperature=0.8, top_k=5,
+                                                               min_p=0.05, repetition_penalty=1.4, seed=5)
+        r = h.post("/v1/completions", json=dict(prompt=P1, max_tokens=6, temperature=0, repetition_penalty=1.5))
+        assert r.json()["choices"][0]["text"] == expected_text(P1, 6, repetition_penalty=1.5)
+        r = h.post("/v1/completions", json=dict(prompt=P1, max_tokens=6, temperature=0.5, top_k=-1, seed=1))
+        assert r.json()["choices"][0]["text"] == expected_text(P1, 6, do_sample=True, temperature=0.5, top_k=0, seed=1)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("span", [False, True], ids=["inside a token", "across tokens"])
 def test_logprob_tokens_end_where_a_stop_string_cuts(client: Any, stream: bool, span: bool) -> None:
@@ -239,6 +255,12 @@ def test_models_health_metrics(server: Server, client: Any) -> None:
     ("/v1/completions", b'{"prompt": "w1", "top_p": -' + b"9" * 400 + b"}", 400, "'top_p' must be in"),
     ("/v1/completions", b'{"prompt": ' + b"[" * 100000 + b"]" * 100000 + b"}", 400, "nested too deeply"),
     ("/v1/completions", {"prompt": [[1, 2]] * 17}, 400, "at most 16 prompts"),
+    ("/v1/completions", {"prompt": P1, "top_k": -2}, 400, "'top_k' must be"),
+    ("/v1/completions", {"prompt": P1, "top_k": 2 ** 40}, 400, "'top_k' must be"),
+    ("/v1/completions", {"prompt": P1, "min_p": 1.5}, 400, "'min_p' must be in"),
+    ("/v1/completions", {"prompt": P1, "repetition_penalty": 0}, 400, "'repetition_penalty' must be > 0"),
+    ("/v1/completions", {"prompt": P1, "max_tokens": 4, "min_tokens": 5}, 400, "'min_tokens' must be in"),
+    ("/v1/completions", {"prompt": P1, "presence_penalty": 0.5}, 400, "not supported"),
     # a body past the server's limit (8 MiB): refused before it is parsed or tokenized
     ("/v1/completions", b'{"prompt": "' + b"w1 " * (3 << 20) + b'"}', 413, "exceeds the server's limit"),
     ("/v1/completions", {"prompt": P1, "max_tokens": 2, "seed": 2 ** 63 - 1, "n": 2}, 400, "'seed' must be in"),

@@ -266,11 +266,13 @@ class Engine(_Uncopyable):
     # -- requests -------------------------------------------------------------------------
     def add_request(self, input_ids: Any, *, max_new_tokens: int = 16, do_sample: bool = False,
                     temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0, min_p: float = 0.0,
-                    repetition_penalty: float = 1.0, eos_token_id: Union[int, Sequence[int], None] = None,
+                    repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0, min_new_tokens: int = 0,
+                    eos_token_id: Union[int, Sequence[int], None] = None,
                     stop_sequences: Optional[Sequence[Sequence[int]]] = None, seed: Optional[int] = None,
                     logprobs: Optional[int] = None) -> int:
         """Queue a request: ``input_ids`` (1-D ids, or ``[1, n]``) and ``generate``'s options of
-        the same names (``max_new_tokens``, sampling, ``eos_token_id``, ``stop_sequences``,
+        the same names (``max_new_tokens``, sampling, ``repetition_penalty``,
+        ``no_repeat_ngram_size``, ``min_new_tokens``, ``eos_token_id``, ``stop_sequences``,
         ``seed``; ``top_k`` defaults to 50 as there, so a request equals ``generate`` alone; the
         OpenAI-style server passes ``top_k=0``, the whole vocabulary); ``logprobs=n`` records each token's log-probability and the ``n`` most
         probable alternatives (0: the chosen token's only). Returns the request id.
@@ -305,7 +307,8 @@ class Engine(_Uncopyable):
         cost = self._cost(ids.size + max_new)
         if self.budget is not None and cost > self.budget:  # admission would wait for it forever
             raise ValueError(self._beyond_budget(ids.size, max_new, cost))
-        opts = SamplingOptions(do_sample, temperature, top_k, top_p, min_p, repetition_penalty)
+        opts = SamplingOptions(do_sample, temperature, top_k, top_p, min_p, repetition_penalty, no_repeat_ngram_size,
+                               min_new_tokens)
         stop = StopCondition.of(eos_token_id, stop_sequences)
         lpn = optional_integer(logprobs, "logprobs", lo=0, hi=20)
         rng = np.random.default_rng(optional_integer(seed, "seed", lo=0))
@@ -553,7 +556,9 @@ class Engine(_Uncopyable):
 
     def _choose(self, req: Request, logits: np.ndarray) -> int:
         row = logits[None, :]
-        processed = lp.process(row, req.options, req._seq[None, :])
+        # (the eos ids are banned until the request holds min_new_tokens new tokens)
+        processed = lp.process(row, req.options, req._seq[None, :], eos=req.stop.eos,
+                               min_length=req._seq.size - len(req.tokens) + req.options.min_new_tokens)
         tok = int(lp.choose(processed, req.options.do_sample, req.rng)[0])
         if req.logprobs is not None:
             logp = lp.log_softmax(row)[0]

@@ -303,6 +303,19 @@ class _Params:
         if any(s == "" for s in self.stop):
             raise RequestError("'stop' strings must not be empty", "stop")
         self.stream = bool(_get(body, "stream", (bool,), False, "a boolean"))
+        # vLLM's extra sampling parameters (transformers' meanings; top_k 0 or -1: the whole vocabulary)
+        top_k = int(_get(body, "top_k", (int,), 0, "an integer"))
+        if not -1 <= top_k <= 2 ** 31:
+            raise RequestError(f"'top_k' must be -1, 0 or a positive integer up to 2**31, got {top_k}", "top_k")
+        self.top_k = max(top_k, 0)
+        self.min_p = _number(body, "min_p", 0.0, 0.0, 1.0)
+        self.repetition_penalty = _number(body, "repetition_penalty", 1.0, 0.0, 2.0 ** 64)
+        if self.repetition_penalty == 0.0:
+            raise RequestError("'repetition_penalty' must be > 0", "repetition_penalty")
+        self.min_tokens = int(_get(body, "min_tokens", (int,), 0, "an integer"))
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise RequestError(f"'min_tokens' must be in [0, {key}={self.max_tokens}], got {self.min_tokens}",
+                               "min_tokens")
         for name in ("presence_penalty", "frequency_penalty"):
             if _number(body, name, 0.0, -2.0, 2.0) != 0.0:
                 raise RequestError(f"'{name}' is not supported by this server (only 0)", name)
@@ -327,9 +340,12 @@ class _Params:
     def engine_options(self, i: int, eos: List[int]) -> Dict[str, Any]:
         """``Engine.add_request`` options of choice ``i`` (seeds ``seed + i``)."""
         sample = self.temperature > 0
-        # top_k=0: the OpenAI API has no top_k, its sampling covers the whole vocabulary
+        # top_k=0 unless the request gives one: the OpenAI API has no top_k, its sampling covers
+        # the whole vocabulary
         return dict(max_new_tokens=self.max_tokens, do_sample=sample, temperature=self.temperature if sample else 1.0,
-                    top_k=0, top_p=self.top_p if sample else 1.0, seed=None if self.seed is None else self.seed + i,
+                    top_k=self.top_k if sample else 0, top_p=self.top_p if sample else 1.0,
+                    min_p=self.min_p if sample else 0.0, repetition_penalty=self.repetition_penalty,
+                    min_new_tokens=self.min_tokens, seed=None if self.seed is None else self.seed + i,
                     eos_token_id=eos or None, logprobs=self.top if self.logprobs else None)
 
 
