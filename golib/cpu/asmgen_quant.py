@@ -1060,7 +1060,7 @@ def zscales(src, dst, ng):
     return [f"VMOVUPS {src}, Y{dst}", f"VPERMPS Z{dst}, Z16, Z{dst}"]
 
 
-def vint(ng, isa):
+def vint(ng, isa, rows=4):
     """AVX-512 VNNI accumulation of V over token pairs: softmax weights times V scales
     quantized to int16 per row (qvwprep), V rows widened to int16 and interleaved
     by token pair, VPDPWSSD with the pair's weights broadcast from memory.
@@ -1068,8 +1068,10 @@ def vint(ng, isa):
     ng: V scale groups per row, 4 (qvwprep) or 2 (qvwprep2: each group's
     scale and zero stand for two groups of the four-group layout, as if repeated). isa "avx2":
     the same functions (suffix avx2) in AVX2 encodings only (the same weights bit for bit), and
-    with ng 4 the AVX2 accumulation loops (vaxpy_maddw)."""
-    sfx = ("" if ng == 4 else "2") + ("avx2" if isa == "avx2" else "")
+    with ng 4 the AVX2 accumulation loops (vaxpy_maddw). rows 1 (qvwprep1*): the weights of
+    row 0 alone (the one-row loops, qvaxpy1*), dense (wpb 16): the same operations in the same
+    order as row 0 of the four-row functions, so the same weights and zero terms bit for bit."""
+    sfx = ("1" if rows == 1 else "") + ("" if ng == 4 else "2") + ("avx2" if isa == "avx2" else "")
     perm = "vwperm" if ng == 4 else "vwperm2"
     sb = 4 * ng * 2  # scale bytes per token pair
 
@@ -1101,6 +1103,8 @@ def vint(ng, isa):
     else:
         w("// 3. the weights in the four-group layout: w[16j + 4r + g] from vs[4j + g/2], and")
         w("//    zt[4r + g] = sum_t p_rt * vz[2t + g/2].")
+    if rows == 1:
+        w("// One row (rows 1-3 of ms 0, zt and w only row 0's): w[4j + g], 16 bytes a token pair.")
     w(f"TEXT ·{nm}(SB), NOSPLIT, $0-64")
     mx = nm + "m"
     ins("MOVQ p+8(FP), R8", "MOVQ ldP+16(FP), DX", "LEAQ (R8)(DX*1), R9", "LEAQ (R9)(DX*1), R10",
@@ -1118,7 +1122,7 @@ def vint(ng, isa):
             "MOVQ AX, BX", "SHRQ $2, BX", f"JZ {mx}qdone")
         w(f"{mx}quad:")
         ins(*zscales("(SI)", 19, ng), "VANDPS Z18, Z19, Z19")
-        for r in range(4):
+        for r in range(rows):
             ins(f"VMOVUPS ({pr[r]})(CX*4), X20", "VPERMPS Z20, Z17, Z20", "VMULPS Z19, Z20, Z20",
                 f"VMAXPS Z20, Z{r}, Z{r}")
         ins(f"ADDQ ${2*sb}, SI", "ADDQ $4, CX", "DECQ BX", f"JNZ {mx}quad")
@@ -1130,12 +1134,12 @@ def vint(ng, isa):
         ins("MOVQ AX, BX", "SHRQ $1, BX", f"JZ {mx}odd")
     w(f"{mx}pair:")
     ins(*ldpair("(SI)", 4), "VANDPS Y14, Y4, Y4")
-    for r in range(4):
+    for r in range(rows):
         ins(f"VBROADCASTSD ({pr[r]})(CX*4), Y5", "VMULPS Y4, Y5, Y5", f"VMAXPS Y5, Y{r}, Y{r}")
     ins(f"ADDQ ${sb}, SI", "ADDQ $2, CX", "DECQ BX", f"JNZ {mx}pair")
     w(f"{mx}odd:")
     ins("ANDQ $1, AX", f"JZ {mx}done", *ldodd("(SI)", 4), "VANDPS Y14, Y4, Y4")
-    for r in range(4):
+    for r in range(rows):
         ins(f"VMOVSS ({pr[r]})(CX*4), X5", "VPBROADCASTQ X5, Y5", "VMULPS Y4, Y5, Y5", f"VMAXPS Y5, Y{r}, Y{r}")
     w(f"{mx}done:")
     for r in range(4):
@@ -1166,22 +1170,25 @@ def vint(ng, isa):
         ins(*zscales("(SI)", 19, ng), "TESTQ R14, R14", f"JZ {qn}qnoz", *zscales("(R13)", 20, ng))
         w(f"{qn}qnoz:")
         t = [26, 27, 28, 29]
-        for r in range(4):
+        for r in range(rows):
             ins(f"VMOVUPS ({pr[r]})(CX*4), X{t[r]}", f"VPERMPS Z{t[r]}, Z17, Z{t[r]}")
         ins("TESTQ R14, R14", f"JZ {qn}qnozt")
-        for r in range(4):
+        for r in range(rows):
             ins(f"VFMADD231PS Y20, Y{t[r]}, Y{4+r}")
         ins("VEXTRACTF64X4 $1, Z20, Y21")
-        for r in range(4):
+        for r in range(rows):
             ins(f"VEXTRACTF64X4 $1, Z{t[r]}, Y30", f"VFMADD231PS Y21, Y30, Y{4+r}")
         w(f"{qn}qnozt:")
-        for r in range(4):
+        for r in range(rows):
             ins(f"VMULPS Z19, Z{t[r]}, Z{t[r]}", f"VMULPS Z{22+r}, Z{t[r]}, Z{t[r]}", f"VCVTPS2DQ Z{t[r]}, Z{t[r]}")
-        for h in range(2):
+        if rows == 1:  # the two pairs' words in order (the signed saturation of VPACKSSDW)
+            ins(f"VPMOVSDW Z{t[0]}, (DI)")
+        for h in range(2 if rows == 4 else 0):
             a, b = t[2*h], t[2*h+1]
             ins(f"VPACKSSDW Z{b}, Z{a}, Z{a}", f"VPERMQ $0xd8, Z{a}, Z{a}", f"VMOVDQU64 Y{a}, {off(32*h)}(DI)",
                 f"VEXTRACTI64X4 $1, Z{a}, {64+32*h}(DI)")
-        ins(f"ADDQ ${2*sb}, SI", f"ADDQ ${2*sb}, R13", "ADDQ $128, DI", "ADDQ $4, CX", "DECQ BX", f"JNZ {qn}quad")
+        ins(f"ADDQ ${2*sb}, SI", f"ADDQ ${2*sb}, R13", f"ADDQ ${32 * rows}, DI", "ADDQ $4, CX", "DECQ BX",
+            f"JNZ {qn}quad")
         w(f"{qn}qdone:")
         ins("MOVQ AX, BX", "ANDQ $3, BX", "SHRQ $1, BX", f"JZ {qn}odd")
     else:
@@ -1194,33 +1201,35 @@ def vint(ng, isa):
         ins(*ld("(R13)", 1))
         w(f"{qn}{'o' if odd else 'p'}noz:")
         t = [2, 3, 12, 13]  # row r's int32 weights
-        for r in range(4):
+        for r in range(rows):
             if odd:
                 ins(f"VMOVSS ({pr[r]})(CX*4), X{t[r]}", f"VPBROADCASTQ X{t[r]}, Y{t[r]}")
             else:
                 ins(f"VBROADCASTSD ({pr[r]})(CX*4), Y{t[r]}")
             ins(f"VFMADD231PS Y1, Y{t[r]}, Y{4+r}", f"VMULPS Y0, Y{t[r]}, Y{t[r]}", f"VMULPS Y{8+r}, Y{t[r]}, Y{t[r]}",
                 f"VCVTPS2DQ Y{t[r]}, Y{t[r]}")
+        if rows == 1:  # the row's words: the low 128 bits
+            ins(f"VPACKSSDW Y{t[0]}, Y{t[0]}, Y{t[0]}", f"VPERMQ $0x08, Y{t[0]}, Y{t[0]}", f"VMOVDQU X{t[0]}, (DI)")
         # two rows' int16 weights at once (signed saturation), back in row order by VPERMQ
-        for h in range(2):
+        for h in range(2 if rows == 4 else 0):
             a, b = t[2*h], t[2*h+1]
             ins(f"VPACKSSDW Y{b}, Y{a}, Y{a}", f"VPERMQ $0xd8, Y{a}, Y{a}", f"VMOVDQU Y{a}, {off(32*h)}(DI)")
 
     w(f"{qn}pair:")
     ins("VXORPS Y1, Y1, Y1")
     body(False)
-    ins(f"ADDQ ${sb}, SI", f"ADDQ ${sb}, R13", "ADDQ $64, DI", "ADDQ $2, CX", "DECQ BX", f"JNZ {qn}pair")
+    ins(f"ADDQ ${sb}, SI", f"ADDQ ${sb}, R13", f"ADDQ ${16 * rows}, DI", "ADDQ $2, CX", "DECQ BX", f"JNZ {qn}pair")
     w(f"{qn}odd:")
     ins("ANDQ $1, AX", f"JZ {qn}zt", "VXORPS Y1, Y1, Y1")
     body(True)
     w(f"{qn}zt:")
     ins("MOVQ zt+48(FP), DI", "TESTQ R14, R14", f"JZ {qn}done")
-    for r in range(4):
+    for r in range(rows):
         ins(f"VHADDPS Y{4+r}, Y{4+r}, Y{4+r}", f"VPERMQ $0x08, Y{4+r}, Y{4+r}", f"VMOVUPS X{4+r}, {off(16*r)}(DI)")
     w(f"{qn}done:")
     ins("VZEROUPPER", "RET")
     w()
-    if ng == 4:
+    if ng == 4 and rows == 4:
         # one row: int4 only (for int8 the weights' preparation costs what the loop saves
         # over the float one, and beyond the L3 it was slower; see kern_quant_amd64.go)
         for rows, fmt in ((4, "i8"), (4, "i4"), (1, "i4")):
@@ -1493,9 +1502,13 @@ for isa in ("avx512", "avx2"):
 vnni()
 vint(4, "avx512")
 vint(2, "avx512")
+vint(4, "avx512", rows=1)
+vint(2, "avx512", rows=1)
 maddw()
 vint(4, "avx2")
 vint(2, "avx2")
+vint(4, "avx2", rows=1)
+vint(2, "avx2", rows=1)
 sumsq("avx512")
 sumsq("avx2")
 max4("avx512")

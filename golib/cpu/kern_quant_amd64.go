@@ -306,9 +306,11 @@ type intLoops struct {
 	prep  func(dst *int16, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int
 	dots4 [2]func(s *float32, ldS int, qi *int16, qib int, k *byte, krb int, nt int, cpg int, aff *[24]float32, pfd int) // int8, int4
 	dots1 [2]func(s *float32, qi *int16, k *byte, krb int, nt int, cpg int, aff *[2]float32, pfd int)                    // int8, int4
-	// wprep: rows of four and of two V scale groups
-	wprep [2]func(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
-	vaxpy [2]func(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)
+	// wprep: rows of four and of two V scale groups; wprep1: the same for
+	// one row (row 0's weights alone, 16 bytes a token pair: vaxpyOne)
+	wprep  [2]func(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
+	wprep1 [2]func(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
+	vaxpy  [2]func(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)
 	// vaxpyOne: vaxpy for one row (row 0 of the weights, alpha, sc and zt),
 	// int4 only
 	vaxpyOne func(acc *float32, accrb int, v *byte, vrb int, np int, odd int, w *int32, wpb int, s2 int, alpha *[4]float32, sc *[4]float32, zt *float32, zrb int, pfd int, nb int, wstep int)
@@ -327,6 +329,7 @@ var intVNNI = intLoops{
 	dots4:    [2]func(*float32, int, *int16, int, *byte, int, int, int, *[24]float32, int){qdots4i8vnni, qdots4i4vnni},
 	dots1:    [2]func(*float32, *int16, *byte, int, int, int, *[2]float32, int){qdots1i8vnni, qdots1i4vnni},
 	wprep:    [2]func(*int32, *float32, int, *float32, int, *float32, *[16]float32, *[3][4]float32){qvwprep, qvwprep2},
+	wprep1:   [2]func(*int32, *float32, int, *float32, int, *float32, *[16]float32, *[3][4]float32){qvwprep1, qvwprep12},
 	vaxpy:    [2]func(*float32, int, *byte, int, int, int, *int32, int, int, *[4]float32, *[4]float32, *float32, int, int, int, int){qvaxpy4i8vnni, qvaxpy4i4vnni},
 	vaxpyOne: qvaxpy1i4vnni,
 	cb:       64,
@@ -338,6 +341,7 @@ var intMaddw = intLoops{
 	dots4:    [2]func(*float32, int, *int16, int, *byte, int, int, int, *[24]float32, int){qdots4i8maddw, qdots4i4maddw},
 	dots1:    [2]func(*float32, *int16, *byte, int, int, int, *[2]float32, int){qdots1i8maddw, qdots1i4maddw},
 	wprep:    [2]func(*int32, *float32, int, *float32, int, *float32, *[16]float32, *[3][4]float32){qvwprepavx2, qvwprep2avx2},
+	wprep1:   [2]func(*int32, *float32, int, *float32, int, *float32, *[16]float32, *[3][4]float32){qvwprep1avx2, qvwprep12avx2},
 	vaxpy:    [2]func(*float32, int, *byte, int, int, int, *int32, int, int, *[4]float32, *[4]float32, *float32, int, int, int, int){qvaxpy4i8maddw, qvaxpy4i4maddw},
 	vaxpyOne: qvaxpy1i4maddw,
 	cb:       16,
@@ -556,12 +560,13 @@ func (l *intLoops) vaxpy4(acc, p []float32, ld, n int, v qmat, alpha *[4]float32
 	return l.vaxpyRaw(4, acc, d, &p[0], ld, n, &v.b[0], v.rb, v.s[:n*v.ng], vz, v.ng, v.f, alpha, pf, ws)
 }
 
-// vaxpy1 is quantOps.vaxpy1: vaxpy4 for one row, int4 V only. For int8
-// V the float loop stays: paired on a Zen 4 (MHA 32/32, head dim 128,
-// group 64, one thread) the integer one gained nothing within the L3
-// (2k tokens: its weights' preparation, done for four rows, costs what
-// the loop saves) and was 1.25x slower at 16k, where for int4 it was
-// 1.3-1.4x faster at both.
+// vaxpy1 is quantOps.vaxpy1: vaxpy4 for one row, int4 V only, its weights
+// prepared for that row alone (wprep1; paired against preparing four
+// copies of the row, MHA 32/32 head dim 128 one thread, 2k and 16k tokens:
+// 1.12-1.18x on the whole step on a Zen 4's AVX-512, 1.07-1.10x on its
+// AVX2). For int8 V the float loop stays: the integer one, with the same
+// one-row preparation, was 1.14-1.26x faster at 2k but 0.83x at 16k on
+// AVX-512 and 0.69-0.93x on AVX2.
 func (l *intLoops) vaxpy1(acc, p []float32, n int, v qmat, alpha *[4]float32, pf int, ws *vScratch) bool {
 	d := len(acc)
 	if v.f != cache.QuantInt4 || v.s == nil || !vIntShape(d, n, &v) {
@@ -571,8 +576,8 @@ func (l *intLoops) vaxpy1(acc, p []float32, n int, v qmat, alpha *[4]float32, pf
 	return l.vaxpyRaw(1, acc, d, &p[0], 0, n, &v.b[0], v.rb, v.s[:n*v.ng], &v.z[0], v.ng, v.f, alpha, pf, ws)
 }
 
-// vaxpyRaw is vaxpy4 (rows 4) or vaxpy1 (rows 1, ld 0: the weights are
-// prepared for four rows that are all row 0, and the loop reads row 0's)
+// vaxpyRaw is vaxpy4 (rows 4) or vaxpy1 (rows 1: row 0's weights alone,
+// wprep1, 16 bytes a token pair, the same weights as row 0 of wprep's)
 // over rows already checked: n > 0 tokens of V rows
 // (vrb bytes) at vb with ng (2 or 4) scales (and zeros, int4) a row in vs
 // (vz), weights p (rows ld apart), d columns (a multiple of 128). It
@@ -587,9 +592,13 @@ func (l *intLoops) vaxpyRaw(rows int, acc []float32, d int, p *float32, ld, n in
 	int4 := f == cache.QuantInt4
 	// rows of two groups: the weights and zero terms in the four-group
 	// layout, each group standing for two of d/4 elements
-	wprep := l.wprep[0]
+	preps, wpb := &l.wprep, 64
+	if rows == 1 {
+		preps, wpb = &l.wprep1, 16
+	}
+	wprep := preps[0]
 	if ng == 2 {
-		wprep = l.wprep[1]
+		wprep = preps[1]
 	}
 	ws.w = grow(ws.w, (n+1)/2*16)
 	wprep(&ws.w[0], p, ld*4, &vs[0], n, vz, &ws.zt, &ws.ms)
@@ -606,7 +615,7 @@ func (l *intLoops) vaxpyRaw(rows int, acc []float32, d int, p *float32, ld, n in
 		fn = l.vaxpy[1]
 	}
 	if l.fused {
-		fn(&acc[0], d*4, vb, vrb, n/2, n&1, &ws.w[0], 64, d/4/l.cb, alpha, &ws.ms[2], &ws.zt[0], 16, pf*vrb, 1, 0)
+		fn(&acc[0], d*4, vb, vrb, n/2, n&1, &ws.w[0], wpb, d/4/l.cb, alpha, &ws.ms[2], &ws.zt[0], 16, pf*vrb, 1, 0)
 		return true
 	}
 	// column blocks of cb (64) elements: all in one call where every block
@@ -619,7 +628,7 @@ func (l *intLoops) vaxpyRaw(rows int, acc []float32, d int, p *float32, ld, n in
 		if gw == l.cb/2 {
 			s2 = 4
 		}
-		fn(&acc[0], d*4, vb, vrb, n/2, n&1, &ws.w[0], 64, s2, alpha, &ws.ms[2], &ws.zt[0], 16, pf*vrb, d/l.cb, 4*l.cb/gw)
+		fn(&acc[0], d*4, vb, vrb, n/2, n&1, &ws.w[0], wpb, s2, alpha, &ws.ms[2], &ws.zt[0], 16, pf*vrb, d/l.cb, 4*l.cb/gw)
 		return true
 	}
 	for j0 := 0; j0 < d; j0 += l.cb {
@@ -635,7 +644,7 @@ func (l *intLoops) vaxpyRaw(rows int, acc []float32, d int, p *float32, ld, n in
 		if j0 == 0 {
 			pfd = pf * vrb
 		}
-		fn(&acc[j0], d*4, (*byte)(unsafe.Add(unsafe.Pointer(vb), vo)), vrb, n/2, n&1, &ws.w[g0], 64, s2, alpha, &ws.ms[2], &ws.zt[g0], 16, pfd, 1, 0)
+		fn(&acc[j0], d*4, (*byte)(unsafe.Add(unsafe.Pointer(vb), vo)), vrb, n/2, n&1, &ws.w[g0], wpb, s2, alpha, &ws.ms[2], &ws.zt[g0], 16, pfd, 1, 0)
 	}
 	return true
 }
@@ -753,6 +762,18 @@ func qvwprep2(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt
 
 //go:noescape
 func qvwprepavx2(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
+
+//go:noescape
+func qvwprep1(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
+
+//go:noescape
+func qvwprep12(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
+
+//go:noescape
+func qvwprep1avx2(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
+
+//go:noescape
+func qvwprep12avx2(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
 
 //go:noescape
 func qvwprep2avx2(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)

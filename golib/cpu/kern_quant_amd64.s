@@ -5443,6 +5443,477 @@ qvwprep2qdone:
 	VZEROUPPER
 	RET
 
+// func qvwprep1(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
+//
+// The int16 weights of the integer accumulation loop in one call, three passes over the
+// part's weights (L1):
+// 1. ms[0][r] = max_t,g |p[r*ldP/4 + t] * vs[4t + g]| over tokens t < n (four scale groups
+//    per row) for the four rows r (p >= 0);
+// 2. ms[1][r] = 16383/ms[0][r] where that is finite and ms[0][r] > 0, else 0 (every weight
+//    0; a NaN maximum keeps the row's NaN in ms[2]), ms[2][r] = ms[0][r]/16383 (the step);
+// 3. for token pairs j (the last one padded with a zero weight when n is odd), rows r < 4
+//    and groups g < 4, w[16j + 4r + g] packs round(p_r,2j * vs[8j+g] * ms[1][r]) (low
+//    word) and the same of token 2j+1 (high word). vz != nil (int4): zt[4r + g] = sum_t
+//    p_rt * vz[4t + g].
+// One row (rows 1-3 of ms 0, zt and w only row 0's): w[4j + g], 16 bytes a token pair.
+TEXT ·qvwprep1(SB), NOSPLIT, $0-64
+	MOVQ p+8(FP), R8
+	MOVQ ldP+16(FP), DX
+	LEAQ (R8)(DX*1), R9
+	LEAQ (R9)(DX*1), R10
+	LEAQ (R10)(DX*1), R11
+	MOVQ vs+24(FP), SI
+	MOVQ n+32(FP), AX
+	MOVQ ms+56(FP), DI
+	VMOVDQU vwperm<>(SB), Y15
+	MOVL $0x7fffffff, CX
+	VPBROADCASTD CX, Y14
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ CX, CX
+	VMOVDQU32 vwq4idx<>(SB), Z16
+	VMOVDQU32 vwpidx<>(SB), Z17
+	MOVL $0x7fffffff, BX
+	VPBROADCASTD BX, Z18
+	MOVQ AX, BX
+	SHRQ $2, BX
+	JZ qvwprep1mqdone
+qvwprep1mquad:
+	VPERMPS (SI), Z16, Z19
+	VANDPS Z18, Z19, Z19
+	VMOVUPS (R8)(CX*4), X20
+	VPERMPS Z20, Z17, Z20
+	VMULPS Z19, Z20, Z20
+	VMAXPS Z20, Z0, Z0
+	ADDQ $64, SI
+	ADDQ $4, CX
+	DECQ BX
+	JNZ qvwprep1mquad
+qvwprep1mqdone:
+	VEXTRACTF64X4 $1, Z0, Y5
+	VMAXPS Y5, Y0, Y0
+	VEXTRACTF64X4 $1, Z1, Y5
+	VMAXPS Y5, Y1, Y1
+	VEXTRACTF64X4 $1, Z2, Y5
+	VMAXPS Y5, Y2, Y2
+	VEXTRACTF64X4 $1, Z3, Y5
+	VMAXPS Y5, Y3, Y3
+	MOVQ AX, BX
+	ANDQ $3, AX
+	SHRQ $1, AX
+	XCHGQ AX, BX
+	TESTQ BX, BX
+	JZ qvwprep1modd
+qvwprep1mpair:
+	VPERMPS (SI), Y15, Y4
+	VANDPS Y14, Y4, Y4
+	VBROADCASTSD (R8)(CX*4), Y5
+	VMULPS Y4, Y5, Y5
+	VMAXPS Y5, Y0, Y0
+	ADDQ $32, SI
+	ADDQ $2, CX
+	DECQ BX
+	JNZ qvwprep1mpair
+qvwprep1modd:
+	ANDQ $1, AX
+	JZ qvwprep1mdone
+	VMOVUPS (SI), X4
+	VPERMPS Y4, Y15, Y4
+	VANDPS Y14, Y4, Y4
+	VMOVSS (R8)(CX*4), X5
+	VPBROADCASTQ X5, Y5
+	VMULPS Y4, Y5, Y5
+	VMAXPS Y5, Y0, Y0
+qvwprep1mdone:
+	VEXTRACTF128 $1, Y0, X5
+	VMAXPS X5, X0, X0
+	VPERMILPS $0x4e, X0, X5
+	VMAXPS X5, X0, X0
+	VPERMILPS $0xb1, X0, X5
+	VMAXPS X5, X0, X0
+	VMOVSS X0, (DI)
+	VEXTRACTF128 $1, Y1, X5
+	VMAXPS X5, X1, X1
+	VPERMILPS $0x4e, X1, X5
+	VMAXPS X5, X1, X1
+	VPERMILPS $0xb1, X1, X5
+	VMAXPS X5, X1, X1
+	VMOVSS X1, 4(DI)
+	VEXTRACTF128 $1, Y2, X5
+	VMAXPS X5, X2, X2
+	VPERMILPS $0x4e, X2, X5
+	VMAXPS X5, X2, X2
+	VPERMILPS $0xb1, X2, X5
+	VMAXPS X5, X2, X2
+	VMOVSS X2, 8(DI)
+	VEXTRACTF128 $1, Y3, X5
+	VMAXPS X5, X3, X3
+	VPERMILPS $0x4e, X3, X5
+	VMAXPS X5, X3, X3
+	VPERMILPS $0xb1, X3, X5
+	VMAXPS X5, X3, X3
+	VMOVSS X3, 12(DI)
+	VMOVUPS (DI), X0
+	MOVL $0x467ffc00, CX
+	VMOVD CX, X1
+	VBROADCASTSS X1, X1
+	MOVL $0x7f800000, CX
+	VMOVD CX, X3
+	VBROADCASTSS X3, X3
+	VDIVPS X0, X1, X2
+	VCMPPS $0x11, X3, X2, X4
+	VANDPS X4, X2, X2
+	VMOVUPS X2, 16(DI)
+	VDIVPS X1, X0, X5
+	VMOVUPS X5, 32(DI)
+	MOVQ w+0(FP), DI
+	MOVQ vs+24(FP), SI
+	MOVQ n+32(FP), AX
+	MOVQ vz+40(FP), R13
+	MOVQ R13, R14
+	VSHUFPS $0, X2, X2, X8
+	VINSERTF128 $1, X8, Y8, Y8
+	VXORPS Y4, Y4, Y4
+	VSHUFPS $85, X2, X2, X9
+	VINSERTF128 $1, X9, Y9, Y9
+	VXORPS Y5, Y5, Y5
+	VSHUFPS $170, X2, X2, X10
+	VINSERTF128 $1, X10, Y10, Y10
+	VXORPS Y6, Y6, Y6
+	VSHUFPS $255, X2, X2, X11
+	VINSERTF128 $1, X11, Y11, Y11
+	VXORPS Y7, Y7, Y7
+	XORQ CX, CX
+	VMOVDQU32 vwq4idx<>(SB), Z16
+	VMOVDQU32 vwpidx<>(SB), Z17
+	VBROADCASTSS X8, Z22
+	VBROADCASTSS X9, Z23
+	VBROADCASTSS X10, Z24
+	VBROADCASTSS X11, Z25
+	MOVQ AX, BX
+	SHRQ $2, BX
+	JZ qvwprep1qqdone
+qvwprep1qquad:
+	VPERMPS (SI), Z16, Z19
+	TESTQ R14, R14
+	JZ qvwprep1qqnoz
+	VPERMPS (R13), Z16, Z20
+qvwprep1qqnoz:
+	VMOVUPS (R8)(CX*4), X26
+	VPERMPS Z26, Z17, Z26
+	TESTQ R14, R14
+	JZ qvwprep1qqnozt
+	VFMADD231PS Y20, Y26, Y4
+	VEXTRACTF64X4 $1, Z20, Y21
+	VEXTRACTF64X4 $1, Z26, Y30
+	VFMADD231PS Y21, Y30, Y4
+qvwprep1qqnozt:
+	VMULPS Z19, Z26, Z26
+	VMULPS Z22, Z26, Z26
+	VCVTPS2DQ Z26, Z26
+	VPMOVSDW Z26, (DI)
+	ADDQ $64, SI
+	ADDQ $64, R13
+	ADDQ $32, DI
+	ADDQ $4, CX
+	DECQ BX
+	JNZ qvwprep1qquad
+qvwprep1qqdone:
+	MOVQ AX, BX
+	ANDQ $3, BX
+	SHRQ $1, BX
+	JZ qvwprep1qodd
+qvwprep1qpair:
+	VXORPS Y1, Y1, Y1
+	VPERMPS (SI), Y15, Y0
+	TESTQ R14, R14
+	JZ qvwprep1qpnoz
+	VPERMPS (R13), Y15, Y1
+qvwprep1qpnoz:
+	VBROADCASTSD (R8)(CX*4), Y2
+	VFMADD231PS Y1, Y2, Y4
+	VMULPS Y0, Y2, Y2
+	VMULPS Y8, Y2, Y2
+	VCVTPS2DQ Y2, Y2
+	VPACKSSDW Y2, Y2, Y2
+	VPERMQ $0x08, Y2, Y2
+	VMOVDQU X2, (DI)
+	ADDQ $32, SI
+	ADDQ $32, R13
+	ADDQ $16, DI
+	ADDQ $2, CX
+	DECQ BX
+	JNZ qvwprep1qpair
+qvwprep1qodd:
+	ANDQ $1, AX
+	JZ qvwprep1qzt
+	VXORPS Y1, Y1, Y1
+	VMOVUPS (SI), X0
+	VPERMPS Y0, Y15, Y0
+	TESTQ R14, R14
+	JZ qvwprep1qonoz
+	VMOVUPS (R13), X1
+	VPERMPS Y1, Y15, Y1
+qvwprep1qonoz:
+	VMOVSS (R8)(CX*4), X2
+	VPBROADCASTQ X2, Y2
+	VFMADD231PS Y1, Y2, Y4
+	VMULPS Y0, Y2, Y2
+	VMULPS Y8, Y2, Y2
+	VCVTPS2DQ Y2, Y2
+	VPACKSSDW Y2, Y2, Y2
+	VPERMQ $0x08, Y2, Y2
+	VMOVDQU X2, (DI)
+qvwprep1qzt:
+	MOVQ zt+48(FP), DI
+	TESTQ R14, R14
+	JZ qvwprep1qdone
+	VHADDPS Y4, Y4, Y4
+	VPERMQ $0x08, Y4, Y4
+	VMOVUPS X4, (DI)
+qvwprep1qdone:
+	VZEROUPPER
+	RET
+
+// func qvwprep12(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
+//
+// The int16 weights of the integer accumulation loop in one call, three passes over the
+// part's weights (L1):
+// 1. ms[0][r] = max_t,g |p[r*ldP/4 + t] * vs[2t + g]| (rows of two scale groups);
+// 2. ms[1][r] = 16383/ms[0][r] where that is finite and ms[0][r] > 0, else 0 (every weight
+//    0; a NaN maximum keeps the row's NaN in ms[2]), ms[2][r] = ms[0][r]/16383 (the step);
+// 3. the weights in the four-group layout: w[16j + 4r + g] from vs[4j + g/2], and
+//    zt[4r + g] = sum_t p_rt * vz[2t + g/2].
+// One row (rows 1-3 of ms 0, zt and w only row 0's): w[4j + g], 16 bytes a token pair.
+TEXT ·qvwprep12(SB), NOSPLIT, $0-64
+	MOVQ p+8(FP), R8
+	MOVQ ldP+16(FP), DX
+	LEAQ (R8)(DX*1), R9
+	LEAQ (R9)(DX*1), R10
+	LEAQ (R10)(DX*1), R11
+	MOVQ vs+24(FP), SI
+	MOVQ n+32(FP), AX
+	MOVQ ms+56(FP), DI
+	VMOVDQU vwperm2<>(SB), Y15
+	MOVL $0x7fffffff, CX
+	VPBROADCASTD CX, Y14
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ CX, CX
+	VMOVDQU32 vwq2idx<>(SB), Z16
+	VMOVDQU32 vwpidx<>(SB), Z17
+	MOVL $0x7fffffff, BX
+	VPBROADCASTD BX, Z18
+	MOVQ AX, BX
+	SHRQ $2, BX
+	JZ qvwprep12mqdone
+qvwprep12mquad:
+	VMOVUPS (SI), Y19
+	VPERMPS Z19, Z16, Z19
+	VANDPS Z18, Z19, Z19
+	VMOVUPS (R8)(CX*4), X20
+	VPERMPS Z20, Z17, Z20
+	VMULPS Z19, Z20, Z20
+	VMAXPS Z20, Z0, Z0
+	ADDQ $32, SI
+	ADDQ $4, CX
+	DECQ BX
+	JNZ qvwprep12mquad
+qvwprep12mqdone:
+	VEXTRACTF64X4 $1, Z0, Y5
+	VMAXPS Y5, Y0, Y0
+	VEXTRACTF64X4 $1, Z1, Y5
+	VMAXPS Y5, Y1, Y1
+	VEXTRACTF64X4 $1, Z2, Y5
+	VMAXPS Y5, Y2, Y2
+	VEXTRACTF64X4 $1, Z3, Y5
+	VMAXPS Y5, Y3, Y3
+	MOVQ AX, BX
+	ANDQ $3, AX
+	SHRQ $1, AX
+	XCHGQ AX, BX
+	TESTQ BX, BX
+	JZ qvwprep12modd
+qvwprep12mpair:
+	VMOVUPS (SI), X4
+	VPERMPS Y4, Y15, Y4
+	VANDPS Y14, Y4, Y4
+	VBROADCASTSD (R8)(CX*4), Y5
+	VMULPS Y4, Y5, Y5
+	VMAXPS Y5, Y0, Y0
+	ADDQ $16, SI
+	ADDQ $2, CX
+	DECQ BX
+	JNZ qvwprep12mpair
+qvwprep12modd:
+	ANDQ $1, AX
+	JZ qvwprep12mdone
+	VMOVSD (SI), X4
+	VPERMPS Y4, Y15, Y4
+	VANDPS Y14, Y4, Y4
+	VMOVSS (R8)(CX*4), X5
+	VPBROADCASTQ X5, Y5
+	VMULPS Y4, Y5, Y5
+	VMAXPS Y5, Y0, Y0
+qvwprep12mdone:
+	VEXTRACTF128 $1, Y0, X5
+	VMAXPS X5, X0, X0
+	VPERMILPS $0x4e, X0, X5
+	VMAXPS X5, X0, X0
+	VPERMILPS $0xb1, X0, X5
+	VMAXPS X5, X0, X0
+	VMOVSS X0, (DI)
+	VEXTRACTF128 $1, Y1, X5
+	VMAXPS X5, X1, X1
+	VPERMILPS $0x4e, X1, X5
+	VMAXPS X5, X1, X1
+	VPERMILPS $0xb1, X1, X5
+	VMAXPS X5, X1, X1
+	VMOVSS X1, 4(DI)
+	VEXTRACTF128 $1, Y2, X5
+	VMAXPS X5, X2, X2
+	VPERMILPS $0x4e, X2, X5
+	VMAXPS X5, X2, X2
+	VPERMILPS $0xb1, X2, X5
+	VMAXPS X5, X2, X2
+	VMOVSS X2, 8(DI)
+	VEXTRACTF128 $1, Y3, X5
+	VMAXPS X5, X3, X3
+	VPERMILPS $0x4e, X3, X5
+	VMAXPS X5, X3, X3
+	VPERMILPS $0xb1, X3, X5
+	VMAXPS X5, X3, X3
+	VMOVSS X3, 12(DI)
+	VMOVUPS (DI), X0
+	MOVL $0x467ffc00, CX
+	VMOVD CX, X1
+	VBROADCASTSS X1, X1
+	MOVL $0x7f800000, CX
+	VMOVD CX, X3
+	VBROADCASTSS X3, X3
+	VDIVPS X0, X1, X2
+	VCMPPS $0x11, X3, X2, X4
+	VANDPS X4, X2, X2
+	VMOVUPS X2, 16(DI)
+	VDIVPS X1, X0, X5
+	VMOVUPS X5, 32(DI)
+	MOVQ w+0(FP), DI
+	MOVQ vs+24(FP), SI
+	MOVQ n+32(FP), AX
+	MOVQ vz+40(FP), R13
+	MOVQ R13, R14
+	VSHUFPS $0, X2, X2, X8
+	VINSERTF128 $1, X8, Y8, Y8
+	VXORPS Y4, Y4, Y4
+	VSHUFPS $85, X2, X2, X9
+	VINSERTF128 $1, X9, Y9, Y9
+	VXORPS Y5, Y5, Y5
+	VSHUFPS $170, X2, X2, X10
+	VINSERTF128 $1, X10, Y10, Y10
+	VXORPS Y6, Y6, Y6
+	VSHUFPS $255, X2, X2, X11
+	VINSERTF128 $1, X11, Y11, Y11
+	VXORPS Y7, Y7, Y7
+	XORQ CX, CX
+	VMOVDQU32 vwq2idx<>(SB), Z16
+	VMOVDQU32 vwpidx<>(SB), Z17
+	VBROADCASTSS X8, Z22
+	VBROADCASTSS X9, Z23
+	VBROADCASTSS X10, Z24
+	VBROADCASTSS X11, Z25
+	MOVQ AX, BX
+	SHRQ $2, BX
+	JZ qvwprep12qqdone
+qvwprep12qquad:
+	VMOVUPS (SI), Y19
+	VPERMPS Z19, Z16, Z19
+	TESTQ R14, R14
+	JZ qvwprep12qqnoz
+	VMOVUPS (R13), Y20
+	VPERMPS Z20, Z16, Z20
+qvwprep12qqnoz:
+	VMOVUPS (R8)(CX*4), X26
+	VPERMPS Z26, Z17, Z26
+	TESTQ R14, R14
+	JZ qvwprep12qqnozt
+	VFMADD231PS Y20, Y26, Y4
+	VEXTRACTF64X4 $1, Z20, Y21
+	VEXTRACTF64X4 $1, Z26, Y30
+	VFMADD231PS Y21, Y30, Y4
+qvwprep12qqnozt:
+	VMULPS Z19, Z26, Z26
+	VMULPS Z22, Z26, Z26
+	VCVTPS2DQ Z26, Z26
+	VPMOVSDW Z26, (DI)
+	ADDQ $32, SI
+	ADDQ $32, R13
+	ADDQ $32, DI
+	ADDQ $4, CX
+	DECQ BX
+	JNZ qvwprep12qquad
+qvwprep12qqdone:
+	MOVQ AX, BX
+	ANDQ $3, BX
+	SHRQ $1, BX
+	JZ qvwprep12qodd
+qvwprep12qpair:
+	VXORPS Y1, Y1, Y1
+	VMOVUPS (SI), X0
+	VPERMPS Y0, Y15, Y0
+	TESTQ R14, R14
+	JZ qvwprep12qpnoz
+	VMOVUPS (R13), X1
+	VPERMPS Y1, Y15, Y1
+qvwprep12qpnoz:
+	VBROADCASTSD (R8)(CX*4), Y2
+	VFMADD231PS Y1, Y2, Y4
+	VMULPS Y0, Y2, Y2
+	VMULPS Y8, Y2, Y2
+	VCVTPS2DQ Y2, Y2
+	VPACKSSDW Y2, Y2, Y2
+	VPERMQ $0x08, Y2, Y2
+	VMOVDQU X2, (DI)
+	ADDQ $16, SI
+	ADDQ $16, R13
+	ADDQ $16, DI
+	ADDQ $2, CX
+	DECQ BX
+	JNZ qvwprep12qpair
+qvwprep12qodd:
+	ANDQ $1, AX
+	JZ qvwprep12qzt
+	VXORPS Y1, Y1, Y1
+	VMOVSD (SI), X0
+	VPERMPS Y0, Y15, Y0
+	TESTQ R14, R14
+	JZ qvwprep12qonoz
+	VMOVSD (R13), X1
+	VPERMPS Y1, Y15, Y1
+qvwprep12qonoz:
+	VMOVSS (R8)(CX*4), X2
+	VPBROADCASTQ X2, Y2
+	VFMADD231PS Y1, Y2, Y4
+	VMULPS Y0, Y2, Y2
+	VMULPS Y8, Y2, Y2
+	VCVTPS2DQ Y2, Y2
+	VPACKSSDW Y2, Y2, Y2
+	VPERMQ $0x08, Y2, Y2
+	VMOVDQU X2, (DI)
+qvwprep12qzt:
+	MOVQ zt+48(FP), DI
+	TESTQ R14, R14
+	JZ qvwprep12qdone
+	VHADDPS Y4, Y4, Y4
+	VPERMQ $0x08, Y4, Y4
+	VMOVUPS X4, (DI)
+qvwprep12qdone:
+	VZEROUPPER
+	RET
+
 // func qprepavx2(dst *int16, q *float32, ks *float32, n int, rows int, sc *float32, sums *float32, i4 int) int
 //
 // qprepavx512 in ymm registers (four rows at a time while four are left, then one): the same
@@ -7856,6 +8327,344 @@ qvwprep2avx2qzt:
 	VPERMQ $0x08, Y7, Y7
 	VMOVUPS X7, 48(DI)
 qvwprep2avx2qdone:
+	VZEROUPPER
+	RET
+
+// func qvwprep1avx2(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
+//
+// The int16 weights of the integer accumulation loop in one call, three passes over the
+// part's weights (L1):
+// 1. ms[0][r] = max_t,g |p[r*ldP/4 + t] * vs[4t + g]| over tokens t < n (four scale groups
+//    per row) for the four rows r (p >= 0);
+// 2. ms[1][r] = 16383/ms[0][r] where that is finite and ms[0][r] > 0, else 0 (every weight
+//    0; a NaN maximum keeps the row's NaN in ms[2]), ms[2][r] = ms[0][r]/16383 (the step);
+// 3. for token pairs j (the last one padded with a zero weight when n is odd), rows r < 4
+//    and groups g < 4, w[16j + 4r + g] packs round(p_r,2j * vs[8j+g] * ms[1][r]) (low
+//    word) and the same of token 2j+1 (high word). vz != nil (int4): zt[4r + g] = sum_t
+//    p_rt * vz[4t + g].
+// One row (rows 1-3 of ms 0, zt and w only row 0's): w[4j + g], 16 bytes a token pair.
+TEXT ·qvwprep1avx2(SB), NOSPLIT, $0-64
+	MOVQ p+8(FP), R8
+	MOVQ ldP+16(FP), DX
+	LEAQ (R8)(DX*1), R9
+	LEAQ (R9)(DX*1), R10
+	LEAQ (R10)(DX*1), R11
+	MOVQ vs+24(FP), SI
+	MOVQ n+32(FP), AX
+	MOVQ ms+56(FP), DI
+	VMOVDQU vwperm<>(SB), Y15
+	MOVL $0x7fffffff, CX
+	VMOVD CX, X14
+	VPBROADCASTD X14, Y14
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ CX, CX
+	MOVQ AX, BX
+	SHRQ $1, BX
+	JZ qvwprep1avx2modd
+qvwprep1avx2mpair:
+	VPERMPS (SI), Y15, Y4
+	VANDPS Y14, Y4, Y4
+	VBROADCASTSD (R8)(CX*4), Y5
+	VMULPS Y4, Y5, Y5
+	VMAXPS Y5, Y0, Y0
+	ADDQ $32, SI
+	ADDQ $2, CX
+	DECQ BX
+	JNZ qvwprep1avx2mpair
+qvwprep1avx2modd:
+	ANDQ $1, AX
+	JZ qvwprep1avx2mdone
+	VMOVUPS (SI), X4
+	VPERMPS Y4, Y15, Y4
+	VANDPS Y14, Y4, Y4
+	VMOVSS (R8)(CX*4), X5
+	VPBROADCASTQ X5, Y5
+	VMULPS Y4, Y5, Y5
+	VMAXPS Y5, Y0, Y0
+qvwprep1avx2mdone:
+	VEXTRACTF128 $1, Y0, X5
+	VMAXPS X5, X0, X0
+	VPERMILPS $0x4e, X0, X5
+	VMAXPS X5, X0, X0
+	VPERMILPS $0xb1, X0, X5
+	VMAXPS X5, X0, X0
+	VMOVSS X0, (DI)
+	VEXTRACTF128 $1, Y1, X5
+	VMAXPS X5, X1, X1
+	VPERMILPS $0x4e, X1, X5
+	VMAXPS X5, X1, X1
+	VPERMILPS $0xb1, X1, X5
+	VMAXPS X5, X1, X1
+	VMOVSS X1, 4(DI)
+	VEXTRACTF128 $1, Y2, X5
+	VMAXPS X5, X2, X2
+	VPERMILPS $0x4e, X2, X5
+	VMAXPS X5, X2, X2
+	VPERMILPS $0xb1, X2, X5
+	VMAXPS X5, X2, X2
+	VMOVSS X2, 8(DI)
+	VEXTRACTF128 $1, Y3, X5
+	VMAXPS X5, X3, X3
+	VPERMILPS $0x4e, X3, X5
+	VMAXPS X5, X3, X3
+	VPERMILPS $0xb1, X3, X5
+	VMAXPS X5, X3, X3
+	VMOVSS X3, 12(DI)
+	VMOVUPS (DI), X0
+	MOVL $0x467ffc00, CX
+	VMOVD CX, X1
+	VBROADCASTSS X1, X1
+	MOVL $0x7f800000, CX
+	VMOVD CX, X3
+	VBROADCASTSS X3, X3
+	VDIVPS X0, X1, X2
+	VCMPPS $0x11, X3, X2, X4
+	VANDPS X4, X2, X2
+	VMOVUPS X2, 16(DI)
+	VDIVPS X1, X0, X5
+	VMOVUPS X5, 32(DI)
+	MOVQ w+0(FP), DI
+	MOVQ vs+24(FP), SI
+	MOVQ n+32(FP), AX
+	MOVQ vz+40(FP), R13
+	MOVQ R13, R14
+	VSHUFPS $0, X2, X2, X8
+	VINSERTF128 $1, X8, Y8, Y8
+	VXORPS Y4, Y4, Y4
+	VSHUFPS $85, X2, X2, X9
+	VINSERTF128 $1, X9, Y9, Y9
+	VXORPS Y5, Y5, Y5
+	VSHUFPS $170, X2, X2, X10
+	VINSERTF128 $1, X10, Y10, Y10
+	VXORPS Y6, Y6, Y6
+	VSHUFPS $255, X2, X2, X11
+	VINSERTF128 $1, X11, Y11, Y11
+	VXORPS Y7, Y7, Y7
+	XORQ CX, CX
+	MOVQ AX, BX
+	SHRQ $1, BX
+	JZ qvwprep1avx2qodd
+qvwprep1avx2qpair:
+	VXORPS Y1, Y1, Y1
+	VPERMPS (SI), Y15, Y0
+	TESTQ R14, R14
+	JZ qvwprep1avx2qpnoz
+	VPERMPS (R13), Y15, Y1
+qvwprep1avx2qpnoz:
+	VBROADCASTSD (R8)(CX*4), Y2
+	VFMADD231PS Y1, Y2, Y4
+	VMULPS Y0, Y2, Y2
+	VMULPS Y8, Y2, Y2
+	VCVTPS2DQ Y2, Y2
+	VPACKSSDW Y2, Y2, Y2
+	VPERMQ $0x08, Y2, Y2
+	VMOVDQU X2, (DI)
+	ADDQ $32, SI
+	ADDQ $32, R13
+	ADDQ $16, DI
+	ADDQ $2, CX
+	DECQ BX
+	JNZ qvwprep1avx2qpair
+qvwprep1avx2qodd:
+	ANDQ $1, AX
+	JZ qvwprep1avx2qzt
+	VXORPS Y1, Y1, Y1
+	VMOVUPS (SI), X0
+	VPERMPS Y0, Y15, Y0
+	TESTQ R14, R14
+	JZ qvwprep1avx2qonoz
+	VMOVUPS (R13), X1
+	VPERMPS Y1, Y15, Y1
+qvwprep1avx2qonoz:
+	VMOVSS (R8)(CX*4), X2
+	VPBROADCASTQ X2, Y2
+	VFMADD231PS Y1, Y2, Y4
+	VMULPS Y0, Y2, Y2
+	VMULPS Y8, Y2, Y2
+	VCVTPS2DQ Y2, Y2
+	VPACKSSDW Y2, Y2, Y2
+	VPERMQ $0x08, Y2, Y2
+	VMOVDQU X2, (DI)
+qvwprep1avx2qzt:
+	MOVQ zt+48(FP), DI
+	TESTQ R14, R14
+	JZ qvwprep1avx2qdone
+	VHADDPS Y4, Y4, Y4
+	VPERMQ $0x08, Y4, Y4
+	VMOVUPS X4, (DI)
+qvwprep1avx2qdone:
+	VZEROUPPER
+	RET
+
+// func qvwprep12avx2(w *int32, p *float32, ldP int, vs *float32, n int, vz *float32, zt *[16]float32, ms *[3][4]float32)
+//
+// The int16 weights of the integer accumulation loop in one call, three passes over the
+// part's weights (L1):
+// 1. ms[0][r] = max_t,g |p[r*ldP/4 + t] * vs[2t + g]| (rows of two scale groups);
+// 2. ms[1][r] = 16383/ms[0][r] where that is finite and ms[0][r] > 0, else 0 (every weight
+//    0; a NaN maximum keeps the row's NaN in ms[2]), ms[2][r] = ms[0][r]/16383 (the step);
+// 3. the weights in the four-group layout: w[16j + 4r + g] from vs[4j + g/2], and
+//    zt[4r + g] = sum_t p_rt * vz[2t + g/2].
+// One row (rows 1-3 of ms 0, zt and w only row 0's): w[4j + g], 16 bytes a token pair.
+TEXT ·qvwprep12avx2(SB), NOSPLIT, $0-64
+	MOVQ p+8(FP), R8
+	MOVQ ldP+16(FP), DX
+	LEAQ (R8)(DX*1), R9
+	LEAQ (R9)(DX*1), R10
+	LEAQ (R10)(DX*1), R11
+	MOVQ vs+24(FP), SI
+	MOVQ n+32(FP), AX
+	MOVQ ms+56(FP), DI
+	VMOVDQU vwperm2<>(SB), Y15
+	MOVL $0x7fffffff, CX
+	VMOVD CX, X14
+	VPBROADCASTD X14, Y14
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ CX, CX
+	MOVQ AX, BX
+	SHRQ $1, BX
+	JZ qvwprep12avx2modd
+qvwprep12avx2mpair:
+	VMOVUPS (SI), X4
+	VPERMPS Y4, Y15, Y4
+	VANDPS Y14, Y4, Y4
+	VBROADCASTSD (R8)(CX*4), Y5
+	VMULPS Y4, Y5, Y5
+	VMAXPS Y5, Y0, Y0
+	ADDQ $16, SI
+	ADDQ $2, CX
+	DECQ BX
+	JNZ qvwprep12avx2mpair
+qvwprep12avx2modd:
+	ANDQ $1, AX
+	JZ qvwprep12avx2mdone
+	VMOVSD (SI), X4
+	VPERMPS Y4, Y15, Y4
+	VANDPS Y14, Y4, Y4
+	VMOVSS (R8)(CX*4), X5
+	VPBROADCASTQ X5, Y5
+	VMULPS Y4, Y5, Y5
+	VMAXPS Y5, Y0, Y0
+qvwprep12avx2mdone:
+	VEXTRACTF128 $1, Y0, X5
+	VMAXPS X5, X0, X0
+	VPERMILPS $0x4e, X0, X5
+	VMAXPS X5, X0, X0
+	VPERMILPS $0xb1, X0, X5
+	VMAXPS X5, X0, X0
+	VMOVSS X0, (DI)
+	VEXTRACTF128 $1, Y1, X5
+	VMAXPS X5, X1, X1
+	VPERMILPS $0x4e, X1, X5
+	VMAXPS X5, X1, X1
+	VPERMILPS $0xb1, X1, X5
+	VMAXPS X5, X1, X1
+	VMOVSS X1, 4(DI)
+	VEXTRACTF128 $1, Y2, X5
+	VMAXPS X5, X2, X2
+	VPERMILPS $0x4e, X2, X5
+	VMAXPS X5, X2, X2
+	VPERMILPS $0xb1, X2, X5
+	VMAXPS X5, X2, X2
+	VMOVSS X2, 8(DI)
+	VEXTRACTF128 $1, Y3, X5
+	VMAXPS X5, X3, X3
+	VPERMILPS $0x4e, X3, X5
+	VMAXPS X5, X3, X3
+	VPERMILPS $0xb1, X3, X5
+	VMAXPS X5, X3, X3
+	VMOVSS X3, 12(DI)
+	VMOVUPS (DI), X0
+	MOVL $0x467ffc00, CX
+	VMOVD CX, X1
+	VBROADCASTSS X1, X1
+	MOVL $0x7f800000, CX
+	VMOVD CX, X3
+	VBROADCASTSS X3, X3
+	VDIVPS X0, X1, X2
+	VCMPPS $0x11, X3, X2, X4
+	VANDPS X4, X2, X2
+	VMOVUPS X2, 16(DI)
+	VDIVPS X1, X0, X5
+	VMOVUPS X5, 32(DI)
+	MOVQ w+0(FP), DI
+	MOVQ vs+24(FP), SI
+	MOVQ n+32(FP), AX
+	MOVQ vz+40(FP), R13
+	MOVQ R13, R14
+	VSHUFPS $0, X2, X2, X8
+	VINSERTF128 $1, X8, Y8, Y8
+	VXORPS Y4, Y4, Y4
+	VSHUFPS $85, X2, X2, X9
+	VINSERTF128 $1, X9, Y9, Y9
+	VXORPS Y5, Y5, Y5
+	VSHUFPS $170, X2, X2, X10
+	VINSERTF128 $1, X10, Y10, Y10
+	VXORPS Y6, Y6, Y6
+	VSHUFPS $255, X2, X2, X11
+	VINSERTF128 $1, X11, Y11, Y11
+	VXORPS Y7, Y7, Y7
+	XORQ CX, CX
+	MOVQ AX, BX
+	SHRQ $1, BX
+	JZ qvwprep12avx2qodd
+qvwprep12avx2qpair:
+	VXORPS Y1, Y1, Y1
+	VMOVUPS (SI), X0
+	VPERMPS Y0, Y15, Y0
+	TESTQ R14, R14
+	JZ qvwprep12avx2qpnoz
+	VMOVUPS (R13), X1
+	VPERMPS Y1, Y15, Y1
+qvwprep12avx2qpnoz:
+	VBROADCASTSD (R8)(CX*4), Y2
+	VFMADD231PS Y1, Y2, Y4
+	VMULPS Y0, Y2, Y2
+	VMULPS Y8, Y2, Y2
+	VCVTPS2DQ Y2, Y2
+	VPACKSSDW Y2, Y2, Y2
+	VPERMQ $0x08, Y2, Y2
+	VMOVDQU X2, (DI)
+	ADDQ $16, SI
+	ADDQ $16, R13
+	ADDQ $16, DI
+	ADDQ $2, CX
+	DECQ BX
+	JNZ qvwprep12avx2qpair
+qvwprep12avx2qodd:
+	ANDQ $1, AX
+	JZ qvwprep12avx2qzt
+	VXORPS Y1, Y1, Y1
+	VMOVSD (SI), X0
+	VPERMPS Y0, Y15, Y0
+	TESTQ R14, R14
+	JZ qvwprep12avx2qonoz
+	VMOVSD (R13), X1
+	VPERMPS Y1, Y15, Y1
+qvwprep12avx2qonoz:
+	VMOVSS (R8)(CX*4), X2
+	VPBROADCASTQ X2, Y2
+	VFMADD231PS Y1, Y2, Y4
+	VMULPS Y0, Y2, Y2
+	VMULPS Y8, Y2, Y2
+	VCVTPS2DQ Y2, Y2
+	VPACKSSDW Y2, Y2, Y2
+	VPERMQ $0x08, Y2, Y2
+	VMOVDQU X2, (DI)
+qvwprep12avx2qzt:
+	MOVQ zt+48(FP), DI
+	TESTQ R14, R14
+	JZ qvwprep12avx2qdone
+	VHADDPS Y4, Y4, Y4
+	VPERMQ $0x08, Y4, Y4
+	VMOVUPS X4, (DI)
+qvwprep12avx2qdone:
 	VZEROUPPER
 	RET
 
