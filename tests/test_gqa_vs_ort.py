@@ -200,6 +200,9 @@ CASES: Dict[str, G] = {
     "decode-softcap": G(**B2, softcap=2.5),
     "decode-smooth-softmax": G(**B2, smooth=True),
     "decode-head-sink": G(**B2, sink=True),
+    # both: onnxruntime's smooth softmax takes the head's sink as its extra logit
+    "decode-head-sink-and-smooth": G(**B2, sink=True, smooth=True),
+    "prompt-head-sink-and-smooth": G(seq=5, prompt=True, max_len=8, lens=(5,), sink=True, smooth=True),
     "decode-attention-bias": G(**B2, bias=True),
     "decode-scale": G(**B2, scale=0.3),
     "decode-packed": G(**B2, packed=True),

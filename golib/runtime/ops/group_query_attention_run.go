@@ -117,10 +117,10 @@ func (c *gqaCall) operands(ctx *Context, ar *f32Arena, op *gqaOperands) error {
 		}
 		op.bias, op.biasShape = ar.f32(b), bs
 	}
+	// a head_sink with smooth_softmax=1 is the sink alone, as onnxruntime
+	// reads them (its smooth softmax's extra logit is the head's sink, 0
+	// without one)
 	if s := ctx.Input(gqaHeadSink); s != nil {
-		if c.smooth {
-			return fmt.Errorf("%w: head_sink cannot be combined with smooth_softmax=1", errs.ErrInvalidArgument)
-		}
 		if s.DType() != c.dt || !s.Shape().Equal(tensor.Shape{nh}) {
 			return fmt.Errorf("%w: head_sink %v %v, want %v [%d]", errs.ErrShape, s.DType(), s.Shape(), c.dt, nh)
 		}

@@ -314,6 +314,7 @@ func gqaCases() []gqaCase {
 	add("decode softcap scale", func(c *gqaCase) { c.softcap, c.scale = 2, 0.4 })
 	add("decode smooth", func(c *gqaCase) { c.smooth = true })
 	add("decode sink", func(c *gqaCase) { c.sink = true })
+	add("decode sink and smooth", func(c *gqaCase) { c.sink, c.smooth = true, true })
 	add("decode bias", func(c *gqaCase) { c.bias = true })
 	add("decode packed mqa", func(c *gqaCase) { c.packed, c.kvh = true, 1 })
 	add("decode float16", func(c *gqaCase) { c.dt, c.rotary = tensor.Float16, 1 })
