@@ -437,11 +437,18 @@ func TestQuantPagedBlocks(t *testing.T) {
 	if in.CommittedBytes != empty+10*chunk {
 		t.Fatalf("committed %d, want %d + 10 chunks of %d", in.CommittedBytes, empty, chunk)
 	}
+	a0 := a.Stats().Allocated
 	f, err := c.Fork()
 	mustOK(t, err)
 	if fi := f.Info(); fi.BlocksShared != 10 || fi.Counters.CopyBytes != 0 {
 		t.Fatalf("fork shares %d blocks", fi.BlocksShared)
 	}
+	// what the fork takes from the arena is what it reports committed (no
+	// per-channel scale table: the blocks hold their scales)
+	if got, fi := a.Stats().Allocated-a0, f.Info(); got != fi.CommittedBytes-10*chunk {
+		t.Fatalf("fork allocated %d bytes, its own committed %d", got, fi.CommittedBytes-10*chunk)
+	}
+	a1 := a.Stats().Allocated
 	// the two rings (64 rows of K and V per head) and the page-table entries only
 	if cb := c.Info().Counters.CopyBytes; cb != 2*2*64*(64+64)*2+16*10 {
 		t.Fatalf("fork copied %d bytes", cb)
@@ -449,6 +456,9 @@ func TestQuantPagedBlocks(t *testing.T) {
 	mustOK(t, c.Reorder([]int{1, 1}))
 	m.setSeq(0, m.seq(1))
 	m.qcheck(t, c, "after reorder")
+	if got := a.Stats().Allocated; got > a1 {
+		t.Fatalf("a beam reorder took %d bytes from the arena", got-a1)
+	}
 	mustOK(t, c.Evict(64)) // chunks below position 136 go: 4 of 5, shared by both beams
 	for b := range m.win {
 		m.win[b] = m.lens[b] - 64

@@ -314,10 +314,11 @@ func (s *quantSeq) chunkScales(i, h, chStride int) []float32 {
 // reserveKchLocked makes room in s's per-channel scale table for n chunks
 // per head: a larger arena buffer (doubling), each head's chunk scales
 // moved to their new place, the old buffer given back. A *BudgetError
-// leaves s as it was.
+// leaves s as it was. The paged layout has no table (its chunk blocks hold
+// their scales): nothing to reserve.
 func (c *KVCache) reserveKchLocked(s *quantSeq, n int) error {
 	chStride, heads := c.qg.chStride, c.cfg.KVHeads
-	if chStride == 0 || n <= s.kchCap {
+	if chStride == 0 || n <= s.kchCap || c.cfg.Layout == Paged {
 		return nil
 	}
 	nc := max(n, 2*s.kchCap)
