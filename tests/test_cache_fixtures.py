@@ -25,6 +25,7 @@ import pytest
 import _fixtures as fx
 import _ort_compare as oc
 import onnx_light_kv as olkv
+import onnxruntime as ort
 
 STEPS = 64
 PROMPT = np.array([[5, 17, 42, 99, 7, 130]], dtype=np.int64)
@@ -211,3 +212,37 @@ def test_window_buffer_presents_on_request() -> None:
     row = 2 * 2 * 16 * 4  # K and V rows of 2 heads of 16 float32
     assert counters["present.0.key"] == 8 * row
     assert counters["present.1.key"] == (PROMPT.shape[1] + 12) * row
+
+
+@pytest.mark.parametrize("where", ["key", "value", "query"])
+def test_nan_guard_after_softmax_kept_on_the_state(where: str) -> None:
+    """The dynamo export sets the softmax's NaNs to 0 (Where(IsNaN(p), 0, p)): a row whose scores
+    hold +Inf or NaN attends nothing, so its output is 0 (NaN again where a V element of its head
+    is not finite: 0 * Inf). The cache path gives what onnxruntime gives (it gave NaN logits)."""
+    name = "llama-dynamo"
+    sess = olkv.InferenceSession(fx.model_bytes(name), threads=1)
+    ref = ort.InferenceSession(fx.reference_model_path(name), providers=["CPUExecutionProvider"])
+    plan = sess.cache_plan()
+    assert {p["rule"] for p in plan} == {"concat-past-present"}
+    rng = np.random.default_rng(0)
+    presents = {}
+    for p in plan:
+        presents[p["present_key"]] = rng.standard_normal((1, 2, 3, 16)).astype(np.float32)
+        presents[p["present_value"]] = rng.standard_normal((1, 2, 3, 16)).astype(np.float32)
+    if where == "key":
+        presents[plan[0]["present_key"]][0, 0, 1, 3] = np.inf
+    elif where == "value":
+        presents[plan[0]["present_value"]][0, 1, 2, 5] = np.inf
+    else:  # a NaN key component: every score of its head is NaN
+        presents[plan[0]["present_key"]][0, 1, 0, 0] = np.nan
+    feeds = {"input_ids": np.array([[9]]), "attention_mask": np.ones((1, 4), np.int64),
+             "position_ids": np.array([[3]])}
+    past = {p["past_key"]: presents[p["present_key"]] for p in plan}
+    past.update({p["past_value"]: presents[p["present_value"]] for p in plan})
+    want = ref.run(["logits"], {**feeds, **past})[0]
+    st = sess.create_state(batch=1)
+    st.load(presents)
+    got = sess.run(["logits"], feeds, state=st)[0]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert (where == "value") == bool(np.isnan(want).all())  # the case tells the two outcomes apart

@@ -24,7 +24,7 @@ func ReadBandwidth(bytes int64, threads, iters int) (float64, error) {
 		return 0, fmt.Errorf("%w: read bandwidth needs 1 MiB <= bytes <= 1 TiB, threads 1..%d, iters >= 1 (got %d, %d, %d)",
 			cache.ErrInvalidArgument, maxProbeThreads, bytes, threads, iters)
 	}
-	if avail := sysmem.Available(); avail > 0 && bytes > avail {
+	if avail := sysmem.Room(bytes, sysmem.Available); avail > 0 && bytes > avail {
 		return 0, fmt.Errorf("%w: a probe buffer of %s exceeds the memory available (%s)",
 			cache.ErrInvalidArgument, units.Bytes(bytes), units.Bytes(avail))
 	}

@@ -71,6 +71,26 @@ func exactRow(out, q []float32, v cache.View, s *shape, b, h, i int) error {
 	return nil
 }
 
+// ValuesFinite reports whether every V element view v stores for sequence
+// b's KV head kvh (positions from its window start to its length; head dims
+// dk and dv, native rows of type elem, quantized ones dequantized) is
+// finite. It decodes the rows: a slow path, for rows that met a NaN.
+func ValuesFinite(v cache.View, b, kvh, dk, dv int, elem cache.ElemType) (bool, error) {
+	lo, hi := v.WindowStart(b), v.SeqLen(b)
+	_, vals, err := loadRows(v.AppendSegments(nil, b, kvh, lo, hi), lo, hi, dk, dv, elem)
+	if err != nil {
+		return false, err
+	}
+	for _, r := range vals {
+		for _, x := range r {
+			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+				return false, nil
+			}
+		}
+	}
+	return true, nil
+}
+
 // exactRows counts the rows exactRow computed (tests check that finite
 // inputs never take that path).
 var exactRows atomic.Int64

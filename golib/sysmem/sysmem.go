@@ -8,6 +8,7 @@
 package sysmem
 
 import (
+	"runtime/debug"
 	"sync/atomic"
 	"time"
 )
@@ -45,6 +46,25 @@ func Fits(n int64) (bool, int64) {
 	}
 	return avail <= 0 || n <= avail, avail
 }
+
+// Room returns read() (the bytes a new allocation can get: Available, or a
+// test's stand-in) and, where that is known and below need, the same read
+// again after Reclaim: memory a dropped buffer held stays with the Go heap
+// (reusable by it, not counted as available by the system) until the heap
+// hands it back, so a request refused without this step could fit. The
+// reclaim is a full garbage collection; only refusals pay for it.
+func Room(need int64, read func() int64) int64 {
+	avail := read()
+	if avail > 0 && need > avail {
+		Reclaim()
+		avail = read()
+	}
+	return avail
+}
+
+// Reclaim runs a garbage collection and hands the Go heap's free memory
+// back to the system (debug.FreeOSMemory).
+func Reclaim() { debug.FreeOSMemory() }
 
 // minKnown returns the smallest of the positive values, 0 when none is.
 func minKnown(vals ...int64) int64 {

@@ -180,3 +180,25 @@ func TestFits(t *testing.T) {
 		t.Errorf("Fits(FreshMin) after a tiny cached reading = %v, %d", ok, got)
 	}
 }
+
+// TestRoom: Room reads once when the need fits, and reads again after a
+// reclaim when it does not (an unknown figure is never re-read).
+func TestRoom(t *testing.T) {
+	for _, c := range []struct {
+		need      int64
+		reads     []int64
+		want      int64
+		wantReads int
+	}{
+		{10, []int64{20}, 20, 1},
+		{10, []int64{0}, 0, 1},
+		{30, []int64{20, 40}, 40, 2},
+		{30, []int64{20, 25}, 25, 2},
+	} {
+		n := 0
+		got := Room(c.need, func() int64 { n++; return c.reads[n-1] })
+		if got != c.want || n != c.wantReads {
+			t.Errorf("Room(%d) over %v = %d after %d reads, want %d after %d", c.need, c.reads, got, n, c.want, c.wantReads)
+		}
+	}
+}

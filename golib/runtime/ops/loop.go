@@ -143,7 +143,7 @@ func loopFits(held int64) error {
 		return fmt.Errorf("%w: Loop scan outputs of %s exceed the per-tensor limit of %s",
 			errs.ErrMemory, units.Bytes(held), units.Bytes(tensor.MaxBytes()))
 	}
-	if avail := sysmem.Available(); avail > 0 && held > avail {
+	if avail := sysmem.Room(held, sysmem.Available); avail > 0 && held > avail {
 		return fmt.Errorf("%w: Loop scan outputs of %s are more than the %s the system can still give this process",
 			errs.ErrMemory, units.Bytes(held), units.Bytes(avail))
 	}

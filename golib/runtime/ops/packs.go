@@ -90,7 +90,7 @@ const packReserve = 64 << 20
 // whose weights cannot be packed fails with a clear error instead of
 // being killed by the system half way through.
 func checkMemory(size, done int64) error {
-	avail := availableMemory()
+	avail := sysmem.Room(size+packReserve, availableMemory)
 	if avail <= 0 || size+packReserve <= avail {
 		return nil
 	}

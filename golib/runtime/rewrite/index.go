@@ -3,6 +3,7 @@ package rewrite
 import (
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/model"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/onnxpb"
+	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/tensor"
 )
 
 // index is what the rules ask of a graph: who produces and who consumes
@@ -165,6 +166,41 @@ func (ix *index) constantValue(name string) bool {
 		}
 	}
 	return false
+}
+
+// constZero reports whether name is an initializer or a Constant node's
+// output whose every element is a floating-point zero (+0 or -0).
+func (ix *index) constZero(name string) bool {
+	t, ok := ix.g.Initializers[name]
+	if !ok {
+		n := ix.producerOf(name)
+		if !isOp(n, "Constant") {
+			return false
+		}
+		for _, a := range n.GetAttribute() {
+			switch a.GetName() {
+			case "value_float":
+				return a.GetF() == 0
+			case "value":
+				if tp := a.GetT(); tp != nil {
+					t, _ = model.TensorFromProto(tp)
+				}
+			}
+		}
+	}
+	if t == nil || !t.DType().IsFloat() || t.Len() == 0 {
+		return false
+	}
+	v, err := tensor.AsFloat32(t)
+	if err != nil {
+		return false
+	}
+	for _, x := range v {
+		if x != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // constInts returns the int64 values of an initializer or Constant node

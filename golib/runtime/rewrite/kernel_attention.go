@@ -30,6 +30,11 @@ type cacheAttention struct {
 	padInput       int          // index of the graph's attention_mask input (0: none)
 	outType        tensor.DType // the output's type when the graph widened V (0: Q's)
 	maskValue      string       // the mask's value name (keys its verdict within a run)
+	// nanZero: the graph set the probabilities' NaNs to 0 (Where(IsNaN(p),
+	// 0, p) after its Softmax): a row whose softmax is NaN (a NaN or +Inf
+	// score) gets p = 0, so its output is 0 where every V element of its
+	// head is finite (0 * Inf is NaN, as the graph's MatMul gives)
+	nanZero bool
 }
 
 func newCacheAttention(n *ops.Node) (ops.Kernel, error) {
@@ -46,6 +51,7 @@ func newCacheAttention(n *ops.Node) (ops.Kernel, error) {
 	k.maskMode, k.causal = get("mask_mode"), get("causal") != 0
 	k.ktReshape = get("kt_reshape")
 	k.padInput = get("padding_input")
+	k.nanZero = get("nan_zero") != 0
 	k.outType = tensor.DType(get("output_type"))
 	if k.maskValue, err = n.Attrs.String("mask_value", ""); err != nil {
 		return nil, err
@@ -205,6 +211,9 @@ func (k *cacheAttention) attend(ctx *ops.Context, sc *scratch, kv *cache.KVCache
 		return err
 	}
 	err = runAttention(dst, qf, view, g, skip, nil, opts, sc)
+	if err == nil && k.nanZero {
+		err = zeroNaNRows(dst, view, g, kv.Config().Elem)
+	}
 	kv.EndRead()
 	if err != nil {
 		return mapCacheErr(err)
@@ -218,6 +227,48 @@ func (k *cacheAttention) attend(ctx *ops.Context, sc *scratch, kv *cache.KVCache
 		return nil
 	}
 	return tensor.FromFloat32(out, dst)
+}
+
+// zeroNaNRows sets to 0 the rows of dst ([B, q heads, S, dv]) holding a
+// NaN whose head's stored V rows (every position of the sequence's KV
+// head in view) are all finite: the rows a graph's Where(IsNaN(p), 0, p)
+// gives zero probabilities (cacheAttention.nanZero). It reads V only for
+// such rows (once per KV head).
+func zeroNaNRows(dst []float32, view cache.View, g geometry, elem cache.ElemType) error {
+	group := g.hq / g.hkv
+	finite := map[[2]int]bool{}
+	for b := 0; b < g.b; b++ {
+		for h := 0; h < g.hq; h++ {
+			for i := 0; i < g.s; i++ {
+				row := dst[((b*g.hq+h)*g.s+i)*g.dv:][:g.dv]
+				if !hasNaN(row) {
+					continue
+				}
+				key := [2]int{b, h / group}
+				ok, seen := finite[key]
+				if !seen {
+					var err error
+					if ok, err = cpu.ValuesFinite(view, b, h/group, g.dk, g.dv, elem); err != nil {
+						return err
+					}
+					finite[key] = ok
+				}
+				if ok {
+					clear(row)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func hasNaN(x []float32) bool {
+	for _, v := range x {
+		if v != v {
+			return true
+		}
+	}
+	return false
 }
 
 // runAttention attends every query row: one call for the whole batch when

@@ -447,10 +447,12 @@ func (c *chain) decomposedEnd(ti int, kEnd, vEnd string, vi int, kNew, vNew stri
 		return nil, fmt.Sprintf("%s (opset < 13) has the default axis 1", describe(n))
 	}
 	x = c.take(i)
+	probs := x
 	x, i, n = c.nanGuard(x)
 	if n == nil {
 		return nil, c.why
 	}
+	guarded := x != probs
 	if isOp(n, "Cast") {
 		x = c.take(i)
 		i, n = c.next(x)
@@ -477,6 +479,9 @@ func (c *chain) decomposedEnd(ti int, kEnd, vEnd string, vi int, kNew, vNew stri
 		{Name: ptr("scale"), Type: onnxpb.AttributeProto_FLOAT.Enum(), F: ptr(float32(1))},
 		{Name: ptr("factor_signs"), Type: onnxpb.AttributeProto_INTS.Enum(), Ints: signs},
 		intAttr("kt_reshape", int64(ktAt))}
+	if guarded {
+		attrs = append(attrs, intAttr("nan_zero", 1))
+	}
 	node := &onnxpb.NodeProto{Name: ptr(n.GetName() + "/cache"), OpType: ptr(opAttention), Domain: ptr(Domain),
 		Input: inputs, Output: []string{n.GetOutput()[0], p.presK, p.presV}, Attribute: attrs}
 	withPaddingInput(c.ix, node, mode)
@@ -484,8 +489,10 @@ func (c *chain) decomposedEnd(ti int, kEnd, vEnd string, vi int, kNew, vNew stri
 }
 
 // nanGuard skips Where(IsNaN(p), 0, p) after the Softmax output p (the
-// kernel writes zeros for fully masked rows already) and returns the value
-// and the node that read next.
+// fill a constant zero) and returns the value and the node that read next;
+// guarded reports that it did: the attention op then gives the rows whose
+// softmax is NaN (a NaN or +Inf score, or no key it may attend) what the
+// guard gives them, zero probabilities (cacheAttention.nanZero).
 func (c *chain) nanGuard(p string) (string, int, *onnxpb.NodeProto) {
 	users := c.ix.consumers[p]
 	if len(users) == 2 && !c.ix.outputs[p] && !c.ix.captured[p] {
@@ -495,7 +502,8 @@ func (c *chain) nanGuard(p string) (string, int, *onnxpb.NodeProto) {
 			a, b, ia, ib = b, a, ib, ia
 		}
 		if isOp(a, "IsNaN") && isOp(b, "Where") && len(b.GetInput()) == 3 &&
-			inputName(b, 0) == a.GetOutput()[0] && inputName(b, 2) == p && len(c.ix.consumers[a.GetOutput()[0]]) == 1 {
+			inputName(b, 0) == a.GetOutput()[0] && inputName(b, 2) == p && len(c.ix.consumers[a.GetOutput()[0]]) == 1 &&
+			c.ix.constZero(inputName(b, 1)) {
 			c.drop = append(c.drop, ia)
 			x := c.take(ib)
 			i, n := c.next(x)

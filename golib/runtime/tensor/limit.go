@@ -47,13 +47,14 @@ var availableMemory = sysmem.Available
 // still be more than the system has left (other processes, a container's
 // limit, ulimit -v, several large tensors alive at once), and the Go heap's
 // out-of-memory ends the process: a buffer of at least 64 MiB larger than
-// sysmem.Available is refused with an error wrapping errs.ErrMemory instead.
+// sysmem.Available (after the Go heap gave back what dropped tensors held,
+// sysmem.Room) is refused with an error wrapping errs.ErrMemory instead.
 func MakeBytes(nb int) ([]byte, error) {
 	if nb <= 0 {
 		return []byte{}, nil
 	}
 	if nb >= memCheckMin {
-		if avail := availableMemory(); avail > 0 && int64(nb) > avail {
+		if avail := sysmem.Room(int64(nb), availableMemory); avail > 0 && int64(nb) > avail {
 			return nil, fmt.Errorf("%w: a buffer of %s is more than the %s the system can still give this process",
 				errs.ErrMemory, units.Bytes(int64(nb)), units.Bytes(avail))
 		}
