@@ -306,3 +306,28 @@ def test_a_model_path_that_is_not_utf8_is_a_value_error(tmp_path: Any) -> None:
     naming the path (it was a UnicodeEncodeError from the binding)."""
     with pytest.raises(ValueError, match="not valid UTF-8"):
         oc.ours(str(tmp_path) + "/m\udcff.onnx")
+
+
+def test_value_names_that_are_not_utf8_are_refused_at_load() -> None:
+    """Names are text to every caller: bytes that are not UTF-8 would show as U+FFFD (two inputs
+    then read alike and neither could be fed)."""
+    g = helper.make_graph([helper.make_node("Sub", ["aa", "bb"], ["y"])], "g",
+                      [helper.make_tensor_value_info("aa", TensorProto.FLOAT, None), helper.make_tensor_value_info("bb", TensorProto.FLOAT, None)],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    raw = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    with pytest.raises(ValueError, match="not valid UTF-8"):
+        oc.ours(raw.replace(b"aa", b"\xff\xff").replace(b"bb", b"\xfe\xfe"))
+
+
+def test_an_output_of_another_type_than_declared_is_a_type_error() -> None:
+    def model(out_type: int) -> bytes:
+        g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", out_type, [7])])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+
+    sess = oc.ours(model(TensorProto.INT64))
+    with pytest.raises(TypeError, match='output "y" is float32, the model declares int64'):
+        sess.run(None, {"x": np.ones(2, np.float32)})
+    # a declared shape the output does not have is not checked (onnxruntime warns only)
+    y = oc.ours(model(TensorProto.FLOAT)).run(None, {"x": -np.ones(2, np.float32)})[0]
+    assert y.dtype == np.float32 and y.tolist() == [0.0, 0.0]

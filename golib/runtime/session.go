@@ -394,6 +394,11 @@ func (s *Session) runOn(sg *Signature, st *State, feeds []*tensor.Tensor,
 			_ = end(false)
 			return nil, nil, fmt.Errorf("%w: output %q was not produced", errs.ErrNotFound, p.Outputs[k].Name)
 		}
+		if o := p.Outputs[k]; o.Kind == model.KindTensor && o.DType != 0 && t.DType() != o.DType {
+			mem.settle(nil, persistentTensors(ctx))
+			_ = end(false)
+			return nil, nil, fmt.Errorf("%w: output %q is %v, the model declares %v", errs.ErrType, o.Name, t.DType(), o.DType)
+		}
 		outs[i] = t
 	}
 	mem.settle(outs, persistentTensors(ctx))

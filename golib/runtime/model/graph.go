@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"unicode/utf8"
 
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/errs"
 	"github.com/onnx-light-kv/onnx-light-kv/golib/runtime/onnxpb"
@@ -192,6 +193,9 @@ func valueInfos(vps []*onnxpb.ValueInfoProto) ([]ValueInfo, error) {
 		vi := ValueInfo{Name: vp.GetName(), Kind: KindOther}
 		if vi.Name == "" {
 			return nil, fmt.Errorf("%w: value without a name", errs.ErrInvalidModel)
+		}
+		if !utf8.ValidString(vi.Name) { // (callers see names as text)
+			return nil, fmt.Errorf("%w: value name %q is not valid UTF-8", errs.ErrInvalidModel, vi.Name)
 		}
 		tp := vp.GetType()
 		switch {
