@@ -168,26 +168,46 @@ func (ix *index) constantValue(name string) bool {
 	return false
 }
 
-// constZero reports whether name is an initializer or a Constant node's
-// output whose every element is a floating-point zero (+0 or -0).
-func (ix *index) constZero(name string) bool {
-	t, ok := ix.g.Initializers[name]
-	if !ok {
-		n := ix.producerOf(name)
-		if !isOp(n, "Constant") {
-			return false
-		}
-		for _, a := range n.GetAttribute() {
-			switch a.GetName() {
-			case "value_float":
-				return a.GetF() == 0
-			case "value":
-				if tp := a.GetT(); tp != nil {
-					t, _ = model.TensorFromProto(tp)
-				}
-			}
-		}
+// constTensor returns the value of an initializer or of a Constant node's
+// output (its value, value_float(s) or value_int(s) attribute); nil when
+// name is neither or the value does not decode.
+func (ix *index) constTensor(name string) *tensor.Tensor {
+	if t, ok := ix.g.Initializers[name]; ok {
+		return t
 	}
+	n := ix.producerOf(name)
+	if !isOp(n, "Constant") {
+		return nil
+	}
+	for _, a := range n.GetAttribute() {
+		var t *tensor.Tensor
+		var err error
+		switch a.GetName() {
+		case "value":
+			t, err = model.TensorFromProto(a.GetT())
+		case "value_float":
+			t, err = tensor.FromSlice(tensor.Shape{}, []float32{a.GetF()})
+		case "value_floats":
+			t, err = tensor.FromSlice(tensor.Shape{len(a.GetFloats())}, a.GetFloats())
+		case "value_int":
+			t, err = tensor.FromSlice(tensor.Shape{}, []int64{a.GetI()})
+		case "value_ints":
+			t, err = tensor.FromSlice(tensor.Shape{len(a.GetInts())}, a.GetInts())
+		default:
+			continue
+		}
+		if err != nil {
+			return nil
+		}
+		return t
+	}
+	return nil
+}
+
+// constZero reports whether name is a constant (constTensor) of floating
+// point elements that are all zero (+0 or -0).
+func (ix *index) constZero(name string) bool {
+	t := ix.constTensor(name)
 	if t == nil || !t.DType().IsFloat() || t.Len() == 0 {
 		return false
 	}
@@ -203,39 +223,11 @@ func (ix *index) constZero(name string) bool {
 	return true
 }
 
-// constInts returns the int64 values of an initializer or Constant node
-// output (nil when name is neither).
+// constInts returns the int64 values of a constant (constTensor; nil when
+// name is none or not int64).
 func (ix *index) constInts(name string) []int64 {
-	if t, ok := ix.g.Initializers[name]; ok {
+	if t := ix.constTensor(name); t != nil {
 		return t.Int64()
-	}
-	n := ix.producerOf(name)
-	if !isOp(n, "Constant") {
-		return nil
-	}
-	for _, a := range n.GetAttribute() {
-		switch a.GetName() {
-		case "value_ints":
-			return a.GetInts()
-		case "value_int":
-			return []int64{a.GetI()}
-		case "value":
-			if t := a.GetT(); t != nil && t.GetDataType() == int32(onnxpb.TensorProto_INT64) {
-				if len(t.GetInt64Data()) > 0 {
-					return t.GetInt64Data()
-				}
-				raw := t.GetRawData()
-				out := make([]int64, len(raw)/8)
-				for i := range out {
-					var v uint64
-					for b := 7; b >= 0; b-- {
-						v = v<<8 | uint64(raw[8*i+b])
-					}
-					out[i] = int64(v)
-				}
-				return out
-			}
-		}
 	}
 	return nil
 }
