@@ -205,3 +205,27 @@ def test_equals_transformers_recorded(case: int) -> None:
     assert out.new_tokens.tolist() == want
     if want_scores is not None:
         np.testing.assert_allclose(out.sequences_scores, want_scores, atol=2e-4)
+
+
+def test_pad_token_id_marks_padding_without_a_mask_as_transformers() -> None:
+    """Without attention_mask, a pad_token_id that is no eos id marks the padding (transformers'
+    rule); recorded from transformers 5.25 on the llama-optimum fixture's torch twin."""
+    import _fixtures as fx
+
+    sess = olkv.InferenceSession(fx.model_path("llama-optimum"), threads=1)
+    ids = np.array([[251, 251, 5, 6, 7], [8, 9, 10, 11, 12]])
+    out = olkv.generate(sess, ids, max_new_tokens=5, pad_token_id=251)
+    assert out.sequences.tolist() == [[251, 251, 5, 6, 7, 67, 146, 49, 170, 67],
+                                      [8, 9, 10, 11, 12, 41, 190, 150, 249, 163]]
+    # an eos pad id marks nothing (the rows are read as given), as there
+    as_given = olkv.generate(sess, ids, max_new_tokens=2, pad_token_id=251, eos_token_id=251)
+    masked = olkv.generate(sess, ids, attention_mask=np.ones_like(ids), max_new_tokens=2, pad_token_id=251,
+                           eos_token_id=251)
+    np.testing.assert_array_equal(as_given.sequences, masked.sequences)
+    with pytest.raises(ValueError, match="pad_token_id=6 elsewhere than as left padding"):
+        olkv.generate(sess, ids, max_new_tokens=2, pad_token_id=6)
+
+
+def test_max_new_tokens_beyond_int64_names_itself() -> None:
+    with pytest.raises(ValueError, match="max_new_tokens=9223372036854775807 after a prompt of 7 positions"):
+        olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=2 ** 63 - 1)

@@ -55,8 +55,8 @@ def _check_length_penalty(length_penalty: float, max_new_tokens: int) -> None:
                          f"(length ** length_penalty must stay within float64), got {length_penalty}")
 
 
-def _prompt(input_ids: Any, attention_mask: Any, tokenizer: Any,
-            pad_token_id: Optional[int]) -> Tuple[np.ndarray, np.ndarray]:
+def _prompt(input_ids: Any, attention_mask: Any, tokenizer: Any, pad_token_id: Optional[int],
+            eos: Tuple[int, ...] = ()) -> Tuple[np.ndarray, np.ndarray]:
     if isinstance(input_ids, str) or (isinstance(input_ids, (list, tuple)) and input_ids
                                       and all(isinstance(t, str) for t in input_ids)):
         if tokenizer is None:
@@ -65,7 +65,17 @@ def _prompt(input_ids: Any, attention_mask: Any, tokenizer: Any,
             raise ValueError("attention_mask is computed from the text; pass token ids to give your own")
         pad = pad_token_id if pad_token_id is not None else (default_pad_id(tokenizer) or 0)
         return encode(tokenizer, input_ids, pad)
-    return prompt_ids(input_ids, attention_mask, "input_ids")
+    ids, mask = prompt_ids(input_ids, attention_mask, "input_ids")
+    if attention_mask is None and pad_token_id is not None and pad_token_id not in eos and (ids == pad_token_id).any():
+        # transformers' rule: without a mask, a pad_token_id that is no eos id marks padding
+        inferred = (ids != pad_token_id).astype(np.int64)
+        try:
+            return prompt_ids(ids, inferred, "input_ids")
+        except ValueError:
+            raise ValueError(f"input_ids hold pad_token_id={pad_token_id} elsewhere than as left padding (no "
+                             "attention_mask was given, so it is read as padding, as transformers reads it); "
+                             "pass attention_mask to say which positions are tokens") from None
+    return ids, mask
 
 
 def generate(session: Any, input_ids: Any, *, max_new_tokens: Optional[int] = None, attention_mask: Any = None,
@@ -85,7 +95,9 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: Optional[int] = No
     ``session``: our ``InferenceSession`` or an ``onnxruntime.InferenceSession`` of a decoder
     with past/present inputs (recognized names: :mod:`onnx_light_kv.generation.decoder_io`).
     ``input_ids``: ``[batch, s]`` or ``[s]`` ids, left-padded when ``attention_mask`` has
-    zeros; or a str / list of str with ``tokenizer`` (a ``tokenizers.Tokenizer`` or a
+    zeros (without ``attention_mask``, a ``pad_token_id`` that is no eos id marks the padding
+    where it occurs, as in transformers; ``ValueError`` when it occurs elsewhere than as left
+    padding); or a str / list of str with ``tokenizer`` (a ``tokenizers.Tokenizer`` or a
     ``tokenizer.json`` path; then ``text`` holds the decoded new tokens).
     ``max_length`` (transformers' meaning: positions per row, the prompt's padded width included)
     stands for ``max_new_tokens = max_length - input width`` when ``max_new_tokens`` is not given
@@ -148,13 +160,15 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: Optional[int] = No
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
-    ids, mask = _prompt(input_ids, attention_mask, tok, pad_token_id)
+    ids, mask = _prompt(input_ids, attention_mask, tok, pad_token_id, stop.eos)
     if max_new_tokens is None:
         assert max_length is not None
         if max_length <= ids.shape[1]:
             raise ValueError(f"max_length={max_length} leaves no room after the prompt ({ids.shape[1]} positions); "
                              "raise it or give max_new_tokens")
         max_new_tokens = max_length - ids.shape[1]
+    if ids.shape[1] + max_new_tokens > np.iinfo(np.int64).max:
+        raise ValueError(f"max_new_tokens={max_new_tokens} after a prompt of {ids.shape[1]} positions exceeds int64")
     early_stopping = _early_stopping(early_stopping)
     speculative = draft_session is not None or prompt_lookup > 0
     if num_beams > 1:
