@@ -157,6 +157,20 @@ def test_constraints_in_beams_sampling_speculative_and_generator() -> None:
     assert eos not in g.get_sequence(0)[gc.PROMPT.size:].tolist()
 
 
+def test_min_length_counts_the_prompt() -> None:
+    sess = gc.ours("llama")
+    plain = olkv.generate(sess, gc.PROMPT, max_new_tokens=8).new_tokens[0].tolist()
+    eos = plain[1]
+    for min_length, min_new in ((gc.PROMPT.size + 4, 0), (gc.PROMPT.size + 2, 4), (3, 0)):
+        got = olkv.generate(sess, gc.PROMPT, max_new_tokens=8, eos_token_id=eos, min_length=min_length,
+                            min_new_tokens=min_new, pad_token_id=0)
+        want = olkv.generate(sess, gc.PROMPT, max_new_tokens=8, eos_token_id=eos, pad_token_id=0,
+                             min_new_tokens=max(min_new, min_length - gc.PROMPT.size))
+        np.testing.assert_array_equal(got.sequences, want.sequences)
+    with pytest.raises(ValueError):
+        olkv.generate(sess, gc.PROMPT, max_new_tokens=2, min_length=-1)
+
+
 def test_max_length_stands_for_max_new_tokens() -> None:
     sess = gc.ours("llama")
     want = olkv.generate(sess, gc.PROMPT, max_new_tokens=5)

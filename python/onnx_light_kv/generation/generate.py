@@ -11,6 +11,7 @@ give the same tokens.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import warnings
@@ -79,7 +80,7 @@ def _prompt(input_ids: Any, attention_mask: Any, tokenizer: Any, pad_token_id: O
 
 
 def generate(session: Any, input_ids: Any, *, max_new_tokens: Optional[int] = None, attention_mask: Any = None,
-             max_length: Optional[int] = None, min_new_tokens: int = 0, do_sample: bool = False,
+             max_length: Optional[int] = None, min_new_tokens: int = 0, min_length: int = 0, do_sample: bool = False,
              temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0,
              min_p: float = 0.0, repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
              num_beams: int = 1, length_penalty: float = 1.0,
@@ -103,7 +104,8 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: Optional[int] = No
     stands for ``max_new_tokens = max_length - input width`` when ``max_new_tokens`` is not given
     (one of the two is required: ``ValueError``; both: ``max_new_tokens`` wins, as there).
     ``min_new_tokens``: the eos ids are banned (``-inf``) until a row holds that many new
-    tokens (stop sequences still stop it). ``no_repeat_ngram_size``: a token that would repeat
+    tokens (stop sequences still stop it); ``min_length`` the same until a row holds that many
+    positions, the prompt's padded width included (transformers' meaning). ``no_repeat_ngram_size``: a token that would repeat
     an n-gram of that size already in the row (prompt included, its padding left out) is banned.
     Exactly ``max_new_tokens`` new tokens unless a row stops on ``eos_token_id`` (int or list)
     or on one of ``stop_sequences`` (lists of ids; the stopping tokens are kept); stopped rows
@@ -161,6 +163,9 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: Optional[int] = No
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     ids, mask = _prompt(input_ids, attention_mask, tok, pad_token_id, stop.eos)
+    min_length = integer(min_length, "min_length", lo=0)
+    if min_length > ids.shape[1] + opts.min_new_tokens:  # (the larger bound of the two holds)
+        opts = dataclasses.replace(opts, min_new_tokens=min_length - ids.shape[1])
     if max_new_tokens is None:
         assert max_length is not None
         if max_length <= ids.shape[1]:
