@@ -692,3 +692,46 @@ def test_a_quantized_paged_requests_ring_is_counted_up_to_max_length() -> None:
         full = st.info()["totals"]["committed_bytes"]
     with Engine(sess, max_length=64, block_size=32, budget=2 * full, state_options=so) as eng:
         assert eng._cost(64) <= full
+
+
+def test_a_request_whose_token_cannot_be_chosen_ends_alone() -> None:
+    """A request whose logits leave nothing to sample (no_repeat_ngram_size=1 after every id was
+    used: generate() alone raises ValueError) ends with finish_reason "error", at its first token
+    or later; the others get every token, as generate() alone gives them."""
+    sess = ours(MODEL)
+    bad = dict(max_new_tokens=4, do_sample=True, seed=0, no_repeat_ngram_size=1)
+    with pytest.raises(ValueError, match="cannot sample"):
+        olkv.generate(sess, np.arange(256), **bad)
+    good = dict(input_ids=[3, 17, 42], max_new_tokens=12)
+    want = _alone(sess, good)
+    for prompt in (np.arange(256), np.arange(1, 256)):  # fails at the first token, at the second
+        with Engine(sess, max_batch=4, max_length=300) as eng:
+            g = eng.add_request(np.array(good["input_ids"]), max_new_tokens=12)
+            b = eng.add_request(prompt, **bad)
+            streamed: Dict[int, List[int]] = {}
+            for _ in range(40):
+                for out in eng.step():
+                    streamed.setdefault(out.request_id, []).extend(out.tokens)
+                if not eng.has_work():
+                    break
+            assert not eng.has_work()
+            assert eng.request(b).finish_reason == "error" and "cannot sample" in eng.request(b).error
+            assert eng.request(g).tokens == streamed[g] == want and eng.request(g).finish_reason == "length"
+            assert len(eng.request(b).tokens) == (0 if prompt.size == 256 else 1)
+
+
+def test_a_model_branching_on_the_mask_width_runs_one_request_at_a_time() -> None:
+    """The genai LongRoPE export picks its rope factors from the attention mask's width: rows run
+    together would take the longest row's; the Engine warns and runs one request at a time, and
+    each gets generate()'s tokens."""
+    sess = olkv.InferenceSession(fx.model_path("phi3longrope-genai"), threads=1)
+    rng = np.random.default_rng(0)
+    reqs = [dict(input_ids=list(rng.integers(0, 256, 40)), max_new_tokens=6),
+            dict(input_ids=list(rng.integers(0, 256, 4)), max_new_tokens=12)]
+    want = [_alone(sess, r) for r in reqs]
+    with pytest.warns(RuntimeWarning, match="one request at a time"):
+        eng = Engine(sess, max_batch=4, max_length=64)
+    with eng:
+        assert eng.max_batch == 1
+        got = _run(eng, reqs, {0: 0, 1: 0})
+    assert [got[0], got[1]] == want

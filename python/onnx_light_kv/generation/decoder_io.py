@@ -131,6 +131,10 @@ class DecoderIO:
     group_query_attention: bool = False
     vocab: Optional[int] = None  # the logits' last dimension where the model fixes it
     max_positions: Optional[int] = None  # positions the graph can address (module docstring)
+    #: the graph branches (If) on the attention mask's width: its result for a row depends on
+    #: the batch's longest row (the genai LongRoPE export picks its rope factors so), so rows run
+    #: together differ from each run alone (False where the session has no model file to read)
+    mask_width_branch: bool = False
 
     def check_positions(self, needed: int, what: str) -> None:
         """Raise ``ValueError`` when a row would need more than :attr:`max_positions`
@@ -240,7 +244,8 @@ class DecoderIO:
                    use_cache_branch="use_cache_branch" if "use_cache_branch" in inputs else None,
                    logits=logits, kv=tuple(kv), int_types=ints,
                    group_query_attention=_uses_group_query_attention(session, sizes),
-                   vocab=_fixed_last_dim(outputs[logits]), max_positions=_max_positions(session))
+                   vocab=_fixed_last_dim(outputs[logits]), max_positions=_max_positions(session),
+                   mask_width_branch=_mask_width_branch(session))
 
 
 #: Model files larger than this are not read for :attr:`DecoderIO.max_positions`: a single-file
@@ -259,6 +264,45 @@ def _max_positions(session: Any) -> Optional[int]:
     if st.st_size > POSITION_SCAN_MAX_BYTES:
         return None
     return _position_table_rows(os.path.abspath(path), st.st_mtime_ns, st.st_size)
+
+
+def _mask_width_branch(session: Any) -> bool:
+    """:attr:`DecoderIO.mask_width_branch` of the session's model file (False without one, or
+    for a file larger than :data:`POSITION_SCAN_MAX_BYTES`)."""
+    path = getattr(session, "_model_path", None)
+    if not isinstance(path, str) or not os.path.isfile(path):
+        return False
+    st = os.stat(path)
+    if st.st_size > POSITION_SCAN_MAX_BYTES:
+        return False
+    return _branches_on_mask_width(os.path.abspath(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _branches_on_mask_width(path: str, mtime_ns: int = 0, size: int = 0) -> bool:
+    """Whether an If node's condition of the main graph is computed from Shape or Size of the
+    ``attention_mask`` input. Cached per (path, mtime_ns, size)."""
+    import onnx
+
+    try:
+        graph = onnx.load(path, load_external_data=False).graph
+    except Exception:  # not readable by onnx: nothing known
+        return False
+    producer = {o: n for n in graph.node for o in n.output}
+    for node in graph.node:
+        if node.op_type != "If" or node.domain not in ("", "ai.onnx") or not node.input:
+            continue
+        seen, todo = set(), [node.input[0]]
+        while todo and len(seen) < 256:
+            name = todo.pop()
+            n = producer.get(name)
+            if name in seen or n is None:
+                continue
+            seen.add(name)
+            if n.op_type in ("Shape", "Size") and n.input and n.input[0] == "attention_mask":
+                return True
+            todo.extend(n.input)
+    return False
 
 
 # ops that move or re-type position ids without changing their values

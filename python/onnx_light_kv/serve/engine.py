@@ -23,6 +23,7 @@ import itertools
 import logging
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -193,6 +194,13 @@ class Engine(_Uncopyable):
                                       "ones, which shifts a row's positions unless the model takes position_ids (or "
                                       "is a GroupQueryAttention export); this model has neither: run generate() per "
                                       "request")
+        if self.io.mask_width_branch and self.max_batch > 1:
+            # batched rows share the mask's width, which this graph branches on (the genai
+            # LongRoPE export's rope factors): a row would run as the batch's longest row
+            warnings.warn("this model branches on the attention mask's width (its result for a row depends on the "
+                          "longest row it runs with): the Engine runs one request at a time (max_batch=1) so that "
+                          "each gets generate()'s tokens", RuntimeWarning, stacklevel=2)
+            self.max_batch = 1
         # the model runs all but a request's last new token, so it serves at most
         # max_positions + 1 positions; a longer max_length would reserve positions no request
         # can use and advertise a context (the server's default max_tokens) no request can reach
@@ -496,7 +504,11 @@ class Engine(_Uncopyable):
             if req._prefilled < req.prompt.size:
                 continue
             self._prefilling.remove(req)
-            tok = self._choose(req, np.asarray(logits[0, -1], dtype=np.float32))
+            try:
+                tok = self._choose(req, np.asarray(logits[0, -1], dtype=np.float32))
+            except Exception as e:  # its logits cannot be chosen from (NaN, every token banned): it alone ends
+                self._fail(req, e, outputs)
+                continue
             req.first_token_time = time.perf_counter()
             produced += 1
             if self._after_token(req, tok):
@@ -548,7 +560,11 @@ class Engine(_Uncopyable):
             req = rows[b]
             if req.finished:  # aborted meanwhile
                 continue
-            tok = self._choose(req, np.asarray(logits[b, -1], dtype=np.float32))
+            try:
+                tok = self._choose(req, np.asarray(logits[b, -1], dtype=np.float32))
+            except Exception as e:  # (as in _prefill: this request alone ends; its row leaves after the step)
+                self._fail(req, e, outputs)
+                continue
             self._after_token(req, tok)
             outputs[req.request_id] = StepOutput(req.request_id, [tok], req.finished)
         self._counts["decode_rows"] += B
