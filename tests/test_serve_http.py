@@ -242,6 +242,7 @@ def test_models_health_metrics(server: Server, client: Any) -> None:
     ("/v1/completions", {"prompt": [1, 100000]}, 400, "token-id prompts"),
     ("/v1/completions", {"prompt": "w1 \udcff"}, 400, "not valid Unicode"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]}, 400, "not valid Unicode"),
+    ("/v1/chat/completions", {"messages": [{"role": "\ud800", "content": "w1"}]}, 400, "not valid Unicode"),
     ("/v1/completions", {"prompt": P1, "stop": [1]}, 400, "'stop' must be"),
     ("/v1/completions", {"prompt": P1, "logprobs": 9}, 400, "'logprobs' must be in"),
     ("/v1/completions", {"prompt": P1, "model": "gpt-9"}, 404, "does not exist"),
@@ -277,6 +278,17 @@ def test_malformed_requests(server: Server, path: str, body: Any, status: int, n
         if "no room" in needle:
             assert err["code"] == "context_length_exceeded" and err["param"] == "messages"
         assert h.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("method, path, status", [("GET", "/v1/completions", 405), ("POST", "/v1/embeddings", 404),
+                                                  ("POST", "/v1/models", 405), ("GET", "/nothing", 404)])
+def test_unknown_routes_and_methods_get_openai_error_bodies(server: Server, method: str, path: str,
+                                                            status: int) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as h:
+        r = h.request(method, path)
+        assert r.status_code == status and r.headers["content-type"].startswith("application/json")
+        err = r.json()["error"]
+        assert path in err["message"] and err["type"] == "invalid_request_error"
 
 
 def _wait(cond: Any, what: str, timeout: float = 30) -> None:

@@ -526,6 +526,7 @@ class _Server:
         for i, m in enumerate(msgs):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise RequestError(f"messages[{i}] must be an object with a 'role' string", "messages")
+            _valid_text(m["role"], "messages")
             c = m.get("content")
             if isinstance(c, list):  # content parts: text only
                 if not all(isinstance(x, dict) and x.get("type") == "text" and isinstance(x.get("text"), str)
@@ -657,6 +658,7 @@ def create_app(engine: Any, tokenizer: Any, *, model_name: str = "model", chat_t
     starlette = require("starlette")
     del starlette
     from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
     from starlette.requests import Request
     from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
     from starlette.routing import Route
@@ -820,12 +822,18 @@ def create_app(engine: Any, tokenizer: Any, *, model_name: str = "model", chat_t
             if "server" in state:
                 state["server"].loop.close()
 
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
+        # unknown paths and methods get OpenAI's error body too, not starlette's plain text
+        status = int(getattr(exc, "status_code", 500))
+        what = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+        return error(request.url.path, RequestError(what.get(status, str(getattr(exc, "detail", exc))), None, status))
+
     app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]),
                             Route("/v1/chat/completions", chat, methods=["POST"]),
                             Route("/v1/models", models, methods=["GET"]),
                             Route("/health", health, methods=["GET"]),
                             Route("/metrics", metrics, methods=["GET"])],
-                    lifespan=lifespan)
+                    lifespan=lifespan, exception_handlers={HTTPException: http_error})
     app.state.olkv = state
     return app
 
