@@ -191,6 +191,22 @@ def results_dir_arg(text: str) -> str:
     return text
 
 
+def quick_defaults(parser: argparse.ArgumentParser, args: argparse.Namespace, values: Mapping[str, Any]) -> None:
+    """``--quick``'s sizes: each option of ``values`` takes its quick value where the command line
+    left it at its default (a value the user gave is kept, and checked as given)."""
+    for name, v in values.items():
+        if getattr(args, name) == parser.get_default(name):
+            setattr(args, name, v)
+
+
+def name_arg(text: str) -> str:
+    """An argparse ``type=``: a results file prefix (a plain file name: no folder, checked before
+    the run, so a bad one does not lose a finished run's results)."""
+    if not text or text in (".", "..") or os.sep in text or (os.altsep and os.altsep in text) or "\0" in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a plain file name (the folder is --results-dir)")
+    return text
+
+
 def _run(cmd: Sequence[str]) -> str:
     try:
         out = subprocess.run(list(cmd), capture_output=True, text=True, timeout=20,
@@ -399,6 +415,8 @@ def blocked(fns: Mapping[str, Callable[[], Any]], repeat: int, warmup: int = 2, 
     """
     if block < 2:
         raise ValueError(f"block must be >= 2 (one settling call plus timed calls), got {block}")
+    if not fns:
+        raise ValueError("nothing to time (every side was left out)")
     for _ in range(warmup):
         for fn in fns.values():
             fn()

@@ -74,7 +74,7 @@ def build(args: argparse.Namespace) -> Any:
 
     slack = 128  # positions past the longest context (decode steps, genai's growing context)
     if args.quick:
-        cfg = M.DecoderConfig(layers=2, hidden=256, q_heads=8, kv_heads=2, head_dim=32, vocab=512,
+        cfg = M.DecoderConfig(layers=args.layers or 2, hidden=256, q_heads=8, kv_heads=2, head_dim=32, vocab=512,
                               max_positions=max(args.contexts) + slack, dtype=args.dtype)
     else:
         cfg = M.DecoderConfig(layers=args.layers or 8, hidden=1024, q_heads=32, kv_heads=8, head_dim=128, vocab=32000,
@@ -234,6 +234,8 @@ def decode_case(M: Any, cfg: Any, model: Any, sessions: Dict[str, Any], threads:
         used += tensor_need
         fns[name] = ((lambda f=feeds: ours.run(["logits"], f)) if name == "ours-tensor"
                      else (lambda f=feeds: sessions["ort-tensor"].run(["logits"], f)))
+    if not fns:  # every side over the limits: the caller reports the case as skipped
+        return {"row": None, "skipped": skipped}
     memory = process_memory()  # every buffer of the case is allocated and touched by now
     samples = _common.blocked(fns, repeat=args.repeat, warmup=2, block=args.block)
     probe = olkv_read_bandwidth(threads, args)
@@ -383,7 +385,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--genai-max-tokens", type=_common.nonneg_int, default=4096,
                     help="largest batch x context genai is run at (its prefill is not cheap)")
     ap.add_argument("--max-gib", type=_common.positive_float, default=8.0, help="buffers a case may hold (GiB)")
-    ap.add_argument("--layers", type=_common.layers_arg, default=None, help="layers of the default model (8)")
+    ap.add_argument("--layers", type=_common.layers_arg, default=None, help="layers of the model (default 8, quick 2)")
     _common.add_results_dir(ap)
     args = ap.parse_args(argv)
     if args.contexts is None:
@@ -436,6 +438,10 @@ def main(argv: Optional[List[str]] = None) -> None:
             for batch in sorted(args.batches, reverse=True):
                 for context in sorted(args.contexts, reverse=True):
                     r = decode_case(M, cfg, model, sessions, threads, batch, context, args, rng)
+                    if r["row"] is None:
+                        print(f"threads {threads} batch {batch} context {context}: nothing measured, skipped: "
+                              f"{r['skipped']}", flush=True)
+                        continue
                     results.append(r)
                     print(_table([r["row"]], _printed(r["row"])), flush=True)
                     if r["skipped"]:
@@ -446,6 +452,9 @@ def main(argv: Optional[List[str]] = None) -> None:
             gc.collect()
     finally:
         shutil.rmtree(genai_root, ignore_errors=True)
+    if not results:
+        raise ValueError(f"every case is larger than --max-gib={args.max_gib} GiB (or the other limits): nothing "
+                         "was measured")
     results.sort(key=lambda r: (r["row"]["threads"], r["row"].get("batch", 1), r["row"]["context"]))
     rows = [r["row"] for r in results]
     print()

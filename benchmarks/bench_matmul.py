@@ -163,7 +163,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="MatMulNBits values per quantization group (a power of 2, >= 16)")
     p.add_argument("--accuracy-level", type=_common.int_range(0, 4, "an accuracy level"), default=0,
                    help="MatMulNBits accuracy_level for onnxruntime (ours computes the float product at every level)")
-    p.add_argument("--name", default=None, help="results file prefix (default matmul, or matmulnbits-int4/int8)")
+    p.add_argument("--name", default=None, type=_common.name_arg, help="results file prefix (default matmul, or matmulnbits-int4/int8)")
     _common.add_results_dir(p)
     a = p.parse_args(argv)
     if a.block_size & (a.block_size - 1):
@@ -171,8 +171,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if a.name is None:
         a.name = "matmul" if a.weights == "float" else f"matmulnbits-{a.weights}"
     a.shapes = QUICK_SHAPES if a.quick else SMALL_SHAPES if a.preset == "small" else SHAPES
-    if a.quick:
-        a.threads, a.dtypes, a.samples = [1], ["float32"], min(a.samples, 15)
+    if a.quick:  # (where the command line left the defaults)
+        _common.quick_defaults(p, a, {"threads": [1], "dtypes": ["float32"], "samples": 15})
     return a
 
 

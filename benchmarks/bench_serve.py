@@ -315,9 +315,7 @@ def main() -> int:
     _common.add_results_dir(ap)
     args = ap.parse_args()
     if args.quick:  # the quick sizes, where the command line left the defaults
-        for name, v in (("prompt_min", 16), ("prompt_max", 64), ("new_tokens", 16), ("shared_prefix", 128)):
-            if getattr(args, name) == ap.get_default(name):
-                setattr(args, name, v)
+        _common.quick_defaults(ap, args, {"prompt_min": 16, "prompt_max": 64, "new_tokens": 16, "shared_prefix": 128})
     if args.prompt_min > args.prompt_max:
         ap.error(f"--prompt-min {args.prompt_min} exceeds --prompt-max {args.prompt_max}")
     args.max_length = args.prompt_max + args.new_tokens + 8

@@ -185,7 +185,8 @@ def op_profile(models: Any, cfg: Any, model_bytes: bytes, args: argparse.Namespa
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="small model and contexts 128..1024, few samples")
+    p.add_argument("--quick", action="store_true",
+                   help="small model, contexts 128..1024, few samples (where the other options are left at their defaults)")
     p.add_argument("--layers", type=_common.layers_arg, default=4)
     p.add_argument("--hidden", type=_common.positive_int, default=1024)
     p.add_argument("--q-heads", type=_common.positive_int, default=16, help="a multiple of --kv-heads")
@@ -206,17 +207,16 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--kernel", nargs="+", default=["auto"], choices=_common.KERNEL_CHOICES,
                    help="our kernel paths (attention and GEMM, as onnx_light_kv.set_kernel), run side by "
                         "side (default: auto, the best one)")
-    p.add_argument("--name", default="tensor-decode", help="results file prefix")
+    p.add_argument("--name", default="tensor-decode", type=_common.name_arg, help="results file prefix")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--profile", action="store_true",
                    help="also record our per-op time per step (a separate profiled session, 1 thread)")
     _common.add_results_dir(p)
     a = p.parse_args(argv)
     a.runtimes = list(dict.fromkeys(a.runtimes))
-    if a.quick:
-        a.layers, a.hidden, a.q_heads, a.kv_heads, a.head_dim, a.vocab = 2, 256, 4, 2, 64, 4000
-        a.contexts = [c for c in a.contexts if c <= 1024] or [128, 256, 512, 1024]
-        a.samples, a.warmup = min(a.samples, 10), min(a.warmup, 2)
+    if a.quick:  # a small model, short contexts and few samples where the command line left the defaults
+        _common.quick_defaults(p, a, {"layers": 2, "hidden": 256, "q_heads": 4, "kv_heads": 2, "head_dim": 64,
+                                      "vocab": 4000, "contexts": [128, 256, 512, 1024], "samples": 10, "warmup": 2})
     if a.q_heads % a.kv_heads:
         p.error(f"--q-heads {a.q_heads} is not a multiple of --kv-heads {a.kv_heads}")
     if a.head_dim % 2:

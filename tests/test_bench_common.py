@@ -26,6 +26,34 @@ def test_summarize_matches_numpy_percentiles() -> None:
     assert _common.summarize([])["n"] == 0
 
 
+def test_blocked_refuses_nothing_to_time() -> None:
+    with pytest.raises(ValueError, match="nothing to time"):
+        _common.blocked({}, repeat=1)
+
+
+@pytest.mark.parametrize("name, ok", [("run", True), ("tensor-decode.v2", True), ("sub/run", False),
+                                      ("../x", False), ("", False), ("..", False)])
+def test_name_arg_is_a_plain_file_name(name: str, ok: bool) -> None:
+    import argparse
+
+    if ok:
+        assert _common.name_arg(name) == name
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match="not a plain file name"):
+            _common.name_arg(name)
+
+
+def test_quick_keeps_what_the_user_gave() -> None:
+    """--quick's small model fills only the options left at their defaults: the rest are the
+    user's, and checked as given (a --q-heads that is no multiple of --kv-heads is refused)."""
+    a = bench_tensor_decode.parse_args(["--quick", "--head-dim", "32", "--contexts", "2048"])
+    assert (a.head_dim, a.contexts, a.layers, a.q_heads) == (32, [2048], 2, 4)
+    with pytest.raises(SystemExit):
+        bench_tensor_decode.parse_args(["--quick", "--q-heads", "6", "--kv-heads", "4"])
+    with pytest.raises(SystemExit):
+        bench_tensor_decode.parse_args(["--quick", "--name", "sub/run"])
+
+
 def test_interleaved_alternates_and_counts() -> None:
     order: list = []
     out = _common.interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, repeat=3, warmup=1)

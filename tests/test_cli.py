@@ -85,6 +85,8 @@ def test_main_in_process(capsys: pytest.CaptureFixture) -> None:
     (["--steps", "-1"], "--steps must be >= 1, got -1"),
     (["--threads", "5000"], "--threads must be in [0, 1024], got 5000"),
     (["--gen-prompt", "0"], "--gen-prompt must be >= 1, got 0"),
+    (["--plot", "/nonexistent-folder/x.png"], "--plot '/nonexistent-folder/x.png': no folder '/nonexistent-folder'"),
+    (["--plot", "x.txt"], "--plot 'x.txt': format 'txt' is not one matplotlib writes (.png, .pdf, .svg, ...)"),
 ])
 def test_demo_checks_options_before_running(args: list, message: str, capsys: pytest.CaptureFixture) -> None:
     # a bad option of the second part is refused before the first part prints or runs anything

@@ -91,6 +91,33 @@ def _timed_generation(session: Any, prompt: np.ndarray, n: int, state_options: A
     return tokens, prefill, np.array(steps), kind
 
 
+#: the image formats matplotlib's Agg backend writes (by file extension)
+_PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "ps", "eps", "jpg", "jpeg", "tif", "tiff", "webp", "pgf", "raw", "rgba")
+
+
+def _plot_path(path: str) -> str:
+    """Where ``--plot`` writes: a folder gets the default file name, a name without an extension
+    ``.png`` (what savefig would write)."""
+    if os.path.isdir(path):
+        return os.path.join(path, "onnx_light_kv_demo_generation.png")
+    if not os.path.splitext(path)[1]:
+        return path + ".png"
+    return path
+
+
+def _check_plot(path: str) -> None:
+    """``ValueError`` unless the plot can be written at ``path`` (checked before anything runs)."""
+    out = _plot_path(path)
+    ext = os.path.splitext(out)[1][1:].lower()
+    if ext not in _PLOT_FORMATS:
+        raise ValueError(f"--plot {path!r}: format {ext!r} is not one matplotlib writes (.png, .pdf, .svg, ...)")
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        raise ValueError(f"--plot {path!r}: no folder {folder!r}")
+    if not os.access(folder, os.W_OK) or (os.path.exists(out) and not os.access(out, os.W_OK)):
+        raise ValueError(f"--plot {path!r}: cannot write there")
+
+
 def _plot(path: str, prompt_len: int, series: Any) -> None:
     try:
         import matplotlib
@@ -108,10 +135,7 @@ def _plot(path: str, prompt_len: int, series: Any) -> None:
     ax.set_title("greedy decode step latency vs context")
     ax.legend()
     fig.tight_layout()
-    if os.path.isdir(path):
-        path = os.path.join(path, "onnx_light_kv_demo_generation.png")
-    elif not os.path.splitext(path)[1]:
-        path += ".png"  # (what savefig would write; printed as written)
+    path = _plot_path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     print(f"  plot: {path}")
@@ -180,6 +204,8 @@ def check_arguments(args: Any) -> None:
         integer(getattr(args, name), "--" + name.replace("_", "-"), lo=lo, hi=1024 if name == "threads" else INT64_MAX)
     if args.q_heads % args.kv_heads:
         raise ValueError(f"--q-heads ({args.q_heads}) must be a multiple of --kv-heads ({args.kv_heads})")
+    if args.plot and args.gen_steps > 0:
+        _check_plot(args.plot)
 
 
 def run(args: Any) -> int:
