@@ -55,9 +55,9 @@ def _check_kernel_env() -> str:
     info = build_info()
     if os.environ.get("OLKV_KERNEL"):
         err = info.get("kernel_startup_error")
-        if err:
-            _log.warning("OLKV_KERNEL ignored: %s", err)
-            warnings.warn(f"OLKV_KERNEL ignored: {err}", RuntimeWarning, stacklevel=2)
+        if err:  # (the message names the variable and says it is ignored)
+            _log.warning("%s", err)
+            warnings.warn(str(err), RuntimeWarning, stacklevel=2)
     gemm = os.environ.get("OLKV_GEMM", "").strip().lower()
     paths = ["auto", *info.get("attention_kernels", [])]  # (the matrix kernels have the same paths)
     if gemm and gemm not in paths:

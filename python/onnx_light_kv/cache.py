@@ -353,7 +353,7 @@ class KVCache:
         arena: the :class:`Arena` to allocate from (default: :func:`default_arena`).
         layout: ``"contiguous"`` or ``"paged"``.
         block_size: tokens per block of the paged layout: 16, 32, 64, 128 or
-            256 (default: :data:`DEFAULT_BLOCK_SIZE`; with ``quant``, it must be
+            256 (default: :data:`onnx_light_kv.cache.DEFAULT_BLOCK_SIZE`, 64; with ``quant``, it must be
             ``quant_group``, its default); only with ``layout="paged"``.
         quant: None (every row in ``dtype``), ``"int8"`` or ``"int4"``.
         quant_group: tokens per sealed chunk and elements per per-token

@@ -349,8 +349,11 @@ class GenerationState:
             return "GenerationState(closed)"
         i = self.info()
         t = i["totals"]
+        q = next((layer["quant"] for layer in i["layers"] if layer.get("quant")), None)
+        quant = {} if q is None else {"quant": f"{q['format']} g{q['group']} residual {q['residual']}"}
         return summary("GenerationState", batch=i["batch"], length=i["length"], lengths=self.lengths,
-                       layers=len(i["layers"]), dtype=i["dtype"], committed=human_bytes(t.get("committed_bytes", 0)))
+                       layers=len(i["layers"]), dtype=i["dtype"], **quant,
+                       committed=human_bytes(t.get("committed_bytes", 0)))
 
     def _repr_html_(self) -> str:
         if self.closed:

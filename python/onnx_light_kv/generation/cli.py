@@ -23,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sample", action="store_true", help="sample instead of greedy choice")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (with --sample)")
     p.add_argument("--top-k", type=int, default=50,
-                   help="sample among the k most likely tokens (default 50, as transformers; 0: all)")
+                   help="sample among the k most likely tokens (as transformers; 0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: smallest set of tokens with this probability")
     p.add_argument("--repetition-penalty", type=float, default=1.0,
                    help="divide (multiply) the logits of tokens already present (1: off)")
@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", help="draft decoder .onnx for speculative decoding")
     p.add_argument("--num-draft-tokens", type=int, default=4, help="tokens the draft model proposes per step")
     p.add_argument("--prompt-lookup", type=int, default=0, metavar="N", help="prompt-lookup drafts per step")
-    p.add_argument("--threads", type=int, default=None, help="threads of the session (None: all CPUs)")
+    p.add_argument("--threads", type=int, default=None, help="threads of the session (omitted or 0: all CPUs)")
 
 
 def run(args: Any, out: Any = None) -> int:

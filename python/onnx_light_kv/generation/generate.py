@@ -205,7 +205,7 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: Optional[int] = No
             raise ValueError(f"num_beams={num_beams} exceeds the vocabulary ({io.vocab} tokens): there are not "
                              "that many distinct continuations")
     longest = int(mask.sum(axis=1).max())  # position ids count a row's tokens
-    io.check_generation(longest, max_new_tokens, f"the longest prompt ({longest} tokens) + "
+    io.check_generation(longest, max_new_tokens, f"the longest prompt ({longest} token{'s' if longest != 1 else ''}) + "
                         f"max_new_tokens={max_new_tokens}")
     if draft_io is not None:
         if io.vocab is not None and draft_io.vocab is not None:  # (else the first draft step checks)
