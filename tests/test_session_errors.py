@@ -331,3 +331,19 @@ def test_an_output_of_another_type_than_declared_is_a_type_error() -> None:
     # a declared shape the output does not have is not checked (onnxruntime warns only)
     y = oc.ours(model(TensorProto.FLOAT)).run(None, {"x": -np.ones(2, np.float32)})[0]
     assert y.dtype == np.float32 and y.tolist() == [0.0, 0.0]
+
+
+def test_a_batch_of_another_size_than_the_state_is_named() -> None:
+    import _gen_common as gc
+    import onnx_light_kv as olkv
+
+    sess = gc.ours("llama-mask")
+    st = sess.create_state(batch=1)
+    ids = np.array([[3, 4], [5, 6]])
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "position_ids": np.array([[0, 1], [0, 1]])}
+    with pytest.raises(ValueError, match=r"input_ids has 2 sequences \(shape \(2, 2\)\); the state holds 1"):
+        sess.run(["logits"], feeds, state=st)
+    assert st.length == 0
+    feeds = {k: v[:1] for k, v in feeds.items()}
+    assert np.isfinite(sess.run(["logits"], feeds, state=st)[0]).all() and st.length == 2
+    assert isinstance(st, olkv.GenerationState)

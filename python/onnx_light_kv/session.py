@@ -220,6 +220,13 @@ class InferenceSession(_Uncopyable):
             if state._session is not self:
                 raise ValueError("the state belongs to another session")
             sh = state._handle()
+            for name in ("input_ids", "attention_mask"):  # the decoder inputs that carry the batch
+                a = input_feed.get(name)
+                shape = np.shape(a) if a is not None else ()
+                if len(shape) >= 1 and shape[0] != state.batch:
+                    raise ValueError(f"{name} has {shape[0]} sequences (shape {tuple(shape)}); the state holds "
+                                     f"{state.batch}: feed a batch of the state's size, or create a state of "
+                                     f"batch={shape[0]}")
         keys = tuple(input_feed)
         outs_key = None if output_names is None else tuple(output_names)
         sig = self._signatures.get((keys, outs_key, sh != 0))
