@@ -729,9 +729,12 @@ def test_a_model_branching_on_the_mask_width_runs_one_request_at_a_time() -> Non
     reqs = [dict(input_ids=list(rng.integers(0, 256, 40)), max_new_tokens=6),
             dict(input_ids=list(rng.integers(0, 256, 4)), max_new_tokens=12)]
     want = [_alone(sess, r) for r in reqs]
-    with pytest.warns(RuntimeWarning, match="one request at a time"):
-        eng = Engine(sess, max_batch=4, max_length=64)
-    with eng:
-        assert eng.max_batch == 1
-        got = _run(eng, reqs, {0: 0, 1: 0})
-    assert [got[0], got[1]] == want
+    for kw in (dict(max_batch=4), dict(max_batch=1, max_tokens_per_step=8)):  # batched rows; a prompt in chunks
+        with pytest.warns(RuntimeWarning, match="one request at a time"):
+            eng = Engine(sess, max_length=64, **kw)
+        with eng:
+            assert eng.max_batch == 1 and eng.max_tokens_per_step >= 64
+            got = _run(eng, reqs, {0: 0, 1: 0})
+        assert [got[0], got[1]] == want
+    with pytest.raises(NotImplementedError, match="prefix_cache=False"):
+        Engine(sess, max_length=64, prefix_cache=True)

@@ -238,6 +238,8 @@ def test_pad_token_id_marks_padding_without_a_mask_as_transformers() -> None:
     np.testing.assert_array_equal(as_given.sequences, masked.sequences)
     with pytest.raises(ValueError, match="pad_token_id=6 elsewhere than as left padding"):
         olkv.generate(sess, ids, max_new_tokens=2, pad_token_id=6)
+    with pytest.raises(ValueError, match="holds only pad_token_id=251"):
+        olkv.generate(sess, np.array([[251, 251], [4, 5]]), max_new_tokens=2, pad_token_id=251)
 
 
 def test_max_new_tokens_beyond_int64_names_itself() -> None:

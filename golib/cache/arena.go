@@ -128,6 +128,12 @@ func (a *Arena) allocMany(n, count int) ([][]byte, error) {
 			ok, avail = machineFits(fresh)
 		}
 		if !ok {
+			// memory that dropped buffers (tensors, other arenas' trims) left in
+			// the Go heap counts once the heap hands it back
+			sysmem.Reclaim()
+			ok, avail = machineFits(fresh)
+		}
+		if !ok {
 			return nil, &BudgetError{Requested: total, Committed: a.allocated, Budget: a.allocated + avail, Machine: true}
 		}
 	}

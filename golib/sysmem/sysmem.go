@@ -63,8 +63,12 @@ func Room(need int64, read func() int64) int64 {
 }
 
 // Reclaim runs a garbage collection and hands the Go heap's free memory
-// back to the system (debug.FreeOSMemory).
-func Reclaim() { debug.FreeOSMemory() }
+// back to the system (debug.FreeOSMemory); the next Fits reads the
+// figures anew.
+func Reclaim() {
+	debug.FreeOSMemory()
+	lastAt.Store(0)
+}
 
 // minKnown returns the smallest of the positive values, 0 when none is.
 func minKnown(vals ...int64) int64 {

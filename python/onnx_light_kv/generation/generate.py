@@ -70,6 +70,9 @@ def _prompt(input_ids: Any, attention_mask: Any, tokenizer: Any, pad_token_id: O
     if attention_mask is None and pad_token_id is not None and pad_token_id not in eos and (ids == pad_token_id).any():
         # transformers' rule: without a mask, a pad_token_id that is no eos id marks padding
         inferred = (ids != pad_token_id).astype(np.int64)
+        if not inferred.any(axis=1).all():
+            raise ValueError(f"a row of input_ids holds only pad_token_id={pad_token_id} (read as padding without "
+                             "an attention_mask, as transformers reads it): it has no token to continue")
         try:
             return prompt_ids(ids, inferred, "input_ids")
         except ValueError:

@@ -194,13 +194,20 @@ class Engine(_Uncopyable):
                                       "ones, which shifts a row's positions unless the model takes position_ids (or "
                                       "is a GroupQueryAttention export); this model has neither: run generate() per "
                                       "request")
-        if self.io.mask_width_branch and self.max_batch > 1:
-            # batched rows share the mask's width, which this graph branches on (the genai
-            # LongRoPE export's rope factors): a row would run as the batch's longest row
-            warnings.warn("this model branches on the attention mask's width (its result for a row depends on the "
-                          "longest row it runs with): the Engine runs one request at a time (max_batch=1) so that "
-                          "each gets generate()'s tokens", RuntimeWarning, stacklevel=2)
+        if self.io.mask_width_branch:
+            # the graph branches on the mask's width (the genai LongRoPE export's rope factors):
+            # rows batched together would run as the longest one, a prompt prefilled in chunks
+            # or after a reused prefix would cache its first positions at a narrower width
+            if self.prefix_cache:
+                raise NotImplementedError("this model branches on the attention mask's width, so a prompt prefix "
+                                          "computed for another request may not be reused: prefix_cache=False")
+            if self.max_batch > 1 or self.max_tokens_per_step < self.max_length:
+                warnings.warn("this model branches on the attention mask's width (its result for a row depends on "
+                              "the longest row it runs with and on how a prompt is split): the Engine runs one "
+                              "request at a time (max_batch=1), each prompt in one call, so that each gets "
+                              "generate()'s tokens", RuntimeWarning, stacklevel=2)
             self.max_batch = 1
+            self.max_tokens_per_step = max(self.max_tokens_per_step, self.max_length)
         # the model runs all but a request's last new token, so it serves at most
         # max_positions + 1 positions; a longer max_length would reserve positions no request
         # can use and advertise a context (the server's default max_tokens) no request can reach
