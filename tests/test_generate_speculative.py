@@ -113,3 +113,20 @@ def test_speculative_scores_equal_greedy_scores(how: str) -> None:
         live = np.isfinite(w)
         np.testing.assert_array_equal(np.isfinite(g), live, err_msg=f"step {step}")
         np.testing.assert_allclose(g[live], w[live], atol=2e-4, err_msg=f"step {step}")
+
+
+def test_speculative_takes_the_state_max_length_greedy_takes() -> None:
+    """A verification step never stores more than the prompt and every new token but the last,
+    so a state max_length that holds them serves speculative decoding too (it asked for
+    num_draft_tokens more)."""
+    from onnx_light_kv import models as M
+
+    cfg = M.DecoderConfig(layers=2, hidden=64, q_heads=4, kv_heads=2, head_dim=16, vocab=256)
+    sess = olkv.InferenceSession(M.model_bytes(M.build("llama", cfg)), threads=1)
+    prompt = np.arange(1, 31)
+    want = olkv.generate(sess, prompt, max_new_tokens=10).sequences
+    for kw in (dict(prompt_lookup=4), dict(draft_session=sess, num_draft_tokens=3)):
+        got = olkv.generate(sess, prompt, max_new_tokens=10, state_options={"max_length": 39}, **kw)
+        np.testing.assert_array_equal(got.sequences, want)
+        with pytest.raises(ValueError, match="cannot hold the 39 positions"):
+            olkv.generate(sess, prompt, max_new_tokens=10, state_options={"max_length": 38}, **kw)

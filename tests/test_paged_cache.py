@@ -404,3 +404,23 @@ def test_state_select_keeps_sequences(layout: str) -> None:
         with pytest.raises(ValueError):
             st.select([0, 0])
         assert st.batch == 2
+
+
+def test_integer_arguments_of_several_dimensions_are_refused() -> None:
+    """[batch, s] ids given to reuse_prefix (or index arrays of two dimensions) were ravelled into
+    one sequence and attached a prefix no row has: ValueError, the state unchanged."""
+    sess = _masked_llama()
+    prompt = np.arange(1, 41, dtype=np.int64)[None]
+    with sess.create_state(layout="paged", block_size=16, prefix_cache=True) as first:
+        first_logits = sess.run(["logits"], {"input_ids": prompt, "attention_mask": np.ones_like(prompt)},
+                                state=first)[0]
+        assert np.isfinite(first_logits).all()
+    with sess.create_state(batch=2, layout="paged", block_size=16, prefix_cache=True) as st:
+        with pytest.raises(ValueError, match=r"token_ids must be one integer or a 1-D sequence of them, got shape"):
+            st.reuse_prefix(prompt.reshape(2, 20))
+        assert st.length == 0
+        with pytest.raises(ValueError, match="1-D"):
+            st.reorder(np.zeros((2, 1), np.int64))
+    c = olkv.KVCache(2, 2, 16, capacity=8)
+    with pytest.raises(ValueError, match="1-D"):
+        c.select(np.array([[0], [1]]))

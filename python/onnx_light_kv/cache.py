@@ -28,13 +28,16 @@ def _i64(values: Union[int, Sequence[int], np.ndarray], name: str) -> np.ndarray
 
     A scalar follows :func:`._validate.integer`; a sequence or array must hold
     integers (TypeError: floats, bools, strings) that fit int64 (ValueError:
-    e.g. ``2**63`` or ``10**30``, which numpy would keep as uint64 or object).
+    e.g. ``2**63`` or ``10**30``, which numpy would keep as uint64 or object); an
+    array of more than one dimension is a ValueError.
     """
     if isinstance(values, (list, tuple)):
         return np.array([integer(x, f"{name} entry") for x in values], dtype=np.int64)
     if not isinstance(values, np.ndarray):
         return np.array([integer(values, name)], dtype=np.int64)
     a = values
+    if a.ndim > 1:  # (ravelling [batch, s] ids would read them as one sequence)
+        raise ValueError(f"{name} must be one integer or a 1-D sequence of them, got shape {a.shape}")
     if a.dtype == object:
         return np.array([integer(x, f"{name} entry") for x in a.ravel()], dtype=np.int64)
     if a.dtype.kind not in "iu":

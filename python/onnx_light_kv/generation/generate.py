@@ -233,8 +233,9 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: Optional[int] = No
             stream = Streamer(streamer, tok, len(g)) if streamer is not None else None
             if stream is not None:
                 stream.prompt(g_ids)
-            # a verification step feeds at most max_new_tokens - 1 drafts (speculative_decode)
-            capacity = g_ids.shape[1] + max_new_tokens + (min(num_draft_tokens, max_new_tokens) if speculative else 0)
+            # (speculative decoding too: a verification step after n new tokens feeds at most
+            # max_new_tokens - n - 1 drafts, so it never holds more than the others)
+            capacity = g_ids.shape[1] + max_new_tokens
             if speculative:
                 spec_scores: Optional[List[np.ndarray]] = [] if return_scores else None
                 gen = _speculative(session, io, draft_session, draft_io, g_ids[0], opts, stop, max_new_tokens,
