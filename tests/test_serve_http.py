@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Tuple
 
 import numpy as np
 import pytest
@@ -152,6 +152,37 @@ def test_vllm_extra_sampling_parameters(server: Server) -> None:
         r = h.post("/v1/completions", json=dict(prompt=P1, max_tokens=6, temperature=0.5, top_k=-1, seed=1))
         assert r.json()["choices"][0]["text"] == expected_text(P1, 6, do_sample=True, temperature=0.5, top_k=0, seed=1)
 
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_min_tokens_holds_stop_strings_back(server: Server, stream: bool) -> None:
+    """vLLM's min_tokens: stop strings take effect from that many tokens on; one completed
+    before stays in the text."""
+    new = expected(P1, 12)
+    stop = f"w{new[0]}"  # the first token's text: without min_tokens the completion stops at once
+    with httpx.Client(base_url=server.url, timeout=60) as h:
+        def text(**kw: Any) -> Tuple[str, Any]:
+            body = dict(prompt=P1, max_tokens=12, temperature=0, stop=[stop], **kw)
+            if not stream:
+                c = h.post("/v1/completions", json=body).json()["choices"][0]
+                return c["text"], c["finish_reason"]
+            out, reason = "", None
+            with h.stream("POST", "/v1/completions", json=dict(body, stream=True)) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        c = json.loads(line[6:])["choices"][0]
+                        out += c["text"]
+                        reason = c.get("finish_reason") or reason
+            return out, reason
+
+        assert text() == (" ", "stop")
+        full = expected_text(P1, 12)
+        got, reason = text(min_tokens=3)
+        later = [i for i, t in enumerate(new) if i >= 3 and t == new[0]]  # a later stop, if the text has one
+        assert got.startswith(expected_text(P1, 3))
+        if later:
+            assert reason == "stop" and len(got) < len(full)
+        else:
+            assert (got, reason) == (full, "length")
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("span", [False, True], ids=["inside a token", "across tokens"])

@@ -360,8 +360,11 @@ class _TextStream:
     The new tokens are decoded after the last few tokens of ``prompt`` and the text of those
     removed, as vLLM does: ``prompt text + completion`` reads as the decode of both."""
 
-    def __init__(self, tokenizer: Any, stop: List[str], prompt: Sequence[int] = ()) -> None:
+    def __init__(self, tokenizer: Any, stop: List[str], prompt: Sequence[int] = (), min_tokens: int = 0) -> None:
         self.tok, self.stop = tokenizer, stop
+        # stop strings take effect from this many tokens on (vLLM's min_tokens): the text of the
+        # tokens before is sent whole, so a stop string ending there never matches later
+        self.min_tokens = min_tokens
         self.context = list(prompt[-_CONTEXT_TOKENS:])
         self.context_text = tokenizer.decode(self.context, skip_special_tokens=True) if self.context else ""
         self.ids: List[int] = []
@@ -447,13 +450,14 @@ class _TextStream:
         text = self._decode(self.ids)
         if not final and text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for more
             return ""
-        for s in self.stop:
+        armed = len(self.ids) >= self.min_tokens
+        for s in self.stop if armed else ():
             at = text.find(s, max(0, self.sent - len(s)))
             if at >= 0:
                 text = text[:at]
                 self.stopped = True
         hold = 0
-        if not self.stopped and not final:
+        if armed and not self.stopped and not final:
             for s in self.stop:
                 for k in range(min(len(s) - 1, len(text)), 0, -1):
                     if text.endswith(s[:k]):
@@ -573,7 +577,8 @@ class _Server:
                 runs.append((len(runs), prompt, j))
         merged: "asyncio.Queue[Any]" = asyncio.Queue()
         rids: Dict[int, int] = {}
-        streams = {i: _TextStream(self.tok, params.stop, () if params.chat else prompt) for i, prompt, _ in runs}
+        streams = {i: _TextStream(self.tok, params.stop, () if params.chat else prompt, params.min_tokens)
+                   for i, prompt, _ in runs}
         pumps = []
         try:
             for i, prompt, j in runs:
