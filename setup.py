@@ -4,8 +4,10 @@ with gopy (see scripts/build_native.py) and ship it inside the package."""
 from __future__ import annotations
 
 import fcntl
+import glob
 import os
 import sys
+import sysconfig
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
@@ -26,6 +28,12 @@ class BuildPyWithGo(build_py):
             fcntl.flock(lock, fcntl.LOCK_EX)
             build_native.build(sys.executable)
         super().run()
+        # the source tree may hold other interpreters' extensions (their editable installs):
+        # this build ships its own ABI's only
+        own = sysconfig.get_config_var("EXT_SUFFIX")
+        for f in glob.glob(os.path.join(self.build_lib, "onnx_light_kv", "_native", "_kvgo*.so")):
+            if not f.endswith(own):
+                os.remove(f)
 
 
 class BinaryDistribution(Distribution):

@@ -50,11 +50,13 @@ def test_sdist_has_the_sources_and_no_build_outputs(dist: Dict[str, str]) -> Non
         names = [n.split("/", 1)[1] for n in tf.getnames() if "/" in n]
     for need in ("go.mod", "go.sum", "LICENSE", "setup.py", "pyproject.toml", "scripts/build_native.py",
                  "golib/kvgo/VERSION", "golib/kvgo/session_bind.go", "golib/cpu/kern_avx512_amd64.s",
-                 "python/onnx_light_kv/py.typed", "python/onnx_light_kv/__init__.py"):
+                 "python/onnx_light_kv/py.typed", "python/onnx_light_kv/__init__.py",
+                 "benchmarks/_common.py", "benchmarks/bench_decode.py"):  # (tests import them)
         assert need in names, need
     assert sum(n.endswith(".go") for n in names) > 100
     for bad in names:
         assert not bad.endswith((".so", ".pyc", ".test")) and "/_native/" not in bad and "_build/" not in bad, bad
+        assert not bad.startswith("benchmarks/results/"), bad
 
 
 def _elf_sections(path: str) -> set:
