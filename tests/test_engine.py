@@ -738,3 +738,80 @@ def test_a_model_branching_on_the_mask_width_runs_one_request_at_a_time() -> Non
         assert [got[0], got[1]] == want
     with pytest.raises(NotImplementedError, match="prefix_cache=False"):
         Engine(sess, max_length=64, prefix_cache=True)
+
+
+class _InterruptAfterRun:
+    """A session whose run sends this process a SIGINT once, after the real call returned: where a
+    Ctrl-C pressed during a native call arrives."""
+
+    def __init__(self, sess: Any, after: int) -> None:
+        self._sess, self._after = sess, after
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sess, name)
+
+    def run(self, *a: Any, **kw: Any) -> Any:
+        import os
+        import signal
+
+        out = self._sess.run(*a, **kw)
+        self._after -= 1
+        if self._after == 0:
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+
+@pytest.mark.parametrize("after", [1, 2, 4])
+def test_ctrl_c_during_a_step_leaves_the_engine_consistent(after: int) -> None:
+    """A Ctrl-C arriving as a step's model call returns is raised at the step's end: the shared
+    state and the rows stay together, and resuming gives generate()'s tokens (the resumed run
+    failed every running request: the state was a position ahead)."""
+    sess = ours(MODEL)
+    reqs = [dict(input_ids=[3, 17, 42, 5], max_new_tokens=8), dict(input_ids=[9, 8], max_new_tokens=6)]
+    want = [_alone(sess, r) for r in reqs]
+    eng = Engine(sess, max_batch=4, max_length=64)
+    with eng:
+        ids = [eng.add_request(np.array(r["input_ids"]), max_new_tokens=r["max_new_tokens"]) for r in reqs]
+        eng.session = _InterruptAfterRun(sess, after)
+        with pytest.raises(KeyboardInterrupt):
+            eng.run_until_done()
+        eng.session = sess
+        eng.run_until_done()
+        assert [eng.request(i).tokens for i in ids] == want
+        assert all(eng.request(i).finish_reason == "length" for i in ids)
+
+
+def test_ctrl_c_during_generate_next_token_leaves_the_generator_as_one() -> None:
+    """The Generator's rows, random stream and state move together: a Ctrl-C arriving inside
+    generate_next_token is raised at its end, and the sampled tokens equal an uninterrupted run."""
+    import os
+    import signal
+
+    sess = ours(MODEL)
+
+    def tokens(interrupt_at: int) -> List[int]:
+        g = olkv.Generator(sess, max_length=20, do_sample=True, seed=3, top_k=0)
+        g.append_tokens(np.array([3, 17, 42]))
+        step = 0
+        real = g._runner.run
+
+        def run(*a: Any, **kw: Any) -> Any:
+            out = real(*a, **kw)
+            if step == interrupt_at:
+                os.kill(os.getpid(), signal.SIGINT)
+            return out
+
+        g._runner.run = run
+        while not g.is_done():
+            try:
+                g.generate_next_token()
+            except KeyboardInterrupt:
+                assert g.sequences.shape == g.attention_mask.shape
+            step += 1
+        out = g.get_sequence(0).tolist()
+        g.close()
+        return out
+
+    want = tokens(-1)
+    for at in (1, 4):
+        assert tokens(at) == want

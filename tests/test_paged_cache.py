@@ -424,3 +424,20 @@ def test_integer_arguments_of_several_dimensions_are_refused() -> None:
     c = olkv.KVCache(2, 2, 16, capacity=8)
     with pytest.raises(ValueError, match="1-D"):
         c.select(np.array([[0], [1]]))
+
+
+def test_a_small_paged_cache_under_a_budget_that_holds_it_takes_its_blocks() -> None:
+    """A pool's slab (2048 tokens or a huge page of blocks) is at most half an arena's budget: a
+    64-token paged cache under a budget of 20 times its capacity was refused its first token
+    (a 16 MiB slab), and so was a paged state under 16 times its whole size."""
+    k = np.ones((1, 8, 1, 128), np.float32)
+    full = 64 * 8 * 128 * 4 * 2
+    arena = olkv.Arena(budget=20 * full)
+    c = olkv.KVCache(1, 8, 128, capacity=64, layout="paged", arena=arena)
+    c.append(k, k)
+    assert c.lengths.tolist() == [1] and arena.stats()["committed_bytes"] <= 10 * full
+    sess = _masked_llama()
+    st = sess.create_state(max_length=128, budget=16 * 128 * 2 * 2 * 16 * 4 * 2, layout="paged")
+    ids = np.array([[1, 2, 3]])
+    out = sess.run(["logits"], {"input_ids": ids, "attention_mask": np.ones_like(ids)}, state=st)[0]
+    assert np.isfinite(out).all() and st.length == 3

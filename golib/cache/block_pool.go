@@ -74,8 +74,13 @@ func (a *Arena) blockPool(bs, kvHeads, rowK, rowV int) *blockPool {
 	if p == nil {
 		p = &blockPool{arena: a, key: key, kHead: bs * rowK, vHead: bs * rowV}
 		p.blockBytes = kvHeads * (p.kHead + p.vHead)
-		// one kernel tile per run, and at least a huge page per slab
+		// one kernel tile per run, and at least a huge page per slab; under a
+		// budget at most half of it, so that a small cache under a budget that
+		// holds it many times over is not refused its first slab
 		p.slots = min(maxSlabBlocks, max(slabTokens/bs, (hugepage.Size+p.blockBytes-1)/p.blockBytes))
+		if a.budget > 0 {
+			p.slots = max(1, min(p.slots, int(a.budget/2/int64(p.blockBytes))))
+		}
 		p.slabBytes = p.slots * p.blockBytes
 		a.pools[key] = p
 	}

@@ -14,6 +14,7 @@ from typing import Any, Dict, Iterable, Optional, Union
 
 import numpy as np
 
+from .. import _lib
 from . import logits_process as lp
 from .decoder_io import DecoderIO
 from .._validate import integer, optional_integer
@@ -174,7 +175,14 @@ class Generator(_Uncopyable):
 
     def generate_next_token(self) -> None:
         """Choose one token per row from the current logits (after the processors) and append
-        it; finished rows get ``pad_token_id``. Raises ``RuntimeError`` when :meth:`is_done`."""
+        it; finished rows get ``pad_token_id``. Raises ``RuntimeError`` when :meth:`is_done`.
+        A Ctrl-C during the call takes effect at its end (the rows, the random stream and the
+        state move together)."""
+        with _lib.deferred_interrupts():
+            self._next_token()
+
+    def _next_token(self) -> None:
+        """:meth:`generate_next_token`'s body."""
         self._check_open()
         if self._runner is None or self.length == 0:
             raise RuntimeError("append_tokens must come before generate_next_token")

@@ -31,6 +31,7 @@ import numpy as np
 
 from .._errors import BudgetError
 from ..cache import _Uncopyable
+from .. import _lib
 from .._validate import integer, optional_integer
 from ..generation import logits_process as lp
 from ..generation.decoder_io import DecoderIO
@@ -377,7 +378,10 @@ class Engine(_Uncopyable):
         Raises:
             ValueError: the engine is closed (:meth:`close`).
         """
-        with self._step_lock:
+        # a Ctrl-C waits for the step's end: arriving between the model call and the rows'
+        # bookkeeping it would leave the shared state a position ahead of the rows (a step
+        # takes a native call's time, which Ctrl-C waits for anyway)
+        with self._step_lock, _lib.deferred_interrupts():
             return self._step()
 
     def _step(self) -> List[StepOutput]:
