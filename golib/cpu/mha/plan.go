@@ -6,10 +6,13 @@
 // qk_matmul_output modes, nonpad_kv_seqlen and head_dim_v != head_dim_k.
 //
 // Where the ONNX text leaves room, the package follows what onnxruntime's CPU
-// provider computes (checked against ORT 1.32):
+// provider computes (checked against ORT 1.32), except where noted:
 //   - causal alignment is bottom-right: query row i attends keys
 //     j <= i + offset, offset = past length (internal cache), or
-//     nonpad_kv_seqlen[b] - q_len (external cache), or 0;
+//     nonpad_kv_seqlen[b] - q_len (external cache), or 0 (with a past and
+//     fewer queries than new keys this is the ONNX reference's rule;
+//     onnxruntime aligns to the end of the total length instead, and the
+//     two agree whenever the counts are equal);
 //   - is_causal and an explicit mask may be combined; both apply;
 //   - positions excluded by a bool mask, the causal rule or nonpad_kv_seqlen
 //     get the score -MaxFloat32 (visible in qk_matmul_output mode 2); float
