@@ -254,28 +254,30 @@ class DecoderIO:
 POSITION_SCAN_MAX_BYTES = 256 << 20
 
 
-def _max_positions(session: Any) -> Optional[int]:
-    """:attr:`DecoderIO.max_positions` of the session's model file (None without one, or for a
-    file larger than :data:`POSITION_SCAN_MAX_BYTES`)."""
+def _scanned_file(session: Any) -> Optional[Tuple[str, int, int]]:
+    """The session's model file as the scans' cache key (absolute path, mtime_ns, size); None
+    without a file, or for one larger than :data:`POSITION_SCAN_MAX_BYTES`."""
     path = getattr(session, "_model_path", None)
     if not isinstance(path, str) or not os.path.isfile(path):
         return None
     st = os.stat(path)
     if st.st_size > POSITION_SCAN_MAX_BYTES:
         return None
-    return _position_table_rows(os.path.abspath(path), st.st_mtime_ns, st.st_size)
+    return os.path.abspath(path), st.st_mtime_ns, st.st_size
+
+
+def _max_positions(session: Any) -> Optional[int]:
+    """:attr:`DecoderIO.max_positions` of the session's model file (None where
+    :func:`_scanned_file` gives none)."""
+    key = _scanned_file(session)
+    return None if key is None else _position_table_rows(*key)
 
 
 def _mask_width_branch(session: Any) -> bool:
-    """:attr:`DecoderIO.mask_width_branch` of the session's model file (False without one, or
-    for a file larger than :data:`POSITION_SCAN_MAX_BYTES`)."""
-    path = getattr(session, "_model_path", None)
-    if not isinstance(path, str) or not os.path.isfile(path):
-        return False
-    st = os.stat(path)
-    if st.st_size > POSITION_SCAN_MAX_BYTES:
-        return False
-    return _branches_on_mask_width(os.path.abspath(path), st.st_mtime_ns, st.st_size)
+    """:attr:`DecoderIO.mask_width_branch` of the session's model file (False where
+    :func:`_scanned_file` gives none)."""
+    key = _scanned_file(session)
+    return False if key is None else _branches_on_mask_width(*key)
 
 
 @functools.lru_cache(maxsize=16)
