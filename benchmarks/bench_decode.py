@@ -812,6 +812,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                          "than its cores get: measure the knee with read_bandwidth(mib) and pass it here)")
     _common.add_results_dir(ap)
     args = ap.parse_args(argv)
+    if args.quick and args.target:
+        ap.error("--quick and --target pick different grids: give one")
+    for name in ("variants", "quant_group", "k_axis", "quant_dtype", "ort_quant_kind"):
+        if not args.quant and getattr(args, name) != ap.get_default(name):
+            ap.error(f"--{name.replace('_', '-')} only takes effect with --quant")
     if args.quant and args.variants:
         try:
             quant_variants(args.quant_group, args.k_axis, args.quant_dtype, args.variants)

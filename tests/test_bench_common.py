@@ -411,3 +411,12 @@ def test_results_dir_is_checked_before_the_run(tmp_path: Any) -> None:
         p.parse_args(["--results-dir", str(tmp_path / "a_file")])
     assert p.parse_args(["--results-dir", str(tmp_path / "new")]).results_dir == str(tmp_path / "new")
     assert (tmp_path / "new").is_dir()
+
+
+@pytest.mark.parametrize("argv, message", [(["--quick", "--target"], "give one"),
+                                           (["--variants", "fp32"], "--variants only takes effect with --quant"),
+                                           (["--k-axis", "token"], "--k-axis only takes effect with --quant")])
+def test_bench_decode_refuses_options_without_effect(argv: list, message: str, capsys: Any) -> None:
+    with pytest.raises(SystemExit):
+        bench_decode.main(argv)
+    assert message in capsys.readouterr().err
