@@ -161,6 +161,13 @@ func (s *Session) NewCacheState(cfg StateConfig) (*CacheState, error) {
 	return cs, nil
 }
 
+// dropCache closes slot i's cache and leaves the slot without one (its
+// geometry unknown again), as before the load that created it.
+func (cs *CacheState) dropCache(i int) {
+	cs.caches[i].Close()
+	cs.caches[i], cs.unconfirmed[i] = nil, false
+}
+
 // ensureCaches creates the caches of layer slots that have none yet where
 // the session knows their geometry by now (the graph does not declare it
 // and another state's run has shown it since this one was created), so
@@ -659,8 +666,7 @@ func (cs *CacheState) Rollback(id int64) error {
 			}
 		}
 		for _, i := range drop { // as before the load: no cache, its geometry unknown
-			cs.caches[i].Close()
-			cs.caches[i], cs.unconfirmed[i] = nil, false
+			cs.dropCache(i)
 		}
 		cs.length = ck.length
 		return nil
@@ -691,8 +697,7 @@ func (cs *CacheState) Reset() error {
 				continue
 			}
 			if cs.unconfirmed[i] { // a load's geometry no run has confirmed: the next run creates it
-				c.Close()
-				cs.caches[i], cs.unconfirmed[i] = nil, false
+				cs.dropCache(i)
 				continue
 			}
 			if err := c.Reset(); err != nil {

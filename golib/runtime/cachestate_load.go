@@ -85,8 +85,7 @@ func (cs *CacheState) Load(rows []LayerRows, elem cache.ElemType, n int) error {
 				e := end(false)
 				for i, c := range cs.caches {
 					if !existed[i] && c != nil {
-						c.Close()
-						cs.caches[i] = nil
+						cs.dropCache(i)
 					}
 				}
 				if e != nil {

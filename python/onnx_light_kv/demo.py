@@ -50,21 +50,15 @@ def _steps(n: int, desc: str, args: Any) -> Any:
     """range(n), with a progress bar when asked for (or stderr is a terminal) and tqdm is installed."""
     import sys
 
-    from ._optional import progress
+    from ._optional import available, progress
 
     show = getattr(args, "progress", None)
     if show is None:
         show = sys.stderr.isatty()
-    elif show and not _has_tqdm():  # asked for: say why there is no bar
+    elif show and not available("tqdm"):  # asked for: say why there is no bar
         print("  (tqdm not installed: no progress bars; pip install 'onnx-light-kv[progress]' adds it)")
         args.progress = False  # (said once)
     return progress(range(n), total=n, desc=desc, enable=bool(show))
-
-
-def _has_tqdm() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("tqdm") is not None
 
 
 def reference_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
