@@ -245,3 +245,150 @@ def test_pad_token_id_marks_padding_without_a_mask_as_transformers() -> None:
 def test_max_new_tokens_beyond_int64_names_itself() -> None:
     with pytest.raises(ValueError, match="max_new_tokens=9223372036854775807 after a prompt of 7 positions"):
         olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=2 ** 63 - 1)
+
+
+# --- sequence bias, bad words, suppressed tokens and the typical / epsilon / eta warpers ---
+
+def _recorded_warpers() -> dict:
+    """transformers' outputs on fixed logits (scripts/record_warpers.py)."""
+    import json
+    import os
+
+    with open(os.path.join(os.path.dirname(__file__), "fixtures", "transformers-warpers.json")) as f:
+        return json.load(f)
+
+
+def _matrix(rows: list) -> np.ndarray:
+    return np.array([[-np.inf if v is None else v for v in row] for row in rows], dtype=np.float32)
+
+
+def test_warpers_equal_transformers_recorded() -> None:
+    doc = _recorded_warpers()
+    matrices = [_matrix(m) for m in doc["matrices"]]
+    warpers = {"typical_p": lp.typical_p, "epsilon_cutoff": lp.epsilon_cutoff, "eta_cutoff": lp.eta_cutoff}
+    assert len(doc["warped"]) == 72
+    for case in doc["warped"]:
+        got = np.isneginf(warpers[case["warper"]](matrices[case["matrix"]], case["value"], case["keep"]))
+        want = np.array([[c == "1" for c in row] for row in case["dropped"]])
+        assert (got == want).all(), case["warper"] + f" {case['value']} keep={case['keep']} matrix {case['matrix']}"
+        assert (~got).sum(axis=1).min() >= case["keep"]
+
+
+def test_sequence_bias_and_bad_words_equal_transformers_recorded() -> None:
+    doc = _recorded_warpers()
+    x = _matrix(doc["matrices"][0])
+    seqs = np.array(doc["sequences"])
+    biases = [(tuple(ids), b) for ids, b in doc["sequence_bias"]]
+    np.testing.assert_array_equal(lp.sequence_bias(x, seqs, biases), _matrix(doc["sequence_bias_out"]))
+    words = [tuple(w) for w in doc["bad_words"]]
+    np.testing.assert_array_equal(lp.bad_words(x, seqs, words, eos=doc["bad_words_eos"]), _matrix(doc["bad_words_out"]))
+
+
+def test_sequence_bias_equals_plain_rule() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        width = int(rng.integers(0, 6))
+        seqs = rng.integers(0, 4, size=(3, width))
+        mask = np.ones_like(seqs)
+        pad = int(rng.integers(0, width + 1)) if width else 0
+        mask[0, :pad] = 0
+        biases = {}
+        for _ in range(int(rng.integers(1, 5))):
+            ids = tuple(int(i) for i in rng.integers(0, 4, size=int(rng.integers(1, 4))))
+            biases[ids] = float(rng.choice([-np.inf, -1.5, 0.25, 2.0]))
+        logits = rng.standard_normal((3, 5)).astype(np.float32)
+        out = lp.sequence_bias(logits, seqs, list(biases.items()), mask)
+        for r in range(3):
+            row = [int(t) for t, m in zip(seqs[r], mask[r]) if m]
+            want = np.zeros(5, np.float32)
+            for ids, b in biases.items():
+                if len(ids) == 1 or (len(ids) - 1 <= len(row) and tuple(row[len(row) - len(ids) + 1:]) == ids[:-1]):
+                    want[ids[-1]] += np.float32(b)
+            np.testing.assert_array_equal(out[r], logits[r] + want)
+    same = np.zeros((1, 4), np.float32)
+    assert lp.sequence_bias(same, np.zeros((1, 2), np.int64), [((1, 2, 3), 1.0), ((9,), 1.0)]) is same
+
+
+def test_suppress_and_process_order() -> None:
+    logits = np.arange(12, dtype=np.float32).reshape(2, 6)
+    seqs = np.array([[0, 1, 2], [3, 4, 5]])
+    opts = SamplingOptions(suppress_tokens=[5, 99], begin_suppress_tokens=[0], bad_words_ids=[[1], [4, 5, 2]],
+                           sequence_bias={(2,): 100.0})
+    out = lp.process(logits, opts, seqs, begin=3)
+    # row 1 ends with 4, 5: the bad word (4, 5, 2) bans 2 there, whatever its bias
+    assert np.isneginf(out).tolist() == [[True, True, False, False, False, True], [True, True, True, False, False, True]]
+    assert out[0, 2] == 102.0
+    later = lp.process(logits, opts, seqs, begin=2)  # not the first new token: 0 stays
+    assert np.isfinite(later[:, 0]).all()
+    # the warpers run only when sampling, after min-p; each keeps `keep` tokens
+    warp = SamplingOptions(do_sample=True, typical_p=0.01, epsilon_cutoff=0.9, eta_cutoff=0.9)
+    assert np.isfinite(lp.process(logits, warp, seqs, sampling=False)).all()
+    assert (np.isfinite(lp.process(logits, warp, seqs)).sum(axis=1) == 1).all()
+    assert (np.isfinite(lp.process(logits, warp, seqs, keep=3)).sum(axis=1) >= 3).all()
+
+
+@pytest.mark.parametrize("bad, err", [
+    (dict(typical_p=0.0), ValueError), (dict(typical_p=1.5), ValueError), (dict(typical_p="0.5"), TypeError),
+    (dict(epsilon_cutoff=1.0), ValueError), (dict(eta_cutoff=-0.1), ValueError), (dict(eta_cutoff=float("nan")), ValueError),
+    (dict(bad_words_ids=[[]]), ValueError), (dict(bad_words_ids=[[-1]]), ValueError), (dict(bad_words_ids="ab"), TypeError),
+    (dict(bad_words_ids=[[1.5]]), TypeError), (dict(bad_words_ids=[[300]]), ValueError),
+    (dict(sequence_bias={(): 1.0}), ValueError), (dict(sequence_bias={(3,): float("nan")}), ValueError),
+    (dict(sequence_bias={(3,): "x"}), TypeError), (dict(sequence_bias=[[[3], 1.0, 2]]), ValueError),
+    (dict(sequence_bias=[[[3], 1.0], [(3,), 2.0]]), ValueError), (dict(sequence_bias={(3, 256): 1.0}), ValueError),
+    (dict(suppress_tokens=[256]), ValueError), (dict(begin_suppress_tokens=[-2]), ValueError),
+    (dict(suppress_tokens=2.5), TypeError),
+])
+def test_constraint_option_errors(bad: dict, err: type) -> None:
+    with pytest.raises(err):
+        olkv.generate(gc.ours("llama"), gc.PROMPT, max_new_tokens=2, **bad)
+
+
+# Recorded from transformers 5.25.0 as _HF_CASES above (greedy or beam search; new tokens and
+# sequences_scores).
+_HF_CONSTRAINT_CASES = [
+    ([5, 17, 42, 99, 7, 130], dict(max_new_tokens=12, bad_words_ids=[[99], [189, 189], [223, 205]]),
+     [[23, 75, 223, 27, 67, 196, 170, 15, 15, 15, 189, 149]], None),
+    ([5, 17, 42, 99, 7, 130], dict(max_new_tokens=12, sequence_bias={(23,): -1.0, (75,): 0.4, (196, 223): -4.0,
+                                                                     (189, 189, 231): -2.5}),
+     [[166, 227, 149, 140, 170, 194, 117, 223, 149, 65, 29, 156]], None),
+    ([108, 35, 195, 236], dict(max_new_tokens=8, suppress_tokens=[11, 75], begin_suppress_tokens=[223]),
+     [[29, 223, 67, 223, 205, 219, 212, 223]], None),
+    ([108, 35, 195, 236], dict(max_new_tokens=8, num_beams=3, num_return_sequences=2, bad_words_ids=[[223, 223], [67]]),
+     [[223, 11, 196, 196, 223, 77, 196, 223], [223, 11, 196, 196, 223, 77, 196, 196]], [-2.787, -2.8548]),
+    ([108, 35, 195, 236], dict(max_new_tokens=6, eos_token_id=11, bad_words_ids=[[11], [196]]), [[223, 11]], None),
+    ([108, 35, 195, 236], dict(max_new_tokens=6, num_beams=2, sequence_bias=[[[223], -0.5], [[11, 196], 1.25]],
+                               begin_suppress_tokens=[223]),
+     [[219, 189, 196, 196, 223, 205]], [-3.1225]),
+]
+
+
+@pytest.mark.parametrize("state_options", [None, False], ids=["cache", "tensor"])
+@pytest.mark.parametrize("case", range(len(_HF_CONSTRAINT_CASES)))
+def test_constraints_equal_transformers_recorded(case: int, state_options: object) -> None:
+    import _fixtures as fx
+
+    prompt, kw, want, want_scores = _HF_CONSTRAINT_CASES[case]
+    sess = olkv.InferenceSession(fx.model_path("llama-optimum"), threads=1)
+    out = olkv.generate(sess, np.array(prompt), pad_token_id=251, state_options=state_options, **kw)
+    assert out.new_tokens.tolist() == want
+    if want_scores is not None:
+        np.testing.assert_allclose(out.sequences_scores, want_scores, atol=2e-4)
+
+
+def test_constraints_in_sampling_and_speculative_decoding() -> None:
+    """Sampling and speculative decoding read the same processed logits: banned tokens never
+    appear, the first new token avoids begin_suppress_tokens, and speculative greedy output
+    equals plain greedy output under the constraints."""
+    sess = gc.ours("llama")
+    kw = dict(bad_words_ids=[[23], [99, 75]], suppress_tokens=[189], begin_suppress_tokens=[166],
+              sequence_bias={(223,): -3.0})
+    sampled = olkv.generate(sess, gc.PROMPT, max_new_tokens=24, do_sample=True, seed=5, typical_p=0.9,
+                            epsilon_cutoff=0.001, eta_cutoff=0.001, num_return_sequences=4, **kw)
+    for row in sampled.new_tokens.tolist():
+        assert 23 not in row and 189 not in row and row[0] != 166
+        assert all((a, b) != (99, 75) for a, b in zip(row, row[1:]))
+    plain = olkv.generate(sess, gc.PROMPT, max_new_tokens=16, **kw)
+    spec = olkv.generate(sess, gc.PROMPT, max_new_tokens=16, prompt_lookup=3, **kw)
+    np.testing.assert_array_equal(spec.sequences, plain.sequences)
+    draft = olkv.generate(sess, gc.PROMPT, max_new_tokens=16, draft_session=gc.ours("llama", seed=1), **kw)
+    np.testing.assert_array_equal(draft.sequences, plain.sequences)

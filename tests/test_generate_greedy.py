@@ -273,7 +273,7 @@ def test_argument_errors() -> None:
     (dict(eos_token_id=np.array([[1, 2]])), TypeError, "eos_token_id"),
     (dict(stop_sequences=5), TypeError, "stop_sequences"),
     (dict(stop_sequences="ab"), TypeError, "stop_sequences"),
-    (dict(stop_sequences=[[1.5]]), TypeError, "stop sequence"),
+    (dict(stop_sequences=[[1.5]]), TypeError, "each sequence of stop_sequences"),
     (dict(stop_sequences=np.zeros((1, 0), np.int64)), ValueError, "empty"),
     (dict(stop_sequences=[iter([])]), ValueError, "empty"),
     (dict(length_penalty=float("nan"), num_beams=2), ValueError, "length_penalty"),

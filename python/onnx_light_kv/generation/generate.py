@@ -85,7 +85,10 @@ def _prompt(input_ids: Any, attention_mask: Any, tokenizer: Any, pad_token_id: O
 def generate(session: Any, input_ids: Any, *, max_new_tokens: Optional[int] = None, attention_mask: Any = None,
              max_length: Optional[int] = None, min_new_tokens: int = 0, min_length: int = 0, do_sample: bool = False,
              temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0,
-             min_p: float = 0.0, repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
+             min_p: float = 0.0, typical_p: float = 1.0, epsilon_cutoff: float = 0.0, eta_cutoff: float = 0.0,
+             repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
+             bad_words_ids: Optional[Iterable[Iterable[int]]] = None, sequence_bias: Any = None,
+             suppress_tokens: Optional[Iterable[int]] = None, begin_suppress_tokens: Optional[Iterable[int]] = None,
              num_beams: int = 1, length_penalty: float = 1.0,
              early_stopping: Union[bool, str] = False, num_return_sequences: int = 1,
              eos_token_id: Union[int, Iterable[int], None] = None, pad_token_id: Optional[int] = None,
@@ -116,8 +119,16 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: Optional[int] = No
     else 0). Token ids (prompt, ``pad_token_id``) beyond a vocabulary the model fixes raise
     ``ValueError`` before the model runs.
     ``do_sample`` with ``temperature``, ``top_k`` (default 50, as in transformers and
-    onnxruntime-genai; 0 samples from the whole vocabulary), ``top_p``, ``min_p``;
-    ``repetition_penalty`` applies to greedy choice too; ``seed`` seeds a ``numpy.random.Generator``.
+    onnxruntime-genai; 0 samples from the whole vocabulary), ``top_p``, ``min_p``, ``typical_p``
+    (1: off), ``epsilon_cutoff`` and ``eta_cutoff`` (0: off); ``repetition_penalty`` applies to
+    greedy choice too, as do the token constraints ``sequence_bias`` (``{(ids...): bias}`` or
+    ``[[ids, bias], ...]``: the bias is added to the last id's logit where a row ends with the
+    ids before it), ``bad_words_ids`` (``[[ids], ...]``: sequences never produced),
+    ``suppress_tokens`` (ids never produced) and ``begin_suppress_tokens`` (ids not produced as
+    the first new token); their ids must lie inside a vocabulary the model fixes
+    (``ValueError``). The rules and their order are transformers' (see
+    :mod:`onnx_light_kv.generation.logits_process`); a row's left padding never matches a
+    sequence. ``seed`` seeds a ``numpy.random.Generator``.
     ``num_beams > 1``: beam search with ``length_penalty`` (``ValueError`` when
     ``max_new_tokens ** length_penalty`` would leave float64's range) and ``early_stopping``
     (True, False or "never"; another type is a ``TypeError``), returning ``num_return_sequences`` per row; with ``do_sample`` it is beam
@@ -152,7 +163,8 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: Optional[int] = No
     if max_length is not None:
         max_length = integer(max_length, "max_length", lo=1)
     opts = SamplingOptions(do_sample, temperature, top_k, top_p, min_p, repetition_penalty, no_repeat_ngram_size,
-                           min_new_tokens)
+                           min_new_tokens, typical_p, epsilon_cutoff, eta_cutoff, sequence_bias, bad_words_ids,
+                           suppress_tokens, begin_suppress_tokens)
     stop = StopCondition.of(eos_token_id, stop_sequences)
     pad_token_id = optional_integer(pad_token_id, "pad_token_id", lo=0)
     num_beams = integer(num_beams, "num_beams", lo=1)
@@ -201,6 +213,7 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: Optional[int] = No
     io = DecoderIO.from_session(session)
     draft_io = DecoderIO.from_session(draft_session) if draft_session is not None else None
     check_vocabulary(ids, io.vocab, "input_ids")
+    opts.check_vocabulary(io.vocab)
     pad = pad_id(pad_token_id, stop, io.vocab)
     if num_beams > 1:
         _check_length_penalty(length_penalty, max_new_tokens)
@@ -329,6 +342,8 @@ def _greedy_or_sample(session: Any, ids: np.ndarray, mask: np.ndarray, opts: Sam
                   top_k=opts.top_k, top_p=opts.top_p, min_p=opts.min_p, repetition_penalty=opts.repetition_penalty,
                   no_repeat_ngram_size=opts.no_repeat_ngram_size, min_length=ids.shape[1] + opts.min_new_tokens,
                   pad_token_id=pad, state_options=state_options)
+    g.options = opts  # (with the options the Generator does not take)
+    g._begin = ids.shape[1]  # begin_suppress_tokens apply to the first new token
     g.stop = stop  # parsed once, by generate (the caller's ids may be a one-shot iterator)
     g.rng = rng  # one random stream for the whole call
     g._stores_all = False  # the last new token is never run: the state holds one position fewer

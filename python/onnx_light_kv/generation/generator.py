@@ -73,6 +73,8 @@ class Generator(_Uncopyable):
         # the state holds every position up to max_length (appends run them all); generate(),
         # which never runs its last token, sets False
         self._stores_all = True
+        # the width at which options.begin_suppress_tokens apply (generate sets its prompt's)
+        self._begin = -1
         self._runner: Any = None
         self._seq = np.zeros((0, 0), np.int64)
         self._mask = np.zeros((0, 0), np.int64)
@@ -194,7 +196,7 @@ class Generator(_Uncopyable):
             self.timings["decode_s"] += time.perf_counter() - t
             self.timings["decode_runs"] += 1
         processed = lp.process(self._logits, self.options, self._seq, self._mask, eos=self.stop.eos,
-                               min_length=self.min_length)
+                               min_length=self.min_length, begin=self._begin)
         self._last_processed = processed
         tok = lp.choose(processed, self.options.do_sample, self.rng)
         done = self._done

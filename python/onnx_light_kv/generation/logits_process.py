@@ -1,8 +1,10 @@
 """Logits processors as plain numpy functions over ``[rows, vocab]`` float32 arrays.
 
 They follow transformers' processors and warpers of the same names, applied in transformers'
-order by :func:`process`: repetition penalty, no-repeat n-grams, the eos ban of a minimum
-length, then (when sampling) temperature, top-k, top-p and min-p. Filtered tokens get ``-inf``; at least one token always survives.
+order by :func:`process`: sequence bias, repetition penalty, no-repeat n-grams, bad words, the
+eos ban of a minimum length, suppressed tokens, then (when sampling) temperature, top-k, top-p,
+min-p, typical-p, epsilon and eta cutoffs. Filtered tokens get ``-inf``; the warpers always
+leave at least one token.
 
 A row holding ``+inf`` logits (a tiny repetition penalty overflows float32, as may a float16
 model's logits) takes the limit of its values growing without bound: its probability is spread
@@ -13,14 +15,58 @@ that rule (and so do top-p, min-p and sampling, which read them); greedy choice 
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import math
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
 from .options import SamplingOptions
 
-__all__ = ["repetition_penalty", "no_repeat_ngram", "ban_eos", "temperature", "top_k", "top_p", "min_p", "log_softmax", "softmax", "process",
+__all__ = ["sequence_bias", "bad_words", "repetition_penalty", "no_repeat_ngram", "suppress", "ban_eos", "temperature",
+           "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "log_softmax", "softmax", "process",
            "choose", "sample"]
+
+
+def sequence_bias(logits: np.ndarray, sequences: np.ndarray, biases: Sequence[Tuple[Tuple[int, ...], float]],
+                  mask: Optional[np.ndarray] = None) -> np.ndarray:
+    """transformers' ``sequence_bias``: for each ``(ids, bias)`` of ``biases``, ``bias`` is added
+    to the logit of ``ids[-1]`` in the rows whose last ids are ``ids[:-1]`` (a one-id sequence:
+    in every row). ``sequences [rows, length]`` are the ids so far; ``mask`` (same shape, 0 for
+    padding) keeps a row's left padding from matching. The biases of a step are summed first
+    and added once, one-id sequences first, as transformers adds them; ids beyond the
+    vocabulary are skipped. Returns a new array (``logits`` itself when nothing applies)."""
+    vocab = logits.shape[-1]
+    bias: Optional[np.ndarray] = None
+    ones = [(ids, b) for ids, b in biases if len(ids) == 1 and ids[0] < vocab]
+    longer = sorted(((ids, b) for ids, b in biases if len(ids) > 1 and ids[-1] < vocab), key=lambda e: len(e[0]))
+    if ones:
+        bias = np.zeros((1, vocab), np.float32)
+        for ids, b in ones:
+            bias[0, ids[0]] = b
+    width = sequences.shape[-1]
+    for ids, b in longer:
+        n = len(ids) - 1
+        if n > width:
+            continue
+        rows = (sequences[:, width - n:] == np.asarray(ids[:-1])).all(axis=-1)
+        if mask is not None:
+            rows &= (mask[:, width - n:] != 0).all(axis=-1)
+        if rows.any():
+            if bias is None or bias.shape[0] == 1:
+                bias = np.zeros((sequences.shape[0], vocab), np.float32) + (0 if bias is None else bias)
+            with np.errstate(invalid="ignore"):
+                bias[rows, ids[-1]] += np.float32(b)
+    if bias is None:
+        return logits
+    with np.errstate(invalid="ignore"):
+        return (np.asarray(logits, dtype=np.float32) + bias).astype(np.float32)
+
+
+def bad_words(logits: np.ndarray, sequences: np.ndarray, words: Sequence[Tuple[int, ...]],
+              eos: Sequence[int] = (), mask: Optional[np.ndarray] = None) -> np.ndarray:
+    """transformers' ``bad_words_ids``: :func:`sequence_bias` with ``-inf`` for each word, the
+    one-id words equal to an ``eos`` id left out (as transformers leaves them)."""
+    return sequence_bias(logits, sequences, [(w, -np.inf) for w in words if not (len(w) == 1 and w[0] in eos)], mask)
 
 
 def repetition_penalty(logits: np.ndarray, sequences: np.ndarray, penalty: float,
@@ -76,16 +122,22 @@ def no_repeat_ngram(logits: np.ndarray, sequences: np.ndarray, n: int,
     return logits if out is None else out
 
 
-def ban_eos(logits: np.ndarray, eos: Sequence[int]) -> np.ndarray:
-    """``logits`` with the ``eos`` ids (those inside the vocabulary) set to ``-inf`` in every row:
-    transformers' ``min_new_tokens`` / ``min_length`` before a row reaches that length. Returns
-    a new array (``logits`` itself when there are no eos ids)."""
-    ids = [e for e in eos if 0 <= e < logits.shape[-1]]
+def suppress(logits: np.ndarray, ids: Sequence[int]) -> np.ndarray:
+    """``logits`` with the ``ids`` (those inside the vocabulary) set to ``-inf`` in every row:
+    transformers' ``suppress_tokens`` and ``begin_suppress_tokens``. Returns a new array
+    (``logits`` itself when no id applies)."""
+    ids = [i for i in ids if 0 <= i < logits.shape[-1]]
     if not ids:
         return logits
     out = np.array(logits, dtype=np.float32, copy=True)
     out[:, ids] = -np.inf
     return out
+
+
+def ban_eos(logits: np.ndarray, eos: Sequence[int]) -> np.ndarray:
+    """:func:`suppress` of the ``eos`` ids: transformers' ``min_new_tokens`` / ``min_length``
+    before a row reaches that length."""
+    return suppress(logits, eos)
 
 
 def temperature(logits: np.ndarray, t: float) -> np.ndarray:
@@ -116,8 +168,7 @@ def top_k(logits: np.ndarray, k: int, keep: int = 1) -> np.ndarray:
         k = max(k, keep)
     if k <= 0 or k >= logits.shape[-1]:
         return logits
-    kth = np.partition(logits, -k, axis=-1)[:, -k][:, None]
-    return np.where(logits < kth, -np.inf, logits).astype(np.float32)
+    return np.where(logits < _kth_largest(logits, k), -np.inf, logits).astype(np.float32)
 
 
 def top_p(logits: np.ndarray, p: float, keep: int = 1) -> np.ndarray:
@@ -156,6 +207,65 @@ def min_p(logits: np.ndarray, p: float, keep: int = 1) -> np.ndarray:
     return np.where(drop, -np.inf, logits).astype(np.float32)
 
 
+def _kth_largest(logits: np.ndarray, keep: int) -> np.ndarray:
+    """Each row's ``keep``-th largest logit, ``[rows, 1]`` (the last when ``keep`` exceeds the row)."""
+    k = min(max(keep, 1), logits.shape[-1])
+    return np.partition(logits, -k, axis=-1)[:, -k][:, None]
+
+
+def typical_p(logits: np.ndarray, mass: float, keep: int = 1) -> np.ndarray:
+    """Locally typical sampling (transformers' ``typical_p``): sort the tokens by how far their
+    information ``-log p`` lies from the row's entropy, keep the closest ones until their
+    probability reaches ``mass`` (the first token whose cumulative probability is not below
+    ``mass`` included, and every token tied with it), and at least ``keep``."""
+    if mass >= 1.0:
+        return logits
+    x = np.asarray(logits, dtype=np.float32)
+    logp = log_softmax(x)
+    p = np.exp(logp)
+    with np.errstate(invalid="ignore"):
+        entropy = -np.nansum(logp * p, axis=-1, keepdims=True, dtype=np.float32)
+        distance = np.abs(-logp - entropy)
+    order = np.argsort(distance, axis=-1, kind="stable")
+    sorted_distance = np.take_along_axis(distance, order, axis=-1)
+    cum = np.cumsum(softmax(np.take_along_axis(x, order, axis=-1)).astype(np.float32), axis=-1, dtype=np.float32)
+    last = np.minimum((cum < np.float32(mass)).sum(axis=-1), x.shape[-1] - 1)
+    drop_sorted = sorted_distance > np.take_along_axis(sorted_distance, last[:, None], axis=-1)
+    drop_sorted[:, :max(keep, 1)] = False
+    drop = np.zeros_like(drop_sorted)
+    np.put_along_axis(drop, order, drop_sorted, axis=-1)
+    return np.where(drop, -np.inf, x).astype(np.float32)
+
+
+def epsilon_cutoff(logits: np.ndarray, epsilon: float, keep: int = 1) -> np.ndarray:
+    """Epsilon sampling (transformers' ``epsilon_cutoff``): drop the tokens whose probability is
+    below ``epsilon``, keeping at least the ``keep`` most probable."""
+    if epsilon <= 0.0:
+        return logits
+    return _floor(logits, softmax(logits) < epsilon, keep)
+
+
+def eta_cutoff(logits: np.ndarray, epsilon: float, keep: int = 1) -> np.ndarray:
+    """Eta sampling (transformers' ``eta_cutoff``): drop the tokens whose probability is below
+    ``min(epsilon, sqrt(epsilon) * exp(-entropy))``, keeping at least the ``keep`` most
+    probable."""
+    if epsilon <= 0.0:
+        return logits
+    probs = softmax(logits)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        entropy = -np.where(probs > 0, probs * np.log(probs), 0.0).sum(axis=-1, keepdims=True)
+    eta = np.minimum(epsilon, math.sqrt(epsilon) * np.exp(-entropy))
+    return _floor(logits, probs < eta, keep)
+
+
+def _floor(logits: np.ndarray, below: np.ndarray, keep: int) -> np.ndarray:
+    """``logits`` with the ``below`` entries set to ``-inf``, except the ``keep`` largest of
+    each row (and those tied with the ``keep``-th)."""
+    x = np.asarray(logits, dtype=np.float32)
+    drop = below & (x < _kth_largest(x, keep))
+    return np.where(drop, -np.inf, x).astype(np.float32)
+
+
 def _shifted(logits: np.ndarray) -> np.ndarray:
     """``logits - rowmax`` in float32 (float64 stays float64): numpy's float32 ``exp`` is
     vectorized and an order of magnitude faster than float64's, which matters at vocabularies
@@ -190,23 +300,32 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 def process(logits: np.ndarray, opts: SamplingOptions, sequences: np.ndarray,
             mask: Optional[np.ndarray] = None, sampling: Optional[bool] = None, keep: int = 1,
-            eos: Sequence[int] = (), min_length: int = 0) -> np.ndarray:
+            eos: Sequence[int] = (), min_length: int = 0, begin: int = -1) -> np.ndarray:
     """The processed logits that greedy choice or sampling reads.
 
-    The repetition penalty, ``opts.no_repeat_ngram_size`` and the eos ban always apply;
-    temperature, top-k, top-p and min-p only when sampling (``sampling`` defaults to
-    ``opts.do_sample``), as in transformers. ``keep``: the fewest tokens each filter leaves
-    (transformers' ``min_tokens_to_keep``: 1, and for beam sampling the number of eos ids + 1,
-    at least 2, so that beams can branch). ``eos`` are banned while ``sequences`` (prompt
-    included, padding counted as transformers counts it) are shorter than ``min_length``: the
-    caller's prompt width plus ``opts.min_new_tokens``."""
-    out = repetition_penalty(logits, sequences, opts.repetition_penalty, mask)
+    The sequence bias, repetition penalty, ``opts.no_repeat_ngram_size``, bad words, the eos
+    ban and suppressed tokens always apply; temperature, top-k, top-p, min-p, typical-p and the
+    epsilon and eta cutoffs only when sampling (``sampling`` defaults to ``opts.do_sample``), as
+    in transformers. ``keep``: the fewest tokens each warper leaves (transformers'
+    ``min_tokens_to_keep``: 1, and for beam sampling the number of eos ids + 1, at least 2, so
+    that beams can branch). ``eos`` are banned while ``sequences`` (prompt included, padding
+    counted as transformers counts it) are shorter than ``min_length``: the caller's prompt
+    width plus ``opts.min_new_tokens``. ``opts.begin_suppress_tokens`` are banned when
+    ``sequences`` are ``begin`` positions wide: the caller's prompt width (-1: never)."""
+    out = sequence_bias(logits, sequences, opts.sequence_bias, mask)
+    out = repetition_penalty(out, sequences, opts.repetition_penalty, mask)
     out = no_repeat_ngram(out, sequences, opts.no_repeat_ngram_size, mask)
+    out = bad_words(out, sequences, opts.bad_words_ids, eos, mask)
     if sequences.shape[-1] < min_length:
         out = ban_eos(out, eos)
+    out = suppress(out, opts.suppress_tokens)
+    if sequences.shape[-1] == begin:
+        out = suppress(out, opts.begin_suppress_tokens)
     if opts.do_sample if sampling is None else sampling:
         out = min_p(top_p(top_k(temperature(out, opts.temperature), opts.top_k, keep), opts.top_p, keep),
                     opts.min_p, keep)
+        out = eta_cutoff(epsilon_cutoff(typical_p(out, opts.typical_p, keep), opts.epsilon_cutoff, keep),
+                         opts.eta_cutoff, keep)
     return out
 
 

@@ -3,6 +3,7 @@ with their attention mask) as every generation entry point takes them."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Iterable, List, Optional, Tuple, Union
 
@@ -22,6 +23,21 @@ class SamplingOptions:
     many new tokens (:func:`.logits_process.process` applies both, given the eos ids and the
     length they read).
 
+    Token constraints (always applied, as transformers applies them):
+
+    - ``sequence_bias``: ``{(ids...): bias}`` or ``[[ids, bias], ...]``; the bias (a float,
+      ``-inf`` bans) is added to the logit of a sequence's last id in the rows that end with the
+      ids before it (a one-id sequence: in every row).
+    - ``bad_words_ids``: ``[[ids], ...]``, sequences that must never be produced; the last id of
+      each is banned where the row ends with the ids before it. A one-id entry equal to an eos id
+      is ignored, as in transformers.
+    - ``suppress_tokens``: ids banned at every step.
+    - ``begin_suppress_tokens``: ids banned at the first new token.
+
+    Sampling warpers after min-p (only when sampling): ``typical_p`` (1: off; locally typical
+    sampling), ``epsilon_cutoff`` and ``eta_cutoff`` (0: off; truncation sampling by a fixed
+    or an entropy-dependent probability floor).
+
     The fields are checked and normalized by the project's one rule per argument kind
     (:mod:`onnx_light_kv._validate`): ``do_sample`` must be a ``bool`` (``TypeError``
     otherwise), ``top_k`` an integer (``1.5`` or ``"2"`` raise ``TypeError``), the others real
@@ -35,6 +51,13 @@ class SamplingOptions:
     repetition_penalty: float = 1.0
     no_repeat_ngram_size: int = 0
     min_new_tokens: int = 0
+    typical_p: float = 1.0
+    epsilon_cutoff: float = 0.0
+    eta_cutoff: float = 0.0
+    sequence_bias: Any = ()
+    bad_words_ids: Any = ()
+    suppress_tokens: Any = ()
+    begin_suppress_tokens: Any = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.do_sample, (bool, np.bool_)):
@@ -52,9 +75,28 @@ class SamplingOptions:
                   "top_k": integer(self.top_k, "top_k", lo=0), "top_p": top_p,
                   "min_p": real(self.min_p, "min_p", lo=0.0, hi=1.0), "repetition_penalty": repetition_penalty,
                   "no_repeat_ngram_size": integer(self.no_repeat_ngram_size, "no_repeat_ngram_size", lo=0),
-                  "min_new_tokens": integer(self.min_new_tokens, "min_new_tokens", lo=0)}
+                  "min_new_tokens": integer(self.min_new_tokens, "min_new_tokens", lo=0),
+                  "epsilon_cutoff": _cutoff(self.epsilon_cutoff, "epsilon_cutoff"),
+                  "eta_cutoff": _cutoff(self.eta_cutoff, "eta_cutoff"),
+                  "sequence_bias": _sequence_bias(self.sequence_bias),
+                  "bad_words_ids": _id_sequences(self.bad_words_ids, "bad_words_ids"),
+                  "suppress_tokens": _ids(self.suppress_tokens, "suppress_tokens"),
+                  "begin_suppress_tokens": _ids(self.begin_suppress_tokens, "begin_suppress_tokens")}
+        typical = real(self.typical_p, "typical_p")
+        if not 0.0 < typical <= 1.0:
+            raise ValueError(f"typical_p must be in (0, 1] (1: off), got {typical}")
+        fields["typical_p"] = typical
         for name, value in fields.items():
             object.__setattr__(self, name, value)  # frozen: normalized once, here
+
+    def check_vocabulary(self, vocab: Optional[int]) -> None:
+        """``ValueError`` when a token id of the constraints lies at or beyond ``vocab`` (None:
+        nothing is checked), naming the option."""
+        for name, ids in (("sequence_bias", [i for seq, _ in self.sequence_bias for i in seq]),
+                          ("bad_words_ids", [i for seq in self.bad_words_ids for i in seq]),
+                          ("suppress_tokens", self.suppress_tokens),
+                          ("begin_suppress_tokens", self.begin_suppress_tokens)):
+            check_vocabulary(np.asarray(ids, np.int64), vocab, name)
 
 
 def _ids(value: Any, what: str) -> Tuple[int, ...]:
@@ -74,6 +116,63 @@ def _ids(value: Any, what: str) -> Tuple[int, ...]:
     return tuple(integer(v, what, lo=0) for v in items)
 
 
+def _cutoff(value: Any, name: str) -> float:
+    """A probability floor in ``[0, 1)`` (0: off)."""
+    v = real(value, name)
+    if not 0.0 <= v < 1.0:
+        raise ValueError(f"{name} must be in [0, 1) (0: off), got {v}")
+    return v
+
+
+def _id_sequences(value: Any, what: str) -> Tuple[Tuple[int, ...], ...]:
+    """Non-empty token id sequences (an iterable of iterables of ints; an int in it is a one-id
+    sequence), as ``stop_sequences`` and ``bad_words_ids`` take them."""
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{what} must be a list of lists of ints, got {type(value).__name__}")
+    try:
+        items = list(value)
+    except TypeError:
+        raise TypeError(f"{what} must be a list of lists of ints, got {type(value).__name__}") from None
+    seqs = tuple(_ids(s, f"each sequence of {what}") for s in items)
+    if any(len(s) == 0 for s in seqs):
+        raise ValueError(f"the sequences of {what} must not be empty")
+    return seqs
+
+
+def _sequence_bias(value: Any) -> Tuple[Tuple[Tuple[int, ...], float], ...]:
+    """transformers' ``sequence_bias``: a dict ``{ids: bias}`` (ids a tuple, or an int for one id)
+    or a list of ``[ids, bias]`` pairs, as ``((ids...), bias)`` pairs; a bias is a real number,
+    ``-inf`` and ``+inf`` included (NaN: ``ValueError``); a sequence given twice: ``ValueError``."""
+    if value is None:
+        return ()
+    if isinstance(value, dict):
+        pairs = list(value.items())
+    elif isinstance(value, (str, bytes)):
+        raise TypeError(f"sequence_bias must be a dict {{(ids...): bias}} or a list of [ids, bias], "
+                        f"got {type(value).__name__}")
+    else:
+        try:
+            pairs = [tuple(p) for p in value]
+        except TypeError:
+            raise TypeError("sequence_bias must be a dict {(ids...): bias} or a list of [ids, bias] pairs") from None
+        if any(len(p) != 2 for p in pairs):
+            raise ValueError("sequence_bias must be a list of [ids, bias] pairs")
+    out: List[Tuple[Tuple[int, ...], float]] = []
+    for ids, bias in pairs:
+        seq = _ids(ids, "each sequence of sequence_bias")
+        if not seq:
+            raise ValueError("the sequences of sequence_bias must not be empty")
+        b = real(bias, f"the bias of {list(seq)}", finite=False)
+        if math.isnan(b):
+            raise ValueError(f"the bias of {list(seq)} is NaN")
+        out.append((seq, b))
+    if len({seq for seq, _ in out}) != len(out):
+        raise ValueError("sequence_bias names a sequence twice")
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class StopCondition:
     """When a row is finished: it produced one of ``eos`` or ended with one of ``stop_sequences``
@@ -90,19 +189,7 @@ class StopCondition:
         array; an int in it is a one-token sequence). Each argument is read once, so one-shot
         iterators work. ``TypeError`` for ids that are not integers or containers that are not
         iterable; ``ValueError`` for negative ids and empty stop sequences."""
-        if stop_sequences is None:
-            items: List[Any] = []
-        elif isinstance(stop_sequences, (str, bytes)):
-            raise TypeError(f"stop_sequences must be a list of lists of ints, got {type(stop_sequences).__name__}")
-        else:
-            try:
-                items = list(stop_sequences)
-            except TypeError:
-                raise TypeError("stop_sequences must be a list of lists of ints, got "
-                                f"{type(stop_sequences).__name__}") from None
-        seqs = tuple(_ids(s, "each stop sequence") for s in items)
-        if any(len(s) == 0 for s in seqs):
-            raise ValueError("stop sequences must not be empty")
+        seqs = _id_sequences(stop_sequences, "stop_sequences")
         return cls(eos=_ids(eos_token_id, "eos_token_id"), stop_sequences=seqs)
 
     def hit(self, sequence: np.ndarray) -> bool:
