@@ -27,6 +27,8 @@ REQUESTS: List[Dict[str, Any]] = [
     dict(input_ids=[11, 12, 13], max_new_tokens=10, repetition_penalty=1.3),
     dict(input_ids=[60, 61], max_new_tokens=8, do_sample=True, min_p=0.05, seed=11),
     dict(input_ids=[5, 6, 7], max_new_tokens=10, no_repeat_ngram_size=2),
+    dict(input_ids=[3, 17, 42], max_new_tokens=8, bad_words_ids=[[75], [23, 99]], suppress_tokens=[189],
+         sequence_bias={(223,): -2.0, (99, 27): 1.5}),
 ]
 
 
@@ -122,7 +124,7 @@ def test_paged_engine_equals_generate_alone(block_size: Any, prefix_cache: bool)
     want = [_alone(sess, r) for r in reqs]
     with Engine(sess, max_batch=4, max_length=64, block_size=block_size, prefix_cache=prefix_cache) as eng:
         assert eng.paged and (eng.block_size == 16 or block_size is None)
-        got = _run(eng, reqs, {0: 0, 1: 0, 2: 2, 3: 3, 4: 9, 5: 10, 6: 5, 7: 0, 8: 12, 9: 14})
+        got = _run(eng, reqs, {0: 0, 1: 0, 2: 2, 3: 3, 4: 9, 5: 10, 6: 5, 7: 0, 8: 12, 9: 14, 10: 6})
         st = eng.stats()
         reused = [eng.request(rid).reused_tokens for rid in sorted(eng._requests)]
     assert st["running"] == 0 and st["cache_blocks_used"] == 0 and st["cache_blocks_free"] is None  # idle
@@ -272,7 +274,7 @@ def test_requests_join_and_leave_mid_run() -> None:
     reqs = _with_stops(sess)
     want = [_alone(sess, r) for r in reqs]
     with Engine(sess, max_batch=4, max_length=64) as eng:
-        got = _run(eng, reqs, {0: 0, 1: 0, 2: 2, 3: 3, 4: 9, 5: 10, 6: 4})
+        got = _run(eng, reqs, {0: 0, 1: 0, 2: 2, 3: 3, 4: 9, 5: 10, 6: 4, 7: 6})
     for i in range(len(reqs)):
         assert got[i] == want[i], f"request {i}"
 

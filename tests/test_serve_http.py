@@ -153,6 +153,23 @@ def test_vllm_extra_sampling_parameters(server: Server) -> None:
         assert r.json()["choices"][0]["text"] == expected_text(P1, 6, do_sample=True, temperature=0.5, top_k=0, seed=1)
 
 
+def test_logit_bias(server: Server) -> None:
+    """OpenAI's logit_bias: the text is generate()'s with the biases as one-id sequence_bias;
+    -100 on greedy's tokens keeps every one of them out."""
+    greedy = expected(P1, 6)
+    with httpx.Client(base_url=server.url, timeout=60) as h:
+        bias = {str(t): -100 for t in greedy}
+        r = h.post("/v1/completions", json=dict(prompt=P1, max_tokens=6, temperature=0, logit_bias=bias))
+        assert r.status_code == 200, r.text
+        want = expected(P1, 6, sequence_bias={(t,): -100.0 for t in greedy})
+        assert r.json()["choices"][0]["text"] == expected_text(P1, 6, sequence_bias={(t,): -100.0 for t in greedy})
+        assert not set(want) & set(greedy)
+        r = h.post("/v1/completions", json=dict(prompt=P1, max_tokens=5, temperature=0.7, seed=3,
+                                                logit_bias={"7": 2.5, "42": -1}))
+        assert r.json()["choices"][0]["text"] == expected_text(P1, 5, do_sample=True, temperature=0.7, top_k=0, seed=3,
+                                                               sequence_bias={(7,): 2.5, (42,): -1.0})
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_min_tokens_holds_stop_strings_back(server: Server, stream: bool) -> None:
     """vLLM's min_tokens: stop strings take effect from that many tokens on; one completed
@@ -293,6 +310,12 @@ def test_models_health_metrics(server: Server, client: Any) -> None:
     ("/v1/completions", {"prompt": P1, "repetition_penalty": 0}, 400, "'repetition_penalty' must be > 0"),
     ("/v1/completions", {"prompt": P1, "max_tokens": 4, "min_tokens": 5}, 400, "'min_tokens' must be in"),
     ("/v1/completions", {"prompt": P1, "presence_penalty": 0.5}, 400, "not supported"),
+    ("/v1/completions", {"prompt": P1, "logit_bias": [1, 2]}, 400, "'logit_bias' must be an object"),
+    ("/v1/completions", {"prompt": P1, "logit_bias": {"x": 1}}, 400, "'logit_bias' keys must be token ids"),
+    ("/v1/completions", {"prompt": P1, "logit_bias": {"-3": 1}}, 400, "'logit_bias' keys must be token ids"),
+    ("/v1/completions", {"prompt": P1, "logit_bias": {"3": 101}}, 400, "'logit_bias' must be in"),
+    ("/v1/completions", {"prompt": P1, "logit_bias": {"3": "1"}}, 400, "'logit_bias' must be a number"),
+    ("/v1/completions", {"prompt": P1, "logit_bias": {"99999": 1}}, 400, "sequence_bias: token id 99999"),
     # a body past the server's limit (8 MiB): refused before it is parsed or tokenized
     ("/v1/completions", b'{"prompt": "' + b"w1 " * (3 << 20) + b'"}', 413, "exceeds the server's limit"),
     ("/v1/completions", {"prompt": P1, "max_tokens": 2, "seed": 2 ** 63 - 1, "n": 2}, 400, "'seed' must be in"),

@@ -283,12 +283,15 @@ class Engine(_Uncopyable):
     def add_request(self, input_ids: Any, *, max_new_tokens: int = 16, do_sample: bool = False,
                     temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0, min_p: float = 0.0,
                     repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0, min_new_tokens: int = 0,
+                    sequence_bias: Any = None, bad_words_ids: Optional[Sequence[Sequence[int]]] = None,
+                    suppress_tokens: Optional[Sequence[int]] = None,
                     eos_token_id: Union[int, Sequence[int], None] = None,
                     stop_sequences: Optional[Sequence[Sequence[int]]] = None, seed: Optional[int] = None,
                     logprobs: Optional[int] = None) -> int:
         """Queue a request: ``input_ids`` (1-D ids, or ``[1, n]``) and ``generate``'s options of
         the same names (``max_new_tokens``, sampling, ``repetition_penalty``,
-        ``no_repeat_ngram_size``, ``min_new_tokens``, ``eos_token_id``, ``stop_sequences``,
+        ``no_repeat_ngram_size``, ``min_new_tokens``, the token constraints ``sequence_bias``,
+        ``bad_words_ids`` and ``suppress_tokens``, ``eos_token_id``, ``stop_sequences``,
         ``seed``; ``top_k`` defaults to 50 as there, so a request equals ``generate`` alone; the
         OpenAI-style server passes ``top_k=0``, the whole vocabulary); ``logprobs=n`` records each token's log-probability and the ``n`` most
         probable alternatives (0: the chosen token's only). Returns the request id.
@@ -324,7 +327,9 @@ class Engine(_Uncopyable):
         if self.budget is not None and cost > self.budget:  # admission would wait for it forever
             raise ValueError(self._beyond_budget(ids.size, max_new, cost))
         opts = SamplingOptions(do_sample, temperature, top_k, top_p, min_p, repetition_penalty, no_repeat_ngram_size,
-                               min_new_tokens)
+                               min_new_tokens, sequence_bias=sequence_bias, bad_words_ids=bad_words_ids,
+                               suppress_tokens=suppress_tokens)
+        opts.check_vocabulary(self._vocab)
         stop = StopCondition.of(eos_token_id, stop_sequences)
         lpn = optional_integer(logprobs, "logprobs", lo=0, hi=20)
         rng = np.random.default_rng(optional_integer(seed, "seed", lo=0))

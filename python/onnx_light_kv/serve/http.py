@@ -6,7 +6,9 @@ starlette, uvicorn, jinja2) serves
 * ``POST /v1/completions`` and ``POST /v1/chat/completions``: ``max_tokens``, ``temperature``
   (0: greedy), ``top_p``, ``stop`` (strings), ``seed``, ``n``, ``logprobs`` (completions: the
   number of alternatives, 0-5; chat: ``logprobs`` + ``top_logprobs``), ``stream`` (server-sent
-  events ending with ``data: [DONE]``); token-id prompts are accepted by completions;
+  events ending with ``data: [DONE]``), ``logit_bias`` (token id -> bias in [-100, 100]), and
+  vLLM's ``top_k``, ``min_p``, ``repetition_penalty`` and ``min_tokens``; token-id prompts are
+  accepted by completions;
 * ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text format).
 
 Chat prompts use the ``chat_template`` of the ``tokenizer_config.json`` next to the tokenizer
@@ -252,6 +254,23 @@ def _number(body: Dict[str, Any], name: str, default: float, lo: float, hi: floa
     return v
 
 
+def _logit_bias(body: Dict[str, Any]) -> Dict[Tuple[int, ...], float]:
+    """OpenAI's ``logit_bias``: ``{"token id": bias}`` with biases in [-100, 100], added to the
+    logits of those ids at every step (-100 all but bans a token), as a one-id ``sequence_bias``."""
+    raw = _get(body, "logit_bias", (dict,), {}, "an object mapping token ids to numbers")
+    out: Dict[Tuple[int, ...], float] = {}
+    for key, value in raw.items():
+        try:
+            tid = int(key) if isinstance(key, str) and key.strip().isdigit() else -1
+        except ValueError:
+            tid = -1
+        if tid < 0:
+            raise RequestError(f"'logit_bias' keys must be token ids (non-negative integers), got {json.dumps(key)}",
+                               "logit_bias")
+        out[(tid,)] = _number({"logit_bias": value}, "logit_bias", 0.0, -100.0, 100.0)
+    return out
+
+
 class _Params:
     """The sampling and output parameters of one completions or chat request."""
 
@@ -316,6 +335,7 @@ class _Params:
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise RequestError(f"'min_tokens' must be in [0, {key}={self.max_tokens}], got {self.min_tokens}",
                                "min_tokens")
+        self.logit_bias = _logit_bias(body)
         for name in ("presence_penalty", "frequency_penalty"):
             if _number(body, name, 0.0, -2.0, 2.0) != 0.0:
                 raise RequestError(f"'{name}' is not supported by this server (only 0)", name)
@@ -345,7 +365,8 @@ class _Params:
         return dict(max_new_tokens=self.max_tokens, do_sample=sample, temperature=self.temperature if sample else 1.0,
                     top_k=self.top_k if sample else 0, top_p=self.top_p if sample else 1.0,
                     min_p=self.min_p if sample else 0.0, repetition_penalty=self.repetition_penalty,
-                    min_new_tokens=self.min_tokens, seed=None if self.seed is None else self.seed + i,
+                    min_new_tokens=self.min_tokens, sequence_bias=self.logit_bias or None,
+                    seed=None if self.seed is None else self.seed + i,
                     eos_token_id=eos or None, logprobs=self.top if self.logprobs else None)
 
 
