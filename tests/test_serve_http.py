@@ -170,6 +170,33 @@ def test_logit_bias(server: Server) -> None:
                                                                sequence_bias={(7,): 2.5, (42,): -1.0})
 
 
+@pytest.mark.parametrize("chat", [False, True])
+def test_stream_usage_stop_token_ids_and_ignore_eos(server: Server, chat: bool) -> None:
+    """stream_options.include_usage: a last chunk with no choices and the usage; vLLM's
+    stop_token_ids end a choice ("stop") on those ids, ignore_eos runs past the eos ids."""
+    new = expected(P1, 8)
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    prompt = dict(messages=[{"role": "user", "content": P1}]) if chat else dict(prompt=P1)
+    with httpx.Client(base_url=server.url, timeout=60) as h:
+        body = dict(prompt, max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True})
+        events = []
+        with h.stream("POST", path, json=body) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        last = events[-1]
+        assert last["choices"] == [] and last["usage"]["completion_tokens"] == 8
+        assert last["usage"]["total_tokens"] == last["usage"]["prompt_tokens"] + 8
+        assert all("usage" not in e for e in events[:-1])
+        if chat:
+            return
+        stop_at = new[2]
+        r = h.post(path, json=dict(prompt, max_tokens=8, temperature=0, stop_token_ids=[stop_at])).json()
+        k = new.index(stop_at) + 1
+        assert r["choices"][0]["finish_reason"] == "stop" and r["usage"]["completion_tokens"] == k
+        assert r["choices"][0]["text"] == expected_text(P1, k)
+        both = dict(prompt, max_tokens=8, temperature=0, stop_token_ids=[stop_at], ignore_eos=True)
+        assert h.post(path, json=both).json()["usage"]["completion_tokens"] == k  # (stop ids still stop)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_min_tokens_holds_stop_strings_back(server: Server, stream: bool) -> None:
     """vLLM's min_tokens: stop strings take effect from that many tokens on; one completed
@@ -311,6 +338,17 @@ def test_models_health_metrics(server: Server, client: Any) -> None:
     ("/v1/completions", {"prompt": P1, "max_tokens": 4, "min_tokens": 5}, 400, "'min_tokens' must be in"),
     ("/v1/completions", {"prompt": P1, "presence_penalty": 0.5}, 400, "not supported"),
     ("/v1/completions", {"prompt": P1, "logit_bias": [1, 2]}, 400, "'logit_bias' must be an object"),
+    ("/v1/completions", {"prompt": P1, "stream_options": {"include_usage": True}}, 400, "only allowed with"),
+    ("/v1/completions", {"prompt": P1, "stream": True, "stream_options": {"include_usage": 1}}, 400,
+     "'include_usage' must be a boolean"),
+    ("/v1/completions", {"prompt": P1, "stop_token_ids": [-1]}, 400, "'stop_token_ids' must be"),
+    ("/v1/completions", {"prompt": P1, "stop_token_ids": 3}, 400, "'stop_token_ids' must be"),
+    ("/v1/completions", {"prompt": P1, "ignore_eos": "yes"}, 400, "'ignore_eos' must be"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}],
+                              "response_format": {"type": "json_object"}}, 400, "not supported"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w1"}],
+                              "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "no tool calling"),
+    ("/v1/completions", {"prompt": P1, "best_of": 3}, 400, "'best_of' other than 'n'"),
     ("/v1/completions", {"prompt": P1, "logit_bias": {"x": 1}}, 400, "'logit_bias' keys must be token ids"),
     ("/v1/completions", {"prompt": P1, "logit_bias": {"-3": 1}}, 400, "'logit_bias' keys must be token ids"),
     ("/v1/completions", {"prompt": P1, "logit_bias": {"3": 101}}, 400, "'logit_bias' must be in"),
@@ -772,3 +810,16 @@ def test_serve_fails_at_once_where_it_cannot_listen() -> None:
             H.serve("no-such-model.onnx", "no-such-tokenizer.json", port=port)
     with pytest.raises(OSError, match="cannot listen on nosuchhost.invalid"):
         H._check_listen("nosuchhost.invalid", 0)
+
+
+def test_eos_options_reach_the_engine() -> None:
+    """ignore_eos drops the tokenizer's eos ids; stop_token_ids are added to them."""
+    from onnx_light_kv.serve.http import _Params
+
+    def eos(**body: Any) -> Any:
+        return _Params(dict(prompt="w1", **body), False, 64, 1).engine_options(0, [5, 6])["eos_token_id"]
+
+    assert eos() == [5, 6]
+    assert eos(ignore_eos=True) is None
+    assert eos(stop_token_ids=[9]) == [5, 6, 9]
+    assert eos(ignore_eos=True, stop_token_ids=[9]) == [9]

@@ -7,8 +7,10 @@ starlette, uvicorn, jinja2) serves
   (0: greedy), ``top_p``, ``stop`` (strings), ``seed``, ``n``, ``logprobs`` (completions: the
   number of alternatives, 0-5; chat: ``logprobs`` + ``top_logprobs``), ``stream`` (server-sent
   events ending with ``data: [DONE]``), ``logit_bias`` (token id -> bias in [-100, 100]), and
-  vLLM's ``top_k``, ``min_p``, ``repetition_penalty`` and ``min_tokens``; token-id prompts are
-  accepted by completions;
+  vLLM's ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``stop_token_ids`` and
+  ``ignore_eos``; ``stream_options.include_usage``; token-id prompts are accepted by
+  completions (what the server cannot do, such as ``response_format`` json, ``tools`` or
+  ``best_of`` other than ``n``, gets a 400 instead of being ignored);
 * ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text format).
 
 Chat prompts use the ``chat_template`` of the ``tokenizer_config.json`` next to the tokenizer
@@ -336,6 +338,28 @@ class _Params:
             raise RequestError(f"'min_tokens' must be in [0, {key}={self.max_tokens}], got {self.min_tokens}",
                                "min_tokens")
         self.logit_bias = _logit_bias(body)
+        # vLLM's ignore_eos and stop_token_ids (ids that end a choice as the eos ids do)
+        self.ignore_eos = bool(_get(body, "ignore_eos", (bool,), False, "a boolean"))
+        stop_ids = _get(body, "stop_token_ids", (list,), [], "a list of token ids")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2 ** 63 for t in stop_ids):
+            raise RequestError("'stop_token_ids' must be a list of token ids (non-negative integers)", "stop_token_ids")
+        self.stop_token_ids: List[int] = list(stop_ids)
+        options = _get(body, "stream_options", (dict,), {}, "an object")
+        if options and not self.stream:
+            raise RequestError("'stream_options' is only allowed with 'stream': true", "stream_options")
+        #: a last chunk with the usage and no choices (OpenAI's stream_options.include_usage)
+        self.include_usage = bool(_get(options, "include_usage", (bool,), False, "a boolean"))
+        # what this server cannot do is refused, not ignored
+        fmt = _get(body, "response_format", (dict,), {}, "an object")
+        if fmt.get("type", "text") != "text":
+            raise RequestError(f"'response_format' {json.dumps(fmt.get('type'))} is not supported by this server "
+                               "(only \"text\": no constrained decoding)", "response_format")
+        for name in ("tools", "functions"):
+            if body.get(name):
+                raise RequestError(f"'{name}' is not supported by this server (no tool calling)", name)
+        best_of = _get(body, "best_of", (int,), None, "an integer")
+        if best_of is not None and best_of not in (1, self.n):
+            raise RequestError(f"'best_of' other than 'n' is not supported by this server, got {best_of}", "best_of")
         for name in ("presence_penalty", "frequency_penalty"):
             if _number(body, name, 0.0, -2.0, 2.0) != 0.0:
                 raise RequestError(f"'{name}' is not supported by this server (only 0)", name)
@@ -367,7 +391,8 @@ class _Params:
                     min_p=self.min_p if sample else 0.0, repetition_penalty=self.repetition_penalty,
                     min_new_tokens=self.min_tokens, sequence_bias=self.logit_bias or None,
                     seed=None if self.seed is None else self.seed + i,
-                    eos_token_id=eos or None, logprobs=self.top if self.logprobs else None)
+                    eos_token_id=([] if self.ignore_eos else eos) + self.stop_token_ids or None,
+                    logprobs=self.top if self.logprobs else None)
 
 
 #: prompt tokens decoded before the new ones, so that the new text reads as it does after the
@@ -788,7 +813,8 @@ def create_app(engine: Any, tokenizer: Any, *, model_name: str = "model", chat_t
             except RequestError as e:
                 return error(route, e)
             count(route, 200)
-            return StreamingResponse(_stream(srv, gen, first, cid, created, chat, nchoices),
+            return StreamingResponse(_stream(srv, gen, first, cid, created, chat, nchoices,
+                                             usage if params.include_usage else None),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         texts = [""] * nchoices
         reasons: List[Optional[str]] = [None] * nchoices
@@ -865,7 +891,9 @@ def create_app(engine: Any, tokenizer: Any, *, model_name: str = "model", chat_t
 
 
 async def _stream(srv: _Server, gen: Any, first: Any, cid: str, created: int, chat: bool,
-                  nchoices: int) -> AsyncIterator[bytes]:
+                  nchoices: int, usage: Optional[Dict[str, int]] = None) -> AsyncIterator[bytes]:
+    """The server-sent events of a streamed call; ``usage`` (the prompt tokens counted): a last
+    chunk with no choices and the usage, as OpenAI's ``stream_options.include_usage`` asks."""
     obj = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(i: int, piece: str, entries: Any, reason: Optional[str], role: bool = False) -> bytes:
@@ -884,14 +912,19 @@ async def _stream(srv: _Server, gen: Any, first: Any, cid: str, created: int, ch
             for i in range(nchoices):
                 yield chunk(i, "", None, None, role=True)
         item = first
+        ntok = 0
         while item is not None:
-            i, piece, entries, reason, _ = item
+            i, piece, entries, reason, n = item
+            ntok += n
             if piece or entries or reason is not None:  # tokens without text make no chunk
                 yield chunk(i, piece, entries, reason)
             try:
                 item = await gen.__anext__()
             except StopAsyncIteration:
                 item = None
+        if usage is not None:
+            done = dict(usage, completion_tokens=ntok, total_tokens=usage["prompt_tokens"] + ntok)
+            yield _sse({"id": cid, "object": obj, "created": created, "model": srv.model, "choices": [], "usage": done})
         yield b"data: [DONE]\n\n"
     except RequestError as e:
         yield _sse(e.body())
