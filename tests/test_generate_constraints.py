@@ -337,6 +337,11 @@ def test_suppress_and_process_order() -> None:
     (dict(sequence_bias=[[[3], 1.0], [(3,), 2.0]]), ValueError), (dict(sequence_bias={(3, 256): 1.0}), ValueError),
     (dict(suppress_tokens=[256]), ValueError), (dict(begin_suppress_tokens=[-2]), ValueError),
     (dict(suppress_tokens=2.5), TypeError),
+    (dict(forced_eos_token_id=256), ValueError), (dict(forced_eos_token_id=[-1]), ValueError),
+    (dict(exponential_decay_length_penalty=(1, 0.0)), ValueError),
+    (dict(exponential_decay_length_penalty=(-1, 1.5)), ValueError),
+    (dict(exponential_decay_length_penalty=1.5), TypeError),
+    (dict(exponential_decay_length_penalty=(1.5, 1.5)), TypeError),
 ])
 def test_constraint_option_errors(bad: dict, err: type) -> None:
     with pytest.raises(err):
@@ -359,6 +364,16 @@ _HF_CONSTRAINT_CASES = [
     ([108, 35, 195, 236], dict(max_new_tokens=6, num_beams=2, sequence_bias=[[[223], -0.5], [[11, 196], 1.25]],
                                begin_suppress_tokens=[223]),
      [[219, 189, 196, 196, 223, 205]], [-3.1225]),
+    ([5, 17, 42, 99, 7, 130], dict(max_new_tokens=7, forced_eos_token_id=11), [[23, 99, 75, 189, 189, 231, 11]], None),
+    ([5, 17, 42, 99, 7, 130], dict(max_new_tokens=7, forced_eos_token_id=[12], num_beams=3),
+     [[23, 99, 112, 27, 80, 33, 12]], [-2.8377]),
+    # plain greedy stops at eos 67 after 8 tokens, at eos 75 after 6
+    ([108, 35, 195, 236], dict(max_new_tokens=10, eos_token_id=67, exponential_decay_length_penalty=(2, 1.6)),
+     [[223, 11, 196, 223, 67]], None),
+    ([108, 35, 195, 236], dict(max_new_tokens=10, eos_token_id=75, exponential_decay_length_penalty=(0, 2.0)),
+     [[223, 75]], None),
+    ([108, 35, 195, 236], dict(max_new_tokens=10, num_beams=2, eos_token_id=196, exponential_decay_length_penalty=(1, 1.3)),
+     [[223, 11, 149, 196]], [-2.5439]),
 ]
 
 
@@ -392,3 +407,13 @@ def test_constraints_in_sampling_and_speculative_decoding() -> None:
     np.testing.assert_array_equal(spec.sequences, plain.sequences)
     draft = olkv.generate(sess, gc.PROMPT, max_new_tokens=16, draft_session=gc.ours("llama", seed=1), **kw)
     np.testing.assert_array_equal(draft.sequences, plain.sequences)
+
+
+def test_forced_eos_and_length_decay_in_speculative_decoding() -> None:
+    sess = gc.ours("llama")
+    for kw in (dict(forced_eos_token_id=11), dict(eos_token_id=[67, 75], exponential_decay_length_penalty=(2, 1.5))):
+        plain = olkv.generate(sess, gc.PROMPT, max_new_tokens=9, **kw)
+        if "forced_eos_token_id" in kw:
+            assert plain.new_tokens[0, -1] == 11
+        spec = olkv.generate(sess, gc.PROMPT, max_new_tokens=9, prompt_lookup=2, **kw)
+        np.testing.assert_array_equal(spec.sequences, plain.sequences)

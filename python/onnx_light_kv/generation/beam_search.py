@@ -193,7 +193,8 @@ def beam_search(runner: Any, prompt: np.ndarray, mask: np.ndarray, opts: Samplin
         full_mask = np.concatenate([mask_prompt, np.ones_like(gen)], axis=1)
         logprobs = lp.log_softmax(logits)
         processed = lp.process(logprobs, opts, full, full_mask, keep=min_keep, eos=stop.eos,
-                               min_length=seq_prompt.shape[1] + opts.min_new_tokens, begin=seq_prompt.shape[1])
+                               min_length=seq_prompt.shape[1] + opts.min_new_tokens, begin=seq_prompt.shape[1],
+                               max_length=seq_prompt.shape[1] + max_new_tokens)
         if return_scores:
             step_scores.append(processed)
         total = (processed.astype(np.float64) + beam_scores[:, None]).reshape(batch, k * vocab)

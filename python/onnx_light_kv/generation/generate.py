@@ -89,7 +89,8 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: Optional[int] = No
              repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
              bad_words_ids: Optional[Iterable[Iterable[int]]] = None, sequence_bias: Any = None,
              suppress_tokens: Optional[Iterable[int]] = None, begin_suppress_tokens: Optional[Iterable[int]] = None,
-             num_beams: int = 1, length_penalty: float = 1.0,
+             forced_eos_token_id: Union[int, Iterable[int], None] = None,
+             exponential_decay_length_penalty: Optional[Tuple[int, float]] = None, num_beams: int = 1, length_penalty: float = 1.0,
              early_stopping: Union[bool, str] = False, num_return_sequences: int = 1,
              eos_token_id: Union[int, Iterable[int], None] = None, pad_token_id: Optional[int] = None,
              stop_sequences: Optional[Iterable[Iterable[int]]] = None, seed: Optional[int] = None,
@@ -125,8 +126,11 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: Optional[int] = No
     ``[[ids, bias], ...]``: the bias is added to the last id's logit where a row ends with the
     ids before it), ``bad_words_ids`` (``[[ids], ...]``: sequences never produced),
     ``suppress_tokens`` (ids never produced) and ``begin_suppress_tokens`` (ids not produced as
-    the first new token); their ids must lie inside a vocabulary the model fixes
-    (``ValueError``). The rules and their order are transformers' (see
+    the first new token); ``forced_eos_token_id`` (id or ids: the last new token of a row that
+    reaches ``max_new_tokens`` is one of them) and ``exponential_decay_length_penalty``
+    (``(start, factor)``: after ``start`` new tokens, the eos logits grow by
+    ``|logit| * (factor ** n - 1)`` at the n-th further token); their ids must lie inside a
+    vocabulary the model fixes (``ValueError``). The rules and their order are transformers' (see
     :mod:`onnx_light_kv.generation.logits_process`); a row's left padding never matches a
     sequence. ``seed`` seeds a ``numpy.random.Generator``.
     ``num_beams > 1``: beam search with ``length_penalty`` (``ValueError`` when
@@ -164,7 +168,8 @@ def generate(session: Any, input_ids: Any, *, max_new_tokens: Optional[int] = No
         max_length = integer(max_length, "max_length", lo=1)
     opts = SamplingOptions(do_sample, temperature, top_k, top_p, min_p, repetition_penalty, no_repeat_ngram_size,
                            min_new_tokens, typical_p, epsilon_cutoff, eta_cutoff, sequence_bias, bad_words_ids,
-                           suppress_tokens, begin_suppress_tokens)
+                           suppress_tokens, begin_suppress_tokens, forced_eos_token_id,
+                           exponential_decay_length_penalty)
     stop = StopCondition.of(eos_token_id, stop_sequences)
     pad_token_id = optional_integer(pad_token_id, "pad_token_id", lo=0)
     num_beams = integer(num_beams, "num_beams", lo=1)

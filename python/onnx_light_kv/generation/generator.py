@@ -196,7 +196,8 @@ class Generator(_Uncopyable):
             self.timings["decode_s"] += time.perf_counter() - t
             self.timings["decode_runs"] += 1
         processed = lp.process(self._logits, self.options, self._seq, self._mask, eos=self.stop.eos,
-                               min_length=self.min_length, begin=self._begin)
+                               min_length=self.min_length, begin=self._begin,
+                               max_length=-1 if self.max_length is None else self.max_length)
         self._last_processed = processed
         tok = lp.choose(processed, self.options.do_sample, self.rng)
         done = self._done

@@ -2,7 +2,7 @@
 
 They follow transformers' processors and warpers of the same names, applied in transformers'
 order by :func:`process`: sequence bias, repetition penalty, no-repeat n-grams, bad words, the
-eos ban of a minimum length, suppressed tokens, then (when sampling) temperature, top-k, top-p,
+eos ban of a minimum length, the forced eos, the exponential length penalty, suppressed tokens, then (when sampling) temperature, top-k, top-p,
 min-p, typical-p, epsilon and eta cutoffs. Filtered tokens get ``-inf``; the warpers always
 leave at least one token.
 
@@ -22,7 +22,8 @@ import numpy as np
 
 from .options import SamplingOptions
 
-__all__ = ["sequence_bias", "bad_words", "repetition_penalty", "no_repeat_ngram", "suppress", "ban_eos", "temperature",
+__all__ = ["sequence_bias", "bad_words", "repetition_penalty", "no_repeat_ngram", "suppress", "ban_eos", "force",
+           "length_decay", "temperature",
            "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "log_softmax", "softmax", "process",
            "choose", "sample"]
 
@@ -298,9 +299,31 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return (d - lse).astype(np.float32)
 
 
+def force(logits: np.ndarray, ids: Sequence[int]) -> np.ndarray:
+    """Every logit ``-inf`` except the ``ids`` (those inside the vocabulary), which are 0:
+    transformers' ``forced_eos_token_id`` at the last position."""
+    out = np.full(logits.shape, -np.inf, dtype=np.float32)
+    out[:, [i for i in ids if 0 <= i < logits.shape[-1]]] = 0.0
+    return out
+
+
+def length_decay(logits: np.ndarray, eos: Sequence[int], factor: float, n: int) -> np.ndarray:
+    """transformers' ``exponential_decay_length_penalty`` ``n`` tokens past its start: each
+    finite eos logit ``x`` becomes ``x + |x| * (factor ** n - 1)``."""
+    ids = [e for e in eos if 0 <= e < logits.shape[-1]]
+    if not ids or n <= 0:
+        return logits
+    out = np.array(logits, dtype=np.float32, copy=True)
+    x = out[:, ids]
+    with np.errstate(over="ignore", invalid="ignore"):
+        penalty = np.abs(x) * np.float32(factor ** n - 1)
+    out[:, ids] = x + np.where(np.isfinite(x), penalty, np.float32(0))
+    return out
+
+
 def process(logits: np.ndarray, opts: SamplingOptions, sequences: np.ndarray,
             mask: Optional[np.ndarray] = None, sampling: Optional[bool] = None, keep: int = 1,
-            eos: Sequence[int] = (), min_length: int = 0, begin: int = -1) -> np.ndarray:
+            eos: Sequence[int] = (), min_length: int = 0, begin: int = -1, max_length: int = -1) -> np.ndarray:
     """The processed logits that greedy choice or sampling reads.
 
     The sequence bias, repetition penalty, ``opts.no_repeat_ngram_size``, bad words, the eos
@@ -311,15 +334,23 @@ def process(logits: np.ndarray, opts: SamplingOptions, sequences: np.ndarray,
     that beams can branch). ``eos`` are banned while ``sequences`` (prompt included, padding
     counted as transformers counts it) are shorter than ``min_length``: the caller's prompt
     width plus ``opts.min_new_tokens``. ``opts.begin_suppress_tokens`` are banned when
-    ``sequences`` are ``begin`` positions wide: the caller's prompt width (-1: never)."""
+    ``sequences`` are ``begin`` positions wide: the caller's prompt width (-1: never), which
+    also starts ``opts.exponential_decay_length_penalty``; ``opts.forced_eos_token_id`` is
+    forced when they are ``max_length - 1`` wide (the last position; -1: never)."""
     out = sequence_bias(logits, sequences, opts.sequence_bias, mask)
     out = repetition_penalty(out, sequences, opts.repetition_penalty, mask)
     out = no_repeat_ngram(out, sequences, opts.no_repeat_ngram_size, mask)
     out = bad_words(out, sequences, opts.bad_words_ids, eos, mask)
-    if sequences.shape[-1] < min_length:
+    width = sequences.shape[-1]
+    if width < min_length:
         out = ban_eos(out, eos)
+    if opts.forced_eos_token_id and width == max_length - 1:
+        out = force(out, opts.forced_eos_token_id)
+    if opts.exponential_decay_length_penalty is not None and begin >= 0:
+        start, factor = opts.exponential_decay_length_penalty
+        out = length_decay(out, eos, factor, width - (begin + start))
     out = suppress(out, opts.suppress_tokens)
-    if sequences.shape[-1] == begin:
+    if width == begin:
         out = suppress(out, opts.begin_suppress_tokens)
     if opts.do_sample if sampling is None else sampling:
         out = min_p(top_p(top_k(temperature(out, opts.temperature), opts.top_k, keep), opts.top_p, keep),

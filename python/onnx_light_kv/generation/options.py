@@ -33,6 +33,11 @@ class SamplingOptions:
       is ignored, as in transformers.
     - ``suppress_tokens``: ids banned at every step.
     - ``begin_suppress_tokens``: ids banned at the first new token.
+    - ``forced_eos_token_id``: id(s) that the last position before the maximum length must be
+      (every other id banned there).
+    - ``exponential_decay_length_penalty``: ``(start, factor)``; once a row holds more than
+      ``start`` new tokens, the eos logits grow by ``|logit| * (factor ** n - 1)`` after ``n``
+      more.
 
     Sampling warpers after min-p (only when sampling): ``typical_p`` (1: off; locally typical
     sampling), ``epsilon_cutoff`` and ``eta_cutoff`` (0: off; truncation sampling by a fixed
@@ -58,6 +63,8 @@ class SamplingOptions:
     bad_words_ids: Any = ()
     suppress_tokens: Any = ()
     begin_suppress_tokens: Any = ()
+    forced_eos_token_id: Any = ()
+    exponential_decay_length_penalty: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.do_sample, (bool, np.bool_)):
@@ -82,6 +89,8 @@ class SamplingOptions:
                   "bad_words_ids": _id_sequences(self.bad_words_ids, "bad_words_ids"),
                   "suppress_tokens": _ids(self.suppress_tokens, "suppress_tokens"),
                   "begin_suppress_tokens": _ids(self.begin_suppress_tokens, "begin_suppress_tokens")}
+        fields["forced_eos_token_id"] = _ids(self.forced_eos_token_id, "forced_eos_token_id")
+        fields["exponential_decay_length_penalty"] = _decay(self.exponential_decay_length_penalty)
         typical = real(self.typical_p, "typical_p")
         if not 0.0 < typical <= 1.0:
             raise ValueError(f"typical_p must be in (0, 1] (1: off), got {typical}")
@@ -95,7 +104,8 @@ class SamplingOptions:
         for name, ids in (("sequence_bias", [i for seq, _ in self.sequence_bias for i in seq]),
                           ("bad_words_ids", [i for seq in self.bad_words_ids for i in seq]),
                           ("suppress_tokens", self.suppress_tokens),
-                          ("begin_suppress_tokens", self.begin_suppress_tokens)):
+                          ("begin_suppress_tokens", self.begin_suppress_tokens),
+                          ("forced_eos_token_id", self.forced_eos_token_id)):
             check_vocabulary(np.asarray(ids, np.int64), vocab, name)
 
 
@@ -114,6 +124,19 @@ def _ids(value: Any, what: str) -> Tuple[int, ...]:
     except TypeError:
         raise TypeError(f"{what} must be an int or a list of ints, got {type(value).__name__}") from None
     return tuple(integer(v, what, lo=0) for v in items)
+
+
+def _decay(value: Any) -> Optional[Tuple[int, float]]:
+    """``exponential_decay_length_penalty``: None, or ``(start, factor)`` with ``start`` >= 0
+    new tokens and a finite ``factor`` > 0."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+        raise TypeError("exponential_decay_length_penalty must be a (start, factor) pair")
+    factor = real(value[1], "exponential_decay_length_penalty's factor")
+    if not factor > 0:
+        raise ValueError(f"exponential_decay_length_penalty's factor must be > 0, got {factor}")
+    return integer(value[0], "exponential_decay_length_penalty's start", lo=0), factor
 
 
 def _cutoff(value: Any, name: str) -> float:

@@ -148,7 +148,8 @@ def speculative_decode(target: Any, proposer: Any, prompt: np.ndarray, opts: Sam
     min_length = prompt.size + opts.min_new_tokens  # the eos ids are banned below it
 
     def process(x: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        return lp.process(x, opts, ids[None, :], eos=stop.eos, min_length=min_length, begin=prompt.size)
+        return lp.process(x, opts, ids[None, :], eos=stop.eos, min_length=min_length, begin=prompt.size,
+                          max_length=prompt.size + max_new_tokens)
 
     if isinstance(proposer, DraftModel):
         proposer.eos, proposer.min_length = stop.eos, min_length
