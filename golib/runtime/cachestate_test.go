@@ -1,7 +1,9 @@
 package runtime
 
 import (
+	"fmt"
 	"math"
+	mathrand "math/rand"
 	"math/rand/v2"
 	goruntime "runtime"
 	"strings"
@@ -214,4 +216,77 @@ func TestRunCacheAllocationNotProportionalToContext(t *testing.T) {
 		t.Errorf("a decode step allocates %.0f bytes at context 1024 and %.0f at 64: it grows with the context", large, small)
 	}
 	t.Logf("bytes allocated per decode step: %.0f at context 64, %.0f at 1024", small, large)
+}
+
+// TestCachePlanDecomposedFactorsAndMasks: in a decomposed attention, a Mul
+// by a vector (a query norm's weight right before the scores) is part of q,
+// not the scale, so the layer is rewritten and runs as the tensor path; a
+// mask with a per-head bias (ALiBi) keeps the layer on the tensor path with
+// a reason, instead of a plan that every state run would then refuse.
+func TestCachePlanDecomposedFactorsAndMasks(t *testing.T) {
+	cases := []struct {
+		name   string
+		cfg    exportedConfig
+		reason string // "": rewritten
+	}{
+		{"plain", exportedConfig{}, ""},
+		{"query weight vector", exportedConfig{qWeight: true}, ""},
+		{"per-head bias", exportedConfig{headBias: true}, "per-head bias"},
+	}
+	for _, c := range cases {
+		cfg := c.cfg
+		cfg.layers, cfg.hidden, cfg.heads, cfg.headDim, cfg.vocab, cfg.presentConcat = 2, 32, 4, 8, 50, true
+		s := session(t, exportedDecoder(cfg, 7))
+		for _, l := range s.CachePlan() {
+			if c.reason == "" && !l.Rewritten {
+				t.Fatalf("%s: layer not rewritten: %s", c.name, l.Reason)
+			}
+			if c.reason != "" && (l.Rewritten || !strings.Contains(l.Reason, c.reason)) {
+				t.Fatalf("%s: rewritten %v, reason %q; want %q", c.name, l.Rewritten, l.Reason, c.reason)
+			}
+		}
+		if c.reason != "" {
+			continue
+		}
+		cs, err := s.NewCacheState(StateConfig{Batch: 1, MaxLength: 32})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rng := mathrand.New(mathrand.NewSource(3))
+		feeds := exportedFeeds(cfg, rng, 0, 0)
+		past := 0
+		for _, n := range []int{5, 1, 1, 3} {
+			step := exportedFeeds(cfg, rng, 0, n)
+			mask := make([]int64, past+n)
+			for i := range mask {
+				mask[i] = 1
+			}
+			step["attention_mask"], _ = tensor.FromSlice(tensor.Shape{1, past + n}, mask)
+			for name, x := range feeds {
+				if strings.HasPrefix(name, "past_key_values.") {
+					step[name] = x
+				}
+			}
+			want, _, err := s.Run(step, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stateFeeds := map[string]*tensor.Tensor{"input_ids": step["input_ids"], "attention_mask": step["attention_mask"]}
+			got, _, err := s.RunCache(cs, stateFeeds, []string{"logits"})
+			if err != nil {
+				t.Fatalf("%s: step of %d: %v", c.name, n, err)
+			}
+			for i, w := range want[0].Float32() {
+				if g := got[0].Float32()[i]; math.Abs(float64(g-w)) > 1e-4 {
+					t.Fatalf("%s: step of %d: logits[%d] = %v, want %v", c.name, n, i, g, w)
+				}
+			}
+			for l := 0; l < cfg.layers; l++ {
+				feeds[fmt.Sprintf("past_key_values.%d.key", l)] = want[1+2*l].Clone()
+				feeds[fmt.Sprintf("past_key_values.%d.value", l)] = want[2+2*l].Clone()
+			}
+			past += n
+		}
+		cs.Close()
+	}
 }

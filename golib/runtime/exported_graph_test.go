@@ -14,6 +14,15 @@ import (
 // exportedConfig sizes exportedDecoder.
 type exportedConfig struct {
 	layers, hidden, heads, headDim, vocab int
+	// qWeight multiplies q by a per-channel weight vector just before the
+	// scores' MatMul (a query norm's weight with no rotary after it, as in
+	// NoPE layers); headBias adds a per-head bias to the mask (as ALiBi
+	// does), declared [batch, heads, S, T] in the graph's value_info.
+	qWeight, headBias bool
+	// presentConcat names the past/new Concat's output the present (as the
+	// exporters whose layers the cache path rewrites do) instead of an
+	// Identity of it.
+	presentConcat bool
 }
 
 // exportedDecoder builds a decoder graph in the style of the TorchScript and
@@ -79,6 +88,17 @@ func exportedDecoder(cfg exportedConfig, seed int64) *onnxpb.ModelProto {
 	inits = append(inits, onnxtest.Floats(neg, nil, []float32{-1e9}))
 	mask := node("Where", []string{allowed, zero, neg})
 	mask = node("Cast", []string{mask}, onnxtest.AttrInt("to", float)) // no-op Cast
+	var declared []*onnxpb.ValueInfoProto
+	if cfg.headBias {
+		slopes := make([]float32, h)
+		for i := range slopes {
+			slopes[i] = -0.5 * float32(i+1)
+		}
+		bias := fresh("head_bias")
+		inits = append(inits, onnxtest.Floats(bias, []int64{1, int64(h), 1, 1}, slopes))
+		mask = node("Add", []string{mask, bias})
+		declared = append(declared, onnxtest.Info(mask, float, -1, int64(h), -1, -1))
+	}
 	var outputs []*onnxpb.ValueInfoProto
 	for l := 0; l < cfg.layers; l++ {
 		xs := node("Shape", []string{x})
@@ -91,14 +111,29 @@ func exportedDecoder(cfg exportedConfig, seed int64) *onnxpb.ModelProto {
 			return node("Transpose", []string{p}, onnxtest.AttrInts("perm", 0, 2, 1, 3))
 		}
 		q, k, v := proj(), proj(), proj()
+		if cfg.qWeight {
+			w := fresh("q_norm_weight")
+			vec := make([]float32, d)
+			for i := range vec {
+				vec[i] = 0.5 + float32(i)/float32(d)
+			}
+			inits = append(inits, onnxtest.Floats(w, []int64{int64(d)}, vec))
+			q = node("Mul", []string{q, w})
+		}
 		pk, pv := fmt.Sprintf("past_key_values.%d.key", l), fmt.Sprintf("past_key_values.%d.value", l)
-		k = node("Concat", []string{pk, k}, onnxtest.AttrInt("axis", 2))
-		v = node("Concat", []string{pv, v}, onnxtest.AttrInt("axis", 2))
-		for i, kv := range []string{k, v} {
+		kv := [2]string{}
+		for i, pair := range [][2]string{{pk, k}, {pv, v}} {
 			name := fmt.Sprintf("present.%d.%s", l, []string{"key", "value"}[i])
-			nodes = append(nodes, onnxtest.Node("Identity", []string{kv}, []string{name}))
+			if cfg.presentConcat {
+				nodes = append(nodes, onnxtest.Node("Concat", pair[:], []string{name}, onnxtest.AttrInt("axis", 2)))
+				kv[i] = name
+			} else {
+				kv[i] = node("Concat", pair[:], onnxtest.AttrInt("axis", 2))
+				nodes = append(nodes, onnxtest.Node("Identity", []string{kv[i]}, []string{name}))
+			}
 			outputs = append(outputs, onnxtest.Info(name, float, -1, int64(h), -1, int64(d)))
 		}
+		k, v = kv[0], kv[1]
 		kt := node("Transpose", []string{k}, onnxtest.AttrInts("perm", 0, 1, 3, 2))
 		sc := node("MatMul", []string{q, kt})
 		scale := fresh("scale")
@@ -122,7 +157,9 @@ func exportedDecoder(cfg exportedConfig, seed int64) *onnxpb.ModelProto {
 			inputs = append(inputs, onnxtest.Info(fmt.Sprintf("past_key_values.%d.%s", l, kv), float, -1, int64(h), -1, int64(d)))
 		}
 	}
-	return onnxtest.Model(17, onnxtest.Graph(nodes, inputs, outputs, inits...), nil)
+	g := onnxtest.Graph(nodes, inputs, outputs, inits...)
+	g.ValueInfo = declared
+	return onnxtest.Model(17, g, nil)
 }
 
 // exportedFeeds returns the feeds of one step of exportedDecoder with a

@@ -105,6 +105,52 @@ func (ix *index) fixedDims(name string) (heads, dim int) {
 	return heads, dim
 }
 
+// declaredHeads returns the declared size of axis -3 (the heads axis of a
+// [batch, heads, S, T] attention mask or bias) of value name, from the graph's
+// inputs, value_info or a constant, 0 where unknown or of rank < 3.
+func (ix *index) declaredHeads(name string) int {
+	if t := ix.constTensor(name); t != nil {
+		if sh := t.Shape(); len(sh) >= 3 {
+			return sh[len(sh)-3]
+		}
+		return 0
+	}
+	vi, ok := ix.inputs[name]
+	if !ok {
+		vi, ok = ix.g.ValueInfos[name]
+	}
+	if !ok || len(vi.Shape) < 3 {
+		return 0
+	}
+	if d := vi.Shape[len(vi.Shape)-3].Value; d > 0 {
+		return int(d)
+	}
+	return 0
+}
+
+// maybeScalar reports whether value name may hold a single element: false
+// when a constant or a declared shape (graph input, value_info) shows more
+// (a norm's weight vector, a per-row factor), so that such a Mul is never
+// taken for the attention's scale.
+func (ix *index) maybeScalar(name string) bool {
+	if t := ix.constTensor(name); t != nil {
+		return t.Len() == 1
+	}
+	vi, ok := ix.inputs[name]
+	if !ok {
+		vi, ok = ix.g.ValueInfos[name]
+	}
+	if !ok {
+		return true
+	}
+	for _, d := range vi.Shape {
+		if d.Value > 1 {
+			return false
+		}
+	}
+	return true
+}
+
 // isShapeOnly reports whether n reads only the shape of its input.
 func isShapeOnly(n *onnxpb.NodeProto) bool {
 	d := n.GetDomain()

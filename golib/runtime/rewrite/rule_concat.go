@@ -349,7 +349,7 @@ func (c *chain) decomposedEnd(ti int, kEnd, vEnd string, vi int, kNew, vNew stri
 	i, n := c.next(x)
 	for n != nil {
 		f, ok := scaleOp(n, x)
-		if !ok {
+		if !ok || !ix.maybeScalar(f.name) {
 			break
 		}
 		factors = append(factors, f)
@@ -380,7 +380,7 @@ func (c *chain) decomposedEnd(ti int, kEnd, vEnd string, vi int, kNew, vNew stri
 			qi = 1 // Mul(scale, q)
 		}
 		f, ok := scaleOp(pn, in[qi])
-		if !ok || f.name == in[qi] {
+		if !ok || f.name == in[qi] || !ix.maybeScalar(f.name) {
 			break
 		}
 		factors = append(factors, f)
@@ -391,7 +391,7 @@ func (c *chain) decomposedEnd(ti int, kEnd, vEnd string, vi int, kNew, vNew stri
 	i, n = c.next(x)
 	for n != nil {
 		f, ok := scaleOp(n, x)
-		if !ok {
+		if !ok || !ix.maybeScalar(f.name) {
 			break
 		}
 		factors = append(factors, f)
@@ -429,6 +429,12 @@ func (c *chain) decomposedEnd(ti int, kEnd, vEnd string, vi int, kNew, vNew stri
 	}
 	if mode == maskNone {
 		return nil, "the scores are not masked: a causal decomposed attention needs its mask"
+	}
+	if h := ix.declaredHeads(mask); h > 1 {
+		// a per-head additive bias (ALiBi: Falcon-RW, Bloom, MPT) is no causal/padding mask: the
+		// cache kernel reads one mask row per sequence, so the layer stays on the tensor path
+		return nil, fmt.Sprintf("the scores' mask %q has %d heads (a per-head bias such as ALiBi), "+
+			"the cache path reads one mask per sequence", mask, h)
 	}
 	if isOp(n, "Cast") {
 		x = c.take(i)
