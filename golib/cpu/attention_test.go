@@ -169,6 +169,23 @@ func TestAttentionGrid(t *testing.T) {
 	}
 }
 
+// TestAttentionOddHeadDims checks the head dims the AVX-512 loops pass to
+// the AVX2 ones or to archsimd (not a multiple of 64: 16-160, and 40, not a
+// multiple of 16) on every path, GQA and MHA, each storage type, lengths
+// around four-token steps.
+func TestAttentionOddHeadDims(t *testing.T) {
+	for _, d := range []int{16, 32, 40, 48, 80, 112, 160} {
+		for _, hd := range [][2]int{{8, 2}, {4, 4}} {
+			for i, e := range []cache.ElemType{cache.Float32, cache.Float16, cache.BFloat16} {
+				L := 37 + 64*i
+				c := attnCase{name: "odd-dims", elem: e, qHeads: hd[0], kvh: hd[1], dk: d, dv: d,
+					lens: []int{L, L - 9}, qLen: 1 + i}
+				checkPaths(t, c, []int{1, 2})
+			}
+		}
+	}
+}
+
 // TestAttentionQLen sweeps q_len 1..16 (causal inside the new tokens) with
 // and without a window, on paged segments.
 func TestAttentionQLen(t *testing.T) {

@@ -112,6 +112,11 @@ type quantAsm struct {
 	axpy1w [2]qaxpyFn
 	cbw    int
 	mul    func(dst, a, b []float32)
+	// fb, when set, is the instruction set whose accumulation loops take the
+	// shapes this one refuses (head dims not a multiple of cb) before the
+	// portable twin does: AVX-512's 64-column blocks leave head dims 16-48,
+	// 80, 96, ... to AVX2's 16-column ones instead of the scalar Go loop
+	fb *quantAsm
 }
 
 var quantAsm512 = quantAsm{
@@ -120,6 +125,7 @@ var quantAsm512 = quantAsm{
 	axpy4: [2]qaxpyFn{qaxpy4i8avx512, qaxpy4i4avx512},
 	axpy1: [2]qaxpyFn{qaxpy1i8avx512, qaxpy1i4avx512},
 	cb:    64, vg: 32, mul: mul16,
+	fb: &quantAsmAVX2,
 }
 
 var quantAsmAVX2 = quantAsm{
@@ -240,12 +246,12 @@ func (a *quantAsm) ops() quantOps {
 			}
 		},
 		axpy: func(acc, p []float32, v qmat, alpha *[4]float32, pf int) {
-			if !a.axpy(1, acc, p, v, alpha, pf) {
+			if !a.axpy(1, acc, p, v, alpha, pf) && (a.fb == nil || !a.fb.axpy(1, acc, p, v, alpha, pf)) {
 				goQAxpy(acc, p, v, alpha[0])
 			}
 		},
 		axpy4: func(acc, p []float32, ld, n int, v qmat, alpha *[4]float32, pf int) {
-			if !a.axpyLd(4, acc, p, ld, n, v, alpha, pf) {
+			if !a.axpyLd(4, acc, p, ld, n, v, alpha, pf) && (a.fb == nil || !a.fb.axpyLd(4, acc, p, ld, n, v, alpha, pf)) {
 				goQAxpy4Ld(acc, p, ld, n, v, alpha)
 			}
 		},
