@@ -114,3 +114,43 @@ def test_state_options_that_cannot_hold_the_generation_are_refused_up_front() ->
         olkv.generate(sess, gc.PROMPT, max_new_tokens=2, state_options={"batch": 2})
     with pytest.raises(ValueError, match="cannot hold"):
         olkv.Generator(sess, max_length=n + 20, state_options={"max_length": n + 4}).append_tokens(gc.PROMPT[None])
+
+
+class _RefusingStates:
+    """A session whose state runs raise NotImplementedError, as the cache path does for a form
+    its plan accepted but a run refuses; everything else is the real session's."""
+
+    def __init__(self, sess: object) -> None:
+        self._sess = sess
+        self.refused = 0
+
+    def run(self, outputs, feeds, state=None):  # type: ignore[no-untyped-def]
+        if state is not None:
+            self.refused += 1
+            raise NotImplementedError("CacheAttention: the attention mask has shape (1, 4, 6, 6)")
+        return self._sess.run(outputs, feeds)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._sess, name)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(do_sample=True, seed=3), dict(num_beams=2), dict(prompt_lookup=2)],
+                         ids=["greedy", "sampling", "beams", "speculative"])
+def test_a_first_run_the_cache_path_refuses_falls_back_to_the_tensor_path(kw: dict) -> None:
+    """state_options=None: the tensor path takes over, with a warning, and gives its tokens;
+    an explicit state_options keeps the error."""
+    sess = gc.ours("llama")
+    want = olkv.generate(sess, gc.PROMPT, max_new_tokens=6, state_options=False, **kw)
+    refusing = _RefusingStates(sess)
+    with pytest.warns(RuntimeWarning, match="the cache path refused this model at its first run"):
+        got = olkv.generate(refusing, gc.PROMPT, max_new_tokens=6, **kw)
+    np.testing.assert_array_equal(got.sequences, want.sequences)
+    assert refusing.refused >= 1 and got.stats.runner == "tensor"
+    with pytest.raises(NotImplementedError, match="attention mask"):
+        olkv.generate(refusing, gc.PROMPT, max_new_tokens=6, state_options={}, **kw)
+    g = olkv.Generator(refusing, max_length=20)
+    with pytest.warns(RuntimeWarning):
+        g.append_tokens(gc.PROMPT)
+    g.generate_next_token()
+    assert g.runner_kind == "tensor"
+    g.close()

@@ -380,14 +380,15 @@ def _beams(session: Any, io: DecoderIO, ids: np.ndarray, mask: np.ndarray, opts:
            max_new: int, num_beams: int, length_penalty: float, early_stopping: Any, nrs: int, pad: int,
            return_scores: bool, capacity: int, state_options: Any, bar: Progress,
            stats: GenerationStats, rng: np.random.Generator) -> Tuple[np.ndarray, np.ndarray, List[np.ndarray]]:
-    if state_options is None and paged_states_available(session) and cache_path_available(session):
+    auto = state_options is None
+    if auto and paged_states_available(session) and cache_path_available(session):
         # the paged layout reorders beams by page-table permutation: a duplicated beam shares
         # its blocks instead of being copied each step
         state_options = {"layout": "paged"}
-    runner = make_runner(session, io, ids.shape[0], capacity, state_options)
+    runner = make_runner(session, io, ids.shape[0], capacity, state_options, fallback=auto)
     if not runner.resizable:  # the cache path's row count is fixed: one row per beam from the start
         runner.close()
-        runner = make_runner(session, io, ids.shape[0] * num_beams, capacity, state_options)
+        runner = make_runner(session, io, ids.shape[0] * num_beams, capacity, state_options, fallback=auto)
     stats.runner = runner.kind
     marks: List[float] = [time.perf_counter()]
     peak = [0]
@@ -402,6 +403,7 @@ def _beams(session: Any, io: DecoderIO, ids: np.ndarray, mask: np.ndarray, opts:
                           return_scores, on_step, rng)
     finally:
         runner.close()
+    stats.runner = runner.kind  # (the tensor path where the cache path refused the first run)
     stats.prefill_ms += (marks[1] - marks[0]) * 1e3
     stats.decode_ms += (marks[-1] - marks[1]) * 1e3
     stats.model_runs += len(marks) - 1
@@ -455,6 +457,7 @@ def _speculative(session: Any, io: DecoderIO, draft_session: Any, draft_io: Opti
         if isinstance(proposer, DraftModel):
             proposer.runner.close()
     t1 = time.perf_counter()
+    stats.runner = target.kind  # (the tensor path where the cache path refused the first run)
     stats.prefill_ms += (t_prefill[0] - t0) * 1e3
     stats.decode_ms += (t1 - t_prefill[0]) * 1e3
     stats.model_runs += 1 + counts["verify_steps"]

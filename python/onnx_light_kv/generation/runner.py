@@ -25,6 +25,7 @@ cache path, which keeps every position).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, Optional, Union
 
 import numpy as np
@@ -342,13 +343,48 @@ def paged_states_available(session: Any) -> bool:
         return False
 
 
+class FallbackRunner:
+    """The runner ``state_options=None`` gives on the cache path: a :class:`StateRunner` that
+    gives way to a :class:`TensorRunner` when its first run raises ``NotImplementedError``: a
+    form the cache plan accepted but a run refuses (a mask the graph builds that is not causal
+    plus left padding, such as a per-head bias the model file does not declare). That run left
+    the state unchanged, so the tensor path starts from the same point; a ``RuntimeWarning``
+    says so. Every other attribute is the current runner's."""
+
+    def __init__(self, runner: "StateRunner", tensor: Any) -> None:
+        """``tensor()`` makes the tensor-path runner."""
+        self._runner: Any = runner
+        self._tensor = tensor
+
+    def run(self, ids: np.ndarray, mask: Optional[np.ndarray] = None) -> np.ndarray:
+        """:meth:`StateRunner.run`, or after a refused first run, :meth:`TensorRunner.run`."""
+        if self._tensor is not None and self._runner.length == 0:
+            try:
+                return self._runner.run(ids, mask)
+            except NotImplementedError as e:
+                replacement = self._tensor()
+                self._runner.close()
+                self._runner, self._tensor = replacement, None
+                warnings.warn(f"the cache path refused this model at its first run ({e}); it runs on the tensor "
+                              "path instead (state_options=False avoids the attempt)", RuntimeWarning, stacklevel=3)
+            else:
+                self._tensor = None  # the cache path ran: it stays
+        return self._runner.run(ids, mask)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._runner, name)
+
+
 def make_runner(session: Any, io: DecoderIO, batch: int, capacity: Optional[int],
                 state_options: Union[None, bool, Dict[str, Any]] = None,
-                stores_all: bool = False) -> Union[TensorRunner, StateRunner]:
+                stores_all: bool = False, fallback: Optional[bool] = None
+                ) -> Union[TensorRunner, StateRunner, FallbackRunner]:
     """The runner for ``session`` (``stores_all``: see :class:`StateRunner`).
 
-    ``state_options``: None picks the cache path when :func:`cache_path_available`, else the
-    tensor path; False forces the tensor path; a dict (keyword arguments of
+    ``state_options``: None picks the cache path when :func:`cache_path_available` (a
+    :class:`FallbackRunner`: the tensor path if the first run is refused), else the tensor
+    path (``fallback=True`` gives the same fallback to a dict the caller chose for the user:
+    beam search's paged layout); False forces the tensor path; a dict (keyword arguments of
     ``session.create_state``: ``dtype``, ``budget``, ``max_length``) requires the cache path
     and raises ``NotImplementedError`` when the session has none (``create_state``'s own
     ``NotImplementedError`` gives the layers' reasons)."""
@@ -356,7 +392,10 @@ def make_runner(session: Any, io: DecoderIO, batch: int, capacity: Optional[int]
         return TensorRunner(session, io, batch, capacity)
     if state_options is None or state_options is True:
         if cache_path_available(session):
-            return StateRunner(session, io, batch, capacity, {}, stores_all)
+            runner = StateRunner(session, io, batch, capacity, {}, stores_all)
+            if state_options is None or fallback:
+                return FallbackRunner(runner, lambda: TensorRunner(session, io, batch, capacity))
+            return runner
         if state_options is None:
             return TensorRunner(session, io, batch, capacity)
         state_options = {}
@@ -366,4 +405,7 @@ def make_runner(session: Any, io: DecoderIO, batch: int, capacity: Optional[int]
         raise NotImplementedError(
             f"state_options needs the cache path, but {type(session).__name__} has no create_state(); "
             "leave state_options=None to run on the tensor past/present path")
-    return StateRunner(session, io, batch, capacity, state_options, stores_all)
+    runner = StateRunner(session, io, batch, capacity, state_options, stores_all)
+    if fallback:
+        return FallbackRunner(runner, lambda: TensorRunner(session, io, batch, capacity))
+    return runner
