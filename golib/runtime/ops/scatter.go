@@ -77,14 +77,18 @@ func newScatterND(n *Node) (Kernel, error) {
 			}
 			return nil
 		}
-		return scatterReduce(out, upd, offs, slice/es, red)
+		return scatterReduce("ScatterND", out, upd, offs, slice/es, red)
 	}), nil
 }
 
+// scatterReduceTypes are the element types scatterReduce computes.
+var scatterReduceTypes = typeSet{tensor.Float32, tensor.Float16, tensor.BFloat16, tensor.Float64,
+	tensor.Int64, tensor.Int32, tensor.Int8, tensor.Uint8}
+
 // scatterReduce combines upd's slices of n elements into out at the element
 // offsets offs with reduction red (add, mul, max, min); float16/bfloat16
-// compute in float32.
-func scatterReduce(out, upd *tensor.Tensor, offs []int, n int, red string) error {
+// compute in float32. op names the op in errors.
+func scatterReduce(op string, out, upd *tensor.Tensor, offs []int, n int, red string) error {
 	switch out.DType() {
 	case tensor.Float32:
 		scatterCombine(out.Float32(), upd.Float32(), offs, n, red)
@@ -110,7 +114,7 @@ func scatterReduce(out, upd *tensor.Tensor, offs []int, n int, red string) error
 		scatterCombine(o, u, offs, n, red)
 		return tensor.FromFloat32(out, o)
 	default:
-		return fmt.Errorf("%w: ScatterND reduction=%q of %v", errs.ErrType, red, out.DType())
+		return fmt.Errorf("%w: %s reduction=%q of %v", errs.ErrType, op, red, out.DType())
 	}
 	return nil
 }
