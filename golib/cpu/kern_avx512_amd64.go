@@ -180,14 +180,27 @@ func cvtBF16x16(dst []float32, src []uint16) {
 	cvtBF16x16sim(dst[n64:n], src[n64:])
 }
 
+// avx2Wide1 reports whether the single-row loops of head dim d go to the
+// AVX2 path's unrolled row-streaming loops (wideLoops): at 64 and 256 they
+// beat this path's dots1asm/axpy1asm, fp32 MHA 32/32 at 16k-32k tokens,
+// call by call on a Zen 4: 1.30-1.35x (64) and 2.0x (256) on one thread,
+// 1.06-1.38x on two; at 128 this path's own wide loops are 1.08-1.10x
+// faster, so it keeps them.
+func avx2Wide1(d int) bool { return d == 64 || d == 256 }
+
 // dots16 is the single-row score loop: assembly for head dims that are a
-// multiple of 16 (four tokens per step, prefetching K), archsimd otherwise.
+// multiple of 16 (four tokens per step, prefetching K; 64 and 256 the AVX2
+// path's, see avx2Wide1), archsimd otherwise.
 func dots16(s, q, k []float32, d, pf int) {
 	n := len(s)
 	if n == 0 {
 		return
 	}
 	_, _ = q[d-1], k[n*d-1]
+	if avx2Wide1(d) {
+		dotsAVX2(s, q, k, d, pf)
+		return
+	}
 	if d&15 != 0 || n < 4 {
 		dots16sim(s, q, k, d)
 		return
@@ -204,7 +217,8 @@ func dots16(s, q, k []float32, d, pf int) {
 }
 
 // axpy16 is the single-row accumulation: assembly for head dims that are a
-// multiple of 64 (prefetching V), the AVX2 assembly for other multiples of
+// multiple of 64 (prefetching V; 64 and 256 the AVX2 path's wide loops,
+// see avx2Wide1), the AVX2 assembly for other multiples of
 // 32 (1.1x faster than archsimd at 96 and 160; at 48 and 112 it is not),
 // archsimd otherwise.
 func axpy16(acc, p, v []float32, alpha float32, pf int) {
@@ -213,6 +227,10 @@ func axpy16(acc, p, v []float32, alpha float32, pf int) {
 		return
 	}
 	_ = v[n*d-1]
+	if avx2Wide1(d) {
+		axpyAVX2(acc, p, v, alpha, pf)
+		return
+	}
 	if d&63 != 0 {
 		if d&31 == 0 {
 			axpyAVX2(acc, p, v, alpha, pf)
