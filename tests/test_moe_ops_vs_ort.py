@@ -111,6 +111,27 @@ for op in ("ArgMax", "ArgMin"):
                         op, [("x", _ties((3, 5, 4), dt))], opset=13, axis=axis, keepdims=keep, select_last_index=last))
     _add(f"{op}-float32-opset11", "exact", lambda op=op: node_model(op, [("x", _ties((3, 5), F32))], opset=11, axis=-1))
 
+# NaN as onnxruntime treats it: a running best replaced only by a value comparing greater (less)
+_ARG_NAN = np.array([[1, np.nan, 3, np.nan, 2], [np.nan, 1, 2, 3, 4], [1, 2, 3, 4, np.nan]], F32)
+for op in ("ArgMax", "ArgMin"):
+    for last in (0, 1):
+        _add(f"{op}-float32-nan-last{last}", "exact", lambda op=op, last=last: node_model(
+            op, [("x", _ARG_NAN)], opset=13, axis=1, select_last_index=last))
+
+
+@pytest.mark.parametrize("reduction", ["max", "min"])
+def test_scatter_elements_max_min_nan_and_signed_zero_as_onnxruntime(reduction: str) -> None:
+    """onnxruntime's max is ``a > b ? a : b``: a NaN already there gives way to the next update,
+    -0 and +0 keep whichever comes first; compared value, NaN and sign bit."""
+    c = node_model("ScatterElements", [("d", np.array([[1, np.nan, -0.0, 2]], F32)),
+                                       ("i", np.array([[0, 1, 2, 3, 0, 2]], I64)),
+                                       ("u", np.array([[np.nan, 3, 0.0, np.nan, 5, -0.0]], F32))],
+                   opset=18, axis=1, reduction=reduction)
+    want = oc.ort(c.model).run(None, c.feeds)[0]
+    got = oc.ours(c.model).run(None, c.feeds)[0]
+    np.testing.assert_array_equal(got, want)  # (NaN equal to NaN)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_moe_op_matches_onnxruntime(name: str) -> None:

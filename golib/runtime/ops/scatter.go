@@ -131,13 +131,17 @@ func scatterCombine[T int64 | int32 | int8 | uint8 | float32 | float64](dst, src
 			for i, v := range s {
 				d[i] *= v
 			}
-		case "max":
+		case "max": // onnxruntime's *a = *a > b ? *a : b (NaN and -0 included)
 			for i, v := range s {
-				d[i] = max(d[i], v)
+				if !(d[i] > v) {
+					d[i] = v
+				}
 			}
 		case "min":
 			for i, v := range s {
-				d[i] = min(d[i], v)
+				if !(d[i] < v) {
+					d[i] = v
+				}
 			}
 		}
 	}

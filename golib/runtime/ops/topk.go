@@ -231,8 +231,8 @@ func newTopK(kInput bool) Factory {
 
 // newArgExtreme is ArgMax (largest) or ArgMin: the int64 index of the largest
 // (smallest) element along axis, the first one of equal values, or the
-// last with select_last_index (opset 12+). NaN counts as above every
-// number, so ArgMax picks a NaN and ArgMin skips it, as numpy's argmax.
+// last with select_last_index (opset 12+). NaN as onnxruntime: it is
+// chosen only at position 0 (see argExtreme).
 func newArgExtreme(largest bool) Factory {
 	return func(n *Node) (Kernel, error) {
 		axis, err := n.Attrs.Int("axis", 0)
@@ -322,16 +322,21 @@ func newArgExtreme(largest bool) Factory {
 func max0(rank int) int { return max(rank, 1) }
 
 // argExtreme returns the position of the first (or last) greatest (or
-// least) of dim elements stride apart in row, in before's order.
+// least) of dim elements stride apart in row, as onnxruntime finds it: the
+// running best is replaced only by a value that compares greater (less),
+// or equal with last, so a NaN never replaces a number and a NaN at
+// position 0 stays (no number compares greater than it).
 func argExtreme[T float64 | int64](row []T, stride, dim int, largest, last bool) int {
-	best := 0
+	best, b := 0, row[0]
 	for j := 1; j < dim; j++ {
-		if before(row, stride, j, best, largest) || (last && sameKey(row[j*stride], row[best*stride])) {
-			best = j
+		v := row[j*stride]
+		take := v < b
+		if largest {
+			take = v > b
+		}
+		if take || (last && v == b) {
+			best, b = j, v
 		}
 	}
 	return best
 }
-
-// sameKey reports whether two keys are equal, NaN equal to NaN.
-func sameKey[T float64 | int64](a, b T) bool { return a == b || (a != a && b != b) }

@@ -95,6 +95,12 @@ class SamplingOptions:
         if not 0.0 < typical <= 1.0:
             raise ValueError(f"typical_p must be in (0, 1] (1: off), got {typical}")
         fields["typical_p"] = typical
+        forced = set(fields["forced_eos_token_id"])
+        if forced and forced <= set(fields["suppress_tokens"]):
+            # (transformers' GenerationConfig refuses it too) the last position would have every
+            # logit -inf: greedy choice would emit token 0, sampling would fail there
+            raise ValueError(f"every forced_eos_token_id {sorted(forced)} is also in suppress_tokens: the last "
+                             "position would have no token left")
         for name, value in fields.items():
             object.__setattr__(self, name, value)  # frozen: normalized once, here
 
