@@ -130,6 +130,11 @@ ARCHS: Dict[str, Tuple[str, str, Dict[str, Any]]] = {
                      sliding_window=None)),
     "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM",
                    dict(COMMON, use_bias=True, sliding_window=None, tie_word_embeddings=False)),
+    # mixture of experts whose routing the TorchScript export keeps dynamic (TopK, OneHot, NonZero,
+    # ScatterElements); Qwen2/3-MoE, GPT-OSS, Granite-MoE and Mixtral bake the traced prompt's
+    # per-expert token counts into Split sizes instead
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM",
+              dict(COMMON, num_experts=4, num_experts_per_tok=2, intermediate_size=64, tie_word_embeddings=False)),
 }
 # architectures transformers runs only with its eager attention (no sdpa implementation)
 EAGER = {"gptj": "eager"}
