@@ -146,32 +146,44 @@ func newGatherElements(n *Node) (Kernel, error) {
 		if err != nil {
 			return err
 		}
-		xs, is := x.Shape().Strides(), it.Shape()
-		dim := int64(x.Shape()[ax])
 		src := make([]int, len(idx))
-		ctr := make([]int, len(is))
-		for k, v := range idx {
-			if v, err = normIndex("GatherElements", v, dim); err != nil {
-				return err
-			}
-			off := 0
-			for d, c := range ctr {
-				if d == ax {
-					c = int(v)
-				}
-				off += c * xs[d]
-			}
-			src[k] = off
-			for d := len(ctr) - 1; d >= 0; d-- {
-				if ctr[d]++; ctr[d] < is[d] {
-					break
-				}
-				ctr[d] = 0
-			}
+		if err := elementOffsets("GatherElements", src, idx, it.Shape(), x.Shape(), ax, make([]int, it.Rank())); err != nil {
+			return err
 		}
 		gatherElems(out.Bytes(), x.Bytes(), src, x.DType().Size())
 		return nil
 	}), nil
+}
+
+// elementOffsets sets offs[u] to the flat offset, in a tensor of shape ds,
+// of element u of an index tensor of shape is (row-major) whose value idx[u]
+// replaces its coordinate on axis ax (negative values counted from the
+// end; out of range: ErrInvalidArgument naming op): the addressing of
+// GatherElements and ScatterElements. coord is scratch of len(is).
+func elementOffsets(op string, offs []int, idx []int64, is, ds tensor.Shape, ax int, coord []int) error {
+	strides, dim := ds.Strides(), int64(ds[ax])
+	clear(coord)
+	for u, v := range idx {
+		v, err := normIndex(op, v, dim)
+		if err != nil {
+			return err
+		}
+		off := 0
+		for j, c := range coord {
+			if j == ax {
+				c = int(v)
+			}
+			off += c * strides[j]
+		}
+		offs[u] = off
+		for j := len(is) - 1; j >= 0; j-- {
+			if coord[j]++; coord[j] < is[j] {
+				break
+			}
+			coord[j] = 0
+		}
+	}
+	return nil
 }
 
 // newPad implements Pad-13+ in "constant" and "edge" modes (pads may be

@@ -299,35 +299,9 @@ func newScatterElements(n *Node) (Kernel, error) {
 		if len(idx) == 0 {
 			return nil
 		}
-		strides := ds.Strides()
 		offs := ctx.Ints(len(idx))
-		coord := ctx.Ints(len(is))
-		for j := range coord {
-			coord[j] = 0
-		}
-		dim := int64(ds[ax])
-		for u, v := range idx {
-			if v < -dim || v >= dim {
-				return fmt.Errorf("%w: %s index %d out of range [%d, %d) on axis %d", errs.ErrInvalidArgument, desc, v, -dim, dim, ax)
-			}
-			if v < 0 {
-				v += dim
-			}
-			off := 0
-			for j, c := range coord {
-				if j == ax {
-					c = int(v)
-				}
-				off += c * strides[j]
-			}
-			offs[u] = off
-			for j := len(is) - 1; j >= 0; j-- {
-				coord[j]++
-				if coord[j] < is[j] {
-					break
-				}
-				coord[j] = 0
-			}
+		if err := elementOffsets(desc, offs, idx, is, ds, ax, ctx.Ints(len(is))); err != nil {
+			return err
 		}
 		if red == "none" {
 			es := data.DType().Size()
