@@ -16,9 +16,10 @@ var avx512Kernels = kernels{
 	axpy:  axpyAVX512,
 	dot:   dotAVX512,
 	cvt16: cvt16AVX512,
-	// the ymm loops: no zmm twins, which no AVX-512 CPU here could test
+	// the ymm dequantization (products of 2+ rows, widened a sliver at a
+	// time, are not bound by it); the one-row product in zmm
 	dequant:       dequantAVX2,
-	panelQuantRow: panelQuantRowAVX2,
+	panelQuantRow: panelQuantRowAVX512,
 
 	axpy4Half: axpy4HalfAVX512,
 	axpy8:     axpy8AVX512,
