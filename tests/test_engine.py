@@ -29,6 +29,9 @@ REQUESTS: List[Dict[str, Any]] = [
     dict(input_ids=[5, 6, 7], max_new_tokens=10, no_repeat_ngram_size=2),
     dict(input_ids=[3, 17, 42], max_new_tokens=8, bad_words_ids=[[75], [23, 99]], suppress_tokens=[189],
          sequence_bias={(223,): -2.0, (99, 27): 1.5}),
+    dict(input_ids=[40, 41, 42, 43], max_new_tokens=4, do_sample=True, seed=4, typical_p=0.9, epsilon_cutoff=0.001,
+         eta_cutoff=0.001, begin_suppress_tokens=[23], forced_eos_token_id=7, eos_token_id=[7, 75],
+         exponential_decay_length_penalty=(3, 1.5)),
 ]
 
 
@@ -96,7 +99,10 @@ def test_concurrent_requests_equal_generate_alone(max_batch: int) -> None:
     for i in range(len(reqs)):
         assert got[i] == want[i], f"request {i}"
     assert st["running"] == st["queued"] == st["prefilling"] == 0
-    assert st["finished"]["stop"] == 2 and st["finished"]["length"] == len(reqs) - 2
+    # requests 0 and 4 stop on their stop rules, the last on an eos id (its length penalty
+    # raises them; the forced eos is one too)
+    assert st["finished"]["stop"] == 3 and st["finished"]["length"] == len(reqs) - 3
+    assert want[-1][-1] in (7, 75)
     assert st["generated_tokens"] == sum(len(w) for w in want)
 
 
@@ -124,7 +130,7 @@ def test_paged_engine_equals_generate_alone(block_size: Any, prefix_cache: bool)
     want = [_alone(sess, r) for r in reqs]
     with Engine(sess, max_batch=4, max_length=64, block_size=block_size, prefix_cache=prefix_cache) as eng:
         assert eng.paged and (eng.block_size == 16 or block_size is None)
-        got = _run(eng, reqs, {0: 0, 1: 0, 2: 2, 3: 3, 4: 9, 5: 10, 6: 5, 7: 0, 8: 12, 9: 14, 10: 6})
+        got = _run(eng, reqs, {0: 0, 1: 0, 2: 2, 3: 3, 4: 9, 5: 10, 6: 5, 7: 0, 8: 12, 9: 14, 10: 6, 11: 3})
         st = eng.stats()
         reused = [eng.request(rid).reused_tokens for rid in sorted(eng._requests)]
     assert st["running"] == 0 and st["cache_blocks_used"] == 0 and st["cache_blocks_free"] is None  # idle
@@ -274,7 +280,7 @@ def test_requests_join_and_leave_mid_run() -> None:
     reqs = _with_stops(sess)
     want = [_alone(sess, r) for r in reqs]
     with Engine(sess, max_batch=4, max_length=64) as eng:
-        got = _run(eng, reqs, {0: 0, 1: 0, 2: 2, 3: 3, 4: 9, 5: 10, 6: 4, 7: 6})
+        got = _run(eng, reqs, {0: 0, 1: 0, 2: 2, 3: 3, 4: 9, 5: 10, 6: 4, 7: 6, 8: 2})
     for i in range(len(reqs)):
         assert got[i] == want[i], f"request {i}"
 

@@ -342,6 +342,8 @@ def test_suppress_and_process_order() -> None:
     (dict(exponential_decay_length_penalty=(-1, 1.5)), ValueError),
     (dict(exponential_decay_length_penalty=1.5), TypeError),
     (dict(exponential_decay_length_penalty=(1.5, 1.5)), TypeError),
+    (dict(exponential_decay_length_penalty={1: 1.5, 2: 1.5}), TypeError),  # no order (was a KeyError)
+    (dict(exponential_decay_length_penalty={1, 2}), TypeError),
     (dict(forced_eos_token_id=[11, 12], suppress_tokens=[12, 11, 3]), ValueError),  # nothing left at the end
 ])
 def test_constraint_option_errors(bad: dict, err: type) -> None:

@@ -9,6 +9,7 @@ feed missing a required input      ValueError                                 th
 feed of the wrong element type     TypeError or ValueError                    the input
 feed of the wrong rank / fixed dim ValueError                                 the input
 unknown feed or output name        ValueError                                 the name
+feed or output name not a str      TypeError                                  the name
 op without a kernel                NotImplementedError at session creation    op, domain, version
 cyclic graph                       ValueError at session creation             --
 node input never produced          ValueError at session creation             the value
@@ -77,6 +78,13 @@ def test_unknown_feed_and_output_names_are_value_errors() -> None:
     sess = oc.ours(_add_model())
     _raises(ValueError, lambda: sess.run(["nope"], {"x": X}), "nope")
     _raises(ValueError, lambda: sess.run(None, {"x": X, "extra": X}), "extra")
+
+
+def test_feed_and_output_names_of_another_type_are_type_errors() -> None:
+    sess = oc.ours(_add_model())
+    _raises(TypeError, lambda: sess.run([0], {"x": X}), "output_names", "0")
+    _raises(TypeError, lambda: sess.run(None, {b"x": X}), "input_feed", "b'x'")
+    assert sess.run(None, {"x": X})[0].shape == (2, 4)
 
 
 def test_session_survives_a_failed_run_and_accepts_views() -> None:

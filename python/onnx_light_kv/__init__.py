@@ -13,7 +13,7 @@ silent unless the application configures logging, e.g.
 from __future__ import annotations
 
 import logging as _logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 _log = _logging.getLogger("onnx_light_kv")
 _log.addHandler(_logging.NullHandler())
@@ -24,6 +24,14 @@ from .cache import Arena, Checkpoint, KVCache, default_arena
 from .attention import attention, get_quant_int_loops, get_threads, set_kernel, set_quant_int_loops, set_threads
 from ._kernel import read_bandwidth, stream_read
 
+if TYPE_CHECKING:  # the names __getattr__ loads on first use, typed for checkers (py.typed)
+    from . import generation, models, serve, session, state
+    from .generation.generate import generate
+    from .generation.generator import Generator
+    from .generation.output import GenerationOutput
+    from .serve.engine import Engine
+    from .session import (ExecutionMode, GenerationState, GraphOptimizationLevel, InferenceSession, ModelMetadata,
+                          NodeArg, SessionOptions)
 
 __all__ = [
     "Arena", "KVCache", "Checkpoint", "default_arena", "attention", "set_threads", "get_threads",
@@ -80,29 +88,31 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-def __getattr__(name: str) -> Any:
-    # heavy or optional parts load on first use
-    if name == "models":
-        import importlib
+if not TYPE_CHECKING:  # (hidden from checkers: to them, a module __getattr__ makes every name Any)
+    def __getattr__(name: str) -> Any:
+        # heavy or optional parts load on first use (type checkers see the TYPE_CHECKING imports
+        # above instead, so a misspelt name is an error there too)
+        if name == "models":
+            import importlib
 
-        return importlib.import_module(".models", __name__)
-    if name in ("session", "state", "serve"):
-        import importlib
+            return importlib.import_module(".models", __name__)
+        if name in ("session", "state", "serve"):
+            import importlib
 
-        # submodules the README names as olkv.session... (an import of them works too)
-        return importlib.import_module(f".{name}", __name__)
-    if name in ("generate", "Generator", "GenerationOutput", "generation"):
-        import importlib
+            # submodules the README names as olkv.session... (an import of them works too)
+            return importlib.import_module(f".{name}", __name__)
+        if name in ("generate", "Generator", "GenerationOutput", "generation"):
+            import importlib
 
-        gen = importlib.import_module(".generation", __name__)
-        return gen if name == "generation" else getattr(gen, name)
-    if name == "Engine":
-        from .serve.engine import Engine
+            gen = importlib.import_module(".generation", __name__)
+            return gen if name == "generation" else getattr(gen, name)
+        if name == "Engine":
+            from .serve.engine import Engine
 
-        return Engine
-    if name in ("InferenceSession", "SessionOptions", "NodeArg", "ModelMetadata", "GraphOptimizationLevel",
-                "ExecutionMode", "GenerationState"):
-        from . import session
+            return Engine
+        if name in ("InferenceSession", "SessionOptions", "NodeArg", "ModelMetadata", "GraphOptimizationLevel",
+                    "ExecutionMode", "GenerationState"):
+            from . import session
 
-        return getattr(session, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+            return getattr(session, name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

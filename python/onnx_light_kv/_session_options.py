@@ -134,6 +134,26 @@ class SessionOptions:
 
     __slots__ = tuple(_OPTIONS) + ("_config",)
 
+    # the options as type checkers see them (py.typed; the slots above hold them): each reads
+    # back as the type an assignment is converted to
+    intra_op_num_threads: int
+    enable_profiling: bool
+    inter_op_num_threads: int
+    graph_optimization_level: GraphOptimizationLevel
+    execution_mode: ExecutionMode
+    execution_order: ExecutionOrder
+    enable_cpu_mem_arena: bool
+    enable_mem_pattern: bool
+    enable_mem_reuse: bool
+    use_deterministic_compute: bool
+    use_per_session_threads: bool
+    log_severity_level: int
+    log_verbosity_level: int
+    logid: str
+    optimized_model_filepath: str
+    profile_file_prefix: str
+    _config: Dict[str, str]
+
     def __init__(self) -> None:
         for name, (default, _) in _OPTIONS.items():
             object.__setattr__(self, name, default)

@@ -69,7 +69,9 @@ class InferenceSession(_Uncopyable):
     folder) or the serialized model (``bytes``/``bytearray``/``memoryview``;
     ``external_data_dir`` names the folder for external data then).
     ``threads`` is the kernel thread count (None: all CPUs, or
-    ``sess_options.intra_op_num_threads``); see :class:`SessionOptions` for
+    ``sess_options.intra_op_num_threads``); ``profile`` records per-node
+    events, read from :attr:`last_run_stats` (None:
+    ``sess_options.enable_profiling``); see :class:`SessionOptions` for
     the onnxruntime options that apply. ``providers`` and
     ``provider_options`` follow onnxruntime: this runtime runs on the CPU,
     and any other provider falls back to it with a warning (once per
@@ -186,6 +188,9 @@ class InferenceSession(_Uncopyable):
             run_options: Any = None, *, state: Optional[GenerationState] = None) -> List[np.ndarray]:
         """Run the model; return the requested outputs (all if None) as numpy arrays.
 
+        ``run_options`` (onnxruntime's ``RunOptions``) is accepted for compatibility and has
+        no effect.
+
         Outputs of at least ``LEND_MIN_BYTES`` wrap the session's own buffer
         (no copy): they stay valid as long as they are referenced, and the
         buffer is reused by later runs only after the array and all its views
@@ -278,6 +283,11 @@ class InferenceSession(_Uncopyable):
     def _prepare(self, keys: tuple, outs: Optional[tuple], cache_path: bool) -> "_Signature":
         """Resolve a run's feed and output names once (missing, unknown or duplicate names
         raise here, as they would on every run) and keep the signature for later runs."""
+        # (a name of another type would be str()-ed below and reported as an unknown name)
+        for what, names in (("input_feed keys", keys), ("output_names", outs or ())):
+            bad = next((n for n in names if not isinstance(n, str)), None)
+            if bad is not None:
+                raise TypeError(f"{what} must be str names, got {type(bad).__name__} {bad!r}")
         if cache_path:
             fed = sorted(str(k) for k in keys if k in self._past_names)
             if fed:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, List, Optional, Tuple, Union
+from typing import AbstractSet, Any, Iterable, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
@@ -137,12 +137,17 @@ def _decay(value: Any) -> Optional[Tuple[int, float]]:
     new tokens and a finite ``factor`` > 0."""
     if value is None:
         return None
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
-        raise TypeError("exponential_decay_length_penalty must be a (start, factor) pair")
-    factor = real(value[1], "exponential_decay_length_penalty's factor")
+    # (a dict or a set has a length of 2 too, but no order: value[0] would be a KeyError or a
+    # bare "not subscriptable" TypeError)
+    if (isinstance(value, (str, bytes, Mapping, AbstractSet)) or not hasattr(value, "__len__")
+            or len(value) != 2):
+        raise TypeError(f"exponential_decay_length_penalty must be a (start, factor) pair, got "
+                        f"{type(value).__name__}")
+    start, factor_value = list(value)
+    factor = real(factor_value, "exponential_decay_length_penalty's factor")
     if not factor > 0:
         raise ValueError(f"exponential_decay_length_penalty's factor must be > 0, got {factor}")
-    return integer(value[0], "exponential_decay_length_penalty's start", lo=0), factor
+    return integer(start, "exponential_decay_length_penalty's start", lo=0), factor
 
 
 def _cutoff(value: Any, name: str) -> float:

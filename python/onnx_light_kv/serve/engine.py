@@ -282,19 +282,28 @@ class Engine(_Uncopyable):
     # -- requests -------------------------------------------------------------------------
     def add_request(self, input_ids: Any, *, max_new_tokens: int = 16, do_sample: bool = False,
                     temperature: float = 1.0, top_k: int = 50, top_p: float = 1.0, min_p: float = 0.0,
+                    typical_p: float = 1.0, epsilon_cutoff: float = 0.0, eta_cutoff: float = 0.0,
                     repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0, min_new_tokens: int = 0,
                     sequence_bias: Any = None, bad_words_ids: Optional[Sequence[Sequence[int]]] = None,
                     suppress_tokens: Optional[Sequence[int]] = None,
+                    begin_suppress_tokens: Optional[Sequence[int]] = None,
+                    forced_eos_token_id: Union[int, Sequence[int], None] = None,
+                    exponential_decay_length_penalty: Optional[Tuple[int, float]] = None,
                     eos_token_id: Union[int, Sequence[int], None] = None,
                     stop_sequences: Optional[Sequence[Sequence[int]]] = None, seed: Optional[int] = None,
                     logprobs: Optional[int] = None) -> int:
         """Queue a request: ``input_ids`` (1-D ids, or ``[1, n]``) and ``generate``'s options of
-        the same names (``max_new_tokens``, sampling, ``repetition_penalty``,
-        ``no_repeat_ngram_size``, ``min_new_tokens``, the token constraints ``sequence_bias``,
-        ``bad_words_ids`` and ``suppress_tokens``, ``eos_token_id``, ``stop_sequences``,
-        ``seed``; ``top_k`` defaults to 50 as there, so a request equals ``generate`` alone; the
-        OpenAI-style server passes ``top_k=0``, the whole vocabulary); ``logprobs=n`` records each token's log-probability and the ``n`` most
-        probable alternatives (0: the chosen token's only). Returns the request id.
+        the same names and meanings (``max_new_tokens``; the sampling options ``do_sample``,
+        ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``typical_p``, ``epsilon_cutoff`` and
+        ``eta_cutoff``; ``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``;
+        the token constraints ``sequence_bias``, ``bad_words_ids``, ``suppress_tokens``,
+        ``begin_suppress_tokens``, ``forced_eos_token_id`` and
+        ``exponential_decay_length_penalty``; ``eos_token_id``, ``stop_sequences``, ``seed``;
+        ``top_k`` defaults to 50 as there, so a request equals ``generate`` alone; the
+        OpenAI-style server passes ``top_k=0``, the whole vocabulary); ``logprobs=n`` records
+        each token's log-probability and the ``n`` most probable alternatives (0: the chosen
+        token's only). Returns the request id. Beam search and speculative decoding are
+        ``generate``'s alone (their options raise ``TypeError`` here).
 
         Raises:
             ValueError: bad options, a closed engine, or a prompt that can never fit
@@ -327,8 +336,9 @@ class Engine(_Uncopyable):
         if self.budget is not None and cost > self.budget:  # admission would wait for it forever
             raise ValueError(self._beyond_budget(ids.size, max_new, cost))
         opts = SamplingOptions(do_sample, temperature, top_k, top_p, min_p, repetition_penalty, no_repeat_ngram_size,
-                               min_new_tokens, sequence_bias=sequence_bias, bad_words_ids=bad_words_ids,
-                               suppress_tokens=suppress_tokens)
+                               min_new_tokens, typical_p, epsilon_cutoff, eta_cutoff, sequence_bias, bad_words_ids,
+                               suppress_tokens, begin_suppress_tokens, forced_eos_token_id,
+                               exponential_decay_length_penalty)
         opts.check_vocabulary(self._vocab)
         stop = StopCondition.of(eos_token_id, stop_sequences)
         lpn = optional_integer(logprobs, "logprobs", lo=0, hi=20)
@@ -589,8 +599,10 @@ class Engine(_Uncopyable):
     def _choose(self, req: Request, logits: np.ndarray) -> int:
         row = logits[None, :]
         # (the eos ids are banned until the request holds min_new_tokens new tokens)
+        prompt = req._seq.size - len(req.tokens)
         processed = lp.process(row, req.options, req._seq[None, :], eos=req.stop.eos,
-                               min_length=req._seq.size - len(req.tokens) + req.options.min_new_tokens)
+                               min_length=prompt + req.options.min_new_tokens, begin=prompt,
+                               max_length=prompt + req.max_new_tokens)
         tok = int(lp.choose(processed, req.options.do_sample, req.rng)[0])
         if req.logprobs is not None:
             logp = lp.log_softmax(row)[0]
