@@ -15,13 +15,7 @@ import (
 // scales and zeros.
 func TestPanelQuantRowKernels(t *testing.T) {
 	r := rand.New(rand.NewPCG(41, 42))
-	var s, z [packNR]float32
-	for i := range s {
-		s[i] = float32(r.NormFloat64())
-		z[i] = float32(r.IntN(16))
-	}
-	s[3], s[17], s[30] = float32(math.NaN()), float32(math.Inf(1)), 1e-45
-	z[5], z[20] = float32(math.Inf(-1)), float32(math.NaN())
+	s, z := edgeScalesZeros(r, 16)
 	withPath(t, func(t *testing.T) {
 		ks := active()
 		if ks.name == "go" {

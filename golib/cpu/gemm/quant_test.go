@@ -77,17 +77,23 @@ func TestPackBQuantLayout(t *testing.T) {
 	})
 }
 
+// edgeScalesZeros returns a sliver's scales and zeros (zeros below zmax)
+// with NaN, infinite and subnormal values among them.
+func edgeScalesZeros(r *rand.Rand, zmax int) (s, z [packNR]float32) {
+	for i := range s {
+		s[i] = float32(r.NormFloat64())
+		z[i] = float32(r.IntN(zmax))
+	}
+	s[3], s[17], s[30] = float32(math.NaN()), float32(math.Inf(1)), 1e-45
+	z[5], z[20] = float32(math.Inf(-1)), float32(math.NaN())
+	return s, z
+}
+
 // TestDequantKernels checks each path's dequant kernel against dequantGo
 // bit for bit, with non-finite and subnormal scales and zeros among them.
 func TestDequantKernels(t *testing.T) {
 	r := rand.New(rand.NewPCG(33, 34))
-	var s, z [packNR]float32
-	for i := range s {
-		s[i] = float32(r.NormFloat64())
-		z[i] = float32(r.IntN(256))
-	}
-	s[3], s[17], s[30] = float32(math.NaN()), float32(math.Inf(1)), 1e-45
-	z[5], z[20] = float32(math.Inf(-1)), float32(math.NaN())
+	s, z := edgeScalesZeros(r, 256)
 	withPath(t, func(t *testing.T) {
 		ks := active()
 		for _, nibbles := range []bool{false, true} {
