@@ -87,30 +87,16 @@ func nonZeroMask(ctx *Context, desc string, x *tensor.Tensor) ([]bool, error) {
 	if x.DType() == tensor.Bool {
 		return x.Bool(), nil
 	}
+	k, err := keysOf(ctx, desc, x) // (exact: -0 is zero, NaN nonzero)
+	if err != nil {
+		return nil, err
+	}
 	nz := ctx.Bools(x.Len())
-	switch dt := x.DType(); {
-	case dt == tensor.Float64:
-		for j, v := range x.Float64() {
-			nz[j] = v != 0
-		}
-	case dt.IsFloat():
-		f, err := tensor.AsFloat32(x)
-		if err != nil {
-			return nil, err
-		}
-		for j, v := range f {
-			nz[j] = v != 0
-		}
-	case dt.IsInt():
-		v, err := ctx.Int64Values(x)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", desc, err)
-		}
-		for j, e := range v {
-			nz[j] = e != 0
-		}
-	default:
-		return nil, fmt.Errorf("%w: %s of %v; it computes %v", errs.ErrType, desc, dt, nonZeroTypes)
+	for j, v := range k.f {
+		nz[j] = v != 0
+	}
+	for j, v := range k.i {
+		nz[j] = v != 0
 	}
 	return nz, nil
 }
@@ -119,28 +105,15 @@ func nonZeroMask(ctx *Context, desc string, x *tensor.Tensor) ([]bool, error) {
 // are, floating-point values truncated toward zero, as OneHot reads its
 // indices and depth.
 func indexValues(ctx *Context, desc, what string, t *tensor.Tensor) ([]int64, error) {
-	dt := t.DType()
-	if dt.IsInt() {
-		return ctx.Int64Values(t)
-	}
-	if !dt.IsFloat() {
+	if dt := t.DType(); !dt.IsInt() && !dt.IsFloat() {
 		return nil, fmt.Errorf("%w: %s %s of %v", errs.ErrType, desc, what, dt)
 	}
-	var f []float64
-	if dt == tensor.Float64 {
-		f = t.Float64()
-	} else {
-		f32, err := tensor.AsFloat32(t)
-		if err != nil {
-			return nil, err
-		}
-		f = ctx.Float64s(len(f32))
-		for j, v := range f32 {
-			f[j] = float64(v)
-		}
+	k, err := keysOf(ctx, desc, t)
+	if err != nil || t.DType().IsInt() {
+		return k.i, err
 	}
-	out := ctx.Int64s(len(f))
-	for j, v := range f {
+	out := ctx.Int64s(len(k.f))
+	for j, v := range k.f {
 		if math.IsNaN(v) || v >= math.MaxInt64 || v < math.MinInt64 {
 			return nil, fmt.Errorf("%w: %s %s value %v", errs.ErrInvalidArgument, desc, what, v)
 		}

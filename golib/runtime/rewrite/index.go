@@ -105,6 +105,16 @@ func (ix *index) fixedDims(name string) (heads, dim int) {
 	return heads, dim
 }
 
+// declared returns the declared type and shape of value name: a graph
+// input's, else the graph's value_info entry.
+func (ix *index) declared(name string) (model.ValueInfo, bool) {
+	if vi, ok := ix.inputs[name]; ok {
+		return vi, true
+	}
+	vi, ok := ix.g.ValueInfos[name]
+	return vi, ok
+}
+
 // declaredHeads returns the declared size of axis -3 (the heads axis of a
 // [batch, heads, S, T] attention mask or bias) of value name, from the graph's
 // inputs, value_info or a constant, 0 where unknown or of rank < 3.
@@ -115,10 +125,7 @@ func (ix *index) declaredHeads(name string) int {
 		}
 		return 0
 	}
-	vi, ok := ix.inputs[name]
-	if !ok {
-		vi, ok = ix.g.ValueInfos[name]
-	}
+	vi, ok := ix.declared(name)
 	if !ok || len(vi.Shape) < 3 {
 		return 0
 	}
@@ -136,10 +143,7 @@ func (ix *index) maybeScalar(name string) bool {
 	if t := ix.constTensor(name); t != nil {
 		return t.Len() == 1
 	}
-	vi, ok := ix.inputs[name]
-	if !ok {
-		vi, ok = ix.g.ValueInfos[name]
-	}
+	vi, ok := ix.declared(name)
 	if !ok {
 		return true
 	}
